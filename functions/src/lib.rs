@@ -1,0 +1,21 @@
+//! The registry of functions, and what every htfaas component shares.
+//!
+//! This crate is the one owner of the types that cross a process boundary:
+//! - [`proto`]: the wire messages between gateway, scheduler and execution points (EPs),
+//!   and the names of the NATS stream and subject that carry storage events;
+//! - [`token`]: the claims of submit tokens and attach tokens (JWT, EdDSA), minting and
+//!   verification;
+//! - [`digest`], [`manifest`], [`registry`]: functions as content-addressed wasm modules with
+//!   versioned manifests, stored in SQLite plus a blob directory.
+//!
+//! Nothing outside this crate derives `Serialize` for a wire type.
+
+pub mod digest;
+pub mod manifest;
+pub mod proto;
+pub mod registry;
+pub mod token;
+
+pub use digest::Digest;
+pub use manifest::{FunctionManifest, FunctionRecord, Resources, Trigger};
+pub use registry::{Registry, RegistryError};

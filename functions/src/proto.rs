@@ -1,0 +1,505 @@
+//! Wire types: what gateway, scheduler and execution points (EPs) say to each other.
+//!
+//! Every message names its response (garage's habit): a request type documents the endpoint
+//! it is sent to and the type that comes back. All are JSON.
+//!
+//! ```text
+//! storage  --TransferMessage (NATS JetStream, EVENTS_SUBJECT)-->  gateway
+//! gateway  --SubmitRequest (POST /v1/jobs, Bearer submit token)-->  scheduler  -> SubmitResponse
+//! ep       --WebSocket GET /v1/ep/attach (Bearer attach token)-->  scheduler
+//!          <-- SchedulerMsg::{Welcome, Assign(JobAssignment)}       EpMsg::{Hello, Finished(JobReport)} -->
+//! ```
+//!
+//! Invariant: a [`JobAssignment`] carries no user identity. The owner stays in the scheduler.
+
+use crate::{Digest, Resources};
+use serde::{Deserialize, Serialize};
+
+/// NATS subject on which dCache billing messages (and ours) arrive.
+pub const EVENTS_SUBJECT: &str = "storage.dcache.billing";
+/// JetStream stream that stores [`EVENTS_SUBJECT`]. File storage, limits retention, 7 days.
+pub const EVENTS_STREAM: &str = "DCACHE_BILLING";
+/// How long the stream keeps events.
+pub const EVENTS_MAX_AGE_S: u64 = 7 * 24 * 3600;
+
+/// Compiles a trigger glob: absolute, `*` within a segment, `**` across segments.
+pub fn compile_glob(glob: &str) -> Result<globset::GlobMatcher, String> {
+    if !glob.starts_with('/') {
+        return Err(format!("{glob:?} must be absolute (start with '/')"));
+    }
+    globset::GlobBuilder::new(glob)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("{glob:?}: {e}"))
+}
+
+/// A dCache billing message, as dCache's `MoverInfoMessageSerializer` writes it for
+/// `msgType: "transfer"` (see `shared/reference/dcache.md` §1.2).
+///
+/// Keys are optional because dCache omits null values; unknown keys are ignored. `isWrite` is
+/// the string `"write"` or `"read"`, not a boolean.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferMessage {
+    /// `"1.0"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `"transfer"` for this shape; other types are ignored by the gateway today.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub msg_type: Option<String>,
+    /// ISO-8601 with offset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    /// Milliseconds queued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queuing_time: Option<i64>,
+    /// The pool's cell name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell_name: Option<String>,
+    /// `"pool"` for movers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell_type: Option<String>,
+    /// The pool's domain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell_domain: Option<String>,
+    /// Outcome; code 0 is success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<TransferStatus>,
+    /// Pool transaction id; with `pnfsid`, the event's identity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Principals of the client, e.g. `UserNamePrincipal[alice]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Vec<String>>,
+    /// File id, 36 upper-case hex digits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pnfsid: Option<String>,
+    /// Path recorded at creation (may be stale after a rename).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub billing_path: Option<String>,
+    /// Path used for this transfer: what triggers match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_path: Option<String>,
+    /// File size in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_size: Option<u64>,
+    /// `<storageClass>@<hsm>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_info: Option<String>,
+    /// Bytes moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_size: Option<u64>,
+    /// Milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_time: Option<i64>,
+    /// `"write"` or `"read"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_write: Option<String>,
+    /// Client side of the transfer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol_info: Option<serde_json::Value>,
+    /// The door's transaction id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initiator: Option<String>,
+    /// Pool-to-pool copy; never fires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_p2p: Option<bool>,
+    /// Bytes per second, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_write_bandwidth: Option<f64>,
+}
+
+/// `status` of a billing message.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferStatus {
+    /// 0 means success.
+    pub code: i64,
+    /// Empty on success.
+    #[serde(default)]
+    pub msg: String,
+}
+
+/// Identifies the triggering event in job records, for audit and for the dedupe key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRef {
+    /// `"dcache"` today.
+    pub source: String,
+    /// For dCache: `<pnfsid>/<session>`.
+    pub id: String,
+    /// The storage path that fired.
+    pub path: String,
+}
+
+/// The function a job runs. The EP fetches `module_url` and refuses bytes whose digest differs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionRef {
+    /// Registered name.
+    pub name: String,
+    /// Registered version.
+    pub version: u32,
+    /// Content digest of the module; bound into the submit token.
+    pub digest: Digest,
+    /// Where the module bytes can be fetched (the registry's `GET /v1/modules/{digest}`).
+    pub module_url: String,
+}
+
+/// The job's one input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSpec {
+    /// Full storage URL of the file.
+    pub url: String,
+    /// File name as the guest sees it: `/input/<name>`. One path segment.
+    pub name: String,
+    /// Read macaroon for exactly this file (bearer; never logged).
+    pub macaroon: String,
+}
+
+/// Where the job's outputs go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputSpec {
+    /// Full storage URL of the output directory, ending in `/`.
+    pub url: String,
+    /// Write macaroon for exactly this directory (bearer; never logged).
+    pub macaroon: String,
+}
+
+/// `POST /v1/jobs` on the scheduler, with `Authorization: Bearer <submit token>`.
+/// Response: [`SubmitResponse`] (201 new, 200 when `dedupe_key` already had a job), or an
+/// [`ApiError`] with 401 (token), 403 (limits) or 400 (request).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// What to run.
+    pub function: FunctionRef,
+    /// What it needs; must fit within the token's limits.
+    pub resources: Resources,
+    /// Its input.
+    pub input: InputSpec,
+    /// Its outputs.
+    pub output: OutputSpec,
+    /// Arguments after the input's guest path.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The guest's whole environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// What fired it.
+    pub event: EventRef,
+    /// One job per key: a resubmission with the same key returns the first job.
+    pub dedupe_key: String,
+}
+
+/// Answer to [`SubmitRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// The job's id.
+    pub job_id: String,
+    /// False when the dedupe key already named a job.
+    pub created: bool,
+}
+
+/// Error body of every htfaas HTTP API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Human-readable reason, naming the check that failed.
+    pub error: String,
+}
+
+/// First message an EP sends after the WebSocket opens. Answer: [`SchedulerMsg::Welcome`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The EP's name, for logs and job records.
+    pub name: String,
+    /// Total resources it offers (cpus, memory); `runtime_s` is the longest job it takes.
+    pub slots: Resources,
+    /// Protocol version; 1.
+    pub protocol: u32,
+}
+
+/// Messages from an EP to the scheduler, over the attach WebSocket (one JSON text frame each).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EpMsg {
+    /// Opens the session.
+    Hello(Hello),
+    /// A job ended, whatever the outcome.
+    Finished(JobReport),
+}
+
+/// Messages from the scheduler to an EP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SchedulerMsg {
+    /// The attach was accepted.
+    Welcome {
+        /// Session id the scheduler gave this EP.
+        ep_id: String,
+    },
+    /// Run this job. Answer: [`EpMsg::Finished`] with the same `job_id`.
+    Assign(JobAssignment),
+}
+
+/// A job as the EP sees it: no owner, no token, only what it needs to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAssignment {
+    /// Job id.
+    pub job_id: String,
+    /// What to run.
+    pub function: FunctionRef,
+    /// Limits to enforce.
+    pub resources: Resources,
+    /// Input file and its read macaroon.
+    pub input: InputSpec,
+    /// Output directory and its write macaroon.
+    pub output: OutputSpec,
+    /// Arguments after the input's guest path.
+    pub args: Vec<String>,
+    /// The guest's whole environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The module ran to the end and every output was stored. `exit_code` may be non-zero.
+    Exited {
+        /// The guest's exit status.
+        exit_code: i32,
+    },
+    /// The guest trapped (e.g. `unreachable`, out-of-bounds).
+    Trapped {
+        /// Trap message.
+        message: String,
+    },
+    /// The guest tried to grow memory past the job's cap.
+    MemoryExceeded {
+        /// The cap, in bytes.
+        limit_bytes: u64,
+    },
+    /// The job ran past its wall-time cap.
+    TimeExceeded {
+        /// The cap, in seconds.
+        limit_s: u64,
+    },
+    /// The input could not be fetched.
+    InputFailed {
+        /// Why.
+        reason: String,
+    },
+    /// An output could not be stored.
+    OutputFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The module could not be fetched, verified or instantiated.
+    ModuleFailed {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// Whether the job completed (ran to the end with exit 0 and stored its outputs).
+    pub fn is_success(&self) -> bool {
+        matches!(self, Outcome::Exited { exit_code: 0 })
+    }
+
+    /// One line for job records: empty on success.
+    pub fn reason(&self) -> String {
+        match self {
+            Outcome::Exited { exit_code: 0 } => String::new(),
+            Outcome::Exited { exit_code } => format!("exited with status {exit_code}"),
+            Outcome::Trapped { message } => format!("trapped: {message}"),
+            Outcome::MemoryExceeded { limit_bytes } => format!("memory limit of {limit_bytes} bytes exceeded"),
+            Outcome::TimeExceeded { limit_s } => format!("wall-time limit of {limit_s} s exceeded"),
+            Outcome::InputFailed { reason } => format!("input failed: {reason}"),
+            Outcome::OutputFailed { reason } => format!("output failed: {reason}"),
+            Outcome::ModuleFailed { reason } => format!("module failed: {reason}"),
+        }
+    }
+}
+
+/// What one run used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Wall time of the whole job on the EP (fetch, run, store), ms.
+    pub wall_ms: u64,
+    /// CPU time of the guest, ms.
+    pub cpu_ms: u64,
+    /// Largest linear memory the guest had, bytes.
+    pub peak_memory_bytes: u64,
+    /// Input bytes downloaded.
+    pub bytes_in: u64,
+    /// Output bytes uploaded.
+    pub bytes_out: u64,
+}
+
+/// One stored output file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Storage path.
+    pub path: String,
+    /// Bytes.
+    pub size: u64,
+    /// sha256, hex.
+    pub sha256: String,
+}
+
+/// An EP's account of one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobReport {
+    /// Job id from the assignment.
+    pub job_id: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// What it used.
+    pub usage: Usage,
+    /// Outputs stored.
+    pub outputs: Vec<OutputFile>,
+    /// The guest's stdout then stderr, bounded by the EP.
+    pub log: String,
+}
+
+/// States of a job in the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Queued, waiting for an EP.
+    Idle,
+    /// Assigned to an EP.
+    Running,
+    /// Ran to the end with exit 0 and stored its outputs.
+    Completed,
+    /// Ended otherwise; `reason` says how.
+    Failed,
+}
+
+impl JobState {
+    /// The lower-case name used in the database and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Idle => "idle",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+        }
+    }
+
+    /// Parses [`JobState::as_str`].
+    pub fn parse(s: &str) -> Option<JobState> {
+        Some(match s {
+            "idle" => JobState::Idle,
+            "running" => JobState::Running,
+            "completed" => JobState::Completed,
+            "failed" => JobState::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// A job as the scheduler reports it: `GET /v1/jobs` (a `Vec`) and `GET /v1/jobs/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Job id.
+    pub id: String,
+    /// Who is accounted (the submit token's subject).
+    pub owner: String,
+    /// Function name.
+    pub function: String,
+    /// Function version.
+    pub version: u32,
+    /// Module digest.
+    pub digest: Digest,
+    /// Current state.
+    pub state: JobState,
+    /// Why it failed; empty otherwise.
+    pub reason: String,
+    /// The input's storage URL.
+    pub input: String,
+    /// The event that fired it.
+    pub event: EventRef,
+    /// `jti` of the submit token that created it.
+    pub token_jti: String,
+    /// Resources requested.
+    pub resources: Resources,
+    /// EP that ran it, once assigned.
+    pub ep: Option<String>,
+    /// Unix ms.
+    pub submitted_at_ms: u64,
+    /// Unix ms.
+    pub started_at_ms: Option<u64>,
+    /// Unix ms.
+    pub finished_at_ms: Option<u64>,
+    /// Guest exit status, when it exited.
+    pub exit_code: Option<i32>,
+    /// Usage, once finished.
+    pub usage: Option<Usage>,
+    /// Outputs stored, once finished.
+    pub outputs: Vec<OutputFile>,
+}
+
+/// One owner's account: `GET /v1/accounting` returns a `Vec` of these.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Account {
+    /// The owner.
+    pub owner: String,
+    /// Jobs that completed.
+    pub jobs_completed: u64,
+    /// Jobs that failed.
+    pub jobs_failed: u64,
+    /// Sum of cpus × wall time, in core-seconds.
+    pub core_seconds: f64,
+    /// Sum of guest CPU time, seconds.
+    pub cpu_seconds: f64,
+    /// Sum of wall time, seconds.
+    pub wall_seconds: f64,
+    /// Bytes read.
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_star_stays_in_a_segment_and_double_star_spans() {
+        let g = compile_glob("/data/raw/**").expect("valid glob");
+        assert!(g.is_match("/data/raw/a.dat"));
+        assert!(g.is_match("/data/raw/x/y/z.dat"));
+        assert!(!g.is_match("/data/rawx/a.dat"));
+        assert!(!g.is_match("/data/checksums/a.dat"));
+        let one = compile_glob("/data/*.h5").expect("valid glob");
+        assert!(one.is_match("/data/a.h5"));
+        assert!(!one.is_match("/data/x/a.h5"));
+        assert!(compile_glob("data/**").is_err());
+    }
+
+    #[test]
+    fn transfer_message_parses_dcache_quirks() {
+        // Key order arbitrary, isWrite a string, unknown keys ignored, absent keys are None.
+        let raw = r#"{"isWrite":"write","msgType":"transfer","transferPath":"/data/raw/a","pnfsid":"00A",
+            "status":{"code":0,"msg":""},"isP2p":false,"unknownKey":[1,2],"readIdle":"PT0S"}"#;
+        let m: TransferMessage = serde_json::from_str(raw).expect("parses");
+        assert_eq!(m.is_write.as_deref(), Some("write"));
+        assert_eq!(m.transfer_path.as_deref(), Some("/data/raw/a"));
+        assert_eq!(m.session, None);
+    }
+
+    #[test]
+    fn ep_messages_round_trip() {
+        let msg = EpMsg::Finished(JobReport {
+            job_id: "j1".into(),
+            outcome: Outcome::TimeExceeded { limit_s: 3 },
+            usage: Usage { wall_ms: 1, ..Usage::default() },
+            outputs: vec![],
+            log: "x".into(),
+        });
+        let text = serde_json::to_string(&msg).expect("serializes");
+        assert_eq!(serde_json::from_str::<EpMsg>(&text).expect("parses"), msg);
+    }
+}

@@ -1,0 +1,365 @@
+//! Submit tokens and attach tokens: JWTs signed with Ed25519 (`EdDSA`), with a `kid` so that
+//! keys rotate through a JWKS document.
+//!
+//! - A **submit token** says "the bearer may submit `jobs` jobs of at most these resources,
+//!   optionally of this function". The gateway mints one per job; the scheduler verifies it
+//!   and counts its uses per `jti`.
+//! - An **attach token** lets an EP dial the scheduler; the scheduler mints it with its own key.
+//!
+//! The algorithm is taken from our key set, never from the token header.
+
+use crate::Digest;
+use base64::Engine as _;
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Audience of submit tokens: the scheduler's submit endpoint.
+pub const SUBMIT_AUDIENCE: &str = "htfaas-scheduler";
+/// Audience of attach tokens: the scheduler's EP endpoint.
+pub const ATTACH_AUDIENCE: &str = "htfaas-scheduler/attach";
+/// Clock skew allowed between components, seconds.
+pub const LEEWAY_S: u64 = 5;
+
+/// Claims of a submit token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitClaims {
+    /// Issuer (the gateway's name).
+    pub iss: String,
+    /// The owner every job submitted with it is accounted to.
+    pub sub: String,
+    /// [`SUBMIT_AUDIENCE`].
+    pub aud: String,
+    /// Expiry, Unix seconds.
+    pub exp: u64,
+    /// Issued at, Unix seconds.
+    pub iat: u64,
+    /// Unique id; the scheduler counts uses per `jti`.
+    pub jti: String,
+    /// How many jobs it may submit. 1 for a triggered job.
+    pub jobs: u32,
+    /// Most cores one job may ask for.
+    pub cpus: u32,
+    /// Most memory one job may ask for, MiB.
+    pub memory_mb: u64,
+    /// Longest run time one job may ask for, seconds.
+    pub runtime_s: u64,
+    /// When set, the only function the token may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<Digest>,
+}
+
+/// Claims of an attach token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachClaims {
+    /// Issuer (the scheduler's name).
+    pub iss: String,
+    /// Who the EP belongs to: `site` for a site EP, otherwise an owner.
+    pub sub: String,
+    /// [`ATTACH_AUDIENCE`].
+    pub aud: String,
+    /// Expiry, Unix seconds.
+    pub exp: u64,
+    /// Issued at, Unix seconds.
+    pub iat: u64,
+    /// Unique id.
+    pub jti: String,
+    /// When set, the EP runs only this owner's jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// Why a token was refused. The message names the failed check.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Not a JWT, or its parts do not decode.
+    #[error("malformed token: {0}")]
+    Malformed(String),
+    /// `kid` missing or not in the key set.
+    #[error("unknown signing key {0:?}")]
+    UnknownKey(Option<String>),
+    /// Signature does not verify.
+    #[error("invalid signature")]
+    InvalidSignature,
+    /// Past `exp` (plus leeway).
+    #[error("token expired")]
+    Expired,
+    /// `aud` is not ours.
+    #[error("wrong audience")]
+    WrongAudience,
+    /// `iss` is not trusted.
+    #[error("wrong issuer")]
+    WrongIssuer,
+    /// Any other validation failure (e.g. a required claim missing, wrong algorithm).
+    #[error("invalid token: {0}")]
+    Invalid(String),
+    /// Key material could not be read or made.
+    #[error("key: {0}")]
+    Key(String),
+}
+
+impl From<jsonwebtoken::errors::Error> for TokenError {
+    fn from(e: jsonwebtoken::errors::Error) -> Self {
+        use jsonwebtoken::errors::ErrorKind as K;
+        match e.kind() {
+            K::InvalidSignature => TokenError::InvalidSignature,
+            K::ExpiredSignature => TokenError::Expired,
+            K::InvalidAudience => TokenError::WrongAudience,
+            K::InvalidIssuer => TokenError::WrongIssuer,
+            K::InvalidToken | K::Base64(_) | K::Json(_) | K::Utf8(_) => TokenError::Malformed(e.to_string()),
+            _ => TokenError::Invalid(e.to_string()),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A fresh random token id.
+pub fn new_jti() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// An Ed25519 signing key with its id.
+pub struct SigningKey {
+    kid: String,
+    encoding: EncodingKey,
+    public: Jwk,
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigningKey").field("kid", &self.kid).finish_non_exhaustive()
+    }
+}
+
+/// PKCS#8 v1 prefix of an Ed25519 private key (as `openssl genpkey -algorithm ed25519` writes it).
+const ED25519_PKCS8_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+impl SigningKey {
+    /// A new random key; returns it and its PKCS#8 PEM for storing.
+    pub fn generate(kid: &str) -> Result<(SigningKey, String), TokenError> {
+        let seed = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng).to_bytes();
+        let mut der = ED25519_PKCS8_PREFIX.to_vec();
+        der.extend_from_slice(&seed);
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&der);
+        let pem = format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n");
+        Ok((SigningKey::from_pem(kid, pem.as_bytes())?, pem))
+    }
+
+    /// Reads a PKCS#8 PEM Ed25519 private key.
+    pub fn from_pem(kid: &str, pem: &[u8]) -> Result<SigningKey, TokenError> {
+        let encoding = EncodingKey::from_ed_pem(pem).map_err(|e| TokenError::Key(e.to_string()))?;
+        let mut public =
+            Jwk::from_encoding_key(&encoding, Algorithm::EdDSA).map_err(|e| TokenError::Key(e.to_string()))?;
+        public.common.key_id = Some(kid.to_owned());
+        Ok(SigningKey { kid: kid.to_owned(), encoding, public })
+    }
+
+    /// Loads the key at `path`, or creates it there (mode 0600) if absent.
+    pub fn load_or_create(path: &Path, kid: &str) -> Result<SigningKey, TokenError> {
+        match std::fs::read(path) {
+            Ok(pem) => SigningKey::from_pem(kid, &pem),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (key, pem) = SigningKey::generate(kid)?;
+                write_private(path, pem.as_bytes()).map_err(|e| TokenError::Key(format!("{}: {e}", path.display())))?;
+                Ok(key)
+            }
+            Err(e) => Err(TokenError::Key(format!("{}: {e}", path.display()))),
+        }
+    }
+
+    /// The key id.
+    pub fn kid(&self) -> &str {
+        &self.kid
+    }
+
+    /// The public half, as a JWKS document with one key.
+    pub fn jwks(&self) -> JwkSet {
+        JwkSet { keys: vec![self.public.clone()] }
+    }
+
+    /// Signs `claims` with `alg: EdDSA` and this key's `kid`.
+    pub fn sign<C: Serialize>(&self, claims: &C) -> Result<String, TokenError> {
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(self.kid.clone());
+        Ok(jsonwebtoken::encode(&header, claims, &self.encoding)?)
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Verifies tokens of one issuer for one audience against a set of public keys.
+#[derive(Clone)]
+pub struct Verifier {
+    issuer: String,
+    audience: String,
+    keys: HashMap<String, (DecodingKey, Algorithm)>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("kids", &self.keys.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Verifier {
+    /// Trusts every EdDSA key with a `kid` in `jwks`.
+    pub fn new(issuer: &str, audience: &str, jwks: &JwkSet) -> Result<Verifier, TokenError> {
+        let mut keys = HashMap::new();
+        for jwk in &jwks.keys {
+            let Some(kid) = jwk.common.key_id.clone() else { continue };
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| TokenError::Key(e.to_string()))?;
+            keys.insert(kid, (key, Algorithm::EdDSA));
+        }
+        if keys.is_empty() {
+            return Err(TokenError::Key("JWKS has no key with a kid".into()));
+        }
+        Ok(Verifier { issuer: issuer.to_owned(), audience: audience.to_owned(), keys })
+    }
+
+    /// Reads a JWKS document from `path` and trusts its keys.
+    pub fn from_jwks_file(issuer: &str, audience: &str, path: &Path) -> Result<Verifier, TokenError> {
+        let text = std::fs::read(path).map_err(|e| TokenError::Key(format!("{}: {e}", path.display())))?;
+        let jwks: JwkSet =
+            serde_json::from_slice(&text).map_err(|e| TokenError::Key(format!("{}: {e}", path.display())))?;
+        Verifier::new(issuer, audience, &jwks)
+    }
+
+    /// Checks signature, `kid`, issuer, audience and expiry (with [`LEEWAY_S`]), then decodes
+    /// the claims. Use-counting (`jti`) is the caller's job.
+    pub fn verify<C: DeserializeOwned>(&self, token: &str) -> Result<C, TokenError> {
+        let header = jsonwebtoken::decode_header(token)?;
+        let (key, alg) = header
+            .kid
+            .as_ref()
+            .and_then(|kid| self.keys.get(kid))
+            .ok_or_else(|| TokenError::UnknownKey(header.kid.clone()))?;
+        let mut validation = Validation::new(*alg);
+        validation.set_issuer(&[&self.issuer]);
+        validation.set_audience(&[&self.audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = LEEWAY_S;
+        Ok(jsonwebtoken::decode::<C>(token, key, &validation)?.claims)
+    }
+}
+
+/// Writes `jwks` as JSON to `path`.
+pub fn write_jwks(path: &Path, jwks: &JwkSet) -> std::io::Result<()> {
+    let text = serde_json::to_vec_pretty(jwks).map_err(std::io::Error::other)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims(exp: u64) -> SubmitClaims {
+        SubmitClaims {
+            iss: "gw".into(),
+            sub: "alice".into(),
+            aud: SUBMIT_AUDIENCE.into(),
+            exp,
+            iat: now_s(),
+            jti: new_jti(),
+            jobs: 1,
+            cpus: 1,
+            memory_mb: 2048,
+            runtime_s: 60,
+            function: Some(Digest::of(b"m")),
+        }
+    }
+
+    fn pair() -> (SigningKey, Verifier) {
+        let (key, _) = SigningKey::generate("k1").expect("keygen");
+        let verifier = Verifier::new("gw", SUBMIT_AUDIENCE, &key.jwks()).expect("verifier");
+        (key, verifier)
+    }
+
+    #[test]
+    fn a_signed_token_verifies_and_round_trips() {
+        let (key, verifier) = pair();
+        let c = claims(now_s() + 60);
+        let token = key.sign(&c).expect("sign");
+        assert_eq!(verifier.verify::<SubmitClaims>(&token).expect("verifies"), c);
+    }
+
+    #[test]
+    fn refuses_expired_forged_tampered_and_wrong_audience() {
+        let (key, verifier) = pair();
+        let expired = key.sign(&claims(now_s() - LEEWAY_S - 10)).expect("sign");
+        assert!(matches!(verifier.verify::<SubmitClaims>(&expired), Err(TokenError::Expired)));
+
+        let (forger, _) = SigningKey::generate("k1").expect("keygen");
+        let forged = forger.sign(&claims(now_s() + 60)).expect("sign");
+        assert!(matches!(verifier.verify::<SubmitClaims>(&forged), Err(TokenError::InvalidSignature)));
+
+        let (other_kid, _) = SigningKey::generate("k2").expect("keygen");
+        let unknown = other_kid.sign(&claims(now_s() + 60)).expect("sign");
+        assert!(matches!(verifier.verify::<SubmitClaims>(&unknown), Err(TokenError::UnknownKey(_))));
+
+        let mut wrong_aud = claims(now_s() + 60);
+        wrong_aud.aud = ATTACH_AUDIENCE.into();
+        let wrong_aud = key.sign(&wrong_aud).expect("sign");
+        assert!(matches!(verifier.verify::<SubmitClaims>(&wrong_aud), Err(TokenError::WrongAudience)));
+
+        // Widen a claim in the payload, keep the signature.
+        let token = key.sign(&claims(now_s() + 60)).expect("sign");
+        let parts: Vec<&str> = token.split('.').collect();
+        let mut widened = claims(now_s() + 60);
+        widened.cpus = 64;
+        let body = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &widened,
+            &EncodingKey::from_secret(b"x"),
+        )
+        .expect("encode");
+        let payload = body.split('.').nth(1).expect("payload");
+        let tampered = format!("{}.{}.{}", parts[0], payload, parts[2]);
+        assert!(matches!(verifier.verify::<SubmitClaims>(&tampered), Err(TokenError::InvalidSignature)));
+
+        // Algorithm confusion: an HS256 token naming our kid.
+        let mut h = Header::new(Algorithm::HS256);
+        h.kid = Some("k1".into());
+        let hs = jsonwebtoken::encode(&h, &claims(now_s() + 60), &EncodingKey::from_secret(b"k1")).expect("encode");
+        assert!(verifier.verify::<SubmitClaims>(&hs).is_err());
+
+        assert!(matches!(verifier.verify::<SubmitClaims>("not.a.jwt"), Err(TokenError::Malformed(_))));
+    }
+
+    #[test]
+    fn keys_persist_and_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("k.pem");
+        let a = SigningKey::load_or_create(&path, "k").expect("create");
+        let b = SigningKey::load_or_create(&path, "k").expect("load");
+        assert_eq!(a.jwks(), b.jwks());
+        let verifier = Verifier::new("gw", SUBMIT_AUDIENCE, &b.jwks()).expect("verifier");
+        let token = a.sign(&claims(now_s() + 60)).expect("sign");
+        assert!(verifier.verify::<SubmitClaims>(&token).is_ok());
+    }
+}
