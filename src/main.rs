@@ -1,1 +1,311 @@
-fn main() {}
+//! `htfaas`: one binary, one subcommand per role.
+//!
+//! `up` runs the whole local stack; `storage`, `scheduler`, `gateway` and `ep` run one
+//! component from a JSON config file; `put`, `get`, `fn`, `jobs`, `accounting` and `events`
+//! talk to a stack started with `up` (found through `--dir` or `HTFAAS_DIR`).
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use htfaas::client::{Client, StackInfo};
+use htfaas::stack::{Stack, StackOptions};
+use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::{FunctionManifest, Resources};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "htfaas", version, about = "Event-driven functions on a high-throughput-computing backend")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct DirArg {
+    /// State directory of the local stack.
+    #[arg(long, env = "HTFAAS_DIR", default_value = ".htfaas")]
+    dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the local stack in the foreground (nats-server, storage, scheduler, gateway, one EP).
+    Up {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Also register the example `checksum` function, upload a sample file and print its output.
+        #[arg(long)]
+        demo: bool,
+        /// The example module for --demo.
+        #[arg(long)]
+        demo_wasm: Option<PathBuf>,
+        /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+        #[arg(long)]
+        nats_server: Option<PathBuf>,
+    },
+    /// Run the built-in storage from a JSON config (see htfaas_storage::Config).
+    Storage { #[arg(long)] config: PathBuf },
+    /// Run the scheduler from a JSON config (see htfaas_scheduler::Config).
+    Scheduler { #[arg(long)] config: PathBuf },
+    /// Run the gateway from a JSON config (see htfaas_gateway::Config).
+    Gateway { #[arg(long)] config: PathBuf },
+    /// Run an execution point from a JSON config (see htfaas_ep::Config).
+    Ep { #[arg(long)] config: PathBuf },
+    /// Upload a local file to storage as the stack's user.
+    Put {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Local file.
+        local: PathBuf,
+        /// Storage path, e.g. /data/raw/run1.dat.
+        storage_path: String,
+    },
+    /// Write a storage file to stdout.
+    Get {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Storage path.
+        storage_path: String,
+    },
+    /// Manage functions.
+    Fn {
+        #[command(subcommand)]
+        command: FnCommand,
+    },
+    /// List jobs, newest first.
+    Jobs {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Usage per owner.
+    Accounting {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Storage events.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum FnCommand {
+    /// Register a function: upload its module and its manifest.
+    Register {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+        /// The wasm module (WASI preview 1).
+        #[arg(long)]
+        wasm: PathBuf,
+        /// Trigger glob over the storage path, e.g. '/data/raw/**'.
+        #[arg(long)]
+        trigger: String,
+        /// Output directory in storage, ending in '/'.
+        #[arg(long)]
+        outputs: String,
+        /// Owner accounted for its runs (default: the stack's user).
+        #[arg(long)]
+        owner: Option<String>,
+        /// Cores per run.
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
+        /// Memory cap per run, MiB.
+        #[arg(long, default_value_t = 2048)]
+        memory_mb: u64,
+        /// Wall-time cap per run, seconds.
+        #[arg(long, default_value_t = 3600)]
+        runtime_s: u64,
+        /// Extra argument after the input path (repeatable).
+        #[arg(long = "arg")]
+        args: Vec<String>,
+    },
+    /// List functions.
+    List {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum EventsCommand {
+    /// Publish a raw event (JSON file) through JetStream.
+    Publish {
+        #[command(flatten)]
+        dir: DirArg,
+        /// The event file.
+        file: PathBuf,
+        /// Subject.
+        #[arg(long, default_value = htfaas_functions::proto::EVENTS_SUBJECT)]
+        subject: String,
+    },
+}
+
+fn read_config<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))
+}
+
+/// Cancels the token on the first SIGINT or SIGTERM.
+fn on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("signal received; shutting down");
+        t.cancel();
+    });
+    token
+}
+
+fn client(dir: &DirArg) -> anyhow::Result<Client> {
+    Client::new(StackInfo::load(&dir.dir)?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn,wasmtime=warn,cranelift=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up { dir, demo, demo_wasm, nats_server } => {
+            let mut opts = StackOptions::new(&dir.dir);
+            opts.nats_binary = nats_server;
+            let shutdown = on_signals();
+            let mut stack = Stack::start(opts).await?;
+            println!("ready");
+            println!("gateway {}  scheduler {}  storage {}  nats {}", stack.info().gateway_url, stack.info().scheduler_url, stack.info().storage_url, stack.info().nats_url);
+            if demo {
+                let wasm = demo_wasm.unwrap_or_else(htfaas::stack::default_demo_wasm);
+                let client = stack.client()?;
+                match htfaas::stack::demo(&client, &wasm, Duration::from_secs(60)).await {
+                    Ok((output, elapsed)) => {
+                        println!("output after {:.1} ms:", elapsed.as_secs_f64() * 1e3);
+                        print!("{output}");
+                    }
+                    Err(e) => {
+                        eprintln!("demo failed: {e:#}");
+                        stack.stop().await?;
+                        std::process::exit(1);
+                    }
+                }
+            }
+            println!("running; Ctrl-C stops");
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                (name, result) = stack.any_stopped() => {
+                    eprintln!("{name} stopped unexpectedly: {:?}", result.err());
+                }
+            }
+            stack.stop().await
+        }
+        Command::Storage { config } => {
+            let settings = read_config::<htfaas_storage::Config>(&config)?.resolve().await?;
+            htfaas_storage::run(settings, on_signals()).await
+        }
+        Command::Scheduler { config } => {
+            let settings = read_config::<htfaas_scheduler::Config>(&config)?.resolve().await?;
+            htfaas_scheduler::run(settings, on_signals()).await
+        }
+        Command::Gateway { config } => {
+            let settings = read_config::<htfaas_gateway::Config>(&config)?.resolve().await?;
+            htfaas_gateway::run(settings, on_signals()).await
+        }
+        Command::Ep { config } => {
+            let settings = read_config::<htfaas_ep::Config>(&config)?.resolve().await?;
+            htfaas_ep::run(settings, on_signals()).await
+        }
+        Command::Put { dir, local, storage_path } => client(&dir)?.put_file(&local, &storage_path).await,
+        Command::Get { dir, storage_path } => client(&dir)?.get_to(&storage_path, &mut tokio::io::stdout()).await,
+        Command::Fn { command: FnCommand::Register { dir, name, wasm, trigger, outputs, owner, cpus, memory_mb, runtime_s, args } } => {
+            let client = client(&dir)?;
+            let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
+            let module = client.upload_module(bytes).await?;
+            let manifest = FunctionManifest {
+                name,
+                owner: owner.unwrap_or_else(|| client.info().user.clone()),
+                module,
+                trigger: Trigger { path: trigger },
+                resources: Resources { cpus, memory_mb, runtime_s },
+                outputs: Outputs { dir: outputs },
+                args,
+                env: vec![],
+            };
+            let record = client.register(&manifest).await?;
+            println!("registered {} v{} {}", record.manifest.name, record.version, record.manifest.module);
+            Ok(())
+        }
+        Command::Fn { command: FnCommand::List { dir, json } } => {
+            let functions = client(&dir)?.functions().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&functions)?);
+            } else {
+                println!("{:<20} {:>4} {:<24} {:<24} {}", "NAME", "VER", "TRIGGER", "OUTPUTS", "MODULE");
+                for f in functions {
+                    let m = &f.manifest;
+                    println!("{:<20} {:>4} {:<24} {:<24} {}", m.name, f.version, m.trigger.path, m.outputs.dir, m.module.short());
+                }
+            }
+            Ok(())
+        }
+        Command::Jobs { dir, json } => {
+            let jobs = client(&dir)?.jobs().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+            } else {
+                println!("{:<36} {:<10} {:<12} {:<10} {:>8} {}", "ID", "OWNER", "FUNCTION", "STATE", "WALL_MS", "INPUT / REASON");
+                for j in jobs {
+                    let wall = j.usage.map(|u| u.wall_ms.to_string()).unwrap_or_default();
+                    let detail = if j.reason.is_empty() { j.event.path.clone() } else { j.reason.clone() };
+                    println!("{:<36} {:<10} {:<12} {:<10} {:>8} {}", j.id, j.owner, j.function, j.state.as_str(), wall, detail);
+                }
+            }
+            Ok(())
+        }
+        Command::Accounting { dir, json } => {
+            let accounts = client(&dir)?.accounting().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&accounts)?);
+            } else {
+                println!("{:<16} {:>9} {:>6} {:>12} {:>10} {:>12} {:>12}", "OWNER", "COMPLETED", "FAILED", "CORE_HOURS", "CPU_S", "BYTES_IN", "BYTES_OUT");
+                for a in accounts {
+                    println!("{:<16} {:>9} {:>6} {:>12.6} {:>10.3} {:>12} {:>12}", a.owner, a.jobs_completed, a.jobs_failed, a.core_seconds / 3600.0, a.cpu_seconds, a.bytes_in, a.bytes_out);
+                }
+            }
+            Ok(())
+        }
+        Command::Events { command: EventsCommand::Publish { dir, file, subject } } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
+            let seq = client(&dir)?.publish_event(&subject, bytes).await?;
+            println!("published to {subject} (stream sequence {seq})");
+            Ok(())
+        }
+    }
+}

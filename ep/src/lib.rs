@@ -1,0 +1,232 @@
+//! htfaas execution point (EP).
+//!
+//! An EP dials the scheduler (`GET {scheduler_url}/v1/ep/attach`, WebSocket, `Bearer` attach
+//! token), says [`Hello`](htfaas_functions::proto::Hello) with the slots it offers, and then runs
+//! every [`JobAssignment`](htfaas_functions::proto::JobAssignment) it is sent, answering each
+//! with one [`JobReport`](htfaas_functions::proto::JobReport), whatever happens.
+//!
+//! - [`Config`] → [`Config::resolve`] → [`Settings`]: the engine, linker, HTTP client and
+//!   directories, built once;
+//! - [`run`]: the attach loop (reconnects with backoff, keeps reports across disconnects, drains
+//!   on shutdown);
+//! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store); no
+//!   network;
+//! - `job`: one assignment end to end (module fetch and verify, input download, run, output
+//!   upload, clean-up).
+//!
+//! Invariants: the EP knows nothing about NATS or users; a guest failure is an
+//! [`Outcome`](htfaas_functions::proto::Outcome), never an `Err`; macaroons and the attach
+//! token appear only in `Authorization` headers, never in logs.
+
+mod job;
+mod link;
+pub mod runtime;
+
+use anyhow::{Context as _, bail};
+use htfaas_functions::Resources;
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub use runtime::Runtime;
+
+/// EP configuration, as read from the EP's config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// EP name, for logs and job records. Required.
+    pub name: String,
+    /// Scheduler base URL, e.g. `http://127.0.0.1:8081`; the EP dials `ws(s)://…/v1/ep/attach`
+    /// (`http` becomes `ws`, `https` becomes `wss`). Required.
+    pub scheduler_url: String,
+    /// Attach token (JWT), sent as `Authorization: Bearer` on the upgrade request. Required.
+    pub attach_token: String,
+    /// Total resources advertised (`cpus`, `memory_mb`); `runtime_s` is the longest job
+    /// accepted. Default: [`Resources::default`] (1 cpu, 2048 MiB, 3600 s).
+    #[serde(default)]
+    pub slots: Resources,
+    /// Scratch directory: `modules/` (module cache) and `jobs/<job id>/` (per-job input and
+    /// output; emptied at start). Required.
+    pub work_dir: PathBuf,
+    /// Bytes of guest stdout + stderr kept per job. Default: 65536 (64 KiB).
+    #[serde(default = "default_log_limit_bytes")]
+    pub log_limit_bytes: usize,
+    /// Most output files stored per job. Default: 64.
+    #[serde(default = "default_max_output_files")]
+    pub max_output_files: usize,
+    /// Most output bytes stored per job. Default: 17179869184 (16 GiB).
+    #[serde(default = "default_max_output_bytes")]
+    pub max_output_bytes: u64,
+}
+
+fn default_log_limit_bytes() -> usize {
+    64 * 1024
+}
+fn default_max_output_files() -> usize {
+    64
+}
+fn default_max_output_bytes() -> u64 {
+    16 << 30
+}
+
+/// How long [`run`] waits, after shutdown, for in-flight jobs and their reports.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A resolved [`Config`]: ready-made engine, linker, HTTP client and directories.
+pub struct Settings {
+    /// EP name.
+    pub name: String,
+    /// WebSocket URL dialled: `ws(s)://…/v1/ep/attach`.
+    pub attach_url: String,
+    attach_token: String,
+    /// Resources advertised in `Hello`.
+    pub slots: Resources,
+    /// Scratch directory.
+    pub work_dir: PathBuf,
+    /// `work_dir/modules`: verified module bytes, `<hex digest>.wasm`.
+    pub modules_dir: PathBuf,
+    /// `work_dir/jobs`: one directory per running job.
+    pub jobs_dir: PathBuf,
+    /// Bytes of guest stdout + stderr kept per job.
+    pub log_limit_bytes: usize,
+    /// Most output files stored per job.
+    pub max_output_files: usize,
+    /// Most output bytes stored per job.
+    pub max_output_bytes: u64,
+    /// How long [`run`] waits after shutdown for in-flight jobs and their reports.
+    /// Default: [`DEFAULT_DRAIN_TIMEOUT`].
+    pub drain_timeout: Duration,
+    http: reqwest::Client,
+    runtime: Arc<Runtime>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("name", &self.name)
+            .field("attach_url", &self.attach_url)
+            .field("attach_token", &"<redacted>")
+            .field("slots", &self.slots)
+            .field("work_dir", &self.work_dir)
+            .field("log_limit_bytes", &self.log_limit_bytes)
+            .field("max_output_files", &self.max_output_files)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .field("drain_timeout", &self.drain_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// The wasm runtime (engine and module cache) this EP runs jobs on.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+}
+
+impl Config {
+    /// Validates the config, creates `work_dir/{modules,jobs}` (emptying `jobs/`, which only
+    /// holds leftovers of a previous process), and builds the engine, linker and HTTP client.
+    pub async fn resolve(self) -> anyhow::Result<Settings> {
+        if self.name.trim().is_empty() {
+            bail!("name: must not be empty");
+        }
+        if self.attach_token.trim().is_empty() {
+            bail!("attach_token: must not be empty");
+        }
+        let attach_url = attach_url(&self.scheduler_url).context("scheduler_url")?;
+        if self.slots.cpus == 0 || self.slots.memory_mb == 0 || self.slots.runtime_s == 0 {
+            bail!("slots: cpus, memory_mb and runtime_s must all be positive");
+        }
+        if self.log_limit_bytes == 0 {
+            bail!("log_limit_bytes: must be positive");
+        }
+        let modules_dir = self.work_dir.join("modules");
+        let jobs_dir = self.work_dir.join("jobs");
+        match tokio::fs::remove_dir_all(&jobs_dir).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("empty {}", jobs_dir.display())),
+        }
+        for d in [&modules_dir, &jobs_dir] {
+            tokio::fs::create_dir_all(d).await.with_context(|| format!("create {}", d.display()))?;
+        }
+        // reqwest is built with `rustls-no-provider`: install ring once per process.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(120))
+            .build()
+            .context("build HTTP client")?;
+        let runtime = Arc::new(tokio::task::spawn_blocking(Runtime::new).await.context("start wasm runtime")??);
+        Ok(Settings {
+            name: self.name,
+            attach_url,
+            attach_token: self.attach_token,
+            slots: self.slots,
+            work_dir: self.work_dir,
+            modules_dir,
+            jobs_dir,
+            log_limit_bytes: self.log_limit_bytes,
+            max_output_files: self.max_output_files,
+            max_output_bytes: self.max_output_bytes,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            http,
+            runtime,
+        })
+    }
+}
+
+/// `http://h:p/prefix` → `ws://h:p/prefix/v1/ep/attach` (`https` → `wss`; `ws`/`wss` kept).
+fn attach_url(scheduler_url: &str) -> anyhow::Result<String> {
+    let (scheme, rest) = scheduler_url.split_once("://").context("want http://host:port")?;
+    let ws = match scheme {
+        "http" | "ws" => "ws",
+        "https" | "wss" => "wss",
+        other => bail!("scheme {other:?}: want http or https"),
+    };
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() {
+        bail!("no host");
+    }
+    Ok(format!("{ws}://{rest}/v1/ep/attach"))
+}
+
+/// Runs the EP until `shutdown` is cancelled: attaches to the scheduler (reconnecting with
+/// backoff from 100 ms to 5 s), runs each assignment in its own task and reports it. Reports of
+/// jobs that end while disconnected are sent after the next attach. On shutdown it stops taking
+/// jobs, waits up to [`Settings::drain_timeout`] for in-flight jobs and their reports, and closes.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    link::run(Arc::new(settings), shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_urls() {
+        assert_eq!(attach_url("http://127.0.0.1:80").expect("ok"), "ws://127.0.0.1:80/v1/ep/attach");
+        assert_eq!(attach_url("https://s.example/x/").expect("ok"), "wss://s.example/x/v1/ep/attach");
+        assert!(attach_url("ftp://x").is_err());
+        assert!(attach_url("127.0.0.1:80").is_err());
+        assert!(attach_url("http://").is_err());
+    }
+
+    #[test]
+    fn config_defaults_and_unknown_fields() {
+        let c: Config = serde_json::from_str(
+            r#"{"name":"ep1","scheduler_url":"http://127.0.0.1:1","attach_token":"t","work_dir":"/tmp/x"}"#,
+        )
+        .expect("parses");
+        assert_eq!(c.log_limit_bytes, 65536);
+        assert_eq!(c.max_output_files, 64);
+        assert_eq!(c.max_output_bytes, 16 << 30);
+        assert_eq!(c.slots, Resources::default());
+        let bad = serde_json::from_str::<Config>(
+            r#"{"name":"ep1","scheduler_url":"u","attach_token":"t","work_dir":"/x","typo":1}"#,
+        );
+        assert!(bad.is_err());
+    }
+}

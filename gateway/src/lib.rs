@@ -1,0 +1,227 @@
+//! The gateway: where storage events become jobs, and the HTTP API of htfaas.
+//!
+//! - [`ingest`] reads dCache billing messages from a durable JetStream consumer, parses them
+//!   ([`event`]), finds the functions whose trigger matches ([`triggers`]), obtains a read and a
+//!   write macaroon from the storage ([`storage_client`]), mints a single-use submit token and
+//!   submits the job to the scheduler ([`submit`]); it acks the message only once every job it
+//!   fired is durably accepted.
+//! - [`api`] serves the registry (modules and functions) and proxies job and accounting queries
+//!   to the scheduler.
+//!
+//! Invariants: the gateway never runs wasm and never talks to an EP; it never logs a macaroon or
+//! a token, only their ids.
+
+pub mod api;
+pub mod event;
+pub mod ingest;
+pub mod stats;
+pub mod storage_client;
+pub mod submit;
+pub mod triggers;
+
+use anyhow::Context as _;
+use htfaas_functions::token::SigningKey;
+use htfaas_functions::Registry;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Gateway configuration (a TOML/JSON file or the `htfaas up` defaults).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// HTTP API address. Tests use `127.0.0.1:0`.
+    pub listen: SocketAddr,
+    /// URL under which EPs reach this API (module downloads). Default: `http://<bound address>`.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// NATS server with JetStream, e.g. `nats://127.0.0.1:14222`.
+    pub nats_url: String,
+    /// Durable consumer name on the events stream. Default: `gateway`.
+    #[serde(default = "default_consumer")]
+    pub consumer: String,
+    /// Directory of the function registry (SQLite + modules).
+    pub registry_dir: PathBuf,
+    /// Storage base URL (dCache WebDAV door or the built-in storage), without trailing `/`.
+    pub storage_url: String,
+    /// User the gateway authenticates as when asking the storage for macaroons.
+    pub storage_user: String,
+    /// That user's secret (HTTP Basic).
+    pub storage_secret: String,
+    /// Scheduler base URL.
+    pub scheduler_url: String,
+    /// Admin token of the scheduler, for proxying job and accounting queries.
+    pub scheduler_admin_token: String,
+    /// Ed25519 PKCS#8 PEM key that signs submit tokens; created if absent.
+    pub signing_key_file: PathBuf,
+    /// Where the public half is written as JWKS for the scheduler to trust. Default: beside the key.
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// `iss` of submit tokens. Default: `htfaas-gateway`.
+    #[serde(default = "default_issuer")]
+    pub issuer: String,
+    /// Bearer token for this API's admin routes.
+    pub admin_token: String,
+    /// Validity of read macaroons, ISO-8601. Default: `PT2H`.
+    #[serde(default = "default_read_validity")]
+    pub read_validity: String,
+    /// Validity of write macaroons, ISO-8601. Default: `PT4H`.
+    #[serde(default = "default_write_validity")]
+    pub write_validity: String,
+    /// Lifetime of a submit token, seconds: it is used at once. Default: 300.
+    #[serde(default = "default_token_ttl_s")]
+    pub token_ttl_s: u64,
+    /// Deliveries of one event before JetStream gives up on it. Default: 20.
+    #[serde(default = "default_max_deliver")]
+    pub max_deliver: i64,
+}
+
+fn default_consumer() -> String {
+    "gateway".into()
+}
+fn default_issuer() -> String {
+    "htfaas-gateway".into()
+}
+fn default_read_validity() -> String {
+    "PT2H".into()
+}
+fn default_write_validity() -> String {
+    "PT4H".into()
+}
+fn default_token_ttl_s() -> u64 {
+    300
+}
+fn default_max_deliver() -> i64 {
+    20
+}
+
+/// A resolved gateway: listener bound, registry open, key loaded, clients built.
+pub struct Settings {
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    nats_url: String,
+    consumer: String,
+    max_deliver: i64,
+}
+
+/// What the ingest loop and the API share.
+pub struct Shared {
+    /// The function registry.
+    pub registry: Registry,
+    /// Compiled triggers, rebuilt when the registry changes.
+    pub triggers: triggers::TriggerCache,
+    /// Talks to the storage.
+    pub storage: storage_client::StorageClient,
+    /// Mints tokens and submits to the scheduler.
+    pub submitter: submit::Submitter,
+    /// Counters.
+    pub stats: stats::Stats,
+    /// Admin bearer token of this API.
+    pub admin_token: String,
+    /// Scheduler admin token (proxy).
+    pub scheduler_admin_token: String,
+    /// Base URL of this API as EPs see it.
+    pub public_url: String,
+    /// HTTP client.
+    pub http: reqwest::Client,
+}
+
+/// Builds the one HTTP client every outgoing call of this process uses.
+pub fn http_client() -> anyhow::Result<reqwest::Client> {
+    // Installing twice is harmless: a second install reports the first one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .context("build the HTTP client")
+}
+
+impl Config {
+    /// Binds the listener, opens the registry, loads or creates the signing key and publishes
+    /// its JWKS.
+    pub async fn resolve(self) -> anyhow::Result<Settings> {
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("bind the gateway API on {}", self.listen))?;
+        let addr = listener.local_addr().context("read the bound address")?;
+        let registry = Registry::open(&self.registry_dir)
+            .with_context(|| format!("open the registry in {}", self.registry_dir.display()))?;
+        let key = SigningKey::load_or_create(&self.signing_key_file, "gateway-1")
+            .context("load the submit-token signing key")?;
+        let jwks_file = self.jwks_file.clone().unwrap_or_else(|| self.signing_key_file.with_extension("jwks.json"));
+        htfaas_functions::token::write_jwks(&jwks_file, &key.jwks())
+            .with_context(|| format!("write {}", jwks_file.display()))?;
+        let http = http_client()?;
+        for v in [&self.read_validity, &self.write_validity] {
+            anyhow::ensure!(v.starts_with('P') && v.len() > 2, "validity {v:?} is not an ISO-8601 duration");
+        }
+        let public_url = self.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
+        let shared = Shared {
+            triggers: triggers::TriggerCache::default(),
+            storage: storage_client::StorageClient::new(
+                http.clone(),
+                &self.storage_url,
+                &self.storage_user,
+                &self.storage_secret,
+                &self.read_validity,
+                &self.write_validity,
+            ),
+            submitter: submit::Submitter::new(
+                http.clone(),
+                &self.scheduler_url,
+                key,
+                &self.issuer,
+                self.token_ttl_s,
+            ),
+            stats: stats::Stats::default(),
+            admin_token: self.admin_token,
+            scheduler_admin_token: self.scheduler_admin_token,
+            public_url: public_url.trim_end_matches('/').to_owned(),
+            http,
+            registry,
+        };
+        shared.triggers.reload(&shared.registry).context("load triggers")?;
+        Ok(Settings {
+            listener,
+            shared: Arc::new(shared),
+            nats_url: self.nats_url,
+            consumer: self.consumer,
+            max_deliver: self.max_deliver,
+        })
+    }
+}
+
+impl Settings {
+    /// The API's bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// State shared by the API and the ingest loop (tests read counters from it).
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+}
+
+/// Runs the gateway until `shutdown` is cancelled: the ingest loop and the API.
+///
+/// Shutdown order: stop taking events (the in-flight one finishes and is acked or left for
+/// redelivery), stop the API, return.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let Settings { listener, shared, nats_url, consumer, max_deliver } = settings;
+    let consumer = ingest::connect(&nats_url, &consumer, max_deliver).await?;
+    tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, "gateway ready");
+    let ingest = tokio::spawn(ingest::run(consumer, shared.clone(), shutdown.child_token()));
+    let app = api::router(shared);
+    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let served = serve.await.context("serve the gateway API");
+    shutdown.cancel();
+    let ingested = ingest.await.context("join the ingest loop")?;
+    tracing::info!("gateway stopped");
+    served?;
+    ingested
+}

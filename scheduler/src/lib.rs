@@ -1,0 +1,152 @@
+//! The scheduler, htfaas's access point (HTCondor's schedd with direct attach, no central
+//! manager).
+//!
+//! - [`api`]: `POST /v1/jobs` verifies a submit token and queues the job durably;
+//!   `GET /v1/ep/attach` verifies an attach token and upgrades to a WebSocket; admin queries.
+//! - [`queue`]: the SQLite store of jobs, submit-token uses and owner accounts.
+//! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished).
+//! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy.
+//! - [`dispatch`]: the task that matches idle jobs to EPs and sends them.
+//! - [`config`]: [`Config`] → [`Settings`].
+//!
+//! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP whose
+//! attach token names an owner only ever gets that owner's jobs; a job is `running` only on a
+//! live session, and goes back to `idle` when that session ends. The scheduler holds ids,
+//! URLs and digests, never function bytes.
+//!
+//! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
+//! running jobs return to idle), stop the dispatcher, wait for all of it (at most
+//! [`EXIT_DEADLINE`]), then close the store.
+
+pub mod api;
+pub mod config;
+pub mod dispatch;
+pub mod ep_link;
+pub mod error;
+pub mod matching;
+pub mod queue;
+
+pub use config::{ATTACH_KID, Config, Settings, TrustedIssuer};
+pub use error::{ApiFailure, QueueError};
+
+use anyhow::Context as _;
+use htfaas_functions::token::{
+    ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenError, Verifier, new_jti, now_s,
+};
+use matching::EpTable;
+use queue::Queue;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long shutdown waits for sessions and the dispatcher.
+pub const EXIT_DEADLINE: Duration = Duration::from_secs(8);
+
+/// State shared by the HTTP handlers, EP sessions and the dispatcher.
+pub struct Shared {
+    /// The durable queue.
+    pub(crate) queue: Queue,
+    /// Attached EPs and their free resources.
+    eps: Mutex<EpTable>,
+    /// Wakes the dispatcher (submit, attach, finish, detach).
+    pub(crate) wake: Notify,
+    /// Verifiers of submit tokens, by issuer.
+    pub(crate) submit_verifiers: HashMap<String, Verifier>,
+    /// Verifier of our own attach tokens.
+    pub(crate) attach_verifier: Verifier,
+    /// Bearer of the admin endpoints.
+    pub(crate) admin_token: String,
+    /// Cancelled at shutdown; EP sessions watch it.
+    pub(crate) shutdown: CancellationToken,
+    /// EP sessions, awaited at shutdown.
+    pub(crate) sessions: TaskTracker,
+    /// Frames from EPs that were not understood.
+    pub(crate) bad_frames: AtomicU64,
+    /// Finished reports for jobs not running on the reporting session.
+    pub(crate) ignored_reports: AtomicU64,
+}
+
+impl Shared {
+    /// The EP table. A poisoned lock is taken over: the table holds no invariant that a
+    /// panicking holder could have broken halfway (each method completes or does nothing).
+    pub(crate) fn eps(&self) -> MutexGuard<'_, EpTable> {
+        self.eps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Mints an attach token signed by the scheduler's attach key.
+pub fn mint_attach_token(
+    key: &SigningKey,
+    issuer: &str,
+    sub: &str,
+    owner: Option<String>,
+    ttl_s: u64,
+) -> Result<String, TokenError> {
+    let now = now_s();
+    key.sign(&AttachClaims {
+        iss: issuer.to_owned(),
+        sub: sub.to_owned(),
+        aud: ATTACH_AUDIENCE.to_owned(),
+        exp: now.saturating_add(ttl_s),
+        iat: now,
+        jti: new_jti(),
+        owner,
+    })
+}
+
+/// Serves until `shutdown` is cancelled, then shuts down in order (see the crate docs).
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let Settings {
+        listener,
+        local_addr,
+        queue,
+        name,
+        attach_key: _,
+        attach_verifier,
+        submit_verifiers,
+        admin_token,
+    } = settings;
+    let shared = Arc::new(Shared {
+        queue,
+        eps: Mutex::new(EpTable::default()),
+        wake: Notify::new(),
+        submit_verifiers,
+        attach_verifier,
+        admin_token,
+        shutdown: shutdown.clone(),
+        sessions: TaskTracker::new(),
+        bad_frames: AtomicU64::new(0),
+        ignored_reports: AtomicU64::new(0),
+    });
+    let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.child_token()));
+    shared.wake.notify_one();
+    tracing::info!(addr = %local_addr, name = %name, "scheduler listening");
+
+    let served = axum::serve(listener, api::router(shared.clone()))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .context("serve HTTP");
+    tracing::info!("HTTP stopped; closing EP sessions");
+    // Whatever ended serving, end everything else too.
+    shutdown.cancel();
+    shared.sessions.close();
+    if tokio::time::timeout(EXIT_DEADLINE, shared.sessions.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("EP sessions still open after {EXIT_DEADLINE:?}; exiting anyway");
+    }
+    match tokio::time::timeout(EXIT_DEADLINE, dispatcher).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("dispatcher task failed: {e}"),
+        Err(_) => {
+            tracing::warn!("dispatcher still running after {EXIT_DEADLINE:?}; exiting anyway")
+        }
+    }
+    tracing::info!("scheduler stopped");
+    served
+}

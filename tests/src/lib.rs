@@ -1,1 +1,66 @@
-//! End-to-end test harness.
+//! Harness for the end-to-end tests: the example guests built once, a whole stack in a
+//! temporary directory, and bounded waiting.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Path of a guest module from `examples/`, building the examples workspace once per test
+/// binary (`cargo build --release --target wasm32-wasip1`).
+pub fn guest_wasm(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let built = BUILT.get_or_init(|| {
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--release", "--target", "wasm32-wasip1", "--manifest-path"])
+            .arg(examples.join("Cargo.toml"))
+            .output()
+            .map_err(|e| format!("run cargo: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    if let Err(e) = built {
+        panic!("building the example guests failed (is the wasm32-wasip1 target installed? scripts/install-deps.sh):\n{e}");
+    }
+    examples.join(format!("target/wasm32-wasip1/release/{name}.wasm"))
+}
+
+/// A stack in a fresh temporary directory, deleted when the returned guard drops.
+pub async fn start_stack() -> (tempfile::TempDir, htfaas::stack::Stack) {
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    let stack = htfaas::stack::Stack::start(htfaas::stack::StackOptions::new(dir.path()))
+        .await
+        .expect("start the stack (nats-server installed? scripts/install-deps.sh)");
+    (dir, stack)
+}
+
+/// Polls `check` every 20 ms until it yields `Some`, or panics after `limit` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Adler-32 of `bytes`, as lower-case hex (the reference for the checksum example).
+pub fn adler32_hex(bytes: &[u8]) -> String {
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in bytes {
+        a = (a + u32::from(x)) % 65_521;
+        b = (b + a) % 65_521;
+    }
+    format!("{:08x}", (b << 16) | a)
+}

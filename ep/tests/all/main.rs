@@ -1,0 +1,6 @@
+//! htfaas-ep tests: one binary (runtime limits, sandbox, data path and attach protocol).
+
+mod common;
+mod link;
+mod runtime;
+mod sandbox;

@@ -1,0 +1,192 @@
+//! The gateway's HTTP API: the registry (modules and functions) and read-only views of jobs
+//! and accounting (proxied to the scheduler, which owns them).
+//!
+//! | route | auth | what |
+//! |---|---|---|
+//! | `GET /healthz` | none | liveness |
+//! | `POST /v1/modules` | admin | body = wasm bytes → `{"digest":…}` |
+//! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
+//! | `POST /v1/functions` | admin | body = `FunctionManifest` → `FunctionRecord` |
+//! | `GET /v1/functions` | admin | latest `FunctionRecord` of each function |
+//! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
+//! | `GET /v1/stats` | admin | ingest counters |
+
+use crate::Shared;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use htfaas_functions::proto::ApiError;
+use htfaas_functions::registry::MAX_MODULE_BYTES;
+use htfaas_functions::{Digest, FunctionManifest, RegistryError};
+use std::sync::Arc;
+
+/// An error answer: status plus [`ApiError`] body.
+pub struct Failure(StatusCode, String);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(ApiError { error: self.1 })).into_response()
+    }
+}
+
+impl From<RegistryError> for Failure {
+    fn from(e: RegistryError) -> Self {
+        let status = match &e {
+            RegistryError::Manifest(_) | RegistryError::NotWasm(_) | RegistryError::UnknownModule(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            RegistryError::NotFound(_) => StatusCode::NOT_FOUND,
+            RegistryError::Db(_) | RegistryError::Io(_) | RegistryError::Corrupt(_) => {
+                tracing::error!("registry failure: {e}");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        Failure(status, e.to_string())
+    }
+}
+
+/// The router, with its state.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/modules", post(put_module).layer(DefaultBodyLimit::max(MAX_MODULE_BYTES)))
+        .route("/v1/modules/{digest}", get(get_module))
+        .route("/v1/functions", post(register).get(list_functions))
+        .route("/v1/jobs", get(proxy_jobs))
+        .route("/v1/jobs/{id}", get(proxy_job))
+        .route("/v1/accounting", get(proxy_accounting))
+        .route("/v1/stats", get(stats))
+        .with_state(shared)
+}
+
+fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), Failure> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(t) if constant_time_eq(t.as_bytes(), shared.admin_token.as_bytes()) => Ok(()),
+        Some(_) => Err(Failure(StatusCode::UNAUTHORIZED, "wrong admin token".into())),
+        None => Err(Failure(StatusCode::UNAUTHORIZED, "admin token required (Authorization: Bearer)".into())),
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal the matching prefix.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RegistryError> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("registry task: {e}")))?
+        .map_err(Failure::from)
+}
+
+async fn put_module(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, Failure> {
+    require_admin(&shared, &headers)?;
+    let s = shared.clone();
+    let digest = blocking(move || s.registry.put_module(&body)).await?;
+    Ok((StatusCode::CREATED, Json(serde_json::json!({ "digest": digest }))))
+}
+
+async fn get_module(State(shared): State<Arc<Shared>>, Path(digest): Path<String>) -> Result<Response, Failure> {
+    let digest: Digest = digest.parse().map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("{e}")))?;
+    let s = shared.clone();
+    let d = digest.clone();
+    let path = blocking(move || s.registry.module_path(&d))
+        .await?
+        .ok_or_else(|| Failure(StatusCode::NOT_FOUND, format!("module {digest} not found")))?;
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("open module: {e}")))?;
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/wasm")], body).into_response())
+}
+
+async fn register(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, Failure> {
+    require_admin(&shared, &headers)?;
+    let manifest: FunctionManifest = serde_json::from_slice(&body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")))?;
+    let s = shared.clone();
+    let record = blocking(move || {
+        let record = s.registry.register(manifest)?;
+        s.triggers.reload(&s.registry)?;
+        Ok(record)
+    })
+    .await?;
+    tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
+    Ok((StatusCode::CREATED, Json(record)))
+}
+
+async fn list_functions(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, Failure> {
+    require_admin(&shared, &headers)?;
+    let s = shared.clone();
+    Ok(Json(blocking(move || s.registry.list()).await?))
+}
+
+async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, Failure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(shared.stats.snapshot()))
+}
+
+async fn proxy_jobs(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Failure> {
+    let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
+    proxy(&shared, &headers, &format!("/v1/jobs{suffix}")).await
+}
+
+async fn proxy_job(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, Failure> {
+    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Failure(StatusCode::BAD_REQUEST, "bad job id".into()));
+    }
+    proxy(&shared, &headers, &format!("/v1/jobs/{id}")).await
+}
+
+async fn proxy_accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
+    proxy(&shared, &headers, "/v1/accounting").await
+}
+
+async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Response, Failure> {
+    require_admin(shared, headers)?;
+    let url = format!("{}{path}", shared.submitter_base());
+    let resp = shared
+        .http
+        .get(url)
+        .bearer_auth(&shared.scheduler_admin_token)
+        .send()
+        .await
+        .map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
+    Ok((status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+impl Shared {
+    fn submitter_base(&self) -> String {
+        self.submitter.scheduler_url().to_owned()
+    }
+}

@@ -1,0 +1,198 @@
+//! The ingest loop: JetStream durable consumer → [`event::decide`] → triggers → jobs.
+//!
+//! Delivery contract: a message is acked only after every job it fires has been durably
+//! accepted by the scheduler (or refused for good). Transient failures (storage or scheduler
+//! down) NAK it with a growing delay, so JetStream redelivers it, at most `max_deliver` times.
+//! A redelivered message cannot start a second job: each submission carries a dedupe key
+//! (event id + function + digest) that the scheduler keeps unique. Malformed and irrelevant
+//! messages are counted and acked at once.
+
+use crate::event::{self, Decision, StorageEvent};
+use crate::stats::Stats;
+use crate::submit::SubmitError;
+use crate::Shared;
+use anyhow::Context as _;
+use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::PullConsumer, AckKind};
+use futures_util::StreamExt as _;
+use htfaas_functions::proto::{
+    EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT,
+};
+use htfaas_functions::FunctionRecord;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Connects to NATS, ensures the events stream and the durable consumer exist.
+pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow::Result<PullConsumer> {
+    let client = async_nats::ConnectOptions::new()
+        .name("htfaas-gateway")
+        .connect(nats_url)
+        .await
+        .with_context(|| format!("connect to NATS at {nats_url}"))?;
+    let js = jetstream::new(client);
+    let stream = js
+        .get_or_create_stream(events_stream_config())
+        .await
+        .with_context(|| format!("create or find the JetStream stream {EVENTS_STREAM}"))?;
+    stream
+        .get_or_create_consumer(
+            consumer,
+            pull::Config {
+                durable_name: Some(consumer.to_owned()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(60),
+                max_deliver,
+                filter_subject: EVENTS_SUBJECT.to_owned(),
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("create or find the durable consumer {consumer}"))
+}
+
+/// The stream that keeps storage events: file storage, kept 7 days.
+pub fn events_stream_config() -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: EVENTS_STREAM.to_owned(),
+        subjects: vec![EVENTS_SUBJECT.to_owned()],
+        max_age: Duration::from_secs(EVENTS_MAX_AGE_S),
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+/// What to tell JetStream about one message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Done with it (fired, ignored, malformed or refused for good).
+    Ack,
+    /// Try again later.
+    Retry,
+}
+
+/// Consumes until `shutdown`. Cancel-safe at the `select!`: a message being handled is finished
+/// first, and an unacked message is redelivered after `ack_wait`.
+pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let mut messages = consumer.messages().await.context("start consuming events")?;
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            next = messages.next() => next,
+        };
+        let message = match next {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                tracing::warn!("event stream error (continuing): {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            None => anyhow::bail!("the JetStream consumer stream ended"),
+        };
+        Stats::bump(&shared.stats.events_received);
+        let (seq, delivered) = match message.info() {
+            Ok(info) => (info.stream_sequence, info.delivered),
+            Err(e) => {
+                tracing::warn!("message without JetStream info: {e}");
+                (0, 1)
+            }
+        };
+        let verdict = handle(&shared, &message.payload, &format!("nats-seq-{seq}")).await;
+        let ack = match verdict {
+            Verdict::Ack => message.double_ack().await,
+            Verdict::Retry => {
+                let delay = Duration::from_millis(500u64.saturating_mul(1 << delivered.clamp(0, 6) as u32));
+                tracing::info!(seq, delivered, ?delay, "event will be redelivered");
+                message.ack_with(AckKind::Nak(Some(delay))).await
+            }
+        };
+        if let Err(e) = ack {
+            // Not fatal: the message is redelivered, and the dedupe key keeps it to one job.
+            tracing::warn!(seq, "could not ack event: {e}");
+        }
+    }
+    tracing::info!("ingest stopped");
+    Ok(())
+}
+
+/// Decides and acts on one message.
+#[tracing::instrument(name = "gateway.ingest_event", skip_all, fields(event = %fallback_id))]
+pub async fn handle(shared: &Shared, payload: &[u8], fallback_id: &str) -> Verdict {
+    let event = match event::decide(payload, fallback_id) {
+        Ok(Decision::Fire(e)) => e,
+        Ok(Decision::Ignore(why)) => {
+            tracing::debug!("ignored: {why}");
+            Stats::bump(&shared.stats.events_ignored);
+            return Verdict::Ack;
+        }
+        Err(e) => {
+            tracing::warn!("malformed event skipped: {e}");
+            Stats::bump(&shared.stats.events_malformed);
+            return Verdict::Ack;
+        }
+    };
+    let functions: Vec<FunctionRecord> = shared
+        .triggers
+        .matching(&event.path)
+        .into_iter()
+        // A function never fires on its own outputs (the simplest loop guard).
+        .filter(|f| !event.path.starts_with(&f.manifest.outputs.dir))
+        .collect();
+    if functions.is_empty() {
+        tracing::debug!(path = %event.path, "no trigger matches");
+        Stats::bump(&shared.stats.events_unmatched);
+        return Verdict::Ack;
+    }
+    let mut verdict = Verdict::Ack;
+    for function in &functions {
+        match fire(shared, &event, function).await {
+            Ok(()) => {}
+            Err(Failure::Transient(e)) => {
+                tracing::warn!(function = %function.manifest.name, "transient failure, will retry: {e}");
+                Stats::bump(&shared.stats.transient_failures);
+                verdict = Verdict::Retry;
+            }
+            Err(Failure::Permanent(e)) => {
+                tracing::error!(function = %function.manifest.name, path = %event.path, "job refused: {e}");
+                Stats::bump(&shared.stats.jobs_refused);
+            }
+        }
+    }
+    verdict
+}
+
+enum Failure {
+    Transient(String),
+    Permanent(String),
+}
+
+async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) -> Result<(), Failure> {
+    let m = &function.manifest;
+    let storage_err = |e: crate::storage_client::StorageError| {
+        if e.is_transient() { Failure::Transient(e.to_string()) } else { Failure::Permanent(e.to_string()) }
+    };
+    let read = shared.storage.read_macaroon(&event.path).await.map_err(storage_err)?;
+    let write = shared.storage.write_macaroon(&m.outputs.dir).await.map_err(storage_err)?;
+    let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
+    let request = SubmitRequest {
+        function: FunctionRef {
+            name: m.name.clone(),
+            version: function.version,
+            digest: m.module.clone(),
+            module_url: format!("{}/v1/modules/{}", shared.public_url, m.module),
+        },
+        resources: m.resources,
+        input: InputSpec { url: shared.storage.url_of(&event.path), name, macaroon: read },
+        output: OutputSpec { url: shared.storage.url_of(&m.outputs.dir), macaroon: write },
+        args: m.args.clone(),
+        env: m.env.clone(),
+        event: EventRef { source: "dcache".into(), id: event.id.clone(), path: event.path.clone() },
+        dedupe_key: format!("{}#{}@{}", event.id, m.name, m.module),
+    };
+    match shared.submitter.submit(&m.owner, &request).await {
+        Ok(reply) if reply.created => Stats::bump(&shared.stats.jobs_submitted),
+        Ok(_) => Stats::bump(&shared.stats.jobs_deduplicated),
+        Err(e @ SubmitError::Unavailable(_)) => return Err(Failure::Transient(e.to_string())),
+        Err(e) => return Err(Failure::Permanent(e.to_string())),
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! Turns a fired (event, function) pair into a job at the scheduler: mints the single-use
+//! submit token that allows exactly this job and posts the [`SubmitRequest`].
+
+use crate::storage_client::snippet;
+use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse};
+use htfaas_functions::token::{new_jti, now_s, SigningKey, SubmitClaims, SUBMIT_AUDIENCE};
+
+/// Why a submission did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Scheduler unreachable or failing (5xx): retry later.
+    #[error("scheduler unavailable: {0}")]
+    Unavailable(String),
+    /// The scheduler refused the job (4xx): retrying will not help.
+    #[error("scheduler refused the job ({status}): {reason}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// The scheduler's reason.
+        reason: String,
+    },
+    /// The token could not be minted.
+    #[error("mint submit token: {0}")]
+    Token(#[from] htfaas_functions::token::TokenError),
+}
+
+/// Mints submit tokens and posts jobs.
+pub struct Submitter {
+    http: reqwest::Client,
+    scheduler_url: String,
+    jobs_url: String,
+    key: SigningKey,
+    issuer: String,
+    token_ttl_s: u64,
+}
+
+impl Submitter {
+    /// A submitter to the scheduler at `scheduler_url`, signing with `key` as `issuer`.
+    pub fn new(
+        http: reqwest::Client,
+        scheduler_url: &str,
+        key: SigningKey,
+        issuer: &str,
+        token_ttl_s: u64,
+    ) -> Submitter {
+        Submitter {
+            http,
+            scheduler_url: scheduler_url.trim_end_matches('/').to_owned(),
+            jobs_url: format!("{}/v1/jobs", scheduler_url.trim_end_matches('/')),
+            key,
+            issuer: issuer.to_owned(),
+            token_ttl_s,
+        }
+    }
+
+    /// The scheduler's base URL.
+    pub fn scheduler_url(&self) -> &str {
+        &self.scheduler_url
+    }
+
+    /// Claims allowing exactly `req` for `owner`: one job, its resources, its function.
+    pub fn claims_for(&self, owner: &str, req: &SubmitRequest) -> SubmitClaims {
+        let now = now_s();
+        SubmitClaims {
+            iss: self.issuer.clone(),
+            sub: owner.to_owned(),
+            aud: SUBMIT_AUDIENCE.to_owned(),
+            exp: now + self.token_ttl_s,
+            iat: now,
+            jti: new_jti(),
+            jobs: 1,
+            cpus: req.resources.cpus,
+            memory_mb: req.resources.memory_mb,
+            runtime_s: req.resources.runtime_s,
+            function: Some(req.function.digest.clone()),
+        }
+    }
+
+    /// Submits `req` on behalf of `owner`. `Ok` means the scheduler has the job durably.
+    #[tracing::instrument(name = "gateway.submit", skip_all, fields(function = %req.function.name, event = %req.event.id))]
+    pub async fn submit(&self, owner: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
+        let claims = self.claims_for(owner, req);
+        let token = self.key.sign(&claims)?;
+        let resp = self
+            .http
+            .post(&self.jobs_url)
+            .bearer_auth(token)
+            .json(req)
+            .send()
+            .await
+            .map_err(|e| SubmitError::Unavailable(e.to_string()))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| SubmitError::Unavailable(e.to_string()))?;
+        if status.is_success() {
+            let reply: SubmitResponse =
+                serde_json::from_str(&text).map_err(|e| SubmitError::Unavailable(format!("bad reply: {e}")))?;
+            tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
+            return Ok(reply);
+        }
+        let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or_else(|_| snippet(&text));
+        if status.is_server_error() {
+            Err(SubmitError::Unavailable(format!("{status}: {reason}")))
+        } else {
+            Err(SubmitError::Refused { status: status.as_u16(), reason })
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The HTTP API: submit (`POST /v1/jobs`), EP attach (`GET /v1/ep/attach`), admin queries
+//! and `/healthz`. Every error answer is an `ApiError` naming the failed check.
+//!
+//! Order of checks on submit: token (401), then the request against the token's limits (403),
+//! then the request itself (400), then, in one transaction, dedupe and token use (401 when
+//! used up). A 2xx answer means the job is committed to disk.
+
+use crate::Shared;
+use crate::error::ApiFailure;
+use crate::queue::NewJob;
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use htfaas_functions::manifest::{MAX_CPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, is_clean_abs_path};
+use htfaas_functions::proto::{Account, JobRecord, SubmitRequest, SubmitResponse};
+use htfaas_functions::token::{AttachClaims, SubmitClaims};
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// Largest submit body, bytes.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Default and largest `?limit=` of `GET /v1/jobs`.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// Largest `?limit=` of `GET /v1/jobs`.
+pub const MAX_LIST_LIMIT: usize = 10_000;
+/// Longest URL, macaroon, event field or dedupe key accepted, bytes.
+pub const MAX_FIELD_BYTES: usize = 8192;
+
+/// The router, with `shared` as state.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/accounting", get(accounting))
+        .route("/v1/ep/attach", get(attach))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(shared)
+}
+
+/// The token after `Bearer ` in `Authorization`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Equal contents, in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    std::hint::black_box(a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y))) == 0
+}
+
+fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure> {
+    let token =
+        bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing admin bearer token"))?;
+    if constant_time_eq(token.as_bytes(), shared.admin_token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiFailure::unauthorized("invalid admin token"))
+    }
+}
+
+/// The `iss` claim read without verifying, only to pick the verifier that will verify it.
+fn unverified_issuer(token: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Iss {
+        iss: String,
+    }
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .ok()?;
+    serde_json::from_slice::<Iss>(&bytes).ok().map(|i| i.iss)
+}
+
+fn verify_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
+    let token =
+        bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer submit token"))?;
+    let iss = unverified_issuer(token)
+        .ok_or_else(|| ApiFailure::unauthorized("malformed token: no issuer"))?;
+    let verifier = shared
+        .submit_verifiers
+        .get(&iss)
+        .ok_or_else(|| ApiFailure::unauthorized(format!("untrusted issuer {iss:?}")))?;
+    verifier
+        .verify::<SubmitClaims>(token)
+        .map_err(|e| ApiFailure::unauthorized(format!("submit token refused: {e}")))
+}
+
+/// The request against the token's limits (403).
+fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure> {
+    let r = &req.resources;
+    if r.cpus > c.cpus {
+        return Err(ApiFailure::forbidden(format!(
+            "cpus {} exceeds the token's limit of {}",
+            r.cpus, c.cpus
+        )));
+    }
+    if r.memory_mb > c.memory_mb {
+        return Err(ApiFailure::forbidden(format!(
+            "memory_mb {} exceeds the token's limit of {}",
+            r.memory_mb, c.memory_mb
+        )));
+    }
+    if r.runtime_s > c.runtime_s {
+        return Err(ApiFailure::forbidden(format!(
+            "runtime_s {} exceeds the token's limit of {}",
+            r.runtime_s, c.runtime_s
+        )));
+    }
+    if let Some(d) = &c.function
+        && *d != req.function.digest
+    {
+        return Err(ApiFailure::forbidden(format!(
+            "function digest {} is not the token's {}",
+            req.function.digest, d
+        )));
+    }
+    Ok(())
+}
+
+fn http_url(u: &str) -> bool {
+    let rest = u
+        .strip_prefix("https://")
+        .or_else(|| u.strip_prefix("http://"));
+    rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
+        && u.len() <= MAX_FIELD_BYTES
+        && !u.chars().any(|c| c.is_control() || c.is_whitespace())
+}
+
+fn bounded(s: &str) -> bool {
+    s.len() <= MAX_FIELD_BYTES && !s.contains('\0')
+}
+
+/// The request on its own (400).
+pub fn validate(req: &SubmitRequest) -> Result<(), String> {
+    let f = &req.function;
+    if f.name.is_empty() || f.name.len() > 128 || f.name.chars().any(char::is_control) {
+        return Err("function.name must be 1-128 printable characters".into());
+    }
+    if !http_url(&f.module_url) {
+        return Err("function.module_url must be an http or https URL".into());
+    }
+    let r = &req.resources;
+    if r.cpus == 0 || r.cpus > MAX_CPUS {
+        return Err(format!("resources.cpus must be 1..={MAX_CPUS}"));
+    }
+    if r.memory_mb == 0 || r.memory_mb > MAX_MEMORY_MB {
+        return Err(format!("resources.memory_mb must be 1..={MAX_MEMORY_MB}"));
+    }
+    if r.runtime_s == 0 || r.runtime_s > MAX_RUNTIME_S {
+        return Err(format!("resources.runtime_s must be 1..={MAX_RUNTIME_S}"));
+    }
+    let name = &req.input.name;
+    if name.is_empty()
+        || name.len() > 255
+        || name.contains('/')
+        || !is_clean_abs_path(&format!("/{name}"))
+    {
+        return Err(format!(
+            "input.name {name:?} must be one path segment, not . or .."
+        ));
+    }
+    if !http_url(&req.input.url) {
+        return Err("input.url must be an http or https URL".into());
+    }
+    if !http_url(&req.output.url) || !req.output.url.ends_with('/') {
+        return Err("output.url must be an http or https URL ending in '/'".into());
+    }
+    if !bounded(&req.input.macaroon) || !bounded(&req.output.macaroon) {
+        return Err(format!(
+            "macaroons must be at most {MAX_FIELD_BYTES} bytes without NUL"
+        ));
+    }
+    if req.args.len() > 64 || req.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
+        return Err("args: at most 64 arguments of at most 4096 bytes, no NUL".into());
+    }
+    if req.env.len() > 64
+        || req.env.iter().any(|(k, v)| {
+            k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0')
+        })
+    {
+        return Err("env: at most 64 variables; names non-empty without '=' or NUL; values at most 4096 bytes".into());
+    }
+    let e = &req.event;
+    if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {
+        return Err(format!(
+            "event fields must be at most {MAX_FIELD_BYTES} bytes without NUL"
+        ));
+    }
+    if req.dedupe_key.is_empty() || req.dedupe_key.len() > 1024 || req.dedupe_key.contains('\0') {
+        return Err("dedupe_key must be 1-1024 bytes without NUL".into());
+    }
+    Ok(())
+}
+
+#[tracing::instrument(name = "scheduler.submit", skip_all,
+    fields(owner = tracing::field::Empty, token.jti = tracing::field::Empty,
+           job.id = tracing::field::Empty, created = tracing::field::Empty))]
+async fn submit(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiFailure> {
+    let claims = verify_submit(&shared, &headers)
+        .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    let span = tracing::Span::current();
+    span.record("owner", claims.sub.as_str());
+    span.record("token.jti", claims.jti.as_str());
+    let req: SubmitRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
+    check_limits(&req, &claims).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    validate(&req).map_err(ApiFailure::bad_request)?;
+    let done = shared
+        .queue
+        .submit(NewJob {
+            request: req,
+            owner: claims.sub,
+            jti: claims.jti,
+            jobs: claims.jobs,
+            exp: claims.exp,
+        })
+        .await
+        .inspect_err(|e| tracing::info!("refused: {e}"))?;
+    span.record("job.id", done.job_id.as_str());
+    span.record("created", done.created);
+    let status = if done.created {
+        tracing::info!("job queued");
+        shared.wake.notify_one();
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(SubmitResponse {
+            job_id: done.job_id,
+            created: done.created,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct ListParams {
+    limit: Option<usize>,
+}
+
+async fn list_jobs(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Vec<JobRecord>>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let Query(params) =
+        params.map_err(|e| ApiFailure::bad_request(format!("invalid query: {e}")))?;
+    let limit = params
+        .limit
+        .unwrap_or(DEFAULT_LIST_LIMIT)
+        .min(MAX_LIST_LIMIT);
+    Ok(Json(shared.queue.list(limit).await?))
+}
+
+async fn get_job(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Result<Json<JobRecord>, ApiFailure> {
+    match shared.queue.get(id.clone()).await? {
+        Some(job) => Ok(Json(job)),
+        None => Err(ApiFailure::not_found(format!("job {id:?} not found"))),
+    }
+}
+
+async fn accounting(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<Account>>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(shared.queue.accounts().await?))
+}
+
+/// Verifies the attach token, and only then upgrades.
+async fn attach(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiFailure> {
+    let token =
+        bearer(&headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer attach token"))?;
+    let claims: AttachClaims = shared.attach_verifier.verify(token).map_err(|e| {
+        tracing::info!("attach refused: {e}");
+        ApiFailure::unauthorized(format!("attach token refused: {e}"))
+    })?;
+    let upgrade = upgrade
+        .map_err(|e| ApiFailure::bad_request(format!("expected a WebSocket upgrade: {e}")))?;
+    let shutdown = shared.shutdown.clone();
+    let sessions = shared.sessions.clone();
+    let shared = shared.clone();
+    Ok(upgrade
+        .max_message_size(crate::ep_link::MAX_MESSAGE_BYTES)
+        .on_upgrade(move |ws| {
+            sessions.track_future(crate::ep_link::serve(ws, claims, shared, shutdown))
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_names_must_be_one_clean_segment() {
+        let mut req = crate::queue::tests::request("k");
+        for bad in ["../x", "..", ".", "", "a/b", "a\\b", "a\0"] {
+            req.input.name = bad.into();
+            assert!(validate(&req).is_err(), "{bad:?} accepted");
+        }
+        req.input.name = "a.dat".into();
+        assert_eq!(validate(&req), Ok(()));
+        req.output.url = "http://s/out".into();
+        assert!(validate(&req).is_err());
+        req.output.url = "file:///out/".into();
+        assert!(validate(&req).is_err());
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, "bearer abc".parse().expect("header"));
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, "Basic abc".parse().expect("header"));
+        assert_eq!(bearer(&h), None);
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

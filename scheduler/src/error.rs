@@ -1,0 +1,122 @@
+//! Errors: [`QueueError`] from the job store, and [`ApiFailure`], the one HTTP error answer.
+//!
+//! Every HTTP error body is an [`ApiError`] whose message names the check that failed.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use htfaas_functions::proto::ApiError;
+
+/// Why an operation on the job store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The submit token has no use left.
+    #[error("token already used ({uses} of {jobs} jobs)")]
+    TokenUsed {
+        /// Jobs already submitted with it.
+        uses: u64,
+        /// Jobs it allows.
+        jobs: u32,
+    },
+    /// A stored job could not be decoded.
+    #[error("stored job {id} is corrupt: {reason}")]
+    Corrupt {
+        /// The job.
+        id: String,
+        /// What did not decode.
+        reason: String,
+    },
+    /// The stored database is of a schema this build does not know.
+    #[error("database schema version {found} is newer than this build's {supported}")]
+    SchemaTooNew {
+        /// What the file says.
+        found: i64,
+        /// What we write.
+        supported: i64,
+    },
+    /// SQLite said no.
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A JSON column could not be written.
+    #[error("encoding: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A previous holder of the connection panicked.
+    #[error("database connection lock poisoned")]
+    Poisoned,
+    /// The blocking task running the query died.
+    #[error("database task failed: {0}")]
+    Task(String),
+}
+
+/// An HTTP error answer: a status and an [`ApiError`] body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiFailure {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Message naming the failed check.
+    pub message: String,
+}
+
+impl ApiFailure {
+    /// 400: the request is malformed or invalid.
+    pub fn bad_request(message: impl Into<String>) -> ApiFailure {
+        ApiFailure {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    /// 401: no credential, or one that does not verify.
+    pub fn unauthorized(message: impl Into<String>) -> ApiFailure {
+        ApiFailure {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+        }
+    }
+
+    /// 403: the credential verifies but does not allow this.
+    pub fn forbidden(message: impl Into<String>) -> ApiFailure {
+        ApiFailure {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+        }
+    }
+
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> ApiFailure {
+        ApiFailure {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+        }
+    }
+
+    /// 500; the cause is logged here, where it is handled, and not shown to the client.
+    pub fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiFailure {
+        tracing::error!("failed to {what}: {e}");
+        ApiFailure {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("internal error: could not {what}"),
+        }
+    }
+}
+
+impl From<QueueError> for ApiFailure {
+    fn from(e: QueueError) -> ApiFailure {
+        match e {
+            QueueError::TokenUsed { .. } => ApiFailure::unauthorized(e.to_string()),
+            other => ApiFailure::internal("access the job store", &other),
+        }
+    }
+}
+
+impl IntoResponse for ApiFailure {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(ApiError {
+                error: self.message,
+            }),
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (wasm target, nats-server, pymacaroons),
+# then runs every test of the workspace. `.ci/run` calls exactly this.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export HTFAAS_NATS_SERVER=${HTFAAS_NATS_SERVER:-$(scripts/install-deps.sh | tail -n 1)}
+echo "== cargo fmt --check" >&2
+cargo fmt --all -- --check
+echo "== example guests (wasm32-wasip1)" >&2
+cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml
+echo "== tests" >&2
+cargo test --workspace --no-fail-fast "$@"

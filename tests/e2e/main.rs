@@ -1,0 +1,5 @@
+//! End-to-end tests: real nats-server, real storage, scheduler, gateway and EP, real wasm.
+//! One test binary (`cargo test -p htfaas-tests`), one module per concern.
+
+mod path;
+mod security;

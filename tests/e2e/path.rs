@@ -1,0 +1,137 @@
+//! The whole path: an upload fires the registered function, its output lands in storage, the
+//! run is recorded and accounted; events that should not fire, don't.
+
+use htfaas::stack::demo_manifest;
+use htfaas_functions::proto::{JobState, EVENTS_SUBJECT};
+use htfaas_tests::{adler32_hex, guest_wasm, start_stack, wait_for};
+use sha2::Digest as _;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let (output, elapsed) = htfaas::stack::demo(&client, &guest_wasm("checksum"), LIMIT).await.expect("demo path");
+    println!("upload to output: {elapsed:?}");
+
+    // The output is right for the bytes the demo uploaded.
+    let out: serde_json::Value = serde_json::from_str(&output).expect("output is JSON");
+    let name = out["file"].as_str().expect("file name").to_owned();
+    let input = client.get_bytes(&format!("/data/raw/{name}")).await.expect("get").expect("input exists");
+    assert_eq!(out["size"], input.len());
+    assert_eq!(out["sha256"], hex::encode(sha2::Sha256::digest(&input)));
+    assert_eq!(out["adler32"], adler32_hex(&input));
+
+    // The run is recorded, with usage, and accounted to the function's owner.
+    let jobs = client.jobs().await.expect("jobs");
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    let job = &jobs[0];
+    assert_eq!(job.state, JobState::Completed, "{job:#?}");
+    assert_eq!(job.owner, "alice");
+    assert_eq!(job.function, "checksum");
+    assert_eq!(job.event.path, format!("/data/raw/{name}"));
+    assert_eq!(job.exit_code, Some(0));
+    let usage = job.usage.expect("usage recorded");
+    assert_eq!(usage.bytes_in, input.len() as u64);
+    assert_eq!(usage.bytes_out, output.len() as u64);
+    assert!(usage.wall_ms >= usage.cpu_ms / 2, "{usage:?}");
+    assert!(usage.peak_memory_bytes > 0, "{usage:?}");
+    assert_eq!(job.outputs.len(), 1);
+    assert_eq!(job.outputs[0].path, format!("/data/checksums/{name}.checksums.json"));
+    assert_eq!(job.outputs[0].sha256, hex::encode(sha2::Sha256::digest(output.as_bytes())));
+
+    let accounts = client.accounting().await.expect("accounting");
+    let alice = accounts.iter().find(|a| a.owner == "alice").expect("alice has an account");
+    assert_eq!(alice.jobs_completed, 1);
+    assert_eq!(alice.jobs_failed, 0);
+    assert!(alice.core_seconds > 0.0);
+    assert_eq!(alice.bytes_in, input.len() as u64);
+
+    // Writing the output fired nothing more (it is outside the trigger), and nothing was refused.
+    let stats = client.stats().await.expect("stats");
+    assert_eq!(stats.jobs_submitted, 1, "{stats:?}");
+    assert_eq!(stats.events_malformed, 0, "{stats:?}");
+    assert!(stats.events_unmatched >= 1, "the output upload is an unmatched event: {stats:?}");
+    stack.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_and_malformed_events_start_nothing_and_do_not_block_the_next() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    client.register(&demo_manifest(digest)).await.expect("register");
+
+    // Garbage, a read, a pool-to-pool copy, and a write outside every trigger.
+    let write = |path: &str| {
+        serde_json::json!({"msgType":"transfer","isWrite":"write","isP2p":false,"status":{"code":0,"msg":""},
+            "transferPath": path, "pnfsid":"0000AAAA", "session": format!("s-{path}")})
+        .to_string()
+        .into_bytes()
+    };
+    let mut read = serde_json::from_slice::<serde_json::Value>(&write("/data/raw/r.dat")).expect("json");
+    read["isWrite"] = "read".into();
+    let mut p2p = serde_json::from_slice::<serde_json::Value>(&write("/data/raw/p.dat")).expect("json");
+    p2p["isP2p"] = true.into();
+    for bytes in [
+        b"{not json".to_vec(),
+        b"\xff\xfe binary".to_vec(),
+        serde_json::to_vec(&read).expect("json"),
+        serde_json::to_vec(&p2p).expect("json"),
+        write("/data/elsewhere/x.dat"),
+    ] {
+        client.publish_event(EVENTS_SUBJECT, bytes).await.expect("publish");
+    }
+    // Then a real upload into the trigger: it must still run.
+    client.put_bytes(b"after the garbage".to_vec(), "/data/raw/after.dat").await.expect("put");
+    let out = wait_for("the output of the upload after the garbage", LIMIT, || async {
+        client.get_bytes("/data/checksums/after.dat.checksums.json").await.expect("get")
+    })
+    .await;
+    assert!(String::from_utf8_lossy(&out).contains(&adler32_hex(b"after the garbage")));
+
+    let stats = client.stats().await.expect("stats");
+    assert_eq!(stats.events_malformed, 2, "{stats:?}");
+    assert_eq!(stats.events_ignored, 2, "{stats:?}");
+    assert_eq!(stats.jobs_submitted, 1, "{stats:?}");
+    let jobs = client.jobs().await.expect("jobs");
+    assert_eq!(jobs.len(), 1, "only the upload ran: {jobs:#?}");
+    assert_eq!(jobs[0].event.path, "/data/raw/after.dat");
+    stack.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_event_starts_one_job() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    client.register(&demo_manifest(digest)).await.expect("register");
+    client.put_bytes(b"twice".to_vec(), "/data/raw/twice.dat").await.expect("put");
+    wait_for("first job", LIMIT, || async {
+        client.jobs().await.expect("jobs").iter().any(|j| j.state == JobState::Completed).then_some(())
+    })
+    .await;
+    // dCache duplicates messages: publish the same billing message again, byte for byte.
+    let nats = async_nats::connect(stack.nats_url()).await.expect("nats");
+    let js = async_nats::jetstream::new(nats);
+    let mut stream = js.get_stream(htfaas_functions::proto::EVENTS_STREAM).await.expect("stream");
+    let last = stream.info().await.expect("info").state.last_sequence;
+    let mut payload = None;
+    for seq in 1..=last {
+        let m = stream.get_raw_message(seq).await.expect("stored message");
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).expect("our storage writes JSON");
+        if v["transferPath"] == "/data/raw/twice.dat" {
+            payload = Some(m.payload);
+        }
+    }
+    let payload = payload.expect("the upload's billing message is in the stream");
+    client.publish_event(EVENTS_SUBJECT, payload.to_vec()).await.expect("republish");
+    wait_for("the duplicate to be seen", LIMIT, || async {
+        (client.stats().await.expect("stats").jobs_deduplicated == 1).then_some(())
+    })
+    .await;
+    assert_eq!(client.jobs().await.expect("jobs").len(), 1);
+    stack.stop().await.expect("clean stop");
+}
