@@ -3,7 +3,7 @@
 //! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
 //! command reads it through [`StackInfo::load`].
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use htfaas_functions::proto::{Account, ApiError, JobRecord};
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
@@ -139,7 +139,11 @@ impl Client {
     }
 
     /// Streams `storage_path` into `out`.
-    pub async fn get_to(&self, storage_path: &str, out: &mut (impl tokio::io::AsyncWrite + Unpin)) -> anyhow::Result<()> {
+    pub async fn get_to(
+        &self,
+        storage_path: &str,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> anyhow::Result<()> {
         use tokio::io::AsyncWriteExt as _;
         let resp = self
             .http
@@ -167,14 +171,20 @@ impl Client {
         struct Reply {
             digest: Digest,
         }
-        let resp = self.http.post(self.gateway("/v1/modules")).bearer_auth(&self.info.admin_token).body(bytes).send().await?;
+        let resp =
+            self.http.post(self.gateway("/v1/modules")).bearer_auth(&self.info.admin_token).body(bytes).send().await?;
         Ok(check(resp, "upload module").await?.json::<Reply>().await?.digest)
     }
 
     /// Registers a function.
     pub async fn register(&self, manifest: &FunctionManifest) -> anyhow::Result<FunctionRecord> {
-        let resp =
-            self.http.post(self.gateway("/v1/functions")).bearer_auth(&self.info.admin_token).json(manifest).send().await?;
+        let resp = self
+            .http
+            .post(self.gateway("/v1/functions"))
+            .bearer_auth(&self.info.admin_token)
+            .json(manifest)
+            .send()
+            .await?;
         Ok(check(resp, "register function").await?.json().await?)
     }
 

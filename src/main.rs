@@ -45,13 +45,25 @@ enum Command {
         nats_server: Option<PathBuf>,
     },
     /// Run the built-in storage from a JSON config (see htfaas_storage::Config).
-    Storage { #[arg(long)] config: PathBuf },
+    Storage {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Run the scheduler from a JSON config (see htfaas_scheduler::Config).
-    Scheduler { #[arg(long)] config: PathBuf },
+    Scheduler {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Run the gateway from a JSON config (see htfaas_gateway::Config).
-    Gateway { #[arg(long)] config: PathBuf },
+    Gateway {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Run an execution point from a JSON config (see htfaas_ep::Config).
-    Ep { #[arg(long)] config: PathBuf },
+    Ep {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Upload a local file to storage as the stack's user.
     Put {
         #[command(flatten)]
@@ -187,10 +199,9 @@ fn client(dir: &DirArg) -> anyhow::Result<Client> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn,wasmtime=warn,cranelift=warn")),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,async_nats=warn,wasmtime=warn,cranelift=warn")
+        }))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -201,7 +212,13 @@ async fn main() -> anyhow::Result<()> {
             let shutdown = on_signals();
             let mut stack = Stack::start(opts).await?;
             println!("ready");
-            println!("gateway {}  scheduler {}  storage {}  nats {}", stack.info().gateway_url, stack.info().scheduler_url, stack.info().storage_url, stack.info().nats_url);
+            println!(
+                "gateway {}  scheduler {}  storage {}  nats {}",
+                stack.info().gateway_url,
+                stack.info().scheduler_url,
+                stack.info().storage_url,
+                stack.info().nats_url
+            );
             if demo {
                 let wasm = demo_wasm.unwrap_or_else(htfaas::stack::default_demo_wasm);
                 let client = stack.client()?;
@@ -244,7 +261,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Put { dir, local, storage_path } => client(&dir)?.put_file(&local, &storage_path).await,
         Command::Get { dir, storage_path } => client(&dir)?.get_to(&storage_path, &mut tokio::io::stdout()).await,
-        Command::Fn { command: FnCommand::Register { dir, name, wasm, trigger, outputs, owner, cpus, memory_mb, runtime_s, args } } => {
+        Command::Fn {
+            command: FnCommand::Register { dir, name, wasm, trigger, outputs, owner, cpus, memory_mb, runtime_s, args },
+        } => {
             let client = client(&dir)?;
             let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
             let module = client.upload_module(bytes).await?;
@@ -270,7 +289,14 @@ async fn main() -> anyhow::Result<()> {
                 println!("{:<20} {:>4} {:<24} {:<24} {}", "NAME", "VER", "TRIGGER", "OUTPUTS", "MODULE");
                 for f in functions {
                     let m = &f.manifest;
-                    println!("{:<20} {:>4} {:<24} {:<24} {}", m.name, f.version, m.trigger.path, m.outputs.dir, m.module.short());
+                    println!(
+                        "{:<20} {:>4} {:<24} {:<24} {}",
+                        m.name,
+                        f.version,
+                        m.trigger.path,
+                        m.outputs.dir,
+                        m.module.short()
+                    );
                 }
             }
             Ok(())
@@ -280,11 +306,22 @@ async fn main() -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
-                println!("{:<36} {:<10} {:<12} {:<10} {:>8} {}", "ID", "OWNER", "FUNCTION", "STATE", "WALL_MS", "INPUT / REASON");
+                println!(
+                    "{:<36} {:<10} {:<12} {:<10} {:>8} {}",
+                    "ID", "OWNER", "FUNCTION", "STATE", "WALL_MS", "INPUT / REASON"
+                );
                 for j in jobs {
                     let wall = j.usage.map(|u| u.wall_ms.to_string()).unwrap_or_default();
                     let detail = if j.reason.is_empty() { j.event.path.clone() } else { j.reason.clone() };
-                    println!("{:<36} {:<10} {:<12} {:<10} {:>8} {}", j.id, j.owner, j.function, j.state.as_str(), wall, detail);
+                    println!(
+                        "{:<36} {:<10} {:<12} {:<10} {:>8} {}",
+                        j.id,
+                        j.owner,
+                        j.function,
+                        j.state.as_str(),
+                        wall,
+                        detail
+                    );
                 }
             }
             Ok(())
@@ -294,9 +331,21 @@ async fn main() -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&accounts)?);
             } else {
-                println!("{:<16} {:>9} {:>6} {:>12} {:>10} {:>12} {:>12}", "OWNER", "COMPLETED", "FAILED", "CORE_HOURS", "CPU_S", "BYTES_IN", "BYTES_OUT");
+                println!(
+                    "{:<16} {:>9} {:>6} {:>12} {:>10} {:>12} {:>12}",
+                    "OWNER", "COMPLETED", "FAILED", "CORE_HOURS", "CPU_S", "BYTES_IN", "BYTES_OUT"
+                );
                 for a in accounts {
-                    println!("{:<16} {:>9} {:>6} {:>12.6} {:>10.3} {:>12} {:>12}", a.owner, a.jobs_completed, a.jobs_failed, a.core_seconds / 3600.0, a.cpu_seconds, a.bytes_in, a.bytes_out);
+                    println!(
+                        "{:<16} {:>9} {:>6} {:>12.6} {:>10.3} {:>12} {:>12}",
+                        a.owner,
+                        a.jobs_completed,
+                        a.jobs_failed,
+                        a.core_seconds / 3600.0,
+                        a.cpu_seconds,
+                        a.bytes_in,
+                        a.bytes_out
+                    );
                 }
             }
             Ok(())

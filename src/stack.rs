@@ -114,7 +114,7 @@ impl Stack {
 
         // Storage.
         let users = serde_json::json!({"users": [
-            {"name": "gateway", "secret": secrets.gateway_storage_secret, "issue_macaroons": true, "paths": []},
+            {"name": "gateway", "secret": secrets.gateway_storage_secret, "issue_macaroons": true, "paths": ["/"]},
             {"name": USER, "secret": secrets.user_secret, "issue_macaroons": false, "paths": ["/data/"]},
         ]});
         let users_file = dir.join("storage/users.json");
@@ -188,7 +188,8 @@ impl Stack {
 
         // One EP, attached with a site token minted by the scheduler's key.
         let attach_key = SigningKey::load_or_create(&attach_key_file, "attach-1")?;
-        let attach_token = htfaas_scheduler::mint_attach_token(&attach_key, &scheduler_name, "site", None, 30 * 24 * 3600)?;
+        let attach_token =
+            htfaas_scheduler::mint_attach_token(&attach_key, &scheduler_name, "site", None, 30 * 24 * 3600)?;
         let ep = htfaas_ep::Config {
             name: "ep-local-1".into(),
             scheduler_url: scheduler_url.clone(),
@@ -316,7 +317,10 @@ pub fn default_demo_wasm() -> PathBuf {
 /// (output text, time from upload to output).
 pub async fn demo(client: &Client, wasm: &Path, timeout: Duration) -> anyhow::Result<(String, Duration)> {
     let bytes = std::fs::read(wasm).with_context(|| {
-        format!("read {} (build it: cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml)", wasm.display())
+        format!(
+            "read {} (build it: cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml)",
+            wasm.display()
+        )
     })?;
     let digest = client.upload_module(bytes).await?;
     let record = client.register(&demo_manifest(digest)).await?;

@@ -3,11 +3,11 @@
 //! Every path ends in a [`JobReport`]; nothing here returns an error to the caller. Macaroons
 //! go into `Authorization` headers and nowhere else (never into logs, spans or reports).
 
-use crate::runtime::{Guest, GuestJob, GuestRun, ModuleError, Runtime};
 use crate::Settings;
+use crate::runtime::{Guest, GuestJob, GuestRun, ModuleError, Runtime};
 use futures_util::StreamExt;
-use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, Outcome, OutputFile, Usage};
 use htfaas_functions::Digest;
+use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, Outcome, OutputFile, Usage};
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -88,7 +88,9 @@ impl Jobs {
             tracing::warn!("assignment exceeds the advertised slots; enforcing the job's own limits");
         }
         if !is_clean_segment(&job.input.name) {
-            return Err(Outcome::InputFailed { reason: format!("input name {:?} is not one clean path segment", job.input.name) });
+            return Err(Outcome::InputFailed {
+                reason: format!("input name {:?} is not one clean path segment", job.input.name),
+            });
         }
         let guest = self.module(&job.function).await.map_err(|reason| Outcome::ModuleFailed { reason })?;
 
@@ -100,9 +102,10 @@ impl Jobs {
                 .await
                 .map_err(|e| Outcome::InputFailed { reason: format!("create job dir: {e}") })?;
         }
-        report.usage.bytes_in = download(&s.http, &job.input.url, &job.input.macaroon, &input_dir.join(&job.input.name))
-            .await
-            .map_err(|reason| Outcome::InputFailed { reason })?;
+        report.usage.bytes_in =
+            download(&s.http, &job.input.url, &job.input.macaroon, &input_dir.join(&job.input.name))
+                .await
+                .map_err(|reason| Outcome::InputFailed { reason })?;
 
         let mut argv = Vec::with_capacity(2 + job.args.len());
         argv.push(job.function.name.clone());
@@ -269,11 +272,7 @@ fn outcome_kind(o: &Outcome) -> &'static str {
 
 /// A name that is one path segment: not empty, not `.`/`..`, no `/`, `\` or NUL, ≤ 255 bytes.
 pub(crate) fn is_clean_segment(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\\', '\0'])
+    !name.is_empty() && name.len() <= 255 && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 /// Directory name for a job: the id itself when it is plainly safe, its sha256 otherwise.

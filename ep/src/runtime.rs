@@ -450,7 +450,10 @@ impl tokio::io::AsyncWrite for LogPipe {
         self.push(buf);
         std::task::Poll::Ready(Ok(buf.len()))
     }
-    fn poll_flush(self: std::pin::Pin<&mut Self>, _cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
     }
     fn poll_shutdown(

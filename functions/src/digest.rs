@@ -47,14 +47,10 @@ impl Digest {
 impl FromStr for Digest {
     type Err = BadDigest;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let ok = s.strip_prefix("sha256:").is_some_and(|h| {
-            h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        });
-        if ok {
-            Ok(Digest(s.to_owned()))
-        } else {
-            Err(BadDigest(s.to_owned()))
-        }
+        let ok = s
+            .strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        if ok { Ok(Digest(s.to_owned())) } else { Err(BadDigest(s.to_owned())) }
     }
 }
 
@@ -89,10 +85,7 @@ mod tests {
 
     #[test]
     fn digest_of_empty_is_the_known_sha256() {
-        assert_eq!(
-            Digest::of(b"").as_str(),
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(Digest::of(b"").as_str(), "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 
     #[test]

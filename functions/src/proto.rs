@@ -231,6 +231,8 @@ pub enum EpMsg {
 /// Messages from the scheduler to an EP.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+// Messages live for one send; boxing the assignment would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum SchedulerMsg {
     /// The attach was accepted.
     Welcome {

@@ -7,9 +7,9 @@
 //!
 //! Calls block on disk; async callers use `spawn_blocking`.
 
-use crate::manifest::{FunctionManifest, FunctionRecord, ManifestError};
 use crate::Digest;
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::manifest::{FunctionManifest, FunctionRecord, ManifestError};
+use rusqlite::{Connection, OptionalExtension, params};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -126,11 +126,10 @@ impl Registry {
         }
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let latest = latest_in(&tx, &manifest.name)?;
-        if let Some(latest) = latest {
-            if latest.manifest == manifest {
-                return Ok(latest);
-            }
+        if let Some(latest) = latest_in(&tx, &manifest.name)?
+            && latest.manifest == manifest
+        {
+            return Ok(latest);
         }
         let version = latest_version(&tx, &manifest.name)? + 1;
         let record = FunctionRecord { schema: 1, version, registered_at: crate::token::now_s(), manifest };
@@ -163,18 +162,13 @@ impl Registry {
 }
 
 fn latest_version(conn: &Connection, name: &str) -> Result<u32, RegistryError> {
-    let v: Option<u32> =
-        conn.query_row("SELECT MAX(version) FROM functions WHERE name = ?1", [name], |r| r.get(0))?;
+    let v: Option<u32> = conn.query_row("SELECT MAX(version) FROM functions WHERE name = ?1", [name], |r| r.get(0))?;
     Ok(v.unwrap_or(0))
 }
 
 fn latest_in(conn: &Connection, name: &str) -> Result<Option<FunctionRecord>, RegistryError> {
     let text: Option<String> = conn
-        .query_row(
-            "SELECT record FROM functions WHERE name = ?1 ORDER BY version DESC LIMIT 1",
-            [name],
-            |r| r.get(0),
-        )
+        .query_row("SELECT record FROM functions WHERE name = ?1 ORDER BY version DESC LIMIT 1", [name], |r| r.get(0))
         .optional()?;
     text.map(|t| parse_record(&t)).transpose()
 }

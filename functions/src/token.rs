@@ -140,9 +140,8 @@ impl std::fmt::Debug for SigningKey {
 }
 
 /// PKCS#8 v1 prefix of an Ed25519 private key (as `openssl genpkey -algorithm ed25519` writes it).
-const ED25519_PKCS8_PREFIX: [u8; 16] = [
-    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
-];
+const ED25519_PKCS8_PREFIX: [u8; 16] =
+    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
 
 impl SigningKey {
     /// A new random key; returns it and its PKCS#8 PEM for storing.
@@ -332,12 +331,8 @@ mod tests {
         let parts: Vec<&str> = token.split('.').collect();
         let mut widened = claims(now_s() + 60);
         widened.cpus = 64;
-        let body = jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &widened,
-            &EncodingKey::from_secret(b"x"),
-        )
-        .expect("encode");
+        let body = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &widened, &EncodingKey::from_secret(b"x"))
+            .expect("encode");
         let payload = body.split('.').nth(1).expect("payload");
         let tampered = format!("{}.{}.{}", parts[0], payload, parts[2]);
         assert!(matches!(verifier.verify::<SubmitClaims>(&tampered), Err(TokenError::InvalidSignature)));

@@ -178,10 +178,7 @@ async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Respo
         .await
         .map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let body = resp
-        .bytes()
-        .await
-        .map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
+    let body = resp.bytes().await.map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
     Ok((status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 

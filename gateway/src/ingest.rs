@@ -7,17 +7,17 @@
 //! (event id + function + digest) that the scheduler keeps unique. Malformed and irrelevant
 //! messages are counted and acked at once.
 
+use crate::Shared;
 use crate::event::{self, Decision, StorageEvent};
 use crate::stats::Stats;
 use crate::submit::SubmitError;
-use crate::Shared;
 use anyhow::Context as _;
-use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::PullConsumer, AckKind};
+use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
 use futures_util::StreamExt as _;
-use htfaas_functions::proto::{
-    EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT,
-};
 use htfaas_functions::FunctionRecord;
+use htfaas_functions::proto::{
+    EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

@@ -20,8 +20,8 @@ pub mod submit;
 pub mod triggers;
 
 use anyhow::Context as _;
-use htfaas_functions::token::SigningKey;
 use htfaas_functions::Registry;
+use htfaas_functions::token::SigningKey;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -170,13 +170,7 @@ impl Config {
                 &self.read_validity,
                 &self.write_validity,
             ),
-            submitter: submit::Submitter::new(
-                http.clone(),
-                &self.scheduler_url,
-                key,
-                &self.issuer,
-                self.token_ttl_s,
-            ),
+            submitter: submit::Submitter::new(http.clone(), &self.scheduler_url, key, &self.issuer, self.token_ttl_s),
             stats: stats::Stats::default(),
             admin_token: self.admin_token,
             scheduler_admin_token: self.scheduler_admin_token,

@@ -3,7 +3,7 @@
 
 use crate::storage_client::snippet;
 use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse};
-use htfaas_functions::token::{new_jti, now_s, SigningKey, SubmitClaims, SUBMIT_AUDIENCE};
+use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s};
 
 /// Why a submission did not go through.
 #[derive(Debug, thiserror::Error)]

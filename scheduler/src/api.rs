@@ -11,7 +11,7 @@ use crate::queue::NewJob;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -42,6 +42,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/accounting", get(accounting))
         .route("/v1/ep/attach", get(attach))
         .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { ApiFailure::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)
 }
@@ -50,10 +51,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
 }
 
 /// Equal contents, in time independent of where they differ.
@@ -65,8 +63,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure> {
-    let token =
-        bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing admin bearer token"))?;
+    let token = bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing admin bearer token"))?;
     if constant_time_eq(token.as_bytes(), shared.admin_token.as_bytes()) {
         Ok(())
     } else {
@@ -81,34 +78,25 @@ fn unverified_issuer(token: &str) -> Option<String> {
         iss: String,
     }
     let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload)
-        .ok()?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
     serde_json::from_slice::<Iss>(&bytes).ok().map(|i| i.iss)
 }
 
 fn verify_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
-    let token =
-        bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer submit token"))?;
-    let iss = unverified_issuer(token)
-        .ok_or_else(|| ApiFailure::unauthorized("malformed token: no issuer"))?;
+    let token = bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer submit token"))?;
+    let iss = unverified_issuer(token).ok_or_else(|| ApiFailure::unauthorized("malformed token: no issuer"))?;
     let verifier = shared
         .submit_verifiers
         .get(&iss)
         .ok_or_else(|| ApiFailure::unauthorized(format!("untrusted issuer {iss:?}")))?;
-    verifier
-        .verify::<SubmitClaims>(token)
-        .map_err(|e| ApiFailure::unauthorized(format!("submit token refused: {e}")))
+    verifier.verify::<SubmitClaims>(token).map_err(|e| ApiFailure::unauthorized(format!("submit token refused: {e}")))
 }
 
 /// The request against the token's limits (403).
 fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure> {
     let r = &req.resources;
     if r.cpus > c.cpus {
-        return Err(ApiFailure::forbidden(format!(
-            "cpus {} exceeds the token's limit of {}",
-            r.cpus, c.cpus
-        )));
+        return Err(ApiFailure::forbidden(format!("cpus {} exceeds the token's limit of {}", r.cpus, c.cpus)));
     }
     if r.memory_mb > c.memory_mb {
         return Err(ApiFailure::forbidden(format!(
@@ -125,18 +113,13 @@ fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure>
     if let Some(d) = &c.function
         && *d != req.function.digest
     {
-        return Err(ApiFailure::forbidden(format!(
-            "function digest {} is not the token's {}",
-            req.function.digest, d
-        )));
+        return Err(ApiFailure::forbidden(format!("function digest {} is not the token's {}", req.function.digest, d)));
     }
     Ok(())
 }
 
 fn http_url(u: &str) -> bool {
-    let rest = u
-        .strip_prefix("https://")
-        .or_else(|| u.strip_prefix("http://"));
+    let rest = u.strip_prefix("https://").or_else(|| u.strip_prefix("http://"));
     rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
         && u.len() <= MAX_FIELD_BYTES
         && !u.chars().any(|c| c.is_control() || c.is_whitespace())
@@ -166,14 +149,8 @@ pub fn validate(req: &SubmitRequest) -> Result<(), String> {
         return Err(format!("resources.runtime_s must be 1..={MAX_RUNTIME_S}"));
     }
     let name = &req.input.name;
-    if name.is_empty()
-        || name.len() > 255
-        || name.contains('/')
-        || !is_clean_abs_path(&format!("/{name}"))
-    {
-        return Err(format!(
-            "input.name {name:?} must be one path segment, not . or .."
-        ));
+    if name.is_empty() || name.len() > 255 || name.contains('/') || !is_clean_abs_path(&format!("/{name}")) {
+        return Err(format!("input.name {name:?} must be one path segment, not . or .."));
     }
     if !http_url(&req.input.url) {
         return Err("input.url must be an http or https URL".into());
@@ -182,25 +159,19 @@ pub fn validate(req: &SubmitRequest) -> Result<(), String> {
         return Err("output.url must be an http or https URL ending in '/'".into());
     }
     if !bounded(&req.input.macaroon) || !bounded(&req.output.macaroon) {
-        return Err(format!(
-            "macaroons must be at most {MAX_FIELD_BYTES} bytes without NUL"
-        ));
+        return Err(format!("macaroons must be at most {MAX_FIELD_BYTES} bytes without NUL"));
     }
     if req.args.len() > 64 || req.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
         return Err("args: at most 64 arguments of at most 4096 bytes, no NUL".into());
     }
     if req.env.len() > 64
-        || req.env.iter().any(|(k, v)| {
-            k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0')
-        })
+        || req.env.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0'))
     {
         return Err("env: at most 64 variables; names non-empty without '=' or NUL; values at most 4096 bytes".into());
     }
     let e = &req.event;
     if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {
-        return Err(format!(
-            "event fields must be at most {MAX_FIELD_BYTES} bytes without NUL"
-        ));
+        return Err(format!("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL"));
     }
     if req.dedupe_key.is_empty() || req.dedupe_key.len() > 1024 || req.dedupe_key.contains('\0') {
         return Err("dedupe_key must be 1-1024 bytes without NUL".into());
@@ -214,26 +185,20 @@ pub fn validate(req: &SubmitRequest) -> Result<(), String> {
 async fn submit(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiFailure> {
-    let claims = verify_submit(&shared, &headers)
-        .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    let claims = verify_submit(&shared, &headers).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     let span = tracing::Span::current();
     span.record("owner", claims.sub.as_str());
     span.record("token.jti", claims.jti.as_str());
-    let req: SubmitRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: SubmitRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
     check_limits(&req, &claims).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     validate(&req).map_err(ApiFailure::bad_request)?;
     let done = shared
         .queue
-        .submit(NewJob {
-            request: req,
-            owner: claims.sub,
-            jti: claims.jti,
-            jobs: claims.jobs,
-            exp: claims.exp,
-        })
+        .submit(NewJob { request: req, owner: claims.sub, jti: claims.jti, jobs: claims.jobs, exp: claims.exp })
         .await
         .inspect_err(|e| tracing::info!("refused: {e}"))?;
     span.record("job.id", done.job_id.as_str());
@@ -245,14 +210,7 @@ async fn submit(
     } else {
         StatusCode::OK
     };
-    Ok((
-        status,
-        Json(SubmitResponse {
-            job_id: done.job_id,
-            created: done.created,
-        }),
-    )
-        .into_response())
+    Ok((status, Json(SubmitResponse { job_id: done.job_id, created: done.created })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -266,29 +224,19 @@ async fn list_jobs(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Vec<JobRecord>>, ApiFailure> {
     require_admin(&shared, &headers)?;
-    let Query(params) =
-        params.map_err(|e| ApiFailure::bad_request(format!("invalid query: {e}")))?;
-    let limit = params
-        .limit
-        .unwrap_or(DEFAULT_LIST_LIMIT)
-        .min(MAX_LIST_LIMIT);
+    let Query(params) = params.map_err(|e| ApiFailure::bad_request(format!("invalid query: {e}")))?;
+    let limit = params.limit.unwrap_or(DEFAULT_LIST_LIMIT).min(MAX_LIST_LIMIT);
     Ok(Json(shared.queue.list(limit).await?))
 }
 
-async fn get_job(
-    State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
-) -> Result<Json<JobRecord>, ApiFailure> {
+async fn get_job(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Result<Json<JobRecord>, ApiFailure> {
     match shared.queue.get(id.clone()).await? {
         Some(job) => Ok(Json(job)),
         None => Err(ApiFailure::not_found(format!("job {id:?} not found"))),
     }
 }
 
-async fn accounting(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-) -> Result<Json<Vec<Account>>, ApiFailure> {
+async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {
     require_admin(&shared, &headers)?;
     Ok(Json(shared.queue.accounts().await?))
 }
@@ -299,22 +247,18 @@ async fn attach(
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiFailure> {
-    let token =
-        bearer(&headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer attach token"))?;
+    let token = bearer(&headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer attach token"))?;
     let claims: AttachClaims = shared.attach_verifier.verify(token).map_err(|e| {
         tracing::info!("attach refused: {e}");
         ApiFailure::unauthorized(format!("attach token refused: {e}"))
     })?;
-    let upgrade = upgrade
-        .map_err(|e| ApiFailure::bad_request(format!("expected a WebSocket upgrade: {e}")))?;
+    let upgrade = upgrade.map_err(|e| ApiFailure::bad_request(format!("expected a WebSocket upgrade: {e}")))?;
     let shutdown = shared.shutdown.clone();
     let sessions = shared.sessions.clone();
     let shared = shared.clone();
     Ok(upgrade
         .max_message_size(crate::ep_link::MAX_MESSAGE_BYTES)
-        .on_upgrade(move |ws| {
-            sessions.track_future(crate::ep_link::serve(ws, claims, shared, shutdown))
-        }))
+        .on_upgrade(move |ws| sessions.track_future(crate::ep_link::serve(ws, claims, shared, shutdown))))
 }
 
 #[cfg(test)]

@@ -79,10 +79,7 @@ impl std::fmt::Debug for Settings {
             .field("local_addr", &self.local_addr)
             .field("name", &self.name)
             .field("attach_key", &self.attach_key)
-            .field(
-                "submit_issuers",
-                &self.submit_verifiers.keys().collect::<Vec<_>>(),
-            )
+            .field("submit_issuers", &self.submit_verifiers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -135,9 +132,8 @@ impl Config {
             .await
             .context("open the job store")?
             .with_context(|| format!("open the job store {}", self.db_path.display()))?;
-        let listener = tokio::net::TcpListener::bind(self.listen)
-            .await
-            .with_context(|| format!("bind {}", self.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(self.listen).await.with_context(|| format!("bind {}", self.listen))?;
         let local_addr = listener.local_addr().context("read the bound address")?;
         Ok(Settings {
             listener,
@@ -159,15 +155,9 @@ mod tests {
     #[test]
     fn unknown_keys_are_refused_and_defaults_apply() {
         let c: Config =
-            serde_json::from_str(r#"{"submit_issuers": [], "admin_token": "0123456789abcdef"}"#)
-                .expect("parses");
+            serde_json::from_str(r#"{"submit_issuers": [], "admin_token": "0123456789abcdef"}"#).expect("parses");
         assert_eq!(c.name, "htfaas-scheduler");
         assert_eq!(c.listen, default_listen());
-        assert!(
-            serde_json::from_str::<Config>(
-                r#"{"submit_issuers": [], "admin_token": "x", "lisen": "1"}"#
-            )
-            .is_err()
-        );
+        assert!(serde_json::from_str::<Config>(r#"{"submit_issuers": [], "admin_token": "x", "lisen": "1"}"#).is_err());
     }
 }

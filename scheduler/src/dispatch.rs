@@ -57,14 +57,12 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// One round; returns how many jobs were sent.
 #[tracing::instrument(name = "scheduler.dispatch", skip_all, fields(sent = tracing::field::Empty))]
 async fn round(shared: &Shared) -> anyhow::Result<usize> {
-    let owners = {
+    let (room, owners) = {
         let eps = shared.eps();
-        if !eps.has_room() {
-            return Ok(0);
-        }
-        eps.restricted_owners_with_room()
+        let Some(room) = eps.largest_room() else { return Ok(0) };
+        (room, eps.restricted_owners_with_room())
     };
-    let idle = shared.queue.idle_candidates(owners, BATCH).await?;
+    let idle = shared.queue.idle_candidates(owners, room, BATCH).await?;
     if idle.is_empty() {
         return Ok(0);
     }
@@ -77,11 +75,7 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
                 continue;
             };
             if eps.reserve(&m) {
-                per_ep
-                    .entry(m.ep_id.clone())
-                    .or_insert_with(|| (name, Vec::new()))
-                    .1
-                    .push(m);
+                per_ep.entry(m.ep_id.clone()).or_insert_with(|| (name, Vec::new())).1.push(m);
             }
         }
     }
@@ -97,11 +91,7 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
 #[tracing::instrument(name = "scheduler.assign", skip_all, fields(ep.id = %ep_id, ep.name = %name, jobs = matches.len()))]
 async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>) -> usize {
     let ids: Vec<String> = matches.iter().map(|m| m.job_id.clone()).collect();
-    let marked = match shared
-        .queue
-        .mark_running(ids.clone(), name, ep_id.to_owned())
-        .await
-    {
+    let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned()).await {
         Ok(m) => m,
         Err(e) => {
             tracing::error!("failed to mark jobs running: {e}");
@@ -132,10 +122,7 @@ async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>)
         }
     }
     if !unsent.is_empty() {
-        tracing::info!(
-            jobs = unsent.len(),
-            "EP left before its jobs were sent; back to idle"
-        );
+        tracing::info!(jobs = unsent.len(), "EP left before its jobs were sent; back to idle");
         if let Err(e) = shared.queue.revert_to_idle(unsent, ep_id.to_owned()).await {
             tracing::error!("failed to put unsent jobs back to idle: {e}");
         }

@@ -40,10 +40,7 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Why a Hello is refused.
 pub fn check_hello(h: &Hello) -> Result<(), String> {
     if h.protocol != PROTOCOL {
-        return Err(format!(
-            "unsupported protocol {} (this scheduler speaks {PROTOCOL})",
-            h.protocol
-        ));
+        return Err(format!("unsupported protocol {} (this scheduler speaks {PROTOCOL})", h.protocol));
     }
     if h.name.is_empty() || h.name.len() > 128 || h.name.chars().any(char::is_control) {
         return Err("name must be 1-128 printable characters".into());
@@ -56,10 +53,7 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
         return Err(format!("slots.memory_mb must be 1..={MAX_EP_MEMORY_MB}"));
     }
     if s.runtime_s == 0 || s.runtime_s > 100 * MAX_RUNTIME_S {
-        return Err(format!(
-            "slots.runtime_s must be 1..={}",
-            100 * MAX_RUNTIME_S
-        ));
+        return Err(format!("slots.runtime_s must be 1..={}", 100 * MAX_RUNTIME_S));
     }
     Ok(())
 }
@@ -68,12 +62,7 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
 #[tracing::instrument(name = "scheduler.attach", skip_all,
     fields(ep.sub = %claims.sub, ep.owner = ?claims.owner, token.jti = %claims.jti,
            ep.id = tracing::field::Empty, ep.name = tracing::field::Empty))]
-pub async fn serve(
-    mut ws: WebSocket,
-    claims: AttachClaims,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-) {
+pub async fn serve(mut ws: WebSocket, claims: AttachClaims, shared: Arc<Shared>, shutdown: CancellationToken) {
     let hello = tokio::select! {
         _ = shutdown.cancelled() => return,
         h = tokio::time::timeout(HELLO_TIMEOUT, ws.recv()) => h,
@@ -107,25 +96,11 @@ pub async fn serve(
     let span = tracing::Span::current();
     span.record("ep.id", ep_id.as_str());
     span.record("ep.name", hello.name.as_str());
-    if send(
-        &mut ws,
-        &SchedulerMsg::Welcome {
-            ep_id: ep_id.clone(),
-        },
-    )
-    .await
-    .is_err()
-    {
+    if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_err() {
         return;
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
-    shared.eps().insert(EpSlot::new(
-        ep_id.clone(),
-        hello.name.clone(),
-        claims.owner.clone(),
-        hello.slots,
-        tx,
-    ));
+    shared.eps().insert(EpSlot::new(ep_id.clone(), hello.name.clone(), claims.owner.clone(), hello.slots, tx));
     tracing::info!(
         cpus = hello.slots.cpus,
         memory_mb = hello.slots.memory_mb,
@@ -202,9 +177,7 @@ async fn finished(shared: &Shared, ep_id: &str, report: JobReport) {
         }
         Ok(None) => {
             shared.ignored_reports.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                "ignoring a report for a job the store does not have running on this EP"
-            );
+            tracing::warn!("ignoring a report for a job the store does not have running on this EP");
         }
         Err(e) => tracing::error!("failed to record a finished job: {e}"),
     }
@@ -233,16 +206,11 @@ async fn send(ws: &mut WebSocket, msg: &SchedulerMsg) -> Result<(), ()> {
             return Err(());
         }
     };
-    ws.send(Message::Text(text.into()))
-        .await
-        .map_err(|e| tracing::info!("EP connection lost: {e}"))
+    ws.send(Message::Text(text.into())).await.map_err(|e| tracing::info!("EP connection lost: {e}"))
 }
 
 fn close_frame(code: u16, reason: &str) -> Message {
-    Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.to_owned().into(),
-    }))
+    Message::Close(Some(CloseFrame { code, reason: reason.to_owned().into() }))
 }
 
 async fn close(mut ws: WebSocket, code: u16, reason: &str) {

@@ -60,43 +60,28 @@ pub struct ApiFailure {
 impl ApiFailure {
     /// 400: the request is malformed or invalid.
     pub fn bad_request(message: impl Into<String>) -> ApiFailure {
-        ApiFailure {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
+        ApiFailure { status: StatusCode::BAD_REQUEST, message: message.into() }
     }
 
     /// 401: no credential, or one that does not verify.
     pub fn unauthorized(message: impl Into<String>) -> ApiFailure {
-        ApiFailure {
-            status: StatusCode::UNAUTHORIZED,
-            message: message.into(),
-        }
+        ApiFailure { status: StatusCode::UNAUTHORIZED, message: message.into() }
     }
 
     /// 403: the credential verifies but does not allow this.
     pub fn forbidden(message: impl Into<String>) -> ApiFailure {
-        ApiFailure {
-            status: StatusCode::FORBIDDEN,
-            message: message.into(),
-        }
+        ApiFailure { status: StatusCode::FORBIDDEN, message: message.into() }
     }
 
     /// 404.
     pub fn not_found(message: impl Into<String>) -> ApiFailure {
-        ApiFailure {
-            status: StatusCode::NOT_FOUND,
-            message: message.into(),
-        }
+        ApiFailure { status: StatusCode::NOT_FOUND, message: message.into() }
     }
 
     /// 500; the cause is logged here, where it is handled, and not shown to the client.
     pub fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiFailure {
         tracing::error!("failed to {what}: {e}");
-        ApiFailure {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("internal error: could not {what}"),
-        }
+        ApiFailure { status: StatusCode::INTERNAL_SERVER_ERROR, message: format!("internal error: could not {what}") }
     }
 }
 
@@ -111,12 +96,6 @@ impl From<QueueError> for ApiFailure {
 
 impl IntoResponse for ApiFailure {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(ApiError {
-                error: self.message,
-            }),
-        )
-            .into_response()
+        (self.status, Json(ApiError { error: self.message })).into_response()
     }
 }

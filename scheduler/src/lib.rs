@@ -30,9 +30,7 @@ pub use config::{ATTACH_KID, Config, Settings, TrustedIssuer};
 pub use error::{ApiFailure, QueueError};
 
 use anyhow::Context as _;
-use htfaas_functions::token::{
-    ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenError, Verifier, new_jti, now_s,
-};
+use htfaas_functions::token::{ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenError, Verifier, new_jti, now_s};
 use matching::EpTable;
 use queue::Queue;
 use std::collections::HashMap;
@@ -100,16 +98,8 @@ pub fn mint_attach_token(
 
 /// Serves until `shutdown` is cancelled, then shuts down in order (see the crate docs).
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings {
-        listener,
-        local_addr,
-        queue,
-        name,
-        attach_key: _,
-        attach_verifier,
-        submit_verifiers,
-        admin_token,
-    } = settings;
+    let Settings { listener, local_addr, queue, name, attach_key: _, attach_verifier, submit_verifiers, admin_token } =
+        settings;
     let shared = Arc::new(Shared {
         queue,
         eps: Mutex::new(EpTable::default()),
@@ -134,10 +124,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     // Whatever ended serving, end everything else too.
     shutdown.cancel();
     shared.sessions.close();
-    if tokio::time::timeout(EXIT_DEADLINE, shared.sessions.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(EXIT_DEADLINE, shared.sessions.wait()).await.is_err() {
         tracing::warn!("EP sessions still open after {EXIT_DEADLINE:?}; exiting anyway");
     }
     match tokio::time::timeout(EXIT_DEADLINE, dispatcher).await {

@@ -120,19 +120,26 @@ impl EpTable {
 
     /// Whether some EP has a free core.
     pub fn has_room(&self) -> bool {
-        self.eps
-            .values()
-            .any(|e| e.free_cpus > 0 && e.free_memory_mb > 0)
+        self.eps.values().any(|e| e.free_cpus > 0 && e.free_memory_mb > 0)
+    }
+
+    /// The most free cpus and memory, and the longest runtime, over EPs with room: a job
+    /// larger in any of them fits nowhere now, so it need not be read from the store.
+    pub fn largest_room(&self) -> Option<Resources> {
+        self.eps.values().filter(|e| e.free_cpus > 0 && e.free_memory_mb > 0).fold(None, |acc, e| {
+            let r = acc.unwrap_or(Resources { cpus: 0, memory_mb: 0, runtime_s: 0 });
+            Some(Resources {
+                cpus: r.cpus.max(e.free_cpus),
+                memory_mb: r.memory_mb.max(e.free_memory_mb),
+                runtime_s: r.runtime_s.max(e.total.runtime_s),
+            })
+        })
     }
 
     /// Owners that restricted EPs with room are dedicated to.
     pub fn restricted_owners_with_room(&self) -> Vec<String> {
-        let set: BTreeSet<&String> = self
-            .eps
-            .values()
-            .filter(|e| e.free_cpus > 0)
-            .filter_map(|e| e.owner.as_ref())
-            .collect();
+        let set: BTreeSet<&String> =
+            self.eps.values().filter(|e| e.free_cpus > 0).filter_map(|e| e.owner.as_ref()).collect();
         set.into_iter().cloned().collect()
     }
 
@@ -165,20 +172,15 @@ impl EpTable {
 
     /// Whether `job_id` is running on `ep_id` as far as this table knows.
     pub fn is_running(&self, ep_id: &str, job_id: &str) -> bool {
-        self.eps
-            .get(ep_id)
-            .is_some_and(|e| e.running.contains_key(job_id))
+        self.eps.get(ep_id).is_some_and(|e| e.running.contains_key(job_id))
     }
 }
 
 /// Decides where idle jobs go. `idle` is oldest first; the answer never gives an EP more than
 /// its free cpus or memory. Pure: reserving is the caller's job.
 pub fn select(idle: &[IdleJob], eps: &EpTable) -> Vec<Match> {
-    let mut free: BTreeMap<&str, (u32, u64)> = eps
-        .eps
-        .values()
-        .map(|e| (e.ep_id.as_str(), (e.free_cpus, e.free_memory_mb)))
-        .collect();
+    let mut free: BTreeMap<&str, (u32, u64)> =
+        eps.eps.values().map(|e| (e.ep_id.as_str(), (e.free_cpus, e.free_memory_mb))).collect();
     let mut out = Vec::new();
     for job in idle {
         if job.resources.cpus == 0 {
@@ -191,17 +193,12 @@ pub fn select(idle: &[IdleJob], eps: &EpTable) -> Vec<Match> {
             .filter_map(|e| {
                 let (c, m) = free.get(e.ep_id.as_str()).copied()?;
                 // `then`, not `then_some`: the subtractions are only sound once `takes` holds.
-                e.takes(job, c, m)
-                    .then(|| (e, c - job.resources.cpus, m - job.resources.memory_mb))
+                e.takes(job, c, m).then(|| (e, c - job.resources.cpus, m - job.resources.memory_mb))
             })
             .min_by_key(|(e, c_left, m_left)| (e.owner.is_none(), *c_left, *m_left));
         if let Some((ep, c_left, m_left)) = best {
             free.insert(ep.ep_id.as_str(), (c_left, m_left));
-            out.push(Match {
-                job_id: job.id.clone(),
-                ep_id: ep.ep_id.clone(),
-                resources: job.resources,
-            });
+            out.push(Match { job_id: job.id.clone(), ep_id: ep.ep_id.clone(), resources: job.resources });
         }
         if free.values().all(|(c, _)| *c == 0) {
             break;
@@ -215,39 +212,23 @@ mod tests {
     use super::*;
 
     fn res(cpus: u32, memory_mb: u64, runtime_s: u64) -> Resources {
-        Resources {
-            cpus,
-            memory_mb,
-            runtime_s,
-        }
+        Resources { cpus, memory_mb, runtime_s }
     }
 
     fn ep(id: &str, owner: Option<&str>, total: Resources) -> EpSlot {
         let (tx, _rx) = mpsc::unbounded_channel();
-        EpSlot::new(
-            id.into(),
-            format!("name-{id}"),
-            owner.map(str::to_owned),
-            total,
-            tx,
-        )
+        EpSlot::new(id.into(), format!("name-{id}"), owner.map(str::to_owned), total, tx)
     }
 
     fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
-        IdleJob {
-            id: id.into(),
-            owner: owner.into(),
-            resources: r,
-        }
+        IdleJob { id: id.into(), owner: owner.into(), resources: r }
     }
 
     #[test]
     fn never_exceeds_free_resources() {
         let mut t = EpTable::default();
         t.insert(ep("a", None, res(4, 1000, 100)));
-        let idle: Vec<_> = (0..10)
-            .map(|i| job(&format!("j{i}"), "x", res(1, 300, 10)))
-            .collect();
+        let idle: Vec<_> = (0..10).map(|i| job(&format!("j{i}"), "x", res(1, 300, 10))).collect();
         let m = select(&idle, &t);
         assert_eq!(m.len(), 3, "memory allows three");
         for x in &m {
@@ -269,10 +250,7 @@ mod tests {
             job("al", "alice", res(1, 1, 1)),
         ];
         let m = select(&idle, &t);
-        assert_eq!(
-            m.iter().map(|m| m.job_id.as_str()).collect::<Vec<_>>(),
-            vec!["al"]
-        );
+        assert_eq!(m.iter().map(|m| m.job_id.as_str()).collect::<Vec<_>>(), vec!["al"]);
     }
 
     #[test]
@@ -281,13 +259,7 @@ mod tests {
         t.insert(ep("big", None, res(16, 16000, 100)));
         t.insert(ep("small", None, res(2, 16000, 100)));
         t.insert(ep("alices", Some("alice"), res(16, 16000, 100)));
-        let m = select(
-            &[
-                job("j1", "alice", res(1, 1, 1)),
-                job("j2", "bob", res(1, 1, 1)),
-            ],
-            &t,
-        );
+        let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t);
         assert_eq!(m[0].ep_id, "alices");
         assert_eq!(m[1].ep_id, "small");
     }

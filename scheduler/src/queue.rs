@@ -146,8 +146,7 @@ impl Queue {
     /// Jobs left `running` by a previous process go back to `idle`: their EP sessions are gone.
     pub fn open(path: &Path) -> Result<Queue, QueueError> {
         let conn = Connection::open(path)?;
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
         }
@@ -156,10 +155,7 @@ impl Queue {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if found > SCHEMA_VERSION {
-            return Err(QueueError::SchemaTooNew {
-                found,
-                supported: SCHEMA_VERSION,
-            });
+            return Err(QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION });
         }
         conn.execute_batch(SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -169,14 +165,9 @@ impl Queue {
             [],
         )?;
         if requeued > 0 {
-            tracing::info!(
-                jobs = requeued,
-                "jobs left running by the previous process are idle again"
-            );
+            tracing::info!(jobs = requeued, "jobs left running by the previous process are idle again");
         }
-        Ok(Queue {
-            conn: Arc::new(Mutex::new(conn)),
-        })
+        Ok(Queue { conn: Arc::new(Mutex::new(conn)) })
     }
 
     /// Runs `f` on the connection in a blocking task.
@@ -245,16 +236,19 @@ impl Queue {
         .await
     }
 
-    /// The oldest idle jobs (at most `limit`), plus the oldest `limit` of each owner in
-    /// `owners` (so that an owner-restricted EP is not starved by other owners' older jobs);
-    /// oldest first, without duplicates.
+    /// The oldest idle jobs that fit within `room` (at most `limit`), plus the oldest `limit`
+    /// of each owner in `owners` (so that an owner-restricted EP is not starved by other
+    /// owners' older jobs); oldest first, without duplicates. `room` keeps jobs that fit no EP
+    /// from filling the batch and blocking the queue behind them.
     pub async fn idle_candidates(
         &self,
         owners: Vec<String>,
+        room: Resources,
         limit: usize,
     ) -> Result<Vec<IdleJob>, QueueError> {
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let (cpus, memory_mb, runtime_s) = (room.cpus, db_int(room.memory_mb), db_int(room.runtime_s));
             let mut seen = std::collections::BTreeMap::new();
             let mut collect = |stmt: &mut rusqlite::Statement<'_>, p: &[&dyn rusqlite::ToSql]| {
                 let rows = stmt.query_map(p, |r| {
@@ -279,15 +273,17 @@ impl Queue {
             };
             let mut all = conn.prepare_cached(
                 "SELECT seq, id, owner, cpus, memory_mb, runtime_s FROM jobs \
-                 WHERE state = 'idle' ORDER BY seq LIMIT ?1",
+                 WHERE state = 'idle' AND cpus <= ?2 AND memory_mb <= ?3 AND runtime_s <= ?4 \
+                 ORDER BY seq LIMIT ?1",
             )?;
-            collect(&mut all, &[&limit])?;
+            collect(&mut all, &[&limit, &cpus, &memory_mb, &runtime_s])?;
             let mut by_owner = conn.prepare_cached(
                 "SELECT seq, id, owner, cpus, memory_mb, runtime_s FROM jobs \
-                 WHERE owner = ?1 AND state = 'idle' ORDER BY seq LIMIT ?2",
+                 WHERE owner = ?1 AND state = 'idle' AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 \
+                 ORDER BY seq LIMIT ?2",
             )?;
             for owner in &owners {
-                collect(&mut by_owner, &[owner, &limit])?;
+                collect(&mut by_owner, &[owner, &limit, &cpus, &memory_mb, &runtime_s])?;
             }
             Ok(seen.into_values().collect())
         })
@@ -308,9 +304,7 @@ impl Queue {
             let started = db_int(now_ms());
             for id in job_ids {
                 let request: Option<String> = tx
-                    .query_row("SELECT request FROM jobs WHERE id = ?1 AND state = 'idle'", params![id], |r| {
-                        r.get(0)
-                    })
+                    .query_row("SELECT request FROM jobs WHERE id = ?1 AND state = 'idle'", params![id], |r| r.get(0))
                     .optional()?;
                 let Some(request) = request else {
                     marked.skipped.push(id);
@@ -351,11 +345,7 @@ impl Queue {
 
     /// Puts jobs that are running on `ep_session` back to idle (an Assign that could not be
     /// sent). Returns how many changed.
-    pub async fn revert_to_idle(
-        &self,
-        job_ids: Vec<String>,
-        ep_session: String,
-    ) -> Result<usize, QueueError> {
+    pub async fn revert_to_idle(&self, job_ids: Vec<String>, ep_session: String) -> Result<usize, QueueError> {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut n = 0;
@@ -386,11 +376,7 @@ impl Queue {
 
     /// In one transaction: if the report's job is running on `ep_session`, records its end and
     /// charges its owner. `None` when it is not (unknown, finished, or requeued meanwhile).
-    pub async fn finish(
-        &self,
-        ep_session: String,
-        report: JobReport,
-    ) -> Result<Option<Finished>, QueueError> {
+    pub async fn finish(&self, ep_session: String, report: JobReport) -> Result<Option<Finished>, QueueError> {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let row: Option<(String, u32)> = tx
@@ -432,7 +418,8 @@ impl Queue {
                     db_int(now_ms()),
                 ],
             )?;
-            let mut acc = read_account(&tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
+            let mut acc =
+                read_account(&tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
             charge(&mut acc, success, cpus, &u);
             tx.execute(
                 "INSERT OR REPLACE INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
@@ -458,9 +445,8 @@ impl Queue {
     pub async fn list(&self, limit: usize) -> Result<Vec<JobRecord>, QueueError> {
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {RECORD_COLUMNS} FROM jobs ORDER BY seq DESC LIMIT ?1"
-            ))?;
+            let mut stmt =
+                conn.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM jobs ORDER BY seq DESC LIMIT ?1"))?;
             let rows = stmt.query_map(params![limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
@@ -475,11 +461,7 @@ impl Queue {
     pub async fn get(&self, id: String) -> Result<Option<JobRecord>, QueueError> {
         self.call(move |conn| {
             let raw = conn
-                .query_row(
-                    &format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"),
-                    params![id],
-                    raw_record,
-                )
+                .query_row(&format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"), params![id], raw_record)
                 .optional()?;
             raw.map(RawRecord::decode).transpose()
         })
@@ -501,13 +483,8 @@ impl Queue {
 
     /// Forgets use counts of tokens that expired before `before_s` (they no longer verify).
     pub async fn prune_token_uses(&self, before_s: u64) -> Result<usize, QueueError> {
-        self.call(move |conn| {
-            Ok(conn.execute(
-                "DELETE FROM token_uses WHERE exp < ?1",
-                params![db_int(before_s)],
-            )?)
-        })
-        .await
+        self.call(move |conn| Ok(conn.execute("DELETE FROM token_uses WHERE exp < ?1", params![db_int(before_s)])?))
+            .await
     }
 }
 
@@ -575,11 +552,7 @@ fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
         reason: r.get(3)?,
         token_jti: r.get(4)?,
         request: r.get(5)?,
-        resources: Resources {
-            cpus: r.get(6)?,
-            memory_mb: from_db(r.get(7)?),
-            runtime_s: from_db(r.get(8)?),
-        },
+        resources: Resources { cpus: r.get(6)?, memory_mb: from_db(r.get(7)?), runtime_s: from_db(r.get(8)?) },
         ep: r.get(9)?,
         submitted_at_ms: r.get(10)?,
         started_at_ms: r.get(11)?,
@@ -596,16 +569,10 @@ impl RawRecord {
             id: self.id.clone(),
             reason: format!("{what}: {e}"),
         };
-        let state = JobState::parse(&self.state)
-            .ok_or_else(|| corrupt("state", &format_args!("{:?}", self.state)))?;
-        let request: SubmitRequest =
-            serde_json::from_str(&self.request).map_err(|e| corrupt("request", &e))?;
-        let usage: Option<Usage> = self
-            .usage
-            .as_deref()
-            .map(serde_json::from_str)
-            .transpose()
-            .map_err(|e| corrupt("usage", &e))?;
+        let state = JobState::parse(&self.state).ok_or_else(|| corrupt("state", &format_args!("{:?}", self.state)))?;
+        let request: SubmitRequest = serde_json::from_str(&self.request).map_err(|e| corrupt("request", &e))?;
+        let usage: Option<Usage> =
+            self.usage.as_deref().map(serde_json::from_str).transpose().map_err(|e| corrupt("usage", &e))?;
         let outputs: Vec<OutputFile> = self
             .outputs
             .as_deref()
@@ -650,39 +617,18 @@ pub(crate) mod tests {
                 digest: Digest::of(b"m"),
                 module_url: "http://registry/v1/modules/x".into(),
             },
-            resources: Resources {
-                cpus: 1,
-                memory_mb: 64,
-                runtime_s: 60,
-            },
-            input: InputSpec {
-                url: "http://storage/data/raw/a".into(),
-                name: "a".into(),
-                macaroon: "m1".into(),
-            },
-            output: OutputSpec {
-                url: "http://storage/data/out/".into(),
-                macaroon: "m2".into(),
-            },
+            resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 60 },
+            input: InputSpec { url: "http://storage/data/raw/a".into(), name: "a".into(), macaroon: "m1".into() },
+            output: OutputSpec { url: "http://storage/data/out/".into(), macaroon: "m2".into() },
             args: vec![],
             env: vec![],
-            event: EventRef {
-                source: "dcache".into(),
-                id: key.into(),
-                path: "/data/raw/a".into(),
-            },
+            event: EventRef { source: "dcache".into(), id: key.into(), path: "/data/raw/a".into() },
             dedupe_key: key.into(),
         }
     }
 
     fn new_job(key: &str, jti: &str, jobs: u32) -> NewJob {
-        NewJob {
-            request: request(key),
-            owner: "alice".into(),
-            jti: jti.into(),
-            jobs,
-            exp: u64::MAX,
-        }
+        NewJob { request: request(key), owner: "alice".into(), jti: jti.into(), jobs, exp: u64::MAX }
     }
 
     #[tokio::test]
@@ -692,23 +638,9 @@ pub(crate) mod tests {
         let a = q.submit(new_job("k1", "t1", 2)).await.expect("first");
         assert!(a.created);
         let again = q.submit(new_job("k1", "t1", 2)).await.expect("dedupe");
-        assert_eq!(
-            again,
-            Submitted {
-                job_id: a.job_id.clone(),
-                created: false
-            }
-        );
-        assert!(
-            q.submit(new_job("k2", "t1", 2))
-                .await
-                .expect("second use")
-                .created
-        );
-        let err = q
-            .submit(new_job("k3", "t1", 2))
-            .await
-            .expect_err("third use");
+        assert_eq!(again, Submitted { job_id: a.job_id.clone(), created: false });
+        assert!(q.submit(new_job("k2", "t1", 2)).await.expect("second use").created);
+        let err = q.submit(new_job("k3", "t1", 2)).await.expect_err("third use");
         assert_eq!(err.to_string(), "token already used (2 of 2 jobs)");
         assert_eq!(q.list(10).await.expect("list").len(), 2);
     }
@@ -717,40 +649,18 @@ pub(crate) mod tests {
     async fn finish_charges_the_owner_once_and_only_for_its_session() {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
-        let id = q
-            .submit(new_job("k1", "t1", 1))
-            .await
-            .expect("submit")
-            .job_id;
-        let marked = q
-            .mark_running(vec![id.clone()], "ep1".into(), "s1".into())
-            .await
-            .expect("mark");
+        let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        let marked = q.mark_running(vec![id.clone()], "ep1".into(), "s1".into()).await.expect("mark");
         assert_eq!(marked.assigned.len(), 1);
         let report = JobReport {
             job_id: id.clone(),
             outcome: Outcome::Exited { exit_code: 0 },
-            usage: Usage {
-                wall_ms: 2000,
-                cpu_ms: 1500,
-                peak_memory_bytes: 1,
-                bytes_in: 10,
-                bytes_out: 20,
-            },
+            usage: Usage { wall_ms: 2000, cpu_ms: 1500, peak_memory_bytes: 1, bytes_in: 10, bytes_out: 20 },
             outputs: vec![],
             log: "x".repeat(MAX_LOG_BYTES + 10),
         };
-        assert_eq!(
-            q.finish("s2".into(), report.clone())
-                .await
-                .expect("other session"),
-            None
-        );
-        let f = q
-            .finish("s1".into(), report.clone())
-            .await
-            .expect("finish")
-            .expect("was running");
+        assert_eq!(q.finish("s2".into(), report.clone()).await.expect("other session"), None);
+        let f = q.finish("s1".into(), report.clone()).await.expect("finish").expect("was running");
         assert_eq!(f.state, JobState::Completed);
         assert_eq!(q.finish("s1".into(), report).await.expect("again"), None);
         let acc = q.accounts().await.expect("accounts");
@@ -761,19 +671,28 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
+    async fn jobs_that_fit_nowhere_do_not_fill_the_batch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let mut big = new_job("big", "t1", 1);
+        big.request.resources.cpus = 8;
+        q.submit(big).await.expect("big");
+        let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
+        let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
+        let got = q.idle_candidates(vec![], room, 1).await.expect("candidates");
+        assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
+        let by_owner = q.idle_candidates(vec!["alice".into()], room, 1).await.expect("candidates");
+        assert_eq!(by_owner.len(), 1);
+    }
+
+    #[tokio::test]
     async fn reopening_requeues_running_jobs() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("q.db");
         let id = {
             let q = Queue::open(&path).expect("open");
-            let id = q
-                .submit(new_job("k1", "t1", 1))
-                .await
-                .expect("submit")
-                .job_id;
-            q.mark_running(vec![id.clone()], "ep1".into(), "s1".into())
-                .await
-                .expect("mark");
+            let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+            q.mark_running(vec![id.clone()], "ep1".into(), "s1".into()).await.expect("mark");
             id
         };
         let q = Queue::open(&path).expect("reopen");

@@ -4,12 +4,11 @@
 use base64::Engine as _;
 use futures_util::{SinkExt as _, StreamExt as _};
 use htfaas_functions::proto::{
-    Account, EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobRecord, JobReport, JobState,
-    Outcome, OutputFile, OutputSpec, SubmitRequest, SubmitResponse, Usage,
+    Account, EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobRecord, JobReport, JobState, Outcome, OutputFile,
+    OutputSpec, SubmitRequest, SubmitResponse, Usage,
 };
 use htfaas_functions::token::{
-    ATTACH_AUDIENCE, AttachClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s,
-    write_jwks,
+    ATTACH_AUDIENCE, AttachClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s, write_jwks,
 };
 use htfaas_functions::{Digest, Resources};
 use htfaas_scheduler::{ATTACH_KID, Config, TrustedIssuer, mint_attach_token};
@@ -47,10 +46,7 @@ impl Server {
             db_path: dir.join("queue.sqlite"),
             name: NAME.into(),
             attach_key_file: dir.join("attach.pem"),
-            submit_issuers: vec![TrustedIssuer {
-                issuer: GW.into(),
-                jwks_file: dir.join("gw.jwks"),
-            }],
+            submit_issuers: vec![TrustedIssuer { issuer: GW.into(), jwks_file: dir.join("gw.jwks") }],
             admin_token: ADMIN.into(),
         };
         let settings = config.resolve().await.expect("resolve");
@@ -58,16 +54,8 @@ impl Server {
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(htfaas_scheduler::run(settings, shutdown.clone()));
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(WAIT)
-            .build()
-            .expect("client");
-        Server {
-            addr,
-            shutdown,
-            join,
-            http,
-        }
+        let http = reqwest::Client::builder().timeout(WAIT).build().expect("client");
+        Server { addr, shutdown, join, http }
     }
 
     async fn stop(self) {
@@ -83,11 +71,7 @@ impl Server {
         format!("http://{}{path}", self.addr)
     }
 
-    async fn submit_raw(
-        &self,
-        token: Option<&str>,
-        body: &impl serde::Serialize,
-    ) -> (StatusCode, Value) {
+    async fn submit_raw(&self, token: Option<&str>, body: &impl serde::Serialize) -> (StatusCode, Value) {
         let mut req = self.http.post(self.url("/v1/jobs")).json(body);
         if let Some(t) = token {
             req = req.bearer_auth(t);
@@ -111,10 +95,7 @@ impl Server {
         let resp = req.send().await.expect("answered");
         let status = resp.status();
         let text = resp.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     async fn job(&self, id: &str) -> JobRecord {
@@ -130,11 +111,7 @@ impl Server {
             if job.state == state {
                 return job;
             }
-            assert!(
-                start.elapsed() < WAIT,
-                "job {id} stayed {:?}, wanted {state:?}",
-                job.state
-            );
+            assert!(start.elapsed() < WAIT, "job {id} stayed {:?}, wanted {state:?}", job.state);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -142,10 +119,7 @@ impl Server {
     async fn attach(&self, token: Option<&str>) -> Result<Ws, tungstenite::Error> {
         let mut req = format!("ws://{}/v1/ep/attach", self.addr).into_client_request()?;
         if let Some(t) = token {
-            req.headers_mut().insert(
-                "authorization",
-                format!("Bearer {t}").parse().expect("header"),
-            );
+            req.headers_mut().insert("authorization", format!("Bearer {t}").parse().expect("header"));
         }
         tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
             .await
@@ -166,11 +140,7 @@ impl Fixture {
         let dir = tempfile::tempdir().expect("tempdir");
         let (gw, _) = SigningKey::generate(GW_KID).expect("keygen");
         write_jwks(&dir.path().join("gw.jwks"), &gw.jwks()).expect("write jwks");
-        Fixture {
-            dir,
-            gw,
-            digest: Digest::of(b"module"),
-        }
+        Fixture { dir, gw, digest: Digest::of(b"module") }
     }
 
     fn path(&self) -> PathBuf {
@@ -205,59 +175,36 @@ impl Fixture {
                 digest: self.digest.clone(),
                 module_url: "http://registry.invalid/v1/modules/x".into(),
             },
-            resources: Resources {
-                cpus: 2,
-                memory_mb: 256,
-                runtime_s: 60,
-            },
+            resources: Resources { cpus: 2, memory_mb: 256, runtime_s: 60 },
             input: InputSpec {
                 url: "http://storage.invalid/data/raw/a.dat".into(),
                 name: "a.dat".into(),
                 macaroon: "read-macaroon".into(),
             },
-            output: OutputSpec {
-                url: "http://storage.invalid/data/out/".into(),
-                macaroon: "write-macaroon".into(),
-            },
+            output: OutputSpec { url: "http://storage.invalid/data/out/".into(), macaroon: "write-macaroon".into() },
             args: vec!["--fast".into()],
             env: vec![("MODE".into(), "x".into())],
-            event: EventRef {
-                source: "dcache".into(),
-                id: format!("{key}/s1"),
-                path: "/data/raw/a.dat".into(),
-            },
+            event: EventRef { source: "dcache".into(), id: format!("{key}/s1"), path: "/data/raw/a.dat".into() },
             dedupe_key: key.into(),
         }
     }
 
     fn attach_key(&self) -> SigningKey {
-        SigningKey::load_or_create(&self.dir.path().join("attach.pem"), ATTACH_KID)
-            .expect("attach key")
+        SigningKey::load_or_create(&self.dir.path().join("attach.pem"), ATTACH_KID).expect("attach key")
     }
 
     fn attach_token(&self, owner: Option<&str>) -> String {
-        mint_attach_token(
-            &self.attach_key(),
-            NAME,
-            "site",
-            owner.map(str::to_owned),
-            300,
-        )
-        .expect("mint")
+        mint_attach_token(&self.attach_key(), NAME, "site", owner.map(str::to_owned), 300).expect("mint")
     }
 }
 
 fn error_of(v: &Value) -> &str {
-    v["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no ApiError in {v}"))
+    v["error"].as_str().unwrap_or_else(|| panic!("no ApiError in {v}"))
 }
 
 async fn next_text(ws: &mut Ws) -> String {
     loop {
-        let frame = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("message in time");
+        let frame = tokio::time::timeout(WAIT, ws.next()).await.expect("message in time");
         match frame.expect("stream open").expect("frame") {
             Message::Text(t) => return t.as_str().to_owned(),
             Message::Ping(_) | Message::Pong(_) => continue,
@@ -278,22 +225,12 @@ async fn expect_silence(ws: &mut Ws, d: Duration) {
 }
 
 async fn send(ws: &mut Ws, msg: &EpMsg) {
-    ws.send(Message::text(serde_json::to_string(msg).expect("encode")))
-        .await
-        .expect("send");
+    ws.send(Message::text(serde_json::to_string(msg).expect("encode"))).await.expect("send");
 }
 
 /// Says hello and returns the session id from Welcome.
 async fn hello(ws: &mut Ws, name: &str, cpus: u32) -> String {
-    let h = Hello {
-        name: name.into(),
-        slots: Resources {
-            cpus,
-            memory_mb: 4096,
-            runtime_s: 3600,
-        },
-        protocol: 1,
-    };
+    let h = Hello { name: name.into(), slots: Resources { cpus, memory_mb: 4096, runtime_s: 3600 }, protocol: 1 };
     send(ws, &EpMsg::Hello(h)).await;
     let welcome = next_json(ws).await;
     assert_eq!(welcome["type"], "welcome", "{welcome}");
@@ -306,10 +243,7 @@ async fn expect_assign(ws: &mut Ws, owner: &str) -> String {
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(v["type"], "assign", "{v}");
     assert!(!text.contains("owner"), "assignment names an owner: {text}");
-    assert!(
-        !text.contains(owner),
-        "assignment leaks the owner {owner:?}: {text}"
-    );
+    assert!(!text.contains(owner), "assignment leaks the owner {owner:?}: {text}");
     v["job_id"].as_str().expect("job_id").to_owned()
 }
 
@@ -318,11 +252,7 @@ fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
         job_id: job_id.into(),
         outcome,
         usage,
-        outputs: vec![OutputFile {
-            path: "/data/out/a.sum".into(),
-            size: 64,
-            sha256: "ab".repeat(32),
-        }],
+        outputs: vec![OutputFile { path: "/data/out/a.sum".into(), size: 64, sha256: "ab".repeat(32) }],
         log: "done\n".into(),
     })
 }
@@ -331,12 +261,7 @@ async fn assert_attach_refused(server: &Server, token: Option<&str>, what: &str)
     match server.attach(token).await {
         Err(tungstenite::Error::Http(resp)) => {
             assert_eq!(resp.status(), 401, "{what}");
-            let body = resp
-                .body()
-                .as_deref()
-                .map(String::from_utf8_lossy)
-                .unwrap_or_default()
-                .into_owned();
+            let body = resp.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default().into_owned();
             assert!(body.contains("attach token"), "{what}: {body}");
         }
         Err(e) => panic!("{what}: unexpected error {e}"),
@@ -357,21 +282,11 @@ async fn submit_checks_tokens_limits_and_requests() {
     assert_eq!(status, StatusCode::OK, "{list}");
     let list: Vec<JobRecord> = serde_json::from_value(list).expect("records");
     assert_eq!(list.len(), 1);
-    assert_eq!(
-        (list[0].id.as_str(), list[0].owner.as_str()),
-        (first.job_id.as_str(), "alice")
-    );
+    assert_eq!((list[0].id.as_str(), list[0].owner.as_str()), (first.job_id.as_str(), "alice"));
     assert_eq!(list[0].state, JobState::Idle);
-    assert_eq!(
-        (list[0].function.as_str(), list[0].version),
-        ("checksum", 3)
-    );
+    assert_eq!((list[0].function.as_str(), list[0].version), ("checksum", 3));
     assert_eq!(list[0].input, "http://storage.invalid/data/raw/a.dat");
-    assert!(
-        !serde_json::to_string(&list)
-            .expect("json")
-            .contains("macaroon")
-    );
+    assert!(!serde_json::to_string(&list).expect("json").contains("macaroon"));
 
     // The same token again (another event): used up.
     let (status, v) = server.submit_raw(Some(&token), &fx.request("e2")).await;
@@ -383,14 +298,8 @@ async fn submit_checks_tokens_limits_and_requests() {
     let (status, v) = server.submit_raw(Some(&fresh), &fx.request("e1")).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let again: SubmitResponse = serde_json::from_value(v).expect("SubmitResponse");
-    assert_eq!(
-        (again.job_id.as_str(), again.created),
-        (first.job_id.as_str(), false)
-    );
-    assert!(
-        server.submit(&fresh, &fx.request("e3")).await.created,
-        "dedupe hit did not consume the token"
-    );
+    assert_eq!((again.job_id.as_str(), again.created), (first.job_id.as_str(), false));
+    assert!(server.submit(&fresh, &fx.request("e3")).await.created, "dedupe hit did not consume the token");
 
     // Tokens that must not verify.
     let mut expired = fx.claims("alice");
@@ -404,8 +313,8 @@ async fn submit_checks_tokens_limits_and_requests() {
     let good = fx.token("alice");
     let mut widened = fx.claims("alice");
     widened.cpus = 64;
-    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(serde_json::to_vec(&widened).expect("claims json"));
+    let payload =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&widened).expect("claims json"));
     let parts: Vec<&str> = good.split('.').collect();
     let tampered = format!("{}.{payload}.{}", parts[0], parts[2]);
     let cases = [
@@ -413,10 +322,7 @@ async fn submit_checks_tokens_limits_and_requests() {
         (fx.gw.sign(&wrong_aud).expect("sign"), "audience"),
         (fx.gw.sign(&untrusted).expect("sign"), "untrusted issuer"),
         (forger.sign(&fx.claims("alice")).expect("sign"), "signature"),
-        (
-            other_kid.sign(&fx.claims("alice")).expect("sign"),
-            "unknown signing key",
-        ),
+        (other_kid.sign(&fx.claims("alice")).expect("sign"), "unknown signing key"),
         (tampered, "signature"),
         ("not-a-jwt".into(), "malformed"),
     ];
@@ -438,18 +344,9 @@ async fn submit_checks_tokens_limits_and_requests() {
     };
     let over = [
         (limited(&|_| {}), "cpus 2 exceeds the token's limit of 1"),
-        (
-            limited(&|c| (c.cpus, c.memory_mb) = (2, 128)),
-            "memory_mb 256 exceeds the token's limit of 128",
-        ),
-        (
-            limited(&|c| (c.cpus, c.runtime_s) = (2, 30)),
-            "runtime_s 60 exceeds the token's limit of 30",
-        ),
-        (
-            limited(&|c| (c.cpus, c.function) = (2, Some(Digest::of(b"other")))),
-            "function digest",
-        ),
+        (limited(&|c| (c.cpus, c.memory_mb) = (2, 128)), "memory_mb 256 exceeds the token's limit of 128"),
+        (limited(&|c| (c.cpus, c.runtime_s) = (2, 30)), "runtime_s 60 exceeds the token's limit of 30"),
+        (limited(&|c| (c.cpus, c.function) = (2, Some(Digest::of(b"other")))), "function digest"),
     ];
     for (t, expected) in &over {
         let (status, v) = server.submit_raw(Some(t), &fx.request("over")).await;
@@ -464,20 +361,22 @@ async fn submit_checks_tokens_limits_and_requests() {
     bad_out.output.url = "http://storage.invalid/data/out".into();
     let mut bad_key = fx.request("");
     bad_key.dedupe_key.clear();
-    for (req, expected) in [
-        (bad_name, "input.name"),
-        (bad_out, "output.url"),
-        (bad_key, "dedupe_key"),
-    ] {
+    for (req, expected) in [(bad_name, "input.name"), (bad_out, "output.url"), (bad_key, "dedupe_key")] {
         let (status, v) = server.submit_raw(Some(&fx.token("alice")), &req).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{expected}: {v}");
         assert!(error_of(&v).contains(expected), "{expected}: {v}");
     }
-    let (status, v) = server
-        .submit_raw(Some(&fx.token("alice")), &serde_json::json!({"nope": 1}))
-        .await;
+    let (status, v) = server.submit_raw(Some(&fx.token("alice")), &serde_json::json!({"nope": 1})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error_of(&v).contains("invalid request body"), "{v}");
+
+    let huge = serde_json::json!({ "x": "a".repeat(300 * 1024) });
+    let (status, v) = server.submit_raw(Some(&fx.token("alice")), &huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(error_of(&v).contains("request body"), "{v}");
+    let (status, v) = server.get("/v1/nope", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(error_of(&v).contains("no such endpoint"), "{v}");
 
     // Admin endpoints.
     for path in ["/v1/jobs", "/v1/accounting"] {
@@ -531,56 +430,21 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     assert_attach_refused(&server, Some(&wrong_aud), "wrong audience").await;
     assert_attach_refused(&server, Some(&fx.token("alice")), "a submit token").await;
 
-    let job = server
-        .submit(&fx.token("alice"), &fx.request("e1"))
-        .await
-        .job_id;
-    let mut ep = server
-        .attach(Some(&fx.attach_token(None)))
-        .await
-        .expect("attach");
+    let job = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut ep, "ep-1", 4).await;
     assert_eq!(expect_assign(&mut ep, "alice").await, job);
     let running = server.job(&job).await;
-    assert_eq!(
-        (running.state, running.ep.as_deref()),
-        (JobState::Running, Some("ep-1"))
-    );
+    assert_eq!((running.state, running.ep.as_deref()), (JobState::Running, Some("ep-1")));
 
     // Noise is ignored: a report for a job not running here, garbage, a second hello.
-    send(
-        &mut ep,
-        &report(
-            "not-a-job",
-            Outcome::Exited { exit_code: 0 },
-            Usage::default(),
-        ),
-    )
-    .await;
+    send(&mut ep, &report("not-a-job", Outcome::Exited { exit_code: 0 }, Usage::default())).await;
     ep.send(Message::text("{garbage")).await.expect("send");
     ep.send(Message::binary(vec![1, 2, 3])).await.expect("send");
-    send(
-        &mut ep,
-        &EpMsg::Hello(Hello {
-            name: "x".into(),
-            slots: Resources::default(),
-            protocol: 1,
-        }),
-    )
-    .await;
+    send(&mut ep, &EpMsg::Hello(Hello { name: "x".into(), slots: Resources::default(), protocol: 1 })).await;
 
-    let usage = Usage {
-        wall_ms: 3000,
-        cpu_ms: 2500,
-        peak_memory_bytes: 1 << 20,
-        bytes_in: 1000,
-        bytes_out: 64,
-    };
-    send(
-        &mut ep,
-        &report(&job, Outcome::Exited { exit_code: 0 }, usage),
-    )
-    .await;
+    let usage = Usage { wall_ms: 3000, cpu_ms: 2500, peak_memory_bytes: 1 << 20, bytes_in: 1000, bytes_out: 64 };
+    send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, usage)).await;
     let done = server.wait_for_state(&job, JobState::Completed).await;
     assert_eq!(done.usage, Some(usage));
     assert_eq!(done.exit_code, Some(0));
@@ -588,51 +452,22 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     assert!(done.finished_at_ms.is_some() && done.started_at_ms.is_some());
 
     // A second, failing job on the same session (which survived the noise).
-    let job2 = server
-        .submit(&fx.token("alice"), &fx.request("e2"))
-        .await
-        .job_id;
+    let job2 = server.submit(&fx.token("alice"), &fx.request("e2")).await.job_id;
     assert_eq!(expect_assign(&mut ep, "alice").await, job2);
-    let usage2 = Usage {
-        wall_ms: 1000,
-        cpu_ms: 500,
-        peak_memory_bytes: 0,
-        bytes_in: 10,
-        bytes_out: 0,
-    };
-    send(
-        &mut ep,
-        &report(
-            &job2,
-            Outcome::Trapped {
-                message: "unreachable".into(),
-            },
-            usage2,
-        ),
-    )
-    .await;
+    let usage2 = Usage { wall_ms: 1000, cpu_ms: 500, peak_memory_bytes: 0, bytes_in: 10, bytes_out: 0 };
+    send(&mut ep, &report(&job2, Outcome::Trapped { message: "unreachable".into() }, usage2)).await;
     let failed = server.wait_for_state(&job2, JobState::Failed).await;
     assert_eq!(failed.reason, "trapped: unreachable");
     // A duplicate report changes nothing.
-    send(
-        &mut ep,
-        &report(&job2, Outcome::Exited { exit_code: 0 }, usage2),
-    )
-    .await;
+    send(&mut ep, &report(&job2, Outcome::Exited { exit_code: 0 }, usage2)).await;
 
     let (status, v) = server.get("/v1/accounting", Some(ADMIN)).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let accounts: Vec<Account> = serde_json::from_value(v).expect("accounts");
     assert_eq!(accounts.len(), 1);
     let a = &accounts[0];
-    assert_eq!(
-        (a.owner.as_str(), a.jobs_completed, a.jobs_failed),
-        ("alice", 1, 1)
-    );
-    assert!(
-        (a.core_seconds - 8.0).abs() < 1e-9,
-        "2 cpus × (3 s + 1 s): {a:?}"
-    );
+    assert_eq!((a.owner.as_str(), a.jobs_completed, a.jobs_failed), ("alice", 1, 1));
+    assert!((a.core_seconds - 8.0).abs() < 1e-9, "2 cpus × (3 s + 1 s): {a:?}");
     assert!((a.cpu_seconds - 3.0).abs() < 1e-9, "{a:?}");
     assert!((a.wall_seconds - 4.0).abs() < 1e-9, "{a:?}");
     assert_eq!((a.bytes_in, a.bytes_out), (1010, 64));
@@ -645,28 +480,16 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
 async fn an_owner_restricted_ep_gets_only_its_owners_jobs() {
     let fx = Fixture::new();
     let server = Server::start(&fx.path()).await;
-    let bobs = server
-        .submit(&fx.token("bob"), &fx.request("b1"))
-        .await
-        .job_id;
-    let alices = server
-        .submit(&fx.token("alice"), &fx.request("a1"))
-        .await
-        .job_id;
+    let bobs = server.submit(&fx.token("bob"), &fx.request("b1")).await.job_id;
+    let alices = server.submit(&fx.token("alice"), &fx.request("a1")).await.job_id;
 
-    let mut mine = server
-        .attach(Some(&fx.attach_token(Some("alice"))))
-        .await
-        .expect("attach");
+    let mut mine = server.attach(Some(&fx.attach_token(Some("alice")))).await.expect("attach");
     hello(&mut mine, "alices-ep", 8).await;
     assert_eq!(expect_assign(&mut mine, "alice").await, alices);
     expect_silence(&mut mine, Duration::from_millis(300)).await;
     assert_eq!(server.job(&bobs).await.state, JobState::Idle);
 
-    let mut site = server
-        .attach(Some(&fx.attach_token(None)))
-        .await
-        .expect("attach");
+    let mut site = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut site, "site-ep", 8).await;
     assert_eq!(expect_assign(&mut site, "bob").await, bobs);
 
@@ -679,32 +502,19 @@ async fn an_owner_restricted_ep_gets_only_its_owners_jobs() {
 async fn a_departed_eps_job_runs_again_elsewhere() {
     let fx = Fixture::new();
     let server = Server::start(&fx.path()).await;
-    let job = server
-        .submit(&fx.token("alice"), &fx.request("e1"))
-        .await
-        .job_id;
+    let job = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
 
-    let mut first = server
-        .attach(Some(&fx.attach_token(None)))
-        .await
-        .expect("attach");
+    let mut first = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut first, "ep-1", 2).await;
     assert_eq!(expect_assign(&mut first, "alice").await, job);
     drop(first);
     let idle = server.wait_for_state(&job, JobState::Idle).await;
     assert_eq!(idle.ep, None);
 
-    let mut second = server
-        .attach(Some(&fx.attach_token(None)))
-        .await
-        .expect("attach");
+    let mut second = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut second, "ep-2", 2).await;
     assert_eq!(expect_assign(&mut second, "alice").await, job);
-    send(
-        &mut second,
-        &report(&job, Outcome::Exited { exit_code: 0 }, Usage::default()),
-    )
-    .await;
+    send(&mut second, &report(&job, Outcome::Exited { exit_code: 0 }, Usage::default())).await;
     let done = server.wait_for_state(&job, JobState::Completed).await;
     assert_eq!(done.ep.as_deref(), Some("ep-2"));
 
@@ -718,27 +528,15 @@ async fn an_ep_gets_no_more_than_its_slots() {
     let server = Server::start(&fx.path()).await;
     let mut jobs = Vec::new();
     for i in 0..3 {
-        jobs.push(
-            server
-                .submit(&fx.token("alice"), &fx.request(&format!("e{i}")))
-                .await
-                .job_id,
-        );
+        jobs.push(server.submit(&fx.token("alice"), &fx.request(&format!("e{i}"))).await.job_id);
     }
-    let mut ep = server
-        .attach(Some(&fx.attach_token(None)))
-        .await
-        .expect("attach");
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut ep, "ep-4-cores", 4).await;
     let a = expect_assign(&mut ep, "alice").await;
     let b = expect_assign(&mut ep, "alice").await;
     assert_eq!(vec![a.clone(), b], jobs[..2].to_vec(), "oldest first");
     expect_silence(&mut ep, Duration::from_millis(300)).await;
-    send(
-        &mut ep,
-        &report(&a, Outcome::Exited { exit_code: 0 }, Usage::default()),
-    )
-    .await;
+    send(&mut ep, &report(&a, Outcome::Exited { exit_code: 0 }, Usage::default())).await;
     assert_eq!(expect_assign(&mut ep, "alice").await, jobs[2]);
     ep.close(None).await.expect("close");
     server.stop().await;
@@ -748,18 +546,12 @@ async fn an_ep_gets_no_more_than_its_slots() {
 async fn queued_jobs_survive_a_restart() {
     let fx = Fixture::new();
     let server = Server::start(&fx.path()).await;
-    let job = server
-        .submit(&fx.token("alice"), &fx.request("e1"))
-        .await
-        .job_id;
+    let job = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
     server.stop().await;
 
     let server = Server::start(&fx.path()).await;
     assert_eq!(server.job(&job).await.state, JobState::Idle);
-    let mut ep = server
-        .attach(Some(&fx.attach_token(None)))
-        .await
-        .expect("attach");
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut ep, "ep-1", 2).await;
     assert_eq!(expect_assign(&mut ep, "alice").await, job);
     // Stopping with the job running puts it back to idle, durably.

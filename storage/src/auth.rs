@@ -151,10 +151,10 @@ pub fn credential(headers: &HeaderMap, query: Option<&str>) -> Result<Option<Cre
         let raw = STANDARD
             .decode(b64.trim())
             .map_err(|_| HttpError::Unauthorized("Basic credentials are not base64".into()))?;
-        let text = String::from_utf8(raw).map_err(|_| HttpError::Unauthorized("Basic credentials are not UTF-8".into()))?;
-        let (user, secret) = text
-            .split_once(':')
-            .ok_or_else(|| HttpError::Unauthorized("Basic credentials lack ':'".into()))?;
+        let text =
+            String::from_utf8(raw).map_err(|_| HttpError::Unauthorized("Basic credentials are not UTF-8".into()))?;
+        let (user, secret) =
+            text.split_once(':').ok_or_else(|| HttpError::Unauthorized("Basic credentials lack ':'".into()))?;
         return Ok(Some(Credential::Basic { user: user.to_owned(), secret: secret.to_owned() }));
     }
     Ok(None)

@@ -16,6 +16,8 @@ use time::OffsetDateTime;
 
 /// How long we wait for the JetStream PubAck before answering 503.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for NATS to flush.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One completed upload, as the PUT handler saw it.
 #[derive(Debug, Clone)]
@@ -120,12 +122,13 @@ impl Billing {
         Ok(())
     }
 
-    /// Flushes the NATS connection (shutdown).
+    /// Flushes the NATS connection (shutdown); gives up after a few seconds when NATS is away.
     pub async fn flush(&self) {
-        if let Some(js) = &self.jetstream
-            && let Err(e) = js.client().flush().await
-        {
-            tracing::warn!("failed to flush NATS: {e}");
+        let Some(js) = &self.jetstream else { return };
+        match tokio::time::timeout(FLUSH_TIMEOUT, js.client().flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("failed to flush NATS: {e}"),
+            Err(_) => tracing::warn!("NATS flush did not finish within {FLUSH_TIMEOUT:?}; exiting anyway"),
         }
     }
 }

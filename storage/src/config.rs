@@ -91,9 +91,8 @@ impl Config {
             Some(url) => Some(connect_nats(url, &self.cell_name).await?),
         };
 
-        let listener = tokio::net::TcpListener::bind(self.listen)
-            .await
-            .with_context(|| format!("bind {}", self.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(self.listen).await.with_context(|| format!("bind {}", self.listen))?;
         let local_addr = listener.local_addr().context("read the bound address")?;
         let public_url = self
             .public_url
@@ -127,8 +126,8 @@ async fn connect_nats(url: &str, cell_name: &str) -> anyhow::Result<jetstream::C
 fn load_or_create_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
-            let secret = hex::decode(text.trim())
-                .with_context(|| format!("secret_file {} must hold hex", path.display()))?;
+            let secret =
+                hex::decode(text.trim()).with_context(|| format!("secret_file {} must hold hex", path.display()))?;
             if secret.len() < 32 {
                 anyhow::bail!("secret_file {} holds {} bytes; at least 32 needed", path.display(), secret.len());
             }
@@ -176,8 +175,8 @@ mod tests {
 
     #[test]
     fn config_parses_with_defaults_and_refuses_unknown_fields() {
-        let c: Config = serde_json::from_str(r#"{"data_dir":"/d","secret_file":"/s","users_file":"/u"}"#)
-            .expect("parses");
+        let c: Config =
+            serde_json::from_str(r#"{"data_dir":"/d","secret_file":"/s","users_file":"/u"}"#).expect("parses");
         assert_eq!(c.listen, default_listen());
         assert_eq!(c.cell_name, "htfaas-storage");
         assert!(c.nats_url.is_none() && c.public_url.is_none());

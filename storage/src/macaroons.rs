@@ -318,8 +318,8 @@ pub fn verify(token: &str, key: &RootKey, access: &Access<'_>) -> Result<Grant, 
         }
     }
     // Recompute the chain with the crate and compare in constant time.
-    let mut expected = Macaroon::create(m.location(), &key.0, m.identifier())
-        .map_err(|e| VerifyError::Invalid(e.to_string()))?;
+    let mut expected =
+        Macaroon::create(m.location(), &key.0, m.identifier()).map_err(|e| VerifyError::Invalid(e.to_string()))?;
     for p in &predicates {
         expected.add_first_party_caveat(p.clone().into());
     }
@@ -385,7 +385,7 @@ fn serialize(m: &Macaroon) -> Result<String, String> {
 }
 
 /// Mints a V1 macaroon with exactly these caveats (no checks). Low level; [`issue`] applies dCache's request rules.
-pub fn mint(key: &RootKey, location: &str, identifier: &str, caveats: &[String]) -> String {
+pub(crate) fn mint(key: &RootKey, location: &str, identifier: &str, caveats: &[String]) -> String {
     let mut m = Macaroon::create(Some(location.to_owned()), &key.0, identifier.into())
         .expect("identifier is non-empty: callers pass a random one");
     for c in caveats {
@@ -455,7 +455,15 @@ fn parse_units(s: &str, units: &[(char, i64)], fraction_on_last: bool) -> Option
         let secs_per = units[pos].1;
         let is_last = pos == units.len() - 1;
         let (int, frac) = match num.split_once('.') {
-            Some((i, f)) if fraction_on_last && is_last && !f.is_empty() && f.len() <= 9 && f.bytes().all(|b| b.is_ascii_digit()) => (i, Some(f)),
+            Some((i, f))
+                if fraction_on_last
+                    && is_last
+                    && !f.is_empty()
+                    && f.len() <= 9
+                    && f.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                (i, Some(f))
+            }
             Some(_) => return None,
             None => (num, None),
         };
@@ -746,10 +754,7 @@ mod tests {
             Err(IssueError::BadCaveat(_))
         ));
         assert!(matches!(issue(&k, "l", &mk(&["path:/../x"], None), t0), Err(IssueError::BadCaveat(_))));
-        assert!(matches!(
-            issue(&k, "l", &mk(&["before:2000-01-01T00:00:00Z"], None), t0),
-            Err(IssueError::Expired)
-        ));
+        assert!(matches!(issue(&k, "l", &mk(&["before:2000-01-01T00:00:00Z"], None), t0), Err(IssueError::Expired)));
         // Validity is capped at 7 days.
         let long = issue(&k, "l", &mk(&[], Some("P30D")), t0).expect("issues");
         let b = long.restrictions.before.expect("has before");
@@ -776,7 +781,9 @@ mod tests {
         assert_eq!(d("P2D"), Some(172_800));
         assert_eq!(d("P1W"), Some(604_800));
         assert_eq!(d("PT0.5S").map(|_| ()), Some(()));
-        for bad in ["", "P", "PT", "2H", "PT2X", "PTH", "PT1M2H", "PT1H1H", "P1Y", "P1M", "-PT1H", "PT-1H", "PT1.5H", "garbage"] {
+        for bad in [
+            "", "P", "PT", "2H", "PT2X", "PTH", "PT1M2H", "PT1H1H", "P1Y", "P1M", "-PT1H", "PT-1H", "PT1.5H", "garbage",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
     }
@@ -787,8 +794,8 @@ mod tests {
     fn dcache_test_vector() {
         let raw_key: [u8; 32] = *b"test-only-raw-root-key-32-bytes!";
         let key = MacaroonKey::from(raw_key);
-        let mut m = Macaroon::create(Some("Optional[/data/in/run42.h5]".into()), &key, "AbCdEfGh".into())
-            .expect("creates");
+        let mut m =
+            Macaroon::create(Some("Optional[/data/in/run42.h5]".into()), &key, "AbCdEfGh".into()).expect("creates");
         for c in [
             "iid:Zm9vYmFy",
             "id:1000;1000;alice",
@@ -802,28 +809,25 @@ mod tests {
             m.add_first_party_caveat(c.into());
         }
         let sig = m.signature();
-        assert_eq!(
-            hex::encode(&sig[..]),
-            "38ab47df9fe32ea71ad3fe302084129315bc863a56b6044bd97e263932154870"
-        );
+        assert_eq!(hex::encode(&sig[..]), "38ab47df9fe32ea71ad3fe302084129315bc863a56b6044bd97e263932154870");
         let expected = "MDAyOWxvY2F0aW9uIE9wdGlvbmFsWy9kYXRhL2luL3J1bjQyLmg1XQowMDE4aWRlbnRpZmllciBBYkNkRWZHaAowMDE1Y2lkIGlpZDpabTl2WW1GeQowMDFiY2lkIGlkOjEwMDA7MTAwMDthbGljZQowMDI0Y2lkIGJlZm9yZToyMDMwLTAxLTAxVDAwOjAwOjAwWgowMDFmY2lkIHBhdGg6L2RhdGEvaW4vcnVuNDIuaDUKMDAxZmNpZCBhY3Rpdml0eTpET1dOTE9BRCxMSVNUCjAwMWFjaWQgYWN0aXZpdHk6RE9XTkxPQUQKMDAyNGNpZCBiZWZvcmU6MjAyOS0wNi0wMVQxMjowMDowMFoKMDAxOGNpZCBpcDoxOTIuMC4yLjAvMjQKMDAyZnNpZ25hdHVyZSA4q0ffn-MupxrT_jAghBKTFbyGOla2BEvZfiY5MhVIcAo";
         assert_eq!(serialize(&m).expect("serializes"), expected);
         // Our path through mint() agrees too (it strips the padding the crate adds).
         let caveats: Vec<String> = inspect(expected).expect("parses");
         assert_eq!(mint(&RootKey::raw(raw_key), "Optional[/data/in/run42.h5]", "AbCdEfGh", &caveats), expected);
         // And our verifier authenticates it; it then refuses the `ip:` caveat, which we do not support.
-        let e = verify(expected, &RootKey::raw(raw_key), &Access {
-            path: "/data/in/run42.h5",
-            activities: &[Activity::Download],
-            now: OffsetDateTime::UNIX_EPOCH,
-        })
+        let e = verify(
+            expected,
+            &RootKey::raw(raw_key),
+            &Access { path: "/data/in/run42.h5", activities: &[Activity::Download], now: OffsetDateTime::UNIX_EPOCH },
+        )
         .expect_err("ip: is unknown to us");
         assert!(matches!(e, VerifyError::Invalid(ref m) if m.contains("ip:")), "{e}");
-        let e = verify(expected, &RootKey::raw(*b"test-only-raw-root-key-32-bytes?"), &Access {
-            path: "/data/in/run42.h5",
-            activities: &[Activity::Download],
-            now: OffsetDateTime::UNIX_EPOCH,
-        })
+        let e = verify(
+            expected,
+            &RootKey::raw(*b"test-only-raw-root-key-32-bytes?"),
+            &Access { path: "/data/in/run42.h5", activities: &[Activity::Download], now: OffsetDateTime::UNIX_EPOCH },
+        )
         .expect_err("wrong key");
         assert!(matches!(e, VerifyError::Invalid(ref m) if m.contains("signature")), "{e}");
     }
@@ -838,7 +842,10 @@ mod tests {
             return Some(p);
         }
         assert!(std::env::var_os("CI").is_none(), "pymacaroons missing at {} and CI is set", p.display());
-        eprintln!("NOTICE: skipping pymacaroons interop test: {} cannot import pymacaroons (run scripts/install-deps.sh)", p.display());
+        eprintln!(
+            "NOTICE: skipping pymacaroons interop test: {} cannot import pymacaroons (run scripts/install-deps.sh)",
+            p.display()
+        );
         None
     }
 

@@ -48,7 +48,11 @@ impl NsPath {
             None => (rest, false),
         };
         if rest.is_empty() {
-            return if trailing_slash { Err(unclean()) } else { Ok(NsPath { clean: "/".into(), trailing_slash: true }) };
+            return if trailing_slash {
+                Err(unclean())
+            } else {
+                Ok(NsPath { clean: "/".into(), trailing_slash: true })
+            };
         }
         if !rest.split('/').all(|s| !s.is_empty() && s != "." && s != "..") {
             return Err(unclean());

@@ -25,8 +25,9 @@ struct Server {
 }
 
 impl Server {
+    /// Where URL path `/data` lives: `data_dir/data`.
     fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.dir.path().join("ns/data")
     }
 
     fn url(&self, path: &str) -> String {
@@ -55,7 +56,8 @@ impl Server {
     }
 
     async fn macaroon(&self, path: &str, caveats: &[&str], validity: &str) -> String {
-        let r = self.request_macaroon(GATEWAY, path, serde_json::json!({"caveats": caveats, "validity": validity})).await;
+        let r =
+            self.request_macaroon(GATEWAY, path, serde_json::json!({"caveats": caveats, "validity": validity})).await;
         assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap_or_default());
         let v: serde_json::Value = r.json().await.expect("JSON");
         v["macaroon"].as_str().expect("macaroon string").to_owned()
@@ -83,7 +85,7 @@ fn config(dir: &Path, nats_url: Option<String>) -> Config {
     std::fs::write(dir.join("users.json"), USERS).expect("write users");
     Config {
         listen: "127.0.0.1:0".parse().expect("addr"),
-        data_dir: dir.join("data"),
+        data_dir: dir.join("ns"),
         secret_file: dir.join("secret"),
         users_file: dir.join("users.json"),
         nats_url,
@@ -109,7 +111,8 @@ async fn raw_get(addr: SocketAddr, path: &str, user: (&str, &str)) -> (u16, Stri
     use base64::Engine as _;
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, user.1));
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n");
+    let req =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.expect("write");
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.expect("read");
@@ -141,7 +144,8 @@ async fn basic_put_get_round_trip() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(std::fs::read(s.data().join("a/b c.txt")).expect("on disk"), b"again");
     // No temp files are left behind.
-    let names: Vec<_> = std::fs::read_dir(s.data().join("a")).expect("dir").map(|e| e.expect("entry").file_name()).collect();
+    let names: Vec<_> =
+        std::fs::read_dir(s.data().join("a")).expect("dir").map(|e| e.expect("entry").file_name()).collect();
     assert_eq!(names.len(), 1, "{names:?}");
 
     let r = s.http.get(&url).send().await.expect("sent");
@@ -163,7 +167,14 @@ async fn basic_put_get_round_trip() {
 async fn large_upload_streams_through() {
     let s = start().await;
     let body: Vec<u8> = (0..5 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
-    let r = s.http.put(s.url("/data/big.bin")).basic_auth(ALICE.0, Some(ALICE.1)).body(body.clone()).send().await.expect("sent");
+    let r = s
+        .http
+        .put(s.url("/data/big.bin"))
+        .basic_auth(ALICE.0, Some(ALICE.1))
+        .body(body.clone())
+        .send()
+        .await
+        .expect("sent");
     assert_eq!(r.status(), StatusCode::CREATED);
     let r = s.http.get(s.url("/data/big.bin")).basic_auth(ALICE.0, Some(ALICE.1)).send().await.expect("sent");
     assert_eq!(r.status(), StatusCode::OK);
@@ -192,7 +203,10 @@ async fn macaroon_request_refuses_non_issuers_and_bad_bodies() {
     let s = start().await;
     let body = serde_json::json!({"caveats": ["activity:DOWNLOAD"], "validity": "PT1H"});
     assert_eq!(s.request_macaroon(ALICE, "/data/x", body.clone()).await.status(), StatusCode::FORBIDDEN);
-    assert_eq!(s.request_macaroon(("gateway", "nope"), "/data/x", body.clone()).await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        s.request_macaroon(("gateway", "nope"), "/data/x", body.clone()).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
     let r = s
         .http
         .post(s.url("/data/x"))
@@ -213,7 +227,9 @@ async fn macaroon_request_refuses_non_issuers_and_bad_bodies() {
     assert!(r.text().await.expect("body").contains("Invalid ISO 8601 duration"));
     let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["ip:127.0.0.1"]})).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["activity:DOWNLOAD", "activity:UPLOAD"]})).await;
+    let r = s
+        .request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["activity:DOWNLOAD", "activity:UPLOAD"]}))
+        .await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveat": []})).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
@@ -228,7 +244,11 @@ async fn download_macaroon() {
     std::fs::write(s.data().join("raw/xy"), "payload-xy").expect("write");
 
     let r = s
-        .request_macaroon(GATEWAY, "/data/raw/x", serde_json::json!({"caveats": ["activity:DOWNLOAD"], "validity": "PT2H"}))
+        .request_macaroon(
+            GATEWAY,
+            "/data/raw/x",
+            serde_json::json!({"caveats": ["activity:DOWNLOAD"], "validity": "PT2H"}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::OK);
     let v: serde_json::Value = r.json().await.expect("JSON");
@@ -263,10 +283,11 @@ async fn download_macaroon() {
 #[tokio::test]
 async fn expired_macaroon_is_forbidden() {
     let s = start().await;
+    std::fs::create_dir_all(s.data()).expect("mkdir");
     std::fs::write(s.data().join("f"), "x").expect("write");
-    let m = s.macaroon("/f", &["activity:DOWNLOAD"], "PT1S").await;
+    let m = s.macaroon("/data/f", &["activity:DOWNLOAD"], "PT1S").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let r = s.get_bearer("/f", &m).await;
+    let r = s.get_bearer("/data/f", &m).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert!(r.text().await.expect("body").contains("expired"));
     s.stop().await;
@@ -276,7 +297,7 @@ async fn expired_macaroon_is_forbidden() {
 async fn path_traversal_is_refused_and_nothing_outside_is_read() {
     let s = start().await;
     std::fs::write(s.dir.path().join("outside.txt"), "TOPSECRET").expect("write");
-    std::fs::create_dir_all(s.data().join("data")).expect("mkdir");
+    std::fs::create_dir_all(s.data()).expect("mkdir");
     for p in [
         "/data/../etc/passwd",
         "/../outside.txt",
@@ -298,12 +319,19 @@ async fn path_traversal_is_refused_and_nothing_outside_is_read() {
     {
         std::os::unix::fs::symlink(s.dir.path().join("outside.txt"), s.data().join("link")).expect("symlink");
         std::os::unix::fs::symlink(s.dir.path(), s.data().join("dirlink")).expect("symlink");
-        let (status, text) = raw_get(s.addr, "/link", GATEWAY).await;
+        let (status, text) = raw_get(s.addr, "/data/link", GATEWAY).await;
         assert_eq!(status, 403, "{text}");
         assert!(!text.contains("TOPSECRET"));
-        let (status, text) = raw_get(s.addr, "/dirlink/outside.txt", GATEWAY).await;
+        let (status, text) = raw_get(s.addr, "/data/dirlink/outside.txt", GATEWAY).await;
         assert_eq!(status, 403, "{text}");
-        let r = s.http.put(s.url("/dirlink/new.txt")).basic_auth(GATEWAY.0, Some(GATEWAY.1)).body("x").send().await.expect("sent");
+        let r = s
+            .http
+            .put(s.url("/data/dirlink/new.txt"))
+            .basic_auth(GATEWAY.0, Some(GATEWAY.1))
+            .body("x")
+            .send()
+            .await
+            .expect("sent");
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
         assert!(!s.dir.path().join("new.txt").exists());
     }
@@ -331,14 +359,10 @@ async fn upload_macaroon_for_a_directory() {
     let capped = s.macaroon("/data/out/", &["activity:UPLOAD", "max-upload:10"], "PT1H").await;
     assert_eq!(s.put_bearer("/data/out/big", &capped, "01234567890").await.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert!(!s.data().join("out/big").exists());
-    let stream = futures_util::stream::iter(["012345", "67890"].map(|c| Ok::<_, std::io::Error>(c.as_bytes().to_vec())));
-    let r = s
-        .http
-        .put(s.url("/data/out/big"))
-        .bearer_auth(&capped)
-        .body(reqwest::Body::wrap_stream(stream))
-        .send()
-        .await;
+    let stream =
+        futures_util::stream::iter(["012345", "67890"].map(|c| Ok::<_, std::io::Error>(c.as_bytes().to_vec())));
+    let r =
+        s.http.put(s.url("/data/out/big")).bearer_auth(&capped).body(reqwest::Body::wrap_stream(stream)).send().await;
     // The server may answer 413 and close before the client finished sending.
     if let Ok(r) = r {
         assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
@@ -424,10 +448,7 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
     let info = stream.info().await.expect("info");
     assert_eq!(info.config.subjects, vec![EVENTS_SUBJECT.to_owned()]);
     assert_eq!(info.state.messages, 2);
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config::default())
-        .await
-        .expect("consumer");
+    let consumer = stream.create_consumer(jetstream::consumer::pull::Config::default()).await.expect("consumer");
     let mut msgs = consumer.fetch().max_messages(2).messages().await.expect("fetch");
     let mut got = Vec::new();
     while let Some(msg) = msgs.next().await {

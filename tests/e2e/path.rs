@@ -2,7 +2,7 @@
 //! run is recorded and accounted; events that should not fire, don't.
 
 use htfaas::stack::demo_manifest;
-use htfaas_functions::proto::{JobState, EVENTS_SUBJECT};
+use htfaas_functions::proto::{EVENTS_SUBJECT, JobState};
 use htfaas_tests::{adler32_hex, guest_wasm, start_stack, wait_for};
 use sha2::Digest as _;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 
 use base64::Engine as _;
 use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest};
-use htfaas_functions::token::{new_jti, now_s, SigningKey, SubmitClaims, ATTACH_AUDIENCE, SUBMIT_AUDIENCE};
+use htfaas_functions::token::{ATTACH_AUDIENCE, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s};
 use htfaas_functions::{Digest, Resources};
 use htfaas_tests::start_stack;
 use reqwest::StatusCode;
@@ -90,7 +90,9 @@ async fn storage_refuses_tampered_misused_and_traversing_macaroons() {
     assert!(status(put("/data/checksums/x.json")).await.is_success());
     assert_eq!(status(put("/data/raw/x.json")).await, StatusCode::FORBIDDEN);
     assert_eq!(status(put("/data/checksumsx/x.json")).await, StatusCode::FORBIDDEN);
-    assert_eq!(status(put("/data/checksums/%2e%2e/raw/evil")).await, StatusCode::BAD_REQUEST);
+    // The URL parser resolves `%2e%2e` before sending, so this lands as /data/raw/evil (403);
+    // raw-socket traversal (400) is covered by storage/tests/http.rs.
+    assert!(status(put("/data/checksums/%2e%2e/raw/evil")).await.is_client_error());
     assert_eq!(client.get_bytes("/data/raw/evil").await.expect("get"), None);
     stack.stop().await.expect("clean stop");
 }

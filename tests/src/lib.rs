@@ -18,14 +18,12 @@ pub fn guest_wasm(name: &str) -> PathBuf {
             .arg(examples.join("Cargo.toml"))
             .output()
             .map_err(|e| format!("run cargo: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
     });
     if let Err(e) = built {
-        panic!("building the example guests failed (is the wasm32-wasip1 target installed? scripts/install-deps.sh):\n{e}");
+        panic!(
+            "building the example guests failed (is the wasm32-wasip1 target installed? scripts/install-deps.sh):\n{e}"
+        );
     }
     examples.join(format!("target/wasm32-wasip1/release/{name}.wasm"))
 }

@@ -52,7 +52,9 @@ pub(super) async fn handle(state: &AppState, req: Request<Body>) -> Result<Respo
     let user = match auth::credential(req.headers(), req.uri().query())? {
         None => return Err(HttpError::Unauthorized("macaroon requests need HTTP Basic authentication".into())),
         Some(Credential::Macaroon(_)) => {
-            return Err(HttpError::Unauthorized("macaroon requests need HTTP Basic authentication, not a macaroon".into()));
+            return Err(HttpError::Unauthorized(
+                "macaroon requests need HTTP Basic authentication, not a macaroon".into(),
+            ));
         }
         Some(Credential::Basic { user, secret }) => auth::basic_user(&state.users, &user, &secret)?,
     };
@@ -67,7 +69,8 @@ pub(super) async fn handle(state: &AppState, req: Request<Body>) -> Result<Respo
     let body: RequestBody = if bytes.iter().all(u8::is_ascii_whitespace) {
         RequestBody::default()
     } else {
-        serde_json::from_slice(&bytes).map_err(|e| HttpError::BadRequest(format!("Invalid macaroon request body: {e}")))?
+        serde_json::from_slice(&bytes)
+            .map_err(|e| HttpError::BadRequest(format!("Invalid macaroon request body: {e}")))?
     };
     let validity = match body.validity.as_deref() {
         None => None,

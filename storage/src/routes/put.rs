@@ -44,11 +44,8 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     }
     tracing::Span::current().record("principal", who.principal.billing_subject());
 
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if let (Some(limit), Some(len)) = (who.max_upload, declared)
         && len > limit
     {
