@@ -286,7 +286,7 @@ async fn main() -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&functions)?);
             } else {
-                println!("{:<20} {:>4} {:<24} {:<24} {}", "NAME", "VER", "TRIGGER", "OUTPUTS", "MODULE");
+                println!("{:<20} {:>4} {:<24} {:<24} MODULE", "NAME", "VER", "TRIGGER", "OUTPUTS");
                 for f in functions {
                     let m = &f.manifest;
                     println!(
@@ -307,8 +307,8 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
                 println!(
-                    "{:<36} {:<10} {:<12} {:<10} {:>8} {}",
-                    "ID", "OWNER", "FUNCTION", "STATE", "WALL_MS", "INPUT / REASON"
+                    "{:<36} {:<10} {:<12} {:<10} {:>8} INPUT / REASON",
+                    "ID", "OWNER", "FUNCTION", "STATE", "WALL_MS"
                 );
                 for j in jobs {
                     let wall = j.usage.map(|u| u.wall_ms.to_string()).unwrap_or_default();

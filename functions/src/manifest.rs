@@ -191,7 +191,8 @@ mod tests {
 
     #[test]
     fn bad_fields_are_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut FunctionManifest)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut FunctionManifest)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("name", Box::new(|m| m.name = "Bad Name".into())),
             ("trigger.path", Box::new(|m| m.trigger.path = "data/raw/**".into())),
             ("trigger.path", Box::new(|m| m.trigger.path = "/data/[raw".into())),
