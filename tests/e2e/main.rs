@@ -1,5 +1,6 @@
 //! End-to-end tests: real nats-server, real storage, scheduler, gateway and EP, real wasm.
 //! One test binary (`cargo test -p htfaas-tests`), one module per concern.
 
+mod configs;
 mod path;
 mod security;

@@ -135,3 +135,85 @@ async fn a_redelivered_event_starts_one_job() {
     assert_eq!(client.jobs().await.expect("jobs").len(), 1);
     stack.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_functions_are_recorded_with_their_reason_and_the_ep_keeps_serving() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let register = |name: &'static str, wat: &'static str, runtime_s: u64| {
+        let client = client.clone();
+        async move {
+            let wasm = wat::parse_str(wat).expect("valid wat");
+            let mut m = demo_manifest(client.upload_module(wasm).await.expect("upload"));
+            m.name = name.into();
+            m.trigger.path = format!("/data/{name}/**");
+            m.outputs.dir = format!("/data/{name}-out/");
+            m.resources.runtime_s = runtime_s;
+            client.register(&m).await.expect("register");
+        }
+    };
+    register("trap", r#"(module (memory (export "memory") 1) (func (export "_start") unreachable))"#, 10).await;
+    register("spin", r#"(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))"#, 1).await;
+    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    client.register(&demo_manifest(digest)).await.expect("register");
+
+    client.put_bytes(b"x".to_vec(), "/data/trap/x").await.expect("put");
+    client.put_bytes(b"y".to_vec(), "/data/spin/y").await.expect("put");
+    client.put_bytes(b"z".to_vec(), "/data/raw/z").await.expect("put");
+    let jobs = wait_for("three finished jobs", LIMIT, || async {
+        let jobs = client.jobs().await.expect("jobs");
+        (jobs.len() == 3 && jobs.iter().all(|j| matches!(j.state, JobState::Completed | JobState::Failed)))
+            .then_some(jobs)
+    })
+    .await;
+    let by_function = |f: &str| jobs.iter().find(|j| j.function == f).expect("job of function");
+    let trap = by_function("trap");
+    assert_eq!(trap.state, JobState::Failed);
+    assert!(trap.reason.contains("trapped"), "{trap:#?}");
+    let spin = by_function("spin");
+    assert_eq!(spin.state, JobState::Failed);
+    assert!(spin.reason.contains("wall-time limit"), "{spin:#?}");
+    assert!(spin.usage.expect("usage").wall_ms >= 1000, "{spin:#?}");
+    assert_eq!(by_function("checksum").state, JobState::Completed);
+    // Failed runs are still accounted: they used the machine.
+    let alice = client.accounting().await.expect("accounting").into_iter().find(|a| a.owner == "alice").expect("alice");
+    assert_eq!((alice.jobs_completed, alice.jobs_failed), (1, 2));
+    // No output of the failed runs.
+    assert_eq!(client.get_bytes("/data/trap-out/x").await.expect("get"), None);
+    stack.stop().await.expect("clean stop");
+}
+
+/// Figures, not a pass/fail: `cargo test -p htfaas-tests --test e2e upload_to_output_latency -- --ignored --nocapture`
+/// uploads small files one at a time through the whole stack and prints p50/p90/max of upload → output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run explicitly"]
+async fn upload_to_output_latency() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    client.register(&demo_manifest(digest)).await.expect("register");
+    let n = 50;
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = std::time::Instant::now();
+        client.put_bytes(format!("small file {i}").into_bytes(), &format!("/data/raw/f{i}.dat")).await.expect("put");
+        let out = format!("/data/checksums/f{i}.dat.checksums.json");
+        // Poll every 2 ms: the figure's resolution.
+        while client.get_bytes(&out).await.expect("get").is_none() {
+            assert!(started.elapsed() < LIMIT, "no output for f{i}");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        samples.push(started.elapsed());
+    }
+    let first = samples[0];
+    samples.sort();
+    let pct = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
+    println!(
+        "upload->output, {n} small files, sequential: first {:.1} ms, p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        first.as_secs_f64() * 1e3,
+        pct(50).as_secs_f64() * 1e3,
+        pct(90).as_secs_f64() * 1e3,
+        samples[n - 1].as_secs_f64() * 1e3
+    );
+    stack.stop().await.expect("clean stop");
+}

@@ -1,0 +1,32 @@
+//! The sample configs in `examples/config/` parse into each component's `Config`, so they stay
+//! true as the structs change (`htfaas <component> --config FILE`).
+
+use std::path::PathBuf;
+
+fn sample(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/config").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+#[test]
+fn every_sample_config_parses() {
+    let storage: htfaas_storage::Config = serde_json::from_slice(&sample("storage.json")).expect("storage.json");
+    assert_eq!(storage.listen.port(), 2880);
+    let scheduler: htfaas_scheduler::Config =
+        serde_json::from_slice(&sample("scheduler.json")).expect("scheduler.json");
+    assert_eq!(scheduler.submit_issuers.len(), 1);
+    let gateway: htfaas_gateway::Config = serde_json::from_slice(&sample("gateway.json")).expect("gateway.json");
+    assert_eq!(gateway.scheduler_url, "http://127.0.0.1:8090");
+    let ep: htfaas_ep::Config = serde_json::from_slice(&sample("ep.json")).expect("ep.json");
+    assert_eq!(ep.slots.cpus, 2);
+    let users: serde_json::Value = serde_json::from_slice(&sample("storage-users.json")).expect("users");
+    assert_eq!(users["users"][0]["name"], "gateway");
+}
+
+#[test]
+fn a_typo_in_a_config_is_refused() {
+    let mut v: serde_json::Value = serde_json::from_slice(&sample("gateway.json")).expect("gateway.json");
+    v["scheduler_ulr"] = "http://127.0.0.1:1".into();
+    let err = serde_json::from_value::<htfaas_gateway::Config>(v).expect_err("unknown field refused");
+    assert!(err.to_string().contains("scheduler_ulr"), "{err}");
+}
