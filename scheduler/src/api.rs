@@ -229,7 +229,12 @@ async fn list_jobs(
     Ok(Json(shared.queue.list(limit).await?))
 }
 
-async fn get_job(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Result<Json<JobRecord>, ApiFailure> {
+async fn get_job(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobRecord>, ApiFailure> {
+    require_admin(&shared, &headers)?;
     match shared.queue.get(id.clone()).await? {
         Some(job) => Ok(Json(job)),
         None => Err(ApiFailure::not_found(format!("job {id:?} not found"))),

@@ -99,7 +99,7 @@ impl Server {
     }
 
     async fn job(&self, id: &str) -> JobRecord {
-        let (status, v) = self.get(&format!("/v1/jobs/{id}"), None).await;
+        let (status, v) = self.get(&format!("/v1/jobs/{id}"), Some(ADMIN)).await;
         assert_eq!(status, StatusCode::OK, "{v}");
         serde_json::from_value(v).expect("JobRecord")
     }
@@ -393,6 +393,8 @@ async fn submit_checks_tokens_limits_and_requests() {
     let (status, v) = server.get("/v1/jobs?limit=x", Some(ADMIN)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     let (status, v) = server.get("/v1/jobs/no-such-job", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a job record is for admins: {v}");
+    let (status, v) = server.get("/v1/jobs/no-such-job", Some(ADMIN)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(error_of(&v).contains("not found"));
     let (status, _) = server.get("/healthz", None).await;
