@@ -122,15 +122,18 @@ impl Client {
         Ok(())
     }
 
-    /// Downloads `storage_path`, or `None` if it does not exist.
-    pub async fn get_bytes(&self, storage_path: &str) -> anyhow::Result<Option<Vec<u8>>> {
-        let resp = self
-            .http
+    async fn get(&self, storage_path: &str) -> anyhow::Result<reqwest::Response> {
+        self.http
             .get(self.storage_url(storage_path)?)
             .basic_auth(&self.info.user, Some(&self.info.user_secret))
             .send()
             .await
-            .context("download")?;
+            .context("download")
+    }
+
+    /// Downloads `storage_path`, or `None` if it does not exist.
+    pub async fn get_bytes(&self, storage_path: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        let resp = self.get(storage_path).await?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -145,14 +148,7 @@ impl Client {
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> anyhow::Result<()> {
         use tokio::io::AsyncWriteExt as _;
-        let resp = self
-            .http
-            .get(self.storage_url(storage_path)?)
-            .basic_auth(&self.info.user, Some(&self.info.user_secret))
-            .send()
-            .await
-            .context("download")?;
-        let resp = check(resp, &format!("download {storage_path}")).await?;
+        let resp = check(self.get(storage_path).await?, &format!("download {storage_path}")).await?;
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
             out.write_all(&chunk?).await?;
