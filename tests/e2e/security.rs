@@ -186,3 +186,35 @@ async fn eps_cannot_attach_without_a_valid_attach_token() {
     assert_eq!(status(upgrade().bearer_auth(expired)).await, StatusCode::UNAUTHORIZED);
     stack.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_refuses_without_the_admin_token_and_serves_modules_only_by_digest() {
+    let (_dir, stack) = start_stack().await;
+    let gw = stack.info().gateway_url.clone();
+    let wasm = b"\0asm\x01\0\0\0".to_vec();
+    assert_eq!(status(http().post(format!("{gw}/v1/modules")).body(wasm.clone())).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        status(http().post(format!("{gw}/v1/modules")).bearer_auth("not-the-token").body(wasm.clone())).await,
+        StatusCode::UNAUTHORIZED
+    );
+    for path in ["/v1/functions", "/v1/jobs", "/v1/accounting", "/v1/stats"] {
+        assert_eq!(status(http().get(format!("{gw}{path}"))).await, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let manifest = htfaas::stack::demo_manifest(Digest::of(&wasm));
+    assert_eq!(status(http().post(format!("{gw}/v1/functions")).json(&manifest)).await, StatusCode::UNAUTHORIZED);
+
+    // Modules are public but content-addressed: only a well-formed digest is looked up.
+    let client = stack.client().expect("client");
+    let digest = client.upload_module(wasm.clone()).await.expect("upload");
+    let body = http().get(format!("{gw}/v1/modules/{digest}")).send().await.expect("get").bytes().await.expect("body");
+    assert_eq!(body.to_vec(), wasm);
+    for bad in ["sha256:..%2F..%2Fsecrets.json", "registry.sqlite", "sha256:ABC"] {
+        assert_eq!(status(http().get(format!("{gw}/v1/modules/{bad}"))).await, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    // Not a module at all, and a manifest naming a module never uploaded.
+    let r = client.upload_module(b"#!/bin/sh".to_vec()).await;
+    assert!(r.expect_err("refused").to_string().contains("not a WebAssembly module"));
+    let r = client.register(&htfaas::stack::demo_manifest(Digest::of(b"never uploaded"))).await;
+    assert!(r.expect_err("refused").to_string().contains("upload it first"));
+    stack.stop().await.expect("clean stop");
+}
