@@ -222,3 +222,25 @@ impl Client {
         Ok(ack.sequence)
     }
 }
+
+impl Client {
+    /// Runs `function` on `storage_path` with a submit token the caller holds.
+    pub async fn run_function(
+        &self,
+        token: &str,
+        function: &str,
+        storage_path: &str,
+    ) -> anyhow::Result<htfaas_functions::proto::SubmitResponse> {
+        let resp = self
+            .http
+            .post(
+                self.gateway(&format!("/v1/functions/{}/runs", htfaas_gateway::storage_client::encode_path(function))),
+            )
+            .bearer_auth(token.trim())
+            .json(&serde_json::json!({ "path": storage_path }))
+            .send()
+            .await
+            .context("submit")?;
+        Ok(check(resp, "submit refused").await?.json().await?)
+    }
+}

@@ -101,6 +101,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Mint tokens with the local stack's keys (admin).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Run a registered function on a storage file with a submit token (exits non-zero with the
+    /// reason when refused).
+    Submit {
+        #[command(flatten)]
+        dir: DirArg,
+        /// File holding the submit token.
+        #[arg(long)]
+        token: PathBuf,
+        /// Function name.
+        function: String,
+        /// Storage path of the input file.
+        storage_path: String,
+    },
     /// Storage events.
     Events {
         #[command(subcommand)]
@@ -149,6 +167,64 @@ enum FnCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// A submit token for a person or a service; printed on stdout.
+    Submit {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Owner accounted for the jobs.
+        #[arg(long)]
+        owner: String,
+        /// Jobs it may submit.
+        #[arg(long, default_value_t = 1)]
+        jobs: u32,
+        /// Most cores per job.
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
+        /// Most memory per job, MiB.
+        #[arg(long, default_value_t = 2048)]
+        memory_mb: u64,
+        /// Longest run time per job (e.g. 90s, 30m, 2h).
+        #[arg(long, default_value = "1h", value_parser = parse_duration_s)]
+        runtime: u64,
+        /// Only this function digest.
+        #[arg(long)]
+        function: Option<htfaas_functions::Digest>,
+        /// Lifetime of the token (e.g. 15m, 1h, 7d).
+        #[arg(long, default_value = "1h", value_parser = parse_duration_s)]
+        ttl: u64,
+    },
+    /// An attach token for an EP; printed on stdout.
+    Ep {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Run only this owner's jobs (default: a site EP that may run any job).
+        #[arg(long)]
+        owner: Option<String>,
+        /// Lifetime of the token (e.g. 1h, 30d).
+        #[arg(long, default_value = "1d", value_parser = parse_duration_s)]
+        ttl: u64,
+    },
+}
+
+/// `90`, `90s`, `30m`, `2h`, `7d` → seconds.
+fn parse_duration_s(s: &str) -> Result<u64, String> {
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = number.parse().map_err(|_| format!("{s:?}: want a number with s, m, h or d"))?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h, d)")),
+    };
+    n.checked_mul(factor).filter(|&v| v > 0).ok_or_else(|| format!("{s:?}: out of range"))
 }
 
 #[derive(Subcommand)]
@@ -349,6 +425,29 @@ async fn main() -> anyhow::Result<()> {
                     );
                 }
             }
+            Ok(())
+        }
+        Command::Token {
+            command: TokenCommand::Submit { dir, owner, jobs, cpus, memory_mb, runtime, function, ttl },
+        } => {
+            let grant = htfaas::stack::SubmitGrant {
+                owner,
+                jobs,
+                limits: Resources { cpus, memory_mb, runtime_s: runtime },
+                function,
+                ttl_s: ttl,
+            };
+            println!("{}", htfaas::stack::mint_submit_token(&dir.dir, &grant)?);
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Ep { dir, owner, ttl } } => {
+            println!("{}", htfaas::stack::mint_ep_token(&dir.dir, owner, ttl)?);
+            Ok(())
+        }
+        Command::Submit { dir, token, function, storage_path } => {
+            let token = std::fs::read_to_string(&token).with_context(|| format!("read {}", token.display()))?;
+            let reply = client(&dir)?.run_function(&token, &function, &storage_path).await?;
+            println!("job {} submitted", reply.job_id);
             Ok(())
         }
         Command::Events { command: EventsCommand::Publish { dir, file, subject } } => {

@@ -166,8 +166,12 @@ impl Stack {
             consumer: "gateway".into(),
             registry_dir: dir.join("gateway/registry"),
             storage_url: storage_url.clone(),
+            storage_kind: htfaas_gateway::storage_client::StorageKind::Dcache,
             storage_user: "gateway".into(),
             storage_secret: secrets.gateway_storage_secret.clone(),
+            storage_ca_file: None,
+            storage_client_cert: None,
+            storage_client_key: None,
             scheduler_url: scheduler_url.clone(),
             scheduler_admin_token: secrets.scheduler_admin_token.clone(),
             signing_key_file: gateway_key_file,
@@ -342,4 +346,50 @@ pub async fn demo(client: &Client, wasm: &Path, timeout: Duration) -> anyhow::Re
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// What `htfaas token submit` allows its bearer.
+#[derive(Debug, Clone)]
+pub struct SubmitGrant {
+    /// Accounted owner (`sub`).
+    pub owner: String,
+    /// Jobs it may submit.
+    pub jobs: u32,
+    /// Largest job.
+    pub limits: Resources,
+    /// Only this function, if set.
+    pub function: Option<htfaas_functions::Digest>,
+    /// Lifetime, seconds.
+    pub ttl_s: u64,
+}
+
+/// Mints a submit token with the local stack's gateway key (`<dir>/gateway/submit.pem`), as an
+/// admin does for a person or a service.
+pub fn mint_submit_token(dir: &Path, grant: &SubmitGrant) -> anyhow::Result<String> {
+    let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1")
+        .context("load the gateway's submit key (run `htfaas up` once to create it)")?;
+    let now = htfaas_functions::token::now_s();
+    let claims = htfaas_functions::token::SubmitClaims {
+        iss: "htfaas-gateway".into(),
+        sub: grant.owner.clone(),
+        aud: htfaas_functions::token::SUBMIT_AUDIENCE.into(),
+        exp: now + grant.ttl_s,
+        iat: now,
+        jti: htfaas_functions::token::new_jti(),
+        jobs: grant.jobs,
+        cpus: grant.limits.cpus,
+        memory_mb: grant.limits.memory_mb,
+        runtime_s: grant.limits.runtime_s,
+        function: grant.function.clone(),
+    };
+    Ok(key.sign(&claims)?)
+}
+
+/// Mints an attach token with the local stack's scheduler key: for a site EP (`owner: None`)
+/// or one that runs only `owner`'s jobs.
+pub fn mint_ep_token(dir: &Path, owner: Option<String>, ttl_s: u64) -> anyhow::Result<String> {
+    let key = SigningKey::load_or_create(&dir.join("scheduler/attach.pem"), "attach-1")
+        .context("load the scheduler's attach key (run `htfaas up` once to create it)")?;
+    let sub = owner.clone().unwrap_or_else(|| "site".into());
+    Ok(htfaas_scheduler::mint_attach_token(&key, "htfaas-scheduler", &sub, owner, ttl_s)?)
 }

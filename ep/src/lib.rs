@@ -155,6 +155,9 @@ impl Config {
         // reqwest is built with `rustls-no-provider`: install ring once per process.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
+            // XRootD 5.5's HTTP door reads header names case-sensitively: a lower-case
+            // `content-length` stores an empty file (tests/e2e/xrootd.rs).
+            .http1_title_case_headers()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(120))
             .build()

@@ -8,6 +8,7 @@
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
 //! | `POST /v1/functions` | admin | body = `FunctionManifest` → `FunctionRecord` |
 //! | `GET /v1/functions` | admin | latest `FunctionRecord` of each function |
+//! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…}` → `SubmitResponse` |
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
 //! | `GET /v1/stats` | admin | ingest counters |
 
@@ -55,6 +56,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/modules", post(put_module).layer(DefaultBodyLimit::max(MAX_MODULE_BYTES)))
         .route("/v1/modules/{digest}", get(get_module))
         .route("/v1/functions", post(register).get(list_functions))
+        .route("/v1/functions/{name}/runs", post(run_function))
         .route("/v1/jobs", get(proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy_job))
         .route("/v1/accounting", get(proxy_accounting))
@@ -185,5 +187,70 @@ async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Respo
 impl Shared {
     fn submitter_base(&self) -> String {
         self.submitter.scheduler_url().to_owned()
+    }
+}
+
+/// Body of `POST /v1/functions/{name}/runs`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunRequest {
+    /// Storage path of the input file; it must match the function's trigger.
+    path: String,
+}
+
+/// The bearer of a submit token runs a registered function on a file: the same path a
+/// triggered job takes (macaroons, scheduler, EP), accounted to the token's subject.
+async fn run_function(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, Failure> {
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| Failure(StatusCode::UNAUTHORIZED, "submit token required (Authorization: Bearer)".into()))?
+        .to_owned();
+    let claims =
+        shared.submitter.verify(&token).map_err(|e| Failure(StatusCode::UNAUTHORIZED, format!("submit token: {e}")))?;
+    let run: RunRequest =
+        serde_json::from_slice(&body).map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))?;
+    if !htfaas_functions::manifest::is_clean_abs_path(&run.path) || run.path.ends_with('/') {
+        return Err(Failure(StatusCode::BAD_REQUEST, format!("{:?} is not a clean absolute file path", run.path)));
+    }
+    let s = shared.clone();
+    let function = blocking(move || s.registry.latest(&name)).await?;
+    let m = &function.manifest;
+    let matches = htfaas_functions::proto::compile_glob(&m.trigger.path).is_ok_and(|g| g.is_match(&run.path));
+    if !matches {
+        return Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!("{} does not match the trigger {} of function {}", run.path, m.trigger.path, m.name),
+        ));
+    }
+    if claims.function.as_ref().is_some_and(|d| *d != m.module) {
+        return Err(Failure(StatusCode::FORBIDDEN, format!("the token does not allow function {}", m.module)));
+    }
+    let run_id = htfaas_functions::token::new_jti();
+    let event = htfaas_functions::proto::EventRef {
+        source: "submit".into(),
+        id: format!("{}/{run_id}", claims.jti),
+        path: run.path.clone(),
+    };
+    let request =
+        crate::ingest::prepare(&shared, &function, event, format!("submit:{run_id}")).await.map_err(|e| match e {
+            crate::ingest::Failure::Transient(e) => Failure(StatusCode::SERVICE_UNAVAILABLE, e),
+            crate::ingest::Failure::Permanent(e) => Failure(StatusCode::BAD_GATEWAY, e),
+        })?;
+    match shared.submitter.submit_with_token(&token, &request).await {
+        Ok(reply) => {
+            tracing::info!(job = %reply.job_id, jti = %claims.jti, function = %m.name, "job submitted by token bearer");
+            Ok((StatusCode::CREATED, Json(reply)))
+        }
+        Err(crate::submit::SubmitError::Refused { status, reason }) => {
+            Err(Failure(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), reason))
+        }
+        Err(e) => Err(Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
     }
 }

@@ -160,12 +160,36 @@ pub async fn handle(shared: &Shared, payload: &[u8], fallback_id: &str) -> Verdi
     verdict
 }
 
-enum Failure {
+/// Why a job could not be prepared or submitted.
+#[derive(Debug)]
+pub enum Failure {
+    /// Storage or scheduler unreachable: retry later.
     Transient(String),
+    /// Refused for good.
     Permanent(String),
 }
 
 async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) -> Result<(), Failure> {
+    let event_ref = EventRef { source: "dcache".into(), id: event.id.clone(), path: event.path.clone() };
+    let dedupe_key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
+    let request = prepare(shared, function, event_ref, dedupe_key).await?;
+    match shared.submitter.submit(&function.manifest.owner, &request).await {
+        Ok(reply) if reply.created => Stats::bump(&shared.stats.jobs_submitted),
+        Ok(_) => Stats::bump(&shared.stats.jobs_deduplicated),
+        Err(e @ SubmitError::Unavailable(_)) => return Err(Failure::Transient(e.to_string())),
+        Err(e) => return Err(Failure::Permanent(e.to_string())),
+    }
+    Ok(())
+}
+
+/// Builds the job for `function` on the file `event.path`: a read macaroon for exactly that
+/// file and a write macaroon for exactly the function's output directory, from the storage.
+pub async fn prepare(
+    shared: &Shared,
+    function: &FunctionRecord,
+    event: EventRef,
+    dedupe_key: String,
+) -> Result<SubmitRequest, Failure> {
     let m = &function.manifest;
     let storage_err = |e: crate::storage_client::StorageError| {
         if e.is_transient() { Failure::Transient(e.to_string()) } else { Failure::Permanent(e.to_string()) }
@@ -173,7 +197,7 @@ async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) 
     let read = shared.storage.read_macaroon(&event.path).await.map_err(storage_err)?;
     let write = shared.storage.write_macaroon(&m.outputs.dir).await.map_err(storage_err)?;
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
-    let request = SubmitRequest {
+    Ok(SubmitRequest {
         function: FunctionRef {
             name: m.name.clone(),
             version: function.version,
@@ -185,14 +209,7 @@ async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) 
         output: OutputSpec { url: shared.storage.url_of(&m.outputs.dir), macaroon: write },
         args: m.args.clone(),
         env: m.env.clone(),
-        event: EventRef { source: "dcache".into(), id: event.id.clone(), path: event.path.clone() },
-        dedupe_key: format!("{}#{}@{}", event.id, m.name, m.module),
-    };
-    match shared.submitter.submit(&m.owner, &request).await {
-        Ok(reply) if reply.created => Stats::bump(&shared.stats.jobs_submitted),
-        Ok(_) => Stats::bump(&shared.stats.jobs_deduplicated),
-        Err(e @ SubmitError::Unavailable(_)) => return Err(Failure::Transient(e.to_string())),
-        Err(e) => return Err(Failure::Permanent(e.to_string())),
-    }
-    Ok(())
+        event,
+        dedupe_key,
+    })
 }

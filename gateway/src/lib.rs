@@ -24,7 +24,7 @@ use htfaas_functions::Registry;
 use htfaas_functions::token::SigningKey;
 use serde::Deserialize;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -45,12 +45,33 @@ pub struct Config {
     pub consumer: String,
     /// Directory of the function registry (SQLite + modules).
     pub registry_dir: PathBuf,
-    /// Storage base URL (dCache WebDAV door or the built-in storage), without trailing `/`.
+    /// Storage base URL (dCache WebDAV door, XRootD HTTPS endpoint or the built-in storage),
+    /// without trailing `/`.
     pub storage_url: String,
-    /// User the gateway authenticates as when asking the storage for macaroons.
+    /// Which macaroon-request dialect the storage speaks: `"dcache"` (also the built-in
+    /// storage) or `"xrootd"` (XrdMacaroons; validities must then be `PT…` with H/M/S units).
+    /// Default: `dcache`.
+    #[serde(default)]
+    pub storage_kind: storage_client::StorageKind,
+    /// User the gateway authenticates as when asking the storage for macaroons (HTTP Basic).
+    /// Unused, and may be empty, when a client certificate is configured.
+    #[serde(default)]
     pub storage_user: String,
-    /// That user's secret (HTTP Basic).
+    /// That user's secret (HTTP Basic). Unused, and may be empty, with a client certificate.
+    #[serde(default)]
     pub storage_secret: String,
+    /// Extra trusted root certificate(s) for the storage's TLS, PEM (e.g. a site or test CA),
+    /// in addition to the system's. Default: none.
+    #[serde(default)]
+    pub storage_ca_file: Option<PathBuf>,
+    /// x509 client certificate (PEM, may include the chain) the gateway authenticates to the
+    /// storage with, instead of HTTP Basic; needs `storage_client_key`. XRootD requires this.
+    /// Default: none.
+    #[serde(default)]
+    pub storage_client_cert: Option<PathBuf>,
+    /// Private key of `storage_client_cert`, PEM (PKCS#8, PKCS#1 or SEC1). Default: none.
+    #[serde(default)]
+    pub storage_client_key: Option<PathBuf>,
     /// Scheduler base URL.
     pub scheduler_url: String,
     /// Admin token of the scheduler, for proxying job and accounting queries.
@@ -140,6 +161,45 @@ pub fn http_client() -> anyhow::Result<reqwest::Client> {
         .context("build the HTTP client")
 }
 
+/// Builds the HTTP client the gateway asks the storage for macaroons with: like
+/// [`http_client`], plus an extra trusted root (`ca_file`) and an x509 identity
+/// (`client_cert` + `client_key`), each PEM.
+pub fn storage_http_client(
+    ca_file: Option<&Path>,
+    client_cert: Option<&Path>,
+    client_key: Option<&Path>,
+) -> anyhow::Result<reqwest::Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Title-case header names on HTTP/1: XRootD 5.5's XrdHttp looks header names up
+    // case-sensitively, and its macaroon handler wants exactly `Content-Type`.
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .http1_title_case_headers();
+    if let Some(ca_file) = ca_file {
+        let pem = std::fs::read(ca_file).with_context(|| format!("read storage_ca_file {}", ca_file.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("parse storage_ca_file {}", ca_file.display()))?;
+        anyhow::ensure!(!certs.is_empty(), "storage_ca_file {} holds no certificate", ca_file.display());
+        builder = builder.tls_certs_merge(certs);
+    }
+    match (client_cert, client_key) {
+        (None, None) => {}
+        (Some(cert), Some(key)) => {
+            let mut pem =
+                std::fs::read(cert).with_context(|| format!("read storage_client_cert {}", cert.display()))?;
+            pem.push(b'\n');
+            pem.extend(std::fs::read(key).with_context(|| format!("read storage_client_key {}", key.display()))?);
+            let identity = reqwest::Identity::from_pem(&pem).with_context(|| {
+                format!("load the storage client identity from {} and {}", cert.display(), key.display())
+            })?;
+            builder = builder.identity(identity);
+        }
+        _ => anyhow::bail!("storage_client_cert and storage_client_key must be set together"),
+    }
+    builder.build().context("build the storage HTTP client")
+}
+
 impl Config {
     /// Binds the listener, opens the registry, loads or creates the signing key and publishes
     /// its JWKS.
@@ -158,19 +218,40 @@ impl Config {
         let http = http_client()?;
         for v in [&self.read_validity, &self.write_validity] {
             anyhow::ensure!(v.starts_with('P') && v.len() > 2, "validity {v:?} is not an ISO-8601 duration");
+            if self.storage_kind == storage_client::StorageKind::Xrootd {
+                anyhow::ensure!(
+                    storage_client::is_xrootd_validity(v),
+                    "validity {v:?}: XRootD takes only PT… with H, M, S units (e.g. PT2H)"
+                );
+            }
         }
+        let storage_http = storage_http_client(
+            self.storage_ca_file.as_deref(),
+            self.storage_client_cert.as_deref(),
+            self.storage_client_key.as_deref(),
+        )?;
+        let storage_auth = if self.storage_client_cert.is_some() {
+            storage_client::StorageAuth::ClientCert
+        } else {
+            anyhow::ensure!(
+                !self.storage_user.is_empty(),
+                "storage_user is empty and no storage_client_cert is set: the gateway cannot authenticate to the storage"
+            );
+            storage_client::StorageAuth::Basic { user: self.storage_user.clone(), secret: self.storage_secret.clone() }
+        };
         let public_url = self.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
         let shared = Shared {
             triggers: triggers::TriggerCache::default(),
             storage: storage_client::StorageClient::new(
-                http.clone(),
+                storage_http,
+                self.storage_kind,
                 &self.storage_url,
-                &self.storage_user,
-                &self.storage_secret,
+                storage_auth,
                 &self.read_validity,
                 &self.write_validity,
             ),
-            submitter: submit::Submitter::new(http.clone(), &self.scheduler_url, key, &self.issuer, self.token_ttl_s),
+            submitter: submit::Submitter::new(http.clone(), &self.scheduler_url, key, &self.issuer, self.token_ttl_s)
+                .context("build the submit-token verifier")?,
             stats: stats::Stats::default(),
             admin_token: self.admin_token,
             scheduler_admin_token: self.scheduler_admin_token,

@@ -1,9 +1,23 @@
-//! Asks the storage for macaroons with the dCache macaroon-request protocol.
+//! Asks the storage for macaroons, in the dialect of a dCache door or of an XRootD server.
 //!
-//! `POST <door>/` with `Content-Type: application/macaroon-request` (exactly; dCache compares
-//! the header verbatim) and a JSON body `{"caveats":["activity:…","path:…"],"validity":"PT2H"}`,
-//! authenticated as the gateway. We post to `/` so that the `path:` caveat in the body is the
-//! absolute path (a URL path would chain with it, `shared/reference/dcache.md` §3.3).
+//! Both take `POST` with `Content-Type: application/macaroon-request` (exactly; dCache compares
+//! the header verbatim) and a JSON body `{"caveats":[…],"validity":"PT2H"}`, and answer with
+//! JSON holding `macaroon`. They differ in where the path goes (`shared/reference/dcache.md`
+//! §3.3, §4):
+//!
+//! - **dCache** ([`StorageKind::Dcache`]): `POST <door>/` with caveats `activity:…` and
+//!   `path:<absolute path>`. We post to `/` so that the `path:` caveat is the absolute path (a
+//!   URL path would chain with it). The gateway authenticates with HTTP Basic.
+//! - **XRootD** ([`StorageKind::Xrootd`], XrdMacaroons): `POST` to the target's own URL: the
+//!   file for a read macaroon, the directory **with a trailing slash** for a write macaroon
+//!   (XRootD before 5.9.1 matches the path caveat as a plain string prefix, so `/out` would also
+//!   open `/outside`). The request may carry only `activity:` caveats; `validity` must be
+//!   `PT…` with H, M, S units only. The reply is `{"macaroon","expires_in"}`. The gateway
+//!   authenticates with an x509 client certificate (the reqwest client carries it): XRootD
+//!   derives the token's rights from what the *requester* may do, so an anonymous requester gets
+//!   a token that grants nothing. [`StorageClient`] therefore checks the activities of an XRootD
+//!   macaroon and refuses one that cannot do what was asked.
+//!
 //! The reply's `macaroon` is a bearer credential: it is passed on, never logged.
 
 use base64::Engine as _;
@@ -11,6 +25,49 @@ use serde::Deserialize;
 
 /// Exact media type of a macaroon request.
 pub const MACAROON_REQUEST: &str = "application/macaroon-request";
+
+/// Which macaroon-request dialect the storage speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageKind {
+    /// A dCache WebDAV door, or the built-in storage (`htfaas storage`).
+    #[default]
+    Dcache,
+    /// An XRootD server with XrdHttp and XrdMacaroons.
+    Xrootd,
+}
+
+/// What a macaroon is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Download exactly one file.
+    Read,
+    /// Create files within one directory.
+    Write,
+}
+
+/// How the gateway authenticates to the storage when it asks for macaroons.
+#[derive(Clone)]
+pub enum StorageAuth {
+    /// HTTP Basic with a user and secret.
+    Basic {
+        /// User name.
+        user: String,
+        /// Secret.
+        secret: String,
+    },
+    /// An x509 client certificate, carried by the HTTP client itself (no header).
+    ClientCert,
+}
+
+impl std::fmt::Debug for StorageAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorageAuth::Basic { user, .. } => f.debug_struct("Basic").field("user", user).finish_non_exhaustive(),
+            StorageAuth::ClientCert => f.write_str("ClientCert"),
+        }
+    }
+}
 
 /// Why no macaroon was obtained.
 #[derive(Debug, thiserror::Error)]
@@ -38,35 +95,113 @@ impl StorageError {
 #[derive(Deserialize)]
 struct MacaroonReply {
     macaroon: String,
+    /// XRootD only: seconds until expiry (capped by the server's `macaroons.maxduration`).
+    #[serde(default)]
+    expires_in: Option<u64>,
+}
+
+/// One macaroon request, as sent: where to, and the JSON body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MacaroonRequest {
+    /// Full URL to POST to.
+    pub url: String,
+    /// JSON body (`caveats`, `validity`).
+    pub body: serde_json::Value,
+}
+
+/// The macaroon request for `access` to `path` on the storage at `base` (no trailing `/`).
+///
+/// `path` is absolute: the file for [`Access::Read`], the directory for [`Access::Write`].
+pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &str, validity: &str) -> MacaroonRequest {
+    let base = base.trim_end_matches('/');
+    let (url, caveats): (String, Vec<String>) = match kind {
+        StorageKind::Dcache => {
+            let activity = match access {
+                Access::Read => "activity:DOWNLOAD",
+                Access::Write => "activity:UPLOAD,DELETE",
+            };
+            (format!("{base}/"), vec![activity.into(), format!("path:{path}")])
+        }
+        StorageKind::Xrootd => {
+            let target = match access {
+                Access::Read => path.to_owned(),
+                Access::Write if path.ends_with('/') => path.to_owned(),
+                Access::Write => format!("{path}/"),
+            };
+            (format!("{base}{}", encode_path(&target)), vec![xrootd_activity(access).into()])
+        }
+    };
+    MacaroonRequest { url, body: serde_json::json!({ "caveats": caveats, "validity": validity }) }
+}
+
+/// The activity caveat an XRootD macaroon is requested with. UPLOAD is what XrdMacaroons
+/// requires to create a file (an XrdHttp PUT of a new file: 200); replacing an existing file
+/// would need MANAGE, which in turn needs delete rights for the gateway, which it does not get.
+fn xrootd_activity(access: Access) -> &'static str {
+    match access {
+        Access::Read => "activity:DOWNLOAD",
+        Access::Write => "activity:UPLOAD",
+    }
+}
+
+/// Whether `validity` is a duration XRootD accepts: `PT` followed by numbers with `H`, `M` or
+/// `S` units (no days, no fractions), e.g. `PT2H`, `PT1H30M`.
+pub fn is_xrootd_validity(validity: &str) -> bool {
+    let Some(rest) = validity.strip_prefix("PT") else { return false };
+    if rest.is_empty() {
+        return false;
+    }
+    let mut digits = 0;
+    for c in rest.chars() {
+        match c {
+            '0'..='9' => digits += 1,
+            'H' | 'M' | 'S' if digits > 0 => digits = 0,
+            _ => return false,
+        }
+    }
+    digits == 0
 }
 
 /// Client of one storage door.
 pub struct StorageClient {
     http: reqwest::Client,
+    kind: StorageKind,
     base: String,
-    authorization: String,
+    authorization: Option<String>,
     read_validity: String,
     write_validity: String,
 }
 
 impl StorageClient {
-    /// A client for the door at `base` (no trailing `/`), authenticating as `user`.
+    /// A client for the storage at `base` (no trailing `/`) speaking `kind`, authenticating with
+    /// `auth`. For [`StorageAuth::ClientCert`], `http` must carry the identity.
     pub fn new(
         http: reqwest::Client,
+        kind: StorageKind,
         base: &str,
-        user: &str,
-        secret: &str,
+        auth: StorageAuth,
         read_validity: &str,
         write_validity: &str,
     ) -> StorageClient {
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{secret}"));
+        let authorization = match auth {
+            StorageAuth::Basic { user, secret } => {
+                Some(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{secret}"))))
+            }
+            StorageAuth::ClientCert => None,
+        };
         StorageClient {
             http,
+            kind,
             base: base.trim_end_matches('/').to_owned(),
-            authorization: format!("Basic {basic}"),
+            authorization,
             read_validity: read_validity.to_owned(),
             write_validity: write_validity.to_owned(),
         }
+    }
+
+    /// The dialect this client speaks.
+    pub fn kind(&self) -> StorageKind {
+        self.kind
     }
 
     /// Full URL of a storage path.
@@ -76,28 +211,30 @@ impl StorageClient {
 
     /// A macaroon that may only download exactly `path`.
     pub async fn read_macaroon(&self, path: &str) -> Result<String, StorageError> {
-        self.request(&["activity:DOWNLOAD".into(), format!("path:{path}")], &self.read_validity).await
+        self.request(Access::Read, path).await
     }
 
-    /// A macaroon that may only create (and replace) files within directory `dir`.
+    /// A macaroon that may only create files within directory `dir` (dCache: also replace
+    /// them; XRootD: new files only).
     pub async fn write_macaroon(&self, dir: &str) -> Result<String, StorageError> {
-        self.request(&["activity:UPLOAD,DELETE".into(), format!("path:{dir}")], &self.write_validity).await
+        self.request(Access::Write, dir).await
     }
 
-    #[tracing::instrument(name = "gateway.request_macaroon", skip_all, fields(caveats = ?caveats))]
-    async fn request(&self, caveats: &[String], validity: &str) -> Result<String, StorageError> {
-        let body = serde_json::json!({ "caveats": caveats, "validity": validity });
-        let resp = self
-            .http
-            .post(format!("{}/", self.base))
-            .header(reqwest::header::CONTENT_TYPE, MACAROON_REQUEST)
-            .header(reqwest::header::AUTHORIZATION, &self.authorization)
-            .body(body.to_string())
-            .send()
-            .await
-            .map_err(|e| StorageError::Unavailable(e.to_string()))?;
+    #[tracing::instrument(name = "gateway.request_macaroon", skip_all, fields(kind = ?self.kind, access = ?access, path = %path))]
+    async fn request(&self, access: Access, path: &str) -> Result<String, StorageError> {
+        let validity = match access {
+            Access::Read => &self.read_validity,
+            Access::Write => &self.write_validity,
+        };
+        let req = macaroon_request(self.kind, &self.base, access, path, validity);
+        let mut post =
+            self.http.post(&req.url).header(reqwest::header::CONTENT_TYPE, MACAROON_REQUEST).body(req.body.to_string());
+        if let Some(authorization) = &self.authorization {
+            post = post.header(reqwest::header::AUTHORIZATION, authorization);
+        }
+        let resp = post.send().await.map_err(|e| StorageError::Unavailable(error_chain(&e)))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| StorageError::Unavailable(e.to_string()))?;
+        let text = resp.text().await.map_err(|e| StorageError::Unavailable(error_chain(&e)))?;
         if status.is_server_error() {
             return Err(StorageError::Unavailable(format!("{status}: {}", snippet(&text))));
         }
@@ -106,8 +243,82 @@ impl StorageClient {
         }
         let reply: MacaroonReply = serde_json::from_str(&text)
             .map_err(|e| StorageError::Refused { status: status.as_u16(), body: format!("bad reply: {e}") })?;
+        if self.kind == StorageKind::Xrootd {
+            let wanted = &xrootd_activity(access)["activity:".len()..];
+            if let Err(why) = check_activities(&reply.macaroon, wanted) {
+                return Err(StorageError::Refused {
+                    status: status.as_u16(),
+                    body: format!(
+                        "the storage issued a macaroon that cannot {wanted} ({why}); is the gateway \
+                         authenticated (client certificate, gridmap, authdb)?"
+                    ),
+                });
+            }
+        }
+        tracing::debug!(expires_in = ?reply.expires_in, "macaroon issued");
         Ok(reply.macaroon)
     }
+}
+
+/// An error with its sources, for messages (reqwest hides the TLS cause in the chain).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// First-party caveats (`cid`) of a V1 macaroon (libmacaroons serialization, base64url or
+/// standard base64, padded or not): packets of 4 hex digits of length, then `key value\n`.
+pub fn v1_caveats(token: &str) -> Result<Vec<String>, String> {
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let config = GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    let normalized: String = token
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            c => c,
+        })
+        .collect();
+    let raw = GeneralPurpose::new(&base64::alphabet::URL_SAFE, config)
+        .decode(normalized)
+        .map_err(|e| format!("not base64: {e}"))?;
+    let mut caveats = Vec::new();
+    let mut rest = raw.as_slice();
+    while !rest.is_empty() {
+        let len = rest
+            .get(..4)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| usize::from_str_radix(h, 16).ok())
+            .ok_or("bad packet header")?;
+        let packet = rest.get(4..len).filter(|_| len > 4).ok_or("truncated packet")?;
+        rest = &rest[len..];
+        let packet = packet.strip_suffix(b"\n").unwrap_or(packet);
+        if let Some(cid) = packet.strip_prefix(b"cid ") {
+            caveats.push(String::from_utf8_lossy(cid).into_owned());
+        }
+    }
+    Ok(caveats)
+}
+
+/// Checks that every `activity:` caveat of `token` allows `wanted` (XRootD caveats are
+/// conjunctive). XRootD puts the requester's own rights in the first one.
+fn check_activities(token: &str, wanted: &str) -> Result<(), String> {
+    let caveats = v1_caveats(token)?;
+    let mut seen = false;
+    for list in caveats.iter().filter_map(|c| c.strip_prefix("activity:")) {
+        seen = true;
+        if !list.split(',').any(|a| a == wanted) {
+            return Err(format!("it carries activity:{list}"));
+        }
+    }
+    if seen { Ok(()) } else { Err("it carries no activity caveat".into()) }
 }
 
 /// At most 200 characters of a body, for messages.
@@ -131,10 +342,66 @@ pub fn encode_path(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn paths_are_encoded_but_slashes_kept() {
         assert_eq!(encode_path("/data/raw/a b#?.dat"), "/data/raw/a%20b%23%3F.dat");
         assert_eq!(encode_path("/data/é"), "/data/%C3%A9");
+    }
+
+    #[test]
+    fn dcache_requests_post_to_the_root_with_a_path_caveat() {
+        let r = macaroon_request(StorageKind::Dcache, "https://door:2880/", Access::Read, "/data/in/a b.dat", "PT2H");
+        assert_eq!(r.url, "https://door:2880/");
+        assert_eq!(r.body, json!({"caveats": ["activity:DOWNLOAD", "path:/data/in/a b.dat"], "validity": "PT2H"}));
+        let w = macaroon_request(StorageKind::Dcache, "https://door:2880", Access::Write, "/data/out", "PT4H");
+        assert_eq!(w.url, "https://door:2880/");
+        assert_eq!(w.body, json!({"caveats": ["activity:UPLOAD,DELETE", "path:/data/out"], "validity": "PT4H"}));
+    }
+
+    #[test]
+    fn xrootd_requests_post_to_the_target_with_activity_only() {
+        let r =
+            macaroon_request(StorageKind::Xrootd, "https://127.0.0.1:1094", Access::Read, "/store/in/a b.dat", "PT2H");
+        assert_eq!(r.url, "https://127.0.0.1:1094/store/in/a%20b.dat");
+        assert_eq!(r.body, json!({"caveats": ["activity:DOWNLOAD"], "validity": "PT2H"}));
+        // A directory always with a trailing slash: 5.5.x matches path caveats as string prefixes.
+        for dir in ["/store/out", "/store/out/"] {
+            let w = macaroon_request(StorageKind::Xrootd, "https://127.0.0.1:1094/", Access::Write, dir, "PT4H");
+            assert_eq!(w.url, "https://127.0.0.1:1094/store/out/");
+            assert_eq!(w.body, json!({"caveats": ["activity:UPLOAD"], "validity": "PT4H"}));
+        }
+    }
+
+    #[test]
+    fn xrootd_validity_is_pt_with_h_m_s_only() {
+        for ok in ["PT2H", "PT4H", "PT90M", "PT1H30M", "PT10S", "PT1H2M3S"] {
+            assert!(is_xrootd_validity(ok), "{ok}");
+        }
+        for bad in ["P1D", "PT", "PT2", "PTH", "2h", "PT1.5H", "P1DT2H", "PT2h", ""] {
+            assert!(!is_xrootd_validity(bad), "{bad}");
+        }
+    }
+
+    /// A V1 macaroon as XRootD 5.5.3 issued it (shared/reference/xrootd-and-nats.md §2.2).
+    const XRD_TOKEN: &str = "MDAxN2xvY2F0aW9uIHJlYWxwYXJ0cwowMDM0aWRlbnRpZmllciBmMjQ3ZmYxMy0yZjc0LTQ3ZGYtODQzOC1mNjQxYjQ5Nzc2ZTkKMDAxN2NpZCBuYW1lOmZhYXNhZG1pbgowMDM0Y2lkIGFjdGl2aXR5OlJFQURfTUVUQURBVEEsVVBMT0FELERPV05MT0FELExJU1QKMDAxZmNpZCBhY3Rpdml0eTpET1dOTE9BRCxMSVNUCjAwMjFjaWQgcGF0aDovc3RvcmUvaW4vaGVsbG8udHh0CjAwMjRjaWQgYmVmb3JlOjIwMjYtMTEtMjJUMDA6MzU6MTVaCjAwMmZzaWduYXR1cmUguExAmW4kpls5BbwwgT7XOPIyE8MEsTlyP1gXnRBkfNAK";
+
+    #[test]
+    fn v1_caveats_of_an_xrootd_macaroon() {
+        assert_eq!(
+            v1_caveats(XRD_TOKEN).expect("parses"),
+            [
+                "name:faasadmin",
+                "activity:READ_METADATA,UPLOAD,DOWNLOAD,LIST",
+                "activity:DOWNLOAD,LIST",
+                "path:/store/in/hello.txt",
+                "before:2026-11-22T00:35:15Z"
+            ]
+        );
+        assert!(check_activities(XRD_TOKEN, "DOWNLOAD").is_ok());
+        assert!(check_activities(XRD_TOKEN, "UPLOAD").is_err());
+        assert!(v1_caveats("not a macaroon!").is_err());
+        assert!(v1_caveats("MDA").is_err());
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::storage_client::snippet;
 use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse};
-use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s};
+use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s};
 
 /// Why a submission did not go through.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,7 @@ pub struct Submitter {
     scheduler_url: String,
     jobs_url: String,
     key: SigningKey,
+    verifier: Verifier,
     issuer: String,
     token_ttl_s: u64,
 }
@@ -42,15 +43,24 @@ impl Submitter {
         key: SigningKey,
         issuer: &str,
         token_ttl_s: u64,
-    ) -> Submitter {
-        Submitter {
+    ) -> Result<Submitter, htfaas_functions::token::TokenError> {
+        let verifier = Verifier::new(issuer, SUBMIT_AUDIENCE, &key.jwks())?;
+        Ok(Submitter {
             http,
             scheduler_url: scheduler_url.trim_end_matches('/').to_owned(),
             jobs_url: format!("{}/v1/jobs", scheduler_url.trim_end_matches('/')),
             key,
+            verifier,
             issuer: issuer.to_owned(),
             token_ttl_s,
-        }
+        })
+    }
+
+    /// Checks a caller's submit token as the scheduler will (signature, issuer, audience,
+    /// expiry), so that no macaroon is requested for a token that cannot submit. Use counts
+    /// stay with the scheduler.
+    pub fn verify(&self, token: &str) -> Result<SubmitClaims, htfaas_functions::token::TokenError> {
+        self.verifier.verify(token)
     }
 
     /// The scheduler's base URL.
@@ -76,11 +86,19 @@ impl Submitter {
         }
     }
 
-    /// Submits `req` on behalf of `owner`. `Ok` means the scheduler has the job durably.
+    /// Submits `req` on behalf of `owner` with a token minted for exactly this job. `Ok` means
+    /// the scheduler has the job durably.
     #[tracing::instrument(name = "gateway.submit", skip_all, fields(function = %req.function.name, event = %req.event.id))]
     pub async fn submit(&self, owner: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
         let claims = self.claims_for(owner, req);
         let token = self.key.sign(&claims)?;
+        let reply = self.submit_with_token(&token, req).await?;
+        tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
+        Ok(reply)
+    }
+
+    /// Posts `req` with a token the caller brought; the scheduler decides.
+    pub async fn submit_with_token(&self, token: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
         let resp = self
             .http
             .post(&self.jobs_url)
@@ -92,10 +110,7 @@ impl Submitter {
         let status = resp.status();
         let text = resp.text().await.map_err(|e| SubmitError::Unavailable(e.to_string()))?;
         if status.is_success() {
-            let reply: SubmitResponse =
-                serde_json::from_str(&text).map_err(|e| SubmitError::Unavailable(format!("bad reply: {e}")))?;
-            tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
-            return Ok(reply);
+            return serde_json::from_str(&text).map_err(|e| SubmitError::Unavailable(format!("bad reply: {e}")));
         }
         let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or_else(|_| snippet(&text));
         if status.is_server_error() {

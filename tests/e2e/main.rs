@@ -4,3 +4,5 @@
 mod configs;
 mod path;
 mod security;
+mod tokens;
+mod xrootd;
