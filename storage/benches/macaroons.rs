@@ -1,0 +1,134 @@
+//! Per-operation cost of dCache macaroons (`htfaas_storage::macaroons`): issuing one with the
+//! gateway's read caveats, verifying it for a GET of that file (the storage's hot path, once per
+//! request), refusals (wrong path; wrong root key), and a holder's attenuation.
+//!
+//! `cargo bench -p htfaas-storage [--bench macaroons] [-- FILTER]` prints one JSON line per
+//! figure: `{"bench":..,"unit":"us","p50":..,"p90":..,"p99":..,"n":..,"batch":..}`, the
+//! per-operation time in microseconds over `n` samples, each sample the mean of `batch`
+//! consecutive calls (`batch` is 1 unless one call is shorter than a few microseconds). Without
+//! `--bench` (as `cargo test --benches` runs it) each case runs once as a smoke test and nothing
+//! is timed. No criterion on purpose: it would double the build on a 2-core box.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use htfaas_storage::macaroons::{
+    Access, Activity, IssueRequest, RootKey, VerifyError, attenuate, format_instant, inspect, issue, parse_duration,
+    verify,
+};
+use time::OffsetDateTime;
+
+/// Untimed calls before measuring (caches, branch predictors, lazy statics, allocator).
+const WARMUP: Duration = Duration::from_millis(200);
+/// Measuring stops after this long (once `MIN_SAMPLES` are in) ...
+const BUDGET: Duration = Duration::from_millis(1000);
+/// ... or after this many samples.
+const MAX_SAMPLES: usize = 10_000;
+const MIN_SAMPLES: usize = 100;
+/// A sample lasts at least about this long, so the clock's own cost stays below 1%.
+const MIN_SAMPLE_NS: u128 = 5_000;
+
+struct Harness {
+    timed: bool,
+    filters: Vec<String>,
+}
+
+impl Harness {
+    fn from_args() -> Harness {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        Harness {
+            timed: args.iter().any(|a| a == "--bench"),
+            filters: args.into_iter().filter(|a| !a.starts_with('-')).collect(),
+        }
+    }
+
+    /// Times `f` and prints one JSON line; in smoke mode calls it once.
+    fn run<T>(&self, name: &str, mut f: impl FnMut() -> T) {
+        if !self.filters.is_empty() && !self.filters.iter().any(|p| name.contains(p.as_str())) {
+            return;
+        }
+        if !self.timed {
+            black_box(f());
+            println!("{name}: ok (smoke; run `cargo bench` to time)");
+            return;
+        }
+        let start = Instant::now();
+        let mut calls: u128 = 0;
+        while calls < 10 || start.elapsed() < WARMUP {
+            black_box(f());
+            calls += 1;
+        }
+        let per_call = (start.elapsed().as_nanos() / calls).max(1);
+        let batch = MIN_SAMPLE_NS.div_ceil(per_call).clamp(1, 100_000) as u32;
+
+        let mut samples = Vec::with_capacity(MAX_SAMPLES);
+        let t0 = Instant::now();
+        while samples.len() < MAX_SAMPLES && (samples.len() < MIN_SAMPLES || t0.elapsed() < BUDGET) {
+            let s = Instant::now();
+            for _ in 0..batch {
+                black_box(f());
+            }
+            samples.push(s.elapsed().as_nanos() as f64 / f64::from(batch) / 1000.0);
+        }
+        samples.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            // Nearest rank.
+            let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+            let us = samples[rank.clamp(1, samples.len()) - 1];
+            format!("{us:.3}")
+        };
+        // Keys in a fixed order for people; it is JSON for tools.
+        let name = serde_json::Value::from(name);
+        let (p50, p90, p99, n) = (pct(50.0), pct(90.0), pct(99.0), samples.len());
+        println!(r#"{{"bench":{name},"unit":"us","p50":{p50},"p90":{p90},"p99":{p99},"n":{n},"batch":{batch}}}"#);
+    }
+}
+
+/// The input file of a triggered job.
+const FILE: &str = "/data/in/run42.h5";
+
+/// A GET of `path` as `auth::authorize` checks it: the clock is read per request.
+fn get(token: &str, key: &RootKey, path: &str) -> Result<(), VerifyError> {
+    let access = Access { path, activities: &[Activity::Download], now: OffsetDateTime::now_utc() };
+    verify(token, key, &access).map(|_| ())
+}
+
+fn main() {
+    let h = Harness::from_args();
+
+    // As `Config::resolve`: a 32-byte secret, libmacaroons key derivation.
+    let key = RootKey::derive(&[0x5a; 32]);
+    // As the gateway's `StorageClient::read_macaroon`: POST / with these caveats and validity.
+    let req = IssueRequest {
+        url_path: Some("/".into()),
+        caveats: vec!["activity:DOWNLOAD".into(), format!("path:{FILE}")],
+        validity: parse_duration("PT2H"),
+    };
+    let issued = issue(&key, "htfaas-storage", &req, OffsetDateTime::now_utc()).expect("issues");
+    let token = issued.token;
+    // A holder (e.g. the EP) narrows it further: a shorter expiry.
+    let soon = format!("before:{}", format_instant(OffsetDateTime::now_utc() + time::Duration::minutes(10)));
+    let holder_caveats = [soon.as_str()];
+    let wrong_key = RootKey::derive(&[0xa5; 32]);
+
+    get(&token, &key, FILE).expect("reads its file");
+    assert!(matches!(get(&token, &key, "/data/in/run43.h5"), Err(VerifyError::Denied(_))));
+    assert!(matches!(get(&token, &wrong_key, FILE), Err(VerifyError::Invalid(_))));
+    let narrowed = attenuate(&token, &holder_caveats).expect("attenuates");
+    get(&narrowed, &key, FILE).expect("narrowed still reads");
+    eprintln!("macaroon: {} bytes, caveats {:?}", token.len(), inspect(&token).expect("parses"));
+
+    h.run("macaroon.issue", || {
+        issue(&key, "htfaas-storage", black_box(&req), OffsetDateTime::now_utc()).expect("issues")
+    });
+    h.run("macaroon.verify", || get(black_box(&token), &key, FILE).expect("verifies"));
+    h.run("macaroon.verify_wrong_path", || {
+        get(black_box(&token), &key, "/data/in/run43.h5").expect_err("outside its path")
+    });
+    h.run("macaroon.verify_wrong_key", || get(black_box(&token), &wrong_key, FILE).expect_err("forged"));
+    h.run("macaroon.attenuate", || attenuate(black_box(&token), &holder_caveats).expect("attenuates"));
+    h.run("macaroon.attenuate_verify", || {
+        let narrowed = attenuate(black_box(&token), &holder_caveats).expect("attenuates");
+        get(&narrowed, &key, FILE).expect("verifies")
+    });
+}
