@@ -88,6 +88,9 @@ pub enum TokenError {
     /// Past `exp` (plus leeway).
     #[error("token expired")]
     Expired,
+    /// Before `nbf` (minus leeway).
+    #[error("token not yet valid")]
+    NotYetValid,
     /// `aud` is not ours.
     #[error("wrong audience")]
     WrongAudience,
@@ -108,6 +111,7 @@ impl From<jsonwebtoken::errors::Error> for TokenError {
         match e.kind() {
             K::InvalidSignature => TokenError::InvalidSignature,
             K::ExpiredSignature => TokenError::Expired,
+            K::ImmatureSignature => TokenError::NotYetValid,
             K::InvalidAudience => TokenError::WrongAudience,
             K::InvalidIssuer => TokenError::WrongIssuer,
             K::InvalidToken | K::Base64(_) | K::Json(_) | K::Utf8(_) => TokenError::Malformed(e.to_string()),
@@ -260,6 +264,8 @@ impl Verifier {
         validation.set_audience(&[&self.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = LEEWAY_S;
+        // A token may say when it becomes valid; honour it when present.
+        validation.validate_nbf = true;
         Ok(jsonwebtoken::decode::<C>(token, key, &validation)?.claims)
     }
 }
@@ -356,5 +362,31 @@ mod tests {
         let verifier = Verifier::new("gw", SUBMIT_AUDIENCE, &b.jwks()).expect("verifier");
         let token = a.sign(&claims(now_s() + 60)).expect("sign");
         assert!(verifier.verify::<SubmitClaims>(&token).is_ok());
+    }
+
+    #[test]
+    fn refuses_alg_none_and_not_yet_valid_tokens() {
+        let (key, verifier) = pair();
+        // `alg: none` with our kid and an empty signature: the header does not even parse as a
+        // token we accept.
+        let b64 = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).expect("json"))
+        };
+        let header = b64(&serde_json::json!({"alg": "none", "typ": "JWT", "kid": "k1"}));
+        let payload = b64(&serde_json::to_value(claims(now_s() + 60)).expect("json"));
+        for token in [format!("{header}.{payload}."), format!("{header}.{payload}")] {
+            assert!(verifier.verify::<SubmitClaims>(&token).is_err(), "alg none accepted: {token}");
+        }
+
+        #[derive(Serialize)]
+        struct WithNbf {
+            #[serde(flatten)]
+            claims: SubmitClaims,
+            nbf: u64,
+        }
+        let early = key.sign(&WithNbf { claims: claims(now_s() + 600), nbf: now_s() + 300 }).expect("sign");
+        assert!(matches!(verifier.verify::<SubmitClaims>(&early), Err(TokenError::NotYetValid)));
+        let ready = key.sign(&WithNbf { claims: claims(now_s() + 600), nbf: now_s() - 1 }).expect("sign");
+        assert!(verifier.verify::<SubmitClaims>(&ready).is_ok());
     }
 }
