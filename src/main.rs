@@ -63,6 +63,12 @@ enum Command {
     Ep {
         #[arg(long)]
         config: PathBuf,
+        /// Leave (drain, then exit) this long after start, e.g. 1h.
+        #[arg(long, value_parser = parse_duration_s)]
+        lifetime: Option<u64>,
+        /// Leave after running no job for this long, e.g. 5m.
+        #[arg(long, value_parser = parse_duration_s)]
+        idle_shutdown: Option<u64>,
     },
     /// Upload a local file to storage as the stack's user.
     Put {
@@ -332,8 +338,11 @@ async fn main() -> anyhow::Result<()> {
             let settings = read_config::<htfaas_gateway::Config>(&config)?.resolve().await?;
             htfaas_gateway::run(settings, on_signals()).await
         }
-        Command::Ep { config } => {
-            let settings = read_config::<htfaas_ep::Config>(&config)?.resolve().await?;
+        Command::Ep { config, lifetime, idle_shutdown } => {
+            let mut config = read_config::<htfaas_ep::Config>(&config)?;
+            config.lifetime_s = lifetime.or(config.lifetime_s);
+            config.idle_shutdown_s = idle_shutdown.or(config.idle_shutdown_s);
+            let settings = config.resolve().await?;
             htfaas_ep::run(settings, on_signals()).await
         }
         Command::Put { dir, local, storage_path } => client(&dir)?.put_file(&local, &storage_path).await,

@@ -203,6 +203,8 @@ impl Stack {
             log_limit_bytes: 64 * 1024,
             max_output_files: 64,
             max_output_bytes: 16 << 30,
+            lifetime_s: None,
+            idle_shutdown_s: None,
         }
         .resolve()
         .await

@@ -59,6 +59,13 @@ pub struct Config {
     /// Most output bytes stored per job. Default: 17179869184 (16 GiB).
     #[serde(default = "default_max_output_bytes")]
     pub max_output_bytes: u64,
+    /// Leave (drain, then exit) this many seconds after start, like an annex's lease on its
+    /// machine. Default: none.
+    #[serde(default)]
+    pub lifetime_s: Option<u64>,
+    /// Leave after running no job for this many seconds. Default: none.
+    #[serde(default)]
+    pub idle_shutdown_s: Option<u64>,
 }
 
 fn default_log_limit_bytes() -> usize {
@@ -98,6 +105,12 @@ pub struct Settings {
     /// How long [`run`] waits after shutdown for in-flight jobs and their reports.
     /// Default: [`DEFAULT_DRAIN_TIMEOUT`].
     pub drain_timeout: Duration,
+    /// Leave this long after start.
+    pub lifetime: Option<Duration>,
+    /// Leave after this long without a running job.
+    pub idle_shutdown: Option<Duration>,
+    /// Running-job count and the moment the EP last became idle, kept by the link.
+    activity: Arc<Activity>,
     http: reqwest::Client,
     runtime: Arc<Runtime>,
 }
@@ -175,6 +188,9 @@ impl Config {
             max_output_files: self.max_output_files,
             max_output_bytes: self.max_output_bytes,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            lifetime: self.lifetime_s.map(Duration::from_secs),
+            idle_shutdown: self.idle_shutdown_s.map(Duration::from_secs),
+            activity: Arc::new(Activity::new()),
             http,
             runtime,
         })
@@ -201,7 +217,70 @@ fn attach_url(scheduler_url: &str) -> anyhow::Result<String> {
 /// jobs that end while disconnected are sent after the next attach. On shutdown it stops taking
 /// jobs, waits up to [`Settings::drain_timeout`] for in-flight jobs and their reports, and closes.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    link::run(Arc::new(settings), shutdown).await
+    let settings = Arc::new(settings);
+    // The EP's own reasons to leave (lifetime, idle) end it the same way a signal does.
+    let leave = shutdown.child_token();
+    let watcher = tokio::spawn(watch_lifecycle(settings.clone(), leave.clone()));
+    let result = link::run(settings, leave).await;
+    watcher.abort();
+    result
+}
+
+/// Running jobs and the moment the EP last had none, for [`Settings::idle_shutdown`].
+pub(crate) struct Activity {
+    running: std::sync::atomic::AtomicUsize,
+    idle_since: std::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            running: std::sync::atomic::AtomicUsize::new(0),
+            idle_since: std::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Records how many jobs run now.
+    pub(crate) fn set_running(&self, n: usize) {
+        let before = self.running.swap(n, std::sync::atomic::Ordering::Relaxed);
+        if n == 0 && before != 0 {
+            *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+        }
+    }
+
+    /// How long the EP has had no job, if it has none now.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.running.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            return None;
+        }
+        Some(self.idle_since.lock().unwrap_or_else(|p| p.into_inner()).elapsed())
+    }
+}
+
+/// Cancels `leave` when the lifetime is over or the EP has been idle too long.
+async fn watch_lifecycle(settings: Arc<Settings>, leave: CancellationToken) {
+    if settings.lifetime.is_none() && settings.idle_shutdown.is_none() {
+        return;
+    }
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = leave.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if settings.lifetime.is_some_and(|l| started.elapsed() >= l) {
+            tracing::info!(lifetime = ?settings.lifetime, "lifetime reached; leaving");
+            break;
+        }
+        if let (Some(limit), Some(idle)) = (settings.idle_shutdown, settings.activity.idle_for())
+            && idle >= limit
+        {
+            tracing::info!(?idle, "idle too long; leaving");
+            break;
+        }
+    }
+    leave.cancel();
 }
 
 #[cfg(test)]

@@ -147,6 +147,7 @@ impl Link {
 
     fn finished(&mut self, report: JobReport) {
         self.running.remove(&report.job_id);
+        self.settings.activity.set_running(self.running.len());
         self.pending.push_back(report);
     }
 
@@ -245,6 +246,7 @@ impl Link {
                 } else if !self.running.insert(job.job_id.clone()) {
                     tracing::warn!(job.id = %job.job_id, "assignment for a job already running ignored");
                 } else {
+                    self.settings.activity.set_running(self.running.len());
                     let jobs = self.jobs.clone();
                     let tx = self.report_tx.clone();
                     self.tracker.spawn(async move {

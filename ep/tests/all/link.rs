@@ -179,6 +179,8 @@ impl Harness {
             log_limit_bytes: 64 * 1024,
             max_output_files: 64,
             max_output_bytes: 1 << 30,
+            lifetime_s: None,
+            idle_shutdown_s: None,
         };
         let mut settings = config.resolve().await.expect("resolves");
         settings.drain_timeout = Duration::from_secs(10);
@@ -355,6 +357,8 @@ async fn refused_attach_is_retried_and_shutdown_stops_the_loop() {
         log_limit_bytes: 1024,
         max_output_files: 1,
         max_output_bytes: 1,
+        lifetime_s: None,
+        idle_shutdown_s: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();
