@@ -3,7 +3,7 @@
 
 use htfaas::stack::demo_manifest;
 use htfaas_functions::proto::{EVENTS_SUBJECT, JobState};
-use htfaas_tests::{adler32_hex, guest_wasm, start_stack, wait_for};
+use htfaas_tests::{adler32_hex, guest_wasm, start_stack, upload_checksum, wait_for};
 use sha2::Digest as _;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
 async fn unmatched_and_malformed_events_start_nothing_and_do_not_block_the_next() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
-    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    let digest = upload_checksum(&client).await;
     client.register(&demo_manifest(digest)).await.expect("register");
 
     // Garbage, a read, a pool-to-pool copy, and a write outside every trigger.
@@ -106,7 +106,7 @@ async fn unmatched_and_malformed_events_start_nothing_and_do_not_block_the_next(
 async fn a_redelivered_event_starts_one_job() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
-    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    let digest = upload_checksum(&client).await;
     client.register(&demo_manifest(digest)).await.expect("register");
     client.put_bytes(b"twice".to_vec(), "/data/raw/twice.dat").await.expect("put");
     wait_for("first job", LIMIT, || async {
@@ -154,7 +154,7 @@ async fn failing_functions_are_recorded_with_their_reason_and_the_ep_keeps_servi
     };
     register("trap", r#"(module (memory (export "memory") 1) (func (export "_start") unreachable))"#, 10).await;
     register("spin", r#"(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))"#, 1).await;
-    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    let digest = upload_checksum(&client).await;
     client.register(&demo_manifest(digest)).await.expect("register");
 
     client.put_bytes(b"x".to_vec(), "/data/trap/x").await.expect("put");
@@ -190,7 +190,7 @@ async fn failing_functions_are_recorded_with_their_reason_and_the_ep_keeps_servi
 async fn upload_to_output_latency() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
-    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    let digest = upload_checksum(&client).await;
     client.register(&demo_manifest(digest)).await.expect("register");
     let n = 50;
     let mut samples = Vec::with_capacity(n);

@@ -4,7 +4,7 @@
 use htfaas::stack::{SubmitGrant, demo_manifest, mint_submit_token};
 use htfaas_functions::Resources;
 use htfaas_functions::proto::JobState;
-use htfaas_tests::{guest_wasm, start_stack, wait_for};
+use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use std::time::Duration;
 
 fn grant(owner: &str) -> SubmitGrant {
@@ -21,7 +21,7 @@ fn grant(owner: &str) -> SubmitGrant {
 async fn a_submit_token_runs_one_job_accounted_to_its_owner_and_is_refused_beyond_its_grant() {
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
-    let digest = client.upload_module(std::fs::read(guest_wasm("checksum")).expect("wasm")).await.expect("upload");
+    let digest = upload_checksum(&client).await;
     // The upload fires it once for alice (the function's owner); bob's token runs it again.
     let mut m = demo_manifest(digest);
     m.trigger.path = "/data/manual/**".into();

@@ -62,3 +62,9 @@ pub fn adler32_hex(bytes: &[u8]) -> String {
     }
     format!("{:08x}", (b << 16) | a)
 }
+
+/// Uploads the example `checksum` module to the stack's registry and returns its digest.
+pub async fn upload_checksum(client: &htfaas::client::Client) -> htfaas_functions::Digest {
+    let wasm = std::fs::read(guest_wasm("checksum")).expect("read checksum.wasm");
+    client.upload_module(wasm).await.expect("upload the checksum module")
+}
