@@ -164,6 +164,9 @@ enum FnCommand {
         /// Extra argument after the input path (repeatable).
         #[arg(long = "arg")]
         args: Vec<String>,
+        /// Run only on EPs attached with an attach token for this annex.
+        #[arg(long)]
+        annex: Option<String>,
     },
     /// List functions.
     List {
@@ -199,6 +202,9 @@ enum TokenCommand {
         /// Only this function digest.
         #[arg(long)]
         function: Option<htfaas_functions::Digest>,
+        /// Charge its jobs to this accounting group.
+        #[arg(long)]
+        group: Option<String>,
         /// Lifetime of the token (e.g. 15m, 1h, 7d).
         #[arg(long, default_value = "1h", value_parser = parse_duration_s)]
         ttl: u64,
@@ -210,6 +216,9 @@ enum TokenCommand {
         /// Run only this owner's jobs (default: a site EP that may run any job).
         #[arg(long)]
         owner: Option<String>,
+        /// Run only jobs that ask for this annex (and be the only place they run).
+        #[arg(long)]
+        annex: Option<String>,
         /// Lifetime of the token (e.g. 1h, 30d).
         #[arg(long, default_value = "1d", value_parser = parse_duration_s)]
         ttl: u64,
@@ -348,7 +357,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Put { dir, local, storage_path } => client(&dir)?.put_file(&local, &storage_path).await,
         Command::Get { dir, storage_path } => client(&dir)?.get_to(&storage_path, &mut tokio::io::stdout()).await,
         Command::Fn {
-            command: FnCommand::Register { dir, name, wasm, trigger, outputs, owner, cpus, memory_mb, runtime_s, args },
+            command:
+                FnCommand::Register { dir, name, wasm, trigger, outputs, owner, cpus, memory_mb, runtime_s, args, annex },
         } => {
             let client = client(&dir)?;
             let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
@@ -362,6 +372,7 @@ async fn main() -> anyhow::Result<()> {
                 outputs: Outputs { dir: outputs },
                 args,
                 env: vec![],
+                annex,
             };
             let record = client.register(&manifest).await?;
             println!("registered {} v{} {}", record.manifest.name, record.version, record.manifest.module);
@@ -437,20 +448,21 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Token {
-            command: TokenCommand::Submit { dir, owner, jobs, cpus, memory_mb, runtime, function, ttl },
+            command: TokenCommand::Submit { dir, owner, jobs, cpus, memory_mb, runtime, function, group, ttl },
         } => {
             let grant = htfaas::stack::SubmitGrant {
                 owner,
                 jobs,
                 limits: Resources { cpus, memory_mb, runtime_s: runtime },
                 function,
+                group,
                 ttl_s: ttl,
             };
             println!("{}", htfaas::stack::mint_submit_token(&dir.dir, &grant)?);
             Ok(())
         }
-        Command::Token { command: TokenCommand::Ep { dir, owner, ttl } } => {
-            println!("{}", htfaas::stack::mint_ep_token(&dir.dir, owner, ttl)?);
+        Command::Token { command: TokenCommand::Ep { dir, owner, annex, ttl } } => {
+            println!("{}", htfaas::stack::mint_ep_token(&dir.dir, owner, annex, ttl)?);
             Ok(())
         }
         Command::Submit { dir, token, function, storage_path } => {

@@ -193,7 +193,7 @@ impl Stack {
         // One EP, attached with a site token minted by the scheduler's key.
         let attach_key = SigningKey::load_or_create(&attach_key_file, "attach-1")?;
         let attach_token =
-            htfaas_scheduler::mint_attach_token(&attach_key, &scheduler_name, "site", None, 30 * 24 * 3600)?;
+            htfaas_scheduler::mint_attach_token(&attach_key, &scheduler_name, "site", None, None, 30 * 24 * 3600)?;
         let ep = htfaas_ep::Config {
             name: "ep-local-1".into(),
             scheduler_url: scheduler_url.clone(),
@@ -311,6 +311,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         outputs: Outputs { dir: "/data/checksums/".into() },
         args: vec![],
         env: vec![],
+        annex: None,
     }
 }
 
@@ -361,6 +362,8 @@ pub struct SubmitGrant {
     pub limits: Resources,
     /// Only this function, if set.
     pub function: Option<htfaas_functions::Digest>,
+    /// Accounting group its jobs are charged to, if set.
+    pub group: Option<String>,
     /// Lifetime, seconds.
     pub ttl_s: u64,
 }
@@ -383,15 +386,19 @@ pub fn mint_submit_token(dir: &Path, grant: &SubmitGrant) -> anyhow::Result<Stri
         memory_mb: grant.limits.memory_mb,
         runtime_s: grant.limits.runtime_s,
         function: grant.function.clone(),
+        group: grant.group.clone(),
     };
     Ok(key.sign(&claims)?)
 }
 
-/// Mints an attach token with the local stack's scheduler key: for a site EP (`owner: None`)
-/// or one that runs only `owner`'s jobs.
-pub fn mint_ep_token(dir: &Path, owner: Option<String>, ttl_s: u64) -> anyhow::Result<String> {
+/// Mints an attach token with the local stack's scheduler key: for a site EP (`owner: None`),
+/// one that runs only `owner`'s jobs, or one that runs only jobs asking for `annex`.
+pub fn mint_ep_token(dir: &Path, owner: Option<String>, annex: Option<String>, ttl_s: u64) -> anyhow::Result<String> {
+    if let Some(a) = &annex {
+        htfaas_functions::manifest::check_name(a).map_err(|e| anyhow::anyhow!("annex name {e}"))?;
+    }
     let key = SigningKey::load_or_create(&dir.join("scheduler/attach.pem"), "attach-1")
         .context("load the scheduler's attach key (run `htfaas up` once to create it)")?;
     let sub = owner.clone().unwrap_or_else(|| "site".into());
-    Ok(htfaas_scheduler::mint_attach_token(&key, "htfaas-scheduler", &sub, owner, ttl_s)?)
+    Ok(htfaas_scheduler::mint_attach_token(&key, "htfaas-scheduler", &sub, owner, annex, ttl_s)?)
 }

@@ -267,6 +267,7 @@ fn outcome_kind(o: &Outcome) -> &'static str {
         Outcome::InputFailed { .. } => "input_failed",
         Outcome::OutputFailed { .. } => "output_failed",
         Outcome::ModuleFailed { .. } => "module_failed",
+        Outcome::Cancelled { .. } => "cancelled",
     }
 }
 

@@ -154,8 +154,12 @@ impl Link {
     /// One connection: dial, hello, welcome, then serve until it fails or shutdown drains.
     async fn session(&mut self, shutdown: &CancellationToken, welcomed: &mut bool) -> anyhow::Result<SessionEnd> {
         let mut ws = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.dial()).await.context("dial timed out")??;
-        let hello =
-            EpMsg::Hello(Hello { name: self.settings.name.clone(), slots: self.settings.slots, protocol: PROTOCOL });
+        let hello = EpMsg::Hello(Hello {
+            name: self.settings.name.clone(),
+            slots: self.settings.slots,
+            protocol: PROTOCOL,
+            annex: None,
+        });
         ws.send(Message::text(serde_json::to_string(&hello)?)).await.context("send hello")?;
         let ep_id = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.welcome(&mut ws)).await.context("no welcome")??;
         *welcomed = true;
@@ -227,6 +231,9 @@ impl Link {
                     Ok(SchedulerMsg::Assign(job)) => {
                         bail!("scheduler assigned job {} before welcome", job.job_id)
                     }
+                    Ok(SchedulerMsg::Cancel { job_id, .. }) => {
+                        bail!("scheduler cancelled job {job_id} before welcome")
+                    }
                     Err(e) => {
                         self.bad_frames += 1;
                         tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
@@ -256,6 +263,9 @@ impl Link {
                 }
             }
             Ok(SchedulerMsg::Welcome { ep_id }) => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
+            Ok(SchedulerMsg::Cancel { job_id, reason }) => {
+                tracing::warn!(job.id = %job_id, %reason, "cancel not supported yet; job runs on")
+            }
             Err(e) => {
                 self.bad_frames += 1;
                 tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");

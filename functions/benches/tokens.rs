@@ -34,6 +34,7 @@ fn claims() -> SubmitClaims {
         memory_mb: 2048,
         runtime_s: 600,
         function: Some(Digest::of(b"checksum.wasm")),
+        group: None,
     }
 }
 

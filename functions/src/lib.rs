@@ -11,6 +11,7 @@
 //! Nothing outside this crate derives `Serialize` for a wire type.
 
 pub mod digest;
+pub mod macaroon;
 pub mod manifest;
 pub mod proto;
 pub mod registry;

@@ -34,6 +34,19 @@ pub struct FunctionManifest {
     /// Environment of the module: exactly these variables, nothing else.
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// When set, runs go only to EPs whose attach token names this annex (the owner's own
+    /// capacity, as HTCondor's `TargetAnnexName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
+}
+
+/// Checks a name of the `[a-z0-9][a-z0-9_-]{0,62}` form (function and annex names).
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if ok { Ok(()) } else { Err(format!("{name:?} must match [a-z0-9][a-z0-9_-]{{0,62}}")) }
 }
 
 /// When a function fires.
@@ -131,12 +144,9 @@ pub fn is_clean_abs_path(p: &str) -> bool {
 impl FunctionManifest {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ManifestError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= 63
-            && self.name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            && self.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !name_ok {
-            return Err(bad("name", format!("{:?} must match [a-z0-9][a-z0-9_-]{{0,62}}", self.name)));
+        check_name(&self.name).map_err(|e| bad("name", e))?;
+        if let Some(annex) = &self.annex {
+            check_name(annex).map_err(|e| bad("annex", e))?;
         }
         if self.owner.is_empty() || self.owner.len() > 128 || self.owner.chars().any(|c| c.is_control()) {
             return Err(bad("owner", "must be 1-128 printable characters"));
@@ -181,6 +191,7 @@ mod tests {
             outputs: Outputs { dir: "/data/checksums/".into() },
             args: vec![],
             env: vec![],
+            annex: None,
         }
     }
 

@@ -189,6 +189,9 @@ pub struct SubmitRequest {
     pub event: EventRef,
     /// One job per key: a resubmission with the same key returns the first job.
     pub dedupe_key: String,
+    /// When set, the job runs only on an EP whose attach token names this annex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
 }
 
 /// Answer to [`SubmitRequest`].
@@ -216,6 +219,11 @@ pub struct Hello {
     pub slots: Resources,
     /// Protocol version; 1.
     pub protocol: u32,
+    /// The annex the operator meant to join (`htfaas ep --annex`). Never trusted: the scheduler
+    /// refuses the session when it differs from the attach token's annex, so a mistake shows at
+    /// once instead of as an EP that never gets work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
 }
 
 /// Messages from an EP to the scheduler, over the attach WebSocket (one JSON text frame each).
@@ -241,6 +249,14 @@ pub enum SchedulerMsg {
     },
     /// Run this job. Answer: [`EpMsg::Finished`] with the same `job_id`.
     Assign(JobAssignment),
+    /// Stop this job now (its token was revoked, or an admin removed it). Answer:
+    /// [`EpMsg::Finished`] with [`Outcome::Cancelled`]; unknown ids are ignored.
+    Cancel {
+        /// The job.
+        job_id: String,
+        /// Why, for the job's record.
+        reason: String,
+    },
 }
 
 /// A job as the EP sees it: no owner, no token, only what it needs to run.
@@ -301,6 +317,11 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
+    /// The scheduler stopped it ([`SchedulerMsg::Cancel`]).
+    Cancelled {
+        /// The reason the scheduler gave.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -320,6 +341,7 @@ impl Outcome {
             Outcome::InputFailed { reason } => format!("input failed: {reason}"),
             Outcome::OutputFailed { reason } => format!("output failed: {reason}"),
             Outcome::ModuleFailed { reason } => format!("module failed: {reason}"),
+            Outcome::Cancelled { reason } => format!("cancelled: {reason}"),
         }
     }
 }
@@ -377,6 +399,8 @@ pub enum JobState {
     Completed,
     /// Ended otherwise; `reason` says how.
     Failed,
+    /// Taken out of the queue or stopped by the scheduler (revocation, admin); `reason` says why.
+    Removed,
 }
 
 impl JobState {
@@ -387,6 +411,7 @@ impl JobState {
             JobState::Running => "running",
             JobState::Completed => "completed",
             JobState::Failed => "failed",
+            JobState::Removed => "removed",
         }
     }
 
@@ -397,6 +422,7 @@ impl JobState {
             "running" => JobState::Running,
             "completed" => JobState::Completed,
             "failed" => JobState::Failed,
+            "removed" => JobState::Removed,
             _ => return None,
         })
     }
@@ -425,6 +451,15 @@ pub struct JobRecord {
     pub event: EventRef,
     /// `jti` of the submit token that created it.
     pub token_jti: String,
+    /// Issuer of that token.
+    #[serde(default)]
+    pub token_issuer: String,
+    /// Accounting group from the token, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The annex it must run on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
     /// Resources requested.
     pub resources: Resources,
     /// EP that ran it, once assigned.
@@ -441,6 +476,49 @@ pub struct JobRecord {
     pub usage: Option<Usage>,
     /// Outputs stored, once finished.
     pub outputs: Vec<OutputFile>,
+}
+
+/// What a revocation names: exactly one of a token id, an owner (the `sub` of submit tokens and
+/// the `owner` of attach tokens) or an issuer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
+pub enum RevocationTarget {
+    /// One token, submit or attach, by its `jti`.
+    Jti(String),
+    /// Every token of this owner: submit tokens whose `sub` it is, attach tokens bound to it.
+    Owner(String),
+    /// Every token this issuer signed.
+    Issuer(String),
+}
+
+/// `POST /v1/revocations` (admin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    /// What to revoke.
+    pub target: RevocationTarget,
+    /// Why; recorded with every job it removes or stops.
+    pub reason: String,
+}
+
+/// A recorded revocation and what it did: the answer to `POST /v1/revocations`, and each
+/// element of `GET /v1/revocations`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocation {
+    /// What was revoked.
+    pub target: RevocationTarget,
+    /// Why.
+    pub reason: String,
+    /// Who asked (the admin credential's name).
+    pub by: String,
+    /// Unix ms.
+    pub at_ms: u64,
+    /// Idle jobs taken out of the queue.
+    pub removed_jobs: Vec<String>,
+    /// Running jobs told to stop.
+    pub stopped_jobs: Vec<String>,
+    /// EP sessions closed because their attach token was revoked.
+    pub closed_eps: Vec<String>,
 }
 
 /// One owner's account: `GET /v1/accounting` returns a `Vec` of these.

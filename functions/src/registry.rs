@@ -198,6 +198,7 @@ mod tests {
             outputs: Outputs { dir: "/data/checksums/".into() },
             args: vec![],
             env: vec![],
+            annex: None,
         }
     }
 

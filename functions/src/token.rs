@@ -51,6 +51,9 @@ pub struct SubmitClaims {
     /// When set, the only function the token may run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<Digest>,
+    /// When set, the accounting group its jobs are charged to (within the owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Claims of an attach token.
@@ -71,6 +74,9 @@ pub struct AttachClaims {
     /// When set, the EP runs only this owner's jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// When set, the EP runs only jobs that ask for this annex, and those run nowhere else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
 }
 
 /// Why a token was refused. The message names the failed check.
@@ -296,6 +302,7 @@ mod tests {
             memory_mb: 2048,
             runtime_s: 60,
             function: Some(Digest::of(b"m")),
+            group: None,
         }
     }
 

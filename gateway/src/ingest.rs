@@ -211,5 +211,6 @@ pub async fn prepare(
         env: m.env.clone(),
         event,
         dedupe_key,
+        annex: m.annex.clone(),
     })
 }

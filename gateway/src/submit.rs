@@ -83,6 +83,7 @@ impl Submitter {
             memory_mb: req.resources.memory_mb,
             runtime_s: req.resources.runtime_s,
             function: Some(req.function.digest.clone()),
+            group: None,
         }
     }
 

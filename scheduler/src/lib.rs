@@ -82,6 +82,7 @@ pub fn mint_attach_token(
     issuer: &str,
     sub: &str,
     owner: Option<String>,
+    annex: Option<String>,
     ttl_s: u64,
 ) -> Result<String, TokenError> {
     let now = now_s();
@@ -93,6 +94,7 @@ pub fn mint_attach_token(
         iat: now,
         jti: new_jti(),
         owner,
+        annex,
     })
 }
 

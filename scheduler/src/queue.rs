@@ -591,6 +591,9 @@ impl RawRecord {
             input: request.input.url,
             event: request.event,
             token_jti: self.token_jti,
+            token_issuer: String::new(),
+            group: None,
+            annex: request.annex.clone(),
             resources: self.resources,
             ep: self.ep,
             submitted_at_ms: from_db(self.submitted_at_ms),
@@ -624,6 +627,7 @@ pub(crate) mod tests {
             env: vec![],
             event: EventRef { source: "dcache".into(), id: key.into(), path: "/data/raw/a".into() },
             dedupe_key: key.into(),
+            annex: None,
         }
     }
 

@@ -160,6 +160,7 @@ impl Fixture {
             memory_mb: 1024,
             runtime_s: 600,
             function: Some(self.digest.clone()),
+            group: None,
         }
     }
 
@@ -186,6 +187,7 @@ impl Fixture {
             env: vec![("MODE".into(), "x".into())],
             event: EventRef { source: "dcache".into(), id: format!("{key}/s1"), path: "/data/raw/a.dat".into() },
             dedupe_key: key.into(),
+            annex: None,
         }
     }
 
@@ -194,7 +196,7 @@ impl Fixture {
     }
 
     fn attach_token(&self, owner: Option<&str>) -> String {
-        mint_attach_token(&self.attach_key(), NAME, "site", owner.map(str::to_owned), 300).expect("mint")
+        mint_attach_token(&self.attach_key(), NAME, "site", owner.map(str::to_owned), None, 300).expect("mint")
     }
 }
 
@@ -230,7 +232,12 @@ async fn send(ws: &mut Ws, msg: &EpMsg) {
 
 /// Says hello and returns the session id from Welcome.
 async fn hello(ws: &mut Ws, name: &str, cpus: u32) -> String {
-    let h = Hello { name: name.into(), slots: Resources { cpus, memory_mb: 4096, runtime_s: 3600 }, protocol: 1 };
+    let h = Hello {
+        name: name.into(),
+        slots: Resources { cpus, memory_mb: 4096, runtime_s: 3600 },
+        protocol: 1,
+        annex: None,
+    };
     send(ws, &EpMsg::Hello(h)).await;
     let welcome = next_json(ws).await;
     assert_eq!(welcome["type"], "welcome", "{welcome}");
@@ -410,7 +417,7 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
 
     // Refused before the upgrade.
     let (forger, _) = SigningKey::generate(ATTACH_KID).expect("keygen");
-    let forged = mint_attach_token(&forger, NAME, "site", None, 300).expect("mint");
+    let forged = mint_attach_token(&forger, NAME, "site", None, None, 300).expect("mint");
     let expired = fx
         .attach_key()
         .sign(&AttachClaims {
@@ -421,6 +428,7 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
             iat: now_s() - 400,
             jti: new_jti(),
             owner: None,
+            annex: None,
         })
         .expect("sign");
     let mut wrong_aud = fx.claims("site");
@@ -443,7 +451,8 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     send(&mut ep, &report("not-a-job", Outcome::Exited { exit_code: 0 }, Usage::default())).await;
     ep.send(Message::text("{garbage")).await.expect("send");
     ep.send(Message::binary(vec![1, 2, 3])).await.expect("send");
-    send(&mut ep, &EpMsg::Hello(Hello { name: "x".into(), slots: Resources::default(), protocol: 1 })).await;
+    send(&mut ep, &EpMsg::Hello(Hello { name: "x".into(), slots: Resources::default(), protocol: 1, annex: None }))
+        .await;
 
     let usage = Usage { wall_ms: 3000, cpu_ms: 2500, peak_memory_bytes: 1 << 20, bytes_in: 1000, bytes_out: 64 };
     send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, usage)).await;

@@ -1,20 +1,15 @@
-//! dCache-compatible macaroons: issuing, holder attenuation and verification.
+//! dCache-compatible macaroons: issuing and verification with dCache's caveat rules.
 //!
-//! This is the only module that touches the `macaroon` crate (0.3). Everything that leaves it
-//! is a plain `String` token or one of the types below.
-//!
-//! **Format.** We emit libmacaroons **V1** (`%04x`-length packets), url-safe base64 **without
-//! `=` padding**, byte-identical to dCache (jmacaroons), libmacaroons and pymacaroons. Input may
-//! be padded or not, url-safe or standard alphabet (V2 binary is also parsed; dCache never sends it).
+//! The bytes (V1, base64url without padding, the HMAC chain) are handled by the codec,
+//! [`htfaas_functions::macaroon`], the one module that touches the `macaroon` crate; this
+//! module gives the caveats their meaning.
 //!
 //! **Key.** The root key is `HMAC-SHA256("macaroons-key-generator", secret)`
 //! ([`RootKey::derive`]), the libmacaroons/pymacaroons convention, so any of those libraries
 //! holding the secret verifies our tokens. [`RootKey::raw`] is dCache's raw-key convention.
 //!
-//! **Verification** ([`verify`]): the HMAC chain is recomputed with the crate's primitives
-//! (`Macaroon::create` + `add_first_party_caveat`) and compared in constant time (the crate's
-//! own `Verifier` compares with `==`, and its `fn`-pointer callbacks cannot see the request).
-//! Third-party caveats are refused. Then every first-party caveat is checked with the full
+//! **Verification** ([`verify`]): the codec authenticates the HMAC chain in constant time and
+//! refuses third-party caveats. Then every first-party caveat is checked with the full
 //! request context, following dCache's `CaveatType` grammar (see `shared/reference/dcache.md` §3.3):
 //!
 //! | key | rule |
@@ -37,7 +32,7 @@ use std::fmt;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use macaroon::{Caveat, Format, Macaroon, MacaroonKey};
+use htfaas_functions::macaroon as codec;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -47,8 +42,6 @@ use crate::paths;
 pub const MAX_VALIDITY: time::Duration = time::Duration::days(7);
 /// Validity when the request names none (dCache's `default-lifetime`).
 pub const DEFAULT_VALIDITY: time::Duration = time::Duration::days(1);
-/// Longest token we try to parse.
-const MAX_TOKEN_LEN: usize = 16 * 1024;
 
 /// A dCache activity, as named in `activity:` caveats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -110,39 +103,7 @@ impl fmt::Display for Activity {
     }
 }
 
-/// The root key that signs and verifies macaroons. `Debug` does not print it.
-#[derive(Clone)]
-pub struct RootKey(MacaroonKey);
-
-impl RootKey {
-    /// libmacaroons/pymacaroons convention: `HMAC-SHA256("macaroons-key-generator", secret)`.
-    pub fn derive(secret: &[u8]) -> RootKey {
-        init();
-        RootKey(MacaroonKey::generate(secret))
-    }
-
-    /// dCache/jmacaroons convention: the 32 bytes are the key.
-    pub fn raw(bytes: [u8; 32]) -> RootKey {
-        init();
-        RootKey(MacaroonKey::from(bytes))
-    }
-}
-
-impl fmt::Debug for RootKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RootKey(..)")
-    }
-}
-
-/// libsodium initialisation (thread-safe RNG); HMAC works without it, so a failure is only logged.
-fn init() {
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| {
-        if macaroon::initialize().is_err() {
-            tracing::warn!("libsodium initialisation failed; continuing (only HMAC is used)");
-        }
-    });
-}
+pub use codec::{RootKey, attenuate, inspect};
 
 /// A caveat that breaks dCache's grammar or combination rules.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -309,29 +270,9 @@ pub struct Grant {
 
 /// Parses, authenticates and checks `token` for `access` (see the module doc).
 pub fn verify(token: &str, key: &RootKey, access: &Access<'_>) -> Result<Grant, VerifyError> {
-    let m = parse(token)?;
-    let mut predicates = Vec::new();
-    for c in m.caveats() {
-        match c {
-            Caveat::FirstParty(fp) => predicates.push(fp.predicate().0),
-            Caveat::ThirdParty(_) => return Err(VerifyError::Invalid("third-party caveats are not supported".into())),
-        }
-    }
-    // Recompute the chain with the crate and compare in constant time.
-    let mut expected =
-        Macaroon::create(m.location(), &key.0, m.identifier()).map_err(|e| VerifyError::Invalid(e.to_string()))?;
-    for p in &predicates {
-        expected.add_first_party_caveat(p.clone().into());
-    }
-    if !ct_eq(&expected.signature(), &m.signature()) {
-        return Err(VerifyError::Invalid("signature does not match".into()));
-    }
-    let mut texts = Vec::with_capacity(predicates.len());
-    for p in &predicates {
-        texts.push(std::str::from_utf8(p).map_err(|_| VerifyError::Invalid("caveat is not UTF-8".into()))?);
-    }
-    let r = Restrictions::from_caveats(texts).map_err(|e| VerifyError::Invalid(e.to_string()))?;
-
+    let m = codec::authenticate(token, key).map_err(|e| VerifyError::Invalid(e.to_string()))?;
+    let r = Restrictions::from_caveats(m.caveats.iter().map(String::as_str))
+        .map_err(|e| VerifyError::Invalid(e.to_string()))?;
     if let Some(before) = r.before
         && access.now >= before
     {
@@ -343,63 +284,12 @@ pub fn verify(token: &str, key: &RootKey, access: &Access<'_>) -> Result<Grant, 
     if !paths::is_within(access.path, &r.path) {
         return Err(VerifyError::Denied(format!("path {} is outside {}", access.path, r.path)));
     }
-    Ok(Grant { identifier: String::from_utf8_lossy(&m.identifier().0).into_owned(), restrictions: r })
-}
-
-/// Adds first-party caveats as a holder would (no key needed), returning the new token.
-pub fn attenuate(token: &str, caveats: &[&str]) -> Result<String, VerifyError> {
-    let mut m = parse(token)?;
-    for c in caveats {
-        m.add_first_party_caveat((*c).into());
-    }
-    serialize(&m).map_err(VerifyError::Invalid)
-}
-
-/// The first-party caveats of a token, without checking its signature (for diagnostics/tests).
-pub fn inspect(token: &str) -> Result<Vec<String>, VerifyError> {
-    let m = parse(token)?;
-    Ok(m.caveats()
-        .into_iter()
-        .map(|c| match c {
-            Caveat::FirstParty(fp) => String::from_utf8_lossy(&fp.predicate().0).into_owned(),
-            Caveat::ThirdParty(tp) => format!("<third-party {}>", tp.location()),
-        })
-        .collect())
-}
-
-fn parse(token: &str) -> Result<Macaroon, VerifyError> {
-    let token = token.trim();
-    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-        return Err(VerifyError::Invalid("empty or oversized token".into()));
-    }
-    // The crate had fuzzer-found panics in its parsers; never let a token take the task down.
-    std::panic::catch_unwind(|| Macaroon::deserialize(token))
-        .map_err(|_| VerifyError::Invalid("unparsable token".into()))?
-        .map_err(|e| VerifyError::Invalid(format!("unparsable token: {e}")))
-}
-
-/// V1, url-safe base64, `=` stripped.
-fn serialize(m: &Macaroon) -> Result<String, String> {
-    let s = m.serialize(Format::V1).map_err(|e| e.to_string())?;
-    Ok(s.trim_end_matches('=').to_owned())
+    Ok(Grant { identifier: m.identifier, restrictions: r })
 }
 
 /// Mints a V1 macaroon with exactly these caveats (no checks). Low level; [`issue`] applies dCache's request rules.
 pub(crate) fn mint(key: &RootKey, location: &str, identifier: &str, caveats: &[String]) -> String {
-    let mut m = Macaroon::create(Some(location.to_owned()), &key.0, identifier.into())
-        .expect("identifier is non-empty: callers pass a random one");
-    for c in caveats {
-        m.add_first_party_caveat(c.as_str().into());
-    }
-    serialize(&m).expect("V1 serialization of a freshly built macaroon cannot fail")
-}
-
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
+    codec::mint(key, location, identifier, caveats).expect("identifier is non-empty: callers pass a random one")
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ`, the second-precision form both dCache and XRootD parse.
@@ -711,12 +601,7 @@ mod tests {
         assert!(matches!(check(&ip, "/data/f", &[Activity::Download]), Err(VerifyError::Invalid(_))));
         let junk = attenuate(&m.token, &["no colon here"]).expect("attenuates");
         assert!(matches!(check(&junk, "/data/f", &[Activity::Download]), Err(VerifyError::Invalid(_))));
-
-        let mut mac = Macaroon::deserialize(&m.token).expect("parses");
-        mac.add_third_party_caveat("https://auth.example", &MacaroonKey::generate(b"tp"), "tp-id".into());
-        let tp = serialize(&mac).expect("serializes");
-        let e = check(&tp, "/data/f", &[Activity::Download]).expect_err("third party");
-        assert!(matches!(e, VerifyError::Invalid(ref m) if m.contains("third-party")), "{e}");
+        // Third-party caveats are refused by the codec (`htfaas_functions::macaroon` tests).
     }
 
     #[test]
@@ -788,31 +673,14 @@ mod tests {
         }
     }
 
-    /// dcache.md §3.5: the same macaroon built with the crate and the raw key is byte-identical
+    /// dcache.md §3.5: the same macaroon minted with the raw key is byte-identical
     /// to the reference (jmacaroons/libmacaroons, no padding), signature included.
     #[test]
     fn dcache_test_vector() {
         let raw_key: [u8; 32] = *b"test-only-raw-root-key-32-bytes!";
-        let key = MacaroonKey::from(raw_key);
-        let mut m =
-            Macaroon::create(Some("Optional[/data/in/run42.h5]".into()), &key, "AbCdEfGh".into()).expect("creates");
-        for c in [
-            "iid:Zm9vYmFy",
-            "id:1000;1000;alice",
-            "before:2030-01-01T00:00:00Z",
-            "path:/data/in/run42.h5",
-            "activity:DOWNLOAD,LIST",
-            "activity:DOWNLOAD",
-            "before:2029-06-01T12:00:00Z",
-            "ip:192.0.2.0/24",
-        ] {
-            m.add_first_party_caveat(c.into());
-        }
-        let sig = m.signature();
-        assert_eq!(hex::encode(&sig[..]), "38ab47df9fe32ea71ad3fe302084129315bc863a56b6044bd97e263932154870");
         let expected = "MDAyOWxvY2F0aW9uIE9wdGlvbmFsWy9kYXRhL2luL3J1bjQyLmg1XQowMDE4aWRlbnRpZmllciBBYkNkRWZHaAowMDE1Y2lkIGlpZDpabTl2WW1GeQowMDFiY2lkIGlkOjEwMDA7MTAwMDthbGljZQowMDI0Y2lkIGJlZm9yZToyMDMwLTAxLTAxVDAwOjAwOjAwWgowMDFmY2lkIHBhdGg6L2RhdGEvaW4vcnVuNDIuaDUKMDAxZmNpZCBhY3Rpdml0eTpET1dOTE9BRCxMSVNUCjAwMWFjaWQgYWN0aXZpdHk6RE9XTkxPQUQKMDAyNGNpZCBiZWZvcmU6MjAyOS0wNi0wMVQxMjowMDowMFoKMDAxOGNpZCBpcDoxOTIuMC4yLjAvMjQKMDAyZnNpZ25hdHVyZSA4q0ffn-MupxrT_jAghBKTFbyGOla2BEvZfiY5MhVIcAo";
-        assert_eq!(serialize(&m).expect("serializes"), expected);
-        // Our path through mint() agrees too (it strips the padding the crate adds).
+        // mint() (the crate, padding stripped) reproduces the reference byte for byte, signature
+        // `38ab47df…4870` included.
         let caveats: Vec<String> = inspect(expected).expect("parses");
         assert_eq!(mint(&RootKey::raw(raw_key), "Optional[/data/in/run42.h5]", "AbCdEfGh", &caveats), expected);
         // And our verifier authenticates it; it then refuses the `ip:` caveat, which we do not support.

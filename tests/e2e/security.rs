@@ -107,6 +107,7 @@ fn request(digest: Digest) -> SubmitRequest {
         env: vec![],
         event: EventRef { source: "test".into(), id: new_jti(), path: "/data/raw/a".into() },
         dedupe_key: new_jti(),
+        annex: None,
     }
 }
 
@@ -123,6 +124,7 @@ fn claims(digest: &Digest) -> SubmitClaims {
         memory_mb: 64,
         runtime_s: 10,
         function: Some(digest.clone()),
+        group: None,
     }
 }
 
@@ -174,14 +176,16 @@ async fn eps_cannot_attach_without_a_valid_attach_token() {
     };
     assert_eq!(status(upgrade()).await, StatusCode::UNAUTHORIZED);
     let (forger, _) = SigningKey::generate("attach-1").expect("keygen");
-    let forged = htfaas_scheduler::mint_attach_token(&forger, "htfaas-scheduler", "site", None, 60).expect("mint");
+    let forged =
+        htfaas_scheduler::mint_attach_token(&forger, "htfaas-scheduler", "site", None, None, 60).expect("mint");
     assert_eq!(status(upgrade().bearer_auth(forged)).await, StatusCode::UNAUTHORIZED);
     // A submit token is not an attach token, even from the scheduler's own key.
     let attach_key = SigningKey::load_or_create(&dir.path().join("scheduler/attach.pem"), "attach-1").expect("key");
     let mut c = claims(&Digest::of(b"m"));
     c.iss = "htfaas-scheduler".into();
     assert_eq!(status(upgrade().bearer_auth(attach_key.sign(&c).expect("sign"))).await, StatusCode::UNAUTHORIZED);
-    let expired = htfaas_scheduler::mint_attach_token(&attach_key, "htfaas-scheduler", "site", None, 0).expect("mint");
+    let expired =
+        htfaas_scheduler::mint_attach_token(&attach_key, "htfaas-scheduler", "site", None, None, 0).expect("mint");
     tokio::time::sleep(std::time::Duration::from_secs(htfaas_functions::token::LEEWAY_S + 2)).await;
     assert_eq!(status(upgrade().bearer_auth(expired)).await, StatusCode::UNAUTHORIZED);
     stack.stop().await.expect("clean stop");

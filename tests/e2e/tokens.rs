@@ -13,6 +13,7 @@ fn grant(owner: &str) -> SubmitGrant {
         jobs: 1,
         limits: Resources { cpus: 1, memory_mb: 512, runtime_s: 120 },
         function: None,
+        group: None,
         ttl_s: 600,
     }
 }
@@ -83,6 +84,7 @@ async fn a_submit_token_runs_one_job_accounted_to_its_owner_and_is_refused_beyon
                 memory_mb: 1 << 20,
                 runtime_s: 86_400,
                 function: None,
+                group: None,
             })
             .expect("sign")
     };
