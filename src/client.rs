@@ -204,6 +204,29 @@ impl Client {
         self.admin_get("/v1/accounting").await
     }
 
+    /// Revokes tokens (admin): the scheduler refuses them from now on, removes their queued
+    /// jobs, stops their running ones and closes EP sessions attached with them.
+    pub async fn revoke(
+        &self,
+        target: htfaas_functions::proto::RevocationTarget,
+        reason: &str,
+    ) -> anyhow::Result<htfaas_functions::proto::Revocation> {
+        let body = htfaas_functions::proto::RevokeRequest { target, reason: reason.to_owned() };
+        let resp = self
+            .http
+            .post(self.gateway("/v1/revocations"))
+            .bearer_auth(&self.info.admin_token)
+            .json(&body)
+            .send()
+            .await?;
+        Ok(check(resp, "revoke").await?.json().await?)
+    }
+
+    /// Every recorded revocation.
+    pub async fn revocations(&self) -> anyhow::Result<Vec<htfaas_functions::proto::Revocation>> {
+        self.admin_get("/v1/revocations").await
+    }
+
     /// Gateway counters.
     pub async fn stats(&self) -> anyhow::Result<htfaas_gateway::stats::StatsSnapshot> {
         self.admin_get("/v1/stats").await
@@ -231,13 +254,24 @@ impl Client {
         function: &str,
         storage_path: &str,
     ) -> anyhow::Result<htfaas_functions::proto::SubmitResponse> {
+        self.run_function_on(token, function, storage_path, None).await
+    }
+
+    /// [`Client::run_function`] on an annex: only EPs attached with a token for it run the job.
+    pub async fn run_function_on(
+        &self,
+        token: &str,
+        function: &str,
+        storage_path: &str,
+        annex: Option<&str>,
+    ) -> anyhow::Result<htfaas_functions::proto::SubmitResponse> {
         let resp = self
             .http
             .post(
                 self.gateway(&format!("/v1/functions/{}/runs", htfaas_gateway::storage_client::encode_path(function))),
             )
             .bearer_auth(token.trim())
-            .json(&serde_json::json!({ "path": storage_path }))
+            .json(&serde_json::json!({ "path": storage_path, "annex": annex }))
             .send()
             .await
             .context("submit")?;

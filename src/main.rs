@@ -69,6 +69,9 @@ enum Command {
         /// Leave after running no job for this long, e.g. 5m.
         #[arg(long, value_parser = parse_duration_s)]
         idle_shutdown: Option<u64>,
+        /// The annex this EP joins; must be the one its attach token names.
+        #[arg(long)]
+        annex: Option<String>,
     },
     /// Upload a local file to storage as the stack's user.
     Put {
@@ -124,6 +127,9 @@ enum Command {
         function: String,
         /// Storage path of the input file.
         storage_path: String,
+        /// Run on this annex (only EPs attached with a token for it run the job).
+        #[arg(long)]
+        annex: Option<String>,
     },
     /// Storage events.
     Events {
@@ -208,6 +214,32 @@ enum TokenCommand {
         /// Lifetime of the token (e.g. 15m, 1h, 7d).
         #[arg(long, default_value = "1h", value_parser = parse_duration_s)]
         ttl: u64,
+    },
+    /// Revoke tokens at once, everywhere: by token id, by owner or by issuer. Queued jobs of
+    /// the tokens are removed, running ones stopped, EPs attached with them disconnected.
+    Revoke {
+        #[command(flatten)]
+        dir: DirArg,
+        /// One token, submit or attach, by its `jti`.
+        #[arg(long, group = "target")]
+        jti: Option<String>,
+        /// Every token of this owner.
+        #[arg(long, group = "target")]
+        owner: Option<String>,
+        /// Every token this issuer signed.
+        #[arg(long, group = "target")]
+        issuer: Option<String>,
+        /// Why; recorded with every job it removes or stops.
+        #[arg(long)]
+        reason: String,
+    },
+    /// List recorded revocations.
+    Revocations {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// An attach token for an EP; printed on stdout.
     Ep {
@@ -347,8 +379,9 @@ async fn main() -> anyhow::Result<()> {
             let settings = read_config::<htfaas_gateway::Config>(&config)?.resolve().await?;
             htfaas_gateway::run(settings, on_signals()).await
         }
-        Command::Ep { config, lifetime, idle_shutdown } => {
+        Command::Ep { config, lifetime, idle_shutdown, annex } => {
             let mut config = read_config::<htfaas_ep::Config>(&config)?;
+            config.annex = annex.or(config.annex);
             config.lifetime_s = lifetime.or(config.lifetime_s);
             config.idle_shutdown_s = idle_shutdown.or(config.idle_shutdown_s);
             let settings = config.resolve().await?;
@@ -465,9 +498,44 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", htfaas::stack::mint_ep_token(&dir.dir, owner, annex, ttl)?);
             Ok(())
         }
-        Command::Submit { dir, token, function, storage_path } => {
+        Command::Token { command: TokenCommand::Revoke { dir, jti, owner, issuer, reason } } => {
+            use htfaas_functions::proto::RevocationTarget;
+            let target = match (jti, owner, issuer) {
+                (Some(j), None, None) => RevocationTarget::Jti(j),
+                (None, Some(o), None) => RevocationTarget::Owner(o),
+                (None, None, Some(i)) => RevocationTarget::Issuer(i),
+                _ => anyhow::bail!("name exactly one of --jti, --owner, --issuer"),
+            };
+            let r = client(&dir)?.revoke(target, &reason).await?;
+            println!(
+                "revoked {:?}: {} queued job(s) removed, {} running job(s) stopped, {} EP session(s) closed",
+                r.target,
+                r.removed_jobs.len(),
+                r.stopped_jobs.len(),
+                r.closed_eps.len()
+            );
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Revocations { dir, json } } => {
+            let list = client(&dir)?.revocations().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<8} {:<40} {:<24} REASON", "KIND", "VALUE", "AT");
+                for r in list {
+                    let (kind, value) = match &r.target {
+                        htfaas_functions::proto::RevocationTarget::Jti(v) => ("jti", v),
+                        htfaas_functions::proto::RevocationTarget::Owner(v) => ("owner", v),
+                        htfaas_functions::proto::RevocationTarget::Issuer(v) => ("issuer", v),
+                    };
+                    println!("{kind:<8} {value:<40} {:<24} {}", r.at_ms, r.reason);
+                }
+            }
+            Ok(())
+        }
+        Command::Submit { dir, token, function, storage_path, annex } => {
             let token = std::fs::read_to_string(&token).with_context(|| format!("read {}", token.display()))?;
-            let reply = client(&dir)?.run_function(&token, &function, &storage_path).await?;
+            let reply = client(&dir)?.run_function_on(&token, &function, &storage_path, annex.as_deref()).await?;
             println!("job {} submitted", reply.job_id);
             Ok(())
         }

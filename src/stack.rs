@@ -205,6 +205,7 @@ impl Stack {
             max_output_bytes: 16 << 30,
             lifetime_s: None,
             idle_shutdown_s: None,
+            annex: None,
         }
         .resolve()
         .await

@@ -2,9 +2,15 @@
 //!
 //! Every path ends in a [`JobReport`]; nothing here returns an error to the caller. Macaroons
 //! go into `Authorization` headers and nowhere else (never into logs, spans or reports).
+//!
+//! Cancellation: each job has a [`CancelSignal`]. The module fetch, the input download and the
+//! output upload race it (a cancel drops the transfer, closing its connection); the guest run
+//! checks it itself (see [`crate::runtime`]); and a job cancelled by the time its guest returns
+//! uploads nothing. A cancelled job reports [`Outcome::Cancelled`] with the usage so far (bytes
+//! read, CPU, memory, and the outputs fully stored before the cancel, if it came mid-upload).
 
 use crate::Settings;
-use crate::runtime::{Guest, GuestJob, GuestRun, ModuleError, Runtime};
+use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, Runtime};
 use futures_util::StreamExt;
 use htfaas_functions::Digest;
 use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, Outcome, OutputFile, Usage};
@@ -21,6 +27,10 @@ use tracing::Instrument;
 pub(crate) const MAX_MODULE_BYTES: usize = 256 << 20;
 /// Longest body snippet quoted in a failure reason.
 const SNIPPET_BYTES: usize = 256;
+/// How long past its wall-time cap, or after a cancel, a job waits for its guest's thread before
+/// leaving it behind (only a guest blocked in a host sleep takes that long; others stop within
+/// one epoch tick).
+const ABANDON_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Shared state the job tasks use.
 pub(crate) struct Jobs {
@@ -35,8 +45,8 @@ impl Jobs {
         Jobs { settings, loading: Mutex::new(HashMap::new()) }
     }
 
-    /// Runs one assignment to its report.
-    pub(crate) async fn execute(&self, job: JobAssignment) -> JobReport {
+    /// Runs one assignment to its report; `cancel` stops it early ([`Outcome::Cancelled`]).
+    pub(crate) async fn execute(&self, job: JobAssignment, cancel: CancelSignal) -> JobReport {
         let span = tracing::info_span!(
             "ep.invoke",
             job.id = %job.job_id,
@@ -46,7 +56,7 @@ impl Jobs {
         );
         async {
             let started = Instant::now();
-            let mut report = self.execute_inner(&job).await;
+            let mut report = self.execute_inner(&job, &cancel).await;
             report.usage.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::Span::current().record("outcome", outcome_kind(&report.outcome));
             tracing::info!(wall_ms = report.usage.wall_ms, cpu_ms = report.usage.cpu_ms, "job finished: {}", {
@@ -59,7 +69,7 @@ impl Jobs {
         .await
     }
 
-    async fn execute_inner(&self, job: &JobAssignment) -> JobReport {
+    async fn execute_inner(&self, job: &JobAssignment, cancel: &CancelSignal) -> JobReport {
         let mut report = JobReport {
             job_id: job.job_id.clone(),
             outcome: Outcome::Exited { exit_code: 0 },
@@ -69,7 +79,7 @@ impl Jobs {
         };
         let s = &self.settings;
         let dir = s.jobs_dir.join(job_dir_name(&job.job_id));
-        let result = self.steps(job, &dir, &mut report).await;
+        let result = self.steps(job, &dir, &mut report, cancel).await;
         if let Err(outcome) = result {
             report.outcome = outcome;
         }
@@ -82,7 +92,13 @@ impl Jobs {
     }
 
     /// The steps; an `Err` is the job's final outcome.
-    async fn steps(&self, job: &JobAssignment, dir: &Path, report: &mut JobReport) -> Result<(), Outcome> {
+    async fn steps(
+        &self,
+        job: &JobAssignment,
+        dir: &Path,
+        report: &mut JobReport,
+        cancel: &CancelSignal,
+    ) -> Result<(), Outcome> {
         let s = &self.settings;
         if job.resources.memory_mb > s.slots.memory_mb || job.resources.runtime_s > s.slots.runtime_s {
             tracing::warn!("assignment exceeds the advertised slots; enforcing the job's own limits");
@@ -92,7 +108,9 @@ impl Jobs {
                 reason: format!("input name {:?} is not one clean path segment", job.input.name),
             });
         }
-        let guest = self.module(&job.function).await.map_err(|reason| Outcome::ModuleFailed { reason })?;
+        let guest = unless_cancelled(cancel, self.module(&job.function))
+            .await?
+            .map_err(|reason| Outcome::ModuleFailed { reason })?;
 
         let input_dir = dir.join("input");
         let output_dir = dir.join("output");
@@ -102,10 +120,12 @@ impl Jobs {
                 .await
                 .map_err(|e| Outcome::InputFailed { reason: format!("create job dir: {e}") })?;
         }
-        report.usage.bytes_in =
-            download(&s.http, &job.input.url, &job.input.macaroon, &input_dir.join(&job.input.name))
-                .await
-                .map_err(|reason| Outcome::InputFailed { reason })?;
+        let input_path = input_dir.join(&job.input.name);
+        let fetched = download(&s.http, &job.input.url, &job.input.macaroon, &input_path, &mut report.usage.bytes_in);
+        unless_cancelled(cancel, fetched).await?.map_err(|reason| Outcome::InputFailed { reason })?;
+        if cancel.is_cancelled() {
+            return Err(cancel.outcome());
+        }
 
         let mut argv = Vec::with_capacity(2 + job.args.len());
         argv.push(job.function.name.clone());
@@ -119,15 +139,30 @@ impl Jobs {
             resources: job.resources,
             log_limit_bytes: s.log_limit_bytes,
         };
-        let run = run_on_thread(s.runtime.clone(), guest, gj, &job.job_id).await;
+        let run = run_on_thread(s.runtime.clone(), guest, gj, &job.job_id, cancel.clone()).await;
         report.usage.cpu_ms = run.cpu_ms;
         report.usage.peak_memory_bytes = run.peak_memory_bytes;
         let mut log = LogText::new(&run);
         let outcome = run.outcome.clone();
+        if cancel.is_cancelled() {
+            // Whatever the guest got to: nothing is uploaded after a cancel.
+            if !matches!(outcome, Outcome::Cancelled { .. }) {
+                log.note(&format!("cancelled as the guest ended ({}); outputs not stored", outcome_kind(&outcome)));
+            }
+            report.log = log.finish(s.log_limit_bytes);
+            return Err(cancel.outcome());
+        }
         if matches!(outcome, Outcome::Exited { .. }) {
-            let stored = upload_outputs(s, &job.output.url, &job.output.macaroon, &output_dir, &mut log).await;
+            let mut stored = Stored { files: Vec::new(), bytes_out: 0, failure: None };
+            let upload = upload_outputs(s, &job.output.url, &job.output.macaroon, &output_dir, &mut stored, &mut log);
+            let finished = unless_cancelled(cancel, upload).await;
             report.usage.bytes_out = stored.bytes_out;
             report.outputs = stored.files;
+            if let Err(cancelled) = finished {
+                log.note(&format!("cancelled while storing outputs; {} stored before", report.outputs.len()));
+                report.log = log.finish(s.log_limit_bytes);
+                return Err(cancelled);
+            }
             report.log = log.finish(s.log_limit_bytes);
             if let Some(reason) = stored.failure {
                 return Err(Outcome::OutputFailed { reason });
@@ -192,27 +227,67 @@ impl Jobs {
     }
 }
 
+/// `fut`, unless `cancel` fires first: then `fut` is dropped (a transfer in it is aborted, its
+/// connection closed) and the job's outcome is [`Outcome::Cancelled`].
+async fn unless_cancelled<T>(cancel: &CancelSignal, fut: impl Future<Output = T>) -> Result<T, Outcome> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(cancel.outcome()),
+        v = fut => Ok(v),
+    }
+}
+
 /// Runs the guest on a thread of its own and waits for it without blocking the async runtime.
-async fn run_on_thread(rt: Arc<Runtime>, guest: Guest, job: GuestJob, job_id: &str) -> GuestRun {
+/// The wait is not cut short by a cancel: `cancel` stops the guest itself, so its usage is kept.
+///
+/// Except for a guest blocked in a host sleep, which nothing can interrupt (see
+/// [`crate::runtime`]): past the wall-time cap plus [`ABANDON_GRACE`], or [`ABANDON_GRACE`]
+/// after a cancel, the job stops waiting and reports without that thread's usage. The thread
+/// ends by itself when its sleep returns (the epoch callback then stops the guest at once); its
+/// job directory is gone by then and its result is dropped.
+async fn run_on_thread(rt: Arc<Runtime>, guest: Guest, job: GuestJob, job_id: &str, cancel: CancelSignal) -> GuestRun {
+    let limit_s = job.resources.runtime_s;
+    let started = Instant::now();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let name: String = format!("ep-job-{}", job_id.chars().take(16).collect::<String>());
+    let stop = cancel.clone();
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let _ = tx.send(rt.run_job(&guest, &job));
+        let _ = tx.send(rt.run_job_with_cancel(&guest, &job, &stop));
     });
-    let failed = |reason: String| GuestRun {
-        outcome: Outcome::ModuleFailed { reason },
+    let failed = |outcome: Outcome, note: Option<String>| GuestRun {
+        outcome,
         stdout: Vec::new(),
         stderr: Vec::new(),
         log_dropped: 0,
-        notes: Vec::new(),
-        wall_ms: 0,
+        notes: note.into_iter().collect(),
+        wall_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         cpu_ms: 0,
         peak_memory_bytes: 0,
     };
     if let Err(e) = spawned {
-        return failed(format!("EP could not start a thread for the guest: {e}"));
+        return failed(
+            Outcome::ModuleFailed { reason: format!("EP could not start a thread for the guest: {e}") },
+            None,
+        );
     }
-    rx.await.unwrap_or_else(|_| failed("EP internal error: the guest's thread panicked".into()))
+    let cap = std::time::Duration::from_secs(limit_s).saturating_add(ABANDON_GRACE);
+    let give_up = async {
+        tokio::select! {
+            _ = tokio::time::sleep(cap) => Outcome::TimeExceeded { limit_s },
+            _ = async { cancel.cancelled().await; tokio::time::sleep(ABANDON_GRACE).await } => cancel.outcome(),
+        }
+    };
+    tokio::select! {
+        biased;
+        ran = rx => ran.unwrap_or_else(|_| {
+            failed(Outcome::ModuleFailed { reason: "EP internal error: the guest's thread panicked".into() }, None)
+        }),
+        outcome = give_up => {
+            tracing::warn!("guest blocked in a host call did not stop; leaving its thread behind");
+            let note = "the guest was blocked in a host call (a sleep) and did not stop; its output and usage are lost";
+            failed(outcome, Some(note.into()))
+        }
+    }
 }
 
 /// The report's log: stdout, then stderr, then the EP's notes, bounded.
@@ -310,8 +385,9 @@ async fn fetch_module(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, Stri
     Ok(bytes)
 }
 
-/// `GET url` with the bearer macaroon, streamed to `dest`. Returns the bytes written.
-async fn download(http: &reqwest::Client, url: &str, macaroon: &str, dest: &Path) -> Result<u64, String> {
+/// `GET url` with the bearer macaroon, streamed to `dest`, counting the bytes written into `n`
+/// as they arrive (so a cancelled download still reports what it read).
+async fn download(http: &reqwest::Client, url: &str, macaroon: &str, dest: &Path, n: &mut u64) -> Result<(), String> {
     let resp = http
         .get(url)
         .header(AUTHORIZATION, format!("Bearer {macaroon}"))
@@ -323,15 +399,13 @@ async fn download(http: &reqwest::Client, url: &str, macaroon: &str, dest: &Path
         return Err(format!("GET {url}: HTTP {status}: {}", snippet(resp).await));
     }
     let mut file = tokio::fs::File::create(dest).await.map_err(|e| format!("create {}: {e}", dest.display()))?;
-    let mut n: u64 = 0;
     let mut body = resp.bytes_stream();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| format!("GET {url}: {e}"))?;
         file.write_all(&chunk).await.map_err(|e| format!("write {}: {e}", dest.display()))?;
-        n += chunk.len() as u64;
+        *n += chunk.len() as u64;
     }
-    file.flush().await.map_err(|e| format!("write {}: {e}", dest.display()))?;
-    Ok(n)
+    file.flush().await.map_err(|e| format!("write {}: {e}", dest.display()))
 }
 
 /// What `upload_outputs` did.
@@ -341,24 +415,25 @@ struct Stored {
     failure: Option<String>,
 }
 
-/// PUTs every regular top-level file of `dir` to `{base}{name}`, streamed and hashed.
-async fn upload_outputs(s: &Settings, base: &str, macaroon: &str, dir: &Path, log: &mut LogText) -> Stored {
-    let mut stored = Stored { files: Vec::new(), bytes_out: 0, failure: None };
+/// PUTs every regular top-level file of `dir` to `{base}{name}`, streamed and hashed, recording
+/// each file into `stored` once the storage accepted it (so an upload dropped midway, by a
+/// cancel, leaves in `stored` exactly the files that are in the storage).
+async fn upload_outputs(s: &Settings, base: &str, macaroon: &str, dir: &Path, stored: &mut Stored, log: &mut LogText) {
     let files = match list_outputs(dir, log).await {
         Ok(f) => f,
         Err(e) => {
             stored.failure = Some(format!("list outputs: {e}"));
-            return stored;
+            return;
         }
     };
     if files.len() > s.max_output_files {
         stored.failure = Some(format!("{} output files, more than the limit of {}", files.len(), s.max_output_files));
-        return stored;
+        return;
     }
     let total: u64 = files.iter().map(|(_, _, size)| size).sum();
     if total > s.max_output_bytes {
         stored.failure = Some(format!("{total} output bytes, more than the limit of {}", s.max_output_bytes));
-        return stored;
+        return;
     }
     for (name, path, size) in files {
         let url = format!("{base}{}", encode_segment(&name));
@@ -369,11 +444,10 @@ async fn upload_outputs(s: &Settings, base: &str, macaroon: &str, dir: &Path, lo
             }
             Err(e) => {
                 stored.failure = Some(e);
-                return stored;
+                return;
             }
         }
     }
-    stored
 }
 
 /// Regular top-level files of `dir`, sorted by name: (name, path, size). Everything else is

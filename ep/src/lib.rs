@@ -8,11 +8,14 @@
 //! - [`Config`] → [`Config::resolve`] → [`Settings`]: the engine, linker, HTTP client and
 //!   directories, built once;
 //! - [`run`]: the attach loop (reconnects with backoff, keeps reports across disconnects, drains
-//!   on shutdown);
-//! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store); no
-//!   network;
+//!   on shutdown, cancels a job on the scheduler's `Cancel`, and ends with an error when the
+//!   scheduler refuses the attach token for good: HTTP 401/403, close code 4401/4403);
+//! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store, stopped by
+//!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
-//!   upload, clean-up).
+//!   upload, clean-up), each step stopped by a cancel;
+//! - the lifecycle watcher: leaves at the end of [`Settings::lifetime`], or after
+//!   [`Settings::idle_shutdown`] without a running job (a running job holds it off).
 //!
 //! Invariants: the EP knows nothing about NATS or users; a guest failure is an
 //! [`Outcome`](htfaas_functions::proto::Outcome), never an `Err`; macaroons and the attach
@@ -22,8 +25,9 @@ mod job;
 mod link;
 pub mod runtime;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use htfaas_functions::Resources;
+use htfaas_functions::manifest::check_name;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,6 +70,12 @@ pub struct Config {
     /// Leave after running no job for this many seconds. Default: none.
     #[serde(default)]
     pub idle_shutdown_s: Option<u64>,
+    /// The annex this EP is meant to join (`htfaas ep --annex NAME` sets it before
+    /// [`Config::resolve`]), sent in `Hello`. Only a declaration of intent: the scheduler takes
+    /// the annex from the attach token and ends the session (close code 4403) when the two
+    /// differ, so a mistake shows at once. Must match `[a-z0-9][a-z0-9_-]{0,62}`. Default: none.
+    #[serde(default)]
+    pub annex: Option<String>,
 }
 
 fn default_log_limit_bytes() -> usize {
@@ -109,6 +119,8 @@ pub struct Settings {
     pub lifetime: Option<Duration>,
     /// Leave after this long without a running job.
     pub idle_shutdown: Option<Duration>,
+    /// The annex declared in `Hello` ([`Config::annex`]).
+    pub annex: Option<String>,
     /// Running-job count and the moment the EP last became idle, kept by the link.
     activity: Arc<Activity>,
     http: reqwest::Client,
@@ -127,6 +139,7 @@ impl std::fmt::Debug for Settings {
             .field("max_output_files", &self.max_output_files)
             .field("max_output_bytes", &self.max_output_bytes)
             .field("drain_timeout", &self.drain_timeout)
+            .field("annex", &self.annex)
             .finish_non_exhaustive()
     }
 }
@@ -154,6 +167,9 @@ impl Config {
         }
         if self.log_limit_bytes == 0 {
             bail!("log_limit_bytes: must be positive");
+        }
+        if let Some(annex) = &self.annex {
+            check_name(annex).map_err(|e| anyhow!("annex: {e}"))?;
         }
         let modules_dir = self.work_dir.join("modules");
         let jobs_dir = self.work_dir.join("jobs");
@@ -190,6 +206,7 @@ impl Config {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             lifetime: self.lifetime_s.map(Duration::from_secs),
             idle_shutdown: self.idle_shutdown_s.map(Duration::from_secs),
+            annex: self.annex,
             activity: Arc::new(Activity::new()),
             http,
             runtime,
@@ -216,6 +233,10 @@ fn attach_url(scheduler_url: &str) -> anyhow::Result<String> {
 /// backoff from 100 ms to 5 s), runs each assignment in its own task and reports it. Reports of
 /// jobs that end while disconnected are sent after the next attach. On shutdown it stops taking
 /// jobs, waits up to [`Settings::drain_timeout`] for in-flight jobs and their reports, and closes.
+///
+/// Returns an error, without reconnecting, when the scheduler refuses the attach token for good
+/// (HTTP 401/403 on attach, close code 4401/4403); jobs still running then are cancelled and
+/// their reports lost (the scheduler hands them to another EP).
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
     // The EP's own reasons to leave (lifetime, idle) end it the same way a signal does.
@@ -306,9 +327,30 @@ mod tests {
         assert_eq!(c.max_output_files, 64);
         assert_eq!(c.max_output_bytes, 16 << 30);
         assert_eq!(c.slots, Resources::default());
+        assert_eq!(c.annex, None);
         let bad = serde_json::from_str::<Config>(
             r#"{"name":"ep1","scheduler_url":"u","attach_token":"t","work_dir":"/x","typo":1}"#,
         );
         assert!(bad.is_err());
+    }
+
+    #[tokio::test]
+    async fn annex_is_read_validated_and_kept() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let json = |annex: &str| {
+            format!(
+                r#"{{"name":"ep1","scheduler_url":"http://127.0.0.1:1","attach_token":"t","work_dir":{:?},"annex":{annex}}}"#,
+                work.path().display().to_string()
+            )
+        };
+        let c: Config = serde_json::from_str(&json(r#""gpu-a""#)).expect("parses");
+        assert_eq!(c.annex.as_deref(), Some("gpu-a"));
+        let s = c.resolve().await.expect("resolves");
+        assert_eq!(s.annex.as_deref(), Some("gpu-a"));
+        for bad in [r#""""#, r#""GPU""#, r#""a/b""#, r#""-x""#] {
+            let c: Config = serde_json::from_str(&json(bad)).expect("parses");
+            let e = c.resolve().await.expect_err(bad);
+            assert!(format!("{e:#}").starts_with("annex: "), "{bad}: {e:#}");
+        }
     }
 }

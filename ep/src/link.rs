@@ -1,8 +1,21 @@
 //! The attach link: one WebSocket to the scheduler at a time, re-dialled with backoff.
 //!
-//! State that outlives a connection ([`Link`]): the ids of running jobs and the reports not yet
-//! sent. Job tasks send their reports into one channel; a connected session drains it onto the
-//! socket, and a report is dropped from `pending` only once the socket accepted it.
+//! State that outlives a connection ([`Link`]): the running jobs (id and [`CancelSignal`]) and
+//! the reports not yet sent. Job tasks send their reports into one channel; a connected session
+//! drains it onto the socket, and a report is dropped from `pending` only once the socket
+//! accepted it.
+//!
+//! `Hello` carries the settings' annex, the operator's intent only: the scheduler decides from
+//! the attach token. `Cancel` fires the named job's signal (the job ends as `Cancelled` and
+//! reports like any other); a cancel for a job not running here is ignored.
+//!
+//! Failures and what follows:
+//! - connection refused, timeouts, HTTP 5xx or other refusals of the upgrade, a dropped socket,
+//!   close codes other than below: re-dial with backoff (100 ms doubling to 5 s);
+//! - HTTP 401/403 on the upgrade (attach token invalid, expired, revoked) or close code
+//!   4401/4403 (token expired or revoked, annex mismatch): the token will never work again, so
+//!   the link stops, cancels the jobs still running (their reports could not be delivered) and
+//!   [`run`] returns an error naming the refusal.
 //!
 //! Cancel safety: in the session loop every `select!` branch is cancel-safe
 //! (`StreamExt::next`, `UnboundedReceiver::recv`, `Interval::tick`, `cancelled`); sends happen
@@ -10,10 +23,11 @@
 
 use crate::Settings;
 use crate::job::Jobs;
+use crate::runtime::CancelSignal;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
 use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -21,8 +35,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
-use tokio_tungstenite::tungstenite::protocol::Message;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -37,6 +52,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const PING_EVERY: Duration = Duration::from_secs(15);
 /// Protocol version sent in `Hello`.
 const PROTOCOL: u32 = 1;
+/// Close codes with which the scheduler ends a session for good: 4401 (attach token expired or
+/// revoked), 4403 (token not allowed here, e.g. annex mismatch).
+const FINAL_CLOSE_CODES: [u16; 2] = [4401, 4403];
+/// Most bytes of a refusal's body quoted in the error.
+const REFUSAL_SNIPPET: usize = 200;
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -47,8 +67,8 @@ struct Link {
     tracker: TaskTracker,
     report_tx: mpsc::UnboundedSender<JobReport>,
     report_rx: mpsc::UnboundedReceiver<JobReport>,
-    /// Jobs assigned and not yet reported into `pending`.
-    running: HashSet<String>,
+    /// Jobs assigned and not yet reported into `pending`, with the signal that cancels each.
+    running: HashMap<String, CancelSignal>,
     /// Finished jobs whose report the scheduler has not been sent yet.
     pending: VecDeque<JobReport>,
     /// Frames from the scheduler that did not parse.
@@ -63,6 +83,12 @@ enum SessionEnd {
     Done,
 }
 
+/// The scheduler refused this EP in a way retrying cannot change (HTTP 401/403 on attach, close
+/// code 4401/4403). Carried inside the session's `anyhow::Error`; [`run`] looks for it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
 pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow::Result<()> {
     let (report_tx, report_rx) = mpsc::unbounded_channel();
     let mut link = Link {
@@ -71,7 +97,7 @@ pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) ->
         tracker: TaskTracker::new(),
         report_tx,
         report_rx,
-        running: HashSet::new(),
+        running: HashMap::new(),
         pending: VecDeque::new(),
         bad_frames: 0,
         drain_deadline: None,
@@ -93,7 +119,15 @@ pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) ->
         let mut welcomed = false;
         match link.session(&shutdown, &mut welcomed).await {
             Ok(SessionEnd::Done) => break,
-            Err(e) => tracing::warn!("scheduler link failed: {e:#}"),
+            Err(e) => {
+                if let Some(Refused(reason)) = e.downcast_ref::<Refused>() {
+                    tracing::error!("scheduler refused this EP for good; not reconnecting: {reason}");
+                    link.abandon(reason);
+                    link.tracker.close();
+                    return Err(anyhow!("scheduler refused this EP for good: {reason}"));
+                }
+                tracing::warn!("scheduler link failed: {e:#}");
+            }
         }
         if welcomed {
             backoff = MIN_BACKOFF;
@@ -138,6 +172,22 @@ impl Link {
         );
     }
 
+    /// The link ends for good while jobs may still run: they are cancelled (their reports could
+    /// not be delivered; the scheduler gives them to another EP) and logged with what is lost.
+    fn abandon(&mut self, reason: &str) {
+        self.absorb_finished();
+        if self.running.is_empty() && self.pending.is_empty() {
+            return;
+        }
+        let mut ids: Vec<&str> = self.running.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        let unsent: Vec<&str> = self.pending.iter().map(|r| r.job_id.as_str()).collect();
+        tracing::warn!(running = ?ids, unsent_reports = ?unsent, "abandoning jobs: their reports cannot be delivered");
+        for signal in self.running.values() {
+            signal.cancel(&format!("EP detached: {reason}"));
+        }
+    }
+
     /// Moves reports that arrived on the channel into `pending`.
     fn absorb_finished(&mut self) {
         while let Ok(report) = self.report_rx.try_recv() {
@@ -158,7 +208,7 @@ impl Link {
             name: self.settings.name.clone(),
             slots: self.settings.slots,
             protocol: PROTOCOL,
-            annex: None,
+            annex: self.settings.annex.clone(),
         });
         ws.send(Message::text(serde_json::to_string(&hello)?)).await.context("send hello")?;
         let ep_id = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.welcome(&mut ws)).await.context("no welcome")??;
@@ -191,7 +241,7 @@ impl Link {
                         self.bad_frames += 1;
                         tracing::warn!(total = self.bad_frames, "ignored a binary frame from the scheduler");
                     }
-                    Some(Ok(Message::Close(frame))) => bail!("scheduler closed the connection: {frame:?}"),
+                    Some(Ok(Message::Close(frame))) => return Err(closed(frame)),
                     Some(Ok(_)) => {} // ping/pong: tungstenite answers pings itself
                 },
                 report = self.report_rx.recv() => {
@@ -214,7 +264,18 @@ impl Link {
         request.headers_mut().insert(AUTHORIZATION, auth);
         let (ws, _response) = tokio_tungstenite::connect_async(request).await.map_err(|e| match e {
             tokio_tungstenite::tungstenite::Error::Http(resp) => {
-                anyhow!("attach refused: HTTP {}", resp.status())
+                let status = resp.status();
+                let body = resp.body().as_deref().map(snippet).unwrap_or_default();
+                let why = if body.is_empty() {
+                    format!("attach refused: HTTP {status}")
+                } else {
+                    format!("attach refused: HTTP {status}: {body}")
+                };
+                if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                    anyhow!(Refused(why))
+                } else {
+                    anyhow!(why)
+                }
             }
             other => anyhow!(other).context(format!("connect to {}", self.settings.attach_url)),
         })?;
@@ -239,7 +300,7 @@ impl Link {
                         tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
                     }
                 },
-                Some(Ok(Message::Close(frame))) => bail!("scheduler closed the connection: {frame:?}"),
+                Some(Ok(Message::Close(frame))) => return Err(closed(frame)),
                 Some(Ok(_)) => {}
             }
         }
@@ -250,22 +311,28 @@ impl Link {
             Ok(SchedulerMsg::Assign(job)) => {
                 if self.drain_deadline.is_some() {
                     tracing::warn!(job.id = %job.job_id, "assignment during shutdown not started");
-                } else if !self.running.insert(job.job_id.clone()) {
+                } else if self.running.contains_key(&job.job_id) {
                     tracing::warn!(job.id = %job.job_id, "assignment for a job already running ignored");
                 } else {
+                    let cancel = CancelSignal::new();
+                    self.running.insert(job.job_id.clone(), cancel.clone());
                     self.settings.activity.set_running(self.running.len());
                     let jobs = self.jobs.clone();
                     let tx = self.report_tx.clone();
                     self.tracker.spawn(async move {
-                        let report = jobs.execute(job).await;
+                        let report = jobs.execute(job, cancel).await;
                         let _ = tx.send(report);
                     });
                 }
             }
             Ok(SchedulerMsg::Welcome { ep_id }) => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
-            Ok(SchedulerMsg::Cancel { job_id, reason }) => {
-                tracing::warn!(job.id = %job_id, %reason, "cancel not supported yet; job runs on")
-            }
+            Ok(SchedulerMsg::Cancel { job_id, reason }) => match self.running.get(&job_id) {
+                Some(signal) => {
+                    tracing::info!(job.id = %job_id, %reason, "cancelling job");
+                    signal.cancel(&reason);
+                }
+                None => tracing::debug!(job.id = %job_id, "cancel for a job not running here ignored"),
+            },
             Err(e) => {
                 self.bad_frames += 1;
                 tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
@@ -282,5 +349,56 @@ impl Link {
             self.pending.pop_front();
         }
         Ok(())
+    }
+}
+
+/// The error for a close frame: [`Refused`] for [`FINAL_CLOSE_CODES`], a plain (retried) one
+/// otherwise.
+fn closed(frame: Option<CloseFrame>) -> anyhow::Error {
+    let Some(frame) = frame else {
+        return anyhow!("scheduler closed the connection without a close code");
+    };
+    let code = u16::from(frame.code);
+    let reason = snippet(frame.reason.as_bytes());
+    if FINAL_CLOSE_CODES.contains(&code) {
+        anyhow!(Refused(format!("scheduler closed the session with code {code}: {reason}")))
+    } else {
+        anyhow!("scheduler closed the connection with code {code}: {reason}")
+    }
+}
+
+/// Up to [`REFUSAL_SNIPPET`] bytes of text from the scheduler, fit for one log line.
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(REFUSAL_SNIPPET)]);
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>().trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+    fn frame(code: u16, reason: &str) -> Option<CloseFrame> {
+        Some(CloseFrame { code: CloseCode::from(code), reason: reason.to_owned().into() })
+    }
+
+    #[test]
+    fn final_close_codes_are_refusals_and_others_are_not() {
+        for code in [4401, 4403] {
+            let e = closed(frame(code, "attach token revoked"));
+            let r = e.downcast_ref::<Refused>().expect("refusal");
+            assert_eq!(r.0, format!("scheduler closed the session with code {code}: attach token revoked"));
+        }
+        for code in [1000, 1001, 1008, 1011, 4000, 4404] {
+            assert!(closed(frame(code, "x")).downcast_ref::<Refused>().is_none(), "{code}");
+        }
+        assert!(closed(None).downcast_ref::<Refused>().is_none());
+    }
+
+    #[test]
+    fn snippets_are_bounded_one_line_text() {
+        assert_eq!(snippet(b" token\nrevoked\r\n"), "token revoked");
+        assert_eq!(snippet(&[0xff, b'a']), "\u{fffd}a");
+        assert_eq!(snippet(&[b'x'; 1000]).len(), REFUSAL_SNIPPET);
     }
 }

@@ -8,23 +8,35 @@
 //! - memory: a [`ResourceLimiter`] caps linear memory at `resources.memory_mb` and records the
 //!   peak; a refused growth makes the outcome [`Outcome::MemoryExceeded`] whatever the guest does
 //!   next (Rust guests abort with `unreachable` when `memory.grow` fails);
-//! - wall time: epoch interruption, one ticker thread per engine (every [`EPOCH_TICK`]), deadline
-//!   `resources.runtime_s`, and a timer around the whole call for guests parked in a host call
-//!   (e.g. a long `poll_oneoff` sleep), which the epoch cannot interrupt;
+//! - wall time: epoch interruption, one ticker thread per engine (every [`EPOCH_TICK`]); the
+//!   store's epoch-deadline callback runs on every tick and traps the guest once
+//!   `resources.runtime_s` has passed, and a timer around the whole call catches guests parked in
+//!   an async host call (e.g. `poll_oneoff` on several clocks), which the epoch cannot interrupt;
+//! - cancellation: a [`CancelSignal`] per run, checked by the same two mechanisms (the epoch
+//!   callback traps a running guest at the next tick, the timer's `select!` drops a parked one),
+//!   so a cancelled guest stops within one [`EPOCH_TICK`] and ends as [`Outcome::Cancelled`] with
+//!   the usage so far;
+//! - one gap: a `poll_oneoff` on exactly one relative clock (a Rust guest's `sleep`) blocks the
+//!   run's thread in `std::thread::sleep` (wasmtime-wasi's fast path when blocking is allowed,
+//!   which file I/O needs to be fast), so neither mechanism reaches it and [`Runtime::run_job`]
+//!   returns only when the sleep ends (then the epoch stops the guest at once). The EP's job
+//!   layer does not wait for it: it reports the job at its cap or cancel plus a grace and leaves
+//!   the thread behind;
 //! - log: stdout and stderr go to one in-memory buffer of `log_limit_bytes`; what does not fit
 //!   is counted and dropped, never an error for the guest.
 //!
 //! Each run gets its own OS thread's worth of work: [`Runtime::run_job`] blocks, builds a
 //! current-thread tokio runtime, and drives the async WASI host on it, so the guest's CPU time
-//! is the thread's CPU time and host calls stay cancellable.
+//! is the thread's CPU time and async host calls stay cancellable.
 
 use htfaas_functions::proto::Outcome;
 use htfaas_functions::{Digest, Resources};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use wasmtime::{Config, Engine, InstancePre, Linker, Module, ResourceLimiter, Store, Trap};
+use tokio_util::sync::CancellationToken;
+use wasmtime::{Config, Engine, InstancePre, Linker, Module, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
@@ -36,6 +48,50 @@ const HOST_CALL_GRACE: Duration = Duration::from_millis(500);
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 /// Longest trap message kept in an [`Outcome::Trapped`].
 const MAX_TRAP_MESSAGE: usize = 1024;
+/// Longest cancel reason kept in an [`Outcome::Cancelled`] (the reason comes from the scheduler).
+const MAX_CANCEL_REASON: usize = 1024;
+
+/// A request to stop one job, shared by whoever may cancel it (the link, on the scheduler's
+/// `Cancel`) and whoever runs it (the job's transfers, the guest's epoch callback and host
+/// timer). Cheap to clone; cancelling twice keeps the first reason.
+#[derive(Debug, Clone, Default)]
+pub struct CancelSignal {
+    token: CancellationToken,
+    reason: Arc<OnceLock<String>>,
+}
+
+impl CancelSignal {
+    /// A signal not cancelled yet.
+    pub fn new() -> CancelSignal {
+        CancelSignal::default()
+    }
+
+    /// Asks the job to stop, for `reason` (kept, bounded, for the report).
+    pub fn cancel(&self, reason: &str) {
+        let _ = self.reason.set(truncate(reason.to_owned(), MAX_CANCEL_REASON));
+        self.token.cancel();
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Completes once the signal is cancelled. Cancel-safe.
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await
+    }
+
+    /// The outcome of a job stopped by this signal: [`Outcome::Cancelled`] with its reason.
+    pub fn outcome(&self) -> Outcome {
+        Outcome::Cancelled { reason: self.reason.get().cloned().unwrap_or_default() }
+    }
+}
+
+/// The error the epoch callback stops a cancelled guest with, told apart from a real trap.
+#[derive(Debug, thiserror::Error)]
+#[error("cancelled by the host")]
+struct StoppedByCancel;
 
 /// Why a module could not be made ready to run. Becomes [`Outcome::ModuleFailed`].
 #[derive(Debug, thiserror::Error)]
@@ -205,12 +261,20 @@ impl Runtime {
     /// Runs `guest` once, blocking the calling thread until it ends. Never fails: every way a
     /// run can end is an [`Outcome`]. Call it from a thread of its own (not an async worker).
     pub fn run_job(&self, guest: &Guest, job: &GuestJob) -> GuestRun {
+        self.run_job_with_cancel(guest, job, &CancelSignal::new())
+    }
+
+    /// [`run_job`](Self::run_job), stopped early when `cancel` fires: the guest is interrupted
+    /// within one [`EPOCH_TICK`] (at once, when parked in an async host call; when its single
+    /// sleep ends, if blocked in one) and the run ends as [`Outcome::Cancelled`], with the CPU,
+    /// wall time and memory used until then.
+    pub fn run_job_with_cancel(&self, guest: &Guest, job: &GuestJob, cancel: &CancelSignal) -> GuestRun {
         let started = Instant::now();
         let cpu_before = thread_cpu_time();
         let log = LogBuffer::new(job.log_limit_bytes);
         let mut notes = Vec::new();
         let (outcome, peak) = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(self.call(guest, job, &log, &mut notes)),
+            Ok(rt) => rt.block_on(self.call(guest, job, cancel, &log, &mut notes)),
             Err(e) => (Outcome::ModuleFailed { reason: format!("start the guest's runtime: {e}") }, 0),
         };
         let cpu = thread_cpu_time().saturating_sub(cpu_before);
@@ -228,7 +292,14 @@ impl Runtime {
     }
 
     /// Instantiates and calls `_start`; returns the outcome and the peak memory.
-    async fn call(&self, guest: &Guest, job: &GuestJob, log: &LogBuffer, notes: &mut Vec<String>) -> (Outcome, usize) {
+    async fn call(
+        &self,
+        guest: &Guest,
+        job: &GuestJob,
+        cancel: &CancelSignal,
+        log: &LogBuffer,
+        notes: &mut Vec<String>,
+    ) -> (Outcome, usize) {
         let cap_bytes = job.resources.memory_mb.saturating_mul(1 << 20);
         let limit_bytes = cap_bytes;
         let limit_s = job.resources.runtime_s;
@@ -243,21 +314,52 @@ impl Runtime {
         };
         let mut store = Store::new(&self.engine, Host { wasi, limits });
         store.limiter(|h| &mut h.limits);
-        let ticks = (limit_s.saturating_mul(1000) / EPOCH_TICK.as_millis() as u64).max(1);
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
+        // The callback runs at every tick: it stops a cancelled guest, traps one past its wall
+        // time (a limit too large for `Instant` means no epoch deadline; the timer still holds).
+        let limit = Duration::from_secs(limit_s);
+        let wall_deadline = Instant::now().checked_add(limit);
+        let stop = cancel.clone();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if stop.is_cancelled() {
+                return Err(wasmtime::Error::new(StoppedByCancel));
+            }
+            if wall_deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            Ok(UpdateDeadline::Continue(1))
+        });
 
-        let deadline = Duration::from_secs(limit_s).saturating_add(HOST_CALL_GRACE);
+        let deadline = limit.saturating_add(HOST_CALL_GRACE);
         let result = {
             let run = async {
                 let instance = guest.pre.instantiate_async(&mut store).await.map_err(Failure::Instantiate)?;
                 let start = instance.get_typed_func::<(), ()>(&mut store, "_start").map_err(Failure::Instantiate)?;
                 start.call_async(&mut store, ()).await.map_err(Failure::Run)
             };
-            tokio::time::timeout(deadline, run).await
+            tokio::select! {
+                biased;
+                r = run => Ok(r),
+                _ = cancel.cancelled() => Err(HostStop::Cancelled),
+                _ = tokio::time::sleep(deadline) => Err(HostStop::Deadline),
+            }
         };
         let limits = &store.data().limits;
         let peak = limits.peak_bytes;
+        let cancelled = match &result {
+            Err(HostStop::Cancelled) => {
+                notes.push("guest was in a host call when the job was cancelled".into());
+                true
+            }
+            Ok(Err(f)) => f.error().downcast_ref::<StoppedByCancel>().is_some(),
+            _ => false,
+        };
+        if cancelled {
+            if limits.exceeded {
+                notes.push("a memory growth past the cap had been refused before the cancel".into());
+            }
+            return (cancel.outcome(), peak);
+        }
         if limits.exceeded {
             if let Ok(Err(e)) = &result {
                 notes.push(format!("after memory growth was refused: {}", e.message()));
@@ -265,7 +367,7 @@ impl Runtime {
             return (Outcome::MemoryExceeded { limit_bytes }, peak);
         }
         let outcome = match result {
-            Err(_elapsed) => {
+            Err(_) => {
                 notes.push("guest was still in a host call at the deadline".into());
                 Outcome::TimeExceeded { limit_s }
             }
@@ -290,6 +392,14 @@ impl Runtime {
     }
 }
 
+/// Why the host stopped waiting for the guest (the guest itself did not end).
+enum HostStop {
+    /// The job's [`CancelSignal`] fired while the guest was parked in a host call.
+    Cancelled,
+    /// The wall time plus [`HOST_CALL_GRACE`] passed while the guest was parked in a host call.
+    Deadline,
+}
+
 /// How `call` failed, before it is classified.
 enum Failure {
     Instantiate(wasmtime::Error),
@@ -297,15 +407,24 @@ enum Failure {
 }
 
 impl Failure {
-    fn message(&self) -> String {
+    fn error(&self) -> &wasmtime::Error {
         match self {
-            Failure::Instantiate(e) | Failure::Run(e) => format!("{e:#}"),
+            Failure::Instantiate(e) | Failure::Run(e) => e,
         }
+    }
+
+    fn message(&self) -> String {
+        format!("{:#}", self.error())
     }
 }
 
 /// The guest's WASI context: argv, env exactly as given, two preopens, bounded stdio, no
 /// network, no inherited anything.
+///
+/// File operations block the run's own thread (measured: reading 256 MiB takes 1.3 s this way,
+/// 2.4 s through tokio's blocking pool). The price: wasmtime-wasi then serves a `poll_oneoff`
+/// on exactly one relative clock (a Rust guest's `sleep`) with `std::thread::sleep`, which
+/// neither the epoch nor the host timer can interrupt; see the module docs.
 fn build_wasi(job: &GuestJob, log: &LogBuffer) -> anyhow::Result<WasiP1Ctx> {
     let mut b = WasiCtxBuilder::new();
     b.allow_blocking_current_thread(true)

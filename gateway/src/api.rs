@@ -1,5 +1,9 @@
-//! The gateway's HTTP API: the registry (modules and functions) and read-only views of jobs
-//! and accounting (proxied to the scheduler, which owns them).
+//! The gateway's HTTP API: the registry (modules and functions), runs by submit-token bearers,
+//! and views of jobs, accounting and revocations (proxied to the scheduler, which owns them).
+//!
+//! A bearer's run is checked twice before any macaroon is requested: the token locally
+//! (signature, issuer, audience, expiry), then by the scheduler's preflight (revocation, uses
+//! left), so a revoked or spent token never makes the storage issue credentials.
 //!
 //! | route | auth | what |
 //! |---|---|---|
@@ -8,8 +12,10 @@
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
 //! | `POST /v1/functions` | admin | body = `FunctionManifest` → `FunctionRecord` |
 //! | `GET /v1/functions` | admin | latest `FunctionRecord` of each function |
-//! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…}` → `SubmitResponse` |
+//! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…, "annex"?:…}` → `SubmitResponse` |
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
+//! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
+//! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | ingest counters |
 
 use crate::Shared;
@@ -60,6 +66,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs", get(proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy_job))
         .route("/v1/accounting", get(proxy_accounting))
+        .route("/v1/revocations", post(proxy_revoke).get(proxy_revocations))
         .route("/v1/stats", get(stats))
         .with_state(shared)
 }
@@ -169,16 +176,29 @@ async fn proxy_accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap)
     proxy(&shared, &headers, "/v1/accounting").await
 }
 
+async fn proxy_revocations(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
+    proxy(&shared, &headers, "/v1/revocations").await
+}
+
+async fn proxy_revoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    let request: htfaas_functions::proto::RevokeRequest = serde_json::from_slice(&body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid revocation: {e}")))?;
+    tracing::warn!(target = ?request.target, reason = %request.reason, "revocation requested");
+    let url = format!("{}/v1/revocations", shared.submitter_base());
+    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+}
+
 async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Response, Failure> {
     require_admin(shared, headers)?;
     let url = format!("{}{path}", shared.submitter_base());
-    let resp = shared
-        .http
-        .get(url)
-        .bearer_auth(&shared.scheduler_admin_token)
-        .send()
-        .await
-        .map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
+    forward(shared.http.get(url).bearer_auth(&shared.scheduler_admin_token)).await
+}
+
+/// Sends a request to the scheduler and relays its status and JSON body.
+async fn forward(request: reqwest::RequestBuilder) -> Result<Response, Failure> {
+    let resp =
+        request.send().await.map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let body = resp.bytes().await.map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
     Ok((status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
@@ -196,6 +216,9 @@ impl Shared {
 struct RunRequest {
     /// Storage path of the input file; it must match the function's trigger.
     path: String,
+    /// Run on this annex. Allowed only when the function names none or the same one.
+    #[serde(default)]
+    annex: Option<String>,
 }
 
 /// The bearer of a submit token runs a registered function on a file: the same path a
@@ -232,25 +255,43 @@ async fn run_function(
     if claims.function.as_ref().is_some_and(|d| *d != m.module) {
         return Err(Failure(StatusCode::FORBIDDEN, format!("the token does not allow function {}", m.module)));
     }
+    let annex = match (&m.annex, run.annex) {
+        (Some(fixed), Some(asked)) if *fixed != asked => {
+            return Err(Failure(
+                StatusCode::BAD_REQUEST,
+                format!("function {} runs only on annex {fixed:?}, not {asked:?}", m.name),
+            ));
+        }
+        (fixed, asked) => asked.or_else(|| fixed.clone()),
+    };
+    if let Some(a) = &annex {
+        htfaas_functions::manifest::check_name(a)
+            .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("annex name {e}")))?;
+    }
+    shared.submitter.preflight(&token).await.map_err(scheduler_failure)?;
     let run_id = htfaas_functions::token::new_jti();
     let event = htfaas_functions::proto::EventRef {
         source: "submit".into(),
         id: format!("{}/{run_id}", claims.jti),
         path: run.path.clone(),
     };
-    let request =
+    let mut request =
         crate::ingest::prepare(&shared, &function, event, format!("submit:{run_id}")).await.map_err(|e| match e {
             crate::ingest::Failure::Transient(e) => Failure(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::ingest::Failure::Permanent(e) => Failure(StatusCode::BAD_GATEWAY, e),
         })?;
-    match shared.submitter.submit_with_token(&token, &request).await {
-        Ok(reply) => {
-            tracing::info!(job = %reply.job_id, jti = %claims.jti, function = %m.name, "job submitted by token bearer");
-            Ok((StatusCode::CREATED, Json(reply)))
+    request.annex = annex;
+    let reply = shared.submitter.submit_with_token(&token, &request).await.map_err(scheduler_failure)?;
+    tracing::info!(job = %reply.job_id, jti = %claims.jti, function = %m.name, "job submitted by token bearer");
+    Ok((StatusCode::CREATED, Json(reply)))
+}
+
+/// The scheduler's refusal with its own status and reason; unavailability as 503.
+fn scheduler_failure(e: crate::submit::SubmitError) -> Failure {
+    match e {
+        crate::submit::SubmitError::Refused { status, reason } => {
+            Failure(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), reason)
         }
-        Err(crate::submit::SubmitError::Refused { status, reason }) => {
-            Err(Failure(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), reason))
-        }
-        Err(e) => Err(Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        e => Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

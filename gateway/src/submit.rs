@@ -108,16 +108,40 @@ impl Submitter {
             .send()
             .await
             .map_err(|e| SubmitError::Unavailable(e.to_string()))?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| SubmitError::Unavailable(e.to_string()))?;
-        if status.is_success() {
-            return serde_json::from_str(&text).map_err(|e| SubmitError::Unavailable(format!("bad reply: {e}")));
+        answer(resp).await
+    }
+
+    /// Asks the scheduler whether `token` could submit now (signature, expiry, revocation,
+    /// uses left) without using it, so that no macaroon is requested for a token the
+    /// scheduler would refuse. `Ok` carries the uses left.
+    pub async fn preflight(&self, token: &str) -> Result<u32, SubmitError> {
+        let resp = self
+            .http
+            .post(format!("{}/v1/preflight", self.scheduler_url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| SubmitError::Unavailable(e.to_string()))?;
+        #[derive(serde::Deserialize)]
+        struct Preflight {
+            remaining: u32,
         }
-        let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or_else(|_| snippet(&text));
-        if status.is_server_error() {
-            Err(SubmitError::Unavailable(format!("{status}: {reason}")))
-        } else {
-            Err(SubmitError::Refused { status: status.as_u16(), reason })
-        }
+        Ok(answer::<Preflight>(resp).await?.remaining)
+    }
+}
+
+/// A scheduler answer: the JSON body on success; 5xx is [`SubmitError::Unavailable`], other
+/// statuses [`SubmitError::Refused`] with the scheduler's reason.
+async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T, SubmitError> {
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| SubmitError::Unavailable(e.to_string()))?;
+    if status.is_success() {
+        return serde_json::from_str(&text).map_err(|e| SubmitError::Unavailable(format!("bad reply: {e}")));
+    }
+    let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or_else(|_| snippet(&text));
+    if status.is_server_error() {
+        Err(SubmitError::Unavailable(format!("{status}: {reason}")))
+    } else {
+        Err(SubmitError::Refused { status: status.as_u16(), reason })
     }
 }

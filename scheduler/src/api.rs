@@ -1,13 +1,33 @@
-//! The HTTP API: submit (`POST /v1/jobs`), EP attach (`GET /v1/ep/attach`), admin queries
-//! and `/healthz`. Every error answer is an `ApiError` naming the failed check.
+//! The HTTP API. Every error answer is an `ApiError` naming the failed check.
 //!
-//! Order of checks on submit: token (401), then the request against the token's limits (403),
-//! then the request itself (400), then, in one transaction, dedupe and token use (401 when
-//! used up). A 2xx answer means the job is committed to disk.
+//! | route | credential | answer |
+//! |---|---|---|
+//! | `POST /v1/jobs` | submit token | `SubmitRequest` → 201 `SubmitResponse` (200 when the dedupe key already had a job) |
+//! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
+//! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
+//! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first |
+//! | `GET /v1/accounting` | admin | every owner's `Account` |
+//! | `POST /v1/revocations` | admin | `RevokeRequest` → 200 `Revocation` (applied and recorded) |
+//! | `GET /v1/revocations` | admin | every `Revocation`, oldest first |
+//! | `GET /healthz` | none | `ok` |
+//!
+//! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
+//! revocation (403 `token revoked: <reason>`), then the request against the token's limits
+//! (403), then the request itself (400), then, in one transaction, revocation again, dedupe and
+//! token use (401 when used up). A 2xx answer means the job is committed to disk.
+//!
+//! Preflight runs the same checks as a submission, up to and including the use count, without
+//! a request and without counting a use: the gateway calls it before asking the storage for a
+//! bearer's macaroons, and gets the very status and message a submission would get.
+//!
+//! Attach: token (401), then revocation (403 `attach token revoked: <reason>`), both before the
+//! upgrade. Revocations: 400 when the value is empty or longer than 256 characters or the
+//! reason longer than 1024.
 
 use crate::Shared;
-use crate::error::ApiFailure;
+use crate::error::{ApiFailure, QueueError};
 use crate::queue::NewJob;
+use crate::revocation::Credential;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
@@ -19,8 +39,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use htfaas_functions::manifest::{MAX_CPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, is_clean_abs_path};
-use htfaas_functions::proto::{Account, JobRecord, SubmitRequest, SubmitResponse};
+use htfaas_functions::manifest::{MAX_CPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path};
+use htfaas_functions::proto::{Account, JobRecord, Revocation, RevokeRequest, SubmitRequest, SubmitResponse};
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -33,11 +53,15 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 pub const MAX_LIST_LIMIT: usize = 10_000;
 /// Longest URL, macaroon, event field or dedupe key accepted, bytes.
 pub const MAX_FIELD_BYTES: usize = 8192;
+/// Who a revocation is recorded as made by: the one admin credential.
+pub const ADMIN_NAME: &str = "admin";
 
 /// The router, with `shared` as state.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/preflight", post(preflight))
+        .route("/v1/revocations", post(revoke).get(list_revocations))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/accounting", get(accounting))
         .route("/v1/ep/attach", get(attach))
@@ -90,6 +114,15 @@ fn verify_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, A
         .get(&iss)
         .ok_or_else(|| ApiFailure::unauthorized(format!("untrusted issuer {iss:?}")))?;
     verifier.verify::<SubmitClaims>(token).map_err(|e| ApiFailure::unauthorized(format!("submit token refused: {e}")))
+}
+
+/// A verified submit token that is not revoked: what submit and preflight check first.
+fn authorize_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
+    let claims = verify_submit(shared, headers)?;
+    match shared.queue.revoked_reason(&Credential::of_submit(&claims)) {
+        Some(reason) => Err(QueueError::Revoked { reason }.into()),
+        None => Ok(claims),
+    }
 }
 
 /// The request against the token's limits (403).
@@ -176,6 +209,9 @@ pub fn validate(req: &SubmitRequest) -> Result<(), String> {
     if req.dedupe_key.is_empty() || req.dedupe_key.len() > 1024 || req.dedupe_key.contains('\0') {
         return Err("dedupe_key must be 1-1024 bytes without NUL".into());
     }
+    if let Some(annex) = &req.annex {
+        check_name(annex).map_err(|e| format!("annex {e}"))?;
+    }
     Ok(())
 }
 
@@ -187,7 +223,7 @@ async fn submit(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiFailure> {
-    let claims = verify_submit(&shared, &headers).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    let claims = authorize_submit(&shared, &headers).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     let span = tracing::Span::current();
     span.record("owner", claims.sub.as_str());
     span.record("token.jti", claims.jti.as_str());
@@ -198,7 +234,15 @@ async fn submit(
     validate(&req).map_err(ApiFailure::bad_request)?;
     let done = shared
         .queue
-        .submit(NewJob { request: req, owner: claims.sub, jti: claims.jti, jobs: claims.jobs, exp: claims.exp })
+        .submit(NewJob {
+            request: req,
+            owner: claims.sub,
+            jti: claims.jti,
+            issuer: claims.iss,
+            group: claims.group,
+            jobs: claims.jobs,
+            exp: claims.exp,
+        })
         .await
         .inspect_err(|e| tracing::info!("refused: {e}"))?;
     span.record("job.id", done.job_id.as_str());
@@ -211,6 +255,40 @@ async fn submit(
         StatusCode::OK
     };
     Ok((status, Json(SubmitResponse { job_id: done.job_id, created: done.created })).into_response())
+}
+
+/// `POST /v1/preflight`: the submit checks up to the use count, counting nothing.
+#[tracing::instrument(name = "scheduler.preflight", skip_all, fields(owner = tracing::field::Empty))]
+async fn preflight(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiFailure> {
+    let claims = authorize_submit(&shared, &headers).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    tracing::Span::current().record("owner", claims.sub.as_str());
+    let uses = shared.queue.uses(claims.jti.clone()).await?;
+    if uses >= u64::from(claims.jobs) {
+        return Err(QueueError::TokenUsed { uses, jobs: claims.jobs }.into());
+    }
+    Ok(Json(serde_json::json!({ "remaining": u64::from(claims.jobs) - uses })).into_response())
+}
+
+/// `POST /v1/revocations`: applies a revocation everywhere and answers once it is recorded.
+async fn revoke(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Revocation>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: RevokeRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid revocation: {e}")))?;
+    crate::revocation::validate(&req).map_err(ApiFailure::bad_request)?;
+    Ok(Json(crate::revocation::revoke(&shared, req, ADMIN_NAME).await?))
+}
+
+async fn list_revocations(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<Revocation>>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(shared.queue.revocations().await?))
 }
 
 #[derive(Deserialize)]
@@ -246,7 +324,7 @@ async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Re
     Ok(Json(shared.queue.accounts().await?))
 }
 
-/// Verifies the attach token, and only then upgrades.
+/// Verifies the attach token and that it is not revoked, and only then upgrades.
 async fn attach(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -257,6 +335,10 @@ async fn attach(
         tracing::info!("attach refused: {e}");
         ApiFailure::unauthorized(format!("attach token refused: {e}"))
     })?;
+    if let Some(reason) = shared.queue.revoked_reason(&Credential::of_attach(&claims)) {
+        tracing::info!("attach refused: token revoked: {reason}");
+        return Err(ApiFailure::forbidden(format!("attach token revoked: {reason}")));
+    }
     let upgrade = upgrade.map_err(|e| ApiFailure::bad_request(format!("expected a WebSocket upgrade: {e}")))?;
     let shutdown = shared.shutdown.clone();
     let sessions = shared.sessions.clone();

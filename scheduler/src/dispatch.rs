@@ -1,27 +1,38 @@
 //! The dispatcher: one task that turns idle jobs into Assign messages.
 //!
-//! Woken (a [`tokio::sync::Notify`] permit) on submit, attach and finish, and on a slow tick
-//! that also prunes expired token-use counts. Each round reads a bounded batch of idle jobs,
-//! asks [`crate::matching::select`] where they go, reserves the EPs' resources, marks the jobs
-//! running in the store (one transaction per EP), and only then sends the Assign. A send that
-//! fails (the EP just left) puts the job back to idle.
+//! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach and revocation,
+//! and on a slow tick that also prunes expired token-use counts. Each round reads a bounded
+//! batch of idle jobs per pool of EPs with room, asks [`crate::matching::select`] where they go,
+//! reserves the EPs' resources, marks the jobs running in the store (one transaction per EP),
+//! and only then sends the Assign. A send that fails (the EP just left) puts the job back to
+//! idle; a job stopped by a revocation in between is not sent at all.
+//!
+//! Every Assign carries attenuated macaroons ([`restrict`]): the stored ones plus a
+//! `before:` caveat at dispatch time + the job's `runtime_s` + [`MACAROON_GRACE_S`], so what an
+//! EP holds stops working soon after the job must have ended. The stored macaroons stay as they
+//! were (a requeued job gets a fresh deadline). A macaroon that cannot be attenuated fails its
+//! job at once, unsent and not retried.
 //!
 //! Cancel safety: the loop only waits (and so only observes shutdown) between rounds; a
 //! round runs to the end, so no job is left reserved in memory but not sent.
 
 use crate::Shared;
-use crate::matching::{Match, select};
-use htfaas_functions::proto::SchedulerMsg;
+use crate::matching::{Delivery, Match, select};
+use htfaas_functions::macaroon::attenuate;
+use htfaas_functions::proto::JobAssignment;
 use htfaas_functions::token::{LEEWAY_S, now_s};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Most idle jobs read per round (per owner with a dedicated EP, plus once overall).
+/// Most idle jobs read per round (per pool of EPs with room).
 pub const BATCH: usize = 256;
 /// How often the dispatcher runs without being woken (and prunes token uses).
 pub const TICK: Duration = Duration::from_secs(60);
+/// How long after its job's runtime an EP's macaroons stay valid, seconds (fetching the module
+/// and input before the run, storing outputs after it).
+pub const MACAROON_GRACE_S: u64 = 60;
 
 /// Runs until `shutdown`.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
@@ -57,12 +68,11 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// One round; returns how many jobs were sent.
 #[tracing::instrument(name = "scheduler.dispatch", skip_all, fields(sent = tracing::field::Empty))]
 async fn round(shared: &Shared) -> anyhow::Result<usize> {
-    let (room, owners) = {
-        let eps = shared.eps();
-        let Some(room) = eps.largest_room() else { return Ok(0) };
-        (room, eps.restricted_owners_with_room())
-    };
-    let idle = shared.queue.idle_candidates(owners, room, BATCH).await?;
+    let pools = shared.eps().pools_with_room();
+    if pools.is_empty() {
+        return Ok(0);
+    }
+    let idle = shared.queue.idle_candidates(pools, BATCH).await?;
     if idle.is_empty() {
         return Ok(0);
     }
@@ -91,7 +101,7 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
 #[tracing::instrument(name = "scheduler.assign", skip_all, fields(ep.id = %ep_id, ep.name = %name, jobs = matches.len()))]
 async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>) -> usize {
     let ids: Vec<String> = matches.iter().map(|m| m.job_id.clone()).collect();
-    let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned()).await {
+    let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned(), |a| restrict(a, now_s())).await {
         Ok(m) => m,
         Err(e) => {
             tracing::error!("failed to mark jobs running: {e}");
@@ -102,23 +112,26 @@ async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>)
             return 0;
         }
     };
-    let tx = shared.eps().get(ep_id).map(|e| e.tx.clone());
     let mut unsent = Vec::new();
     let mut sent = 0;
-    for a in marked.assigned {
-        let job_id = a.job_id.clone();
-        match &tx {
-            Some(tx) if tx.send(SchedulerMsg::Assign(a)).is_ok() => {
-                tracing::info!(job.id = %job_id, "assigned");
-                sent += 1;
-            }
-            _ => unsent.push(job_id),
-        }
-    }
     {
         let mut eps = shared.eps();
-        for id in marked.skipped.iter().chain(&unsent) {
+        for id in &marked.skipped {
             eps.release(ep_id, id);
+        }
+        for a in marked.assigned {
+            let job_id = a.job_id.clone();
+            match eps.deliver(ep_id, a) {
+                Delivery::Sent => {
+                    tracing::info!(job.id = %job_id, "assigned");
+                    sent += 1;
+                }
+                Delivery::Cancelled => tracing::info!(job.id = %job_id, "stopped before it was sent"),
+                Delivery::Gone => {
+                    eps.release(ep_id, &job_id);
+                    unsent.push(job_id);
+                }
+            }
         }
     }
     if !unsent.is_empty() {
@@ -127,5 +140,63 @@ async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>)
             tracing::error!("failed to put unsent jobs back to idle: {e}");
         }
     }
+    if !marked.skipped.is_empty() {
+        // Room freed by skipped jobs may fit others.
+        shared.wake.notify_one();
+    }
     sent
+}
+
+/// The assignment as an EP may see it at `now_s`: both macaroons attenuated with
+/// `before:<now + runtime_s + grace>`. Err is the reason the job fails.
+pub fn restrict(mut a: JobAssignment, now_s: u64) -> Result<JobAssignment, String> {
+    let until = now_s.saturating_add(a.resources.runtime_s).saturating_add(MACAROON_GRACE_S);
+    let caveat = format!("before:{}", utc_timestamp(until));
+    for m in [&mut a.input.macaroon, &mut a.output.macaroon] {
+        *m = attenuate(m, &[&caveat]).map_err(|e| format!("macaroon could not be attenuated: {e}"))?;
+    }
+    Ok(a)
+}
+
+/// Latest instant [`utc_timestamp`] writes: 9999-12-31T23:59:59Z.
+const MAX_TIMESTAMP_S: u64 = 253_402_300_799;
+
+/// `YYYY-MM-DDTHH:MM:SSZ` (UTC, second precision, as dCache's `before:` caveat wants) of Unix
+/// seconds; instants past the year 9999 are written as its last second.
+pub fn utc_timestamp(unix_s: u64) -> String {
+    let s = unix_s.min(MAX_TIMESTAMP_S);
+    let (days, secs) = (s / 86_400, s % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
+/// Year, month and day of `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`, for
+/// non-negative days only).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_seconds() {
+        assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_timestamp(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_timestamp(951_868_799), "2000-02-29T23:59:59Z");
+        assert_eq!(utc_timestamp(1_709_251_199), "2024-02-29T23:59:59Z");
+        assert_eq!(utc_timestamp(4_102_444_800), "2100-01-01T00:00:00Z");
+        assert_eq!(utc_timestamp(1_234_567_890), "2009-02-13T23:31:30Z");
+        assert_eq!(utc_timestamp(u64::MAX), "9999-12-31T23:59:59Z");
+    }
 }

@@ -1,19 +1,25 @@
 //! One EP session over the attach WebSocket (HTCondor's direct attach, without a central
 //! manager): the EP dials in with an attach token, says [`EpMsg::Hello`], gets
 //! [`SchedulerMsg::Welcome`], then receives [`SchedulerMsg::Assign`] and answers each with
-//! [`EpMsg::Finished`]. One JSON text frame per message.
+//! [`EpMsg::Finished`]; a [`SchedulerMsg::Cancel`] asks it to stop a job early. One JSON text
+//! frame per message.
 //!
-//! The token (checked before the upgrade, in [`crate::api`]) decides which owners' jobs the
-//! EP may run; the EP's own messages never widen that. A bad frame is logged and counted,
-//! and the session goes on (up to [`MAX_BAD_FRAMES`]). A `Finished` for a job that is not
-//! running on this session is ignored. When the session ends, for whatever reason, its
-//! running jobs go back to idle.
+//! The token (checked before the upgrade, in [`crate::api`]) decides which jobs the EP may run
+//! (its `owner` and `annex`); the EP's own messages never widen that. A Hello naming another
+//! annex than the token's is refused (close [`CLOSE_FORBIDDEN`]) so that an operator's mistake
+//! shows at once. The session is closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
+//! itself, without leeway) or is revoked ([`CLOSE_FORBIDDEN`]). A bad frame is logged and
+//! counted, and the session goes on (up to [`MAX_BAD_FRAMES`]). A `Finished` for a job that is
+//! not running on this session is ignored. When the session ends, for whatever reason, its
+//! running jobs go back to idle (jobs removed meanwhile stay removed).
 //!
-//! Cancel safety: `WebSocket::recv` and `mpsc::recv` are both cancel-safe, so the session
-//! loop can `select!` on them and on shutdown without losing a message.
+//! Cancel safety: `WebSocket::recv`, `mpsc::recv` and a pinned `Sleep` are all cancel-safe,
+//! so the session loop can `select!` on them and on shutdown without losing a message.
 
 use crate::Shared;
-use crate::matching::EpSlot;
+use crate::matching::{EpSlot, Pool, ToEp};
+use crate::queue::now_ms;
+use crate::revocation::Credential;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
 use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg};
@@ -36,6 +42,12 @@ pub const MAX_EP_CPUS: u32 = 65_536;
 pub const MAX_EP_MEMORY_MB: u64 = 64 * 1024 * 1024;
 /// Largest message accepted from an EP, bytes (a report carries a bounded log).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Close code: the attach token expired during the session.
+pub const CLOSE_EXPIRED: u16 = 4401;
+/// Close code: the attach token does not allow this session (revoked, or another annex).
+pub const CLOSE_FORBIDDEN: u16 = 4403;
+/// Longest close reason a close frame holds, bytes.
+pub const MAX_CLOSE_REASON_BYTES: usize = 123;
 
 /// Why a Hello is refused.
 pub fn check_hello(h: &Hello) -> Result<(), String> {
@@ -58,57 +70,129 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a Hello is refused for the token it came with: it names another annex than the token's.
+/// An absent annex in the Hello takes the token's.
+pub fn check_annex(h: &Hello, claims: &AttachClaims) -> Result<(), String> {
+    match (&h.annex, &claims.annex) {
+        (Some(asked), token) if Some(asked) != token.as_ref() => {
+            let token = token.as_ref().map_or_else(|| "for no annex".to_owned(), |t| format!("for annex {t:?}"));
+            Err(format!("annex mismatch: the attach token is {token}, the EP asked for {asked:?}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Time left until Unix second `exp`, from the wall clock.
+fn until(exp: u64) -> Duration {
+    Duration::from_millis(exp.saturating_mul(1000).saturating_sub(now_ms()))
+}
+
 /// Runs one session to its end.
 #[tracing::instrument(name = "scheduler.attach", skip_all,
-    fields(ep.sub = %claims.sub, ep.owner = ?claims.owner, token.jti = %claims.jti,
+    fields(ep.sub = %claims.sub, ep.owner = ?claims.owner, ep.annex = ?claims.annex, token.jti = %claims.jti,
            ep.id = tracing::field::Empty, ep.name = tracing::field::Empty))]
 pub async fn serve(mut ws: WebSocket, claims: AttachClaims, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let hello = tokio::select! {
-        _ = shutdown.cancelled() => return,
-        h = tokio::time::timeout(HELLO_TIMEOUT, ws.recv()) => h,
-    };
-    let hello = match hello {
-        Err(_) => return close(ws, close_code::POLICY, "no hello in time").await,
-        Ok(None | Some(Err(_))) => return,
-        Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<EpMsg>(t.as_str()) {
-            Ok(EpMsg::Hello(h)) => h,
-            Ok(other) => {
-                tracing::warn!(kind = kind(&other), "first message is not a hello");
-                return close(ws, close_code::PROTOCOL, "expected hello").await;
-            }
-            Err(e) => {
-                tracing::warn!("first frame does not parse: {e}");
-                return close(ws, close_code::PROTOCOL, "expected hello").await;
-            }
-        },
-        Ok(Some(Ok(_))) => {
-            return close(ws, close_code::PROTOCOL, "expected a text frame with hello").await;
-        }
-    };
-    if let Err(why) = check_hello(&hello) {
+    let Some(hello) = read_hello(&mut ws, &shutdown).await else { return };
+    if let Err((code, why)) = admit(&hello, &claims) {
         tracing::warn!("refusing hello: {why}");
-        let mut why = why;
-        why.truncate(120);
-        return close(ws, close_code::POLICY, &why).await;
+        return close(ws, code, &why).await;
     }
-
     let ep_id = uuid::Uuid::new_v4().to_string();
     let span = tracing::Span::current();
     span.record("ep.id", ep_id.as_str());
     span.record("ep.name", hello.name.as_str());
-    if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_err() {
-        return;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let pool = Pool { annex: claims.annex.clone(), owner: claims.owner.clone() };
+    let slot = EpSlot::new(ep_id.clone(), hello.name.clone(), pool, Credential::of_attach(&claims), hello.slots, tx);
+    if let Err(reason) = register(&shared, slot) {
+        tracing::info!("attach token revoked meanwhile: {reason}");
+        return close(ws, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}")).await;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    shared.eps().insert(EpSlot::new(ep_id.clone(), hello.name.clone(), claims.owner.clone(), hello.slots, tx));
     tracing::info!(
         cpus = hello.slots.cpus,
         memory_mb = hello.slots.memory_mb,
         runtime_s = hello.slots.runtime_s,
         "EP attached"
     );
-    shared.wake.notify_one();
+    if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_ok() {
+        shared.wake.notify_one();
+        session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown).await;
+    } else {
+        drop(rx);
+    }
 
+    // The receiver is gone, so a late Assign fails and the dispatcher reverts its job; leave
+    // the table (no new Assigns), then requeue whatever was running here.
+    shared.eps().remove(&ep_id);
+    match shared.queue.requeue_session(ep_id.clone()).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "jobs of the departed EP are idle again"),
+        Err(e) => tracing::error!("failed to requeue the departed EP's jobs: {e}"),
+    }
+    tracing::info!("EP detached");
+    shared.wake.notify_one();
+}
+
+/// The first message, which must be a Hello; `None` (after closing) otherwise.
+async fn read_hello(ws: &mut WebSocket, shutdown: &CancellationToken) -> Option<Hello> {
+    let frame = tokio::select! {
+        _ = shutdown.cancelled() => return None,
+        h = tokio::time::timeout(HELLO_TIMEOUT, ws.recv()) => h,
+    };
+    let refusal = match frame {
+        Err(_) => (close_code::POLICY, "no hello in time"),
+        Ok(None | Some(Err(_))) => return None,
+        Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<EpMsg>(t.as_str()) {
+            Ok(EpMsg::Hello(h)) => return Some(h),
+            Ok(other) => {
+                tracing::warn!(kind = kind(&other), "first message is not a hello");
+                (close_code::PROTOCOL, "expected hello")
+            }
+            Err(e) => {
+                tracing::warn!("first frame does not parse: {e}");
+                (close_code::PROTOCOL, "expected hello")
+            }
+        },
+        Ok(Some(Ok(_))) => (close_code::PROTOCOL, "expected a text frame with hello"),
+    };
+    let _ = ws.send(close_frame(refusal.0, refusal.1)).await;
+    None
+}
+
+/// Whether this Hello may open a session with this token: `Err` has the close code and reason.
+fn admit(hello: &Hello, claims: &AttachClaims) -> Result<(), (u16, String)> {
+    check_hello(hello).map_err(|why| (close_code::POLICY, why))?;
+    check_annex(hello, claims).map_err(|why| (CLOSE_FORBIDDEN, why))?;
+    if until(claims.exp).is_zero() {
+        return Err((CLOSE_EXPIRED, "attach token expired".into()));
+    }
+    Ok(())
+}
+
+/// Adds the session to the EP table unless its token was revoked meanwhile. Checked under the
+/// table's lock, which a revocation takes after adding to the revoked set: either this sees
+/// the revocation, or the revocation sees this session.
+fn register(shared: &Shared, slot: EpSlot) -> Result<(), String> {
+    let mut eps = shared.eps();
+    if let Some(reason) = shared.queue.revoked_reason(&slot.credential) {
+        return Err(reason);
+    }
+    eps.insert(slot);
+    Ok(())
+}
+
+/// The attached session's loop, until the EP leaves, the token expires, the scheduler closes
+/// it or shuts down.
+async fn session(
+    ws: &mut WebSocket,
+    mut rx: mpsc::UnboundedReceiver<ToEp>,
+    shared: &Shared,
+    ep_id: &str,
+    exp: u64,
+    shutdown: &CancellationToken,
+) {
+    let expiry = tokio::time::sleep(until(exp));
+    tokio::pin!(expiry);
     let mut bad_frames = 0u32;
     loop {
         tokio::select! {
@@ -116,27 +200,39 @@ pub async fn serve(mut ws: WebSocket, claims: AttachClaims, shared: Arc<Shared>,
                 let _ = ws.send(close_frame(close_code::AWAY, "scheduler shutting down")).await;
                 break;
             }
-            out = rx.recv() => {
-                let Some(msg) = out else { break };
-                if send(&mut ws, &msg).await.is_err() {
+            _ = &mut expiry => {
+                tracing::info!("attach token expired; closing the session");
+                let _ = ws.send(close_frame(CLOSE_EXPIRED, "attach token expired")).await;
+                break;
+            }
+            out = rx.recv() => match out {
+                Some(ToEp::Send(msg)) => {
+                    if send(ws, &msg).await.is_err() {
+                        break;
+                    }
+                }
+                Some(ToEp::Close { code, reason }) => {
+                    tracing::info!(code, "closing the session: {reason}");
+                    let _ = ws.send(close_frame(code, &reason)).await;
                     break;
                 }
-            }
+                None => break,
+            },
             frame = ws.recv() => {
                 let text = match frame {
                     None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(Message::Binary(_))) => {
-                        bad_frame(&shared, &mut bad_frames, "binary frame");
+                        bad_frame(shared, &mut bad_frames, "binary frame");
                         if bad_frames > MAX_BAD_FRAMES { break }
                         continue;
                     }
                     Some(Ok(Message::Text(t))) => t,
                 };
                 match serde_json::from_str::<EpMsg>(text.as_str()) {
-                    Ok(EpMsg::Finished(report)) => finished(&shared, &ep_id, report).await,
-                    Ok(EpMsg::Hello(_)) => bad_frame(&shared, &mut bad_frames, "second hello"),
-                    Err(e) => bad_frame(&shared, &mut bad_frames, &format!("does not parse: {e}")),
+                    Ok(EpMsg::Finished(report)) => finished(shared, ep_id, report).await,
+                    Ok(EpMsg::Hello(_)) => bad_frame(shared, &mut bad_frames, "second hello"),
+                    Err(e) => bad_frame(shared, &mut bad_frames, &format!("does not parse: {e}")),
                 }
                 if bad_frames > MAX_BAD_FRAMES {
                     let _ = ws.send(close_frame(close_code::POLICY, "too many bad frames")).await;
@@ -145,19 +241,6 @@ pub async fn serve(mut ws: WebSocket, claims: AttachClaims, shared: Arc<Shared>,
             }
         }
     }
-
-    // Leave the table first (no new Assigns), then close the channel (a late send fails and
-    // its job is reverted by the dispatcher), then requeue whatever was running here.
-    shared.eps().remove(&ep_id);
-    rx.close();
-    drop(rx);
-    match shared.queue.requeue_session(ep_id.clone()).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(jobs = n, "jobs of the departed EP are idle again"),
-        Err(e) => tracing::error!("failed to requeue the departed EP's jobs: {e}"),
-    }
-    tracing::info!("EP detached");
-    shared.wake.notify_one();
 }
 
 /// Records a finished job, frees its resources and wakes the dispatcher.
@@ -209,10 +292,58 @@ async fn send(ws: &mut WebSocket, msg: &SchedulerMsg) -> Result<(), ()> {
     ws.send(Message::Text(text.into())).await.map_err(|e| tracing::info!("EP connection lost: {e}"))
 }
 
+/// A close frame; the reason is cut to [`MAX_CLOSE_REASON_BYTES`] at a character boundary.
 fn close_frame(code: u16, reason: &str) -> Message {
-    Message::Close(Some(CloseFrame { code, reason: reason.to_owned().into() }))
+    let mut cut = reason.len().min(MAX_CLOSE_REASON_BYTES);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Message::Close(Some(CloseFrame { code, reason: reason[..cut].to_owned().into() }))
 }
 
 async fn close(mut ws: WebSocket, code: u16, reason: &str) {
     let _ = ws.send(close_frame(code, reason)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::Resources;
+
+    #[test]
+    fn the_hello_may_only_repeat_the_tokens_annex() {
+        let claims = |annex: Option<&str>| AttachClaims {
+            iss: "s".into(),
+            sub: "site".into(),
+            aud: "a".into(),
+            exp: 0,
+            iat: 0,
+            jti: "j".into(),
+            owner: None,
+            annex: annex.map(str::to_owned),
+        };
+        let hello = |annex: Option<&str>| Hello {
+            name: "ep".into(),
+            slots: Resources { cpus: 1, memory_mb: 1, runtime_s: 1 },
+            protocol: PROTOCOL,
+            annex: annex.map(str::to_owned),
+        };
+        assert_eq!(check_annex(&hello(None), &claims(Some("a"))), Ok(()));
+        assert_eq!(check_annex(&hello(Some("a")), &claims(Some("a"))), Ok(()));
+        assert_eq!(
+            check_annex(&hello(Some("b")), &claims(Some("a"))),
+            Err(r#"annex mismatch: the attach token is for annex "a", the EP asked for "b""#.into())
+        );
+        assert_eq!(
+            check_annex(&hello(Some("b")), &claims(None)),
+            Err(r#"annex mismatch: the attach token is for no annex, the EP asked for "b""#.into())
+        );
+    }
+
+    #[test]
+    fn close_reasons_fit_a_frame() {
+        let Message::Close(Some(f)) = close_frame(4403, &"é".repeat(100)) else { panic!("not a close frame") };
+        assert!(f.reason.len() <= MAX_CLOSE_REASON_BYTES && f.reason.len() >= MAX_CLOSE_REASON_BYTES - 1);
+        assert_eq!(f.code, 4403);
+    }
 }

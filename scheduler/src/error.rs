@@ -10,6 +10,12 @@ use htfaas_functions::proto::ApiError;
 /// Why an operation on the job store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
+    /// The submit token is revoked (by its `jti`, owner or issuer).
+    #[error("token revoked: {reason}")]
+    Revoked {
+        /// The revocation's reason.
+        reason: String,
+    },
     /// The submit token has no use left.
     #[error("token already used ({uses} of {jobs} jobs)")]
     TokenUsed {
@@ -89,6 +95,7 @@ impl From<QueueError> for ApiFailure {
     fn from(e: QueueError) -> ApiFailure {
         match e {
             QueueError::TokenUsed { .. } => ApiFailure::unauthorized(e.to_string()),
+            QueueError::Revoked { .. } => ApiFailure::forbidden(e.to_string()),
             other => ApiFailure::internal("access the job store", &other),
         }
     }

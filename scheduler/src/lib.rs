@@ -2,17 +2,27 @@
 //! manager).
 //!
 //! - [`api`]: `POST /v1/jobs` verifies a submit token and queues the job durably;
-//!   `GET /v1/ep/attach` verifies an attach token and upgrades to a WebSocket; admin queries.
-//! - [`queue`]: the SQLite store of jobs, submit-token uses and owner accounts.
-//! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished).
-//! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy.
-//! - [`dispatch`]: the task that matches idle jobs to EPs and sends them.
+//!   `POST /v1/preflight` runs the same checks without using the token; `GET /v1/ep/attach`
+//!   verifies an attach token and upgrades to a WebSocket; admin queries and revocations.
+//! - [`queue`]: the SQLite store of jobs, submit-token uses, owner accounts and revocations
+//!   (schema version 2, migrated from 1 on open).
+//! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished, Cancel), closed
+//!   when its attach token expires or is revoked.
+//! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy
+//!   (resources, owner restriction, annex).
+//! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
+//!   attenuated to the job's lifetime.
+//! - [`revocation`]: what a revocation names, the in-memory revoked set, and applying one.
 //! - [`config`]: [`Config`] → [`Settings`].
 //!
-//! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP whose
-//! attach token names an owner only ever gets that owner's jobs; a job is `running` only on a
-//! live session, and goes back to `idle` when that session ends. The scheduler holds ids,
-//! URLs and digests, never function bytes.
+//! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP's owner
+//! restriction and annex come from its attach token, never from its word: an owner-bound EP
+//! only ever gets that owner's jobs, an annex EP only that annex's jobs, and an annex job runs
+//! only on its annex; an EP holds a job's macaroons only as attenuated copies that expire soon
+//! after the job must end; a revoked token is refused from the moment of its revocation, and
+//! nothing it started keeps running; a job is `running` only on a live session, and goes back
+//! to `idle` when that session ends. The scheduler holds ids, URLs and digests, never function
+//! bytes.
 //!
 //! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
 //! running jobs return to idle), stop the dispatcher, wait for all of it (at most
@@ -25,6 +35,7 @@ pub mod ep_link;
 pub mod error;
 pub mod matching;
 pub mod queue;
+pub mod revocation;
 
 pub use config::{ATTACH_KID, Config, Settings, TrustedIssuer};
 pub use error::{ApiFailure, QueueError};

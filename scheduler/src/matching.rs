@@ -1,15 +1,22 @@
 //! Matching: the table of attached EPs and the one function, [`select`], that decides which
 //! idle job goes to which EP.
 //!
-//! Policy today: oldest job first; a job goes to an EP whose free cpus and memory hold it,
-//! whose `runtime_s` is at least the job's, and whose owner restriction (from its attach
-//! token, never from the EP's own word) is absent or equal to the job's owner. Among those,
-//! EPs dedicated to the owner come first, then the tightest fit (fewest free cpus left), so
-//! large holes stay open for large jobs. Fair share, holds and retries will grow here.
+//! Policy today: oldest job first; a job goes to an EP that accepts work (not closing), whose
+//! free cpus and memory hold it, whose `runtime_s` is at least the job's, whose owner
+//! restriction is absent or equal to the job's owner, and whose annex equals the job's (both
+//! none, or the same name: an annex EP runs only its annex's jobs, and an annex job runs only
+//! there). Owner and annex come from the EP's attach token, never from the EP's own word. Among
+//! the EPs that qualify, those dedicated to the owner come first, then the tightest fit (fewest
+//! free cpus left), so large holes stay open for large jobs. Fair share, holds and retries
+//! will grow here.
+//!
+//! The table also carries what the rest of the scheduler says to a session ([`ToEp`]): the
+//! dispatcher's Assigns, a revocation's Cancels, and the order to close.
 
+use crate::revocation::Credential;
 use htfaas_functions::Resources;
-use htfaas_functions::proto::SchedulerMsg;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use htfaas_functions::proto::{JobAssignment, SchedulerMsg};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tokio::sync::mpsc;
 
 /// An idle job as matching sees it.
@@ -19,8 +26,35 @@ pub struct IdleJob {
     pub id: String,
     /// Who it is accounted to.
     pub owner: String,
+    /// The annex it must run on, if any.
+    pub annex: Option<String>,
     /// What it asks for.
     pub resources: Resources,
+}
+
+/// What an EP session is told by the rest of the scheduler.
+#[derive(Debug)]
+// Lives for one send, like `SchedulerMsg` itself; boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum ToEp {
+    /// Send this message.
+    Send(SchedulerMsg),
+    /// Close the WebSocket with this code and reason, and end the session.
+    Close {
+        /// WebSocket close code.
+        code: u16,
+        /// Close reason (cut to what a close frame holds).
+        reason: String,
+    },
+}
+
+/// EPs that may take the same jobs: same annex, same owner restriction.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Pool {
+    /// The EPs' annex (from their attach tokens).
+    pub annex: Option<String>,
+    /// The EPs' owner restriction (from their attach tokens).
+    pub owner: Option<String>,
 }
 
 /// One attached EP session.
@@ -30,8 +64,10 @@ pub struct EpSlot {
     pub ep_id: String,
     /// The name the EP gave, for job records and logs.
     pub name: String,
-    /// When set (from the attach token), only this owner's jobs run here.
-    pub owner: Option<String>,
+    /// Which jobs it may take: its attach token's annex and owner restriction.
+    pub pool: Pool,
+    /// Its attach token, as revocation sees it.
+    pub credential: Credential,
     /// What it offered in its Hello.
     pub total: Resources,
     /// Cores not reserved by running jobs.
@@ -39,10 +75,15 @@ pub struct EpSlot {
     /// Memory not reserved by running jobs, MiB.
     pub free_memory_mb: u64,
     /// Where to send messages for this EP. Unbounded, yet bounded in practice: every job
-    /// reserves at least one core, so at most `total.cpus` Assigns are ever in flight.
-    pub tx: mpsc::UnboundedSender<SchedulerMsg>,
+    /// reserves at least one core, so at most `total.cpus` Assigns (and as many Cancels) are
+    /// ever in flight, plus one Close.
+    pub tx: mpsc::UnboundedSender<ToEp>,
     /// Jobs running here and what each reserved.
     pub running: HashMap<String, Resources>,
+    /// Running jobs told to stop; their reservation stays until the EP reports.
+    pub cancelled: HashSet<String>,
+    /// Told to close: takes no more jobs.
+    pub closing: bool,
 }
 
 impl EpSlot {
@@ -50,25 +91,36 @@ impl EpSlot {
     pub fn new(
         ep_id: String,
         name: String,
-        owner: Option<String>,
+        pool: Pool,
+        credential: Credential,
         total: Resources,
-        tx: mpsc::UnboundedSender<SchedulerMsg>,
+        tx: mpsc::UnboundedSender<ToEp>,
     ) -> EpSlot {
         EpSlot {
             ep_id,
             name,
-            owner,
+            pool,
+            credential,
             total,
             free_cpus: total.cpus,
             free_memory_mb: total.memory_mb,
             tx,
             running: HashMap::new(),
+            cancelled: HashSet::new(),
+            closing: false,
         }
+    }
+
+    /// Whether it takes jobs now at all.
+    fn accepting(&self) -> bool {
+        !self.closing && self.free_cpus > 0 && self.free_memory_mb > 0
     }
 
     /// Whether `job` may and can run here with `free` left.
     fn takes(&self, job: &IdleJob, free_cpus: u32, free_memory_mb: u64) -> bool {
-        self.owner.as_ref().is_none_or(|o| *o == job.owner)
+        !self.closing
+            && self.pool.owner.as_ref().is_none_or(|o| *o == job.owner)
+            && self.pool.annex == job.annex
             && job.resources.cpus <= free_cpus
             && job.resources.memory_mb <= free_memory_mb
             && job.resources.runtime_s <= self.total.runtime_s
@@ -90,6 +142,17 @@ pub struct Match {
     pub ep_id: String,
     /// What the job reserves there.
     pub resources: Resources,
+}
+
+/// What became of an Assign handed to [`EpTable::deliver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Queued for the session.
+    Sent,
+    /// The job was stopped before it was sent (a revocation): not sent, reservation freed.
+    Cancelled,
+    /// The session is gone or its channel closed.
+    Gone,
 }
 
 impl EpTable {
@@ -118,29 +181,18 @@ impl EpTable {
         self.eps.is_empty()
     }
 
-    /// Whether some EP has a free core.
-    pub fn has_room(&self) -> bool {
-        self.eps.values().any(|e| e.free_cpus > 0 && e.free_memory_mb > 0)
-    }
-
-    /// The most free cpus and memory, and the longest runtime, over EPs with room: a job
-    /// larger in any of them fits nowhere now, so it need not be read from the store.
-    pub fn largest_room(&self) -> Option<Resources> {
-        self.eps.values().filter(|e| e.free_cpus > 0 && e.free_memory_mb > 0).fold(None, |acc, e| {
-            let r = acc.unwrap_or(Resources { cpus: 0, memory_mb: 0, runtime_s: 0 });
-            Some(Resources {
-                cpus: r.cpus.max(e.free_cpus),
-                memory_mb: r.memory_mb.max(e.free_memory_mb),
-                runtime_s: r.runtime_s.max(e.total.runtime_s),
-            })
-        })
-    }
-
-    /// Owners that restricted EPs with room are dedicated to.
-    pub fn restricted_owners_with_room(&self) -> Vec<String> {
-        let set: BTreeSet<&String> =
-            self.eps.values().filter(|e| e.free_cpus > 0).filter_map(|e| e.owner.as_ref()).collect();
-        set.into_iter().cloned().collect()
+    /// Each pool with an EP that accepts work, with the most free cpus and memory and the
+    /// longest runtime among its EPs: a job larger in any of them fits nowhere in that pool
+    /// now, so it need not be read from the store.
+    pub fn pools_with_room(&self) -> Vec<(Pool, Resources)> {
+        let mut pools: BTreeMap<&Pool, Resources> = BTreeMap::new();
+        for e in self.eps.values().filter(|e| e.accepting()) {
+            let r = pools.entry(&e.pool).or_insert(Resources { cpus: 0, memory_mb: 0, runtime_s: 0 });
+            r.cpus = r.cpus.max(e.free_cpus);
+            r.memory_mb = r.memory_mb.max(e.free_memory_mb);
+            r.runtime_s = r.runtime_s.max(e.total.runtime_s);
+        }
+        pools.into_iter().map(|(p, r)| (p.clone(), r)).collect()
     }
 
     /// Reserves `m.resources` on its EP for its job. False if the EP is gone or too full.
@@ -162,6 +214,7 @@ impl EpTable {
         let Some(ep) = self.eps.get_mut(ep_id) else {
             return false;
         };
+        ep.cancelled.remove(job_id);
         let Some(r) = ep.running.remove(job_id) else {
             return false;
         };
@@ -173,6 +226,53 @@ impl EpTable {
     /// Whether `job_id` is running on `ep_id` as far as this table knows.
     pub fn is_running(&self, ep_id: &str, job_id: &str) -> bool {
         self.eps.get(ep_id).is_some_and(|e| e.running.contains_key(job_id))
+    }
+
+    /// Sends the Assign of a job reserved on `ep_id`, unless the job was stopped meanwhile
+    /// (then its reservation is freed and nothing is sent).
+    pub fn deliver(&mut self, ep_id: &str, a: JobAssignment) -> Delivery {
+        let Some(ep) = self.eps.get_mut(ep_id) else {
+            return Delivery::Gone;
+        };
+        if ep.cancelled.contains(&a.job_id) {
+            self.release(ep_id, &a.job_id);
+            return Delivery::Cancelled;
+        }
+        match ep.tx.send(ToEp::Send(SchedulerMsg::Assign(a))) {
+            Ok(()) => Delivery::Sent,
+            Err(_) => Delivery::Gone,
+        }
+    }
+
+    /// Tells `ep_id` to stop `job_id` (if it holds it); the reservation stays until the EP
+    /// reports or the session ends. False if the session does not hold the job.
+    pub fn cancel(&mut self, ep_id: &str, job_id: &str, reason: &str) -> bool {
+        let Some(ep) = self.eps.get_mut(ep_id).filter(|e| e.running.contains_key(job_id)) else {
+            return false;
+        };
+        ep.cancelled.insert(job_id.to_owned());
+        let msg = SchedulerMsg::Cancel { job_id: job_id.to_owned(), reason: reason.to_owned() };
+        ep.tx.send(ToEp::Send(msg)).is_ok()
+    }
+
+    /// Marks every session whose attach token `named` picks as closing (it takes no more
+    /// jobs) and returns their ids; [`EpTable::close`] then closes them.
+    pub fn mark_closing(&mut self, named: impl Fn(&Credential) -> bool) -> Vec<String> {
+        let mut out = Vec::new();
+        for ep in self.eps.values_mut().filter(|e| named(&e.credential)) {
+            ep.closing = true;
+            out.push(ep.ep_id.clone());
+        }
+        out
+    }
+
+    /// Tells `ep_id` to close with `code` and `reason`. False if it is gone.
+    pub fn close(&mut self, ep_id: &str, code: u16, reason: &str) -> bool {
+        let Some(ep) = self.eps.get_mut(ep_id) else {
+            return false;
+        };
+        ep.closing = true;
+        ep.tx.send(ToEp::Close { code, reason: reason.to_owned() }).is_ok()
     }
 }
 
@@ -195,7 +295,7 @@ pub fn select(idle: &[IdleJob], eps: &EpTable) -> Vec<Match> {
                 // `then`, not `then_some`: the subtractions are only sound once `takes` holds.
                 e.takes(job, c, m).then(|| (e, c - job.resources.cpus, m - job.resources.memory_mb))
             })
-            .min_by_key(|(e, c_left, m_left)| (e.owner.is_none(), *c_left, *m_left));
+            .min_by_key(|(e, c_left, m_left)| (e.pool.owner.is_none(), *c_left, *m_left));
         if let Some((ep, c_left, m_left)) = best {
             free.insert(ep.ep_id.as_str(), (c_left, m_left));
             out.push(Match { job_id: job.id.clone(), ep_id: ep.ep_id.clone(), resources: job.resources });
@@ -216,12 +316,91 @@ mod tests {
     }
 
     fn ep(id: &str, owner: Option<&str>, total: Resources) -> EpSlot {
+        annex_ep(id, owner, None, total)
+    }
+
+    fn annex_ep(id: &str, owner: Option<&str>, annex: Option<&str>, total: Resources) -> EpSlot {
         let (tx, _rx) = mpsc::unbounded_channel();
-        EpSlot::new(id.into(), format!("name-{id}"), owner.map(str::to_owned), total, tx)
+        let pool = Pool { annex: annex.map(str::to_owned), owner: owner.map(str::to_owned) };
+        let credential = Credential { jti: format!("jti-{id}"), owner: pool.owner.clone(), issuer: "s".into() };
+        EpSlot::new(id.into(), format!("name-{id}"), pool, credential, total, tx)
     }
 
     fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
-        IdleJob { id: id.into(), owner: owner.into(), resources: r }
+        IdleJob { id: id.into(), owner: owner.into(), annex: None, resources: r }
+    }
+
+    fn annex_job(id: &str, annex: &str) -> IdleJob {
+        IdleJob { annex: Some(annex.into()), ..job(id, "alice", res(1, 1, 1)) }
+    }
+
+    fn placed(m: &[Match]) -> Vec<(&str, &str)> {
+        m.iter().map(|m| (m.job_id.as_str(), m.ep_id.as_str())).collect()
+    }
+
+    #[test]
+    fn annex_jobs_run_only_on_their_annex_and_annex_eps_only_run_them() {
+        let mut t = EpTable::default();
+        t.insert(ep("site", None, res(8, 8000, 100)));
+        t.insert(annex_ep("other", None, Some("other"), res(8, 8000, 100)));
+        let idle = [annex_job("a1", "gpu")];
+        assert_eq!(select(&idle, &t), vec![], "no EP of annex gpu yet");
+        t.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
+        assert_eq!(placed(&select(&idle, &t)), vec![("a1", "gpu-ep")]);
+
+        let mut only_annex = EpTable::default();
+        only_annex.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
+        assert_eq!(select(&[job("plain", "alice", res(1, 1, 1))], &only_annex), vec![]);
+
+        // Both restrictions apply: an annex EP bound to alice takes neither bob's annex job
+        // nor alice's plain one.
+        let mut both = EpTable::default();
+        both.insert(annex_ep("alices-gpu", Some("alice"), Some("gpu"), res(8, 8000, 100)));
+        let bobs = IdleJob { owner: "bob".into(), ..annex_job("b1", "gpu") };
+        let idle = [bobs, job("plain", "alice", res(1, 1, 1)), annex_job("a1", "gpu")];
+        assert_eq!(placed(&select(&idle, &both)), vec![("a1", "alices-gpu")]);
+        let pools: Vec<Pool> = both.pools_with_room().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
+    }
+
+    #[test]
+    fn closing_eps_and_cancelled_jobs_get_nothing() {
+        let mut t = EpTable::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let pool = Pool { annex: None, owner: None };
+        let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
+        t.insert(EpSlot::new("a".into(), "a".into(), pool, credential, res(4, 4000, 100), tx));
+        let idle = [job("j1", "x", res(1, 1, 1)), job("j2", "x", res(1, 1, 1))];
+        let m = select(&idle, &t);
+        assert!(m.iter().all(|m| t.reserve(m)));
+        // j1 is stopped before its Assign went out: it is not sent and its room comes back.
+        assert!(t.cancel("a", "j1", "revoked"));
+        assert!(matches!(rx.try_recv(), Ok(ToEp::Send(SchedulerMsg::Cancel { .. }))));
+        let assignment = |id: &str| JobAssignment {
+            job_id: id.into(),
+            function: htfaas_functions::proto::FunctionRef {
+                name: "f".into(),
+                version: 1,
+                digest: htfaas_functions::Digest::of(b"m"),
+                module_url: "http://r/m".into(),
+            },
+            resources: res(1, 1, 1),
+            input: htfaas_functions::proto::InputSpec {
+                url: "http://s/a".into(),
+                name: "a".into(),
+                macaroon: "m".into(),
+            },
+            output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
+            args: vec![],
+            env: vec![],
+        };
+        assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
+        assert!(!t.is_running("a", "j1"));
+        assert_eq!(t.deliver("a", assignment("j2")), Delivery::Sent);
+        assert_eq!(t.mark_closing(|c| c.jti == "j"), vec!["a".to_owned()]);
+        assert_eq!(select(&[job("j3", "x", res(1, 1, 1))], &t), vec![]);
+        assert!(t.pools_with_room().is_empty());
+        assert_eq!(t.deliver("gone", assignment("j3")), Delivery::Gone);
     }
 
     #[test]

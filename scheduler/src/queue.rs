@@ -1,29 +1,40 @@
-//! The durable job queue: jobs, submit-token uses and owner accounts in one SQLite file.
+//! The durable job queue: jobs, submit-token uses, owner accounts and revocations in one
+//! SQLite file, plus the in-memory set of revoked targets loaded from it at start.
 //!
 //! WAL with `synchronous=FULL`: once a call that writes returns `Ok`, its transaction is on disk.
 //! One connection behind a mutex, used from `spawn_blocking`, serializes every writer, so the
-//! checks inside a transaction (dedupe key, token uses, "still running on this EP") cannot race.
+//! checks inside a transaction (revocation, dedupe key, token uses, "still running on this EP")
+//! cannot race.
 //!
-//! Stored format: `PRAGMA user_version` = [`SCHEMA_VERSION`]. A job keeps the full
-//! [`SubmitRequest`] as JSON (it holds the macaroons, which never leave through the API).
+//! Stored format: `PRAGMA user_version` = [`SCHEMA_VERSION`]; [`MIGRATIONS`] bring an older
+//! file (or an empty one) up to it in one transaction. A job keeps the full [`SubmitRequest`]
+//! as JSON (it holds the original macaroons, which never leave through the API; EPs get
+//! attenuated copies) and its submit token's `jti`, issuer and accounting group.
 
 use crate::error::QueueError;
-use crate::matching::IdleJob;
+use crate::matching::{IdleJob, Pool};
+use crate::revocation::{Credential, Revoked, target_from_parts, target_parts};
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{
-    Account, JobAssignment, JobRecord, JobReport, JobState, OutputFile, SubmitRequest, Usage,
+    Account, JobAssignment, JobRecord, JobReport, JobState, Outcome, OutputFile, Revocation, RevocationTarget,
+    SubmitRequest, Usage,
 };
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Longest EP log kept per job, bytes.
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
 
-const SCHEMA: &str = "
+/// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
+pub const MIGRATIONS: [&str; 2] = [SCHEMA_1, MIGRATE_1_TO_2];
+
+/// Version 1: jobs, token uses, accounts.
+const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS jobs (
     seq             INTEGER PRIMARY KEY AUTOINCREMENT,
     id              TEXT NOT NULL UNIQUE,
@@ -67,8 +78,25 @@ CREATE TABLE IF NOT EXISTS accounts (
 );
 ";
 
+/// Version 2: each job's submit-token issuer, accounting group (`grp`) and annex; revocations.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE jobs ADD COLUMN token_issuer TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN grp TEXT;
+ALTER TABLE jobs ADD COLUMN annex TEXT;
+CREATE INDEX IF NOT EXISTS jobs_idle_by_annex ON jobs (annex, owner, seq) WHERE state = 'idle';
+CREATE TABLE IF NOT EXISTS revocations (
+    seq    INTEGER PRIMARY KEY,
+    kind   TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    \"by\"   TEXT NOT NULL,
+    at_ms  INTEGER NOT NULL,
+    result TEXT NOT NULL
+);
+";
+
 const RECORD_COLUMNS: &str = "id, owner, state, reason, token_jti, request, cpus, memory_mb, runtime_s, ep, \
-     submitted_at_ms, started_at_ms, finished_at_ms, exit_code, usage, outputs";
+     submitted_at_ms, started_at_ms, finished_at_ms, exit_code, usage, outputs, token_issuer, grp, annex";
 
 /// A job to insert: the verified request and what the token says about it.
 #[derive(Debug, Clone)]
@@ -79,6 +107,10 @@ pub struct NewJob {
     pub owner: String,
     /// The token's id, whose uses are counted.
     pub jti: String,
+    /// The token's issuer, kept for revocation.
+    pub issuer: String,
+    /// The token's accounting group, if any.
+    pub group: Option<String>,
     /// How many jobs the token allows.
     pub jobs: u32,
     /// The token's expiry, so that its use count can be pruned after it.
@@ -99,7 +131,8 @@ pub struct Submitted {
 pub struct Marked {
     /// Jobs now running on the EP, with what to send it.
     pub assigned: Vec<JobAssignment>,
-    /// Jobs that were no longer idle, or whose stored request did not decode.
+    /// Jobs that were no longer idle, or that failed at once (their stored request did not
+    /// decode, or `prepare` refused it).
     pub skipped: Vec<String>,
 }
 
@@ -112,10 +145,29 @@ pub struct Finished {
     pub state: JobState,
 }
 
+/// What [`Queue::record_revocation`] did to jobs, and the record it wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The revocation as stored and answered.
+    pub revocation: Revocation,
+    /// Running jobs now removed, with the EP session each runs on: they are to be stopped.
+    pub stopped: Vec<(String, String)>,
+}
+
+/// The `result` column of `revocations` (a stored format, not a wire type).
+#[derive(Serialize, Deserialize)]
+struct RevocationResult {
+    removed_jobs: Vec<String>,
+    stopped_jobs: Vec<String>,
+    closed_eps: Vec<String>,
+}
+
 /// Handle on the job store; cheap to clone.
 #[derive(Clone)]
 pub struct Queue {
     conn: Arc<Mutex<Connection>>,
+    /// Revoked targets, loaded at open; checked inside submit transactions and by the API.
+    revoked: Arc<RwLock<Revoked>>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -142,10 +194,11 @@ fn from_db(v: i64) -> u64 {
 }
 
 impl Queue {
-    /// Opens (or creates) the store at `path`: WAL, `synchronous=FULL`, schema checked.
-    /// Jobs left `running` by a previous process go back to `idle`: their EP sessions are gone.
+    /// Opens (or creates) the store at `path`: WAL, `synchronous=FULL`, schema migrated to
+    /// [`SCHEMA_VERSION`], revocations loaded into memory. Jobs left `running` by a previous
+    /// process go back to `idle`: their EP sessions are gone.
     pub fn open(path: &Path) -> Result<Queue, QueueError> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
@@ -153,12 +206,7 @@ impl Queue {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if found > SCHEMA_VERSION {
-            return Err(QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION });
-        }
-        conn.execute_batch(SCHEMA)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        migrate(&mut conn)?;
         let requeued = conn.execute(
             "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
              WHERE state = 'running'",
@@ -167,7 +215,22 @@ impl Queue {
         if requeued > 0 {
             tracing::info!(jobs = requeued, "jobs left running by the previous process are idle again");
         }
-        Ok(Queue { conn: Arc::new(Mutex::new(conn)) })
+        let mut revoked = Revoked::default();
+        for r in read_revocations(&conn)? {
+            revoked.insert(r.target, r.reason);
+        }
+        Ok(Queue { conn: Arc::new(Mutex::new(conn)), revoked: Arc::new(RwLock::new(revoked)) })
+    }
+
+    /// Why `c` is revoked, if it is (O(1), in memory).
+    pub fn revoked_reason(&self, c: &Credential) -> Option<String> {
+        self.revoked.read().unwrap_or_else(|p| p.into_inner()).reason_for(c).map(str::to_owned)
+    }
+
+    /// From now on, credentials named by `target` are refused (in memory only:
+    /// [`Queue::record_revocation`] makes it durable).
+    pub fn block(&self, target: RevocationTarget, reason: String) {
+        self.revoked.write().unwrap_or_else(|p| p.into_inner()).insert(target, reason);
     }
 
     /// Runs `f` on the connection in a blocking task.
@@ -185,11 +248,20 @@ impl Queue {
         .map_err(|e| QueueError::Task(e.to_string()))?
     }
 
-    /// In one transaction: returns the job that already has `(owner, dedupe_key)`, or counts a
-    /// use of the token (refusing past `jobs`) and inserts the job as idle.
+    /// In one transaction: refuses a revoked token, returns the job that already has
+    /// `(owner, dedupe_key)`, or counts a use of the token (refusing past `jobs`) and inserts
+    /// the job as idle.
     pub async fn submit(&self, job: NewJob) -> Result<Submitted, QueueError> {
+        let queue = self.clone();
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // Checked under the connection lock: a revocation made meanwhile either is seen
+            // here or runs its own transaction after this one, and removes this job.
+            let credential =
+                Credential { jti: job.jti.clone(), owner: Some(job.owner.clone()), issuer: job.issuer.clone() };
+            if let Some(reason) = queue.revoked_reason(&credential) {
+                return Err(QueueError::Revoked { reason });
+            }
             let existing: Option<String> = tx
                 .query_row(
                     "SELECT id FROM jobs WHERE owner = ?1 AND dedupe_key = ?2",
@@ -200,11 +272,7 @@ impl Queue {
             if let Some(job_id) = existing {
                 return Ok(Submitted { job_id, created: false });
             }
-            let uses: i64 = tx
-                .query_row("SELECT uses FROM token_uses WHERE jti = ?1", params![job.jti], |r| r.get(0))
-                .optional()?
-                .unwrap_or(0);
-            let uses = from_db(uses);
+            let uses = token_uses(&tx, &job.jti)?;
             if uses >= u64::from(job.jobs) {
                 return Err(QueueError::TokenUsed { uses, jobs: job.jobs });
             }
@@ -217,7 +285,8 @@ impl Queue {
             let r = job.request.resources;
             tx.execute(
                 "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
-                 runtime_s, submitted_at_ms) VALUES (?1, ?2, ?3, 'idle', ?4, ?5, ?6, ?7, ?8, ?9)",
+                 runtime_s, submitted_at_ms, token_issuer, grp, annex) \
+                 VALUES (?1, ?2, ?3, 'idle', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     job_id,
                     job.owner,
@@ -228,6 +297,9 @@ impl Queue {
                     db_int(r.memory_mb),
                     db_int(r.runtime_s),
                     db_int(now_ms()),
+                    job.issuer,
+                    job.group,
+                    job.request.annex,
                 ],
             )?;
             tx.commit()?;
@@ -236,54 +308,52 @@ impl Queue {
         .await
     }
 
-    /// The oldest idle jobs that fit within `room` (at most `limit`), plus the oldest `limit`
-    /// of each owner in `owners` (so that an owner-restricted EP is not starved by other
-    /// owners' older jobs); oldest first, without duplicates. `room` keeps jobs that fit no EP
-    /// from filling the batch and blocking the queue behind them.
+    /// How many jobs the token `jti` has submitted (for preflight; changes nothing).
+    pub async fn uses(&self, jti: String) -> Result<u64, QueueError> {
+        self.call(move |conn| Ok(token_uses(conn, &jti)?)).await
+    }
+
+    /// For each pool of attached EPs with room (an annex, or none, and an owner restriction, or
+    /// none), the oldest idle jobs that pool may take and that fit within its room, at most
+    /// `limit` each; oldest first, without duplicates. Reading per pool keeps jobs that no EP
+    /// may take now (another annex, another owner, too large) from filling the batch and
+    /// blocking the queue behind them. [`crate::matching::select`] makes the final decision.
     pub async fn idle_candidates(
         &self,
-        owners: Vec<String>,
-        room: Resources,
+        pools: Vec<(Pool, Resources)>,
         limit: usize,
     ) -> Result<Vec<IdleJob>, QueueError> {
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let (cpus, memory_mb, runtime_s) = (room.cpus, db_int(room.memory_mb), db_int(room.runtime_s));
             let mut seen = std::collections::BTreeMap::new();
-            let mut collect = |stmt: &mut rusqlite::Statement<'_>, p: &[&dyn rusqlite::ToSql]| {
-                let rows = stmt.query_map(p, |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        IdleJob {
-                            id: r.get(1)?,
-                            owner: r.get(2)?,
-                            resources: Resources {
-                                cpus: r.get(3)?,
-                                memory_mb: from_db(r.get(4)?),
-                                runtime_s: from_db(r.get(5)?),
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, id, owner, annex, cpus, memory_mb, runtime_s FROM jobs \
+                 WHERE state = 'idle' AND annex IS ?1 AND (?2 IS NULL OR owner = ?2) \
+                 AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 ORDER BY seq LIMIT ?6",
+            )?;
+            for (pool, room) in &pools {
+                let rows = stmt.query_map(
+                    params![pool.annex, pool.owner, room.cpus, db_int(room.memory_mb), db_int(room.runtime_s), limit],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            IdleJob {
+                                id: r.get(1)?,
+                                owner: r.get(2)?,
+                                annex: r.get(3)?,
+                                resources: Resources {
+                                    cpus: r.get(4)?,
+                                    memory_mb: from_db(r.get(5)?),
+                                    runtime_s: from_db(r.get(6)?),
+                                },
                             },
-                        },
-                    ))
-                })?;
+                        ))
+                    },
+                )?;
                 for row in rows {
                     let (seq, job) = row?;
                     seen.insert(seq, job);
                 }
-                Ok::<(), rusqlite::Error>(())
-            };
-            let mut all = conn.prepare_cached(
-                "SELECT seq, id, owner, cpus, memory_mb, runtime_s FROM jobs \
-                 WHERE state = 'idle' AND cpus <= ?2 AND memory_mb <= ?3 AND runtime_s <= ?4 \
-                 ORDER BY seq LIMIT ?1",
-            )?;
-            collect(&mut all, &[&limit, &cpus, &memory_mb, &runtime_s])?;
-            let mut by_owner = conn.prepare_cached(
-                "SELECT seq, id, owner, cpus, memory_mb, runtime_s FROM jobs \
-                 WHERE owner = ?1 AND state = 'idle' AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 \
-                 ORDER BY seq LIMIT ?2",
-            )?;
-            for owner in &owners {
-                collect(&mut by_owner, &[owner, &limit, &cpus, &memory_mb, &runtime_s])?;
             }
             Ok(seen.into_values().collect())
         })
@@ -291,13 +361,19 @@ impl Queue {
     }
 
     /// In one transaction: marks each job that is still idle as running on EP session
-    /// `ep_session` (named `ep_name`), and returns what to send for it.
-    pub async fn mark_running(
+    /// `ep_session` (named `ep_name`), and returns what to send for it, as `prepare` made it.
+    /// A job whose stored request does not decode, or that `prepare` refuses (with the reason
+    /// to record), fails at once: it is neither sent nor retried.
+    pub async fn mark_running<F>(
         &self,
         job_ids: Vec<String>,
         ep_name: String,
         ep_session: String,
-    ) -> Result<Marked, QueueError> {
+        prepare: F,
+    ) -> Result<Marked, QueueError>
+    where
+        F: Fn(JobAssignment) -> Result<JobAssignment, String> + Send + 'static,
+    {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut marked = Marked::default();
@@ -310,32 +386,27 @@ impl Queue {
                     marked.skipped.push(id);
                     continue;
                 };
-                let request: SubmitRequest = match serde_json::from_str(&request) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!(job.id = %id, "stored request does not decode; failing the job: {e}");
+                let prepared = serde_json::from_str::<SubmitRequest>(&request)
+                    .map_err(|e| format!("stored request is corrupt: {e}"))
+                    .and_then(|r| prepare(assignment(id.clone(), r)));
+                match prepared {
+                    Ok(a) => {
+                        tx.execute(
+                            "UPDATE jobs SET state = 'running', ep = ?2, ep_session = ?3, started_at_ms = ?4 \
+                             WHERE id = ?1 AND state = 'idle'",
+                            params![id, ep_name, ep_session, started],
+                        )?;
+                        marked.assigned.push(a);
+                    }
+                    Err(reason) => {
+                        tracing::error!(job.id = %id, "failing the job: {reason}");
                         tx.execute(
                             "UPDATE jobs SET state = 'failed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
-                            params![id, format!("stored request is corrupt: {e}"), started],
+                            params![id, reason, started],
                         )?;
                         marked.skipped.push(id);
-                        continue;
                     }
-                };
-                tx.execute(
-                    "UPDATE jobs SET state = 'running', ep = ?2, ep_session = ?3, started_at_ms = ?4 \
-                     WHERE id = ?1 AND state = 'idle'",
-                    params![id, ep_name, ep_session, started],
-                )?;
-                marked.assigned.push(JobAssignment {
-                    job_id: id,
-                    function: request.function,
-                    resources: request.resources,
-                    input: request.input,
-                    output: request.output,
-                    args: request.args,
-                    env: request.env,
-                });
+                }
             }
             tx.commit()?;
             Ok(marked)
@@ -375,52 +446,55 @@ impl Queue {
     }
 
     /// In one transaction: if the report's job is running on `ep_session`, records its end and
-    /// charges its owner. `None` when it is not (unknown, finished, or requeued meanwhile).
+    /// charges its owner. If it was removed while running there (a revocation) and is reported
+    /// for the first time, records and charges its usage but keeps its state and reason.
+    /// `None` otherwise (unknown, finished, requeued meanwhile, reported twice).
     pub async fn finish(&self, ep_session: String, report: JobReport) -> Result<Option<Finished>, QueueError> {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let row: Option<(String, u32)> = tx
+            let row: Option<(String, u32, String)> = tx
                 .query_row(
-                    "SELECT owner, cpus FROM jobs WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
+                    "SELECT owner, cpus, state FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+                     AND (state = 'running' OR (state = 'removed' AND usage IS NULL))",
                     params![report.job_id, ep_session],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .optional()?;
-            let Some((owner, cpus)) = row else {
+            let Some((owner, cpus, stored)) = row else {
                 return Ok(None);
             };
-            let success = report.outcome.is_success();
-            let state = if success { JobState::Completed } else { JobState::Failed };
+            let state = match (stored.as_str(), report.outcome.is_success()) {
+                ("removed", _) => JobState::Removed,
+                (_, true) => JobState::Completed,
+                (_, false) => JobState::Failed,
+            };
             let exit_code = match report.outcome {
-                htfaas_functions::proto::Outcome::Exited { exit_code } => Some(exit_code),
+                Outcome::Exited { exit_code } => Some(exit_code),
                 _ => None,
             };
-            let mut log = report.log;
-            if log.len() > MAX_LOG_BYTES {
-                let mut cut = MAX_LOG_BYTES;
-                while !log.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                log.truncate(cut);
-            }
+            // A removed job keeps the reason and end time its removal gave it.
+            let (reason, finished_at) = match state {
+                JobState::Removed => (None, None),
+                _ => (Some(report.outcome.reason()), Some(db_int(now_ms()))),
+            };
             let u = report.usage;
             tx.execute(
-                "UPDATE jobs SET state = ?2, reason = ?3, exit_code = ?4, usage = ?5, outputs = ?6, log = ?7, \
-                 finished_at_ms = ?8 WHERE id = ?1",
+                "UPDATE jobs SET state = ?2, reason = COALESCE(?3, reason), exit_code = ?4, usage = ?5, \
+                 outputs = ?6, log = ?7, finished_at_ms = COALESCE(?8, finished_at_ms) WHERE id = ?1",
                 params![
                     report.job_id,
                     state.as_str(),
-                    report.outcome.reason(),
+                    reason,
                     exit_code,
                     serde_json::to_string(&u)?,
                     serde_json::to_string(&report.outputs)?,
-                    log,
-                    db_int(now_ms()),
+                    bounded_log(report.log),
+                    finished_at,
                 ],
             )?;
             let mut acc =
                 read_account(&tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
-            charge(&mut acc, success, cpus, &u);
+            charge(&mut acc, state, cpus, &u);
             tx.execute(
                 "INSERT OR REPLACE INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
                  wall_seconds, bytes_in, bytes_out) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -439,6 +513,54 @@ impl Queue {
             Ok(Some(Finished { owner, state }))
         })
         .await
+    }
+
+    /// In one transaction: every idle or running job whose submit token `target` names becomes
+    /// `removed` with the reason `token revoked: <reason>` (running ones keep their session, so
+    /// that their late report is still charged), and the revocation is recorded with what it
+    /// did (`closed_eps` is the caller's part).
+    pub async fn record_revocation(
+        &self,
+        target: RevocationTarget,
+        reason: String,
+        by: String,
+        closed_eps: Vec<String>,
+    ) -> Result<Recorded, QueueError> {
+        self.call(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let at_ms = now_ms();
+            let job_reason = QueueError::Revoked { reason: reason.clone() }.to_string();
+            let mut result = RevocationResult { removed_jobs: vec![], stopped_jobs: vec![], closed_eps };
+            let mut stopped = Vec::new();
+            for (id, state, session) in active_jobs_named_by(&tx, &target)? {
+                tx.execute(
+                    "UPDATE jobs SET state = 'removed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
+                    params![id, job_reason, db_int(at_ms)],
+                )?;
+                match (state.as_str(), session) {
+                    ("running", Some(session)) => {
+                        result.stopped_jobs.push(id.clone());
+                        stopped.push((id, session));
+                    }
+                    _ => result.removed_jobs.push(id),
+                }
+            }
+            let (kind, value) = target_parts(&target);
+            tx.execute(
+                "INSERT INTO revocations (kind, value, reason, \"by\", at_ms, result) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![kind, value, reason, by, db_int(at_ms), serde_json::to_string(&result)?],
+            )?;
+            tx.commit()?;
+            let RevocationResult { removed_jobs, stopped_jobs, closed_eps } = result;
+            let revocation = Revocation { target, reason, by, at_ms, removed_jobs, stopped_jobs, closed_eps };
+            Ok(Recorded { revocation, stopped })
+        })
+        .await
+    }
+
+    /// Every recorded revocation, oldest first.
+    pub async fn revocations(&self) -> Result<Vec<Revocation>, QueueError> {
+        self.call(|conn| read_revocations(conn)).await
     }
 
     /// The newest `limit` jobs, newest first.
@@ -488,12 +610,13 @@ impl Queue {
     }
 }
 
-/// Adds one finished job to an account.
-fn charge(acc: &mut Account, success: bool, cpus: u32, u: &Usage) {
-    if success {
-        acc.jobs_completed = acc.jobs_completed.saturating_add(1);
-    } else {
-        acc.jobs_failed = acc.jobs_failed.saturating_add(1);
+/// Adds one finished job to an account: its usage always, and one to the count of its final
+/// state (a removed job counts as neither completed nor failed).
+fn charge(acc: &mut Account, state: JobState, cpus: u32, u: &Usage) {
+    match state {
+        JobState::Completed => acc.jobs_completed = acc.jobs_completed.saturating_add(1),
+        JobState::Failed => acc.jobs_failed = acc.jobs_failed.saturating_add(1),
+        JobState::Idle | JobState::Running | JobState::Removed => {}
     }
     let wall_s = u.wall_ms as f64 / 1000.0;
     acc.core_seconds += f64::from(cpus) * wall_s;
@@ -501,6 +624,111 @@ fn charge(acc: &mut Account, success: bool, cpus: u32, u: &Usage) {
     acc.wall_seconds += wall_s;
     acc.bytes_in = acc.bytes_in.saturating_add(u.bytes_in);
     acc.bytes_out = acc.bytes_out.saturating_add(u.bytes_out);
+}
+
+/// The log cut to [`MAX_LOG_BYTES`] at a character boundary.
+fn bounded_log(mut log: String) -> String {
+    if log.len() > MAX_LOG_BYTES {
+        let mut cut = MAX_LOG_BYTES;
+        while !log.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        log.truncate(cut);
+    }
+    log
+}
+
+/// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
+fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION });
+    }
+    for (version, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+        tx.execute_batch(step)?;
+        tracing::info!(from = version, to = version + 1, "job store migrated");
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Jobs submitted so far with the token `jti`.
+fn token_uses(conn: &Connection, jti: &str) -> rusqlite::Result<u64> {
+    let uses: Option<i64> =
+        conn.query_row("SELECT uses FROM token_uses WHERE jti = ?1", params![jti], |r| r.get(0)).optional()?;
+    Ok(uses.map(from_db).unwrap_or(0))
+}
+
+/// Idle and running jobs whose submit token `target` names: `(id, state, ep_session)`.
+fn active_jobs_named_by(
+    conn: &Connection,
+    target: &RevocationTarget,
+) -> rusqlite::Result<Vec<(String, String, Option<String>)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, state, ep_session, token_jti, owner, token_issuer FROM jobs \
+         WHERE state IN ('idle', 'running') ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let credential = Credential { jti: r.get(3)?, owner: Some(r.get(4)?), issuer: r.get(5)? };
+        Ok((credential.is_named_by(target), (r.get(0)?, r.get(1)?, r.get(2)?)))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (named, job) = row?;
+        if named {
+            out.push(job);
+        }
+    }
+    Ok(out)
+}
+
+/// Every recorded revocation, oldest first.
+fn read_revocations(conn: &Connection) -> Result<Vec<Revocation>, QueueError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT seq, kind, value, reason, \"by\", at_ms, result FROM revocations ORDER BY seq")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, String>(4)?,
+            r.get::<_, i64>(5)?,
+            r.get::<_, String>(6)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, kind, value, reason, by, at_ms, result) = row?;
+        let corrupt = |reason: String| QueueError::Corrupt { id: format!("revocation {seq}"), reason };
+        let target = target_from_parts(&kind, value).ok_or_else(|| corrupt(format!("unknown kind {kind:?}")))?;
+        let result: RevocationResult = serde_json::from_str(&result).map_err(|e| corrupt(format!("result: {e}")))?;
+        out.push(Revocation {
+            target,
+            reason,
+            by,
+            at_ms: from_db(at_ms),
+            removed_jobs: result.removed_jobs,
+            stopped_jobs: result.stopped_jobs,
+            closed_eps: result.closed_eps,
+        });
+    }
+    Ok(out)
+}
+
+/// What an EP is sent for a job: no owner, no token.
+fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
+    JobAssignment {
+        job_id,
+        function: r.function,
+        resources: r.resources,
+        input: r.input,
+        output: r.output,
+        args: r.args,
+        env: r.env,
+    }
 }
 
 fn account_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Account> {
@@ -542,6 +770,9 @@ struct RawRecord {
     exit_code: Option<i32>,
     usage: Option<String>,
     outputs: Option<String>,
+    token_issuer: String,
+    group: Option<String>,
+    annex: Option<String>,
 }
 
 fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
@@ -560,6 +791,9 @@ fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
         exit_code: r.get(13)?,
         usage: r.get(14)?,
         outputs: r.get(15)?,
+        token_issuer: r.get(16)?,
+        group: r.get(17)?,
+        annex: r.get(18)?,
     })
 }
 
@@ -591,9 +825,9 @@ impl RawRecord {
             input: request.input.url,
             event: request.event,
             token_jti: self.token_jti,
-            token_issuer: String::new(),
-            group: None,
-            annex: request.annex.clone(),
+            token_issuer: self.token_issuer,
+            group: self.group,
+            annex: self.annex,
             resources: self.resources,
             ep: self.ep,
             submitted_at_ms: from_db(self.submitted_at_ms),
@@ -610,7 +844,14 @@ impl RawRecord {
 pub(crate) mod tests {
     use super::*;
     use htfaas_functions::Digest;
-    use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, Outcome, OutputSpec};
+    use htfaas_functions::macaroon::{RootKey, mint};
+    use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec};
+
+    /// A real macaroon, as the storage would mint it.
+    pub(crate) fn macaroon(activity: &str, path: &str) -> String {
+        let caveats = [format!("activity:{activity}"), format!("path:{path}")];
+        mint(&RootKey::derive(b"queue-test-root"), "loc", "id", &caveats).expect("mint")
+    }
 
     pub(crate) fn request(key: &str) -> SubmitRequest {
         SubmitRequest {
@@ -621,8 +862,12 @@ pub(crate) mod tests {
                 module_url: "http://registry/v1/modules/x".into(),
             },
             resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 60 },
-            input: InputSpec { url: "http://storage/data/raw/a".into(), name: "a".into(), macaroon: "m1".into() },
-            output: OutputSpec { url: "http://storage/data/out/".into(), macaroon: "m2".into() },
+            input: InputSpec {
+                url: "http://storage/data/raw/a".into(),
+                name: "a".into(),
+                macaroon: macaroon("DOWNLOAD", "/data/raw/a"),
+            },
+            output: OutputSpec { url: "http://storage/data/out/".into(), macaroon: macaroon("UPLOAD", "/data/out") },
             args: vec![],
             env: vec![],
             event: EventRef { source: "dcache".into(), id: key.into(), path: "/data/raw/a".into() },
@@ -632,7 +877,19 @@ pub(crate) mod tests {
     }
 
     fn new_job(key: &str, jti: &str, jobs: u32) -> NewJob {
-        NewJob { request: request(key), owner: "alice".into(), jti: jti.into(), jobs, exp: u64::MAX }
+        NewJob {
+            request: request(key),
+            owner: "alice".into(),
+            jti: jti.into(),
+            issuer: "gw".into(),
+            group: None,
+            jobs,
+            exp: u64::MAX,
+        }
+    }
+
+    fn ok(a: JobAssignment) -> Result<JobAssignment, String> {
+        Ok(a)
     }
 
     #[tokio::test]
@@ -654,7 +911,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
         let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
-        let marked = q.mark_running(vec![id.clone()], "ep1".into(), "s1".into()).await.expect("mark");
+        let marked = q.mark_running(vec![id.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
         assert_eq!(marked.assigned.len(), 1);
         let report = JobReport {
             job_id: id.clone(),
@@ -683,10 +940,141 @@ pub(crate) mod tests {
         q.submit(big).await.expect("big");
         let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
         let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
-        let got = q.idle_candidates(vec![], room, 1).await.expect("candidates");
+        let site = Pool { annex: None, owner: None };
+        let got = q.idle_candidates(vec![(site.clone(), room)], 1).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
-        let by_owner = q.idle_candidates(vec!["alice".into()], room, 1).await.expect("candidates");
+        let alices = Pool { annex: None, owner: Some("alice".into()) };
+        let by_owner = q.idle_candidates(vec![(alices, room)], 1).await.expect("candidates");
         assert_eq!(by_owner.len(), 1);
+        let bobs = Pool { annex: None, owner: Some("bob".into()) };
+        assert!(q.idle_candidates(vec![(bobs, room)], 1).await.expect("candidates").is_empty());
+    }
+
+    #[tokio::test]
+    async fn annex_jobs_are_read_only_for_their_annexs_pool() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        // Many older annex jobs do not hide a plain one from a plain pool's batch.
+        for i in 0..3 {
+            let mut j = new_job(&format!("gpu{i}"), &format!("t{i}"), 1);
+            j.request.annex = Some("gpu".into());
+            q.submit(j).await.expect("annex job");
+        }
+        let plain = q.submit(new_job("plain", "tp", 1)).await.expect("plain").job_id;
+        let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
+        let site = Pool { annex: None, owner: None };
+        let got = q.idle_candidates(vec![(site, room)], 1).await.expect("candidates");
+        assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![plain.as_str()]);
+        let gpu = Pool { annex: Some("gpu".into()), owner: None };
+        let got = q.idle_candidates(vec![(gpu, room)], 10).await.expect("candidates");
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|j| j.annex.as_deref() == Some("gpu")));
+    }
+
+    #[tokio::test]
+    async fn a_job_that_prepare_refuses_fails_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        let marked = q
+            .mark_running(vec![id.clone()], "ep1".into(), "s1".into(), |_| Err("no, because".into()))
+            .await
+            .expect("mark");
+        assert!(marked.assigned.is_empty());
+        assert_eq!(marked.skipped, vec![id.clone()]);
+        let rec = q.get(id).await.expect("get").expect("exists");
+        assert_eq!((rec.state, rec.reason.as_str()), (JobState::Failed, "no, because"));
+    }
+
+    #[tokio::test]
+    async fn a_version_1_store_is_migrated_and_its_jobs_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).expect("create v1");
+            conn.execute_batch(SCHEMA_1).expect("v1 schema");
+            conn.pragma_update(None, "user_version", 1).expect("version");
+            conn.execute(
+                "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, runtime_s, \
+                 submitted_at_ms) VALUES ('old', 'alice', 'k', 'idle', 'jti-1', ?1, 1, 64, 60, 5)",
+                params![serde_json::to_string(&request("k")).expect("json")],
+            )
+            .expect("v1 row");
+        }
+        let q = Queue::open(&path).expect("open and migrate");
+        let version: i64 = q.call(|c| Ok(c.query_row("PRAGMA user_version", [], |r| r.get(0))?)).await.expect("v");
+        assert_eq!(version, SCHEMA_VERSION);
+        let rec = q.get("old".into()).await.expect("get").expect("kept");
+        assert_eq!((rec.owner.as_str(), rec.token_jti.as_str(), rec.state), ("alice", "jti-1", JobState::Idle));
+        assert_eq!((rec.token_issuer.as_str(), rec.group, rec.annex), ("", None, None));
+        assert_eq!(q.revocations().await.expect("revocations table"), vec![]);
+        // New columns are written and read from now on, and the old row is still revocable by owner.
+        let mut j = new_job("k2", "t2", 1);
+        (j.group, j.request.annex) = (Some("physics".into()), Some("gpu".into()));
+        let id = q.submit(j).await.expect("submit").job_id;
+        let rec = q.get(id).await.expect("get").expect("exists");
+        assert_eq!(
+            (rec.token_issuer.as_str(), rec.group.as_deref(), rec.annex.as_deref()),
+            ("gw", Some("physics"), Some("gpu"))
+        );
+        let target = RevocationTarget::Owner("alice".into());
+        let rec = q.record_revocation(target, "r".into(), "admin".into(), vec![]).await.expect("revoke");
+        assert_eq!(rec.revocation.removed_jobs.len(), 2);
+        drop(q);
+        // Opening again is a no-op migration; a newer file is refused.
+        let q = Queue::open(&path).expect("reopen");
+        q.call(|c| Ok(c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?)).await.expect("bump");
+        drop(q);
+        assert!(matches!(Queue::open(&path), Err(QueueError::SchemaTooNew { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_revocation_removes_idle_and_running_jobs_and_refuses_the_token_durably() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("q.db");
+        let q = Queue::open(&path).expect("open");
+        let idle = q.submit(new_job("k1", "t1", 3)).await.expect("idle").job_id;
+        let running = q.submit(new_job("k2", "t1", 3)).await.expect("running").job_id;
+        let other = q.submit(new_job("k3", "t2", 1)).await.expect("other token").job_id;
+        q.mark_running(vec![running.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
+        let target = RevocationTarget::Jti("t1".into());
+        q.block(target.clone(), "leaked".into());
+        let err = q.submit(new_job("k4", "t1", 3)).await.expect_err("revoked in memory");
+        assert_eq!(err.to_string(), "token revoked: leaked");
+        let rec = q.record_revocation(target, "leaked".into(), "admin".into(), vec!["s9".into()]).await.expect("rec");
+        assert_eq!(rec.revocation.removed_jobs, vec![idle.clone()]);
+        assert_eq!(rec.revocation.stopped_jobs, vec![running.clone()]);
+        assert_eq!(rec.stopped, vec![(running.clone(), "s1".to_owned())]);
+        for id in [&idle, &running] {
+            let r = q.get(id.clone()).await.expect("get").expect("exists");
+            assert_eq!((r.state, r.reason.as_str()), (JobState::Removed, "token revoked: leaked"));
+        }
+        assert_eq!(q.get(other).await.expect("get").expect("exists").state, JobState::Idle);
+
+        // The late report of the stopped job is charged once, without changing it.
+        let report = JobReport {
+            job_id: running.clone(),
+            outcome: Outcome::Cancelled { reason: "token revoked: leaked".into() },
+            usage: Usage { wall_ms: 1000, ..Usage::default() },
+            outputs: vec![],
+            log: String::new(),
+        };
+        let f = q.finish("s1".into(), report.clone()).await.expect("finish").expect("charged");
+        assert_eq!(f.state, JobState::Removed);
+        assert_eq!(q.finish("s1".into(), report).await.expect("again"), None);
+        let r = q.get(running).await.expect("get").expect("exists");
+        assert_eq!((r.state, r.reason.as_str()), (JobState::Removed, "token revoked: leaked"));
+        let acc = q.accounts().await.expect("accounts");
+        assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 0));
+        assert!((acc[0].core_seconds - 1.0).abs() < 1e-9);
+        drop(q);
+
+        let q = Queue::open(&path).expect("reopen");
+        let all = q.revocations().await.expect("list");
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].closed_eps, vec!["s9".to_owned()]);
+        let cred = Credential { jti: "t1".into(), owner: None, issuer: "x".into() };
+        assert_eq!(q.revoked_reason(&cred).as_deref(), Some("leaked"));
     }
 
     #[tokio::test]
@@ -696,7 +1084,7 @@ pub(crate) mod tests {
         let id = {
             let q = Queue::open(&path).expect("open");
             let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
-            q.mark_running(vec![id.clone()], "ep1".into(), "s1".into()).await.expect("mark");
+            q.mark_running(vec![id.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
             id
         };
         let q = Queue::open(&path).expect("reopen");

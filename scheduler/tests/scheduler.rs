@@ -3,14 +3,17 @@
 
 use base64::Engine as _;
 use futures_util::{SinkExt as _, StreamExt as _};
+use htfaas_functions::macaroon::{RootKey, authenticate, inspect, mint};
 use htfaas_functions::proto::{
-    Account, EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobRecord, JobReport, JobState, Outcome, OutputFile,
-    OutputSpec, SubmitRequest, SubmitResponse, Usage,
+    Account, EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobAssignment, JobRecord, JobReport, JobState, Outcome,
+    OutputFile, OutputSpec, Revocation, RevocationTarget, RevokeRequest, SchedulerMsg, SubmitRequest, SubmitResponse,
+    Usage,
 };
 use htfaas_functions::token::{
     ATTACH_AUDIENCE, AttachClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s, write_jwks,
 };
 use htfaas_functions::{Digest, Resources};
+use htfaas_scheduler::dispatch::{MACAROON_GRACE_S, utc_timestamp};
 use htfaas_scheduler::{ATTACH_KID, Config, TrustedIssuer, mint_attach_token};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -28,6 +31,7 @@ const GW: &str = "test-gateway";
 const GW_KID: &str = "gw-1";
 const NAME: &str = "test-scheduler";
 const WAIT: Duration = Duration::from_secs(10);
+const STORAGE_SECRET: &[u8] = b"scheduler-test-storage-root";
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -116,6 +120,31 @@ impl Server {
         }
     }
 
+    async fn post(&self, path: &str, bearer: Option<&str>, body: Option<&Value>) -> (StatusCode, Value) {
+        let mut req = self.http.post(self.url(path));
+        if let Some(t) = bearer {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("answered");
+        let status = resp.status();
+        (status, resp.json().await.expect("JSON body"))
+    }
+
+    async fn preflight(&self, token: &str) -> (StatusCode, Value) {
+        self.post("/v1/preflight", Some(token), None).await
+    }
+
+    async fn revoke(&self, target: RevocationTarget, reason: &str) -> Revocation {
+        let req = RevokeRequest { target, reason: reason.into() };
+        let body = serde_json::to_value(&req).expect("json");
+        let (status, v) = self.post("/v1/revocations", Some(ADMIN), Some(&body)).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        serde_json::from_value(v).expect("Revocation")
+    }
+
     async fn attach(&self, token: Option<&str>) -> Result<Ws, tungstenite::Error> {
         let mut req = format!("ws://{}/v1/ep/attach", self.addr).into_client_request()?;
         if let Some(t) = token {
@@ -180,9 +209,12 @@ impl Fixture {
             input: InputSpec {
                 url: "http://storage.invalid/data/raw/a.dat".into(),
                 name: "a.dat".into(),
-                macaroon: "read-macaroon".into(),
+                macaroon: storage_macaroon(&["activity:DOWNLOAD", "path:/data/raw/a.dat"]),
             },
-            output: OutputSpec { url: "http://storage.invalid/data/out/".into(), macaroon: "write-macaroon".into() },
+            output: OutputSpec {
+                url: "http://storage.invalid/data/out/".into(),
+                macaroon: storage_macaroon(&["activity:UPLOAD,DELETE", "path:/data/out"]),
+            },
             args: vec!["--fast".into()],
             env: vec![("MODE".into(), "x".into())],
             event: EventRef { source: "dcache".into(), id: format!("{key}/s1"), path: "/data/raw/a.dat".into() },
@@ -198,6 +230,24 @@ impl Fixture {
     fn attach_token(&self, owner: Option<&str>) -> String {
         mint_attach_token(&self.attach_key(), NAME, "site", owner.map(str::to_owned), None, 300).expect("mint")
     }
+
+    fn annex_token(&self, annex: Option<&str>) -> String {
+        mint_attach_token(&self.attach_key(), NAME, "site", None, annex.map(str::to_owned), 300).expect("mint")
+    }
+
+    /// A site EP's attach token and its claims.
+    fn attach_token_with_claims(&self, ttl_s: u64) -> (String, AttachClaims) {
+        let token = mint_attach_token(&self.attach_key(), NAME, "site", None, None, ttl_s).expect("mint");
+        let payload = token.split('.').nth(1).expect("payload");
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).expect("base64");
+        (token, serde_json::from_slice(&bytes).expect("claims"))
+    }
+}
+
+/// A macaroon as the storage would mint it.
+fn storage_macaroon(caveats: &[&str]) -> String {
+    let caveats: Vec<String> = caveats.iter().map(|c| (*c).to_owned()).collect();
+    mint(&RootKey::derive(STORAGE_SECRET), "storage.invalid", "id-1", &caveats).expect("mint")
 }
 
 fn error_of(v: &Value) -> &str {
@@ -232,13 +282,21 @@ async fn send(ws: &mut Ws, msg: &EpMsg) {
 
 /// Says hello and returns the session id from Welcome.
 async fn hello(ws: &mut Ws, name: &str, cpus: u32) -> String {
-    let h = Hello {
+    hello_annex(ws, name, cpus, None).await
+}
+
+fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
+    EpMsg::Hello(Hello {
         name: name.into(),
         slots: Resources { cpus, memory_mb: 4096, runtime_s: 3600 },
         protocol: 1,
-        annex: None,
-    };
-    send(ws, &EpMsg::Hello(h)).await;
+        annex: annex.map(str::to_owned),
+    })
+}
+
+/// Says hello (naming `annex`) and returns the session id from Welcome.
+async fn hello_annex(ws: &mut Ws, name: &str, cpus: u32, annex: Option<&str>) -> String {
+    send(ws, &hello_msg(name, cpus, annex)).await;
     let welcome = next_json(ws).await;
     assert_eq!(welcome["type"], "welcome", "{welcome}");
     welcome["ep_id"].as_str().expect("ep_id").to_owned()
@@ -254,6 +312,26 @@ async fn expect_assign(ws: &mut Ws, owner: &str) -> String {
     v["job_id"].as_str().expect("job_id").to_owned()
 }
 
+/// Waits for the next message, which must be an Assign, and returns it whole.
+async fn expect_assignment(ws: &mut Ws) -> JobAssignment {
+    match serde_json::from_str::<SchedulerMsg>(&next_text(ws).await).expect("SchedulerMsg") {
+        SchedulerMsg::Assign(a) => a,
+        other => panic!("expected an assign, got {other:?}"),
+    }
+}
+
+/// Waits for a close frame (skipping nothing else) and returns its code and reason.
+async fn expect_close(ws: &mut Ws) -> (u16, String) {
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.next()).await.expect("close in time");
+        match frame {
+            Some(Ok(Message::Close(Some(f)))) => return (u16::from(f.code), f.reason.as_str().to_owned()),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    }
+}
+
 fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
     EpMsg::Finished(JobReport {
         job_id: job_id.into(),
@@ -265,11 +343,15 @@ fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
 }
 
 async fn assert_attach_refused(server: &Server, token: Option<&str>, what: &str) {
+    assert_attach_refused_with(server, token, 401, "attach token", what).await;
+}
+
+async fn assert_attach_refused_with(server: &Server, token: Option<&str>, status: u16, message: &str, what: &str) {
     match server.attach(token).await {
         Err(tungstenite::Error::Http(resp)) => {
-            assert_eq!(resp.status(), 401, "{what}");
+            assert_eq!(resp.status(), status, "{what}");
             let body = resp.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default().into_owned();
-            assert!(body.contains("attach token"), "{what}: {body}");
+            assert!(body.contains(message), "{what}: {body}");
         }
         Err(e) => panic!("{what}: unexpected error {e}"),
         Ok(_) => panic!("{what}: attach accepted"),
@@ -569,6 +651,284 @@ async fn queued_jobs_survive_a_restart() {
     server.stop().await;
     let server = Server::start(&fx.path()).await;
     assert_eq!(server.job(&job).await.state, JobState::Idle);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn annex_jobs_run_only_on_their_annexs_eps() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let mut claims = fx.claims("alice");
+    claims.group = Some("physics".into());
+    let mut annex_req = fx.request("gpu-1");
+    annex_req.annex = Some("gpu".into());
+    let annex_job = server.submit(&fx.gw.sign(&claims).expect("sign"), &annex_req).await.job_id;
+    let rec = server.job(&annex_job).await;
+    assert_eq!(
+        (rec.token_issuer.as_str(), rec.group.as_deref(), rec.annex.as_deref()),
+        (GW, Some("physics"), Some("gpu"))
+    );
+    let mut bad = fx.request("bad-annex");
+    bad.annex = Some("GPU!".into());
+    let (status, v) = server.submit_raw(Some(&fx.token("alice")), &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(error_of(&v).contains("annex"), "{v}");
+
+    // A site EP gets the plain job, never the annex job.
+    let mut site = server.attach(Some(&fx.annex_token(None))).await.expect("attach");
+    hello(&mut site, "site-ep", 8).await;
+    expect_silence(&mut site, Duration::from_millis(300)).await;
+    let plain = server.submit(&fx.token("alice"), &fx.request("plain-1")).await.job_id;
+    assert_eq!(expect_assign(&mut site, "alice").await, plain);
+    site.close(None).await.expect("close");
+
+    // Another annex's EP gets nothing; the annex's own EP (whose Hello need not repeat the
+    // annex) gets the annex job and no plain job.
+    let mut other = server.attach(Some(&fx.annex_token(Some("other")))).await.expect("attach");
+    hello_annex(&mut other, "other-ep", 8, Some("other")).await;
+    let mut gpu = server.attach(Some(&fx.annex_token(Some("gpu")))).await.expect("attach");
+    hello(&mut gpu, "gpu-ep", 8).await;
+    assert_eq!(expect_assign(&mut gpu, "alice").await, annex_job);
+    let plain2 = server.submit(&fx.token("alice"), &fx.request("plain-2")).await.job_id;
+    expect_silence(&mut gpu, Duration::from_millis(300)).await;
+    expect_silence(&mut other, Duration::from_millis(10)).await;
+    assert_eq!(server.job(&plain2).await.state, JobState::Idle);
+
+    // A Hello naming another annex than the token's is refused at once.
+    let cases = [
+        (Some("gpu"), r#"annex mismatch: the attach token is for annex "gpu", the EP asked for "cpu""#),
+        (None, r#"annex mismatch: the attach token is for no annex, the EP asked for "cpu""#),
+    ];
+    for (token_annex, expected) in cases {
+        let mut ws = server.attach(Some(&fx.annex_token(token_annex))).await.expect("attach");
+        send(&mut ws, &hello_msg("wrong-annex", 8, Some("cpu"))).await;
+        assert_eq!(expect_close(&mut ws).await, (4403, expected.to_owned()));
+    }
+    assert_eq!(server.job(&plain2).await.state, JobState::Idle, "a refused session took no job");
+
+    other.close(None).await.expect("close");
+    gpu.close(None).await.expect("close");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn assignments_carry_macaroons_attenuated_to_the_jobs_lifetime() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let req = fx.request("e1");
+    let job = server.submit(&fx.token("alice"), &req).await.job_id;
+    let runtime = req.resources.runtime_s;
+    let root = RootKey::derive(STORAGE_SECRET);
+
+    let t0 = htfaas_functions::token::now_s();
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut ep, "ep-1", 2).await;
+    let a = expect_assignment(&mut ep).await;
+    let t1 = htfaas_functions::token::now_s();
+    assert_eq!(a.job_id, job);
+    let earliest = format!("before:{}", utc_timestamp(t0 + runtime + MACAROON_GRACE_S));
+    let latest = format!("before:{}", utc_timestamp(t1 + runtime + MACAROON_GRACE_S));
+    for (sent, stored) in [(&a.input.macaroon, &req.input.macaroon), (&a.output.macaroon, &req.output.macaroon)] {
+        let original = inspect(stored).expect("stored macaroon parses");
+        let caveats = inspect(sent).expect("sent macaroon parses");
+        assert_eq!(caveats.len(), original.len() + 1, "{caveats:?}");
+        assert_eq!(caveats[..original.len()], original[..]);
+        let before = &caveats[original.len()];
+        assert!(
+            before.as_str() >= earliest.as_str() && before.as_str() <= latest.as_str(),
+            "{before} not in [{earliest}, {latest}]"
+        );
+        let verified = authenticate(sent, &root).expect("the storage's root key still verifies the chain");
+        assert_eq!(verified.caveats, caveats);
+    }
+
+    // The stored macaroons are unchanged: the job run again gets one `before:`, not two.
+    drop(ep);
+    server.wait_for_state(&job, JobState::Idle).await;
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut ep, "ep-2", 2).await;
+    let again = expect_assignment(&mut ep).await;
+    let caveats = inspect(&again.input.macaroon).expect("parses");
+    assert_eq!(caveats.iter().filter(|c| c.starts_with("before:")).count(), 1, "{caveats:?}");
+    send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, Usage::default())).await;
+    server.wait_for_state(&job, JobState::Completed).await;
+
+    // A macaroon that does not parse fails its job at once; nothing is sent.
+    let mut broken = fx.request("e2");
+    broken.output.macaroon = "not-a-macaroon".into();
+    let bad = server.submit(&fx.token("alice"), &broken).await.job_id;
+    let failed = server.wait_for_state(&bad, JobState::Failed).await;
+    assert!(failed.reason.starts_with("macaroon could not be attenuated: "), "{}", failed.reason);
+    expect_silence(&mut ep, Duration::from_millis(300)).await;
+
+    ep.close(None).await.expect("close");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn revoking_a_submit_token_refuses_it_everywhere_and_removes_its_jobs() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let mut claims = fx.claims("alice");
+    claims.jobs = 3;
+    let token = fx.gw.sign(&claims).expect("sign");
+
+    let (status, v) = server.preflight(&token).await;
+    assert_eq!((status, v["remaining"].as_u64()), (StatusCode::OK, Some(3)), "{v}");
+    let job = server.submit(&token, &fx.request("e1")).await.job_id;
+    let (status, v) = server.preflight(&token).await;
+    assert_eq!((status, v["remaining"].as_u64()), (StatusCode::OK, Some(2)), "preflight used nothing: {v}");
+    let single = fx.token("bob");
+    let bobs = server.submit(&single, &fx.request("b1")).await.job_id;
+    let (status, v) = server.preflight(&single).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(error_of(&v), "token already used (1 of 1 jobs)");
+    let (status, v) = server.preflight("not-a-jwt").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+
+    // Only an admin may revoke, and only with a sound request.
+    let leaked = serde_json::json!({"target": {"kind": "jti", "value": claims.jti}, "reason": "leaked"});
+    let (status, v) = server.post("/v1/revocations", None, Some(&leaked)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    let (status, _) = server.post("/v1/revocations", Some(&token), Some(&leaked)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let invalid = [
+        (serde_json::json!({"target": {"kind": "jti", "value": ""}, "reason": "r"}), "value"),
+        (serde_json::json!({"target": {"kind": "owner", "value": "x".repeat(257)}, "reason": "r"}), "value"),
+        (serde_json::json!({"target": {"kind": "issuer", "value": GW}, "reason": "r".repeat(1025)}), "reason"),
+        (serde_json::json!({"target": {"kind": "user", "value": "x"}, "reason": "r"}), "invalid revocation"),
+    ];
+    for (body, expected) in &invalid {
+        let (status, v) = server.post("/v1/revocations", Some(ADMIN), Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(error_of(&v).contains(expected), "{body}: {v}");
+    }
+    let (_, v) = server.get("/v1/revocations", Some(ADMIN)).await;
+    assert_eq!(v, serde_json::json!([]), "refused requests record nothing");
+
+    let r = server.revoke(RevocationTarget::Jti(claims.jti.clone()), "leaked").await;
+    assert_eq!((r.removed_jobs, r.stopped_jobs, r.closed_eps), (vec![job.clone()], vec![], vec![]));
+    assert_eq!((r.by.as_str(), r.reason.as_str()), ("admin", "leaked"));
+    let removed = server.job(&job).await;
+    assert_eq!((removed.state, removed.reason.as_str()), (JobState::Removed, "token revoked: leaked"));
+    assert_eq!(server.job(&bobs).await.state, JobState::Idle);
+    for (status, v) in [server.submit_raw(Some(&token), &fx.request("e2")).await, server.preflight(&token).await] {
+        assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+        assert_eq!(error_of(&v), "token revoked: leaked");
+    }
+    let (status, v) = server.get("/v1/revocations", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+
+    // Recorded: it survives a restart.
+    server.stop().await;
+    let server = Server::start(&fx.path()).await;
+    let (status, v) = server.submit_raw(Some(&token), &fx.request("e3")).await;
+    assert_eq!((status, error_of(&v)), (StatusCode::FORBIDDEN, "token revoked: leaked"));
+
+    // An issuer: every token it signed, and every idle job they made.
+    let r = server.revoke(RevocationTarget::Issuer(GW.into()), "gateway key compromised").await;
+    assert_eq!(r.removed_jobs, vec![bobs.clone()]);
+    let (status, v) = server.submit_raw(Some(&fx.token("carol")), &fx.request("c1")).await;
+    assert_eq!((status, error_of(&v)), (StatusCode::FORBIDDEN, "token revoked: gateway key compromised"));
+    let (_, v) = server.get("/v1/revocations", Some(ADMIN)).await;
+    let all: Vec<Revocation> = serde_json::from_value(v).expect("revocations");
+    let targets: Vec<_> = all.iter().map(|r| r.target.clone()).collect();
+    assert_eq!(targets, vec![RevocationTarget::Jti(claims.jti), RevocationTarget::Issuer(GW.into())]);
+    assert_eq!(all[1].removed_jobs, vec![bobs]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn revoking_an_owner_stops_their_running_jobs_and_closes_their_eps() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let mut site = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut site, "site-ep", 2).await;
+    let on_site = server.submit(&fx.token("alice"), &fx.request("a1")).await.job_id;
+    assert_eq!(expect_assign(&mut site, "alice").await, on_site);
+    let mut alices = server.attach(Some(&fx.attach_token(Some("alice")))).await.expect("attach");
+    let alices_id = hello(&mut alices, "alices-ep", 2).await;
+    let on_alices = server.submit(&fx.token("alice"), &fx.request("a2")).await.job_id;
+    assert_eq!(expect_assign(&mut alices, "alice").await, on_alices);
+    let queued = server.submit(&fx.token("alice"), &fx.request("a3")).await.job_id;
+
+    let mut r = server.revoke(RevocationTarget::Owner("alice".into()), "account closed").await;
+    r.stopped_jobs.sort();
+    let mut stopped = vec![on_site.clone(), on_alices.clone()];
+    stopped.sort();
+    assert_eq!((r.removed_jobs, r.stopped_jobs, r.closed_eps), (vec![queued.clone()], stopped, vec![alices_id]));
+    let cancel =
+        |id: &str| serde_json::json!({"type": "cancel", "job_id": id, "reason": "token revoked: account closed"});
+    assert_eq!(next_json(&mut site).await, cancel(&on_site));
+    assert_eq!(next_json(&mut alices).await, cancel(&on_alices));
+    assert_eq!(expect_close(&mut alices).await, (4403, "attach token revoked: account closed".to_owned()));
+    for id in [&on_site, &on_alices, &queued] {
+        let rec = server.job(id).await;
+        assert_eq!((rec.state, rec.reason.as_str()), (JobState::Removed, "token revoked: account closed"), "{id}");
+    }
+
+    // The stopped job keeps its room on the site EP until the EP reports; the report is charged
+    // but changes nothing else.
+    let bobs = server.submit(&fx.token("bob"), &fx.request("b1")).await.job_id;
+    expect_silence(&mut site, Duration::from_millis(300)).await;
+    let usage = Usage { wall_ms: 2000, cpu_ms: 100, ..Usage::default() };
+    let cancelled = Outcome::Cancelled { reason: "token revoked: account closed".into() };
+    send(&mut site, &report(&on_site, cancelled, usage)).await;
+    assert_eq!(expect_assign(&mut site, "bob").await, bobs);
+    let rec = server.job(&on_site).await;
+    assert_eq!((rec.state, rec.usage), (JobState::Removed, Some(usage)));
+    let (_, v) = server.get("/v1/accounting", Some(ADMIN)).await;
+    let accounts: Vec<Account> = serde_json::from_value(v).expect("accounts");
+    let alice = accounts.iter().find(|a| a.owner == "alice").expect("alice charged");
+    assert_eq!((alice.jobs_completed, alice.jobs_failed), (0, 0));
+    assert!((alice.core_seconds - 4.0).abs() < 1e-9, "2 cpus × 2 s: {alice:?}");
+
+    let refused = "attach token revoked: account closed";
+    assert_attach_refused_with(&server, Some(&fx.attach_token(Some("alice"))), 403, refused, "alice's EP").await;
+    let (status, v) = server.submit_raw(Some(&fx.token("alice")), &fx.request("a4")).await;
+    assert_eq!((status, error_of(&v)), (StatusCode::FORBIDDEN, "token revoked: account closed"));
+
+    site.close(None).await.expect("close");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn revoking_an_eps_attach_token_closes_it_and_its_jobs_run_elsewhere() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let (token, claims) = fx.attach_token_with_claims(300);
+    let mut ep = server.attach(Some(&token)).await.expect("attach");
+    let ep_id = hello(&mut ep, "ep-1", 2).await;
+    let job = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
+    assert_eq!(expect_assign(&mut ep, "alice").await, job);
+
+    let r = server.revoke(RevocationTarget::Jti(claims.jti), "stolen laptop").await;
+    assert_eq!((r.removed_jobs, r.stopped_jobs, r.closed_eps), (vec![], vec![], vec![ep_id]));
+    assert_eq!(expect_close(&mut ep).await, (4403, "attach token revoked: stolen laptop".to_owned()));
+    server.wait_for_state(&job, JobState::Idle).await;
+    assert_attach_refused_with(&server, Some(&token), 403, "attach token revoked: stolen laptop", "revoked").await;
+
+    let mut other = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut other, "ep-2", 2).await;
+    assert_eq!(expect_assign(&mut other, "alice").await, job);
+    other.close(None).await.expect("close");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_is_closed_when_its_attach_token_expires() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let job = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
+    let (token, claims) = fx.attach_token_with_claims(2);
+    let mut ep = server.attach(Some(&token)).await.expect("attach");
+    hello(&mut ep, "short-lived", 2).await;
+    assert_eq!(expect_assign(&mut ep, "alice").await, job);
+    assert_eq!(expect_close(&mut ep).await, (4401, "attach token expired".to_owned()));
+    let now = htfaas_functions::token::now_s();
+    assert!(now >= claims.exp, "closed at {now}, before exp {}", claims.exp);
+    assert!(now <= claims.exp + 2, "closed at {now}, long after exp {}", claims.exp);
+    server.wait_for_state(&job, JobState::Idle).await;
     server.stop().await;
 }
 

@@ -1,8 +1,10 @@
 //! End-to-end tests: real nats-server, real storage, scheduler, gateway and EP, real wasm.
 //! One test binary (`cargo test -p htfaas-tests`), one module per concern.
 
+mod annex;
 mod configs;
 mod path;
+mod revoke;
 mod security;
 mod tokens;
 mod xrootd;

@@ -1,8 +1,10 @@
 //! An EP leaves by itself at the end of its lifetime, or after running nothing for its idle
 //! time, the way an annex's EP gives its machine back (HTCondor `STARTD_NOCLAIM_SHUTDOWN`).
 
+use crate::fake::Harness;
 use htfaas_ep::Config;
 use htfaas_functions::Resources;
+use htfaas_functions::proto::{Outcome, SchedulerMsg};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +26,7 @@ async fn start(
         max_output_bytes: 1,
         lifetime_s,
         idle_shutdown_s,
+        annex: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();
@@ -53,4 +56,23 @@ async fn without_either_an_ep_stays_until_told() {
     assert!(!ep.is_finished(), "an EP without lifetime or idle limit left on its own");
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), ep).await.expect("stops when told").expect("join").expect("ok");
+}
+
+#[tokio::test]
+async fn a_running_job_holds_off_idle_shutdown() {
+    // Idle limit 2 s (room for the attach before the job arrives), a job of 4 s: the EP stays
+    // while it runs, past its idle time, reports it, then leaves 2 s later.
+    let mut h = Harness::start_with(|c| c.idle_shutdown_s = Some(2)).await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.send(&SchedulerMsg::Assign(h.job_of("long", "sleep-4s", "wiki.txt")));
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(!h.ep.is_finished(), "the EP left while a job ran");
+    let r = c.finished().await;
+    let reported = Instant::now();
+    assert_eq!(r.outcome, Outcome::Exited { exit_code: 0 }, "log: {}", r.log);
+    assert!(r.usage.wall_ms >= 4000, "{:?}", r.usage);
+    h.ended().await.expect("left cleanly");
+    let idle = reported.elapsed();
+    assert!(idle >= Duration::from_millis(1800) && idle < Duration::from_secs(6), "left {idle:?} after the report");
 }

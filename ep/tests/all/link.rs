@@ -1,225 +1,18 @@
-//! The EP through its public API against a fake scheduler (WebSocket) and fake storage (HTTP),
-//! both an in-test axum server on 127.0.0.1:0.
+//! The EP through its public API against the fake scheduler and storage ([`crate::fake`]):
+//! the data path, reconnects, the annex in `Hello`, and which refusals end the EP for good.
 
-use crate::common::{digest, guest_bytes};
+use crate::common::digest;
+use crate::fake::{Harness, READ_MAC, WRITE_MAC};
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, put};
+use axum::http::StatusCode;
+use axum::routing::any;
 use htfaas_ep::Config;
-use htfaas_functions::proto::{
-    EpMsg, FunctionRef, InputSpec, JobAssignment, JobReport, Outcome, OutputSpec, SchedulerMsg,
-};
-use htfaas_functions::{Digest, Resources};
+use htfaas_functions::Resources;
+use htfaas_functions::proto::{Outcome, SchedulerMsg};
 use sha2::Digest as _;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::sync::mpsc;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-const ATTACH: &str = "attach-token-xyz";
-const READ_MAC: &str = "read-macaroon-abc";
-const WRITE_MAC: &str = "write-macaroon-def";
-const WAIT: Duration = Duration::from_secs(30);
-
-/// What the server tells the test about one WebSocket connection.
-struct Conn {
-    to_ep: mpsc::UnboundedSender<Option<String>>, // Some(text) = send, None = drop the socket
-    from_ep: mpsc::UnboundedReceiver<EpMsg>,
-}
-
-impl Conn {
-    fn send(&self, msg: &SchedulerMsg) {
-        self.to_ep.send(Some(serde_json::to_string(msg).expect("json"))).expect("conn alive");
-    }
-    fn send_raw(&self, text: &str) {
-        self.to_ep.send(Some(text.to_owned())).expect("conn alive");
-    }
-    fn drop_socket(&self) {
-        let _ = self.to_ep.send(None);
-    }
-    async fn recv(&mut self) -> EpMsg {
-        tokio::time::timeout(WAIT, self.from_ep.recv()).await.expect("EP message in time").expect("conn open")
-    }
-    async fn hello_welcome(&mut self) {
-        match self.recv().await {
-            EpMsg::Hello(h) => {
-                assert_eq!(h.name, "ep-test");
-                assert_eq!(h.protocol, 1);
-                assert_eq!(h.slots.cpus, 2);
-            }
-            other => panic!("want hello, got {other:?}"),
-        }
-        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into() });
-    }
-    async fn finished(&mut self) -> JobReport {
-        match self.recv().await {
-            EpMsg::Finished(r) => r,
-            other => panic!("want finished, got {other:?}"),
-        }
-    }
-}
-
-#[derive(Default)]
-struct Seen {
-    input_auth: Vec<String>,
-    puts: HashMap<String, (String, Option<String>, Bytes)>, // name -> (auth, content-length, body)
-    module_gets: usize,
-}
-
-#[derive(Clone)]
-struct Fake {
-    conns: mpsc::UnboundedSender<Conn>,
-    seen: Arc<Mutex<Seen>>,
-    modules: Arc<HashMap<String, Vec<u8>>>,
-}
-
-fn auth(h: &HeaderMap) -> String {
-    h.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
-}
-
-async fn attach(State(f): State<Fake>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
-    if auth(&headers) != format!("Bearer {ATTACH}") {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    ws.on_upgrade(move |socket| serve_ws(socket, f)).into_response()
-}
-
-async fn serve_ws(mut socket: WebSocket, f: Fake) {
-    let (to_ep, mut cmds) = mpsc::unbounded_channel();
-    let (from_tx, from_ep) = mpsc::unbounded_channel();
-    if f.conns.send(Conn { to_ep, from_ep }).is_err() {
-        return;
-    }
-    loop {
-        tokio::select! {
-            cmd = cmds.recv() => match cmd {
-                Some(Some(text)) => if socket.send(Message::Text(text.into())).await.is_err() { return },
-                _ => return, // drop the socket without a close frame
-            },
-            msg = socket.recv() => match msg {
-                Some(Ok(Message::Text(t))) => {
-                    let m: EpMsg = serde_json::from_str(t.as_str()).expect("EP sends valid EpMsg");
-                    let _ = from_tx.send(m);
-                }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                Some(Ok(_)) => {}
-            },
-        }
-    }
-}
-
-async fn module(State(f): State<Fake>, Path(name): Path<String>) -> Response {
-    f.seen.lock().expect("lock").module_gets += 1;
-    match f.modules.get(&name) {
-        Some(b) => b.clone().into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
-}
-
-async fn input(State(f): State<Fake>, Path(name): Path<String>, headers: HeaderMap) -> Response {
-    let a = auth(&headers);
-    f.seen.lock().expect("lock").input_auth.push(a.clone());
-    if a != format!("Bearer {READ_MAC}") {
-        return (StatusCode::FORBIDDEN, "macaroon refused").into_response();
-    }
-    match name.as_str() {
-        "wiki.txt" => b"Wikipedia".to_vec().into_response(),
-        _ => (StatusCode::NOT_FOUND, "no such file").into_response(),
-    }
-}
-
-async fn output(State(f): State<Fake>, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    let len = headers.get("content-length").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let a = auth(&headers);
-    let ok = a == format!("Bearer {WRITE_MAC}");
-    f.seen.lock().expect("lock").puts.insert(name, (a, len, body));
-    if ok { StatusCode::CREATED.into_response() } else { StatusCode::FORBIDDEN.into_response() }
-}
-
-struct Harness {
-    base: String,
-    conns: mpsc::UnboundedReceiver<Conn>,
-    seen: Arc<Mutex<Seen>>,
-    shutdown: CancellationToken,
-    ep: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _work: tempfile::TempDir,
-    checksum: Digest,
-}
-
-impl Harness {
-    async fn start() -> Harness {
-        let checksum = guest_bytes("checksum");
-        let checksum_digest = digest(&checksum);
-        let modules = Arc::new(HashMap::from([("checksum".to_owned(), checksum)]));
-        let (conns_tx, conns) = mpsc::unbounded_channel();
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let fake = Fake { conns: conns_tx, seen: seen.clone(), modules };
-        let app = Router::new()
-            .route("/v1/ep/attach", any(attach))
-            .route("/modules/{name}", get(module))
-            .route("/storage/in/{name}", get(input))
-            .route("/storage/out/{name}", put(output))
-            .with_state(fake);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-
-        let work = tempfile::tempdir().expect("tempdir");
-        let config = Config {
-            name: "ep-test".into(),
-            scheduler_url: base.clone(),
-            attach_token: ATTACH.into(),
-            slots: Resources { cpus: 2, memory_mb: 512, runtime_s: 60 },
-            work_dir: work.path().to_owned(),
-            log_limit_bytes: 64 * 1024,
-            max_output_files: 64,
-            max_output_bytes: 1 << 30,
-            lifetime_s: None,
-            idle_shutdown_s: None,
-        };
-        let mut settings = config.resolve().await.expect("resolves");
-        settings.drain_timeout = Duration::from_secs(10);
-        let shutdown = CancellationToken::new();
-        let ep = tokio::spawn(htfaas_ep::run(settings, shutdown.clone()));
-        Harness { base, conns, seen, shutdown, ep, _work: work, checksum: checksum_digest }
-    }
-
-    async fn conn(&mut self) -> Conn {
-        tokio::time::timeout(WAIT, self.conns.recv()).await.expect("EP connects in time").expect("server up")
-    }
-
-    fn job(&self, id: &str, input: &str) -> JobAssignment {
-        JobAssignment {
-            job_id: id.into(),
-            function: FunctionRef {
-                name: "checksum".into(),
-                version: 1,
-                digest: self.checksum.clone(),
-                module_url: format!("{}/modules/checksum", self.base),
-            },
-            resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 30 },
-            input: InputSpec {
-                url: format!("{}/storage/in/{input}", self.base),
-                name: input.into(),
-                macaroon: READ_MAC.into(),
-            },
-            output: OutputSpec { url: format!("{}/storage/out/", self.base), macaroon: WRITE_MAC.into() },
-            args: vec![],
-            env: vec![],
-        }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let done = tokio::time::timeout(WAIT, self.ep).await.expect("EP stops in time");
-        done.expect("EP task").expect("EP run ok");
-    }
-}
 
 #[tokio::test]
 async fn assign_runs_checksum_end_to_end() {
@@ -330,9 +123,8 @@ async fn reconnects_and_delivers_reports_of_jobs_that_ended_while_disconnected()
     h.stop().await;
 }
 
-#[tokio::test]
-async fn refused_attach_is_retried_and_shutdown_stops_the_loop() {
-    let work = tempfile::tempdir().expect("tempdir");
+/// A scheduler whose attach route always answers `status` with `body`; counts the dials.
+async fn refusing_scheduler(status: StatusCode, body: &'static str) -> (String, Arc<Mutex<usize>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let hits = Arc::new(Mutex::new(0usize));
@@ -343,15 +135,22 @@ async fn refused_attach_is_retried_and_shutdown_stops_the_loop() {
             let hits = h2.clone();
             async move {
                 *hits.lock().expect("lock") += 1;
-                StatusCode::UNAUTHORIZED
+                (status, body)
             }
         }),
     );
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (base, hits)
+}
+
+async fn start_ep(
+    base: String,
+    work: &tempfile::TempDir,
+) -> (tokio::task::JoinHandle<anyhow::Result<()>>, CancellationToken) {
     let config = Config {
         name: "ep-test".into(),
         scheduler_url: base,
-        attach_token: "bad".into(),
+        attach_token: "some-token".into(),
         slots: Resources::default(),
         work_dir: work.path().to_owned(),
         log_limit_bytes: 1024,
@@ -359,14 +158,98 @@ async fn refused_attach_is_retried_and_shutdown_stops_the_loop() {
         max_output_bytes: 1,
         lifetime_s: None,
         idle_shutdown_s: None,
+        annex: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();
-    let ep = tokio::spawn(htfaas_ep::run(settings, shutdown.clone()));
+    (tokio::spawn(htfaas_ep::run(settings, shutdown.clone())), shutdown)
+}
+
+#[tokio::test]
+async fn unavailable_scheduler_is_retried_and_shutdown_stops_the_loop() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (base, hits) = refusing_scheduler(StatusCode::SERVICE_UNAVAILABLE, "starting up").await;
+    let (ep, shutdown) = start_ep(base, &work).await;
     // Backoff 100, 200, 400 ms…: at least 3 dials within 1.5 s, and not a busy loop.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let n = *hits.lock().expect("lock");
     assert!((3..=6).contains(&n), "{n} dials in 1.5 s");
+    assert!(!ep.is_finished(), "a 503 ended the EP");
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), ep).await.expect("stops").expect("task").expect("ok");
+}
+
+#[tokio::test]
+async fn http_401_or_403_on_attach_ends_the_ep_with_the_reason() {
+    for (status, body) in
+        [(StatusCode::UNAUTHORIZED, "attach token expired"), (StatusCode::FORBIDDEN, "attach token revoked")]
+    {
+        let work = tempfile::tempdir().expect("tempdir");
+        let (base, hits) = refusing_scheduler(status, body).await;
+        let started = Instant::now();
+        let (ep, _shutdown) = start_ep(base, &work).await;
+        let result = tokio::time::timeout(Duration::from_secs(5), ep).await.expect("ends by itself").expect("task");
+        let err = format!("{:#}", result.expect_err("a refused token is an error"));
+        assert!(err.contains(&status.as_u16().to_string()) && err.contains(body), "{err}");
+        assert_eq!(*hits.lock().expect("lock"), 1, "{status}: the EP dialled again");
+        assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    }
+}
+
+#[tokio::test]
+async fn close_4403_after_welcome_ends_the_ep_with_the_reason() {
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.close(4403, "annex mismatch: token says gpu-a");
+    let err = format!("{:#}", h.ended().await.expect_err("4403 is final"));
+    assert!(err.contains("4403") && err.contains("annex mismatch: token says gpu-a"), "{err}");
+}
+
+#[tokio::test]
+async fn close_4401_with_a_job_running_ends_the_ep_without_waiting_for_it() {
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.send(&SchedulerMsg::Assign(h.job_of("spinning", "spin-writer", "wiki.txt")));
+    let partial = h.output_dir("spinning").join("partial.txt");
+    crate::fake::until("the guest to run", || partial.exists()).await;
+    let started = Instant::now();
+    c.close(4401, "attach token expired");
+    let err = format!("{:#}", h.ended().await.expect_err("4401 is final"));
+    // The job (wall cap 30 s, drain timeout 10 s) is abandoned, not waited for.
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(err.contains("4401") && err.contains("attach token expired"), "{err}");
+}
+
+#[tokio::test]
+async fn other_close_codes_and_dropped_sockets_reconnect() {
+    let mut h = Harness::start().await;
+    for code in [1011, 1008, 4000] {
+        let mut c = h.conn().await;
+        c.hello_welcome().await;
+        c.close(code, "internal error");
+    }
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.drop_socket();
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.send(&SchedulerMsg::Assign(h.job("after-reconnects", "wiki.txt")));
+    assert_eq!(c.finished().await.outcome, Outcome::Exited { exit_code: 0 });
+    assert!(!h.ep.is_finished());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn hello_carries_the_annex() {
+    let mut h = Harness::start_with(|c| c.annex = Some("gpu-a".into())).await;
+    let mut c = h.conn().await;
+    assert_eq!(c.hello_welcome().await.annex.as_deref(), Some("gpu-a"));
+    h.stop().await;
+
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    assert_eq!(c.hello_welcome().await.annex, None);
+    h.stop().await;
 }

@@ -1,7 +1,7 @@
 //! The runtime alone, with WAT guests: every way a run ends.
 
 use crate::common::{JobDir, digest, resources, runtime};
-use htfaas_ep::runtime::{GuestRun, ModuleError, Runtime};
+use htfaas_ep::runtime::{CancelSignal, GuestRun, ModuleError, Runtime};
 use htfaas_functions::proto::Outcome;
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,82 @@ fn infinite_loop_hits_the_wall_time_cap_and_the_runtime_goes_on() {
     assert!(run.cpu_ms >= 500, "a spinning guest burns CPU: {} ms", run.cpu_ms);
     eprintln!("spin: wall {} ms, cpu {} ms (limit 1 s)", run.wall_ms, run.cpu_ms);
     assert_eq!(run_wat(&rt, EXIT3, 16, 10).outcome, Outcome::Exited { exit_code: 3 });
+}
+
+/// Waits in `poll_oneoff` on two relative 30 s clocks: wasmtime-wasi serves that as an async
+/// host call (only a single relative clock takes the blocking fast path).
+const TWO_CLOCKS_30S: &str = r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const 30000000000))
+    (i32.store (i32.const 64) (i32.const 1))
+    (i64.store (i32.const 72) (i64.const 30000000000))
+    (drop (call $poll (i32.const 0) (i32.const 256) (i32.const 2) (i32.const 512)))))"#;
+
+/// Runs `wat` (cap 30 s) and cancels it `after` from another thread; returns the run and how
+/// long the cancel took to end it.
+fn run_and_cancel(rt: &Runtime, wat: &str, after: Duration) -> (GuestRun, Duration) {
+    let bytes = wat::parse_str(wat).expect("valid wat");
+    let guest = rt.load(&digest(&bytes), &bytes).expect("loads");
+    let dir = JobDir::new("in.txt", b"x");
+    let cancel = CancelSignal::new();
+    let canceller = {
+        let cancel = cancel.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            let at = Instant::now();
+            cancel.cancel("stop now");
+            cancel.cancel("a second reason is ignored");
+            at
+        })
+    };
+    let run = rt.run_job_with_cancel(&guest, &dir.guest_job(&["f"], &[], resources(16, 30)), &cancel);
+    let ended = Instant::now();
+    let at = canceller.join().expect("canceller thread");
+    (run, ended.saturating_duration_since(at))
+}
+
+#[test]
+fn cancel_interrupts_a_spinning_guest_at_the_next_epoch_tick() {
+    let rt = Runtime::new().expect("runtime");
+    let (run, took) = run_and_cancel(&rt, SPIN, Duration::from_millis(300));
+    assert_eq!(run.outcome, Outcome::Cancelled { reason: "stop now".into() });
+    assert!(took < Duration::from_millis(500), "stopped {took:?} after the cancel");
+    assert!(run.cpu_ms >= 150 && run.wall_ms >= 250, "usage so far: cpu {} ms, wall {} ms", run.cpu_ms, run.wall_ms);
+    assert_eq!(run.peak_memory_bytes, 65536);
+    // The runtime goes on.
+    assert_eq!(run_wat(&rt, EXIT3, 16, 10).outcome, Outcome::Exited { exit_code: 3 });
+}
+
+#[test]
+fn cancel_interrupts_a_guest_parked_in_an_async_host_call() {
+    let rt = Runtime::new().expect("runtime");
+    let (run, took) = run_and_cancel(&rt, TWO_CLOCKS_30S, Duration::from_millis(200));
+    assert_eq!(run.outcome, Outcome::Cancelled { reason: "stop now".into() });
+    assert!(took < Duration::from_millis(500), "stopped {took:?} after the cancel");
+    assert!(run.notes.iter().any(|n| n.contains("host call")), "{:?}", run.notes);
+}
+
+#[test]
+fn a_guest_parked_in_an_async_host_call_hits_the_wall_time_cap() {
+    let rt = Runtime::new().expect("runtime");
+    let started = Instant::now();
+    let run = run_wat(&rt, TWO_CLOCKS_30S, 16, 1);
+    let took = started.elapsed();
+    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1 });
+    assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "took {took:?}");
+}
+
+#[test]
+fn an_uncancelled_signal_changes_nothing() {
+    let rt = runtime();
+    let bytes = wat::parse_str(EXIT3).expect("valid wat");
+    let guest = rt.load(&digest(&bytes), &bytes).expect("loads");
+    let dir = JobDir::new("in.txt", b"x");
+    let run = rt.run_job_with_cancel(&guest, &dir.guest_job(&["f"], &[], resources(16, 10)), &CancelSignal::new());
+    assert_eq!(run.outcome, Outcome::Exited { exit_code: 3 });
 }
 
 #[test]

@@ -1,0 +1,367 @@
+//! A fake scheduler (WebSocket) and fake storage (HTTP) in one in-test axum server on
+//! 127.0.0.1:0, and a [`Harness`] that starts an EP against them through its public API.
+//!
+//! Modules served: `checksum` (the example guest), and WAT guests for timing: `spin-writer`
+//! (creates `/output/partial.txt`, then loops forever), `sleep-2s`, `sleep-4s` and `sleep-60s`
+//! (one relative-clock `poll_oneoff`, which blocks the guest's thread, then exit 0). Storage routes: `/storage/in/wiki.txt`, a slow
+//! endless input `/storage/slow/{name}`, outputs `/storage/out/{name}` and a PUT that never
+//! answers, `/storage/hang-out/{name}`.
+
+use crate::common::{digest, guest_bytes};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, put};
+use htfaas_ep::Config;
+use htfaas_functions::proto::{
+    EpMsg, FunctionRef, Hello, InputSpec, JobAssignment, JobReport, OutputSpec, SchedulerMsg,
+};
+use htfaas_functions::{Digest, Resources};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub const ATTACH: &str = "attach-token-xyz";
+pub const READ_MAC: &str = "read-macaroon-abc";
+pub const WRITE_MAC: &str = "write-macaroon-def";
+pub const WAIT: Duration = Duration::from_secs(30);
+/// Bytes the slow input sends at once, before trickling.
+pub const SLOW_FIRST_CHUNK: usize = 4096;
+
+/// Creates `/output/partial.txt` (preopen fd 4) with `half done\n`, then spins forever.
+const SPIN_WRITER: &str = r#"(module
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "partial.txt")
+  (data (i32.const 200) "half done\n")
+  (func (export "_start")
+    (if (call $open (i32.const 4) (i32.const 0) (i32.const 100) (i32.const 11) (i32.const 1)
+                    (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 16))
+      (then unreachable))
+    (i32.store (i32.const 0) (i32.const 200))
+    (i32.store (i32.const 4) (i32.const 10))
+    (drop (call $w (i32.load (i32.const 16)) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (loop br 0)))"#;
+
+/// A guest that sleeps `secs` seconds in one `poll_oneoff` (relative monotonic clock), then exits 0.
+pub fn sleep_wat(secs: u64) -> String {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const {ns}))
+    (if (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)) (then unreachable))))"#,
+        ns = secs * 1_000_000_000
+    )
+}
+
+/// A command to the fake scheduler's side of one connection.
+enum Cmd {
+    Text(String),
+    Close(u16, String),
+    /// Drop the socket without a close frame.
+    Drop,
+}
+
+/// What the server tells the test about one WebSocket connection.
+pub struct Conn {
+    to_ep: mpsc::UnboundedSender<Cmd>,
+    from_ep: mpsc::UnboundedReceiver<EpMsg>,
+}
+
+impl Conn {
+    pub fn send(&self, msg: &SchedulerMsg) {
+        self.to_ep.send(Cmd::Text(serde_json::to_string(msg).expect("json"))).expect("conn alive");
+    }
+    pub fn send_raw(&self, text: &str) {
+        self.to_ep.send(Cmd::Text(text.to_owned())).expect("conn alive");
+    }
+    pub fn close(&self, code: u16, reason: &str) {
+        let _ = self.to_ep.send(Cmd::Close(code, reason.to_owned()));
+    }
+    pub fn drop_socket(&self) {
+        let _ = self.to_ep.send(Cmd::Drop);
+    }
+    pub async fn recv(&mut self) -> EpMsg {
+        tokio::time::timeout(WAIT, self.from_ep.recv()).await.expect("EP message in time").expect("conn open")
+    }
+    /// Receives `Hello`, checks the harness EP's fields, answers `Welcome`; returns the hello.
+    pub async fn hello_welcome(&mut self) -> Hello {
+        let hello = match self.recv().await {
+            EpMsg::Hello(h) => h,
+            other => panic!("want hello, got {other:?}"),
+        };
+        assert_eq!(hello.name, "ep-test");
+        assert_eq!(hello.protocol, 1);
+        assert_eq!(hello.slots.cpus, 2);
+        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into() });
+        hello
+    }
+    pub async fn finished(&mut self) -> JobReport {
+        match self.recv().await {
+            EpMsg::Finished(r) => r,
+            other => panic!("want finished, got {other:?}"),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Seen {
+    pub input_auth: Vec<String>,
+    pub puts: HashMap<String, (String, Option<String>, Bytes)>, // name -> (auth, content-length, body)
+    pub module_gets: usize,
+    /// GETs of the slow input, and PUTs of the output that never answers.
+    pub slow_gets: usize,
+    pub hang_puts: usize,
+}
+
+#[derive(Clone)]
+struct Fake {
+    conns: mpsc::UnboundedSender<Conn>,
+    seen: Arc<Mutex<Seen>>,
+    modules: Arc<HashMap<String, Vec<u8>>>,
+    /// Set when the slow input's body is dropped: its client went away.
+    slow_dropped: Arc<AtomicBool>,
+}
+
+fn auth(h: &HeaderMap) -> String {
+    h.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+}
+
+async fn attach(State(f): State<Fake>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+    if auth(&headers) != format!("Bearer {ATTACH}") {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    ws.on_upgrade(move |socket| serve_ws(socket, f)).into_response()
+}
+
+async fn serve_ws(mut socket: WebSocket, f: Fake) {
+    let (to_ep, mut cmds) = mpsc::unbounded_channel();
+    let (from_tx, from_ep) = mpsc::unbounded_channel();
+    if f.conns.send(Conn { to_ep, from_ep }).is_err() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            cmd = cmds.recv() => match cmd {
+                Some(Cmd::Text(text)) => if socket.send(Message::Text(text.into())).await.is_err() { return },
+                Some(Cmd::Close(code, reason)) => {
+                    let _ = socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+                    return;
+                }
+                Some(Cmd::Drop) | None => return,
+            },
+            msg = socket.recv() => match msg {
+                Some(Ok(Message::Text(t))) => {
+                    let m: EpMsg = serde_json::from_str(t.as_str()).expect("EP sends valid EpMsg");
+                    let _ = from_tx.send(m);
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+}
+
+async fn module(State(f): State<Fake>, Path(name): Path<String>) -> Response {
+    f.seen.lock().expect("lock").module_gets += 1;
+    match f.modules.get(&name) {
+        Some(b) => b.clone().into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn input(State(f): State<Fake>, Path(name): Path<String>, headers: HeaderMap) -> Response {
+    let a = auth(&headers);
+    f.seen.lock().expect("lock").input_auth.push(a.clone());
+    if a != format!("Bearer {READ_MAC}") {
+        return (StatusCode::FORBIDDEN, "macaroon refused").into_response();
+    }
+    match name.as_str() {
+        "wiki.txt" => b"Wikipedia".to_vec().into_response(),
+        _ => (StatusCode::NOT_FOUND, "no such file").into_response(),
+    }
+}
+
+/// Sets its flag when dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// [`SLOW_FIRST_CHUNK`] bytes, then one byte every 100 ms for ten minutes.
+async fn slow_input(State(f): State<Fake>) -> Response {
+    f.seen.lock().expect("lock").slow_gets += 1;
+    let flag = DropFlag(f.slow_dropped.clone());
+    let stream = futures_util::stream::unfold((flag, 0u32), |(flag, i)| async move {
+        if i >= 6000 {
+            return None;
+        }
+        let chunk = if i == 0 {
+            Bytes::from(vec![b'a'; SLOW_FIRST_CHUNK])
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Bytes::from_static(b"b")
+        };
+        Some((Ok::<_, std::io::Error>(chunk), (flag, i + 1)))
+    });
+    Body::from_stream(stream).into_response()
+}
+
+async fn output(State(f): State<Fake>, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let len = headers.get("content-length").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let a = auth(&headers);
+    let ok = a == format!("Bearer {WRITE_MAC}");
+    f.seen.lock().expect("lock").puts.insert(name, (a, len, body));
+    if ok { StatusCode::CREATED.into_response() } else { StatusCode::FORBIDDEN.into_response() }
+}
+
+/// Takes the body, then answers only after ten minutes.
+async fn hang_output(State(f): State<Fake>, _body: Bytes) -> Response {
+    f.seen.lock().expect("lock").hang_puts += 1;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    StatusCode::CREATED.into_response()
+}
+
+pub struct Harness {
+    pub base: String,
+    conns: mpsc::UnboundedReceiver<Conn>,
+    pub seen: Arc<Mutex<Seen>>,
+    pub slow_dropped: Arc<AtomicBool>,
+    pub shutdown: CancellationToken,
+    pub ep: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub work: tempfile::TempDir,
+    digests: HashMap<String, Digest>,
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Harness::start_with(|_| {}).await
+    }
+
+    /// Starts the fake server and an EP whose config `tweak` may change first.
+    pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Harness {
+        let mut modules = HashMap::from([
+            ("checksum".to_owned(), guest_bytes("checksum")),
+            ("spin-writer".to_owned(), wat::parse_str(SPIN_WRITER).expect("valid wat")),
+        ]);
+        for secs in [2, 4, 60] {
+            modules.insert(format!("sleep-{secs}s"), wat::parse_str(sleep_wat(secs)).expect("valid wat"));
+        }
+        let digests = modules.iter().map(|(name, bytes)| (name.clone(), digest(bytes))).collect();
+        let (conns_tx, conns) = mpsc::unbounded_channel();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let slow_dropped = Arc::new(AtomicBool::new(false));
+        let fake = Fake {
+            conns: conns_tx,
+            seen: seen.clone(),
+            modules: Arc::new(modules),
+            slow_dropped: slow_dropped.clone(),
+        };
+        let app = Router::new()
+            .route("/v1/ep/attach", any(attach))
+            .route("/modules/{name}", get(module))
+            .route("/storage/in/{name}", get(input))
+            .route("/storage/slow/{name}", get(slow_input))
+            .route("/storage/out/{name}", put(output))
+            .route("/storage/hang-out/{name}", put(hang_output))
+            .with_state(fake);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+
+        let work = tempfile::tempdir().expect("tempdir");
+        let mut config = Config {
+            name: "ep-test".into(),
+            scheduler_url: base.clone(),
+            attach_token: ATTACH.into(),
+            slots: Resources { cpus: 2, memory_mb: 512, runtime_s: 60 },
+            work_dir: work.path().to_owned(),
+            log_limit_bytes: 64 * 1024,
+            max_output_files: 64,
+            max_output_bytes: 1 << 30,
+            lifetime_s: None,
+            idle_shutdown_s: None,
+            annex: None,
+        };
+        tweak(&mut config);
+        let mut settings = config.resolve().await.expect("resolves");
+        settings.drain_timeout = Duration::from_secs(10);
+        let shutdown = CancellationToken::new();
+        let ep = tokio::spawn(htfaas_ep::run(settings, shutdown.clone()));
+        Harness { base, conns, seen, slow_dropped, shutdown, ep, work, digests }
+    }
+
+    pub async fn conn(&mut self) -> Conn {
+        tokio::time::timeout(WAIT, self.conns.recv()).await.expect("EP connects in time").expect("server up")
+    }
+
+    /// A checksum job over `input`.
+    pub fn job(&self, id: &str, input: &str) -> JobAssignment {
+        self.job_of(id, "checksum", input)
+    }
+
+    /// A job running module `module` over `/storage/in/{input}` (or another `/storage/…` path).
+    pub fn job_of(&self, id: &str, module: &str, input: &str) -> JobAssignment {
+        let (dir, name) = input.rsplit_once('/').unwrap_or(("in", input));
+        JobAssignment {
+            job_id: id.into(),
+            function: FunctionRef {
+                name: module.into(),
+                version: 1,
+                digest: self.digests.get(module).expect("module served").clone(),
+                module_url: format!("{}/modules/{module}", self.base),
+            },
+            resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 30 },
+            input: InputSpec {
+                url: format!("{}/storage/{dir}/{name}", self.base),
+                name: name.into(),
+                macaroon: READ_MAC.into(),
+            },
+            output: OutputSpec { url: format!("{}/storage/out/", self.base), macaroon: WRITE_MAC.into() },
+            args: vec![],
+            env: vec![],
+        }
+    }
+
+    /// The EP's scratch directory of a running job's outputs.
+    pub fn output_dir(&self, job_id: &str) -> std::path::PathBuf {
+        self.work.path().join("jobs").join(job_id).join("output")
+    }
+
+    /// Cancels the EP and waits for `run` to return `Ok`.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let done = tokio::time::timeout(WAIT, self.ep).await.expect("EP stops in time");
+        done.expect("EP task").expect("EP run ok");
+    }
+
+    /// Waits (up to 10 s) for `run` to end by itself and returns its result.
+    pub async fn ended(self) -> anyhow::Result<()> {
+        let done = tokio::time::timeout(Duration::from_secs(10), self.ep).await.expect("EP ends by itself in time");
+        done.expect("EP task")
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds; panics after [`WAIT`].
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
