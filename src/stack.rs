@@ -151,6 +151,8 @@ impl Stack {
                 jwks_file: gateway_jwks.clone(),
             }],
             admin_token: secrets.scheduler_admin_token.clone(),
+            tls_cert_file: None,
+            tls_key_file: None,
         }
         .resolve()
         .await
@@ -206,6 +208,7 @@ impl Stack {
             lifetime_s: None,
             idle_shutdown_s: None,
             annex: None,
+            tls_ca_file: None,
         }
         .resolve()
         .await

@@ -5,7 +5,8 @@
 //! every [`JobAssignment`](htfaas_functions::proto::JobAssignment) it is sent, answering each
 //! with one [`JobReport`](htfaas_functions::proto::JobReport), whatever happens.
 //!
-//! - [`Config`] → [`Config::resolve`] → [`Settings`]: the engine, linker, HTTP client and
+//! - [`Config`] → [`Config::resolve`] → [`Settings`]: the engine, linker, HTTP client, TLS trust
+//!   (system roots plus [`Config::tls_ca_file`], the same for `wss://` and `https://`) and
 //!   directories, built once;
 //! - [`run`]: the attach loop (reconnects with backoff, keeps reports across disconnects, drains
 //!   on shutdown, cancels a job on the scheduler's `Cancel`, and ends with an error when the
@@ -76,6 +77,12 @@ pub struct Config {
     /// differ, so a mistake shows at once. Must match `[a-z0-9][a-z0-9_-]{0,62}`. Default: none.
     #[serde(default)]
     pub annex: Option<String>,
+    /// Extra CA certificates (PEM, one or more) trusted besides the system's roots, for the
+    /// `wss://` attach link and for HTTPS module and storage transfers, e.g. a site CA that
+    /// signed the scheduler's certificate. An untrusted scheduler certificate is retried, with
+    /// a warning, never final. Default: none.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 fn default_log_limit_bytes() -> usize {
@@ -123,6 +130,8 @@ pub struct Settings {
     pub annex: Option<String>,
     /// Running-job count and the moment the EP last became idle, kept by the link.
     activity: Arc<Activity>,
+    /// TLS of the attach link: `Some` exactly when `attach_url` is `wss://`.
+    attach_tls: Option<Arc<rustls::ClientConfig>>,
     http: reqwest::Client,
     runtime: Arc<Runtime>,
 }
@@ -181,16 +190,28 @@ impl Config {
         for d in [&modules_dir, &jobs_dir] {
             tokio::fs::create_dir_all(d).await.with_context(|| format!("create {}", d.display()))?;
         }
+        let extra_roots = match &self.tls_ca_file {
+            Some(path) => link::read_ca_file(path).context("tls_ca_file")?,
+            None => Vec::new(),
+        };
+        let attach_tls = if attach_url.starts_with("wss://") {
+            Some(link::attach_tls_config(&extra_roots).context("TLS of the attach link")?)
+        } else {
+            None
+        };
         // reqwest is built with `rustls-no-provider`: install ring once per process.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             // XRootD 5.5's HTTP door reads header names case-sensitively: a lower-case
             // `content-length` stores an empty file (tests/e2e/xrootd.rs).
             .http1_title_case_headers()
             .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(120))
-            .build()
-            .context("build HTTP client")?;
+            .read_timeout(Duration::from_secs(120));
+        if !extra_roots.is_empty() {
+            let certs = extra_roots.iter().map(|c| reqwest::Certificate::from_der(c)).collect::<Result<Vec<_>, _>>();
+            http = http.tls_certs_merge(certs.context("tls_ca_file")?);
+        }
+        let http = http.build().context("build HTTP client")?;
         let runtime = Arc::new(tokio::task::spawn_blocking(Runtime::new).await.context("start wasm runtime")??);
         Ok(Settings {
             name: self.name,
@@ -208,6 +229,7 @@ impl Config {
             idle_shutdown: self.idle_shutdown_s.map(Duration::from_secs),
             annex: self.annex,
             activity: Arc::new(Activity::new()),
+            attach_tls,
             http,
             runtime,
         })

@@ -12,10 +12,18 @@
 //! Failures and what follows:
 //! - connection refused, timeouts, HTTP 5xx or other refusals of the upgrade, a dropped socket,
 //!   close codes other than below: re-dial with backoff (100 ms doubling to 5 s);
+//! - a failed TLS handshake, an untrusted scheduler certificate included: re-dial with backoff
+//!   too, with a warning that says the certificate is not trusted. Not final, because it is not
+//!   the scheduler's word: whoever answered could not prove to be the scheduler, so it must not
+//!   be able to end the EP (anyone on the path could), and a certificate being renewed or a
+//!   clock not yet synced heals by itself;
 //! - HTTP 401/403 on the upgrade (attach token invalid, expired, revoked) or close code
 //!   4401/4403 (token expired or revoked, annex mismatch): the token will never work again, so
 //!   the link stops, cancels the jobs still running (their reports could not be delivered) and
 //!   [`run`] returns an error naming the refusal.
+//!
+//! TLS (`wss://`): [`attach_tls_config`] trusts the system's roots plus the EP's `tls_ca_file`,
+//! the same set as the EP's HTTP client (reqwest's platform verifier), with the ring provider.
 //!
 //! Cancel safety: in the session loop every `select!` branch is cancel-safe
 //! (`StreamExt::next`, `UnboundedReceiver::recv`, `Interval::tick`, `cancelled`); sends happen
@@ -27,7 +35,11 @@ use crate::runtime::CancelSignal;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
 use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg};
+use rustls::ClientConfig;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -38,7 +50,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -262,7 +274,10 @@ impl Link {
             .map_err(|_| anyhow!("attach token is not a valid header value"))?;
         auth.set_sensitive(true);
         request.headers_mut().insert(AUTHORIZATION, auth);
-        let (ws, _response) = tokio_tungstenite::connect_async(request).await.map_err(|e| match e {
+        // `None` for `ws://`, where no TLS happens; `Some` for `wss://` (see `Config::resolve`).
+        let connector = self.settings.attach_tls.clone().map(Connector::Rustls);
+        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector);
+        let (ws, _response) = connecting.await.map_err(|e| match e {
             tokio_tungstenite::tungstenite::Error::Http(resp) => {
                 let status = resp.status();
                 let body = resp.body().as_deref().map(snippet).unwrap_or_default();
@@ -277,6 +292,10 @@ impl Link {
                     anyhow!(why)
                 }
             }
+            tokio_tungstenite::tungstenite::Error::Io(e) if untrusted_certificate(&e) => anyhow!(e).context(format!(
+                "connect to {}: the scheduler's TLS certificate is not trusted (is tls_ca_file the CA that signed it?)",
+                self.settings.attach_url
+            )),
             other => anyhow!(other).context(format!("connect to {}", self.settings.attach_url)),
         })?;
         Ok(ws)
@@ -365,6 +384,51 @@ fn closed(frame: Option<CloseFrame>) -> anyhow::Error {
     } else {
         anyhow!("scheduler closed the connection with code {code}: {reason}")
     }
+}
+
+/// Whether a dial failed because the peer's certificate was refused (unknown issuer, wrong
+/// name, expired…): tokio-rustls carries rustls' error inside the `io::Error`.
+fn untrusted_certificate(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| matches!(e, rustls::Error::InvalidCertificate(_)))
+}
+
+/// Reads `path`, a PEM file of one or more CA certificates (`tls_ca_file`), checking that each
+/// is usable as a trust anchor. Errors name the file and what is wrong with it.
+pub(crate) fn read_ca_file(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let pem = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow!("parse {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        bail!("{} holds no PEM certificate", path.display());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, cert) in certs.iter().enumerate() {
+        roots
+            .add(cert.clone())
+            .map_err(|e| anyhow!("{}: certificate {} is not a usable CA certificate: {e}", path.display(), i + 1))?;
+    }
+    Ok(certs)
+}
+
+/// The rustls client configuration of a `wss://` attach link: the system's roots plus
+/// `extra_roots`, verified as reqwest verifies (rustls-platform-verifier), with ring.
+pub(crate) fn attach_tls_config(extra_roots: &[CertificateDer<'static>]) -> anyhow::Result<Arc<ClientConfig>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls_platform_verifier::Verifier::new_with_extra_roots(extra_roots.iter().cloned(), provider.clone())
+            .context("load trusted CA certificates")?;
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        // Not a way around verification: this is how a verifier other than the default
+        // WebPKI one is plugged in.
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 /// Up to [`REFUSAL_SNIPPET`] bytes of text from the scheduler, fit for one log line.

@@ -1,5 +1,5 @@
 //! Configuration: [`Config`] as read from a file, resolved once into ready [`Settings`]
-//! (listener bound, store open, keys loaded).
+//! (listener bound, store open, keys loaded, TLS certificate and key read when configured).
 
 use crate::queue::Queue;
 use anyhow::Context as _;
@@ -8,6 +8,7 @@ use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Key id of the scheduler's attach-token key.
 pub const ATTACH_KID: &str = "attach-1";
@@ -36,6 +37,14 @@ pub struct Config {
     /// Bearer token of the admin endpoints (`GET /v1/jobs`, `GET /v1/accounting`); at least
     /// 16 bytes. No default.
     pub admin_token: String,
+    /// TLS certificate chain, PEM (leaf first, then intermediates). With `tls_key_file`, the
+    /// listener serves HTTPS and WSS only (clients use `https://`, EPs dial `wss://`); both or
+    /// neither. Default: none (plain HTTP).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1). Default: none.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// An issuer of submit tokens and where its public keys are.
@@ -71,6 +80,8 @@ pub struct Settings {
     pub(crate) attach_verifier: Verifier,
     pub(crate) submit_verifiers: HashMap<String, Verifier>,
     pub(crate) admin_token: String,
+    /// Set when the listener serves TLS ([`Config::tls_cert_file`]).
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -80,6 +91,7 @@ impl std::fmt::Debug for Settings {
             .field("name", &self.name)
             .field("attach_key", &self.attach_key)
             .field("submit_issuers", &self.submit_verifiers.keys().collect::<Vec<_>>())
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -88,6 +100,18 @@ impl Settings {
     /// The address the listener is bound to (the real port when configured with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The base URL clients reach the listener at: `https://addr` with TLS, `http://addr`
+    /// without (an EP turns it into `wss://…` or `ws://…`).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.local_addr)
+    }
+
+    /// Whether the listener serves TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The issuer name of attach tokens.
@@ -102,14 +126,20 @@ impl Settings {
 }
 
 impl Config {
-    /// Checks the configuration, loads (or creates) the attach key, reads the issuers' key
-    /// sets, opens the store and binds the listener.
+    /// Checks the configuration, reads the TLS certificate and key (if set), loads (or
+    /// creates) the attach key, reads the issuers' key sets, opens the store and binds the
+    /// listener.
     pub async fn resolve(self) -> anyhow::Result<Settings> {
         anyhow::ensure!(!self.name.is_empty(), "name must not be empty");
         anyhow::ensure!(
             self.admin_token.len() >= MIN_ADMIN_TOKEN_BYTES,
             "admin_token must be at least {MIN_ADMIN_TOKEN_BYTES} bytes"
         );
+        let tls = match (&self.tls_cert_file, &self.tls_key_file) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+            _ => anyhow::bail!("tls_cert_file and tls_key_file must be set together"),
+        };
         let attach_key = SigningKey::load_or_create(&self.attach_key_file, ATTACH_KID)
             .with_context(|| format!("load attach key {}", self.attach_key_file.display()))?;
         let attach_verifier = Verifier::new(&self.name, ATTACH_AUDIENCE, &attach_key.jwks())
@@ -144,6 +174,7 @@ impl Config {
             attach_verifier,
             submit_verifiers,
             admin_token: self.admin_token,
+            tls,
         })
     }
 }
@@ -159,5 +190,25 @@ mod tests {
         assert_eq!(c.name, "htfaas-scheduler");
         assert_eq!(c.listen, default_listen());
         assert!(serde_json::from_str::<Config>(r#"{"submit_issuers": [], "admin_token": "x", "lisen": "1"}"#).is_err());
+        assert_eq!((c.tls_cert_file, c.tls_key_file), (None, None));
+    }
+
+    #[tokio::test]
+    async fn tls_files_go_together() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (cert, key) in [(Some("c.pem"), None), (None, Some("k.pem"))] {
+            let c = Config {
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                db_path: dir.path().join("q.sqlite"),
+                name: "s".into(),
+                attach_key_file: dir.path().join("attach.pem"),
+                submit_issuers: vec![],
+                admin_token: "0123456789abcdef".into(),
+                tls_cert_file: cert.map(|c| dir.path().join(c)),
+                tls_key_file: key.map(|k| dir.path().join(k)),
+            };
+            let e = c.resolve().await.expect_err("one TLS file alone");
+            assert_eq!(e.to_string(), "tls_cert_file and tls_key_file must be set together");
+        }
     }
 }

@@ -13,6 +13,8 @@
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
 //! - [`revocation`]: what a revocation names, the in-memory revoked set, and applying one.
+//! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
+//!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
 //! - [`config`]: [`Config`] → [`Settings`].
 //!
 //! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP's owner
@@ -36,6 +38,7 @@ pub mod error;
 pub mod matching;
 pub mod queue;
 pub mod revocation;
+pub mod tls;
 
 pub use config::{ATTACH_KID, Config, Settings, TrustedIssuer};
 pub use error::{ApiFailure, QueueError};
@@ -111,8 +114,18 @@ pub fn mint_attach_token(
 
 /// Serves until `shutdown` is cancelled, then shuts down in order (see the crate docs).
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, local_addr, queue, name, attach_key: _, attach_verifier, submit_verifiers, admin_token } =
-        settings;
+    let url = settings.url();
+    let Settings {
+        listener,
+        local_addr: _,
+        queue,
+        name,
+        attach_key: _,
+        attach_verifier,
+        submit_verifiers,
+        admin_token,
+        tls,
+    } = settings;
     let shared = Arc::new(Shared {
         queue,
         eps: Mutex::new(EpTable::default()),
@@ -127,12 +140,15 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     });
     let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.child_token()));
     shared.wake.notify_one();
-    tracing::info!(addr = %local_addr, name = %name, "scheduler listening");
+    tracing::info!(%url, name = %name, "scheduler listening");
 
-    let served = axum::serve(listener, api::router(shared.clone()))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await
-        .context("serve HTTP");
+    let router = api::router(shared.clone());
+    let stop = shutdown.clone().cancelled_owned();
+    let served = match tls {
+        None => axum::serve(listener, router).with_graceful_shutdown(stop).await,
+        Some(config) => axum::serve(tls::TlsListener::new(listener, config), router).with_graceful_shutdown(stop).await,
+    }
+    .context("serve HTTP");
     tracing::info!("HTTP stopped; closing EP sessions");
     // Whatever ended serving, end everything else too.
     shutdown.cancel();

@@ -52,6 +52,8 @@ impl Server {
             attach_key_file: dir.join("attach.pem"),
             submit_issuers: vec![TrustedIssuer { issuer: GW.into(), jwks_file: dir.join("gw.jwks") }],
             admin_token: ADMIN.into(),
+            tls_cert_file: None,
+            tls_key_file: None,
         };
         let settings = config.resolve().await.expect("resolve");
         let addr = settings.local_addr();

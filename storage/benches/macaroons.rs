@@ -26,7 +26,7 @@ const FILE: &str = "/data/in/run42.h5";
 
 /// A GET of `path` as `auth::authorize` checks it: the clock is read per request.
 fn get(token: &str, key: &RootKey, path: &str) -> Result<(), VerifyError> {
-    let access = Access { path, activities: &[Activity::Download], now: OffsetDateTime::now_utc() };
+    let access = Access { path, activities: &[Activity::Download], now: OffsetDateTime::now_utc(), client: None };
     verify(token, key, &access).map(|_| ())
 }
 

@@ -212,6 +212,7 @@ pub fn authorize(
     cred: Option<&Credential>,
     path: &NsPath,
     activities: &[Activity],
+    client: std::net::IpAddr,
 ) -> Result<Authorized, HttpError> {
     match cred {
         None => Err(HttpError::Unauthorized("credentials required (Basic, Bearer macaroon or ?authz=)".into())),
@@ -224,7 +225,8 @@ pub fn authorize(
         }
         Some(Credential::Macaroon(token)) => {
             let now = time::OffsetDateTime::now_utc();
-            let grant = macaroons::verify(token, key, &Access { path: path.as_str(), activities, now })?;
+            let grant =
+                macaroons::verify(token, key, &Access { path: path.as_str(), activities, now, client: Some(client) })?;
             Ok(Authorized {
                 principal: Principal::Macaroon(grant.identifier),
                 max_upload: grant.restrictions.max_upload,

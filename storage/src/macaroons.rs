@@ -18,17 +18,19 @@
 //! | `activity:` | comma list; each later set must be a subset of the previous one, else the macaroon is invalid; the requested activities must all be in the final set |
 //! | `path:` | chained relative to the previous one (`/a` then `/b` is `/a/b`); the request path must be within the result, segment-aware |
 //! | `max-upload:` | bytes, > 0; the smallest wins |
+//! | `ip:` | comma list of addresses or CIDRs; the client must match one (OR within a caveat) of every `ip:` caveat (AND across caveats) |
 //! | `iid:` | informational; only as the first caveat, at most once (dCache) |
 //! | `id:` | informational; at most once (dCache) |
 //! | `name:` | informational (XRootD) |
 //!
-//! Any other key (including dCache's `ip:`, `root:`, `home:`) invalidates the macaroon.
+//! Any other key (including dCache's `root:`, `home:`) invalidates the macaroon.
 //! Structural problems (bad signature, unparsable, unknown key, widened activity, …) are
 //! [`VerifyError::Invalid`] (HTTP 401); caveats that are well-formed but not met by this
 //! request (expired, wrong activity, path outside) are [`VerifyError::Denied`] (HTTP 403).
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::net::IpAddr;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -139,6 +141,8 @@ pub struct Restrictions {
     pub before: Option<OffsetDateTime>,
     /// Smallest `max-upload:`.
     pub max_upload: Option<u64>,
+    /// One entry per `ip:` caveat: the client must match a network of every entry.
+    pub ips: Vec<Vec<IpNet>>,
     /// Caveats folded so far.
     count: usize,
     seen_iid: bool,
@@ -152,6 +156,7 @@ impl Default for Restrictions {
             activities: None,
             before: None,
             max_upload: None,
+            ips: Vec::new(),
             count: 0,
             seen_iid: false,
             seen_id: false,
@@ -203,6 +208,14 @@ impl Restrictions {
                 }
                 self.max_upload = Some(self.max_upload.map_or(n, |m| m.min(n)));
             }
+            "ip" => {
+                let nets = value.split(',').map(|n| n.trim().parse::<IpNet>()).collect::<Result<Vec<_>, _>>();
+                let nets = nets.map_err(|e| malformed(caveat, e))?;
+                if nets.is_empty() {
+                    return Err(malformed(caveat, "empty address list"));
+                }
+                self.ips.push(nets);
+            }
             "iid" => {
                 if index != 0 || self.seen_iid {
                     return Err(malformed(caveat, "iid must be the first caveat and unique"));
@@ -221,9 +234,62 @@ impl Restrictions {
         Ok(())
     }
 
+    /// Whether `client` matches one network of every `ip:` caveat (always, without any).
+    pub fn allows_client(&self, client: Option<IpAddr>) -> bool {
+        self.ips.is_empty()
+            || client.is_some_and(|c| {
+                let c = c.to_canonical();
+                self.ips.iter().all(|nets| nets.iter().any(|n| n.contains(c)))
+            })
+    }
+
     /// Whether every activity in `wanted` is allowed.
     pub fn allows(&self, wanted: Activity) -> bool {
         self.activities.as_ref().is_none_or(|set| set.contains(&wanted))
+    }
+}
+
+/// An address or a CIDR network (`192.0.2.0/24`, `2001:db8::/32`, `127.0.0.1`), as dCache's
+/// `ip:` caveat lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// Whether `ip` (canonical: IPv4-mapped IPv6 already turned into IPv4) is in the network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for IpNet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<IpNet, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+        let addr = addr.to_canonical();
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(|| format!("{s:?}: bad prefix length"))?,
+        };
+        Ok(IpNet { addr, prefix })
     }
 }
 
@@ -257,6 +323,8 @@ pub struct Access<'a> {
     pub activities: &'a [Activity],
     /// The time to check `before:` against.
     pub now: OffsetDateTime,
+    /// The client's address, for `ip:` caveats (`None`: unknown, so any `ip:` caveat denies).
+    pub client: Option<IpAddr>,
 }
 
 /// What a verified macaroon grants beyond yes.
@@ -283,6 +351,10 @@ pub fn verify(token: &str, key: &RootKey, access: &Access<'_>) -> Result<Grant, 
     }
     if !paths::is_within(access.path, &r.path) {
         return Err(VerifyError::Denied(format!("path {} is outside {}", access.path, r.path)));
+    }
+    if !r.allows_client(access.client) {
+        let client = access.client.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+        return Err(VerifyError::Denied(format!("client address {client} is not allowed by the ip: caveats")));
     }
     Ok(Grant { identifier: m.identifier, restrictions: r })
 }
@@ -375,7 +447,7 @@ fn parse_units(s: &str, units: &[(char, i64)], fraction_on_last: bool) -> Option
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IssueError {
     /// A caveat key a request may not carry.
-    #[error("Bad requested caveat: {0:?} is not supported (allowed: activity, path, before, max-upload)")]
+    #[error("Bad requested caveat: {0:?} is not supported (allowed: activity, path, before, max-upload, ip)")]
     Unsupported(String),
     /// A caveat that breaks the grammar or the combination rules.
     #[error("Bad requested caveat: {0}")]
@@ -423,7 +495,7 @@ pub fn issue(key: &RootKey, location: &str, req: &IssueRequest, now: OffsetDateT
                     expiry = expiry.min(b);
                 }
             }
-            Some("activity" | "path" | "max-upload") => rest.push(c.clone()),
+            Some("activity" | "path" | "max-upload" | "ip") => rest.push(c.clone()),
             _ => return Err(IssueError::Unsupported(c.clone())),
         }
     }
@@ -470,7 +542,7 @@ mod tests {
     }
 
     fn check(token: &str, path: &str, acts: &[Activity]) -> Result<Grant, VerifyError> {
-        verify(token, &key(), &Access { path, activities: acts, now: now() })
+        verify(token, &key(), &Access { path, activities: acts, now: now(), client: None })
     }
 
     #[test]
@@ -597,11 +669,42 @@ mod tests {
     #[test]
     fn unknown_and_third_party_caveats_are_invalid() {
         let m = issue_for("/data", &[], "PT1H");
-        let ip = attenuate(&m.token, &["ip:127.0.0.1"]).expect("attenuates");
-        assert!(matches!(check(&ip, "/data/f", &[Activity::Download]), Err(VerifyError::Invalid(_))));
+        let root = attenuate(&m.token, &["root:/data"]).expect("attenuates");
+        assert!(matches!(check(&root, "/data/f", &[Activity::Download]), Err(VerifyError::Invalid(_))));
         let junk = attenuate(&m.token, &["no colon here"]).expect("attenuates");
         assert!(matches!(check(&junk, "/data/f", &[Activity::Download]), Err(VerifyError::Invalid(_))));
         // Third-party caveats are refused by the codec (`htfaas_functions::macaroon` tests).
+    }
+
+    #[test]
+    fn ip_caveats_are_or_within_and_and_across() {
+        let m = issue_for("/data", &["ip:10.0.0.0/8,127.0.0.1"], "PT1H");
+        let at = |token: &str, client: &str| {
+            let access = Access {
+                path: "/data/f",
+                activities: &[Activity::Download],
+                now: now(),
+                client: Some(client.parse().expect("address")),
+            };
+            verify(token, &key(), &access)
+        };
+        at(&m.token, "127.0.0.1").expect("listed address");
+        at(&m.token, "10.20.30.40").expect("inside the listed network");
+        assert!(matches!(at(&m.token, "127.0.0.2"), Err(VerifyError::Denied(_))));
+        // A holder narrows with a second caveat: both must hold.
+        let narrowed = attenuate(&m.token, &["ip:10.1.0.0/16"]).expect("attenuates");
+        at(&narrowed, "10.1.2.3").expect("in both");
+        assert!(matches!(at(&narrowed, "127.0.0.1"), Err(VerifyError::Denied(_))), "only in the first");
+        assert!(matches!(at(&narrowed, "10.2.0.1"), Err(VerifyError::Denied(_))), "only in the first");
+        // IPv6, and malformed lists invalidate the macaroon.
+        let v6 = attenuate(&m.token, &["ip:::1,2001:db8::/32"]).expect("attenuates");
+        assert!(matches!(at(&v6, "127.0.0.1"), Err(VerifyError::Denied(_))), "no v4 in the second caveat");
+        let v6only = issue_for("/data", &["ip:2001:db8::/32"], "PT1H");
+        at(&v6only.token, "2001:db8:1::9").expect("inside the v6 network");
+        for bad in ["ip:", "ip:10.0.0.0/33", "ip:not-an-address", "ip:10.0.0.1,"] {
+            let t = attenuate(&m.token, &[bad]).expect("attenuates");
+            assert!(matches!(at(&t, "10.0.0.1"), Err(VerifyError::Invalid(_))), "{bad}");
+        }
     }
 
     #[test]
@@ -631,7 +734,8 @@ mod tests {
             caveats: caveats.iter().map(|c| (*c).to_owned()).collect(),
             validity: validity.and_then(parse_duration),
         };
-        assert!(matches!(issue(&k, "l", &mk(&["ip:1.2.3.4"], None), t0), Err(IssueError::Unsupported(_))));
+        assert!(issue(&k, "l", &mk(&["ip:1.2.3.4"], None), t0).is_ok(), "dCache accepts ip: in a request");
+        assert!(matches!(issue(&k, "l", &mk(&["ip:1.2.3.400"], None), t0), Err(IssueError::BadCaveat(_))));
         assert!(matches!(issue(&k, "l", &mk(&["root:/x"], None), t0), Err(IssueError::Unsupported(_))));
         assert!(matches!(issue(&k, "l", &mk(&["activity:NOPE"], None), t0), Err(IssueError::BadCaveat(_))));
         assert!(matches!(
@@ -683,18 +787,32 @@ mod tests {
         // `38ab47df…4870` included.
         let caveats: Vec<String> = inspect(expected).expect("parses");
         assert_eq!(mint(&RootKey::raw(raw_key), "Optional[/data/in/run42.h5]", "AbCdEfGh", &caveats), expected);
-        // And our verifier authenticates it; it then refuses the `ip:` caveat, which we do not support.
-        let e = verify(
-            expected,
-            &RootKey::raw(raw_key),
-            &Access { path: "/data/in/run42.h5", activities: &[Activity::Download], now: OffsetDateTime::UNIX_EPOCH },
-        )
-        .expect_err("ip: is unknown to us");
-        assert!(matches!(e, VerifyError::Invalid(ref m) if m.contains("ip:")), "{e}");
+        // And our verifier accepts it from the subnet its `ip:` caveat names, and only there.
+        let at = |client: Option<&str>| {
+            let client = client.map(|c| c.parse().expect("address"));
+            let access = Access {
+                path: "/data/in/run42.h5",
+                activities: &[Activity::Download],
+                now: OffsetDateTime::UNIX_EPOCH,
+                client,
+            };
+            verify(expected, &RootKey::raw(raw_key), &access)
+        };
+        at(Some("192.0.2.7")).expect("inside 192.0.2.0/24");
+        at(Some("::ffff:192.0.2.200")).expect("IPv4-mapped IPv6 is the same client");
+        for outside in [Some("127.0.0.1"), Some("192.0.3.1"), Some("2001:db8::1"), None] {
+            let e = at(outside).expect_err("outside the ip: caveat");
+            assert!(matches!(e, VerifyError::Denied(ref m) if m.contains("ip:")), "{outside:?}: {e}");
+        }
         let e = verify(
             expected,
             &RootKey::raw(*b"test-only-raw-root-key-32-bytes?"),
-            &Access { path: "/data/in/run42.h5", activities: &[Activity::Download], now: OffsetDateTime::UNIX_EPOCH },
+            &Access {
+                path: "/data/in/run42.h5",
+                activities: &[Activity::Download],
+                now: OffsetDateTime::UNIX_EPOCH,
+                client: None,
+            },
         )
         .expect_err("wrong key");
         assert!(matches!(e, VerifyError::Invalid(ref m) if m.contains("signature")), "{e}");
@@ -762,14 +880,18 @@ else:
         assert_eq!(py(&python, &[&m.token, &hex::encode([0x43u8; 32]), "verify"]), "bad");
         // (b) attenuated in Python: narrowed path and activity.
         let narrowed = py(&python, &[&m.token, &secret_hex, "attenuate", "activity:DOWNLOAD", "path:/raw"]);
-        let ctx = |path, acts| verify(&narrowed, &k, &Access { path, activities: acts, now: now() });
+        let ctx = |path, acts| verify(&narrowed, &k, &Access { path, activities: acts, now: now(), client: None });
         ctx("/data/raw/f", &[Activity::Download]).expect("narrowed token reads inside");
         assert!(matches!(ctx("/data/raw/f", &[Activity::Upload]), Err(VerifyError::Denied(_))));
         assert!(matches!(ctx("/data/rawx", &[Activity::Download]), Err(VerifyError::Denied(_))));
         // Widened in Python: invalid.
         let widened = py(&python, &[&m.token, &secret_hex, "attenuate", "activity:DOWNLOAD,UPLOAD,DELETE"]);
-        let e = verify(&widened, &k, &Access { path: "/data/f", activities: &[Activity::Download], now: now() })
-            .expect_err("widened");
+        let e = verify(
+            &widened,
+            &k,
+            &Access { path: "/data/f", activities: &[Activity::Download], now: now(), client: None },
+        )
+        .expect_err("widened");
         assert!(matches!(e, VerifyError::Invalid(_)), "{e}");
         // An attenuated token still verifies in Python (signature chain intact).
         assert_eq!(py(&python, &[&narrowed, &secret_hex, "verify"]), "ok");

@@ -225,7 +225,9 @@ async fn macaroon_request_refuses_non_issuers_and_bad_bodies() {
     let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"validity": "two hours"})).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert!(r.text().await.expect("body").contains("Invalid ISO 8601 duration"));
-    let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["ip:127.0.0.1"]})).await;
+    let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["ip:127.0.0.300"]})).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = s.request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["root:/data"]})).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let r = s
         .request_macaroon(GATEWAY, "/data/x", serde_json::json!({"caveats": ["activity:DOWNLOAD", "activity:UPLOAD"]}))
@@ -277,6 +279,25 @@ async fn download_macaroon() {
     let tampered = String::from_utf8(t).expect("ascii");
     assert_eq!(s.get_bearer("/data/raw/x", &tampered).await.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.get_bearer("/data/raw/x", "not-a-macaroon").await.status(), StatusCode::UNAUTHORIZED);
+    s.stop().await;
+}
+
+/// dCache's `ip:` caveat: the macaroon works only from the listed clients (all tests run on
+/// 127.0.0.1, so one allowing only another address must be refused).
+#[tokio::test]
+async fn ip_caveat_binds_a_macaroon_to_its_client() {
+    let s = start().await;
+    std::fs::create_dir_all(s.data()).expect("mkdir");
+    std::fs::write(s.data().join("f"), "x").expect("write");
+    let here = s.macaroon("/data/f", &["activity:DOWNLOAD", "ip:127.0.0.0/8,::1"], "PT1H").await;
+    assert_eq!(s.get_bearer("/data/f", &here).await.status(), StatusCode::OK);
+    let elsewhere = s.macaroon("/data/f", &["activity:DOWNLOAD", "ip:192.0.2.0/24"], "PT1H").await;
+    let r = s.get_bearer("/data/f", &elsewhere).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.text().await.expect("body").contains("client address 127.0.0.1"));
+    // A holder's second ip: caveat narrows: both must hold.
+    let narrowed = htfaas_storage::macaroons::attenuate(&here, &["ip:10.0.0.1"]).expect("attenuates");
+    assert_eq!(s.get_bearer("/data/f", &narrowed).await.status(), StatusCode::FORBIDDEN);
     s.stop().await;
 }
 

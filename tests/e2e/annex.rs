@@ -31,6 +31,7 @@ pub async fn start_ep(
         lifetime_s: None,
         idle_shutdown_s: None,
         annex: annex.map(str::to_owned),
+        tls_ca_file: None,
     }
     .resolve()
     .await

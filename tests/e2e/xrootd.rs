@@ -286,3 +286,113 @@ async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_
         other => panic!("an anonymous macaroon must be refused, got {:?}", other.map(|_| "a macaroon")),
     }
 }
+
+/// The whole job path against a real XRootD: the gateway's storage client obtains the two
+/// macaroons as the x509-authenticated issuer, the scheduler cuts them to the job's deadline
+/// (a holder's `before:` caveat, which XRootD must accept), and an EP that trusts the site CA
+/// streams the input from XRootD over TLS, runs the checksum function, and writes its output
+/// there. The EP joins with an annex token so that it alone runs the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
+    use htfaas::stack::{SubmitGrant, demo_manifest, mint_ep_token, mint_submit_token};
+    use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, JobState, OutputSpec, SubmitRequest};
+
+    if !xrootd_installed() {
+        return;
+    }
+    const INPUT: &[u8] = b"calibration run 17 from a real xrootd\n";
+    let x = tokio::task::spawn_blocking(|| {
+        Xrootd::start(|data| {
+            std::fs::create_dir_all(data.join("store/in")).expect("mkdir");
+            std::fs::write(data.join("store/in/run17.dat"), INPUT).expect("input");
+        })
+    })
+    .await
+    .expect("start xrootd");
+    let state = tempfile::tempdir().expect("gateway dir");
+    let issuer = gateway_settings(&x, state.path()).await.shared();
+    let read = issuer.storage.read_macaroon("/store/in/run17.dat").await.expect("read macaroon");
+    let write = issuer.storage.write_macaroon("/store/out/").await.expect("write macaroon");
+
+    let (dir, stack) = htfaas_tests::start_stack().await;
+    let client = stack.client().expect("client");
+    let digest = htfaas_tests::upload_checksum(&client).await;
+    let record = client.register(&demo_manifest(digest.clone())).await.expect("register");
+
+    // An EP for this site's storage: it trusts the site CA and runs only annex "xrootd-site".
+    let eps = tokio_util::sync::CancellationToken::new();
+    let token = mint_ep_token(dir.path(), None, Some("xrootd-site".into()), 600).expect("mint");
+    let ep = htfaas_ep::Config {
+        name: "ep-xrootd".into(),
+        scheduler_url: stack.info().scheduler_url.clone(),
+        attach_token: token,
+        slots: htfaas_functions::Resources { cpus: 1, memory_mb: 1024, runtime_s: 600 },
+        work_dir: dir.path().join("ep-xrootd"),
+        log_limit_bytes: 64 * 1024,
+        max_output_files: 16,
+        max_output_bytes: 1 << 30,
+        lifetime_s: None,
+        idle_shutdown_s: None,
+        annex: Some("xrootd-site".into()),
+        tls_ca_file: Some(x.etc.join("ca.pem")),
+    }
+    .resolve()
+    .await
+    .expect("EP settings");
+    let ep = tokio::spawn(htfaas_ep::run(ep, eps.child_token()));
+
+    // Submitted as the gateway submits a triggered job, with a token for exactly this job.
+    let grant = SubmitGrant {
+        owner: "alice".into(),
+        jobs: 1,
+        limits: record.manifest.resources,
+        function: Some(digest.clone()),
+        group: None,
+        ttl_s: 300,
+    };
+    let submit = mint_submit_token(dir.path(), &grant).expect("mint");
+    let request = SubmitRequest {
+        function: FunctionRef {
+            name: record.manifest.name.clone(),
+            version: record.version,
+            digest: digest.clone(),
+            module_url: format!("{}/v1/modules/{digest}", stack.info().gateway_url),
+        },
+        resources: record.manifest.resources,
+        input: InputSpec {
+            url: issuer.storage.url_of("/store/in/run17.dat"),
+            name: "run17.dat".into(),
+            macaroon: read,
+        },
+        output: OutputSpec { url: issuer.storage.url_of("/store/out/"), macaroon: write },
+        args: vec![],
+        env: vec![],
+        event: EventRef { source: "xrootd".into(), id: "run17".into(), path: "/store/in/run17.dat".into() },
+        dedupe_key: "xrootd:run17".into(),
+        annex: Some("xrootd-site".into()),
+    };
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", stack.info().scheduler_url))
+        .bearer_auth(&submit)
+        .json(&request)
+        .send()
+        .await
+        .expect("submit");
+    assert!(resp.status().is_success(), "submit: {}", resp.status());
+
+    let job = htfaas_tests::wait_for("the job to end", Duration::from_secs(60), || async {
+        let jobs = client.jobs().await.ok()?;
+        jobs.into_iter().find(|j| j.event.id == "run17" && matches!(j.state, JobState::Completed | JobState::Failed))
+    })
+    .await;
+    assert_eq!(job.state, JobState::Completed, "{}: {job:?}", job.reason);
+    assert_eq!(job.ep.as_deref(), Some("ep-xrootd"));
+    let out = std::fs::read(x.data.join("store/out/run17.dat.checksums.json")).expect("the output is on xrootd");
+    let out: serde_json::Value = serde_json::from_slice(&out).expect("output JSON");
+    assert_eq!(out["adler32"], htfaas_tests::adler32_hex(INPUT), "{out}");
+    assert_eq!(job.usage.expect("usage").bytes_in, INPUT.len() as u64);
+
+    eps.cancel();
+    ep.await.expect("join").expect("EP stops cleanly");
+    stack.stop().await.expect("clean stop");
+}

@@ -297,6 +297,7 @@ impl Harness {
             lifetime_s: None,
             idle_shutdown_s: None,
             annex: None,
+            tls_ca_file: None,
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");

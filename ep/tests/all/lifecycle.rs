@@ -27,6 +27,7 @@ async fn start(
         lifetime_s,
         idle_shutdown_s,
         annex: None,
+        tls_ca_file: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

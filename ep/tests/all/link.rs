@@ -159,6 +159,7 @@ async fn start_ep(
         lifetime_s: None,
         idle_shutdown_s: None,
         annex: None,
+        tls_ca_file: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

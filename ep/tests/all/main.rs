@@ -1,5 +1,5 @@
 //! htfaas-ep tests: one binary (runtime limits, sandbox, data path, attach protocol, cancel,
-//! lifecycle).
+//! lifecycle, TLS to the scheduler and storage).
 
 mod cancel;
 mod common;
@@ -8,3 +8,4 @@ mod lifecycle;
 mod link;
 mod runtime;
 mod sandbox;
+mod tls;

@@ -12,10 +12,14 @@ use crate::macaroons::Activity;
 use crate::paths::NsPath;
 
 #[tracing::instrument(name = "storage.get", skip_all, fields(path = req.uri().path(), principal = tracing::field::Empty))]
-pub(super) async fn handle(state: &AppState, req: Request<Body>) -> Result<Response, HttpError> {
+pub(super) async fn handle(
+    state: &AppState,
+    client: std::net::SocketAddr,
+    req: Request<Body>,
+) -> Result<Response, HttpError> {
     let path = NsPath::from_uri_path(req.uri().path())?;
     let cred = auth::credential(req.headers(), req.uri().query())?;
-    let who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Download])?;
+    let who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Download], client.ip())?;
     tracing::Span::current().record("principal", who.principal.billing_subject());
     if path.is_dir() {
         return Err(HttpError::NotFound(format!("{} is a directory; listing is not supported", path.as_str())));

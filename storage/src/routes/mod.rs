@@ -49,7 +49,7 @@ async fn dispatch(
     req: Request<Body>,
 ) -> Response {
     let result = match *req.method() {
-        Method::GET | Method::HEAD => get::handle(&state, req).await,
+        Method::GET | Method::HEAD => get::handle(&state, client, req).await,
         Method::PUT => put::handle(&state, client, req).await,
         Method::POST => macaroon_request::handle(&state, req).await,
         _ => Err(HttpError::MethodNotAllowed(format!("method {} is not supported", req.method()))),

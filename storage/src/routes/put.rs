@@ -37,10 +37,17 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     }
     let cred = auth::credential(req.headers(), req.uri().query())?;
     // Authorize UPLOAD before touching the disk; then DELETE too if this overwrites.
-    let mut who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload])?;
+    let mut who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload], client.ip())?;
     let existed = crate::fs::exists(&state.data_dir, &path).await?;
     if existed {
-        who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload, Activity::Delete])?;
+        who = auth::authorize(
+            &state.users,
+            &state.key,
+            cred.as_ref(),
+            &path,
+            &[Activity::Upload, Activity::Delete],
+            client.ip(),
+        )?;
     }
     tracing::Span::current().record("principal", who.principal.billing_subject());
 
