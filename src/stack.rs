@@ -7,7 +7,8 @@
 //! `gateway/{registry/,submit.pem,submit.jwks.json}`, `ep/`.
 //!
 //! Start order follows the data path (NATS, storage, scheduler, gateway, EP); shutdown cancels
-//! one token and joins every component, then stops NATS.
+//! one token and joins every component, then stops NATS. Every job's macaroons are bound to
+//! the address of the EP that runs it (the gateway's `bind_macaroons_to_ep`; all on loopback).
 
 use crate::client::{Client, StackInfo};
 use crate::nats::NatsServer;
@@ -184,6 +185,9 @@ impl Stack {
             write_validity: "PT4H".into(),
             token_ttl_s: 300,
             max_deliver: 20,
+            // The built-in storage knows `ip:`, and the EP reaches it and the scheduler from
+            // 127.0.0.1: every job's macaroons work only from its EP.
+            bind_macaroons_to_ep: true,
         }
         .resolve()
         .await

@@ -192,6 +192,14 @@ pub struct SubmitRequest {
     /// When set, the job runs only on an EP whose attach token names this annex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annex: Option<String>,
+    /// When true, the scheduler adds `ip:<the EP's address as the scheduler sees it>` to both
+    /// macaroons at dispatch, so they work only from the EP that runs the job. Only for
+    /// storages that understand dCache's `ip:` caveat (dCache, the built-in storage; XRootD
+    /// refuses any caveat it does not know), and only where EPs reach the storage from the
+    /// address they reach the scheduler from (no NAT or proxy that differs between the two).
+    /// Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bind_ep_address: bool,
 }
 
 /// Answer to [`SubmitRequest`].
@@ -581,5 +589,35 @@ mod tests {
         });
         let text = serde_json::to_string(&msg).expect("serializes");
         assert_eq!(serde_json::from_str::<EpMsg>(&text).expect("parses"), msg);
+    }
+
+    #[test]
+    fn bind_ep_address_is_on_the_wire_only_when_true() {
+        let mut req = SubmitRequest {
+            function: FunctionRef {
+                name: "f".into(),
+                version: 1,
+                digest: Digest::of(b"m"),
+                module_url: "http://gw/v1/modules/m".into(),
+            },
+            resources: Resources { cpus: 1, memory_mb: 1, runtime_s: 1 },
+            input: InputSpec { url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
+            output: OutputSpec { url: "http://s/data/out/".into(), macaroon: "w".into() },
+            args: vec![],
+            env: vec![],
+            event: EventRef { source: "dcache".into(), id: "e".into(), path: "/data/a".into() },
+            dedupe_key: "k".into(),
+            annex: None,
+            bind_ep_address: false,
+        };
+        // Absent when false: a request (or a stored one) without the field means false, and a
+        // scheduler that predates it still accepts requests that do not ask for it.
+        let text = serde_json::to_string(&req).expect("serializes");
+        assert!(!text.contains("bind_ep_address"), "{text}");
+        assert_eq!(serde_json::from_str::<SubmitRequest>(&text).expect("parses"), req);
+        req.bind_ep_address = true;
+        let text = serde_json::to_string(&req).expect("serializes");
+        assert!(text.contains(r#""bind_ep_address":true"#), "{text}");
+        assert_eq!(serde_json::from_str::<SubmitRequest>(&text).expect("parses"), req);
     }
 }

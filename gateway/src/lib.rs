@@ -98,6 +98,13 @@ pub struct Config {
     /// Deliveries of one event before JetStream gives up on it. Default: 20.
     #[serde(default = "default_max_deliver")]
     pub max_deliver: i64,
+    /// Bind each job's macaroons to the EP that runs it: the scheduler adds `ip:<the EP's
+    /// address as it sees it>` at dispatch (`SubmitRequest::bind_ep_address`). Only with
+    /// `storage_kind: dcache` (dCache, the built-in storage); refused with `xrootd`, which fails
+    /// any caveat it does not know. Set it only where EPs reach the storage from the address
+    /// they reach the scheduler from (no NAT or proxy between them that differs). Default: false.
+    #[serde(default)]
+    pub bind_macaroons_to_ep: bool,
 }
 
 fn default_consumer() -> String {
@@ -146,6 +153,9 @@ pub struct Shared {
     pub scheduler_admin_token: String,
     /// Base URL of this API as EPs see it.
     pub public_url: String,
+    /// Whether jobs ask the scheduler to bind their macaroons to their EP's address (only ever
+    /// true with a storage that speaks the dCache dialect).
+    pub bind_macaroons_to_ep: bool,
     /// HTTP client.
     pub http: reqwest::Client,
 }
@@ -204,6 +214,11 @@ impl Config {
     /// Binds the listener, opens the registry, loads or creates the signing key and publishes
     /// its JWKS.
     pub async fn resolve(self) -> anyhow::Result<Settings> {
+        anyhow::ensure!(
+            !(self.bind_macaroons_to_ep && self.storage_kind == storage_client::StorageKind::Xrootd),
+            "bind_macaroons_to_ep needs a storage that knows dCache's ip: caveat; \
+             storage_kind xrootd refuses every macaroon carrying one"
+        );
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .with_context(|| format!("bind the gateway API on {}", self.listen))?;
@@ -256,6 +271,7 @@ impl Config {
             admin_token: self.admin_token,
             scheduler_admin_token: self.scheduler_admin_token,
             public_url: public_url.trim_end_matches('/').to_owned(),
+            bind_macaroons_to_ep: self.bind_macaroons_to_ep && self.storage_kind == storage_client::StorageKind::Dcache,
             http,
             registry,
         };
@@ -299,4 +315,58 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     tracing::info!("gateway stopped");
     served?;
     ingested
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, storage_kind: storage_client::StorageKind, bind_macaroons_to_ep: bool) -> Config {
+        Config {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            public_url: None,
+            nats_url: "nats://127.0.0.1:1".into(),
+            consumer: default_consumer(),
+            registry_dir: dir.join("registry"),
+            storage_url: "https://127.0.0.1:1".into(),
+            storage_kind,
+            storage_user: "gateway".into(),
+            storage_secret: "s".into(),
+            storage_ca_file: None,
+            storage_client_cert: None,
+            storage_client_key: None,
+            scheduler_url: "http://127.0.0.1:1".into(),
+            scheduler_admin_token: "a".into(),
+            signing_key_file: dir.join("submit.pem"),
+            jwks_file: None,
+            issuer: default_issuer(),
+            admin_token: "b".into(),
+            read_validity: default_read_validity(),
+            write_validity: default_write_validity(),
+            token_ttl_s: default_token_ttl_s(),
+            max_deliver: default_max_deliver(),
+            bind_macaroons_to_ep,
+        }
+    }
+
+    #[tokio::test]
+    async fn binding_macaroons_to_eps_is_refused_for_xrootd_and_resolved_for_dcache() {
+        use storage_client::StorageKind::{Dcache, Xrootd};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Err(e) = config(dir.path(), Xrootd, true).resolve().await else {
+            panic!("bind_macaroons_to_ep with xrootd resolved");
+        };
+        let e = format!("{e:#}");
+        assert!(e.starts_with("bind_macaroons_to_ep needs a storage that knows dCache's ip: caveat"), "{e}");
+        assert!(!dir.path().join("submit.pem").exists(), "refused before anything was made");
+        for (kind, bind) in [(Dcache, true), (Dcache, false), (Xrootd, false)] {
+            let shared = config(dir.path(), kind, bind).resolve().await.expect("resolves").shared();
+            assert_eq!(shared.bind_macaroons_to_ep, bind, "{kind:?}");
+        }
+        // Absent from a config file, it is off.
+        let json = serde_json::json!({"listen": "127.0.0.1:0", "nats_url": "n", "registry_dir": "r",
+            "storage_url": "s", "scheduler_url": "u", "scheduler_admin_token": "t", "signing_key_file": "k",
+            "admin_token": "a"});
+        assert!(!serde_json::from_value::<Config>(json).expect("parses").bind_macaroons_to_ep);
+    }
 }

@@ -21,8 +21,11 @@
 //! bearer's macaroons, and gets the very status and message a submission would get.
 //!
 //! Attach: token (401), then revocation (403 `attach token revoked: <reason>`), both before the
-//! upgrade. Revocations: 400 when the value is empty or longer than 256 characters or the
-//! reason longer than 1024.
+//! upgrade. The session keeps the connection's peer address (served with connect info), to
+//! which jobs that ask for it have their macaroons bound.
+//!
+//! Revocations: 400 when the value is empty or longer than 256 characters or the reason longer
+//! than 1024.
 
 use crate::Shared;
 use crate::error::{ApiFailure, QueueError};
@@ -34,7 +37,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -43,6 +46,7 @@ use htfaas_functions::manifest::{MAX_CPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_n
 use htfaas_functions::proto::{Account, JobRecord, Revocation, RevokeRequest, SubmitRequest, SubmitResponse};
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use serde::Deserialize;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// Largest submit body, bytes.
@@ -324,9 +328,11 @@ async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Re
     Ok(Json(shared.queue.accounts().await?))
 }
 
-/// Verifies the attach token and that it is not revoked, and only then upgrades.
+/// Verifies the attach token and that it is not revoked, and only then upgrades. The router
+/// must be served with `into_make_service_with_connect_info::<SocketAddr>()`.
 async fn attach(
     State(shared): State<Arc<Shared>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiFailure> {
@@ -345,7 +351,7 @@ async fn attach(
     let shared = shared.clone();
     Ok(upgrade
         .max_message_size(crate::ep_link::MAX_MESSAGE_BYTES)
-        .on_upgrade(move |ws| sessions.track_future(crate::ep_link::serve(ws, claims, shared, shutdown))))
+        .on_upgrade(move |ws| sessions.track_future(crate::ep_link::serve(ws, claims, peer.ip(), shared, shutdown))))
 }
 
 #[cfg(test)]

@@ -9,9 +9,13 @@
 //!
 //! Every Assign carries attenuated macaroons ([`restrict`]): the stored ones plus a
 //! `before:` caveat at dispatch time + the job's `runtime_s` + [`MACAROON_GRACE_S`], so what an
-//! EP holds stops working soon after the job must have ended. The stored macaroons stay as they
-//! were (a requeued job gets a fresh deadline). A macaroon that cannot be attenuated fails its
-//! job at once, unsent and not retried.
+//! EP holds stops working soon after the job must have ended. When the job's request has
+//! `bind_ep_address` (the gateway sets it only for storages that know dCache's `ip:` caveat),
+//! an `ip:<address>` caveat follows, the address being the EP's as this scheduler saw it at
+//! attach: the macaroons then work only from there (a copy that leaks from the EP is of no use
+//! from another address). The stored macaroons stay as they were (a requeued job gets a fresh deadline, and
+//! the address of the EP it runs on next). A macaroon that cannot be attenuated fails its job
+//! at once, unsent and not retried.
 //!
 //! Cancel safety: the loop only waits (and so only observes shutdown) between rounds; a
 //! round runs to the end, so no job is left reserved in memory but not sent.
@@ -22,6 +26,7 @@ use htfaas_functions::macaroon::attenuate;
 use htfaas_functions::proto::JobAssignment;
 use htfaas_functions::token::{LEEWAY_S, now_s};
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -77,31 +82,32 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
         return Ok(0);
     }
     // Decide and reserve under one lock, so nothing else can take the same room.
-    let mut per_ep: BTreeMap<String, (String, Vec<Match>)> = BTreeMap::new();
+    let mut per_ep: BTreeMap<String, (String, IpAddr, Vec<Match>)> = BTreeMap::new();
     {
         let mut eps = shared.eps();
         for m in select(&idle, &eps) {
-            let Some(name) = eps.get(&m.ep_id).map(|e| e.name.clone()) else {
+            let Some((name, ip)) = eps.get(&m.ep_id).map(|e| (e.name.clone(), e.ip)) else {
                 continue;
             };
             if eps.reserve(&m) {
-                per_ep.entry(m.ep_id.clone()).or_insert_with(|| (name, Vec::new())).1.push(m);
+                per_ep.entry(m.ep_id.clone()).or_insert_with(|| (name, ip, Vec::new())).2.push(m);
             }
         }
     }
     let mut sent = 0;
-    for (ep_id, (name, matches)) in per_ep {
-        sent += assign(shared, &ep_id, name, matches).await;
+    for (ep_id, (name, ip, matches)) in per_ep {
+        sent += assign(shared, &ep_id, name, ip, matches).await;
     }
     tracing::Span::current().record("sent", sent);
     Ok(sent)
 }
 
-/// Marks `matches` running on `ep_id` and sends them; undoes what could not be sent.
+/// Marks `matches` running on `ep_id` (at `ip`) and sends them; undoes what could not be sent.
 #[tracing::instrument(name = "scheduler.assign", skip_all, fields(ep.id = %ep_id, ep.name = %name, jobs = matches.len()))]
-async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>) -> usize {
+async fn assign(shared: &Shared, ep_id: &str, name: String, ip: IpAddr, matches: Vec<Match>) -> usize {
     let ids: Vec<String> = matches.iter().map(|m| m.job_id.clone()).collect();
-    let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned(), |a| restrict(a, now_s())).await {
+    let prepare = move |a, bind: bool| restrict(a, now_s(), bind.then_some(ip));
+    let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned(), prepare).await {
         Ok(m) => m,
         Err(e) => {
             tracing::error!("failed to mark jobs running: {e}");
@@ -148,12 +154,18 @@ async fn assign(shared: &Shared, ep_id: &str, name: String, matches: Vec<Match>)
 }
 
 /// The assignment as an EP may see it at `now_s`: both macaroons attenuated with
-/// `before:<now + runtime_s + grace>`. Err is the reason the job fails.
-pub fn restrict(mut a: JobAssignment, now_s: u64) -> Result<JobAssignment, String> {
+/// `before:<now + runtime_s + grace>` and, with `bind_to`, then `ip:<bind_to>` (canonical, so
+/// an IPv4 EP seen over an IPv6 socket is named by its IPv4 address). Err is the reason the job
+/// fails.
+pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Result<JobAssignment, String> {
     let until = now_s.saturating_add(a.resources.runtime_s).saturating_add(MACAROON_GRACE_S);
-    let caveat = format!("before:{}", utc_timestamp(until));
+    let mut caveats = vec![format!("before:{}", utc_timestamp(until))];
+    if let Some(ip) = bind_to {
+        caveats.push(format!("ip:{}", ip.to_canonical()));
+    }
+    let caveats: Vec<&str> = caveats.iter().map(String::as_str).collect();
     for m in [&mut a.input.macaroon, &mut a.output.macaroon] {
-        *m = attenuate(m, &[&caveat]).map_err(|e| format!("macaroon could not be attenuated: {e}"))?;
+        *m = attenuate(m, &caveats).map_err(|e| format!("macaroon could not be attenuated: {e}"))?;
     }
     Ok(a)
 }
@@ -198,5 +210,42 @@ mod tests {
         assert_eq!(utc_timestamp(4_102_444_800), "2100-01-01T00:00:00Z");
         assert_eq!(utc_timestamp(1_234_567_890), "2009-02-13T23:31:30Z");
         assert_eq!(utc_timestamp(u64::MAX), "9999-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn restrict_binds_both_macaroons_to_the_canonical_address_after_the_deadline() {
+        use htfaas_functions::macaroon::inspect;
+        let r = crate::queue::tests::request("k");
+        let a = JobAssignment {
+            job_id: "j".into(),
+            function: r.function,
+            resources: r.resources,
+            input: r.input,
+            output: r.output,
+            args: r.args,
+            env: r.env,
+        };
+        let before = format!("before:{}", utc_timestamp(1000 + a.resources.runtime_s + MACAROON_GRACE_S));
+        let caveats_of = |bind_to: Option<IpAddr>| {
+            let out = restrict(a.clone(), 1000, bind_to).expect("attenuates");
+            [out.input.macaroon, out.output.macaroon].map(|m| inspect(&m).expect("parses"))
+        };
+        for (bind_to, ip) in [
+            (None, None),
+            (Some("127.0.0.1"), Some("ip:127.0.0.1")),
+            (Some("::ffff:10.1.2.3"), Some("ip:10.1.2.3")),
+            (Some("2001:db8::7"), Some("ip:2001:db8::7")),
+        ] {
+            for (caveats, original) in caveats_of(bind_to.map(|b| b.parse().expect("address")))
+                .iter()
+                .zip([&a.input.macaroon, &a.output.macaroon])
+            {
+                let original = inspect(original).expect("parses");
+                let mut expected = original.clone();
+                expected.push(before.clone());
+                expected.extend(ip.map(str::to_owned));
+                assert_eq!(*caveats, expected, "{bind_to:?}");
+            }
+        }
     }
 }

@@ -24,6 +24,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
 use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg};
 use htfaas_functions::token::AttachClaims;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -87,11 +88,18 @@ fn until(exp: u64) -> Duration {
     Duration::from_millis(exp.saturating_mul(1000).saturating_sub(now_ms()))
 }
 
-/// Runs one session to its end.
+/// Runs one session to its end, for an EP that attached from `peer` (the connection's remote
+/// address).
 #[tracing::instrument(name = "scheduler.attach", skip_all,
     fields(ep.sub = %claims.sub, ep.owner = ?claims.owner, ep.annex = ?claims.annex, token.jti = %claims.jti,
-           ep.id = tracing::field::Empty, ep.name = tracing::field::Empty))]
-pub async fn serve(mut ws: WebSocket, claims: AttachClaims, shared: Arc<Shared>, shutdown: CancellationToken) {
+           ep.addr = %peer, ep.id = tracing::field::Empty, ep.name = tracing::field::Empty))]
+pub async fn serve(
+    mut ws: WebSocket,
+    claims: AttachClaims,
+    peer: IpAddr,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
     let Some(hello) = read_hello(&mut ws, &shutdown).await else { return };
     if let Err((code, why)) = admit(&hello, &claims) {
         tracing::warn!("refusing hello: {why}");
@@ -103,7 +111,8 @@ pub async fn serve(mut ws: WebSocket, claims: AttachClaims, shared: Arc<Shared>,
     span.record("ep.name", hello.name.as_str());
     let (tx, rx) = mpsc::unbounded_channel();
     let pool = Pool { annex: claims.annex.clone(), owner: claims.owner.clone() };
-    let slot = EpSlot::new(ep_id.clone(), hello.name.clone(), pool, Credential::of_attach(&claims), hello.slots, tx);
+    let credential = Credential::of_attach(&claims);
+    let slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
     if let Err(reason) = register(&shared, slot) {
         tracing::info!("attach token revoked meanwhile: {reason}");
         return close(ws, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}")).await;

@@ -21,10 +21,10 @@
 //! restriction and annex come from its attach token, never from its word: an owner-bound EP
 //! only ever gets that owner's jobs, an annex EP only that annex's jobs, and an annex job runs
 //! only on its annex; an EP holds a job's macaroons only as attenuated copies that expire soon
-//! after the job must end; a revoked token is refused from the moment of its revocation, and
-//! nothing it started keeps running; a job is `running` only on a live session, and goes back
-//! to `idle` when that session ends. The scheduler holds ids, URLs and digests, never function
-//! bytes.
+//! after the job must end (and, when the job asks, work only from the EP's address); a revoked
+//! token is refused from the moment of its revocation, and nothing it started keeps running; a
+//! job is `running` only on a live session, and goes back to `idle` when that session ends.
+//! The scheduler holds ids, URLs and digests, never function bytes.
 //!
 //! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
 //! running jobs return to idle), stop the dispatcher, wait for all of it (at most
@@ -44,10 +44,12 @@ pub use config::{ATTACH_KID, Config, Settings, TrustedIssuer};
 pub use error::{ApiFailure, QueueError};
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use htfaas_functions::token::{ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenError, Verifier, new_jti, now_s};
 use matching::EpTable;
 use queue::Queue;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -142,11 +144,17 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     shared.wake.notify_one();
     tracing::info!(%url, name = %name, "scheduler listening");
 
-    let router = api::router(shared.clone());
+    // With each connection's peer address: the attach route keeps it for binding macaroons.
+    let app = api::router(shared.clone()).into_make_service_with_connect_info::<SocketAddr>();
     let stop = shutdown.clone().cancelled_owned();
     let served = match tls {
-        None => axum::serve(listener, router).with_graceful_shutdown(stop).await,
-        Some(config) => axum::serve(tls::TlsListener::new(listener, config), router).with_graceful_shutdown(stop).await,
+        None => axum::serve(listener, app).with_graceful_shutdown(stop).await,
+        Some(config) => {
+            // axum hands out `ConnectInfo<L::Addr>` for a listener of its own kind only through
+            // its `TapIo` adapter; the tap itself does nothing.
+            let listener = tls::TlsListener::new(listener, config).tap_io(|_| {});
+            axum::serve(listener, app).with_graceful_shutdown(stop).await
+        }
     }
     .context("serve HTTP");
     tracing::info!("HTTP stopped; closing EP sessions");

@@ -17,6 +17,7 @@ use crate::revocation::Credential;
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{JobAssignment, SchedulerMsg};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
 use tokio::sync::mpsc;
 
 /// An idle job as matching sees it.
@@ -64,6 +65,10 @@ pub struct EpSlot {
     pub ep_id: String,
     /// The name the EP gave, for job records and logs.
     pub name: String,
+    /// The EP's address as this scheduler sees it (the attach connection's peer, canonical:
+    /// an IPv4-mapped IPv6 address is IPv4), which a job's macaroons are bound to when the job
+    /// asks for it.
+    pub ip: IpAddr,
     /// Which jobs it may take: its attach token's annex and owner restriction.
     pub pool: Pool,
     /// Its attach token, as revocation sees it.
@@ -91,6 +96,7 @@ impl EpSlot {
     pub fn new(
         ep_id: String,
         name: String,
+        ip: IpAddr,
         pool: Pool,
         credential: Credential,
         total: Resources,
@@ -99,6 +105,7 @@ impl EpSlot {
         EpSlot {
             ep_id,
             name,
+            ip: ip.to_canonical(),
             pool,
             credential,
             total,
@@ -311,6 +318,8 @@ pub fn select(idle: &[IdleJob], eps: &EpTable) -> Vec<Match> {
 mod tests {
     use super::*;
 
+    const LOCALHOST: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     fn res(cpus: u32, memory_mb: u64, runtime_s: u64) -> Resources {
         Resources { cpus, memory_mb, runtime_s }
     }
@@ -323,7 +332,7 @@ mod tests {
         let (tx, _rx) = mpsc::unbounded_channel();
         let pool = Pool { annex: annex.map(str::to_owned), owner: owner.map(str::to_owned) };
         let credential = Credential { jti: format!("jti-{id}"), owner: pool.owner.clone(), issuer: "s".into() };
-        EpSlot::new(id.into(), format!("name-{id}"), pool, credential, total, tx)
+        EpSlot::new(id.into(), format!("name-{id}"), LOCALHOST, pool, credential, total, tx)
     }
 
     fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
@@ -364,12 +373,22 @@ mod tests {
     }
 
     #[test]
+    fn an_eps_address_is_kept_canonical() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let pool = Pool { annex: None, owner: None };
+        let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().expect("address");
+        let ep = EpSlot::new("a".into(), "a".into(), mapped, pool, credential, res(1, 1, 1), tx);
+        assert_eq!(ep.ip, IpAddr::V4(std::net::Ipv4Addr::new(10, 1, 2, 3)));
+    }
+
+    #[test]
     fn closing_eps_and_cancelled_jobs_get_nothing() {
         let mut t = EpTable::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let pool = Pool { annex: None, owner: None };
         let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
-        t.insert(EpSlot::new("a".into(), "a".into(), pool, credential, res(4, 4000, 100), tx));
+        t.insert(EpSlot::new("a".into(), "a".into(), LOCALHOST, pool, credential, res(4, 4000, 100), tx));
         let idle = [job("j1", "x", res(1, 1, 1)), job("j2", "x", res(1, 1, 1))];
         let m = select(&idle, &t);
         assert!(m.iter().all(|m| t.reserve(m)));

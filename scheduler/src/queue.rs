@@ -361,9 +361,10 @@ impl Queue {
     }
 
     /// In one transaction: marks each job that is still idle as running on EP session
-    /// `ep_session` (named `ep_name`), and returns what to send for it, as `prepare` made it.
-    /// A job whose stored request does not decode, or that `prepare` refuses (with the reason
-    /// to record), fails at once: it is neither sent nor retried.
+    /// `ep_session` (named `ep_name`), and returns what to send for it, as `prepare` made it
+    /// from the stored assignment and the request's `bind_ep_address`. A job whose stored
+    /// request does not decode, or that `prepare` refuses (with the reason to record), fails
+    /// at once: it is neither sent nor retried.
     pub async fn mark_running<F>(
         &self,
         job_ids: Vec<String>,
@@ -372,7 +373,7 @@ impl Queue {
         prepare: F,
     ) -> Result<Marked, QueueError>
     where
-        F: Fn(JobAssignment) -> Result<JobAssignment, String> + Send + 'static,
+        F: Fn(JobAssignment, bool) -> Result<JobAssignment, String> + Send + 'static,
     {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -388,7 +389,10 @@ impl Queue {
                 };
                 let prepared = serde_json::from_str::<SubmitRequest>(&request)
                     .map_err(|e| format!("stored request is corrupt: {e}"))
-                    .and_then(|r| prepare(assignment(id.clone(), r)));
+                    .and_then(|r| {
+                        let bind = r.bind_ep_address;
+                        prepare(assignment(id.clone(), r), bind)
+                    });
                 match prepared {
                     Ok(a) => {
                         tx.execute(
@@ -873,6 +877,7 @@ pub(crate) mod tests {
             event: EventRef { source: "dcache".into(), id: key.into(), path: "/data/raw/a".into() },
             dedupe_key: key.into(),
             annex: None,
+            bind_ep_address: false,
         }
     }
 
@@ -888,7 +893,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn ok(a: JobAssignment) -> Result<JobAssignment, String> {
+    fn ok(a: JobAssignment, _bind: bool) -> Result<JobAssignment, String> {
         Ok(a)
     }
 
@@ -977,7 +982,7 @@ pub(crate) mod tests {
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
         let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
         let marked = q
-            .mark_running(vec![id.clone()], "ep1".into(), "s1".into(), |_| Err("no, because".into()))
+            .mark_running(vec![id.clone()], "ep1".into(), "s1".into(), |_, _| Err("no, because".into()))
             .await
             .expect("mark");
         assert!(marked.assigned.is_empty());

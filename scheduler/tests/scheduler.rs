@@ -222,6 +222,7 @@ impl Fixture {
             event: EventRef { source: "dcache".into(), id: format!("{key}/s1"), path: "/data/raw/a.dat".into() },
             dedupe_key: key.into(),
             annex: None,
+            bind_ep_address: false,
         }
     }
 
@@ -734,6 +735,7 @@ async fn assignments_carry_macaroons_attenuated_to_the_jobs_lifetime() {
         let original = inspect(stored).expect("stored macaroon parses");
         let caveats = inspect(sent).expect("sent macaroon parses");
         assert_eq!(caveats.len(), original.len() + 1, "{caveats:?}");
+        assert!(!caveats.iter().any(|c| c.starts_with("ip:")), "not asked to bind, yet bound: {caveats:?}");
         assert_eq!(caveats[..original.len()], original[..]);
         let before = &caveats[original.len()];
         assert!(
@@ -762,6 +764,46 @@ async fn assignments_carry_macaroons_attenuated_to_the_jobs_lifetime() {
     let failed = server.wait_for_state(&bad, JobState::Failed).await;
     assert!(failed.reason.starts_with("macaroon could not be attenuated: "), "{}", failed.reason);
     expect_silence(&mut ep, Duration::from_millis(300)).await;
+
+    ep.close(None).await.expect("close");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn assignments_bind_macaroons_to_the_eps_address_when_the_job_asks() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let root = RootKey::derive(STORAGE_SECRET);
+    let mut req = fx.request("bound");
+    req.bind_ep_address = true;
+    let job = server.submit(&fx.token("alice"), &req).await.job_id;
+
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut ep, "ep-1", 2).await;
+    let a = expect_assignment(&mut ep).await;
+    assert_eq!(a.job_id, job);
+    for (sent, stored) in [(&a.input.macaroon, &req.input.macaroon), (&a.output.macaroon, &req.output.macaroon)] {
+        let original = inspect(stored).expect("stored macaroon parses");
+        let caveats = inspect(sent).expect("sent macaroon parses");
+        // The stored caveats, then the deadline, then the address this EP attached from.
+        assert_eq!(caveats[..original.len()], original[..]);
+        let added: Vec<&str> = caveats[original.len()..].iter().map(String::as_str).collect();
+        assert!(matches!(added[..], [before, "ip:127.0.0.1"] if before.starts_with("before:")), "{caveats:?}");
+        let verified = authenticate(sent, &root).expect("the storage's root key still verifies the chain");
+        assert_eq!(verified.caveats, caveats);
+    }
+    send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, Usage::default())).await;
+    server.wait_for_state(&job, JobState::Completed).await;
+
+    // A job that does not ask gets no `ip:` caveat from the same EP.
+    let unbound = server.submit(&fx.token("alice"), &fx.request("unbound")).await.job_id;
+    let a = expect_assignment(&mut ep).await;
+    assert_eq!(a.job_id, unbound);
+    for m in [&a.input.macaroon, &a.output.macaroon] {
+        let caveats = inspect(m).expect("parses");
+        assert!(!caveats.iter().any(|c| c.starts_with("ip:")), "{caveats:?}");
+        assert!(caveats.last().is_some_and(|c| c.starts_with("before:")), "{caveats:?}");
+    }
 
     ep.close(None).await.expect("close");
     server.stop().await;

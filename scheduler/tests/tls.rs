@@ -3,7 +3,7 @@
 //! speak TLS, do not trust the certificate, or never finish a handshake.
 
 use futures_util::{SinkExt as _, StreamExt as _};
-use htfaas_functions::macaroon::{RootKey, mint};
+use htfaas_functions::macaroon::{RootKey, inspect, mint};
 use htfaas_functions::proto::{
     EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobRecord, JobReport, JobState, Outcome, OutputSpec, SchedulerMsg,
     SubmitRequest, SubmitResponse, Usage,
@@ -128,6 +128,7 @@ impl Server {
         tokio::time::timeout(WAIT, connecting).await.expect("attach answered").map(|(ws, _)| ws)
     }
 
+    /// Submits a job under dedupe key `key`, asking for its macaroons to be bound to its EP.
     async fn submit(&self, key: &str) -> String {
         let claims = SubmitClaims {
             iss: GW.into(),
@@ -164,6 +165,7 @@ impl Server {
             event: EventRef { source: "test".into(), id: key.into(), path: "/in/a.dat".into() },
             dedupe_key: key.into(),
             annex: None,
+            bind_ep_address: true,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit answered");
@@ -210,7 +212,14 @@ async fn https_submit_and_wss_attach_run_a_job() {
     let mut ep = server.attach(&server.attach_url(), Some(pki.client_config())).await.expect("wss attach");
     hello(&mut ep, "ep-tls").await;
     match next_msg(&mut ep).await {
-        SchedulerMsg::Assign(a) => assert_eq!(a.job_id, job),
+        SchedulerMsg::Assign(a) => {
+            assert_eq!(a.job_id, job);
+            // The TLS listener hands the attach route the EP's address too.
+            for m in [&a.input.macaroon, &a.output.macaroon] {
+                let caveats = inspect(m).expect("parses");
+                assert_eq!(caveats.last().map(String::as_str), Some("ip:127.0.0.1"), "{caveats:?}");
+            }
+        }
         other => panic!("want assign, got {other:?}"),
     }
     let report = JobReport {

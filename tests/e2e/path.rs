@@ -1,11 +1,21 @@
 //! The whole path: an upload fires the registered function, its output lands in storage, the
-//! run is recorded and accounted; events that should not fire, don't.
+//! run is recorded and accounted; events that should not fire, don't. Every job here runs with
+//! macaroons bound to its EP's address (the stack's gateway asks for it), and what an EP is
+//! handed is checked from the EP's side of the link.
 
-use htfaas::stack::demo_manifest;
-use htfaas_functions::proto::{EVENTS_SUBJECT, JobState};
+use futures_util::{SinkExt as _, StreamExt as _};
+use htfaas::stack::{demo_manifest, mint_ep_token};
+use htfaas_functions::Resources;
+use htfaas_functions::macaroon::{attenuate, inspect};
+use htfaas_functions::proto::{
+    EVENTS_SUBJECT, EpMsg, Hello, JobAssignment, JobReport, JobState, Outcome, SchedulerMsg, Usage,
+};
 use htfaas_tests::{adler32_hex, guest_wasm, start_stack, upload_checksum, wait_for};
+use reqwest::StatusCode;
 use sha2::Digest as _;
 use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -29,6 +39,8 @@ async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
     assert_eq!(jobs.len(), 1, "{jobs:#?}");
     let job = &jobs[0];
     assert_eq!(job.state, JobState::Completed, "{job:#?}");
+    // ... with macaroons bound to the EP (what it is handed then: the test below).
+    assert!(stack.gateway().bind_macaroons_to_ep, "the stack binds every job's macaroons to its EP");
     assert_eq!(job.owner, "alice");
     assert_eq!(job.function, "checksum");
     assert_eq!(job.event.path, format!("/data/raw/{name}"));
@@ -54,6 +66,101 @@ async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
     assert_eq!(stats.jobs_submitted, 1, "{stats:?}");
     assert_eq!(stats.events_malformed, 0, "{stats:?}");
     assert!(stats.events_unmatched >= 1, "the output upload is an unmatched event: {stats:?}");
+    stack.stop().await.expect("clean stop");
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next message on `ws` (skipping pings), within `LIMIT`.
+async fn next_msg(ws: &mut Ws) -> SchedulerMsg {
+    loop {
+        let frame = tokio::time::timeout(LIMIT, ws.next()).await.expect("a message in time");
+        match frame.expect("link open").expect("frame") {
+            Message::Text(t) => return serde_json::from_str(t.as_str()).expect("SchedulerMsg"),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+/// Through the real gateway, scheduler and storage, with this test as the EP (attached with an
+/// annex token, so the job comes here): the macaroons it is handed end with `ip:` naming the
+/// address it attached from; from there they read the input and write an output; the same
+/// macaroons narrowed to any other address are refused by the storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
+    let (dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let mut probe = demo_manifest(upload_checksum(&client).await);
+    probe.name = "bound".into();
+    probe.trigger.path = "/data/bound/**".into();
+    probe.outputs.dir = "/data/bound-out/".into();
+    probe.annex = Some("probe".into());
+    client.register(&probe).await.expect("register");
+
+    let token = mint_ep_token(dir.path(), None, Some("probe".into()), 600).expect("mint");
+    let url = stack.info().scheduler_url.replacen("http://", "ws://", 1) + "/v1/ep/attach";
+    let mut req = url.into_client_request().expect("request");
+    req.headers_mut().insert("authorization", format!("Bearer {token}").parse().expect("header"));
+    let (mut ws, _) = tokio::time::timeout(LIMIT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("attach in time")
+        .expect("attach");
+    let hello = EpMsg::Hello(Hello {
+        name: "probe-1".into(),
+        slots: Resources { cpus: 1, memory_mb: 1024, runtime_s: 600 },
+        protocol: 1,
+        annex: Some("probe".into()),
+    });
+    ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
+    assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));
+
+    client.put_bytes(b"bound input".to_vec(), "/data/bound/in.dat").await.expect("put");
+    let a: JobAssignment = match next_msg(&mut ws).await {
+        SchedulerMsg::Assign(a) => a,
+        other => panic!("expected an assign, got {other:?}"),
+    };
+    for m in [&a.input.macaroon, &a.output.macaroon] {
+        let caveats = inspect(m).expect("parses");
+        let n = caveats.len();
+        assert!(n >= 2 && caveats[n - 2].starts_with("before:"), "{caveats:?}");
+        assert_eq!(caveats[n - 1], "ip:127.0.0.1", "{caveats:?}");
+    }
+
+    let http = htfaas_gateway::http_client().expect("client");
+    let get = |macaroon: String| http.get(&a.input.url).bearer_auth(macaroon).send();
+    let put = |macaroon: String, name: &str| {
+        http.put(format!("{}{name}", a.output.url)).bearer_auth(macaroon).body(b"out".to_vec()).send()
+    };
+    // From here (127.0.0.1), as handed out.
+    let r = get(a.input.macaroon.clone()).await.expect("GET");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.bytes().await.expect("body").as_ref(), b"bound input");
+    assert!(put(a.output.macaroon.clone(), "from-the-ep").await.expect("PUT").status().is_success());
+    // Narrowed to another address (TEST-NET-1), as if used from elsewhere: refused, both ways.
+    let elsewhere = |m: &str| attenuate(m, &["ip:192.0.2.1"]).expect("attenuates");
+    let r = get(elsewhere(&a.input.macaroon)).await.expect("GET");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.text().await.expect("body").contains("ip:"), "refused for its address");
+    let r = put(elsewhere(&a.output.macaroon), "from-elsewhere").await.expect("PUT");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(client.get_bytes("/data/bound-out/from-elsewhere").await.expect("get"), None);
+    assert_eq!(client.get_bytes("/data/bound-out/from-the-ep").await.expect("get").as_deref(), Some(&b"out"[..]));
+
+    let report = EpMsg::Finished(JobReport {
+        job_id: a.job_id.clone(),
+        outcome: Outcome::Exited { exit_code: 0 },
+        usage: Usage::default(),
+        outputs: vec![],
+        log: String::new(),
+    });
+    ws.send(Message::text(serde_json::to_string(&report).expect("encode"))).await.expect("report");
+    wait_for("the bound job to complete", LIMIT, || async {
+        let jobs = client.jobs().await.expect("jobs");
+        jobs.into_iter().find(|j| j.id == a.job_id && j.state == JobState::Completed)
+    })
+    .await;
+    ws.close(None).await.expect("close");
     stack.stop().await.expect("clean stop");
 }
 

@@ -108,6 +108,7 @@ fn request(digest: Digest) -> SubmitRequest {
         event: EventRef { source: "test".into(), id: new_jti(), path: "/data/raw/a".into() },
         dedupe_key: new_jti(),
         annex: None,
+        bind_ep_address: false,
     }
 }
 

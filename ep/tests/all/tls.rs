@@ -168,6 +168,7 @@ impl Scheduler {
             event: EventRef { source: "test".into(), id: "e1".into(), path: "/in/wiki.txt".into() },
             dedupe_key: "e1".into(),
             annex: None,
+            bind_ep_address: false,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit over https");
