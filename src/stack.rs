@@ -173,6 +173,7 @@ impl Stack {
             storage_user: "gateway".into(),
             storage_secret: secrets.gateway_storage_secret.clone(),
             storage_ca_file: None,
+            scheduler_ca_file: None,
             storage_client_cert: None,
             storage_client_key: None,
             scheduler_url: scheduler_url.clone(),

@@ -72,8 +72,12 @@ pub struct Config {
     /// Private key of `storage_client_cert`, PEM (PKCS#8, PKCS#1 or SEC1). Default: none.
     #[serde(default)]
     pub storage_client_key: Option<PathBuf>,
-    /// Scheduler base URL.
+    /// Scheduler base URL (`https://…` when the scheduler serves TLS).
     pub scheduler_url: String,
+    /// Extra trusted root certificate(s) for the scheduler's TLS, PEM, in addition to the
+    /// system's. Default: none.
+    #[serde(default)]
+    pub scheduler_ca_file: Option<PathBuf>,
     /// Admin token of the scheduler, for proxying job and accounting queries.
     pub scheduler_admin_token: String,
     /// Ed25519 PKCS#8 PEM key that signs submit tokens; created if absent.
@@ -162,13 +166,29 @@ pub struct Shared {
 
 /// Builds the one HTTP client every outgoing call of this process uses.
 pub fn http_client() -> anyhow::Result<reqwest::Client> {
+    scheduler_http_client(None)
+}
+
+/// [`http_client`], also trusting the CA certificate(s) in `ca_file` (the scheduler's).
+pub fn scheduler_http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
     // Installing twice is harmless: a second install reports the first one.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .context("build the HTTP client")
+    let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).timeout(Duration::from_secs(30));
+    trust(builder, ca_file, "scheduler_ca_file")?.build().context("build the HTTP client")
+}
+
+/// Adds the PEM certificates of `ca_file` (the config field `what`) as trusted roots.
+fn trust(
+    builder: reqwest::ClientBuilder,
+    ca_file: Option<&Path>,
+    what: &str,
+) -> anyhow::Result<reqwest::ClientBuilder> {
+    let Some(ca_file) = ca_file else { return Ok(builder) };
+    let pem = std::fs::read(ca_file).with_context(|| format!("read {what} {}", ca_file.display()))?;
+    let certs =
+        reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parse {what} {}", ca_file.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "{what} {} holds no certificate", ca_file.display());
+    Ok(builder.tls_certs_merge(certs))
 }
 
 /// Builds the HTTP client the gateway asks the storage for macaroons with: like
@@ -182,17 +202,11 @@ pub fn storage_http_client(
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Title-case header names on HTTP/1: XRootD 5.5's XrdHttp looks header names up
     // case-sensitively, and its macaroon handler wants exactly `Content-Type`.
-    let mut builder = reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(30))
         .http1_title_case_headers();
-    if let Some(ca_file) = ca_file {
-        let pem = std::fs::read(ca_file).with_context(|| format!("read storage_ca_file {}", ca_file.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .with_context(|| format!("parse storage_ca_file {}", ca_file.display()))?;
-        anyhow::ensure!(!certs.is_empty(), "storage_ca_file {} holds no certificate", ca_file.display());
-        builder = builder.tls_certs_merge(certs);
-    }
+    let mut builder = trust(builder, ca_file, "storage_ca_file")?;
     match (client_cert, client_key) {
         (None, None) => {}
         (Some(cert), Some(key)) => {
@@ -230,7 +244,7 @@ impl Config {
         let jwks_file = self.jwks_file.clone().unwrap_or_else(|| self.signing_key_file.with_extension("jwks.json"));
         htfaas_functions::token::write_jwks(&jwks_file, &key.jwks())
             .with_context(|| format!("write {}", jwks_file.display()))?;
-        let http = http_client()?;
+        let http = scheduler_http_client(self.scheduler_ca_file.as_deref())?;
         for v in [&self.read_validity, &self.write_validity] {
             anyhow::ensure!(v.starts_with('P') && v.len() > 2, "validity {v:?} is not an ISO-8601 duration");
             if self.storage_kind == storage_client::StorageKind::Xrootd {
@@ -336,6 +350,7 @@ mod tests {
             storage_client_cert: None,
             storage_client_key: None,
             scheduler_url: "http://127.0.0.1:1".into(),
+            scheduler_ca_file: None,
             scheduler_admin_token: "a".into(),
             signing_key_file: dir.join("submit.pem"),
             jwks_file: None,
@@ -368,5 +383,20 @@ mod tests {
             "storage_url": "s", "scheduler_url": "u", "scheduler_admin_token": "t", "signing_key_file": "k",
             "admin_token": "a"});
         assert!(!serde_json::from_value::<Config>(json).expect("parses").bind_macaroons_to_ep);
+    }
+
+    #[tokio::test]
+    async fn a_scheduler_ca_file_that_is_missing_or_holds_no_certificate_is_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "no certificate here\n").expect("write");
+        for (file, expect) in
+            [(dir.path().join("missing.pem"), "read scheduler_ca_file"), (not_pem, "holds no certificate")]
+        {
+            let mut c = config(dir.path(), storage_client::StorageKind::Dcache, false);
+            c.scheduler_ca_file = Some(file);
+            let Err(e) = c.resolve().await else { panic!("a bad scheduler_ca_file resolved") };
+            assert!(format!("{e:#}").contains(expect), "{e:#}");
+        }
     }
 }
