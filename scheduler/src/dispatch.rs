@@ -215,16 +215,7 @@ mod tests {
     #[test]
     fn restrict_binds_both_macaroons_to_the_canonical_address_after_the_deadline() {
         use htfaas_functions::macaroon::inspect;
-        let r = crate::queue::tests::request("k");
-        let a = JobAssignment {
-            job_id: "j".into(),
-            function: r.function,
-            resources: r.resources,
-            input: r.input,
-            output: r.output,
-            args: r.args,
-            env: r.env,
-        };
+        let a = crate::queue::assignment("j".into(), crate::queue::tests::request("k"));
         let before = format!("before:{}", utc_timestamp(1000 + a.resources.runtime_s + MACAROON_GRACE_S));
         let caveats_of = |bind_to: Option<IpAddr>| {
             let out = restrict(a.clone(), 1000, bind_to).expect("attenuates");

@@ -723,7 +723,7 @@ fn read_revocations(conn: &Connection) -> Result<Vec<Revocation>, QueueError> {
 }
 
 /// What an EP is sent for a job: no owner, no token.
-fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
+pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
     JobAssignment {
         job_id,
         function: r.function,
