@@ -320,7 +320,7 @@ fn client(dir: &DirArg) -> anyhow::Result<Client> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
             tracing_subscriber::EnvFilter::new("info,async_nats=warn,wasmtime=warn,cranelift=warn")
@@ -328,7 +328,17 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    match execute(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The reason and its causes on one line; no backtrace, even with RUST_BACKTRACE set.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Up { dir, demo, demo_wasm, nats_server } => {
             let mut opts = StackOptions::new(&dir.dir);
