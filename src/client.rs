@@ -222,6 +222,15 @@ impl Client {
         Ok(check(resp, "revoke").await?.json().await?)
     }
 
+    /// Holds, releases or removes one job (admin); `verb` is `hold`, `release` or `remove`.
+    /// Returns the job as it is now.
+    pub async fn job_action(&self, id: &str, verb: &str, reason: &str) -> anyhow::Result<JobRecord> {
+        let path = format!("/v1/jobs/{}/{verb}", htfaas_gateway::storage_client::encode_path(id));
+        let body = htfaas_functions::proto::JobAction { reason: reason.to_owned() };
+        let resp = self.http.post(self.gateway(&path)).bearer_auth(&self.info.admin_token).json(&body).send().await?;
+        Ok(check(resp, verb).await?.json().await?)
+    }
+
     /// Every recorded revocation.
     pub async fn revocations(&self) -> anyhow::Result<Vec<htfaas_functions::proto::Revocation>> {
         self.admin_get("/v1/revocations").await

@@ -94,13 +94,16 @@ enum Command {
         #[command(subcommand)]
         command: FnCommand,
     },
-    /// List jobs, newest first.
+    /// List jobs, newest first; or hold, release or remove one.
     Jobs {
         #[command(flatten)]
         dir: DirArg,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Act on one job instead of listing.
+        #[command(subcommand)]
+        action: Option<JobsCommand>,
     },
     /// Usage per owner.
     Accounting {
@@ -181,6 +184,34 @@ enum FnCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// Keep a job from running (a running one is stopped) until it is released.
+    Hold {
+        /// Job id.
+        id: String,
+        /// Why; shown as the job's hold reason.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Let a held job run again.
+    Release {
+        /// Job id.
+        id: String,
+        /// Why.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Remove a job (a running one is stopped).
+    Rm {
+        /// Job id.
+        id: String,
+        /// Why; recorded with the job.
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -441,7 +472,17 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Jobs { dir, json } => {
+        Command::Jobs { dir, json: _, action: Some(action) } => {
+            let (verb, id, reason) = match action {
+                JobsCommand::Hold { id, reason } => ("hold", id, reason),
+                JobsCommand::Release { id, reason } => ("release", id, reason),
+                JobsCommand::Rm { id, reason } => ("remove", id, reason),
+            };
+            let job = client(&dir)?.job_action(&id, verb, &reason).await?;
+            println!("job {} is {}: {}", job.id, job.state.as_str(), job.reason);
+            Ok(())
+        }
+        Command::Jobs { dir, json, action: None } => {
             let jobs = client(&dir)?.jobs().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);

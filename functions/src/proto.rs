@@ -409,6 +409,9 @@ pub enum JobState {
     Failed,
     /// Taken out of the queue or stopped by the scheduler (revocation, admin); `reason` says why.
     Removed,
+    /// Kept, but not run until released (`htfaas jobs release`); `reason` and
+    /// [`JobRecord::hold_code`] say why. A held job that was running was stopped.
+    Held,
 }
 
 impl JobState {
@@ -420,6 +423,7 @@ impl JobState {
             JobState::Completed => "completed",
             JobState::Failed => "failed",
             JobState::Removed => "removed",
+            JobState::Held => "held",
         }
     }
 
@@ -431,6 +435,7 @@ impl JobState {
             "completed" => JobState::Completed,
             "failed" => JobState::Failed,
             "removed" => JobState::Removed,
+            "held" => JobState::Held,
             _ => return None,
         })
     }
@@ -462,6 +467,9 @@ pub struct JobRecord {
     /// Issuer of that token.
     #[serde(default)]
     pub token_issuer: String,
+    /// Why it is held, as HTCondor's `HoldReasonCode` (1: by an admin); set only while held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_code: Option<u32>,
     /// Accounting group from the token, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
@@ -485,6 +493,17 @@ pub struct JobRecord {
     /// Outputs stored, once finished.
     pub outputs: Vec<OutputFile>,
 }
+
+/// `POST /v1/jobs/{id}/hold`, `/release` and `/remove` (admin): why, recorded with the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobAction {
+    /// Why; for a hold it becomes the job's hold reason.
+    pub reason: String,
+}
+
+/// HTCondor's `HoldReasonCode` for a hold put by a person (`condor_hold`).
+pub const HOLD_CODE_BY_ADMIN: u32 = 1;
 
 /// What a revocation names: exactly one of a token id, an owner (the `sub` of submit tokens and
 /// the `owner` of attach tokens) or an issuer.

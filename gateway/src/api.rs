@@ -14,6 +14,7 @@
 //! | `GET /v1/functions` | admin | latest `FunctionRecord` of each function |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…, "annex"?:…}` → `SubmitResponse` |
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
+//! | `POST /v1/jobs/{id}/hold\|release\|remove` | admin | body `JobAction` → the job (the scheduler acts) |
 //! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
 //! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | ingest counters |
@@ -65,6 +66,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/functions/{name}/runs", post(run_function))
         .route("/v1/jobs", get(proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy_job))
+        .route("/v1/jobs/{id}/{action}", post(proxy_job_action))
         .route("/v1/accounting", get(proxy_accounting))
         .route("/v1/revocations", post(proxy_revoke).get(proxy_revocations))
         .route("/v1/stats", get(stats))
@@ -170,6 +172,26 @@ async fn proxy_job(
         return Err(Failure(StatusCode::BAD_REQUEST, "bad job id".into()));
     }
     proxy(&shared, &headers, &format!("/v1/jobs/{id}")).await
+}
+
+async fn proxy_job_action(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((id, action)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Failure(StatusCode::BAD_REQUEST, "bad job id".into()));
+    }
+    if !matches!(action.as_str(), "hold" | "release" | "remove") {
+        return Err(Failure(StatusCode::NOT_FOUND, format!("no job action {action:?} (hold, release, remove)")));
+    }
+    let request: htfaas_functions::proto::JobAction = serde_json::from_slice(&body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid job action: {e}")))?;
+    tracing::info!(job = %id, %action, reason = %request.reason, "job action requested");
+    let url = format!("{}/v1/jobs/{id}/{action}", shared.submitter_base());
+    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
 }
 
 async fn proxy_accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {

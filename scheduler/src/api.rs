@@ -6,6 +6,9 @@
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
 //! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first |
+//! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
+//! | `POST /v1/jobs/{id}/release` | admin | `JobAction` → 200 `JobRecord`: held → `idle`, dispatched again |
+//! | `POST /v1/jobs/{id}/remove` | admin | `JobAction` → 200 `JobRecord`: idle, running or held → `removed` (a running job is stopped) |
 //! | `GET /v1/accounting` | admin | every owner's `Account` |
 //! | `POST /v1/revocations` | admin | `RevokeRequest` → 200 `Revocation` (applied and recorded) |
 //! | `GET /v1/revocations` | admin | every `Revocation`, oldest first |
@@ -24,10 +27,16 @@
 //! upgrade. The session keeps the connection's peer address (served with connect info), to
 //! which jobs that ask for it have their macaroons bound.
 //!
+//! Job actions ([`crate::actions`]): 401 without the admin token, then 400 for a body that is not
+//! a `JobAction` or a reason that is empty, longer than 1024 bytes or holds a control character,
+//! then 404 for an unknown job, then 409 when the job's state does not allow the action (already
+//! held; not held, for a release; completed, failed or removed).
+//!
 //! Revocations: 400 when the value is empty or longer than 256 characters or the reason longer
 //! than 1024.
 
 use crate::Shared;
+use crate::actions::Action;
 use crate::error::{ApiFailure, QueueError};
 use crate::queue::NewJob;
 use crate::revocation::Credential;
@@ -43,7 +52,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use htfaas_functions::manifest::{MAX_CPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path};
-use htfaas_functions::proto::{Account, JobRecord, Revocation, RevokeRequest, SubmitRequest, SubmitResponse};
+use htfaas_functions::proto::{
+    Account, JobAction, JobRecord, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
+};
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -67,6 +78,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/preflight", post(preflight))
         .route("/v1/revocations", post(revoke).get(list_revocations))
         .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/hold", post(hold))
+        .route("/v1/jobs/{id}/release", post(release))
+        .route("/v1/jobs/{id}/remove", post(remove))
         .route("/v1/accounting", get(accounting))
         .route("/v1/ep/attach", get(attach))
         .route("/healthz", get(|| async { "ok" }))
@@ -321,6 +335,49 @@ async fn get_job(
         Some(job) => Ok(Json(job)),
         None => Err(ApiFailure::not_found(format!("job {id:?} not found"))),
     }
+}
+
+/// A job action: admin, then the body, then the job (see the module docs for the statuses).
+async fn act(
+    shared: &Shared,
+    headers: &HeaderMap,
+    id: String,
+    body: Result<Bytes, BytesRejection>,
+    action: Action,
+) -> Result<Json<JobRecord>, ApiFailure> {
+    require_admin(shared, headers)?;
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: JobAction =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid job action: {e}")))?;
+    crate::actions::validate_reason(&req.reason).map_err(ApiFailure::bad_request)?;
+    Ok(Json(crate::actions::apply(shared, id, action, req.reason).await?))
+}
+
+async fn hold(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<JobRecord>, ApiFailure> {
+    act(&shared, &headers, id, body, Action::Hold).await
+}
+
+async fn release(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<JobRecord>, ApiFailure> {
+    act(&shared, &headers, id, body, Action::Release).await
+}
+
+async fn remove(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<JobRecord>, ApiFailure> {
+    act(&shared, &headers, id, body, Action::Remove).await
 }
 
 async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {

@@ -1,6 +1,6 @@
 //! The dispatcher: one task that turns idle jobs into Assign messages.
 //!
-//! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach and revocation,
+//! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach, revocation and job action,
 //! and on a slow tick that also prunes expired token-use counts. Each round reads a bounded
 //! batch of idle jobs per pool of EPs with room, asks [`crate::matching::select`] where they go,
 //! reserves the EPs' resources, marks the jobs running in the store (one transaction per EP),

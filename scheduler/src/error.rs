@@ -24,6 +24,15 @@ pub enum QueueError {
         /// Jobs it allows.
         jobs: u32,
     },
+    /// No job has this id.
+    #[error("job {id:?} not found")]
+    JobNotFound {
+        /// The id asked for.
+        id: String,
+    },
+    /// The job's state does not allow what was asked (an admin action); the message says why.
+    #[error("{0}")]
+    Conflict(String),
     /// A stored job could not be decoded.
     #[error("stored job {id} is corrupt: {reason}")]
     Corrupt {
@@ -84,6 +93,11 @@ impl ApiFailure {
         ApiFailure { status: StatusCode::NOT_FOUND, message: message.into() }
     }
 
+    /// 409: the target's state does not allow this.
+    pub fn conflict(message: impl Into<String>) -> ApiFailure {
+        ApiFailure { status: StatusCode::CONFLICT, message: message.into() }
+    }
+
     /// 500; the cause is logged here, where it is handled, and not shown to the client.
     pub fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiFailure {
         tracing::error!("failed to {what}: {e}");
@@ -96,6 +110,8 @@ impl From<QueueError> for ApiFailure {
         match e {
             QueueError::TokenUsed { .. } => ApiFailure::unauthorized(e.to_string()),
             QueueError::Revoked { .. } => ApiFailure::forbidden(e.to_string()),
+            QueueError::JobNotFound { .. } => ApiFailure::not_found(e.to_string()),
+            QueueError::Conflict(message) => ApiFailure::conflict(message),
             other => ApiFailure::internal("access the job store", &other),
         }
     }

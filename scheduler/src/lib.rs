@@ -3,9 +3,10 @@
 //!
 //! - [`api`]: `POST /v1/jobs` verifies a submit token and queues the job durably;
 //!   `POST /v1/preflight` runs the same checks without using the token; `GET /v1/ep/attach`
-//!   verifies an attach token and upgrades to a WebSocket; admin queries and revocations.
+//!   verifies an attach token and upgrades to a WebSocket; admin queries, job actions and
+//!   revocations.
 //! - [`queue`]: the SQLite store of jobs, submit-token uses, owner accounts and revocations
-//!   (schema version 2, migrated from 1 on open).
+//!   (schema version 3, migrated from 1 or 2 on open).
 //! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished, Cancel), closed
 //!   when its attach token expires or is revoked.
 //! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy
@@ -13,6 +14,8 @@
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
 //! - [`revocation`]: what a revocation names, the in-memory revoked set, and applying one.
+//! - [`actions`]: an admin's hold, release and remove of one job (`condor_hold`,
+//!   `condor_release`, `condor_rm`); a held job is never matched until released.
 //! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
 //!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
 //! - [`config`]: [`Config`] → [`Settings`].
@@ -30,6 +33,7 @@
 //! running jobs return to idle), stop the dispatcher, wait for all of it (at most
 //! [`EXIT_DEADLINE`]), then close the store.
 
+pub mod actions;
 pub mod api;
 pub mod config;
 pub mod dispatch;

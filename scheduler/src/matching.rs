@@ -202,11 +202,16 @@ impl EpTable {
         pools.into_iter().map(|(p, r)| (p.clone(), r)).collect()
     }
 
-    /// Reserves `m.resources` on its EP for its job. False if the EP is gone or too full.
+    /// Reserves `m.resources` on its EP for its job. False if the EP is gone or too full, or
+    /// still holds an earlier, stopped attempt of the same job (held, released, not yet
+    /// reported).
     pub fn reserve(&mut self, m: &Match) -> bool {
         let Some(ep) = self.eps.get_mut(&m.ep_id) else {
             return false;
         };
+        if ep.running.contains_key(&m.job_id) {
+            return false;
+        }
         if m.resources.cpus > ep.free_cpus || m.resources.memory_mb > ep.free_memory_mb {
             return false;
         }

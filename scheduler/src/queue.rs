@@ -7,17 +7,28 @@
 //! cannot race.
 //!
 //! Stored format: `PRAGMA user_version` = [`SCHEMA_VERSION`]; [`MIGRATIONS`] bring an older
-//! file (or an empty one) up to it in one transaction. A job keeps the full [`SubmitRequest`]
+//! file (or an empty one) up to it in one transaction (version 3 added the nullable
+//! `hold_code` column; older rows read it as `NULL`). A job keeps the full [`SubmitRequest`]
 //! as JSON (it holds the original macaroons, which never leave through the API; EPs get
 //! attenuated copies) and its submit token's `jti`, issuer and accounting group.
+//!
+//! Job states (`state` column): `idle` → `running` (dispatch) → `completed` | `failed` (the EP's
+//! report); `running` → `idle` (its session ended); `idle` | `running` → `held` (an admin's
+//! hold: `reason` and `hold_code` say why; a running job keeps its session until its stop is
+//! reported) → `idle` (release: the earlier attempt is forgotten); `idle` | `running` | `held`
+//! → `removed` (an admin's remove, or a revocation). Only `idle` jobs are ever matched. A
+//! stopped job (held or removed while running) has its late report charged once, without
+//! changing its state or reason ([`Queue::finish`]); a report that arrives after the release
+//! of a held job is not charged.
 
+use crate::actions::Action;
 use crate::error::QueueError;
 use crate::matching::{IdleJob, Pool};
 use crate::revocation::{Credential, Revoked, target_from_parts, target_parts};
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{
-    Account, JobAssignment, JobRecord, JobReport, JobState, Outcome, OutputFile, Revocation, RevocationTarget,
-    SubmitRequest, Usage,
+    Account, HOLD_CODE_BY_ADMIN, JobAssignment, JobRecord, JobReport, JobState, Outcome, OutputFile, Revocation,
+    RevocationTarget, SubmitRequest, Usage,
 };
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
@@ -25,13 +36,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Longest EP log kept per job, bytes.
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 2] = [SCHEMA_1, MIGRATE_1_TO_2];
+pub const MIGRATIONS: [&str; 3] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3];
 
 /// Version 1: jobs, token uses, accounts.
 const SCHEMA_1: &str = "
@@ -95,8 +106,13 @@ CREATE TABLE IF NOT EXISTS revocations (
 );
 ";
 
+/// Version 3: why a held job is held (HTCondor's `HoldReasonCode`); `NULL` unless held.
+const MIGRATE_2_TO_3: &str = "
+ALTER TABLE jobs ADD COLUMN hold_code INTEGER;
+";
+
 const RECORD_COLUMNS: &str = "id, owner, state, reason, token_jti, request, cpus, memory_mb, runtime_s, ep, \
-     submitted_at_ms, started_at_ms, finished_at_ms, exit_code, usage, outputs, token_issuer, grp, annex";
+     submitted_at_ms, started_at_ms, finished_at_ms, exit_code, usage, outputs, token_issuer, grp, annex, hold_code";
 
 /// A job to insert: the verified request and what the token says about it.
 #[derive(Debug, Clone)]
@@ -152,6 +168,15 @@ pub struct Recorded {
     pub revocation: Revocation,
     /// Running jobs now removed, with the EP session each runs on: they are to be stopped.
     pub stopped: Vec<(String, String)>,
+}
+
+/// What [`Queue::act`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acted {
+    /// The job as it is now.
+    pub record: JobRecord,
+    /// The EP session it was running on, when it is to be stopped there.
+    pub stop: Option<String>,
 }
 
 /// The `result` column of `revocations` (a stored format, not a wire type).
@@ -450,8 +475,9 @@ impl Queue {
     }
 
     /// In one transaction: if the report's job is running on `ep_session`, records its end and
-    /// charges its owner. If it was removed while running there (a revocation) and is reported
-    /// for the first time, records and charges its usage but keeps its state and reason.
+    /// charges its owner. If it was removed or held while running there (a revocation, an
+    /// admin's remove or hold) and is reported for the first time, records and charges its
+    /// usage but keeps its state and reason.
     /// `None` otherwise (unknown, finished, requeued meanwhile, reported twice).
     pub async fn finish(&self, ep_session: String, report: JobReport) -> Result<Option<Finished>, QueueError> {
         self.call(move |conn| {
@@ -459,7 +485,7 @@ impl Queue {
             let row: Option<(String, u32, String)> = tx
                 .query_row(
                     "SELECT owner, cpus, state FROM jobs WHERE id = ?1 AND ep_session = ?2 \
-                     AND (state = 'running' OR (state = 'removed' AND usage IS NULL))",
+                     AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
                     params![report.job_id, ep_session],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
@@ -469,6 +495,7 @@ impl Queue {
             };
             let state = match (stored.as_str(), report.outcome.is_success()) {
                 ("removed", _) => JobState::Removed,
+                ("held", _) => JobState::Held,
                 (_, true) => JobState::Completed,
                 (_, false) => JobState::Failed,
             };
@@ -476,9 +503,9 @@ impl Queue {
                 Outcome::Exited { exit_code } => Some(exit_code),
                 _ => None,
             };
-            // A removed job keeps the reason and end time its removal gave it.
+            // A removed or held job keeps the reason and end time its removal or hold gave it.
             let (reason, finished_at) = match state {
-                JobState::Removed => (None, None),
+                JobState::Removed | JobState::Held => (None, None),
                 _ => (Some(report.outcome.reason()), Some(db_int(now_ms()))),
             };
             let u = report.usage;
@@ -519,9 +546,9 @@ impl Queue {
         .await
     }
 
-    /// In one transaction: every idle or running job whose submit token `target` names becomes
-    /// `removed` with the reason `token revoked: <reason>` (running ones keep their session, so
-    /// that their late report is still charged), and the revocation is recorded with what it
+    /// In one transaction: every idle, running or held job whose submit token `target` names
+    /// becomes `removed` with the reason `token revoked: <reason>` (running ones keep their
+    /// session, so that their late report is still charged), and the revocation is recorded with what it
     /// did (`closed_eps` is the caller's part).
     pub async fn record_revocation(
         &self,
@@ -538,7 +565,8 @@ impl Queue {
             let mut stopped = Vec::new();
             for (id, state, session) in active_jobs_named_by(&tx, &target)? {
                 tx.execute(
-                    "UPDATE jobs SET state = 'removed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
+                    "UPDATE jobs SET state = 'removed', reason = ?2, hold_code = NULL, finished_at_ms = ?3 \
+                     WHERE id = ?1",
                     params![id, job_reason, db_int(at_ms)],
                 )?;
                 match (state.as_str(), session) {
@@ -558,6 +586,71 @@ impl Queue {
             let RevocationResult { removed_jobs, stopped_jobs, closed_eps } = result;
             let revocation = Revocation { target, reason, by, at_ms, removed_jobs, stopped_jobs, closed_eps };
             Ok(Recorded { revocation, stopped })
+        })
+        .await
+    }
+
+    /// In one transaction: applies an admin's `action` to job `id` (see [`Action`] for what each
+    /// does to which state) and returns the updated record, with the EP session to stop it on
+    /// when it was running. [`QueueError::JobNotFound`] for an unknown id,
+    /// [`QueueError::Conflict`] when the job's state does not allow the action.
+    pub async fn act(&self, id: String, action: Action, reason: String) -> Result<Acted, QueueError> {
+        self.call(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let row: Option<(String, Option<String>)> = tx
+                .query_row("SELECT state, ep_session FROM jobs WHERE id = ?1", params![id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            let Some((stored, session)) = row else {
+                return Err(QueueError::JobNotFound { id });
+            };
+            let state = JobState::parse(&stored)
+                .ok_or_else(|| QueueError::Corrupt { id: id.clone(), reason: format!("state: {stored:?}") })?;
+            let conflict = |only: &str| {
+                QueueError::Conflict(format!(
+                    "job {id} is {}; only {only} jobs can be {}",
+                    state.as_str(),
+                    action.done()
+                ))
+            };
+            match (action, state) {
+                (Action::Hold, JobState::Idle | JobState::Running) => {
+                    tx.execute(
+                        "UPDATE jobs SET state = 'held', reason = ?2, hold_code = ?3 WHERE id = ?1",
+                        params![id, reason, HOLD_CODE_BY_ADMIN],
+                    )?;
+                }
+                (Action::Hold, JobState::Held) => {
+                    return Err(QueueError::Conflict(format!("job {id} is already held")));
+                }
+                (Action::Hold, _) => return Err(conflict("idle or running")),
+                (Action::Release, JobState::Held) => {
+                    // A fresh start: what the stopped attempt left is forgotten (it was charged
+                    // if it reported while held).
+                    tx.execute(
+                        "UPDATE jobs SET state = 'idle', reason = '', hold_code = NULL, ep = NULL, \
+                         ep_session = NULL, started_at_ms = NULL, finished_at_ms = NULL, exit_code = NULL, \
+                         usage = NULL, outputs = NULL, log = NULL WHERE id = ?1",
+                        params![id],
+                    )?;
+                }
+                (Action::Release, _) => return Err(conflict("held")),
+                (Action::Remove, JobState::Idle | JobState::Running | JobState::Held) => {
+                    tx.execute(
+                        "UPDATE jobs SET state = 'removed', reason = ?2, hold_code = NULL, finished_at_ms = ?3 \
+                         WHERE id = ?1",
+                        params![id, format!("removed by admin: {reason}"), db_int(now_ms())],
+                    )?;
+                }
+                (Action::Remove, _) => return Err(conflict("idle, running or held")),
+            }
+            let record = tx
+                .query_row(&format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"), params![id], raw_record)?
+                .decode()?;
+            tx.commit()?;
+            let stop = if state == JobState::Running && action != Action::Release { session } else { None };
+            Ok(Acted { record, stop })
         })
         .await
     }
@@ -620,7 +713,7 @@ fn charge(acc: &mut Account, state: JobState, cpus: u32, u: &Usage) {
     match state {
         JobState::Completed => acc.jobs_completed = acc.jobs_completed.saturating_add(1),
         JobState::Failed => acc.jobs_failed = acc.jobs_failed.saturating_add(1),
-        JobState::Idle | JobState::Running | JobState::Removed => {}
+        JobState::Idle | JobState::Running | JobState::Removed | JobState::Held => {}
     }
     let wall_s = u.wall_ms as f64 / 1000.0;
     acc.core_seconds += f64::from(cpus) * wall_s;
@@ -665,14 +758,14 @@ fn token_uses(conn: &Connection, jti: &str) -> rusqlite::Result<u64> {
     Ok(uses.map(from_db).unwrap_or(0))
 }
 
-/// Idle and running jobs whose submit token `target` names: `(id, state, ep_session)`.
+/// Idle, running and held jobs whose submit token `target` names: `(id, state, ep_session)`.
 fn active_jobs_named_by(
     conn: &Connection,
     target: &RevocationTarget,
 ) -> rusqlite::Result<Vec<(String, String, Option<String>)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id, state, ep_session, token_jti, owner, token_issuer FROM jobs \
-         WHERE state IN ('idle', 'running') ORDER BY seq",
+         WHERE state IN ('idle', 'running', 'held') ORDER BY seq",
     )?;
     let rows = stmt.query_map([], |r| {
         let credential = Credential { jti: r.get(3)?, owner: Some(r.get(4)?), issuer: r.get(5)? };
@@ -777,6 +870,7 @@ struct RawRecord {
     token_issuer: String,
     group: Option<String>,
     annex: Option<String>,
+    hold_code: Option<u32>,
 }
 
 fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
@@ -798,6 +892,7 @@ fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
         token_issuer: r.get(16)?,
         group: r.get(17)?,
         annex: r.get(18)?,
+        hold_code: r.get(19)?,
     })
 }
 
@@ -832,6 +927,7 @@ impl RawRecord {
             token_issuer: self.token_issuer,
             group: self.group,
             annex: self.annex,
+            hold_code: self.hold_code,
             resources: self.resources,
             ep: self.ep,
             submitted_at_ms: from_db(self.submitted_at_ms),
@@ -1080,6 +1176,104 @@ pub(crate) mod tests {
         assert_eq!(all[0].closed_eps, vec!["s9".to_owned()]);
         let cred = Credential { jti: "t1".into(), owner: None, issuer: "x".into() };
         assert_eq!(q.revoked_reason(&cred).as_deref(), Some("leaked"));
+    }
+
+    #[tokio::test]
+    async fn a_version_2_store_gains_hold_codes_and_keeps_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v2.db");
+        {
+            let conn = Connection::open(&path).expect("create v2");
+            conn.execute_batch(SCHEMA_1).expect("v1 schema");
+            conn.execute_batch(MIGRATE_1_TO_2).expect("v2 step");
+            conn.pragma_update(None, "user_version", 2).expect("version");
+            conn.execute(
+                "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, runtime_s, \
+                 submitted_at_ms, token_issuer) VALUES ('old', 'alice', 'k', 'idle', 'jti-1', ?1, 1, 64, 60, 5, 'gw')",
+                params![serde_json::to_string(&request("k")).expect("json")],
+            )
+            .expect("v2 row");
+        }
+        let q = Queue::open(&path).expect("open and migrate");
+        let version: i64 = q.call(|c| Ok(c.query_row("PRAGMA user_version", [], |r| r.get(0))?)).await.expect("v");
+        assert_eq!(version, 3);
+        let rec = q.get("old".into()).await.expect("get").expect("kept");
+        assert_eq!((rec.state, rec.hold_code, rec.token_issuer.as_str()), (JobState::Idle, None, "gw"));
+        let held = q.act("old".into(), Action::Hold, "disk full".into()).await.expect("hold").record;
+        assert_eq!((held.state, held.reason.as_str(), held.hold_code), (JobState::Held, "disk full", Some(1)));
+        drop(q);
+        let q = Queue::open(&path).expect("reopen");
+        let rec = q.get("old".into()).await.expect("get").expect("kept");
+        assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Held, "disk full", Some(1)));
+    }
+
+    #[tokio::test]
+    async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let idle = q.submit(new_job("k1", "t1", 1)).await.expect("idle").job_id;
+        let running = q.submit(new_job("k2", "t2", 1)).await.expect("running").job_id;
+        q.mark_running(vec![running.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
+
+        let acted = q.act(idle.clone(), Action::Hold, "wait".into()).await.expect("hold idle");
+        assert_eq!((acted.record.state, acted.stop), (JobState::Held, None));
+        let acted = q.act(running.clone(), Action::Hold, "stop".into()).await.expect("hold running");
+        assert_eq!((acted.record.state, acted.stop.as_deref()), (JobState::Held, Some("s1")));
+        let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
+        let site = Pool { annex: None, owner: None };
+        assert!(q.idle_candidates(vec![(site.clone(), room)], 10).await.expect("candidates").is_empty());
+        let marked = q.mark_running(vec![idle.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
+        assert_eq!(marked.skipped, vec![idle.clone()]);
+        let err = q.act(idle.clone(), Action::Hold, "again".into()).await.expect_err("held twice");
+        assert_eq!(err.to_string(), format!("job {idle} is already held"));
+
+        // The stopped run's report is charged, once, and the job stays held.
+        let report = JobReport {
+            job_id: running.clone(),
+            outcome: Outcome::Cancelled { reason: "stop".into() },
+            usage: Usage { wall_ms: 1000, ..Usage::default() },
+            outputs: vec![],
+            log: String::new(),
+        };
+        let f = q.finish("s1".into(), report.clone()).await.expect("finish").expect("charged");
+        assert_eq!(f.state, JobState::Held);
+        assert_eq!(q.finish("s1".into(), report).await.expect("again"), None);
+        let rec = q.get(running.clone()).await.expect("get").expect("exists");
+        assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Held, "stop", Some(1)));
+        assert!((q.accounts().await.expect("accounts")[0].core_seconds - 1.0).abs() < 1e-9);
+
+        // Released: idle again, the earlier attempt forgotten, matched again.
+        let rec = q.act(running.clone(), Action::Release, "go".into()).await.expect("release").record;
+        assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Idle, "", None));
+        assert_eq!((rec.ep, rec.usage, rec.started_at_ms), (None, None, None));
+        let got = q.idle_candidates(vec![(site, room)], 10).await.expect("candidates");
+        assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![running.as_str()]);
+        let err = q.act(running.clone(), Action::Release, "go".into()).await.expect_err("not held");
+        assert_eq!(err.to_string(), format!("job {running} is idle; only held jobs can be released"));
+
+        // Removed from held; then nothing more is allowed; an unknown id is not found.
+        let rec = q.act(idle.clone(), Action::Remove, "gone".into()).await.expect("remove").record;
+        assert_eq!(
+            (rec.state, rec.reason.as_str(), rec.hold_code),
+            (JobState::Removed, "removed by admin: gone", None)
+        );
+        let err = q.act(idle.clone(), Action::Hold, "x".into()).await.expect_err("removed");
+        assert_eq!(err.to_string(), format!("job {idle} is removed; only idle or running jobs can be held"));
+        let err = q.act(idle.clone(), Action::Remove, "x".into()).await.expect_err("removed");
+        assert_eq!(err.to_string(), format!("job {idle} is removed; only idle, running or held jobs can be removed"));
+        assert!(matches!(q.act("nope".into(), Action::Remove, "x".into()).await, Err(QueueError::JobNotFound { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_revocation_removes_held_jobs_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        q.act(id.clone(), Action::Hold, "wait".into()).await.expect("hold");
+        let rec = q.record_revocation(RevocationTarget::Jti("t1".into()), "leaked".into(), "admin".into(), vec![]);
+        assert_eq!(rec.await.expect("revoke").revocation.removed_jobs, vec![id.clone()]);
+        let r = q.get(id).await.expect("get").expect("exists");
+        assert_eq!((r.state, r.reason.as_str(), r.hold_code), (JobState::Removed, "token revoked: leaked", None));
     }
 
     #[tokio::test]

@@ -3,7 +3,8 @@
 //! ([`Revoked`]), and [`revoke`], which applies one revocation everywhere at once.
 //!
 //! A revocation is permanent. It refuses, from the moment it is made, every submit token and
-//! attach token it names; takes the idle jobs of those submit tokens out of the queue; stops
+//! attach token it names; takes the idle and held jobs of those submit tokens out of the queue
+//! (a held job is not left to be released with a revoked token); stops
 //! their running jobs ([`SchedulerMsg::Cancel`](htfaas_functions::proto::SchedulerMsg::Cancel)
 //! to the EP, which answers with a `Finished` that is still charged); and closes the EP sessions
 //! of the attach tokens it names (code [`CLOSE_FORBIDDEN`]), whose other jobs go back to idle.

@@ -3,6 +3,7 @@
 
 mod annex;
 mod configs;
+mod jobs;
 mod path;
 mod revoke;
 mod security;

@@ -6,12 +6,9 @@ use crate::annex::start_ep;
 use htfaas::stack::{SubmitGrant, demo_manifest, mint_ep_token, mint_submit_token};
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{JobRecord, JobState, RevocationTarget};
-use htfaas_tests::{start_stack, upload_checksum, wait_for};
+use htfaas_tests::{register_spin, start_stack, upload_checksum, wait_for};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// A guest that never ends on its own.
-const SPIN: &str = r#"(module (memory (export "memory") 1) (func (export "_start") (loop br 0)))"#;
 
 async fn jobs_of(client: &htfaas::client::Client, jti_prefix: &str) -> Vec<JobRecord> {
     let all = client.jobs().await.expect("jobs");
@@ -30,19 +27,7 @@ fn jti_of(token: &str) -> String {
 async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end() {
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
-    // The input lands before the function exists, so that the upload fires nothing.
-    client.put_bytes(b"x".to_vec(), "/data/spin/in.dat").await.expect("put");
-    wait_for("the upload's event to be seen", Duration::from_secs(10), || async {
-        (client.stats().await.ok()?.events_unmatched >= 1).then_some(())
-    })
-    .await;
-    let spin = client.upload_module(wat::parse_str(SPIN).expect("wat")).await.expect("upload");
-    let mut m = demo_manifest(spin);
-    m.name = "spin".into();
-    m.trigger.path = "/data/spin/**".into();
-    m.outputs.dir = "/data/spin-out/".into();
-    m.resources = Resources { cpus: 1, memory_mb: 64, runtime_s: 120 };
-    client.register(&m).await.expect("register");
+    register_spin(&client).await;
 
     // Bob may run three jobs; the stack's EP has two cores: two run, one waits.
     let grant = SubmitGrant {

@@ -63,6 +63,27 @@ pub fn adler32_hex(bytes: &[u8]) -> String {
     format!("{:08x}", (b << 16) | a)
 }
 
+/// A guest that never ends on its own (until its wall-time cap or a cancel).
+pub const SPIN_WAT: &str = r#"(module (memory (export "memory") 1) (func (export "_start") (loop br 0)))"#;
+
+/// Registers `spin` (the [`SPIN_WAT`] guest, 1 core, 120 s cap), fired by `/data/spin/**`, and
+/// puts `/data/spin/in.dat` in storage first without firing it, so that runs happen only when a
+/// test asks (`run_function`). Returns nothing; panics on failure.
+pub async fn register_spin(client: &htfaas::client::Client) {
+    client.put_bytes(b"x".to_vec(), "/data/spin/in.dat").await.expect("put");
+    wait_for("the upload's event to be seen", Duration::from_secs(10), || async {
+        (client.stats().await.ok()?.events_unmatched >= 1).then_some(())
+    })
+    .await;
+    let spin = client.upload_module(wat::parse_str(SPIN_WAT).expect("wat")).await.expect("upload");
+    let mut m = htfaas::stack::demo_manifest(spin);
+    m.name = "spin".into();
+    m.trigger.path = "/data/spin/**".into();
+    m.outputs.dir = "/data/spin-out/".into();
+    m.resources = htfaas_functions::Resources { cpus: 1, memory_mb: 64, runtime_s: 120 };
+    client.register(&m).await.expect("register spin");
+}
+
 /// Uploads the example `checksum` module to the stack's registry and returns its digest.
 pub async fn upload_checksum(client: &htfaas::client::Client) -> htfaas_functions::Digest {
     let wasm = std::fs::read(guest_wasm("checksum")).expect("read checksum.wasm");
