@@ -154,6 +154,8 @@ impl Stack {
             admin_token: secrets.scheduler_admin_token.clone(),
             tls_cert_file: None,
             tls_key_file: None,
+            max_idle_jobs_per_owner: None,
+            max_running_jobs_per_owner: None,
         }
         .resolve()
         .await

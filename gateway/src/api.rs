@@ -314,6 +314,7 @@ fn scheduler_failure(e: crate::submit::SubmitError) -> Failure {
         crate::submit::SubmitError::Refused { status, reason } => {
             Failure(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), reason)
         }
+        crate::submit::SubmitError::Busy(reason) => Failure(StatusCode::TOO_MANY_REQUESTS, reason),
         e => Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

@@ -177,7 +177,7 @@ async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) 
     match shared.submitter.submit(&function.manifest.owner, &request).await {
         Ok(reply) if reply.created => Stats::bump(&shared.stats.jobs_submitted),
         Ok(_) => Stats::bump(&shared.stats.jobs_deduplicated),
-        Err(e @ SubmitError::Unavailable(_)) => return Err(Failure::Transient(e.to_string())),
+        Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => return Err(Failure::Transient(e.to_string())),
         Err(e) => return Err(Failure::Permanent(e.to_string())),
     }
     Ok(())

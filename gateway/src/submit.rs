@@ -11,6 +11,9 @@ pub enum SubmitError {
     /// Scheduler unreachable or failing (5xx): retry later.
     #[error("scheduler unavailable: {0}")]
     Unavailable(String),
+    /// The scheduler will take it later (429: the owner is at a queue limit): retry later.
+    #[error("scheduler busy: {0}")]
+    Busy(String),
     /// The scheduler refused the job (4xx): retrying will not help.
     #[error("scheduler refused the job ({status}): {reason}")]
     Refused {
@@ -141,7 +144,45 @@ async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Resu
     let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or_else(|_| snippet(&text));
     if status.is_server_error() {
         Err(SubmitError::Unavailable(format!("{status}: {reason}")))
+    } else if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        Err(SubmitError::Busy(reason))
     } else {
         Err(SubmitError::Refused { status: status.as_u16(), reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheduler stand-in answering every request with `status` and an `ApiError` body.
+    async fn answering(status: u16) -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = axum::Router::new().fallback(move || async move {
+            let status = axum::http::StatusCode::from_u16(status).expect("status");
+            (status, axum::Json(ApiError { error: format!("said {status}") }))
+        });
+        (url, tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") }))
+    }
+
+    /// What the ingest loop does with an answer depends on this mapping: 5xx and 429 are retried
+    /// later (the owner is at a queue limit), other 4xx are final.
+    #[tokio::test]
+    async fn busy_and_unavailable_are_retryable_and_other_refusals_are_final() {
+        for (status, expect) in [(429, "busy"), (503, "unavailable"), (403, "refused"), (401, "refused")] {
+            let (url, server) = answering(status).await;
+            let (key, _) = SigningKey::generate("k").expect("keygen");
+            let s = Submitter::new(crate::http_client().expect("client"), &url, key, "gw", 60).expect("new");
+            let got = match s.preflight("token").await {
+                Err(SubmitError::Busy(r)) => ("busy", r),
+                Err(SubmitError::Unavailable(r)) => ("unavailable", r),
+                Err(SubmitError::Refused { reason, .. }) => ("refused", reason),
+                other => panic!("{status}: {other:?}"),
+            };
+            assert_eq!(got.0, expect, "{status}");
+            assert!(got.1.contains(&format!("said {status}")), "{status}: {}", got.1);
+            server.abort();
+        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! | route | credential | answer |
 //! |---|---|---|
-//! | `POST /v1/jobs` | submit token | `SubmitRequest` → 201 `SubmitResponse` (200 when the dedupe key already had a job) |
+//! | `POST /v1/jobs` | submit token | `SubmitRequest` → 201 `SubmitResponse` (200 when the dedupe key already had a job; 429 when the owner is at the idle limit) |
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
 //! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first |
@@ -16,12 +16,17 @@
 //!
 //! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
 //! revocation (403 `token revoked: <reason>`), then the request against the token's limits
-//! (403), then the request itself (400), then, in one transaction, revocation again, dedupe and
-//! token use (401 when used up). A 2xx answer means the job is committed to disk.
+//! (403), then the request itself (400), then, in one transaction, revocation again, dedupe (200
+//! with the existing job), token use (401 when used up), and the owner's idle limit
+//! ([`crate::Config::max_idle_jobs_per_owner`]: 429 `owner <o> has <n> idle jobs, the limit is
+//! <max>; try again later`, counting idle and held jobs). A refused submission counts no use of
+//! its token, so the same token passes once the owner's queue drains; 429 is transient, and the
+//! gateway retries the event later. A 2xx answer means the job is committed to disk.
 //!
 //! Preflight runs the same checks as a submission, up to and including the use count, without
 //! a request and without counting a use: the gateway calls it before asking the storage for a
-//! bearer's macaroons, and gets the very status and message a submission would get.
+//! bearer's macaroons, and gets the very status and message a submission would get (except the
+//! idle limit, which depends on the dedupe key: a submission answers that one).
 //!
 //! Attach: token (401), then revocation (403 `attach token revoked: <reason>`), both before the
 //! upgrade. The session keeps the connection's peer address (served with connect info), to
@@ -260,6 +265,7 @@ async fn submit(
             group: claims.group,
             jobs: claims.jobs,
             exp: claims.exp,
+            max_idle: shared.limits.max_idle,
         })
         .await
         .inspect_err(|e| tracing::info!("refused: {e}"))?;

@@ -1,5 +1,12 @@
 //! Configuration: [`Config`] as read from a file, resolved once into ready [`Settings`]
 //! (listener bound, store open, keys loaded, TLS certificate and key read when configured).
+//!
+//! Per-owner limits, as HTCondor's schedd has them (`MAX_JOBS_PER_OWNER`,
+//! `MAX_RUNNING_SCHEDULER_JOBS_PER_OWNER`), so that a single owner's flood cannot disturb the
+//! scheduler for everyone: [`Config::max_idle_jobs_per_owner`] refuses a new submission (429)
+//! while the owner already has that many idle or held jobs, and
+//! [`Config::max_running_jobs_per_owner`] keeps matching from starting more of one owner's jobs
+//! while other owners' jobs are still dispatched. Both default to none (unlimited).
 
 use crate::queue::Queue;
 use anyhow::Context as _;
@@ -45,6 +52,24 @@ pub struct Config {
     /// Private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1). Default: none.
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
+    /// Most idle (or held) jobs one owner may have queued: a new submission past it is refused
+    /// with 429 and counts no token use (a dedupe hit is still answered). At least 1. Default:
+    /// none (unlimited).
+    #[serde(default)]
+    pub max_idle_jobs_per_owner: Option<u64>,
+    /// Most jobs of one owner running at once: matching starts no more of theirs, and still
+    /// dispatches other owners' jobs. At least 1. Default: none (unlimited).
+    #[serde(default)]
+    pub max_running_jobs_per_owner: Option<u64>,
+}
+
+/// Per-owner limits, resolved from [`Config`]; `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OwnerLimits {
+    /// [`Config::max_idle_jobs_per_owner`].
+    pub max_idle: Option<u64>,
+    /// [`Config::max_running_jobs_per_owner`].
+    pub max_running: Option<u64>,
 }
 
 /// An issuer of submit tokens and where its public keys are.
@@ -82,6 +107,8 @@ pub struct Settings {
     pub(crate) admin_token: String,
     /// Set when the listener serves TLS ([`Config::tls_cert_file`]).
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    /// Per-owner idle and running limits.
+    pub(crate) limits: OwnerLimits,
 }
 
 impl std::fmt::Debug for Settings {
@@ -92,6 +119,7 @@ impl std::fmt::Debug for Settings {
             .field("attach_key", &self.attach_key)
             .field("submit_issuers", &self.submit_verifiers.keys().collect::<Vec<_>>())
             .field("tls", &self.tls.is_some())
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +163,14 @@ impl Config {
             self.admin_token.len() >= MIN_ADMIN_TOKEN_BYTES,
             "admin_token must be at least {MIN_ADMIN_TOKEN_BYTES} bytes"
         );
+        for (key, v) in [
+            ("max_idle_jobs_per_owner", self.max_idle_jobs_per_owner),
+            ("max_running_jobs_per_owner", self.max_running_jobs_per_owner),
+        ] {
+            anyhow::ensure!(v != Some(0), "{key} must be at least 1 (leave it out for no limit)");
+        }
+        let limits =
+            OwnerLimits { max_idle: self.max_idle_jobs_per_owner, max_running: self.max_running_jobs_per_owner };
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {
             (None, None) => None,
             (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
@@ -175,6 +211,7 @@ impl Config {
             submit_verifiers,
             admin_token: self.admin_token,
             tls,
+            limits,
         })
     }
 }
@@ -191,6 +228,45 @@ mod tests {
         assert_eq!(c.listen, default_listen());
         assert!(serde_json::from_str::<Config>(r#"{"submit_issuers": [], "admin_token": "x", "lisen": "1"}"#).is_err());
         assert_eq!((c.tls_cert_file, c.tls_key_file), (None, None));
+        assert_eq!((c.max_idle_jobs_per_owner, c.max_running_jobs_per_owner), (None, None));
+        let c: Config = serde_json::from_str(
+            r#"{"submit_issuers": [], "admin_token": "0123456789abcdef",
+                "max_idle_jobs_per_owner": 1000, "max_running_jobs_per_owner": 200}"#,
+        )
+        .expect("parses");
+        assert_eq!((c.max_idle_jobs_per_owner, c.max_running_jobs_per_owner), (Some(1000), Some(200)));
+    }
+
+    #[tokio::test]
+    async fn owner_limits_of_zero_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (idle, running, key) in
+            [(Some(0), None, "max_idle_jobs_per_owner"), (None, Some(0), "max_running_jobs_per_owner")]
+        {
+            let mut c = config(dir.path());
+            (c.max_idle_jobs_per_owner, c.max_running_jobs_per_owner) = (idle, running);
+            let e = c.resolve().await.expect_err("zero limit");
+            assert_eq!(e.to_string(), format!("{key} must be at least 1 (leave it out for no limit)"));
+        }
+        let mut c = config(dir.path());
+        (c.max_idle_jobs_per_owner, c.max_running_jobs_per_owner) = (Some(5), Some(2));
+        let s = c.resolve().await.expect("resolves");
+        assert_eq!(s.limits, OwnerLimits { max_idle: Some(5), max_running: Some(2) });
+    }
+
+    fn config(dir: &std::path::Path) -> Config {
+        Config {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            db_path: dir.join("q.sqlite"),
+            name: "s".into(),
+            attach_key_file: dir.join("attach.pem"),
+            submit_issuers: vec![],
+            admin_token: "0123456789abcdef".into(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            max_idle_jobs_per_owner: None,
+            max_running_jobs_per_owner: None,
+        }
     }
 
     #[tokio::test]
@@ -198,14 +274,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         for (cert, key) in [(Some("c.pem"), None), (None, Some("k.pem"))] {
             let c = Config {
-                listen: "127.0.0.1:0".parse().expect("addr"),
-                db_path: dir.path().join("q.sqlite"),
-                name: "s".into(),
-                attach_key_file: dir.path().join("attach.pem"),
-                submit_issuers: vec![],
-                admin_token: "0123456789abcdef".into(),
                 tls_cert_file: cert.map(|c| dir.path().join(c)),
                 tls_key_file: key.map(|k| dir.path().join(k)),
+                ..config(dir.path())
             };
             let e = c.resolve().await.expect_err("one TLS file alone");
             assert_eq!(e.to_string(), "tls_cert_file and tls_key_file must be set together");

@@ -2,7 +2,8 @@
 //!
 //! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach, revocation and job action,
 //! and on a slow tick that also prunes expired token-use counts. Each round reads a bounded
-//! batch of idle jobs per pool of EPs with room, asks [`crate::matching::select`] where they go,
+//! batch of idle jobs per pool of EPs with room (leaving out owners at their running limit),
+//! asks [`crate::matching::select`] where they go (never past an owner's running limit),
 //! reserves the EPs' resources, marks the jobs running in the store (one transaction per EP),
 //! and only then sends the Assign. A send that fails (the EP just left) puts the job back to
 //! idle; a job stopped by a revocation in between is not sent at all.
@@ -77,7 +78,9 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
     if pools.is_empty() {
         return Ok(0);
     }
-    let idle = shared.queue.idle_candidates(pools, BATCH).await?;
+    let max_running = shared.limits.max_running;
+    let at_limit = shared.eps().owners_at_limit(max_running);
+    let idle = shared.queue.idle_candidates(pools, BATCH, at_limit).await?;
     if idle.is_empty() {
         return Ok(0);
     }
@@ -85,7 +88,7 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
     let mut per_ep: BTreeMap<String, (String, IpAddr, Vec<Match>)> = BTreeMap::new();
     {
         let mut eps = shared.eps();
-        for m in select(&idle, &eps) {
+        for m in select(&idle, &eps, max_running) {
             let Some((name, ip)) = eps.get(&m.ep_id).map(|e| (e.name.clone(), e.ip)) else {
                 continue;
             };

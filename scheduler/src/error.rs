@@ -24,6 +24,17 @@ pub enum QueueError {
         /// Jobs it allows.
         jobs: u32,
     },
+    /// The owner already has as many idle (or held) jobs as the scheduler allows
+    /// ([`crate::Config::max_idle_jobs_per_owner`]); transient.
+    #[error("owner {owner} has {idle} idle jobs, the limit is {max}; try again later")]
+    TooManyIdle {
+        /// The token's subject.
+        owner: String,
+        /// Their idle and held jobs now.
+        idle: u64,
+        /// The limit.
+        max: u64,
+    },
     /// No job has this id.
     #[error("job {id:?} not found")]
     JobNotFound {
@@ -98,6 +109,11 @@ impl ApiFailure {
         ApiFailure { status: StatusCode::CONFLICT, message: message.into() }
     }
 
+    /// 429: a limit is reached for now; the same request may pass later.
+    pub fn too_many_requests(message: impl Into<String>) -> ApiFailure {
+        ApiFailure { status: StatusCode::TOO_MANY_REQUESTS, message: message.into() }
+    }
+
     /// 500; the cause is logged here, where it is handled, and not shown to the client.
     pub fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiFailure {
         tracing::error!("failed to {what}: {e}");
@@ -110,6 +126,7 @@ impl From<QueueError> for ApiFailure {
         match e {
             QueueError::TokenUsed { .. } => ApiFailure::unauthorized(e.to_string()),
             QueueError::Revoked { .. } => ApiFailure::forbidden(e.to_string()),
+            QueueError::TooManyIdle { .. } => ApiFailure::too_many_requests(e.to_string()),
             QueueError::JobNotFound { .. } => ApiFailure::not_found(e.to_string()),
             QueueError::Conflict(message) => ApiFailure::conflict(message),
             other => ApiFailure::internal("access the job store", &other),

@@ -10,7 +10,7 @@
 //! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished, Cancel), closed
 //!   when its attach token expires or is revoked.
 //! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy
-//!   (resources, owner restriction, annex).
+//!   (resources, owner restriction, annex, per-owner running limit).
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
 //! - [`revocation`]: what a revocation names, the in-memory revoked set, and applying one.
@@ -18,7 +18,7 @@
 //!   `condor_release`, `condor_rm`); a held job is never matched until released.
 //! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
 //!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
-//! - [`config`]: [`Config`] → [`Settings`].
+//! - [`config`]: [`Config`] → [`Settings`], including the per-owner limits ([`OwnerLimits`]).
 //!
 //! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP's owner
 //! restriction and annex come from its attach token, never from its word: an owner-bound EP
@@ -44,7 +44,7 @@ pub mod queue;
 pub mod revocation;
 pub mod tls;
 
-pub use config::{ATTACH_KID, Config, Settings, TrustedIssuer};
+pub use config::{ATTACH_KID, Config, OwnerLimits, Settings, TrustedIssuer};
 pub use error::{ApiFailure, QueueError};
 
 use anyhow::Context as _;
@@ -86,6 +86,8 @@ pub struct Shared {
     pub(crate) bad_frames: AtomicU64,
     /// Finished reports for jobs not running on the reporting session.
     pub(crate) ignored_reports: AtomicU64,
+    /// Per-owner limits: idle ones checked at submit, running ones by matching.
+    pub(crate) limits: OwnerLimits,
 }
 
 impl Shared {
@@ -131,6 +133,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         submit_verifiers,
         admin_token,
         tls,
+        limits,
     } = settings;
     let shared = Arc::new(Shared {
         queue,
@@ -143,6 +146,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         sessions: TaskTracker::new(),
         bad_frames: AtomicU64::new(0),
         ignored_reports: AtomicU64::new(0),
+        limits,
     });
     let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.child_token()));
     shared.wake.notify_one();

@@ -7,7 +7,11 @@
 //! none, or the same name: an annex EP runs only its annex's jobs, and an annex job runs only
 //! there). Owner and annex come from the EP's attach token, never from the EP's own word. Among
 //! the EPs that qualify, those dedicated to the owner come first, then the tightest fit (fewest
-//! free cpus left), so large holes stay open for large jobs. Fair share, holds and retries
+//! free cpus left), so large holes stay open for large jobs. With a per-owner running limit
+//! (HTCondor's per-owner caps; [`crate::Config::max_running_jobs_per_owner`]), a job whose owner
+//! already has that many jobs running (counted from this table's reservations, so jobs told to
+//! stop count until their EP reports) is passed over, and later jobs of other owners are still
+//! placed in the same round: one owner's flood cannot block the others. Fair share and retries
 //! will grow here.
 //!
 //! The table also carries what the rest of the scheduler says to a session ([`ToEp`]): the
@@ -83,8 +87,8 @@ pub struct EpSlot {
     /// reserves at least one core, so at most `total.cpus` Assigns (and as many Cancels) are
     /// ever in flight, plus one Close.
     pub tx: mpsc::UnboundedSender<ToEp>,
-    /// Jobs running here and what each reserved.
-    pub running: HashMap<String, Resources>,
+    /// Jobs running here: what each reserved, and whose it is.
+    pub running: HashMap<String, Reservation>,
     /// Running jobs told to stop; their reservation stays until the EP reports.
     pub cancelled: HashSet<String>,
     /// Told to close: takes no more jobs.
@@ -134,6 +138,15 @@ impl EpSlot {
     }
 }
 
+/// What a running job holds on its EP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Cores, memory and runtime it reserved.
+    pub resources: Resources,
+    /// Its owner, for the per-owner running limit.
+    pub owner: String,
+}
+
 /// The attached EPs, by session id.
 #[derive(Debug, Default)]
 pub struct EpTable {
@@ -149,6 +162,8 @@ pub struct Match {
     pub ep_id: String,
     /// What the job reserves there.
     pub resources: Resources,
+    /// The job's owner.
+    pub owner: String,
 }
 
 /// What became of an Assign handed to [`EpTable::deliver`].
@@ -217,7 +232,7 @@ impl EpTable {
         }
         ep.free_cpus -= m.resources.cpus;
         ep.free_memory_mb -= m.resources.memory_mb;
-        ep.running.insert(m.job_id.clone(), m.resources);
+        ep.running.insert(m.job_id.clone(), Reservation { resources: m.resources, owner: m.owner.clone() });
         true
     }
 
@@ -227,12 +242,30 @@ impl EpTable {
             return false;
         };
         ep.cancelled.remove(job_id);
-        let Some(r) = ep.running.remove(job_id) else {
+        let Some(Reservation { resources: r, .. }) = ep.running.remove(job_id) else {
             return false;
         };
         ep.free_cpus = (ep.free_cpus + r.cpus).min(ep.total.cpus);
         ep.free_memory_mb = (ep.free_memory_mb + r.memory_mb).min(ep.total.memory_mb);
         true
+    }
+
+    /// How many jobs each owner has running (reserved) across all EPs.
+    pub fn running_per_owner(&self) -> HashMap<&str, u64> {
+        let mut n: HashMap<&str, u64> = HashMap::new();
+        for r in self.eps.values().flat_map(|e| e.running.values()) {
+            *n.entry(r.owner.as_str()).or_default() += 1;
+        }
+        n
+    }
+
+    /// Owners with at least `max_running` jobs running: [`select`] starts none of theirs, so
+    /// their idle jobs need not be read. Empty without a limit.
+    pub fn owners_at_limit(&self, max_running: Option<u64>) -> Vec<String> {
+        let Some(max) = max_running else {
+            return Vec::new();
+        };
+        self.running_per_owner().into_iter().filter(|(_, n)| *n >= max).map(|(o, _)| o.to_owned()).collect()
     }
 
     /// Whether `job_id` is running on `ep_id` as far as this table knows.
@@ -289,14 +322,19 @@ impl EpTable {
 }
 
 /// Decides where idle jobs go. `idle` is oldest first; the answer never gives an EP more than
-/// its free cpus or memory. Pure: reserving is the caller's job.
-pub fn select(idle: &[IdleJob], eps: &EpTable) -> Vec<Match> {
+/// its free cpus or memory, nor an owner more than `max_running_per_owner` running jobs
+/// (counting those already reserved in `eps`). Pure: reserving is the caller's job.
+pub fn select(idle: &[IdleJob], eps: &EpTable, max_running_per_owner: Option<u64>) -> Vec<Match> {
     let mut free: BTreeMap<&str, (u32, u64)> =
         eps.eps.values().map(|e| (e.ep_id.as_str(), (e.free_cpus, e.free_memory_mb))).collect();
+    let mut running = eps.running_per_owner();
     let mut out = Vec::new();
     for job in idle {
         if job.resources.cpus == 0 {
             // Validation refuses these; never let one through without reserving anything.
+            continue;
+        }
+        if max_running_per_owner.is_some_and(|max| running.get(job.owner.as_str()).copied().unwrap_or(0) >= max) {
             continue;
         }
         let best = eps
@@ -310,7 +348,13 @@ pub fn select(idle: &[IdleJob], eps: &EpTable) -> Vec<Match> {
             .min_by_key(|(e, c_left, m_left)| (e.pool.owner.is_none(), *c_left, *m_left));
         if let Some((ep, c_left, m_left)) = best {
             free.insert(ep.ep_id.as_str(), (c_left, m_left));
-            out.push(Match { job_id: job.id.clone(), ep_id: ep.ep_id.clone(), resources: job.resources });
+            *running.entry(job.owner.as_str()).or_default() += 1;
+            out.push(Match {
+                job_id: job.id.clone(),
+                ep_id: ep.ep_id.clone(),
+                resources: job.resources,
+                owner: job.owner.clone(),
+            });
         }
         if free.values().all(|(c, _)| *c == 0) {
             break;
@@ -358,13 +402,13 @@ mod tests {
         t.insert(ep("site", None, res(8, 8000, 100)));
         t.insert(annex_ep("other", None, Some("other"), res(8, 8000, 100)));
         let idle = [annex_job("a1", "gpu")];
-        assert_eq!(select(&idle, &t), vec![], "no EP of annex gpu yet");
+        assert_eq!(select(&idle, &t, None), vec![], "no EP of annex gpu yet");
         t.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
-        assert_eq!(placed(&select(&idle, &t)), vec![("a1", "gpu-ep")]);
+        assert_eq!(placed(&select(&idle, &t, None)), vec![("a1", "gpu-ep")]);
 
         let mut only_annex = EpTable::default();
         only_annex.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
-        assert_eq!(select(&[job("plain", "alice", res(1, 1, 1))], &only_annex), vec![]);
+        assert_eq!(select(&[job("plain", "alice", res(1, 1, 1))], &only_annex, None), vec![]);
 
         // Both restrictions apply: an annex EP bound to alice takes neither bob's annex job
         // nor alice's plain one.
@@ -372,7 +416,7 @@ mod tests {
         both.insert(annex_ep("alices-gpu", Some("alice"), Some("gpu"), res(8, 8000, 100)));
         let bobs = IdleJob { owner: "bob".into(), ..annex_job("b1", "gpu") };
         let idle = [bobs, job("plain", "alice", res(1, 1, 1)), annex_job("a1", "gpu")];
-        assert_eq!(placed(&select(&idle, &both)), vec![("a1", "alices-gpu")]);
+        assert_eq!(placed(&select(&idle, &both, None)), vec![("a1", "alices-gpu")]);
         let pools: Vec<Pool> = both.pools_with_room().into_iter().map(|(p, _)| p).collect();
         assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
     }
@@ -395,7 +439,7 @@ mod tests {
         let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
         t.insert(EpSlot::new("a".into(), "a".into(), LOCALHOST, pool, credential, res(4, 4000, 100), tx));
         let idle = [job("j1", "x", res(1, 1, 1)), job("j2", "x", res(1, 1, 1))];
-        let m = select(&idle, &t);
+        let m = select(&idle, &t, None);
         assert!(m.iter().all(|m| t.reserve(m)));
         // j1 is stopped before its Assign went out: it is not sent and its room comes back.
         assert!(t.cancel("a", "j1", "revoked"));
@@ -422,7 +466,7 @@ mod tests {
         assert!(!t.is_running("a", "j1"));
         assert_eq!(t.deliver("a", assignment("j2")), Delivery::Sent);
         assert_eq!(t.mark_closing(|c| c.jti == "j"), vec!["a".to_owned()]);
-        assert_eq!(select(&[job("j3", "x", res(1, 1, 1))], &t), vec![]);
+        assert_eq!(select(&[job("j3", "x", res(1, 1, 1))], &t, None), vec![]);
         assert!(t.pools_with_room().is_empty());
         assert_eq!(t.deliver("gone", assignment("j3")), Delivery::Gone);
     }
@@ -432,15 +476,15 @@ mod tests {
         let mut t = EpTable::default();
         t.insert(ep("a", None, res(4, 1000, 100)));
         let idle: Vec<_> = (0..10).map(|i| job(&format!("j{i}"), "x", res(1, 300, 10))).collect();
-        let m = select(&idle, &t);
+        let m = select(&idle, &t, None);
         assert_eq!(m.len(), 3, "memory allows three");
         for x in &m {
             assert!(t.reserve(x));
         }
-        assert_eq!(select(&idle[3..], &t), vec![]);
+        assert_eq!(select(&idle[3..], &t, None), vec![]);
         assert!(t.release("a", "j0"));
         assert!(!t.release("a", "j0"));
-        assert_eq!(select(&idle[3..], &t).len(), 1);
+        assert_eq!(select(&idle[3..], &t, None).len(), 1);
     }
 
     #[test]
@@ -452,8 +496,33 @@ mod tests {
             job("bob", "bob", res(1, 1, 1)),
             job("al", "alice", res(1, 1, 1)),
         ];
-        let m = select(&idle, &t);
+        let m = select(&idle, &t, None);
         assert_eq!(m.iter().map(|m| m.job_id.as_str()).collect::<Vec<_>>(), vec!["al"]);
+    }
+
+    #[test]
+    fn the_running_limit_holds_back_one_owner_and_not_the_others() {
+        let mut t = EpTable::default();
+        t.insert(ep("a", None, res(4, 4000, 100)));
+        let idle = [
+            job("al1", "alice", res(1, 1, 1)),
+            job("al2", "alice", res(1, 1, 1)),
+            job("al3", "alice", res(1, 1, 1)),
+            job("bob1", "bob", res(1, 1, 1)),
+        ];
+        assert_eq!(select(&idle, &t, None).len(), 4, "no limit: all four fit");
+        let m = select(&idle, &t, Some(1));
+        assert_eq!(placed(&m), vec![("al1", "a"), ("bob1", "a")]);
+        assert!(m.iter().all(|m| t.reserve(m)));
+        assert_eq!(t.owners_at_limit(Some(1)).len(), 2);
+        assert!(t.owners_at_limit(None).is_empty());
+        // Reserved jobs count: nothing more for either, though two cores are free.
+        assert_eq!(select(&idle[1..3], &t, Some(1)), vec![]);
+        assert_eq!(select(&idle[1..3], &t, Some(2)).len(), 1);
+        // Alice's ends: her next one starts.
+        assert!(t.release("a", "al1"));
+        assert_eq!(t.owners_at_limit(Some(1)), vec!["bob".to_owned()]);
+        assert_eq!(placed(&select(&idle[1..3], &t, Some(1))), vec![("al2", "a")]);
     }
 
     #[test]
@@ -462,7 +531,7 @@ mod tests {
         t.insert(ep("big", None, res(16, 16000, 100)));
         t.insert(ep("small", None, res(2, 16000, 100)));
         t.insert(ep("alices", Some("alice"), res(16, 16000, 100)));
-        let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t);
+        let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t, None);
         assert_eq!(m[0].ep_id, "alices");
         assert_eq!(m[1].ep_id, "small");
     }

@@ -131,6 +131,9 @@ pub struct NewJob {
     pub jobs: u32,
     /// The token's expiry, so that its use count can be pruned after it.
     pub exp: u64,
+    /// Most idle (or held) jobs the owner may have; a new job past it is refused
+    /// ([`QueueError::TooManyIdle`]). `None`: unlimited.
+    pub max_idle: Option<u64>,
 }
 
 /// Answer to [`Queue::submit`].
@@ -274,8 +277,9 @@ impl Queue {
     }
 
     /// In one transaction: refuses a revoked token, returns the job that already has
-    /// `(owner, dedupe_key)`, or counts a use of the token (refusing past `jobs`) and inserts
-    /// the job as idle.
+    /// `(owner, dedupe_key)`, or refuses a used-up token, or refuses when the owner already has
+    /// `max_idle` idle or held jobs (counting no use), or counts a use of the token and inserts
+    /// the job as idle. Every refusal rolls the whole transaction back.
     pub async fn submit(&self, job: NewJob) -> Result<Submitted, QueueError> {
         let queue = self.clone();
         self.call(move |conn| {
@@ -300,6 +304,19 @@ impl Queue {
             let uses = token_uses(&tx, &job.jti)?;
             if uses >= u64::from(job.jobs) {
                 return Err(QueueError::TokenUsed { uses, jobs: job.jobs });
+            }
+            if let Some(max) = job.max_idle {
+                // Under the connection lock, like the use count: concurrent submits see each
+                // other's inserts, so the owner never exceeds the limit.
+                let idle: i64 = tx.query_row(
+                    "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND state IN ('idle', 'held')",
+                    params![job.owner],
+                    |r| r.get(0),
+                )?;
+                let idle = from_db(idle);
+                if idle >= max {
+                    return Err(QueueError::TooManyIdle { owner: job.owner, idle, max });
+                }
             }
             tx.execute(
                 "INSERT INTO token_uses (jti, uses, exp) VALUES (?1, ?2, ?3) \
@@ -342,23 +359,36 @@ impl Queue {
     /// none), the oldest idle jobs that pool may take and that fit within its room, at most
     /// `limit` each; oldest first, without duplicates. Reading per pool keeps jobs that no EP
     /// may take now (another annex, another owner, too large) from filling the batch and
-    /// blocking the queue behind them. [`crate::matching::select`] makes the final decision.
+    /// blocking the queue behind them. Jobs of `skip_owners` (at their running limit) are not
+    /// read either, so that one owner's flood does not fill the batch while none of it may start.
+    /// [`crate::matching::select`] makes the final decision.
     pub async fn idle_candidates(
         &self,
         pools: Vec<(Pool, Resources)>,
         limit: usize,
+        skip_owners: Vec<String>,
     ) -> Result<Vec<IdleJob>, QueueError> {
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let skip = serde_json::to_string(&skip_owners)?;
             let mut seen = std::collections::BTreeMap::new();
             let mut stmt = conn.prepare_cached(
                 "SELECT seq, id, owner, annex, cpus, memory_mb, runtime_s FROM jobs \
                  WHERE state = 'idle' AND annex IS ?1 AND (?2 IS NULL OR owner = ?2) \
-                 AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 ORDER BY seq LIMIT ?6",
+                 AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 \
+                 AND owner NOT IN (SELECT value FROM json_each(?7)) ORDER BY seq LIMIT ?6",
             )?;
             for (pool, room) in &pools {
                 let rows = stmt.query_map(
-                    params![pool.annex, pool.owner, room.cpus, db_int(room.memory_mb), db_int(room.runtime_s), limit],
+                    params![
+                        pool.annex,
+                        pool.owner,
+                        room.cpus,
+                        db_int(room.memory_mb),
+                        db_int(room.runtime_s),
+                        limit,
+                        skip
+                    ],
                     |r| {
                         Ok((
                             r.get::<_, i64>(0)?,
@@ -986,7 +1016,48 @@ pub(crate) mod tests {
             group: None,
             jobs,
             exp: u64::MAX,
+            max_idle: None,
         }
+    }
+
+    #[tokio::test]
+    async fn the_idle_limit_refuses_new_jobs_without_using_the_token_and_holds_under_concurrency() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let limited = |i: usize| NewJob { max_idle: Some(2), ..new_job(&format!("k{i}"), &format!("t{i}"), 1) };
+        // Ten concurrent submits with ten single-use tokens: exactly two get in.
+        let handles: Vec<_> = (0..10)
+            .map(|i| {
+                let (q, j) = (q.clone(), limited(i));
+                tokio::spawn(async move { (i, q.submit(j).await) })
+            })
+            .collect();
+        let mut created = Vec::new();
+        for h in handles {
+            match h.await.expect("joins") {
+                (i, Ok(s)) => created.push((i, s.job_id)),
+                (_, Err(e)) => {
+                    assert_eq!(e.to_string(), "owner alice has 2 idle jobs, the limit is 2; try again later")
+                }
+            }
+        }
+        assert_eq!(created.len(), 2);
+        // Refused submits counted no use of their tokens.
+        for i in 0..10 {
+            let expected = u64::from(created.iter().any(|(c, _)| *c == i));
+            assert_eq!(q.uses(format!("t{i}")).await.expect("uses"), expected, "t{i}");
+        }
+        // A dedupe hit is answered as before, even at the limit.
+        let (i, id) = created[0].clone();
+        assert_eq!(q.submit(limited(i)).await.expect("dedupe hit"), Submitted { job_id: id.clone(), created: false });
+        // A held job still counts; a running one does not.
+        let refused = created.iter().map(|(c, _)| *c).max().map_or(0, |m| m + 1);
+        q.act(id.clone(), Action::Hold, "wait".into()).await.expect("hold");
+        assert!(matches!(q.submit(limited(refused)).await, Err(QueueError::TooManyIdle { idle: 2, max: 2, .. })));
+        q.act(id.clone(), Action::Release, "go".into()).await.expect("release");
+        q.mark_running(vec![id], "ep1".into(), "s1".into(), ok).await.expect("mark");
+        assert!(q.submit(limited(refused)).await.expect("room again").created);
+        assert_eq!(q.uses(format!("t{refused}")).await.expect("uses"), 1);
     }
 
     fn ok(a: JobAssignment, _bind: bool) -> Result<JobAssignment, String> {
@@ -1042,13 +1113,16 @@ pub(crate) mod tests {
         let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
         let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
         let site = Pool { annex: None, owner: None };
-        let got = q.idle_candidates(vec![(site.clone(), room)], 1).await.expect("candidates");
+        let got = q.idle_candidates(vec![(site.clone(), room)], 1, vec![]).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
         let alices = Pool { annex: None, owner: Some("alice".into()) };
-        let by_owner = q.idle_candidates(vec![(alices, room)], 1).await.expect("candidates");
+        let by_owner = q.idle_candidates(vec![(alices, room)], 1, vec![]).await.expect("candidates");
         assert_eq!(by_owner.len(), 1);
         let bobs = Pool { annex: None, owner: Some("bob".into()) };
-        assert!(q.idle_candidates(vec![(bobs, room)], 1).await.expect("candidates").is_empty());
+        assert!(q.idle_candidates(vec![(bobs, room)], 1, vec![]).await.expect("candidates").is_empty());
+        // Owners at their running limit are not read at all.
+        let skipped = q.idle_candidates(vec![(site, room)], 10, vec!["alice".into()]).await.expect("candidates");
+        assert!(skipped.is_empty());
     }
 
     #[tokio::test]
@@ -1064,10 +1138,10 @@ pub(crate) mod tests {
         let plain = q.submit(new_job("plain", "tp", 1)).await.expect("plain").job_id;
         let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
         let site = Pool { annex: None, owner: None };
-        let got = q.idle_candidates(vec![(site, room)], 1).await.expect("candidates");
+        let got = q.idle_candidates(vec![(site, room)], 1, vec![]).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![plain.as_str()]);
         let gpu = Pool { annex: Some("gpu".into()), owner: None };
-        let got = q.idle_candidates(vec![(gpu, room)], 10).await.expect("candidates");
+        let got = q.idle_candidates(vec![(gpu, room)], 10, vec![]).await.expect("candidates");
         assert_eq!(got.len(), 3);
         assert!(got.iter().all(|j| j.annex.as_deref() == Some("gpu")));
     }
@@ -1221,7 +1295,7 @@ pub(crate) mod tests {
         assert_eq!((acted.record.state, acted.stop.as_deref()), (JobState::Held, Some("s1")));
         let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
         let site = Pool { annex: None, owner: None };
-        assert!(q.idle_candidates(vec![(site.clone(), room)], 10).await.expect("candidates").is_empty());
+        assert!(q.idle_candidates(vec![(site.clone(), room)], 10, vec![]).await.expect("candidates").is_empty());
         let marked = q.mark_running(vec![idle.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
         assert_eq!(marked.skipped, vec![idle.clone()]);
         let err = q.act(idle.clone(), Action::Hold, "again".into()).await.expect_err("held twice");
@@ -1246,7 +1320,7 @@ pub(crate) mod tests {
         let rec = q.act(running.clone(), Action::Release, "go".into()).await.expect("release").record;
         assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Idle, "", None));
         assert_eq!((rec.ep, rec.usage, rec.started_at_ms), (None, None, None));
-        let got = q.idle_candidates(vec![(site, room)], 10).await.expect("candidates");
+        let got = q.idle_candidates(vec![(site, room)], 10, vec![]).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![running.as_str()]);
         let err = q.act(running.clone(), Action::Release, "go".into()).await.expect_err("not held");
         assert_eq!(err.to_string(), format!("job {running} is idle; only held jobs can be released"));

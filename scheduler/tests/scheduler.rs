@@ -14,7 +14,7 @@ use htfaas_functions::token::{
 };
 use htfaas_functions::{Digest, Resources};
 use htfaas_scheduler::dispatch::{MACAROON_GRACE_S, utc_timestamp};
-use htfaas_scheduler::{ATTACH_KID, Config, TrustedIssuer, mint_attach_token};
+use htfaas_scheduler::{ATTACH_KID, Config, OwnerLimits, TrustedIssuer, mint_attach_token};
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -45,6 +45,10 @@ struct Server {
 
 impl Server {
     async fn start(dir: &Path) -> Server {
+        Server::start_with(dir, OwnerLimits::default()).await
+    }
+
+    async fn start_with(dir: &Path, limits: OwnerLimits) -> Server {
         let config = Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
             db_path: dir.join("queue.sqlite"),
@@ -54,6 +58,8 @@ impl Server {
             admin_token: ADMIN.into(),
             tls_cert_file: None,
             tls_key_file: None,
+            max_idle_jobs_per_owner: limits.max_idle,
+            max_running_jobs_per_owner: limits.max_running,
         };
         let settings = config.resolve().await.expect("resolve");
         let addr = settings.local_addr();
@@ -1023,6 +1029,73 @@ fn one_cpu(fx: &Fixture, key: &str) -> SubmitRequest {
 
 fn cancel_msg(id: &str, reason: &str) -> Value {
     serde_json::json!({"type": "cancel", "job_id": id, "reason": reason})
+}
+
+#[tokio::test]
+async fn the_idle_limit_refuses_new_jobs_with_429_and_keeps_the_token_unused() {
+    let fx = Fixture::new();
+    let limits = OwnerLimits { max_idle: Some(2), max_running: None };
+    let server = Server::start_with(&fx.path(), limits).await;
+    let first = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
+    server.submit(&fx.token("alice"), &fx.request("e2")).await;
+
+    // A third one is refused, transiently, and the single-use token is not spent.
+    let token = fx.token("alice");
+    let (status, v) = server.submit_raw(Some(&token), &fx.request("e3")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(error_of(&v), "owner alice has 2 idle jobs, the limit is 2; try again later");
+    assert_eq!(server.preflight(&token).await, (StatusCode::OK, serde_json::json!({"remaining": 1})));
+    // A dedupe hit is answered as before; other owners are not limited by alice's queue.
+    let (status, v) = server.submit_raw(Some(&fx.token("alice")), &fx.request("e1")).await;
+    assert_eq!(
+        (status, v["job_id"].as_str(), v["created"].as_bool()),
+        (StatusCode::OK, Some(first.as_str()), Some(false))
+    );
+    server.submit(&fx.token("bob"), &fx.request("b1")).await;
+
+    // Once one of alice's jobs runs, the same token passes.
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut ep, "ep-2-cores", 2).await;
+    assert_eq!(expect_assign(&mut ep, "alice").await, first);
+    server.submit(&token, &fx.request("e3")).await;
+    let (status, v) = server.submit_raw(Some(&token), &fx.request("e4")).await;
+    assert_eq!((status, error_of(&v)), (StatusCode::UNAUTHORIZED, "token already used (1 of 1 jobs)"));
+
+    ep.close(None).await.expect("close");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_running_limit_holds_back_one_owner_while_others_run() {
+    let fx = Fixture::new();
+    let limits = OwnerLimits { max_idle: None, max_running: Some(1) };
+    let server = Server::start_with(&fx.path(), limits).await;
+    let mut alices = Vec::new();
+    for i in 0..3 {
+        alices.push(server.submit(&fx.token("alice"), &one_cpu(&fx, &format!("a{i}"))).await.job_id);
+    }
+    let bobs = server.submit(&fx.token("bob"), &one_cpu(&fx, "b1")).await.job_id;
+
+    let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut ep, "ep-4-cores", 4).await;
+    let mut started = vec![expect_assign(&mut ep, "alice").await, expect_assign(&mut ep, "bob").await];
+    started.sort();
+    let mut expected = vec![alices[0].clone(), bobs.clone()];
+    expected.sort();
+    assert_eq!(started, expected, "one of alice's (the oldest) and bob's, though four cores are free");
+    expect_silence(&mut ep, Duration::from_millis(300)).await;
+    for id in &alices[1..] {
+        assert_eq!(server.job(id).await.state, JobState::Idle);
+    }
+
+    // Alice's ends: her next one starts, and only that one.
+    send(&mut ep, &report(&alices[0], Outcome::Exited { exit_code: 0 }, Usage::default())).await;
+    assert_eq!(expect_assign(&mut ep, "alice").await, alices[1]);
+    expect_silence(&mut ep, Duration::from_millis(300)).await;
+    assert_eq!(server.job(&alices[2]).await.state, JobState::Idle);
+
+    ep.close(None).await.expect("close");
+    server.stop().await;
 }
 
 #[tokio::test]

@@ -93,6 +93,8 @@ impl Server {
             admin_token: ADMIN.into(),
             tls_cert_file: pki.map(|p| p.cert_file.clone()),
             tls_key_file: pki.map(|p| p.key_file.clone()),
+            max_idle_jobs_per_owner: None,
+            max_running_jobs_per_owner: None,
         };
         let settings = config.resolve().await.expect("resolve");
         assert_eq!(settings.tls(), pki.is_some());

@@ -33,7 +33,7 @@ async fn cancel_stops_a_running_guest_long_before_its_cap_and_the_ep_serves_on()
     assert_eq!(r.job_id, "spin-1");
     assert_eq!(r.outcome, Outcome::Cancelled { reason: "owner removed the job".into() }, "log: {}", r.log);
     assert!(took < Duration::from_secs(2), "cancel took {took:?} (cap 30 s)");
-    assert!(r.usage.cpu_ms >= 100, "usage so far: {:?}", r.usage);
+    assert!(r.usage.cpu_ms >= 20, "usage so far: {:?}", r.usage);
     assert_eq!(r.usage.peak_memory_bytes, 65536, "{:?}", r.usage);
     assert_eq!(r.usage.bytes_in, 9);
     assert!(r.outputs.is_empty() && r.usage.bytes_out == 0, "{r:?}");

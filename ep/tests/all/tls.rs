@@ -119,6 +119,8 @@ impl Scheduler {
             admin_token: ADMIN.into(),
             tls_cert_file: Some(pki.cert_file.clone()),
             tls_key_file: Some(pki.key_file.clone()),
+            max_idle_jobs_per_owner: None,
+            max_running_jobs_per_owner: None,
         }
         .resolve()
         .await
