@@ -160,7 +160,7 @@ impl Stack {
         .resolve()
         .await
         .context("start the scheduler")?;
-        let scheduler_url = format!("http://{}", scheduler.local_addr());
+        let scheduler_url = scheduler.url();
         tasks.push(("scheduler", tokio::spawn(htfaas_scheduler::run(scheduler, shutdown.child_token()))));
 
         // Gateway.

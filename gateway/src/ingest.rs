@@ -10,7 +10,6 @@
 use crate::Shared;
 use crate::event::{self, Decision, StorageEvent};
 use crate::stats::Stats;
-use crate::storage_client::StorageKind;
 use crate::submit::SubmitError;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
@@ -186,7 +185,7 @@ async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) 
 /// Builds the job for `function` on the file `event.path`: a read macaroon for exactly that
 /// file and a write macaroon for exactly the function's output directory, from the storage.
 /// The job asks the scheduler to bind both to its EP's address when the gateway is configured
-/// to and the storage speaks the dCache dialect (never for XRootD, which knows no `ip:`).
+/// to (`Shared::bind_macaroons_to_ep`, only ever true for the dCache dialect).
 pub async fn prepare(
     shared: &Shared,
     function: &FunctionRecord,
@@ -215,6 +214,6 @@ pub async fn prepare(
         event,
         dedupe_key,
         annex: m.annex.clone(),
-        bind_ep_address: shared.bind_macaroons_to_ep && shared.storage.kind() == StorageKind::Dcache,
+        bind_ep_address: shared.bind_macaroons_to_ep,
     })
 }
