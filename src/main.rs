@@ -176,6 +176,15 @@ enum FnCommand {
         /// Run only on EPs attached with an attach token for this annex.
         #[arg(long)]
         annex: Option<String>,
+        /// GPUs per run (the scheduler's site policy decides who may have them).
+        #[arg(long, default_value_t = 0)]
+        gpus: u32,
+        /// Scratch disk per run, MiB.
+        #[arg(long, default_value_t = 0)]
+        disk_mb: u64,
+        /// Job class of its runs (e.g. lite, short, long; default: the scheduler's default class).
+        #[arg(long)]
+        class: Option<String>,
     },
     /// List functions.
     List {
@@ -432,7 +441,22 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Get { dir, storage_path } => client(&dir)?.get_to(&storage_path, &mut tokio::io::stdout()).await,
         Command::Fn {
             command:
-                FnCommand::Register { dir, name, wasm, trigger, outputs, owner, cpus, memory_mb, runtime_s, args, annex },
+                FnCommand::Register {
+                    dir,
+                    name,
+                    wasm,
+                    trigger,
+                    outputs,
+                    owner,
+                    cpus,
+                    memory_mb,
+                    runtime_s,
+                    args,
+                    annex,
+                    gpus,
+                    disk_mb,
+                    class,
+                },
         } => {
             let client = client(&dir)?;
             let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
@@ -442,11 +466,12 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 owner: owner.unwrap_or_else(|| client.info().user.clone()),
                 module,
                 trigger: Trigger { path: trigger },
-                resources: Resources { cpus, memory_mb, runtime_s },
+                resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
                 outputs: Outputs { dir: outputs },
                 args,
                 env: vec![],
                 annex,
+                class,
             };
             let record = client.register(&manifest).await?;
             println!("registered {} v{} {}", record.manifest.name, record.version, record.manifest.module);
@@ -537,7 +562,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             let grant = htfaas::stack::SubmitGrant {
                 owner,
                 jobs,
-                limits: Resources { cpus, memory_mb, runtime_s: runtime },
+                limits: Resources::new(cpus, memory_mb, runtime),
                 function,
                 group,
                 ttl_s: ttl,

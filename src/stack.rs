@@ -36,11 +36,7 @@ pub struct StackOptions {
 impl StackOptions {
     /// Defaults for `dir`: one EP with 2 cores, 4 GiB, jobs up to 1 h.
     pub fn new(dir: impl Into<PathBuf>) -> StackOptions {
-        StackOptions {
-            dir: dir.into(),
-            nats_binary: None,
-            ep_slots: Resources { cpus: 2, memory_mb: 4096, runtime_s: 3600 },
-        }
+        StackOptions { dir: dir.into(), nats_binary: None, ep_slots: Resources::new(2, 4096, 3600) }
     }
 }
 
@@ -318,11 +314,12 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         owner: USER.into(),
         module,
         trigger: Trigger { path: "/data/raw/**".into() },
-        resources: Resources { cpus: 1, memory_mb: 256, runtime_s: 60 },
+        resources: Resources::new(1, 256, 60),
         outputs: Outputs { dir: "/data/checksums/".into() },
         args: vec![],
         env: vec![],
         annex: None,
+        class: None,
     }
 }
 

@@ -10,6 +10,10 @@ pub const MAX_CPUS: u32 = 64;
 pub const MAX_MEMORY_MB: u64 = 256 * 1024;
 /// Longest run time, in seconds (one week).
 pub const MAX_RUNTIME_S: u64 = 7 * 24 * 3600;
+/// Most GPUs one run may ask for.
+pub const MAX_GPUS: u32 = 64;
+/// Largest scratch-disk request, in MiB (16 TiB).
+pub const MAX_DISK_MB: u64 = 16 * 1024 * 1024;
 
 /// What a developer registers. Stored as JSON (schema version 1, see [`FunctionRecord`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +42,10 @@ pub struct FunctionManifest {
     /// capacity, as HTCondor's `TargetAnnexName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annex: Option<String>,
+    /// The job class its runs belong to (a site's `lite`, `short`, `long`, ...), which bounds
+    /// their run time; none takes the scheduler's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 /// Checks a name of the `[a-z0-9][a-z0-9_-]{0,62}` form (function and annex names).
@@ -71,6 +79,20 @@ pub struct Resources {
     /// Wall-time cap in seconds. Default: 3600.
     #[serde(default = "default_runtime_s")]
     pub runtime_s: u64,
+    /// GPUs. Default: 0. Whether an owner may have them is the scheduler's site policy, not
+    /// the submit token's.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub gpus: u32,
+    /// Scratch disk in MiB. Default: 0 (none asked; the EP's own bound applies).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub disk_mb: u64,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 fn default_cpus() -> u32 {
@@ -85,12 +107,24 @@ fn default_runtime_s() -> u64 {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: default_cpus(), memory_mb: default_memory_mb(), runtime_s: default_runtime_s() }
+        Resources {
+            cpus: default_cpus(),
+            memory_mb: default_memory_mb(),
+            runtime_s: default_runtime_s(),
+            gpus: 0,
+            disk_mb: 0,
+        }
     }
 }
 
 impl Resources {
-    /// Whether `self` fits within `limit` in every dimension.
+    /// Cores, memory and run time as given; no GPUs, no disk.
+    pub fn new(cpus: u32, memory_mb: u64, runtime_s: u64) -> Resources {
+        Resources { cpus, memory_mb, runtime_s, gpus: 0, disk_mb: 0 }
+    }
+
+    /// Whether `self` fits within `limit` in cores, memory and run time (what a submit token
+    /// limits; GPUs and disk are site policy).
     pub fn fits_within(&self, limit: &Resources) -> bool {
         self.cpus <= limit.cpus && self.memory_mb <= limit.memory_mb && self.runtime_s <= limit.runtime_s
     }
@@ -162,6 +196,15 @@ impl FunctionManifest {
         if r.runtime_s == 0 || r.runtime_s > MAX_RUNTIME_S {
             return Err(bad("resources.runtime_s", format!("must be 1..={MAX_RUNTIME_S}")));
         }
+        if r.gpus > MAX_GPUS {
+            return Err(bad("resources.gpus", format!("must be 0..={MAX_GPUS}")));
+        }
+        if r.disk_mb > MAX_DISK_MB {
+            return Err(bad("resources.disk_mb", format!("must be 0..={MAX_DISK_MB}")));
+        }
+        if let Some(class) = &self.class {
+            check_name(class).map_err(|e| bad("class", e))?;
+        }
         if !self.outputs.dir.ends_with('/') || !is_clean_abs_path(&self.outputs.dir) || self.outputs.dir == "/" {
             return Err(bad("outputs.dir", "must be an absolute directory below / ending in '/', without . or .."));
         }
@@ -192,6 +235,7 @@ mod tests {
             args: vec![],
             env: vec![],
             annex: None,
+            class: None,
         }
     }
 
@@ -208,6 +252,9 @@ mod tests {
             ("trigger.path", Box::new(|m| m.trigger.path = "data/raw/**".into())),
             ("trigger.path", Box::new(|m| m.trigger.path = "/data/[raw".into())),
             ("resources.cpus", Box::new(|m| m.resources.cpus = 0)),
+            ("resources.gpus", Box::new(|m| m.resources.gpus = MAX_GPUS + 1)),
+            ("resources.disk_mb", Box::new(|m| m.resources.disk_mb = MAX_DISK_MB + 1)),
+            ("class", Box::new(|m| m.class = Some("Lite!".into()))),
             ("outputs.dir", Box::new(|m| m.outputs.dir = "/data/../etc/".into())),
             ("outputs.dir", Box::new(|m| m.outputs.dir = "/data/out".into())),
             ("env", Box::new(|m| m.env = vec![("A=B".into(), "c".into())])),

@@ -200,6 +200,9 @@ pub struct SubmitRequest {
     /// Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub bind_ep_address: bool,
+    /// The job class (the function's manifest's); none takes the scheduler's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 /// Answer to [`SubmitRequest`].
@@ -619,7 +622,7 @@ mod tests {
                 digest: Digest::of(b"m"),
                 module_url: "http://gw/v1/modules/m".into(),
             },
-            resources: Resources { cpus: 1, memory_mb: 1, runtime_s: 1 },
+            resources: Resources::new(1, 1, 1),
             input: InputSpec { url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
             output: OutputSpec { url: "http://s/data/out/".into(), macaroon: "w".into() },
             args: vec![],
@@ -628,6 +631,7 @@ mod tests {
             dedupe_key: "k".into(),
             annex: None,
             bind_ep_address: false,
+            class: None,
         };
         // Absent when false: a request (or a stored one) without the field means false, and a
         // scheduler that predates it still accepts requests that do not ask for it.

@@ -199,6 +199,7 @@ mod tests {
             args: vec![],
             env: vec![],
             annex: None,
+            class: None,
         }
     }
 

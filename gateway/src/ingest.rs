@@ -215,5 +215,6 @@ pub async fn prepare(
         dedupe_key,
         annex: m.annex.clone(),
         bind_ep_address: shared.bind_macaroons_to_ep,
+        class: m.class.clone(),
     })
 }

@@ -333,7 +333,7 @@ mod tests {
         };
         let hello = |annex: Option<&str>| Hello {
             name: "ep".into(),
-            slots: Resources { cpus: 1, memory_mb: 1, runtime_s: 1 },
+            slots: Resources::new(1, 1, 1),
             protocol: PROTOCOL,
             annex: annex.map(str::to_owned),
         };

@@ -209,7 +209,7 @@ impl EpTable {
     pub fn pools_with_room(&self) -> Vec<(Pool, Resources)> {
         let mut pools: BTreeMap<&Pool, Resources> = BTreeMap::new();
         for e in self.eps.values().filter(|e| e.accepting()) {
-            let r = pools.entry(&e.pool).or_insert(Resources { cpus: 0, memory_mb: 0, runtime_s: 0 });
+            let r = pools.entry(&e.pool).or_insert(Resources::new(0, 0, 0));
             r.cpus = r.cpus.max(e.free_cpus);
             r.memory_mb = r.memory_mb.max(e.free_memory_mb);
             r.runtime_s = r.runtime_s.max(e.total.runtime_s);
@@ -370,7 +370,7 @@ mod tests {
     const LOCALHOST: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
     fn res(cpus: u32, memory_mb: u64, runtime_s: u64) -> Resources {
-        Resources { cpus, memory_mb, runtime_s }
+        Resources::new(cpus, memory_mb, runtime_s)
     }
 
     fn ep(id: &str, owner: Option<&str>, total: Resources) -> EpSlot {

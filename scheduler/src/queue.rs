@@ -396,11 +396,7 @@ impl Queue {
                                 id: r.get(1)?,
                                 owner: r.get(2)?,
                                 annex: r.get(3)?,
-                                resources: Resources {
-                                    cpus: r.get(4)?,
-                                    memory_mb: from_db(r.get(5)?),
-                                    runtime_s: from_db(r.get(6)?),
-                                },
+                                resources: Resources::new(r.get(4)?, from_db(r.get(5)?), from_db(r.get(6)?)),
                             },
                         ))
                     },
@@ -911,7 +907,7 @@ fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
         reason: r.get(3)?,
         token_jti: r.get(4)?,
         request: r.get(5)?,
-        resources: Resources { cpus: r.get(6)?, memory_mb: from_db(r.get(7)?), runtime_s: from_db(r.get(8)?) },
+        resources: Resources::new(r.get(6)?, from_db(r.get(7)?), from_db(r.get(8)?)),
         ep: r.get(9)?,
         submitted_at_ms: r.get(10)?,
         started_at_ms: r.get(11)?,
@@ -991,7 +987,7 @@ pub(crate) mod tests {
                 digest: Digest::of(b"m"),
                 module_url: "http://registry/v1/modules/x".into(),
             },
-            resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 60 },
+            resources: Resources::new(1, 64, 60),
             input: InputSpec {
                 url: "http://storage/data/raw/a".into(),
                 name: "a".into(),
@@ -1004,6 +1000,7 @@ pub(crate) mod tests {
             dedupe_key: key.into(),
             annex: None,
             bind_ep_address: false,
+            class: None,
         }
     }
 
@@ -1111,7 +1108,7 @@ pub(crate) mod tests {
         big.request.resources.cpus = 8;
         q.submit(big).await.expect("big");
         let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
-        let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
+        let room = Resources::new(4, 1024, 3600);
         let site = Pool { annex: None, owner: None };
         let got = q.idle_candidates(vec![(site.clone(), room)], 1, vec![]).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
@@ -1136,7 +1133,7 @@ pub(crate) mod tests {
             q.submit(j).await.expect("annex job");
         }
         let plain = q.submit(new_job("plain", "tp", 1)).await.expect("plain").job_id;
-        let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
+        let room = Resources::new(4, 1024, 3600);
         let site = Pool { annex: None, owner: None };
         let got = q.idle_candidates(vec![(site, room)], 1, vec![]).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![plain.as_str()]);
@@ -1293,7 +1290,7 @@ pub(crate) mod tests {
         assert_eq!((acted.record.state, acted.stop), (JobState::Held, None));
         let acted = q.act(running.clone(), Action::Hold, "stop".into()).await.expect("hold running");
         assert_eq!((acted.record.state, acted.stop.as_deref()), (JobState::Held, Some("s1")));
-        let room = Resources { cpus: 4, memory_mb: 1024, runtime_s: 3600 };
+        let room = Resources::new(4, 1024, 3600);
         let site = Pool { annex: None, owner: None };
         assert!(q.idle_candidates(vec![(site.clone(), room)], 10, vec![]).await.expect("candidates").is_empty());
         let marked = q.mark_running(vec![idle.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");

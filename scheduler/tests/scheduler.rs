@@ -226,7 +226,7 @@ impl Fixture {
                 digest: self.digest.clone(),
                 module_url: "http://registry.invalid/v1/modules/x".into(),
             },
-            resources: Resources { cpus: 2, memory_mb: 256, runtime_s: 60 },
+            resources: Resources::new(2, 256, 60),
             input: InputSpec {
                 url: "http://storage.invalid/data/raw/a.dat".into(),
                 name: "a.dat".into(),
@@ -242,6 +242,7 @@ impl Fixture {
             dedupe_key: key.into(),
             annex: None,
             bind_ep_address: false,
+            class: None,
         }
     }
 
@@ -310,7 +311,7 @@ async fn hello(ws: &mut Ws, name: &str, cpus: u32) -> String {
 fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
     EpMsg::Hello(Hello {
         name: name.into(),
-        slots: Resources { cpus, memory_mb: 4096, runtime_s: 3600 },
+        slots: Resources::new(cpus, 4096, 3600),
         protocol: 1,
         annex: annex.map(str::to_owned),
     })

@@ -155,7 +155,7 @@ impl Server {
                 digest: Digest::of(b"module"),
                 module_url: "https://registry.invalid/m".into(),
             },
-            resources: Resources { cpus: 1, memory_mb: 256, runtime_s: 60 },
+            resources: Resources::new(1, 256, 60),
             input: InputSpec {
                 url: "https://storage.invalid/in/a.dat".into(),
                 name: "a.dat".into(),
@@ -168,6 +168,7 @@ impl Server {
             dedupe_key: key.into(),
             annex: None,
             bind_ep_address: true,
+            class: None,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit answered");
@@ -198,7 +199,7 @@ async fn send(ws: &mut Ws, msg: &EpMsg) {
 
 /// Says hello and waits for Welcome.
 async fn hello(ws: &mut Ws, name: &str) {
-    let slots = Resources { cpus: 2, memory_mb: 4096, runtime_s: 3600 };
+    let slots = Resources::new(2, 4096, 3600);
     send(ws, &EpMsg::Hello(Hello { name: name.into(), slots, protocol: 1, annex: None })).await;
     assert!(matches!(next_msg(ws).await, SchedulerMsg::Welcome { .. }));
 }

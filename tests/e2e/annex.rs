@@ -23,7 +23,7 @@ pub async fn start_ep(
         name: name.into(),
         scheduler_url: scheduler_url.into(),
         attach_token: token,
-        slots: htfaas_functions::Resources { cpus: 2, memory_mb: 2048, runtime_s: 600 },
+        slots: htfaas_functions::Resources::new(2, 2048, 600),
         work_dir: work,
         log_limit_bytes: 64 * 1024,
         max_output_files: 16,

@@ -20,7 +20,7 @@ async fn an_admin_holds_releases_and_removes_a_running_job() {
     let grant = SubmitGrant {
         owner: "bob".into(),
         jobs: 1,
-        limits: Resources { cpus: 1, memory_mb: 64, runtime_s: 120 },
+        limits: Resources::new(1, 64, 120),
         function: None,
         group: None,
         ttl_s: 600,

@@ -108,7 +108,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
         .expect("attach");
     let hello = EpMsg::Hello(Hello {
         name: "probe-1".into(),
-        slots: Resources { cpus: 1, memory_mb: 1024, runtime_s: 600 },
+        slots: Resources::new(1, 1024, 600),
         protocol: 1,
         annex: Some("probe".into()),
     });

@@ -33,7 +33,7 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     let grant = SubmitGrant {
         owner: "bob".into(),
         jobs: 3,
-        limits: Resources { cpus: 1, memory_mb: 64, runtime_s: 120 },
+        limits: Resources::new(1, 64, 120),
         function: None,
         group: None,
         ttl_s: 600,
@@ -96,7 +96,7 @@ async fn revoking_an_owner_disconnects_their_ep_for_good_and_a_revoked_issuer_fi
     let grant = SubmitGrant {
         owner: "bob".into(),
         jobs: 1,
-        limits: Resources { cpus: 1, memory_mb: 64, runtime_s: 60 },
+        limits: Resources::new(1, 64, 60),
         function: None,
         group: None,
         ttl_s: 600,

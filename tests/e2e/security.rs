@@ -100,7 +100,7 @@ async fn storage_refuses_tampered_misused_and_traversing_macaroons() {
 fn request(digest: Digest) -> SubmitRequest {
     SubmitRequest {
         function: FunctionRef { name: "f".into(), version: 1, digest, module_url: "http://127.0.0.1:1/m".into() },
-        resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 10 },
+        resources: Resources::new(1, 64, 10),
         input: InputSpec { url: "http://127.0.0.1:1/data/raw/a".into(), name: "a".into(), macaroon: "m".into() },
         output: OutputSpec { url: "http://127.0.0.1:1/data/out/".into(), macaroon: "m".into() },
         args: vec![],
@@ -109,6 +109,7 @@ fn request(digest: Digest) -> SubmitRequest {
         dedupe_key: new_jti(),
         annex: None,
         bind_ep_address: false,
+        class: None,
     }
 }
 

@@ -11,7 +11,7 @@ fn grant(owner: &str) -> SubmitGrant {
     SubmitGrant {
         owner: owner.into(),
         jobs: 1,
-        limits: Resources { cpus: 1, memory_mb: 512, runtime_s: 120 },
+        limits: Resources::new(1, 512, 120),
         function: None,
         group: None,
         ttl_s: 600,

@@ -326,7 +326,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         name: "ep-xrootd".into(),
         scheduler_url: stack.info().scheduler_url.clone(),
         attach_token: token,
-        slots: htfaas_functions::Resources { cpus: 1, memory_mb: 1024, runtime_s: 600 },
+        slots: htfaas_functions::Resources::new(1, 1024, 600),
         work_dir: dir.path().join("ep-xrootd"),
         log_limit_bytes: 64 * 1024,
         max_output_files: 16,
@@ -372,6 +372,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         annex: Some("xrootd-site".into()),
         // XRootD refuses a macaroon with a caveat it does not know, such as `ip:`.
         bind_ep_address: false,
+        class: None,
     };
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/jobs", stack.info().scheduler_url))

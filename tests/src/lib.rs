@@ -80,7 +80,7 @@ pub async fn register_spin(client: &htfaas::client::Client) {
     m.name = "spin".into();
     m.trigger.path = "/data/spin/**".into();
     m.outputs.dir = "/data/spin-out/".into();
-    m.resources = htfaas_functions::Resources { cpus: 1, memory_mb: 64, runtime_s: 120 };
+    m.resources = htfaas_functions::Resources::new(1, 64, 120);
     client.register(&m).await.expect("register spin");
 }
 

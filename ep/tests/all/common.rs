@@ -71,7 +71,7 @@ impl JobDir {
 }
 
 pub fn resources(memory_mb: u64, runtime_s: u64) -> Resources {
-    Resources { cpus: 1, memory_mb, runtime_s }
+    Resources::new(1, memory_mb, runtime_s)
 }
 
 pub fn digest(bytes: &[u8]) -> Digest {

@@ -289,7 +289,7 @@ impl Harness {
             name: "ep-test".into(),
             scheduler_url: base.clone(),
             attach_token: ATTACH.into(),
-            slots: Resources { cpus: 2, memory_mb: 512, runtime_s: 60 },
+            slots: Resources::new(2, 512, 60),
             work_dir: work.path().to_owned(),
             log_limit_bytes: 64 * 1024,
             max_output_files: 64,
@@ -327,7 +327,7 @@ impl Harness {
                 digest: self.digests.get(module).expect("module served").clone(),
                 module_url: format!("{}/modules/{module}", self.base),
             },
-            resources: Resources { cpus: 1, memory_mb: 64, runtime_s: 30 },
+            resources: Resources::new(1, 64, 30),
             input: InputSpec {
                 url: format!("{}/storage/{dir}/{name}", self.base),
                 name: name.into(),

@@ -19,7 +19,7 @@ async fn start(
         name: "ep-lifecycle".into(),
         scheduler_url: format!("http://127.0.0.1:{closed}"),
         attach_token: "t".into(),
-        slots: Resources { cpus: 1, memory_mb: 256, runtime_s: 60 },
+        slots: Resources::new(1, 256, 60),
         work_dir: work.path().to_owned(),
         log_limit_bytes: 1024,
         max_output_files: 1,

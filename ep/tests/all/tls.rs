@@ -158,7 +158,7 @@ impl Scheduler {
                 digest,
                 module_url: format!("{storage}/modules/checksum"),
             },
-            resources: Resources { cpus: 1, memory_mb: 256, runtime_s: 60 },
+            resources: Resources::new(1, 256, 60),
             input: InputSpec {
                 url: format!("{storage}/in/wiki.txt"),
                 name: "wiki.txt".into(),
@@ -171,6 +171,7 @@ impl Scheduler {
             dedupe_key: "e1".into(),
             annex: None,
             bind_ep_address: false,
+            class: None,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit over https");
