@@ -479,6 +479,12 @@ pub struct JobRecord {
     /// The annex it must run on, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annex: Option<String>,
+    /// Its job class (which bounds its run time), once the scheduler resolved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// Run attempts started so far (`GET /v1/jobs/{id}/history` lists them).
+    #[serde(default)]
+    pub attempts: u32,
     /// Resources requested.
     pub resources: Resources,
     /// EP that ran it, once assigned.
@@ -507,6 +513,173 @@ pub struct JobAction {
 
 /// HTCondor's `HoldReasonCode` for a hold put by a person (`condor_hold`).
 pub const HOLD_CODE_BY_ADMIN: u32 = 1;
+/// Hold code: the job lost its EP more often than the retry limit allows (HTCondor's
+/// `JobLeaseDuration` expiring too often).
+pub const HOLD_CODE_RETRIES: u32 = 2;
+/// Hold code: the job violates one of the site's hold requirements (e.g. "Unauthorized GPU
+/// request"); the reason is the requirement's message (HTCondor's `SYSTEM_PERIODIC_HOLD`).
+pub const HOLD_CODE_POLICY: u32 = 3;
+
+/// One run attempt of a job: `GET /v1/jobs/{id}/history` returns them, first first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// 1 for the first attempt.
+    pub n: u32,
+    /// The EP it ran on.
+    pub ep: String,
+    /// Unix ms.
+    pub started_at_ms: u64,
+    /// Unix ms; none while it runs.
+    pub ended_at_ms: Option<u64>,
+    /// `running`, `completed`, `failed`, `stopped` (held, removed or revoked while running),
+    /// `lost` (its EP went away or fell silent past its lease) or `interrupted` (the scheduler
+    /// restarted).
+    pub outcome: String,
+    /// Why it ended so, when it did not complete.
+    pub reason: String,
+    /// What it used, when the EP reported.
+    pub usage: Option<Usage>,
+}
+
+/// `GET /v1/jobs/{id}/analyze` (admin): why a job is, or is not, running (`condor_q -analyze`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAnalysis {
+    /// The job.
+    pub job_id: String,
+    /// Its state.
+    pub state: JobState,
+    /// One line: what stops it, or that it would run.
+    pub summary: String,
+    /// Every reason found at the job's level (held, owner at its running limit, group over
+    /// quota, retry backoff, ...).
+    pub reasons: Vec<String>,
+    /// For an idle job, each attached EP's verdict.
+    pub eps: Vec<EpVerdict>,
+}
+
+/// Whether one EP would take a job, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpVerdict {
+    /// The EP's name.
+    pub ep: String,
+    /// None when it would take the job now; otherwise why not.
+    pub refusal: Option<String>,
+}
+
+/// What an admin has set on an EP, by name (it outlives sessions and restarts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpAdminState {
+    /// Takes jobs.
+    #[default]
+    Enabled,
+    /// Running jobs finish; a new job starts only if its run time ends before the deadline
+    /// (none without a deadline).
+    Draining,
+    /// Takes no new job; running jobs go on.
+    Disabled,
+}
+
+/// `POST /v1/eps/{name}/{drain|disable|enable|pause|resume}` (admin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpAction {
+    /// Why; recorded.
+    pub reason: String,
+    /// For drain: seconds from now until the deadline; none: start nothing new at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_s: Option<u64>,
+    /// For pause and resume: the accounting group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// An EP as an admin sees it: `GET /v1/eps` returns every attached one and every name with an
+/// admin setting; the answer to each EP action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpInfo {
+    /// The EP's name.
+    pub name: String,
+    /// Its session id, when attached.
+    pub session: Option<String>,
+    /// The address it attached from, when attached.
+    pub address: Option<String>,
+    /// Its attach token's annex.
+    pub annex: Option<String>,
+    /// Its attach token's owner restriction.
+    pub owner: Option<String>,
+    /// What it offered (zero when not attached).
+    pub total: Resources,
+    /// What is not reserved by running jobs.
+    pub free: Resources,
+    /// Jobs running there.
+    pub running: Vec<String>,
+    /// Admin state.
+    pub state: EpAdminState,
+    /// Drain deadline, Unix ms.
+    pub drain_deadline_ms: Option<u64>,
+    /// Accounting groups paused there.
+    pub paused_groups: Vec<String>,
+    /// Why the admin state was last changed.
+    pub reason: String,
+}
+
+/// `POST /v1/accounting/{owner}/factor` (admin): `condor_userprio -setfactor`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FactorRequest {
+    /// The owner's new priority factor (≥ 1; higher gets less).
+    pub factor: f64,
+}
+
+/// `GET /v1/priorities` (admin): what `condor_userprio` shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriorityReport {
+    /// Half-life of the decayed usage, seconds.
+    pub half_life_s: u64,
+    /// Owners, best (lowest) effective priority first.
+    pub owners: Vec<OwnerPriority>,
+    /// Accounting groups, by name.
+    pub groups: Vec<GroupPriority>,
+}
+
+/// One owner's fair-share standing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnerPriority {
+    /// The owner.
+    pub owner: String,
+    /// Real priority × factor; lower gets slots first.
+    pub effective_priority: f64,
+    /// 0.5 + decayed usage expressed in cores (usage × ln 2 / half-life): an owner who keeps
+    /// `c` cores busy tends to 0.5 + `c`.
+    pub real_priority: f64,
+    /// Priority factor.
+    pub factor: f64,
+    /// Cores reserved by running jobs now.
+    pub cores_in_use: u64,
+    /// Decayed usage, core-hours.
+    pub decayed_core_hours: f64,
+    /// All usage ever charged, core-hours.
+    pub accumulated_core_hours: f64,
+}
+
+/// One accounting group's quota and usage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPriority {
+    /// The group.
+    pub group: String,
+    /// Its quota in cores now (a share is turned into cores of the attached pool); none when
+    /// the group has no configured quota.
+    pub quota_cores: Option<f64>,
+    /// Most cores it may use when the pool is otherwise idle (quota × oversubscription).
+    pub cap_cores: Option<f64>,
+    /// Cores reserved by its running jobs now.
+    pub cores_in_use: u64,
+    /// Decayed usage, core-hours.
+    pub decayed_core_hours: f64,
+    /// All usage ever charged, core-hours.
+    pub accumulated_core_hours: f64,
+}
 
 /// What a revocation names: exactly one of a token id, an owner (the `sub` of submit tokens and
 /// the `owner` of attach tokens) or an issuer.

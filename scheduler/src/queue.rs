@@ -953,6 +953,8 @@ impl RawRecord {
             token_issuer: self.token_issuer,
             group: self.group,
             annex: self.annex,
+            class: None,
+            attempts: 0,
             hold_code: self.hold_code,
             resources: self.resources,
             ep: self.ep,
