@@ -1,11 +1,13 @@
-//! Talking to a running local stack: what `htfaas put|get|fn|jobs|accounting|events` do.
+//! Talking to a running local stack: what `htfaas put|get|fn|jobs|ep|accounting|events` do.
 //!
 //! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
 //! command reads it through [`StackInfo::load`].
 
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
-use htfaas_functions::proto::{Account, ApiError, JobRecord};
+use htfaas_functions::proto::{
+    Account, ApiError, Attempt, EpAction, EpInfo, FactorRequest, JobAnalysis, JobRecord, OwnerPriority, PriorityReport,
+};
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -75,6 +77,15 @@ async fn check(resp: reqwest::Response, what: &str) -> anyhow::Result<reqwest::R
     let text = resp.text().await.unwrap_or_default();
     let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or(text);
     bail!("{what}: {status}: {}", reason.trim())
+}
+
+/// `name` as one URL path segment: percent-encoded, `/` included. `.` and `..` are refused,
+/// since URL parsers take them (even encoded) as directory steps.
+fn segment(name: &str) -> anyhow::Result<String> {
+    if name.is_empty() || name == "." || name == ".." {
+        bail!("{name:?} cannot be used as a name");
+    }
+    Ok(htfaas_gateway::storage_client::encode_path(name).replace('/', "%2F"))
 }
 
 impl Client {
@@ -222,13 +233,55 @@ impl Client {
         Ok(check(resp, "revoke").await?.json().await?)
     }
 
+    async fn admin_post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        what: &str,
+        body: &impl Serialize,
+    ) -> anyhow::Result<T> {
+        let resp = self.http.post(self.gateway(path)).bearer_auth(&self.info.admin_token).json(body).send().await?;
+        Ok(check(resp, what).await?.json().await?)
+    }
+
     /// Holds, releases or removes one job (admin); `verb` is `hold`, `release` or `remove`.
     /// Returns the job as it is now.
     pub async fn job_action(&self, id: &str, verb: &str, reason: &str) -> anyhow::Result<JobRecord> {
-        let path = format!("/v1/jobs/{}/{verb}", htfaas_gateway::storage_client::encode_path(id));
+        let path = format!("/v1/jobs/{}/{verb}", segment(id)?);
         let body = htfaas_functions::proto::JobAction { reason: reason.to_owned() };
-        let resp = self.http.post(self.gateway(&path)).bearer_auth(&self.info.admin_token).json(&body).send().await?;
-        Ok(check(resp, verb).await?.json().await?)
+        self.admin_post(&path, verb, &body).await
+    }
+
+    /// One job's run attempts, first first.
+    pub async fn job_history(&self, id: &str) -> anyhow::Result<Vec<Attempt>> {
+        self.admin_get(&format!("/v1/jobs/{}/history", segment(id)?)).await
+    }
+
+    /// Why one job runs, or does not (`condor_q -analyze`).
+    pub async fn job_analyze(&self, id: &str) -> anyhow::Result<JobAnalysis> {
+        self.admin_get(&format!("/v1/jobs/{}/analyze", segment(id)?)).await
+    }
+
+    /// Attached EPs and every EP name with an admin setting.
+    pub async fn eps(&self) -> anyhow::Result<Vec<EpInfo>> {
+        self.admin_get("/v1/eps").await
+    }
+
+    /// Drains, disables, enables, pauses or resumes (a group on) one EP (admin); `verb` is
+    /// `drain`, `disable`, `enable`, `pause` or `resume`. Returns the EP as it is now.
+    pub async fn ep_action(&self, name: &str, verb: &str, action: &EpAction) -> anyhow::Result<EpInfo> {
+        let path = format!("/v1/eps/{}/{verb}", segment(name)?);
+        self.admin_post(&path, verb, action).await
+    }
+
+    /// Fair-share standing of owners and groups (`condor_userprio`).
+    pub async fn priorities(&self) -> anyhow::Result<PriorityReport> {
+        self.admin_get("/v1/priorities").await
+    }
+
+    /// Sets an owner's priority factor (`condor_userprio -setfactor`); returns its new standing.
+    pub async fn set_factor(&self, owner: &str, factor: f64) -> anyhow::Result<OwnerPriority> {
+        let path = format!("/v1/accounting/{}/factor", segment(owner)?);
+        self.admin_post(&path, "set factor", &FactorRequest { factor }).await
     }
 
     /// Every recorded revocation.

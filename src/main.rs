@@ -1,8 +1,9 @@
 //! `htfaas`: one binary, one subcommand per role.
 //!
 //! `up` runs the whole local stack; `storage`, `scheduler`, `gateway` and `ep` run one
-//! component from a JSON config file; `put`, `get`, `fn`, `jobs`, `accounting` and `events`
-//! talk to a stack started with `up` (found through `--dir` or `HTFAAS_DIR`).
+//! component from a JSON config file; `put`, `get`, `fn`, `jobs`, `ep list|drain|…`,
+//! `accounting` and `events` talk to a stack started with `up` (found through `--dir` or
+//! `HTFAAS_DIR`).
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -24,7 +25,9 @@ struct Cli {
 #[derive(clap::Args)]
 struct DirArg {
     /// State directory of the local stack.
-    #[arg(long, env = "HTFAAS_DIR", default_value = ".htfaas")]
+    // Global: where a command has subcommands (`jobs hold`, `accounting set-factor`), it may
+    // also be given after them.
+    #[arg(long, env = "HTFAAS_DIR", default_value = ".htfaas", global = true)]
     dir: PathBuf,
 }
 
@@ -59,10 +62,18 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Run an execution point from a JSON config (see htfaas_ep::Config).
+    /// Run an execution point from a JSON config (see htfaas_ep::Config); or, with a
+    /// subcommand, list the stack's EPs or drain, disable, enable, pause or resume one (admin).
+    // Running an EP (`ep --config F`) keeps its shape: the flags below conflict with the
+    // subcommands, and `--config` is required only when no subcommand is given.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Ep {
-        #[arg(long)]
-        config: PathBuf,
+        /// Manage the stack's EPs instead of running one.
+        #[command(subcommand)]
+        action: Option<EpCommand>,
+        /// The EP's config file.
+        #[arg(long, required = true)]
+        config: Option<PathBuf>,
         /// Leave (drain, then exit) this long after start, e.g. 1h.
         #[arg(long, value_parser = parse_duration_s)]
         lifetime: Option<u64>,
@@ -94,24 +105,31 @@ enum Command {
         #[command(subcommand)]
         command: FnCommand,
     },
-    /// List jobs, newest first; or hold, release or remove one.
+    /// List jobs, newest first; or show one's history or analysis; or hold, release or remove one.
     Jobs {
         #[command(flatten)]
         dir: DirArg,
         /// Print JSON.
-        #[arg(long)]
+        #[arg(long, global = true)]
         json: bool,
         /// Act on one job instead of listing.
         #[command(subcommand)]
         action: Option<JobsCommand>,
     },
-    /// Usage per owner.
+    /// Fair-share priorities of owners and groups (`condor_userprio`); usage per owner with
+    /// --usage; or set an owner's priority factor.
     Accounting {
         #[command(flatten)]
         dir: DirArg,
         /// Print JSON.
-        #[arg(long)]
+        #[arg(long, global = true)]
         json: bool,
+        /// Print jobs, core-hours and bytes per owner (`GET /v1/accounting`) instead.
+        #[arg(long)]
+        usage: bool,
+        /// Change instead of listing.
+        #[command(subcommand)]
+        action: Option<AccountingCommand>,
     },
     /// Mint tokens with the local stack's keys (admin).
     Token {
@@ -142,6 +160,8 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: boxing `Register` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum FnCommand {
     /// Register a function: upload its module and its manifest.
     Register {
@@ -222,6 +242,104 @@ enum JobsCommand {
         #[arg(long)]
         reason: String,
     },
+    /// A job's run attempts: where, when, how each ended.
+    History {
+        /// Job id.
+        id: String,
+    },
+    /// Why a job runs or does not, and what each EP thinks of it (`condor_q -analyze`).
+    Analyze {
+        /// Job id.
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum EpCommand {
+    /// List attached EPs and EPs with an admin setting.
+    List {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let running jobs finish and start only jobs that end before the deadline (none without one).
+    Drain {
+        #[command(flatten)]
+        dir: DirArg,
+        /// EP name.
+        name: String,
+        /// Start new jobs only if their run time ends within this (e.g. 30m, 2h).
+        #[arg(long, value_parser = parse_duration_s)]
+        deadline: Option<u64>,
+        /// Why; recorded.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Start no new job there; running jobs go on.
+    Disable {
+        #[command(flatten)]
+        dir: DirArg,
+        /// EP name.
+        name: String,
+        /// Why; recorded.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Take jobs again (ends a drain or a disable).
+    Enable {
+        #[command(flatten)]
+        dir: DirArg,
+        /// EP name.
+        name: String,
+        /// Why; recorded.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Start no new job of an accounting group there.
+    Pause {
+        #[command(flatten)]
+        dir: DirArg,
+        /// EP name.
+        name: String,
+        /// The accounting group.
+        #[arg(long)]
+        group: String,
+        /// Why; recorded.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Start jobs of a paused accounting group there again.
+    Resume {
+        #[command(flatten)]
+        dir: DirArg,
+        /// EP name.
+        name: String,
+        /// The accounting group.
+        #[arg(long)]
+        group: String,
+        /// Why; recorded.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum AccountingCommand {
+    /// Set an owner's priority factor (≥ 1; higher gets less), as `condor_userprio -setfactor`.
+    SetFactor {
+        /// The owner.
+        owner: String,
+        /// The new factor.
+        #[arg(value_parser = parse_factor)]
+        factor: f64,
+    },
+}
+
+/// A finite number: JSON has no NaN or infinity. Its range is the scheduler's rule.
+fn parse_factor(s: &str) -> Result<f64, String> {
+    s.parse::<f64>().ok().filter(|f| f.is_finite()).ok_or_else(|| format!("{s:?}: want a number"))
 }
 
 #[derive(Subcommand)]
@@ -359,6 +477,157 @@ fn client(dir: &DirArg) -> anyhow::Result<Client> {
     Client::new(StackInfo::load(&dir.dir)?)
 }
 
+/// Unix ms as UTC, e.g. `2025-03-01T12:00:00.250Z`.
+fn fmt_unix_ms(ms: u64) -> String {
+    let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01 (never negative here).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    let (h, m, s, milli) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+fn ep_header() -> String {
+    format!(
+        "{:<20} {:<18} {:<30} {:>7} {:<24} {:<16} {:<12} OWNER",
+        "NAME", "STATE", "SLOTS(FREE/TOTAL)", "RUNNING", "DEADLINE", "PAUSED", "ANNEX"
+    )
+}
+
+/// One EP as a row under [`ep_header`].
+fn ep_line(ep: &htfaas_functions::proto::EpInfo) -> String {
+    use htfaas_functions::proto::EpAdminState;
+    let state = match ep.state {
+        EpAdminState::Enabled => "enabled",
+        EpAdminState::Draining => "draining",
+        EpAdminState::Disabled => "disabled",
+    };
+    let state = if ep.session.is_some() { state.to_owned() } else { format!("{state},detached") };
+    let slots = format!(
+        "{}/{}cpu {}/{}MiB {}/{}gpu",
+        ep.free.cpus, ep.total.cpus, ep.free.memory_mb, ep.total.memory_mb, ep.free.gpus, ep.total.gpus
+    );
+    let deadline = ep.drain_deadline_ms.map_or_else(|| "-".to_owned(), fmt_unix_ms);
+    let paused = if ep.paused_groups.is_empty() { "-".to_owned() } else { ep.paused_groups.join(",") };
+    format!(
+        "{:<20} {:<18} {:<30} {:>7} {:<24} {:<16} {:<12} {}",
+        ep.name,
+        state,
+        slots,
+        ep.running.len(),
+        deadline,
+        paused,
+        ep.annex.as_deref().unwrap_or("-"),
+        ep.owner.as_deref().unwrap_or("-")
+    )
+}
+
+fn owner_header() -> String {
+    format!(
+        "{:<16} {:>14} {:>10} {:>8} {:>12} {:>14} {:>14}",
+        "OWNER", "EFFECTIVE-PRIO", "REAL-PRIO", "FACTOR", "CORES-IN-USE", "DECAYED-CORE-H", "TOTAL-CORE-H"
+    )
+}
+
+/// One owner as a row under [`owner_header`].
+fn owner_line(o: &htfaas_functions::proto::OwnerPriority) -> String {
+    format!(
+        "{:<16} {:>14.2} {:>10.2} {:>8.2} {:>12} {:>14.3} {:>14.3}",
+        o.owner,
+        o.effective_priority,
+        o.real_priority,
+        o.factor,
+        o.cores_in_use,
+        o.decayed_core_hours,
+        o.accumulated_core_hours
+    )
+}
+
+/// `htfaas jobs history ID`.
+async fn job_history(dir: &DirArg, id: &str, json: bool) -> anyhow::Result<()> {
+    let attempts = client(dir)?.job_history(id).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&attempts)?);
+    } else {
+        println!("{:>3} {:<20} {:<24} {:<24} {:<11} REASON", "N", "EP", "STARTED", "ENDED", "OUTCOME");
+        for a in attempts {
+            let ended = a.ended_at_ms.map_or_else(|| "-".to_owned(), fmt_unix_ms);
+            let line = format!(
+                "{:>3} {:<20} {:<24} {:<24} {:<11} {}",
+                a.n,
+                a.ep,
+                fmt_unix_ms(a.started_at_ms),
+                ended,
+                a.outcome,
+                a.reason
+            );
+            println!("{}", line.trim_end());
+        }
+    }
+    Ok(())
+}
+
+/// `htfaas jobs analyze ID`.
+async fn job_analyze(dir: &DirArg, id: &str, json: bool) -> anyhow::Result<()> {
+    let analysis = client(dir)?.job_analyze(id).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&analysis)?);
+    } else {
+        println!("{}", analysis.summary);
+        for reason in &analysis.reasons {
+            println!("  - {reason}");
+        }
+        for v in &analysis.eps {
+            match &v.refusal {
+                None => println!("{}: would run here", v.ep),
+                Some(refusal) => println!("{}: {refusal}", v.ep),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `htfaas ep list|drain|disable|enable|pause|resume`.
+async fn ep_command(command: EpCommand) -> anyhow::Result<()> {
+    use htfaas_functions::proto::EpAction;
+    let action = |reason: String| EpAction { reason, deadline_s: None, group: None };
+    let (dir, name, verb, body) = match command {
+        EpCommand::List { dir, json } => {
+            let eps = client(&dir)?.eps().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&eps)?);
+            } else {
+                println!("{}", ep_header());
+                for ep in &eps {
+                    println!("{}", ep_line(ep));
+                }
+            }
+            return Ok(());
+        }
+        EpCommand::Drain { dir, name, deadline, reason } => {
+            (dir, name, "drain", EpAction { deadline_s: deadline, ..action(reason) })
+        }
+        EpCommand::Disable { dir, name, reason } => (dir, name, "disable", action(reason)),
+        EpCommand::Enable { dir, name, reason } => (dir, name, "enable", action(reason)),
+        EpCommand::Pause { dir, name, group, reason } => {
+            (dir, name, "pause", EpAction { group: Some(group), ..action(reason) })
+        }
+        EpCommand::Resume { dir, name, group, reason } => {
+            (dir, name, "resume", EpAction { group: Some(group), ..action(reason) })
+        }
+    };
+    let ep = client(&dir)?.ep_action(&name, verb, &body).await?;
+    println!("{}", ep_line(&ep));
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -429,7 +698,9 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             let settings = read_config::<htfaas_gateway::Config>(&config)?.resolve().await?;
             htfaas_gateway::run(settings, on_signals()).await
         }
-        Command::Ep { config, lifetime, idle_shutdown, annex } => {
+        Command::Ep { action: Some(action), .. } => ep_command(action).await,
+        Command::Ep { action: None, config, lifetime, idle_shutdown, annex } => {
+            let config = config.context("--config is required to run an EP")?;
             let mut config = read_config::<htfaas_ep::Config>(&config)?;
             config.annex = annex.or(config.annex);
             config.lifetime_s = lifetime.or(config.lifetime_s);
@@ -497,14 +768,20 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Jobs { dir, json: _, action: Some(action) } => {
+        Command::Jobs { dir, json, action: Some(action) } => {
             let (verb, id, reason) = match action {
+                JobsCommand::History { id } => return job_history(&dir, &id, json).await,
+                JobsCommand::Analyze { id } => return job_analyze(&dir, &id, json).await,
                 JobsCommand::Hold { id, reason } => ("hold", id, reason),
                 JobsCommand::Release { id, reason } => ("release", id, reason),
                 JobsCommand::Rm { id, reason } => ("remove", id, reason),
             };
             let job = client(&dir)?.job_action(&id, verb, &reason).await?;
-            println!("job {} is {}: {}", job.id, job.state.as_str(), job.reason);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&job)?);
+            } else {
+                println!("job {} is {}: {}", job.id, job.state.as_str(), job.reason);
+            }
             Ok(())
         }
         Command::Jobs { dir, json, action: None } => {
@@ -532,7 +809,47 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Accounting { dir, json } => {
+        Command::Accounting { dir, json, usage: _, action: Some(AccountingCommand::SetFactor { owner, factor }) } => {
+            let standing = client(&dir)?.set_factor(&owner, factor).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&standing)?);
+            } else {
+                println!("{}", owner_line(&standing));
+            }
+            Ok(())
+        }
+        Command::Accounting { dir, json, usage: false, action: None } => {
+            let report = client(&dir)?.priorities().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", owner_header());
+                for o in &report.owners {
+                    println!("{}", owner_line(o));
+                }
+                if !report.groups.is_empty() {
+                    println!();
+                    println!(
+                        "{:<16} {:>8} {:>8} {:>12} {:>14} {:>14}",
+                        "GROUP", "QUOTA", "CAP", "CORES-IN-USE", "DECAYED-CORE-H", "TOTAL-CORE-H"
+                    );
+                    let cores = |c: Option<f64>| c.map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
+                    for g in &report.groups {
+                        println!(
+                            "{:<16} {:>8} {:>8} {:>12} {:>14.3} {:>14.3}",
+                            g.group,
+                            cores(g.quota_cores),
+                            cores(g.cap_cores),
+                            g.cores_in_use,
+                            g.decayed_core_hours,
+                            g.accumulated_core_hours
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Accounting { dir, json, usage: true, action: None } => {
             let accounts = client(&dir)?.accounting().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&accounts)?);
@@ -621,5 +938,79 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("published to {subject} (stream sequence {seq})");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("htfaas").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn ep_with_config_still_runs_an_ep() {
+        let cli = parse(&["ep", "--config", "f", "--lifetime", "1h"]).expect("parses");
+        let Command::Ep { action: None, config, lifetime, .. } = cli.command else { panic!("not an EP run") };
+        assert_eq!(config.as_deref(), Some(Path::new("f")));
+        assert_eq!(lifetime, Some(3600));
+        // Without a subcommand --config is required, as before; and it does not mix with one.
+        let e = parse(&["ep"]).err().expect("refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(parse(&["ep", "--config", "f", "drain", "n", "--reason", "r"]).is_err());
+    }
+
+    #[test]
+    fn ep_actions_parse_with_their_options() {
+        let cli = parse(&["ep", "drain", "n", "--reason", "r", "--deadline", "2h"]).expect("parses");
+        let Command::Ep { action: Some(EpCommand::Drain { name, deadline, reason, .. }), config: None, .. } =
+            cli.command
+        else {
+            panic!("not a drain")
+        };
+        assert_eq!((name.as_str(), deadline, reason.as_str()), ("n", Some(7200), "r"));
+        let cli = parse(&["ep", "pause", "n", "--group", "g", "--reason", "r", "--dir", "d"]).expect("parses");
+        let Command::Ep { action: Some(EpCommand::Pause { dir, group, .. }), .. } = cli.command else {
+            panic!("not a pause")
+        };
+        assert_eq!((dir.dir.as_path(), group.as_str()), (Path::new("d"), "g"));
+        assert!(parse(&["ep", "pause", "n", "--reason", "r"]).is_err(), "pause needs --group");
+        assert!(parse(&["ep", "disable", "n"]).is_err(), "actions need --reason");
+        assert!(parse(&["ep", "list", "--json"]).is_ok());
+    }
+
+    #[test]
+    fn jobs_and_accounting_subcommands_take_dir_and_json_on_either_side() {
+        for args in
+            [&["jobs", "history", "j1", "--json", "--dir", "d"][..], &["jobs", "--dir", "d", "--json", "analyze", "j1"]]
+        {
+            let cli = parse(args).expect("parses");
+            let Command::Jobs {
+                dir,
+                json: true,
+                action: Some(JobsCommand::History { id } | JobsCommand::Analyze { id }),
+            } = cli.command
+            else {
+                panic!("{args:?}")
+            };
+            assert_eq!((dir.dir.as_path(), id.as_str()), (Path::new("d"), "j1"));
+        }
+        let cli = parse(&["accounting", "set-factor", "alice", "2.5", "--dir", "d"]).expect("parses");
+        let Command::Accounting { dir, action: Some(AccountingCommand::SetFactor { owner, factor }), .. } = cli.command
+        else {
+            panic!("not set-factor")
+        };
+        assert_eq!((dir.dir.as_path(), owner.as_str(), factor), (Path::new("d"), "alice", 2.5));
+        assert!(parse(&["accounting", "set-factor", "alice", "NaN"]).is_err());
+        let cli = parse(&["accounting", "--usage", "--json"]).expect("parses");
+        assert!(matches!(cli.command, Command::Accounting { usage: true, json: true, action: None, .. }));
+    }
+
+    #[test]
+    fn unix_ms_is_formatted_as_utc() {
+        assert_eq!(fmt_unix_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(fmt_unix_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(fmt_unix_ms(1_740_830_400_250), "2025-03-01T12:00:00.250Z");
     }
 }

@@ -152,6 +152,9 @@ impl Stack {
             tls_key_file: None,
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            // A local stack: a job whose EP left runs again after a second, not ten.
+            retry_backoff_s: 1,
+            ..htfaas_scheduler::Config::new(String::new(), Vec::new())
         }
         .resolve()
         .await

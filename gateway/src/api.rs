@@ -15,9 +15,20 @@
 //! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…, "annex"?:…}` → `SubmitResponse` |
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | admin | body `JobAction` → the job (the scheduler acts) |
+//! | `GET /v1/jobs/{id}/history` | admin | `Vec<Attempt>`, first attempt first |
+//! | `GET /v1/jobs/{id}/analyze` | admin | `JobAnalysis`: why it runs or does not |
+//! | `GET /v1/eps` | admin | `Vec<EpInfo>`: attached EPs and names with an admin setting |
+//! | `POST /v1/eps/{name}/drain\|disable\|enable\|pause\|resume` | admin | body `EpAction` → `EpInfo` |
+//! | `GET /v1/priorities` | admin | `PriorityReport` (fair-share standing of owners and groups) |
+//! | `POST /v1/accounting/{owner}/factor` | admin | body `FactorRequest` → `OwnerPriority` |
 //! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
 //! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | ingest counters |
+//!
+//! Every scheduler route is proxied with the scheduler's admin token after this API's own admin
+//! check; path segments are checked here (job ids `[A-Za-z0-9-]`, EP names and owners 1–128
+//! printable characters without `/`, percent-encoded when forwarded) and bodies parsed into
+//! their `proto` type, so the scheduler only ever sees well-formed requests.
 
 use crate::Shared;
 use axum::body::Bytes;
@@ -66,8 +77,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/functions/{name}/runs", post(run_function))
         .route("/v1/jobs", get(proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy_job))
-        .route("/v1/jobs/{id}/{action}", post(proxy_job_action))
+        .route("/v1/jobs/{id}/{action}", post(proxy_job_action).get(proxy_job_view))
         .route("/v1/accounting", get(proxy_accounting))
+        .route("/v1/accounting/{owner}/factor", post(proxy_set_factor))
+        .route("/v1/eps", get(proxy_eps))
+        .route("/v1/eps/{name}/{action}", post(proxy_ep_action))
+        .route("/v1/priorities", get(proxy_priorities))
         .route("/v1/revocations", post(proxy_revoke).get(proxy_revocations))
         .route("/v1/stats", get(stats))
         .with_state(shared)
@@ -168,10 +183,48 @@ async fn proxy_job(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        return Err(Failure(StatusCode::BAD_REQUEST, "bad job id".into()));
-    }
+    require_admin(&shared, &headers)?;
+    check_job_id(&id)?;
     proxy(&shared, &headers, &format!("/v1/jobs/{id}")).await
+}
+
+/// Job ids are `[A-Za-z0-9-]+` (uuids), so they go into the scheduler's URL as they are.
+fn check_job_id(id: &str) -> Result<(), Failure> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Failure(StatusCode::BAD_REQUEST, format!("bad job id {id:?}: want [A-Za-z0-9-]")));
+    }
+    Ok(())
+}
+
+/// Checks an EP name or an owner taken from the path and returns it percent-encoded for the
+/// scheduler's URL: 1–128 printable characters, no `/`, and not `.` or `..` (which URL parsers
+/// resolve as directory steps, even percent-encoded).
+fn path_name(what: &str, name: &str) -> Result<String, Failure> {
+    let ok = (1..=128).contains(&name.chars().count())
+        && !name.chars().any(|c| c.is_control() || c == '/')
+        && name != "."
+        && name != "..";
+    if !ok {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("bad {what} {name:?}: want 1 to 128 printable characters, no '/', not '.' or '..'"),
+        ));
+    }
+    Ok(crate::storage_client::encode_path(name))
+}
+
+/// `GET /v1/jobs/{id}/history|analyze`: shares its path with the job actions, not its method.
+async fn proxy_job_view(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((id, view)): Path<(String, String)>,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    check_job_id(&id)?;
+    if !matches!(view.as_str(), "history" | "analyze") {
+        return Err(Failure(StatusCode::NOT_FOUND, format!("no job view {view:?} (history, analyze)")));
+    }
+    proxy(&shared, &headers, &format!("/v1/jobs/{id}/{view}")).await
 }
 
 async fn proxy_job_action(
@@ -181,9 +234,7 @@ async fn proxy_job_action(
     body: Bytes,
 ) -> Result<Response, Failure> {
     require_admin(&shared, &headers)?;
-    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        return Err(Failure(StatusCode::BAD_REQUEST, "bad job id".into()));
-    }
+    check_job_id(&id)?;
     if !matches!(action.as_str(), "hold" | "release" | "remove") {
         return Err(Failure(StatusCode::NOT_FOUND, format!("no job action {action:?} (hold, release, remove)")));
     }
@@ -196,6 +247,52 @@ async fn proxy_job_action(
 
 async fn proxy_accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
     proxy(&shared, &headers, "/v1/accounting").await
+}
+
+async fn proxy_priorities(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
+    proxy(&shared, &headers, "/v1/priorities").await
+}
+
+async fn proxy_set_factor(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(owner): Path<String>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    let encoded = path_name("owner", &owner)?;
+    let request: htfaas_functions::proto::FactorRequest = serde_json::from_slice(&body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid factor request: {e}")))?;
+    tracing::info!(%owner, factor = request.factor, "priority factor change requested");
+    let url = format!("{}/v1/accounting/{encoded}/factor", shared.submitter_base());
+    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+}
+
+async fn proxy_eps(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
+    proxy(&shared, &headers, "/v1/eps").await
+}
+
+/// The EP actions the scheduler knows.
+const EP_ACTIONS: [&str; 5] = ["drain", "disable", "enable", "pause", "resume"];
+
+/// `POST /v1/eps/{name}/{action}`. Which fields of the body each action takes (`deadline_s`
+/// for drain, `group` for pause and resume) is the scheduler's rule; it is checked there.
+async fn proxy_ep_action(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    let encoded = path_name("EP name", &name)?;
+    if !EP_ACTIONS.contains(&action.as_str()) {
+        return Err(Failure(StatusCode::NOT_FOUND, format!("no EP action {action:?} ({})", EP_ACTIONS.join(", "))));
+    }
+    let request: htfaas_functions::proto::EpAction = serde_json::from_slice(&body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid EP action: {e}")))?;
+    tracing::info!(ep = %name, %action, reason = %request.reason, "EP action requested");
+    let url = format!("{}/v1/eps/{encoded}/{action}", shared.submitter_base());
+    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
 }
 
 async fn proxy_revocations(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
@@ -316,5 +413,24 @@ fn scheduler_failure(e: crate::submit::SubmitError) -> Failure {
         }
         crate::submit::SubmitError::Busy(reason) => Failure(StatusCode::TOO_MANY_REQUESTS, reason),
         e => Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_names_are_checked_and_encoded_as_one_segment() {
+        assert_eq!(path_name("EP name", "ep-1.site_a").ok().as_deref(), Some("ep-1.site_a"));
+        assert_eq!(path_name("owner", "alice@lab x").ok().as_deref(), Some("alice%40lab%20x"));
+        assert_eq!(path_name("owner", "é").ok().as_deref(), Some("%C3%A9"));
+        assert!(path_name("EP name", &"e".repeat(128)).is_ok());
+        // `..` and `.` are refused: URL parsers resolve them, even percent-encoded.
+        for bad in ["", ".", "..", "a/b", "a\nb", "a\u{7f}", &"e".repeat(129)] {
+            let Err(Failure(status, message)) = path_name("EP name", bad) else { panic!("{bad:?} accepted") };
+            assert_eq!(status, StatusCode::BAD_REQUEST);
+            assert!(message.starts_with(&format!("bad EP name {bad:?}: want 1 to 128")), "{message}");
+        }
     }
 }

@@ -9,7 +9,13 @@
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
 //! | `POST /v1/jobs/{id}/release` | admin | `JobAction` → 200 `JobRecord`: held → `idle`, dispatched again |
 //! | `POST /v1/jobs/{id}/remove` | admin | `JobAction` → 200 `JobRecord`: idle, running or held → `removed` (a running job is stopped) |
+//! | `GET /v1/jobs/{id}/history` | admin | the job's run attempts (`Attempt`s), first first |
+//! | `GET /v1/jobs/{id}/analyze` | admin | `JobAnalysis`: why it is (not) running |
 //! | `GET /v1/accounting` | admin | every owner's `Account` |
+//! | `GET /v1/priorities` | admin | `PriorityReport`: fair share per owner and group (`condor_userprio`) |
+//! | `POST /v1/accounting/{owner}/factor` | admin | `FactorRequest` → 200 `OwnerPriority` |
+//! | `GET /v1/eps` | admin | every attached EP and every EP name with admin settings (`EpInfo`) |
+//! | `POST /v1/eps/{name}/{drain,disable,enable,pause,resume}` | admin | `EpAction` → 200 `EpInfo` ([`crate::admin`]) |
 //! | `POST /v1/revocations` | admin | `RevokeRequest` → 200 `Revocation` (applied and recorded) |
 //! | `GET /v1/revocations` | admin | every `Revocation`, oldest first |
 //! | `GET /healthz` | none | `ok` |
@@ -56,9 +62,12 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use htfaas_functions::manifest::{MAX_CPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path};
+use htfaas_functions::manifest::{
+    MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path,
+};
 use htfaas_functions::proto::{
-    Account, JobAction, JobRecord, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
+    Account, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis, JobRecord, OwnerPriority,
+    PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use serde::Deserialize;
@@ -86,7 +95,13 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}/hold", post(hold))
         .route("/v1/jobs/{id}/release", post(release))
         .route("/v1/jobs/{id}/remove", post(remove))
+        .route("/v1/jobs/{id}/history", get(history))
+        .route("/v1/jobs/{id}/analyze", get(analyze))
         .route("/v1/accounting", get(accounting))
+        .route("/v1/accounting/{owner}/factor", post(set_factor))
+        .route("/v1/priorities", get(priorities))
+        .route("/v1/eps", get(list_eps))
+        .route("/v1/eps/{name}/{verb}", post(ep_action))
         .route("/v1/ep/attach", get(attach))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { ApiFailure::not_found("no such endpoint") })
@@ -204,6 +219,15 @@ pub fn validate(req: &SubmitRequest) -> Result<(), String> {
     if r.runtime_s == 0 || r.runtime_s > MAX_RUNTIME_S {
         return Err(format!("resources.runtime_s must be 1..={MAX_RUNTIME_S}"));
     }
+    if r.gpus > MAX_GPUS {
+        return Err(format!("resources.gpus must be 0..={MAX_GPUS}"));
+    }
+    if r.disk_mb > MAX_DISK_MB {
+        return Err(format!("resources.disk_mb must be 0..={MAX_DISK_MB}"));
+    }
+    if let Some(class) = &req.class {
+        check_name(class).map_err(|e| format!("class {e}"))?;
+    }
     let name = &req.input.name;
     if name.is_empty() || name.len() > 255 || name.contains('/') || !is_clean_abs_path(&format!("/{name}")) {
         return Err(format!("input.name {name:?} must be one path segment, not . or .."));
@@ -255,6 +279,11 @@ async fn submit(
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
     check_limits(&req, &claims).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     validate(&req).map_err(ApiFailure::bad_request)?;
+    let admission = shared
+        .policy
+        .admit(&claims.sub, claims.group.as_deref(), &req)
+        .map_err(ApiFailure::forbidden)
+        .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     let done = shared
         .queue
         .submit(NewJob {
@@ -266,6 +295,8 @@ async fn submit(
             jobs: claims.jobs,
             exp: claims.exp,
             max_idle: shared.limits.max_idle,
+            class: admission.class,
+            hold: admission.hold,
         })
         .await
         .inspect_err(|e| tracing::info!("refused: {e}"))?;
@@ -384,6 +415,63 @@ async fn remove(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<JobRecord>, ApiFailure> {
     act(&shared, &headers, id, body, Action::Remove).await
+}
+
+async fn history(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Attempt>>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(shared.queue.history(id).await?))
+}
+
+async fn analyze(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobAnalysis>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(crate::admin::analyze(&shared, id).await?))
+}
+
+async fn priorities(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<PriorityReport>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(crate::admin::priorities(&shared).await?))
+}
+
+async fn set_factor(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(owner): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<OwnerPriority>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: FactorRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid factor request: {e}")))?;
+    Ok(Json(crate::admin::set_factor(&shared, owner, req.factor).await?))
+}
+
+async fn list_eps(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<EpInfo>>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(shared.eps().infos()))
+}
+
+async fn ep_action(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((name, verb)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<EpInfo>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let verb = crate::admin::EpVerb::parse(&verb).ok_or_else(|| {
+        ApiFailure::not_found(format!("no EP action {verb:?} (drain, disable, enable, pause, resume)"))
+    })?;
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: EpAction =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid EP action: {e}")))?;
+    Ok(Json(crate::admin::ep_action(&shared, name, verb, req).await?))
 }
 
 async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {

@@ -8,11 +8,13 @@
 //! [`Config::max_running_jobs_per_owner`] keeps matching from starting more of one owner's jobs
 //! while other owners' jobs are still dispatched. Both default to none (unlimited).
 
+use crate::policy::{GroupConfig, JobClass, PolicyConfig, SitePolicy};
 use crate::queue::Queue;
+use crate::requirements::RequirementConfig;
 use anyhow::Context as _;
 use htfaas_functions::token::{ATTACH_AUDIENCE, SUBMIT_AUDIENCE, SigningKey, Verifier};
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -61,6 +63,56 @@ pub struct Config {
     /// dispatches other owners' jobs. At least 1. Default: none (unlimited).
     #[serde(default)]
     pub max_running_jobs_per_owner: Option<u64>,
+    /// Half-life of each owner's decayed usage for fair share, seconds. Default: 86400.
+    #[serde(default = "default_half_life_s")]
+    pub usage_half_life_s: u64,
+    /// Accounting groups with quotas, by name (a job's group comes from its submit token).
+    /// Default: none.
+    #[serde(default)]
+    pub groups: BTreeMap<String, GroupConfig>,
+    /// Job classes, each bounding run time. Default: none (only the manifest maximum applies).
+    #[serde(default)]
+    pub job_classes: Vec<JobClass>,
+    /// Class of a job that names none; required when `job_classes` is set.
+    #[serde(default)]
+    pub default_job_class: Option<String>,
+    /// A job violating one of these is refused at submit with its message. Default: none.
+    #[serde(default)]
+    pub submit_requirements: Vec<RequirementConfig>,
+    /// A job violating one of these is accepted held with its message. Default: none.
+    #[serde(default)]
+    pub hold_requirements: Vec<RequirementConfig>,
+    /// An EP session silent this long (EPs ping every 15 s) is over and its jobs run again
+    /// elsewhere, seconds. Default: 60.
+    #[serde(default = "default_lease_s")]
+    pub lease_s: u64,
+    /// How many times a job may lose its EP and still run again; then it is held. Default: 3.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// Backoff before a job that lost its EP runs again, seconds, doubled for each further
+    /// loss (at most an hour). Default: 10.
+    #[serde(default = "default_retry_backoff_s")]
+    pub retry_backoff_s: u64,
+    /// How long past its run time a job may still be running before the scheduler removes it,
+    /// seconds. Default: 60.
+    #[serde(default = "default_runtime_grace_s")]
+    pub runtime_grace_s: u64,
+}
+
+fn default_half_life_s() -> u64 {
+    crate::policy::DEFAULT_HALF_LIFE_S
+}
+fn default_lease_s() -> u64 {
+    crate::policy::DEFAULT_LEASE_S
+}
+fn default_max_retries() -> u32 {
+    crate::policy::DEFAULT_MAX_RETRIES
+}
+fn default_retry_backoff_s() -> u64 {
+    crate::policy::DEFAULT_RETRY_BACKOFF_S
+}
+fn default_runtime_grace_s() -> u64 {
+    crate::policy::DEFAULT_RUNTIME_GRACE_S
 }
 
 /// Per-owner limits, resolved from [`Config`]; `None` is unlimited.
@@ -109,6 +161,8 @@ pub struct Settings {
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     /// Per-owner idle and running limits.
     pub(crate) limits: OwnerLimits,
+    /// Fair share, groups, classes, requirements, leases and retries.
+    pub(crate) policy: SitePolicy,
 }
 
 impl std::fmt::Debug for Settings {
@@ -120,6 +174,7 @@ impl std::fmt::Debug for Settings {
             .field("submit_issuers", &self.submit_verifiers.keys().collect::<Vec<_>>())
             .field("tls", &self.tls.is_some())
             .field("limits", &self.limits)
+            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
@@ -154,6 +209,33 @@ impl Settings {
 }
 
 impl Config {
+    /// A configuration with every default, trusting `submit_issuers` and with `admin_token`
+    /// (for code that builds one; a file names what it changes).
+    pub fn new(admin_token: String, submit_issuers: Vec<TrustedIssuer>) -> Config {
+        Config {
+            listen: default_listen(),
+            db_path: default_db_path(),
+            name: default_name(),
+            attach_key_file: default_attach_key_file(),
+            submit_issuers,
+            admin_token,
+            tls_cert_file: None,
+            tls_key_file: None,
+            max_idle_jobs_per_owner: None,
+            max_running_jobs_per_owner: None,
+            usage_half_life_s: default_half_life_s(),
+            groups: BTreeMap::new(),
+            job_classes: Vec::new(),
+            default_job_class: None,
+            submit_requirements: Vec::new(),
+            hold_requirements: Vec::new(),
+            lease_s: default_lease_s(),
+            max_retries: default_max_retries(),
+            retry_backoff_s: default_retry_backoff_s(),
+            runtime_grace_s: default_runtime_grace_s(),
+        }
+    }
+
     /// Checks the configuration, reads the TLS certificate and key (if set), loads (or
     /// creates) the attach key, reads the issuers' key sets, opens the store and binds the
     /// listener.
@@ -171,6 +253,20 @@ impl Config {
         }
         let limits =
             OwnerLimits { max_idle: self.max_idle_jobs_per_owner, max_running: self.max_running_jobs_per_owner };
+        let policy = PolicyConfig {
+            usage_half_life_s: self.usage_half_life_s,
+            groups: self.groups,
+            job_classes: self.job_classes,
+            default_job_class: self.default_job_class,
+            submit_requirements: self.submit_requirements,
+            hold_requirements: self.hold_requirements,
+            lease_s: self.lease_s,
+            max_retries: self.max_retries,
+            retry_backoff_s: self.retry_backoff_s,
+            runtime_grace_s: self.runtime_grace_s,
+        }
+        .resolve()
+        .map_err(anyhow::Error::msg)?;
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {
             (None, None) => None,
             (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
@@ -194,10 +290,11 @@ impl Config {
             tracing::warn!("no submit issuer is trusted: every submit will be refused");
         }
         let db_path = self.db_path.clone();
-        let queue = tokio::task::spawn_blocking(move || Queue::open(&db_path))
+        let mut queue = tokio::task::spawn_blocking(move || Queue::open(&db_path))
             .await
             .context("open the job store")?
             .with_context(|| format!("open the job store {}", self.db_path.display()))?;
+        queue.set_half_life(policy.half_life_s);
         let listener =
             tokio::net::TcpListener::bind(self.listen).await.with_context(|| format!("bind {}", self.listen))?;
         let local_addr = listener.local_addr().context("read the bound address")?;
@@ -212,6 +309,7 @@ impl Config {
             admin_token: self.admin_token,
             tls,
             limits,
+            policy,
         })
     }
 }
@@ -266,6 +364,7 @@ mod tests {
             tls_key_file: None,
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            ..Config::new(String::new(), Vec::new())
         }
     }
 

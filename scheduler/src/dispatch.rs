@@ -1,11 +1,14 @@
 //! The dispatcher: one task that turns idle jobs into Assign messages.
 //!
-//! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach, revocation and job action,
-//! and on a slow tick that also prunes expired token-use counts. Each round reads a bounded
-//! batch of idle jobs per pool of EPs with room (leaving out owners at their running limit),
-//! asks [`crate::matching::select`] where they go (never past an owner's running limit),
-//! reserves the EPs' resources, marks the jobs running in the store (one transaction per EP),
-//! and only then sends the Assign. A send that fails (the EP just left) puts the job back to
+//! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach, revocation, job
+//! and EP action, and by a [`HOUSEKEEPING`] tick, which also ends retry backoffs, removes jobs
+//! running past their run time ([`crate::queue::Queue::remove_overdue`], stopping them on their
+//! EP) and, every [`TICK`], prunes expired token-use counts. Each round reads, per pool of EPs
+//! with room, each owner's oldest idle jobs (leaving out owners at their running limit; best
+//! fair-share priority first), asks [`crate::matching::select`] where they go (fair share,
+//! group quotas, running limits, drains and pauses), reserves the EPs' resources, marks the
+//! jobs running in the store (one transaction per EP, which also opens each job's attempt
+//! record), and only then sends the Assign. A send that fails (the EP just left) puts the job back to
 //! idle; a job stopped by a revocation in between is not sent at all.
 //!
 //! Every Assign carries attenuated macaroons ([`restrict`]): the stored ones plus a
@@ -23,10 +26,11 @@
 
 use crate::Shared;
 use crate::matching::{Delivery, Match, select};
+use crate::queue::now_ms;
 use htfaas_functions::macaroon::attenuate;
 use htfaas_functions::proto::JobAssignment;
 use htfaas_functions::token::{LEEWAY_S, now_s};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,25 +38,33 @@ use tokio_util::sync::CancellationToken;
 
 /// Most idle jobs read per round (per pool of EPs with room).
 pub const BATCH: usize = 256;
-/// How often the dispatcher runs without being woken (and prunes token uses).
+/// How often token uses are pruned.
 pub const TICK: Duration = Duration::from_secs(60);
+/// How often the dispatcher runs without being woken (retry backoffs end, overdue jobs are
+/// removed).
+pub const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// How long after its job's runtime an EP's macaroons stay valid, seconds (fetching the module
 /// and input before the run, storing outputs after it).
 pub const MACAROON_GRACE_S: u64 = 60;
 
 /// Runs until `shutdown`.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(TICK);
+    let mut tick = tokio::time::interval(HOUSEKEEPING);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_prune = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = shared.wake.notified() => {}
             _ = tick.tick() => {
-                match shared.queue.prune_token_uses(now_s().saturating_sub(LEEWAY_S + 60)).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::debug!(rows = n, "pruned use counts of expired tokens"),
-                    Err(e) => tracing::warn!("failed to prune token uses: {e}"),
+                remove_overdue(&shared).await;
+                if last_prune.elapsed() >= TICK {
+                    last_prune = tokio::time::Instant::now();
+                    match shared.queue.prune_token_uses(now_s().saturating_sub(LEEWAY_S + 60)).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(rows = n, "pruned use counts of expired tokens"),
+                        Err(e) => tracing::warn!("failed to prune token uses: {e}"),
+                    }
                 }
             }
         }
@@ -71,6 +83,21 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     tracing::info!("dispatcher stopped");
 }
 
+/// Removes jobs running past their run time and grace, and tells their EPs to stop them.
+async fn remove_overdue(shared: &Shared) {
+    let grace_ms = shared.policy.runtime_grace_s.saturating_mul(1000);
+    match shared.queue.remove_overdue(now_ms(), grace_ms).await {
+        Ok(removed) => {
+            let mut eps = shared.eps();
+            for (job_id, session) in removed {
+                tracing::warn!(job.id = %job_id, "removed: ran past its run time");
+                eps.cancel(&session, &job_id, "the job exceeded its run time");
+            }
+        }
+        Err(e) => tracing::warn!("failed to remove overdue jobs: {e}"),
+    }
+}
+
 /// One round; returns how many jobs were sent.
 #[tracing::instrument(name = "scheduler.dispatch", skip_all, fields(sent = tracing::field::Empty))]
 async fn round(shared: &Shared) -> anyhow::Result<usize> {
@@ -79,8 +106,20 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
         return Ok(0);
     }
     let max_running = shared.limits.max_running;
-    let at_limit = shared.eps().owners_at_limit(max_running);
-    let idle = shared.queue.idle_candidates(pools, BATCH, at_limit).await?;
+    let usage = shared.queue.owner_usage().await?;
+    let now = now_ms();
+    let (at_limit, policy, priority) = {
+        let eps = shared.eps();
+        let policy = shared.policy.round(&eps, &usage, max_running, now);
+        let cores = eps.cores_per_owner();
+        let priority: HashMap<String, f64> = policy
+            .real_priority
+            .keys()
+            .map(|o| (o.clone(), policy.effective(o, cores.get(o.as_str()).copied().unwrap_or(0))))
+            .collect();
+        (eps.owners_at_limit(max_running), policy, priority)
+    };
+    let idle = shared.queue.idle_candidates(pools, at_limit, priority, now).await?;
     if idle.is_empty() {
         return Ok(0);
     }
@@ -88,7 +127,7 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
     let mut per_ep: BTreeMap<String, (String, IpAddr, Vec<Match>)> = BTreeMap::new();
     {
         let mut eps = shared.eps();
-        for m in select(&idle, &eps, max_running) {
+        for m in select(&idle, &eps, &policy) {
             let Some((name, ip)) = eps.get(&m.ep_id).map(|e| (e.name.clone(), e.ip)) else {
                 continue;
             };

@@ -10,15 +10,19 @@
 //! shows at once. The session is closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
 //! itself, without leeway) or is revoked ([`CLOSE_FORBIDDEN`]). A bad frame is logged and
 //! counted, and the session goes on (up to [`MAX_BAD_FRAMES`]). A `Finished` for a job that is
-//! not running on this session is ignored. When the session ends, for whatever reason, its
-//! running jobs go back to idle (jobs removed meanwhile stay removed).
+//! not running on this session is ignored. Every frame from the EP renews the session's lease
+//! ([`crate::Config::lease_s`]; EPs ping every 15 s): an EP silent for longer (vanished host,
+//! half-open connection) is treated as gone. When the session ends, for whatever reason, its
+//! running jobs lose it: each runs again after a backoff, or is held past the retry limit
+//! ([`crate::queue::Queue::lose_session`]); jobs removed or held meanwhile keep their state. At
+//! scheduler shutdown they just go back to idle.
 //!
 //! Cancel safety: `WebSocket::recv`, `mpsc::recv` and a pinned `Sleep` are all cancel-safe,
 //! so the session loop can `select!` on them and on shutdown without losing a message.
 
 use crate::Shared;
 use crate::matching::{EpSlot, Pool, ToEp};
-use crate::queue::now_ms;
+use crate::queue::{Loss, now_ms};
 use crate::revocation::Credential;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
@@ -41,6 +45,10 @@ pub const MAX_BAD_FRAMES: u32 = 64;
 pub const MAX_EP_CPUS: u32 = 65_536;
 /// Largest EP an Hello may describe: memory, MiB (64 TiB).
 pub const MAX_EP_MEMORY_MB: u64 = 64 * 1024 * 1024;
+/// Largest EP an Hello may describe: GPUs.
+pub const MAX_EP_GPUS: u32 = 1024;
+/// Largest EP an Hello may describe: disk, MiB (1 PiB).
+pub const MAX_EP_DISK_MB: u64 = 1024 * 1024 * 1024;
 /// Largest message accepted from an EP, bytes (a report carries a bounded log).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Close code: the attach token expired during the session.
@@ -67,6 +75,12 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     }
     if s.runtime_s == 0 || s.runtime_s > 100 * MAX_RUNTIME_S {
         return Err(format!("slots.runtime_s must be 1..={}", 100 * MAX_RUNTIME_S));
+    }
+    if s.gpus > MAX_EP_GPUS {
+        return Err(format!("slots.gpus must be 0..={MAX_EP_GPUS}"));
+    }
+    if s.disk_mb > MAX_EP_DISK_MB {
+        return Err(format!("slots.disk_mb must be 0..={MAX_EP_DISK_MB}"));
     }
     Ok(())
 }
@@ -123,22 +137,31 @@ pub async fn serve(
         runtime_s = hello.slots.runtime_s,
         "EP attached"
     );
-    if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_ok() {
+    let why = if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_ok() {
         shared.wake.notify_one();
-        session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown).await;
+        session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown).await
     } else {
         drop(rx);
-    }
+        "the EP left before its welcome".to_owned()
+    };
 
     // The receiver is gone, so a late Assign fails and the dispatcher reverts its job; leave
-    // the table (no new Assigns), then requeue whatever was running here.
+    // the table (no new Assigns), then requeue (or hold, past the retry limit) whatever was
+    // running here.
     shared.eps().remove(&ep_id);
-    match shared.queue.requeue_session(ep_id.clone()).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(jobs = n, "jobs of the departed EP are idle again"),
+    let loss = if shutdown.is_cancelled() { Loss::Shutdown } else { shared.policy.loss() };
+    match shared.queue.lose_session(ep_id.clone(), loss, why.clone()).await {
+        Ok(lost) => {
+            if !lost.requeued.is_empty() {
+                tracing::info!(jobs = lost.requeued.len(), "jobs of the departed EP will run again");
+            }
+            if !lost.held.is_empty() {
+                tracing::warn!(jobs = ?lost.held, "jobs held: they lost their EP too often");
+            }
+        }
         Err(e) => tracing::error!("failed to requeue the departed EP's jobs: {e}"),
     }
-    tracing::info!("EP detached");
+    tracing::info!(why = %why, "EP detached");
     shared.wake.notify_one();
 }
 
@@ -190,8 +213,9 @@ fn register(shared: &Shared, slot: EpSlot) -> Result<(), String> {
     Ok(())
 }
 
-/// The attached session's loop, until the EP leaves, the token expires, the scheduler closes
-/// it or shuts down.
+/// The attached session's loop, until the EP leaves, falls silent past its lease, the token
+/// expires, the scheduler closes it or shuts down. Returns why it ended (recorded with the
+/// attempts of the jobs it was running).
 async fn session(
     ws: &mut WebSocket,
     mut rx: mpsc::UnboundedReceiver<ToEp>,
@@ -199,41 +223,53 @@ async fn session(
     ep_id: &str,
     exp: u64,
     shutdown: &CancellationToken,
-) {
+) -> String {
     let expiry = tokio::time::sleep(until(exp));
     tokio::pin!(expiry);
+    // The lease: renewed by every frame from the EP (it pings every 15 s).
+    let lease_len = Duration::from_secs(shared.policy.lease_s);
+    let lease = tokio::time::sleep(lease_len);
+    tokio::pin!(lease);
     let mut bad_frames = 0u32;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
                 let _ = ws.send(close_frame(close_code::AWAY, "scheduler shutting down")).await;
-                break;
+                return "the scheduler shut down".into();
             }
             _ = &mut expiry => {
                 tracing::info!("attach token expired; closing the session");
                 let _ = ws.send(close_frame(CLOSE_EXPIRED, "attach token expired")).await;
-                break;
+                return "the EP's attach token expired".into();
+            }
+            _ = &mut lease => {
+                let why = format!("the EP was silent for {} s: its lease expired", lease_len.as_secs());
+                tracing::warn!("{why}; ending the session");
+                let _ = ws.send(close_frame(close_code::AWAY, "lease expired")).await;
+                return why;
             }
             out = rx.recv() => match out {
                 Some(ToEp::Send(msg)) => {
                     if send(ws, &msg).await.is_err() {
-                        break;
+                        return "the connection to the EP broke".into();
                     }
                 }
                 Some(ToEp::Close { code, reason }) => {
                     tracing::info!(code, "closing the session: {reason}");
                     let _ = ws.send(close_frame(code, &reason)).await;
-                    break;
+                    return format!("the session was closed: {reason}");
                 }
-                None => break,
+                None => return "the session was dropped".into(),
             },
             frame = ws.recv() => {
+                lease.as_mut().reset(tokio::time::Instant::now() + lease_len);
                 let text = match frame {
-                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                    None | Some(Err(_)) => return "the connection to the EP broke".into(),
+                    Some(Ok(Message::Close(_))) => return "the EP closed the session".into(),
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(Message::Binary(_))) => {
                         bad_frame(shared, &mut bad_frames, "binary frame");
-                        if bad_frames > MAX_BAD_FRAMES { break }
+                        if bad_frames > MAX_BAD_FRAMES { return "too many bad frames".into() }
                         continue;
                     }
                     Some(Ok(Message::Text(t))) => t,
@@ -245,7 +281,7 @@ async fn session(
                 }
                 if bad_frames > MAX_BAD_FRAMES {
                     let _ = ws.send(close_frame(close_code::POLICY, "too many bad frames")).await;
-                    break;
+                    return "too many bad frames".into();
                 }
             }
         }

@@ -34,13 +34,16 @@
 //! [`EXIT_DEADLINE`]), then close the store.
 
 pub mod actions;
+pub mod admin;
 pub mod api;
 pub mod config;
 pub mod dispatch;
 pub mod ep_link;
 pub mod error;
 pub mod matching;
+pub mod policy;
 pub mod queue;
+pub mod requirements;
 pub mod revocation;
 pub mod tls;
 
@@ -88,6 +91,8 @@ pub struct Shared {
     pub(crate) ignored_reports: AtomicU64,
     /// Per-owner limits: idle ones checked at submit, running ones by matching.
     pub(crate) limits: OwnerLimits,
+    /// Fair share, groups, classes, requirements, leases and retries.
+    pub(crate) policy: policy::SitePolicy,
 }
 
 impl Shared {
@@ -134,6 +139,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         admin_token,
         tls,
         limits,
+        policy,
     } = settings;
     let shared = Arc::new(Shared {
         queue,
@@ -147,7 +153,21 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         bad_frames: AtomicU64::new(0),
         ignored_reports: AtomicU64::new(0),
         limits,
+        policy,
     });
+    {
+        let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;
+        let mut eps = shared.eps();
+        for r in rows {
+            let admin = matching::EpAdmin {
+                state: r.state,
+                deadline_ms: r.deadline_ms,
+                paused: r.paused.into_iter().collect(),
+                reason: r.reason,
+            };
+            eps.set_admin(&r.name, admin);
+        }
+    }
     let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.child_token()));
     shared.wake.notify_one();
     tracing::info!(%url, name = %name, "scheduler listening");

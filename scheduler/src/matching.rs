@@ -1,26 +1,38 @@
 //! Matching: the table of attached EPs and the one function, [`select`], that decides which
 //! idle job goes to which EP.
 //!
-//! Policy today: oldest job first; a job goes to an EP that accepts work (not closing), whose
-//! free cpus and memory hold it, whose `runtime_s` is at least the job's, whose owner
+//! Where a job may run: an EP that accepts work (not closing, not disabled by an admin, not
+//! draining past what the job's run time allows, the job's accounting group not paused there),
+//! whose free cpus, memory, GPUs and disk hold it (partitionable: an EP runs as many jobs at
+//! once as its resources allow), whose `runtime_s` is at least the job's, whose owner
 //! restriction is absent or equal to the job's owner, and whose annex equals the job's (both
 //! none, or the same name: an annex EP runs only its annex's jobs, and an annex job runs only
-//! there). Owner and annex come from the EP's attach token, never from the EP's own word. Among
+//! there). Owner and annex come from the EP's attach token, never from the EP's own word.
+//! [`EpSlot::refusal`] says why an EP does not take a job; `htfaas jobs analyze` shows it. Among
 //! the EPs that qualify, those dedicated to the owner come first, then the tightest fit (fewest
-//! free cpus left), so large holes stay open for large jobs. With a per-owner running limit
-//! (HTCondor's per-owner caps; [`crate::Config::max_running_jobs_per_owner`]), a job whose owner
-//! already has that many jobs running (counted from this table's reservations, so jobs told to
-//! stop count until their EP reports) is passed over, and later jobs of other owners are still
-//! placed in the same round: one owner's flood cannot block the others. Fair share and retries
-//! will grow here.
+//! free cpus left), so large holes stay open for large jobs.
+//!
+//! Which job gets a free slot: fair share, as HTCondor's negotiator does it. Each owner has a
+//! real priority, 0.5 + their decayed usage in cores (core-seconds × ln 2 / half-life: an owner
+//! who keeps `c` cores busy tends to 0.5 + `c`), and a priority factor; the next slot goes to
+//! the owner with the lowest `factor × (real priority + cores they have in use now)`, counting
+//! the cores given out in this very round, so that owners with equal standing take turns and
+//! one owner's flood cannot starve the others. Within an owner, oldest first. An owner at the
+//! per-owner running limit ([`crate::Config::max_running_jobs_per_owner`]) gets nothing more.
+//!
+//! Accounting groups with quotas ([`GroupQuota`]): a group's running jobs hold at most its
+//! quota in cores, except that when every job that could start within its group's quota has
+//! been placed and slots are still free (the pool is otherwise idle), groups may go up to their
+//! cap (quota × oversubscription factor). Jobs without a group, or of a group without a quota,
+//! are not limited by quota.
 //!
 //! The table also carries what the rest of the scheduler says to a session ([`ToEp`]): the
 //! dispatcher's Assigns, a revocation's Cancels, and the order to close.
 
 use crate::revocation::Credential;
 use htfaas_functions::Resources;
-use htfaas_functions::proto::{JobAssignment, SchedulerMsg};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use htfaas_functions::proto::{EpAdminState, EpInfo, JobAssignment, SchedulerMsg};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use tokio::sync::mpsc;
 
@@ -31,6 +43,8 @@ pub struct IdleJob {
     pub id: String,
     /// Who it is accounted to.
     pub owner: String,
+    /// Its accounting group, if any.
+    pub group: Option<String>,
     /// The annex it must run on, if any.
     pub annex: Option<String>,
     /// What it asks for.
@@ -62,12 +76,61 @@ pub struct Pool {
     pub owner: Option<String>,
 }
 
+/// A pool with room, as [`EpTable::pools_with_room`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRoom {
+    /// The pool.
+    pub pool: Pool,
+    /// The most free cpus, memory, GPUs and disk, and the longest run time, of any one of its
+    /// EPs: a job larger in any of them fits nowhere in the pool now.
+    pub room: Resources,
+    /// Free cores over all its EPs: no more jobs than this can start.
+    pub free_cpus: u32,
+}
+
+/// What an admin set on an EP (by name; it outlives sessions).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EpAdmin {
+    /// Enabled, draining or disabled.
+    pub state: EpAdminState,
+    /// Drain deadline, Unix ms: a job starts only if its run time ends before it.
+    pub deadline_ms: Option<u64>,
+    /// Accounting groups whose jobs it does not start.
+    pub paused: BTreeSet<String>,
+    /// Why it was last changed.
+    pub reason: String,
+}
+
+/// Free resources of an EP during one [`select`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Free {
+    cpus: u32,
+    memory_mb: u64,
+    gpus: u32,
+    disk_mb: u64,
+}
+
+impl Free {
+    fn fits(&self, r: &Resources) -> bool {
+        r.cpus <= self.cpus && r.memory_mb <= self.memory_mb && r.gpus <= self.gpus && r.disk_mb <= self.disk_mb
+    }
+
+    fn minus(&self, r: &Resources) -> Free {
+        Free {
+            cpus: self.cpus.saturating_sub(r.cpus),
+            memory_mb: self.memory_mb.saturating_sub(r.memory_mb),
+            gpus: self.gpus.saturating_sub(r.gpus),
+            disk_mb: self.disk_mb.saturating_sub(r.disk_mb),
+        }
+    }
+}
+
 /// One attached EP session.
 #[derive(Debug)]
 pub struct EpSlot {
     /// Session id (`Welcome.ep_id`); jobs running here carry it in the store.
     pub ep_id: String,
-    /// The name the EP gave, for job records and logs.
+    /// The name the EP gave, for job records, logs and admin actions.
     pub name: String,
     /// The EP's address as this scheduler sees it (the attach connection's peer, canonical:
     /// an IPv4-mapped IPv6 address is IPv4), which a job's macaroons are bound to when the job
@@ -83,6 +146,10 @@ pub struct EpSlot {
     pub free_cpus: u32,
     /// Memory not reserved by running jobs, MiB.
     pub free_memory_mb: u64,
+    /// GPUs not reserved by running jobs.
+    pub free_gpus: u32,
+    /// Disk not reserved by running jobs, MiB.
+    pub free_disk_mb: u64,
     /// Where to send messages for this EP. Unbounded, yet bounded in practice: every job
     /// reserves at least one core, so at most `total.cpus` Assigns (and as many Cancels) are
     /// ever in flight, plus one Close.
@@ -93,6 +160,8 @@ pub struct EpSlot {
     pub cancelled: HashSet<String>,
     /// Told to close: takes no more jobs.
     pub closing: bool,
+    /// What an admin set on it.
+    pub admin: EpAdmin,
 }
 
 impl EpSlot {
@@ -115,42 +184,135 @@ impl EpSlot {
             total,
             free_cpus: total.cpus,
             free_memory_mb: total.memory_mb,
+            free_gpus: total.gpus,
+            free_disk_mb: total.disk_mb,
             tx,
             running: HashMap::new(),
             cancelled: HashSet::new(),
             closing: false,
+            admin: EpAdmin::default(),
         }
+    }
+
+    fn free(&self) -> Free {
+        Free { cpus: self.free_cpus, memory_mb: self.free_memory_mb, gpus: self.free_gpus, disk_mb: self.free_disk_mb }
     }
 
     /// Whether it takes jobs now at all.
     fn accepting(&self) -> bool {
-        !self.closing && self.free_cpus > 0 && self.free_memory_mb > 0
+        !self.closing
+            && self.admin.state != EpAdminState::Disabled
+            && !(self.admin.state == EpAdminState::Draining && self.admin.deadline_ms.is_none())
+            && self.free_cpus > 0
+            && self.free_memory_mb > 0
     }
 
-    /// Whether `job` may and can run here with `free` left.
-    fn takes(&self, job: &IdleJob, free_cpus: u32, free_memory_mb: u64) -> bool {
-        !self.closing
-            && self.pool.owner.as_ref().is_none_or(|o| *o == job.owner)
-            && self.pool.annex == job.annex
-            && job.resources.cpus <= free_cpus
-            && job.resources.memory_mb <= free_memory_mb
-            && job.resources.runtime_s <= self.total.runtime_s
+    /// Why `job` may not or cannot run here with `free` left at `now_ms`; `None` if it can.
+    fn refusal_with(&self, job: &IdleJob, free: Free, now_ms: u64) -> Option<String> {
+        let r = &job.resources;
+        if self.closing {
+            return Some("the EP is closing".into());
+        }
+        if let Some(o) = self.pool.owner.as_ref().filter(|o| **o != job.owner) {
+            return Some(format!("the EP runs only {o}'s jobs"));
+        }
+        if self.pool.annex != job.annex {
+            let name = |a: &Option<String>| a.as_deref().map_or_else(|| "none".to_owned(), |a| format!("{a:?}"));
+            return Some(format!(
+                "annex mismatch: the EP's annex is {}, the job's {}",
+                name(&self.pool.annex),
+                name(&job.annex)
+            ));
+        }
+        match self.admin.state {
+            EpAdminState::Enabled => {}
+            EpAdminState::Disabled => return Some(format!("the EP is disabled: {}", self.admin.reason)),
+            EpAdminState::Draining => match self.admin.deadline_ms {
+                None => return Some(format!("the EP is draining: {}", self.admin.reason)),
+                Some(d) if now_ms.saturating_add(r.runtime_s.saturating_mul(1000)) > d => {
+                    return Some(format!(
+                        "the EP is draining and the job's run time of {} s would end after the deadline ({} s from now)",
+                        r.runtime_s,
+                        d.saturating_sub(now_ms) / 1000
+                    ));
+                }
+                Some(_) => {}
+            },
+        }
+        if let Some(g) = job.group.as_ref().filter(|g| self.admin.paused.contains(*g)) {
+            return Some(format!("accounting group {g} is paused on the EP"));
+        }
+        if r.runtime_s > self.total.runtime_s {
+            return Some(format!(
+                "run time {} s is longer than the EP takes ({} s)",
+                r.runtime_s, self.total.runtime_s
+            ));
+        }
+        for (what, asked, total, free) in [
+            ("cpus", u64::from(r.cpus), u64::from(self.total.cpus), u64::from(free.cpus)),
+            ("memory_mb", r.memory_mb, self.total.memory_mb, free.memory_mb),
+            ("gpus", u64::from(r.gpus), u64::from(self.total.gpus), u64::from(free.gpus)),
+            ("disk_mb", r.disk_mb, self.total.disk_mb, free.disk_mb),
+        ] {
+            if asked > total {
+                return Some(format!("not enough {what}: the EP has {total} in all, the job asks {asked}"));
+            }
+            if asked > free {
+                return Some(format!("not enough free {what} now: {free} free, the job asks {asked}"));
+            }
+        }
+        None
+    }
+
+    /// Why `job` would not start here now; `None` if it would.
+    pub fn refusal(&self, job: &IdleJob, now_ms: u64) -> Option<String> {
+        self.refusal_with(job, self.free(), now_ms)
+    }
+
+    /// The EP as an admin sees it.
+    pub fn info(&self) -> EpInfo {
+        let mut running: Vec<String> = self.running.keys().cloned().collect();
+        running.sort();
+        EpInfo {
+            name: self.name.clone(),
+            session: Some(self.ep_id.clone()),
+            address: Some(self.ip.to_string()),
+            annex: self.pool.annex.clone(),
+            owner: self.pool.owner.clone(),
+            total: self.total,
+            free: Resources {
+                cpus: self.free_cpus,
+                memory_mb: self.free_memory_mb,
+                runtime_s: self.total.runtime_s,
+                gpus: self.free_gpus,
+                disk_mb: self.free_disk_mb,
+            },
+            running,
+            state: self.admin.state,
+            drain_deadline_ms: self.admin.deadline_ms,
+            paused_groups: self.admin.paused.iter().cloned().collect(),
+            reason: self.admin.reason.clone(),
+        }
     }
 }
 
 /// What a running job holds on its EP.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    /// Cores, memory and runtime it reserved.
+    /// Cores, memory, GPUs, disk and runtime it reserved.
     pub resources: Resources,
-    /// Its owner, for the per-owner running limit.
+    /// Its owner, for fair share and the per-owner running limit.
     pub owner: String,
+    /// Its accounting group, for quotas.
+    pub group: Option<String>,
 }
 
-/// The attached EPs, by session id.
+/// The attached EPs, by session id, and what admins set on EPs, by name.
 #[derive(Debug, Default)]
 pub struct EpTable {
     eps: BTreeMap<String, EpSlot>,
+    /// Admin settings by EP name; a session of that name gets them when it attaches.
+    admin: BTreeMap<String, EpAdmin>,
 }
 
 /// A decision of [`select`]: run `job_id` on `ep_id`.
@@ -164,6 +326,8 @@ pub struct Match {
     pub resources: Resources,
     /// The job's owner.
     pub owner: String,
+    /// The job's accounting group.
+    pub group: Option<String>,
 }
 
 /// What became of an Assign handed to [`EpTable::deliver`].
@@ -177,9 +341,45 @@ pub enum Delivery {
     Gone,
 }
 
+/// A group's quota for one round, in cores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupQuota {
+    /// Cores it may hold while others want them.
+    pub quota: f64,
+    /// Cores it may hold when the pool is otherwise idle (quota × oversubscription).
+    pub cap: f64,
+}
+
+/// What [`select`] weighs besides the jobs and EPs.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Each owner's real priority (0.5 + decayed usage in cores); absent: 0.5.
+    pub real_priority: HashMap<String, f64>,
+    /// Each owner's priority factor; absent: 1.
+    pub factor: HashMap<String, f64>,
+    /// Most running jobs per owner.
+    pub max_running: Option<u64>,
+    /// Quotas of the groups that have one.
+    pub quotas: HashMap<String, GroupQuota>,
+    /// Now, Unix ms (drain deadlines).
+    pub now_ms: u64,
+}
+
+impl Policy {
+    /// An owner's effective priority with `cores` in use: lower goes first.
+    pub fn effective(&self, owner: &str, cores: u64) -> f64 {
+        let real = self.real_priority.get(owner).copied().unwrap_or(0.5);
+        let factor = self.factor.get(owner).copied().unwrap_or(1.0);
+        factor * (real + cores as f64)
+    }
+}
+
 impl EpTable {
-    /// Adds a session.
-    pub fn insert(&mut self, ep: EpSlot) {
+    /// Adds a session, with the admin settings of its name.
+    pub fn insert(&mut self, mut ep: EpSlot) {
+        if let Some(admin) = self.admin.get(&ep.name) {
+            ep.admin = admin.clone();
+        }
         self.eps.insert(ep.ep_id.clone(), ep);
     }
 
@@ -193,6 +393,52 @@ impl EpTable {
         self.eps.get(ep_id)
     }
 
+    /// Every session.
+    pub fn iter(&self) -> impl Iterator<Item = &EpSlot> {
+        self.eps.values()
+    }
+
+    /// Sets the admin settings of EP `name`: now for every session of that name, and for
+    /// sessions that attach later.
+    pub fn set_admin(&mut self, name: &str, admin: EpAdmin) {
+        for ep in self.eps.values_mut().filter(|e| e.name == name) {
+            ep.admin = admin.clone();
+        }
+        self.admin.insert(name.to_owned(), admin);
+    }
+
+    /// The admin settings of EP `name` (default when none were set).
+    pub fn admin_of(&self, name: &str) -> EpAdmin {
+        self.admin.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Every EP as an admin sees it: the attached sessions, then names with admin settings
+    /// and no session.
+    pub fn infos(&self) -> Vec<EpInfo> {
+        let mut out: Vec<EpInfo> = self.eps.values().map(EpSlot::info).collect();
+        for (name, a) in &self.admin {
+            if !self.eps.values().any(|e| e.name == *name) {
+                let none = Resources { cpus: 0, memory_mb: 0, runtime_s: 0, gpus: 0, disk_mb: 0 };
+                out.push(EpInfo {
+                    name: name.clone(),
+                    session: None,
+                    address: None,
+                    annex: None,
+                    owner: None,
+                    total: none,
+                    free: none,
+                    running: Vec::new(),
+                    state: a.state,
+                    drain_deadline_ms: a.deadline_ms,
+                    paused_groups: a.paused.iter().cloned().collect(),
+                    reason: a.reason.clone(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.session.cmp(&b.session)));
+        out
+    }
+
     /// How many sessions are attached.
     pub fn len(&self) -> usize {
         self.eps.len()
@@ -203,18 +449,26 @@ impl EpTable {
         self.eps.is_empty()
     }
 
-    /// Each pool with an EP that accepts work, with the most free cpus and memory and the
-    /// longest runtime among its EPs: a job larger in any of them fits nowhere in that pool
-    /// now, so it need not be read from the store.
-    pub fn pools_with_room(&self) -> Vec<(Pool, Resources)> {
-        let mut pools: BTreeMap<&Pool, Resources> = BTreeMap::new();
+    /// Total cores of every attached EP (what a group's share of the pool is a share of).
+    pub fn total_cpus(&self) -> u64 {
+        self.eps.values().map(|e| u64::from(e.total.cpus)).sum()
+    }
+
+    /// Each pool with an EP that accepts work, with its room (see [`PoolRoom`]).
+    pub fn pools_with_room(&self) -> Vec<PoolRoom> {
+        let mut pools: BTreeMap<&Pool, (Resources, u32)> = BTreeMap::new();
         for e in self.eps.values().filter(|e| e.accepting()) {
-            let r = pools.entry(&e.pool).or_insert(Resources::new(0, 0, 0));
+            let (r, free) = pools
+                .entry(&e.pool)
+                .or_insert((Resources { cpus: 0, memory_mb: 0, runtime_s: 0, gpus: 0, disk_mb: 0 }, 0));
             r.cpus = r.cpus.max(e.free_cpus);
             r.memory_mb = r.memory_mb.max(e.free_memory_mb);
             r.runtime_s = r.runtime_s.max(e.total.runtime_s);
+            r.gpus = r.gpus.max(e.free_gpus);
+            r.disk_mb = r.disk_mb.max(e.free_disk_mb);
+            *free = free.saturating_add(e.free_cpus);
         }
-        pools.into_iter().map(|(p, r)| (p.clone(), r)).collect()
+        pools.into_iter().map(|(p, (room, free_cpus))| PoolRoom { pool: p.clone(), room, free_cpus }).collect()
     }
 
     /// Reserves `m.resources` on its EP for its job. False if the EP is gone or too full, or
@@ -224,15 +478,14 @@ impl EpTable {
         let Some(ep) = self.eps.get_mut(&m.ep_id) else {
             return false;
         };
-        if ep.running.contains_key(&m.job_id) {
+        if ep.running.contains_key(&m.job_id) || !ep.free().fits(&m.resources) {
             return false;
         }
-        if m.resources.cpus > ep.free_cpus || m.resources.memory_mb > ep.free_memory_mb {
-            return false;
-        }
-        ep.free_cpus -= m.resources.cpus;
-        ep.free_memory_mb -= m.resources.memory_mb;
-        ep.running.insert(m.job_id.clone(), Reservation { resources: m.resources, owner: m.owner.clone() });
+        let left = ep.free().minus(&m.resources);
+        (ep.free_cpus, ep.free_memory_mb, ep.free_gpus, ep.free_disk_mb) =
+            (left.cpus, left.memory_mb, left.gpus, left.disk_mb);
+        let reservation = Reservation { resources: m.resources, owner: m.owner.clone(), group: m.group.clone() };
+        ep.running.insert(m.job_id.clone(), reservation);
         true
     }
 
@@ -247,6 +500,8 @@ impl EpTable {
         };
         ep.free_cpus = (ep.free_cpus + r.cpus).min(ep.total.cpus);
         ep.free_memory_mb = (ep.free_memory_mb + r.memory_mb).min(ep.total.memory_mb);
+        ep.free_gpus = (ep.free_gpus + r.gpus).min(ep.total.gpus);
+        ep.free_disk_mb = (ep.free_disk_mb + r.disk_mb).min(ep.total.disk_mb);
         true
     }
 
@@ -255,6 +510,26 @@ impl EpTable {
         let mut n: HashMap<&str, u64> = HashMap::new();
         for r in self.eps.values().flat_map(|e| e.running.values()) {
             *n.entry(r.owner.as_str()).or_default() += 1;
+        }
+        n
+    }
+
+    /// Cores each owner has reserved across all EPs.
+    pub fn cores_per_owner(&self) -> HashMap<&str, u64> {
+        let mut n: HashMap<&str, u64> = HashMap::new();
+        for r in self.eps.values().flat_map(|e| e.running.values()) {
+            *n.entry(r.owner.as_str()).or_default() += u64::from(r.resources.cpus);
+        }
+        n
+    }
+
+    /// Cores each accounting group has reserved across all EPs.
+    pub fn cores_per_group(&self) -> HashMap<&str, u64> {
+        let mut n: HashMap<&str, u64> = HashMap::new();
+        for r in self.eps.values().flat_map(|e| e.running.values()) {
+            if let Some(g) = &r.group {
+                *n.entry(g.as_str()).or_default() += u64::from(r.resources.cpus);
+            }
         }
         n
     }
@@ -272,7 +547,6 @@ impl EpTable {
     pub fn is_running(&self, ep_id: &str, job_id: &str) -> bool {
         self.eps.get(ep_id).is_some_and(|e| e.running.contains_key(job_id))
     }
-
     /// Sends the Assign of a job reserved on `ep_id`, unless the job was stopped meanwhile
     /// (then its reservation is freed and nothing is sent).
     pub fn deliver(&mut self, ep_id: &str, a: JobAssignment) -> Delivery {
@@ -321,43 +595,83 @@ impl EpTable {
     }
 }
 
-/// Decides where idle jobs go. `idle` is oldest first; the answer never gives an EP more than
-/// its free cpus or memory, nor an owner more than `max_running_per_owner` running jobs
-/// (counting those already reserved in `eps`). Pure: reserving is the caller's job.
-pub fn select(idle: &[IdleJob], eps: &EpTable, max_running_per_owner: Option<u64>) -> Vec<Match> {
-    let mut free: BTreeMap<&str, (u32, u64)> =
-        eps.eps.values().map(|e| (e.ep_id.as_str(), (e.free_cpus, e.free_memory_mb))).collect();
+/// Decides where idle jobs go, by fair share (see the module docs). `idle` holds each owner's
+/// jobs oldest first (owners may be interleaved); the answer never gives an EP more than its
+/// free resources, an owner more than `policy.max_running` running jobs, or a group more than
+/// its quota, or its cap once no job within quota can be placed (all counting what is already
+/// reserved in `eps`). Pure: reserving is the caller's job.
+pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
+    let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.free())).collect();
     let mut running = eps.running_per_owner();
+    let mut cores: HashMap<&str, u64> = eps.cores_per_owner();
+    let mut group_cores: HashMap<&str, u64> = eps.cores_per_group();
+    // Each owner's jobs, oldest first, with whether each is still waiting.
+    let mut queues: BTreeMap<&str, Vec<&IdleJob>> = BTreeMap::new();
+    for job in idle.iter().filter(|j| j.resources.cpus > 0) {
+        // Jobs asking for no core are refused at submit; never let one through without
+        // reserving anything.
+        queues.entry(job.owner.as_str()).or_default().push(job);
+    }
+    let mut placed: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
-    for job in idle {
-        if job.resources.cpus == 0 {
-            // Validation refuses these; never let one through without reserving anything.
-            continue;
-        }
-        if max_running_per_owner.is_some_and(|max| running.get(job.owner.as_str()).copied().unwrap_or(0) >= max) {
-            continue;
-        }
-        let best = eps
-            .eps
-            .values()
-            .filter_map(|e| {
-                let (c, m) = free.get(e.ep_id.as_str()).copied()?;
-                // `then`, not `then_some`: the subtractions are only sound once `takes` holds.
-                e.takes(job, c, m).then(|| (e, c - job.resources.cpus, m - job.resources.memory_mb))
-            })
-            .min_by_key(|(e, c_left, m_left)| (e.pool.owner.is_none(), *c_left, *m_left));
-        if let Some((ep, c_left, m_left)) = best {
-            free.insert(ep.ep_id.as_str(), (c_left, m_left));
-            *running.entry(job.owner.as_str()).or_default() += 1;
+    for surplus in [false, true] {
+        let mut done: HashSet<&str> = HashSet::new();
+        loop {
+            if free.values().all(|f| f.cpus == 0) {
+                return out;
+            }
+            // The owner furthest below their share among those who may still get something.
+            let next = queues
+                .keys()
+                .copied()
+                .filter(|o| !done.contains(o))
+                .filter(|o| policy.max_running.is_none_or(|max| running.get(o).copied().unwrap_or(0) < max))
+                .min_by(|a, b| {
+                    let ka = policy.effective(a, cores.get(a).copied().unwrap_or(0));
+                    let kb = policy.effective(b, cores.get(b).copied().unwrap_or(0));
+                    ka.total_cmp(&kb).then_with(|| a.cmp(b))
+                });
+            let Some(owner) = next else { break };
+            let mut chosen = None;
+            for job in queues.get(owner).into_iter().flatten().filter(|j| !placed.contains(j.id.as_str())) {
+                if let Some(q) = job.group.as_ref().and_then(|g| policy.quotas.get(g)) {
+                    let used = group_cores.get(job.group.as_deref().unwrap_or_default()).copied().unwrap_or(0);
+                    let limit = if surplus { q.cap } else { q.quota };
+                    if (used + u64::from(job.resources.cpus)) as f64 > limit + 1e-9 {
+                        continue;
+                    }
+                }
+                let best = eps
+                    .eps
+                    .values()
+                    .filter_map(|e| {
+                        let f = free.get(e.ep_id.as_str()).copied()?;
+                        e.refusal_with(job, f, policy.now_ms).is_none().then(|| (e, f.minus(&job.resources)))
+                    })
+                    .min_by_key(|(e, left)| (e.pool.owner.is_none(), left.cpus, left.memory_mb));
+                if let Some((ep, left)) = best {
+                    chosen = Some((job, ep, left));
+                    break;
+                }
+            }
+            let Some((job, ep, left)) = chosen else {
+                done.insert(owner);
+                continue;
+            };
+            free.insert(ep.ep_id.as_str(), left);
+            placed.insert(job.id.as_str());
+            *running.entry(owner).or_default() += 1;
+            *cores.entry(owner).or_default() += u64::from(job.resources.cpus);
+            if let Some(g) = &job.group {
+                *group_cores.entry(g.as_str()).or_default() += u64::from(job.resources.cpus);
+            }
             out.push(Match {
                 job_id: job.id.clone(),
                 ep_id: ep.ep_id.clone(),
                 resources: job.resources,
                 owner: job.owner.clone(),
+                group: job.group.clone(),
             });
-        }
-        if free.values().all(|(c, _)| *c == 0) {
-            break;
         }
     }
     out
@@ -385,11 +699,15 @@ mod tests {
     }
 
     fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
-        IdleJob { id: id.into(), owner: owner.into(), annex: None, resources: r }
+        IdleJob { id: id.into(), owner: owner.into(), group: None, annex: None, resources: r }
     }
 
     fn annex_job(id: &str, annex: &str) -> IdleJob {
         IdleJob { annex: Some(annex.into()), ..job(id, "alice", res(1, 1, 1)) }
+    }
+
+    fn limit(max_running: u64) -> Policy {
+        Policy { max_running: Some(max_running), ..Policy::default() }
     }
 
     fn placed(m: &[Match]) -> Vec<(&str, &str)> {
@@ -402,13 +720,13 @@ mod tests {
         t.insert(ep("site", None, res(8, 8000, 100)));
         t.insert(annex_ep("other", None, Some("other"), res(8, 8000, 100)));
         let idle = [annex_job("a1", "gpu")];
-        assert_eq!(select(&idle, &t, None), vec![], "no EP of annex gpu yet");
+        assert_eq!(select(&idle, &t, &Policy::default()), vec![], "no EP of annex gpu yet");
         t.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
-        assert_eq!(placed(&select(&idle, &t, None)), vec![("a1", "gpu-ep")]);
+        assert_eq!(placed(&select(&idle, &t, &Policy::default())), vec![("a1", "gpu-ep")]);
 
         let mut only_annex = EpTable::default();
         only_annex.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
-        assert_eq!(select(&[job("plain", "alice", res(1, 1, 1))], &only_annex, None), vec![]);
+        assert_eq!(select(&[job("plain", "alice", res(1, 1, 1))], &only_annex, &Policy::default()), vec![]);
 
         // Both restrictions apply: an annex EP bound to alice takes neither bob's annex job
         // nor alice's plain one.
@@ -416,8 +734,8 @@ mod tests {
         both.insert(annex_ep("alices-gpu", Some("alice"), Some("gpu"), res(8, 8000, 100)));
         let bobs = IdleJob { owner: "bob".into(), ..annex_job("b1", "gpu") };
         let idle = [bobs, job("plain", "alice", res(1, 1, 1)), annex_job("a1", "gpu")];
-        assert_eq!(placed(&select(&idle, &both, None)), vec![("a1", "alices-gpu")]);
-        let pools: Vec<Pool> = both.pools_with_room().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(placed(&select(&idle, &both, &Policy::default())), vec![("a1", "alices-gpu")]);
+        let pools: Vec<Pool> = both.pools_with_room().into_iter().map(|r| r.pool).collect();
         assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
     }
 
@@ -439,7 +757,7 @@ mod tests {
         let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
         t.insert(EpSlot::new("a".into(), "a".into(), LOCALHOST, pool, credential, res(4, 4000, 100), tx));
         let idle = [job("j1", "x", res(1, 1, 1)), job("j2", "x", res(1, 1, 1))];
-        let m = select(&idle, &t, None);
+        let m = select(&idle, &t, &Policy::default());
         assert!(m.iter().all(|m| t.reserve(m)));
         // j1 is stopped before its Assign went out: it is not sent and its room comes back.
         assert!(t.cancel("a", "j1", "revoked"));
@@ -466,7 +784,7 @@ mod tests {
         assert!(!t.is_running("a", "j1"));
         assert_eq!(t.deliver("a", assignment("j2")), Delivery::Sent);
         assert_eq!(t.mark_closing(|c| c.jti == "j"), vec!["a".to_owned()]);
-        assert_eq!(select(&[job("j3", "x", res(1, 1, 1))], &t, None), vec![]);
+        assert_eq!(select(&[job("j3", "x", res(1, 1, 1))], &t, &Policy::default()), vec![]);
         assert!(t.pools_with_room().is_empty());
         assert_eq!(t.deliver("gone", assignment("j3")), Delivery::Gone);
     }
@@ -476,15 +794,15 @@ mod tests {
         let mut t = EpTable::default();
         t.insert(ep("a", None, res(4, 1000, 100)));
         let idle: Vec<_> = (0..10).map(|i| job(&format!("j{i}"), "x", res(1, 300, 10))).collect();
-        let m = select(&idle, &t, None);
+        let m = select(&idle, &t, &Policy::default());
         assert_eq!(m.len(), 3, "memory allows three");
         for x in &m {
             assert!(t.reserve(x));
         }
-        assert_eq!(select(&idle[3..], &t, None), vec![]);
+        assert_eq!(select(&idle[3..], &t, &Policy::default()), vec![]);
         assert!(t.release("a", "j0"));
         assert!(!t.release("a", "j0"));
-        assert_eq!(select(&idle[3..], &t, None).len(), 1);
+        assert_eq!(select(&idle[3..], &t, &Policy::default()).len(), 1);
     }
 
     #[test]
@@ -496,7 +814,7 @@ mod tests {
             job("bob", "bob", res(1, 1, 1)),
             job("al", "alice", res(1, 1, 1)),
         ];
-        let m = select(&idle, &t, None);
+        let m = select(&idle, &t, &Policy::default());
         assert_eq!(m.iter().map(|m| m.job_id.as_str()).collect::<Vec<_>>(), vec!["al"]);
     }
 
@@ -510,19 +828,19 @@ mod tests {
             job("al3", "alice", res(1, 1, 1)),
             job("bob1", "bob", res(1, 1, 1)),
         ];
-        assert_eq!(select(&idle, &t, None).len(), 4, "no limit: all four fit");
-        let m = select(&idle, &t, Some(1));
+        assert_eq!(select(&idle, &t, &Policy::default()).len(), 4, "no limit: all four fit");
+        let m = select(&idle, &t, &limit(1));
         assert_eq!(placed(&m), vec![("al1", "a"), ("bob1", "a")]);
         assert!(m.iter().all(|m| t.reserve(m)));
         assert_eq!(t.owners_at_limit(Some(1)).len(), 2);
         assert!(t.owners_at_limit(None).is_empty());
         // Reserved jobs count: nothing more for either, though two cores are free.
-        assert_eq!(select(&idle[1..3], &t, Some(1)), vec![]);
-        assert_eq!(select(&idle[1..3], &t, Some(2)).len(), 1);
+        assert_eq!(select(&idle[1..3], &t, &limit(1)), vec![]);
+        assert_eq!(select(&idle[1..3], &t, &limit(2)).len(), 1);
         // Alice's ends: her next one starts.
         assert!(t.release("a", "al1"));
         assert_eq!(t.owners_at_limit(Some(1)), vec!["bob".to_owned()]);
-        assert_eq!(placed(&select(&idle[1..3], &t, Some(1))), vec![("al2", "a")]);
+        assert_eq!(placed(&select(&idle[1..3], &t, &limit(1))), vec![("al2", "a")]);
     }
 
     #[test]
@@ -531,7 +849,7 @@ mod tests {
         t.insert(ep("big", None, res(16, 16000, 100)));
         t.insert(ep("small", None, res(2, 16000, 100)));
         t.insert(ep("alices", Some("alice"), res(16, 16000, 100)));
-        let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t, None);
+        let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t, &Policy::default());
         assert_eq!(m[0].ep_id, "alices");
         assert_eq!(m[1].ep_id, "small");
     }

@@ -22,27 +22,34 @@
 //! of a held job is not charged.
 
 use crate::actions::Action;
+use crate::dispatch::BATCH;
 use crate::error::QueueError;
-use crate::matching::{IdleJob, Pool};
+use crate::matching::{IdleJob, PoolRoom};
 use crate::revocation::{Credential, Revoked, target_from_parts, target_parts};
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{
-    Account, HOLD_CODE_BY_ADMIN, JobAssignment, JobRecord, JobReport, JobState, Outcome, OutputFile, Revocation,
-    RevocationTarget, SubmitRequest, Usage,
+    Account, Attempt, EpAdminState, HOLD_CODE_BY_ADMIN, HOLD_CODE_RETRIES, JobAssignment, JobRecord, JobReport,
+    JobState, Outcome, OutputFile, Revocation, RevocationTarget, SubmitRequest, Usage,
 };
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
+
+/// Most owners whose idle jobs are read per pool and round (the best by priority).
+pub const MAX_OWNERS_PER_POOL: usize = 512;
+/// Most distinct owners the skip-scan reads per pool and round.
+pub const MAX_OWNERS_SCANNED: u64 = 100_000;
 
 /// Longest EP log kept per job, bytes.
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 3] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3];
+pub const MIGRATIONS: [&str; 4] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4];
 
 /// Version 1: jobs, token uses, accounts.
 const SCHEMA_1: &str = "
@@ -111,8 +118,51 @@ const MIGRATE_2_TO_3: &str = "
 ALTER TABLE jobs ADD COLUMN hold_code INTEGER;
 ";
 
+/// Version 4: job class, GPUs and disk, run attempts (one row each in `attempts`), EP losses
+/// and retry backoff; decayed usage and priority factor per owner; usage per accounting
+/// group; admin settings per EP name.
+const MIGRATE_3_TO_4: &str = "
+ALTER TABLE jobs ADD COLUMN class TEXT;
+ALTER TABLE jobs ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN lost INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN not_before_ms INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS jobs_running_by_start ON jobs (started_at_ms) WHERE state = 'running';
+ALTER TABLE accounts ADD COLUMN usage_decayed REAL NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN usage_at_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN factor REAL NOT NULL DEFAULT 1;
+CREATE TABLE IF NOT EXISTS group_usage (
+    grp           TEXT PRIMARY KEY,
+    core_seconds  REAL NOT NULL,
+    usage_decayed REAL NOT NULL,
+    usage_at_ms   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id        TEXT NOT NULL,
+    n             INTEGER NOT NULL,
+    ep            TEXT NOT NULL,
+    ep_session    TEXT NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    ended_at_ms   INTEGER,
+    outcome       TEXT NOT NULL,
+    reason        TEXT NOT NULL DEFAULT '',
+    usage         TEXT,
+    PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS ep_admin (
+    name        TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    deadline_ms INTEGER,
+    paused      TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    at_ms       INTEGER NOT NULL
+);
+";
+
 const RECORD_COLUMNS: &str = "id, owner, state, reason, token_jti, request, cpus, memory_mb, runtime_s, ep, \
-     submitted_at_ms, started_at_ms, finished_at_ms, exit_code, usage, outputs, token_issuer, grp, annex, hold_code";
+     submitted_at_ms, started_at_ms, finished_at_ms, exit_code, usage, outputs, token_issuer, grp, annex, hold_code, \
+     class, attempts, gpus, disk_mb";
 
 /// A job to insert: the verified request and what the token says about it.
 #[derive(Debug, Clone)]
@@ -134,6 +184,79 @@ pub struct NewJob {
     /// Most idle (or held) jobs the owner may have; a new job past it is refused
     /// ([`QueueError::TooManyIdle`]). `None`: unlimited.
     pub max_idle: Option<u64>,
+    /// The job class the scheduler resolved for it, if classes are configured.
+    pub class: Option<String>,
+    /// When set, the job is accepted held with this code and reason (a hold requirement).
+    pub hold: Option<(u32, String)>,
+}
+
+/// How the loss of an EP session treats its running jobs ([`Queue::lose_session`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// The EP went away or fell silent past its lease: each job counts a loss, and runs again
+    /// after a backoff (`backoff_ms` × 2^(losses − 1), at most [`MAX_BACKOFF_MS`]) or, past
+    /// `max_retries` losses, is held with [`HOLD_CODE_RETRIES`].
+    Ep {
+        /// Losses a job may have and still run again.
+        max_retries: u32,
+        /// Backoff before the first retry, ms.
+        backoff_ms: u64,
+    },
+    /// The scheduler is shutting down: the jobs go back to idle, no loss counted.
+    Shutdown,
+}
+
+/// Longest retry backoff, ms (one hour).
+pub const MAX_BACKOFF_MS: u64 = 3_600_000;
+
+/// What [`Queue::lose_session`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lost {
+    /// Jobs idle again.
+    pub requeued: Vec<String>,
+    /// Jobs held for losing their EP too often.
+    pub held: Vec<String>,
+}
+
+/// An owner's (or group's) usage as fair share reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageRow {
+    /// Owner or group name.
+    pub name: String,
+    /// Decayed core-seconds as of `at_ms`.
+    pub decayed: f64,
+    /// When `decayed` was last brought up to date, Unix ms.
+    pub at_ms: u64,
+    /// Priority factor (owners; 1 for groups).
+    pub factor: f64,
+    /// All core-seconds ever charged.
+    pub core_seconds: f64,
+}
+
+/// An EP's admin settings as stored, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EpAdminRow {
+    /// The EP's name.
+    pub name: String,
+    /// Enabled, draining or disabled.
+    pub state: EpAdminState,
+    /// Drain deadline, Unix ms.
+    pub deadline_ms: Option<u64>,
+    /// Paused accounting groups.
+    pub paused: Vec<String>,
+    /// Why it was last changed.
+    pub reason: String,
+    /// When, Unix ms.
+    pub at_ms: u64,
+}
+
+/// `u` core-seconds as of `at_ms`, decayed to `now_ms` with a half-life of `half_life_s`.
+pub fn decay(u: f64, at_ms: u64, now_ms: u64, half_life_s: f64) -> f64 {
+    if half_life_s <= 0.0 {
+        return 0.0;
+    }
+    let dt_s = now_ms.saturating_sub(at_ms) as f64 / 1000.0;
+    u * 0.5f64.powf(dt_s / half_life_s)
 }
 
 /// Answer to [`Queue::submit`].
@@ -194,6 +317,8 @@ struct RevocationResult {
 #[derive(Clone)]
 pub struct Queue {
     conn: Arc<Mutex<Connection>>,
+    /// Half-life of decayed usage, seconds ([`Queue::set_half_life`]).
+    half_life_s: f64,
     /// Revoked targets, loaded at open; checked inside submit transactions and by the API.
     revoked: Arc<RwLock<Revoked>>,
 }
@@ -224,7 +349,9 @@ fn from_db(v: i64) -> u64 {
 impl Queue {
     /// Opens (or creates) the store at `path`: WAL, `synchronous=FULL`, schema migrated to
     /// [`SCHEMA_VERSION`], revocations loaded into memory. Jobs left `running` by a previous
-    /// process go back to `idle`: their EP sessions are gone.
+    /// process go back to `idle` (their attempt `interrupted`, no loss counted): their EP
+    /// sessions are gone. Usage decays with a half-life of one day until
+    /// [`Queue::set_half_life`].
     pub fn open(path: &Path) -> Result<Queue, QueueError> {
         let mut conn = Connection::open(path)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
@@ -235,6 +362,11 @@ impl Queue {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrate(&mut conn)?;
+        conn.execute(
+            "UPDATE attempts SET outcome = 'interrupted', reason = 'the scheduler restarted', ended_at_ms = ?1 \
+             WHERE ended_at_ms IS NULL",
+            params![db_int(now_ms())],
+        )?;
         let requeued = conn.execute(
             "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
              WHERE state = 'running'",
@@ -247,7 +379,17 @@ impl Queue {
         for r in read_revocations(&conn)? {
             revoked.insert(r.target, r.reason);
         }
-        Ok(Queue { conn: Arc::new(Mutex::new(conn)), revoked: Arc::new(RwLock::new(revoked)) })
+        Ok(Queue { conn: Arc::new(Mutex::new(conn)), half_life_s: 86_400.0, revoked: Arc::new(RwLock::new(revoked)) })
+    }
+
+    /// Sets the half-life with which usage decays (charged from now on).
+    pub fn set_half_life(&mut self, half_life_s: u64) {
+        self.half_life_s = half_life_s as f64;
+    }
+
+    /// The half-life of decayed usage, seconds.
+    pub fn half_life_s(&self) -> f64 {
+        self.half_life_s
     }
 
     /// Why `c` is revoked, if it is (O(1), in memory).
@@ -325,14 +467,19 @@ impl Queue {
             )?;
             let job_id = uuid::Uuid::new_v4().to_string();
             let r = job.request.resources;
+            let (state, hold_code, reason) = match &job.hold {
+                Some((code, reason)) => ("held", Some(*code), reason.as_str()),
+                None => ("idle", None, ""),
+            };
             tx.execute(
                 "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
-                 runtime_s, submitted_at_ms, token_issuer, grp, annex) \
-                 VALUES (?1, ?2, ?3, 'idle', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
                 params![
                     job_id,
                     job.owner,
                     job.request.dedupe_key,
+                    state,
                     job.jti,
                     serde_json::to_string(&job.request)?,
                     r.cpus,
@@ -342,6 +489,11 @@ impl Queue {
                     job.issuer,
                     job.group,
                     job.request.annex,
+                    job.class,
+                    r.gpus,
+                    db_int(r.disk_mb),
+                    hold_code,
+                    reason,
                 ],
             )?;
             tx.commit()?;
@@ -356,54 +508,88 @@ impl Queue {
     }
 
     /// For each pool of attached EPs with room (an annex, or none, and an owner restriction, or
-    /// none), the oldest idle jobs that pool may take and that fit within its room, at most
-    /// `limit` each; oldest first, without duplicates. Reading per pool keeps jobs that no EP
-    /// may take now (another annex, another owner, too large) from filling the batch and
-    /// blocking the queue behind them. Jobs of `skip_owners` (at their running limit) are not
-    /// read either, so that one owner's flood does not fill the batch while none of it may start.
+    /// none), each owner's oldest idle jobs that pool may take and that fit within its room
+    /// (at most `min(BATCH, the pool's free cores)` per owner, as no more could start), oldest
+    /// first, without duplicates. Reading per owner is what lets fair share work: one owner's
+    /// flood of a million jobs fills only that owner's share of the batch, and every other
+    /// owner's oldest jobs are read in the same round. The owners with idle jobs are found by
+    /// skip-scanning the `(annex, owner, seq)` index (one seek per owner, whatever the queue's
+    /// length); at most [`MAX_OWNERS_PER_POOL`] of them per pool, best `priority` first (lower
+    /// is better; an owner without an entry counts as 0). Jobs of `skip_owners` (at their running
+    /// limit) and jobs in retry backoff (until `not_before_ms`) are not read.
     /// [`crate::matching::select`] makes the final decision.
     pub async fn idle_candidates(
         &self,
-        pools: Vec<(Pool, Resources)>,
-        limit: usize,
+        pools: Vec<PoolRoom>,
         skip_owners: Vec<String>,
+        priority: HashMap<String, f64>,
+        now_ms: u64,
     ) -> Result<Vec<IdleJob>, QueueError> {
         self.call(move |conn| {
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let skip = serde_json::to_string(&skip_owners)?;
+            let skip: HashSet<String> = skip_owners.into_iter().collect();
             let mut seen = std::collections::BTreeMap::new();
-            let mut stmt = conn.prepare_cached(
-                "SELECT seq, id, owner, annex, cpus, memory_mb, runtime_s FROM jobs \
-                 WHERE state = 'idle' AND annex IS ?1 AND (?2 IS NULL OR owner = ?2) \
-                 AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 \
-                 AND owner NOT IN (SELECT value FROM json_each(?7)) ORDER BY seq LIMIT ?6",
+            let mut owners_stmt = conn.prepare_cached(
+                "WITH RECURSIVE o(owner) AS ( \
+                   SELECT (SELECT owner FROM jobs WHERE state = 'idle' AND annex IS ?1 ORDER BY owner LIMIT 1) \
+                   UNION ALL \
+                   SELECT (SELECT owner FROM jobs WHERE state = 'idle' AND annex IS ?1 AND owner > o.owner \
+                           ORDER BY owner LIMIT 1) FROM o WHERE o.owner IS NOT NULL) \
+                 SELECT owner FROM o WHERE owner IS NOT NULL LIMIT ?2",
             )?;
-            for (pool, room) in &pools {
-                let rows = stmt.query_map(
-                    params![
-                        pool.annex,
-                        pool.owner,
-                        room.cpus,
-                        db_int(room.memory_mb),
-                        db_int(room.runtime_s),
-                        limit,
-                        skip
-                    ],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            IdleJob {
-                                id: r.get(1)?,
-                                owner: r.get(2)?,
-                                annex: r.get(3)?,
-                                resources: Resources::new(r.get(4)?, from_db(r.get(5)?), from_db(r.get(6)?)),
-                            },
-                        ))
-                    },
-                )?;
-                for row in rows {
-                    let (seq, job) = row?;
-                    seen.insert(seq, job);
+            let mut jobs_stmt = conn.prepare_cached(
+                "SELECT seq, id, owner, annex, cpus, memory_mb, runtime_s, grp, gpus, disk_mb FROM jobs \
+                 WHERE state = 'idle' AND annex IS ?1 AND owner = ?2 \
+                 AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 AND gpus <= ?6 AND disk_mb <= ?7 \
+                 AND not_before_ms <= ?8 ORDER BY seq LIMIT ?9",
+            )?;
+            for PoolRoom { pool, room, free_cpus } in &pools {
+                let mut owners: Vec<String> = match &pool.owner {
+                    Some(o) => vec![o.clone()],
+                    None => owners_stmt
+                        .query_map(params![pool.annex, db_int(MAX_OWNERS_SCANNED)], |r| r.get(0))?
+                        .collect::<Result<_, _>>()?,
+                };
+                owners.retain(|o| !skip.contains(o));
+                let key = |o: &String| priority.get(o).copied().unwrap_or(0.0);
+                owners.sort_by(|a, b| key(a).total_cmp(&key(b)).then_with(|| a.cmp(b)));
+                owners.truncate(MAX_OWNERS_PER_POOL);
+                let per_owner = i64::from((*free_cpus).min(u32::try_from(BATCH).unwrap_or(u32::MAX)));
+                for owner in &owners {
+                    let rows = jobs_stmt.query_map(
+                        params![
+                            pool.annex,
+                            owner,
+                            room.cpus,
+                            db_int(room.memory_mb),
+                            db_int(room.runtime_s),
+                            room.gpus,
+                            db_int(room.disk_mb),
+                            db_int(now_ms),
+                            per_owner
+                        ],
+                        |r| {
+                            Ok((
+                                r.get::<_, i64>(0)?,
+                                IdleJob {
+                                    id: r.get(1)?,
+                                    owner: r.get(2)?,
+                                    annex: r.get(3)?,
+                                    group: r.get(7)?,
+                                    resources: Resources {
+                                        cpus: r.get(4)?,
+                                        memory_mb: from_db(r.get(5)?),
+                                        runtime_s: from_db(r.get(6)?),
+                                        gpus: r.get(8)?,
+                                        disk_mb: from_db(r.get(9)?),
+                                    },
+                                },
+                            ))
+                        },
+                    )?;
+                    for row in rows {
+                        let (seq, job) = row?;
+                        seen.insert(seq, job);
+                    }
                 }
             }
             Ok(seen.into_values().collect())
@@ -447,8 +633,13 @@ impl Queue {
                 match prepared {
                     Ok(a) => {
                         tx.execute(
-                            "UPDATE jobs SET state = 'running', ep = ?2, ep_session = ?3, started_at_ms = ?4 \
-                             WHERE id = ?1 AND state = 'idle'",
+                            "UPDATE jobs SET state = 'running', ep = ?2, ep_session = ?3, started_at_ms = ?4, \
+                             attempts = attempts + 1, not_before_ms = 0 WHERE id = ?1 AND state = 'idle'",
+                            params![id, ep_name, ep_session, started],
+                        )?;
+                        tx.execute(
+                            "INSERT OR REPLACE INTO attempts (job_id, n, ep, ep_session, started_at_ms, outcome) \
+                             SELECT id, attempts, ?2, ?3, ?4, 'running' FROM jobs WHERE id = ?1",
                             params![id, ep_name, ep_session, started],
                         )?;
                         marked.assigned.push(a);
@@ -476,9 +667,14 @@ impl Queue {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut n = 0;
             for id in job_ids {
+                // Never sent: the attempt did not happen.
+                tx.execute(
+                    "DELETE FROM attempts WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+                    params![id, ep_session],
+                )?;
                 n += tx.execute(
-                    "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
-                     WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
+                    "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
+                     attempts = MAX(attempts - 1, 0) WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
                     params![id, ep_session],
                 )?;
             }
@@ -488,14 +684,65 @@ impl Queue {
         .await
     }
 
-    /// Every job running on `ep_session` goes back to idle (the EP went away).
-    pub async fn requeue_session(&self, ep_session: String) -> Result<usize, QueueError> {
+    /// In one transaction: every job running on `ep_session` loses it, as `loss` says (see
+    /// [`Loss`]); its attempt ends `lost` (or `interrupted` at shutdown) with `why`. Jobs held or
+    /// removed while running there keep their state; their attempt ends the same way.
+    pub async fn lose_session(&self, ep_session: String, loss: Loss, why: String) -> Result<Lost, QueueError> {
         self.call(move |conn| {
-            Ok(conn.execute(
-                "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
-                 WHERE state = 'running' AND ep_session = ?1",
-                params![ep_session],
-            )?)
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now_ms();
+            let outcome = match loss {
+                Loss::Ep { .. } => "lost",
+                Loss::Shutdown => "interrupted",
+            };
+            tx.execute(
+                "UPDATE attempts SET outcome = ?2, reason = ?3, ended_at_ms = ?4 \
+                 WHERE ep_session = ?1 AND ended_at_ms IS NULL",
+                params![ep_session, outcome, why, db_int(now)],
+            )?;
+            let running: Vec<(String, u32, Option<String>)> = {
+                let mut stmt =
+                    tx.prepare_cached("SELECT id, lost, ep FROM jobs WHERE state = 'running' AND ep_session = ?1")?;
+                stmt.query_map(params![ep_session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<_, _>>()?
+            };
+            let mut out = Lost::default();
+            for (id, lost, ep) in running {
+                match loss {
+                    Loss::Shutdown => {
+                        tx.execute(
+                            "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
+                             WHERE id = ?1",
+                            params![id],
+                        )?;
+                        out.requeued.push(id);
+                    }
+                    Loss::Ep { max_retries, .. } if lost >= max_retries => {
+                        let reason = format!(
+                            "lost its EP {} times (last: {}: {why}); the retry limit is {max_retries}",
+                            lost + 1,
+                            ep.as_deref().unwrap_or("?")
+                        );
+                        tx.execute(
+                            "UPDATE jobs SET state = 'held', reason = ?2, hold_code = ?3, lost = lost + 1, \
+                             ep_session = NULL WHERE id = ?1",
+                            params![id, reason, HOLD_CODE_RETRIES],
+                        )?;
+                        out.held.push(id);
+                    }
+                    Loss::Ep { backoff_ms, .. } => {
+                        let delay = backoff_ms.saturating_mul(1u64 << lost.min(32)).min(MAX_BACKOFF_MS);
+                        tx.execute(
+                            "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
+                             lost = lost + 1, not_before_ms = ?2 WHERE id = ?1",
+                            params![id, db_int(now.saturating_add(delay))],
+                        )?;
+                        out.requeued.push(id);
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(out)
         })
         .await
     }
@@ -506,17 +753,18 @@ impl Queue {
     /// usage but keeps its state and reason.
     /// `None` otherwise (unknown, finished, requeued meanwhile, reported twice).
     pub async fn finish(&self, ep_session: String, report: JobReport) -> Result<Option<Finished>, QueueError> {
+        let self_half_life = self.half_life_s;
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let row: Option<(String, u32, String)> = tx
+            let row: Option<(String, u32, String, Option<String>)> = tx
                 .query_row(
-                    "SELECT owner, cpus, state FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+                    "SELECT owner, cpus, state, grp FROM jobs WHERE id = ?1 AND ep_session = ?2 \
                      AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
                     params![report.job_id, ep_session],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
                 .optional()?;
-            let Some((owner, cpus, stored)) = row else {
+            let Some((owner, cpus, stored, group)) = row else {
                 return Ok(None);
             };
             let state = match (stored.as_str(), report.outcome.is_success()) {
@@ -549,12 +797,42 @@ impl Queue {
                     finished_at,
                 ],
             )?;
+            let now = now_ms();
+            let outcome = match state {
+                JobState::Completed => "completed",
+                JobState::Failed => "failed",
+                _ => "stopped",
+            };
+            let attempt_reason = if state == JobState::Completed { String::new() } else { report.outcome.reason() };
+            tx.execute(
+                "UPDATE attempts SET outcome = ?3, reason = ?4, usage = ?5, ended_at_ms = ?6 \
+                 WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+                params![report.job_id, ep_session, outcome, attempt_reason, serde_json::to_string(&u)?, db_int(now)],
+            )?;
             let mut acc =
                 read_account(&tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
+            let before = acc.core_seconds;
             charge(&mut acc, state, cpus, &u);
+            let core_s = acc.core_seconds - before;
+            if let Some(g) = &group {
+                tx.execute(
+                    "INSERT INTO group_usage (grp, core_seconds, usage_decayed, usage_at_ms) VALUES (?1, 0, 0, ?2) \
+                     ON CONFLICT (grp) DO NOTHING",
+                    params![g, db_int(now)],
+                )?;
+                tx.execute(
+                    "UPDATE group_usage SET core_seconds = core_seconds + ?2 WHERE grp = ?1",
+                    params![g, core_s],
+                )?;
+                charge_decayed(&tx, "group_usage", "grp", g, core_s, now, self_half_life)?;
+            }
             tx.execute(
-                "INSERT OR REPLACE INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
-                 wall_seconds, bytes_in, bytes_out) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
+                 wall_seconds, bytes_in, bytes_out) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 ON CONFLICT (owner) DO UPDATE SET jobs_completed = excluded.jobs_completed, \
+                 jobs_failed = excluded.jobs_failed, core_seconds = excluded.core_seconds, \
+                 cpu_seconds = excluded.cpu_seconds, wall_seconds = excluded.wall_seconds, \
+                 bytes_in = excluded.bytes_in, bytes_out = excluded.bytes_out",
                 params![
                     acc.owner,
                     db_int(acc.jobs_completed),
@@ -566,6 +844,7 @@ impl Queue {
                     db_int(acc.bytes_out),
                 ],
             )?;
+            charge_decayed(&tx, "accounts", "owner", &owner, core_s, now, self_half_life)?;
             tx.commit()?;
             Ok(Some(Finished { owner, state }))
         })
@@ -657,7 +936,7 @@ impl Queue {
                     tx.execute(
                         "UPDATE jobs SET state = 'idle', reason = '', hold_code = NULL, ep = NULL, \
                          ep_session = NULL, started_at_ms = NULL, finished_at_ms = NULL, exit_code = NULL, \
-                         usage = NULL, outputs = NULL, log = NULL WHERE id = ?1",
+                         usage = NULL, outputs = NULL, log = NULL, lost = 0, not_before_ms = 0 WHERE id = ?1",
                         params![id],
                     )?;
                 }
@@ -726,6 +1005,202 @@ impl Queue {
         .await
     }
 
+    /// Every run attempt of job `id`, first first; [`QueueError::JobNotFound`] for an unknown job.
+    pub async fn history(&self, id: String) -> Result<Vec<Attempt>, QueueError> {
+        self.call(move |conn| {
+            let known: Option<i64> =
+                conn.query_row("SELECT seq FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
+            if known.is_none() {
+                return Err(QueueError::JobNotFound { id });
+            }
+            let mut stmt = conn.prepare_cached(
+                "SELECT n, ep, started_at_ms, ended_at_ms, outcome, reason, usage FROM attempts \
+                 WHERE job_id = ?1 ORDER BY n",
+            )?;
+            let rows = stmt.query_map(params![id], |r| {
+                Ok((
+                    r.get::<_, u32>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (n, ep, started, ended, outcome, reason, usage) = row?;
+                let usage = usage
+                    .as_deref()
+                    .map(serde_json::from_str)
+                    .transpose()
+                    .map_err(|e| QueueError::Corrupt { id: id.clone(), reason: format!("attempt {n} usage: {e}") })?;
+                out.push(Attempt {
+                    n,
+                    ep,
+                    started_at_ms: from_db(started),
+                    ended_at_ms: ended.map(from_db),
+                    outcome,
+                    reason,
+                    usage,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// In one transaction: every running job started more than its run time plus `grace_ms`
+    /// before `now_ms` becomes `removed` with a reason naming its run time (and class); returns
+    /// `(job id, EP session)` of each, to be stopped there.
+    pub async fn remove_overdue(&self, now_ms: u64, grace_ms: u64) -> Result<Vec<(String, String)>, QueueError> {
+        self.call(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let overdue: Vec<(String, String, u64, Option<String>)> = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT id, ep_session, runtime_s, class FROM jobs WHERE state = 'running' \
+                     AND ep_session IS NOT NULL AND started_at_ms + runtime_s * 1000 + ?2 < ?1",
+                )?;
+                stmt.query_map(params![db_int(now_ms), db_int(grace_ms)], |r| {
+                    Ok((r.get(0)?, r.get(1)?, from_db(r.get(2)?), r.get(3)?))
+                })?
+                .collect::<Result<_, _>>()?
+            };
+            let mut out = Vec::new();
+            for (id, session, runtime_s, class) in overdue {
+                let class = class.map(|c| format!(" (job class {c})")).unwrap_or_default();
+                let reason = format!("job exceeded its run time of {runtime_s} s{class}");
+                tx.execute(
+                    "UPDATE jobs SET state = 'removed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
+                    params![id, reason, db_int(now_ms)],
+                )?;
+                out.push((id, session));
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    /// How often job `id` lost its EP, and until when it waits before running again (Unix
+    /// ms; 0 when it does not wait).
+    pub async fn retry_state(&self, id: String) -> Result<(u32, u64), QueueError> {
+        self.call(move |conn| {
+            let row: Option<(u32, i64)> = conn
+                .query_row("SELECT lost, not_before_ms FROM jobs WHERE id = ?1", params![id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            let (lost, at) = row.ok_or(QueueError::JobNotFound { id })?;
+            Ok((lost, from_db(at)))
+        })
+        .await
+    }
+
+    /// Every owner's usage row (decayed usage, factor, total), by owner.
+    pub async fn owner_usage(&self) -> Result<Vec<UsageRow>, QueueError> {
+        self.call(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT owner, usage_decayed, usage_at_ms, factor, core_seconds FROM accounts ORDER BY owner",
+            )?;
+            let rows = stmt.query_map([], usage_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Every accounting group's usage row, by group.
+    pub async fn group_usage(&self) -> Result<Vec<UsageRow>, QueueError> {
+        self.call(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT grp, usage_decayed, usage_at_ms, 1.0, core_seconds FROM group_usage ORDER BY grp",
+            )?;
+            let rows = stmt.query_map([], usage_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Sets an owner's priority factor (creating their account if they have none yet).
+    pub async fn set_factor(&self, owner: String, factor: f64) -> Result<(), QueueError> {
+        self.call(move |conn| {
+            conn.execute(
+                "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, wall_seconds, \
+                 bytes_in, bytes_out, factor) VALUES (?1, 0, 0, 0, 0, 0, 0, 0, ?2) \
+                 ON CONFLICT (owner) DO UPDATE SET factor = excluded.factor",
+                params![owner, factor],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every EP name's admin settings.
+    pub async fn ep_admin(&self) -> Result<Vec<EpAdminRow>, QueueError> {
+        self.call(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT name, state, deadline_ms, paused, reason, at_ms FROM ep_admin ORDER BY name")?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (name, state, deadline, paused, reason, at) = row?;
+                let corrupt = |what: String| QueueError::Corrupt { id: format!("ep_admin {name}"), reason: what };
+                let state = match state.as_str() {
+                    "enabled" => EpAdminState::Enabled,
+                    "draining" => EpAdminState::Draining,
+                    "disabled" => EpAdminState::Disabled,
+                    other => return Err(corrupt(format!("state {other:?}"))),
+                };
+                let paused: Vec<String> = serde_json::from_str(&paused).map_err(|e| corrupt(format!("paused: {e}")))?;
+                out.push(EpAdminRow {
+                    name,
+                    state,
+                    deadline_ms: deadline.map(from_db),
+                    paused,
+                    reason,
+                    at_ms: from_db(at),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Stores an EP name's admin settings (replacing what it had).
+    pub async fn set_ep_admin(&self, row: EpAdminRow) -> Result<(), QueueError> {
+        self.call(move |conn| {
+            let state = match row.state {
+                EpAdminState::Enabled => "enabled",
+                EpAdminState::Draining => "draining",
+                EpAdminState::Disabled => "disabled",
+            };
+            conn.execute(
+                "INSERT OR REPLACE INTO ep_admin (name, state, deadline_ms, paused, reason, at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    row.name,
+                    state,
+                    row.deadline_ms.map(db_int),
+                    serde_json::to_string(&row.paused)?,
+                    row.reason,
+                    db_int(row.at_ms)
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Forgets use counts of tokens that expired before `before_s` (they no longer verify).
     pub async fn prune_token_uses(&self, before_s: u64) -> Result<usize, QueueError> {
         self.call(move |conn| Ok(conn.execute("DELETE FROM token_uses WHERE exp < ?1", params![db_int(before_s)])?))
@@ -747,6 +1222,31 @@ fn charge(acc: &mut Account, state: JobState, cpus: u32, u: &Usage) {
     acc.wall_seconds += wall_s;
     acc.bytes_in = acc.bytes_in.saturating_add(u.bytes_in);
     acc.bytes_out = acc.bytes_out.saturating_add(u.bytes_out);
+}
+
+/// Adds `core_s` to the decayed usage of row `name` of `table` (keyed by `key`), first decaying
+/// what it had to `now`. The row must exist. Table and key are our constants, never input.
+fn charge_decayed(
+    tx: &rusqlite::Transaction<'_>,
+    table: &str,
+    key: &str,
+    name: &str,
+    core_s: f64,
+    now: u64,
+    half_life_s: f64,
+) -> rusqlite::Result<()> {
+    let row: Option<(f64, i64)> = tx
+        .query_row(&format!("SELECT usage_decayed, usage_at_ms FROM {table} WHERE {key} = ?1"), params![name], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    let (u, at) = row.unwrap_or((0.0, 0));
+    let u = decay(u, from_db(at), now, half_life_s) + core_s;
+    tx.execute(
+        &format!("UPDATE {table} SET usage_decayed = ?2, usage_at_ms = ?3 WHERE {key} = ?1"),
+        params![name, u, db_int(now)],
+    )?;
+    Ok(())
 }
 
 /// The log cut to [`MAX_LOG_BYTES`] at a character boundary.
@@ -854,6 +1354,16 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
     }
 }
 
+fn usage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UsageRow> {
+    Ok(UsageRow {
+        name: r.get(0)?,
+        decayed: r.get(1)?,
+        at_ms: from_db(r.get(2)?),
+        factor: r.get(3)?,
+        core_seconds: r.get(4)?,
+    })
+}
+
 fn account_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Account> {
     Ok(Account {
         owner: r.get(0)?,
@@ -897,6 +1407,8 @@ struct RawRecord {
     group: Option<String>,
     annex: Option<String>,
     hold_code: Option<u32>,
+    class: Option<String>,
+    attempts: u32,
 }
 
 fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
@@ -907,7 +1419,13 @@ fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
         reason: r.get(3)?,
         token_jti: r.get(4)?,
         request: r.get(5)?,
-        resources: Resources::new(r.get(6)?, from_db(r.get(7)?), from_db(r.get(8)?)),
+        resources: Resources {
+            cpus: r.get(6)?,
+            memory_mb: from_db(r.get(7)?),
+            runtime_s: from_db(r.get(8)?),
+            gpus: r.get(22)?,
+            disk_mb: from_db(r.get(23)?),
+        },
         ep: r.get(9)?,
         submitted_at_ms: r.get(10)?,
         started_at_ms: r.get(11)?,
@@ -919,6 +1437,8 @@ fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
         group: r.get(17)?,
         annex: r.get(18)?,
         hold_code: r.get(19)?,
+        class: r.get(20)?,
+        attempts: r.get(21)?,
     })
 }
 
@@ -953,8 +1473,8 @@ impl RawRecord {
             token_issuer: self.token_issuer,
             group: self.group,
             annex: self.annex,
-            class: None,
-            attempts: 0,
+            class: self.class,
+            attempts: self.attempts,
             hold_code: self.hold_code,
             resources: self.resources,
             ep: self.ep,
@@ -971,6 +1491,7 @@ impl RawRecord {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::matching::Pool;
     use htfaas_functions::Digest;
     use htfaas_functions::macaroon::{RootKey, mint};
     use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec};
@@ -1016,6 +1537,8 @@ pub(crate) mod tests {
             jobs,
             exp: u64::MAX,
             max_idle: None,
+            class: None,
+            hold: None,
         }
     }
 
@@ -1057,6 +1580,10 @@ pub(crate) mod tests {
         q.mark_running(vec![id], "ep1".into(), "s1".into(), ok).await.expect("mark");
         assert!(q.submit(limited(refused)).await.expect("room again").created);
         assert_eq!(q.uses(format!("t{refused}")).await.expect("uses"), 1);
+    }
+
+    fn pr(pool: Pool, room: Resources, free_cpus: u32) -> PoolRoom {
+        PoolRoom { pool, room, free_cpus }
     }
 
     fn ok(a: JobAssignment, _bind: bool) -> Result<JobAssignment, String> {
@@ -1112,15 +1639,27 @@ pub(crate) mod tests {
         let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
         let room = Resources::new(4, 1024, 3600);
         let site = Pool { annex: None, owner: None };
-        let got = q.idle_candidates(vec![(site.clone(), room)], 1, vec![]).await.expect("candidates");
+        let got = q
+            .idle_candidates(vec![pr(site.clone(), room, 1)], vec![], HashMap::new(), now_ms())
+            .await
+            .expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
         let alices = Pool { annex: None, owner: Some("alice".into()) };
-        let by_owner = q.idle_candidates(vec![(alices, room)], 1, vec![]).await.expect("candidates");
+        let by_owner =
+            q.idle_candidates(vec![pr(alices, room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
         assert_eq!(by_owner.len(), 1);
         let bobs = Pool { annex: None, owner: Some("bob".into()) };
-        assert!(q.idle_candidates(vec![(bobs, room)], 1, vec![]).await.expect("candidates").is_empty());
+        assert!(
+            q.idle_candidates(vec![pr(bobs, room, 1)], vec![], HashMap::new(), now_ms())
+                .await
+                .expect("candidates")
+                .is_empty()
+        );
         // Owners at their running limit are not read at all.
-        let skipped = q.idle_candidates(vec![(site, room)], 10, vec!["alice".into()]).await.expect("candidates");
+        let skipped = q
+            .idle_candidates(vec![pr(site, room, 10)], vec!["alice".into()], HashMap::new(), now_ms())
+            .await
+            .expect("candidates");
         assert!(skipped.is_empty());
     }
 
@@ -1137,10 +1676,12 @@ pub(crate) mod tests {
         let plain = q.submit(new_job("plain", "tp", 1)).await.expect("plain").job_id;
         let room = Resources::new(4, 1024, 3600);
         let site = Pool { annex: None, owner: None };
-        let got = q.idle_candidates(vec![(site, room)], 1, vec![]).await.expect("candidates");
+        let got =
+            q.idle_candidates(vec![pr(site, room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![plain.as_str()]);
         let gpu = Pool { annex: Some("gpu".into()), owner: None };
-        let got = q.idle_candidates(vec![(gpu, room)], 10, vec![]).await.expect("candidates");
+        let got =
+            q.idle_candidates(vec![pr(gpu, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
         assert_eq!(got.len(), 3);
         assert!(got.iter().all(|j| j.annex.as_deref() == Some("gpu")));
     }
@@ -1269,9 +1810,12 @@ pub(crate) mod tests {
         }
         let q = Queue::open(&path).expect("open and migrate");
         let version: i64 = q.call(|c| Ok(c.query_row("PRAGMA user_version", [], |r| r.get(0))?)).await.expect("v");
-        assert_eq!(version, 3);
+        assert_eq!(version, SCHEMA_VERSION);
         let rec = q.get("old".into()).await.expect("get").expect("kept");
         assert_eq!((rec.state, rec.hold_code, rec.token_issuer.as_str()), (JobState::Idle, None, "gw"));
+        // Version 4's columns read as their defaults.
+        assert_eq!((rec.attempts, rec.resources.gpus, rec.resources.disk_mb, rec.class), (0, 0, 0, None));
+        assert!(q.history("old".into()).await.expect("history").is_empty());
         let held = q.act("old".into(), Action::Hold, "disk full".into()).await.expect("hold").record;
         assert_eq!((held.state, held.reason.as_str(), held.hold_code), (JobState::Held, "disk full", Some(1)));
         drop(q);
@@ -1294,7 +1838,12 @@ pub(crate) mod tests {
         assert_eq!((acted.record.state, acted.stop.as_deref()), (JobState::Held, Some("s1")));
         let room = Resources::new(4, 1024, 3600);
         let site = Pool { annex: None, owner: None };
-        assert!(q.idle_candidates(vec![(site.clone(), room)], 10, vec![]).await.expect("candidates").is_empty());
+        assert!(
+            q.idle_candidates(vec![pr(site.clone(), room, 10)], vec![], HashMap::new(), now_ms())
+                .await
+                .expect("candidates")
+                .is_empty()
+        );
         let marked = q.mark_running(vec![idle.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
         assert_eq!(marked.skipped, vec![idle.clone()]);
         let err = q.act(idle.clone(), Action::Hold, "again".into()).await.expect_err("held twice");
@@ -1319,7 +1868,8 @@ pub(crate) mod tests {
         let rec = q.act(running.clone(), Action::Release, "go".into()).await.expect("release").record;
         assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Idle, "", None));
         assert_eq!((rec.ep, rec.usage, rec.started_at_ms), (None, None, None));
-        let got = q.idle_candidates(vec![(site, room)], 10, vec![]).await.expect("candidates");
+        let got =
+            q.idle_candidates(vec![pr(site, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
         assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![running.as_str()]);
         let err = q.act(running.clone(), Action::Release, "go".into()).await.expect_err("not held");
         assert_eq!(err.to_string(), format!("job {running} is idle; only held jobs can be released"));

@@ -33,6 +33,10 @@ const NAME: &str = "test-scheduler";
 const WAIT: Duration = Duration::from_secs(10);
 const STORAGE_SECRET: &[u8] = b"scheduler-test-storage-root";
 
+/// Fair share, quotas, classes, requirements, leases, retries, drains: the site policy.
+#[path = "scheduler/policy.rs"]
+mod policy;
+
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// A running scheduler.
@@ -49,18 +53,25 @@ impl Server {
     }
 
     async fn start_with(dir: &Path, limits: OwnerLimits) -> Server {
-        let config = Config {
+        Server::start_configured(dir, |c| {
+            c.max_idle_jobs_per_owner = limits.max_idle;
+            c.max_running_jobs_per_owner = limits.max_running;
+        })
+        .await
+    }
+
+    /// Starts with the test defaults, then what `configure` changes.
+    async fn start_configured(dir: &Path, configure: impl FnOnce(&mut Config)) -> Server {
+        let mut config = Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
             db_path: dir.join("queue.sqlite"),
             name: NAME.into(),
             attach_key_file: dir.join("attach.pem"),
-            submit_issuers: vec![TrustedIssuer { issuer: GW.into(), jwks_file: dir.join("gw.jwks") }],
-            admin_token: ADMIN.into(),
-            tls_cert_file: None,
-            tls_key_file: None,
-            max_idle_jobs_per_owner: limits.max_idle,
-            max_running_jobs_per_owner: limits.max_running,
+            // A departed EP's job runs again at once unless a test asks for a backoff.
+            retry_backoff_s: 0,
+            ..Config::new(ADMIN.into(), vec![TrustedIssuer { issuer: GW.into(), jwks_file: dir.join("gw.jwks") }])
         };
+        configure(&mut config);
         let settings = config.resolve().await.expect("resolve");
         let addr = settings.local_addr();
         let shutdown = CancellationToken::new();

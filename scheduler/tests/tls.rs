@@ -95,6 +95,7 @@ impl Server {
             tls_key_file: pki.map(|p| p.key_file.clone()),
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            ..htfaas_scheduler::Config::new(String::new(), Vec::new())
         };
         let settings = config.resolve().await.expect("resolve");
         assert_eq!(settings.tls(), pki.is_some());

@@ -121,6 +121,7 @@ impl Scheduler {
             tls_key_file: Some(pki.key_file.clone()),
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            ..htfaas_scheduler::Config::new(String::new(), Vec::new())
         }
         .resolve()
         .await
