@@ -4,6 +4,7 @@
 mod annex;
 mod configs;
 mod jobs;
+mod overload;
 mod path;
 mod revoke;
 mod security;

@@ -7,29 +7,12 @@ use base64::Engine as _;
 use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest};
 use htfaas_functions::token::{ATTACH_AUDIENCE, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s};
 use htfaas_functions::{Digest, Resources};
-use htfaas_tests::start_stack;
+use htfaas_tests::{request_macaroon as macaroon, stack_secret as secret, start_stack};
 use reqwest::StatusCode;
 
 /// A fresh client per request: no connection state carries over between checks.
 fn http() -> reqwest::Client {
     htfaas_gateway::http_client().expect("client")
-}
-
-fn secret(dir: &std::path::Path, key: &str) -> String {
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("secrets.json")).expect("secrets")).expect("json");
-    v[key].as_str().expect("secret").to_owned()
-}
-
-async fn macaroon(storage: &str, user: &str, secret: &str, caveats: &[&str]) -> reqwest::Response {
-    http()
-        .post(format!("{storage}/"))
-        .basic_auth(user, Some(secret))
-        .header("Content-Type", "application/macaroon-request")
-        .body(serde_json::json!({"caveats": caveats, "validity": "PT1H"}).to_string())
-        .send()
-        .await
-        .expect("macaroon request")
 }
 
 async fn status(req: reqwest::RequestBuilder) -> StatusCode {

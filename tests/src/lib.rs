@@ -53,6 +53,27 @@ where
     }
 }
 
+/// A secret of the stack in `dir` (its `secrets.json`), e.g. `gateway_storage_secret`.
+pub fn stack_secret(dir: &std::path::Path, key: &str) -> String {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("secrets.json")).expect("secrets")).expect("json");
+    v[key].as_str().expect("secret").to_owned()
+}
+
+/// Asks the storage at `storage` for a macaroon with `caveats` (dCache's macaroon request, as
+/// `user` with `secret`), valid for an hour.
+pub async fn request_macaroon(storage: &str, user: &str, secret: &str, caveats: &[&str]) -> reqwest::Response {
+    htfaas_gateway::http_client()
+        .expect("client")
+        .post(format!("{storage}/"))
+        .basic_auth(user, Some(secret))
+        .header("Content-Type", "application/macaroon-request")
+        .body(serde_json::json!({"caveats": caveats, "validity": "PT1H"}).to_string())
+        .send()
+        .await
+        .expect("macaroon request")
+}
+
 /// Adler-32 of `bytes`, as lower-case hex (the reference for the checksum example).
 pub fn adler32_hex(bytes: &[u8]) -> String {
     let (mut a, mut b) = (1u32, 0u32);
