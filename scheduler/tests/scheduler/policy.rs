@@ -11,6 +11,10 @@ use htfaas_functions::proto::{
 use htfaas_scheduler::policy::{GroupConfig, JobClass};
 use htfaas_scheduler::requirements::RequirementConfig;
 
+/// Durability: the scheduler killed at random moments.
+#[path = "crash.rs"]
+mod crash;
+
 /// Submits `request` for `owner` (in `group`) with a fresh single-use token; returns the job id.
 async fn submit_as(server: &Server, fx: &Fixture, owner: &str, group: Option<&str>, request: &SubmitRequest) -> String {
     let token = token_for(fx, owner, group);
