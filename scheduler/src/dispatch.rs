@@ -226,7 +226,7 @@ pub fn utc_timestamp(unix_s: u64) -> String {
 
 /// Year, month and day of `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`, for
 /// non-negative days only).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
+pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let z = days + 719_468;
     let era = z / 146_097;
     let doe = z % 146_097;
