@@ -187,8 +187,8 @@ enum FnCommand {
         /// Memory cap per run, MiB.
         #[arg(long, default_value_t = 2048)]
         memory_mb: u64,
-        /// Wall-time cap per run, seconds.
-        #[arg(long, default_value_t = 3600)]
+        /// Wall-time cap per run, seconds (0: the default of its job class, set by the scheduler).
+        #[arg(long, default_value_t = 0)]
         runtime_s: u64,
         /// Extra argument after the input path (repeatable).
         #[arg(long = "arg")]

@@ -76,7 +76,8 @@ pub struct Resources {
     /// Memory cap in MiB. Default: 2048.
     #[serde(default = "default_memory_mb")]
     pub memory_mb: u64,
-    /// Wall-time cap in seconds. Default: 3600.
+    /// Wall-time cap in seconds. Default: 3600. In a manifest (and so in a submit request) 0
+    /// asks for the default run time of the job's class, which the scheduler fills in.
     #[serde(default = "default_runtime_s")]
     pub runtime_s: u64,
     /// GPUs. Default: 0. Whether an owner may have them is the scheduler's site policy, not
@@ -193,8 +194,11 @@ impl FunctionManifest {
         if r.memory_mb == 0 || r.memory_mb > MAX_MEMORY_MB {
             return Err(bad("resources.memory_mb", format!("must be 1..={MAX_MEMORY_MB}")));
         }
-        if r.runtime_s == 0 || r.runtime_s > MAX_RUNTIME_S {
-            return Err(bad("resources.runtime_s", format!("must be 1..={MAX_RUNTIME_S}")));
+        if r.runtime_s > MAX_RUNTIME_S {
+            return Err(bad(
+                "resources.runtime_s",
+                format!("must be 0..={MAX_RUNTIME_S} (0: the job class's default)"),
+            ));
         }
         if r.gpus > MAX_GPUS {
             return Err(bad("resources.gpus", format!("must be 0..={MAX_GPUS}")));

@@ -84,7 +84,12 @@ impl Submitter {
             jobs: 1,
             cpus: req.resources.cpus,
             memory_mb: req.resources.memory_mb,
-            runtime_s: req.resources.runtime_s,
+            // 0 asks for the job class's default, which only the scheduler knows; it bounds
+            // that by the class's maximum.
+            runtime_s: match req.resources.runtime_s {
+                0 => htfaas_functions::manifest::MAX_RUNTIME_S,
+                r => r,
+            },
             function: Some(req.function.digest.clone()),
             group: None,
         }
@@ -184,5 +189,39 @@ mod tests {
             assert!(got.1.contains(&format!("said {status}")), "{status}: {}", got.1);
             server.abort();
         }
+    }
+    /// A minted token allows exactly the job, except that a request for the class's default
+    /// run time (0) is allowed up to the longest run time: the scheduler fills in and bounds it.
+    #[test]
+    fn minted_claims_allow_exactly_the_job() {
+        let (key, _) = SigningKey::generate("k").expect("keygen");
+        let s =
+            Submitter::new(crate::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60).expect("new");
+        let req = |runtime_s| SubmitRequest {
+            function: htfaas_functions::proto::FunctionRef {
+                name: "f".into(),
+                version: 1,
+                digest: htfaas_functions::Digest::of(b"m"),
+                module_url: "http://127.0.0.1:1/m".into(),
+            },
+            resources: htfaas_functions::Resources::new(2, 512, runtime_s),
+            input: htfaas_functions::proto::InputSpec {
+                url: "http://s/a".into(),
+                name: "a".into(),
+                macaroon: "m".into(),
+            },
+            output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
+            args: vec![],
+            env: vec![],
+            event: htfaas_functions::proto::EventRef { source: "s".into(), id: "i".into(), path: "/a".into() },
+            dedupe_key: "k".into(),
+            annex: None,
+            bind_ep_address: false,
+            class: None,
+        };
+        let c = s.claims_for("alice", &req(60));
+        assert_eq!((c.sub.as_str(), c.jobs, c.cpus, c.memory_mb, c.runtime_s), ("alice", 1, 2, 512, 60));
+        assert_eq!(c.function, Some(htfaas_functions::Digest::of(b"m")));
+        assert_eq!(s.claims_for("alice", &req(0)).runtime_s, htfaas_functions::manifest::MAX_RUNTIME_S);
     }
 }

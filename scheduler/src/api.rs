@@ -216,8 +216,8 @@ pub fn validate(req: &SubmitRequest) -> Result<(), String> {
     if r.memory_mb == 0 || r.memory_mb > MAX_MEMORY_MB {
         return Err(format!("resources.memory_mb must be 1..={MAX_MEMORY_MB}"));
     }
-    if r.runtime_s == 0 || r.runtime_s > MAX_RUNTIME_S {
-        return Err(format!("resources.runtime_s must be 1..={MAX_RUNTIME_S}"));
+    if r.runtime_s > MAX_RUNTIME_S {
+        return Err(format!("resources.runtime_s must be 0..={MAX_RUNTIME_S} (0: the job class's default)"));
     }
     if r.gpus > MAX_GPUS {
         return Err(format!("resources.gpus must be 0..={MAX_GPUS}"));
@@ -275,15 +275,16 @@ async fn submit(
     span.record("owner", claims.sub.as_str());
     span.record("token.jti", claims.jti.as_str());
     let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
-    let req: SubmitRequest =
+    let mut req: SubmitRequest =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
-    check_limits(&req, &claims).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     validate(&req).map_err(ApiFailure::bad_request)?;
+    // Policy first: it fills in a class's default run time, which the token must then allow.
     let admission = shared
         .policy
-        .admit(&claims.sub, claims.group.as_deref(), &req)
+        .admit(&claims.sub, claims.group.as_deref(), &mut req)
         .map_err(ApiFailure::forbidden)
         .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    check_limits(&req, &claims).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     let done = shared
         .queue
         .submit(NewJob {

@@ -26,6 +26,8 @@ use htfaas_functions::proto::{GroupPriority, HOLD_CODE_POLICY, OwnerPriority, Pr
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 
+/// Run time of a job that asks for none (0) where no job class says otherwise, seconds.
+pub const DEFAULT_RUNTIME_S: u64 = 3600;
 /// Default half-life of decayed usage, seconds (one day).
 pub const DEFAULT_HALF_LIFE_S: u64 = 86_400;
 /// Default EP lease, seconds: a session silent this long is over (EPs ping every 15 s).
@@ -67,8 +69,19 @@ fn one() -> f64 {
 pub struct JobClass {
     /// Its name, `[a-z0-9][a-z0-9_-]{0,62}`.
     pub name: String,
+    /// Run time of a job of this class that asks for none (run time 0), seconds. Default: the
+    /// smaller of [`DEFAULT_RUNTIME_S`] and `max_runtime_s`.
+    #[serde(default)]
+    pub default_runtime_s: Option<u64>,
     /// Longest run time a job of this class may ask for, seconds.
     pub max_runtime_s: u64,
+}
+
+impl JobClass {
+    /// The run time a job of this class gets when it asks for none.
+    pub fn default_runtime_s(&self) -> u64 {
+        self.default_runtime_s.unwrap_or(DEFAULT_RUNTIME_S.min(self.max_runtime_s))
+    }
 }
 
 /// The resolved site policy.
@@ -174,6 +187,9 @@ impl PolicyConfig {
             if c.max_runtime_s == 0 || c.max_runtime_s > MAX_RUNTIME_S {
                 return Err(format!("job_classes.{}.max_runtime_s must be 1..={MAX_RUNTIME_S}", c.name));
             }
+            if c.default_runtime_s.is_some_and(|d| d == 0 || d > c.max_runtime_s) {
+                return Err(format!("job_classes.{}.default_runtime_s must be 1..=max_runtime_s", c.name));
+            }
             let name = c.name.clone();
             if classes.insert(name.clone(), c).is_some() {
                 return Err(format!("job class {name:?} listed twice"));
@@ -203,10 +219,11 @@ impl PolicyConfig {
 }
 
 impl SitePolicy {
-    /// Decides a request's class, refuses it (Err: the message, a 403) when it asks for more run
-    /// time than its class allows or violates a submit requirement, and says whether it is to be
-    /// held by a hold requirement.
-    pub fn admit(&self, owner: &str, group: Option<&str>, r: &SubmitRequest) -> Result<Admission, String> {
+    /// Decides a request's class, fills in the class's default run time when the request asks
+    /// for none (0; [`DEFAULT_RUNTIME_S`] without classes), refuses it (Err: the message, a 403)
+    /// when it asks for more run time than its class allows or violates a submit requirement,
+    /// and says whether it is to be held by a hold requirement.
+    pub fn admit(&self, owner: &str, group: Option<&str>, r: &mut SubmitRequest) -> Result<Admission, String> {
         let class = match (&r.class, &self.default_class) {
             (_, None) => None,
             (Some(c), Some(_)) => {
@@ -218,6 +235,9 @@ impl SitePolicy {
             }
             (None, Some(d)) => self.classes.get(d),
         };
+        if r.resources.runtime_s == 0 {
+            r.resources.runtime_s = class.map_or(DEFAULT_RUNTIME_S, JobClass::default_runtime_s);
+        }
         if let Some(c) = class.filter(|c| r.resources.runtime_s > c.max_runtime_s) {
             return Err(format!(
                 "run time {} s exceeds the maximum of job class {} ({} s)",
@@ -369,8 +389,23 @@ mod tests {
             (PolicyConfig { usage_half_life_s: 0, ..config() }, "usage_half_life_s must be at least 1"),
             (PolicyConfig { lease_s: 0, ..config() }, "lease_s must be at least 1"),
             (
-                PolicyConfig { job_classes: vec![JobClass { name: "short".into(), max_runtime_s: 10 }], ..config() },
+                PolicyConfig {
+                    job_classes: vec![JobClass { name: "short".into(), default_runtime_s: None, max_runtime_s: 10 }],
+                    ..config()
+                },
                 "default_job_class must be set when job_classes are",
+            ),
+            (
+                PolicyConfig {
+                    job_classes: vec![JobClass {
+                        name: "short".into(),
+                        default_runtime_s: Some(11),
+                        max_runtime_s: 10,
+                    }],
+                    default_job_class: Some("short".into()),
+                    ..config()
+                },
+                "job_classes.short.default_runtime_s must be 1..=max_runtime_s",
             ),
             (
                 PolicyConfig { default_job_class: Some("long".into()), ..config() },

@@ -154,8 +154,8 @@ async fn classes_and_requirements_refuse_with_their_message_and_unauthorized_gpu
     let fx = Fixture::new();
     let server = Server::start_configured(&fx.path(), |c| {
         c.job_classes = vec![
-            JobClass { name: "lite".into(), max_runtime_s: 30 },
-            JobClass { name: "short".into(), max_runtime_s: 300 },
+            JobClass { name: "lite".into(), default_runtime_s: None, max_runtime_s: 30 },
+            JobClass { name: "short".into(), default_runtime_s: Some(240), max_runtime_s: 300 },
         ];
         c.default_job_class = Some("short".into());
         c.submit_requirements = vec![RequirementConfig {
@@ -192,6 +192,22 @@ async fn classes_and_requirements_refuse_with_their_message_and_unauthorized_gpu
     let ok = server.submit(&token, &fx.request("k")).await.job_id;
     let job = server.job(&ok).await;
     assert_eq!((job.state, job.class.as_deref()), (JobState::Idle, Some("short")));
+    // A job asking for no run time (0) gets its class's default: 240 s for short, and for lite
+    // (none configured) the smaller of an hour and its maximum.
+    let mut none = fx.request("d1");
+    none.resources.runtime_s = 0;
+    let short = submit_as(&server, &fx, "alice", None, &none).await;
+    assert_eq!(server.job(&short).await.resources.runtime_s, 240);
+    let mut none_lite = fx.request("d2");
+    (none_lite.resources.runtime_s, none_lite.class) = (0, Some("lite".into()));
+    let lite = submit_as(&server, &fx, "alice", None, &none_lite).await;
+    assert_eq!(server.job(&lite).await.resources.runtime_s, 30);
+    // The filled-in run time must fit the token too.
+    let tight = fx.gw.sign(&SubmitClaims { runtime_s: 100, ..fx.claims("alice") }).expect("sign");
+    let mut none = fx.request("d3");
+    none.resources.runtime_s = 0;
+    let (status, v) = server.submit_raw(Some(&tight), &none).await;
+    assert_eq!((status, error_of(&v)), (StatusCode::FORBIDDEN, "runtime_s 240 exceeds the token's limit of 100"));
 
     // A GPU outside the gpu group: accepted, held with the configured reason.
     let mut gpu = fx.request("g1");
@@ -318,7 +334,7 @@ async fn a_job_still_running_past_its_run_time_is_removed_with_the_reason() {
     let fx = Fixture::new();
     let server = Server::start_configured(&fx.path(), |c| {
         c.runtime_grace_s = 0;
-        c.job_classes = vec![JobClass { name: "lite".into(), max_runtime_s: 60 }];
+        c.job_classes = vec![JobClass { name: "lite".into(), default_runtime_s: None, max_runtime_s: 60 }];
         c.default_job_class = Some("lite".into());
     })
     .await;
@@ -440,6 +456,12 @@ async fn analyze_names_the_job_and_says_when_no_ep_is_there() {
     let id = submit_as(&server, &fx, "alice", None, &fx.request("k")).await;
     let a: JobAnalysis = admin_get(&server, &format!("/v1/jobs/{id}/analyze")).await;
     assert_eq!((a.state, a.summary.as_str(), a.eps.len()), (JobState::Idle, "no EP is attached", 0));
+    // Without job classes, a job asking for no run time gets an hour.
+    let mut none = fx.request("none");
+    none.resources.runtime_s = 0;
+    let token = fx.gw.sign(&SubmitClaims { runtime_s: 3600, ..fx.claims("alice") }).expect("sign");
+    let default = server.submit(&token, &none).await.job_id;
+    assert_eq!(server.job(&default).await.resources.runtime_s, 3600);
     let held = server.act(&id, "hold", "check input").await;
     assert_eq!(held.state, JobState::Held);
     let a: JobAnalysis = admin_get(&server, &format!("/v1/jobs/{id}/analyze")).await;
