@@ -343,6 +343,8 @@ fn outcome_kind(o: &Outcome) -> &'static str {
         Outcome::OutputFailed { .. } => "output_failed",
         Outcome::ModuleFailed { .. } => "module_failed",
         Outcome::Cancelled { .. } => "cancelled",
+        Outcome::FuelExhausted { .. } => "fuel_exhausted",
+        Outcome::OutputExceeded { .. } => "output_exceeded",
     }
 }
 

@@ -235,6 +235,10 @@ pub struct Hello {
     /// once instead of as an EP that never gets work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annex: Option<String>,
+    /// Free-form labels of the EP (site, rack, GPU model, ...), shown to admins. At most 32,
+    /// keys and values at most 128 bytes.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Messages from an EP to the scheduler, over the attach WebSocket (one JSON text frame each).
@@ -245,6 +249,9 @@ pub enum EpMsg {
     Hello(Hello),
     /// A job ended, whatever the outcome.
     Finished(JobReport),
+    /// The EP is draining (e.g. on SIGTERM): it finishes its running jobs and takes no new
+    /// ones; the scheduler sends it none from now on.
+    Draining,
 }
 
 /// Messages from the scheduler to an EP.
@@ -333,6 +340,16 @@ pub enum Outcome {
         /// The reason the scheduler gave.
         reason: String,
     },
+    /// The guest used up its instruction budget (fuel).
+    FuelExhausted {
+        /// The budget, in fuel units (about one per wasm instruction).
+        limit: u64,
+    },
+    /// The guest wrote more output (bytes or files) than the EP allows; nothing was stored.
+    OutputExceeded {
+        /// Which limit, and by how much.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -353,6 +370,8 @@ impl Outcome {
             Outcome::OutputFailed { reason } => format!("output failed: {reason}"),
             Outcome::ModuleFailed { reason } => format!("module failed: {reason}"),
             Outcome::Cancelled { reason } => format!("cancelled: {reason}"),
+            Outcome::FuelExhausted { limit } => format!("instruction budget of {limit} exceeded"),
+            Outcome::OutputExceeded { reason } => format!("output limit exceeded: {reason}"),
         }
     }
 }
@@ -370,6 +389,9 @@ pub struct Usage {
     pub bytes_in: u64,
     /// Output bytes uploaded.
     pub bytes_out: u64,
+    /// Fuel the guest consumed (about one unit per wasm instruction), when the EP meters it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<u64>,
 }
 
 /// One stored output file.
@@ -622,6 +644,9 @@ pub struct EpInfo {
     pub paused_groups: Vec<String>,
     /// Why the admin state was last changed.
     pub reason: String,
+    /// The labels the EP gave in its Hello.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// `POST /v1/accounting/{owner}/factor` (admin): `condor_userprio -setfactor`.

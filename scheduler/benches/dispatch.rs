@@ -506,7 +506,13 @@ async fn fake_ep(
     req.headers_mut().insert("authorization", format!("Bearer {token}").parse()?);
     let (mut ws, _) =
         tokio::time::timeout(MESSAGE_WAIT, tokio_tungstenite::connect_async(req)).await.context("attach in time")??;
-    let hello = EpMsg::Hello(Hello { name, slots: Resources::new(EP_CPUS, 8192, 3600), protocol: 1, annex: None });
+    let hello = EpMsg::Hello(Hello {
+        name,
+        slots: Resources::new(EP_CPUS, 8192, 3600),
+        protocol: 1,
+        annex: None,
+        labels: Default::default(),
+    });
     ws.send(Message::text(serde_json::to_string(&hello)?)).await?;
 
     // Reports sent whose slot has not been refilled yet, oldest first. The first EP_CPUS
@@ -552,7 +558,14 @@ fn report(job_id: String) -> EpMsg {
     EpMsg::Finished(JobReport {
         job_id,
         outcome: Outcome::Exited { exit_code: 0 },
-        usage: Usage { wall_ms: 12, cpu_ms: 9, peak_memory_bytes: 1 << 20, bytes_in: 4096, bytes_out: 64 },
+        usage: Usage {
+            wall_ms: 12,
+            cpu_ms: 9,
+            peak_memory_bytes: 1 << 20,
+            bytes_in: 4096,
+            bytes_out: 64,
+            instructions: None,
+        },
         outputs: vec![OutputFile {
             path: "/data/experiment/derived/2025/06/run-004211/frame-000123.sha256".into(),
             size: 64,

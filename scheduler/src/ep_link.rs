@@ -45,6 +45,10 @@ pub const MAX_BAD_FRAMES: u32 = 64;
 pub const MAX_EP_CPUS: u32 = 65_536;
 /// Largest EP an Hello may describe: memory, MiB (64 TiB).
 pub const MAX_EP_MEMORY_MB: u64 = 64 * 1024 * 1024;
+/// Most labels in a Hello.
+pub const MAX_LABELS: usize = 32;
+/// Longest label key or value, bytes.
+pub const MAX_LABEL_BYTES: usize = 128;
 /// Largest EP an Hello may describe: GPUs.
 pub const MAX_EP_GPUS: u32 = 1024;
 /// Largest EP an Hello may describe: disk, MiB (1 PiB).
@@ -75,6 +79,18 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     }
     if s.runtime_s == 0 || s.runtime_s > 100 * MAX_RUNTIME_S {
         return Err(format!("slots.runtime_s must be 1..={}", 100 * MAX_RUNTIME_S));
+    }
+    if h.labels.len() > MAX_LABELS
+        || h.labels.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.len() > MAX_LABEL_BYTES
+                || v.len() > MAX_LABEL_BYTES
+                || (k.chars().chain(v.chars())).any(char::is_control)
+        })
+    {
+        return Err(format!(
+            "labels: at most {MAX_LABELS}, keys 1-{MAX_LABEL_BYTES} bytes, values at most {MAX_LABEL_BYTES}, printable"
+        ));
     }
     if s.gpus > MAX_EP_GPUS {
         return Err(format!("slots.gpus must be 0..={MAX_EP_GPUS}"));
@@ -126,7 +142,8 @@ pub async fn serve(
     let (tx, rx) = mpsc::unbounded_channel();
     let pool = Pool { annex: claims.annex.clone(), owner: claims.owner.clone() };
     let credential = Credential::of_attach(&claims);
-    let slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
+    let mut slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
+    slot.labels = hello.labels.clone();
     if let Err(reason) = register(&shared, slot) {
         tracing::info!("attach token revoked meanwhile: {reason}");
         return close(ws, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}")).await;
@@ -277,6 +294,10 @@ async fn session(
                 match serde_json::from_str::<EpMsg>(text.as_str()) {
                     Ok(EpMsg::Finished(report)) => finished(shared, ep_id, report).await,
                     Ok(EpMsg::Hello(_)) => bad_frame(shared, &mut bad_frames, "second hello"),
+                    Ok(EpMsg::Draining) => {
+                        tracing::info!("the EP is draining: no new jobs for it");
+                        shared.eps().set_draining(ep_id);
+                    }
                     Err(e) => bad_frame(shared, &mut bad_frames, &format!("does not parse: {e}")),
                 }
                 if bad_frames > MAX_BAD_FRAMES {
@@ -323,6 +344,7 @@ fn kind(m: &EpMsg) -> &'static str {
     match m {
         EpMsg::Hello(_) => "hello",
         EpMsg::Finished(_) => "finished",
+        EpMsg::Draining => "draining",
     }
 }
 
@@ -372,6 +394,7 @@ mod tests {
             slots: Resources::new(1, 1, 1),
             protocol: PROTOCOL,
             annex: annex.map(str::to_owned),
+            labels: Default::default(),
         };
         assert_eq!(check_annex(&hello(None), &claims(Some("a"))), Ok(()));
         assert_eq!(check_annex(&hello(Some("a")), &claims(Some("a"))), Ok(()));
@@ -383,6 +406,23 @@ mod tests {
             check_annex(&hello(Some("b")), &claims(None)),
             Err(r#"annex mismatch: the attach token is for no annex, the EP asked for "b""#.into())
         );
+    }
+
+    #[test]
+    fn hellos_with_too_many_or_too_long_labels_are_refused() {
+        let hello = |labels: Vec<(String, String)>| Hello {
+            name: "ep".into(),
+            slots: Resources::new(1, 1, 1),
+            protocol: PROTOCOL,
+            annex: None,
+            labels: labels.into_iter().collect(),
+        };
+        assert_eq!(check_hello(&hello(vec![("site".into(), "desy".into())])), Ok(()));
+        let many = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();
+        let long = vec![("k".into(), "v".repeat(MAX_LABEL_BYTES + 1))];
+        for bad in [many, long, vec![(String::new(), "v".into())], vec![("k".into(), "a\nb".into())]] {
+            assert!(check_hello(&hello(bad)).is_err_and(|e| e.starts_with("labels:")));
+        }
     }
 
     #[test]

@@ -160,8 +160,12 @@ pub struct EpSlot {
     pub cancelled: HashSet<String>,
     /// Told to close: takes no more jobs.
     pub closing: bool,
+    /// The EP said it is draining (`EpMsg::Draining`): takes no more jobs.
+    pub self_draining: bool,
     /// What an admin set on it.
     pub admin: EpAdmin,
+    /// Labels from its Hello (for admins; matching does not use them).
+    pub labels: BTreeMap<String, String>,
 }
 
 impl EpSlot {
@@ -190,7 +194,9 @@ impl EpSlot {
             running: HashMap::new(),
             cancelled: HashSet::new(),
             closing: false,
+            self_draining: false,
             admin: EpAdmin::default(),
+            labels: BTreeMap::new(),
         }
     }
 
@@ -201,6 +207,7 @@ impl EpSlot {
     /// Whether it takes jobs now at all.
     fn accepting(&self) -> bool {
         !self.closing
+            && !self.self_draining
             && self.admin.state != EpAdminState::Disabled
             && !(self.admin.state == EpAdminState::Draining && self.admin.deadline_ms.is_none())
             && self.free_cpus > 0
@@ -212,6 +219,9 @@ impl EpSlot {
         let r = &job.resources;
         if self.closing {
             return Some("the EP is closing".into());
+        }
+        if self.self_draining {
+            return Some("the EP is draining (it said so: shutting down)".into());
         }
         if let Some(o) = self.pool.owner.as_ref().filter(|o| **o != job.owner) {
             return Some(format!("the EP runs only {o}'s jobs"));
@@ -288,10 +298,11 @@ impl EpSlot {
                 disk_mb: self.free_disk_mb,
             },
             running,
-            state: self.admin.state,
+            state: if self.self_draining { EpAdminState::Draining } else { self.admin.state },
             drain_deadline_ms: self.admin.deadline_ms,
             paused_groups: self.admin.paused.iter().cloned().collect(),
             reason: self.admin.reason.clone(),
+            labels: self.labels.clone(),
         }
     }
 }
@@ -393,6 +404,11 @@ impl EpTable {
         self.eps.get(ep_id)
     }
 
+    /// Marks session `ep_id` as draining at its own request; false if it is gone.
+    pub fn set_draining(&mut self, ep_id: &str) -> bool {
+        self.eps.get_mut(ep_id).map(|e| e.self_draining = true).is_some()
+    }
+
     /// Every session.
     pub fn iter(&self) -> impl Iterator<Item = &EpSlot> {
         self.eps.values()
@@ -432,6 +448,7 @@ impl EpTable {
                     drain_deadline_ms: a.deadline_ms,
                     paused_groups: a.paused.iter().cloned().collect(),
                     reason: a.reason.clone(),
+                    labels: BTreeMap::new(),
                 });
             }
         }

@@ -1614,7 +1614,14 @@ pub(crate) mod tests {
         let report = JobReport {
             job_id: id.clone(),
             outcome: Outcome::Exited { exit_code: 0 },
-            usage: Usage { wall_ms: 2000, cpu_ms: 1500, peak_memory_bytes: 1, bytes_in: 10, bytes_out: 20 },
+            usage: Usage {
+                wall_ms: 2000,
+                cpu_ms: 1500,
+                peak_memory_bytes: 1,
+                bytes_in: 10,
+                bytes_out: 20,
+                instructions: None,
+            },
             outputs: vec![],
             log: "x".repeat(MAX_LOG_BYTES + 10),
         };

@@ -325,6 +325,7 @@ fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
         slots: Resources::new(cpus, 4096, 3600),
         protocol: 1,
         annex: annex.map(str::to_owned),
+        labels: Default::default(),
     })
 }
 
@@ -567,10 +568,26 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     send(&mut ep, &report("not-a-job", Outcome::Exited { exit_code: 0 }, Usage::default())).await;
     ep.send(Message::text("{garbage")).await.expect("send");
     ep.send(Message::binary(vec![1, 2, 3])).await.expect("send");
-    send(&mut ep, &EpMsg::Hello(Hello { name: "x".into(), slots: Resources::default(), protocol: 1, annex: None }))
-        .await;
+    send(
+        &mut ep,
+        &EpMsg::Hello(Hello {
+            name: "x".into(),
+            slots: Resources::default(),
+            protocol: 1,
+            annex: None,
+            labels: Default::default(),
+        }),
+    )
+    .await;
 
-    let usage = Usage { wall_ms: 3000, cpu_ms: 2500, peak_memory_bytes: 1 << 20, bytes_in: 1000, bytes_out: 64 };
+    let usage = Usage {
+        wall_ms: 3000,
+        cpu_ms: 2500,
+        peak_memory_bytes: 1 << 20,
+        bytes_in: 1000,
+        bytes_out: 64,
+        instructions: None,
+    };
     send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, usage)).await;
     let done = server.wait_for_state(&job, JobState::Completed).await;
     assert_eq!(done.usage, Some(usage));
@@ -581,7 +598,8 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     // A second, failing job on the same session (which survived the noise).
     let job2 = server.submit(&fx.token("alice"), &fx.request("e2")).await.job_id;
     assert_eq!(expect_assign(&mut ep, "alice").await, job2);
-    let usage2 = Usage { wall_ms: 1000, cpu_ms: 500, peak_memory_bytes: 0, bytes_in: 10, bytes_out: 0 };
+    let usage2 =
+        Usage { wall_ms: 1000, cpu_ms: 500, peak_memory_bytes: 0, bytes_in: 10, bytes_out: 0, instructions: None };
     send(&mut ep, &report(&job2, Outcome::Trapped { message: "unreachable".into() }, usage2)).await;
     let failed = server.wait_for_state(&job2, JobState::Failed).await;
     assert_eq!(failed.reason, "trapped: unreachable");

@@ -111,6 +111,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
         slots: Resources::new(1, 1024, 600),
         protocol: 1,
         annex: Some("probe".into()),
+        labels: Default::default(),
     });
     ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
     assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));

@@ -29,7 +29,11 @@ fn token_for(fx: &Fixture, owner: &str, group: Option<&str>) -> String {
 /// Attaches an EP named `name` offering `slots`; returns the socket and its session id.
 async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: Resources) -> (Ws, String) {
     let mut ws = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
-    send(&mut ws, &EpMsg::Hello(Hello { name: name.into(), slots, protocol: 1, annex: None })).await;
+    send(
+        &mut ws,
+        &EpMsg::Hello(Hello { name: name.into(), slots, protocol: 1, annex: None, labels: Default::default() }),
+    )
+    .await;
     let welcome = next_json(&mut ws).await;
     assert_eq!(welcome["type"], "welcome", "{welcome}");
     (ws, welcome["ep_id"].as_str().expect("ep_id").to_owned())
@@ -470,5 +474,26 @@ async fn analyze_names_the_job_and_says_when_no_ep_is_there() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = server.get(&format!("/v1/jobs/{id}/analyze"), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_ep_that_says_it_is_draining_gets_no_new_job_and_finishes_its_own() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let first = submit_as(&server, &fx, "alice", None, &fx.request("a")).await;
+    let (mut ws, _) = attach_ep(&server, &fx, "ep-a", Resources::new(4, 4096, 3600)).await;
+    assert_eq!(expect_assign(&mut ws, "alice").await, first);
+    send(&mut ws, &EpMsg::Draining).await;
+    let second = submit_as(&server, &fx, "alice", None, &fx.request("b")).await;
+    expect_silence(&mut ws, Duration::from_millis(300)).await;
+    let a: JobAnalysis = admin_get(&server, &format!("/v1/jobs/{second}/analyze")).await;
+    assert_eq!(a.eps[0].refusal.as_deref(), Some("the EP is draining (it said so: shutting down)"));
+    let eps: Vec<EpInfo> = admin_get(&server, "/v1/eps").await;
+    assert_eq!(eps[0].state, EpAdminState::Draining);
+    // Its running job still reports and is recorded.
+    finish_ok(&mut ws, &first, 10).await;
+    server.wait_for_state(&first, JobState::Completed).await;
+    expect_silence(&mut ws, Duration::from_millis(200)).await;
     server.stop().await;
 }
