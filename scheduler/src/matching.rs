@@ -206,8 +206,7 @@ impl EpSlot {
 
     /// Whether it takes jobs now at all.
     fn accepting(&self) -> bool {
-        !self.closing
-            && !self.self_draining
+        !(self.closing || self.self_draining)
             && self.admin.state != EpAdminState::Disabled
             && !(self.admin.state == EpAdminState::Draining && self.admin.deadline_ms.is_none())
             && self.free_cpus > 0
