@@ -215,6 +215,9 @@ impl Stack {
             idle_shutdown_s: None,
             annex: None,
             tls_ca_file: None,
+            labels: Default::default(),
+            max_scratch_mb: None,
+            fuel: None,
         }
         .resolve()
         .await

@@ -30,6 +30,7 @@ use anyhow::{Context as _, anyhow, bail};
 use htfaas_functions::Resources;
 use htfaas_functions::manifest::check_name;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +84,19 @@ pub struct Config {
     /// a warning, never final. Default: none.
     #[serde(default)]
     pub tls_ca_file: Option<PathBuf>,
+    /// Free-form labels sent in `Hello` (site, rack, GPU model, ...) and shown by
+    /// `htfaas ep list`. Default: none.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Most bytes one job may hold in its scratch directory (input plus outputs, while it
+    /// runs); a job past it ends with its own reason. Default: none (the output limits apply).
+    #[serde(default)]
+    pub max_scratch_mb: Option<u64>,
+    /// Instruction budget per job (wasmtime fuel, about one unit per wasm instruction). When
+    /// set, every job is metered, its count recorded in its usage, and a job past the budget
+    /// ends as `fuel_exhausted`. Default: none (not metered; metering costs some speed).
+    #[serde(default)]
+    pub fuel: Option<u64>,
 }
 
 fn default_log_limit_bytes() -> usize {
@@ -128,6 +142,12 @@ pub struct Settings {
     pub idle_shutdown: Option<Duration>,
     /// The annex declared in `Hello` ([`Config::annex`]).
     pub annex: Option<String>,
+    /// Labels sent in `Hello` ([`Config::labels`]).
+    pub labels: BTreeMap<String, String>,
+    /// [`Config::max_scratch_mb`] in bytes.
+    pub max_scratch_bytes: Option<u64>,
+    /// [`Config::fuel`].
+    pub fuel: Option<u64>,
     /// Running-job count and the moment the EP last became idle, kept by the link.
     activity: Arc<Activity>,
     /// TLS of the attach link: `Some` exactly when `attach_url` is `wss://`.
@@ -228,6 +248,9 @@ impl Config {
             lifetime: self.lifetime_s.map(Duration::from_secs),
             idle_shutdown: self.idle_shutdown_s.map(Duration::from_secs),
             annex: self.annex,
+            labels: self.labels,
+            max_scratch_bytes: self.max_scratch_mb.map(|m| m.saturating_mul(1 << 20)),
+            fuel: self.fuel,
             activity: Arc::new(Activity::new()),
             attach_tls,
             http,

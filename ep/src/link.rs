@@ -221,7 +221,7 @@ impl Link {
             slots: self.settings.slots,
             protocol: PROTOCOL,
             annex: self.settings.annex.clone(),
-            labels: Default::default(),
+            labels: self.settings.labels.clone(),
         });
         ws.send(Message::text(serde_json::to_string(&hello)?)).await.context("send hello")?;
         let ep_id = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.welcome(&mut ws)).await.context("no welcome")??;

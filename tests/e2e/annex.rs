@@ -32,6 +32,9 @@ pub async fn start_ep(
         idle_shutdown_s: None,
         annex: annex.map(str::to_owned),
         tls_ca_file: None,
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
     }
     .resolve()
     .await

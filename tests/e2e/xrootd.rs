@@ -335,6 +335,9 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         idle_shutdown_s: None,
         annex: Some("xrootd-site".into()),
         tls_ca_file: Some(x.etc.join("ca.pem")),
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
     }
     .resolve()
     .await

@@ -298,6 +298,9 @@ impl Harness {
             idle_shutdown_s: None,
             annex: None,
             tls_ca_file: None,
+            labels: Default::default(),
+            max_scratch_mb: None,
+            fuel: None,
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");

@@ -28,6 +28,9 @@ async fn start(
         idle_shutdown_s,
         annex: None,
         tls_ca_file: None,
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

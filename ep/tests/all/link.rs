@@ -160,6 +160,9 @@ async fn start_ep(
         idle_shutdown_s: None,
         annex: None,
         tls_ca_file: None,
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

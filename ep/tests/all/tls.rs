@@ -206,6 +206,9 @@ fn ep_config(scheduler: &Scheduler, work: &Path, tls_ca_file: Option<PathBuf>) -
         idle_shutdown_s: None,
         annex: None,
         tls_ca_file,
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
     }
 }
 
@@ -332,6 +335,9 @@ async fn a_bad_tls_ca_file_fails_resolve_clearly() {
         idle_shutdown_s: None,
         annex: None,
         tls_ca_file: ca,
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
     };
     let write = |name: &str, text: &str| {
         let p = dir.path().join(name);
