@@ -83,6 +83,13 @@ enum Command {
         /// The annex this EP joins; must be the one its attach token names.
         #[arg(long)]
         annex: Option<String>,
+        /// On SIGTERM the EP drains: it tells the scheduler, takes no new job, and waits this
+        /// long for running jobs to finish and be reported, then cancels what still runs and
+        /// exits. SIGINT (Ctrl-C) or a second SIGTERM stops at once: running jobs are
+        /// cancelled and run again elsewhere. Give a service manager at least this long
+        /// (systemd `TimeoutStopSec`, Kubernetes `terminationGracePeriodSeconds`).
+        #[arg(long, default_value = "1h", value_parser = parse_duration_s)]
+        drain_timeout: u64,
     },
     /// Upload a local file to storage as the stack's user.
     Put {
@@ -473,6 +480,48 @@ fn on_signals() -> CancellationToken {
     token
 }
 
+/// `htfaas ep`'s signals: the first SIGTERM cancels the first token (drain: finish running
+/// jobs, take no new one); SIGINT, or a second SIGTERM, cancels the second (stop now).
+fn on_ep_signals() -> (CancellationToken, CancellationToken) {
+    let (drain, stop) = (CancellationToken::new(), CancellationToken::new());
+    let (d, s) = (drain.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                None
+            }
+        };
+        let mut int = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::error!("cannot listen for SIGINT: {e}");
+                None
+            }
+        };
+        loop {
+            tokio::select! {
+                Some(()) = async { term.as_mut()?.recv().await } => {
+                    if d.is_cancelled() {
+                        tracing::info!("second SIGTERM: stopping now");
+                        break;
+                    }
+                    tracing::info!("SIGTERM: draining (SIGINT or another SIGTERM stops now)");
+                    d.cancel();
+                }
+                Some(()) = async { int.as_mut()?.recv().await } => {
+                    tracing::info!("SIGINT: stopping now");
+                    break;
+                }
+                else => return,
+            }
+        }
+        s.cancel();
+    });
+    (drain, stop)
+}
+
 fn client(dir: &DirArg) -> anyhow::Result<Client> {
     Client::new(StackInfo::load(&dir.dir)?)
 }
@@ -487,8 +536,8 @@ fn fmt_unix_ms(ms: u64) -> String {
 
 fn ep_header() -> String {
     format!(
-        "{:<20} {:<18} {:<30} {:>7} {:<24} {:<16} {:<12} OWNER",
-        "NAME", "STATE", "SLOTS(FREE/TOTAL)", "RUNNING", "DEADLINE", "PAUSED", "ANNEX"
+        "{:<20} {:<18} {:<44} {:>7} {:<24} {:<16} {:<12} {:<12} LABELS",
+        "NAME", "STATE", "SLOTS(FREE/TOTAL)", "RUNNING", "DEADLINE", "PAUSED", "ANNEX", "OWNER"
     )
 }
 
@@ -502,13 +551,25 @@ fn ep_line(ep: &htfaas_functions::proto::EpInfo) -> String {
     };
     let state = if ep.session.is_some() { state.to_owned() } else { format!("{state},detached") };
     let slots = format!(
-        "{}/{}cpu {}/{}MiB {}/{}gpu",
-        ep.free.cpus, ep.total.cpus, ep.free.memory_mb, ep.total.memory_mb, ep.free.gpus, ep.total.gpus
+        "{}/{}cpu {}/{}MiB {}/{}gpu {}/{}GiB",
+        ep.free.cpus,
+        ep.total.cpus,
+        ep.free.memory_mb,
+        ep.total.memory_mb,
+        ep.free.gpus,
+        ep.total.gpus,
+        ep.free.disk_mb / 1024,
+        ep.total.disk_mb / 1024
     );
+    let labels = if ep.labels.is_empty() {
+        "-".to_owned()
+    } else {
+        ep.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    };
     let deadline = ep.drain_deadline_ms.map_or_else(|| "-".to_owned(), fmt_unix_ms);
     let paused = if ep.paused_groups.is_empty() { "-".to_owned() } else { ep.paused_groups.join(",") };
     format!(
-        "{:<20} {:<18} {:<30} {:>7} {:<24} {:<16} {:<12} {}",
+        "{:<20} {:<18} {:<44} {:>7} {:<24} {:<16} {:<12} {:<12} {}",
         ep.name,
         state,
         slots,
@@ -516,7 +577,8 @@ fn ep_line(ep: &htfaas_functions::proto::EpInfo) -> String {
         deadline,
         paused,
         ep.annex.as_deref().unwrap_or("-"),
-        ep.owner.as_deref().unwrap_or("-")
+        ep.owner.as_deref().unwrap_or("-"),
+        labels
     )
 }
 
@@ -690,14 +752,16 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             htfaas_gateway::run(settings, on_signals()).await
         }
         Command::Ep { action: Some(action), .. } => ep_command(action).await,
-        Command::Ep { action: None, config, lifetime, idle_shutdown, annex } => {
+        Command::Ep { action: None, config, lifetime, idle_shutdown, annex, drain_timeout } => {
             let config = config.context("--config is required to run an EP")?;
             let mut config = read_config::<htfaas_ep::Config>(&config)?;
             config.annex = annex.or(config.annex);
             config.lifetime_s = lifetime.or(config.lifetime_s);
             config.idle_shutdown_s = idle_shutdown.or(config.idle_shutdown_s);
-            let settings = config.resolve().await?;
-            htfaas_ep::run(settings, on_signals()).await
+            let mut settings = config.resolve().await?;
+            settings.drain_timeout = Duration::from_secs(drain_timeout);
+            let (drain, stop) = on_ep_signals();
+            htfaas_ep::run_with(settings, drain, stop).await
         }
         Command::Put { dir, local, storage_path } => client(&dir)?.put_file(&local, &storage_path).await,
         Command::Get { dir, storage_path } => client(&dir)?.get_to(&storage_path, &mut tokio::io::stdout()).await,
@@ -996,6 +1060,46 @@ mod tests {
         assert!(parse(&["accounting", "set-factor", "alice", "NaN"]).is_err());
         let cli = parse(&["accounting", "--usage", "--json"]).expect("parses");
         assert!(matches!(cli.command, Command::Accounting { usage: true, json: true, action: None, .. }));
+    }
+
+    #[test]
+    fn ep_drain_timeout_defaults_to_an_hour() {
+        let cli = parse(&["ep", "--config", "f"]).expect("parses");
+        let Command::Ep { drain_timeout, .. } = cli.command else { panic!("not an EP run") };
+        assert_eq!(drain_timeout, 3600);
+        let cli = parse(&["ep", "--config", "f", "--drain-timeout", "8h"]).expect("parses");
+        let Command::Ep { drain_timeout, .. } = cli.command else { panic!("not an EP run") };
+        assert_eq!(drain_timeout, 8 * 3600);
+    }
+
+    #[test]
+    fn ep_lines_show_disk_and_labels() {
+        use htfaas_functions::proto::{EpAdminState, EpInfo};
+        let total = Resources { cpus: 8, memory_mb: 30000, runtime_s: 3600, gpus: 2, disk_mb: 102400 };
+        let free = Resources { cpus: 6, memory_mb: 28000, runtime_s: 3600, gpus: 1, disk_mb: 51200 };
+        let ep = EpInfo {
+            name: "ep-1".into(),
+            session: Some("s1".into()),
+            address: None,
+            annex: None,
+            owner: None,
+            total,
+            free,
+            running: vec!["j1".into(), "j2".into()],
+            state: EpAdminState::Draining,
+            drain_deadline_ms: None,
+            paused_groups: vec![],
+            reason: String::new(),
+            labels: [("arch".to_owned(), "x86_64".to_owned()), ("site".to_owned(), "desy".to_owned())].into(),
+        };
+        let line = ep_line(&ep);
+        assert!(line.starts_with("ep-1 "), "{line}");
+        assert!(line.contains("draining"), "{line}");
+        assert!(line.contains("6/8cpu 28000/30000MiB 1/2gpu 50/100GiB"), "{line}");
+        assert!(line.ends_with(" arch=x86_64,site=desy"), "{line}");
+        let bare = EpInfo { labels: Default::default(), ..ep };
+        assert!(ep_line(&bare).ends_with(" -"));
+        assert!(ep_header().ends_with("OWNER        LABELS"));
     }
 
     #[test]

@@ -6,11 +6,14 @@
 //! with one [`JobReport`](htfaas_functions::proto::JobReport), whatever happens.
 //!
 //! - [`Config`] → [`Config::resolve`] → [`Settings`]: the engine, linker, HTTP client, TLS trust
-//!   (system roots plus [`Config::tls_ca_file`], the same for `wss://` and `https://`) and
-//!   directories, built once;
-//! - [`run`]: the attach loop (reconnects with backoff, keeps reports across disconnects, drains
-//!   on shutdown, cancels a job on the scheduler's `Cancel`, and ends with an error when the
-//!   scheduler refuses the attach token for good: HTTP 401/403, close code 4401/4403);
+//!   (system roots plus [`Config::tls_ca_file`], the same for `wss://` and `https://`),
+//!   directories, and the slots and labels advertised (what [`detect`] found where the config
+//!   leaves it open), built once;
+//! - [`run`] / [`run_with`]: the attach loop (reconnects with backoff, keeps reports across
+//!   disconnects, drains on shutdown (telling the scheduler `Draining`) or stops at once,
+//!   cancels a job on the scheduler's `Cancel`, and ends with an error when the scheduler
+//!   refuses the attach token for good: HTTP 401/403, close code 4401/4403);
+//! - [`detect`]: cores, memory, free disk, GPUs of the host (cgroup limits included);
 //! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store, stopped by
 //!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
@@ -22,6 +25,7 @@
 //! [`Outcome`](htfaas_functions::proto::Outcome), never an `Err`; macaroons and the attach
 //! token appear only in `Authorization` headers, never in logs.
 
+pub mod detect;
 mod job;
 mod link;
 pub mod runtime;
@@ -36,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-pub use runtime::Runtime;
+pub use runtime::{Runtime, RuntimeOptions};
 
 /// EP configuration, as read from the EP's config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -49,9 +53,13 @@ pub struct Config {
     pub scheduler_url: String,
     /// Attach token (JWT), sent as `Authorization: Bearer` on the upgrade request. Required.
     pub attach_token: String,
-    /// Total resources advertised (`cpus`, `memory_mb`); `runtime_s` is the longest job
-    /// accepted. Default: [`Resources::default`] (1 cpu, 2048 MiB, 3600 s).
-    #[serde(default)]
+    /// Total resources advertised: `cpus`, `memory_mb`, `disk_mb` (scratch), `gpus`; and
+    /// `runtime_s`, the longest job accepted (default 3600). A field left out or set to 0 is
+    /// detected at start (see [`detect`]): cores (cgroup quota included), memory (cgroup limit
+    /// included) less max(512 MiB, 10 %), free disk of `work_dir` less max(1 GiB, 5 %), NVIDIA
+    /// GPUs (`/dev/nvidia<N>`). Leaving `slots` out detects all four. Values given are used as
+    /// they are. What is advertised is logged at start. Default: all detected.
+    #[serde(default = "detected_slots", deserialize_with = "slots_or_detect")]
     pub slots: Resources,
     /// Scratch directory: `modules/` (module cache) and `jobs/<job id>/` (per-job input and
     /// output; emptied at start). Required.
@@ -85,7 +93,10 @@ pub struct Config {
     #[serde(default)]
     pub tls_ca_file: Option<PathBuf>,
     /// Free-form labels sent in `Hello` (site, rack, GPU model, ...) and shown by
-    /// `htfaas ep list`. Default: none.
+    /// `htfaas ep list`. At most 32; keys 1-128 bytes, values at most 128 bytes, no control
+    /// characters (what the scheduler accepts). Detected facts are added under keys not given
+    /// here, while fewer than 32: `arch`, `os`, and `gpu.model` when `nvidia-smi` names the
+    /// GPUs. Default: none (only the detected ones).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Most bytes one job may hold in its scratch directory (input plus outputs, while it
@@ -99,6 +110,67 @@ pub struct Config {
     pub fuel: Option<u64>,
 }
 
+/// `slots` when the config leaves it out: everything detected, the default run time.
+fn detected_slots() -> Resources {
+    Resources { cpus: 0, memory_mb: 0, runtime_s: Resources::default().runtime_s, gpus: 0, disk_mb: 0 }
+}
+
+/// `slots` as written: each field may be left out (detected, or for `runtime_s` its default).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotsConfig {
+    cpus: Option<u32>,
+    memory_mb: Option<u64>,
+    runtime_s: Option<u64>,
+    gpus: Option<u32>,
+    disk_mb: Option<u64>,
+}
+
+fn slots_or_detect<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Resources, D::Error> {
+    let s = SlotsConfig::deserialize(d)?;
+    let detect = detected_slots();
+    Ok(Resources {
+        cpus: s.cpus.unwrap_or(detect.cpus),
+        memory_mb: s.memory_mb.unwrap_or(detect.memory_mb),
+        runtime_s: s.runtime_s.unwrap_or(detect.runtime_s),
+        gpus: s.gpus.unwrap_or(detect.gpus),
+        disk_mb: s.disk_mb.unwrap_or(detect.disk_mb),
+    })
+}
+
+/// Most labels (the scheduler's limit).
+pub const MAX_LABELS: usize = 32;
+/// Longest label key or value, bytes (the scheduler's limit).
+pub const MAX_LABEL_BYTES: usize = 128;
+
+/// Checks labels as the scheduler does (at most [`MAX_LABELS`], keys 1-[`MAX_LABEL_BYTES`]
+/// bytes, values at most [`MAX_LABEL_BYTES`], no control characters); the error names the
+/// label.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    if labels.len() > MAX_LABELS {
+        bail!("labels: {} given, at most {MAX_LABELS}", labels.len());
+    }
+    for (k, v) in labels {
+        let shown: String = k.chars().take(32).collect();
+        if k.is_empty() {
+            bail!("labels: a key is empty");
+        }
+        if k.len() > MAX_LABEL_BYTES {
+            bail!("labels: key {shown:?}… is {} bytes, at most {MAX_LABEL_BYTES}", k.len());
+        }
+        if k.chars().any(char::is_control) {
+            bail!("labels: key {k:?} holds a control character");
+        }
+        if v.len() > MAX_LABEL_BYTES {
+            bail!("labels: {k:?}: value is {} bytes, at most {MAX_LABEL_BYTES}", v.len());
+        }
+        if v.chars().any(char::is_control) {
+            bail!("labels: {k:?}: value holds a control character");
+        }
+    }
+    Ok(())
+}
+
 fn default_log_limit_bytes() -> usize {
     64 * 1024
 }
@@ -109,8 +181,15 @@ fn default_max_output_bytes() -> u64 {
     16 << 30
 }
 
-/// How long [`run`] waits, after shutdown, for in-flight jobs and their reports.
+/// How long [`run`] waits, after shutdown, for in-flight jobs and their reports
+/// ([`Settings::drain_timeout`] as [`Config::resolve`] sets it).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The drain deadline `htfaas ep` uses on SIGTERM unless `--drain-timeout` says otherwise: long
+/// enough for site drains (a batch system's machine drain lasts hours, not seconds).
+pub const DEFAULT_SIGTERM_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
+/// After a quick stop (or a drain deadline that passed), how long the EP waits for the jobs it
+/// cancelled to clean up, and for unsent reports to go out, before it leaves anyway.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A resolved [`Config`]: ready-made engine, linker, HTTP client and directories.
 pub struct Settings {
@@ -119,7 +198,7 @@ pub struct Settings {
     /// WebSocket URL dialled: `ws(s)://…/v1/ep/attach`.
     pub attach_url: String,
     attach_token: String,
-    /// Resources advertised in `Hello`.
+    /// Resources advertised in `Hello`: [`Config::slots`] with its zeros detected.
     pub slots: Resources,
     /// Scratch directory.
     pub work_dir: PathBuf,
@@ -133,8 +212,10 @@ pub struct Settings {
     pub max_output_files: usize,
     /// Most output bytes stored per job.
     pub max_output_bytes: u64,
-    /// How long [`run`] waits after shutdown for in-flight jobs and their reports.
-    /// Default: [`DEFAULT_DRAIN_TIMEOUT`].
+    /// How long [`run`] waits after shutdown (a drain) for in-flight jobs and their reports;
+    /// past it the jobs still running are cancelled as by a quick stop. Default:
+    /// [`DEFAULT_DRAIN_TIMEOUT`]; `htfaas ep` sets `--drain-timeout` (default
+    /// [`DEFAULT_SIGTERM_DRAIN_TIMEOUT`]).
     pub drain_timeout: Duration,
     /// Leave this long after start.
     pub lifetime: Option<Duration>,
@@ -142,7 +223,7 @@ pub struct Settings {
     pub idle_shutdown: Option<Duration>,
     /// The annex declared in `Hello` ([`Config::annex`]).
     pub annex: Option<String>,
-    /// Labels sent in `Hello` ([`Config::labels`]).
+    /// Labels sent in `Hello`: [`Config::labels`] plus the detected ones it leaves room for.
     pub labels: BTreeMap<String, String>,
     /// [`Config::max_scratch_mb`] in bytes.
     pub max_scratch_bytes: Option<u64>,
@@ -181,9 +262,19 @@ impl Settings {
 }
 
 impl Config {
-    /// Validates the config, creates `work_dir/{modules,jobs}` (emptying `jobs/`, which only
-    /// holds leftovers of a previous process), and builds the engine, linker and HTTP client.
+    /// Detects the host's resources ([`detect::detect`], blocking work off the async threads),
+    /// then [`Config::resolve_with`] them.
     pub async fn resolve(self) -> anyhow::Result<Settings> {
+        let work_dir = self.work_dir.clone();
+        let detected =
+            tokio::task::spawn_blocking(move || detect::detect(&work_dir)).await.context("detect resources")?;
+        self.resolve_with(detected).await
+    }
+
+    /// Validates the config, fills the slots it leaves open (0) and adds labels from
+    /// `detected`, creates `work_dir/{modules,jobs}` (emptying `jobs/`, which only holds
+    /// leftovers of a previous process), and builds the engine, linker and HTTP client.
+    pub async fn resolve_with(self, detected: detect::Detected) -> anyhow::Result<Settings> {
         if self.name.trim().is_empty() {
             bail!("name: must not be empty");
         }
@@ -191,9 +282,28 @@ impl Config {
             bail!("attach_token: must not be empty");
         }
         let attach_url = attach_url(&self.scheduler_url).context("scheduler_url")?;
-        if self.slots.cpus == 0 || self.slots.memory_mb == 0 || self.slots.runtime_s == 0 {
-            bail!("slots: cpus, memory_mb and runtime_s must all be positive");
+        if self.slots.runtime_s == 0 {
+            bail!("slots.runtime_s: must be positive");
         }
+        check_labels(&self.labels)?;
+        let slots = detected.fill(self.slots)?;
+        let mut labels = self.labels;
+        for (k, v) in detected.labels() {
+            if labels.len() >= MAX_LABELS {
+                break;
+            }
+            labels.entry(k).or_insert(v);
+        }
+        tracing::info!(
+            cpus = slots.cpus,
+            memory_mb = slots.memory_mb,
+            disk_mb = slots.disk_mb,
+            gpus = slots.gpus,
+            runtime_s = slots.runtime_s,
+            ?labels,
+            ?detected,
+            "slots advertised (0 in the config: detected)"
+        );
         if self.log_limit_bytes == 0 {
             bail!("log_limit_bytes: must be positive");
         }
@@ -232,12 +342,22 @@ impl Config {
             http = http.tls_certs_merge(certs.context("tls_ca_file")?);
         }
         let http = http.build().context("build HTTP client")?;
-        let runtime = Arc::new(tokio::task::spawn_blocking(Runtime::new).await.context("start wasm runtime")??);
+        // Jobs at once are at most the cores (each reserves one or more); the rest of the pool
+        // covers guests left behind in a blocking sleep until they wake.
+        let options = RuntimeOptions {
+            cache_dir: Some(self.work_dir.join("compiled")),
+            fuel: self.fuel,
+            pooling: true,
+            max_instances: slots.cpus.saturating_add(16).min(1024),
+            max_memory_bytes: slots.memory_mb.saturating_mul(1 << 20).min(runtime::WASM32_MAX_MEMORY),
+        };
+        let runtime = tokio::task::spawn_blocking(move || Runtime::with_options(options));
+        let runtime = Arc::new(runtime.await.context("start wasm runtime")??);
         Ok(Settings {
             name: self.name,
             attach_url,
             attach_token: self.attach_token,
-            slots: self.slots,
+            slots,
             work_dir: self.work_dir,
             modules_dir,
             jobs_dir,
@@ -248,7 +368,7 @@ impl Config {
             lifetime: self.lifetime_s.map(Duration::from_secs),
             idle_shutdown: self.idle_shutdown_s.map(Duration::from_secs),
             annex: self.annex,
-            labels: self.labels,
+            labels,
             max_scratch_bytes: self.max_scratch_mb.map(|m| m.saturating_mul(1 << 20)),
             fuel: self.fuel,
             activity: Arc::new(Activity::new()),
@@ -274,20 +394,36 @@ fn attach_url(scheduler_url: &str) -> anyhow::Result<String> {
     Ok(format!("{ws}://{rest}/v1/ep/attach"))
 }
 
-/// Runs the EP until `shutdown` is cancelled: attaches to the scheduler (reconnecting with
-/// backoff from 100 ms to 5 s), runs each assignment in its own task and reports it. Reports of
-/// jobs that end while disconnected are sent after the next attach. On shutdown it stops taking
-/// jobs, waits up to [`Settings::drain_timeout`] for in-flight jobs and their reports, and closes.
+/// Runs the EP until `shutdown` is cancelled, then drains: [`run_with`] with `shutdown` as the
+/// drain and no quick stop.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with(settings, shutdown, CancellationToken::new()).await
+}
+
+/// Runs the EP: attaches to the scheduler (reconnecting with backoff from 100 ms to 5 s), runs
+/// each assignment in its own task and reports it. Reports of jobs that end while disconnected
+/// are sent after the next attach.
+///
+/// - `drain` (SIGTERM in `htfaas ep`; also the end of [`Settings::lifetime`] or
+///   [`Settings::idle_shutdown`]): the EP sends `Draining` (the scheduler then assigns it
+///   nothing more; an `Assign` already on its way is answered at once with a `Cancelled`
+///   report, reason `EP draining`), keeps the session while running jobs finish and their
+///   reports go out, up to [`Settings::drain_timeout`], then closes and returns. Jobs still
+///   running at that deadline are stopped as below.
+/// - `stop` (SIGINT or a second SIGTERM in `htfaas ep`): the EP says `Draining` too, cancels
+///   every running job and does not report them (the scheduler runs them again when the
+///   session closes), sends the reports of jobs already finished, waits up to [`STOP_GRACE`]
+///   for the cancelled jobs to clean up, then closes and returns.
 ///
 /// Returns an error, without reconnecting, when the scheduler refuses the attach token for good
 /// (HTTP 401/403 on attach, close code 4401/4403); jobs still running then are cancelled and
 /// their reports lost (the scheduler hands them to another EP).
-pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run_with(settings: Settings, drain: CancellationToken, stop: CancellationToken) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
-    // The EP's own reasons to leave (lifetime, idle) end it the same way a signal does.
-    let leave = shutdown.child_token();
+    // The EP's own reasons to leave (lifetime, idle) end it the same way a drain does.
+    let leave = drain.child_token();
     let watcher = tokio::spawn(watch_lifecycle(settings.clone(), leave.clone()));
-    let result = link::run(settings, leave).await;
+    let result = link::run(settings, leave, stop).await;
     watcher.abort();
     result
 }
@@ -371,7 +507,8 @@ mod tests {
         assert_eq!(c.log_limit_bytes, 65536);
         assert_eq!(c.max_output_files, 64);
         assert_eq!(c.max_output_bytes, 16 << 30);
-        assert_eq!(c.slots, Resources::default());
+        // Left out: all detected (0), the default run time.
+        assert_eq!(c.slots, Resources { cpus: 0, memory_mb: 0, runtime_s: 3600, gpus: 0, disk_mb: 0 });
         assert_eq!(c.annex, None);
         let bad = serde_json::from_str::<Config>(
             r#"{"name":"ep1","scheduler_url":"u","attach_token":"t","work_dir":"/x","typo":1}"#,

@@ -9,6 +9,16 @@
 //! the attach token. `Cancel` fires the named job's signal (the job ends as `Cancelled` and
 //! reports like any other); a cancel for a job not running here is ignored.
 //!
+//! Leaving, in two speeds ([`crate::run_with`]):
+//! - drain: `Draining` goes out first on every session (before any report), so the scheduler
+//!   assigns nothing more; an `Assign` that crossed it is answered at once with a `Cancelled`
+//!   report (`EP draining`), never run; the session stays while running jobs finish and their
+//!   reports go out, and closes when none is left or at the drain deadline;
+//! - stop (asked for, or the drain deadline passed): running jobs are cancelled and their
+//!   `Cancelled` reports dropped (closing the session makes the scheduler run them again, which
+//!   a report would have turned into a failure); reports of jobs that ended before are still
+//!   sent; after [`STOP_GRACE`] the link leaves whatever remains.
+//!
 //! Failures and what follows:
 //! - connection refused, timeouts, HTTP 5xx or other refusals of the upgrade, a dropped socket,
 //!   close codes other than below: re-dial with backoff (100 ms doubling to 5 s);
@@ -29,16 +39,16 @@
 //! (`StreamExt::next`, `UnboundedReceiver::recv`, `Interval::tick`, `cancelled`); sends happen
 //! inside a branch body, never inside the `select!`.
 
-use crate::Settings;
 use crate::job::Jobs;
 use crate::runtime::CancelSignal;
+use crate::{STOP_GRACE, Settings};
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
-use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg};
+use htfaas_functions::proto::{EpMsg, Hello, JobReport, Outcome, SchedulerMsg, Usage};
 use rustls::ClientConfig;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,8 +95,13 @@ struct Link {
     pending: VecDeque<JobReport>,
     /// Frames from the scheduler that did not parse.
     bad_frames: u64,
-    /// Set once shutdown began: no new jobs; leave when `running` and `pending` are empty.
+    /// Set once a drain (or stop) began: no new jobs; leave when `running` and `pending` are
+    /// empty, or at this moment.
     drain_deadline: Option<Instant>,
+    /// Set once a stop began: the running jobs were cancelled.
+    stopping: bool,
+    /// Jobs cancelled by the stop, whose `Cancelled` report is dropped rather than sent.
+    stopped: HashSet<String>,
 }
 
 /// How a session ended without an error.
@@ -101,7 +116,14 @@ enum SessionEnd {
 #[error("{0}")]
 struct Refused(String);
 
-pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Reason of the `Cancelled` report answering an assignment that arrives while draining.
+pub(crate) const DRAINING_REASON: &str = "EP draining";
+
+pub(crate) async fn run(
+    settings: Arc<Settings>,
+    drain: CancellationToken,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let (report_tx, report_rx) = mpsc::unbounded_channel();
     let mut link = Link {
         jobs: Arc::new(Jobs::new(settings.clone())),
@@ -113,23 +135,33 @@ pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) ->
         pending: VecDeque::new(),
         bad_frames: 0,
         drain_deadline: None,
+        stopping: false,
+        stopped: HashSet::new(),
     };
     tracing::info!(name = %link.settings.name, url = %link.settings.attach_url, "ep starting");
     let mut backoff = MIN_BACKOFF;
     loop {
-        if shutdown.is_cancelled() {
+        if stop.is_cancelled() {
+            link.begin_stop("stop asked for");
+        }
+        if drain.is_cancelled() {
             link.begin_drain();
+        }
+        if link.drain_deadline.is_some() {
             link.absorb_finished();
             if link.drained() {
                 break;
             }
             if link.drain_expired() {
-                link.warn_abandoned();
-                break;
+                if link.stopping {
+                    link.warn_abandoned();
+                    break;
+                }
+                link.begin_stop("drain deadline passed");
             }
         }
         let mut welcomed = false;
-        match link.session(&shutdown, &mut welcomed).await {
+        match link.session(&drain, &stop, &mut welcomed).await {
             Ok(SessionEnd::Done) => break,
             Err(e) => {
                 if let Some(Refused(reason)) = e.downcast_ref::<Refused>() {
@@ -151,7 +183,8 @@ pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) ->
         }
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {}
-            _ = shutdown.cancelled(), if link.drain_deadline.is_none() => {}
+            _ = drain.cancelled(), if link.drain_deadline.is_none() => {}
+            _ = stop.cancelled(), if !link.stopping => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -163,8 +196,31 @@ pub(crate) async fn run(settings: Arc<Settings>, shutdown: CancellationToken) ->
 impl Link {
     fn begin_drain(&mut self) {
         if self.drain_deadline.is_none() {
-            tracing::info!(running = self.running.len(), "shutdown: no new jobs; draining");
+            tracing::info!(
+                running = self.running.len(),
+                deadline = ?self.settings.drain_timeout,
+                "draining: no new jobs; running ones finish"
+            );
             self.drain_deadline = Some(Instant::now() + self.settings.drain_timeout);
+        }
+    }
+
+    /// Cancels every running job (their reports will be dropped) and leaves [`STOP_GRACE`] for
+    /// them to clean up and for unsent reports to go out.
+    fn begin_stop(&mut self, why: &str) {
+        if self.stopping {
+            return;
+        }
+        self.begin_drain();
+        self.stopping = true;
+        self.drain_deadline = Some(Instant::now() + STOP_GRACE);
+        self.absorb_finished();
+        let mut ids: Vec<&str> = self.running.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        tracing::info!(%why, cancelled = ?ids, "stopping: running jobs cancelled; the scheduler runs them again");
+        for (id, signal) in &self.running {
+            signal.cancel("EP stopping");
+            self.stopped.insert(id.clone());
         }
     }
 
@@ -180,7 +236,7 @@ impl Link {
         tracing::warn!(
             running = self.running.len(),
             unsent_reports = self.pending.len(),
-            "drain deadline passed; leaving jobs and reports behind"
+            "out of time to drain and stop; leaving jobs and reports behind"
         );
     }
 
@@ -210,11 +266,20 @@ impl Link {
     fn finished(&mut self, report: JobReport) {
         self.running.remove(&report.job_id);
         self.settings.activity.set_running(self.running.len());
+        if self.stopped.remove(&report.job_id) && matches!(report.outcome, Outcome::Cancelled { .. }) {
+            tracing::info!(job.id = %report.job_id, "job stopped with the EP; not reported, so it runs again elsewhere");
+            return;
+        }
         self.pending.push_back(report);
     }
 
-    /// One connection: dial, hello, welcome, then serve until it fails or shutdown drains.
-    async fn session(&mut self, shutdown: &CancellationToken, welcomed: &mut bool) -> anyhow::Result<SessionEnd> {
+    /// One connection: dial, hello, welcome, then serve until it fails or a drain or stop ends.
+    async fn session(
+        &mut self,
+        drain: &CancellationToken,
+        stop: &CancellationToken,
+        welcomed: &mut bool,
+    ) -> anyhow::Result<SessionEnd> {
         let mut ws = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.dial()).await.context("dial timed out")??;
         let hello = EpMsg::Hello(Hello {
             name: self.settings.name.clone(),
@@ -229,8 +294,16 @@ impl Link {
         tracing::info!(%ep_id, pending_reports = self.pending.len(), "attached to scheduler");
 
         let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
+        // Whether this session's scheduler has been told `Draining`.
+        let mut told_draining = false;
         loop {
             self.absorb_finished();
+            if self.drain_deadline.is_some() && !told_draining {
+                let text = serde_json::to_string(&EpMsg::Draining)?;
+                ws.send(Message::text(text)).await.context("send draining")?;
+                told_draining = true;
+                tracing::info!(running = self.running.len(), "told the scheduler: draining");
+            }
             self.flush(&mut ws).await?;
             if self.drain_deadline.is_some() {
                 if self.drained() {
@@ -239,6 +312,10 @@ impl Link {
                     return Ok(SessionEnd::Done);
                 }
                 if self.drain_expired() {
+                    if !self.stopping {
+                        self.begin_stop("drain deadline passed");
+                        continue;
+                    }
                     self.warn_abandoned();
                     let _ = ws.close(None).await;
                     return Ok(SessionEnd::Done);
@@ -263,7 +340,8 @@ impl Link {
                     }
                 }
                 _ = ping.tick() => ws.send(Message::Ping(Default::default())).await.context("send ping")?,
-                _ = shutdown.cancelled(), if self.drain_deadline.is_none() => self.begin_drain(),
+                _ = drain.cancelled(), if self.drain_deadline.is_none() => self.begin_drain(),
+                _ = stop.cancelled(), if !self.stopping => self.begin_stop("stop asked for"),
                 _ = tokio::time::sleep_until(drain_wake), if self.drain_deadline.is_some() => {}
             }
         }
@@ -329,10 +407,17 @@ impl Link {
     fn on_text(&mut self, text: &str) {
         match serde_json::from_str::<SchedulerMsg>(text) {
             Ok(SchedulerMsg::Assign(job)) => {
-                if self.drain_deadline.is_some() {
-                    tracing::warn!(job.id = %job.job_id, "assignment during shutdown not started");
-                } else if self.running.contains_key(&job.job_id) {
+                if self.running.contains_key(&job.job_id) {
                     tracing::warn!(job.id = %job.job_id, "assignment for a job already running ignored");
+                } else if self.drain_deadline.is_some() {
+                    tracing::warn!(job.id = %job.job_id, "assignment while draining: answered cancelled, not run");
+                    self.pending.push_back(JobReport {
+                        job_id: job.job_id,
+                        outcome: Outcome::Cancelled { reason: DRAINING_REASON.to_owned() },
+                        usage: Usage::default(),
+                        outputs: Vec::new(),
+                        log: String::new(),
+                    });
                 } else {
                     let cancel = CancelSignal::new();
                     self.running.insert(job.job_id.clone(), cancel.clone());

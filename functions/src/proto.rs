@@ -554,8 +554,8 @@ pub struct Attempt {
     /// Unix ms; none while it runs.
     pub ended_at_ms: Option<u64>,
     /// `running`, `completed`, `failed`, `stopped` (held, removed or revoked while running),
-    /// `lost` (its EP went away or fell silent past its lease) or `interrupted` (the scheduler
-    /// restarted).
+    /// `lost` (its EP went away or fell silent past its lease), `returned` (the EP turned it
+    /// away unrun, e.g. while draining) or `interrupted` (the scheduler restarted).
     pub outcome: String,
     /// Why it ended so, when it did not complete.
     pub reason: String,

@@ -767,6 +767,23 @@ impl Queue {
             let Some((owner, cpus, stored, group)) = row else {
                 return Ok(None);
             };
+            if let (true, Outcome::Cancelled { reason }) = (stored == "running", &report.outcome) {
+                // Cancelled while the scheduler had not asked for it: the EP turned the job away
+                // (it is draining and the Assign crossed its `Draining`). Not the job's fault:
+                // it goes back to idle at once, nothing charged, no loss counted.
+                let now = db_int(now_ms());
+                tx.execute(
+                    "UPDATE attempts SET outcome = 'returned', reason = ?3, ended_at_ms = ?4 \
+                     WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+                    params![report.job_id, ep_session, format!("the EP returned it: {reason}"), now],
+                )?;
+                tx.execute(
+                    "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL WHERE id = ?1",
+                    params![report.job_id],
+                )?;
+                tx.commit()?;
+                return Ok(Some(Finished { owner, state: JobState::Idle }));
+            }
             let state = match (stored.as_str(), report.outcome.is_success()) {
                 ("removed", _) => JobState::Removed,
                 ("held", _) => JobState::Held,

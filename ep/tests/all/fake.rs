@@ -108,6 +108,10 @@ impl Conn {
         self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into() });
         hello
     }
+    /// The next message, or `None` once the EP closed the connection (bounded by [`WAIT`]).
+    pub async fn recv_or_closed(&mut self) -> Option<EpMsg> {
+        tokio::time::timeout(WAIT, self.from_ep.recv()).await.expect("EP message or close in time")
+    }
     pub async fn finished(&mut self) -> JobReport {
         match self.recv().await {
             EpMsg::Finished(r) => r,
@@ -242,7 +246,10 @@ pub struct Harness {
     conns: mpsc::UnboundedReceiver<Conn>,
     pub seen: Arc<Mutex<Seen>>,
     pub slow_dropped: Arc<AtomicBool>,
+    /// Drains the EP (`run_with`'s drain token).
     pub shutdown: CancellationToken,
+    /// Stops the EP at once (`run_with`'s stop token).
+    pub stop_now: CancellationToken,
     pub ep: tokio::task::JoinHandle<anyhow::Result<()>>,
     pub work: tempfile::TempDir,
     digests: HashMap<String, Digest>,
@@ -305,9 +312,9 @@ impl Harness {
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");
         settings.drain_timeout = Duration::from_secs(10);
-        let shutdown = CancellationToken::new();
-        let ep = tokio::spawn(htfaas_ep::run(settings, shutdown.clone()));
-        Harness { base, conns, seen, slow_dropped, shutdown, ep, work, digests }
+        let (shutdown, stop_now) = (CancellationToken::new(), CancellationToken::new());
+        let ep = tokio::spawn(htfaas_ep::run_with(settings, shutdown.clone(), stop_now.clone()));
+        Harness { base, conns, seen, slow_dropped, shutdown, stop_now, ep, work, digests }
     }
 
     pub async fn conn(&mut self) -> Conn {

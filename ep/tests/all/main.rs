@@ -3,9 +3,12 @@
 
 mod cancel;
 mod common;
+mod datapath;
 mod fake;
 mod lifecycle;
+mod limits;
 mod link;
+mod ops;
 mod runtime;
 mod sandbox;
 mod tls;

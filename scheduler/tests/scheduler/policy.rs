@@ -491,6 +491,18 @@ async fn an_ep_that_says_it_is_draining_gets_no_new_job_and_finishes_its_own() {
     assert_eq!(a.eps[0].refusal.as_deref(), Some("the EP is draining (it said so: shutting down)"));
     let eps: Vec<EpInfo> = admin_get(&server, "/v1/eps").await;
     assert_eq!(eps[0].state, EpAdminState::Draining);
+    // An Assign that crossed its Draining is returned unrun: the job is idle again, uncharged,
+    // and its attempt says so.
+    let (mut other, _) = attach_ep(&server, &fx, "ep-b", Resources::new(2, 4096, 3600)).await;
+    assert_eq!(expect_assign(&mut other, "alice").await, second);
+    send(&mut other, &EpMsg::Draining).await;
+    send(&mut other, &report(&second, Outcome::Cancelled { reason: "EP draining".into() }, Usage::default())).await;
+    server.wait_for_state(&second, JobState::Idle).await;
+    let history: Vec<Attempt> = admin_get(&server, &format!("/v1/jobs/{second}/history")).await;
+    assert_eq!(
+        (history[0].outcome.as_str(), history[0].reason.as_str()),
+        ("returned", "the EP returned it: EP draining")
+    );
     // Its running job still reports and is recorded.
     finish_ok(&mut ws, &first, 10).await;
     server.wait_for_state(&first, JobState::Completed).await;
