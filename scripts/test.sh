@@ -11,7 +11,8 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "== rustfmt is not installed (rustup component add rustfmt); skipping the format check" >&2
 fi
-echo "== example guests (wasm32-wasip1)" >&2
+echo "== example guests (wasm32-wasip1: Rust, then C)" >&2
 cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml
+examples/c/build.sh
 echo "== tests" >&2
 cargo test --workspace --no-fail-fast "$@"

@@ -3,6 +3,7 @@
 
 mod annex;
 mod configs;
+mod examples;
 mod jobs;
 mod overload;
 mod path;

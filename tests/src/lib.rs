@@ -110,3 +110,59 @@ pub async fn upload_checksum(client: &htfaas::client::Client) -> htfaas_function
     let wasm = std::fs::read(guest_wasm("checksum")).expect("read checksum.wasm");
     client.upload_module(wasm).await.expect("upload the checksum module")
 }
+
+/// Path of a C guest from `examples/c/` (`examples/c/build.sh`: clang for wasm32-wasi with
+/// Debian's wasi-libc), built once per test binary, next to the Rust guests.
+pub fn guest_wasm_c(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let built = BUILT.get_or_init(|| {
+        let out = Command::new(examples.join("c/build.sh")).output().map_err(|e| format!("run build.sh: {e}"))?;
+        if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+    });
+    if let Err(e) = built {
+        panic!("building the C example guests failed (clang, wasi-libc: scripts/install-deps.sh):\n{e}");
+    }
+    examples.join(format!("target/wasm32-wasip1/release/{name}.wasm"))
+}
+
+/// Runs the guest module at `wasm` once in the EP's runtime alone (no stack), with `input`
+/// as `/input/<name>` and `args` after its path; returns the run and the files it left in
+/// `/output`, by name. For what the stack does not return, such as a failed guest's stderr.
+/// Blocks the calling thread for the run.
+pub fn run_guest_alone(
+    wasm: &std::path::Path,
+    name: &str,
+    input: &[u8],
+    args: &[&str],
+) -> (htfaas_ep::runtime::GuestRun, std::collections::BTreeMap<String, Vec<u8>>) {
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    let (input_dir, output_dir) = (dir.path().join("input"), dir.path().join("output"));
+    std::fs::create_dir_all(&input_dir).expect("mkdir input");
+    std::fs::create_dir_all(&output_dir).expect("mkdir output");
+    std::fs::write(input_dir.join(name), input).expect("write the input");
+    let bytes = std::fs::read(wasm).expect("read the module");
+    let rt = htfaas_ep::Runtime::new().expect("runtime");
+    let guest = rt.load(&htfaas_functions::Digest::of(&bytes), &bytes).expect("load the module");
+    let stem = wasm.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut argv = vec![stem, format!("/input/{name}")];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let job = htfaas_ep::runtime::GuestJob {
+        argv,
+        env: vec![],
+        input_dir,
+        output_dir: output_dir.clone(),
+        resources: htfaas_functions::Resources::new(1, 512, 60),
+        log_limit_bytes: 64 * 1024,
+    };
+    // `run_job` blocks and drives its own runtime: a thread of its own, also from async tests.
+    let run = std::thread::scope(|s| s.spawn(|| rt.run_job(&guest, &job)).join()).expect("the guest's thread");
+    let outputs = std::fs::read_dir(&output_dir)
+        .expect("list outputs")
+        .map(|e| {
+            let e = e.expect("dir entry");
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).expect("read an output"))
+        })
+        .collect();
+    (run, outputs)
+}
