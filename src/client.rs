@@ -251,6 +251,11 @@ impl Client {
         self.admin_post(&path, verb, &body).await
     }
 
+    /// The guest's stdout and stderr of one job's last reported run.
+    pub async fn job_log(&self, id: &str) -> anyhow::Result<htfaas_functions::proto::JobLog> {
+        self.admin_get(&format!("/v1/jobs/{}/log", segment(id)?)).await
+    }
+
     /// One job's run attempts, first first.
     pub async fn job_history(&self, id: &str) -> anyhow::Result<Vec<Attempt>> {
         self.admin_get(&format!("/v1/jobs/{}/history", segment(id)?)).await

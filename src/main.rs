@@ -249,6 +249,11 @@ enum JobsCommand {
         #[arg(long)]
         reason: String,
     },
+    /// The guest's stdout and stderr of a job's last reported run.
+    Log {
+        /// Job id.
+        id: String,
+    },
     /// A job's run attempts: where, when, how each ended.
     History {
         /// Job id.
@@ -826,6 +831,15 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs { dir, json, action: Some(action) } => {
             let (verb, id, reason) = match action {
                 JobsCommand::History { id } => return job_history(&dir, &id, json).await,
+                JobsCommand::Log { id } => {
+                    let log = client(&dir)?.job_log(&id).await?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&log)?);
+                    } else {
+                        print!("{}", log.log);
+                    }
+                    return Ok(());
+                }
                 JobsCommand::Analyze { id } => return job_analyze(&dir, &id, json).await,
                 JobsCommand::Hold { id, reason } => ("hold", id, reason),
                 JobsCommand::Release { id, reason } => ("release", id, reason),

@@ -563,6 +563,16 @@ pub struct Attempt {
     pub usage: Option<Usage>,
 }
 
+/// `GET /v1/jobs/{id}/log` (admin): the guest's stdout then stderr as the EP captured them
+/// (bounded by the EP and again by the scheduler), empty until the job has been reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLog {
+    /// The job.
+    pub job_id: String,
+    /// The log text.
+    pub log: String,
+}
+
 /// `GET /v1/jobs/{id}/analyze` (admin): why a job is, or is not, running (`condor_q -analyze`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobAnalysis {

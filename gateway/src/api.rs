@@ -16,6 +16,7 @@
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | admin | body `JobAction` → the job (the scheduler acts) |
 //! | `GET /v1/jobs/{id}/history` | admin | `Vec<Attempt>`, first attempt first |
+//! | `GET /v1/jobs/{id}/log` | admin | `JobLog`: the guest's stdout and stderr of its last reported run |
 //! | `GET /v1/jobs/{id}/analyze` | admin | `JobAnalysis`: why it runs or does not |
 //! | `GET /v1/eps` | admin | `Vec<EpInfo>`: attached EPs and names with an admin setting |
 //! | `POST /v1/eps/{name}/drain\|disable\|enable\|pause\|resume` | admin | body `EpAction` → `EpInfo` |
@@ -213,7 +214,7 @@ fn path_name(what: &str, name: &str) -> Result<String, Failure> {
     Ok(crate::storage_client::encode_path(name))
 }
 
-/// `GET /v1/jobs/{id}/history|analyze`: shares its path with the job actions, not its method.
+/// `GET /v1/jobs/{id}/history|analyze|log`: shares its path with the job actions, not its method.
 async fn proxy_job_view(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -221,8 +222,8 @@ async fn proxy_job_view(
 ) -> Result<Response, Failure> {
     require_admin(&shared, &headers)?;
     check_job_id(&id)?;
-    if !matches!(view.as_str(), "history" | "analyze") {
-        return Err(Failure(StatusCode::NOT_FOUND, format!("no job view {view:?} (history, analyze)")));
+    if !matches!(view.as_str(), "history" | "analyze" | "log") {
+        return Err(Failure(StatusCode::NOT_FOUND, format!("no job view {view:?} (history, analyze, log)")));
     }
     proxy(&shared, &headers, &format!("/v1/jobs/{id}/{view}")).await
 }

@@ -111,6 +111,7 @@ async fn admin_views_and_actions_reach_the_scheduler_with_its_token() {
     let h = Harness::start().await;
     let cases: [(&str, &str, Option<&str>, &str); 8] = [
         ("GET", "/v1/jobs/j-1/history", None, "/v1/jobs/j-1/history"),
+        ("GET", "/v1/jobs/j-1/log", None, "/v1/jobs/j-1/log"),
         ("GET", "/v1/jobs/j-1/analyze", None, "/v1/jobs/j-1/analyze"),
         ("POST", "/v1/jobs/j-1/hold", Some(r#"{"reason":"r"}"#), "/v1/jobs/j-1/hold"),
         ("GET", "/v1/eps", None, "/v1/eps"),
@@ -141,7 +142,7 @@ async fn bad_requests_are_refused_before_the_scheduler() {
     let h = Harness::start().await;
     let drain = Some(r#"{"reason":"r"}"#);
     let cases: [(&str, &str, Option<&str>, u16, &str); 8] = [
-        ("GET", "/v1/jobs/j-1/hold", None, 404, r#"no job view "hold" (history, analyze)"#),
+        ("GET", "/v1/jobs/j-1/hold", None, 404, r#"no job view "hold" (history, analyze, log)"#),
         ("GET", "/v1/jobs/j_1/history", None, 400, r#"bad job id "j_1": want [A-Za-z0-9-]"#),
         ("POST", "/v1/eps/ep-1/reboot", drain, 404, r#"no EP action "reboot" (drain, disable, enable, pause, resume)"#),
         ("POST", "/v1/eps/a%2Fb/drain", drain, 400, r#"bad EP name "a/b": want 1 to 128 printable characters"#),

@@ -11,6 +11,7 @@
 //! | `POST /v1/jobs/{id}/remove` | admin | `JobAction` → 200 `JobRecord`: idle, running or held → `removed` (a running job is stopped) |
 //! | `GET /v1/jobs/{id}/history` | admin | the job's run attempts (`Attempt`s), first first |
 //! | `GET /v1/jobs/{id}/analyze` | admin | `JobAnalysis`: why it is (not) running |
+//! | `GET /v1/jobs/{id}/log` | admin | `JobLog`: the guest's stdout and stderr of its last reported run |
 //! | `GET /v1/accounting` | admin | every owner's `Account` |
 //! | `GET /v1/priorities` | admin | `PriorityReport`: fair share per owner and group (`condor_userprio`) |
 //! | `POST /v1/accounting/{owner}/factor` | admin | `FactorRequest` → 200 `OwnerPriority` |
@@ -66,7 +67,7 @@ use htfaas_functions::manifest::{
     MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path,
 };
 use htfaas_functions::proto::{
-    Account, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis, JobRecord, OwnerPriority,
+    Account, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis, JobLog, JobRecord, OwnerPriority,
     PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
@@ -97,6 +98,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}/remove", post(remove))
         .route("/v1/jobs/{id}/history", get(history))
         .route("/v1/jobs/{id}/analyze", get(analyze))
+        .route("/v1/jobs/{id}/log", get(job_log))
         .route("/v1/accounting", get(accounting))
         .route("/v1/accounting/{owner}/factor", post(set_factor))
         .route("/v1/priorities", get(priorities))
@@ -425,6 +427,18 @@ async fn history(
 ) -> Result<Json<Vec<Attempt>>, ApiFailure> {
     require_admin(&shared, &headers)?;
     Ok(Json(shared.queue.history(id).await?))
+}
+
+async fn job_log(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<JobLog>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    match shared.queue.log(id.clone()).await? {
+        Some(log) => Ok(Json(JobLog { job_id: id, log })),
+        None => Err(ApiFailure::not_found(format!("job {id:?} not found"))),
+    }
 }
 
 async fn analyze(

@@ -1100,6 +1100,16 @@ impl Queue {
         .await
     }
 
+    /// The log of job `id`'s last reported run (empty before one); `None` for an unknown job.
+    pub async fn log(&self, id: String) -> Result<Option<String>, QueueError> {
+        self.call(move |conn| {
+            let log: Option<Option<String>> =
+                conn.query_row("SELECT log FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
+            Ok(log.map(Option::unwrap_or_default))
+        })
+        .await
+    }
+
     /// How often job `id` lost its EP, and until when it waits before running again (Unix
     /// ms; 0 when it does not wait).
     pub async fn retry_state(&self, id: String) -> Result<(u32, u64), QueueError> {

@@ -594,6 +594,12 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     assert_eq!(done.exit_code, Some(0));
     assert_eq!(done.outputs.len(), 1);
     assert!(done.finished_at_ms.is_some() && done.started_at_ms.is_some());
+    let (status, log) = server.get(&format!("/v1/jobs/{job}/log"), Some(ADMIN)).await;
+    assert_eq!((status, log["log"].as_str()), (StatusCode::OK, Some("done\n")));
+    let (status, _) = server.get("/v1/jobs/nope/log", Some(ADMIN)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = server.get(&format!("/v1/jobs/{job}/log"), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 
     // A second, failing job on the same session (which survived the noise).
     let job2 = server.submit(&fx.token("alice"), &fx.request("e2")).await.job_id;

@@ -53,6 +53,11 @@ async fn failed_job(client: &Client, input: &str) -> JobRecord {
     job
 }
 
+/// The job's log as the stack keeps it (`htfaas jobs log ID`).
+async fn log_of(client: &Client, job: &JobRecord) -> String {
+    client.job_log(&job.id).await.expect("job log").log
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calibrate_fires_on_an_upload_and_matches_the_native_kernel() {
     let (_dir, stack) = start_stack().await;
@@ -90,10 +95,12 @@ async fn calibrate_fires_on_an_upload_and_matches_the_native_kernel() {
     // Malformed: 25 samples is not a whole waveform.
     let bad = vec![0u8; 100];
     client.put_bytes(bad.clone(), "/data/waves/bad.f32").await.expect("put");
-    failed_job(&client, "/data/waves/bad.f32").await;
+    let job = failed_job(&client, "/data/waves/bad.f32").await;
+    let message = "calibrate: 25 samples is not a whole number of 64-sample waveforms\n";
+    assert_eq!(log_of(&client, &job).await, message);
     let (run, outputs) = run_guest_alone(&wasm, "bad.f32", &bad, &["--channels", "8"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(stderr, "calibrate: 25 samples is not a whole number of 64-sample waveforms\n");
+    assert_eq!(stderr, message);
     assert!(outputs.is_empty(), "{outputs:?}");
     stack.stop().await.expect("clean stop");
 }
@@ -167,10 +174,12 @@ async fn convert_fires_on_an_upload_and_summarises_each_column() {
     // Malformed: a field that is not a number.
     let bad = b"event,adc\n1,2\n2,x7\n".to_vec();
     client.put_bytes(bad.clone(), "/data/csv/bad.csv").await.expect("put");
-    failed_job(&client, "/data/csv/bad.csv").await;
+    let job = failed_job(&client, "/data/csv/bad.csv").await;
+    let message = "convert: bad.csv: line 3: field 2 (adc) is not a finite number: \"x7\"\n";
+    assert_eq!(log_of(&client, &job).await, message);
     let (run, outputs) = run_guest_alone(&wasm, "bad.csv", &bad, &[]);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(stderr, "convert: bad.csv: line 3: field 2 (adc) is not a finite number: \"x7\"\n");
+    assert_eq!(stderr, message);
     assert!(outputs.is_empty(), "{outputs:?}");
     stack.stop().await.expect("clean stop");
 }
