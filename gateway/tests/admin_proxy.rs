@@ -109,7 +109,7 @@ impl Drop for Harness {
 #[tokio::test]
 async fn admin_views_and_actions_reach_the_scheduler_with_its_token() {
     let h = Harness::start().await;
-    let cases: [(&str, &str, Option<&str>, &str); 8] = [
+    let cases: [(&str, &str, Option<&str>, &str); 9] = [
         ("GET", "/v1/jobs/j-1/history", None, "/v1/jobs/j-1/history"),
         ("GET", "/v1/jobs/j-1/log", None, "/v1/jobs/j-1/log"),
         ("GET", "/v1/jobs/j-1/analyze", None, "/v1/jobs/j-1/analyze"),
