@@ -31,6 +31,11 @@ use std::io::Read as _;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// `slots.gpus` meaning "detect" (a config that leaves `gpus` out); an explicit 0 is none.
+pub const DETECT_GPUS: u32 = u32::MAX;
+/// `slots.disk_mb` meaning "detect" (a config that leaves `disk_mb` out); an explicit 0 is none.
+pub const DETECT_DISK_MB: u64 = u64::MAX;
+
 /// How long `nvidia-smi` may take before it is killed and ignored.
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(5);
 /// Memory kept for the EP itself and the host, MiB: at least this…
@@ -103,6 +108,7 @@ impl Detected {
     /// Fails when cores or memory are asked for and could not be detected (the scheduler needs
     /// both); disk that cannot be read is offered as 0 (no job asking for disk comes here).
     pub fn fill(&self, slots: Resources) -> anyhow::Result<Resources> {
+        // Disk and GPUs may really be none: only the `DETECT_*` markers ask for detection.
         let mut out = slots;
         if out.cpus == 0 {
             let cpus = self.cpus.filter(|&c| c > 0).context("slots.cpus: cannot detect the cores; set it")?;
@@ -112,11 +118,11 @@ impl Detected {
             let total = self.memory_mb.filter(|&m| m > 1).context("slots.memory_mb: cannot detect memory; set it")?;
             out.memory_mb = after_reserve(total, MEMORY_RESERVE_MIN_MB, MEMORY_RESERVE_PERCENT).min(MAX_MEMORY_MB);
         }
-        if out.disk_mb == 0 {
+        if out.disk_mb == DETECT_DISK_MB {
             let free = self.disk_free_mb.unwrap_or(0);
             out.disk_mb = after_reserve(free, DISK_RESERVE_MIN_MB, DISK_RESERVE_PERCENT).min(MAX_DISK_MB);
         }
-        if out.gpus == 0 {
+        if out.gpus == DETECT_GPUS {
             out.gpus = self.gpus.min(MAX_GPUS);
         }
         Ok(out)

@@ -54,11 +54,13 @@ pub struct Config {
     /// Attach token (JWT), sent as `Authorization: Bearer` on the upgrade request. Required.
     pub attach_token: String,
     /// Total resources advertised: `cpus`, `memory_mb`, `disk_mb` (scratch), `gpus`; and
-    /// `runtime_s`, the longest job accepted (default 3600). A field left out or set to 0 is
-    /// detected at start (see [`detect`]): cores (cgroup quota included), memory (cgroup limit
-    /// included) less max(512 MiB, 10 %), free disk of `work_dir` less max(1 GiB, 5 %), NVIDIA
-    /// GPUs (`/dev/nvidia<N>`). Leaving `slots` out detects all four. Values given are used as
-    /// they are. What is advertised is logged at start. Default: all detected.
+    /// `runtime_s`, the longest job accepted (default 3600). A field left out is detected at
+    /// start (see [`detect`]): cores (cgroup quota included), memory (cgroup limit included)
+    /// less max(512 MiB, 10 %), free disk of `work_dir` less max(1 GiB, 5 %), NVIDIA GPUs
+    /// (`/dev/nvidia<N>`); `cpus` and `memory_mb` set to 0 are detected too, while `gpus: 0`
+    /// and `disk_mb: 0` mean none (so detected GPUs can be kept from jobs). Leaving `slots` out
+    /// detects all four. Values given are used as they are. What is advertised is logged at
+    /// start. Default: all detected.
     #[serde(default = "detected_slots", deserialize_with = "slots_or_detect")]
     pub slots: Resources,
     /// Scratch directory: `modules/` (module cache) and `jobs/<job id>/` (per-job input and
@@ -112,7 +114,13 @@ pub struct Config {
 
 /// `slots` when the config leaves it out: everything detected, the default run time.
 fn detected_slots() -> Resources {
-    Resources { cpus: 0, memory_mb: 0, runtime_s: Resources::default().runtime_s, gpus: 0, disk_mb: 0 }
+    Resources {
+        cpus: 0,
+        memory_mb: 0,
+        runtime_s: Resources::default().runtime_s,
+        gpus: detect::DETECT_GPUS,
+        disk_mb: detect::DETECT_DISK_MB,
+    }
 }
 
 /// `slots` as written: each field may be left out (detected, or for `runtime_s` its default).
@@ -507,8 +515,15 @@ mod tests {
         assert_eq!(c.log_limit_bytes, 65536);
         assert_eq!(c.max_output_files, 64);
         assert_eq!(c.max_output_bytes, 16 << 30);
-        // Left out: all detected (0), the default run time.
-        assert_eq!(c.slots, Resources { cpus: 0, memory_mb: 0, runtime_s: 3600, gpus: 0, disk_mb: 0 });
+        // Left out: all detected (0, or the markers for GPUs and disk), the default run time.
+        let detect_all = Resources {
+            cpus: 0,
+            memory_mb: 0,
+            runtime_s: 3600,
+            gpus: detect::DETECT_GPUS,
+            disk_mb: detect::DETECT_DISK_MB,
+        };
+        assert_eq!(c.slots, detect_all);
         assert_eq!(c.annex, None);
         let bad = serde_json::from_str::<Config>(
             r#"{"name":"ep1","scheduler_url":"u","attach_token":"t","work_dir":"/x","typo":1}"#,

@@ -5,7 +5,7 @@
 
 use crate::fake::{Harness, until};
 use htfaas_ep::Config;
-use htfaas_ep::detect::{self, Detected};
+use htfaas_ep::detect::{self, DETECT_DISK_MB, DETECT_GPUS, Detected};
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{EpMsg, Outcome, SchedulerMsg};
 use std::collections::BTreeMap;
@@ -183,7 +183,7 @@ fn fake_detected() -> Detected {
 #[tokio::test]
 async fn slots_left_at_zero_are_detected_less_the_reserve_and_given_ones_kept() {
     let work = tempfile::tempdir().expect("tempdir");
-    let open = Resources { cpus: 0, memory_mb: 0, runtime_s: 60, gpus: 0, disk_mb: 0 };
+    let open = Resources { cpus: 0, memory_mb: 0, runtime_s: 60, gpus: DETECT_GPUS, disk_mb: DETECT_DISK_MB };
     let s = config(work.path(), open, BTreeMap::new()).resolve_with(fake_detected()).await.expect("resolves");
     // Memory: 4096 less max(512, 10 %); disk: 100 GiB less max(1 GiB, 5 %).
     assert_eq!(s.slots, Resources { cpus: 3, memory_mb: 3584, runtime_s: 60, gpus: 2, disk_mb: 97280 });
@@ -191,6 +191,10 @@ async fn slots_left_at_zero_are_detected_less_the_reserve_and_given_ones_kept() 
     let given = Resources { cpus: 16, memory_mb: 1000, runtime_s: 60, gpus: 1, disk_mb: 10 };
     let s = config(work.path(), given, BTreeMap::new()).resolve_with(fake_detected()).await.expect("resolves");
     assert_eq!(s.slots, given);
+    // GPUs and disk given as 0 are none: detected GPUs can be kept from jobs.
+    let none = Resources { gpus: 0, disk_mb: 0, ..open };
+    let s = config(work.path(), none, BTreeMap::new()).resolve_with(fake_detected()).await.expect("resolves");
+    assert_eq!((s.slots.cpus, s.slots.gpus, s.slots.disk_mb), (3, 0, 0));
 
     // Cores or memory asked for but not detectable: the error names the field.
     let unknown = Detected { cpus: None, memory_mb: None, ..fake_detected() };
@@ -211,7 +215,7 @@ fn slots_fields_left_out_of_the_config_file_mean_detect() {
         let json = format!(r#"{{"name":"e","scheduler_url":"http://h:1","attach_token":"t","work_dir":"/w"{slots}}}"#);
         serde_json::from_str::<Config>(&json).map(|c| c.slots)
     };
-    let detect_all = Resources { cpus: 0, memory_mb: 0, runtime_s: 3600, gpus: 0, disk_mb: 0 };
+    let detect_all = Resources { cpus: 0, memory_mb: 0, runtime_s: 3600, gpus: DETECT_GPUS, disk_mb: DETECT_DISK_MB };
     assert_eq!(parse("").expect("no slots"), detect_all);
     assert_eq!(parse(r#","slots":{}"#).expect("empty slots"), detect_all);
     assert_eq!(parse(r#","slots":{"cpus":4}"#).expect("cpus only"), Resources { cpus: 4, ..detect_all });
@@ -219,12 +223,16 @@ fn slots_fields_left_out_of_the_config_file_mean_detect() {
         parse(r#","slots":{"cpus":2,"memory_mb":4096,"runtime_s":60,"gpus":1,"disk_mb":5}"#).expect("all"),
         Resources { cpus: 2, memory_mb: 4096, runtime_s: 60, gpus: 1, disk_mb: 5 }
     );
+    assert_eq!(parse(r#","slots":{"gpus":0}"#).expect("no GPUs"), Resources { gpus: 0, ..detect_all });
     assert!(parse(r#","slots":{"cpu":4}"#).is_err(), "a typo in slots is refused");
 
-    // The sample config keeps its cores, memory and run time; disk and GPUs become detected.
+    // The sample config keeps its cores, memory and run time; disk and GPUs are detected.
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/config/ep.json");
     let c: Config = serde_json::from_slice(&std::fs::read(sample).expect("read ep.json")).expect("parses");
-    assert_eq!(c.slots, Resources { cpus: 2, memory_mb: 4096, runtime_s: 3600, gpus: 0, disk_mb: 0 });
+    assert_eq!(
+        c.slots,
+        Resources { cpus: 2, memory_mb: 4096, runtime_s: 3600, gpus: DETECT_GPUS, disk_mb: DETECT_DISK_MB }
+    );
 }
 
 #[tokio::test]
@@ -269,7 +277,7 @@ async fn drain_says_draining_first_refuses_late_work_and_exits_after_the_last_re
     let mut c = h.conn().await;
     let hello = c.hello_welcome().await;
     assert!(hello.labels.contains_key("arch") && hello.labels.contains_key("os"), "{:?}", hello.labels);
-    assert!(hello.slots.disk_mb > 0, "disk left at 0 is detected: {:?}", hello.slots);
+    assert_eq!((hello.slots.gpus, hello.slots.disk_mb), (0, 0), "given as 0: none: {:?}", hello.slots);
     c.send(&SchedulerMsg::Assign(h.job_of("long", "sleep-4s", "wiki.txt")));
     let jobs = h.work.path().join("jobs").join("long");
     until("the job to start", || jobs.exists()).await;
