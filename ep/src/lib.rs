@@ -358,6 +358,7 @@ impl Config {
             pooling: true,
             max_instances: slots.cpus.saturating_add(16).min(1024),
             max_memory_bytes: slots.memory_mb.saturating_mul(1 << 20).min(runtime::WASM32_MAX_MEMORY),
+            ..RuntimeOptions::default()
         };
         let runtime = tokio::task::spawn_blocking(move || Runtime::with_options(options));
         let runtime = Arc::new(runtime.await.context("start wasm runtime")??);

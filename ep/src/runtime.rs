@@ -266,6 +266,52 @@ pub struct RuntimeOptions {
     /// Largest linear memory of any run, bytes: the largest job memory the EP accepts. Runs asking
     /// for more are capped here. At most 4 GiB (wasm32). Default: 4 GiB.
     pub max_memory_bytes: u64,
+    /// Most compiled modules kept in memory; past it the least recently used is dropped (its
+    /// artifact on disk stays). Default: [`DEFAULT_MAX_CACHED_MODULES`].
+    pub max_cached_modules: usize,
+    /// Most artifacts kept in `cache_dir`; past it the oldest (by modification time) are
+    /// deleted after a write. Default: [`DEFAULT_MAX_DISK_ARTIFACTS`].
+    pub max_disk_artifacts: usize,
+}
+
+/// Default of [`RuntimeOptions::max_cached_modules`].
+pub const DEFAULT_MAX_CACHED_MODULES: usize = 256;
+/// Default of [`RuntimeOptions::max_disk_artifacts`].
+pub const DEFAULT_MAX_DISK_ARTIFACTS: usize = 1024;
+
+/// Compiled modules in memory, least recently used dropped first past `cap`.
+struct ModuleCache {
+    map: HashMap<Digest, (Guest, u64)>,
+    /// Bumped on every use: a module's last use orders eviction.
+    clock: u64,
+    cap: usize,
+}
+
+impl ModuleCache {
+    fn new(cap: usize) -> ModuleCache {
+        ModuleCache { map: HashMap::new(), clock: 0, cap: cap.max(1) }
+    }
+
+    fn get(&mut self, digest: &Digest) -> Option<Guest> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.map.get_mut(digest).map(|(guest, used)| {
+            *used = clock;
+            guest.clone()
+        })
+    }
+
+    fn insert(&mut self, digest: Digest, guest: Guest) {
+        self.clock += 1;
+        while self.map.len() >= self.cap && !self.map.contains_key(&digest) {
+            let Some(oldest) = self.map.iter().min_by_key(|(_, (_, used))| *used).map(|(d, _)| d.clone()) else {
+                break;
+            };
+            self.map.remove(&oldest);
+            tracing::debug!(digest = %oldest.short(), "dropped a compiled module from memory (cache full)");
+        }
+        self.map.insert(digest, (guest, self.clock));
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -276,6 +322,8 @@ impl Default for RuntimeOptions {
             pooling: true,
             max_instances: 64,
             max_memory_bytes: WASM32_MAX_MEMORY,
+            max_cached_modules: DEFAULT_MAX_CACHED_MODULES,
+            max_disk_artifacts: DEFAULT_MAX_DISK_ARTIFACTS,
         }
     }
 }
@@ -284,7 +332,7 @@ impl Default for RuntimeOptions {
 pub struct Runtime {
     engine: Engine,
     linker: Linker<Host>,
-    modules: Mutex<HashMap<Digest, Guest>>,
+    modules: Mutex<ModuleCache>,
     /// Fuel per run ([`RuntimeOptions::fuel`]); `Some` exactly when the engine meters.
     fuel: Option<u64>,
     /// Cap on any run's memory ([`RuntimeOptions::max_memory_bytes`], at most 4 GiB).
@@ -316,7 +364,7 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut Host| &mut h.wasi).map_err(anyhow::Error::from)?;
         let disk = match &options.cache_dir {
-            Some(dir) => Some(ArtifactCache::open(dir, &engine)?),
+            Some(dir) => Some(ArtifactCache::open(dir, &engine, options.max_disk_artifacts)?),
             None => None,
         };
         let weak = engine.weak();
@@ -332,7 +380,7 @@ impl Runtime {
         Ok(Runtime {
             engine,
             linker,
-            modules: Mutex::new(HashMap::new()),
+            modules: Mutex::new(ModuleCache::new(options.max_cached_modules)),
             fuel: options.fuel,
             max_memory_bytes,
             pooling,
@@ -361,12 +409,12 @@ impl Runtime {
 
     /// The compiled module for `digest`, if one is cached.
     pub fn cached(&self, digest: &Digest) -> Option<Guest> {
-        self.modules.lock().expect("module cache lock poisoned").get(digest).cloned()
+        self.modules.lock().expect("module cache lock poisoned").get(digest)
     }
 
     /// Number of compiled modules held in memory.
     pub fn cached_count(&self) -> usize {
-        self.modules.lock().expect("module cache lock poisoned").len()
+        self.modules.lock().expect("module cache lock poisoned").map.len()
     }
 
     /// Modules this runtime compiled with cranelift.
@@ -734,6 +782,8 @@ const STALE_TMP: Duration = Duration::from_secs(3600);
 /// `<dir>/<digest hex>.cwasm` files tagged with `<dir>/key`; see the module docs.
 struct ArtifactCache {
     dir: PathBuf,
+    /// [`RuntimeOptions::max_disk_artifacts`].
+    max_artifacts: usize,
     key: [u8; KEY_LEN],
     /// This engine's [`Engine::precompile_compatibility_hash`], as the bytes it hashes.
     engine_id: Vec<u8>,
@@ -765,7 +815,7 @@ impl std::hash::Hasher for HashBytes {
 
 impl ArtifactCache {
     /// Creates `dir` (0700) if needed, reads or makes its key, and removes stale temporary files.
-    fn open(dir: &Path, engine: &Engine) -> anyhow::Result<ArtifactCache> {
+    fn open(dir: &Path, engine: &Engine, max_artifacts: usize) -> anyhow::Result<ArtifactCache> {
         use anyhow::Context as _;
         fs::DirBuilder::new()
             .recursive(true)
@@ -776,7 +826,7 @@ impl ArtifactCache {
         let mut id = HashBytes(Vec::new());
         std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut id);
         remove_stale_tmp(dir);
-        Ok(ArtifactCache { dir: dir.to_owned(), key, engine_id: id.0 })
+        Ok(ArtifactCache { dir: dir.to_owned(), max_artifacts: max_artifacts.max(1), key, engine_id: id.0 })
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
@@ -828,7 +878,31 @@ impl ArtifactCache {
         file.extend_from_slice(ARTIFACT_MAGIC);
         file.extend_from_slice(&tag);
         file.extend_from_slice(artifact);
-        write_atomically(&self.dir, &self.path(digest), &file)
+        write_atomically(&self.dir, &self.path(digest), &file)?;
+        self.trim();
+        Ok(())
+    }
+
+    /// Deletes the oldest artifacts past [`RuntimeOptions::max_disk_artifacts`]; failures are
+    /// logged (a full cache only costs disk).
+    fn trim(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else { return };
+        let mut artifacts: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        if artifacts.len() <= self.max_artifacts {
+            return;
+        }
+        artifacts.sort();
+        let excess = artifacts.len() - self.max_artifacts;
+        for (_, path) in artifacts.into_iter().take(excess) {
+            match fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "deleted an old compiled artifact (cache full)"),
+                Err(e) => tracing::warn!(path = %path.display(), "failed to delete an old compiled artifact: {e}"),
+            }
+        }
     }
 }
 

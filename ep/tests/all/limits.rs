@@ -308,3 +308,36 @@ fn the_bytes_are_checked_against_the_digest_before_the_disk_is_read() {
     assert!(matches!(err, ModuleError::DigestMismatch { .. }), "{err}");
     assert_eq!(counts(&rt), (0, 0, 0), "nothing compiled, nothing read");
 }
+
+/// A module printing `n` (distinct bytes, so distinct digests).
+fn numbered(n: u32) -> String {
+    format!(r#"(module (memory (export "memory") 1) (func (export "_start") i32.const {n} drop))"#)
+}
+
+#[test]
+fn the_module_caches_are_bounded_in_memory_and_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = Runtime::with_options(RuntimeOptions {
+        cache_dir: Some(dir.path().to_owned()),
+        max_cached_modules: 2,
+        max_disk_artifacts: 2,
+        ..RuntimeOptions::default()
+    })
+    .expect("runtime");
+    let guests: Vec<Guest> = (0..3).map(|n| load(&rt, &numbered(n))).collect();
+    // Memory: the least recently used (0) went when the third came.
+    assert_eq!(rt.cached_count(), 2);
+    assert!(rt.cached(guests[0].digest()).is_none());
+    assert!(rt.cached(guests[1].digest()).is_some() && rt.cached(guests[2].digest()).is_some());
+    // Using 1 makes 2 the oldest: loading 0 again drops 2.
+    assert!(rt.cached(guests[1].digest()).is_some());
+    load(&rt, &numbered(0));
+    assert!(rt.cached(guests[2].digest()).is_none() && rt.cached(guests[1].digest()).is_some());
+    // Disk: at most two artifacts stay.
+    let artifacts = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .count();
+    assert_eq!(artifacts, 2);
+}
