@@ -26,6 +26,7 @@
 
 use anyhow::Context as _;
 use htfaas_functions::Resources;
+use htfaas_functions::proto::MAX_LABEL_BYTES;
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::{Component, Path, PathBuf};
@@ -52,8 +53,6 @@ const MAX_CPUS: u32 = 65_536;
 const MAX_MEMORY_MB: u64 = 64 * 1024 * 1024;
 const MAX_GPUS: u32 = 1024;
 const MAX_DISK_MB: u64 = 1024 * 1024 * 1024;
-/// Most bytes of a label value (the scheduler's limit).
-const MAX_LABEL_BYTES: usize = 128;
 
 /// What was found on the host.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

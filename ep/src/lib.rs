@@ -146,37 +146,10 @@ fn slots_or_detect<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Resources, 
     })
 }
 
-/// Most labels (the scheduler's limit).
-pub const MAX_LABELS: usize = 32;
-/// Longest label key or value, bytes (the scheduler's limit).
-pub const MAX_LABEL_BYTES: usize = 128;
-
-/// Checks labels as the scheduler does (at most [`MAX_LABELS`], keys 1-[`MAX_LABEL_BYTES`]
-/// bytes, values at most [`MAX_LABEL_BYTES`], no control characters); the error names the
-/// label.
+/// Checks labels as the scheduler does ([`htfaas_functions::proto::check_labels`]); the error
+/// names the label.
 pub fn check_labels(labels: &BTreeMap<String, String>) -> anyhow::Result<()> {
-    if labels.len() > MAX_LABELS {
-        bail!("labels: {} given, at most {MAX_LABELS}", labels.len());
-    }
-    for (k, v) in labels {
-        let shown: String = k.chars().take(32).collect();
-        if k.is_empty() {
-            bail!("labels: a key is empty");
-        }
-        if k.len() > MAX_LABEL_BYTES {
-            bail!("labels: key {shown:?}… is {} bytes, at most {MAX_LABEL_BYTES}", k.len());
-        }
-        if k.chars().any(char::is_control) {
-            bail!("labels: key {k:?} holds a control character");
-        }
-        if v.len() > MAX_LABEL_BYTES {
-            bail!("labels: {k:?}: value is {} bytes, at most {MAX_LABEL_BYTES}", v.len());
-        }
-        if v.chars().any(char::is_control) {
-            bail!("labels: {k:?}: value holds a control character");
-        }
-    }
-    Ok(())
+    htfaas_functions::proto::check_labels(labels).map_err(anyhow::Error::msg)
 }
 
 fn default_log_limit_bytes() -> usize {
@@ -297,7 +270,7 @@ impl Config {
         let slots = detected.fill(self.slots)?;
         let mut labels = self.labels;
         for (k, v) in detected.labels() {
-            if labels.len() >= MAX_LABELS {
+            if labels.len() >= htfaas_functions::proto::MAX_LABELS {
                 break;
             }
             labels.entry(k).or_insert(v);

@@ -241,6 +241,39 @@ pub struct Hello {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
+/// Most labels in a [`Hello`].
+pub const MAX_LABELS: usize = 32;
+/// Longest label key or value, bytes.
+pub const MAX_LABEL_BYTES: usize = 128;
+
+/// Why labels are refused: more than [`MAX_LABELS`], an empty key, a key or value longer than
+/// [`MAX_LABEL_BYTES`], or a control character. The message starts with `labels:` and names the
+/// label. The one rule: the EP checks its config with it, the scheduler every Hello.
+pub fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), String> {
+    if labels.len() > MAX_LABELS {
+        return Err(format!("labels: {} given, at most {MAX_LABELS}", labels.len()));
+    }
+    for (k, v) in labels {
+        let shown: String = k.chars().take(32).collect();
+        if k.is_empty() {
+            return Err("labels: a key is empty".into());
+        }
+        if k.len() > MAX_LABEL_BYTES {
+            return Err(format!("labels: key {shown:?}… is {} bytes, at most {MAX_LABEL_BYTES}", k.len()));
+        }
+        if k.chars().any(char::is_control) {
+            return Err(format!("labels: key {k:?} holds a control character"));
+        }
+        if v.len() > MAX_LABEL_BYTES {
+            return Err(format!("labels: {k:?}: value is {} bytes, at most {MAX_LABEL_BYTES}", v.len()));
+        }
+        if v.chars().any(char::is_control) {
+            return Err(format!("labels: {k:?}: value holds a control character"));
+        }
+    }
+    Ok(())
+}
+
 /// Messages from an EP to the scheduler, over the attach WebSocket (one JSON text frame each).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

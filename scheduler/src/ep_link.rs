@@ -26,7 +26,7 @@ use crate::queue::{Loss, now_ms};
 use crate::revocation::Credential;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
-use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg};
+use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg, check_labels};
 use htfaas_functions::token::AttachClaims;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -45,10 +45,6 @@ pub const MAX_BAD_FRAMES: u32 = 64;
 pub const MAX_EP_CPUS: u32 = 65_536;
 /// Largest EP an Hello may describe: memory, MiB (64 TiB).
 pub const MAX_EP_MEMORY_MB: u64 = 64 * 1024 * 1024;
-/// Most labels in a Hello.
-pub const MAX_LABELS: usize = 32;
-/// Longest label key or value, bytes.
-pub const MAX_LABEL_BYTES: usize = 128;
 /// Largest EP an Hello may describe: GPUs.
 pub const MAX_EP_GPUS: u32 = 1024;
 /// Largest EP an Hello may describe: disk, MiB (1 PiB).
@@ -80,18 +76,7 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     if s.runtime_s == 0 || s.runtime_s > 100 * MAX_RUNTIME_S {
         return Err(format!("slots.runtime_s must be 1..={}", 100 * MAX_RUNTIME_S));
     }
-    if h.labels.len() > MAX_LABELS
-        || h.labels.iter().any(|(k, v)| {
-            k.is_empty()
-                || k.len() > MAX_LABEL_BYTES
-                || v.len() > MAX_LABEL_BYTES
-                || (k.chars().chain(v.chars())).any(char::is_control)
-        })
-    {
-        return Err(format!(
-            "labels: at most {MAX_LABELS}, keys 1-{MAX_LABEL_BYTES} bytes, values at most {MAX_LABEL_BYTES}, printable"
-        ));
-    }
+    check_labels(&h.labels)?;
     if s.gpus > MAX_EP_GPUS {
         return Err(format!("slots.gpus must be 0..={MAX_EP_GPUS}"));
     }
@@ -376,6 +361,7 @@ async fn close(mut ws: WebSocket, code: u16, reason: &str) {
 mod tests {
     use super::*;
     use htfaas_functions::Resources;
+    use htfaas_functions::proto::{MAX_LABEL_BYTES, MAX_LABELS};
 
     #[test]
     fn the_hello_may_only_repeat_the_tokens_annex() {
