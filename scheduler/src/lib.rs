@@ -5,12 +5,18 @@
 //!   `POST /v1/preflight` runs the same checks without using the token; `GET /v1/ep/attach`
 //!   verifies an attach token and upgrades to a WebSocket; admin queries, job actions and
 //!   revocations.
-//! - [`queue`]: the SQLite store of jobs, submit-token uses, owner accounts and revocations
-//!   (schema version 3, migrated from 1 or 2 on open).
+//! - [`queue`]: the SQLite store of jobs, run attempts, submit-token uses, owner accounts
+//!   (with decayed usage and priority factors), group usage, revocations and EP admin settings
+//!   (schema version 4, migrated from 1, 2 or 3 on open).
 //! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished, Cancel), closed
 //!   when its attach token expires or is revoked.
 //! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy
-//!   (resources, owner restriction, annex, per-owner running limit).
+//!   (fair share, group quotas, partitionable resources, owner restriction, annex, per-owner
+//!   running limit, drains and group pauses); [`matching::EpSlot::refusal`] says why not.
+//! - [`policy`]: the site policy as configured: fair share, accounting groups, job classes,
+//!   requirements, leases and retries.
+//! - [`requirements`]: ClassAd-like requirement expressions (submit and hold requirements).
+//! - [`admin`]: EP drain, disable, enable and group pause; `analyze`; priorities and factors.
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
 //! - [`revocation`]: what a revocation names, the in-memory revoked set, and applying one.
@@ -26,7 +32,8 @@
 //! only on its annex; an EP holds a job's macaroons only as attenuated copies that expire soon
 //! after the job must end (and, when the job asks, work only from the EP's address); a revoked
 //! token is refused from the moment of its revocation, and nothing it started keeps running; a
-//! job is `running` only on a live session, and goes back to `idle` when that session ends.
+//! job is `running` only on a live session (one whose lease holds); when that session ends it
+//! runs again after a backoff, or is held past the retry limit.
 //! The scheduler holds ids, URLs and digests, never function bytes.
 //!
 //! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
