@@ -5,12 +5,14 @@
 //!   and the names of the NATS stream and subject that carry storage events;
 //! - [`token`]: the claims of submit tokens and attach tokens (JWT, EdDSA), minting and
 //!   verification;
+//! - [`event`]: storage events normalized from every source, which trigger rules read;
 //! - [`digest`], [`manifest`], [`registry`]: functions as content-addressed wasm modules with
 //!   versioned manifests, stored in SQLite plus a blob directory.
 //!
 //! Nothing outside this crate derives `Serialize` for a wire type.
 
 pub mod digest;
+pub mod event;
 pub mod macaroon;
 pub mod manifest;
 pub mod proto;
