@@ -166,3 +166,33 @@ pub struct BridgedEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
 }
+
+/// A CloudEvent (spec 1.0) in structured mode: the JSON the bridges publish, and what the
+/// gateway reads from any producer (binary mode carries the same attributes as `ce-*` headers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloudEvent {
+    /// `"1.0"`.
+    pub specversion: String,
+    /// Unique per `source`: with it, the occurrence's identity.
+    pub id: String,
+    /// URI reference naming the producer.
+    pub source: String,
+    /// The event's type, e.g. `org.htfaas.storage.xrootd-notify.closew`.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// The subject within the source (for storage: the path), when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// RFC 3339 time of the occurrence, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// Media type of `data`, e.g. `application/json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datacontenttype: Option<String>,
+    /// The payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// Extension attributes.
+    #[serde(flatten)]
+    pub extensions: std::collections::BTreeMap<String, serde_json::Value>,
+}

@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 /// NATS subject on which dCache billing messages (and ours) arrive.
 pub const EVENTS_SUBJECT: &str = "storage.dcache.billing";
+/// Subjects CloudEvents arrive on: `storage.cloudevents.<producer>`. The bridges publish on
+/// `storage.cloudevents.xrootd-notify` and `storage.cloudevents.dcache-sse`.
+pub const CLOUDEVENTS_SUBJECT_PREFIX: &str = "storage.cloudevents";
 /// JetStream stream that stores [`EVENTS_SUBJECT`]. File storage, limits retention, 7 days.
 pub const EVENTS_STREAM: &str = "DCACHE_BILLING";
 /// How long the stream keeps events.

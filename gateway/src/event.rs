@@ -7,18 +7,8 @@
 //! never retried.
 
 use htfaas_functions::manifest::is_clean_abs_path;
+use htfaas_functions::event::{EventKind, EventSource, SourceKind, StorageEvent};
 use htfaas_functions::proto::TransferMessage;
-
-/// A write that may fire functions.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageEvent {
-    /// The file's storage path (`transferPath`, else `billingPath`).
-    pub path: String,
-    /// Identity of the event for dedupe and audit: `<pnfsid>/<session>`.
-    pub id: String,
-    /// Size, when the message says.
-    pub size: Option<u64>,
-}
 
 /// What to do with a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +66,22 @@ pub fn decide(bytes: &[u8], fallback_id: &str) -> Result<Decision, EventError> {
         (Some(p), None) => format!("{p}/{fallback_id}"),
         _ => fallback_id.to_owned(),
     };
-    Ok(Decision::Fire(StorageEvent { path, id, size: msg.file_size }))
+    let producer = match (&msg.cell_name, &msg.cell_domain) {
+        (Some(c), Some(d)) => format!("{c}@{d}"),
+        (Some(c), None) => c.clone(),
+        _ => "unknown".to_owned(),
+    };
+    Ok(Decision::Fire(StorageEvent {
+        source: EventSource { kind: SourceKind::DcacheBilling, producer, message: Some(fallback_id.to_owned()) },
+        kind: EventKind::Write,
+        msg_type: "transfer".into(),
+        path,
+        size: msg.file_size,
+        storage_class: None,
+        owner: None,
+        id,
+        time: msg.date.clone(),
+    }))
 }
 
 #[cfg(test)]
@@ -99,14 +104,11 @@ mod tests {
     #[test]
     fn a_successful_write_fires_with_its_identity() {
         let d = decide(WRITE.as_bytes(), "seq-1").expect("parses");
-        assert_eq!(
-            d,
-            Decision::Fire(StorageEvent {
-                path: "/data/incoming/run42.h5".into(),
-                id: "0000C9B4E7A1F2D34E5C8B1A9F0E7D6C5B4A/pool:pool-a-1@pool-aDomain:1773479730123-4711".into(),
-                size: Some(104857600),
-            })
-        );
+        let Decision::Fire(e) = d else { panic!("a write fires: {d:?}") };
+        assert_eq!(e.path, "/data/incoming/run42.h5");
+        assert_eq!(e.id, "0000C9B4E7A1F2D34E5C8B1A9F0E7D6C5B4A/pool:pool-a-1@pool-aDomain:1773479730123-4711");
+        assert_eq!(e.size, Some(104857600));
+        assert_eq!(e.source.producer, "pool-a-1@pool-aDomain");
     }
 
     #[test]

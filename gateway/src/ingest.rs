@@ -8,7 +8,8 @@
 //! messages are counted and acked at once.
 
 use crate::Shared;
-use crate::event::{self, Decision, StorageEvent};
+use crate::event::{self, Decision};
+use htfaas_functions::event::StorageEvent;
 use crate::stats::Stats;
 use crate::submit::SubmitError;
 use anyhow::Context as _;
@@ -132,7 +133,7 @@ pub async fn handle(shared: &Shared, payload: &[u8], fallback_id: &str) -> Verdi
     };
     let functions: Vec<FunctionRecord> = shared
         .triggers
-        .matching(&event.path)
+        .matching(&event)
         .into_iter()
         // A function never fires on its own outputs (the simplest loop guard).
         .filter(|f| !event.path.starts_with(&f.manifest.outputs.dir))

@@ -1,5 +1,6 @@
-//! Compiled trigger rules: which registered functions a storage path fires.
+//! Compiled trigger rules: which registered functions a storage event fires.
 
+use htfaas_functions::event::{EventKind, StorageEvent};
 use htfaas_functions::{FunctionRecord, Registry, RegistryError};
 use std::sync::{Arc, RwLock};
 
@@ -31,9 +32,12 @@ impl TriggerCache {
         Ok(())
     }
 
-    /// Every function whose trigger matches `path`, in name order.
-    pub fn matching(&self, path: &str) -> Vec<FunctionRecord> {
+    /// Every function whose trigger matches `event`, in name order.
+    pub fn matching(&self, event: &StorageEvent) -> Vec<FunctionRecord> {
+        if event.kind != EventKind::Write {
+            return Vec::new();
+        }
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
-        all.iter().filter(|c| c.matcher.is_match(path)).map(|c| c.record.clone()).collect()
+        all.iter().filter(|c| c.matcher.is_match(&event.path)).map(|c| c.record.clone()).collect()
     }
 }
