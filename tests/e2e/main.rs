@@ -2,6 +2,7 @@
 //! One test binary (`cargo test -p htfaas-tests`), one module per concern.
 
 mod annex;
+mod bridges;
 mod configs;
 mod examples;
 mod jobs;
@@ -9,5 +10,7 @@ mod overload;
 mod path;
 mod revoke;
 mod security;
+mod sources;
 mod tokens;
+mod triggers;
 mod xrootd;
