@@ -164,6 +164,19 @@ enum Command {
         #[command(subcommand)]
         command: EventsCommand,
     },
+    /// Bridge a storage system's own event channel to CloudEvents on NATS.
+    Bridge {
+        #[command(subcommand)]
+        command: BridgeCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BridgeCommand {
+    /// Read XRootD `ofs.notify` lines and publish them.
+    XrootdNotify {},
+    /// Follow a dCache frontend's SSE storage events and publish them.
+    DcacheSse {},
 }
 
 #[derive(Subcommand)]
@@ -1000,6 +1013,12 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             let reply = client(&dir)?.run_function_on(&token, &function, &storage_path, annex.as_deref()).await?;
             println!("job {} submitted", reply.job_id);
             Ok(())
+        }
+        Command::Bridge { command: BridgeCommand::XrootdNotify {} } => {
+            htfaas_gateway::bridge::xrootd::run(htfaas_gateway::bridge::xrootd::Settings {}, on_signals()).await
+        }
+        Command::Bridge { command: BridgeCommand::DcacheSse {} } => {
+            htfaas_gateway::bridge::sse::run(htfaas_gateway::bridge::sse::Settings {}, on_signals()).await
         }
         Command::Events { command: EventsCommand::Publish { dir, file, subject } } => {
             let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;

@@ -6,8 +6,8 @@
 //! of another kind) or *malformed* (not a billing message at all); both are acked and counted,
 //! never retried.
 
-use htfaas_functions::manifest::is_clean_abs_path;
 use htfaas_functions::event::{EventKind, EventSource, SourceKind, StorageEvent};
+use htfaas_functions::manifest::is_clean_abs_path;
 use htfaas_functions::proto::TransferMessage;
 
 /// What to do with a message.

@@ -9,13 +9,13 @@
 
 use crate::Shared;
 use crate::event::{self, Decision};
-use htfaas_functions::event::StorageEvent;
 use crate::stats::Stats;
 use crate::submit::SubmitError;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
 use futures_util::StreamExt as _;
 use htfaas_functions::FunctionRecord;
+use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{
     EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest,
 };

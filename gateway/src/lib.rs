@@ -12,6 +12,7 @@
 //! a token, only their ids.
 
 pub mod api;
+pub mod bridge;
 pub mod event;
 pub mod ingest;
 pub mod stats;
