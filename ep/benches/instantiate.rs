@@ -13,8 +13,12 @@
 //!   (`Runtime::with_options`, pooling on and off);
 //! - `run_job.{pooling,on_demand}`: a whole [`Runtime::run_job`] of an empty `_start`: WASI
 //!   context with its two preopens, the per-run tokio runtime, instantiate, call, drop;
-//! - `compile.{checksum,generated}`: `Module::new` of `examples/…/checksum.wasm` (when built)
-//!   and of a generated module of a few MB, in ms and ms per MB of wasm (median of a few);
+//! - `run_job.checksum.{module,component}`: a whole [`Runtime::run_job`] of the `checksum`
+//!   example over a 1 KiB input, built as a WASI preview 1 module and as a preview 2 component
+//!   (when `examples/` is built for both targets): what a real guest's start and run cost;
+//! - `compile.{checksum,checksum_component,generated}`: `Module::new` / `Component::new` of the
+//!   `checksum` example (when built) and `Module::new` of a generated module of a few MB, in ms
+//!   and ms per MB of wasm (median of a few);
 //! - `disk_cache`: [`Runtime::load`] on a restarted runtime whose cache dir holds the artifact
 //!   (digest check, read, HMAC check, deserialize, link) against the same `load` compiling;
 //! - `limits.{loop,calls}`: one compute guest (a xorshift loop with memory traffic; a recursive
@@ -55,6 +59,7 @@ fn main() {
     for pooling in [true, false] {
         run_job(&b, pooling);
     }
+    checksum_kinds(&b);
     compile(&b);
     disk_cache(&b);
     limits(&b);
@@ -237,15 +242,64 @@ fn generated_module(mb: f64) -> Vec<u8> {
     wasm
 }
 
+/// `examples/target/<target>/release/checksum.wasm`, if built.
+fn checksum_wasm(target: &str) -> Option<Vec<u8>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/target/{target}/release/checksum.wasm"));
+    match std::fs::read(&path) {
+        Ok(wasm) => Some(wasm),
+        Err(e) => {
+            eprintln!("instantiate: checksum for {target} skipped, {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+fn checksum_kinds(b: &Bench) {
+    let rt = runtime(true);
+    for (kind, target) in [("module", "wasm32-wasip1"), ("component", "wasm32-wasip2")] {
+        let case = format!("run_job.checksum.{kind}");
+        if !b.wants(&case) {
+            continue;
+        }
+        let Some(wasm) = checksum_wasm(target) else { continue };
+        let guest = rt.load(&Digest::of(&wasm), &wasm).expect("loads");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (input, output) = (dir.path().join("input"), dir.path().join("output"));
+        std::fs::create_dir_all(&input).expect("mkdir");
+        std::fs::create_dir_all(&output).expect("mkdir");
+        std::fs::write(input.join("in.dat"), [7u8; 1024]).expect("input");
+        let job = GuestJob {
+            argv: vec!["checksum".into(), "/input/in.dat".into()],
+            env: Vec::new(),
+            input_dir: input,
+            output_dir: output,
+            resources: Resources::new(1, 64, 10),
+            log_limit_bytes: 64 * 1024,
+        };
+        b.sample(&case, "us", || {
+            let started = Instant::now();
+            let run = rt.run_job(&guest, &job);
+            let took = started.elapsed();
+            assert_eq!(run.outcome, Outcome::Exited { exit_code: 0 }, "{}", String::from_utf8_lossy(&run.stderr));
+            took
+        });
+    }
+}
+
 fn compile_case(b: &Bench, case: &str, wasm: &[u8], runs: usize) {
     if !b.wants(case) {
         return;
     }
     let rt = runtime(true);
+    let component = wasm.get(4..8) == Some(&[0x0d, 0, 1, 0]);
     let mut samples: Vec<Duration> = (0..runs)
         .map(|_| {
             let started = Instant::now();
-            Module::new(rt.engine(), wasm).expect("compiles");
+            if component {
+                wasmtime::component::Component::new(rt.engine(), wasm).expect("compiles");
+            } else {
+                Module::new(rt.engine(), wasm).expect("compiles");
+            }
             started.elapsed()
         })
         .collect();
@@ -259,10 +313,11 @@ fn compile_case(b: &Bench, case: &str, wasm: &[u8], runs: usize) {
 
 fn compile(b: &Bench) {
     let runs = if b.timed { 5 } else { 1 };
-    let checksum = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/target/wasm32-wasip1/release/checksum.wasm");
-    match std::fs::read(&checksum) {
-        Ok(wasm) => compile_case(b, "compile.checksum", &wasm, runs),
-        Err(e) => eprintln!("instantiate/compile.checksum: skipped, {}: {e}", checksum.display()),
+    if let Some(wasm) = checksum_wasm("wasm32-wasip1") {
+        compile_case(b, "compile.checksum", &wasm, runs);
+    }
+    if let Some(wasm) = checksum_wasm("wasm32-wasip2") {
+        compile_case(b, "compile.checksum_component", &wasm, runs);
     }
     if b.wants("compile.generated") || b.wants("disk_cache") {
         let wasm = generated_module(if b.timed { 3.0 } else { 0.2 });
@@ -296,7 +351,7 @@ fn disk_cache(b: &Bench) {
         rt.load(&digest, &wasm).expect("loads");
         loaded.push(started.elapsed());
         assert_eq!((rt.compiled_count(), rt.loaded_from_disk_count()), (0, 1));
-        let path = dir.path().join(format!("{}.cwasm", digest.hex()));
+        let path = rt.artifact_path(&digest).expect("a runtime with a cache dir");
         artifact_bytes = std::fs::metadata(&path).expect("artifact").len();
         std::fs::remove_file(&path).expect("rm artifact");
     }

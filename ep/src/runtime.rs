@@ -5,6 +5,14 @@
 //! No network here: callers hand in verified bytes and prepared directories, so this module is
 //! testable alone. A guest failing is an [`Outcome`], never an `Err`.
 //!
+//! Two kinds of guest, told apart by the binary's header ([`GuestKind::of`]): a core module run
+//! as a WASI preview 1 command (`_start`; Rust `wasm32-wasip1`, C with wasi-libc, Go, Zig), and
+//! a component run as a WASI preview 2 command (`wasi:cli/run`; Rust `wasm32-wasip2`, and any
+//! toolchain that makes components). Both get the same [`Host`] (one WASI context: the same
+//! preopens, argv, environment and log pipes), the same engine, pool, limits and disk cache.
+//! A preview 2 guest also has the socket interfaces linked, but its context grants no address
+//! and no name lookup, so every connect, bind and lookup is refused (tested by the sandbox probe).
+//!
 //! How a run starts fast:
 //! - instances, linear memories, tables and the fiber stacks guests run on come from wasmtime's
 //!   pooling allocator: [`RuntimeOptions::max_instances`] slots, each memory reserved up to
@@ -49,7 +57,9 @@
 //! current-thread tokio runtime, and drives the async WASI host on it, so the guest's CPU time
 //! is the thread's CPU time and async host calls stay cancellable.
 //!
-//! Artifacts on disk: `<cache_dir>/<digest hex>.cwasm` holds [`ARTIFACT_MAGIC`], a 32-byte
+//! Artifacts on disk: `<cache_dir>/<digest hex>.<engine tag>.cwasm` (the tag: 16 hex digits
+//! of a hash of the engine's compatibility hash, so EPs with different engine settings can share
+//! a directory) holds [`ARTIFACT_MAGIC`], a 32-byte
 //! HMAC-SHA256 tag, then the bytes of [`Module::serialize`]. The tag covers the digest, the
 //! engine's [`Engine::precompile_compatibility_hash`] and the artifact bytes, keyed by 32 random
 //! bytes in `<cache_dir>/key` (mode 0600, made on first use). Deserializing is `unsafe` (the
@@ -73,12 +83,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use wasmtime::component::Component;
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module, PoolingAllocationConfig, ResourceLimiter,
     Store, Trap, UpdateDeadline,
 };
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
+use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// Period of the engine's epoch ticker: the resolution of wall-time kills.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -159,22 +171,59 @@ pub enum ModuleError {
     /// Cranelift refused the bytes (not wasm, unsupported proposal, …).
     #[error("compile: {0}")]
     Compile(String),
-    /// The module is not a WASI preview 1 command: missing `_start`, or imports we do not offer.
-    #[error("not a WASI preview 1 command: {0}")]
+    /// Not a WASI command: a preview 1 module without `_start`, a preview 2 component that does
+    /// not export `wasi:cli/run`, or imports we do not offer.
+    #[error("not a WASI command: {0}")]
     NotACommand(String),
 }
 
-/// A compiled, linked module, ready to instantiate. Cheap to clone.
+/// Which kind of wasm binary a guest is, by its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestKind {
+    /// A core module, run as a WASI preview 1 command (`_start`).
+    Module,
+    /// A component, run as a WASI preview 2 command (`wasi:cli/run`).
+    Component,
+}
+
+impl GuestKind {
+    /// The kind `bytes` declare: a component's header has layer 1 (`\0asm`, version 0x0d,
+    /// layer 1), anything else is compiled as a core module (and refused by cranelift if it is
+    /// not one).
+    pub fn of(bytes: &[u8]) -> GuestKind {
+        match bytes.get(..8) {
+            Some([0, b'a', b's', b'm', _, _, 1, 0]) => GuestKind::Component,
+            _ => GuestKind::Module,
+        }
+    }
+}
+
+/// A compiled, linked module or component, ready to instantiate. Cheap to clone.
 #[derive(Clone)]
 pub struct Guest {
     digest: Digest,
-    pre: InstancePre<Host>,
+    linked: Linked,
+}
+
+/// The instantiate-ready form of each guest kind.
+#[derive(Clone)]
+enum Linked {
+    Module(InstancePre<Host>),
+    Component(CommandPre<Host>),
 }
 
 impl Guest {
     /// The module's digest.
     pub fn digest(&self) -> &Digest {
         &self.digest
+    }
+
+    /// Whether it is a preview 1 module or a preview 2 component.
+    pub fn kind(&self) -> GuestKind {
+        match self.linked {
+            Linked::Module(_) => GuestKind::Module,
+            Linked::Component(_) => GuestKind::Component,
+        }
     }
 }
 
@@ -220,9 +269,18 @@ pub struct GuestRun {
 }
 
 /// Per-store state: the WASI context and the memory limiter.
+///
+/// The one context serves both kinds of guest: preview 1 modules through its adapter, preview
+/// 2 components through [`WasiView`] (same preopens, arguments, environment and log pipes).
 pub struct Host {
     wasi: WasiP1Ctx,
     limits: MemoryLimiter,
+}
+
+impl WasiView for Host {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        self.wasi.ctx()
+    }
 }
 
 /// Caps linear memory and remembers the peak and whether a growth was refused.
@@ -250,7 +308,7 @@ impl ResourceLimiter for MemoryLimiter {
 /// How to build a [`Runtime`]. `RuntimeOptions::default()` is what [`Runtime::new`] uses.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
-    /// Directory for compiled artifacts (`<digest hex>.cwasm`) and their key (`key`), created
+    /// Directory for compiled artifacts (`<digest hex>.<engine tag>.cwasm`) and their key (`key`), created
     /// (mode 0700) if missing. Default: none (modules are compiled again after every restart).
     pub cache_dir: Option<PathBuf>,
     /// Fuel given to every run (about one unit per wasm instruction); a run that spends it ends
@@ -332,6 +390,7 @@ impl Default for RuntimeOptions {
 pub struct Runtime {
     engine: Engine,
     linker: Linker<Host>,
+    component_linker: wasmtime::component::Linker<Host>,
     modules: Mutex<ModuleCache>,
     /// Fuel per run ([`RuntimeOptions::fuel`]); `Some` exactly when the engine meters.
     fuel: Option<u64>,
@@ -356,13 +415,17 @@ impl Runtime {
     }
 
     /// Builds the engine (cranelift, epoch interruption, fuel if asked, pooling allocator unless
-    /// refused), the WASI p1 linker, opens the artifact cache, and starts the epoch ticker
+    /// refused), the WASI preview 1 and preview 2 linkers, opens the artifact cache, and starts the epoch ticker
     /// thread, which ends when the engine is dropped.
     pub fn with_options(options: RuntimeOptions) -> anyhow::Result<Runtime> {
         let max_memory_bytes = options.max_memory_bytes.min(WASM32_MAX_MEMORY);
         let (engine, pooling) = build_engine(&options, max_memory_bytes)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut Host| &mut h.wasi).map_err(anyhow::Error::from)?;
+        let mut component_linker = wasmtime::component::Linker::new(&engine);
+        // Includes `wasi:cli/exit.exit-with-code` (stable since WASI 0.2.12), so a preview 2
+        // guest's `std::process::exit(n)` reaches the job record as exit code n.
+        wasmtime_wasi::p2::add_to_linker_async(&mut component_linker).map_err(anyhow::Error::from)?;
         let disk = match &options.cache_dir {
             Some(dir) => Some(ArtifactCache::open(dir, &engine, options.max_disk_artifacts)?),
             None => None,
@@ -380,6 +443,7 @@ impl Runtime {
         Ok(Runtime {
             engine,
             linker,
+            component_linker,
             modules: Mutex::new(ModuleCache::new(options.max_cached_modules)),
             fuel: options.fuel,
             max_memory_bytes,
@@ -427,6 +491,12 @@ impl Runtime {
         self.loaded_from_disk.load(Ordering::Relaxed)
     }
 
+    /// Where the compiled artifact of `digest` is (or would be) kept on disk, when the runtime
+    /// has a [`RuntimeOptions::cache_dir`].
+    pub fn artifact_path(&self, digest: &Digest) -> Option<PathBuf> {
+        self.disk.as_ref().map(|disk| disk.path(digest))
+    }
+
     /// Artifacts on disk this runtime refused (and compiled again instead).
     pub fn rejected_from_disk_count(&self) -> u64 {
         self.rejected_from_disk.load(Ordering::Relaxed)
@@ -444,21 +514,41 @@ impl Runtime {
         if &actual != digest {
             return Err(ModuleError::DigestMismatch { expected: digest.clone(), actual });
         }
-        let (module, compiled) = match self.disk.as_ref().and_then(|disk| self.load_from_disk(disk, digest)) {
-            Some(module) => (module, false),
+        let kind = GuestKind::of(bytes);
+        let (code, compiled) = match self.disk.as_ref().and_then(|disk| self.load_from_disk(disk, digest, kind)) {
+            Some(code) => (code, false),
             None => {
-                let module = Module::new(&self.engine, bytes).map_err(|e| ModuleError::Compile(format!("{e:#}")))?;
+                let code = match kind {
+                    GuestKind::Module => Module::new(&self.engine, bytes).map(Code::Module),
+                    GuestKind::Component => Component::new(&self.engine, bytes).map(Code::Component),
+                }
+                .map_err(|e| ModuleError::Compile(format!("{e:#}")))?;
                 self.compiled.fetch_add(1, Ordering::Relaxed);
-                (module, true)
+                (code, true)
             }
         };
-        let has_start = module.exports().any(|e| e.name() == "_start" && e.ty().func().is_some());
-        if !has_start {
-            return Err(ModuleError::NotACommand("no exported function `_start`".into()));
-        }
-        let pre = self.linker.instantiate_pre(&module).map_err(|e| ModuleError::NotACommand(format!("{e:#}")))?;
+        let linked = match &code {
+            Code::Module(module) => {
+                let has_start = module.exports().any(|e| e.name() == "_start" && e.ty().func().is_some());
+                if !has_start {
+                    return Err(ModuleError::NotACommand("no exported function `_start`".into()));
+                }
+                let pre =
+                    self.linker.instantiate_pre(module).map_err(|e| ModuleError::NotACommand(format!("{e:#}")))?;
+                Linked::Module(pre)
+            }
+            Code::Component(component) => {
+                let pre = self
+                    .component_linker
+                    .instantiate_pre(component)
+                    .map_err(|e| ModuleError::NotACommand(format!("{e:#}")))?;
+                let pre = CommandPre::new(pre)
+                    .map_err(|e| ModuleError::NotACommand(format!("no export `wasi:cli/run`: {e:#}")))?;
+                Linked::Component(pre)
+            }
+        };
         if compiled && let Some(disk) = &self.disk {
-            match module.serialize() {
+            match code.serialize() {
                 Ok(artifact) => {
                     if let Err(e) = disk.write(digest, &artifact) {
                         tracing::warn!(digest = %digest.short(), "failed to store the compiled artifact: {e}");
@@ -467,13 +557,14 @@ impl Runtime {
                 Err(e) => tracing::warn!(digest = %digest.short(), "failed to serialize the compiled module: {e:#}"),
             }
         }
-        let guest = Guest { digest: digest.clone(), pre };
+        let guest = Guest { digest: digest.clone(), linked };
         self.modules.lock().expect("module cache lock poisoned").insert(digest.clone(), guest.clone());
         Ok(guest)
     }
 
-    /// The module from `disk`, if a verified artifact for `digest` is there and wasmtime takes it.
-    fn load_from_disk(&self, disk: &ArtifactCache, digest: &Digest) -> Option<Module> {
+    /// The compiled code from `disk`, if a verified artifact for `digest` is there and wasmtime
+    /// takes it as `kind`.
+    fn load_from_disk(&self, disk: &ArtifactCache, digest: &Digest, kind: GuestKind) -> Option<Code> {
         let refused = |why: String| {
             self.rejected_from_disk.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(digest = %digest.short(), path = %disk.path(digest).display(),
@@ -483,10 +574,10 @@ impl Runtime {
         match disk.read(digest) {
             Ok(None) => None,
             Err(why) => refused(why),
-            Ok(Some(artifact)) => match deserialize_verified(&self.engine, &artifact) {
-                Ok(module) => {
+            Ok(Some(artifact)) => match deserialize_verified(&self.engine, &artifact, kind) {
+                Ok(code) => {
                     self.loaded_from_disk.fetch_add(1, Ordering::Relaxed);
-                    Some(module)
+                    Some(code)
                 }
                 Err(e) => refused(format!("wasmtime refused it: {e:#}")),
             },
@@ -527,7 +618,8 @@ impl Runtime {
         }
     }
 
-    /// Instantiates and calls `_start`; returns the outcome, the peak memory and the fuel used.
+    /// Instantiates and calls `_start` (module) or `wasi:cli/run` (component); returns the
+    /// outcome, the peak memory and the fuel used.
     async fn call(
         &self,
         guest: &Guest,
@@ -573,9 +665,23 @@ impl Runtime {
         let deadline = limit.saturating_add(HOST_CALL_GRACE);
         let result = {
             let run = async {
-                let instance = guest.pre.instantiate_async(&mut store).await.map_err(Failure::Instantiate)?;
-                let start = instance.get_typed_func::<(), ()>(&mut store, "_start").map_err(Failure::Instantiate)?;
-                start.call_async(&mut store, ()).await.map_err(Failure::Run)
+                match &guest.linked {
+                    Linked::Module(pre) => {
+                        let instance = pre.instantiate_async(&mut store).await.map_err(Failure::Instantiate)?;
+                        let start =
+                            instance.get_typed_func::<(), ()>(&mut store, "_start").map_err(Failure::Instantiate)?;
+                        start.call_async(&mut store, ()).await.map_err(Failure::Run)
+                    }
+                    Linked::Component(pre) => {
+                        let command = pre.instantiate_async(&mut store).await.map_err(Failure::Instantiate)?;
+                        match command.wasi_cli_run().call_run(&mut store).await {
+                            Ok(Ok(())) => Ok(()),
+                            // `run` returning `err` is the command's exit status 1.
+                            Ok(Err(())) => Err(Failure::Run(wasmtime::Error::new(I32Exit(1)))),
+                            Err(e) => Err(Failure::Run(e)),
+                        }
+                    }
+                }
             };
             tokio::select! {
                 biased;
@@ -638,6 +744,21 @@ impl Runtime {
             }
         };
         ended(outcome)
+    }
+}
+
+/// Compiled code of either guest kind, before linking.
+enum Code {
+    Module(Module),
+    Component(Component),
+}
+
+impl Code {
+    fn serialize(&self) -> wasmtime::Result<Vec<u8>> {
+        match self {
+            Code::Module(m) => m.serialize(),
+            Code::Component(c) => c.serialize(),
+        }
     }
 }
 
@@ -779,7 +900,7 @@ const KEY_LEN: usize = 32;
 /// Temporary files older than this, left by a crash mid-write, are removed at start.
 const STALE_TMP: Duration = Duration::from_secs(3600);
 
-/// `<dir>/<digest hex>.cwasm` files tagged with `<dir>/key`; see the module docs.
+/// `<dir>/<digest hex>.<engine tag>.cwasm` files tagged with `<dir>/key`; see the module docs.
 struct ArtifactCache {
     dir: PathBuf,
     /// [`RuntimeOptions::max_disk_artifacts`].
@@ -787,6 +908,10 @@ struct ArtifactCache {
     key: [u8; KEY_LEN],
     /// This engine's [`Engine::precompile_compatibility_hash`], as the bytes it hashes.
     engine_id: Vec<u8>,
+    /// 16 hex digits naming this engine configuration in file names, so EPs with different
+    /// engines (fuel or not, another wasmtime) can share a directory without evicting each
+    /// other's artifacts.
+    engine_tag: String,
 }
 
 /// Artifact bytes whose tag verified: the only input [`deserialize_verified`] takes.
@@ -826,11 +951,12 @@ impl ArtifactCache {
         let mut id = HashBytes(Vec::new());
         std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut id);
         remove_stale_tmp(dir);
-        Ok(ArtifactCache { dir: dir.to_owned(), max_artifacts: max_artifacts.max(1), key, engine_id: id.0 })
+        let engine_tag = hex::encode(&<Sha256 as sha2::Digest>::digest(&id.0)[..8]);
+        Ok(ArtifactCache { dir: dir.to_owned(), max_artifacts: max_artifacts.max(1), key, engine_id: id.0, engine_tag })
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
-        self.dir.join(format!("{}.cwasm", digest.hex()))
+        self.dir.join(format!("{}.{}.cwasm", digest.hex(), self.engine_tag))
     }
 
     /// The MAC of an artifact of `digest` for this engine, before finalisation.
@@ -906,9 +1032,10 @@ impl ArtifactCache {
     }
 }
 
-/// Turns verified artifact bytes into a module.
+/// Turns verified artifact bytes into a module or component (`kind` comes from the wasm bytes,
+/// whose digest the tag covers; wasmtime refuses an artifact of the other kind).
 #[allow(unsafe_code)]
-fn deserialize_verified(engine: &Engine, artifact: &VerifiedArtifact) -> wasmtime::Result<Module> {
+fn deserialize_verified(engine: &Engine, artifact: &VerifiedArtifact, kind: GuestKind) -> wasmtime::Result<Code> {
     // SAFETY: `Module::deserialize` maps the bytes as machine code, so they must be an artifact
     // wasmtime itself produced for a compatible engine. A `VerifiedArtifact` carries an
     // HMAC-SHA256 tag over (digest, this engine's precompile-compatibility hash, these bytes)
@@ -916,7 +1043,12 @@ fn deserialize_verified(engine: &Engine, artifact: &VerifiedArtifact) -> wasmtim
     // exactly these bytes with an engine configured like this one. The bytes were read into
     // memory before the check, so nothing changed them in between. wasmtime also checks its own
     // header (version, target, flags) and refuses a mismatch with an error.
-    unsafe { Module::deserialize(engine, artifact.bytes()) }
+    unsafe {
+        match kind {
+            GuestKind::Module => Module::deserialize(engine, artifact.bytes()).map(Code::Module),
+            GuestKind::Component => Component::deserialize(engine, artifact.bytes()).map(Code::Component),
+        }
+    }
 }
 
 /// The cache key in `<dir>/key`, made (random, 0600) when missing. A key file that is not 32

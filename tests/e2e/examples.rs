@@ -183,3 +183,22 @@ async fn convert_fires_on_an_upload_and_summarises_each_column() {
     assert!(outputs.is_empty(), "{outputs:?}");
     stack.stop().await.expect("clean stop");
 }
+
+/// The same `calibrate` source built as a WASI preview 2 component takes the whole path too:
+/// fired by an upload, input and output through the macaroons, the same bytes as native.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calibrate_as_a_preview_2_component_fires_on_an_upload_and_matches_the_native_kernel() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let wasm = htfaas_tests::guest_component("calibrate");
+    let bytes = std::fs::read(&wasm).expect("read the component");
+    assert_eq!(htfaas_ep::runtime::GuestKind::of(&bytes), htfaas_ep::runtime::GuestKind::Component);
+    register(&client, &wasm, "calibrate-p2", "/data/waves-p2", "/data/calib-p2/", &["--channels", "4"]).await;
+
+    let samples = kernel::synthesize(512, 4, 7);
+    client.put_bytes(kernel::to_le_bytes(&samples), "/data/waves-p2/run1.f32").await.expect("put");
+    let got = output(&client, "/data/calib-p2/run1.f32.calib.json").await;
+    let native = kernel::calibrate(&samples, 4, 4).expect("valid input");
+    assert_eq!(String::from_utf8(got).expect("UTF-8"), kernel::to_json("run1.f32", &native));
+    stack.stop().await.expect("clean stop");
+}

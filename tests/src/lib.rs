@@ -8,13 +8,23 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Path of a guest module from `examples/`, building the examples workspace once per test
-/// binary (`cargo build --release --target wasm32-wasip1`).
+/// binary (`cargo build --release --target wasm32-wasip1 --target wasm32-wasip2`).
 pub fn guest_wasm(name: &str) -> PathBuf {
+    examples_built().join(format!("wasm32-wasip1/release/{name}.wasm"))
+}
+
+/// Path of the same guest built as a WASI preview 2 component.
+pub fn guest_component(name: &str) -> PathBuf {
+    examples_built().join(format!("wasm32-wasip2/release/{name}.wasm"))
+}
+
+/// Builds the Rust example guests for both WASI targets once; returns `examples/target`.
+fn examples_built() -> PathBuf {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let built = BUILT.get_or_init(|| {
         let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--release", "--target", "wasm32-wasip1", "--manifest-path"])
+            .args(["build", "--release", "--target", "wasm32-wasip1", "--target", "wasm32-wasip2", "--manifest-path"])
             .arg(examples.join("Cargo.toml"))
             .output()
             .map_err(|e| format!("run cargo: {e}"))?;
@@ -22,10 +32,11 @@ pub fn guest_wasm(name: &str) -> PathBuf {
     });
     if let Err(e) = built {
         panic!(
-            "building the example guests failed (is the wasm32-wasip1 target installed? scripts/install-deps.sh):\n{e}"
+            "building the example guests failed (are the wasm32-wasip1 and wasm32-wasip2 targets installed? \
+             scripts/install-deps.sh):\n{e}"
         );
     }
-    examples.join(format!("target/wasm32-wasip1/release/{name}.wasm"))
+    examples.join("target")
 }
 
 /// A stack in a fresh temporary directory, deleted when the returned guard drops.

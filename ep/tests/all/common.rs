@@ -5,15 +5,15 @@ use htfaas_functions::{Digest, Resources};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// Builds `examples/` for wasm32-wasip1 (once) and returns the release directory.
-pub fn guests_dir() -> &'static Path {
+/// Builds `examples/` for wasm32-wasip1 and wasm32-wasip2 (once) and returns `examples/target`.
+fn examples_target() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/Cargo.toml");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let started = std::time::Instant::now();
         let status = std::process::Command::new(cargo)
-            .args(["build", "--release", "--target", "wasm32-wasip1", "--manifest-path"])
+            .args(["build", "--release", "--target", "wasm32-wasip1", "--target", "wasm32-wasip2", "--manifest-path"])
             .arg(&manifest)
             .env_remove("CARGO_TARGET_DIR")
             .env_remove("RUSTFLAGS")
@@ -22,13 +22,24 @@ pub fn guests_dir() -> &'static Path {
             .expect("run cargo build for examples/");
         assert!(status.success(), "building examples/ failed: {status}");
         eprintln!("built examples/ in {:?}", started.elapsed());
-        manifest.parent().expect("examples dir").join("target/wasm32-wasip1/release")
+        manifest.parent().expect("examples dir").join("target")
     })
 }
 
-/// Bytes of an example guest, e.g. `checksum`.
+/// The release directory of the preview 1 guests (core modules).
+pub fn guests_dir() -> PathBuf {
+    examples_target().join("wasm32-wasip1/release")
+}
+
+/// Bytes of an example guest built as a preview 1 module, e.g. `checksum`.
 pub fn guest_bytes(name: &str) -> Vec<u8> {
     let path = guests_dir().join(format!("{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Bytes of an example guest built as a preview 2 component (same source).
+pub fn component_bytes(name: &str) -> Vec<u8> {
+    let path = examples_target().join(format!("wasm32-wasip2/release/{name}.wasm"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 

@@ -139,7 +139,11 @@ impl Flaky {
     /// A job running the WAT guest `wat` (served at `/modules/{name}`) over `input_path`, its
     /// outputs PUT under `/out/{id}/`.
     fn job(&self, id: &str, name: &str, wat: &str, input_path: &str) -> JobAssignment {
-        let bytes = wat::parse_str(wat).expect("valid wat");
+        self.job_of(id, name, wat::parse_str(wat).expect("valid wat"), input_path, &[])
+    }
+
+    /// A job running the wasm `bytes` (a module or a component) with `args` after the input.
+    fn job_of(&self, id: &str, name: &str, bytes: Vec<u8>, input_path: &str, args: &[&str]) -> JobAssignment {
         let digest = Digest::of(&bytes);
         self.file(&format!("/modules/{name}"), bytes);
         JobAssignment {
@@ -157,7 +161,7 @@ impl Flaky {
                 macaroon: READ_MAC.into(),
             },
             output: OutputSpec { url: format!("{}/out/{id}/", self.base), macaroon: WRITE_MAC.into() },
-            args: vec![],
+            args: args.iter().map(|a| a.to_string()).collect(),
             env: vec![],
         }
     }
@@ -378,5 +382,40 @@ async fn five_thousand_files_exceed_the_file_limit_and_nothing_is_stored() {
 
     c.send(&SchedulerMsg::Assign(f.job("after-files", "write-one", WRITE_ONE, "/in/small.dat")));
     assert_eq!(c.finished().await.outcome, Outcome::Exited { exit_code: 0 });
+    h.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Preview 2 components through the whole EP: the same data path and output limits.
+
+#[tokio::test]
+async fn a_component_runs_through_the_data_path_and_its_floods_are_stopped() {
+    let (h, mut c, f) = start(|cfg| cfg.max_output_bytes = 8 << 20).await;
+    f.file("/in/wiki.txt", Bytes::from_static(b"Wikipedia"));
+    let checksum = crate::common::component_bytes("checksum");
+    c.send(&SchedulerMsg::Assign(f.job_of("p2-checksum", "checksum-p2", checksum, "/in/wiki.txt", &[])));
+    let r = c.finished().await;
+    assert_eq!(r.outcome, Outcome::Exited { exit_code: 0 }, "{}\n{}", reason(&r), r.log);
+    assert_eq!(f.puts(), ["/out/p2-checksum/in.dat.checksums.json"]);
+    let json = f.script.lock().expect("lock").puts["/out/p2-checksum/in.dat.checksums.json"].clone();
+    let v: serde_json::Value = serde_json::from_slice(&json).expect("json");
+    assert_eq!(v["adler32"], "11e60398");
+
+    let hostile = crate::common::component_bytes("hostile");
+    c.send(&SchedulerMsg::Assign(f.job_of(
+        "p2-files",
+        "hostile-p2",
+        hostile.clone(),
+        "/in/wiki.txt",
+        &["files", "5000"],
+    )));
+    let r = c.finished().await;
+    let Outcome::OutputExceeded { reason } = &r.outcome else { panic!("want OutputExceeded, got {:?}", r.outcome) };
+    assert!(reason.contains("output file limit of 64"), "{reason}");
+    c.send(&SchedulerMsg::Assign(f.job_of("p2-write", "hostile-p2", hostile, "/in/wiki.txt", &["write", "64"])));
+    let r = c.finished().await;
+    let Outcome::OutputExceeded { reason } = &r.outcome else { panic!("want OutputExceeded, got {:?}", r.outcome) };
+    assert!(reason.contains("more than the output byte limit of 8388608"), "{reason}");
+    assert_eq!(f.puts(), ["/out/p2-checksum/in.dat.checksums.json"], "nothing of the floods was uploaded");
     h.stop().await;
 }

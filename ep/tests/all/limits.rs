@@ -173,7 +173,16 @@ fn cached_runtime(dir: &Path) -> Runtime {
 
 fn artifact_path(dir: &Path, wat: &str) -> PathBuf {
     let bytes = wat::parse_str(wat).expect("valid wat");
-    dir.join(format!("{}.cwasm", digest(&bytes).hex()))
+    cached_runtime(dir).artifact_path(&digest(&bytes)).expect("a runtime with a cache dir")
+}
+
+fn fueled_runtime(dir: &Path) -> Runtime {
+    Runtime::with_options(RuntimeOptions {
+        cache_dir: Some(dir.to_owned()),
+        fuel: Some(1_000_000),
+        ..RuntimeOptions::default()
+    })
+    .expect("runtime")
 }
 
 /// (compiled, loaded from disk, rejected) so far.
@@ -286,15 +295,31 @@ fn a_missing_or_unfit_key_means_recompiling() {
 #[test]
 fn an_artifact_for_another_engine_configuration_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    seed(dir.path()); // without fuel
-    let fueled = Runtime::with_options(RuntimeOptions {
-        cache_dir: Some(dir.path().to_owned()),
-        fuel: Some(1_000_000),
-        ..RuntimeOptions::default()
-    })
-    .expect("runtime");
+    let plain = seed(dir.path()); // without fuel
+    // Put under the fueled engine's name, the plain engine's artifact does not verify.
+    let fueled = fueled_runtime(dir.path());
+    let good = wat::parse_str(GOOD).expect("valid wat");
+    let fueled_path = fueled.artifact_path(&digest(&good)).expect("cache dir");
+    assert_ne!(plain, fueled_path, "each engine configuration has its own file name");
+    std::fs::copy(&plain, &fueled_path).expect("copy");
     assert_serves_on(&fueled);
     assert_eq!(counts(&fueled), (1, 0, 1), "(compiled, loaded, rejected)");
+}
+
+#[test]
+fn engines_with_different_settings_share_a_cache_dir_without_evicting_each_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed(dir.path()); // without fuel
+    let fueled = fueled_runtime(dir.path());
+    assert_serves_on(&fueled);
+    assert_eq!(counts(&fueled), (1, 0, 0), "no artifact of its own yet: compiled, nothing refused");
+    // Restarted, each finds its own artifact.
+    let plain = cached_runtime(dir.path());
+    assert_serves_on(&plain);
+    assert_eq!(counts(&plain), (0, 1, 0));
+    let fueled = fueled_runtime(dir.path());
+    assert_serves_on(&fueled);
+    assert_eq!(counts(&fueled), (0, 1, 0));
 }
 
 #[test]

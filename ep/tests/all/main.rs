@@ -3,6 +3,7 @@
 
 mod cancel;
 mod common;
+mod components;
 mod datapath;
 mod fake;
 mod lifecycle;

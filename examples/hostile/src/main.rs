@@ -1,0 +1,96 @@
+//! htfaas hostile guest: does one bad thing, chosen by its first argument (after the input path), so the EP's tests can
+//! show each limit holding for both guest kinds (WASI preview 1 module, preview 2 component).
+//!
+//! Modes: `spin` (endless loop), `alloc MB` (keeps allocating and touching memory),
+//! `recurse` (unbounded recursion), `stdout MB` (writes that much to stdout), `files N` (creates
+//! N files in `/output`), `write MB` (one output file of that size), `exit N` (exits with N),
+//! `clock` (prints the wall clock and a random number: both must be available), `ok`.
+
+use std::io::Write as _;
+
+fn main() {
+    // An EP passes the input's guest path first (`/input/<name>`), then the registered arguments.
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("/input/")).collect();
+    let mode = args.first().map(String::as_str).unwrap_or("ok");
+    let n: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    match mode {
+        "spin" => spin(),
+        "alloc" => alloc(n),
+        "recurse" => println!("depth {}", recurse(0)),
+        "stdout" => flood_stdout(n),
+        "files" => files(n),
+        "write" => write_big(n),
+        "exit" => std::process::exit(i32::try_from(n).unwrap_or(1)),
+        "clock" => clock(),
+        _ => println!("ok"),
+    }
+}
+
+fn spin() {
+    let mut x: u64 = 1;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+fn alloc(mb: u64) {
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    for i in 0..mb {
+        // Touch every page so the memory is really used.
+        blocks.push(vec![(i % 251) as u8 + 1; 1 << 20]);
+    }
+    println!("allocated {} MiB", blocks.len());
+}
+
+// Endless on purpose: the EP's stack limit is what ends it. No address-taken locals, so the
+// frames are wasm frames (not Rust's shadow stack in linear memory).
+#[allow(unconditional_recursion)]
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    std::hint::black_box(recurse(std::hint::black_box(depth + 1))) + depth
+}
+
+fn flood_stdout(mb: u64) {
+    let line = [b'x'; 1023];
+    let mut out = std::io::stdout().lock();
+    for _ in 0..mb * 1024 {
+        if out.write_all(&line).and_then(|()| out.write_all(b"\n")).is_err() {
+            break;
+        }
+    }
+}
+
+fn files(n: u64) {
+    for i in 0..n {
+        if let Err(e) = std::fs::write(format!("/output/f{i:06}.txt"), b"x") {
+            eprintln!("file {i}: {e}");
+            std::process::exit(2);
+        }
+    }
+    println!("created {n} files");
+}
+
+fn write_big(mb: u64) {
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut f = match std::fs::File::create("/output/big.bin") {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("create: {e}");
+            std::process::exit(2);
+        }
+    };
+    for i in 0..mb {
+        if let Err(e) = f.write_all(&chunk) {
+            eprintln!("after {i} MiB: {e}");
+            std::process::exit(2);
+        }
+    }
+    println!("wrote {mb} MiB");
+}
+
+fn clock() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut seed = std::collections::hash_map::RandomState::new();
+    let r = std::hash::BuildHasher::hash_one(&mut seed, 42u8);
+    println!("{{\"unix_s\":{now},\"random\":{r}}}");
+}
