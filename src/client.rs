@@ -301,10 +301,29 @@ impl Client {
 
     /// Publishes raw bytes on `subject` through JetStream and waits for the stream's ack.
     pub async fn publish_event(&self, subject: &str, bytes: Vec<u8>) -> anyhow::Result<u64> {
+        self.publish_event_with_headers(subject, &[], bytes).await
+    }
+
+    /// [`Client::publish_event`] with NATS headers (`(name, value)`), e.g. a binary-mode
+    /// CloudEvent's `ce-*` attributes.
+    pub async fn publish_event_with_headers(
+        &self,
+        subject: &str,
+        headers: &[(String, String)],
+        bytes: Vec<u8>,
+    ) -> anyhow::Result<u64> {
+        let mut map = async_nats::HeaderMap::new();
+        for (name, value) in headers {
+            let name: async_nats::header::HeaderName =
+                name.parse().map_err(|e| anyhow::anyhow!("header name {name:?}: {e}"))?;
+            let value: async_nats::HeaderValue =
+                value.parse().map_err(|e| anyhow::anyhow!("header {name} value {value:?}: {e}"))?;
+            map.insert(name, value);
+        }
         let nats = async_nats::connect(&self.info.nats_url).await.context("connect to NATS")?;
         let js = async_nats::jetstream::new(nats);
         let ack = js
-            .publish(subject.to_owned(), bytes.into())
+            .publish_with_headers(subject.to_owned(), map, bytes.into())
             .await
             .context("publish")?
             .await

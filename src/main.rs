@@ -173,10 +173,64 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BridgeCommand {
-    /// Read XRootD `ofs.notify` lines and publish them.
-    XrootdNotify {},
-    /// Follow a dCache frontend's SSE storage events and publish them.
-    DcacheSse {},
+    /// Read XRootD `ofs.notify` lines and publish them as CloudEvents on
+    /// `storage.cloudevents.xrootd-notify` (JetStream; the gateway creates the stream).
+    ///
+    /// Program mode: `ofs.notify closew create rm mv |/usr/bin/htfaas bridge xrootd-notify --nats URL`;
+    /// FIFO mode: `ofs.notify closew create rm mv >PATH` and `--fifo PATH`. Recommended with
+    /// `ofs.notifymsg closew $TID closew $LFN $FSIZE` (the size of written files).
+    XrootdNotify {
+        /// NATS server URL, e.g. nats://127.0.0.1:4222.
+        #[arg(long = "nats")]
+        nats: String,
+        /// Read the FIFO of `ofs.notify … >PATH` (created by xrootd) instead of stdin.
+        #[arg(long)]
+        fifo: Option<PathBuf>,
+        /// Put this in front of every XRootD path (LFN) to make the site's storage path.
+        #[arg(long, default_value = "")]
+        path_prefix: String,
+        /// The XRootD host named in the events' source (xrootd://HOST). Default: this host's name.
+        #[arg(long)]
+        source_host: Option<String>,
+    },
+    /// Follow a dCache frontend's SSE storage events (inotify) and publish them as CloudEvents on
+    /// `storage.cloudevents.dcache-sse` (JetStream; the gateway creates the stream).
+    ///
+    /// Resumes with `Last-Event-ID` from its state file, which also keeps the channel and its
+    /// watches across restarts; lost events (EVENT_LOSS, IN_Q_OVERFLOW, a lost channel) are
+    /// published as `org.htfaas.storage.dcache-sse.event-loss` markers.
+    DcacheSse {
+        /// Frontend REST base URL, e.g. https://dcache.example.org:3880/api/v1.
+        #[arg(long)]
+        frontend: String,
+        /// Absolute path to watch (repeatable). Watches are not recursive unless --recursive.
+        #[arg(long = "watch", required = true)]
+        watch: Vec<String>,
+        /// inotify flags, comma-separated. Default: IN_CLOSE_WRITE,IN_MOVED_TO,IN_CREATE,IN_DELETE.
+        #[arg(long, value_delimiter = ',')]
+        flags: Vec<String>,
+        /// Also watch directories created or moved in below the watched paths.
+        #[arg(long)]
+        recursive: bool,
+        /// File holding a bearer token (OIDC or macaroon); re-read at each request.
+        #[arg(long, required_unless_present = "user", conflicts_with = "user")]
+        token_file: Option<PathBuf>,
+        /// dCache user for HTTP Basic (with --secret-file).
+        #[arg(long, requires = "secret_file")]
+        user: Option<String>,
+        /// File holding the password of --user.
+        #[arg(long, requires = "user")]
+        secret_file: Option<PathBuf>,
+        /// Extra trusted CA certificate(s), PEM.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// State file (channel, watches, last published event id).
+        #[arg(long)]
+        state: PathBuf,
+        /// NATS server URL.
+        #[arg(long = "nats", default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -184,6 +238,7 @@ enum BridgeCommand {
 #[allow(clippy::large_enum_variant)]
 enum FnCommand {
     /// Register a function: upload its module and its manifest.
+    #[command(group(clap::ArgGroup::new("fires").required(true).multiple(true).args(["trigger", "rule"])))]
     Register {
         #[command(flatten)]
         dir: DirArg,
@@ -192,9 +247,13 @@ enum FnCommand {
         /// The wasm module (WASI preview 1).
         #[arg(long)]
         wasm: PathBuf,
-        /// Trigger glob over the storage path, e.g. '/data/raw/**'.
+        /// Trigger glob over the storage path, e.g. '/data/raw/**'. With --rule, both must hold.
         #[arg(long)]
-        trigger: String,
+        trigger: Option<String>,
+        /// Trigger rule, e.g. 'path prefix "/data/raw/" and size > 1MB and not name suffix ".tmp"'
+        /// (fires only on writes unless it names a kind or type). At least one of --trigger, --rule.
+        #[arg(long)]
+        rule: Option<String>,
         /// Output directory in storage, ending in '/'.
         #[arg(long)]
         outputs: String,
@@ -459,7 +518,9 @@ fn parse_duration_s(s: &str) -> Result<u64, String> {
 
 #[derive(Subcommand)]
 enum EventsCommand {
-    /// Publish a raw event (JSON file) through JetStream.
+    /// Publish a raw event (JSON file) through JetStream: a dCache billing message on the
+    /// default subject, or a CloudEvent on `storage.cloudevents.<producer>` (structured: the file
+    /// is the event; binary: `--header ce-specversion=1.0 --header ce-id=… …`, the file is data).
     Publish {
         #[command(flatten)]
         dir: DirArg,
@@ -468,7 +529,18 @@ enum EventsCommand {
         /// Subject.
         #[arg(long, default_value = htfaas_functions::proto::EVENTS_SUBJECT)]
         subject: String,
+        /// A NATS header NAME=VALUE, e.g. `ce-type=org.example.closed` (repeatable).
+        #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
     },
+}
+
+/// `NAME=VALUE` → a NATS header (`htfaas events publish --header`).
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_owned(), value.to_owned())),
+        _ => Err(format!("{s:?}: want NAME=VALUE")),
+    }
 }
 
 fn read_config<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
@@ -790,6 +862,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     name,
                     wasm,
                     trigger,
+                    rule,
                     outputs,
                     owner,
                     cpus,
@@ -809,7 +882,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 name,
                 owner: owner.unwrap_or_else(|| client.info().user.clone()),
                 module,
-                trigger: Trigger { path: trigger },
+                trigger: Trigger { rule, ..Trigger::on_path(trigger.unwrap_or_default()) },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
                 outputs: Outputs { dir: outputs },
                 args,
@@ -826,16 +899,17 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&functions)?);
             } else {
-                println!("{:<20} {:>4} {:<24} {:<24} MODULE", "NAME", "VER", "TRIGGER", "OUTPUTS");
+                // The trigger last: a rule can be long.
+                println!("{:<20} {:>4} {:<24} {:<16} TRIGGER", "NAME", "VER", "OUTPUTS", "MODULE");
                 for f in functions {
                     let m = &f.manifest;
                     println!(
-                        "{:<20} {:>4} {:<24} {:<24} {}",
+                        "{:<20} {:>4} {:<24} {:<16} {}",
                         m.name,
                         f.version,
-                        m.trigger.path,
                         m.outputs.dir,
-                        m.module.short()
+                        m.module.short(),
+                        m.trigger
                     );
                 }
             }
@@ -1014,15 +1088,47 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("job {} submitted", reply.job_id);
             Ok(())
         }
-        Command::Bridge { command: BridgeCommand::XrootdNotify {} } => {
-            htfaas_gateway::bridge::xrootd::run(htfaas_gateway::bridge::xrootd::Settings {}, on_signals()).await
+        Command::Bridge { command: BridgeCommand::XrootdNotify { nats, fifo, path_prefix, source_host } } => {
+            use htfaas_gateway::bridge::xrootd::{Input, Settings, run};
+            let mut settings = Settings::new(nats, fifo.map_or(Input::Stdin, Input::Fifo));
+            settings.path_prefix = path_prefix;
+            if let Some(host) = source_host {
+                settings.source_host = host;
+            }
+            run(settings, on_signals()).await.map(|_| ())
         }
-        Command::Bridge { command: BridgeCommand::DcacheSse {} } => {
-            htfaas_gateway::bridge::sse::run(htfaas_gateway::bridge::sse::Settings {}, on_signals()).await
+        Command::Bridge {
+            command:
+                BridgeCommand::DcacheSse {
+                    frontend,
+                    watch,
+                    flags,
+                    recursive,
+                    token_file,
+                    user,
+                    secret_file,
+                    ca,
+                    state,
+                    nats,
+                },
+        } => {
+            use htfaas_gateway::bridge::sse;
+            let auth = match (token_file, user, secret_file) {
+                (Some(token_file), None, None) => sse::Auth::Bearer { token_file },
+                (None, Some(user), Some(secret_file)) => sse::Auth::Basic { user, secret_file },
+                _ => anyhow::bail!("give either --token-file or --user with --secret-file"),
+            };
+            let mut settings = sse::Settings::new(&frontend, auth, watch, state, &nats);
+            if !flags.is_empty() {
+                settings.flags = flags;
+            }
+            settings.recursive = recursive;
+            settings.ca_file = ca;
+            sse::run(settings, on_signals()).await
         }
-        Command::Events { command: EventsCommand::Publish { dir, file, subject } } => {
+        Command::Events { command: EventsCommand::Publish { dir, file, subject, headers } } => {
             let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
-            let seq = client(&dir)?.publish_event(&subject, bytes).await?;
+            let seq = client(&dir)?.publish_event_with_headers(&subject, &headers, bytes).await?;
             println!("published to {subject} (stream sequence {seq})");
             Ok(())
         }

@@ -190,6 +190,7 @@ impl Stack {
             // The built-in storage knows `ip:`, and the EP reaches it and the scheduler from
             // 127.0.0.1: every job's macaroons work only from its EP.
             bind_macaroons_to_ep: true,
+            sources: Default::default(),
         }
         .resolve()
         .await
@@ -319,7 +320,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         name: "checksum".into(),
         owner: USER.into(),
         module,
-        trigger: Trigger { path: "/data/raw/**".into() },
+        trigger: Trigger::on_path("/data/raw/**"),
         resources: Resources::new(1, 256, 60),
         outputs: Outputs { dir: "/data/checksums/".into() },
         args: vec![],

@@ -139,7 +139,7 @@ pub struct StorageEvent {
     /// The occurrence's identity: the same for every copy of this event (redelivery, a
     /// duplicate from a second producer, a replay), different for another occurrence (a second
     /// upload of the same path). With a function's digest, the exactly-once key. Always
-    /// prefixed by the source kind, e.g. `dcache-billing:transfer:<pnfsid>/<session>`.
+    /// prefixed by the source kind, e.g. `dcache-billing:write:<pnfsid>/<door session>`.
     pub id: String,
     /// When the producer says it happened (RFC 3339), when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]

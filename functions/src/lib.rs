@@ -6,6 +6,8 @@
 //! - [`token`]: the claims of submit tokens and attach tokens (JWT, EdDSA), minting and
 //!   verification;
 //! - [`event`]: storage events normalized from every source, which trigger rules read;
+//! - [`trigger`]: the trigger rule language (path globs, prefixes and suffixes, message type,
+//!   storage class, size, owner, with `and`, `or`, `not`), parsed once, evaluated per event;
 //! - [`digest`], [`manifest`], [`registry`]: functions as content-addressed wasm modules with
 //!   versioned manifests, stored in SQLite plus a blob directory.
 //!
@@ -18,6 +20,7 @@ pub mod manifest;
 pub mod proto;
 pub mod registry;
 pub mod token;
+pub mod trigger;
 
 pub use digest::Digest;
 pub use manifest::{FunctionManifest, FunctionRecord, Resources, Trigger};

@@ -2,6 +2,7 @@
 //! versioned record the registry keeps for it.
 
 use crate::Digest;
+use crate::trigger::{Rule, RuleError};
 use serde::{Deserialize, Serialize};
 
 /// Largest request a manifest may make; a site's real limits come with the scheduler policy.
@@ -57,13 +58,112 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if ok { Ok(()) } else { Err(format!("{name:?} must match [a-z0-9][a-z0-9_-]{{0,62}}")) }
 }
 
-/// When a function fires.
+/// Most events per second a [`RateLimit`] may allow.
+pub const MAX_RATE_PER_S: f64 = 100_000.0;
+/// Longest debounce window, seconds (one day).
+pub const MAX_DEBOUNCE_S: u64 = 86_400;
+
+/// When a function fires: a path glob, a rule ([`crate::trigger`]), or both (then both must
+/// hold). With neither, the manifest is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Trigger {
-    /// Glob over the event's `transferPath`: `*` stays within one path segment, `**` spans
-    /// segments, e.g. `/data/raw/**`.
+    /// Glob over the event's storage path: `*` stays within one path segment, `**` spans
+    /// segments, e.g. `/data/raw/**`. Empty (or absent): no path glob, the rule decides alone.
+    /// Kept a string rather than an option so that stored manifests (`{"path": "…"}`) read as
+    /// they always did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
+    /// A trigger rule, e.g. `path prefix "/data/raw/" and size > 1MB and not name suffix ".tmp"`
+    /// (see [`crate::trigger`] for the language). A rule that mentions neither `kind` nor
+    /// `type` fires only on writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// At most this many jobs started per second by this trigger. Per rule: the excess waits,
+    /// it is not dropped. Validated, not yet enforced by the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateLimit>,
+    /// Debounce window, seconds (at most [`MAX_DEBOUNCE_S`]): many writes to one path within the
+    /// window start one job. Per rule; the excess waits, it is not dropped. Validated, not yet
+    /// enforced by the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce_s: Option<u64>,
+}
+
+/// A token bucket over the jobs one trigger starts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Sustained jobs per second: more than 0, at most [`MAX_RATE_PER_S`].
+    pub per_s: f64,
+    /// Jobs that may start at once after a quiet spell: at least 1.
+    pub burst: u32,
+}
+
+// Bit-wise, so that equality is an equivalence (NaN equals itself) and manifests stay `Eq`.
+impl PartialEq for RateLimit {
+    fn eq(&self, other: &Self) -> bool {
+        self.per_s.to_bits() == other.per_s.to_bits() && self.burst == other.burst
+    }
+}
+impl Eq for RateLimit {}
+
+impl Trigger {
+    /// A trigger on a path glob alone.
+    pub fn on_path(glob: impl Into<String>) -> Trigger {
+        Trigger { path: glob.into(), rule: None, rate: None, debounce_s: None }
+    }
+
+    /// A trigger on a rule alone.
+    pub fn on_rule(rule: impl Into<String>) -> Trigger {
+        Trigger { path: String::new(), rule: Some(rule.into()), rate: None, debounce_s: None }
+    }
+
+    /// The one rule this trigger means: its path glob and its rule, and-ed when both are given.
+    /// An error names what is wrong (a bad glob at column 1, or the rule's own column).
+    pub fn compile(&self) -> Result<Rule, RuleError> {
+        let path = (!self.path.is_empty()).then(|| Rule::path_glob(&self.path)).transpose()?;
+        let rule = self.rule.as_deref().map(Rule::parse).transpose()?;
+        match (path, rule) {
+            (Some(p), Some(r)) => Ok(p.and(r)),
+            (Some(one), None) | (None, Some(one)) => Ok(one),
+            (None, None) => Err(RuleError { column: 1, message: "the trigger has neither a path nor a rule".into() }),
+        }
+    }
+
+    /// Checks the trigger; the error names the field.
+    fn validate(&self) -> Result<(), ManifestError> {
+        if self.path.is_empty() && self.rule.is_none() {
+            return Err(bad("trigger", "needs a path glob, a rule, or both"));
+        }
+        if !self.path.is_empty() {
+            crate::proto::compile_glob(&self.path).map_err(|e| bad("trigger.path", e))?;
+        }
+        if let Some(rule) = &self.rule {
+            Rule::parse(rule).map_err(|e| bad("trigger.rule", e.to_string()))?;
+        }
+        if let Some(r) = &self.rate
+            && !(r.per_s > 0.0 && r.per_s <= MAX_RATE_PER_S && r.burst >= 1)
+        {
+            return Err(bad("trigger.rate", format!("per_s must be in (0, {MAX_RATE_PER_S}] and burst at least 1")));
+        }
+        if self.debounce_s.is_some_and(|d| d > MAX_DEBOUNCE_S) {
+            return Err(bad("trigger.debounce_s", format!("must be 0..={MAX_DEBOUNCE_S}")));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Trigger {
+    /// The path glob as it is, the rule as it is, or both as one rule; padded as asked.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.path.is_empty(), &self.rule) {
+            (false, None) => f.pad(&self.path),
+            (true, Some(rule)) => f.pad(rule),
+            (false, Some(rule)) => f.pad(&format!("path glob {} and ({rule})", crate::trigger::quote(&self.path))),
+            (true, None) => f.pad("(none)"),
+        }
+    }
 }
 
 /// Resources of one run: what the submit token allows and what the EP enforces.
@@ -186,7 +286,7 @@ impl FunctionManifest {
         if self.owner.is_empty() || self.owner.len() > 128 || self.owner.chars().any(|c| c.is_control()) {
             return Err(bad("owner", "must be 1-128 printable characters"));
         }
-        crate::proto::compile_glob(&self.trigger.path).map_err(|e| bad("trigger.path", e))?;
+        self.trigger.validate()?;
         let r = &self.resources;
         if r.cpus == 0 || r.cpus > MAX_CPUS {
             return Err(bad("resources.cpus", format!("must be 1..={MAX_CPUS}")));
@@ -233,7 +333,7 @@ mod tests {
             name: "checksum".into(),
             owner: "alice".into(),
             module: Digest::of(b"m"),
-            trigger: Trigger { path: "/data/raw/**".into() },
+            trigger: Trigger::on_path("/data/raw/**"),
             resources: Resources::default(),
             outputs: Outputs { dir: "/data/checksums/".into() },
             args: vec![],
@@ -262,12 +362,90 @@ mod tests {
             ("outputs.dir", Box::new(|m| m.outputs.dir = "/data/../etc/".into())),
             ("outputs.dir", Box::new(|m| m.outputs.dir = "/data/out".into())),
             ("env", Box::new(|m| m.env = vec![("A=B".into(), "c".into())])),
+            ("trigger", Box::new(|m| m.trigger = Trigger::on_path(""))),
+            ("trigger.rule", Box::new(|m| m.trigger.rule = Some("size >".into()))),
+            ("trigger.rule", Box::new(|m| m.trigger = Trigger::on_rule(""))),
+            ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 0.0, burst: 1 }))),
+            ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: f64::NAN, burst: 1 }))),
+            ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 1e6, burst: 1 }))),
+            ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 1.0, burst: 0 }))),
+            ("trigger.debounce_s", Box::new(|m| m.trigger.debounce_s = Some(MAX_DEBOUNCE_S + 1))),
         ];
         for (field, mutate) in cases {
             let mut m = manifest();
             mutate(&mut m);
             assert_eq!(m.validate().map_err(|e| e.field), Err(field));
         }
+    }
+
+    #[test]
+    fn a_bad_rule_is_refused_with_its_column() {
+        let mut m = manifest();
+        m.trigger.rule = Some(r#"path glob and size > 1"#.into());
+        let e = m.validate().expect_err("refused");
+        assert_eq!(e.field, "trigger.rule");
+        assert_eq!(
+            e.to_string(),
+            r#"invalid manifest: trigger.rule: at column 11: expected a string after "glob", found "and""#
+        );
+    }
+
+    #[test]
+    fn triggers_with_a_rule_rate_and_debounce_validate() {
+        let mut m = manifest();
+        m.trigger = Trigger::on_rule(r#"path suffix ".h5" and size > 1MB"#);
+        m.trigger.rate = Some(RateLimit { per_s: 0.5, burst: 10 });
+        m.trigger.debounce_s = Some(30);
+        assert_eq!(m.validate(), Ok(()));
+        m.trigger.path = "/data/raw/**".into();
+        assert_eq!(m.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_trigger_compiles_to_its_glob_and_its_rule() {
+        use crate::event::{EventKind, EventSource, SourceKind, StorageEvent};
+        let event = |path: &str, size: u64| StorageEvent {
+            source: EventSource { kind: SourceKind::DcacheBilling, producer: "p".into(), message: None },
+            kind: EventKind::Write,
+            msg_type: "transfer".into(),
+            path: path.into(),
+            size: Some(size),
+            storage_class: None,
+            owner: None,
+            id: "x".into(),
+            time: None,
+        };
+        let glob = Trigger::on_path("/data/raw/**").compile().expect("compiles");
+        assert!(glob.matches(&event("/data/raw/a", 1)) && !glob.matches(&event("/data/b", 1)));
+        let rule = Trigger::on_rule("size > 10").compile().expect("compiles");
+        assert!(rule.matches(&event("/data/b", 11)) && !rule.matches(&event("/data/b", 10)));
+        let both = Trigger { rule: Some("size > 10".into()), ..Trigger::on_path("/data/raw/**") };
+        let both = both.compile().expect("compiles");
+        assert!(both.matches(&event("/data/raw/a", 11)));
+        assert!(!both.matches(&event("/data/raw/a", 10)));
+        assert!(!both.matches(&event("/data/b", 11)));
+        assert_eq!(Trigger::on_path("").compile().err().map(|e| e.column), Some(1));
+        assert_eq!(Trigger::on_rule("size >").compile().err().map(|e| e.column), Some(7));
+    }
+
+    #[test]
+    fn stored_triggers_read_as_before_and_round_trip() {
+        let old: Trigger = serde_json::from_str(r#"{"path": "/data/raw/**"}"#).expect("old trigger parses");
+        assert_eq!(old, Trigger::on_path("/data/raw/**"));
+        assert_eq!(serde_json::to_string(&old).expect("json"), r#"{"path":"/data/raw/**"}"#);
+        let new = Trigger {
+            rule: Some("size > 1MB".into()),
+            rate: Some(RateLimit { per_s: 2.5, burst: 4 }),
+            debounce_s: Some(60),
+            ..Trigger::on_path("")
+        };
+        let json = serde_json::to_string(&new).expect("json");
+        assert_eq!(json, r#"{"rule":"size > 1MB","rate":{"per_s":2.5,"burst":4},"debounce_s":60}"#);
+        assert_eq!(serde_json::from_str::<Trigger>(&json).expect("parses"), new);
+        assert!(serde_json::from_str::<Trigger>(r#"{"path": "/a", "glob": "x"}"#).is_err());
+        assert_eq!(new.to_string(), "size > 1MB");
+        let both = Trigger { path: "/data/**".into(), ..new };
+        assert_eq!(both.to_string(), r#"path glob "/data/**" and (size > 1MB)"#);
     }
 
     #[test]

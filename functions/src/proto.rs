@@ -20,7 +20,12 @@ pub const EVENTS_SUBJECT: &str = "storage.dcache.billing";
 /// Subjects CloudEvents arrive on: `storage.cloudevents.<producer>`. The bridges publish on
 /// `storage.cloudevents.xrootd-notify` and `storage.cloudevents.dcache-sse`.
 pub const CLOUDEVENTS_SUBJECT_PREFIX: &str = "storage.cloudevents";
-/// JetStream stream that stores [`EVENTS_SUBJECT`]. File storage, limits retention, 7 days.
+/// Every subject the gateway reads events from: dCache billing messages and CloudEvents
+/// (`storage.cloudevents.<producer>`). The events stream covers them all.
+pub const EVENTS_SUBJECTS: [&str; 2] = [EVENTS_SUBJECT, "storage.cloudevents.>"];
+/// JetStream stream that stores [`EVENTS_SUBJECTS`]. File storage, limits retention, 7 days.
+/// Named for its first source; kept so that deployed streams (and their unread events) stay:
+/// the gateway adds the subjects a stream made before lacks at start.
 pub const EVENTS_STREAM: &str = "DCACHE_BILLING";
 /// How long the stream keeps events.
 pub const EVENTS_MAX_AGE_S: u64 = 7 * 24 * 3600;
@@ -127,9 +132,13 @@ pub struct TransferStatus {
 /// Identifies the triggering event in job records, for audit and for the dedupe key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventRef {
-    /// `"dcache"` today.
+    /// Who produced the event: `<source kind>:<producer>`, e.g.
+    /// `dcache-billing:pool-a-1@pool-aDomain`, `xrootd-notify:xrootd://host:1094`,
+    /// `cloudevents://lab.example/daq` (see `event::EventSource`). A job submitted by a token
+    /// bearer names its own source.
     pub source: String,
-    /// For dCache: `<pnfsid>/<session>`.
+    /// The occurrence's identity (`event::StorageEvent::id`), e.g.
+    /// `dcache-billing:write:<pnfsid>/<door session>`.
     pub id: String,
     /// The storage path that fired.
     pub path: String,

@@ -193,7 +193,7 @@ mod tests {
             name: "checksum".into(),
             owner: "alice".into(),
             module,
-            trigger: Trigger { path: "/data/raw/**".into() },
+            trigger: Trigger::on_path("/data/raw/**"),
             resources: Resources::default(),
             outputs: Outputs { dir: "/data/checksums/".into() },
             args: vec![],
@@ -222,6 +222,23 @@ mod tests {
         assert_eq!(list[0].version, 2);
         let path = reg.module_path(&Digest::of(WASM)).expect("lookup").expect("stored");
         assert_eq!(std::fs::read(path).expect("read"), WASM);
+    }
+
+    #[test]
+    fn a_bad_trigger_rule_is_refused_and_a_new_rule_is_a_new_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reg = Registry::open(dir.path()).expect("open");
+        let digest = reg.put_module(WASM).expect("put");
+        let mut bad = manifest(digest.clone());
+        bad.trigger.rule = Some("size > 1 and".into());
+        let e = reg.register(bad).expect_err("refused");
+        assert!(matches!(&e, RegistryError::Manifest(m) if m.field == "trigger.rule"), "{e}");
+        assert!(e.to_string().contains("at column 13: expected a test"), "{e}");
+        assert_eq!(reg.register(manifest(digest.clone())).expect("v1").version, 1);
+        let mut ruled = manifest(digest);
+        ruled.trigger.rule = Some("size > 1MB".into());
+        assert_eq!(reg.register(ruled.clone()).expect("v2").version, 2);
+        assert_eq!(reg.latest("checksum").expect("latest").manifest.trigger, ruled.trigger);
     }
 
     #[test]

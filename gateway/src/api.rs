@@ -365,11 +365,10 @@ async fn run_function(
     let s = shared.clone();
     let function = blocking(move || s.registry.latest(&name)).await?;
     let m = &function.manifest;
-    let matches = htfaas_functions::proto::compile_glob(&m.trigger.path).is_ok_and(|g| g.is_match(&run.path));
-    if !matches {
+    if !manual_run_allowed(&m.trigger, &run.path) {
         return Err(Failure(
             StatusCode::FORBIDDEN,
-            format!("{} does not match the trigger {} of function {}", run.path, m.trigger.path, m.name),
+            format!("{} does not match the trigger {} of function {}", run.path, m.trigger, m.name),
         ));
     }
     if claims.function.as_ref().is_some_and(|d| *d != m.module) {
@@ -406,6 +405,28 @@ async fn run_function(
     Ok((StatusCode::CREATED, Json(reply)))
 }
 
+/// Whether a token bearer may run a function with `trigger` on `path`. The trigger is
+/// evaluated on the event a manual run stands for: a write (`kind == "write"`) of `path`, of
+/// type `manual`, from no storage source (`source` reads `cloudevents`). A manual run knows no
+/// size, storage class or owner, so tests on those are undefined; the run is refused only when
+/// the trigger is false for what it does know.
+fn manual_run_allowed(trigger: &htfaas_functions::Trigger, path: &str) -> bool {
+    use htfaas_functions::event::{EventKind, EventSource, SourceKind, StorageEvent};
+    use htfaas_functions::trigger::Truth;
+    let event = StorageEvent {
+        source: EventSource { kind: SourceKind::Cloudevents, producer: "submit".into(), message: None },
+        kind: EventKind::Write,
+        msg_type: "manual".into(),
+        path: path.to_owned(),
+        size: None,
+        storage_class: None,
+        owner: None,
+        id: "submit:manual".into(),
+        time: None,
+    };
+    trigger.compile().is_ok_and(|rule| rule.evaluate(&event) != Truth::False)
+}
+
 /// The scheduler's refusal with its own status and reason; unavailability as 503.
 fn scheduler_failure(e: crate::submit::SubmitError) -> Failure {
     match e {
@@ -433,5 +454,22 @@ mod tests {
             assert_eq!(status, StatusCode::BAD_REQUEST);
             assert!(message.starts_with(&format!("bad EP name {bad:?}: want 1 to 128")), "{message}");
         }
+    }
+
+    #[test]
+    fn a_manual_run_is_refused_only_when_the_trigger_is_false_for_its_path() {
+        use htfaas_functions::Trigger;
+        let glob = Trigger::on_path("/data/raw/**");
+        assert!(manual_run_allowed(&glob, "/data/raw/a.h5"));
+        assert!(!manual_run_allowed(&glob, "/data/other/a.h5"));
+        // Unknown size: undefined, so allowed; a false path test still refuses.
+        let rule = Trigger::on_rule(r#"path suffix ".h5" and size > 1MB"#);
+        assert!(manual_run_allowed(&rule, "/data/x/a.h5"));
+        assert!(!manual_run_allowed(&rule, "/data/x/a.root"));
+        // A rule for another kind or type is false for a manual run.
+        assert!(!manual_run_allowed(&Trigger::on_rule(r#"kind == "remove""#), "/data/x/a.h5"));
+        assert!(!manual_run_allowed(&Trigger::on_rule(r#"type == "transfer""#), "/data/x/a.h5"));
+        assert!(manual_run_allowed(&Trigger::on_rule(r#"type in ["transfer", "manual"]"#), "/data/x/a.h5"));
+        assert!(!manual_run_allowed(&Trigger::on_path(""), "/data/x/a.h5"));
     }
 }

@@ -1,14 +1,18 @@
 //! The ingest loop: JetStream durable consumer → [`event::decide`] → triggers → jobs.
 //!
+//! One stream ([`EVENTS_STREAM`]) holds every source's subjects ([`EVENTS_SUBJECTS`]: dCache
+//! billing messages and `storage.cloudevents.>`); one durable consumer reads them all, in
+//! stream order, and hands each message's subject and headers to [`event::decide`].
+//!
 //! Delivery contract: a message is acked only after every job it fires has been durably
 //! accepted by the scheduler (or refused for good). Transient failures (storage or scheduler
 //! down) NAK it with a growing delay, so JetStream redelivers it, at most `max_deliver` times.
 //! A redelivered message cannot start a second job: each submission carries a dedupe key
-//! (event id + function + digest) that the scheduler keeps unique. Malformed and irrelevant
-//! messages are counted and acked at once.
+//! (event id + function + digest) that the scheduler keeps unique. Malformed, ignored and
+//! not-enabled messages are counted and acked at once.
 
 use crate::Shared;
-use crate::event::{self, Decision};
+use crate::event::{self, Decision, SubjectSource};
 use crate::stats::Stats;
 use crate::submit::SubmitError;
 use anyhow::Context as _;
@@ -17,13 +21,14 @@ use futures_util::StreamExt as _;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{
-    EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest,
+    EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest,
 };
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Connects to NATS, ensures the events stream and the durable consumer exist.
+/// Connects to NATS, ensures the events stream covers every source's subjects and the durable
+/// consumer reads them all.
 pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow::Result<PullConsumer> {
     let client = async_nats::ConnectOptions::new()
         .name("htfaas-gateway")
@@ -31,31 +36,77 @@ pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow
         .await
         .with_context(|| format!("connect to NATS at {nats_url}"))?;
     let js = jetstream::new(client);
-    let stream = js
-        .get_or_create_stream(events_stream_config())
-        .await
-        .with_context(|| format!("create or find the JetStream stream {EVENTS_STREAM}"))?;
-    stream
-        .get_or_create_consumer(
-            consumer,
-            pull::Config {
-                durable_name: Some(consumer.to_owned()),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(60),
-                max_deliver,
-                filter_subject: EVENTS_SUBJECT.to_owned(),
-                ..Default::default()
-            },
-        )
-        .await
-        .with_context(|| format!("create or find the durable consumer {consumer}"))
+    let stream = ensure_events_stream(&js).await?;
+    let config = consumer_config(consumer, max_deliver);
+    match stream.get_consumer::<pull::Config>(consumer).await {
+        Ok(existing) => {
+            let have = &existing.cached_info().config;
+            let filter = (have.filter_subject.clone(), have.filter_subjects.clone());
+            if filter == (config.filter_subject.clone(), config.filter_subjects.clone()) {
+                return Ok(existing);
+            }
+            // Created by an older gateway that read only the billing subject.
+            tracing::info!(consumer, old = ?filter, new = ?config.filter_subjects, "widening the consumer's subjects");
+            stream
+                .update_consumer(config)
+                .await
+                .with_context(|| format!("update the durable consumer {consumer} to every event subject"))
+        }
+        Err(_) => stream
+            .get_or_create_consumer(consumer, config)
+            .await
+            .with_context(|| format!("create or find the durable consumer {consumer}")),
+    }
 }
 
-/// The stream that keeps storage events: file storage, kept 7 days.
+fn consumer_config(consumer: &str, max_deliver: i64) -> pull::Config {
+    pull::Config {
+        durable_name: Some(consumer.to_owned()),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(60),
+        max_deliver,
+        filter_subjects: EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Creates the events stream, or widens an existing one (made by the storage, or by a gateway
+/// that read only dCache billing messages) to every subject of [`EVENTS_SUBJECTS`], keeping
+/// its other subjects and its messages.
+pub async fn ensure_events_stream(js: &jetstream::Context) -> anyhow::Result<jetstream::stream::Stream> {
+    let stream = match js.get_stream(EVENTS_STREAM).await {
+        Ok(stream) => stream,
+        Err(e)
+            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref j)
+                if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            return js
+                .get_or_create_stream(events_stream_config())
+                .await
+                .with_context(|| format!("create the JetStream stream {EVENTS_STREAM}"));
+        }
+        Err(e) => return Err(e).with_context(|| format!("look up the JetStream stream {EVENTS_STREAM}")),
+    };
+    let mut config = stream.cached_info().config.clone();
+    let missing: Vec<String> = EVENTS_SUBJECTS
+        .iter()
+        .filter(|s| !config.subjects.iter().any(|have| have == *s))
+        .map(|s| s.to_string())
+        .collect();
+    if missing.is_empty() {
+        return Ok(stream);
+    }
+    tracing::info!(stream = EVENTS_STREAM, ?missing, "adding event subjects to the existing stream");
+    config.subjects.extend(missing);
+    js.update_stream(&config).await.with_context(|| format!("add the event subjects to the stream {EVENTS_STREAM}"))?;
+    js.get_stream(EVENTS_STREAM).await.with_context(|| format!("look up the JetStream stream {EVENTS_STREAM}"))
+}
+
+/// The stream that keeps storage events: every source's subjects, file storage, kept 7 days.
 pub fn events_stream_config() -> jetstream::stream::Config {
     jetstream::stream::Config {
         name: EVENTS_STREAM.to_owned(),
-        subjects: vec![EVENTS_SUBJECT.to_owned()],
+        subjects: EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
         max_age: Duration::from_secs(EVENTS_MAX_AGE_S),
         storage: jetstream::stream::StorageType::File,
         ..Default::default()
@@ -90,6 +141,11 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
             None => anyhow::bail!("the JetStream consumer stream ended"),
         };
         Stats::bump(&shared.stats.events_received);
+        match SubjectSource::of(&message.subject) {
+            Some(SubjectSource::DcacheBilling) => Stats::bump(&shared.stats.events_dcache_billing),
+            Some(SubjectSource::Cloudevents) => Stats::bump(&shared.stats.events_cloudevents),
+            None => {}
+        }
         let (seq, delivered) = match message.info() {
             Ok(info) => (info.stream_sequence, info.delivered),
             Err(e) => {
@@ -97,7 +153,8 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
                 (0, 1)
             }
         };
-        let verdict = handle(&shared, &message.payload, &format!("nats-seq-{seq}")).await;
+        let message_id = format!("nats-seq-{seq}");
+        let verdict = handle(&shared, &message.subject, message.headers.as_ref(), &message.payload, &message_id).await;
         let ack = match verdict {
             Verdict::Ack => message.double_ack().await,
             Verdict::Retry => {
@@ -116,13 +173,26 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
 }
 
 /// Decides and acts on one message.
-#[tracing::instrument(name = "gateway.ingest_event", skip_all, fields(event = %fallback_id))]
-pub async fn handle(shared: &Shared, payload: &[u8], fallback_id: &str) -> Verdict {
-    let event = match event::decide(payload, fallback_id) {
+#[tracing::instrument(name = "gateway.ingest_event", skip_all,
+    fields(messaging.destination.name = %subject, event = %message_id))]
+pub async fn handle(
+    shared: &Shared,
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+    message_id: &str,
+) -> Verdict {
+    let policy = shared.sources();
+    let event = match event::decide(subject, headers, payload, message_id, &policy) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             tracing::debug!("ignored: {why}");
             Stats::bump(&shared.stats.events_ignored);
+            return Verdict::Ack;
+        }
+        Ok(Decision::NotEnabled(ty)) => {
+            tracing::debug!("ignored: type {ty} not enabled by the site");
+            Stats::bump(&shared.stats.events_not_enabled);
             return Verdict::Ack;
         }
         Err(e) => {
@@ -171,7 +241,7 @@ pub enum Failure {
 }
 
 async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) -> Result<(), Failure> {
-    let event_ref = EventRef { source: "dcache".into(), id: event.id.clone(), path: event.path.clone() };
+    let event_ref = event_ref(event);
     let dedupe_key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
     let request = prepare(shared, function, event_ref, dedupe_key).await?;
     match shared.submitter.submit(&function.manifest.owner, &request).await {
@@ -181,6 +251,16 @@ async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) 
         Err(e) => return Err(Failure::Permanent(e.to_string())),
     }
     Ok(())
+}
+
+/// What a job keeps of its event: the source kind and producer (`dcache-billing:pool-a-1@pool-aDomain`,
+/// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path.
+pub fn event_ref(event: &StorageEvent) -> EventRef {
+    EventRef {
+        source: format!("{}:{}", event.source.kind.as_str(), event.source.producer),
+        id: event.id.clone(),
+        path: event.path.clone(),
+    }
 }
 
 /// Builds the job for `function` on the file `event.path`: a read macaroon for exactly that

@@ -1,7 +1,8 @@
 //! The gateway: where storage events become jobs, and the HTTP API of htfaas.
 //!
-//! - [`ingest`] reads dCache billing messages from a durable JetStream consumer, parses them
-//!   ([`event`]), finds the functions whose trigger matches ([`triggers`]), obtains a read and a
+//! - [`ingest`] reads storage events (dCache billing messages, CloudEvents from htfaas's
+//!   bridges and other producers) from a durable JetStream consumer, normalizes those the site
+//!   enabled ([`event`], [`event::SourcePolicy`]), finds the functions whose trigger matches ([`triggers`]), obtains a read and a
 //!   write macaroon from the storage ([`storage_client`]), mints a single-use submit token and
 //!   submits the job to the scheduler ([`submit`]); it acks the message only once every job it
 //!   fired is durably accepted.
@@ -110,6 +111,12 @@ pub struct Config {
     /// they reach the scheduler from (no NAT or proxy between them that differs). Default: false.
     #[serde(default)]
     pub bind_macaroons_to_ep: bool,
+    /// Which event sources and types become events, e.g.
+    /// `{"dcache_msg_types": ["transfer", "request", "remove"], "cloudevents": true}`; an
+    /// unknown type name is refused at start. Default: dCache `transfer` messages and every
+    /// CloudEvent (see [`event::SourcePolicy`]).
+    #[serde(default)]
+    pub sources: event::SourcePolicy,
 }
 
 fn default_consumer() -> String {
@@ -163,6 +170,22 @@ pub struct Shared {
     pub bind_macaroons_to_ep: bool,
     /// HTTP client.
     pub http: reqwest::Client,
+    /// Which sources and types become events; read once per message, replaced whole.
+    sources: std::sync::RwLock<Arc<event::SourcePolicy>>,
+}
+
+impl Shared {
+    /// The site's source policy now.
+    pub fn sources(&self) -> Arc<event::SourcePolicy> {
+        self.sources.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the source policy for the messages that follow (tests; an admin route later).
+    pub fn set_sources(&self, policy: event::SourcePolicy) -> Result<(), String> {
+        policy.validate()?;
+        *self.sources.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        Ok(())
+    }
 }
 
 /// Builds the one HTTP client every outgoing call of this process uses.
@@ -234,6 +257,7 @@ impl Config {
             "bind_macaroons_to_ep needs a storage that knows dCache's ip: caveat; \
              storage_kind xrootd refuses every macaroon carrying one"
         );
+        self.sources.validate().map_err(anyhow::Error::msg)?;
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .with_context(|| format!("bind the gateway API on {}", self.listen))?;
@@ -289,6 +313,7 @@ impl Config {
             bind_macaroons_to_ep: self.bind_macaroons_to_ep && self.storage_kind == storage_client::StorageKind::Dcache,
             http,
             registry,
+            sources: std::sync::RwLock::new(Arc::new(self.sources)),
         };
         shared.triggers.reload(&shared.registry).context("load triggers")?;
         Ok(Settings {
@@ -362,6 +387,7 @@ mod tests {
             token_ttl_s: default_token_ttl_s(),
             max_deliver: default_max_deliver(),
             bind_macaroons_to_ep,
+            sources: Default::default(),
         }
     }
 
@@ -384,6 +410,31 @@ mod tests {
             "storage_url": "s", "scheduler_url": "u", "scheduler_admin_token": "t", "signing_key_file": "k",
             "admin_token": "a"});
         assert!(!serde_json::from_value::<Config>(json).expect("parses").bind_macaroons_to_ep);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_event_type_in_sources_is_refused_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = config(dir.path(), storage_client::StorageKind::Dcache, false);
+        c.sources.dcache_msg_types = vec!["transfer".into(), "upload".into()];
+        let Err(e) = c.resolve().await else { panic!("an unknown msgType resolved") };
+        assert!(
+            format!("{e:#}").starts_with("sources.dcache_msg_types: \"upload\" is not a dCache billing type"),
+            "{e:#}"
+        );
+        let json = serde_json::json!({"listen": "127.0.0.1:0", "nats_url": "n", "registry_dir": dir.path().join("r"),
+            "storage_url": "s", "storage_user": "g", "scheduler_url": "u", "scheduler_admin_token": "t",
+            "signing_key_file": dir.path().join("k"), "admin_token": "a",
+            "sources": {"dcache_msg_types": ["transfer", "request"]}});
+        let c: Config = serde_json::from_value(json).expect("parses");
+        let shared = c.resolve().await.expect("resolves").shared();
+        assert_eq!(shared.sources().dcache_msg_types, ["transfer", "request"]);
+        assert!(shared.sources().cloudevents, "default");
+        assert!(
+            shared
+                .set_sources(event::SourcePolicy { dcache_msg_types: vec!["nope".into()], cloudevents: true })
+                .is_err()
+        );
     }
 
     #[tokio::test]

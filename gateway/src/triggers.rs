@@ -1,17 +1,25 @@
-//! Compiled trigger rules: which registered functions a storage event fires.
+//! Compiled triggers: which registered functions a storage event fires.
+//!
+//! Each function's trigger (its path glob, its rule, or both: [`htfaas_functions::trigger`]) is
+//! compiled once, when the registry changes, into one [`Rule`]; every event is then evaluated
+//! against every rule. Rules may overlap: each is evaluated independently, and one event fires
+//! every function whose rule is true, once each (fan-out). A rule that is undefined for the
+//! event (it tests a size, storage class or owner the event lacks) does not fire.
 
-use htfaas_functions::event::{EventKind, StorageEvent};
+use htfaas_functions::event::StorageEvent;
+use htfaas_functions::trigger::Rule;
 use htfaas_functions::{FunctionRecord, Registry, RegistryError};
 use std::sync::{Arc, RwLock};
 
-/// A function with its compiled glob.
+/// A function with its compiled trigger.
 pub struct Compiled {
     /// The registered function (latest version).
     pub record: FunctionRecord,
-    matcher: globset::GlobMatcher,
+    /// Its trigger as one rule.
+    rule: Rule,
 }
 
-/// The latest version of every function, compiled; swapped whole on reload.
+/// The latest version of every function, compiled, in name order; swapped whole on reload.
 #[derive(Default)]
 pub struct TriggerCache {
     compiled: RwLock<Arc<Vec<Compiled>>>,
@@ -21,10 +29,11 @@ impl TriggerCache {
     /// Recompiles from the registry. Called at start and after each registration.
     pub fn reload(&self, registry: &Registry) -> Result<(), RegistryError> {
         let mut compiled = Vec::new();
+        // `list` is in name order, and so is the cache.
         for record in registry.list()? {
-            match htfaas_functions::proto::compile_glob(&record.manifest.trigger.path) {
-                Ok(matcher) => compiled.push(Compiled { record, matcher }),
-                // Manifests are validated on registration; a stored bad glob is a bug, not fatal.
+            match record.manifest.trigger.compile() {
+                Ok(rule) => compiled.push(Compiled { record, rule }),
+                // Manifests are validated on registration; a stored bad trigger is a bug, not fatal.
                 Err(e) => tracing::error!(function = %record.manifest.name, "stored trigger does not compile: {e}"),
             }
         }
@@ -32,12 +41,77 @@ impl TriggerCache {
         Ok(())
     }
 
-    /// Every function whose trigger matches `event`, in name order.
+    /// Every function whose trigger is true for `event`, in name order: all of them, however
+    /// their rules overlap.
     pub fn matching(&self, event: &StorageEvent) -> Vec<FunctionRecord> {
-        if event.kind != EventKind::Write {
-            return Vec::new();
-        }
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
-        all.iter().filter(|c| c.matcher.is_match(&event.path)).map(|c| c.record.clone()).collect()
+        all.iter().filter(|c| c.rule.matches(event)).map(|c| c.record.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::event::{EventKind, EventSource, SourceKind};
+    use htfaas_functions::manifest::{Outputs, Resources, Trigger};
+    use htfaas_functions::{Digest, FunctionManifest};
+
+    fn manifest(name: &str, module: Digest, trigger: Trigger) -> FunctionManifest {
+        FunctionManifest {
+            name: name.into(),
+            owner: "alice".into(),
+            module,
+            trigger,
+            resources: Resources::default(),
+            outputs: Outputs { dir: format!("/out/{name}/") },
+            args: vec![],
+            env: vec![],
+            annex: None,
+            class: None,
+        }
+    }
+
+    fn event(kind: EventKind, path: &str, size: Option<u64>) -> StorageEvent {
+        StorageEvent {
+            source: EventSource { kind: SourceKind::DcacheBilling, producer: "pool@d".into(), message: None },
+            kind,
+            msg_type: "transfer".into(),
+            path: path.into(),
+            size,
+            storage_class: None,
+            owner: None,
+            id: format!("dcache-billing:transfer:{path}"),
+            time: None,
+        }
+    }
+
+    #[test]
+    fn one_event_fires_every_overlapping_rule_in_name_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let registry = Registry::open(dir.path()).expect("open");
+        let module = registry.put_module(b"\0asm\x01\0\0\0").expect("put");
+        for (name, trigger) in [
+            ("zeta", Trigger::on_path("/data/**")),
+            ("alpha", Trigger::on_rule(r#"path suffix ".h5" and size > 1MB"#)),
+            ("mid", Trigger { rule: Some(r#"not name glob "*.tmp""#.into()), ..Trigger::on_path("/data/raw/**") }),
+            ("removes", Trigger::on_rule(r#"kind == "remove" and path prefix "/data/""#)),
+        ] {
+            registry.register(manifest(name, module.clone(), trigger)).expect("register");
+        }
+        let cache = TriggerCache::default();
+        cache.reload(&registry).expect("reload");
+        let names =
+            |e: &StorageEvent| -> Vec<String> { cache.matching(e).into_iter().map(|r| r.manifest.name).collect() };
+        let big = event(EventKind::Write, "/data/raw/a.h5", Some(2_000_000));
+        assert_eq!(names(&big), ["alpha", "mid", "zeta"]);
+        let small = event(EventKind::Write, "/data/raw/a.h5", Some(10));
+        assert_eq!(names(&small), ["mid", "zeta"]);
+        // Unknown size: `size > 1MB` is undefined, and undefined does not fire.
+        assert_eq!(names(&event(EventKind::Write, "/data/raw/a.h5", None)), ["mid", "zeta"]);
+        assert_eq!(names(&event(EventKind::Write, "/data/raw/a.tmp", Some(10))), ["zeta"]);
+        assert_eq!(names(&event(EventKind::Write, "/elsewhere/a.h5", Some(2_000_000))), ["alpha"]);
+        // Rules that name no kind fire only on writes.
+        assert_eq!(names(&event(EventKind::Remove, "/data/raw/a.h5", Some(2_000_000))), ["removes"]);
+        assert!(names(&event(EventKind::Read, "/data/raw/a.h5", Some(2_000_000))).is_empty());
     }
 }

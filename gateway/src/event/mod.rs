@@ -1,0 +1,186 @@
+//! Storage events: a message's subject, headers and bytes in, a decision out.
+//!
+//! Every source is normalized into one [`StorageEvent`] (see `htfaas_functions::event`), with
+//! the producer's identity kept for audit:
+//!
+//! - [`dcache`]: dCache billing messages (Kafka → NATS, or the built-in storage) on
+//!   [`EVENTS_SUBJECT`]: every `msgType` (`transfer`, `request`, `remove`, `store`, `restore`,
+//!   `hit`; `warning` is never an event) with its quirks (`shared/reference/dcache.md` §1);
+//! - [`cloudevents`]: CloudEvents 1.0 on `storage.cloudevents.<producer>`
+//!   ([`CLOUDEVENTS_SUBJECT_PREFIX`]), in structured and binary mode: those of htfaas's bridges
+//!   (type `org.htfaas.storage.<source>.<msg_type>`, data a `BridgedEvent`) and any other
+//!   producer's.
+//!
+//! The site chooses which sources and which dCache types become events ([`SourcePolicy`]).
+//! Outcomes: *fire* (match triggers), *ignore* (well-formed, never an event: a failed
+//! operation, a pool-to-pool copy, no usable path, a type the site did not enable) or
+//! *malformed* ([`EventError`]). Ignored and malformed messages are acked and counted, never
+//! retried. Nothing here panics on bytes from the network.
+
+pub mod cloudevents;
+pub mod dcache;
+
+use htfaas_functions::event::StorageEvent;
+use htfaas_functions::manifest::is_clean_abs_path;
+use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_SUBJECT};
+use serde::Deserialize;
+
+/// What to do with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// A storage event: match triggers.
+    Fire(Box<StorageEvent>),
+    /// A valid message that is no event; the reason is for logs and counters.
+    Ignore(&'static str),
+    /// A valid message of a type the site did not enable ([`SourcePolicy`]); names the type,
+    /// e.g. `dcache-billing remove`.
+    NotEnabled(String),
+}
+
+/// Why a message is malformed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EventError {
+    /// Not JSON, a field of the wrong type, a required field missing.
+    #[error("not a dCache billing message: {0}")]
+    Billing(String),
+    /// Not a CloudEvent 1.0, or a bridge's event whose data is not a `BridgedEvent`.
+    #[error("bad CloudEvent: {0}")]
+    CloudEvent(String),
+    /// The path is not a clean absolute file path.
+    #[error("bad path {0:?}: not a clean absolute file path")]
+    BadPath(String),
+    /// No source reads this subject.
+    #[error("no event source reads subject {0:?}")]
+    Subject(String),
+}
+
+/// Which sources, and which of their message types, become events: the site's choice.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourcePolicy {
+    /// dCache billing `msgType`s that become events: any of `transfer` (pool: a write or a
+    /// read), `request` (door: the same transfer seen by the door; fires once with `transfer`,
+    /// same event id), `remove` (door: a namespace delete; pool: one replica dropped), `store`,
+    /// `restore`, `hit`. Others are acked and counted as not enabled. Default: `["transfer"]`.
+    #[serde(default = "default_dcache_msg_types")]
+    pub dcache_msg_types: Vec<String>,
+    /// Whether CloudEvents (htfaas's bridges and any other producer) become events.
+    /// Default: true.
+    #[serde(default = "default_true")]
+    pub cloudevents: bool,
+}
+
+fn default_dcache_msg_types() -> Vec<String> {
+    vec!["transfer".into()]
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for SourcePolicy {
+    fn default() -> Self {
+        SourcePolicy { dcache_msg_types: default_dcache_msg_types(), cloudevents: true }
+    }
+}
+
+impl SourcePolicy {
+    /// Refuses type names no source knows (a typo would silently fire nothing).
+    pub fn validate(&self) -> Result<(), String> {
+        for t in &self.dcache_msg_types {
+            if !dcache::MSG_TYPES.contains(&t.as_str()) {
+                return Err(format!(
+                    "sources.dcache_msg_types: {t:?} is not a dCache billing type that can fire (one of {})",
+                    dcache::MSG_TYPES.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the dCache billing `msgType` `t` becomes an event.
+    pub fn enables_dcache(&self, t: &str) -> bool {
+        self.dcache_msg_types.iter().any(|e| e == t)
+    }
+}
+
+/// Which parser reads a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubjectSource {
+    /// [`EVENTS_SUBJECT`]: dCache billing JSON.
+    DcacheBilling,
+    /// `storage.cloudevents.<producer>`.
+    Cloudevents,
+}
+
+impl SubjectSource {
+    /// The parser of `subject`, if any.
+    pub fn of(subject: &str) -> Option<SubjectSource> {
+        if subject == EVENTS_SUBJECT {
+            return Some(SubjectSource::DcacheBilling);
+        }
+        let producer = subject.strip_prefix(CLOUDEVENTS_SUBJECT_PREFIX)?.strip_prefix('.')?;
+        (!producer.is_empty()).then_some(SubjectSource::Cloudevents)
+    }
+}
+
+/// Decides what a message means. `message_id` names where it was read from (the JetStream
+/// sequence, `nats-seq-<n>`): kept in the event's source for audit, and its identity of last
+/// resort when the message carries none.
+pub fn decide(
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+    message_id: &str,
+    policy: &SourcePolicy,
+) -> Result<Decision, EventError> {
+    match SubjectSource::of(subject) {
+        Some(SubjectSource::DcacheBilling) => dcache::decide(payload, message_id, policy),
+        Some(SubjectSource::Cloudevents) => cloudevents::decide(headers, payload, message_id, policy),
+        None => Err(EventError::Subject(subject.to_owned())),
+    }
+}
+
+/// `path` if it is a clean absolute file path (not `/`, not ending in `/`).
+fn checked_path(path: &str) -> Result<String, EventError> {
+    if is_clean_abs_path(path) && !path.ends_with('/') {
+        Ok(path.to_owned())
+    } else {
+        Err(EventError::BadPath(path.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_pick_their_parser_and_unknown_ones_are_malformed() {
+        assert_eq!(SubjectSource::of("storage.dcache.billing"), Some(SubjectSource::DcacheBilling));
+        assert_eq!(SubjectSource::of("storage.cloudevents.xrootd-notify"), Some(SubjectSource::Cloudevents));
+        assert_eq!(SubjectSource::of("storage.cloudevents.a.b"), Some(SubjectSource::Cloudevents));
+        assert_eq!(SubjectSource::of("storage.cloudevents"), None);
+        assert_eq!(SubjectSource::of("storage.cloudevents."), None);
+        assert_eq!(SubjectSource::of("storage.cloudeventsx.a"), None);
+        let p = SourcePolicy::default();
+        assert_eq!(decide("other.subject", None, b"{}", "s", &p), Err(EventError::Subject("other.subject".into())));
+    }
+
+    #[test]
+    fn the_policy_defaults_to_transfers_and_cloudevents_and_refuses_unknown_types() {
+        let p: SourcePolicy = serde_json::from_str("{}").expect("parses");
+        assert_eq!(p, SourcePolicy::default());
+        assert_eq!(p.dcache_msg_types, vec!["transfer".to_owned()]);
+        assert!(p.cloudevents && p.validate().is_ok());
+        let all: SourcePolicy = serde_json::from_value(serde_json::json!({
+            "dcache_msg_types": ["transfer", "request", "remove", "store", "restore", "hit"], "cloudevents": false
+        }))
+        .expect("parses");
+        assert!(all.validate().is_ok());
+        for bad in ["warning", "Transfer", "delete", ""] {
+            let p = SourcePolicy { dcache_msg_types: vec![bad.into()], cloudevents: true };
+            let e = p.validate().expect_err("refused");
+            assert!(e.starts_with(&format!("sources.dcache_msg_types: {bad:?} is not")), "{e}");
+        }
+        assert!(serde_json::from_str::<SourcePolicy>(r#"{"dcache_types":[]}"#).is_err(), "typo refused");
+    }
+}
