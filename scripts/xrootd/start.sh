@@ -11,6 +11,10 @@
 # env:
 #   HTFAAS_XRD_WAIT_S=20     max seconds to wait for readiness
 #   HTFAAS_XRD_ALLOW_DNS=1   do not run xrootd in the no-DNS mount namespace (nodns.sh)
+#   HTFAAS_XRD_EXTRA_CFG=F   append the config lines of file F (e.g. notify-fifo.cfg: ofs.notify to
+#                            a FIFO in the state dir); they may use $(xPort) $(xData) $(xState) $(xHome)
+#   HTFAAS_XRD_AUTHDB=F      use authdb F instead of ./authdb (e.g. authdb-delete, which lets the
+#                            issuer also delete, for tests that remove files)
 # Afterwards:
 #   issuer (x509): curl --cacert S/etc/ca.pem --cert S/etc/client.pem --key S/etc/client.key \
 #                    -X POST -H 'Content-Type: application/macaroon-request' \
@@ -59,7 +63,11 @@ fi
 chmod 600 "$ETC"/*.key "$ETC/macaroon-secret"
 # The config files are copied into the state dir so that user xrootd can read them wherever
 # the checkout lives.
-cp -f "$HERE/xrootd.cfg" "$HERE/authdb" "$HERE/gridmap" "$ETC/"
+cp -f "$HERE/xrootd.cfg" "$HERE/gridmap" "$ETC/"
+cp -f "${HTFAAS_XRD_AUTHDB:-$HERE/authdb}" "$ETC/authdb"
+if [[ -n ${HTFAAS_XRD_EXTRA_CFG:-} ]]; then
+  { printf '\n# --- appended by start.sh from %s\n' "$HTFAAS_XRD_EXTRA_CFG"; cat "$HTFAAS_XRD_EXTRA_CFG"; } >>"$ETC/xrootd.cfg"
+fi
 
 # xrootd refuses to run as root: drop to user `xrootd` (created by the Debian package), which
 # must own the data and state dirs and be able to traverse their parents.
