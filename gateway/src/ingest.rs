@@ -213,9 +213,22 @@ pub async fn handle(
         Stats::bump(&shared.stats.events_unmatched);
         return Verdict::Ack;
     }
+    fire_all(shared, &event, &functions, None).await
+}
+
+/// Starts one job per function in `functions` on `event` (at most one ever per (event,
+/// function digest): the dedupe key). `replay` names a replay run (`htfaas events replay`),
+/// whose jobs get dedupe keys of their own, so a replay re-runs what already ran once.
+/// Returns [`Verdict::Retry`] when any of them failed transiently.
+pub async fn fire_all(
+    shared: &Shared,
+    event: &StorageEvent,
+    functions: &[FunctionRecord],
+    replay: Option<&str>,
+) -> Verdict {
     let mut verdict = Verdict::Ack;
-    for function in &functions {
-        match fire(shared, &event, function).await {
+    for function in functions {
+        match fire(shared, event, function, replay).await {
             Ok(()) => {}
             Err(Failure::Transient(e)) => {
                 tracing::warn!(function = %function.manifest.name, "transient failure, will retry: {e}");
@@ -240,9 +253,18 @@ pub enum Failure {
     Permanent(String),
 }
 
-async fn fire(shared: &Shared, event: &StorageEvent, function: &FunctionRecord) -> Result<(), Failure> {
+async fn fire(
+    shared: &Shared,
+    event: &StorageEvent,
+    function: &FunctionRecord,
+    replay: Option<&str>,
+) -> Result<(), Failure> {
     let event_ref = event_ref(event);
-    let dedupe_key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
+    let mut dedupe_key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
+    if let Some(replay) = replay {
+        dedupe_key.push_str("#replay:");
+        dedupe_key.push_str(replay);
+    }
     let request = prepare(shared, function, event_ref, dedupe_key).await?;
     match shared.submitter.submit(&function.manifest.owner, &request).await {
         Ok(reply) if reply.created => Stats::bump(&shared.stats.jobs_submitted),
