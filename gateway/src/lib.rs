@@ -15,7 +15,9 @@
 pub mod api;
 pub mod bridge;
 pub mod event;
+pub mod firing;
 pub mod ingest;
+pub mod replay;
 pub mod stats;
 pub mod storage_client;
 pub mod submit;

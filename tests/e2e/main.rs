@@ -4,10 +4,12 @@
 mod annex;
 mod bridges;
 mod configs;
+mod exactly_once;
 mod examples;
 mod jobs;
 mod overload;
 mod path;
+mod replay;
 mod revoke;
 mod security;
 mod sources;

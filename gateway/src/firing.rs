@@ -1,0 +1,1 @@
+//! Durable firings: (event, function) pairs waiting to become jobs. (Being written.)

@@ -1,0 +1,1 @@
+//! Replay and dry-run over recorded events. (Being written.)

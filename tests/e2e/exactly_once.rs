@@ -1,0 +1,1 @@
+//! Placeholder: tests for this concern are being written.
