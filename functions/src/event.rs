@@ -136,6 +136,12 @@ pub struct StorageEvent {
     /// client user, the CloudEvents producer's claim), when the source says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Identifier of the macaroon that authorized the operation (dCache's
+    /// `MacaroonPrincipal[<id>]` in the billing `subject`), when the source says. A job's
+    /// outputs are written with the write macaroon the gateway obtained for it, so this names
+    /// the job that wrote the file: the loop guard's provenance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macaroon: Option<String>,
     /// The occurrence's identity: the same for every copy of this event (redelivery, a
     /// duplicate from a second producer, a replay), different for another occurrence (a second
     /// upload of the same path). With a function's digest, the exactly-once key. Always

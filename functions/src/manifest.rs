@@ -412,6 +412,7 @@ mod tests {
             size: Some(size),
             storage_class: None,
             owner: None,
+            macaroon: None,
             id: "x".into(),
             time: None,
         };

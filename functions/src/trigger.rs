@@ -793,6 +793,7 @@ mod tests {
             size: Some(5_000_000),
             storage_class: Some("exp:raw".into()),
             owner: Some("alice".into()),
+            macaroon: None,
             id: "dcache-billing:transfer:0001/s".into(),
             time: None,
         }

@@ -80,6 +80,7 @@ mod tests {
             size,
             storage_class: None,
             owner: None,
+            macaroon: None,
             id: format!("dcache-billing:transfer:{path}"),
             time: None,
         }

@@ -141,6 +141,7 @@ fn bridged(rest: &str, ce: Attributes, message_id: &str) -> Result<Decision, Eve
         size: b.size,
         storage_class: None,
         owner: b.owner,
+        macaroon: None,
         time: ce.time,
     })))
 }
@@ -176,6 +177,7 @@ fn generic(ce: Attributes, message_id: &str) -> Result<Decision, EventError> {
         size,
         storage_class: field("storage_class")?,
         owner: field("owner")?,
+        macaroon: None,
         time: ce.time,
     })))
 }
@@ -236,6 +238,7 @@ mod tests {
                 size: Some(12),
                 storage_class: None,
                 owner: Some("alice".into()),
+                macaroon: None,
                 id: "xrootd-notify:xrootd://data01.example.org:1094/7".into(),
                 time: Some("2026-03-14T10:15:30Z".into()),
             }

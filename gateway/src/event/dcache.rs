@@ -161,6 +161,13 @@ pub fn decide(payload: &[u8], message_id: &str, policy: &SourcePolicy) -> Result
         .map(str::to_owned)
         .or(m.owner.clone())
         .filter(|o| !o.is_empty());
+    let macaroon = m
+        .subject
+        .iter()
+        .flatten()
+        .find_map(|p| p.strip_prefix("MacaroonPrincipal[")?.strip_suffix(']'))
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned);
     let storage_class = m
         .storage_info
         .as_deref()
@@ -176,6 +183,7 @@ pub fn decide(payload: &[u8], message_id: &str, policy: &SourcePolicy) -> Result
         size: size.and_then(|s| u64::try_from(s).ok()),
         storage_class,
         owner,
+        macaroon,
         time: m.date,
     })))
 }
@@ -322,10 +330,21 @@ mod tests {
                 size: Some(104_857_600),
                 storage_class: Some("exp:raw".into()),
                 owner: Some("alice".into()),
+                macaroon: None,
                 id: format!("dcache-billing:write:{PNFSID}/{DOOR_SESSION}"),
                 time: Some("2026-03-14T10:15:30.123+01:00".into()),
             }
         );
+    }
+
+    #[test]
+    fn a_write_made_with_a_macaroon_names_it_for_the_loop_guard() {
+        assert_eq!(fire(TRANSFER).macaroon, None);
+        let with = TRANSFER.replacen(r#""subject":["#, r#""subject":["MacaroonPrincipal[b5c1e0a2]","#, 1);
+        assert_ne!(with, TRANSFER, "the fixture has a subject");
+        assert_eq!(fire(&with).macaroon.as_deref(), Some("b5c1e0a2"));
+        let empty = TRANSFER.replacen(r#""subject":["#, r#""subject":["MacaroonPrincipal[]","#, 1);
+        assert_eq!(fire(&empty).macaroon, None);
     }
 
     #[test]
