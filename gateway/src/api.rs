@@ -421,6 +421,7 @@ fn manual_run_allowed(trigger: &htfaas_functions::Trigger, path: &str) -> bool {
         size: None,
         storage_class: None,
         owner: None,
+        macaroon: None,
         id: "submit:manual".into(),
         time: None,
     };
