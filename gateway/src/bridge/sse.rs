@@ -40,6 +40,7 @@
 //! Nothing read from the network can panic the bridge: a malformed SSE event (overlong line,
 //! event too large, not UTF-8) or malformed JSON is counted, logged at WARN and skipped.
 
+use super::rfc3339;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::PublishMessage};
 use futures_util::StreamExt as _;
@@ -546,30 +547,6 @@ fn cloud_event(channel: &str, id: String, ty: String, data: BridgedEvent) -> Clo
 /// The last path segment of a channel URL: its id.
 fn channel_id(channel: &str) -> &str {
     channel.trim_end_matches('/').rsplit('/').next().unwrap_or(channel)
-}
-
-/// RFC 3339 UTC with milliseconds.
-fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days, for days since 1970-01-01.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
 }
 
 fn now_ms() -> u128 {
@@ -1478,12 +1455,6 @@ mod tests {
         assert!(s.covers("/d/x/y") && !s.covers("/e"));
         s.flags = vec!["IN_BOGUS".into()];
         assert!(s.validate().is_err());
-    }
-
-    #[test]
-    fn rfc3339_formats_utc() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(1_709_251_200_123)), "2024-03-01T00:00:00.123Z");
     }
 
     #[test]

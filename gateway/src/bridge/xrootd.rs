@@ -72,6 +72,7 @@
 //! holds, logs its counts ([`Stats`]) and returns them; events still unpublished then are counted
 //! as `lost`.
 
+use super::rfc3339;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
@@ -313,29 +314,6 @@ pub fn cloud_event(event: &BridgedEvent, id: String, source_host: &str, time: St
         data: serde_json::to_value(event).ok(),
         extensions: Default::default(),
     }
-}
-
-/// UTC time as RFC 3339 with milliseconds, e.g. `2026-11-21T22:35:15.903Z`.
-pub fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, d.subsec_millis())
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day) (H. Hinnant's algorithm).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// What the bridge counted. Logged every [`Settings::stats_interval`] and at the end.
@@ -1023,13 +1001,5 @@ mod tests {
         assert!(valid_host("xrd1.example.org") && valid_host("127.0.0.1:1094") && valid_host("[::1]"));
         assert!(!valid_host("") && !valid_host("a b") && !valid_host("a/b"));
         assert!(valid_host(&default_source_host()));
-    }
-
-    #[test]
-    fn rfc3339_times() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(951_782_400_123)), "2000-02-29T00:00:00.123Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_300_515)), "2026-11-21T22:35:15.000Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(4_107_542_399)), "2100-02-28T23:59:59.000Z");
     }
 }
