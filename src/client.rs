@@ -1,4 +1,5 @@
-//! Talking to a running local stack: what `htfaas put|get|fn|jobs|ep|accounting|events` do.
+//! Talking to a running local stack: what `htfaas put|get|fn|jobs|ep|accounting|events` do
+//! (`events replay`, `fn test` and `fn register --dry-run` included).
 //!
 //! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
 //! command reads it through [`StackInfo::load`].
@@ -193,6 +194,47 @@ impl Client {
             .send()
             .await?;
         Ok(check(resp, "register function").await?.json().await?)
+    }
+
+    /// Checks `manifest` as a registration would, without registering it, and lists the
+    /// recorded events its trigger would fire on (`query.dry_run` is set here).
+    pub async fn register_dry_run(
+        &self,
+        manifest: &FunctionManifest,
+        query: &htfaas_gateway::replay::RegisterQuery,
+    ) -> anyhow::Result<htfaas_gateway::replay::Report> {
+        let mut url = reqwest::Url::parse(&self.gateway("/v1/functions")).context("gateway URL")?;
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("dry_run", "true");
+            for (key, value) in [("since", &query.since), ("until", &query.until)] {
+                if let Some(value) = value {
+                    q.append_pair(key, value);
+                }
+            }
+            if let Some(limit) = query.limit {
+                q.append_pair("limit", &limit.to_string());
+            }
+        }
+        let resp = self.http.post(url).bearer_auth(&self.info.admin_token).json(manifest).send().await?;
+        Ok(check(resp, "dry-run registration").await?.json().await?)
+    }
+
+    /// How one message parses and what `function`'s trigger says about it.
+    pub async fn test_function(
+        &self,
+        function: &str,
+        request: &htfaas_gateway::replay::TestRequest,
+    ) -> anyhow::Result<htfaas_gateway::replay::TestReport> {
+        self.admin_post(&format!("/v1/functions/{}/test", segment(function)?), "test function", request).await
+    }
+
+    /// Lists (dry run) or fires again the (event, function) pairs of the recorded events.
+    pub async fn replay(
+        &self,
+        request: &htfaas_gateway::replay::ReplayRequest,
+    ) -> anyhow::Result<htfaas_gateway::replay::Report> {
+        self.admin_post("/v1/events/replay", "replay", request).await
     }
 
     async fn admin_get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {

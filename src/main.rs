@@ -284,11 +284,52 @@ enum FnCommand {
         /// Job class of its runs (e.g. lite, short, long; default: the scheduler's default class).
         #[arg(long)]
         class: Option<String>,
+        /// Check the manifest and list the recorded events its trigger would fire on; register
+        /// nothing (the module is uploaded: it is content-addressed).
+        #[arg(long)]
+        dry_run: bool,
+        /// With --dry-run: first recording time read (RFC 3339, Unix seconds or -2h; default: a
+        /// day ago).
+        #[arg(long, requires = "dry_run", allow_hyphen_values = true, value_parser = parse_time_arg)]
+        since: Option<String>,
+        /// With --dry-run: last recording time read (default: the last event recorded).
+        #[arg(long, requires = "dry_run", allow_hyphen_values = true, value_parser = parse_time_arg)]
+        until: Option<String>,
+        /// With --dry-run: most recorded messages read.
+        #[arg(long, requires = "dry_run")]
+        limit: Option<u64>,
+        /// With --dry-run: print the report as JSON.
+        #[arg(long, requires = "dry_run")]
+        json: bool,
     },
     /// List functions.
     List {
         #[command(flatten)]
         dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show how one event parses and whether the function's trigger is true, false or undefined
+    /// on it (and each part: path glob, rule).
+    #[command(group(clap::ArgGroup::new("message").required(true).args(["event", "seq"])))]
+    Test {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+        /// The event, a JSON file (a dCache billing message, or a CloudEvent with --subject).
+        #[arg(long)]
+        event: Option<PathBuf>,
+        /// Instead of --event: the recorded message with this stream sequence.
+        #[arg(long, conflicts_with_all = ["subject", "headers"])]
+        seq: Option<u64>,
+        /// Subject the event comes on (default: the dCache billing subject).
+        #[arg(long)]
+        subject: Option<String>,
+        /// A NATS header NAME=VALUE, e.g. `ce-type=org.example.closed` (repeatable).
+        #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -533,6 +574,86 @@ enum EventsCommand {
         #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
         headers: Vec<(String, String)>,
     },
+    /// Run functions again over recorded events (admin), or with --dry-run list the (event,
+    /// function) pairs that would fire. A replay's jobs have dedupe keys of their own: it runs
+    /// again what already ran, once per replay id.
+    Replay {
+        #[command(flatten)]
+        dir: DirArg,
+        /// First recording time read: RFC 3339 (2026-11-22T10:00:00Z), Unix seconds, or before
+        /// now (-2h, -30m, -7d).
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        since: String,
+        /// Last recording time read (default: the last event recorded).
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        until: Option<String>,
+        /// Only this function (default: every registered function).
+        #[arg(long)]
+        function: Option<String>,
+        /// List the pairs that would fire; start nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Most recorded messages read (default 10000, at most 100000).
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Continue or retry the replay with this id (what it already started is not started
+        /// again). Default: a fresh id.
+        #[arg(long, conflicts_with = "dry_run")]
+        replay_id: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Checks a time for `--since`/`--until` (the gateway resolves it): RFC 3339, Unix seconds or
+/// `-<n><s|m|h|d>`.
+fn parse_time_arg(s: &str) -> Result<String, String> {
+    htfaas_gateway::replay::parse_time(s, htfaas_gateway::replay::now_ms()).map(|_| s.trim().to_owned())
+}
+
+/// One (event, function) pair of a replay report, as a line.
+fn pair_line(p: &htfaas_gateway::replay::Pair) -> String {
+    let fired = match p.fired {
+        None => "",
+        Some(true) => " fired",
+        Some(false) => " FAILED",
+    };
+    format!(
+        "{:>8} {} {}@{} {} {} {} {}{fired}",
+        p.seq, p.recorded, p.function, p.version, p.kind, p.msg_type, p.path, p.event_id
+    )
+}
+
+/// The counts of a replay report, and why it stopped early if it did.
+fn report_summary(r: &htfaas_gateway::replay::Report) -> String {
+    let mut line = format!(
+        "scanned {} since {} (events {}, ignored {}, not enabled {}, malformed {}); {} pairs {}",
+        r.scanned,
+        r.since,
+        r.parsed,
+        r.ignored,
+        r.not_enabled,
+        r.malformed,
+        r.matched,
+        if r.dry_run { "would fire" } else { "matched" }
+    );
+    if let Some(id) = &r.replay_id {
+        line.push_str(&format!("; replay {id}: fired {}, failures {}", r.fired, r.failures));
+    }
+    if r.pairs_truncated {
+        line.push_str(&format!("; only the first {} pairs listed", r.pairs.len()));
+    }
+    if let Some(why) = &r.stopped {
+        line.push_str(&format!("\nstopped early at {why}"));
+        if let Some(since) = &r.resume_since {
+            line.push_str(&format!("; continue with --since {since}"));
+            if let Some(id) = &r.replay_id {
+                line.push_str(&format!(" --replay-id {id}"));
+            }
+        }
+    }
+    line
 }
 
 /// `NAME=VALUE` → a NATS header (`htfaas events publish --header`).
@@ -873,6 +994,11 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     gpus,
                     disk_mb,
                     class,
+                    dry_run,
+                    since,
+                    until,
+                    limit,
+                    json,
                 },
         } => {
             let client = client(&dir)?;
@@ -890,8 +1016,52 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 annex,
                 class,
             };
+            if dry_run {
+                let query = htfaas_gateway::replay::RegisterQuery { dry_run, since, until, limit };
+                let report = client.register_dry_run(&manifest, &query).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                    return Ok(());
+                }
+                println!("manifest of {} is valid; not registered (dry run)", manifest.name);
+                for p in &report.pairs {
+                    println!("{}", pair_line(p));
+                }
+                println!("{}", report_summary(&report));
+                return Ok(());
+            }
             let record = client.register(&manifest).await?;
             println!("registered {} v{} {}", record.manifest.name, record.version, record.manifest.module);
+            Ok(())
+        }
+        Command::Fn { command: FnCommand::Test { dir, name, event, seq, subject, headers, json } } => {
+            let event = match event {
+                Some(file) => {
+                    let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
+                    Some(serde_json::from_slice(&bytes).with_context(|| format!("{} is not JSON", file.display()))?)
+                }
+                None => None,
+            };
+            let request =
+                htfaas_gateway::replay::TestRequest { subject, headers: headers.into_iter().collect(), event, seq };
+            let report = client(&dir)?.test_function(&name, &request).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+                return Ok(());
+            }
+            match &report.event {
+                Some(e) => println!("parsed: {} {} {} (id {})", e.kind.as_str(), e.msg_type, e.path, e.id),
+                None => println!("parsed: {}: {}", report.outcome, report.reason.as_deref().unwrap_or("")),
+            }
+            println!("trigger of {} v{}: {}", report.function, report.version, report.trigger);
+            for part in &report.parts {
+                println!("  {} {}: {}", part.part, part.text, part.verdict);
+            }
+            if report.own_output {
+                println!("  the file is in the function's own output directory: never fires");
+            }
+            let verdict = report.verdict.as_deref().unwrap_or("no event");
+            println!("verdict: {verdict} ({})", if report.fires { "fires" } else { "does not fire" });
             Ok(())
         }
         Command::Fn { command: FnCommand::List { dir, json } } => {
@@ -1132,6 +1302,32 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("published to {subject} (stream sequence {seq})");
             Ok(())
         }
+        Command::Events {
+            command: EventsCommand::Replay { dir, since, until, function, dry_run, limit, replay_id, json },
+        } => {
+            use htfaas_gateway::replay::{ReplayRequest, TimeArg};
+            let request = ReplayRequest {
+                since: TimeArg::Text(since),
+                until: until.map(TimeArg::Text),
+                function,
+                dry_run,
+                limit,
+                replay_id,
+            };
+            let report = client(&dir)?.replay(&request).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+                return Ok(());
+            }
+            // A replay's pairs are in --json; its lines are the counts.
+            if report.dry_run {
+                for p in &report.pairs {
+                    println!("{}", pair_line(p));
+                }
+            }
+            println!("{}", report_summary(&report));
+            Ok(())
+        }
     }
 }
 
@@ -1239,6 +1435,83 @@ mod tests {
         let bare = EpInfo { labels: Default::default(), ..ep };
         assert!(ep_line(&bare).ends_with(" -"));
         assert!(ep_header().ends_with("OWNER        LABELS"));
+    }
+
+    #[test]
+    fn events_replay_and_fn_test_parse_with_their_options() {
+        let cli = parse(&["events", "replay", "--since", "-2h", "--function", "a", "--dry-run", "--limit", "5"])
+            .expect("parses");
+        let Command::Events {
+            command: EventsCommand::Replay { since, until: None, function, dry_run: true, limit: Some(5), .. },
+        } = cli.command
+        else {
+            panic!("not a dry-run replay")
+        };
+        assert_eq!((since.as_str(), function.as_deref()), ("-2h", Some("a")));
+        assert!(parse(&["events", "replay", "--since", "2026-11-22T10:00:00Z", "--until", "1795345200"]).is_ok());
+        assert!(parse(&["events", "replay"]).is_err(), "--since is required");
+        assert!(parse(&["events", "replay", "--since", "yesterday"]).is_err(), "times are checked");
+        assert!(parse(&["events", "replay", "--since", "-1h", "--dry-run", "--replay-id", "x"]).is_err());
+
+        let cli =
+            parse(&["fn", "test", "a", "--event", "e.json", "--header", "ce-id=1", "--subject", "s"]).expect("parses");
+        let Command::Fn { command: FnCommand::Test { name, event: Some(_), seq: None, headers, .. } } = cli.command
+        else {
+            panic!("not a test")
+        };
+        assert_eq!((name.as_str(), headers), ("a", vec![("ce-id".to_owned(), "1".to_owned())]));
+        assert!(parse(&["fn", "test", "a", "--seq", "7"]).is_ok());
+        assert!(parse(&["fn", "test", "a"]).is_err(), "an event or a seq");
+        assert!(parse(&["fn", "test", "a", "--seq", "7", "--event", "e"]).is_err());
+
+        let register = ["fn", "register", "b", "--wasm", "m.wasm", "--trigger", "/data/**", "--outputs", "/o/"];
+        let cli =
+            parse(&[&register[..], &["--dry-run", "--since", "-1d", "--rule", "size > 1"]].concat()).expect("parses");
+        let Command::Fn { command: FnCommand::Register { dry_run: true, since, rule, .. } } = cli.command else {
+            panic!("not a dry-run registration")
+        };
+        assert_eq!((since.as_deref(), rule.as_deref()), (Some("-1d"), Some("size > 1")));
+        assert!(parse(&[&register[..], &["--since", "-1d"]].concat()).is_err(), "--since needs --dry-run");
+    }
+
+    #[test]
+    fn replay_reports_print_one_line_per_pair_and_the_counts() {
+        use htfaas_gateway::replay::{Pair, Report};
+        let pair = Pair {
+            seq: 12,
+            recorded: "2026-11-22T10:00:00.000Z".into(),
+            event_id: "dcache-billing:write:0000BEEF/s".into(),
+            path: "/data/raw/a.h5".into(),
+            kind: "write".into(),
+            msg_type: "transfer".into(),
+            time: None,
+            function: "a".into(),
+            version: 2,
+            fired: None,
+        };
+        assert_eq!(
+            pair_line(&pair),
+            "      12 2026-11-22T10:00:00.000Z a@2 write transfer /data/raw/a.h5 dcache-billing:write:0000BEEF/s"
+        );
+        let report = Report {
+            dry_run: false,
+            replay_id: Some("r1".into()),
+            since: "2026-11-22T08:00:00.000Z".into(),
+            scanned: 5,
+            parsed: 4,
+            malformed: 1,
+            matched: 3,
+            fired: 3,
+            stopped: Some("the limit of 5 messages".into()),
+            resume_since: Some("2026-11-22T09:00:00.000Z".into()),
+            ..Report::default()
+        };
+        assert_eq!(
+            report_summary(&report),
+            "scanned 5 since 2026-11-22T08:00:00.000Z (events 4, ignored 0, not enabled 0, malformed 1); 3 pairs \
+             matched; replay r1: fired 3, failures 0\nstopped early at the limit of 5 messages; continue with \
+             --since 2026-11-22T09:00:00.000Z --replay-id r1"
+        );
     }
 
     #[test]

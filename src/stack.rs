@@ -91,6 +91,10 @@ pub struct Stack {
     shutdown: CancellationToken,
     tasks: Vec<(&'static str, JoinHandle<anyhow::Result<()>>)>,
     gateway: std::sync::Arc<htfaas_gateway::Shared>,
+    /// How the gateway was configured (on its bound address), to start it again.
+    gateway_config: htfaas_gateway::Config,
+    /// Stops the gateway alone ([`Stack::restart_gateway`]); a child of `shutdown`.
+    gateway_shutdown: CancellationToken,
     nats: NatsServer,
 }
 
@@ -163,7 +167,7 @@ impl Stack {
         tasks.push(("scheduler", tokio::spawn(htfaas_scheduler::run(scheduler, shutdown.child_token()))));
 
         // Gateway.
-        let gateway = htfaas_gateway::Config {
+        let gateway_config = htfaas_gateway::Config {
             listen: "127.0.0.1:0".parse()?,
             public_url: None,
             nats_url: nats.url(),
@@ -191,13 +195,17 @@ impl Stack {
             // 127.0.0.1: every job's macaroons work only from its EP.
             bind_macaroons_to_ep: true,
             sources: Default::default(),
-        }
-        .resolve()
-        .await
-        .context("start the gateway")?;
+            // The firing table goes beside the registry: `gateway/firings.sqlite`.
+            state_dir: None,
+            dedupe_window_s: htfaas_functions::proto::EVENTS_MAX_AGE_S,
+            max_in_flight: 16,
+        };
+        let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = format!("http://{}", gateway.local_addr());
+        let gateway_config = htfaas_gateway::Config { listen: gateway.local_addr(), ..gateway_config };
         let gateway_shared = gateway.shared();
-        tasks.push(("gateway", tokio::spawn(htfaas_gateway::run(gateway, shutdown.child_token()))));
+        let gateway_shutdown = shutdown.child_token();
+        tasks.push(("gateway", tokio::spawn(htfaas_gateway::run(gateway, gateway_shutdown.clone()))));
 
         // One EP, attached with a site token minted by the scheduler's key.
         let attach_key = SigningKey::load_or_create(&attach_key_file, "attach-1")?;
@@ -235,7 +243,7 @@ impl Stack {
             user_secret: secrets.user_secret,
         };
         info.save(dir)?;
-        let stack = Stack { info, shutdown, tasks, gateway: gateway_shared, nats };
+        let stack = Stack { info, shutdown, tasks, gateway: gateway_shared, gateway_config, gateway_shutdown, nats };
         stack.wait_ready(Duration::from_secs(20)).await?;
         Ok(stack)
     }
@@ -271,6 +279,28 @@ impl Stack {
     /// The gateway's shared state (counters).
     pub fn gateway(&self) -> &htfaas_gateway::Shared {
         &self.gateway
+    }
+
+    /// Stops the gateway alone (its in-flight event and submissions finish) and starts it
+    /// again on the same address with the same state directory, as after a crash-free restart
+    /// of that one process; its counters start again from zero. For tests of what survives a
+    /// gateway restart (the firing table, the durable consumer). Returns the stopped
+    /// gateway's shared state, whose counters are final.
+    pub async fn restart_gateway(&mut self) -> anyhow::Result<std::sync::Arc<htfaas_gateway::Shared>> {
+        self.gateway_shutdown.cancel();
+        let at = self.tasks.iter().position(|(name, _)| *name == "gateway").context("the gateway is not running")?;
+        let (_, task) = self.tasks.remove(at);
+        tokio::time::timeout(Duration::from_secs(15), task)
+            .await
+            .context("the gateway did not stop within 15 s")?
+            .context("the gateway's task")?
+            .context("the gateway failed")?;
+        let gateway = self.gateway_config.clone().resolve().await.context("start the gateway again")?;
+        let stopped = std::mem::replace(&mut self.gateway, gateway.shared());
+        self.gateway_shutdown = self.shutdown.child_token();
+        self.tasks.push(("gateway", tokio::spawn(htfaas_gateway::run(gateway, self.gateway_shutdown.clone()))));
+        self.wait_ready(Duration::from_secs(20)).await?;
+        Ok(stopped)
     }
 
     /// NATS URL.

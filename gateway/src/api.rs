@@ -11,7 +11,9 @@
 //! | `POST /v1/modules` | admin | body = wasm bytes → `{"digest":…}` |
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
 //! | `POST /v1/functions` | admin | body = `FunctionManifest` → `FunctionRecord` |
-//! | `GET /v1/functions` | admin | latest `FunctionRecord` of each function |
+//! | `POST /v1/functions?dry_run=true[&since&until&limit]` | admin | manifest, checked, not kept → `replay::Report` |
+//! | `POST /v1/functions/{name}/test` | admin | body `replay::TestRequest` → `replay::TestReport` |
+//! | `POST /v1/events/replay` | admin | body `replay::ReplayRequest` → `replay::Report` |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…, "annex"?:…}` → `SubmitResponse` |
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | admin | body `JobAction` → the job (the scheduler acts) |
@@ -26,14 +28,24 @@
 //! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | ingest counters |
 //!
+//! A dry-run registration answers the recorded events (default: of the last day) its trigger would
+//! fire on; a test says how one message (given, or recorded: `{"seq": N}`) parses and what the
+//! trigger says, part by part; a replay (`{"since", "until"?, "function"?, "dry_run"?, "limit"?,
+//! "replay_id"?}`) lists or fires again what the recorded events fire ([`crate::replay`]).
+//! Times (`since`, `until`) are RFC 3339 strings (`2026-11-22T10:00:00Z`), Unix seconds (a JSON
+//! number or a string of digits) or spans before now (`-2h`): [`crate::replay::parse_time`]. The
+//! routes that read recorded events need a [`crate::replay::Events`] extension on the router
+//! (the gateway's JetStream context) and answer 503 without one.
+//!
 //! Every scheduler route is proxied with the scheduler's admin token after this API's own admin
 //! check; path segments are checked here (job ids `[A-Za-z0-9-]`, EP names and owners 1–128
 //! printable characters without `/`, percent-encoded when forwarded) and bodies parsed into
 //! their `proto` type, so the scheduler only ever sees well-formed requests.
 
 use crate::Shared;
+use crate::replay::{self, ReplayError};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -49,6 +61,20 @@ pub struct Failure(StatusCode, String);
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         (self.0, Json(ApiError { error: self.1 })).into_response()
+    }
+}
+
+impl From<ReplayError> for Failure {
+    fn from(e: ReplayError) -> Self {
+        let status = match &e {
+            ReplayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ReplayError::NotFound(_) => StatusCode::NOT_FOUND,
+            ReplayError::Unavailable(_) => {
+                tracing::warn!("replay: {e}");
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        };
+        Failure(status, e.to_string())
     }
 }
 
@@ -76,6 +102,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/modules/{digest}", get(get_module))
         .route("/v1/functions", post(register).get(list_functions))
         .route("/v1/functions/{name}/runs", post(run_function))
+        .route("/v1/functions/{name}/test", post(test_function))
+        .route("/v1/events/replay", post(replay_events))
         .route("/v1/jobs", get(proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy_job))
         .route("/v1/jobs/{id}/{action}", post(proxy_job_action).get(proxy_job_view))
@@ -140,14 +168,34 @@ async fn get_module(State(shared): State<Arc<Shared>>, Path(digest): Path<String
     Ok(([(axum::http::header::CONTENT_TYPE, "application/wasm")], body).into_response())
 }
 
+/// The recorded events, or 503 when the router was built without them.
+fn recorded(events: Option<Extension<replay::Events>>) -> Result<replay::Events, Failure> {
+    events.map(|Extension(e)| e).ok_or_else(|| {
+        Failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this gateway API was started without access to recorded events".into(),
+        )
+    })
+}
+
 async fn register(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
+    events: Option<Extension<replay::Events>>,
+    uri: axum::http::Uri,
     body: Bytes,
-) -> Result<impl IntoResponse, Failure> {
+) -> Result<Response, Failure> {
     require_admin(&shared, &headers)?;
+    let Query(query) = Query::<replay::RegisterQuery>::try_from_uri(&uri)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
     let manifest: FunctionManifest = serde_json::from_slice(&body)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")))?;
+    if query.dry_run {
+        return dry_run_registration(&shared, events, &query, manifest).await;
+    }
+    if query != replay::RegisterQuery::default() {
+        return Err(Failure(StatusCode::BAD_REQUEST, "since, until and limit go with dry_run=true".into()));
+    }
     let s = shared.clone();
     let record = blocking(move || {
         let record = s.registry.register(manifest)?;
@@ -156,7 +204,76 @@ async fn register(
     })
     .await?;
     tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
-    Ok((StatusCode::CREATED, Json(record)))
+    Ok((StatusCode::CREATED, Json(record)).into_response())
+}
+
+/// `POST /v1/functions?dry_run=true`: the manifest is checked as a registration checks it (same
+/// errors), not stored, and answered with the recorded events its trigger would fire on.
+async fn dry_run_registration(
+    shared: &Arc<Shared>,
+    events: Option<Extension<replay::Events>>,
+    query: &replay::RegisterQuery,
+    manifest: FunctionManifest,
+) -> Result<Response, Failure> {
+    let window = query.window(replay::now_ms())?;
+    let s = shared.clone();
+    let manifest = blocking(move || {
+        manifest.validate()?;
+        if s.registry.module_path(&manifest.module)?.is_none() {
+            return Err(RegistryError::UnknownModule(manifest.module.clone()));
+        }
+        Ok(manifest)
+    })
+    .await?;
+    let events = recorded(events)?;
+    let target = replay::candidate(manifest)?;
+    let report = replay::run(shared, &events.0, &window, &[target], &replay::Mode::DryRun).await?;
+    Ok((StatusCode::OK, Json(report)).into_response())
+}
+
+/// `POST /v1/functions/{name}/test`: how one message parses, and what the function's trigger
+/// says about it.
+async fn test_function(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    events: Option<Extension<replay::Events>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, Failure> {
+    require_admin(&shared, &headers)?;
+    let request: replay::TestRequest =
+        serde_json::from_slice(&body).map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid test: {e}")))?;
+    let s = shared.clone();
+    let record = blocking(move || s.registry.latest(&name)).await?;
+    let events = events.map(|Extension(e)| e);
+    Ok(Json(replay::test_request(events.as_ref(), &record, &request, &shared.sources()).await?))
+}
+
+/// `POST /v1/events/replay`: a dry run lists the (event, function) pairs of the recorded events
+/// that fire; a replay fires them again, under a replay id.
+async fn replay_events(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    events: Option<Extension<replay::Events>>,
+    body: Bytes,
+) -> Result<impl IntoResponse, Failure> {
+    require_admin(&shared, &headers)?;
+    let request: replay::ReplayRequest = serde_json::from_slice(&body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid replay request: {e}")))?;
+    let (window, mode) = request.plan(replay::now_ms())?;
+    let events = recorded(events)?;
+    let s = shared.clone();
+    let function = request.function.clone();
+    let records = blocking(move || match function {
+        Some(name) => Ok(vec![s.registry.latest(&name)?]),
+        None => s.registry.list(),
+    })
+    .await?;
+    if let replay::Mode::Replay(id) = &mode {
+        tracing::info!(replay = %id, function = ?request.function, since = window.since_ms, "replay requested");
+    }
+    let report = replay::run(&shared, &events.0, &window, &replay::Target::all(records), &mode).await?;
+    Ok(Json(report))
 }
 
 async fn list_functions(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, Failure> {
@@ -472,5 +589,239 @@ mod tests {
         assert!(!manual_run_allowed(&Trigger::on_rule(r#"type == "transfer""#), "/data/x/a.h5"));
         assert!(manual_run_allowed(&Trigger::on_rule(r#"type in ["transfer", "manual"]"#), "/data/x/a.h5"));
         assert!(!manual_run_allowed(&Trigger::on_path(""), "/data/x/a.h5"));
+    }
+
+    /// The routes that read recorded events, against a real nats-server
+    /// (`HTFAAS_NATS_SERVER`, or `.tools/venv/bin/nats-server`) and a gateway API on
+    /// `127.0.0.1:0` (no scheduler: a replay's firings wait in the firing table).
+    mod recorded {
+        use super::*;
+        use serde_json::{Value, json};
+        use std::time::{Duration, Instant};
+
+        const ADMIN: &str = "admin-token";
+
+        /// A nats-server with JetStream in a temporary directory; killed on drop.
+        struct Nats {
+            child: std::process::Child,
+            url: String,
+            _dir: tempfile::TempDir,
+        }
+
+        impl Drop for Nats {
+            fn drop(&mut self) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+
+        async fn start_nats() -> (Nats, async_nats::jetstream::Context) {
+            let binary = std::env::var_os("HTFAAS_NATS_SERVER").map(std::path::PathBuf::from).unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/nats-server")
+            });
+            assert!(binary.is_file(), "nats-server not found at {} (set HTFAAS_NATS_SERVER)", binary.display());
+            let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+            let dir = tempfile::tempdir().expect("tempdir");
+            let child = std::process::Command::new(&binary)
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .arg(dir.path())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start nats-server");
+            let nats = Nats { child, url: format!("nats://127.0.0.1:{port}"), _dir: dir };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let client = loop {
+                if let Ok(c) = async_nats::connect(&nats.url).await {
+                    break c;
+                }
+                assert!(Instant::now() < deadline, "nats-server did not start");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let js = async_nats::jetstream::new(client);
+            crate::ingest::ensure_events_stream(&js).await.expect("events stream");
+            (nats, js)
+        }
+
+        /// A gateway API (with the recorded events of `js` when given) and its state.
+        async fn start_api(
+            dir: &std::path::Path,
+            js: Option<async_nats::jetstream::Context>,
+        ) -> (String, Arc<Shared>, tokio_util::sync::CancellationToken) {
+            let config: crate::Config = serde_json::from_value(json!({
+                "listen": "127.0.0.1:0", "nats_url": "nats://127.0.0.1:1",
+                "registry_dir": dir.join("registry"), "storage_url": "http://127.0.0.1:1",
+                "storage_user": "gateway", "scheduler_url": "http://127.0.0.1:1",
+                "scheduler_admin_token": "s", "signing_key_file": dir.join("submit.pem"), "admin_token": ADMIN,
+            }))
+            .expect("config");
+            let shared = config.resolve().await.expect("resolve").shared();
+            let mut app = router(shared.clone());
+            if let Some(js) = js {
+                app = app.layer(Extension(replay::Events(js)));
+            }
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let base = format!("http://{}", listener.local_addr().expect("addr"));
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let s = shutdown.clone();
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(s.cancelled_owned()).await });
+            (base, shared, shutdown)
+        }
+
+        fn transfer(path: &str, size: u64) -> Vec<u8> {
+            serde_json::to_vec(&json!({
+                "msgType": "transfer", "isWrite": "write", "isP2p": false, "status": {"code": 0, "msg": ""},
+                "cellName": "pool-a", "cellDomain": "poolDomain", "transferPath": path, "pnfsid": "0000BEEF",
+                "session": format!("s-{path}"), "fileSize": size,
+            }))
+            .expect("json")
+        }
+
+        fn manifest(module: &Digest, name: &str, trigger: Value) -> Value {
+            json!({"name": name, "owner": "alice", "module": module, "trigger": trigger,
+                "outputs": {"dir": format!("/out/{name}/")}})
+        }
+
+        /// POSTs `body` to `path` as the admin; returns status and JSON body.
+        async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+            let resp = crate::http_client()
+                .expect("client")
+                .post(format!("{base}{path}"))
+                .bearer_auth(ADMIN)
+                .json(body)
+                .send()
+                .await
+                .expect("request");
+            let status = resp.status().as_u16();
+            (status, resp.json().await.unwrap_or(Value::Null))
+        }
+
+        fn paths(report: &Value) -> Vec<String> {
+            let mut paths: Vec<String> = report["pairs"]
+                .as_array()
+                .map(|ps| ps.iter().map(|p| format!("{}:{}", p["function"], p["path"])).collect())
+                .unwrap_or_default();
+            paths.sort();
+            paths
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn replays_tests_and_dry_run_registrations_read_the_recorded_events() {
+            let (_nats, js) = start_nats().await;
+            let mut seqs = Vec::new();
+            for bytes in [transfer("/data/raw/a.h5", 5000), transfer("/data/other/b.h5", 10), b"{not json".to_vec()] {
+                let ack = js.publish(htfaas_functions::proto::EVENTS_SUBJECT, bytes.into()).await.expect("publish");
+                seqs.push(ack.await.expect("stored").sequence);
+            }
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (base, shared, shutdown) = start_api(dir.path(), Some(js)).await;
+            let module = shared.registry.put_module(b"\0asm\x01\0\0\0").expect("module");
+            let (status, _) =
+                post(&base, "/v1/functions", &manifest(&module, "a", json!({"path": "/data/raw/**"}))).await;
+            assert_eq!(status, 201);
+
+            // A dry run: the one pair, every message counted.
+            let (status, dry) = post(&base, "/v1/events/replay", &json!({"since": "-1h", "dry_run": true})).await;
+            assert_eq!(status, 200, "{dry}");
+            assert_eq!(paths(&dry), [r#""a":"/data/raw/a.h5""#], "{dry}");
+            assert_eq!((&dry["scanned"], &dry["parsed"], &dry["malformed"]), (&json!(3), &json!(2), &json!(1)));
+            assert_eq!(dry["pairs"][0]["seq"], json!(seqs[0]));
+            // A replay under a given id queues the pair; re-issued, it is found taken.
+            let replay = json!({"since": 0, "function": "a", "replay_id": "r-test"});
+            let (status, first) = post(&base, "/v1/events/replay", &replay).await;
+            assert_eq!(status, 200, "{first}");
+            assert_eq!(
+                (&first["fired"], &first["failures"], &first["replay_id"]),
+                (&json!(1), &json!(0), &json!("r-test"))
+            );
+            let deduplicated = shared.stats.jobs_deduplicated.load(std::sync::atomic::Ordering::Relaxed);
+            let (status, _) = post(&base, "/v1/events/replay", &replay).await;
+            assert_eq!(status, 200);
+            assert_eq!(shared.stats.jobs_deduplicated.load(std::sync::atomic::Ordering::Relaxed), deduplicated + 1);
+            // Refused requests.
+            for (body, want_status, want) in [
+                (json!({"since": "yesterday"}), 400, "since: \"yesterday\": want RFC 3339"),
+                (json!({"since": "-1h", "dry_run": true, "replay_id": "x"}), 400, "a dry run takes no replay_id"),
+                (json!({"since": "-1h", "replay_id": "a b"}), 400, "bad replay id"),
+                (json!({"since": "-1h", "limit": 0}), 400, "limit must be"),
+                (json!({"since": "-1h", "function": "nope"}), 404, "not found"),
+                (json!({"since": "-1h", "typo": 1}), 400, "unknown field"),
+            ] {
+                let (status, answer) = post(&base, "/v1/events/replay", &body).await;
+                assert_eq!(status, want_status, "{body}: {answer}");
+                assert!(answer["error"].as_str().is_some_and(|e| e.contains(want)), "{body}: {answer}");
+            }
+
+            // Tests: a recorded message by sequence, a given one, neither.
+            let (status, t) = post(&base, "/v1/functions/a/test", &json!({"seq": seqs[0]})).await;
+            assert_eq!((status, &t["verdict"], &t["fires"]), (200, &json!("true"), &json!(true)), "{t}");
+            assert_eq!(t["event"]["source"]["message"], json!(format!("nats-seq-{}", seqs[0])));
+            let (status, t) = post(&base, "/v1/functions/a/test", &json!({"seq": seqs[2]})).await;
+            assert_eq!((status, &t["outcome"], &t["fires"]), (200, &json!("malformed"), &json!(false)), "{t}");
+            let other: Value = serde_json::from_slice(&transfer("/data/other/c.h5", 1)).expect("json");
+            let (status, t) = post(&base, "/v1/functions/a/test", &json!({"event": other})).await;
+            assert_eq!((status, &t["verdict"], &t["parts"][0]["verdict"]), (200, &json!("false"), &json!("false")));
+            let (status, t) = post(&base, "/v1/functions/a/test", &json!({"seq": 999})).await;
+            assert_eq!(status, 404, "{t}");
+            let (status, t) = post(&base, "/v1/functions/a/test", &json!({})).await;
+            assert_eq!(status, 400, "{t}");
+
+            // A dry-run registration: the recorded events its trigger fires on; not stored.
+            let b = manifest(&module, "b", json!({"rule": "name suffix \".h5\""}));
+            let (status, report) = post(&base, "/v1/functions?dry_run=true&since=-1h", &b).await;
+            assert_eq!(status, 200, "{report}");
+            assert_eq!(paths(&report), [r#""b":"/data/other/b.h5""#, r#""b":"/data/raw/a.h5""#], "{report}");
+            let listed = crate::http_client()
+                .expect("client")
+                .get(format!("{base}/v1/functions"))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .expect("list")
+                .json::<Vec<htfaas_functions::FunctionRecord>>()
+                .await
+                .expect("records");
+            assert_eq!(listed.iter().map(|f| f.manifest.name.as_str()).collect::<Vec<_>>(), ["a"]);
+            // Refused as a registration refuses it, with the same error.
+            let unknown = Digest::of(b"not stored");
+            for bad in [
+                manifest(&module, "b", json!({"rule": "path glob and size > 1"})),
+                manifest(&unknown, "b", json!({"path": "/data/**"})),
+            ] {
+                let (status, dry_err) = post(&base, "/v1/functions?dry_run=true", &bad).await;
+                let (real_status, real_err) = post(&base, "/v1/functions", &bad).await;
+                assert_eq!((status, &dry_err), (real_status, &real_err));
+                assert_eq!(status, 400, "{dry_err}");
+            }
+            let (status, e) = post(&base, "/v1/functions?since=-1h", &b).await;
+            assert_eq!(status, 400, "{e}");
+            shutdown.cancel();
+        }
+
+        #[tokio::test]
+        async fn without_recorded_events_replays_answer_503_and_given_events_are_still_tested() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (base, shared, shutdown) = start_api(dir.path(), None).await;
+            let module = shared.registry.put_module(b"\0asm\x01\0\0\0").expect("module");
+            let a = manifest(&module, "a", json!({"path": "/data/raw/**"}));
+            assert_eq!(post(&base, "/v1/functions", &a).await.0, 201);
+            let (status, e) = post(&base, "/v1/events/replay", &json!({"since": "-1h", "dry_run": true})).await;
+            assert_eq!(status, 503, "{e}");
+            assert_eq!(post(&base, "/v1/functions?dry_run=true", &a).await.0, 503);
+            assert_eq!(post(&base, "/v1/functions/a/test", &json!({"seq": 1})).await.0, 503);
+            let event: Value = serde_json::from_slice(&transfer("/data/raw/x", 1)).expect("json");
+            let (status, t) = post(&base, "/v1/functions/a/test", &json!({"event": event})).await;
+            assert_eq!((status, &t["fires"]), (200, &json!(true)), "{t}");
+            // Admin only.
+            let resp = crate::http_client()
+                .expect("client")
+                .post(format!("{base}/v1/events/replay"))
+                .json(&json!({"since": "-1h"}))
+                .send()
+                .await
+                .expect("request");
+            assert_eq!(resp.status().as_u16(), 401);
+            shutdown.cancel();
+        }
     }
 }

@@ -1,1 +1,982 @@
-//! Durable firings: (event, function) pairs waiting to become jobs. (Being written.)
+//! Durable firings: (event, function) pairs waiting to become jobs, and the dispatcher that
+//! turns them into jobs.
+//!
+//! # Exactly once
+//!
+//! The ingest loop does not submit jobs itself: for each event it inserts one *firing* per
+//! matching function into a SQLite table (WAL, `synchronous=FULL`), in one transaction, and
+//! acks the JetStream message only once that transaction is committed. The table's key is
+//! `(event_key, function, digest)`: the event's identity ([`StorageEvent::id`], e.g. for dCache
+//! `dcache-billing:write:<pnfsid>/<door session>`), the function's name and its module digest.
+//! A second copy of the event (a JetStream redelivery, a duplicate message from the storage, a
+//! redelivery after a gateway restart) finds the key taken and is dropped there, before any
+//! macaroon is asked for. A replay (`fire_all(.., Some(id))`) uses the event key
+//! `<event id>#replay:<id>`, so it runs again on purpose, once per replay.
+//!
+//! Keys are kept for `dedupe_window_s` after the firing was made (default 7 days: the events
+//! stream's `max_age`, so every redelivery the stream can still make falls inside the window),
+//! then pruned in bounded batches. Only finished firings are pruned: a firing still pending is
+//! kept whatever its age. Behind this table the scheduler still dedupes on
+//! `<event id>#<function>@<digest>` (forever), so a firing re-submitted after a crash, or an
+//! event seen again after its window, still starts no second job.
+//!
+//! # States
+//!
+//! `pending` (waits until `not_before_ms`) → `submitting` (claimed by the dispatcher: macaroons
+//! and submit in flight) → `submitted` (with the scheduler's job id) | `refused` (with the
+//! reason; for good) | `pending` again (a transient failure: storage or scheduler unavailable,
+//! retried after an exponential backoff of 0.5 s × 2^(attempts − 1), at most
+//! [`MAX_BACKOFF_MS`]). `pending` → `superseded` (debounce, below; with the superseding
+//! firing's `seq`). A gateway that stops with firings `submitting` puts them back to `pending`
+//! when it opens the table again: they are submitted again, and the scheduler's dedupe key keeps
+//! that to one job.
+//!
+//! # Rate and debounce
+//!
+//! - `trigger.rate` (`per_s`, `burst`): a token bucket per function, in the dispatcher's memory.
+//!   A firing that finds no token is not dropped: it is given the time its token will be there
+//!   (`not_before_ms`, the token reserved for it) and waits. The buckets start full when the
+//!   gateway starts.
+//! - `trigger.debounce_s` = D: a firing waits D seconds before it may run. A new firing for the
+//!   same function and path that arrives while one is still pending supersedes it (the older is
+//!   marked `superseded` and never runs), and itself waits D from its arrival. A burst of writes
+//!   to one file thus starts one job, on the last event to arrive, D after the burst ends. A
+//!   firing already `submitting` is not superseded: the next one waits its own D and runs too.
+//!
+//! # Concurrency
+//!
+//! One connection behind a mutex, used from `spawn_blocking`. The dispatcher claims ready
+//! firings (`pending`, `not_before_ms` ≤ now, oldest first) up to `max_in_flight`, runs each
+//! as its own task (so one slow storage answer does not hold back the others) and is woken by
+//! every insert, every finished task and a periodic tick.
+
+use crate::Shared;
+use crate::ingest::{Failure, event_ref, prepare, scheduler_dedupe_key};
+use crate::stats::Stats;
+use crate::submit::SubmitError;
+use htfaas_functions::FunctionRecord;
+use htfaas_functions::event::StorageEvent;
+use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Version of the stored format written by this build.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
+const MIGRATIONS: [&str; 1] = [SCHEMA_1];
+
+const SCHEMA_1: &str = "
+CREATE TABLE IF NOT EXISTS firings (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_key     TEXT NOT NULL,
+    function      TEXT NOT NULL,
+    digest        TEXT NOT NULL,
+    version       INTEGER NOT NULL,
+    path          TEXT NOT NULL,
+    replay        TEXT,
+    record        TEXT NOT NULL,
+    event         TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    job_id        TEXT,
+    reason        TEXT,
+    superseded_by INTEGER,
+    not_before_ms INTEGER NOT NULL,
+    rate_reserved INTEGER NOT NULL DEFAULT 0,
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    created_ms    INTEGER NOT NULL,
+    updated_ms    INTEGER NOT NULL,
+    expires_ms    INTEGER NOT NULL,
+    UNIQUE (event_key, function, digest)
+);
+CREATE INDEX IF NOT EXISTS firings_ready ON firings (not_before_ms, seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS firings_debounce ON firings (function, path) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS firings_expiry ON firings (expires_ms);
+";
+
+/// Longest wait between two attempts of a firing that failed transiently.
+pub const MAX_BACKOFF_MS: u64 = 60_000;
+/// First retry delay after a transient failure.
+const BASE_BACKOFF_MS: u64 = 500;
+/// Most finished firings deleted per prune.
+pub const PRUNE_BATCH: usize = 10_000;
+/// How often the dispatcher prunes expired firings.
+const PRUNE_EVERY: Duration = Duration::from_secs(30);
+/// Longest the dispatcher sleeps without looking at the table.
+const TICK: Duration = Duration::from_secs(1);
+/// Most rows one claim looks at (rate-delayed ones included).
+const CLAIM_SCAN: usize = 1_000;
+/// Longest the dispatcher waits for its in-flight submissions at shutdown.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Why the firing table failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FiringError {
+    /// SQLite.
+    #[error("firing store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A record or event that could not be encoded.
+    #[error("firing store: encode: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// The file was written by a newer gateway.
+    #[error("firing store: schema version {found} is newer than this gateway's {supported}")]
+    SchemaTooNew {
+        /// Version in the file.
+        found: i64,
+        /// Version this build writes.
+        supported: i64,
+    },
+    /// The blocking task failed or the lock was poisoned.
+    #[error("firing store: {0}")]
+    Task(String),
+}
+
+/// Where a firing is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FiringState {
+    /// Waits for `not_before_ms` and the dispatcher.
+    Pending,
+    /// Claimed by the dispatcher: macaroons and submit in flight.
+    Submitting,
+    /// The scheduler holds its job.
+    Submitted,
+    /// Refused for good (storage or scheduler said no).
+    Refused,
+    /// A later firing for the same function and path replaced it (debounce).
+    Superseded,
+}
+
+impl FiringState {
+    fn as_str(self) -> &'static str {
+        match self {
+            FiringState::Pending => "pending",
+            FiringState::Submitting => "submitting",
+            FiringState::Submitted => "submitted",
+            FiringState::Refused => "refused",
+            FiringState::Superseded => "superseded",
+        }
+    }
+
+    fn parse(s: &str) -> Option<FiringState> {
+        Some(match s {
+            "pending" => FiringState::Pending,
+            "submitting" => FiringState::Submitting,
+            "submitted" => FiringState::Submitted,
+            "refused" => FiringState::Refused,
+            "superseded" => FiringState::Superseded,
+            _ => return None,
+        })
+    }
+}
+
+/// One firing as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Firing {
+    /// Row id: arrival order.
+    pub seq: i64,
+    /// The event's identity (with `#replay:<id>` for a replay's firings).
+    pub event_key: String,
+    /// The function's name.
+    pub function: String,
+    /// Its module digest.
+    pub digest: String,
+    /// The replay this firing belongs to, if any.
+    pub replay: Option<String>,
+    /// Where it is.
+    pub state: FiringState,
+    /// The scheduler's job id, once submitted.
+    pub job_id: Option<String>,
+    /// Why it was refused, or the last transient failure.
+    pub reason: Option<String>,
+    /// The firing that superseded it (debounce).
+    pub superseded_by: Option<i64>,
+    /// Not dispatched before this time (Unix ms).
+    pub not_before_ms: u64,
+    /// Submit attempts so far.
+    pub attempts: u32,
+    /// When it was made (Unix ms).
+    pub created_ms: u64,
+    /// When its key may be forgotten (Unix ms).
+    pub expires_ms: u64,
+}
+
+/// A firing claimed for dispatch: what the job is made from.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// Row id.
+    pub seq: i64,
+    /// The function version that matched.
+    pub function: FunctionRecord,
+    /// The event.
+    pub event: StorageEvent,
+    /// The replay, if any.
+    pub replay: Option<String>,
+}
+
+/// What inserting one event's firings did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Inserted {
+    /// New firings.
+    pub queued: u64,
+    /// Firings whose key was already there (dropped).
+    pub deduplicated: u64,
+    /// Older pending firings superseded by the new ones (debounce).
+    pub superseded: u64,
+}
+
+/// What one claim did.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// Firings now `submitting`, to dispatch.
+    pub ready: Vec<Claimed>,
+    /// Firings that found no rate token and were given a later time.
+    pub rate_delayed: u64,
+    /// Rows that could not be read back (refused).
+    pub unreadable: u64,
+}
+
+/// A token bucket that lends: a request always gets a time, now when a token is there,
+/// otherwise when its (reserved) token will be.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    per_s: f64,
+    burst: f64,
+    /// Tokens at `at_ms`; negative when tokens are lent ahead.
+    tokens: f64,
+    at_ms: u64,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now_ms`.
+    pub fn new(per_s: f64, burst: u32, now_ms: u64) -> TokenBucket {
+        let burst = f64::from(burst.max(1));
+        TokenBucket { per_s: per_s.max(1e-9), burst, tokens: burst, at_ms: now_ms }
+    }
+
+    /// Takes one token and returns when it may be used: `now_ms`, or later when the bucket
+    /// is empty (the token is reserved: the caller waits, and no one else gets it).
+    pub fn reserve(&mut self, now_ms: u64) -> u64 {
+        if now_ms > self.at_ms {
+            let refill = (now_ms - self.at_ms) as f64 / 1000.0 * self.per_s;
+            self.tokens = (self.tokens + refill).min(self.burst);
+            self.at_ms = now_ms;
+        }
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            now_ms
+        } else {
+            let wait_ms = (-self.tokens / self.per_s * 1000.0).ceil();
+            now_ms.saturating_add(if wait_ms.is_finite() { wait_ms as u64 } else { u64::MAX / 2 })
+        }
+    }
+
+    fn same_limit(&self, per_s: f64, burst: u32) -> bool {
+        self.per_s.to_bits() == per_s.max(1e-9).to_bits() && self.burst == f64::from(burst.max(1))
+    }
+}
+
+/// The durable firing table; cheap to clone.
+#[derive(Clone)]
+pub struct Firings {
+    conn: Arc<Mutex<Connection>>,
+    window_ms: u64,
+    max_in_flight: usize,
+    /// Firings pending or submitting: a gauge, kept in step with every write.
+    pending: Arc<AtomicU64>,
+    /// Rate buckets per function name.
+    buckets: Arc<Mutex<HashMap<String, TokenBucket>>>,
+    /// Wakes the dispatcher after an insert.
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Firings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Firings").field("window_ms", &self.window_ms).finish_non_exhaustive()
+    }
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn db_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn from_db(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Retry delay after the `attempts`-th transient failure.
+pub fn backoff_ms(attempts: u32) -> u64 {
+    BASE_BACKOFF_MS.saturating_mul(1u64 << attempts.saturating_sub(1).min(20)).min(MAX_BACKOFF_MS)
+}
+
+/// The event key of `event` (and of `replay`, when it is one).
+pub fn event_key(event: &StorageEvent, replay: Option<&str>) -> String {
+    match replay {
+        Some(r) => format!("{}#replay:{r}", event.id),
+        None => event.id.clone(),
+    }
+}
+
+impl Firings {
+    /// Opens (or creates) the table at `path`: WAL, `synchronous=FULL`, migrated to
+    /// [`SCHEMA_VERSION`]. Firings left `submitting` by a previous process are `pending` again.
+    /// Keys are kept `dedupe_window_s` after their firing was made; at most `max_in_flight`
+    /// firings are dispatched at once.
+    pub fn open(path: &Path, dedupe_window_s: u64, max_in_flight: usize) -> Result<Firings, FiringError> {
+        let mut conn = Connection::open(path)?;
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
+        }
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        migrate(&mut conn)?;
+        let requeued = conn.execute(
+            "UPDATE firings SET state = 'pending', updated_ms = ?1 WHERE state = 'submitting'",
+            params![db_int(now_ms())],
+        )?;
+        if requeued > 0 {
+            tracing::info!(firings = requeued, "firings left submitting by the previous process are pending again");
+        }
+        let pending: i64 =
+            conn.query_row("SELECT COUNT(*) FROM firings WHERE state IN ('pending', 'submitting')", [], |r| r.get(0))?;
+        Ok(Firings {
+            conn: Arc::new(Mutex::new(conn)),
+            window_ms: dedupe_window_s.saturating_mul(1000),
+            max_in_flight: max_in_flight.max(1),
+            pending: Arc::new(AtomicU64::new(from_db(pending))),
+            buckets: Arc::default(),
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Firings pending or being submitted.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Most firings dispatched at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    /// Wakes the dispatcher.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, FiringError>) -> Result<T, FiringError> {
+        // A panic while holding the lock cannot leave SQLite inconsistent (transactions roll back).
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Firings) -> Result<T, FiringError> + Send + 'static,
+    ) -> Result<T, FiringError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this)).await.map_err(|e| FiringError::Task(e.to_string()))?
+    }
+
+    /// In one transaction: one firing per function of `functions` on `event` at `now_ms`,
+    /// each unless its key is already there; a debounced function's new firing supersedes
+    /// the pending ones for its path. Committed (on disk) when it returns `Ok`.
+    pub fn insert(
+        &self,
+        event: &StorageEvent,
+        functions: &[FunctionRecord],
+        replay: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Inserted, FiringError> {
+        let key = event_key(event, replay);
+        let event_json = serde_json::to_string(event)?;
+        let mut done = Inserted::default();
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            for f in functions {
+                let m = &f.manifest;
+                let debounce_ms = m.trigger.debounce_s.unwrap_or(0).saturating_mul(1000);
+                let record = serde_json::to_string(f)?;
+                let inserted = tx.execute(
+                    "INSERT OR IGNORE INTO firings (event_key, function, digest, version, path, replay, record, \
+                     event, state, not_before_ms, created_ms, updated_ms, expires_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11)",
+                    params![
+                        key,
+                        m.name,
+                        m.module.as_str(),
+                        f.version,
+                        event.path,
+                        replay,
+                        record,
+                        event_json,
+                        db_int(now_ms.saturating_add(debounce_ms)),
+                        db_int(now_ms),
+                        db_int(now_ms.saturating_add(self.window_ms)),
+                    ],
+                )?;
+                if inserted == 0 {
+                    done.deduplicated += 1;
+                    continue;
+                }
+                done.queued += 1;
+                if debounce_ms > 0 {
+                    let seq = tx.last_insert_rowid();
+                    let superseded = tx.execute(
+                        "UPDATE firings SET state = 'superseded', superseded_by = ?1, updated_ms = ?2 \
+                         WHERE function = ?3 AND path = ?4 AND state = 'pending' AND seq != ?1",
+                        params![seq, db_int(now_ms), m.name, event.path],
+                    )?;
+                    done.superseded += superseded as u64;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })?;
+        self.pending.fetch_add(done.queued, Ordering::Relaxed);
+        self.pending.fetch_sub(done.superseded.min(self.pending()), Ordering::Relaxed);
+        if done.queued > 0 {
+            self.wake();
+        }
+        Ok(done)
+    }
+
+    /// [`Firings::insert`] on a blocking thread.
+    pub async fn insert_async(
+        &self,
+        event: StorageEvent,
+        functions: Vec<FunctionRecord>,
+        replay: Option<String>,
+        now_ms: u64,
+    ) -> Result<Inserted, FiringError> {
+        self.call(move |f| f.insert(&event, &functions, replay.as_deref(), now_ms)).await
+    }
+
+    /// Claims up to `max` ready firings (`pending`, `not_before_ms` ≤ `now_ms`, oldest first):
+    /// each either takes a rate token and becomes `submitting`, or finds none and is given the
+    /// time its token will be there.
+    pub fn claim(&self, now_ms: u64, max: usize) -> Result<Claim, FiringError> {
+        let mut claim = Claim::default();
+        if max == 0 {
+            return Ok(claim);
+        }
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut scanned = 0;
+            while claim.ready.len() < max && scanned < CLAIM_SCAN {
+                let rows: Vec<(i64, String, String, i64, Option<String>)> = {
+                    let mut stmt = tx.prepare_cached(
+                        "SELECT seq, record, event, rate_reserved, replay FROM firings \
+                         WHERE state = 'pending' AND not_before_ms <= ?1 ORDER BY not_before_ms, seq LIMIT ?2",
+                    )?;
+                    let limit = db_int((max - claim.ready.len()) as u64);
+                    stmt.query_map(params![db_int(now_ms), limit], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                    })?
+                    .collect::<Result<_, _>>()?
+                };
+                if rows.is_empty() {
+                    break;
+                }
+                scanned += rows.len();
+                for (seq, record, event, rate_reserved, replay) in rows {
+                    let parsed = serde_json::from_str::<FunctionRecord>(&record)
+                        .and_then(|f| Ok((f, serde_json::from_str::<StorageEvent>(&event)?)));
+                    let (function, event) = match parsed {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::error!(seq, "stored firing unreadable, refused: {e}");
+                            tx.execute(
+                                "UPDATE firings SET state = 'refused', reason = ?2, updated_ms = ?3 WHERE seq = ?1",
+                                params![seq, format!("stored firing unreadable: {e}"), db_int(now_ms)],
+                            )?;
+                            claim.unreadable += 1;
+                            continue;
+                        }
+                    };
+                    if rate_reserved == 0
+                        && let Some(rate) = function.manifest.trigger.rate
+                    {
+                        let name = &function.manifest.name;
+                        let bucket = buckets
+                            .entry(name.clone())
+                            .and_modify(|b| {
+                                if !b.same_limit(rate.per_s, rate.burst) {
+                                    *b = TokenBucket::new(rate.per_s, rate.burst, now_ms);
+                                }
+                            })
+                            .or_insert_with(|| TokenBucket::new(rate.per_s, rate.burst, now_ms));
+                        let at = bucket.reserve(now_ms);
+                        if at > now_ms {
+                            tx.execute(
+                                "UPDATE firings SET not_before_ms = ?2, rate_reserved = 1, updated_ms = ?3 \
+                                 WHERE seq = ?1",
+                                params![seq, db_int(at), db_int(now_ms)],
+                            )?;
+                            claim.rate_delayed += 1;
+                            continue;
+                        }
+                    }
+                    tx.execute(
+                        "UPDATE firings SET state = 'submitting', attempts = attempts + 1, updated_ms = ?2 \
+                         WHERE seq = ?1",
+                        params![seq, db_int(now_ms)],
+                    )?;
+                    claim.ready.push(Claimed { seq, function, event, replay });
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })?;
+        self.pending.fetch_sub(claim.unreadable.min(self.pending()), Ordering::Relaxed);
+        Ok(claim)
+    }
+
+    /// Ends a claimed firing: `submitted` with `job_id`.
+    pub fn mark_submitted(&self, seq: i64, job_id: &str, now_ms: u64) -> Result<(), FiringError> {
+        self.finish(seq, FiringState::Submitted, Some(job_id), None, now_ms)
+    }
+
+    /// Ends a claimed firing: `refused` for `reason`.
+    pub fn mark_refused(&self, seq: i64, reason: &str, now_ms: u64) -> Result<(), FiringError> {
+        self.finish(seq, FiringState::Refused, None, Some(reason), now_ms)
+    }
+
+    fn finish(
+        &self,
+        seq: i64,
+        state: FiringState,
+        job_id: Option<&str>,
+        reason: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), FiringError> {
+        let changed = self.with(|conn| {
+            Ok(conn.execute(
+                "UPDATE firings SET state = ?2, job_id = ?3, reason = ?4, updated_ms = ?5 \
+                 WHERE seq = ?1 AND state = 'submitting'",
+                params![seq, state.as_str(), job_id, reason, db_int(now_ms)],
+            )?)
+        })?;
+        if changed > 0 {
+            self.pending.fetch_sub(1u64.min(self.pending()), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Puts a claimed firing that failed transiently back to `pending`, after a backoff that
+    /// grows with its attempts; returns when it may run again.
+    pub fn retry_later(&self, seq: i64, reason: &str, now_ms: u64) -> Result<u64, FiringError> {
+        self.with(|conn| {
+            let attempts: Option<i64> =
+                conn.query_row("SELECT attempts FROM firings WHERE seq = ?1", params![seq], |r| r.get(0)).optional()?;
+            let attempts = u32::try_from(attempts.unwrap_or(1)).unwrap_or(u32::MAX);
+            let at = now_ms.saturating_add(backoff_ms(attempts));
+            conn.execute(
+                "UPDATE firings SET state = 'pending', reason = ?2, not_before_ms = ?3, rate_reserved = 1, \
+                 updated_ms = ?4 WHERE seq = ?1 AND state = 'submitting'",
+                params![seq, reason, db_int(at), db_int(now_ms)],
+            )?;
+            Ok(at)
+        })
+    }
+
+    /// The earliest time a pending firing may run, if any is pending.
+    pub fn next_due_ms(&self) -> Result<Option<u64>, FiringError> {
+        self.with(|conn| {
+            let at: Option<i64> =
+                conn.query_row("SELECT MIN(not_before_ms) FROM firings WHERE state = 'pending'", [], |r| r.get(0))?;
+            Ok(at.map(from_db))
+        })
+    }
+
+    /// Deletes up to `batch` finished firings whose window ended by `now_ms`; returns how many.
+    pub fn prune(&self, now_ms: u64, batch: usize) -> Result<usize, FiringError> {
+        self.with(|conn| {
+            Ok(conn.execute(
+                "DELETE FROM firings WHERE seq IN (SELECT seq FROM firings WHERE expires_ms <= ?1 \
+                 AND state IN ('submitted', 'refused', 'superseded') LIMIT ?2)",
+                params![db_int(now_ms), db_int(batch as u64)],
+            )?)
+        })
+    }
+
+    /// Firings in arrival order, from `after_seq` on, at most `limit` (tests, an admin view).
+    pub fn list(&self, after_seq: i64, limit: usize) -> Result<Vec<Firing>, FiringError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, event_key, function, digest, replay, state, job_id, reason, superseded_by, \
+                 not_before_ms, attempts, created_ms, expires_ms FROM firings WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            )?;
+            let rows = stmt
+                .query_map(params![after_seq, db_int(limit as u64)], |r| {
+                    let state: String = r.get(5)?;
+                    Ok(Firing {
+                        seq: r.get(0)?,
+                        event_key: r.get(1)?,
+                        function: r.get(2)?,
+                        digest: r.get(3)?,
+                        replay: r.get(4)?,
+                        // An unknown state (a newer gateway's) reads as refused: never dispatched.
+                        state: FiringState::parse(&state).unwrap_or(FiringState::Refused),
+                        job_id: r.get(6)?,
+                        reason: r.get(7)?,
+                        superseded_by: r.get(8)?,
+                        not_before_ms: from_db(r.get(9)?),
+                        attempts: u32::try_from(r.get::<_, i64>(10)?).unwrap_or(0),
+                        created_ms: from_db(r.get(11)?),
+                        expires_ms: from_db(r.get(12)?),
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+    }
+}
+
+/// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
+fn migrate(conn: &mut Connection) -> Result<(), FiringError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(FiringError::SchemaTooNew { found, supported: SCHEMA_VERSION });
+    }
+    for (version, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+        tx.execute_batch(step)?;
+        tracing::info!(from = version, to = version + 1, "firing store migrated");
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Dispatches firings until `shutdown`: claims the ready ones, submits each in a task of its
+/// own (at most `max_in_flight` at once), prunes expired keys now and then. Cancel-safe at its
+/// waits; at shutdown it lets the submissions in flight finish (up to a deadline) and
+/// returns; any left `submitting` are pending again at the next start.
+pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let firings = shared.firings.clone();
+    let max = firings.max_in_flight();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut last_prune: Option<Instant> = None;
+    while !shutdown.is_cancelled() {
+        let room = max.saturating_sub(tasks.len());
+        let mut claimed_ok = true;
+        if room > 0 {
+            match firings.call(move |f| f.claim(now_ms(), room)).await {
+                Ok(claim) => {
+                    shared.stats.firings_rate_delayed.fetch_add(claim.rate_delayed, Ordering::Relaxed);
+                    shared.stats.jobs_refused.fetch_add(claim.unreadable, Ordering::Relaxed);
+                    for c in claim.ready {
+                        tasks.spawn(fire_one(shared.clone(), c));
+                    }
+                }
+                Err(e) => {
+                    claimed_ok = false;
+                    tracing::warn!("could not claim firings (will retry): {e}");
+                }
+            }
+        }
+        if last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            last_prune = Some(Instant::now());
+            match firings.call(|f| f.prune(now_ms(), PRUNE_BATCH)).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(firings = n, "pruned expired firings"),
+                Err(e) => tracing::warn!("could not prune firings: {e}"),
+            }
+        }
+        shared.stats.firings_pending.store(firings.pending(), Ordering::Relaxed);
+        let mut wait = TICK;
+        // Sleep until the next firing is due, unless the table failed (then a tick) or every
+        // slot is taken (then a finished task wakes us).
+        if claimed_ok
+            && tasks.len() < max
+            && let Ok(Some(due)) = firings.call(|f| f.next_due_ms()).await
+        {
+            wait = wait.min(Duration::from_millis(due.saturating_sub(now_ms())));
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = firings.wake.notified() => {}
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Err(e) = done {
+                    tracing::error!("a firing's task failed: {e}");
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    let drained = tokio::time::timeout(DRAIN_DEADLINE, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(left = tasks.len(), "firings still submitting at shutdown; they are pending again at start");
+        tasks.abort_all();
+    }
+    tracing::info!("dispatcher stopped");
+    Ok(())
+}
+
+/// Prepares and submits one claimed firing, and records what came of it.
+async fn fire_one(shared: Arc<Shared>, c: Claimed) {
+    let name = c.function.manifest.name.clone();
+    let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
+    let outcome = match prepare(&shared, &c.function, event_ref(&c.event), key).await {
+        Ok(request) => match shared.submitter.submit(&c.function.manifest.owner, &request).await {
+            Ok(reply) => Ok(reply),
+            Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => Err(Failure::Transient(e.to_string())),
+            Err(e) => Err(Failure::Permanent(e.to_string())),
+        },
+        Err(e) => Err(e),
+    };
+    let (seq, firings) = (c.seq, shared.firings.clone());
+    let recorded = match outcome {
+        Ok(reply) => {
+            Stats::bump(if reply.created { &shared.stats.jobs_submitted } else { &shared.stats.jobs_deduplicated });
+            firings.call(move |f| f.mark_submitted(seq, &reply.job_id, now_ms())).await
+        }
+        Err(Failure::Transient(e)) => {
+            tracing::warn!(function = %name, seq, "transient failure, will retry: {e}");
+            Stats::bump(&shared.stats.transient_failures);
+            firings.call(move |f| f.retry_later(seq, &e, now_ms()).map(|_| ())).await
+        }
+        Err(Failure::Permanent(e)) => {
+            tracing::error!(function = %name, path = %c.event.path, "job refused: {e}");
+            Stats::bump(&shared.stats.jobs_refused);
+            firings.call(move |f| f.mark_refused(seq, &e, now_ms())).await
+        }
+    };
+    if let Err(e) = recorded {
+        // The row stays `submitting` until the next start re-submits it (the scheduler dedupes).
+        tracing::error!(function = %name, seq, "could not record a firing's outcome: {e}");
+    }
+    shared.stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::event::{EventKind, EventSource, SourceKind};
+    use htfaas_functions::manifest::{Outputs, RateLimit, Resources, Trigger};
+    use htfaas_functions::{Digest, FunctionManifest};
+
+    fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u64>) -> FunctionRecord {
+        FunctionRecord {
+            schema: 1,
+            version: 1,
+            registered_at: 0,
+            manifest: FunctionManifest {
+                name: name.into(),
+                owner: "alice".into(),
+                module: Digest::of(name.as_bytes()),
+                trigger: Trigger { rate, debounce_s, ..Trigger::on_path("/data/**") },
+                resources: Resources::default(),
+                outputs: Outputs { dir: format!("/out/{name}/") },
+                args: vec![],
+                env: vec![],
+                annex: None,
+                class: None,
+            },
+        }
+    }
+
+    fn event(id: &str, path: &str) -> StorageEvent {
+        StorageEvent {
+            source: EventSource { kind: SourceKind::DcacheBilling, producer: "pool@d".into(), message: None },
+            kind: EventKind::Write,
+            msg_type: "transfer".into(),
+            path: path.into(),
+            size: Some(1),
+            storage_class: None,
+            owner: None,
+            id: id.into(),
+            time: None,
+            macaroon: None,
+        }
+    }
+
+    fn open(dir: &Path) -> Firings {
+        Firings::open(&dir.join("firings.sqlite"), 3600, 16).expect("open")
+    }
+
+    fn states(f: &Firings) -> Vec<(String, String, FiringState)> {
+        f.list(0, 1000).expect("list").into_iter().map(|r| (r.event_key, r.function, r.state)).collect()
+    }
+
+    #[test]
+    fn a_second_copy_of_an_event_is_dropped_on_its_key_and_a_replay_gets_its_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let (a, b) = (function("a", None, None), function("b", None, None));
+        let e = event("dcache-billing:write:0001/s1", "/data/x");
+        let first = f.insert(&e, &[a.clone(), b.clone()], None, 1_000).expect("insert");
+        assert_eq!(first, Inserted { queued: 2, deduplicated: 0, superseded: 0 });
+        let again = f.insert(&e, &[b.clone(), a.clone()], None, 2_000).expect("insert");
+        assert_eq!(again, Inserted { queued: 0, deduplicated: 2, superseded: 0 });
+        // Another session of the same file is another occurrence.
+        let other = f.insert(&event("dcache-billing:write:0001/s2", "/data/x"), std::slice::from_ref(&a), None, 2_000);
+        assert_eq!(other.expect("insert").queued, 1);
+        // A replay runs again, once per replay id.
+        assert_eq!(f.insert(&e, std::slice::from_ref(&a), Some("r1"), 3_000).expect("insert").queued, 1);
+        assert_eq!(f.insert(&e, std::slice::from_ref(&a), Some("r1"), 3_000).expect("insert").deduplicated, 1);
+        assert_eq!(f.pending(), 4);
+        let rows = f.list(0, 100).expect("list");
+        assert_eq!(rows[3].event_key, "dcache-billing:write:0001/s1#replay:r1");
+        assert_eq!(rows[3].replay.as_deref(), Some("r1"));
+        assert_eq!(rows[0].expires_ms, 1_000 + 3_600_000);
+    }
+
+    #[test]
+    fn keys_are_forgotten_after_their_window_but_pending_firings_are_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let a = function("a", None, None);
+        for (i, at) in [(1, 0), (2, 0), (3, 0), (4, 1_000_000)] {
+            f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, at).expect("insert");
+        }
+        let claim = f.claim(0, 2).expect("claim");
+        assert_eq!(claim.ready.iter().map(|c| c.event.id.as_str()).collect::<Vec<_>>(), ["e1", "e2"]);
+        f.mark_submitted(claim.ready[0].seq, "job-1", 10).expect("mark");
+        f.mark_refused(claim.ready[1].seq, "no", 10).expect("mark");
+        assert_eq!(f.pending(), 2);
+        // Not yet expired.
+        assert_eq!(f.prune(3_599_999, 10).expect("prune"), 0);
+        // e1 and e2 are finished and expired; e3 expired too but is pending; e4 is not expired.
+        assert_eq!(f.prune(3_600_000, 1).expect("prune"), 1, "bounded batch");
+        assert_eq!(f.prune(3_600_000, 10).expect("prune"), 1);
+        let left: Vec<_> = states(&f).into_iter().map(|(k, _, s)| (k, s)).collect();
+        assert_eq!(left, [("e3".into(), FiringState::Pending), ("e4".into(), FiringState::Pending)]);
+        // Its key forgotten, e1 may be inserted again (the scheduler's key still dedupes it).
+        assert_eq!(f.insert(&event("e1", "/data/x"), &[a], None, 3_600_001).expect("insert").queued, 1);
+    }
+
+    #[test]
+    fn a_burst_of_writes_to_one_path_leaves_one_firing_for_the_last_event_after_the_window() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let d = function("d", None, Some(2));
+        let plain = function("plain", None, None);
+        let both = [d.clone(), plain.clone()];
+        for (i, at) in [(1, 0u64), (2, 100), (3, 200)] {
+            let done = f.insert(&event(&format!("w{i}"), "/data/one"), &both, None, at).expect("insert");
+            assert_eq!(done.superseded, u64::from(i > 1), "w{i}");
+        }
+        // Another path is debounced on its own.
+        f.insert(&event("o1", "/data/other"), std::slice::from_ref(&d), None, 200).expect("insert");
+        // The plain function fires on every event, at once; the debounced one waits.
+        let now = f.claim(300, 100).expect("claim");
+        let fired: Vec<_> =
+            now.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
+        assert_eq!(fired, [("plain", "w1"), ("plain", "w2"), ("plain", "w3")]);
+        assert!(f.claim(2_199, 100).expect("claim").ready.is_empty(), "w3 waits 2 s from its arrival");
+        let later = f.claim(2_200, 100).expect("claim");
+        let fired: Vec<_> =
+            later.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
+        assert_eq!(fired, [("d", "w3"), ("d", "o1")]);
+        let rows = f.list(0, 100).expect("list");
+        let w1 = rows.iter().find(|r| r.event_key == "w1" && r.function == "d").expect("w1");
+        let w2 = rows.iter().find(|r| r.event_key == "w2" && r.function == "d").expect("w2");
+        let w3 = rows.iter().find(|r| r.event_key == "w3" && r.function == "d").expect("w3");
+        assert_eq!((w1.state, w2.state), (FiringState::Superseded, FiringState::Superseded));
+        assert_eq!((w1.superseded_by, w2.superseded_by), (Some(w2.seq), Some(w3.seq)));
+        // A redelivered superseded event stays dropped.
+        assert_eq!(f.insert(&event("w1", "/data/one"), &[d], None, 3_000).expect("insert").deduplicated, 1);
+        assert_eq!(f.pending(), 5, "3 plain + w3 + o1 submitting");
+    }
+
+    #[test]
+    fn the_token_bucket_lends_future_tokens_at_its_rate() {
+        let mut b = TokenBucket::new(2.0, 1, 0);
+        assert_eq!(b.reserve(0), 0);
+        assert_eq!(b.reserve(0), 500);
+        assert_eq!(b.reserve(0), 1_000);
+        assert_eq!(b.reserve(100), 1_500, "lent tokens stay lent");
+        // After a quiet spell the bucket is full again, up to its burst.
+        let mut b = TokenBucket::new(10.0, 3, 0);
+        assert_eq!([b.reserve(0), b.reserve(0), b.reserve(0), b.reserve(0)], [0, 0, 0, 100]);
+        assert_eq!(b.reserve(10_000), 10_000);
+        assert_eq!(b.reserve(10_000), 10_000);
+        assert_eq!(b.reserve(10_000), 10_000);
+        assert_eq!(b.reserve(10_000), 10_100);
+        // Refill is capped at the burst.
+        let mut b = TokenBucket::new(1.0, 2, 0);
+        assert_eq!([b.reserve(100_000), b.reserve(100_000), b.reserve(100_000)], [100_000, 100_000, 101_000]);
+    }
+
+    #[test]
+    fn rate_limited_firings_wait_for_their_token_and_none_is_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let r = function("r", Some(RateLimit { per_s: 2.0, burst: 1 }), None);
+        for i in 0..4 {
+            f.insert(&event(&format!("e{i}"), &format!("/data/{i}")), std::slice::from_ref(&r), None, 0).expect("ins");
+        }
+        let first = f.claim(0, 100).expect("claim");
+        assert_eq!((first.ready.len(), first.rate_delayed), (1, 3));
+        let nb: Vec<u64> = f.list(0, 10).expect("list").iter().map(|r| r.not_before_ms).collect();
+        assert_eq!(nb, [0, 500, 1_000, 1_500]);
+        assert!(f.claim(499, 100).expect("claim").ready.is_empty());
+        for at in [500, 1_000, 1_500] {
+            let c = f.claim(at, 100).expect("claim");
+            assert_eq!((c.ready.len(), c.rate_delayed), (1, 0), "at {at}: its reserved token");
+        }
+        assert_eq!(f.pending(), 4, "all submitting, none dropped");
+    }
+
+    #[test]
+    fn pending_and_submitting_firings_survive_a_restart_and_failures_back_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = function("a", None, None);
+        {
+            let f = open(dir.path());
+            for i in 0..3 {
+                f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+            }
+            let c = f.claim(0, 2).expect("claim");
+            f.mark_submitted(c.ready[0].seq, "job-0", 1).expect("mark");
+            // e1 is submitting when the gateway dies; e2 is pending.
+        }
+        let f = open(dir.path());
+        assert_eq!(f.pending(), 2);
+        let c = f.claim(10, 10).expect("claim");
+        assert_eq!(c.ready.iter().map(|c| c.event.id.as_str()).collect::<Vec<_>>(), ["e1", "e2"]);
+        assert_eq!(c.ready[0].function, a, "the stored record");
+        // A redelivery after the restart is still dropped.
+        assert_eq!(f.insert(&event("e0", "/data/x"), std::slice::from_ref(&a), None, 20).expect("ins").deduplicated, 1);
+        // Transient failures: 0.5 s, 1 s, 2 s, … up to a minute.
+        let seq = c.ready[1].seq;
+        assert_eq!(f.retry_later(seq, "down", 100).expect("retry"), 100 + 500);
+        assert!(f.claim(599, 10).expect("claim").ready.is_empty());
+        assert_eq!(f.claim(600, 10).expect("claim").ready.len(), 1);
+        assert_eq!(f.retry_later(seq, "down", 1_000).expect("retry"), 1_000 + 1_000);
+        assert_eq!((backoff_ms(1), backoff_ms(3), backoff_ms(8), backoff_ms(40)), (500, 2_000, 60_000, 60_000));
+        let row = f.list(0, 10).expect("list").into_iter().find(|r| r.seq == seq).expect("row");
+        assert_eq!((row.state, row.attempts, row.reason.as_deref()), (FiringState::Pending, 2, Some("down")));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_an_unreadable_row_is_refused_not_fatal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        f.insert(&event("e", "/data/x"), &[function("a", None, None)], None, 0).expect("insert");
+        f.with(|c| Ok(c.execute("UPDATE firings SET record = 'not json'", [])?)).expect("corrupt");
+        let c = f.claim(0, 10).expect("claim");
+        assert_eq!((c.ready.len(), c.unreadable), (0, 1));
+        assert_eq!(states(&f)[0].2, FiringState::Refused);
+        f.with(|c| Ok(c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?)).expect("bump");
+        drop(f);
+        let e = Firings::open(&dir.path().join("firings.sqlite"), 1, 1).expect_err("refused");
+        assert!(matches!(e, FiringError::SchemaTooNew { found: 2, supported: 1 }), "{e}");
+    }
+}

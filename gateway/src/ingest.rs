@@ -1,20 +1,23 @@
-//! The ingest loop: JetStream durable consumer → [`event::decide`] → triggers → jobs.
+//! The ingest loop: JetStream durable consumer → [`event::decide`] → triggers → durable
+//! firings ([`crate::firing`]), which the dispatcher turns into jobs.
 //!
 //! One stream ([`EVENTS_STREAM`]) holds every source's subjects ([`EVENTS_SUBJECTS`]: dCache
 //! billing messages and `storage.cloudevents.>`); one durable consumer reads them all, in
 //! stream order, and hands each message's subject and headers to [`event::decide`].
 //!
-//! Delivery contract: a message is acked only after every job it fires has been durably
-//! accepted by the scheduler (or refused for good). Transient failures (storage or scheduler
-//! down) NAK it with a growing delay, so JetStream redelivers it, at most `max_deliver` times.
-//! A redelivered message cannot start a second job: each submission carries a dedupe key
-//! (event id + function + digest) that the scheduler keeps unique. Malformed, ignored and
-//! not-enabled messages are counted and acked at once.
+//! Delivery contract: a message is acked only after one firing per matching function is
+//! committed to the gateway's firing table (durable before ack); from there the dispatcher
+//! asks the storage for macaroons and submits, retrying transient failures (storage or
+//! scheduler down) with backoff, with rate limits and debounce applied. Only a failure to write
+//! the table NAKs the message, with a growing delay, at most `max_deliver` times. A copy of an
+//! event (redelivery, a duplicate message, a redelivery after a restart) finds its firing's key
+//! (event id + function + digest) taken and starts nothing; the scheduler's own dedupe key on
+//! each submission stays a second line of defence. Malformed, ignored and not-enabled messages
+//! are counted and acked at once.
 
 use crate::Shared;
 use crate::event::{self, Decision, SubjectSource};
 use crate::stats::Stats;
-use crate::submit::SubmitError;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
 use futures_util::StreamExt as _;
@@ -24,6 +27,7 @@ use htfaas_functions::proto::{
     EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest,
 };
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -216,32 +220,43 @@ pub async fn handle(
     fire_all(shared, &event, &functions, None).await
 }
 
-/// Starts one job per function in `functions` on `event` (at most one ever per (event,
-/// function digest): the dedupe key). `replay` names a replay run (`htfaas events replay`),
-/// whose jobs get dedupe keys of their own, so a replay re-runs what already ran once.
-/// Returns [`Verdict::Retry`] when any of them failed transiently.
+/// Queues one firing per function in `functions` on `event` in the durable firing table
+/// ([`crate::firing`]), in one transaction; the dispatcher turns each into a job. At most one
+/// firing ever per (event, function, digest): a copy of an event already queued is dropped
+/// here, before any macaroon is asked for. `replay` names a replay run (`htfaas events
+/// replay`), whose firings get keys of their own, so a replay re-runs what already ran once.
+/// Returns [`Verdict::Ack`] once the firings are on disk, [`Verdict::Retry`] only when the
+/// table could not be written.
 pub async fn fire_all(
     shared: &Shared,
     event: &StorageEvent,
     functions: &[FunctionRecord],
     replay: Option<&str>,
 ) -> Verdict {
-    let mut verdict = Verdict::Ack;
-    for function in functions {
-        match fire(shared, event, function, replay).await {
-            Ok(()) => {}
-            Err(Failure::Transient(e)) => {
-                tracing::warn!(function = %function.manifest.name, "transient failure, will retry: {e}");
-                Stats::bump(&shared.stats.transient_failures);
-                verdict = Verdict::Retry;
+    let inserted = shared
+        .firings
+        .insert_async(event.clone(), functions.to_vec(), replay.map(str::to_owned), crate::firing::now_ms())
+        .await;
+    match inserted {
+        Ok(done) => {
+            let stats = &shared.stats;
+            stats.firings_queued.fetch_add(done.queued, Ordering::Relaxed);
+            stats.firings_deduplicated.fetch_add(done.deduplicated, Ordering::Relaxed);
+            // A dropped copy started no second job, as a copy the scheduler drops.
+            stats.jobs_deduplicated.fetch_add(done.deduplicated, Ordering::Relaxed);
+            stats.firings_superseded.fetch_add(done.superseded, Ordering::Relaxed);
+            if done.queued == 0 && done.deduplicated > 0 {
+                Stats::bump(&stats.events_duplicate);
             }
-            Err(Failure::Permanent(e)) => {
-                tracing::error!(function = %function.manifest.name, path = %event.path, "job refused: {e}");
-                Stats::bump(&shared.stats.jobs_refused);
-            }
+            stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);
+            Verdict::Ack
+        }
+        Err(e) => {
+            tracing::error!(path = %event.path, "could not queue the event's firings, will retry: {e}");
+            Stats::bump(&shared.stats.transient_failures);
+            Verdict::Retry
         }
     }
-    verdict
 }
 
 /// Why a job could not be prepared or submitted.
@@ -253,26 +268,15 @@ pub enum Failure {
     Permanent(String),
 }
 
-async fn fire(
-    shared: &Shared,
-    event: &StorageEvent,
-    function: &FunctionRecord,
-    replay: Option<&str>,
-) -> Result<(), Failure> {
-    let event_ref = event_ref(event);
-    let mut dedupe_key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
+/// The key the scheduler dedupes a job on (per owner, forever):
+/// `<event id>#<function>@<digest>`, with `#replay:<id>` for a replay's jobs.
+pub fn scheduler_dedupe_key(event: &StorageEvent, function: &FunctionRecord, replay: Option<&str>) -> String {
+    let mut key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
     if let Some(replay) = replay {
-        dedupe_key.push_str("#replay:");
-        dedupe_key.push_str(replay);
+        key.push_str("#replay:");
+        key.push_str(replay);
     }
-    let request = prepare(shared, function, event_ref, dedupe_key).await?;
-    match shared.submitter.submit(&function.manifest.owner, &request).await {
-        Ok(reply) if reply.created => Stats::bump(&shared.stats.jobs_submitted),
-        Ok(_) => Stats::bump(&shared.stats.jobs_deduplicated),
-        Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => return Err(Failure::Transient(e.to_string())),
-        Err(e) => return Err(Failure::Permanent(e.to_string())),
-    }
-    Ok(())
+    key
 }
 
 /// What a job keeps of its event: the source kind and producer (`dcache-billing:pool-a-1@pool-aDomain`,

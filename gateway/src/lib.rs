@@ -2,10 +2,12 @@
 //!
 //! - [`ingest`] reads storage events (dCache billing messages, CloudEvents from htfaas's
 //!   bridges and other producers) from a durable JetStream consumer, normalizes those the site
-//!   enabled ([`event`], [`event::SourcePolicy`]), finds the functions whose trigger matches ([`triggers`]), obtains a read and a
-//!   write macaroon from the storage ([`storage_client`]), mints a single-use submit token and
-//!   submits the job to the scheduler ([`submit`]); it acks the message only once every job it
-//!   fired is durably accepted.
+//!   enabled ([`event`], [`event::SourcePolicy`]), finds the functions whose trigger matches
+//!   ([`triggers`]) and queues one durable firing per function ([`firing`]: exactly once per
+//!   (event, function, digest)); it acks the message once the firings are on disk.
+//! - [`firing::dispatch`] turns firings into jobs, within each trigger's rate and debounce:
+//!   obtains a read and a write macaroon from the storage ([`storage_client`]), mints a
+//!   single-use submit token and submits the job to the scheduler ([`submit`]).
 //! - [`api`] serves the registry (modules and functions) and proxies job and accounting queries
 //!   to the scheduler.
 //!
@@ -119,6 +121,21 @@ pub struct Config {
     /// CloudEvent (see [`event::SourcePolicy`]).
     #[serde(default)]
     pub sources: event::SourcePolicy,
+    /// Directory of the gateway's own state: the durable firing table `firings.sqlite`
+    /// ([`firing`]: events queued to become jobs, and the keys that make each (event,
+    /// function) start one job). Default: the parent of `registry_dir` (the stack's `gateway/`).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// How long a firing's key (event id, function, digest) is kept after the firing was made,
+    /// seconds: a copy of the event within it starts nothing. Default: 604800 (7 days), the
+    /// events stream's `max_age`, so every redelivery the stream can still make falls inside the
+    /// window. Past it, the scheduler's own dedupe key (kept forever) still refuses a second job.
+    #[serde(default = "default_dedupe_window_s")]
+    pub dedupe_window_s: u64,
+    /// Most firings being prepared (macaroons) and submitted at once, so that one slow answer
+    /// does not hold back the others. Default: 16.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
 }
 
 fn default_consumer() -> String {
@@ -138,6 +155,12 @@ fn default_token_ttl_s() -> u64 {
 }
 fn default_max_deliver() -> i64 {
     20
+}
+fn default_dedupe_window_s() -> u64 {
+    htfaas_functions::proto::EVENTS_MAX_AGE_S
+}
+fn default_max_in_flight() -> usize {
+    16
 }
 
 /// A resolved gateway: listener bound, registry open, key loaded, clients built.
@@ -161,6 +184,8 @@ pub struct Shared {
     pub submitter: submit::Submitter,
     /// Counters.
     pub stats: stats::Stats,
+    /// The durable firing table: events queued to become jobs, exactly once.
+    pub firings: firing::Firings,
     /// Admin bearer token of this API.
     pub admin_token: String,
     /// Scheduler admin token (proxy).
@@ -295,6 +320,23 @@ impl Config {
             );
             storage_client::StorageAuth::Basic { user: self.storage_user.clone(), secret: self.storage_secret.clone() }
         };
+        anyhow::ensure!(self.max_in_flight >= 1, "max_in_flight must be at least 1");
+        if self.dedupe_window_s < htfaas_functions::proto::EVENTS_MAX_AGE_S {
+            tracing::warn!(
+                dedupe_window_s = self.dedupe_window_s,
+                "dedupe_window_s is shorter than the events stream's max age: a late redelivery \
+                 is dropped only by the scheduler's dedupe key, after its macaroons were asked for"
+            );
+        }
+        let state_dir = self
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| self.registry_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")));
+        let state_dir = if state_dir.as_os_str().is_empty() { PathBuf::from(".") } else { state_dir };
+        std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
+        let firings_file = state_dir.join("firings.sqlite");
+        let firings = firing::Firings::open(&firings_file, self.dedupe_window_s, self.max_in_flight)
+            .with_context(|| format!("open the firing table {}", firings_file.display()))?;
         let public_url = self.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
         let shared = Shared {
             triggers: triggers::TriggerCache::default(),
@@ -309,6 +351,7 @@ impl Config {
             submitter: submit::Submitter::new(http.clone(), &self.scheduler_url, key, &self.issuer, self.token_ttl_s)
                 .context("build the submit-token verifier")?,
             stats: stats::Stats::default(),
+            firings,
             admin_token: self.admin_token,
             scheduler_admin_token: self.scheduler_admin_token,
             public_url: public_url.trim_end_matches('/').to_owned(),
@@ -340,23 +383,30 @@ impl Settings {
     }
 }
 
-/// Runs the gateway until `shutdown` is cancelled: the ingest loop and the API.
+/// Runs the gateway until `shutdown` is cancelled: the ingest loop, the firing dispatcher
+/// ([`firing::dispatch`]) and the API.
 ///
-/// Shutdown order: stop taking events (the in-flight one finishes and is acked or left for
-/// redelivery), stop the API, return.
+/// Shutdown order: stop taking events (the in-flight one finishes: its firings are committed
+/// and it is acked, or it is left for redelivery), stop the API, let the submissions in flight
+/// finish (pending firings stay in the table for the next start), return.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Settings { listener, shared, nats_url, consumer, max_deliver } = settings;
     let consumer = ingest::connect(&nats_url, &consumer, max_deliver).await?;
-    tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, "gateway ready");
+    tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(consumer, shared.clone(), shutdown.child_token()));
-    let app = api::router(shared);
+    let dispatch = tokio::spawn(firing::dispatch(shared.clone(), shutdown.child_token()));
+    // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
+    let events = replay::Events::connect(&nats_url).await?;
+    let app = api::router(shared).layer(axum::Extension(events));
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = serve.await.context("serve the gateway API");
     shutdown.cancel();
     let ingested = ingest.await.context("join the ingest loop")?;
+    let dispatched = dispatch.await.context("join the firing dispatcher")?;
     tracing::info!("gateway stopped");
     served?;
-    ingested
+    ingested?;
+    dispatched
 }
 
 #[cfg(test)]
@@ -390,6 +440,9 @@ mod tests {
             max_deliver: default_max_deliver(),
             bind_macaroons_to_ep,
             sources: Default::default(),
+            state_dir: None,
+            dedupe_window_s: default_dedupe_window_s(),
+            max_in_flight: default_max_in_flight(),
         }
     }
 
@@ -437,6 +490,25 @@ mod tests {
                 .set_sources(event::SourcePolicy { dcache_msg_types: vec!["nope".into()], cloudevents: true })
                 .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn the_firing_table_defaults_to_beside_the_registry_keeping_keys_as_long_as_the_stream() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let json = serde_json::json!({"listen": "127.0.0.1:0", "nats_url": "n", "registry_dir": "r",
+            "storage_url": "s", "scheduler_url": "u", "scheduler_admin_token": "t", "signing_key_file": "k",
+            "admin_token": "a"});
+        let c: Config = serde_json::from_value(json).expect("parses");
+        assert_eq!((c.state_dir.as_deref(), c.dedupe_window_s, c.max_in_flight), (None, 7 * 24 * 3600, 16));
+        let c = config(dir.path(), storage_client::StorageKind::Dcache, false);
+        let _settings = c.clone().resolve().await.expect("resolves");
+        assert!(dir.path().join("firings.sqlite").exists(), "beside registry/");
+        let elsewhere = dir.path().join("state");
+        let moved = Config { state_dir: Some(elsewhere.clone()), ..c.clone() };
+        let _settings = moved.resolve().await.expect("resolves");
+        assert!(elsewhere.join("firings.sqlite").exists());
+        let Err(e) = Config { max_in_flight: 0, ..c }.resolve().await else { panic!("max_in_flight 0 resolved") };
+        assert_eq!(format!("{e:#}"), "max_in_flight must be at least 1");
     }
 
     #[tokio::test]

@@ -22,14 +22,30 @@ pub struct Stats {
     pub events_not_enabled: AtomicU64,
     /// Events that matched no trigger.
     pub events_unmatched: AtomicU64,
+    /// Events all of whose firings were already queued (a redelivery or a duplicate message):
+    /// dropped before any macaroon request.
+    pub events_duplicate: AtomicU64,
     /// Jobs the scheduler accepted as new.
     pub jobs_submitted: AtomicU64,
-    /// Submissions the scheduler answered with an existing job (same event and function).
+    /// Firings that started no job because one for the same event and function already
+    /// exists: dropped on the firing table's key ([`Stats::firings_deduplicated`]) or answered by
+    /// the scheduler with the existing job (the difference of the two).
     pub jobs_deduplicated: AtomicU64,
-    /// Submissions refused for good (bad request, limits); the event is acked.
+    /// Firings refused for good (bad request, limits, an unreadable stored firing).
     pub jobs_refused: AtomicU64,
-    /// Transient failures (storage or scheduler unreachable); the event is redelivered.
+    /// Transient failures: a submission (storage or scheduler unreachable), retried with
+    /// backoff from the firing table; or a failed write of the table, the event redelivered.
     pub transient_failures: AtomicU64,
+    /// Firings written to the firing table (one per matching function of a new event).
+    pub firings_queued: AtomicU64,
+    /// Firings dropped because their key (event, function, digest) was already in the table.
+    pub firings_deduplicated: AtomicU64,
+    /// Pending firings replaced by a later event on the same path (debounce); never run.
+    pub firings_superseded: AtomicU64,
+    /// Times a firing found no rate token and was given a later time (waits, not dropped).
+    pub firings_rate_delayed: AtomicU64,
+    /// Gauge: firings pending or being submitted now.
+    pub firings_pending: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -52,6 +68,9 @@ pub struct StatsSnapshot {
     pub events_not_enabled: u64,
     /// See [`Stats::events_unmatched`].
     pub events_unmatched: u64,
+    /// See [`Stats::events_duplicate`].
+    #[serde(default)]
+    pub events_duplicate: u64,
     /// See [`Stats::jobs_submitted`].
     pub jobs_submitted: u64,
     /// See [`Stats::jobs_deduplicated`].
@@ -60,6 +79,21 @@ pub struct StatsSnapshot {
     pub jobs_refused: u64,
     /// See [`Stats::transient_failures`].
     pub transient_failures: u64,
+    /// See [`Stats::firings_queued`].
+    #[serde(default)]
+    pub firings_queued: u64,
+    /// See [`Stats::firings_deduplicated`].
+    #[serde(default)]
+    pub firings_deduplicated: u64,
+    /// See [`Stats::firings_superseded`].
+    #[serde(default)]
+    pub firings_superseded: u64,
+    /// See [`Stats::firings_rate_delayed`].
+    #[serde(default)]
+    pub firings_rate_delayed: u64,
+    /// See [`Stats::firings_pending`].
+    #[serde(default)]
+    pub firings_pending: u64,
 }
 
 impl Stats {
@@ -79,10 +113,16 @@ impl Stats {
             events_ignored: r(&self.events_ignored),
             events_not_enabled: r(&self.events_not_enabled),
             events_unmatched: r(&self.events_unmatched),
+            events_duplicate: r(&self.events_duplicate),
             jobs_submitted: r(&self.jobs_submitted),
             jobs_deduplicated: r(&self.jobs_deduplicated),
             jobs_refused: r(&self.jobs_refused),
             transient_failures: r(&self.transient_failures),
+            firings_queued: r(&self.firings_queued),
+            firings_deduplicated: r(&self.firings_deduplicated),
+            firings_superseded: r(&self.firings_superseded),
+            firings_rate_delayed: r(&self.firings_rate_delayed),
+            firings_pending: r(&self.firings_pending),
         }
     }
 }

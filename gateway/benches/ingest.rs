@@ -1,0 +1,223 @@
+//! The gateway's ingest rate: how many storage events per second become durable firings.
+//!
+//! `cargo bench -p htfaas-gateway --bench ingest` prints one JSON line per figure,
+//! `{"bench":"ingest","case":..,"events":N,"firings":F,"seconds":..,"events_per_s":..}`:
+//!
+//! - `in_process`: decide (dCache billing JSON → event) + match (two functions' triggers, both
+//!   true) + the durable insert into the firing table (one transaction per event, WAL,
+//!   `synchronous=FULL`), called directly, no NATS; N = 20,000.
+//! - `jetstream`: the sustained rate from JetStream publish to durable firing through the real
+//!   durable consumer and ingest loop ([`htfaas_gateway::ingest::run`]: decide, match, insert,
+//!   double-ack), against a real nats-server, the publisher running at the same time; from the
+//!   first publish to the last firing committed; N = 20,000. Also `publish_only_per_s`: how
+//!   fast the publisher alone got its acks (an upper bound the consumer cannot beat).
+//!
+//! The firing tables live in the system's temporary directory: its disk's fsync cost is most
+//! of the figure. The nats-server binary is `$HTFAAS_NATS_SERVER`, else the project's
+//! `.tools/venv/bin/nats-server`, else `nats-server` on `PATH`; the `jetstream` case is
+//! skipped, with a message, when none is found. Without `--bench` (as `cargo test --benches`
+//! runs it) both cases run with a few events and nothing is timed. No criterion on purpose
+//! (build time).
+
+use htfaas_functions::manifest::{Outputs, Resources, Trigger};
+use htfaas_functions::proto::EVENTS_SUBJECT;
+use htfaas_functions::{FunctionManifest, Registry};
+use htfaas_gateway::event::{self, Decision, SourcePolicy};
+use htfaas_gateway::firing::{Firings, now_ms};
+use htfaas_gateway::triggers::TriggerCache;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Longest the `jetstream` case waits for its events.
+const DEADLINE: Duration = Duration::from_secs(600);
+
+fn main() -> anyhow::Result<()> {
+    let timed = std::env::args().any(|a| a == "--bench");
+    let n = if timed { 20_000 } else { 50 };
+    in_process(n, timed)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    rt.block_on(jetstream(n, timed))
+}
+
+/// A successful dCache `transfer` write, its own file and session.
+fn billing(i: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "version": "1.0", "msgType": "transfer", "isWrite": "write", "isP2p": false,
+        "status": {"code": 0, "msg": ""}, "cellName": "pool-a", "cellType": "pool", "cellDomain": "poolDomain",
+        "session": format!("pool:pool-a@poolDomain:{i}"), "initiator": format!("door:webdav@d:{i}"),
+        "transferPath": format!("/data/raw/run{}/f{i}.h5", i % 100), "pnfsid": format!("0000{i:032X}"),
+        "fileSize": 1_000_000 + i, "storageInfo": "exp:raw@osm",
+    }))
+    .expect("json")
+}
+
+/// A registry with two functions that both fire on every [`billing`] event.
+fn registry(dir: &Path) -> anyhow::Result<Registry> {
+    let registry = Registry::open(dir)?;
+    let module = registry.put_module(b"\0asm\x01\0\0\0")?;
+    for (name, trigger) in [
+        ("checksum", Trigger::on_path("/data/raw/**")),
+        ("hdf5", Trigger::on_rule(r#"path suffix ".h5" and size > 1kB"#)),
+    ] {
+        registry.register(FunctionManifest {
+            name: name.into(),
+            owner: "alice".into(),
+            module: module.clone(),
+            trigger,
+            resources: Resources::default(),
+            outputs: Outputs { dir: format!("/out/{name}/") },
+            args: vec![],
+            env: vec![],
+            annex: None,
+            class: None,
+        })?;
+    }
+    Ok(registry)
+}
+
+fn report(case: &str, events: usize, firings: u64, seconds: f64, extra: &str) {
+    let rate = events as f64 / seconds;
+    println!(
+        r#"{{"bench":"ingest","case":"{case}","events":{events},"firings":{firings},"seconds":{seconds:.3},"events_per_s":{rate:.0}{extra}}}"#
+    );
+}
+
+fn in_process(n: usize, timed: bool) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let registry = registry(&dir.path().join("registry"))?;
+    let triggers = TriggerCache::default();
+    triggers.reload(&registry)?;
+    let firings = Firings::open(&dir.path().join("firings.sqlite"), 7 * 86_400, 16)?;
+    let policy = SourcePolicy::default();
+    let messages: Vec<Vec<u8>> = (0..n).map(billing).collect();
+    let started = Instant::now();
+    let mut queued = 0;
+    for (i, m) in messages.iter().enumerate() {
+        let Decision::Fire(e) = event::decide(EVENTS_SUBJECT, None, m, &format!("nats-seq-{i}"), &policy)? else {
+            anyhow::bail!("message {i} is no event");
+        };
+        let functions = triggers.matching(&e);
+        anyhow::ensure!(functions.len() == 2, "both functions match");
+        queued += firings.insert(&e, &functions, None, now_ms())?.queued;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    anyhow::ensure!(queued == 2 * n as u64, "queued {queued}");
+    if timed {
+        report("in_process", n, queued, seconds, "");
+    } else {
+        println!("in_process: ok (smoke; run `cargo bench` to time)");
+    }
+    Ok(())
+}
+
+fn nats_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HTFAAS_NATS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let mut candidates = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/nats-server")];
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("nats-server")));
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// A nats-server child with JetStream, killed on drop.
+struct Nats(Child, u16);
+
+impl Nats {
+    fn start(binary: &Path, dir: &Path) -> anyhow::Result<Nats> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let nats = Nats(child, port);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(nats)
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.1)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn jetstream(n: usize, timed: bool) -> anyhow::Result<()> {
+    let Some(binary) = nats_binary() else {
+        eprintln!("jetstream: skipped, no nats-server (set HTFAAS_NATS_SERVER)");
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let nats = Nats::start(&binary, &dir.path().join("nats"))?;
+    // A gateway resolved as usual (its storage and scheduler are never called: no dispatcher).
+    registry(&dir.path().join("gateway/registry"))?;
+    let config: htfaas_gateway::Config = serde_json::from_value(serde_json::json!({
+        "listen": "127.0.0.1:0", "nats_url": nats.url(), "registry_dir": dir.path().join("gateway/registry"),
+        "storage_url": "http://127.0.0.1:1", "storage_user": "gateway", "storage_secret": "s",
+        "scheduler_url": "http://127.0.0.1:1", "scheduler_admin_token": "t",
+        "signing_key_file": dir.path().join("gateway/submit.pem"), "admin_token": "a",
+    }))?;
+    let shared = config.resolve().await?.shared();
+    let consumer = htfaas_gateway::ingest::connect(&nats.url(), "gateway", 20).await?;
+    let shutdown = CancellationToken::new();
+    let ingest = tokio::spawn(htfaas_gateway::ingest::run(consumer, shared.clone(), shutdown.clone()));
+
+    let messages: Vec<Vec<u8>> = (0..n).map(billing).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await?);
+    let started = Instant::now();
+    let publisher = tokio::spawn(async move {
+        // Acks awaited in windows, as a storage publishing steadily would.
+        let mut acks = Vec::with_capacity(256);
+        for m in messages {
+            acks.push(js.publish(EVENTS_SUBJECT, m.into()).await?);
+            if acks.len() == 256 {
+                for a in acks.drain(..) {
+                    a.await?;
+                }
+            }
+        }
+        for a in acks {
+            a.await?;
+        }
+        anyhow::Ok(started.elapsed())
+    });
+    let want = 2 * n as u64;
+    while shared.stats.firings_queued.load(Ordering::Relaxed) < want {
+        anyhow::ensure!(
+            started.elapsed() < DEADLINE,
+            "only {} firings after {DEADLINE:?}",
+            shared.stats.firings_queued.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let published = publisher.await??.as_secs_f64();
+    shutdown.cancel();
+    ingest.await??;
+    let s = shared.stats.snapshot();
+    anyhow::ensure!(s.firings_queued == want && s.firings_deduplicated == 0, "{s:?}");
+    if timed {
+        let extra = format!(r#","publish_only_per_s":{:.0}"#, n as f64 / published);
+        report("jetstream", n, s.firings_queued, seconds, &extra);
+    } else {
+        println!("jetstream: ok (smoke; run `cargo bench` to time)");
+    }
+    drop(nats);
+    Ok(())
+}
