@@ -7,7 +7,8 @@
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use htfaas_functions::proto::{
-    Account, ApiError, Attempt, EpAction, EpInfo, FactorRequest, JobAnalysis, JobRecord, OwnerPriority, PriorityReport,
+    Account, ApiError, Attempt, EpAction, EpInfo, FactorRequest, JobAnalysis, JobRecord, ModuleUploaded, OwnerPriority,
+    PriorityReport, RegisterQuery, ReplayRequest, Report, RunRequest, StatsSnapshot, TestReport, TestRequest,
 };
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
 use serde::{Deserialize, Serialize};
@@ -175,13 +176,9 @@ impl Client {
 
     /// Uploads a wasm module to the registry.
     pub async fn upload_module(&self, bytes: Vec<u8>) -> anyhow::Result<Digest> {
-        #[derive(Deserialize)]
-        struct Reply {
-            digest: Digest,
-        }
         let resp =
             self.http.post(self.gateway("/v1/modules")).bearer_auth(&self.info.admin_token).body(bytes).send().await?;
-        Ok(check(resp, "upload module").await?.json::<Reply>().await?.digest)
+        Ok(check(resp, "upload module").await?.json::<ModuleUploaded>().await?.digest)
     }
 
     /// Registers a function.
@@ -198,11 +195,7 @@ impl Client {
 
     /// Checks `manifest` as a registration would, without registering it, and lists the
     /// recorded events its trigger would fire on (`query.dry_run` is set here).
-    pub async fn register_dry_run(
-        &self,
-        manifest: &FunctionManifest,
-        query: &htfaas_gateway::replay::RegisterQuery,
-    ) -> anyhow::Result<htfaas_gateway::replay::Report> {
+    pub async fn register_dry_run(&self, manifest: &FunctionManifest, query: &RegisterQuery) -> anyhow::Result<Report> {
         let mut url = reqwest::Url::parse(&self.gateway("/v1/functions")).context("gateway URL")?;
         {
             let mut q = url.query_pairs_mut();
@@ -221,19 +214,12 @@ impl Client {
     }
 
     /// How one message parses and what `function`'s trigger says about it.
-    pub async fn test_function(
-        &self,
-        function: &str,
-        request: &htfaas_gateway::replay::TestRequest,
-    ) -> anyhow::Result<htfaas_gateway::replay::TestReport> {
+    pub async fn test_function(&self, function: &str, request: &TestRequest) -> anyhow::Result<TestReport> {
         self.admin_post(&format!("/v1/functions/{}/test", segment(function)?), "test function", request).await
     }
 
     /// Lists (dry run) or fires again the (event, function) pairs of the recorded events.
-    pub async fn replay(
-        &self,
-        request: &htfaas_gateway::replay::ReplayRequest,
-    ) -> anyhow::Result<htfaas_gateway::replay::Report> {
+    pub async fn replay(&self, request: &ReplayRequest) -> anyhow::Result<Report> {
         self.admin_post("/v1/events/replay", "replay", request).await
     }
 
@@ -337,7 +323,7 @@ impl Client {
     }
 
     /// Gateway counters.
-    pub async fn stats(&self) -> anyhow::Result<htfaas_gateway::stats::StatsSnapshot> {
+    pub async fn stats(&self) -> anyhow::Result<StatsSnapshot> {
         self.admin_get("/v1/stats").await
     }
 
@@ -399,7 +385,7 @@ impl Client {
                 self.gateway(&format!("/v1/functions/{}/runs", htfaas_gateway::storage_client::encode_path(function))),
             )
             .bearer_auth(token.trim())
-            .json(&serde_json::json!({ "path": storage_path, "annex": annex }))
+            .json(&RunRequest { path: storage_path.to_owned(), annex: annex.map(str::to_owned) })
             .send()
             .await
             .context("submit")?;

@@ -613,7 +613,7 @@ fn parse_time_arg(s: &str) -> Result<String, String> {
 }
 
 /// One (event, function) pair of a replay report, as a line.
-fn pair_line(p: &htfaas_gateway::replay::Pair) -> String {
+fn pair_line(p: &htfaas_functions::proto::Pair) -> String {
     let fired = match p.fired {
         None => "",
         Some(true) => " fired",
@@ -626,7 +626,7 @@ fn pair_line(p: &htfaas_gateway::replay::Pair) -> String {
 }
 
 /// The counts of a replay report, and why it stopped early if it did.
-fn report_summary(r: &htfaas_gateway::replay::Report) -> String {
+fn report_summary(r: &htfaas_functions::proto::Report) -> String {
     let mut line = format!(
         "scanned {} since {} (events {}, ignored {}, not enabled {}, malformed {}); {} pairs {}",
         r.scanned,
@@ -1017,7 +1017,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 class,
             };
             if dry_run {
-                let query = htfaas_gateway::replay::RegisterQuery { dry_run, since, until, limit };
+                let query = htfaas_functions::proto::RegisterQuery { dry_run, since, until, limit };
                 let report = client.register_dry_run(&manifest, &query).await?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1043,7 +1043,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 None => None,
             };
             let request =
-                htfaas_gateway::replay::TestRequest { subject, headers: headers.into_iter().collect(), event, seq };
+                htfaas_functions::proto::TestRequest { subject, headers: headers.into_iter().collect(), event, seq };
             let report = client(&dir)?.test_function(&name, &request).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1305,7 +1305,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Events {
             command: EventsCommand::Replay { dir, since, until, function, dry_run, limit, replay_id, json },
         } => {
-            use htfaas_gateway::replay::{ReplayRequest, TimeArg};
+            use htfaas_functions::proto::{ReplayRequest, TimeArg};
             let request = ReplayRequest {
                 since: TimeArg::Text(since),
                 until: until.map(TimeArg::Text),
@@ -1476,7 +1476,7 @@ mod tests {
 
     #[test]
     fn replay_reports_print_one_line_per_pair_and_the_counts() {
-        use htfaas_gateway::replay::{Pair, Report};
+        use htfaas_functions::proto::{Pair, Report};
         let pair = Pair {
             seq: 12,
             recorded: "2026-11-22T10:00:00.000Z".into(),

@@ -80,12 +80,14 @@ pub struct Trigger {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
     /// At most this many jobs started per second by this trigger. Per rule: the excess waits,
-    /// it is not dropped. Validated, not yet enforced by the gateway.
+    /// it is not dropped. Enforced by the gateway's firing dispatcher (a token bucket per
+    /// function; a firing without a token is given the time its token will be there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<RateLimit>,
     /// Debounce window, seconds (at most [`MAX_DEBOUNCE_S`]): many writes to one path within the
-    /// window start one job. Per rule; the excess waits, it is not dropped. Validated, not yet
-    /// enforced by the gateway.
+    /// window start one job. Per rule; the excess waits, it is not dropped. Enforced by the
+    /// gateway's firing dispatcher: a firing waits this long, and a later one for the same path
+    /// that arrives meanwhile replaces it, so a burst starts one job, on its last event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce_s: Option<u64>,
 }

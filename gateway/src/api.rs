@@ -8,13 +8,13 @@
 //! | route | auth | what |
 //! |---|---|---|
 //! | `GET /healthz` | none | liveness |
-//! | `POST /v1/modules` | admin | body = wasm bytes → `{"digest":…}` |
+//! | `POST /v1/modules` | admin | body = wasm bytes → `ModuleUploaded` (`{"digest":…}`) |
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
 //! | `POST /v1/functions` | admin | body = `FunctionManifest` → `FunctionRecord` |
-//! | `POST /v1/functions?dry_run=true[&since&until&limit]` | admin | manifest, checked, not kept → `replay::Report` |
-//! | `POST /v1/functions/{name}/test` | admin | body `replay::TestRequest` → `replay::TestReport` |
-//! | `POST /v1/events/replay` | admin | body `replay::ReplayRequest` → `replay::Report` |
-//! | `POST /v1/functions/{name}/runs` | submit token | body `{"path":…, "annex"?:…}` → `SubmitResponse` |
+//! | `POST /v1/functions?dry_run=true[&since&until&limit]` | admin | manifest, checked, not kept → `Report` |
+//! | `POST /v1/functions/{name}/test` | admin | body `TestRequest` → `TestReport` |
+//! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
+//! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
 //! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | admin | body `JobAction` → the job (the scheduler acts) |
 //! | `GET /v1/jobs/{id}/history` | admin | `Vec<Attempt>`, first attempt first |
@@ -26,7 +26,7 @@
 //! | `POST /v1/accounting/{owner}/factor` | admin | body `FactorRequest` → `OwnerPriority` |
 //! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
 //! | `GET /v1/revocations` | admin | every recorded revocation |
-//! | `GET /v1/stats` | admin | ingest counters |
+//! | `GET /v1/stats` | admin | `StatsSnapshot`: ingest counters |
 //!
 //! A dry-run registration answers the recorded events (default: of the last day) its trigger would
 //! fire on; a test says how one message (given, or recorded: `{"seq": N}`) parses and what the
@@ -41,6 +41,10 @@
 //! check; path segments are checked here (job ids `[A-Za-z0-9-]`, EP names and owners 1–128
 //! printable characters without `/`, percent-encoded when forwarded) and bodies parsed into
 //! their `proto` type, so the scheduler only ever sees well-formed requests.
+//!
+//! Every body and answer named above is a type of [`htfaas_functions::proto`] (the one owner of
+//! what crosses a process boundary), except the registry's own `FunctionManifest` and
+//! `FunctionRecord`.
 
 use crate::Shared;
 use crate::replay::{self, ReplayError};
@@ -50,7 +54,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use htfaas_functions::proto::ApiError;
+use htfaas_functions::proto::{ApiError, ModuleUploaded, RegisterQuery, ReplayRequest, RunRequest, TestRequest};
 use htfaas_functions::registry::MAX_MODULE_BYTES;
 use htfaas_functions::{Digest, FunctionManifest, RegistryError};
 use std::sync::Arc;
@@ -151,7 +155,7 @@ async fn put_module(
     require_admin(&shared, &headers)?;
     let s = shared.clone();
     let digest = blocking(move || s.registry.put_module(&body)).await?;
-    Ok((StatusCode::CREATED, Json(serde_json::json!({ "digest": digest }))))
+    Ok((StatusCode::CREATED, Json(ModuleUploaded { digest })))
 }
 
 async fn get_module(State(shared): State<Arc<Shared>>, Path(digest): Path<String>) -> Result<Response, Failure> {
@@ -186,14 +190,14 @@ async fn register(
     body: Bytes,
 ) -> Result<Response, Failure> {
     require_admin(&shared, &headers)?;
-    let Query(query) = Query::<replay::RegisterQuery>::try_from_uri(&uri)
+    let Query(query) = Query::<RegisterQuery>::try_from_uri(&uri)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
     let manifest: FunctionManifest = serde_json::from_slice(&body)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")))?;
     if query.dry_run {
         return dry_run_registration(&shared, events, &query, manifest).await;
     }
-    if query != replay::RegisterQuery::default() {
+    if query != RegisterQuery::default() {
         return Err(Failure(StatusCode::BAD_REQUEST, "since, until and limit go with dry_run=true".into()));
     }
     let s = shared.clone();
@@ -212,10 +216,10 @@ async fn register(
 async fn dry_run_registration(
     shared: &Arc<Shared>,
     events: Option<Extension<replay::Events>>,
-    query: &replay::RegisterQuery,
+    query: &RegisterQuery,
     manifest: FunctionManifest,
 ) -> Result<Response, Failure> {
-    let window = query.window(replay::now_ms())?;
+    let window = replay::register_window(query, replay::now_ms())?;
     let s = shared.clone();
     let manifest = blocking(move || {
         manifest.validate()?;
@@ -241,7 +245,7 @@ async fn test_function(
     body: Bytes,
 ) -> Result<impl IntoResponse, Failure> {
     require_admin(&shared, &headers)?;
-    let request: replay::TestRequest =
+    let request: TestRequest =
         serde_json::from_slice(&body).map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid test: {e}")))?;
     let s = shared.clone();
     let record = blocking(move || s.registry.latest(&name)).await?;
@@ -258,9 +262,9 @@ async fn replay_events(
     body: Bytes,
 ) -> Result<impl IntoResponse, Failure> {
     require_admin(&shared, &headers)?;
-    let request: replay::ReplayRequest = serde_json::from_slice(&body)
+    let request: ReplayRequest = serde_json::from_slice(&body)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid replay request: {e}")))?;
-    let (window, mode) = request.plan(replay::now_ms())?;
+    let (window, mode) = replay::plan(&request, replay::now_ms())?;
     let events = recorded(events)?;
     let s = shared.clone();
     let function = request.function.clone();
@@ -447,17 +451,6 @@ impl Shared {
     }
 }
 
-/// Body of `POST /v1/functions/{name}/runs`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunRequest {
-    /// Storage path of the input file; it must match the function's trigger.
-    path: String,
-    /// Run on this annex. Allowed only when the function names none or the same one.
-    #[serde(default)]
-    annex: Option<String>,
-}
-
 /// The bearer of a submit token runs a registered function on a file: the same path a
 /// triggered job takes (macaroons, scheduler, EP), accounted to the token's subject.
 async fn run_function(
@@ -506,11 +499,7 @@ async fn run_function(
     }
     shared.submitter.preflight(&token).await.map_err(scheduler_failure)?;
     let run_id = htfaas_functions::token::new_jti();
-    let event = htfaas_functions::proto::EventRef {
-        source: "submit".into(),
-        id: format!("{}/{run_id}", claims.jti),
-        path: run.path.clone(),
-    };
+    let event = htfaas_functions::proto::EventRef::new("submit", format!("{}/{run_id}", claims.jti), run.path.clone());
     let mut request =
         crate::ingest::prepare(&shared, &function, event, format!("submit:{run_id}")).await.map_err(|e| match e {
             crate::ingest::Failure::Transient(e) => Failure(StatusCode::SERVICE_UNAVAILABLE, e),

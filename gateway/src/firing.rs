@@ -43,6 +43,19 @@
 //!   to one file thus starts one job, on the last event to arrive, D after the burst ends. A
 //!   firing already `submitting` is not superseded: the next one waits its own D and runs too.
 //!
+//! # Loop guard
+//!
+//! Before a job is submitted, the identifier of the write macaroon obtained for it is recorded
+//! in `provenance` with the job's [`Cause`]: its function, digest, event, and the chain of
+//! functions that led to it (its own event's chain, then itself). The storage names the
+//! macaroon that authorized an upload in the billing `subject` (`MacaroonPrincipal[<id>]`,
+//! [`StorageEvent::macaroon`]), so the event of a file a job wrote finds that cause when its
+//! firings are inserted: no function of the chain fires on it (nor anything once the chain is
+//! [`MAX_CHAIN`] long), every other matching function does, and its firing (and so its job's
+//! `EventRef::caused_by`) records the cause. Sources that do not name the macaroon (XRootD,
+//! SSE, CloudEvents) still have the older rule in the ingest: a function never fires on a file
+//! in its own output directory. Provenance is kept as long as firing keys.
+//!
 //! # Concurrency
 //!
 //! One connection behind a mutex, used from `spawn_blocking`. The dispatcher claims ready
@@ -56,6 +69,7 @@ use crate::stats::Stats;
 use crate::submit::SubmitError;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
+use htfaas_functions::proto::Cause;
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use std::collections::HashMap;
 use std::path::Path;
@@ -66,10 +80,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-const MIGRATIONS: [&str; 1] = [SCHEMA_1];
+const MIGRATIONS: [&str; 2] = [SCHEMA_1, SCHEMA_2];
 
 const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS firings (
@@ -98,6 +112,22 @@ CREATE INDEX IF NOT EXISTS firings_ready ON firings (not_before_ms, seq) WHERE s
 CREATE INDEX IF NOT EXISTS firings_debounce ON firings (function, path) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS firings_expiry ON firings (expires_ms);
 ";
+
+/// Version 2: the loop guard. `provenance` maps the identifier of each write macaroon obtained
+/// for a job to that job's [`Cause`] (JSON); a firing keeps the cause of its event.
+const SCHEMA_2: &str = "
+ALTER TABLE firings ADD COLUMN cause TEXT;
+CREATE TABLE IF NOT EXISTS provenance (
+    macaroon   TEXT PRIMARY KEY,
+    cause      TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS provenance_expiry ON provenance (expires_ms);
+";
+
+/// Longest chain of functions (`A` writes what fires `B`, …) the loop guard lets grow; an event
+/// whose cause's chain is this long fires nothing more.
+pub const MAX_CHAIN: usize = 16;
 
 /// Longest wait between two attempts of a firing that failed transiently.
 pub const MAX_BACKOFF_MS: u64 = 60_000;
@@ -216,6 +246,8 @@ pub struct Claimed {
     pub event: StorageEvent,
     /// The replay, if any.
     pub replay: Option<String>,
+    /// The job whose output the event is about, if one is (the loop guard's provenance).
+    pub cause: Option<Cause>,
 }
 
 /// What inserting one event's firings did.
@@ -227,7 +259,13 @@ pub struct Inserted {
     pub deduplicated: u64,
     /// Older pending firings superseded by the new ones (debounce).
     pub superseded: u64,
+    /// Functions not fired because the event is about a file written by a job of theirs, or of
+    /// a function up the same chain (the loop guard).
+    pub loop_guarded: u64,
 }
+
+/// A ready row as read by a claim: seq, record, event, rate_reserved, replay, cause.
+type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>);
 
 /// What one claim did.
 #[derive(Debug, Default)]
@@ -406,14 +444,27 @@ impl Firings {
         let mut done = Inserted::default();
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let cause = match &event.macaroon {
+                Some(id) => lookup_cause(&tx, id)?,
+                None => None,
+            };
+            let cause_json = cause.as_ref().map(serde_json::to_string).transpose()?;
             for f in functions {
                 let m = &f.manifest;
+                if let Some(c) = &cause
+                    && (c.chain.len() >= MAX_CHAIN || c.chain.iter().any(|n| n == &m.name))
+                {
+                    tracing::info!(function = %m.name, path = %event.path, chain = ?c.chain,
+                        "not fired: the file was written by this function's chain (loop guard)");
+                    done.loop_guarded += 1;
+                    continue;
+                }
                 let debounce_ms = m.trigger.debounce_s.unwrap_or(0).saturating_mul(1000);
                 let record = serde_json::to_string(f)?;
                 let inserted = tx.execute(
                     "INSERT OR IGNORE INTO firings (event_key, function, digest, version, path, replay, record, \
-                     event, state, not_before_ms, created_ms, updated_ms, expires_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11)",
+                     event, state, not_before_ms, created_ms, updated_ms, expires_ms, cause) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11, ?12)",
                     params![
                         key,
                         m.name,
@@ -426,6 +477,7 @@ impl Firings {
                         db_int(now_ms.saturating_add(debounce_ms)),
                         db_int(now_ms),
                         db_int(now_ms.saturating_add(self.window_ms)),
+                        cause_json,
                     ],
                 )?;
                 if inserted == 0 {
@@ -478,14 +530,14 @@ impl Firings {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut scanned = 0;
             while claim.ready.len() < max && scanned < CLAIM_SCAN {
-                let rows: Vec<(i64, String, String, i64, Option<String>)> = {
+                let rows: Vec<ClaimRow> = {
                     let mut stmt = tx.prepare_cached(
-                        "SELECT seq, record, event, rate_reserved, replay FROM firings \
+                        "SELECT seq, record, event, rate_reserved, replay, cause FROM firings \
                          WHERE state = 'pending' AND not_before_ms <= ?1 ORDER BY not_before_ms, seq LIMIT ?2",
                     )?;
                     let limit = db_int((max - claim.ready.len()) as u64);
                     stmt.query_map(params![db_int(now_ms), limit], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
                     })?
                     .collect::<Result<_, _>>()?
                 };
@@ -493,10 +545,12 @@ impl Firings {
                     break;
                 }
                 scanned += rows.len();
-                for (seq, record, event, rate_reserved, replay) in rows {
-                    let parsed = serde_json::from_str::<FunctionRecord>(&record)
-                        .and_then(|f| Ok((f, serde_json::from_str::<StorageEvent>(&event)?)));
-                    let (function, event) = match parsed {
+                for (seq, record, event, rate_reserved, replay, cause) in rows {
+                    let parsed = serde_json::from_str::<FunctionRecord>(&record).and_then(|f| {
+                        let cause = cause.as_deref().map(serde_json::from_str::<Cause>).transpose()?;
+                        Ok((f, serde_json::from_str::<StorageEvent>(&event)?, cause))
+                    });
+                    let (function, event, cause) = match parsed {
                         Ok(p) => p,
                         Err(e) => {
                             tracing::error!(seq, "stored firing unreadable, refused: {e}");
@@ -536,7 +590,7 @@ impl Firings {
                          WHERE seq = ?1",
                         params![seq, db_int(now_ms)],
                     )?;
-                    claim.ready.push(Claimed { seq, function, event, replay });
+                    claim.ready.push(Claimed { seq, function, event, replay, cause });
                 }
             }
             tx.commit()?;
@@ -603,15 +657,40 @@ impl Firings {
         })
     }
 
-    /// Deletes up to `batch` finished firings whose window ended by `now_ms`; returns how many.
+    /// Deletes up to `batch` finished firings whose window ended by `now_ms`, and up to `batch`
+    /// expired provenance entries; returns how many firings.
     pub fn prune(&self, now_ms: u64, batch: usize) -> Result<usize, FiringError> {
         self.with(|conn| {
+            conn.execute(
+                "DELETE FROM provenance WHERE macaroon IN (SELECT macaroon FROM provenance WHERE expires_ms <= ?1 \
+                 LIMIT ?2)",
+                params![db_int(now_ms), db_int(batch as u64)],
+            )?;
             Ok(conn.execute(
                 "DELETE FROM firings WHERE seq IN (SELECT seq FROM firings WHERE expires_ms <= ?1 \
                  AND state IN ('submitted', 'refused', 'superseded') LIMIT ?2)",
                 params![db_int(now_ms), db_int(batch as u64)],
             )?)
         })
+    }
+
+    /// Records that the write macaroon `macaroon` (its identifier) was obtained for a job of
+    /// `cause.function`: files written with it are that job's outputs. Kept as long as firing
+    /// keys. Must be committed before the job is submitted, so no output can come first.
+    pub fn record_provenance(&self, macaroon: &str, cause: &Cause, now_ms: u64) -> Result<(), FiringError> {
+        let json = serde_json::to_string(cause)?;
+        self.with(|conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO provenance (macaroon, cause, expires_ms) VALUES (?1, ?2, ?3)",
+                params![macaroon, json, db_int(now_ms.saturating_add(self.window_ms))],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The job a write macaroon was obtained for, if this gateway obtained it.
+    pub fn cause_of(&self, macaroon: &str) -> Result<Option<Cause>, FiringError> {
+        self.with(|conn| lookup_cause(conn, macaroon))
     }
 
     /// Firings in arrival order, from `after_seq` on, at most `limit` (tests, an admin view).
@@ -645,6 +724,21 @@ impl Firings {
             Ok(rows)
         })
     }
+}
+
+/// The cause recorded for the write macaroon `macaroon`; an unreadable entry counts as none
+/// (logged): the worst that does is one more run, which the chain's own guard then stops.
+fn lookup_cause(conn: &Connection, macaroon: &str) -> Result<Option<Cause>, FiringError> {
+    let json: Option<String> = conn
+        .query_row("SELECT cause FROM provenance WHERE macaroon = ?1", params![macaroon], |r| r.get(0))
+        .optional()?;
+    Ok(json.and_then(|j| match serde_json::from_str(&j) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::error!(macaroon, "provenance entry unreadable, ignored: {e}");
+            None
+        }
+    }))
 }
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
@@ -728,15 +822,35 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
     Ok(())
 }
 
+/// Records the job's write macaroon with the job's cause (this function appended to its
+/// event's chain), so an event about a file it writes is recognised. A macaroon whose
+/// identifier cannot be read is refused (the guard could not work); a failed write is transient.
+async fn record_provenance(shared: &Shared, c: &Claimed, write_macaroon: &str) -> Result<(), Failure> {
+    let id = htfaas_functions::macaroon::identifier(write_macaroon)
+        .map_err(|e| Failure::Permanent(format!("the storage's write macaroon has no readable identifier: {e}")))?;
+    let m = &c.function.manifest;
+    let mut chain = c.cause.as_ref().map(|cause| cause.chain.clone()).unwrap_or_default();
+    chain.push(m.name.clone());
+    let cause = Cause { function: m.name.clone(), digest: m.module.clone(), event_id: c.event.id.clone(), chain };
+    shared
+        .firings
+        .call(move |f| f.record_provenance(&id, &cause, now_ms()))
+        .await
+        .map_err(|e| Failure::Transient(format!("record the write macaroon's provenance: {e}")))
+}
+
 /// Prepares and submits one claimed firing, and records what came of it.
 async fn fire_one(shared: Arc<Shared>, c: Claimed) {
     let name = c.function.manifest.name.clone();
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
-    let outcome = match prepare(&shared, &c.function, event_ref(&c.event), key).await {
-        Ok(request) => match shared.submitter.submit(&c.function.manifest.owner, &request).await {
-            Ok(reply) => Ok(reply),
-            Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => Err(Failure::Transient(e.to_string())),
-            Err(e) => Err(Failure::Permanent(e.to_string())),
+    let outcome = match prepare(&shared, &c.function, event_ref(&c.event, c.cause.clone()), key).await {
+        Ok(request) => match record_provenance(&shared, &c, &request.output.macaroon).await {
+            Err(e) => Err(e),
+            Ok(()) => match shared.submitter.submit(&c.function.manifest.owner, &request).await {
+                Ok(reply) => Ok(reply),
+                Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => Err(Failure::Transient(e.to_string())),
+                Err(e) => Err(Failure::Permanent(e.to_string())),
+            },
         },
         Err(e) => Err(e),
     };
@@ -815,15 +929,57 @@ mod tests {
     }
 
     #[test]
+    fn an_output_never_fires_its_own_chain_and_a_claim_carries_its_cause() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let (a, b) = (function("a", None, None), function("b", None, None));
+        // a's job wrote with macaroon M1; b's job (caused by it) wrote with M2.
+        let cause_a = Cause {
+            function: "a".into(),
+            digest: a.manifest.module.clone(),
+            event_id: "e0".into(),
+            chain: vec!["a".into()],
+        };
+        f.record_provenance("M1", &cause_a, 1_000).expect("record");
+        let cause_b = Cause {
+            function: "b".into(),
+            event_id: "e1".into(),
+            chain: vec!["a".into(), "b".into()],
+            ..cause_a.clone()
+        };
+        f.record_provenance("M2", &cause_b, 1_000).expect("record");
+        assert_eq!(f.cause_of("M1").expect("lookup"), Some(cause_a.clone()));
+        assert_eq!(f.cause_of("unknown").expect("lookup"), None);
+
+        let written =
+            |id: &str, path: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, path) };
+        // a's output: a is guarded, b fires and carries the cause.
+        let done = f.insert(&written("e1", "/data/a/x", "M1"), &[a.clone(), b.clone()], None, 2_000).expect("insert");
+        assert_eq!(done, Inserted { queued: 1, deduplicated: 0, superseded: 0, loop_guarded: 1 });
+        // b's output: both a and b are up its chain.
+        let done = f.insert(&written("e2", "/data/b/x", "M2"), &[a.clone(), b.clone()], None, 2_000).expect("insert");
+        assert_eq!(done, Inserted { queued: 0, deduplicated: 0, superseded: 0, loop_guarded: 2 });
+        // A file written with a macaroon this gateway never handed out fires as usual.
+        let done = f.insert(&written("e3", "/data/c/x", "M9"), std::slice::from_ref(&a), None, 2_000).expect("insert");
+        assert_eq!(done.queued, 1);
+        let claim = f.claim(10_000, 10).expect("claim");
+        let causes: Vec<_> = claim.ready.iter().map(|c| (c.function.manifest.name.clone(), c.cause.clone())).collect();
+        assert_eq!(causes, [("b".to_owned(), Some(cause_a)), ("a".to_owned(), None)]);
+        // Provenance goes with the key window.
+        f.prune(1_000 + 3_600_000, 100).expect("prune");
+        assert_eq!(f.cause_of("M1").expect("lookup"), None);
+    }
+
+    #[test]
     fn a_second_copy_of_an_event_is_dropped_on_its_key_and_a_replay_gets_its_own() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = open(dir.path());
         let (a, b) = (function("a", None, None), function("b", None, None));
         let e = event("dcache-billing:write:0001/s1", "/data/x");
         let first = f.insert(&e, &[a.clone(), b.clone()], None, 1_000).expect("insert");
-        assert_eq!(first, Inserted { queued: 2, deduplicated: 0, superseded: 0 });
+        assert_eq!(first, Inserted { queued: 2, deduplicated: 0, superseded: 0, loop_guarded: 0 });
         let again = f.insert(&e, &[b.clone(), a.clone()], None, 2_000).expect("insert");
-        assert_eq!(again, Inserted { queued: 0, deduplicated: 2, superseded: 0 });
+        assert_eq!(again, Inserted { queued: 0, deduplicated: 2, superseded: 0, loop_guarded: 0 });
         // Another session of the same file is another occurrence.
         let other = f.insert(&event("dcache-billing:write:0001/s2", "/data/x"), std::slice::from_ref(&a), None, 2_000);
         assert_eq!(other.expect("insert").queued, 1);
@@ -977,6 +1133,34 @@ mod tests {
         f.with(|c| Ok(c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?)).expect("bump");
         drop(f);
         let e = Firings::open(&dir.path().join("firings.sqlite"), 1, 1).expect_err("refused");
-        assert!(matches!(e, FiringError::SchemaTooNew { found: 2, supported: 1 }), "{e}");
+        assert!(
+            matches!(e, FiringError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_version_1_file_is_migrated_keeping_its_firings() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("firings.sqlite");
+        {
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch(SCHEMA_1).expect("version 1 schema");
+            conn.pragma_update(None, "user_version", 1).expect("version");
+            conn.execute(
+                "INSERT INTO firings (event_key, function, digest, version, path, record, event, state, not_before_ms, \
+                 created_ms, updated_ms, expires_ms) VALUES ('e', 'a', 'd', 1, '/p', ?1, ?2, 'pending', 0, 0, 0, 1)",
+                params![
+                    serde_json::to_string(&function("a", None, None)).expect("json"),
+                    serde_json::to_string(&event("e", "/p")).expect("json")
+                ],
+            )
+            .expect("a version 1 firing");
+        }
+        let f = Firings::open(&path, 3600, 16).expect("migrated");
+        let claim = f.claim(0, 10).expect("claim");
+        assert_eq!(claim.ready.len(), 1);
+        assert_eq!(claim.ready[0].cause, None);
+        assert_eq!(f.cause_of("M").expect("provenance table exists"), None);
     }
 }

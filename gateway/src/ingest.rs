@@ -24,7 +24,8 @@ use futures_util::StreamExt as _;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{
-    EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest,
+    Cause, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS, EventRef, FunctionRef, InputSpec, OutputSpec,
+    SubmitRequest,
 };
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -245,6 +246,7 @@ pub async fn fire_all(
             // A dropped copy started no second job, as a copy the scheduler drops.
             stats.jobs_deduplicated.fetch_add(done.deduplicated, Ordering::Relaxed);
             stats.firings_superseded.fetch_add(done.superseded, Ordering::Relaxed);
+            stats.firings_loop_guarded.fetch_add(done.loop_guarded, Ordering::Relaxed);
             if done.queued == 0 && done.deduplicated > 0 {
                 Stats::bump(&stats.events_duplicate);
             }
@@ -280,12 +282,12 @@ pub fn scheduler_dedupe_key(event: &StorageEvent, function: &FunctionRecord, rep
 }
 
 /// What a job keeps of its event: the source kind and producer (`dcache-billing:pool-a-1@pool-aDomain`,
-/// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path.
-pub fn event_ref(event: &StorageEvent) -> EventRef {
+/// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path, and the job that
+/// wrote the file when one did (`cause`, from the firing).
+pub fn event_ref(event: &StorageEvent, cause: Option<Cause>) -> EventRef {
     EventRef {
-        source: format!("{}:{}", event.source.kind.as_str(), event.source.producer),
-        id: event.id.clone(),
-        path: event.path.clone(),
+        caused_by: cause,
+        ..EventRef::new(format!("{}:{}", event.source.kind.as_str(), event.source.producer), &event.id, &event.path)
     }
 }
 

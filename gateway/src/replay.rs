@@ -23,16 +23,22 @@
 //!
 //! Times: RFC 3339 (`2026-11-22T10:00:00Z`), Unix seconds, or relative to now (`-2h`, `-30m`,
 //! `-7d`); see [`parse_time`].
+//!
+//! The requests and answers ([`ReplayRequest`], [`RegisterQuery`], [`TestRequest`], [`Report`],
+//! [`TestReport`], [`TimeArg`]) are wire types and live in [`htfaas_functions::proto`]; what
+//! they mean is decided here: [`plan`], [`register_window`], [`to_unix_ms`].
 
 use crate::Shared;
 use crate::event::{self, Decision, EventError, SourcePolicy};
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::PullConsumer};
 use futures_util::StreamExt as _;
 use htfaas_functions::event::StorageEvent;
-use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECTS};
+use htfaas_functions::proto::{
+    EVENTS_STREAM, EVENTS_SUBJECTS, Pair, PartVerdict, RegisterQuery, ReplayRequest, Report, TestReport, TestRequest,
+    TimeArg,
+};
 use htfaas_functions::trigger::{Rule, RuleError, Truth};
 use htfaas_functions::{FunctionRecord, Trigger};
-use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 /// Most messages one request reads.
@@ -62,23 +68,11 @@ pub enum ReplayError {
     Unavailable(String),
 }
 
-/// A point in time as a request gives it: Unix seconds, or text for [`parse_time`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum TimeArg {
-    /// Unix seconds.
-    Unix(u64),
-    /// RFC 3339, Unix seconds, or `-<n><s|m|h|d>` before now.
-    Text(String),
-}
-
-impl TimeArg {
-    /// Unix milliseconds, relative times counted back from `now_ms`.
-    pub fn to_unix_ms(&self, now_ms: u64) -> Result<u64, String> {
-        match self {
-            TimeArg::Unix(s) => s.checked_mul(1000).ok_or_else(|| format!("{s}: out of range")),
-            TimeArg::Text(t) => parse_time(t, now_ms),
-        }
+/// Unix milliseconds of `time`, relative times counted back from `now_ms`.
+pub fn to_unix_ms(time: &TimeArg, now_ms: u64) -> Result<u64, String> {
+    match time {
+        TimeArg::Unix(s) => s.checked_mul(1000).ok_or_else(|| format!("{s}: out of range")),
+        TimeArg::Text(t) => parse_time(t, now_ms),
     }
 }
 
@@ -167,9 +161,9 @@ impl Window {
         limit: Option<u64>,
         now_ms: u64,
     ) -> Result<Window, ReplayError> {
-        let since_ms = since.to_unix_ms(now_ms).map_err(|e| ReplayError::BadRequest(format!("since: {e}")))?;
+        let since_ms = to_unix_ms(since, now_ms).map_err(|e| ReplayError::BadRequest(format!("since: {e}")))?;
         let until_ms = until
-            .map(|u| u.to_unix_ms(now_ms))
+            .map(|u| to_unix_ms(u, now_ms))
             .transpose()
             .map_err(|e| ReplayError::BadRequest(format!("until: {e}")))?;
         if until_ms.is_some_and(|u| u < since_ms) {
@@ -384,79 +378,6 @@ pub enum Mode {
     Replay(String),
 }
 
-/// One (event, function) pair that would fire (dry run) or was fired (replay).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pair {
-    /// Stream sequence of the recorded message.
-    pub seq: u64,
-    /// When the stream stored it (RFC 3339).
-    pub recorded: String,
-    /// The event's id (the event half of the dedupe key).
-    pub event_id: String,
-    /// The file's storage path.
-    pub path: String,
-    /// What happened (`write`, `remove`, …).
-    pub kind: String,
-    /// The producer's message type (`transfer`, `closew`, …).
-    pub msg_type: String,
-    /// When the producer says it happened, if it says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time: Option<String>,
-    /// The function.
-    pub function: String,
-    /// Its version (0: a candidate not registered).
-    pub version: u32,
-    /// Replay only: whether it was started or queued (false: a transient failure; issue the
-    /// same replay again to retry it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fired: Option<bool>,
-}
-
-/// What a replay or dry run read and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
-    /// True when nothing was submitted.
-    pub dry_run: bool,
-    /// The replay's id (its jobs' dedupe keys end in `#replay:<id>`); none for a dry run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_id: Option<String>,
-    /// Start of the window (RFC 3339).
-    pub since: String,
-    /// End of the window (RFC 3339), if one was given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub until: Option<String>,
-    /// Functions whose triggers were evaluated.
-    pub functions: Vec<String>,
-    /// Messages read.
-    pub scanned: u64,
-    /// Of those, events.
-    pub parsed: u64,
-    /// Of those, well-formed messages that are no event.
-    pub ignored: u64,
-    /// Of those, messages of a type the site did not enable.
-    pub not_enabled: u64,
-    /// Of those, malformed messages.
-    pub malformed: u64,
-    /// (event, function) pairs whose trigger is true.
-    pub matched: u64,
-    /// Replay: pairs started or queued.
-    pub fired: u64,
-    /// Replay: pairs that failed transiently (not started).
-    pub failures: u64,
-    /// Why the read stopped before the end of the window, if it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<String>,
-    /// When it stopped early: the `since` to continue from (the last message read is read again;
-    /// with the same replay id it starts nothing twice).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume_since: Option<String>,
-    /// The pairs, in stream order, at most [`MAX_LISTED`].
-    pub pairs: Vec<Pair>,
-    /// Whether more pairs matched than are listed.
-    #[serde(default)]
-    pub pairs_truncated: bool,
-}
-
 /// Reads `window` of the recorded events and evaluates `targets` on each event: lists the
 /// pairs that fire (dry run) or fires them (replay). Stops after [`TIME_BUDGET`].
 pub async fn run(
@@ -591,75 +512,30 @@ impl Events {
     }
 }
 
-/// Body of `POST /v1/events/replay`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplayRequest {
-    /// First recording time read (inclusive): Unix seconds, or a string for [`parse_time`].
-    pub since: TimeArg,
-    /// Last recording time read (inclusive). Default: up to the last event recorded when the
-    /// request began.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub until: Option<TimeArg>,
-    /// Only this function. Default: every registered function.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub function: Option<String>,
-    /// List the pairs that would fire; submit nothing.
-    #[serde(default)]
-    pub dry_run: bool,
-    /// Most messages read, at most [`MAX_EVENTS`]. Default: [`DEFAULT_LIMIT`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<u64>,
-    /// The replay's id, to continue or retry a replay without starting anything twice
-    /// (`[A-Za-z0-9_-]{1,64}`). Default: a fresh one ([`new_replay_id`]). Not with `dry_run`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_id: Option<String>,
+/// The window and the mode `request` asks for, checked; relative times count back from
+/// `now_ms`.
+pub fn plan(request: &ReplayRequest, now_ms: u64) -> Result<(Window, Mode), ReplayError> {
+    let window = Window::resolve(&request.since, request.until.as_ref(), request.limit, now_ms)?;
+    let mode = match (request.dry_run, &request.replay_id) {
+        (true, Some(_)) => return Err(ReplayError::BadRequest("a dry run takes no replay_id".into())),
+        (true, None) => Mode::DryRun,
+        (false, Some(id)) => {
+            check_replay_id(id)?;
+            Mode::Replay(id.clone())
+        }
+        (false, None) => Mode::Replay(new_replay_id()),
+    };
+    Ok((window, mode))
 }
 
-impl ReplayRequest {
-    /// The window and the mode the request asks for, checked.
-    pub fn plan(&self, now_ms: u64) -> Result<(Window, Mode), ReplayError> {
-        let window = Window::resolve(&self.since, self.until.as_ref(), self.limit, now_ms)?;
-        let mode = match (self.dry_run, &self.replay_id) {
-            (true, Some(_)) => return Err(ReplayError::BadRequest("a dry run takes no replay_id".into())),
-            (true, None) => Mode::DryRun,
-            (false, Some(id)) => {
-                check_replay_id(id)?;
-                Mode::Replay(id.clone())
-            }
-            (false, None) => Mode::Replay(new_replay_id()),
-        };
-        Ok((window, mode))
-    }
-}
-
-/// Query of a dry-run registration: `POST /v1/functions?dry_run=true[&since=T][&until=T][&limit=N]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterQuery {
-    /// Validate and list the recorded events the trigger would fire on; store nothing.
-    #[serde(default)]
-    pub dry_run: bool,
-    /// First recording time read. Default: [`DEFAULT_DRY_RUN_WINDOW_S`] ago.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<String>,
-    /// Last recording time read. Default: the last event recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub until: Option<String>,
-    /// Most messages read. Default: [`DEFAULT_LIMIT`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<u64>,
-}
-
-impl RegisterQuery {
-    /// The window the query asks for, checked.
-    pub fn window(&self, now_ms: u64) -> Result<Window, ReplayError> {
-        let since = match &self.since {
-            Some(s) => TimeArg::Text(s.clone()),
-            None => TimeArg::Text(format!("-{DEFAULT_DRY_RUN_WINDOW_S}s")),
-        };
-        Window::resolve(&since, self.until.clone().map(TimeArg::Text).as_ref(), self.limit, now_ms)
-    }
+/// The window a dry-run registration's `query` asks for, checked (no `since`:
+/// [`DEFAULT_DRY_RUN_WINDOW_S`] ago).
+pub fn register_window(query: &RegisterQuery, now_ms: u64) -> Result<Window, ReplayError> {
+    let since = match &query.since {
+        Some(s) => TimeArg::Text(s.clone()),
+        None => TimeArg::Text(format!("-{DEFAULT_DRY_RUN_WINDOW_S}s")),
+    };
+    Window::resolve(&since, query.until.clone().map(TimeArg::Text).as_ref(), query.limit, now_ms)
 }
 
 /// A manifest not registered, as the [`Target`] of a dry run (version 0). The caller has
@@ -667,26 +543,6 @@ impl RegisterQuery {
 pub fn candidate(manifest: htfaas_functions::FunctionManifest) -> Result<Target, ReplayError> {
     let record = FunctionRecord { schema: 1, version: 0, registered_at: now_ms() / 1000, manifest };
     Target::new(record).map_err(|e| ReplayError::BadRequest(format!("invalid manifest: trigger: {e}")))
-}
-
-/// Body of `POST /v1/functions/{name}/test`: one message, given (`event`, with `subject` and
-/// `headers`) or recorded (`seq`, a stream sequence of the events stream).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TestRequest {
-    /// Subject it came on. Default: the dCache billing subject.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subject: Option<String>,
-    /// NATS headers (a binary-mode CloudEvent's `ce-*` attributes).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub headers: std::collections::BTreeMap<String, String>,
-    /// The message's JSON (the payload is its JSON text).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<serde_json::Value>,
-    /// Instead of `event`: the recorded message with this stream sequence, with its own
-    /// subject and headers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seq: Option<u64>,
 }
 
 /// Most headers a test request may give.
@@ -749,48 +605,6 @@ pub fn truth_str(t: Truth) -> &'static str {
         Truth::False => "false",
         Truth::Undefined => "undefined",
     }
-}
-
-/// What one part of a trigger says about an event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartVerdict {
-    /// `path` (the trigger's path glob) or `rule`.
-    pub part: String,
-    /// The part as written.
-    pub text: String,
-    /// `true`, `false` or `undefined`: the part alone, with the default kind (writes only
-    /// unless it names a kind or type).
-    pub verdict: String,
-}
-
-/// How a message parsed, and what a function's trigger says about it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TestReport {
-    /// The function.
-    pub function: String,
-    /// Its version.
-    pub version: u32,
-    /// Its trigger, as one rule.
-    pub trigger: String,
-    /// `event`, `ignored`, `not-enabled` or `malformed`.
-    pub outcome: String,
-    /// Why it is no event (ignored, not enabled, malformed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The event, when it is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<StorageEvent>,
-    /// The whole trigger: `true`, `false` or `undefined`; none when the message is no event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verdict: Option<String>,
-    /// The path glob and the rule, each alone.
-    #[serde(default)]
-    pub parts: Vec<PartVerdict>,
-    /// Whether the file is in the function's own output directory (never fires).
-    #[serde(default)]
-    pub own_output: bool,
-    /// Whether the function would fire: the trigger is true and the file is not its own output.
-    pub fires: bool,
 }
 
 /// Parses one message as the ingest would (`subject`, `headers`, `payload`, `message_id`) and
@@ -891,13 +705,13 @@ mod tests {
             let e = parse_time(bad, NOW).expect_err(bad);
             assert!(e.contains(want), "{bad:?}: {e}");
         }
-        assert_eq!(TimeArg::Unix(1_795_341_600).to_unix_ms(NOW), Ok(1_795_341_600_000));
-        assert!(TimeArg::Unix(u64::MAX).to_unix_ms(NOW).is_err());
+        assert_eq!(to_unix_ms(&TimeArg::Unix(1_795_341_600), NOW), Ok(1_795_341_600_000));
+        assert!(to_unix_ms(&TimeArg::Unix(u64::MAX), NOW).is_err());
         // JSON: a number is Unix seconds, a string any of the above.
         let t: TimeArg = serde_json::from_str("1795341600").expect("number");
         assert_eq!(t, TimeArg::Unix(1_795_341_600));
         let t: TimeArg = serde_json::from_str(r#""-2h""#).expect("string");
-        assert_eq!(t.to_unix_ms(NOW), Ok(NOW - 7_200_000));
+        assert_eq!(to_unix_ms(&t, NOW), Ok(NOW - 7_200_000));
     }
 
     #[test]

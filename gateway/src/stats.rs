@@ -1,99 +1,49 @@
-//! Counters of what the gateway did, served at `GET /v1/stats`.
+//! Counters of what the gateway did, served at `GET /v1/stats` as a [`StatsSnapshot`] (a wire
+//! type of [`htfaas_functions::proto`], where each counter's meaning is documented).
 
-use serde::Serialize;
+use htfaas_functions::proto::StatsSnapshot;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Monotonic counters; relaxed ordering is enough for reporting.
+/// Monotonic counters (and one gauge), one per field of [`StatsSnapshot`]; relaxed ordering is
+/// enough for reporting.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Messages delivered by JetStream (redeliveries included).
+    /// See [`StatsSnapshot::events_received`].
     pub events_received: AtomicU64,
-    /// Of those, on the dCache billing subject.
+    /// See [`StatsSnapshot::events_dcache_billing`].
     pub events_dcache_billing: AtomicU64,
-    /// Of those, on a `storage.cloudevents.*` subject.
+    /// See [`StatsSnapshot::events_cloudevents`].
     pub events_cloudevents: AtomicU64,
-    /// Messages that were not events of their source (bad JSON, missing attribute, bad path);
-    /// acked and skipped.
+    /// See [`StatsSnapshot::events_malformed`].
     pub events_malformed: AtomicU64,
-    /// Valid messages that are no event (failed operations, p2p copies, no usable path,
-    /// warnings).
+    /// See [`StatsSnapshot::events_ignored`].
     pub events_ignored: AtomicU64,
-    /// Valid messages of a type the site did not enable (`sources` in the gateway config).
+    /// See [`StatsSnapshot::events_not_enabled`].
     pub events_not_enabled: AtomicU64,
-    /// Events that matched no trigger.
+    /// See [`StatsSnapshot::events_unmatched`].
     pub events_unmatched: AtomicU64,
-    /// Events all of whose firings were already queued (a redelivery or a duplicate message):
-    /// dropped before any macaroon request.
+    /// See [`StatsSnapshot::events_duplicate`].
     pub events_duplicate: AtomicU64,
-    /// Jobs the scheduler accepted as new.
+    /// See [`StatsSnapshot::jobs_submitted`].
     pub jobs_submitted: AtomicU64,
-    /// Firings that started no job because one for the same event and function already
-    /// exists: dropped on the firing table's key ([`Stats::firings_deduplicated`]) or answered by
-    /// the scheduler with the existing job (the difference of the two).
+    /// See [`StatsSnapshot::jobs_deduplicated`].
     pub jobs_deduplicated: AtomicU64,
-    /// Firings refused for good (bad request, limits, an unreadable stored firing).
+    /// See [`StatsSnapshot::jobs_refused`].
     pub jobs_refused: AtomicU64,
-    /// Transient failures: a submission (storage or scheduler unreachable), retried with
-    /// backoff from the firing table; or a failed write of the table, the event redelivered.
+    /// See [`StatsSnapshot::transient_failures`].
     pub transient_failures: AtomicU64,
-    /// Firings written to the firing table (one per matching function of a new event).
+    /// See [`StatsSnapshot::firings_queued`].
     pub firings_queued: AtomicU64,
-    /// Firings dropped because their key (event, function, digest) was already in the table.
+    /// See [`StatsSnapshot::firings_deduplicated`].
     pub firings_deduplicated: AtomicU64,
-    /// Pending firings replaced by a later event on the same path (debounce); never run.
+    /// See [`StatsSnapshot::firings_superseded`].
     pub firings_superseded: AtomicU64,
-    /// Times a firing found no rate token and was given a later time (waits, not dropped).
+    /// See [`StatsSnapshot::firings_loop_guarded`].
+    pub firings_loop_guarded: AtomicU64,
+    /// See [`StatsSnapshot::firings_rate_delayed`].
     pub firings_rate_delayed: AtomicU64,
-    /// Gauge: firings pending or being submitted now.
+    /// See [`StatsSnapshot::firings_pending`].
     pub firings_pending: AtomicU64,
-}
-
-/// A snapshot of [`Stats`].
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// See [`Stats::events_received`].
-    pub events_received: u64,
-    /// See [`Stats::events_dcache_billing`].
-    #[serde(default)]
-    pub events_dcache_billing: u64,
-    /// See [`Stats::events_cloudevents`].
-    #[serde(default)]
-    pub events_cloudevents: u64,
-    /// See [`Stats::events_malformed`].
-    pub events_malformed: u64,
-    /// See [`Stats::events_ignored`].
-    pub events_ignored: u64,
-    /// See [`Stats::events_not_enabled`].
-    #[serde(default)]
-    pub events_not_enabled: u64,
-    /// See [`Stats::events_unmatched`].
-    pub events_unmatched: u64,
-    /// See [`Stats::events_duplicate`].
-    #[serde(default)]
-    pub events_duplicate: u64,
-    /// See [`Stats::jobs_submitted`].
-    pub jobs_submitted: u64,
-    /// See [`Stats::jobs_deduplicated`].
-    pub jobs_deduplicated: u64,
-    /// See [`Stats::jobs_refused`].
-    pub jobs_refused: u64,
-    /// See [`Stats::transient_failures`].
-    pub transient_failures: u64,
-    /// See [`Stats::firings_queued`].
-    #[serde(default)]
-    pub firings_queued: u64,
-    /// See [`Stats::firings_deduplicated`].
-    #[serde(default)]
-    pub firings_deduplicated: u64,
-    /// See [`Stats::firings_superseded`].
-    #[serde(default)]
-    pub firings_superseded: u64,
-    /// See [`Stats::firings_rate_delayed`].
-    #[serde(default)]
-    pub firings_rate_delayed: u64,
-    /// See [`Stats::firings_pending`].
-    #[serde(default)]
-    pub firings_pending: u64,
 }
 
 impl Stats {
@@ -121,6 +71,7 @@ impl Stats {
             firings_queued: r(&self.firings_queued),
             firings_deduplicated: r(&self.firings_deduplicated),
             firings_superseded: r(&self.firings_superseded),
+            firings_loop_guarded: r(&self.firings_loop_guarded),
             firings_rate_delayed: r(&self.firings_rate_delayed),
             firings_pending: r(&self.firings_pending),
         }

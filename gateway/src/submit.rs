@@ -213,7 +213,7 @@ mod tests {
             output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
             args: vec![],
             env: vec![],
-            event: htfaas_functions::proto::EventRef { source: "s".into(), id: "i".into(), path: "/a".into() },
+            event: htfaas_functions::proto::EventRef::new("s", "i", "/a"),
             dedupe_key: "k".into(),
             annex: None,
             bind_ep_address: false,

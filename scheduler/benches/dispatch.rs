@@ -315,11 +315,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         },
         args: vec!["--algorithm".into(), "sha256".into()],
         env: vec![("MODE".into(), "strict".into())],
-        event: EventRef {
-            source: "dcache".into(),
-            id: "0000A1B2C3D4E5F6A7B8C9D0E1F2A3B4C5D6/s1".into(),
-            path: input.into(),
-        },
+        event: EventRef::new("dcache", "0000A1B2C3D4E5F6A7B8C9D0E1F2A3B4C5D6/s1", input),
         dedupe_key,
         annex: None,
         bind_ep_address: false,

@@ -1546,7 +1546,7 @@ pub(crate) mod tests {
             output: OutputSpec { url: "http://storage/data/out/".into(), macaroon: macaroon("UPLOAD", "/data/out") },
             args: vec![],
             env: vec![],
-            event: EventRef { source: "dcache".into(), id: key.into(), path: "/data/raw/a".into() },
+            event: EventRef::new("dcache", key, "/data/raw/a"),
             dedupe_key: key.into(),
             annex: None,
             bind_ep_address: false,

@@ -249,7 +249,7 @@ impl Fixture {
             },
             args: vec!["--fast".into()],
             env: vec![("MODE".into(), "x".into())],
-            event: EventRef { source: "dcache".into(), id: format!("{key}/s1"), path: "/data/raw/a.dat".into() },
+            event: EventRef::new("dcache", format!("{key}/s1"), "/data/raw/a.dat"),
             dedupe_key: key.into(),
             annex: None,
             bind_ep_address: false,

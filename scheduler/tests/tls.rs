@@ -165,7 +165,7 @@ impl Server {
             output: OutputSpec { url: "https://storage.invalid/out/".into(), macaroon: mac("activity:UPLOAD") },
             args: vec![],
             env: vec![],
-            event: EventRef { source: "test".into(), id: key.into(), path: "/in/a.dat".into() },
+            event: EventRef::new("test", key, "/in/a.dat"),
             dedupe_key: key.into(),
             annex: None,
             bind_ep_address: true,

@@ -7,8 +7,7 @@
 use htfaas::stack::demo_manifest;
 use htfaas_functions::FunctionManifest;
 use htfaas_functions::manifest::{RateLimit, Trigger};
-use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECT, JobRecord};
-use htfaas_gateway::stats::StatsSnapshot;
+use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECT, JobRecord, StatsSnapshot};
 use htfaas_tests::{start_stack, wait_for};
 use std::collections::BTreeMap;
 use std::time::Duration;

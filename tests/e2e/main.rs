@@ -7,6 +7,7 @@ mod configs;
 mod exactly_once;
 mod examples;
 mod jobs;
+mod loop_guard;
 mod overload;
 mod path;
 mod replay;

@@ -61,7 +61,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         output: OutputSpec { url: format!("{storage}/data/spin-out/"), macaroon: write.clone() },
         args: vec![],
         env: vec![],
-        event: EventRef { source: "flood".into(), id: format!("flood-{i}"), path: "/data/spin/in.dat".into() },
+        event: EventRef::new("flood", format!("flood-{i}"), "/data/spin/in.dat"),
         dedupe_key: format!("flood-{i}"),
         annex: None,
         bind_ep_address: false,

@@ -1,23 +1,21 @@
-//! Replay and dry-run over recorded events (issue 6), through the whole stack: function `a` on
-//! `/data/raw/**` runs on some dCache transfer writes (others do not match, one is malformed);
-//! then a dry run over the recorded events lists exactly the (event, `a`) pairs that fired and
-//! starts nothing; `fn test` says true and false for a matching and a non-matching recorded
-//! event; a dry-run registration of `b` lists exactly the subset its rule matches and registers
-//! nothing; a replay of `a` starts one new job per matching event, a second replay (new id)
-//! again, the same replay re-issued (same id) nothing, and the original jobs stay as they were.
-//!
-//! The stack's gateway API is served without the recorded events (`replay::Events`), so the
-//! replays here call [`htfaas_gateway::replay::run`] on the stack's gateway state with a
-//! JetStream context of their own: the function the API routes call. `fn test` of a given event
-//! goes through the HTTP API.
+//! Replay and dry-run over recorded events (issue 6), through the whole stack and its HTTP API
+//! (`htfaas::client::Client`, as `htfaas events replay`, `htfaas fn test` and `htfaas fn
+//! register --dry-run` use it): function `a` on `/data/raw/**` runs on some dCache transfer
+//! writes (others do not match, one is malformed); then a dry run over the recorded events lists
+//! exactly the (event, `a`) pairs that fired and starts nothing, and a limit cuts it with a point
+//! to resume from; `fn test` says true and false for a matching and a non-matching event, given
+//! (their bytes) or recorded (`seq`); a dry-run registration of `b` lists exactly the subset its
+//! rule matches and registers nothing; a replay of `a` starts one new job per matching event, a
+//! second replay (a fresh id) again, the same replay re-issued (same id) nothing, and the
+//! original jobs stay as they were.
 
 use htfaas::stack::demo_manifest;
 use htfaas_functions::manifest::Trigger;
-use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECT, JobRecord, JobState};
-use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
-use htfaas_gateway::replay::{self, Mode, RegisterQuery, ReplayRequest, Report, Target, TestRequest, TimeArg};
+use htfaas_functions::proto::{
+    EVENTS_SUBJECT, JobRecord, JobState, RegisterQuery, ReplayRequest, Report, TestRequest, TimeArg,
+};
+use htfaas_functions::{Digest, FunctionManifest};
 use htfaas_tests::{start_stack, wait_for};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -43,6 +41,11 @@ fn transfer_write(path: &str, size: u64) -> Vec<u8> {
         "transferPath": path, "pnfsid": "0000BEEF", "session": format!("session-{path}"), "fileSize": size,
     }))
     .expect("json")
+}
+
+/// Now, in Unix seconds.
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs()
 }
 
 /// `function`'s jobs, once `n` of them have finished.
@@ -78,9 +81,10 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
     client.register(&function(&noop, "a", Trigger::on_path("/data/raw/**"))).await.expect("register a");
 
     // The publishes are recorded after `since` (the stream's clock is this host's).
-    let since_s = replay::now_ms() / 1000 - 2;
+    let since_s = now_s() - 2;
     let matching = ["/data/raw/one.h5", "/data/raw/sub/three.h5", "/data/raw/two.dat"];
     let mut seq = std::collections::BTreeMap::new();
+    let mut published = std::collections::BTreeMap::new();
     for (name, bytes) in [
         ("one", transfer_write("/data/raw/one.h5", 5000)),
         ("other", transfer_write("/data/other/x.h5", 5000)),
@@ -88,12 +92,11 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
         ("garbage", b"{not json".to_vec()),
         ("three", transfer_write("/data/raw/sub/three.h5", 3000)),
     ] {
-        seq.insert(name, client.publish_event(EVENTS_SUBJECT, bytes).await.expect("publish"));
+        seq.insert(name, client.publish_event(EVENTS_SUBJECT, bytes.clone()).await.expect("publish"));
+        published.insert(name, bytes);
     }
     let original = finished_jobs(&client, "a", 3).await;
     assert_eq!(paths(&original), matching, "{original:#?}");
-    let js = async_nats::jetstream::new(async_nats::connect(stack.nats_url()).await.expect("nats"));
-    let registered: Vec<FunctionRecord> = client.functions().await.expect("functions");
     let a_pairs: Vec<(String, String)> = matching.iter().map(|p| ("a".to_owned(), p.to_string())).collect();
 
     // (1) A dry run over every function since before the publishes: exactly the matching
@@ -106,9 +109,7 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
         limit: None,
         replay_id: None,
     };
-    let (window, mode) = request.plan(replay::now_ms()).expect("plan");
-    assert_eq!(mode, Mode::DryRun);
-    let dry = replay::run(stack.gateway(), &js, &window, &Target::all(registered.clone()), &mode).await.expect("dry");
+    let dry = client.replay(&request).await.expect("dry run");
     assert_eq!(pairs(&dry), a_pairs, "{dry:#?}");
     assert_eq!((dry.scanned, dry.parsed, dry.malformed, dry.matched, dry.fired), (5, 4, 1, 3, 0), "{dry:#?}");
     assert!(dry.dry_run && dry.replay_id.is_none() && dry.stopped.is_none(), "{dry:#?}");
@@ -116,42 +117,64 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
     assert_eq!((one.seq, one.kind.as_str(), one.msg_type.as_str(), one.version), (seq["one"], "write", "transfer", 1));
     let one_job = original.iter().find(|j| j.event.path == "/data/raw/one.h5").expect("one.h5 ran");
     assert_eq!(one.event_id, one_job.event.id, "the dry run names the event the job ran on");
-    // A window that ends before `two` was recorded, and a limit, cut the read.
+    // A limit cuts the read, and says where to resume.
     let limited = ReplayRequest { limit: Some(2), ..request.clone() };
-    let (window, _) = limited.plan(replay::now_ms()).expect("plan");
-    let cut = replay::run(stack.gateway(), &js, &window, &Target::all(registered.clone()), &mode).await.expect("cut");
+    let cut = client.replay(&limited).await.expect("cut");
     assert_eq!((cut.scanned, pairs(&cut)), (2, vec![a_pairs[0].clone()]), "{cut:#?}");
     assert!(cut.stopped.as_deref().is_some_and(|s| s.contains("limit of 2")), "{cut:#?}");
-    assert!(cut.resume_since.is_some(), "{cut:#?}");
+    let resume = cut.resume_since.clone().expect("a resume point");
+    // Continuing from there (the last message read is read again) lists what the cut left out.
+    let rest = client.replay(&ReplayRequest { since: TimeArg::Text(resume), ..request.clone() }).await.expect("rest");
+    assert!(rest.stopped.is_none(), "{rest:#?}");
+    for left_out in &a_pairs[1..] {
+        assert!(pairs(&rest).contains(left_out), "{left_out:?} after the resume point: {rest:#?}");
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(client.jobs().await.expect("jobs").len(), 3, "a dry run starts no job");
 
-    // (2) `fn test` of a with a matching and a non-matching recorded event (their bytes, from
-    // the stream), over the HTTP API.
-    let stream = js.get_stream(EVENTS_STREAM).await.expect("stream");
-    let recorded = |name: &'static str| {
-        let stream = stream.clone();
-        let seq = seq[name];
-        async move {
-            let m = stream.get_raw_message(seq).await.expect("recorded");
-            serde_json::from_slice::<serde_json::Value>(&m.payload).ok()
-        }
-    };
-    let test = |event: Option<serde_json::Value>| TestRequest {
+    // (2) `fn test` of a with a matching and a non-matching event: given (the bytes that were
+    // recorded) and recorded (`seq`, as `htfaas fn test --seq`).
+    let given = |name: &str| TestRequest {
         subject: None,
         headers: Default::default(),
-        event: Some(event.unwrap_or_else(|| serde_json::json!("{not json"))),
+        event: Some(serde_json::from_slice(&published[name]).unwrap_or_else(|_| serde_json::json!("{not json"))),
         seq: None,
     };
-    let yes = client.test_function("a", &test(recorded("one").await)).await.expect("test one");
-    assert_eq!((yes.outcome.as_str(), yes.verdict.as_deref(), yes.fires), ("event", Some("true"), true), "{yes:#?}");
-    assert_eq!(yes.event.as_ref().map(|e| e.path.as_str()), Some("/data/raw/one.h5"));
-    let no = client.test_function("a", &test(recorded("other").await)).await.expect("test other");
-    assert_eq!((no.outcome.as_str(), no.verdict.as_deref(), no.fires), ("event", Some("false"), false), "{no:#?}");
-    assert_eq!(no.parts.iter().map(|p| p.verdict.as_str()).collect::<Vec<_>>(), ["false"], "{no:#?}");
-    let bad = client.test_function("a", &test(None)).await.expect("test garbage");
-    assert_eq!((bad.outcome.as_str(), bad.verdict.as_deref(), bad.fires), ("malformed", None, false), "{bad:#?}");
-    let err = client.test_function("nope", &test(recorded("one").await)).await.expect_err("unknown function");
+    let recorded =
+        |name: &str| TestRequest { subject: None, headers: Default::default(), event: None, seq: Some(seq[name]) };
+    for (form, request) in [("given", given("one")), ("recorded", recorded("one"))] {
+        let yes = client.test_function("a", &request).await.expect("test one");
+        assert_eq!(
+            (yes.outcome.as_str(), yes.verdict.as_deref(), yes.fires),
+            ("event", Some("true"), true),
+            "{form}: {yes:#?}"
+        );
+        assert_eq!(yes.event.as_ref().map(|e| e.path.as_str()), Some("/data/raw/one.h5"), "{form}");
+    }
+    let yes = client.test_function("a", &recorded("one")).await.expect("test one by seq");
+    let message = yes.event.and_then(|e| e.source.message);
+    assert_eq!(message, Some(format!("nats-seq-{}", seq["one"])), "a recorded message is named by its sequence");
+    for (form, request) in [("given", given("other")), ("recorded", recorded("other"))] {
+        let no = client.test_function("a", &request).await.expect("test other");
+        assert_eq!(
+            (no.outcome.as_str(), no.verdict.as_deref(), no.fires),
+            ("event", Some("false"), false),
+            "{form}: {no:#?}"
+        );
+        assert_eq!(no.parts.iter().map(|p| p.verdict.as_str()).collect::<Vec<_>>(), ["false"], "{form}: {no:#?}");
+    }
+    for (form, request) in [("given", given("garbage")), ("recorded", recorded("garbage"))] {
+        let bad = client.test_function("a", &request).await.expect("test garbage");
+        assert_eq!(
+            (bad.outcome.as_str(), bad.verdict.as_deref(), bad.fires),
+            ("malformed", None, false),
+            "{form}: {bad:#?}"
+        );
+    }
+    let err = client.test_function("nope", &given("one")).await.expect_err("unknown function");
+    assert!(format!("{err:#}").contains("404"), "{err:#}");
+    let missing = TestRequest { seq: Some(seq["three"] + 1000), ..recorded("one") };
+    let err = client.test_function("a", &missing).await.expect_err("no such recorded message");
     assert!(format!("{err:#}").contains("404"), "{err:#}");
 
     // (3) A dry-run registration of b, whose rule matches a subset: exactly that subset, and b
@@ -159,30 +182,25 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
     let b = function(&noop, "b", Trigger::on_rule(r#"path prefix "/data/raw/" and name suffix ".h5""#));
     b.validate().expect("b is a valid manifest");
     let query = RegisterQuery { dry_run: true, since: Some(since_s.to_string()), until: None, limit: None };
-    let window = query.window(replay::now_ms()).expect("window");
-    let target = replay::candidate(b.clone()).expect("b compiles");
-    let b_dry = replay::run(stack.gateway(), &js, &window, &[target], &Mode::DryRun).await.expect("dry b");
+    let b_dry = client.register_dry_run(&b, &query).await.expect("dry b");
     let b_pairs: Vec<(String, String)> =
         ["/data/raw/one.h5", "/data/raw/sub/three.h5"].iter().map(|p| ("b".to_owned(), p.to_string())).collect();
     assert_eq!(pairs(&b_dry), b_pairs, "{b_dry:#?}");
-    assert!(b_dry.pairs.iter().all(|p| p.version == 0), "a candidate has no version");
+    assert!(b_dry.dry_run && b_dry.pairs.iter().all(|p| p.version == 0), "a candidate has no version: {b_dry:#?}");
     let names: Vec<String> =
         client.functions().await.expect("functions").into_iter().map(|f| f.manifest.name).collect();
     assert_eq!(names, ["a"], "b was not registered");
 
-    // (4) A replay of a: one new job per matching event; a second replay (a new id) again; the
+    // (4) A replay of a: one new job per matching event; a second replay (a fresh id) again; the
     // same replay re-issued (same id) nothing; the original jobs untouched.
-    let only_a: Vec<FunctionRecord> = registered.iter().filter(|f| f.manifest.name == "a").cloned().collect();
     let replay_a = ReplayRequest { function: Some("a".into()), dry_run: false, ..request.clone() };
     let mut ids = Vec::new();
     for round in 1..=2usize {
-        let (window, mode) = replay_a.plan(replay::now_ms()).expect("plan");
-        let Mode::Replay(id) = &mode else { panic!("not a replay: {mode:?}") };
-        ids.push(id.clone());
-        let report =
-            replay::run(stack.gateway(), &js, &window, &Target::all(only_a.clone()), &mode).await.expect("run");
+        let report = client.replay(&replay_a).await.expect("replay");
         assert_eq!((report.matched, report.fired, report.failures), (3, 3, 0), "{report:#?}");
-        assert_eq!(report.replay_id.as_deref(), Some(id.as_str()));
+        assert!(!report.dry_run, "{report:#?}");
+        let id = report.replay_id.clone().expect("a replay has an id");
+        ids.push(id);
         assert!(report.pairs.iter().all(|p| p.fired == Some(true)), "{report:#?}");
         let jobs = finished_jobs(&client, "a", 3 * (round + 1)).await;
         assert_eq!(jobs.len(), 3 * (round + 1), "one new job per matching event: {jobs:#?}");
@@ -190,14 +208,14 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
         want.sort();
         assert_eq!(paths(&jobs), want);
     }
-    assert_ne!(ids[0], ids[1]);
-    let deduplicated = stack.gateway().stats.jobs_deduplicated.load(Ordering::Relaxed);
+    assert_ne!(ids[0], ids[1], "each replay has a fresh id");
+    let deduplicated = client.stats().await.expect("stats").jobs_deduplicated;
     let again = ReplayRequest { replay_id: Some(ids[1].clone()), ..replay_a.clone() };
-    let (window, mode) = again.plan(replay::now_ms()).expect("plan");
-    let report = replay::run(stack.gateway(), &js, &window, &Target::all(only_a), &mode).await.expect("again");
+    let report = client.replay(&again).await.expect("again");
     assert_eq!((report.matched, report.failures), (3, 0), "{report:#?}");
+    assert_eq!(report.replay_id.as_deref(), Some(ids[1].as_str()));
     assert_eq!(
-        stack.gateway().stats.jobs_deduplicated.load(Ordering::Relaxed),
+        client.stats().await.expect("stats").jobs_deduplicated,
         deduplicated + 3,
         "the same replay id finds its firings taken"
     );

@@ -88,7 +88,7 @@ fn request(digest: Digest) -> SubmitRequest {
         output: OutputSpec { url: "http://127.0.0.1:1/data/out/".into(), macaroon: "m".into() },
         args: vec![],
         env: vec![],
-        event: EventRef { source: "test".into(), id: new_jti(), path: "/data/raw/a".into() },
+        event: EventRef::new("test", new_jti(), "/data/raw/a"),
         dedupe_key: new_jti(),
         annex: None,
         bind_ep_address: false,

@@ -49,7 +49,9 @@ async fn overlapping_rules_each_fire_once_and_refused_events_start_nothing() {
         "raw",
         Trigger { rule: Some(r#"not name glob "*.tmp""#.into()), ..Trigger::on_path("/data/run/**") },
     );
-    // Accepted and kept, not yet enforced.
+    // Kept and enforced by the gateway's firing dispatcher: the rate is far above this test's
+    // load, and the debounce makes each of `raw`'s firings wait 10 s (one write per path here,
+    // so none is superseded).
     raw.trigger.rate = Some(RateLimit { per_s: 50.0, burst: 5 });
     raw.trigger.debounce_s = Some(10);
     let root = function(&noop, "root", Trigger::on_rule(r#"path suffix ".root""#));

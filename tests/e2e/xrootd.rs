@@ -370,7 +370,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         output: OutputSpec { url: issuer.storage.url_of("/store/out/"), macaroon: write },
         args: vec![],
         env: vec![],
-        event: EventRef { source: "xrootd".into(), id: "run17".into(), path: "/store/in/run17.dat".into() },
+        event: EventRef::new("xrootd", "run17", "/store/in/run17.dat"),
         dedupe_key: "xrootd:run17".into(),
         annex: Some("xrootd-site".into()),
         // XRootD refuses a macaroon with a caveat it does not know, such as `ip:`.

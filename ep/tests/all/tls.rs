@@ -168,7 +168,7 @@ impl Scheduler {
             output: OutputSpec { url: format!("{storage}/out/"), macaroon: mac("activity:UPLOAD") },
             args: vec![],
             env: vec![],
-            event: EventRef { source: "test".into(), id: "e1".into(), path: "/in/wiki.txt".into() },
+            event: EventRef::new("test", "e1", "/in/wiki.txt"),
             dedupe_key: "e1".into(),
             annex: None,
             bind_ep_address: false,
