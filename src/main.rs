@@ -244,7 +244,7 @@ enum FnCommand {
         dir: DirArg,
         /// Function name.
         name: String,
-        /// The wasm module (WASI preview 1).
+        /// The wasm binary: a WASI preview 1 module or a preview 2 component.
         #[arg(long)]
         wasm: PathBuf,
         /// Trigger glob over the storage path, e.g. '/data/raw/**'. With --rule, both must hold.
@@ -254,6 +254,13 @@ enum FnCommand {
         /// (fires only on writes unless it names a kind or type). At least one of --trigger, --rule.
         #[arg(long)]
         rule: Option<String>,
+        /// Most runs started per second, as RATE or RATE/BURST (e.g. 2 or 0.5/4); the excess
+        /// waits, nothing is dropped.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<htfaas_functions::manifest::RateLimit>,
+        /// Many writes to one path within this many seconds start one job, on the last one.
+        #[arg(long)]
+        debounce_s: Option<u64>,
         /// Output directory in storage, ending in '/'.
         #[arg(long)]
         outputs: String,
@@ -664,6 +671,17 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `--rate RATE[/BURST]`: runs per second, burst 1 unless given.
+fn parse_rate(s: &str) -> Result<htfaas_functions::manifest::RateLimit, String> {
+    let (per_s, burst) = s.split_once('/').unwrap_or((s, "1"));
+    let per_s: f64 = per_s.trim().parse().map_err(|e| format!("{s:?}: rate: {e}"))?;
+    let burst: u32 = burst.trim().parse().map_err(|e| format!("{s:?}: burst: {e}"))?;
+    if !(per_s.is_finite() && per_s > 0.0) || burst == 0 {
+        return Err(format!("{s:?}: the rate must be above 0 and the burst at least 1"));
+    }
+    Ok(htfaas_functions::manifest::RateLimit { per_s, burst })
+}
+
 fn read_config<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
     let text = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
     serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))
@@ -984,6 +1002,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     wasm,
                     trigger,
                     rule,
+                    rate,
+                    debounce_s,
                     outputs,
                     owner,
                     cpus,
@@ -1008,7 +1028,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 name,
                 owner: owner.unwrap_or_else(|| client.info().user.clone()),
                 module,
-                trigger: Trigger { rule, ..Trigger::on_path(trigger.unwrap_or_default()) },
+                trigger: Trigger { rule, rate, debounce_s, ..Trigger::on_path(trigger.unwrap_or_default()) },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
                 outputs: Outputs { dir: outputs },
                 args,
@@ -1337,6 +1357,37 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("htfaas").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn rates_parse_with_an_optional_burst() {
+        let r = parse_rate("0.5/4").expect("rate");
+        assert_eq!((r.per_s, r.burst), (0.5, 4));
+        let r = parse_rate("2").expect("rate");
+        assert_eq!((r.per_s, r.burst), (2.0, 1));
+        for bad in ["0", "-1", "x", "1/0", "1/x", "inf", "NaN"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        let cli = parse(&[
+            "fn",
+            "register",
+            "f",
+            "--wasm",
+            "f.wasm",
+            "--rule",
+            "size > 1",
+            "--outputs",
+            "/o/",
+            "--rate",
+            "3/2",
+            "--debounce-s",
+            "5",
+        ])
+        .expect("parses");
+        let Command::Fn { command: FnCommand::Register { rate, debounce_s, .. } } = cli.command else {
+            panic!("register")
+        };
+        assert_eq!((rate.map(|r| (r.per_s, r.burst)), debounce_s), (Some((3.0, 2)), Some(5)));
     }
 
     #[test]
