@@ -8,117 +8,17 @@
 //! unless `CI` is set. Retries (NATS down, no stream yet) are tested with a FIFO the test
 //! writes itself. Every address is 127.0.0.1.
 
+use crate::xrootd_support::{Xrootd, xrootd_installed};
 use async_nats::jetstream;
 use htfaas::nats::NatsServer;
 use htfaas_gateway::bridge::xrootd::{Input, Settings, StatsSnapshot, run};
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// A running xrootd, killed (by pid) when dropped, also when the test panics.
-struct Xrootd {
-    pid: u32,
-    port: u16,
-    state: PathBuf,
-    /// Removed after the process is gone (fields drop after `Drop::drop`).
-    _dir: tempfile::TempDir,
-}
-
-impl Xrootd {
-    /// Starts xrootd with `ofs.notify … >STATE/notify.fifo` (scripts/xrootd/notify-fifo.cfg)
-    /// and an authdb that lets the issuer delete.
-    fn start_with_notify() -> Xrootd {
-        let scripts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/xrootd");
-        let mut last_err = String::new();
-        // A port free now may be taken before xrootd binds it: try a few.
-        for _ in 0..3 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            // User xrootd must traverse it (mktemp gives 0700).
-            set_mode(dir.path(), 0o755);
-            let data = dir.path().join("data");
-            std::fs::create_dir_all(data.join("store")).expect("data dir");
-            let port = htfaas::nats::free_port().expect("port");
-            let out = Command::new("bash")
-                .arg(scripts.join("start.sh"))
-                .arg(port.to_string())
-                .arg(&data)
-                .env("HTFAAS_XRD_EXTRA_CFG", scripts.join("notify-fifo.cfg"))
-                .env("HTFAAS_XRD_AUTHDB", scripts.join("authdb-delete"))
-                .output()
-                .expect("run scripts/xrootd/start.sh");
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            if !stderr.trim().is_empty() {
-                eprintln!("start.sh: {}", stderr.trim());
-            }
-            if out.status.success() {
-                let pid = String::from_utf8_lossy(&out.stdout).trim().parse().expect("start.sh prints the pid");
-                eprintln!("xrootd: pid {pid} on 127.0.0.1:{port}");
-                return Xrootd { pid, port, state: dir.path().join("data.state"), _dir: dir };
-            }
-            last_err = stderr.into_owned();
-        }
-        panic!("xrootd did not start: {last_err}");
-    }
-
-    fn https(&self, path: &str) -> String {
-        format!("https://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// An HTTPS client authenticated as the issuer (client certificate).
-    fn issuer(&self) -> reqwest::Client {
-        let etc = self.state.join("etc");
-        htfaas_gateway::storage_http_client(
-            Some(&etc.join("ca.pem")),
-            Some(&etc.join("client.pem")),
-            Some(&etc.join("client.key")),
-        )
-        .expect("issuer client")
-    }
-}
-
-impl Drop for Xrootd {
-    fn drop(&mut self) {
-        let pid = self.pid.to_string();
-        let _ = Command::new("kill").arg(&pid).status();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while alive(self.pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if alive(self.pid) {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
-    }
-}
-
-/// Whether `pid` runs (a zombie does not count).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-/// Whether the test can run: `xrootd` on PATH. Panics under CI when it is not.
-fn xrootd_installed() -> bool {
-    let found = Command::new("sh").args(["-c", "command -v xrootd"]).output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "xrootd is not installed but CI is set: run scripts/install-deps.sh (apt: xrootd-server xrootd-server-plugins)"
-        );
-        eprintln!("NOTICE: xrootd is not installed; skipping the XRootD bridge test (scripts/install-deps.sh)");
-    }
-    found
-}
 
 /// A nats-server with JetStream storing under `dir`, on `port` (0: any).
 fn start_nats(dir: &Path, port: u16) -> NatsServer {
@@ -197,15 +97,20 @@ fn mkfifo(path: &Path) {
 // See: issue 6 (`htfaas bridge xrootd-notify`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xrootd_notify_bridge_publishes_a_real_xrootds_closew_and_rm_as_cloudevents() {
-    if !xrootd_installed() {
+    if !xrootd_installed("the XRootD bridge test") {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let nats = tokio::task::block_in_place(|| start_nats(&dir.path().join("nats"), 0));
     let js = jetstream::new(async_nats::connect(nats.url()).await.expect("connect"));
     create_stream(&js).await;
-    let x = tokio::task::spawn_blocking(Xrootd::start_with_notify).await.expect("start xrootd");
-    let fifo = x.state.join("notify.fifo");
+    // The issuer may delete here (authdb-delete), for the `rm` event.
+    let x = tokio::task::spawn_blocking(|| {
+        Xrootd::start_with_notify(|data| std::fs::create_dir_all(data.join("store")).expect("mkdir"), true)
+    })
+    .await
+    .expect("start xrootd");
+    let fifo = x.notify_fifo();
 
     let shutdown = CancellationToken::new();
     let mut settings = Settings::new(nats.url(), Input::Fifo(fifo.clone()));

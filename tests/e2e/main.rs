@@ -17,3 +17,4 @@ mod sources;
 mod tokens;
 mod triggers;
 mod xrootd;
+mod xrootd_support;

@@ -1,120 +1,29 @@
-//! The gateway's storage client against a real XRootD (Debian `xrootd-server` 5.5.x with
-//! XrdHttp + XrdMacaroons), started by `scripts/xrootd/start.sh` on a free 127.0.0.1 port.
+//! htfaas against a real XRootD (Debian `xrootd-server` 5.5.x with XrdHttp + XrdMacaroons),
+//! started by `scripts/xrootd/start.sh` on a free 127.0.0.1 port ([`crate::xrootd_support`]).
 //!
-//! The gateway (a resolved `htfaas_gateway::Config` of kind `xrootd`, authenticated by the
-//! throwaway client certificate) asks for a read macaroon for one input file and a write
-//! macaroon for an output directory; then plain clients without certificates (a fresh client,
-//! hence a fresh connection, per request: XRootD 5.5.x lets a failed token check fall back to
-//! the rights of the last good token on the same connection) use them as bearer tokens.
+//! - The gateway's storage client (a resolved `htfaas_gateway::Config` of kind `xrootd`,
+//!   authenticated by the throwaway client certificate) asks for a read macaroon for one input
+//!   file and a write macaroon for an output directory; then plain clients without certificates
+//!   (a fresh client, hence a fresh connection, per request: XRootD 5.5.x lets a failed token
+//!   check fall back to the rights of the last good token on the same connection) use them as
+//!   bearer tokens.
+//! - An EP runs a job, submitted by hand, whose input and output live on the XRootD.
+//! - The whole path with real producers: an XrdHttp PUT → `ofs.notify` FIFO → the
+//!   `xrootd-notify` bridge → the stack's nats-server → a gateway whose storage is the XRootD →
+//!   macaroons from the XRootD → a job on an EP reading and writing the XRootD.
 //!
-//! Without `xrootd` installed the test is skipped with a notice, unless `CI` is set. Every
+//! Without `xrootd` installed the tests are skipped with a notice, unless `CI` is set. Every
 //! request goes to 127.0.0.1; as root, xrootd runs without DNS (`scripts/xrootd/nodns.sh`).
 
+use crate::xrootd_support::{Xrootd, xrootd_installed};
+use async_nats::jetstream;
 use base64::Engine as _;
+use htfaas_functions::proto::EVENTS_STREAM;
 use htfaas_gateway::storage_client::{StorageClient, StorageError, StorageKind};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use htfaas_tests::wait_for;
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// A running xrootd, killed (by pid) when dropped, also when the test panics.
-struct Xrootd {
-    pid: u32,
-    port: u16,
-    data: PathBuf,
-    etc: PathBuf,
-    /// Removed after the process is gone (fields drop after `Drop::drop`).
-    _dir: tempfile::TempDir,
-}
-
-impl Xrootd {
-    /// Starts xrootd in a fresh temp dir, with `prepare` run on the data dir first.
-    fn start(prepare: impl Fn(&Path)) -> Xrootd {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/xrootd/start.sh");
-        let mut last_err = String::new();
-        // A port free now may be taken before xrootd binds it: try a few.
-        for _ in 0..3 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            // User xrootd must traverse it (mktemp gives 0700).
-            set_mode(dir.path(), 0o755);
-            let data = dir.path().join("data");
-            std::fs::create_dir_all(&data).expect("data dir");
-            prepare(&data);
-            let port = free_port();
-            let started = Instant::now();
-            let out = Command::new("bash")
-                .arg(&script)
-                .arg(port.to_string())
-                .arg(&data)
-                .output()
-                .expect("run scripts/xrootd/start.sh");
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            if !stderr.trim().is_empty() {
-                eprintln!("start.sh: {}", stderr.trim());
-            }
-            if out.status.success() {
-                let pid = String::from_utf8_lossy(&out.stdout).trim().parse().expect("start.sh prints the pid");
-                eprintln!("xrootd: pid {pid} on 127.0.0.1:{port}, answered after {:?}", started.elapsed());
-                let etc = dir.path().join("data.state/etc");
-                return Xrootd { pid, port, data, etc, _dir: dir };
-            }
-            last_err = stderr.into_owned();
-        }
-        panic!("xrootd did not start: {last_err}");
-    }
-
-    fn http(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    fn https_base(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Xrootd {
-    fn drop(&mut self) {
-        let pid = self.pid.to_string();
-        let _ = Command::new("kill").arg(&pid).status();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while alive(self.pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if alive(self.pid) {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
-    }
-}
-
-/// Whether `pid` runs (a zombie, waiting for init to reap it, does not count).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
-}
-
-/// Whether the test can run: `xrootd` on PATH. Panics under CI when it is not.
-fn xrootd_installed() -> bool {
-    let found = Command::new("sh").args(["-c", "command -v xrootd"]).output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "xrootd is not installed but CI is set: run scripts/install-deps.sh (apt: xrootd-server xrootd-server-plugins)"
-        );
-        eprintln!("NOTICE: xrootd is not installed; skipping the XRootD test (scripts/install-deps.sh installs it)");
-    }
-    found
-}
+use tokio_util::sync::CancellationToken;
 
 /// A plain client with no certificate: a new one per request, so every request has its own
 /// connection.
@@ -148,9 +57,11 @@ async fn put(url: &str, token: &str, body: &'static [u8]) -> u16 {
     put_with(fresh_title_case(), url, token, body).await
 }
 
-/// The gateway's storage client, built the way `htfaas gateway` builds it: from its `Config`.
-async fn gateway_settings(x: &Xrootd, dir: &Path) -> htfaas_gateway::Settings {
-    let config: htfaas_gateway::Config = serde_json::from_value(serde_json::json!({
+/// The configuration of a gateway whose storage is `x` (kind `xrootd`, authenticated by the
+/// issuer's client certificate), with its state under `dir`; NATS and the scheduler unreachable
+/// unless the caller overrides them.
+fn gateway_config(x: &Xrootd, dir: &Path) -> serde_json::Value {
+    serde_json::json!({
         "listen": "127.0.0.1:0",
         "nats_url": "nats://127.0.0.1:1",
         "registry_dir": dir.join("registry"),
@@ -165,10 +76,50 @@ async fn gateway_settings(x: &Xrootd, dir: &Path) -> htfaas_gateway::Settings {
         "admin_token": "unused",
         "read_validity": "PT2H",
         "write_validity": "PT4H",
-    }))
-    .expect("gateway config with storage_kind xrootd and a client certificate");
+    })
+}
+
+/// The gateway's storage client, built the way `htfaas gateway` builds it: from its `Config`.
+async fn gateway_settings(x: &Xrootd, dir: &Path) -> htfaas_gateway::Settings {
+    let config: htfaas_gateway::Config = serde_json::from_value(gateway_config(x, dir))
+        .expect("gateway config with storage_kind xrootd and a client certificate");
     config.resolve().await.expect("resolve the gateway config")
 }
+
+/// An EP of the stack in `dir` for this site's storage: it trusts the XRootD's CA and runs only
+/// jobs of annex [`ANNEX`]. Stops when `shutdown` is cancelled.
+async fn start_xrootd_ep(
+    dir: &Path,
+    stack: &htfaas::stack::Stack,
+    x: &Xrootd,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let token = htfaas::stack::mint_ep_token(dir, None, Some(ANNEX.into()), 600).expect("mint");
+    let ep = htfaas_ep::Config {
+        name: "ep-xrootd".into(),
+        scheduler_url: stack.info().scheduler_url.clone(),
+        attach_token: token,
+        slots: htfaas_functions::Resources::new(1, 1024, 600),
+        work_dir: dir.join("ep-xrootd"),
+        log_limit_bytes: 64 * 1024,
+        max_output_files: 16,
+        max_output_bytes: 1 << 30,
+        lifetime_s: None,
+        idle_shutdown_s: None,
+        annex: Some(ANNEX.into()),
+        tls_ca_file: Some(x.etc.join("ca.pem")),
+        labels: Default::default(),
+        max_scratch_mb: None,
+        fuel: None,
+    }
+    .resolve()
+    .await
+    .expect("EP settings");
+    tokio::spawn(htfaas_ep::run(ep, shutdown.child_token()))
+}
+
+/// The annex of the EP that reaches the XRootD: jobs on its files ask for it.
+const ANNEX: &str = "xrootd-site";
 
 /// Flips one byte of the signature of a V1 macaroon (the last packet: `signature <32 bytes>\n`).
 fn tampered(token: &str) -> String {
@@ -181,7 +132,7 @@ fn tampered(token: &str) -> String {
 
 #[tokio::test]
 async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_the_output_dir() {
-    if !xrootd_installed() {
+    if !xrootd_installed("the XRootD test") {
         return;
     }
     const INPUT: &[u8] = b"hello from a real xrootd\n";
@@ -294,10 +245,10 @@ async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_
 /// there. The EP joins with an annex token so that it alone runs the job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
-    use htfaas::stack::{SubmitGrant, demo_manifest, mint_ep_token, mint_submit_token};
+    use htfaas::stack::{SubmitGrant, demo_manifest, mint_submit_token};
     use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, JobState, OutputSpec, SubmitRequest};
 
-    if !xrootd_installed() {
+    if !xrootd_installed("the XRootD test") {
         return;
     }
     const INPUT: &[u8] = b"calibration run 17 from a real xrootd\n";
@@ -320,29 +271,8 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
     let record = client.register(&demo_manifest(digest.clone())).await.expect("register");
 
     // An EP for this site's storage: it trusts the site CA and runs only annex "xrootd-site".
-    let eps = tokio_util::sync::CancellationToken::new();
-    let token = mint_ep_token(dir.path(), None, Some("xrootd-site".into()), 600).expect("mint");
-    let ep = htfaas_ep::Config {
-        name: "ep-xrootd".into(),
-        scheduler_url: stack.info().scheduler_url.clone(),
-        attach_token: token,
-        slots: htfaas_functions::Resources::new(1, 1024, 600),
-        work_dir: dir.path().join("ep-xrootd"),
-        log_limit_bytes: 64 * 1024,
-        max_output_files: 16,
-        max_output_bytes: 1 << 30,
-        lifetime_s: None,
-        idle_shutdown_s: None,
-        annex: Some("xrootd-site".into()),
-        tls_ca_file: Some(x.etc.join("ca.pem")),
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-    }
-    .resolve()
-    .await
-    .expect("EP settings");
-    let ep = tokio::spawn(htfaas_ep::run(ep, eps.child_token()));
+    let eps = CancellationToken::new();
+    let ep = start_xrootd_ep(dir.path(), &stack, &x, &eps).await;
 
     // Submitted as the gateway submits a triggered job, with a token for exactly this job.
     let grant = SubmitGrant {
@@ -372,7 +302,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         env: vec![],
         event: EventRef::new("xrootd", "run17", "/store/in/run17.dat"),
         dedupe_key: "xrootd:run17".into(),
-        annex: Some("xrootd-site".into()),
+        annex: Some(ANNEX.into()),
         // XRootD refuses a macaroon with a caveat it does not know, such as `ip:`.
         bind_ep_address: false,
         class: None,
@@ -398,6 +328,203 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
     assert_eq!(out["adler32"], htfaas_tests::adler32_hex(INPUT), "{out}");
     assert_eq!(job.usage.expect("usage").bytes_in, INPUT.len() as u64);
 
+    eps.cancel();
+    ep.await.expect("join").expect("EP stops cleanly");
+    stack.stop().await.expect("clean stop");
+}
+
+/// Uploads `body` to `path` on `x` as the issuer (a real client of the XRootD: XrdHttp PUT).
+async fn upload(x: &Xrootd, path: &str, body: &[u8]) {
+    let resp = x.issuer().put(x.https(path)).body(body.to_vec()).send().await.expect("PUT");
+    assert!(resp.status().is_success(), "PUT {path}: {}", resp.status());
+}
+
+/// The stream sequence of the bridge's `closew` CloudEvent for `path` in the events stream,
+/// once it is there.
+async fn closew_seq(js: &jetstream::Context, path: &str) -> Option<u64> {
+    let mut stream = js.get_stream(EVENTS_STREAM).await.ok()?;
+    let state = stream.info().await.ok()?.state.clone();
+    for seq in state.first_sequence.max(1)..=state.last_sequence {
+        let m = stream.get_raw_message(seq).await.ok()?;
+        let Ok(ce) = serde_json::from_slice::<serde_json::Value>(&m.payload) else { continue };
+        if ce["type"] == "org.htfaas.storage.xrootd-notify.closew" && ce["subject"] == path {
+            return Some(seq);
+        }
+    }
+    None
+}
+
+/// Waits until the bridge has published the `closew` of `path` and the durable consumer
+/// `consumer` has acked it (and everything before it): that gateway has decided the event.
+async fn wait_decided(js: &jetstream::Context, consumer: &str, path: &str) {
+    let seq = wait_for(&format!("the closew of {path} on JetStream"), LIMIT, || closew_seq(js, path)).await;
+    wait_for(&format!("the gateway to decide the closew of {path}"), LIMIT, || async {
+        let stream = js.get_stream(EVENTS_STREAM).await.ok()?;
+        let mut c = stream.get_consumer::<jetstream::consumer::pull::Config>(consumer).await.ok()?;
+        (c.info().await.ok()?.ack_floor.stream_sequence >= seq).then_some(())
+    })
+    .await;
+}
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// XRootD as a storage-event source, end to end with real producers (issue 6): a real xrootd
+/// with `ofs.notify closew … >FIFO` and `ofs.notifymsg closew $TID closew $LFN $FSIZE`; the
+/// bridge (`htfaas bridge xrootd-notify`, in-process) reading its FIFO and publishing to the
+/// stack's nats-server; a gateway whose storage is that XRootD (`storage_kind: xrootd`, the
+/// issuer's client certificate) consuming the CloudEvent, matching a rule on `source`, a path
+/// glob and `size`, and obtaining both macaroons from the XRootD; an EP of the site's annex
+/// running the checksum example on the file it reads from XRootD and writing its output there.
+///
+/// Paths: the bridge runs without `--path-prefix`, so the event's path is the notify `$LFN`,
+/// which (`all.export /`) is the URL path under `storage_url`, which is the gateway's storage
+/// path: `/store/in/run1.dat` is read at `https://127.0.0.1:P/store/in/run1.dat`.
+///
+/// The function's glob covers its own output directory, and a notify line names no macaroon
+/// (so the loop guard's provenance has nothing to go on): only the output-directory rule keeps
+/// the job's own output, and any other file written there, from firing it.
+///
+/// The stack's own gateway (built-in storage, no functions) reads the same stream and fires
+/// nothing; this gateway has a consumer, registry and firing table of its own.
+// See: issue 6 ("tested with real producers where they can run here").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job_reads_and_writes_xrootd() {
+    use htfaas::stack::demo_manifest;
+    use htfaas_functions::manifest::Trigger;
+    use htfaas_functions::proto::{JobRecord, JobState};
+    use htfaas_gateway::bridge::xrootd as bridge;
+
+    if !xrootd_installed("the XRootD notify-to-job test") {
+        return;
+    }
+    const RUN1: &[u8] = b"run 1, written to xrootd, fired through ofs.notify\n";
+    const RUN2: &[u8] = b"run 2: a second file, a second job\n";
+    let x = tokio::task::spawn_blocking(|| {
+        Xrootd::start_with_notify(|data| std::fs::create_dir_all(data.join("store/in")).expect("mkdir"), false)
+    })
+    .await
+    .expect("start xrootd");
+    let (dir, stack) = htfaas_tests::start_stack().await;
+    let js = jetstream::new(async_nats::connect(stack.nats_url()).await.expect("connect to the stack's NATS"));
+
+    // A gateway for the XRootD site: the stack's NATS, scheduler and submit-token key (the
+    // scheduler trusts it), a consumer, registry and firing table of its own.
+    let state = dir.path().join("gateway-xrootd");
+    let mut config = gateway_config(&x, &state);
+    let admin_token = "xrootd-gateway-admin";
+    for (key, value) in [
+        ("nats_url", serde_json::json!(stack.nats_url())),
+        ("consumer", serde_json::json!("gateway-xrootd")),
+        ("state_dir", serde_json::json!(state)),
+        ("scheduler_url", serde_json::json!(stack.info().scheduler_url)),
+        ("scheduler_admin_token", serde_json::json!(htfaas_tests::stack_secret(dir.path(), "scheduler_admin_token"))),
+        ("signing_key_file", serde_json::json!(dir.path().join("gateway/submit.pem"))),
+        ("jwks_file", serde_json::json!(state.join("submit.jwks.json"))),
+        ("admin_token", serde_json::json!(admin_token)),
+    ] {
+        config[key] = value;
+    }
+    let config: htfaas_gateway::Config = serde_json::from_value(config).expect("gateway config");
+    let settings = config.resolve().await.expect("resolve the XRootD site's gateway");
+    let info = htfaas::client::StackInfo {
+        gateway_url: format!("http://{}", settings.local_addr()),
+        admin_token: admin_token.into(),
+        ..stack.info().clone()
+    };
+    let gateway_stop = CancellationToken::new();
+    let gateway = tokio::spawn(htfaas_gateway::run(settings, gateway_stop.child_token()));
+    let client = htfaas::client::Client::new(info).expect("client");
+    htfaas_tests::wait_for("the XRootD site's gateway", LIMIT, || async { client.stats().await.ok() }).await;
+
+    let eps = CancellationToken::new();
+    let ep = start_xrootd_ep(dir.path(), &stack, &x, &eps).await;
+
+    let bridge_stop = CancellationToken::new();
+    let source_host = format!("127.0.0.1:{}", x.port);
+    let mut bridge_settings = bridge::Settings::new(stack.nats_url(), bridge::Input::Fifo(x.notify_fifo()));
+    bridge_settings.source_host = source_host.clone();
+    let bridge_task = tokio::spawn(bridge::run(bridge_settings, bridge_stop.child_token()));
+
+    let digest = htfaas_tests::upload_checksum(&client).await;
+    let mut m = demo_manifest(digest.clone());
+    m.name = "xrd-checksum".into();
+    m.trigger = Trigger::on_rule(r#"source == "xrootd-notify" and path glob "/store/**" and size > 0"#);
+    m.outputs.dir = "/store/out/".into();
+    m.annex = Some(ANNEX.into());
+    client.register(&m).await.expect("register");
+
+    let ended = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            htfaas_tests::wait_for(&format!("the job on {path} to end"), LIMIT, || async {
+                let jobs = client.jobs().await.ok()?;
+                jobs.into_iter()
+                    .find(|j| j.event.path == path && matches!(j.state, JobState::Completed | JobState::Failed))
+            })
+            .await
+        }
+    };
+    // The output, read back from the XRootD itself (as the issuer), checked against the input.
+    let checksum_of = |path: &'static str| {
+        let x = &x;
+        async move {
+            let resp = x.issuer().get(x.https(path)).send().await.expect("GET the output");
+            assert_eq!(resp.status().as_u16(), 200, "the output {path} is on the XRootD");
+            let out: serde_json::Value = serde_json::from_slice(&resp.bytes().await.expect("body")).expect("JSON");
+            out["adler32"].as_str().expect("adler32").to_owned()
+        }
+    };
+
+    // 1. An upload fires one job, which reads the file from and writes its output to XRootD.
+    upload(&x, "/store/in/run1.dat", RUN1).await;
+    let job1: JobRecord = ended("/store/in/run1.dat").await;
+    assert_eq!(job1.state, JobState::Completed, "{}: {job1:?}", job1.reason);
+    assert_eq!(job1.function, "xrd-checksum");
+    assert_eq!(job1.ep.as_deref(), Some("ep-xrootd"));
+    assert_eq!(job1.event.source, format!("xrootd-notify:xrootd://{source_host}"));
+    assert_eq!(job1.event.path, "/store/in/run1.dat", "the XRootD LFN is the storage path");
+    assert!(job1.event.id.starts_with(&format!("xrootd-notify:xrootd://{source_host}/")), "{}", job1.event.id);
+    assert_eq!(job1.event.caused_by, None);
+    assert_eq!(job1.usage.as_ref().expect("usage").bytes_in, RUN1.len() as u64, "read from XRootD");
+    assert_eq!(checksum_of("/store/out/run1.dat.checksums.json").await, htfaas_tests::adler32_hex(RUN1));
+
+    // 2. A second file fires a second job.
+    upload(&x, "/store/in/run2.dat", RUN2).await;
+    let job2 = ended("/store/in/run2.dat").await;
+    assert_eq!(job2.state, JobState::Completed, "{}: {job2:?}", job2.reason);
+    assert_ne!(job2.id, job1.id);
+    assert_eq!(checksum_of("/store/out/run2.dat.checksums.json").await, htfaas_tests::adler32_hex(RUN2));
+
+    // 3. A file in the function's own output directory fires nothing: neither the jobs'
+    // outputs nor a file someone else writes there, although the rule is true on them.
+    upload(&x, "/store/out/by-hand.dat", b"written by hand into the output directory\n").await;
+    for path in ["/store/out/run1.dat.checksums.json", "/store/out/run2.dat.checksums.json", "/store/out/by-hand.dat"] {
+        wait_decided(&js, "gateway-xrootd", path).await;
+    }
+    let jobs = client.jobs().await.expect("jobs");
+    let mut fired: Vec<&str> = jobs.iter().map(|j| j.event.path.as_str()).collect();
+    fired.sort();
+    assert_eq!(fired, ["/store/in/run1.dat", "/store/in/run2.dat"], "exactly one job per upload: {jobs:#?}");
+    let stats = client.stats().await.expect("stats");
+    eprintln!("gateway stats: {stats:?}");
+    assert_eq!(stats.jobs_submitted, 2, "{stats:?}");
+    assert!(stats.events_unmatched >= 3, "the three closew in /store/out/ were decided, unmatched: {stats:?}");
+    assert_eq!(stats.firings_loop_guarded, 0, "no macaroon is named by a notify line: {stats:?}");
+
+    bridge_stop.cancel();
+    let bridge_stats = tokio::time::timeout(Duration::from_secs(10), bridge_task)
+        .await
+        .expect("the bridge stops within 10 s")
+        .expect("join")
+        .expect("the bridge ends without error");
+    eprintln!("bridge stats: {bridge_stats:?}");
+    assert_eq!(bridge_stats.unpublished(), 0, "{bridge_stats:?}");
+    gateway_stop.cancel();
+    tokio::time::timeout(Duration::from_secs(15), gateway)
+        .await
+        .expect("the gateway stops within 15 s")
+        .expect("join")
+        .expect("the gateway stops cleanly");
     eps.cancel();
     ep.await.expect("join").expect("EP stops cleanly");
     stack.stop().await.expect("clean stop");
