@@ -23,7 +23,9 @@ pub const CLOUDEVENTS_SUBJECT_PREFIX: &str = "storage.cloudevents";
 /// Every subject the gateway reads events from: dCache billing messages and CloudEvents
 /// (`storage.cloudevents.<producer>`). The events stream covers them all.
 pub const EVENTS_SUBJECTS: [&str; 2] = [EVENTS_SUBJECT, "storage.cloudevents.>"];
-/// JetStream stream that stores [`EVENTS_SUBJECTS`]. File storage, limits retention, 7 days.
+/// JetStream stream that stores [`EVENTS_SUBJECTS`]. File storage, limits retention, 7 days. The
+/// gateway makes it (or widens an older one), and so does the built-in storage, with the same
+/// subjects, so either may start first.
 /// Named for its first source; kept so that deployed streams (and their unread events) stay:
 /// the gateway adds the subjects a stream made before lacks at start.
 pub const EVENTS_STREAM: &str = "DCACHE_BILLING";
@@ -1127,6 +1129,11 @@ pub struct StatsSnapshot {
     /// Gauge: firings pending or being submitted now.
     #[serde(default)]
     pub firings_pending: u64,
+    /// Batches the ingest loop handled: messages taken together, their firings committed in
+    /// one transaction (group commit), then all acked. `events_received / ingest_batches` is
+    /// the mean batch size.
+    #[serde(default)]
+    pub ingest_batches: u64,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use htfaas_functions::proto::{EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT};
+use htfaas_functions::proto::{EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS};
 use serde::Deserialize;
 
 use crate::auth::Users;
@@ -112,7 +112,7 @@ async fn connect_nats(url: &str, cell_name: &str) -> anyhow::Result<jetstream::C
     let js = jetstream::new(client);
     js.get_or_create_stream(jetstream::stream::Config {
         name: EVENTS_STREAM.to_owned(),
-        subjects: vec![EVENTS_SUBJECT.to_owned()],
+        subjects: EVENTS_SUBJECTS.iter().map(|s| (*s).to_owned()).collect(),
         storage: jetstream::stream::StorageType::File,
         max_age: Duration::from_secs(EVENTS_MAX_AGE_S),
         ..Default::default()
