@@ -454,7 +454,7 @@ async fn start_nats() -> Option<Nats> {
 async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
     use async_nats::jetstream;
     use futures_util::StreamExt as _;
-    use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECT, TransferMessage};
+    use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECTS, TransferMessage};
 
     let Some(mut nats) = start_nats().await else { return };
     let s = start_with(tempfile::tempdir().expect("tempdir"), Some(nats.url.clone())).await;
@@ -467,7 +467,8 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
     let js = jetstream::new(client);
     let mut stream = js.get_stream(EVENTS_STREAM).await.expect("stream exists");
     let info = stream.info().await.expect("info");
-    assert_eq!(info.config.subjects, vec![EVENTS_SUBJECT.to_owned()]);
+    let subjects: Vec<String> = EVENTS_SUBJECTS.iter().map(|s| (*s).to_owned()).collect();
+    assert_eq!(info.config.subjects, subjects, "the same subjects as the gateway makes it with");
     assert_eq!(info.state.messages, 2);
     let consumer = stream.create_consumer(jetstream::consumer::pull::Config::default()).await.expect("consumer");
     let mut msgs = consumer.fetch().max_messages(2).messages().await.expect("fetch");
