@@ -9,10 +9,13 @@
 //! - [`trigger`]: the trigger rule language (path globs, prefixes and suffixes, message type,
 //!   storage class, size, owner, with `and`, `or`, `not`), parsed once, evaluated per event;
 //! - [`digest`], [`manifest`], [`registry`]: functions as content-addressed wasm modules with
-//!   versioned manifests, stored in SQLite plus a blob directory.
+//!   versioned manifests, stored in SQLite plus a blob directory;
+//! - [`audit`]: the audit trail: one hash-chained, append-only log per writer (SQLite), signed
+//!   checkpoints, lineage queries and the verifier that names the first tampered record.
 //!
 //! Nothing outside this crate derives `Serialize` for a wire type.
 
+pub mod audit;
 pub mod digest;
 pub mod event;
 pub mod macaroon;
