@@ -3,27 +3,35 @@
 //! `cargo bench -p htfaas-gateway --bench ingest` prints one JSON line per figure,
 //! `{"bench":"ingest","case":..,"events":N,"firings":F,"seconds":..,"events_per_s":..}`:
 //!
-//! - `in_process`: decide (dCache billing JSON → event) + match (two functions' triggers, both
-//!   true) + the durable insert into the firing table (one transaction per event, WAL,
-//!   `synchronous=FULL`), called directly, no NATS; N = 20,000.
+//! - `in_process_single`: decide (dCache billing JSON → event) + match (two functions'
+//!   triggers, both true) + the durable insert into the firing table, one transaction (one
+//!   fsync; WAL, `synchronous=FULL`) per event ([`Firings::insert`]), called directly, no NATS;
+//!   N = 20,000. What the ingest did before group commit.
+//! - `in_process_batched`: the same, the firings of [`BATCH_MAX`] events per transaction
+//!   ([`Firings::insert_batch`], group commit), as the ingest loop does under load.
 //! - `jetstream`: the sustained rate from JetStream publish to durable firing through the real
-//!   durable consumer and ingest loop ([`htfaas_gateway::ingest::run`]: decide, match, insert,
-//!   double-ack), against a real nats-server, the publisher running at the same time; from the
-//!   first publish to the last firing committed; N = 20,000. Also `publish_only_per_s`: how
-//!   fast the publisher alone got its acks (an upper bound the consumer cannot beat).
+//!   durable consumer and ingest loop ([`htfaas_gateway::ingest::run`]: batch, decide, match,
+//!   one transaction per batch, double-ack each), against a real nats-server, the publisher
+//!   running at the same time; from the first publish to the last firing committed; N = 20,000.
+//!   Also `publish_only_per_s` (how fast the publisher alone got its acks: an upper bound the
+//!   consumer cannot beat) and `mean_batch` (messages per batch the loop made).
+//! - `jetstream_lone`: an idle gateway, one event at a time: the median and worst time from
+//!   publish to its firing committed, over 50 events (`ms_median`, `ms_max`). Batching must
+//!   not make a lone event wait.
 //!
 //! The firing tables live in the system's temporary directory: its disk's fsync cost is most
-//! of the figure. The nats-server binary is `$HTFAAS_NATS_SERVER`, else the project's
-//! `.tools/venv/bin/nats-server`, else `nats-server` on `PATH`; the `jetstream` case is
+//! of the per-event figure. The nats-server binary is `$HTFAAS_NATS_SERVER`, else the project's
+//! `.tools/venv/bin/nats-server`, else `nats-server` on `PATH`; the `jetstream` cases are
 //! skipped, with a message, when none is found. Without `--bench` (as `cargo test --benches`
-//! runs it) both cases run with a few events and nothing is timed. No criterion on purpose
+//! runs it) every case runs with a few events and nothing is timed. No criterion on purpose
 //! (build time).
 
 use htfaas_functions::manifest::{Outputs, Resources, Trigger};
 use htfaas_functions::proto::EVENTS_SUBJECT;
 use htfaas_functions::{FunctionManifest, Registry};
 use htfaas_gateway::event::{self, Decision, SourcePolicy};
-use htfaas_gateway::firing::{Firings, now_ms};
+use htfaas_gateway::firing::{Firings, NewFirings, now_ms};
+use htfaas_gateway::ingest::BATCH_MAX;
 use htfaas_gateway::triggers::TriggerCache;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,7 +45,8 @@ const DEADLINE: Duration = Duration::from_secs(600);
 fn main() -> anyhow::Result<()> {
     let timed = std::env::args().any(|a| a == "--bench");
     let n = if timed { 20_000 } else { 50 };
-    in_process(n, timed)?;
+    in_process(n, false, timed)?;
+    in_process(n, true, timed)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
     rt.block_on(jetstream(n, timed))
 }
@@ -85,7 +94,9 @@ fn report(case: &str, events: usize, firings: u64, seconds: f64, extra: &str) {
     );
 }
 
-fn in_process(n: usize, timed: bool) -> anyhow::Result<()> {
+/// Decide + match + insert, one transaction per event or per [`BATCH_MAX`] events.
+fn in_process(n: usize, batched: bool, timed: bool) -> anyhow::Result<()> {
+    let case = if batched { "in_process_batched" } else { "in_process_single" };
     let dir = tempfile::tempdir()?;
     let registry = registry(&dir.path().join("registry"))?;
     let triggers = TriggerCache::default();
@@ -95,20 +106,32 @@ fn in_process(n: usize, timed: bool) -> anyhow::Result<()> {
     let messages: Vec<Vec<u8>> = (0..n).map(billing).collect();
     let started = Instant::now();
     let mut queued = 0;
-    for (i, m) in messages.iter().enumerate() {
-        let Decision::Fire(e) = event::decide(EVENTS_SUBJECT, None, m, &format!("nats-seq-{i}"), &policy)? else {
-            anyhow::bail!("message {i} is no event");
+    for (c, chunk) in messages.chunks(if batched { BATCH_MAX } else { 1 }).enumerate() {
+        let mut batch = Vec::with_capacity(chunk.len());
+        for (j, m) in chunk.iter().enumerate() {
+            let i = c * chunk.len() + j;
+            let Decision::Fire(e) = event::decide(EVENTS_SUBJECT, None, m, &format!("nats-seq-{i}"), &policy)? else {
+                anyhow::bail!("message {i} is no event");
+            };
+            let functions = triggers.matching(&e);
+            anyhow::ensure!(functions.len() == 2, "both functions match");
+            batch.push(NewFirings { event: *e, functions, replay: None });
+        }
+        queued += if batched {
+            firings.insert_batch(&batch, now_ms())?.iter().map(|d| d.queued).sum::<u64>()
+        } else {
+            batch
+                .iter()
+                .map(|b| firings.insert(&b.event, &b.functions, None, now_ms()).map(|d| d.queued))
+                .sum::<Result<u64, _>>()?
         };
-        let functions = triggers.matching(&e);
-        anyhow::ensure!(functions.len() == 2, "both functions match");
-        queued += firings.insert(&e, &functions, None, now_ms())?.queued;
     }
     let seconds = started.elapsed().as_secs_f64();
-    anyhow::ensure!(queued == 2 * n as u64, "queued {queued}");
+    anyhow::ensure!(queued == 2 * n as u64, "{case}: queued {queued}");
     if timed {
-        report("in_process", n, queued, seconds, "");
+        report(case, n, queued, seconds, "");
     } else {
-        println!("in_process: ok (smoke; run `cargo bench` to time)");
+        println!("{case}: ok (smoke; run `cargo bench` to time)");
     }
     Ok(())
 }
@@ -208,15 +231,40 @@ async fn jetstream(n: usize, timed: bool) -> anyhow::Result<()> {
     }
     let seconds = started.elapsed().as_secs_f64();
     let published = publisher.await??.as_secs_f64();
-    shutdown.cancel();
-    ingest.await??;
     let s = shared.stats.snapshot();
     anyhow::ensure!(s.firings_queued == want && s.firings_deduplicated == 0, "{s:?}");
+    anyhow::ensure!(s.ingest_batches > 0 && s.events_received == n as u64, "{s:?}");
     if timed {
-        let extra = format!(r#","publish_only_per_s":{:.0}"#, n as f64 / published);
+        let mean_batch = s.events_received as f64 / s.ingest_batches as f64;
+        let extra = format!(r#","publish_only_per_s":{:.0},"mean_batch":{mean_batch:.1}"#, n as f64 / published);
         report("jetstream", n, s.firings_queued, seconds, &extra);
     } else {
         println!("jetstream: ok (smoke; run `cargo bench` to time)");
+    }
+
+    // One event at a time on the now idle gateway: each waits for nothing but its own commit.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await?);
+    let lone = if timed { 50 } else { 3 };
+    let mut took = Vec::with_capacity(lone);
+    for i in n..n + lone {
+        let before = shared.stats.firings_queued.load(Ordering::Relaxed);
+        let at = Instant::now();
+        js.publish(EVENTS_SUBJECT, billing(i).into()).await?.await?;
+        while shared.stats.firings_queued.load(Ordering::Relaxed) < before + 2 {
+            anyhow::ensure!(at.elapsed() < Duration::from_secs(30), "lone event {i} not fired");
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        took.push(at.elapsed().as_secs_f64() * 1000.0);
+    }
+    shutdown.cancel();
+    ingest.await??;
+    took.sort_by(f64::total_cmp);
+    if timed {
+        let (median, max) = (took[took.len() / 2], took[took.len() - 1]);
+        let extra = format!(r#","ms_median":{median:.2},"ms_max":{max:.2}"#);
+        report("jetstream_lone", lone, 2 * lone as u64, took.iter().sum::<f64>() / 1000.0, &extra);
+    } else {
+        println!("jetstream_lone: ok (smoke; run `cargo bench` to time)");
     }
     drop(nats);
     Ok(())

@@ -4,8 +4,15 @@
 //! # Exactly once
 //!
 //! The ingest loop does not submit jobs itself: for each event it inserts one *firing* per
-//! matching function into a SQLite table (WAL, `synchronous=FULL`), in one transaction, and
-//! acks the JetStream message only once that transaction is committed. The table's key is
+//! matching function into a SQLite table (WAL, `synchronous=FULL`), and acks the JetStream
+//! message only once the transaction holding them is committed. That transaction is a *group
+//! commit* ([`Firings::insert_batch`]): the firings of every event of one batch of messages
+//! (what the consumer had at hand, see [`crate::ingest`]), one fsync for all, each event
+//! treated as it would be alone and in arrival order — its key checked against the table and
+//! the batch's earlier events (two copies in one batch make one firing), its debounce
+//! superseding earlier pending firings (of the batch too), its cause looked up for the loop
+//! guard. It is all or nothing: when it fails no firing of the batch is written and no
+//! message of it is acked; they come again. The table's key is
 //! `(event_key, function, digest)`: the event's identity ([`StorageEvent::id`], e.g. for dCache
 //! `dcache-billing:write:<pnfsid>/<door session>`), the function's name and its module digest.
 //! A second copy of the event (a JetStream redelivery, a duplicate message from the storage, a
@@ -264,6 +271,17 @@ pub struct Inserted {
     pub loop_guarded: u64,
 }
 
+/// One event's firings to insert, as one element of a [`Firings::insert_batch`].
+#[derive(Debug, Clone)]
+pub struct NewFirings {
+    /// The event.
+    pub event: StorageEvent,
+    /// The functions it fires (matched, before the loop guard).
+    pub functions: Vec<FunctionRecord>,
+    /// The replay run, for a replay's firings (keys of their own).
+    pub replay: Option<String>,
+}
+
 /// A ready row as read by a claim: seq, record, event, rate_reserved, replay, cause.
 type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>);
 
@@ -431,7 +449,8 @@ impl Firings {
 
     /// In one transaction: one firing per function of `functions` on `event` at `now_ms`,
     /// each unless its key is already there; a debounced function's new firing supersedes
-    /// the pending ones for its path. Committed (on disk) when it returns `Ok`.
+    /// the pending ones for its path. Committed (on disk) when it returns `Ok`. A batch of one
+    /// ([`Firings::insert_batch`]).
     pub fn insert(
         &self,
         event: &StorageEvent,
@@ -439,71 +458,43 @@ impl Firings {
         replay: Option<&str>,
         now_ms: u64,
     ) -> Result<Inserted, FiringError> {
-        let key = event_key(event, replay);
-        let event_json = serde_json::to_string(event)?;
-        let mut done = Inserted::default();
-        self.with(|conn| {
+        let done = self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let cause = match &event.macaroon {
-                Some(id) => lookup_cause(&tx, id)?,
-                None => None,
-            };
-            let cause_json = cause.as_ref().map(serde_json::to_string).transpose()?;
-            for f in functions {
-                let m = &f.manifest;
-                if let Some(c) = &cause
-                    && (c.chain.len() >= MAX_CHAIN || c.chain.iter().any(|n| n == &m.name))
-                {
-                    tracing::info!(function = %m.name, path = %event.path, chain = ?c.chain,
-                        "not fired: the file was written by this function's chain (loop guard)");
-                    done.loop_guarded += 1;
-                    continue;
-                }
-                let debounce_ms = m.trigger.debounce_s.unwrap_or(0).saturating_mul(1000);
-                let record = serde_json::to_string(f)?;
-                let inserted = tx.execute(
-                    "INSERT OR IGNORE INTO firings (event_key, function, digest, version, path, replay, record, \
-                     event, state, not_before_ms, created_ms, updated_ms, expires_ms, cause) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11, ?12)",
-                    params![
-                        key,
-                        m.name,
-                        m.module.as_str(),
-                        f.version,
-                        event.path,
-                        replay,
-                        record,
-                        event_json,
-                        db_int(now_ms.saturating_add(debounce_ms)),
-                        db_int(now_ms),
-                        db_int(now_ms.saturating_add(self.window_ms)),
-                        cause_json,
-                    ],
-                )?;
-                if inserted == 0 {
-                    done.deduplicated += 1;
-                    continue;
-                }
-                done.queued += 1;
-                if debounce_ms > 0 {
-                    let seq = tx.last_insert_rowid();
-                    let superseded = tx.execute(
-                        "UPDATE firings SET state = 'superseded', superseded_by = ?1, updated_ms = ?2 \
-                         WHERE function = ?3 AND path = ?4 AND state = 'pending' AND seq != ?1",
-                        params![seq, db_int(now_ms), m.name, event.path],
-                    )?;
-                    done.superseded += superseded as u64;
-                }
-            }
+            let done = insert_event(&tx, event, functions, replay, now_ms, self.window_ms)?;
             tx.commit()?;
-            Ok(())
+            Ok(done)
         })?;
-        self.pending.fetch_add(done.queued, Ordering::Relaxed);
-        self.pending.fetch_sub(done.superseded.min(self.pending()), Ordering::Relaxed);
-        if done.queued > 0 {
-            self.wake();
-        }
+        self.inserted(std::slice::from_ref(&done));
         Ok(done)
+    }
+
+    /// Group commit: the firings of every event of `batch`, in its order, in ONE transaction
+    /// (one fsync), each event exactly as [`Firings::insert`] would do it alone: an event
+    /// whose key is already there (in the table, or earlier in the batch) is dropped; a
+    /// debounced firing supersedes the pending ones for its path, earlier ones of the batch
+    /// included; the loop guard looks up each event's cause. Returns what each event did, in
+    /// the batch's order. All or nothing: on `Err` no firing of the batch is written.
+    pub fn insert_batch(&self, batch: &[NewFirings], now_ms: u64) -> Result<Vec<Inserted>, FiringError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let done = self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let done = batch
+                .iter()
+                .map(|b| insert_event(&tx, &b.event, &b.functions, b.replay.as_deref(), now_ms, self.window_ms))
+                .collect::<Result<Vec<_>, _>>()?;
+            // Dropping `tx` on an error above rolls the whole batch back.
+            tx.commit()?;
+            Ok(done)
+        })?;
+        self.inserted(&done);
+        Ok(done)
+    }
+
+    /// [`Firings::insert_batch`] on a blocking thread.
+    pub async fn insert_batch_async(&self, batch: Vec<NewFirings>, now_ms: u64) -> Result<Vec<Inserted>, FiringError> {
+        self.call(move |f| f.insert_batch(&batch, now_ms)).await
     }
 
     /// [`Firings::insert`] on a blocking thread.
@@ -515,6 +506,17 @@ impl Firings {
         now_ms: u64,
     ) -> Result<Inserted, FiringError> {
         self.call(move |f| f.insert(&event, &functions, replay.as_deref(), now_ms)).await
+    }
+
+    /// Keeps the pending gauge in step with committed inserts and wakes the dispatcher.
+    fn inserted(&self, done: &[Inserted]) {
+        let queued: u64 = done.iter().map(|d| d.queued).sum();
+        let superseded: u64 = done.iter().map(|d| d.superseded).sum();
+        self.pending.fetch_add(queued, Ordering::Relaxed);
+        self.pending.fetch_sub(superseded.min(self.pending()), Ordering::Relaxed);
+        if queued > 0 {
+            self.wake();
+        }
     }
 
     /// Claims up to `max` ready firings (`pending`, `not_before_ms` ≤ `now_ms`, oldest first):
@@ -724,6 +726,75 @@ impl Firings {
             Ok(rows)
         })
     }
+}
+
+/// One event's firings inside the caller's transaction (see [`Firings::insert`]); sees
+/// what earlier events of the same transaction wrote.
+fn insert_event(
+    tx: &rusqlite::Transaction<'_>,
+    event: &StorageEvent,
+    functions: &[FunctionRecord],
+    replay: Option<&str>,
+    now_ms: u64,
+    window_ms: u64,
+) -> Result<Inserted, FiringError> {
+    let key = event_key(event, replay);
+    let event_json = serde_json::to_string(event)?;
+    let mut done = Inserted::default();
+    let cause = match &event.macaroon {
+        Some(id) => lookup_cause(tx, id)?,
+        None => None,
+    };
+    let cause_json = cause.as_ref().map(serde_json::to_string).transpose()?;
+    for f in functions {
+        let m = &f.manifest;
+        if let Some(c) = &cause
+            && (c.chain.len() >= MAX_CHAIN || c.chain.iter().any(|n| n == &m.name))
+        {
+            tracing::info!(function = %m.name, path = %event.path, chain = ?c.chain,
+                "not fired: the file was written by this function's chain (loop guard)");
+            done.loop_guarded += 1;
+            continue;
+        }
+        let debounce_ms = m.trigger.debounce_s.unwrap_or(0).saturating_mul(1000);
+        let record = serde_json::to_string(f)?;
+        let inserted = tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO firings (event_key, function, digest, version, path, replay, record, \
+                 event, state, not_before_ms, created_ms, updated_ms, expires_ms, cause) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11, ?12)",
+            )?
+            .execute(params![
+                key,
+                m.name,
+                m.module.as_str(),
+                f.version,
+                event.path,
+                replay,
+                record,
+                event_json,
+                db_int(now_ms.saturating_add(debounce_ms)),
+                db_int(now_ms),
+                db_int(now_ms.saturating_add(window_ms)),
+                cause_json,
+            ])?;
+        if inserted == 0 {
+            done.deduplicated += 1;
+            continue;
+        }
+        done.queued += 1;
+        if debounce_ms > 0 {
+            let seq = tx.last_insert_rowid();
+            let superseded = tx
+                .prepare_cached(
+                    "UPDATE firings SET state = 'superseded', superseded_by = ?1, updated_ms = ?2 \
+                     WHERE function = ?3 AND path = ?4 AND state = 'pending' AND seq != ?1",
+                )?
+                .execute(params![seq, db_int(now_ms), m.name, event.path])?;
+            done.superseded += superseded as u64;
+        }
+    }
+    Ok(done)
 }
 
 /// The cause recorded for the write macaroon `macaroon`; an unreadable entry counts as none
@@ -1049,6 +1120,145 @@ mod tests {
         // A redelivered superseded event stays dropped.
         assert_eq!(f.insert(&event("w1", "/data/one"), &[d], None, 3_000).expect("insert").deduplicated, 1);
         assert_eq!(f.pending(), 5, "3 plain + w3 + o1 submitting");
+    }
+
+    fn new(e: StorageEvent, functions: &[FunctionRecord]) -> NewFirings {
+        NewFirings { event: e, functions: functions.to_vec(), replay: None }
+    }
+
+    #[test]
+    fn two_copies_of_an_event_in_one_batch_make_one_firing_per_function() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let (a, b) = (function("a", None, None), function("b", None, None));
+        let e = event("dcache-billing:write:0001/s1", "/data/x");
+        let batch = [
+            new(e.clone(), &[a.clone(), b.clone()]),
+            new(event("e2", "/data/y"), std::slice::from_ref(&a)),
+            new(e.clone(), &[b.clone(), a.clone()]),
+            // A replay's copy of the same event in the same batch is its own.
+            NewFirings { replay: Some("r1".into()), ..new(e.clone(), std::slice::from_ref(&a)) },
+        ];
+        let done = f.insert_batch(&batch, 1_000).expect("batch");
+        let q = |queued, deduplicated| Inserted { queued, deduplicated, superseded: 0, loop_guarded: 0 };
+        assert_eq!(done, [q(2, 0), q(1, 0), q(0, 2), q(1, 0)]);
+        assert_eq!(f.pending(), 4);
+        let keys: Vec<_> = states(&f).into_iter().map(|(k, func, _)| format!("{k}/{func}")).collect();
+        assert_eq!(
+            keys,
+            [
+                "dcache-billing:write:0001/s1/a",
+                "dcache-billing:write:0001/s1/b",
+                "e2/a",
+                "dcache-billing:write:0001/s1#replay:r1/a"
+            ]
+        );
+        // The same batch redelivered (acks lost) is dropped whole; so is one insert of it.
+        let again = f.insert_batch(&batch, 2_000).expect("batch");
+        assert_eq!(again, [q(0, 2), q(0, 1), q(0, 2), q(0, 1)]);
+        assert_eq!(f.insert(&e, &[a], None, 3_000).expect("insert"), q(0, 1));
+        assert_eq!(f.pending(), 4);
+        assert!(f.insert_batch(&[], 3_000).expect("empty").is_empty());
+    }
+
+    #[test]
+    fn debounce_supersedes_in_arrival_order_inside_a_batch_and_across_batches() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let d = function("d", None, Some(2));
+        let one = |id: &str, path: &str| new(event(id, path), std::slice::from_ref(&d));
+        f.insert_batch(&[one("w1", "/data/one")], 0).expect("batch");
+        let done = f
+            .insert_batch(&[one("w2", "/data/one"), one("o1", "/data/other"), one("w3", "/data/one")], 100)
+            .expect("batch");
+        assert_eq!(done.iter().map(|d| (d.queued, d.superseded)).collect::<Vec<_>>(), [(1, 1), (1, 0), (1, 1)]);
+        assert_eq!(f.pending(), 2, "w3 and o1");
+        let rows = f.list(0, 100).expect("list");
+        let row = |k: &str| rows.iter().find(|r| r.event_key == k).expect("row").clone();
+        let (w1, w2, w3, o1) = (row("w1"), row("w2"), row("w3"), row("o1"));
+        assert_eq!((w1.state, w1.superseded_by), (FiringState::Superseded, Some(w2.seq)));
+        assert_eq!((w2.state, w2.superseded_by), (FiringState::Superseded, Some(w3.seq)));
+        assert_eq!((w3.state, o1.state), (FiringState::Pending, FiringState::Pending));
+        assert_eq!(w3.not_before_ms, 2_100);
+        let fired: Vec<_> = f.claim(2_100, 10).expect("claim").ready.into_iter().map(|c| c.event.id).collect();
+        assert_eq!(fired, ["o1", "w3"], "arrival order");
+    }
+
+    #[test]
+    fn the_loop_guard_looks_up_each_event_of_a_batch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let (a, b) = (function("a", None, None), function("b", None, None));
+        let cause_a = Cause {
+            function: "a".into(),
+            digest: a.manifest.module.clone(),
+            event_id: "e0".into(),
+            chain: vec!["a".into()],
+        };
+        f.record_provenance("M1", &cause_a, 0).expect("record");
+        let long = Cause { chain: vec!["x".into(); MAX_CHAIN], ..cause_a.clone() };
+        f.record_provenance("M2", &long, 0).expect("record");
+        let written =
+            |id: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, "/data/x") };
+        let both = [a.clone(), b.clone()];
+        let done = f
+            .insert_batch(
+                &[
+                    new(written("e1", "M1"), &both),
+                    new(event("e2", "/data/x"), &both),
+                    new(written("e3", "M2"), &both),
+                    new(written("e4", "M9"), &both),
+                ],
+                1_000,
+            )
+            .expect("batch");
+        let g = |queued, loop_guarded| Inserted { queued, deduplicated: 0, superseded: 0, loop_guarded };
+        assert_eq!(done, [g(1, 1), g(2, 0), g(0, 2), g(2, 0)]);
+        let claim = f.claim(1_000, 10).expect("claim");
+        let fired: Vec<_> = claim
+            .ready
+            .iter()
+            .map(|c| (c.event.id.as_str(), c.function.manifest.name.as_str(), c.cause.is_some()))
+            .collect();
+        assert_eq!(
+            fired,
+            [("e1", "b", true), ("e2", "a", false), ("e2", "b", false), ("e4", "a", false), ("e4", "b", false)]
+        );
+        assert_eq!(claim.ready[0].cause, Some(cause_a));
+    }
+
+    #[test]
+    fn a_failed_batch_writes_nothing_and_can_be_inserted_again_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let (a, d) = (function("a", None, None), function("d", None, Some(2)));
+        f.insert(&event("w0", "/data/one"), std::slice::from_ref(&d), None, 0).expect("insert");
+        // The table refuses the third event's firing, after the first two were written in the
+        // transaction (and w0 superseded by w1).
+        f.with(|c| {
+            Ok(c.execute_batch(
+                "CREATE TRIGGER refuse_bad BEFORE INSERT ON firings WHEN NEW.event_key = 'bad' \
+                 BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+            )?)
+        })
+        .expect("trigger");
+        let batch = [
+            new(event("w1", "/data/one"), &[a.clone(), d.clone()]),
+            new(event("e2", "/data/two"), std::slice::from_ref(&a)),
+            new(event("bad", "/data/three"), std::slice::from_ref(&a)),
+        ];
+        let e = f.insert_batch(&batch, 100).expect_err("refused");
+        assert!(e.to_string().contains("injected failure"), "{e}");
+        assert_eq!(states(&f), [("w0".into(), "d".into(), FiringState::Pending)], "nothing of the batch");
+        assert_eq!(f.pending(), 1);
+        f.with(|c| Ok(c.execute_batch("DROP TRIGGER refuse_bad;")?)).expect("drop trigger");
+        // Redelivered, the whole batch is new: no half of it was kept.
+        let done = f.insert_batch(&batch, 200).expect("batch");
+        assert_eq!(
+            done.iter().map(|d| (d.queued, d.deduplicated, d.superseded)).collect::<Vec<_>>(),
+            [(2, 0, 1), (1, 0, 0), (1, 0, 0)]
+        );
+        assert_eq!(f.pending(), 4, "w1 a, w1 d, e2, bad; w0 superseded");
     }
 
     #[test]

@@ -8,19 +8,31 @@
 //! Delivery contract: a message is acked only after one firing per matching function is
 //! committed to the gateway's firing table (durable before ack); from there the dispatcher
 //! asks the storage for macaroons and submits, retrying transient failures (storage or
-//! scheduler down) with backoff, with rate limits and debounce applied. Only a failure to write
-//! the table NAKs the message, with a growing delay, at most `max_deliver` times. A copy of an
-//! event (redelivery, a duplicate message, a redelivery after a restart) finds its firing's key
+//! scheduler down) with backoff, with rate limits and debounce applied. A copy of an event
+//! (redelivery, a duplicate message, a redelivery after a restart) finds its firing's key
 //! (event id + function + digest) taken and starts nothing; the scheduler's own dedupe key on
-//! each submission stays a second line of defence. Malformed, ignored and not-enabled messages
-//! are counted and acked at once.
+//! each submission stays a second line of defence.
+//!
+//! Group commit: the loop works in batches ([`run`]). It waits for one message, then takes
+//! what the client already holds, up to [`BATCH_MAX`], without waiting for more (a lone event
+//! is committed at once; a backlog, or messages arriving during a commit, make the next batch
+//! large). Each message is decided and matched ([`plan`]), then the firings of all the batch's
+//! events are inserted in ONE transaction, one fsync ([`crate::firing::Firings::insert_batch`]:
+//! each event as alone, in arrival order — two copies in one batch make one firing, debounce
+//! supersedes in order, the loop guard looks up each event). Only after the commit is every
+//! message of the batch acked, malformed, ignored, not-enabled and unmatched ones included
+//! (they are counted then). If the transaction fails nothing of the batch was written and
+//! every message is NAKed, with a delay growing with its deliveries, at most `max_deliver`
+//! times; a crash between commit and ack redelivers the batch, whose keys are then taken.
+//! Nothing is acked before it is durable, and nothing is lost.
 
 use crate::Shared;
 use crate::event::{self, Decision, SubjectSource};
+use crate::firing::NewFirings;
 use crate::stats::Stats;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{
@@ -118,7 +130,15 @@ pub fn events_stream_config() -> jetstream::stream::Config {
     }
 }
 
-/// What to tell JetStream about one message.
+/// Most messages taken into one batch (one transaction, one fsync).
+pub const BATCH_MAX: usize = 256;
+/// Messages each pull request asks JetStream for: twice a batch, so that under load the
+/// client holds the next full batch while one is being committed.
+const PULL_BATCH: usize = 2 * BATCH_MAX;
+/// The pull requests' idle heartbeat (the client's default).
+const PULL_HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// What to tell JetStream about a message (or a batch of them).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Done with it (fired, ignored, malformed or refused for good).
@@ -127,16 +147,50 @@ pub enum Verdict {
     Retry,
 }
 
-/// Consumes until `shutdown`. Cancel-safe at the `select!`: a message being handled is finished
+/// Why a message needs nothing written; counted once its batch is acked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Valid, but no event (failed transfer, p2p copy, …).
+    Ignored,
+    /// An event type the site did not enable.
+    NotEnabled,
+    /// Not an event of its source.
+    Malformed,
+    /// An event no trigger matches.
+    Unmatched,
+}
+
+/// What deciding and matching made of one message, before anything is written.
+#[derive(Debug)]
+pub enum Plan {
+    /// Nothing to write: acked with its batch.
+    Skip(Skip),
+    /// Firings to insert: the event and the functions it fires.
+    Fire(Box<StorageEvent>, Vec<FunctionRecord>),
+}
+
+/// Consumes until `shutdown`, in batches: waits for a message, takes with it what the client
+/// already holds (up to [`BATCH_MAX`]; no waiting, so a lone event is committed at once and a
+/// backlog makes large batches), decides and matches each, commits all their firings in one
+/// transaction ([`handle_batch`]), and only then acks every message of the batch — or, when
+/// the transaction failed, NAKs every one with a growing delay. Cancel-safe at the `select!`
+/// (and at the non-blocking polls, which lose nothing): a batch being handled is finished
 /// first, and an unacked message is redelivered after `ack_wait`.
 pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let mut messages = consumer.messages().await.context("start consuming events")?;
-    loop {
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(PULL_BATCH)
+        .heartbeat(PULL_HEARTBEAT)
+        .messages()
+        .await
+        .context("start consuming events")?;
+    let mut ended = false;
+    while !ended {
         let next = tokio::select! {
             _ = shutdown.cancelled() => break,
             next = messages.next() => next,
         };
-        let message = match next {
+        let first = match next {
             Some(Ok(m)) => m,
             Some(Err(e)) => {
                 tracing::warn!("event stream error (continuing): {e}");
@@ -145,65 +199,105 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
             }
             None => anyhow::bail!("the JetStream consumer stream ended"),
         };
-        Stats::bump(&shared.stats.events_received);
-        match SubjectSource::of(&message.subject) {
-            Some(SubjectSource::DcacheBilling) => Stats::bump(&shared.stats.events_dcache_billing),
-            Some(SubjectSource::Cloudevents) => Stats::bump(&shared.stats.events_cloudevents),
-            None => {}
-        }
-        let (seq, delivered) = match message.info() {
-            Ok(info) => (info.stream_sequence, info.delivered),
-            Err(e) => {
-                tracing::warn!("message without JetStream info: {e}");
-                (0, 1)
+        let mut batch = vec![first];
+        while batch.len() < BATCH_MAX {
+            match messages.next().now_or_never() {
+                Some(Some(Ok(m))) => batch.push(m),
+                Some(Some(Err(e))) => {
+                    tracing::warn!("event stream error (continuing): {e}");
+                    break;
+                }
+                Some(None) => {
+                    ended = true;
+                    break;
+                }
+                // Nothing more at hand: commit what we have now.
+                None => break,
             }
-        };
-        let message_id = format!("nats-seq-{seq}");
-        let verdict = handle(&shared, &message.subject, message.headers.as_ref(), &message.payload, &message_id).await;
-        let ack = match verdict {
-            Verdict::Ack => message.double_ack().await,
-            Verdict::Retry => {
-                let delay = Duration::from_millis(500u64.saturating_mul(1 << delivered.clamp(0, 6) as u32));
-                tracing::info!(seq, delivered, ?delay, "event will be redelivered");
-                message.ack_with(AckKind::Nak(Some(delay))).await
-            }
-        };
-        if let Err(e) = ack {
-            // Not fatal: the message is redelivered, and the dedupe key keeps it to one job.
-            tracing::warn!(seq, "could not ack event: {e}");
         }
+        let plans = batch.iter().map(|m| plan_message(&shared, m)).collect();
+        let verdict = handle_batch(&shared, plans).await;
+        Stats::bump(&shared.stats.ingest_batches);
+        settle(&batch, verdict).await;
+    }
+    if ended {
+        anyhow::bail!("the JetStream consumer stream ended");
     }
     tracing::info!("ingest stopped");
     Ok(())
 }
 
-/// Decides and acts on one message.
+/// Counts one delivered message and plans it.
+fn plan_message(shared: &Shared, message: &jetstream::Message) -> Plan {
+    Stats::bump(&shared.stats.events_received);
+    match SubjectSource::of(&message.subject) {
+        Some(SubjectSource::DcacheBilling) => Stats::bump(&shared.stats.events_dcache_billing),
+        Some(SubjectSource::Cloudevents) => Stats::bump(&shared.stats.events_cloudevents),
+        None => {}
+    }
+    let message_id = format!("nats-seq-{}", delivery(message).0);
+    plan(shared, &message.subject, message.headers.as_ref(), &message.payload, &message_id)
+}
+
+/// The message's stream sequence and delivery count.
+fn delivery(message: &jetstream::Message) -> (u64, i64) {
+    match message.info() {
+        Ok(info) => (info.stream_sequence, info.delivered),
+        Err(e) => {
+            tracing::warn!("message without JetStream info: {e}");
+            (0, 1)
+        }
+    }
+}
+
+/// Tells JetStream the batch's verdict about each of its messages, all at once: acked (and the
+/// ack confirmed), or NAKed with a delay that grows with each message's deliveries.
+async fn settle(batch: &[jetstream::Message], verdict: Verdict) {
+    let acks = batch.iter().map(|message| {
+        let verdict = &verdict;
+        async move {
+            let (seq, delivered) = delivery(message);
+            let ack = match verdict {
+                Verdict::Ack => message.double_ack().await,
+                Verdict::Retry => {
+                    let delay = Duration::from_millis(500u64.saturating_mul(1 << delivered.clamp(0, 6) as u32));
+                    tracing::info!(seq, delivered, ?delay, "event will be redelivered");
+                    message.ack_with(AckKind::Nak(Some(delay))).await
+                }
+            };
+            if let Err(e) = ack {
+                // Not fatal: the message is redelivered, and the dedupe key keeps it to one job.
+                tracing::warn!(seq, "could not ack event: {e}");
+            }
+        }
+    });
+    futures_util::future::join_all(acks).await;
+}
+
+/// Decides and matches one message: what, if anything, it fires.
 #[tracing::instrument(name = "gateway.ingest_event", skip_all,
     fields(messaging.destination.name = %subject, event = %message_id))]
-pub async fn handle(
+pub fn plan(
     shared: &Shared,
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
     message_id: &str,
-) -> Verdict {
+) -> Plan {
     let policy = shared.sources();
     let event = match event::decide(subject, headers, payload, message_id, &policy) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             tracing::debug!("ignored: {why}");
-            Stats::bump(&shared.stats.events_ignored);
-            return Verdict::Ack;
+            return Plan::Skip(Skip::Ignored);
         }
         Ok(Decision::NotEnabled(ty)) => {
             tracing::debug!("ignored: type {ty} not enabled by the site");
-            Stats::bump(&shared.stats.events_not_enabled);
-            return Verdict::Ack;
+            return Plan::Skip(Skip::NotEnabled);
         }
         Err(e) => {
             tracing::warn!("malformed event skipped: {e}");
-            Stats::bump(&shared.stats.events_malformed);
-            return Verdict::Ack;
+            return Plan::Skip(Skip::Malformed);
         }
     };
     let functions: Vec<FunctionRecord> = shared
@@ -215,47 +309,97 @@ pub async fn handle(
         .collect();
     if functions.is_empty() {
         tracing::debug!(path = %event.path, "no trigger matches");
-        Stats::bump(&shared.stats.events_unmatched);
-        return Verdict::Ack;
+        return Plan::Skip(Skip::Unmatched);
     }
-    fire_all(shared, &event, &functions, None).await
+    Plan::Fire(event, functions)
+}
+
+/// Decides and acts on one message: a batch of one.
+pub async fn handle(
+    shared: &Shared,
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+    message_id: &str,
+) -> Verdict {
+    handle_batch(shared, vec![plan(shared, subject, headers, payload, message_id)]).await
+}
+
+/// Acts on a batch of planned messages: the firings of all its events in one transaction
+/// ([`fire_batch`]). [`Verdict::Ack`] (for every message, skipped ones included, which are
+/// counted then) once they are committed; [`Verdict::Retry`] (for every message) when the
+/// transaction failed, and nothing of the batch was written.
+#[tracing::instrument(name = "gateway.ingest_batch", skip_all, fields(messages = plans.len()))]
+pub async fn handle_batch(shared: &Shared, plans: Vec<Plan>) -> Verdict {
+    let mut skipped = Vec::new();
+    let mut batch = Vec::new();
+    for p in plans {
+        match p {
+            Plan::Skip(why) => skipped.push(why),
+            Plan::Fire(event, functions) => batch.push(NewFirings { event: *event, functions, replay: None }),
+        }
+    }
+    let verdict = fire_batch(shared, batch).await;
+    if verdict == Verdict::Ack {
+        let stats = &shared.stats;
+        for why in skipped {
+            Stats::bump(match why {
+                Skip::Ignored => &stats.events_ignored,
+                Skip::NotEnabled => &stats.events_not_enabled,
+                Skip::Malformed => &stats.events_malformed,
+                Skip::Unmatched => &stats.events_unmatched,
+            });
+        }
+    }
+    verdict
 }
 
 /// Queues one firing per function in `functions` on `event` in the durable firing table
-/// ([`crate::firing`]), in one transaction; the dispatcher turns each into a job. At most one
-/// firing ever per (event, function, digest): a copy of an event already queued is dropped
-/// here, before any macaroon is asked for. `replay` names a replay run (`htfaas events
-/// replay`), whose firings get keys of their own, so a replay re-runs what already ran once.
-/// Returns [`Verdict::Ack`] once the firings are on disk, [`Verdict::Retry`] only when the
-/// table could not be written.
+/// ([`crate::firing`]); the dispatcher turns each into a job. At most one firing ever per
+/// (event, function, digest): a copy of an event already queued is dropped here, before any
+/// macaroon is asked for. `replay` names a replay run (`htfaas events replay`), whose firings
+/// get keys of their own, so a replay re-runs what already ran once. A batch of one
+/// ([`fire_batch`]).
 pub async fn fire_all(
     shared: &Shared,
     event: &StorageEvent,
     functions: &[FunctionRecord],
     replay: Option<&str>,
 ) -> Verdict {
-    let inserted = shared
-        .firings
-        .insert_async(event.clone(), functions.to_vec(), replay.map(str::to_owned), crate::firing::now_ms())
-        .await;
-    match inserted {
+    let one = NewFirings { event: event.clone(), functions: functions.to_vec(), replay: replay.map(str::to_owned) };
+    fire_batch(shared, vec![one]).await
+}
+
+/// Queues the firings of every event of `batch` in ONE transaction
+/// ([`crate::firing::Firings::insert_batch`]: one fsync for the batch, each event as alone).
+/// Returns [`Verdict::Ack`] once they are all on disk (at once for an empty batch),
+/// [`Verdict::Retry`] when the table could not be written: then none was.
+pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
+    if batch.is_empty() {
+        return Verdict::Ack;
+    }
+    let (events, first_path) = (batch.len() as u64, batch[0].event.path.clone());
+    match shared.firings.insert_batch_async(batch, crate::firing::now_ms()).await {
         Ok(done) => {
             let stats = &shared.stats;
-            stats.firings_queued.fetch_add(done.queued, Ordering::Relaxed);
-            stats.firings_deduplicated.fetch_add(done.deduplicated, Ordering::Relaxed);
-            // A dropped copy started no second job, as a copy the scheduler drops.
-            stats.jobs_deduplicated.fetch_add(done.deduplicated, Ordering::Relaxed);
-            stats.firings_superseded.fetch_add(done.superseded, Ordering::Relaxed);
-            stats.firings_loop_guarded.fetch_add(done.loop_guarded, Ordering::Relaxed);
-            if done.queued == 0 && done.deduplicated > 0 {
-                Stats::bump(&stats.events_duplicate);
+            for d in done {
+                stats.firings_queued.fetch_add(d.queued, Ordering::Relaxed);
+                stats.firings_deduplicated.fetch_add(d.deduplicated, Ordering::Relaxed);
+                // A dropped copy started no second job, as a copy the scheduler drops.
+                stats.jobs_deduplicated.fetch_add(d.deduplicated, Ordering::Relaxed);
+                stats.firings_superseded.fetch_add(d.superseded, Ordering::Relaxed);
+                stats.firings_loop_guarded.fetch_add(d.loop_guarded, Ordering::Relaxed);
+                if d.queued == 0 && d.deduplicated > 0 {
+                    Stats::bump(&stats.events_duplicate);
+                }
             }
             stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);
             Verdict::Ack
         }
         Err(e) => {
-            tracing::error!(path = %event.path, "could not queue the event's firings, will retry: {e}");
-            Stats::bump(&shared.stats.transient_failures);
+            tracing::error!(events, path = %first_path, "could not queue the firings of a batch of events, will retry: {e}");
+            // One per event whose firings were not written (each is redelivered).
+            shared.stats.transient_failures.fetch_add(events, Ordering::Relaxed);
             Verdict::Retry
         }
     }
@@ -326,4 +470,110 @@ pub async fn prepare(
         bind_ep_address: shared.bind_macaroons_to_ep,
         class: m.class.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::FunctionManifest;
+    use htfaas_functions::manifest::{Outputs, Resources, Trigger};
+    use htfaas_functions::proto::EVENTS_SUBJECT;
+
+    /// A gateway state in `dir` with two functions on `/data/**`.
+    async fn shared(dir: &std::path::Path) -> Arc<Shared> {
+        let config: crate::Config = serde_json::from_value(serde_json::json!({
+            "listen": "127.0.0.1:0", "nats_url": "nats://127.0.0.1:1",
+            "registry_dir": dir.join("registry"), "storage_url": "http://127.0.0.1:1",
+            "storage_user": "gateway", "scheduler_url": "http://127.0.0.1:1",
+            "scheduler_admin_token": "s", "signing_key_file": dir.join("submit.pem"), "admin_token": "a",
+        }))
+        .expect("config");
+        let shared = config.resolve().await.expect("resolve").shared();
+        let module = shared.registry.put_module(b"\0asm\x01\0\0\0").expect("module");
+        for name in ["a", "b"] {
+            shared
+                .registry
+                .register(FunctionManifest {
+                    name: name.into(),
+                    owner: "alice".into(),
+                    module: module.clone(),
+                    trigger: Trigger::on_path("/data/**"),
+                    resources: Resources::default(),
+                    outputs: Outputs { dir: format!("/out/{name}/") },
+                    args: vec![],
+                    env: vec![],
+                    annex: None,
+                    class: None,
+                })
+                .expect("register");
+        }
+        shared.triggers.reload(&shared.registry).expect("reload");
+        shared
+    }
+
+    fn write(path: &str, session: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "msgType": "transfer", "isWrite": "write", "isP2p": false, "status": {"code": 0, "msg": ""},
+            "cellName": "pool-a", "cellDomain": "poolDomain", "transferPath": path, "pnfsid": "0000BEEF",
+            "session": session, "fileSize": 10,
+        }))
+        .expect("json")
+    }
+
+    fn plans(shared: &Shared, payloads: &[Vec<u8>]) -> Vec<Plan> {
+        payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| plan(shared, EVENTS_SUBJECT, None, p, &format!("nats-seq-{i}")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_committed_and_counted_whole_or_retried_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = shared(dir.path()).await;
+        let failed = serde_json::to_vec(&serde_json::json!({
+            "msgType": "transfer", "isWrite": "write", "isP2p": false, "status": {"code": 666, "msg": "no"},
+            "cellName": "pool-a", "cellDomain": "poolDomain", "transferPath": "/data/f", "pnfsid": "0000BEEF",
+            "session": "s-f", "fileSize": 10,
+        }))
+        .expect("json");
+        let batch = [
+            write("/data/x", "s1"),
+            b"{not json".to_vec(),
+            write("/data/x", "s1"),
+            write("/elsewhere/y", "s2"),
+            failed,
+            write("/data/z", "s3"),
+        ];
+
+        // The table refuses the batch: nothing is written or counted as done; all come again.
+        let file = dir.path().join("firings.sqlite");
+        let side = rusqlite::Connection::open(&file).expect("open");
+        side.execute_batch(
+            "CREATE TRIGGER refuse BEFORE INSERT ON firings WHEN NEW.path = '/data/z' \
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+        )
+        .expect("trigger");
+        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Retry);
+        let s = shared.stats.snapshot();
+        assert_eq!((s.firings_queued, s.events_malformed, s.events_unmatched, s.events_ignored), (0, 0, 0, 0));
+        assert_eq!(s.transient_failures, 3, "the three events with firings");
+        assert_eq!(shared.firings.list(0, 100).expect("list").len(), 0);
+
+        // Redelivered: one transaction; the copy inside the batch makes no second firing.
+        side.execute_batch("DROP TRIGGER refuse;").expect("drop");
+        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Ack);
+        let s = shared.stats.snapshot();
+        assert_eq!((s.firings_queued, s.firings_deduplicated, s.events_duplicate), (4, 2, 1));
+        assert_eq!((s.events_malformed, s.events_unmatched, s.events_ignored), (1, 1, 1));
+        assert_eq!(s.firings_pending, 4);
+        let keys: Vec<_> = shared.firings.list(0, 100).expect("list").into_iter().map(|f| f.function).collect();
+        assert_eq!(keys, ["a", "b", "a", "b"]);
+
+        // A batch with nothing to write is acked without a transaction; a lone event is a batch.
+        assert_eq!(handle_batch(&shared, plans(&shared, &[b"[]".to_vec()])).await, Verdict::Ack);
+        assert_eq!(handle(&shared, EVENTS_SUBJECT, None, &write("/data/w", "s9"), "nats-seq-9").await, Verdict::Ack);
+        assert_eq!(shared.stats.snapshot().firings_queued, 6);
+    }
 }

@@ -44,6 +44,8 @@ pub struct Stats {
     pub firings_rate_delayed: AtomicU64,
     /// See [`StatsSnapshot::firings_pending`].
     pub firings_pending: AtomicU64,
+    /// See [`StatsSnapshot::ingest_batches`].
+    pub ingest_batches: AtomicU64,
 }
 
 impl Stats {
@@ -74,6 +76,7 @@ impl Stats {
             firings_loop_guarded: r(&self.firings_loop_guarded),
             firings_rate_delayed: r(&self.firings_rate_delayed),
             firings_pending: r(&self.firings_pending),
+            ingest_batches: r(&self.ingest_batches),
         }
     }
 }
