@@ -386,8 +386,8 @@ impl Settings {
 /// Runs the gateway until `shutdown` is cancelled: the ingest loop, the firing dispatcher
 /// ([`firing::dispatch`]) and the API.
 ///
-/// Shutdown order: stop taking events (the in-flight one finishes: its firings are committed
-/// and it is acked, or it is left for redelivery), stop the API, let the submissions in flight
+/// Shutdown order: stop taking events (the in-flight batch finishes: its firings are committed
+/// and its messages acked, or they are left for redelivery), stop the API, let the submissions in flight
 /// finish (pending firings stay in the table for the next start), return.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Settings { listener, shared, nats_url, consumer, max_deliver } = settings;
