@@ -6,6 +6,7 @@
 
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
+use htfaas_functions::audit::{AuditFilter, AuditRecord, VerifyReport};
 use htfaas_functions::proto::{
     Account, ApiError, Attempt, EpAction, EpInfo, FactorRequest, JobAnalysis, JobRecord, ModuleUploaded, OwnerPriority,
     PriorityReport, RegisterQuery, ReplayRequest, Report, RunRequest, StatsSnapshot, TestReport, TestRequest,
@@ -327,6 +328,44 @@ impl Client {
         self.admin_get("/v1/stats").await
     }
 
+    /// The scheduler's audit records that `filter` selects, in seq order (admin).
+    pub async fn audit(&self, filter: &AuditFilter) -> anyhow::Result<Vec<AuditRecord>> {
+        let mut url = reqwest::Url::parse(&self.gateway("/v1/audit")).context("gateway URL")?;
+        {
+            let mut q = url.query_pairs_mut();
+            let text = [
+                ("job", &filter.job),
+                ("token", &filter.token),
+                ("owner", &filter.owner),
+                ("file", &filter.file),
+                ("function", &filter.function),
+                ("event", &filter.event_id),
+            ];
+            for (key, value) in text {
+                if let Some(value) = value {
+                    q.append_pair(key, value);
+                }
+            }
+            for (key, value) in [("since", filter.since_ms), ("until", filter.until_ms), ("limit", filter.limit)] {
+                if let Some(value) = value {
+                    q.append_pair(key, &value.to_string());
+                }
+            }
+        }
+        let resp = self.http.get(url).bearer_auth(&self.info.admin_token).send().await?;
+        Ok(check(resp, "audit query").await?.json().await?)
+    }
+
+    /// The scheduler's verification of its whole audit trail, under its own audit key.
+    pub async fn audit_verify(&self) -> anyhow::Result<VerifyReport> {
+        self.admin_get("/v1/audit/verify").await
+    }
+
+    /// The scheduler's audit key, a JWKS document (for [`verify_trail_file`]).
+    pub async fn audit_keys(&self) -> anyhow::Result<serde_json::Value> {
+        self.admin_get("/v1/audit/keys").await
+    }
+
     /// Publishes raw bytes on `subject` through JetStream and waits for the stream's ack.
     pub async fn publish_event(&self, subject: &str, bytes: Vec<u8>) -> anyhow::Result<u64> {
         self.publish_event_with_headers(subject, &[], bytes).await
@@ -358,6 +397,15 @@ impl Client {
             .context("wait for the JetStream ack (is there a stream on this subject?)")?;
         Ok(ack.sequence)
     }
+}
+
+/// `htfaas audit verify --file DB --keys JWKS`: verifies a copy of a trail (any SQLite file
+/// with the audit tables, e.g. the scheduler's store) offline, under the keys of a JWKS file.
+pub fn verify_trail_file(db: &Path, jwks: &Path) -> anyhow::Result<VerifyReport> {
+    let text = std::fs::read_to_string(jwks).with_context(|| format!("read {}", jwks.display()))?;
+    let keys = htfaas_functions::audit::keys_from_jwks_text(&text).with_context(|| format!("{}", jwks.display()))?;
+    anyhow::ensure!(!keys.is_empty(), "{} holds no Ed25519 key with a kid", jwks.display());
+    htfaas_functions::audit::verify(db, &keys).with_context(|| format!("verify {}", db.display()))
 }
 
 impl Client {

@@ -2,8 +2,8 @@
 //!
 //! `up` runs the whole local stack; `storage`, `scheduler`, `gateway` and `ep` run one
 //! component from a JSON config file; `put`, `get`, `fn`, `jobs`, `ep list|drain|…`,
-//! `accounting` and `events` talk to a stack started with `up` (found through `--dir` or
-//! `HTFAAS_DIR`).
+//! `accounting`, `events` and `audit` talk to a stack started with `up` (found through `--dir`
+//! or `HTFAAS_DIR`); `audit verify --file F --keys K` checks a copied trail without one.
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -169,6 +169,150 @@ enum Command {
         #[command(subcommand)]
         command: BridgeCommand,
     },
+    /// The scheduler's audit trail: the records every given condition selects, one line each
+    /// (seq, time, kind, actor, subject); or `audit verify`.
+    #[command(args_conflicts_with_subcommands = true)]
+    Audit {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Check the trail instead.
+        #[command(subcommand)]
+        action: Option<AuditCommand>,
+        /// Records about this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// Records about this submit or attach token (its jti).
+        #[arg(long, value_name = "JTI")]
+        token: Option<String>,
+        /// Records about this owner.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Records naming this storage path (a job's input or output).
+        #[arg(long, value_name = "PATH")]
+        file: Option<String>,
+        /// Records about this function (name).
+        #[arg(long)]
+        function: Option<String>,
+        /// Records about this storage event (its id).
+        #[arg(long, value_name = "ID")]
+        event: Option<String>,
+        /// From this time on: RFC 3339, Unix seconds, or before now (-2h).
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        since: Option<String>,
+        /// Before this time.
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        until: Option<String>,
+        /// At most this many records, the first in seq order (default 1000).
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the whole trail (every record's hash and link, every signed checkpoint); print
+    /// the records and checkpoints counted and the first problem; exit non-zero on a problem.
+    Verify {
+        /// Verify this copy of a trail offline instead (a SQLite file with the audit tables,
+        /// e.g. a copy of the scheduler's store); no running stack needed.
+        #[arg(long, value_name = "DB", requires = "keys")]
+        file: Option<PathBuf>,
+        /// With --file: JWKS file of the audit key (as `GET /v1/audit/keys` answers it).
+        #[arg(long, value_name = "JWKS", requires = "file")]
+        keys: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// One audit record as a line: seq, time, kind, actor, subject and the kind's main facts.
+fn audit_line(r: &htfaas_functions::audit::AuditRecord) -> String {
+    let s = &r.subject;
+    let mut parts = Vec::new();
+    for (key, value) in [
+        ("job", &s.job),
+        ("token", &s.token_jti),
+        ("owner", &s.owner),
+        ("function", &s.function),
+        ("event", &s.event_id),
+    ] {
+        if let Some(v) = value {
+            parts.push(format!("{key}={v}"));
+        }
+    }
+    if !s.paths.is_empty() {
+        parts.push(format!("paths={}", s.paths.join(",")));
+    }
+    let d = &r.detail;
+    let text = |key: &str| d.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let note = match r.kind.as_str() {
+        "job.dispatched" => Some(format!("ep={} attempt={}", d["ep"].as_str().unwrap_or("?"), d["attempt"])),
+        "input.read" => Some(format!("bytes={}", d["bytes"])),
+        "output.written" => {
+            let outputs = d["outputs"].as_array().map(|o| {
+                o.iter()
+                    .map(|f| format!("{}({} B)", f["path"].as_str().unwrap_or("?"), f["size"]))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+            outputs.map(|o| format!("outputs={o}"))
+        }
+        "job.finished" => Some(format!(
+            "state={} {}",
+            text("state").unwrap_or_else(|| "?".into()),
+            text("reason").unwrap_or_default()
+        )),
+        "job.refused" => Some(format!("status={} {}", d["status"], text("reason").unwrap_or_default())),
+        "attempt.lost" => Some(format!("{}: {}", text("then").unwrap_or_default(), text("why").unwrap_or_default())),
+        "admin.action" => {
+            Some(format!("{} {}", text("action").unwrap_or_default(), text("reason").unwrap_or_default()))
+        }
+        _ => text("reason"),
+    };
+    if let Some(note) = note.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()) {
+        parts.push(format!("-- {note}"));
+    }
+    let line = format!(
+        "{:>6} {} {:<15} {:<10} {}",
+        r.seq,
+        fmt_unix_ms(r.time_ms),
+        r.kind.as_str(),
+        r.actor.as_deref().unwrap_or("-"),
+        parts.join(" ")
+    );
+    line.trim_end().to_owned()
+}
+
+/// A verify report as lines, and an error naming the first problem if there is one.
+fn print_verify(report: &htfaas_functions::audit::VerifyReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        println!(
+            "{} records, {} checkpoints; chain read to record {}",
+            report.records, report.checkpoints, report.last_seq
+        );
+        match report.last_checkpoint_seq {
+            Some(k) => println!(
+                "last valid signed checkpoint at record {k}; {} later record(s) protected by the chain only",
+                report.last_seq.saturating_sub(k)
+            ),
+            None => println!("no valid signed checkpoint: every record is protected by the chain only"),
+        }
+    }
+    match &report.first_problem {
+        None => {
+            if !json {
+                println!("ok: no problem found");
+            }
+            Ok(())
+        }
+        Some(p) => anyhow::bail!("the audit trail has a problem at record {}: {}", p.seq, p.message),
+    }
 }
 
 #[derive(Subcommand)]
@@ -1316,6 +1460,40 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             settings.ca_file = ca;
             sse::run(settings, on_signals()).await
         }
+        Command::Audit { dir, action: Some(AuditCommand::Verify { file, keys, json }), .. } => {
+            let report = match (file, keys) {
+                (Some(file), Some(keys)) => htfaas::client::verify_trail_file(&file, &keys)?,
+                (None, None) => client(&dir)?.audit_verify().await?,
+                _ => anyhow::bail!("--file and --keys go together"),
+            };
+            print_verify(&report, json)
+        }
+        Command::Audit { dir, action: None, job, token, owner, file, function, event, since, until, limit, json } => {
+            let now = htfaas_gateway::replay::now_ms();
+            let time = |t: Option<String>| {
+                t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
+            };
+            let filter = htfaas_functions::audit::AuditFilter {
+                token,
+                owner,
+                file,
+                job,
+                function,
+                event_id: event,
+                since_ms: time(since)?,
+                until_ms: time(until)?,
+                limit,
+            };
+            let records = client(&dir)?.audit(&filter).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&records)?);
+            } else {
+                for r in &records {
+                    println!("{}", audit_line(r));
+                }
+            }
+            Ok(())
+        }
         Command::Events { command: EventsCommand::Publish { dir, file, subject, headers } } => {
             let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
             let seq = client(&dir)?.publish_event_with_headers(&subject, &headers, bytes).await?;
@@ -1562,6 +1740,58 @@ mod tests {
             "scanned 5 since 2026-11-22T08:00:00.000Z (events 4, ignored 0, not enabled 0, malformed 1); 3 pairs \
              matched; replay r1: fired 3, failures 0\nstopped early at the limit of 5 messages; continue with \
              --since 2026-11-22T09:00:00.000Z --replay-id r1"
+        );
+    }
+
+    #[test]
+    fn audit_parses_filters_and_verify_with_its_options() {
+        let cli = parse(&["audit", "--job", "j1", "--file", "/a", "--since", "-2h", "--limit", "5", "--json"])
+            .expect("parses");
+        let Command::Audit { action: None, job, file, since, limit: Some(5), json: true, .. } = cli.command else {
+            panic!("not an audit query")
+        };
+        assert_eq!((job.as_deref(), file.as_deref(), since.as_deref()), (Some("j1"), Some("/a"), Some("-2h")));
+        let cli =
+            parse(&["audit", "verify", "--file", "copy.sqlite", "--keys", "k.json", "--dir", "d"]).expect("parses");
+        let Command::Audit {
+            dir,
+            action: Some(AuditCommand::Verify { file: Some(_), keys: Some(_), json: false }),
+            ..
+        } = cli.command
+        else {
+            panic!("not an offline verify")
+        };
+        assert_eq!(dir.dir.as_path(), Path::new("d"));
+        assert!(parse(&["audit", "verify", "--json"]).is_ok());
+        assert!(parse(&["audit", "verify", "--file", "copy.sqlite"]).is_err(), "--file needs --keys");
+        assert!(parse(&["audit", "--job", "j", "verify"]).is_err(), "filters do not go with verify");
+        assert!(parse(&["audit", "--since", "yesterday"]).is_err(), "times are checked");
+    }
+
+    #[test]
+    fn audit_records_print_as_one_line() {
+        use htfaas_functions::audit::{AuditKind, AuditRecord, Subject};
+        let r = AuditRecord {
+            format: 1,
+            seq: 7,
+            time_ms: 1_740_830_400_250,
+            writer: "scheduler".into(),
+            kind: AuditKind::JobDispatched,
+            actor: None,
+            subject: Subject {
+                job: Some("j1".into()),
+                owner: Some("alice".into()),
+                paths: vec!["/data/raw/a.dat".into()],
+                ..Subject::default()
+            },
+            detail: serde_json::json!({"ep": "ep-1", "session": "s", "attempt": 2}),
+            prev_hash: String::new(),
+            hash: String::new(),
+        };
+        assert_eq!(
+            audit_line(&r),
+            "     7 2025-03-01T12:00:00.250Z job.dispatched  -          job=j1 owner=alice paths=/data/raw/a.dat -- \
+             ep=ep-1 attempt=2"
         );
     }
 

@@ -7,7 +7,7 @@
 //!
 //! # Records
 //!
-//! Each writer owns one log (one chain) in its own SQLite file. A record ([`AuditRecord`]) is
+//! Each writer owns one log (one chain) in one SQLite database (its own file, or its component's). A record ([`AuditRecord`]) is
 //! `{format, seq, time_ms, writer, kind, actor, subject, detail, prev_hash, hash}`:
 //! - `format` is [`RECORD_FORMAT`] (1);
 //! - `seq` counts from 1 without gaps; `time_ms` is Unix milliseconds, never smaller than the
@@ -23,7 +23,7 @@
 //!
 //! **Secrets never enter a record.** The typed constructors take claims, identifiers and
 //! caveats, never an encoded token or a bearer macaroon ([`MacaroonFacts::from_bearer`] keeps
-//! the identifier and caveats and drops the rest). As a second line, [`AuditLog::append`]
+//! the identifier and caveats and drops the rest). As a second line, every append
 //! replaces any string of a draft that parses as a JWT/JWS or a macaroon, or starts with
 //! `Bearer `, by `[redacted: bearer credential]` (and logs a warning).
 //!
@@ -48,8 +48,8 @@
 //! With a signing key, the writer signs a [`Checkpoint`] `{writer, seq, hash, time_ms, kid,
 //! signature}` every [`CheckpointPolicy::every_records`] records or, at the next append, once
 //! [`CheckpointPolicy::every_ms`] have passed (and when the service calls
-//! [`AuditLog::checkpoint_now`], e.g. on a timer and at shutdown), in the same transaction as
-//! the record it names. The signature is Ed25519 (hex, 128 digits) over
+//! [`AuditLog::checkpoint_now`] or [`checkpoint_in`], e.g. on a timer and at shutdown); an
+//! [`AuditLog`] signs in the same transaction as the record it names. The signature is Ed25519 (hex, 128 digits) over
 //! `"htfaas-audit-checkpoint-v1\0"` ‖ u32 BE length of `writer` ‖ `writer` ‖ u64 BE `seq` ‖ the
 //! 32 bytes of `hash` ‖ u64 BE `time_ms`. Keys are the same PKCS#8 Ed25519 keys and JWKS
 //! documents as [`crate::token`]'s; verifiers look them up by `kid` ([`keys_from_jwks`]).
@@ -59,14 +59,26 @@
 //!
 //! # Storage
 //!
-//! SQLite, WAL, `synchronous=FULL` (a returned `append` is on disk), `PRAGMA user_version` =
-//! [`SCHEMA_VERSION`], stepwise [`MIGRATIONS`]. Tables: `meta` (the writer's name),
-//! `records` (`seq` primary key, the stored JSON text, and copies of `time_ms`, `kind`, the
-//! subject fields and `hash` as indexed columns for queries and appends), `record_paths`
-//! (`path`, `seq`) and `checkpoints` (`seq`, `time_ms`, JSON text). Triggers refuse `UPDATE` and
-//! `DELETE` on all three, so a bug cannot rewrite history; they do not stop someone with the
-//! file, which is what the chain and the signatures are for. [`verify`] reads only the JSON
-//! texts and never trusts the copied columns.
+//! SQLite tables with an `audit_` prefix, so that a log can live **inside another component's
+//! database** and be written in the same transaction as the decision it records (no extra
+//! fsync; never a decision without its record, nor a record without its decision):
+//! [`install`] creates or migrates them in any database, [`append_in`] appends inside the
+//! caller's transaction, [`checkpoint_in`] signs the head on a connection. [`AuditLog::open`]
+//! is the same on a file of its own (WAL, `synchronous=FULL`: a returned `append` is on disk).
+//!
+//! The audit schema has its own version, [`SCHEMA_VERSION`], kept in `audit_meta`
+//! (`schema_version`; `PRAGMA user_version` belongs to the host database and is never
+//! touched), and stepwise [`MIGRATIONS`]. Tables: `audit_meta` (the writer's name and the
+//! schema version), `audit_records` (`seq` primary key, the stored JSON text, and copies of
+//! `time_ms`, `kind`, the subject fields and `hash` as indexed columns for queries and
+//! appends), `audit_record_paths` (`path`, `seq`) and `audit_checkpoints` (`seq`, `time_ms`,
+//! JSON text). Triggers refuse `UPDATE` and `DELETE` on the last three, so a bug cannot
+//! rewrite history; they do not stop someone with the file, which is what the chain and the
+//! signatures are for. [`verify`] and [`query`] work on any file that holds the tables (a
+//! standalone log or, say, the scheduler's queue); [`verify`] reads only the JSON texts and
+//! never trusts the copied columns.
+//!
+//! One database holds one chain, of one writer (`audit_meta`'s `writer`).
 //!
 //! Calls block on disk; async callers clone the [`AuditLog`] (a cheap handle) into
 //! `spawn_blocking`.
@@ -89,6 +101,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The SQLite binding of [`install`], [`append_in`] and [`checkpoint_in`], for callers that
+/// must name its types (the same version as this crate's).
+pub use rusqlite;
+
 /// The record format this build writes and verifies.
 pub const RECORD_FORMAT: u32 = 1;
 /// `prev_hash` of record 1.
@@ -100,38 +116,39 @@ const CHECKPOINT_DOMAIN: &[u8] = b"htfaas-audit-checkpoint-v1\0";
 /// What a bearer credential found in a draft is replaced by.
 pub const REDACTED: &str = "[redacted: bearer credential]";
 
-/// Version of the stored schema written by this build.
+/// Version of the audit tables written by this build (`audit_meta`'s `schema_version`).
 pub const SCHEMA_VERSION: i64 = 1;
-/// `MIGRATIONS[i]` brings a file from `user_version` i to i + 1.
+/// `MIGRATIONS[i]` brings the audit tables from version i to i + 1 (`audit_meta` itself is
+/// made by [`install`] before they run).
 pub const MIGRATIONS: &[&str] = &[
     // 0 → 1: the first schema.
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-     CREATE TABLE records (
+    "CREATE TABLE audit_records (
          seq INTEGER PRIMARY KEY,
          time_ms INTEGER NOT NULL,
          kind TEXT NOT NULL,
          job TEXT, token_jti TEXT, owner TEXT, function TEXT, digest TEXT, event_id TEXT,
          hash TEXT NOT NULL,
          json TEXT NOT NULL);
-     CREATE INDEX records_by_time ON records (time_ms);
-     CREATE INDEX records_by_job ON records (job) WHERE job IS NOT NULL;
-     CREATE INDEX records_by_token ON records (token_jti) WHERE token_jti IS NOT NULL;
-     CREATE INDEX records_by_owner ON records (owner) WHERE owner IS NOT NULL;
-     CREATE INDEX records_by_function ON records (function) WHERE function IS NOT NULL;
-     CREATE INDEX records_by_event ON records (event_id) WHERE event_id IS NOT NULL;
-     CREATE TABLE record_paths (path TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (path, seq)) WITHOUT ROWID;
-     CREATE TABLE checkpoints (seq INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL, json TEXT NOT NULL);
-     CREATE TRIGGER records_append_only_u BEFORE UPDATE ON records
+     CREATE INDEX audit_records_by_time ON audit_records (time_ms);
+     CREATE INDEX audit_records_by_job ON audit_records (job) WHERE job IS NOT NULL;
+     CREATE INDEX audit_records_by_token ON audit_records (token_jti) WHERE token_jti IS NOT NULL;
+     CREATE INDEX audit_records_by_owner ON audit_records (owner) WHERE owner IS NOT NULL;
+     CREATE INDEX audit_records_by_function ON audit_records (function) WHERE function IS NOT NULL;
+     CREATE INDEX audit_records_by_event ON audit_records (event_id) WHERE event_id IS NOT NULL;
+     CREATE TABLE audit_record_paths (path TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (path, seq))
+         WITHOUT ROWID;
+     CREATE TABLE audit_checkpoints (seq INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL, json TEXT NOT NULL);
+     CREATE TRIGGER audit_records_append_only_u BEFORE UPDATE ON audit_records
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
-     CREATE TRIGGER records_append_only_d BEFORE DELETE ON records
+     CREATE TRIGGER audit_records_append_only_d BEFORE DELETE ON audit_records
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
-     CREATE TRIGGER record_paths_append_only_u BEFORE UPDATE ON record_paths
+     CREATE TRIGGER audit_record_paths_append_only_u BEFORE UPDATE ON audit_record_paths
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
-     CREATE TRIGGER record_paths_append_only_d BEFORE DELETE ON record_paths
+     CREATE TRIGGER audit_record_paths_append_only_d BEFORE DELETE ON audit_record_paths
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
-     CREATE TRIGGER checkpoints_append_only_u BEFORE UPDATE ON checkpoints
+     CREATE TRIGGER audit_checkpoints_append_only_u BEFORE UPDATE ON audit_checkpoints
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
-     CREATE TRIGGER checkpoints_append_only_d BEFORE DELETE ON checkpoints
+     CREATE TRIGGER audit_checkpoints_append_only_d BEFORE DELETE ON audit_checkpoints
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;",
 ];
 
@@ -147,7 +164,7 @@ pub enum AuditError {
     /// The file is of a newer schema than this build.
     #[error("audit log schema {found} is newer than this build's {supported}")]
     SchemaTooNew {
-        /// `user_version` of the file.
+        /// `audit_meta`'s `schema_version` in the file.
         found: i64,
         /// [`SCHEMA_VERSION`].
         supported: i64,
@@ -202,14 +219,21 @@ pub enum AuditKind {
     JobRefused,
     /// `job.held`: a job was held (policy, retries, an admin).
     JobHeld,
+    /// `job.released`: a held job was released (an admin).
+    JobReleased,
+    /// `job.removed`: a job was taken out of the queue (an admin, a revocation, its run time).
+    JobRemoved,
     /// `job.dispatched`: a job was assigned to an EP.
     JobDispatched,
     /// `input.read`: an EP read a job's input.
     InputRead,
     /// `output.written`: an EP stored a job's outputs.
     OutputWritten,
-    /// `job.finished`: an EP reported a job's outcome and usage.
+    /// `job.finished`: an EP reported a job's outcome and usage (or the scheduler failed it).
     JobFinished,
+    /// `attempt.lost`: a run attempt ended without a report (its EP left, fell silent, the
+    /// scheduler restarted, or the Assign could not be sent).
+    AttemptLost,
     /// `token.revoked`: tokens were revoked.
     TokenRevoked,
     /// `admin.action`: any other admin action.
@@ -220,7 +244,7 @@ pub enum AuditKind {
 
 impl AuditKind {
     /// Every kind this build knows.
-    pub const KNOWN: [AuditKind; 13] = [
+    pub const KNOWN: [AuditKind; 16] = [
         AuditKind::EventReceived,
         AuditKind::RuleMatched,
         AuditKind::TokenMinted,
@@ -228,10 +252,13 @@ impl AuditKind {
         AuditKind::JobAccepted,
         AuditKind::JobRefused,
         AuditKind::JobHeld,
+        AuditKind::JobReleased,
+        AuditKind::JobRemoved,
         AuditKind::JobDispatched,
         AuditKind::InputRead,
         AuditKind::OutputWritten,
         AuditKind::JobFinished,
+        AuditKind::AttemptLost,
         AuditKind::TokenRevoked,
         AuditKind::AdminAction,
     ];
@@ -246,10 +273,13 @@ impl AuditKind {
             AuditKind::JobAccepted => "job.accepted",
             AuditKind::JobRefused => "job.refused",
             AuditKind::JobHeld => "job.held",
+            AuditKind::JobReleased => "job.released",
+            AuditKind::JobRemoved => "job.removed",
             AuditKind::JobDispatched => "job.dispatched",
             AuditKind::InputRead => "input.read",
             AuditKind::OutputWritten => "output.written",
             AuditKind::JobFinished => "job.finished",
+            AuditKind::AttemptLost => "attempt.lost",
             AuditKind::TokenRevoked => "token.revoked",
             AuditKind::AdminAction => "admin.action",
             AuditKind::Other(s) => s,
@@ -460,6 +490,22 @@ impl AuditDraft {
         self
     }
 
+    /// Adds `key: value` to the detail (an object; any other detail is kept under `detail`).
+    pub fn with_detail(mut self, key: &str, value: Value) -> AuditDraft {
+        if !self.detail.is_object() {
+            let old = std::mem::take(&mut self.detail);
+            let mut map = Map::new();
+            if !old.is_null() {
+                map.insert("detail".into(), old);
+            }
+            self.detail = Value::Object(map);
+        }
+        if let Value::Object(map) = &mut self.detail {
+            map.insert(key.to_owned(), value);
+        }
+        self
+    }
+
     /// The kind.
     pub fn kind(&self) -> &AuditKind {
         &self.kind
@@ -564,6 +610,28 @@ impl AuditDraft {
     /// An admin's hold adds [`AuditDraft::with_actor`].
     pub fn job_held(subject: Subject, reason: &str, hold_code: Option<i64>) -> AuditDraft {
         AuditDraft::new(AuditKind::JobHeld, subject, serde_json::json!({ "reason": reason, "hold_code": hold_code }))
+    }
+
+    /// `job.released`, by an admin (add [`AuditDraft::with_actor`]). Subject: the job. Detail:
+    /// `{reason}`.
+    pub fn job_released(subject: Subject, reason: &str) -> AuditDraft {
+        AuditDraft::new(AuditKind::JobReleased, subject, serde_json::json!({ "reason": reason }))
+    }
+
+    /// `job.removed`. Subject: the job. Detail: `{reason, state}` (the reason recorded with the
+    /// job, and the state it was removed from). An admin's or a revocation's adds
+    /// [`AuditDraft::with_actor`].
+    pub fn job_removed(subject: Subject, reason: &str, from_state: &str) -> AuditDraft {
+        let detail = serde_json::json!({ "reason": reason, "state": from_state });
+        AuditDraft::new(AuditKind::JobRemoved, subject, detail)
+    }
+
+    /// `attempt.lost`: attempt `attempt` of the job, on EP `ep` (session `session`), ended
+    /// without a report because `why`; `then` says what became of the job (`requeued`, `held`,
+    /// `interrupted`, `kept`). Subject: the job.
+    pub fn attempt_lost(subject: Subject, ep: &str, session: &str, attempt: u32, why: &str, then: &str) -> AuditDraft {
+        let detail = serde_json::json!({ "ep": ep, "session": session, "attempt": attempt, "why": why, "then": then });
+        AuditDraft::new(AuditKind::AttemptLost, subject, detail)
     }
 
     /// `job.dispatched`. Subject: the job. Detail: `{ep, session, attempt}`.
@@ -787,6 +855,12 @@ pub fn keys_from_jwks(jwks: &JwkSet) -> Result<AuditKeys, AuditError> {
     Ok(keys)
 }
 
+/// [`keys_from_jwks`] of a JWKS document's text (a file written from `GET /v1/audit/keys`).
+pub fn keys_from_jwks_text(text: &str) -> Result<AuditKeys, AuditError> {
+    let jwks: JwkSet = serde_json::from_str(text).map_err(|e| AuditError::Key(format!("not a JWKS document: {e}")))?;
+    keys_from_jwks(&jwks)
+}
+
 /// A signed statement that record `seq` of `writer`'s log has `hash`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
@@ -883,26 +957,38 @@ impl std::fmt::Debug for AuditLog {
     }
 }
 
-/// What a query selects: every given condition holds (none given: every record).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What a query selects: every given condition holds (none given: every record). As a URL
+/// query (`GET /v1/audit?job=…&since=…`), fields take the names `token`, `owner`, `file`,
+/// `job`, `function`, `event`, `since`, `until`, `limit`; unknown names are refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AuditFilter {
     /// Records about this token `jti`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// Records about this owner.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// Records naming this storage path.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
     /// Records about this job.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
     /// Records about this function (name).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
     /// Records about this storage event.
+    #[serde(rename = "event", skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
     /// From this time on, Unix ms, inclusive.
+    #[serde(rename = "since", skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,
     /// Before this time, Unix ms, exclusive.
+    #[serde(rename = "until", skip_serializing_if = "Option::is_none")]
     pub until_ms: Option<u64>,
     /// At most this many (the first, in `seq` order).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
 }
 
@@ -924,25 +1010,264 @@ fn valid_writer(writer: &str) -> bool {
         && writer.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
-fn migrate(conn: &mut Connection) -> Result<(), AuditError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if found > SCHEMA_VERSION {
-        return Err(AuditError::SchemaTooNew { found, supported: SCHEMA_VERSION });
+/// Runs `f` in a transaction: the caller's, if `conn` is inside one, else an `IMMEDIATE` one
+/// of its own (committed when `f` succeeds, rolled back otherwise).
+fn in_transaction<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, AuditError>) -> Result<T, AuditError> {
+    if !conn.is_autocommit() {
+        return f(conn);
     }
-    for (version, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
-        tx.execute_batch(step)?;
-        tracing::info!(from = version, to = version + 1, "audit log migrated");
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match f(conn) {
+        Ok(v) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(v)
+        }
+        Err(e) => {
+            // The error that matters is `e`; a failed rollback leaves nothing committed either.
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
     }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()?;
-    Ok(())
+}
+
+/// The audit schema version of the database: `None` when it has no `audit_meta` table.
+fn schema_version(conn: &Connection) -> Result<Option<i64>, AuditError> {
+    let has_meta: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_meta')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_meta {
+        return Ok(None);
+    }
+    let text: Option<String> =
+        conn.query_row("SELECT value FROM audit_meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;
+    match text {
+        None => Ok(Some(0)),
+        Some(t) => t.parse().map(Some).map_err(|_| AuditError::NotALog(format!("audit schema version {t:?}"))),
+    }
+}
+
+/// Creates or migrates the audit tables of `conn`'s database to [`SCHEMA_VERSION`] and makes
+/// `writer` the writer of its chain (refusing another writer's). Runs in the caller's
+/// transaction if there is one, else in one of its own; the host's own tables and `PRAGMA
+/// user_version` are not touched. Idempotent: services call it at every open.
+pub fn install(conn: &Connection, writer: &str) -> Result<(), AuditError> {
+    if !valid_writer(writer) {
+        return Err(AuditError::BadWriter(writer.to_owned()));
+    }
+    in_transaction(conn, |tx| {
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS audit_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+        )?;
+        let found = schema_version(tx)?.unwrap_or(0);
+        if found > SCHEMA_VERSION {
+            return Err(AuditError::SchemaTooNew { found, supported: SCHEMA_VERSION });
+        }
+        for (version, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+            tx.execute_batch(step)?;
+            tracing::info!(from = version, to = version + 1, "audit tables migrated");
+        }
+        if found != SCHEMA_VERSION {
+            tx.execute(
+                "INSERT OR REPLACE INTO audit_meta (key, value) VALUES ('schema_version', ?1)",
+                [SCHEMA_VERSION.to_string()],
+            )?;
+        }
+        match writer_of(tx)? {
+            Some(found) if found != writer => Err(AuditError::WrongWriter { found, expected: writer.to_owned() }),
+            Some(_) => Ok(()),
+            None => {
+                tx.execute("INSERT INTO audit_meta (key, value) VALUES ('writer', ?1)", [writer])?;
+                Ok(())
+            }
+        }
+    })
+}
+
+/// The writer named in `audit_meta`.
+fn writer_of(conn: &Connection) -> Result<Option<String>, AuditError> {
+    Ok(conn.query_row("SELECT value FROM audit_meta WHERE key = 'writer'", [], |r| r.get(0)).optional()?)
+}
+
+/// Appends `draft` as the next record of the chain in `tx`'s database (see [`install`]):
+/// redacts bearer credentials, reads the head, numbers, times and chains the record, all inside
+/// `tx`, so the record commits (or rolls back) with whatever else `tx` does. Signs no
+/// checkpoint: the owner of the key calls [`checkpoint_in`] (e.g. on a timer).
+pub fn append_in(tx: &rusqlite::Transaction<'_>, draft: AuditDraft) -> Result<AuditRecord, AuditError> {
+    let writer = writer_of(tx)?.ok_or_else(|| AuditError::NotALog("no writer in audit_meta (not installed)".into()))?;
+    append_to(tx, &writer, draft, None)
+}
+
+/// The one append: inside the open transaction on `tx`; with `signer`, signs a checkpoint of
+/// the new record when `policy` says one is due.
+fn append_to(
+    tx: &Connection,
+    writer: &str,
+    mut draft: AuditDraft,
+    signer: Option<(&AuditSigner, CheckpointPolicy)>,
+) -> Result<AuditRecord, AuditError> {
+    let redacted = draft.scrub();
+    if redacted > 0 {
+        tracing::warn!(kind = %draft.kind, redacted, "bearer credentials redacted from an audit record");
+    }
+    let head: Option<(i64, String, i64)> = tx
+        .prepare_cached("SELECT seq, hash, time_ms FROM audit_records ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let (seq, prev_hash, time_ms) = match head {
+        Some((seq, hash, time)) => (from_db(seq) + 1, hash, now_ms().max(from_db(time))),
+        None => (1, GENESIS_HASH.to_owned(), now_ms()),
+    };
+    let mut record = AuditRecord {
+        format: RECORD_FORMAT,
+        seq,
+        time_ms,
+        writer: writer.to_owned(),
+        kind: draft.kind,
+        actor: draft.actor,
+        subject: draft.subject,
+        detail: draft.detail,
+        prev_hash,
+        hash: String::new(),
+    };
+    // One conversion for both the hash (without `hash`) and the stored text (with it).
+    let mut value = serde_json::to_value(&record).map_err(|e| AuditError::Corrupt(e.to_string()))?;
+    let obj = value.as_object_mut().ok_or_else(|| AuditError::Corrupt("a record is not an object".into()))?;
+    obj.remove("hash");
+    record.hash = content_hash(&value);
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("hash".into(), Value::String(record.hash.clone()));
+    }
+    let json = canonical_json(&value);
+    let s = &record.subject;
+    tx.prepare_cached(
+        "INSERT INTO audit_records (seq, time_ms, kind, job, token_jti, owner, function, digest, event_id, hash, json)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?
+    .execute(params![
+        to_db(seq),
+        to_db(time_ms),
+        record.kind.as_str(),
+        s.job,
+        s.token_jti,
+        s.owner,
+        s.function,
+        s.digest,
+        s.event_id,
+        record.hash,
+        json
+    ])?;
+    if !s.paths.is_empty() {
+        let mut insert_path =
+            tx.prepare_cached("INSERT OR IGNORE INTO audit_record_paths (path, seq) VALUES (?1, ?2)")?;
+        for p in &s.paths {
+            insert_path.execute(params![p, to_db(seq)])?;
+        }
+    }
+    if let Some((signer, policy)) = signer
+        && checkpoint_due(tx, policy, seq, time_ms, false)?
+    {
+        insert_checkpoint(tx, signer, writer, seq, &record.hash, time_ms)?;
+    }
+    Ok(record)
+}
+
+/// Whether record `seq` (at `time_ms`) should be checkpointed: by count, by time, or
+/// (`force`) whenever it is not yet.
+fn checkpoint_due(
+    tx: &Connection,
+    policy: CheckpointPolicy,
+    seq: u64,
+    time_ms: u64,
+    force: bool,
+) -> Result<bool, AuditError> {
+    let last: Option<(i64, i64)> = tx
+        .prepare_cached("SELECT seq, time_ms FROM audit_checkpoints ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (last_seq, last_ms) = match last {
+        Some((s, t)) => (from_db(s), from_db(t)),
+        None => {
+            let first: Option<i64> =
+                tx.query_row("SELECT time_ms FROM audit_records WHERE seq = 1", [], |r| r.get(0)).optional()?;
+            (0, first.map_or(time_ms, from_db))
+        }
+    };
+    if seq <= last_seq {
+        return Ok(false);
+    }
+    let every_records = policy.every_records.max(1);
+    Ok(force || seq - last_seq >= every_records || time_ms.saturating_sub(last_ms) >= policy.every_ms)
+}
+
+fn insert_checkpoint(
+    tx: &Connection,
+    signer: &AuditSigner,
+    writer: &str,
+    seq: u64,
+    hash: &str,
+    time_ms: u64,
+) -> Result<Checkpoint, AuditError> {
+    let cp = signer.sign(writer, seq, hash, time_ms)?;
+    let json = serde_json::to_value(&cp).map(|v| canonical_json(&v)).map_err(|e| AuditError::Corrupt(e.to_string()))?;
+    tx.execute(
+        "INSERT INTO audit_checkpoints (seq, time_ms, json) VALUES (?1, ?2, ?3)",
+        params![to_db(seq), to_db(time_ms), json],
+    )?;
+    Ok(cp)
+}
+
+/// Signs a checkpoint of the head of the chain in `conn`'s database with `signer`, when
+/// `policy` says one is due or (`force`) whenever the head has none yet; `None` when nothing
+/// was signed (no record, or not due). Runs in the caller's transaction if there is one, else
+/// in one of its own.
+pub fn checkpoint_in(
+    conn: &Connection,
+    signer: &AuditSigner,
+    policy: CheckpointPolicy,
+    force: bool,
+) -> Result<Option<Checkpoint>, AuditError> {
+    in_transaction(conn, |tx| {
+        let writer = writer_of(tx)?.ok_or_else(|| AuditError::NotALog("no writer in audit_meta".into()))?;
+        checkpoint_head(tx, signer, &writer, policy, force)
+    })
+}
+
+fn checkpoint_head(
+    tx: &Connection,
+    signer: &AuditSigner,
+    writer: &str,
+    policy: CheckpointPolicy,
+    force: bool,
+) -> Result<Option<Checkpoint>, AuditError> {
+    let Some((seq, hash)) = head_in(tx)? else { return Ok(None) };
+    let time_ms = now_ms();
+    if !checkpoint_due(tx, policy, seq, time_ms, force)? {
+        return Ok(None);
+    }
+    insert_checkpoint(tx, signer, writer, seq, &hash, time_ms).map(Some)
+}
+
+/// The head of the chain in `conn`'s database: the last record's seq and hash.
+pub fn head_in(conn: &Connection) -> Result<Option<(u64, String)>, AuditError> {
+    let head: Option<(i64, String)> = conn
+        .prepare_cached("SELECT seq, hash FROM audit_records ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(head.map(|(s, h)| (from_db(s), h)))
+}
+
+/// The checkpoints in `conn`'s database, in seq order.
+pub fn checkpoints_in(conn: &Connection) -> Result<Vec<Checkpoint>, AuditError> {
+    let mut stmt = conn.prepare("SELECT json FROM audit_checkpoints ORDER BY seq")?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    rows.map(|text| serde_json::from_str(&text?).map_err(|e| AuditError::Corrupt(e.to_string()))).collect()
 }
 
 impl AuditLog {
-    /// Opens (creating if needed) `writer`'s log at `path`. With `signer`, checkpoints are
-    /// signed per `policy`.
+    /// Opens (creating if needed) `writer`'s log at `path`, a file of its own (WAL,
+    /// `synchronous=FULL`; [`install`]ed). With `signer`, checkpoints are signed per `policy`.
     pub fn open(
         path: &Path,
         writer: &str,
@@ -955,24 +1280,11 @@ impl AuditLog {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| AuditError::NotALog(format!("{}: {e}", dir.display())))?;
         }
-        let mut conn = Connection::open(path)?;
+        let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        migrate(&mut conn)?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let found: Option<String> =
-            tx.query_row("SELECT value FROM meta WHERE key = 'writer'", [], |r| r.get(0)).optional()?;
-        match found {
-            Some(found) if found != writer => {
-                return Err(AuditError::WrongWriter { found, expected: writer.to_owned() });
-            }
-            Some(_) => {}
-            None => {
-                tx.execute("INSERT INTO meta (key, value) VALUES ('writer', ?1)", [writer])?;
-            }
-        }
-        tx.commit()?;
+        install(&conn, writer)?;
         let policy = CheckpointPolicy { every_records: policy.every_records.max(1), ..policy };
         Ok(AuditLog {
             inner: Arc::new(Inner {
@@ -1003,109 +1315,13 @@ impl AuditLog {
     /// Appends `draft` as the next record: numbers, times and chains it in one transaction
     /// (the head is read inside it), signs a checkpoint when one is due, and returns the record
     /// once it is on disk. Bearer credentials in the draft are redacted first.
-    pub fn append(&self, mut draft: AuditDraft) -> Result<AuditRecord, AuditError> {
-        let redacted = draft.scrub();
-        if redacted > 0 {
-            tracing::warn!(kind = %draft.kind, redacted, "bearer credentials redacted from an audit record");
-        }
+    pub fn append(&self, draft: AuditDraft) -> Result<AuditRecord, AuditError> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let head: Option<(i64, String, i64)> = tx
-            .query_row("SELECT seq, hash, time_ms FROM records ORDER BY seq DESC LIMIT 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .optional()?;
-        let (seq, prev_hash, time_ms) = match head {
-            Some((seq, hash, time)) => (from_db(seq) + 1, hash, now_ms().max(from_db(time))),
-            None => (1, GENESIS_HASH.to_owned(), now_ms()),
-        };
-        let mut record = AuditRecord {
-            format: RECORD_FORMAT,
-            seq,
-            time_ms,
-            writer: self.inner.writer.clone(),
-            kind: draft.kind,
-            actor: draft.actor,
-            subject: draft.subject,
-            detail: draft.detail,
-            prev_hash,
-            hash: String::new(),
-        };
-        record.hash = record.compute_hash()?;
-        let json = record.to_stored_json()?;
-        let s = &record.subject;
-        tx.prepare_cached(
-            "INSERT INTO records (seq, time_ms, kind, job, token_jti, owner, function, digest, event_id, hash, json)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )?
-        .execute(params![
-            to_db(seq),
-            to_db(time_ms),
-            record.kind.as_str(),
-            s.job,
-            s.token_jti,
-            s.owner,
-            s.function,
-            s.digest,
-            s.event_id,
-            record.hash,
-            json
-        ])?;
-        {
-            let mut insert_path =
-                tx.prepare_cached("INSERT OR IGNORE INTO record_paths (path, seq) VALUES (?1, ?2)")?;
-            for p in &s.paths {
-                insert_path.execute(params![p, to_db(seq)])?;
-            }
-        }
-        if let Some(signer) = &self.inner.signer
-            && self.checkpoint_due(&tx, seq, time_ms, false)?
-        {
-            self.insert_checkpoint(&tx, signer, seq, &record.hash, time_ms)?;
-        }
+        let signer = self.inner.signer.as_ref().map(|s| (s, self.inner.policy));
+        let record = append_to(&tx, &self.inner.writer, draft, signer)?;
         tx.commit()?;
         Ok(record)
-    }
-
-    /// Whether record `seq` (at `time_ms`) should be checkpointed: by count, by time, or
-    /// (`force`) whenever it is not yet.
-    fn checkpoint_due(&self, tx: &Connection, seq: u64, time_ms: u64, force: bool) -> Result<bool, AuditError> {
-        let last: Option<(i64, i64)> = tx
-            .query_row("SELECT seq, time_ms FROM checkpoints ORDER BY seq DESC LIMIT 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
-        let (last_seq, last_ms) = match last {
-            Some((s, t)) => (from_db(s), from_db(t)),
-            None => {
-                let first: Option<i64> =
-                    tx.query_row("SELECT time_ms FROM records WHERE seq = 1", [], |r| r.get(0)).optional()?;
-                (0, first.map_or(time_ms, from_db))
-            }
-        };
-        if seq <= last_seq {
-            return Ok(false);
-        }
-        let policy = self.inner.policy;
-        Ok(force || seq - last_seq >= policy.every_records || time_ms.saturating_sub(last_ms) >= policy.every_ms)
-    }
-
-    fn insert_checkpoint(
-        &self,
-        tx: &Connection,
-        signer: &AuditSigner,
-        seq: u64,
-        hash: &str,
-        time_ms: u64,
-    ) -> Result<Checkpoint, AuditError> {
-        let cp = signer.sign(&self.inner.writer, seq, hash, time_ms)?;
-        let json =
-            serde_json::to_value(&cp).map(|v| canonical_json(&v)).map_err(|e| AuditError::Corrupt(e.to_string()))?;
-        tx.execute(
-            "INSERT INTO checkpoints (seq, time_ms, json) VALUES (?1, ?2, ?3)",
-            params![to_db(seq), to_db(time_ms), json],
-        )?;
-        Ok(cp)
     }
 
     /// Signs a checkpoint of the head now, unless it has one (or there is no key or no record).
@@ -1123,34 +1339,19 @@ impl AuditLog {
         let Some(signer) = &self.inner.signer else { return Ok(None) };
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let head: Option<(i64, String)> = tx
-            .query_row("SELECT seq, hash FROM records ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        let Some((seq, hash)) = head else { return Ok(None) };
-        let time_ms = now_ms();
-        if !self.checkpoint_due(&tx, from_db(seq), time_ms, force)? {
-            return Ok(None);
-        }
-        let cp = self.insert_checkpoint(&tx, signer, from_db(seq), &hash, time_ms)?;
+        let cp = checkpoint_head(&tx, signer, &self.inner.writer, self.inner.policy, force)?;
         tx.commit()?;
-        Ok(Some(cp))
+        Ok(cp)
     }
 
     /// The head: the last record's seq and hash.
     pub fn head(&self) -> Result<Option<(u64, String)>, AuditError> {
-        let head: Option<(i64, String)> = self
-            .conn()
-            .query_row("SELECT seq, hash FROM records ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        Ok(head.map(|(s, h)| (from_db(s), h)))
+        head_in(&self.conn())
     }
 
     /// The checkpoints, in seq order.
     pub fn checkpoints(&self) -> Result<Vec<Checkpoint>, AuditError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT json FROM checkpoints ORDER BY seq")?;
-        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-        rows.map(|text| serde_json::from_str(&text?).map_err(|e| AuditError::Corrupt(e.to_string()))).collect()
+        checkpoints_in(&self.conn())
     }
 
     /// The records `filter` selects, in seq order (from the indexed columns; [`verify`] is what
@@ -1160,14 +1361,16 @@ impl AuditLog {
     }
 }
 
-/// [`AuditLog::query`] on a log file, read-only (the CLI's lineage queries).
+/// [`AuditLog::query`] on any database file that holds the audit tables, read-only (the CLI's
+/// lineage queries; the scheduler's `GET /v1/audit` on its queue).
 pub fn query(path: &Path, filter: &AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
     let conn = open_read_only(path)?;
     query_in(&conn, filter)
 }
 
-fn query_in(conn: &Connection, filter: &AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
-    let mut sql = String::from("SELECT json FROM records WHERE 1 = 1");
+/// [`query`] on an open connection.
+pub fn query_in(conn: &Connection, filter: &AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
+    let mut sql = String::from("SELECT json FROM audit_records WHERE 1 = 1");
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
     let mut text = |sql: &mut String, column: &str, value: &Option<String>| {
         if let Some(v) = value {
@@ -1182,7 +1385,7 @@ fn query_in(conn: &Connection, filter: &AuditFilter) -> Result<Vec<AuditRecord>,
     text(&mut sql, "event_id", &filter.event_id);
     if let Some(path) = &filter.file {
         args.push(path.clone().into());
-        sql.push_str(&format!(" AND seq IN (SELECT seq FROM record_paths WHERE path = ?{})", args.len()));
+        sql.push_str(&format!(" AND seq IN (SELECT seq FROM audit_record_paths WHERE path = ?{})", args.len()));
     }
     if let Some(t) = filter.since_ms {
         args.push(to_db(t).into());
@@ -1208,14 +1411,11 @@ fn open_read_only(path: &Path) -> Result<Connection, AuditError> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
     )?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
-    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if version > SCHEMA_VERSION {
-        return Err(AuditError::SchemaTooNew { found: version, supported: SCHEMA_VERSION });
+    match schema_version(&conn)? {
+        None | Some(0) => Err(AuditError::NotALog(format!("{}: no audit tables", path.display()))),
+        Some(found) if found > SCHEMA_VERSION => Err(AuditError::SchemaTooNew { found, supported: SCHEMA_VERSION }),
+        Some(_) => Ok(conn),
     }
-    if version < 1 {
-        return Err(AuditError::NotALog(format!("{}: no audit schema", path.display())));
-    }
-    Ok(conn)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1340,14 +1540,14 @@ pub fn verify(path: &Path, keys: &AuditKeys) -> Result<VerifyReport, AuditError>
     let conn = open_read_only(path)?;
     // One snapshot for all reads, even while the writer appends.
     let tx = conn.unchecked_transaction()?;
-    let records: i64 = tx.query_row("SELECT COUNT(*) FROM records", [], |r| r.get(0))?;
-    let checkpoints: i64 = tx.query_row("SELECT COUNT(*) FROM checkpoints", [], |r| r.get(0))?;
+    let records: i64 = tx.query_row("SELECT COUNT(*) FROM audit_records", [], |r| r.get(0))?;
+    let checkpoints: i64 = tx.query_row("SELECT COUNT(*) FROM audit_checkpoints", [], |r| r.get(0))?;
 
     // Checkpoints first: the valid ones are compared with the chain as it is walked.
     let mut good: BTreeMap<u64, Checkpoint> = BTreeMap::new();
     let mut bad_checkpoint: Option<Problem> = None;
     {
-        let mut stmt = tx.prepare("SELECT seq, json FROM checkpoints ORDER BY seq")?;
+        let mut stmt = tx.prepare("SELECT seq, json FROM audit_checkpoints ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             let at = from_db(row.get::<_, i64>(0)?);
@@ -1397,7 +1597,7 @@ fn walk_chain(
     checkpoints: &BTreeMap<u64, Checkpoint>,
 ) -> Result<(Option<Problem>, u64, Option<u64>), AuditError> {
     use ProblemKind::*;
-    let mut stmt = tx.prepare("SELECT seq, json FROM records ORDER BY seq")?;
+    let mut stmt = tx.prepare("SELECT seq, json FROM audit_records ORDER BY seq")?;
     let mut rows = stmt.query([])?;
     let mut prev: Option<Link> = None;
     let mut last_cp: Option<u64> = None;
@@ -1496,7 +1696,7 @@ fn classify_break(
         }
         Some((found_row, found_seq)) if prev.is_some_and(|p| found_row < p.row) => {
             let first: Option<i64> =
-                tx.query_row("SELECT MIN(seq) FROM records WHERE seq > ?1", [found_row], |r| r.get(0))?;
+                tx.query_row("SELECT MIN(seq) FROM audit_records WHERE seq > ?1", [found_row], |r| r.get(0))?;
             let first = first.and_then(|f| u64::try_from(f).ok()).unwrap_or(expected_seq);
             let msg = format!(
                 "record {first} was inserted: record {s} (stored as seq {row_seq}) follows record {found_seq}, which \
@@ -1548,7 +1748,7 @@ fn classify_break(
 
 /// The `(seq column, seq)` of the first intact record whose hash is `hash`.
 fn find_by_hash(tx: &Connection, hash: &str) -> Result<Option<(i64, u64)>, AuditError> {
-    let mut stmt = tx.prepare("SELECT seq, json FROM records ORDER BY seq")?;
+    let mut stmt = tx.prepare("SELECT seq, json FROM audit_records ORDER BY seq")?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
         if let Ok(f) = facts_of(text_of(row.get_ref(1)?))
@@ -1566,9 +1766,9 @@ mod tests {
     use super::*;
     use crate::Digest;
 
-    const TRIGGERS: &str = "DROP TRIGGER records_append_only_u; DROP TRIGGER records_append_only_d;
-         DROP TRIGGER record_paths_append_only_u; DROP TRIGGER record_paths_append_only_d;
-         DROP TRIGGER checkpoints_append_only_u; DROP TRIGGER checkpoints_append_only_d;";
+    const TRIGGERS: &str = "DROP TRIGGER audit_records_append_only_u; DROP TRIGGER audit_records_append_only_d;
+         DROP TRIGGER audit_record_paths_append_only_u; DROP TRIGGER audit_record_paths_append_only_d;
+         DROP TRIGGER audit_checkpoints_append_only_u; DROP TRIGGER audit_checkpoints_append_only_d;";
 
     fn draft(i: u64) -> AuditDraft {
         let owner = if i.is_multiple_of(2) { "alice" } else { "bob" };
@@ -1617,12 +1817,14 @@ mod tests {
     }
 
     fn stored(conn: &Connection, seq: i64) -> Value {
-        let text: String = conn.query_row("SELECT json FROM records WHERE seq = ?1", [seq], |r| r.get(0)).expect("row");
+        let text: String =
+            conn.query_row("SELECT json FROM audit_records WHERE seq = ?1", [seq], |r| r.get(0)).expect("row");
         serde_json::from_str(&text).expect("json")
     }
 
     fn store(conn: &Connection, seq: i64, v: &Value) {
-        conn.execute("UPDATE records SET json = ?2 WHERE seq = ?1", params![seq, canonical_json(v)]).expect("update");
+        conn.execute("UPDATE audit_records SET json = ?2 WHERE seq = ?1", params![seq, canonical_json(v)])
+            .expect("update");
     }
 
     /// What an attacker who knows the format does: recompute the hash.
@@ -1735,7 +1937,7 @@ mod tests {
 
         // Unreadable text is an alteration too.
         let copy = tampered(&path, "garbled", |c| {
-            c.execute("UPDATE records SET json = substr(json, 1, 40) WHERE seq = 3", []).expect("update");
+            c.execute("UPDATE audit_records SET json = substr(json, 1, 40) WHERE seq = 3", []).expect("update");
         });
         assert_problem(
             &first_problem(&copy, &keys),
@@ -1750,20 +1952,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, keys) = sample(dir.path(), 25, 10);
         let copy = tampered(&path, "removed", |c| {
-            c.execute("DELETE FROM records WHERE seq = 12", []).expect("delete");
+            c.execute("DELETE FROM audit_records WHERE seq = 12", []).expect("delete");
         });
         assert_problem(&first_problem(&copy, &keys), 12, ProblemKind::Removed, "record 12 was removed");
 
         let copy = tampered(&path, "removed-three", |c| {
-            c.execute("DELETE FROM records WHERE seq BETWEEN 12 AND 14", []).expect("delete");
+            c.execute("DELETE FROM audit_records WHERE seq BETWEEN 12 AND 14", []).expect("delete");
         });
         assert_problem(&first_problem(&copy, &keys), 12, ProblemKind::Removed, "records 12 to 14 were removed");
 
         // Renumbering the rows to close the gap changes nothing.
         let copy = tampered(&path, "removed-renumbered", |c| {
-            c.execute("DELETE FROM records WHERE seq = 1", []).expect("delete");
-            c.execute("UPDATE records SET seq = -(seq - 1)", []).expect("shift");
-            c.execute("UPDATE records SET seq = -seq", []).expect("shift");
+            c.execute("DELETE FROM audit_records WHERE seq = 1", []).expect("delete");
+            c.execute("UPDATE audit_records SET seq = -(seq - 1)", []).expect("shift");
+            c.execute("UPDATE audit_records SET seq = -seq", []).expect("shift");
         });
         assert_problem(&first_problem(&copy, &keys), 1, ProblemKind::Removed, "record 1 was removed");
     }
@@ -1775,8 +1977,8 @@ mod tests {
         // Swap the seqs of two adjacent rows.
         let copy = tampered(&path, "swapped", |c| {
             c.execute_batch(
-                "UPDATE records SET seq = -5 WHERE seq = 5; UPDATE records SET seq = 5 WHERE seq = 6;
-                 UPDATE records SET seq = 6 WHERE seq = -5;",
+                "UPDATE audit_records SET seq = -5 WHERE seq = 5; UPDATE audit_records SET seq = 5 WHERE seq = 6;
+                 UPDATE audit_records SET seq = 6 WHERE seq = -5;",
             )
             .expect("swap");
         });
@@ -1801,7 +2003,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, keys) = sample(dir.path(), 25, 10);
         let copy = tampered(&path, "truncated", |c| {
-            c.execute("DELETE FROM records WHERE seq >= 19", []).expect("delete");
+            c.execute("DELETE FROM audit_records WHERE seq >= 19", []).expect("delete");
         });
         assert_problem(
             &first_problem(&copy, &keys),
@@ -1812,7 +2014,7 @@ mod tests {
 
         // The limit, stated: records after the last checkpoint are protected by the chain only.
         let copy = tampered(&path, "truncated-unsigned-tail", |c| {
-            c.execute("DELETE FROM records WHERE seq > 20", []).expect("delete");
+            c.execute("DELETE FROM audit_records WHERE seq > 20", []).expect("delete");
         });
         let report = verify(&copy, &keys).expect("verify");
         assert!(report.ok(), "{report:?}");
@@ -1825,12 +2027,13 @@ mod tests {
         let (path, keys) = sample(dir.path(), 25, 10);
         let cp_at = |c: &Connection, seq: i64| -> Checkpoint {
             let text: String =
-                c.query_row("SELECT json FROM checkpoints WHERE seq = ?1", [seq], |r| r.get(0)).expect("cp");
+                c.query_row("SELECT json FROM audit_checkpoints WHERE seq = ?1", [seq], |r| r.get(0)).expect("cp");
             serde_json::from_str(&text).expect("json")
         };
         let put = |c: &Connection, cp: &Checkpoint| {
             let text = canonical_json(&serde_json::to_value(cp).expect("json"));
-            c.execute("UPDATE checkpoints SET json = ?2 WHERE seq = ?1", params![to_db(cp.seq), text]).expect("put");
+            c.execute("UPDATE audit_checkpoints SET json = ?2 WHERE seq = ?1", params![to_db(cp.seq), text])
+                .expect("put");
         };
 
         // Signed by another key that claims the same kid.
@@ -1871,7 +2074,7 @@ mod tests {
             let mut cp = cp_at(c, 10);
             cp.signature = "00".repeat(64);
             put(c, &cp);
-            c.execute("UPDATE records SET json = 'x' WHERE seq = 15", []).expect("update");
+            c.execute("UPDATE audit_records SET json = 'x' WHERE seq = 15", []).expect("update");
         });
         assert_problem(&first_problem(&copy, &keys), 10, ProblemKind::BadCheckpoint, "record 10 is invalid");
     }
@@ -1882,15 +2085,15 @@ mod tests {
         let (path, keys) = sample(dir.path(), 25, 10);
         // A well-formed record, hashed and linked to record 7, put in as 8; the rest moved up.
         let copy = tampered(&path, "inserted", |c| {
-            c.execute("UPDATE records SET seq = -(seq + 1) WHERE seq >= 8", []).expect("shift");
-            c.execute("UPDATE records SET seq = -seq WHERE seq < 0", []).expect("shift");
+            c.execute("UPDATE audit_records SET seq = -(seq + 1) WHERE seq >= 8", []).expect("shift");
+            c.execute("UPDATE audit_records SET seq = -seq WHERE seq < 0", []).expect("shift");
             let mut v = stored(c, 7);
             v["seq"] = 8.into();
             v["prev_hash"] = v["hash"].clone();
             v["subject"]["owner"] = "mallory".into();
             rehash(&mut v);
             c.execute(
-                "INSERT INTO records (seq, time_ms, kind, hash, json) VALUES (8, 0, 'job.accepted', '', ?1)",
+                "INSERT INTO audit_records (seq, time_ms, kind, hash, json) VALUES (8, 0, 'job.accepted', '', ?1)",
                 [canonical_json(&v)],
             )
             .expect("insert");
@@ -1899,11 +2102,11 @@ mod tests {
 
         // A copy of a record right after it.
         let copy = tampered(&path, "duplicated", |c| {
-            c.execute("UPDATE records SET seq = -(seq + 1) WHERE seq >= 4", []).expect("shift");
-            c.execute("UPDATE records SET seq = -seq WHERE seq < 0", []).expect("shift");
+            c.execute("UPDATE audit_records SET seq = -(seq + 1) WHERE seq >= 4", []).expect("shift");
+            c.execute("UPDATE audit_records SET seq = -seq WHERE seq < 0", []).expect("shift");
             let v = stored(c, 3);
             c.execute(
-                "INSERT INTO records (seq, time_ms, kind, hash, json) VALUES (4, 0, 'job.accepted', '', ?1)",
+                "INSERT INTO audit_records (seq, time_ms, kind, hash, json) VALUES (4, 0, 'job.accepted', '', ?1)",
                 [canonical_json(&v)],
             )
             .expect("insert");
@@ -1917,7 +2120,7 @@ mod tests {
             v["prev_hash"] = "ab".repeat(32).into();
             rehash(&mut v);
             c.execute(
-                "INSERT INTO records (seq, time_ms, kind, hash, json) VALUES (26, 0, 'job.accepted', '', ?1)",
+                "INSERT INTO audit_records (seq, time_ms, kind, hash, json) VALUES (26, 0, 'job.accepted', '', ?1)",
                 [canonical_json(&v)],
             )
             .expect("insert");
@@ -2137,7 +2340,7 @@ mod tests {
             let copy = tampered(&path, &format!("fuzz-{}", round % 4), |c| {
                 for _ in 0..1 + next() % 3 {
                     let seq = (next() % 14) as i64;
-                    let table = if next() % 4 == 0 { "checkpoints" } else { "records" };
+                    let table = if next() % 4 == 0 { "audit_checkpoints" } else { "audit_records" };
                     let text: Option<rusqlite::types::Value> = c
                         .query_row(&format!("SELECT json FROM {table} WHERE seq = ?1"), [seq], |r| r.get(0))
                         .optional()
@@ -2172,10 +2375,10 @@ mod tests {
                     if next() % 5 == 0 {
                         let _ = c.execute(&format!("UPDATE {table} SET seq = ?2 WHERE seq = ?1"), params![seq, moved]);
                     } else if next() % 3 == 0 {
-                        let sql = if table == "records" {
-                            "INSERT OR REPLACE INTO records (seq, time_ms, kind, hash, json) VALUES (?1, 0, '', '', ?2)"
+                        let sql = if table == "audit_records" {
+                            "INSERT OR REPLACE INTO audit_records (seq, time_ms, kind, hash, json) VALUES (?1, 0, '', '', ?2)"
                         } else {
-                            "INSERT OR REPLACE INTO checkpoints (seq, time_ms, json) VALUES (?1, 0, ?2)"
+                            "INSERT OR REPLACE INTO audit_checkpoints (seq, time_ms, json) VALUES (?1, 0, ?2)"
                         };
                         let _ = c.execute(sql, params![seq, new]);
                     } else {
@@ -2205,7 +2408,7 @@ mod tests {
         Connection::open(&empty).expect("create").execute_batch("CREATE TABLE t (x)").expect("table");
         assert!(matches!(verify(&empty, &keys), Err(AuditError::NotALog(_))));
         let (path, _) = sample(dir.path(), 3, 10);
-        let dropped = tampered(&path, "dropped", |c| c.execute_batch("DROP TABLE records").expect("drop"));
+        let dropped = tampered(&path, "dropped", |c| c.execute_batch("DROP TABLE audit_records").expect("drop"));
         assert!(matches!(verify(&dropped, &keys), Err(AuditError::Db(_))));
     }
 
@@ -2254,9 +2457,9 @@ mod tests {
         assert_eq!((record.seq, &record.prev_hash), (head + 1, &head_hash));
         // The triggers keep the code from rewriting history.
         let conn = Connection::open(&path).expect("open");
-        assert!(conn.execute("UPDATE records SET json = '{}' WHERE seq = 1", []).is_err());
-        assert!(conn.execute("DELETE FROM records WHERE seq = 6", []).is_err());
-        assert!(conn.execute("DELETE FROM record_paths", []).is_err());
+        assert!(conn.execute("UPDATE audit_records SET json = '{}' WHERE seq = 1", []).is_err());
+        assert!(conn.execute("DELETE FROM audit_records WHERE seq = 6", []).is_err());
+        assert!(conn.execute("DELETE FROM audit_record_paths", []).is_err());
         // Verifying a log that is open for appends.
         assert!(verify(&path, &keys).expect("verify").ok());
         drop((conn, log));
@@ -2290,6 +2493,75 @@ mod tests {
         drop(log);
         // audit-2 is not among the keys given.
         assert_problem(&first_problem(&path, &keys), 4, ProblemKind::BadCheckpoint, "unknown key \"audit-2\"");
+    }
+
+    #[test]
+    fn a_log_inside_another_database_commits_and_rolls_back_with_its_host() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("host.sqlite");
+        let mut conn = Connection::open(&path).expect("open");
+        conn.execute_batch("CREATE TABLE jobs (id TEXT PRIMARY KEY); PRAGMA user_version = 7;").expect("host");
+        install(&conn, "scheduler").expect("install");
+        install(&conn, "scheduler").expect("install again is a no-op");
+        assert!(matches!(install(&conn, "gateway"), Err(AuditError::WrongWriter { .. })));
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version");
+        assert_eq!(version, 7, "the host's user_version is its own");
+
+        // A decision and its record commit together ...
+        let tx = conn.transaction().expect("tx");
+        tx.execute("INSERT INTO jobs (id) VALUES ('job-0')", []).expect("decision");
+        let first = append_in(&tx, draft(0)).expect("append");
+        tx.commit().expect("commit");
+        // ... or neither does.
+        let tx = conn.transaction().expect("tx");
+        tx.execute("INSERT INTO jobs (id) VALUES ('job-1')", []).expect("decision");
+        append_in(&tx, draft(1)).expect("append");
+        drop(tx);
+        let jobs: i64 = conn.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0)).expect("count");
+        assert_eq!(jobs, 1);
+        assert_eq!(head_in(&conn).expect("head"), Some((1, first.hash.clone())));
+
+        let (signer, _) = AuditSigner::generate("audit-1").expect("keygen");
+        let policy = CheckpointPolicy { every_records: 2, every_ms: u64::MAX };
+        assert_eq!(checkpoint_in(&conn, &signer, policy, false).expect("not due"), None);
+        let tx = conn.transaction().expect("tx");
+        let second = append_in(&tx, draft(1)).expect("append");
+        // Inside the caller's transaction too.
+        let cp = checkpoint_in(&tx, &signer, policy, false).expect("due").expect("signed");
+        tx.commit().expect("commit");
+        assert_eq!((cp.seq, cp.hash.as_str(), cp.writer.as_str()), (2, second.hash.as_str(), "scheduler"));
+        assert_eq!(checkpoints_in(&conn).expect("list"), [cp]);
+        drop(conn);
+
+        // verify and query read the host's file.
+        let report = verify(&path, &signer.keys()).expect("verify");
+        assert_eq!((report.records, report.checkpoints, report.last_checkpoint_seq), (2, 1, Some(2)));
+        assert!(report.ok(), "{report:?}");
+        let job1 = query(&path, &AuditFilter { job: Some("job-0".into()), ..AuditFilter::default() }).expect("q");
+        assert_eq!(job1.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2]);
+        // An AuditLog on the same file continues the chain.
+        let log = AuditLog::open(&path, "scheduler", None, CheckpointPolicy::default()).expect("open");
+        assert_eq!(log.append(draft(2)).expect("append").prev_hash, second.hash);
+    }
+
+    #[test]
+    fn filters_have_url_names_and_refuse_unknown_ones() {
+        let f =
+            AuditFilter { event_id: Some("ev".into()), since_ms: Some(5), limit: Some(2), ..AuditFilter::default() };
+        let v = serde_json::to_value(&f).expect("json");
+        assert_eq!(v, serde_json::json!({"event": "ev", "since": 5, "limit": 2}));
+        assert_eq!(serde_json::from_value::<AuditFilter>(v).expect("back"), f);
+        assert!(serde_json::from_value::<AuditFilter>(serde_json::json!({"jobs": "x"})).is_err());
+    }
+
+    #[test]
+    fn drafts_take_extra_detail() {
+        let d = AuditDraft::job_released(Subject::default(), "fixed").with_detail("n", 1.into());
+        assert_eq!(d.detail, serde_json::json!({"reason": "fixed", "n": 1}));
+        let d = AuditDraft::new(AuditKind::AdminAction, Subject::default(), "x".into()).with_detail("n", 1.into());
+        assert_eq!(d.detail, serde_json::json!({"detail": "x", "n": 1}));
+        let d = AuditDraft::new(AuditKind::AdminAction, Subject::default(), Value::Null).with_detail("n", 1.into());
+        assert_eq!(d.detail, serde_json::json!({"n": 1}));
     }
 
     /// By hand: `cargo test -p htfaas-functions --release audit::tests::append_rate -- --ignored --nocapture`.

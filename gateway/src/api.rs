@@ -27,6 +27,9 @@
 //! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
 //! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | `StatsSnapshot`: ingest counters |
+//! | `GET /v1/audit[?job&token&owner&file&function&event&since&until&limit]` | admin | the scheduler's audit records (`functions::audit::AuditRecord`s) |
+//! | `GET /v1/audit/verify` | admin | the scheduler's `functions::audit::VerifyReport` of its trail |
+//! | `GET /v1/audit/keys` | admin | the JWKS of the scheduler's audit key |
 //!
 //! A dry-run registration answers the recorded events (default: of the last day) its trigger would
 //! fire on; a test says how one message (given, or recorded: `{"seq": N}`) parses and what the
@@ -118,6 +121,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/priorities", get(proxy_priorities))
         .route("/v1/revocations", post(proxy_revoke).get(proxy_revocations))
         .route("/v1/stats", get(stats))
+        .route("/v1/audit", get(proxy_audit))
+        .route("/v1/audit/verify", get(proxy_audit_verify))
+        .route("/v1/audit/keys", get(proxy_audit_keys))
         .with_state(shared)
 }
 
@@ -415,6 +421,25 @@ async fn proxy_ep_action(
     tracing::info!(ep = %name, %action, reason = %request.reason, "EP action requested");
     let url = format!("{}/v1/eps/{encoded}/{action}", shared.submitter_base());
     forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+}
+
+/// `GET /v1/audit`: the query goes to the scheduler as it came (the scheduler parses it and
+/// refuses unknown parameters).
+async fn proxy_audit(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Failure> {
+    let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
+    proxy(&shared, &headers, &format!("/v1/audit{suffix}")).await
+}
+
+async fn proxy_audit_verify(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
+    proxy(&shared, &headers, "/v1/audit/verify").await
+}
+
+async fn proxy_audit_keys(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
+    proxy(&shared, &headers, "/v1/audit/keys").await
 }
 
 async fn proxy_revocations(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {

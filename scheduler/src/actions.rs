@@ -54,16 +54,22 @@ pub fn validate_reason(reason: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Applies `action` to job `id` with a validated `reason`: records it, stops the job on its EP
-/// when it was running, wakes the dispatcher, and returns the job as it is now.
+/// Applies `action` to job `id` with a validated `reason`, as `actor` (the admin, named in the
+/// audit record written with the change): records it, stops the job on its EP when it was
+/// running, wakes the dispatcher, and returns the job as it is now.
 #[tracing::instrument(name = "scheduler.job_action", skip_all, fields(job.id = %id, action = action.done()))]
 pub(crate) async fn apply(
     shared: &Shared,
     id: String,
     action: Action,
     reason: String,
+    actor: &str,
 ) -> Result<JobRecord, QueueError> {
-    let acted = shared.queue.act(id, action, reason).await.inspect_err(|e| tracing::info!("refused: {e}"))?;
+    let acted = shared
+        .queue
+        .act_by(id, action, reason, actor.to_owned())
+        .await
+        .inspect_err(|e| tracing::info!("refused: {e}"))?;
     if let Some(session) = &acted.stop {
         let record = &acted.record;
         if !shared.eps().cancel(session, &record.id, &record.reason) {

@@ -16,6 +16,7 @@ use crate::actions::validate_reason;
 use crate::error::ApiFailure;
 use crate::matching::IdleJob;
 use crate::queue::{EpAdminRow, now_ms};
+use htfaas_functions::audit::{AuditDraft, Subject};
 use htfaas_functions::manifest::check_name;
 use htfaas_functions::proto::{
     EpAction, EpAdminState, EpInfo, EpVerdict, JobAnalysis, JobState, OwnerPriority, PriorityReport,
@@ -42,6 +43,17 @@ pub enum EpVerb {
 }
 
 impl EpVerb {
+    /// The action's name in the audit trail: `ep.drain`, `ep.disable`, ….
+    pub fn action(self) -> &'static str {
+        match self {
+            EpVerb::Drain => "ep.drain",
+            EpVerb::Disable => "ep.disable",
+            EpVerb::Enable => "ep.enable",
+            EpVerb::Pause => "ep.pause",
+            EpVerb::Resume => "ep.resume",
+        }
+    }
+
     /// Parses the path segment.
     pub fn parse(s: &str) -> Option<EpVerb> {
         Some(match s {
@@ -55,14 +67,15 @@ impl EpVerb {
     }
 }
 
-/// Applies `verb` to EP `name`: validates, stores it, applies it to the attached sessions,
-/// wakes the dispatcher, and returns the EP as it is now.
+/// Applies `verb` to EP `name` as `actor`: validates, stores it (with its audit record),
+/// applies it to the attached sessions, wakes the dispatcher, and returns the EP as it is now.
 #[tracing::instrument(name = "scheduler.ep_action", skip_all, fields(ep.name = %name, verb = ?verb))]
 pub(crate) async fn ep_action(
     shared: &Shared,
     name: String,
     verb: EpVerb,
     action: EpAction,
+    actor: &str,
 ) -> Result<EpInfo, ApiFailure> {
     if name.is_empty() || name.len() > MAX_EP_NAME_BYTES || name.chars().any(char::is_control) {
         return Err(ApiFailure::bad_request(format!("EP name must be 1-{MAX_EP_NAME_BYTES} printable characters")));
@@ -100,6 +113,10 @@ pub(crate) async fn ep_action(
             }
         }
     }
+    let args = serde_json::json!({
+        "ep": name, "reason": action.reason, "deadline_ms": admin.deadline_ms, "group": action.group,
+    });
+    let record = AuditDraft::admin_action(actor, verb.action(), Subject::default(), args);
     admin.reason = action.reason;
     let row = EpAdminRow {
         name: name.clone(),
@@ -109,7 +126,7 @@ pub(crate) async fn ep_action(
         reason: admin.reason.clone(),
         at_ms: now,
     };
-    shared.queue.set_ep_admin(row).await?;
+    shared.queue.set_ep_admin(row, record).await?;
     tracing::info!(state = ?admin.state, deadline_ms = ?admin.deadline_ms, paused = ?admin.paused, "EP admin state set");
     let info = {
         let mut eps = shared.eps();
@@ -209,8 +226,14 @@ pub(crate) async fn priorities(shared: &Shared) -> Result<PriorityReport, ApiFai
     Ok(shared.policy.report(&eps, &owners, &groups, now_ms()))
 }
 
-/// `condor_userprio -setfactor`: sets `owner`'s priority factor and returns their standing.
-pub(crate) async fn set_factor(shared: &Shared, owner: String, factor: f64) -> Result<OwnerPriority, ApiFailure> {
+/// `condor_userprio -setfactor`: sets `owner`'s priority factor, as `actor`, and returns their
+/// standing.
+pub(crate) async fn set_factor(
+    shared: &Shared,
+    owner: String,
+    factor: f64,
+    actor: &str,
+) -> Result<OwnerPriority, ApiFailure> {
     use crate::policy::{MAX_FACTOR, MIN_FACTOR};
     if owner.is_empty() || owner.len() > 128 || owner.chars().any(char::is_control) {
         return Err(ApiFailure::bad_request("owner must be 1-128 printable characters"));
@@ -218,7 +241,7 @@ pub(crate) async fn set_factor(shared: &Shared, owner: String, factor: f64) -> R
     if !factor.is_finite() || !(MIN_FACTOR..=MAX_FACTOR).contains(&factor) {
         return Err(ApiFailure::bad_request(format!("factor must be a number within {MIN_FACTOR}..={MAX_FACTOR}")));
     }
-    shared.queue.set_factor(owner.clone(), factor).await?;
+    shared.queue.set_factor(owner.clone(), factor, actor.to_owned()).await?;
     tracing::info!(%owner, factor, "priority factor set");
     shared.wake.notify_one();
     let report = priorities(shared).await?;

@@ -19,6 +19,9 @@
 //! | `POST /v1/eps/{name}/{drain,disable,enable,pause,resume}` | admin | `EpAction` → 200 `EpInfo` ([`crate::admin`]) |
 //! | `POST /v1/revocations` | admin | `RevokeRequest` → 200 `Revocation` (applied and recorded) |
 //! | `GET /v1/revocations` | admin | every `Revocation`, oldest first |
+//! | `GET /v1/audit?job=&token=&owner=&file=&function=&event=&since=&until=&limit=` | admin | the audit records selected (`AuditRecord`s, in seq order; `since`/`until` Unix ms, `limit` default [`DEFAULT_AUDIT_LIMIT`], at most [`MAX_AUDIT_LIMIT`]; an unknown parameter is 400) |
+//! | `GET /v1/audit/verify` | admin | `VerifyReport` of the whole trail, under the scheduler's audit key |
+//! | `GET /v1/audit/keys` | admin | the audit key's JWKS (for verifying a copy of the trail offline) |
 //! | `GET /healthz` | none | `ok` |
 //!
 //! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
@@ -46,6 +49,13 @@
 //!
 //! Revocations: 400 when the value is empty or longer than 256 characters or the reason longer
 //! than 1024.
+//!
+//! Every refused submission (any 4xx of `POST /v1/jobs`) is recorded in the audit trail as
+//! `job.refused` with its status and reason, the verified token's `jti` and owner (or, for a
+//! token that parsed but did not verify, its claimed `jti` as `unverified_jti`), and the
+//! request's function and event when the body parsed. The token itself is never recorded.
+//! Audit queries and verification read the store on connections of their own (read-only), so
+//! they do not hold up the queue.
 
 use crate::Shared;
 use crate::actions::Action;
@@ -63,6 +73,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
+use htfaas_functions::audit::{self, AuditFilter, AuditRecord, Subject, VerifyReport};
 use htfaas_functions::manifest::{
     MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path,
 };
@@ -71,6 +82,7 @@ use htfaas_functions::proto::{
     PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
+use jsonwebtoken::jwk::JwkSet;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -85,6 +97,10 @@ pub const MAX_LIST_LIMIT: usize = 10_000;
 pub const MAX_FIELD_BYTES: usize = 8192;
 /// Who a revocation is recorded as made by: the one admin credential.
 pub const ADMIN_NAME: &str = "admin";
+/// Default `?limit=` of `GET /v1/audit`.
+pub const DEFAULT_AUDIT_LIMIT: u64 = 1000;
+/// Largest `?limit=` of `GET /v1/audit`.
+pub const MAX_AUDIT_LIMIT: u64 = 100_000;
 
 /// The router, with `shared` as state.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -105,6 +121,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/eps", get(list_eps))
         .route("/v1/eps/{name}/{verb}", post(ep_action))
         .route("/v1/ep/attach", get(attach))
+        .route("/v1/audit", get(audit_query))
+        .route("/v1/audit/verify", get(audit_verify))
+        .route("/v1/audit/keys", get(audit_keys))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { ApiFailure::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -137,13 +156,15 @@ fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure>
 
 /// The `iss` claim read without verifying, only to pick the verifier that will verify it.
 fn unverified_issuer(token: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Iss {
-        iss: String,
-    }
+    unverified_claim(token, "iss")
+}
+
+/// A string claim read without verifying.
+fn unverified_claim(token: &str, name: &str) -> Option<String> {
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
-    serde_json::from_slice::<Iss>(&bytes).ok().map(|i| i.iss)
+    let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes).ok()?;
+    claims.get(name)?.as_str().map(str::to_owned)
 }
 
 fn verify_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
@@ -272,13 +293,64 @@ async fn submit(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiFailure> {
-    let claims = authorize_submit(&shared, &headers).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    let mut known = Subject::default();
+    let mut detail = serde_json::Map::new();
+    let answer = accept(&shared, &headers, body, &mut known, &mut detail).await;
+    if let Err(refusal) = &answer
+        && refusal.status.is_client_error()
+    {
+        // The answer stands whether or not its record could be written: a refusal changes
+        // nothing, so failing closed is the safe side.
+        let (status, reason) = (refusal.status.as_u16(), refusal.message.clone());
+        if let Err(e) = shared.queue.record_refusal(known, status, reason, detail).await {
+            tracing::error!("failed to record a refused submission in the audit trail: {e}");
+        }
+    }
+    answer
+}
+
+/// Longest claimed `jti` of an unverified token kept in a refusal's record, characters.
+const MAX_UNVERIFIED_JTI_CHARS: usize = 128;
+
+/// The submission proper; fills `known` and `detail` with what a refusal's record says.
+async fn accept(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    known: &mut Subject,
+    detail: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<Response, ApiFailure> {
+    let claims = match verify_submit(shared, headers) {
+        Ok(c) => c,
+        Err(e) => {
+            let jti = bearer(headers).and_then(|t| unverified_claim(t, "jti"));
+            if let Some(jti) = jti.filter(|j| !j.chars().any(char::is_control)) {
+                let jti: String = jti.chars().take(MAX_UNVERIFIED_JTI_CHARS).collect();
+                detail.insert("unverified_jti".into(), jti.into());
+            }
+            tracing::info!("refused: {}", e.message);
+            return Err(e);
+        }
+    };
+    (known.token_jti, known.owner) = (Some(claims.jti.clone()), Some(claims.sub.clone()));
+    detail.insert("token_issuer".into(), claims.iss.clone().into());
+    if let Some(reason) = shared.queue.revoked_reason(&Credential::of_submit(&claims)) {
+        let e = ApiFailure::from(QueueError::Revoked { reason });
+        tracing::info!("refused: {}", e.message);
+        return Err(e);
+    }
     let span = tracing::Span::current();
     span.record("owner", claims.sub.as_str());
     span.record("token.jti", claims.jti.as_str());
     let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
     let mut req: SubmitRequest =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
+    if bounded(&req.function.name) && bounded(&req.event.id) && bounded(&req.event.path) {
+        known.function = Some(req.function.name.clone());
+        known.digest = Some(req.function.digest.as_str().to_owned());
+        known.event_id = Some(req.event.id.clone());
+        known.paths = vec![req.event.path.clone()];
+    }
     validate(&req).map_err(ApiFailure::bad_request)?;
     // Policy first: it fills in a class's default run time, which the token must then allow.
     let admission = shared
@@ -303,6 +375,7 @@ async fn submit(
         })
         .await
         .inspect_err(|e| tracing::info!("refused: {e}"))?;
+    let span = tracing::Span::current();
     span.record("job.id", done.job_id.as_str());
     span.record("created", done.created);
     let status = if done.created {
@@ -390,7 +463,7 @@ async fn act(
     let req: JobAction =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid job action: {e}")))?;
     crate::actions::validate_reason(&req.reason).map_err(ApiFailure::bad_request)?;
-    Ok(Json(crate::actions::apply(shared, id, action, req.reason).await?))
+    Ok(Json(crate::actions::apply(shared, id, action, req.reason, ADMIN_NAME).await?))
 }
 
 async fn hold(
@@ -465,7 +538,7 @@ async fn set_factor(
     let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
     let req: FactorRequest =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid factor request: {e}")))?;
-    Ok(Json(crate::admin::set_factor(&shared, owner, req.factor).await?))
+    Ok(Json(crate::admin::set_factor(&shared, owner, req.factor, ADMIN_NAME).await?))
 }
 
 async fn list_eps(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<EpInfo>>, ApiFailure> {
@@ -486,7 +559,42 @@ async fn ep_action(
     let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
     let req: EpAction =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid EP action: {e}")))?;
-    Ok(Json(crate::admin::ep_action(&shared, name, verb, req).await?))
+    Ok(Json(crate::admin::ep_action(&shared, name, verb, req, ADMIN_NAME).await?))
+}
+
+/// `GET /v1/audit`: the records the query selects, read on a connection of its own.
+async fn audit_query(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    filter: Result<Query<AuditFilter>, QueryRejection>,
+) -> Result<Json<Vec<AuditRecord>>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let Query(mut filter) = filter.map_err(|e| ApiFailure::bad_request(format!("invalid audit query: {e}")))?;
+    filter.limit = Some(filter.limit.unwrap_or(DEFAULT_AUDIT_LIMIT).min(MAX_AUDIT_LIMIT));
+    let path = shared.queue.path().to_owned();
+    let records = tokio::task::spawn_blocking(move || audit::query(&path, &filter))
+        .await
+        .map_err(|e| ApiFailure::internal("query the audit trail", &e))?
+        .map_err(|e| ApiFailure::internal("query the audit trail", &e))?;
+    Ok(Json(records))
+}
+
+/// `GET /v1/audit/verify`: the whole trail checked under the scheduler's audit key.
+async fn audit_verify(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<VerifyReport>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let path = shared.queue.path().to_owned();
+    let keys = shared.audit_signer.keys();
+    let report = tokio::task::spawn_blocking(move || audit::verify(&path, &keys))
+        .await
+        .map_err(|e| ApiFailure::internal("verify the audit trail", &e))?
+        .map_err(|e| ApiFailure::internal("verify the audit trail", &e))?;
+    Ok(Json(report))
+}
+
+/// `GET /v1/audit/keys`: the public audit key, as a JWKS.
+async fn audit_keys(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<JwkSet>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    Ok(Json(shared.audit_signer.jwks()))
 }
 
 async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {

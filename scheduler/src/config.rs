@@ -12,6 +12,7 @@ use crate::policy::{GroupConfig, JobClass, PolicyConfig, SitePolicy};
 use crate::queue::Queue;
 use crate::requirements::RequirementConfig;
 use anyhow::Context as _;
+use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
 use htfaas_functions::token::{ATTACH_AUDIENCE, SUBMIT_AUDIENCE, SigningKey, Verifier};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -21,6 +22,10 @@ use std::sync::Arc;
 
 /// Key id of the scheduler's attach-token key.
 pub const ATTACH_KID: &str = "attach-1";
+/// Key id of the scheduler's audit-checkpoint key.
+pub const AUDIT_KID: &str = "scheduler-audit-1";
+/// File name of the audit key beside the store when [`Config::audit_key_file`] is not set.
+pub const DEFAULT_AUDIT_KEY_FILE: &str = "audit-key.pem";
 /// Shortest admin token accepted, bytes.
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
 
@@ -97,6 +102,25 @@ pub struct Config {
     /// seconds. Default: 60.
     #[serde(default = "default_runtime_grace_s")]
     pub runtime_grace_s: u64,
+    /// Ed25519 PKCS#8 PEM key that signs the audit trail's checkpoints (kid
+    /// `scheduler-audit-1`); created (mode 0600) if absent. The trail itself lives in the store
+    /// (`db_path`), written in the same transactions as the decisions it records. Default:
+    /// `audit-key.pem` in the directory of `db_path`.
+    #[serde(default)]
+    pub audit_key_file: Option<PathBuf>,
+    /// The audit trail's head is signed once this many records have no checkpoint. Default: 1000.
+    #[serde(default = "default_audit_checkpoint_records")]
+    pub audit_checkpoint_records: u64,
+    /// ... or once the last checkpoint is this old (checked every second), seconds. Default: 60.
+    #[serde(default = "default_audit_checkpoint_s")]
+    pub audit_checkpoint_s: u64,
+}
+
+fn default_audit_checkpoint_records() -> u64 {
+    CheckpointPolicy::default().every_records
+}
+fn default_audit_checkpoint_s() -> u64 {
+    CheckpointPolicy::default().every_ms / 1000
 }
 
 fn default_half_life_s() -> u64 {
@@ -163,6 +187,10 @@ pub struct Settings {
     pub(crate) limits: OwnerLimits,
     /// Fair share, groups, classes, requirements, leases and retries.
     pub(crate) policy: SitePolicy,
+    /// Signs the audit trail's checkpoints.
+    pub(crate) audit_signer: Arc<AuditSigner>,
+    /// When it signs.
+    pub(crate) audit_policy: CheckpointPolicy,
 }
 
 impl std::fmt::Debug for Settings {
@@ -206,6 +234,11 @@ impl Settings {
     pub fn attach_key(&self) -> &SigningKey {
         &self.attach_key
     }
+
+    /// The public audit key, as a JWKS (what `audit verify --keys` reads).
+    pub fn audit_jwks(&self) -> jsonwebtoken::jwk::JwkSet {
+        self.audit_signer.jwks()
+    }
 }
 
 impl Config {
@@ -233,6 +266,9 @@ impl Config {
             max_retries: default_max_retries(),
             retry_backoff_s: default_retry_backoff_s(),
             runtime_grace_s: default_runtime_grace_s(),
+            audit_key_file: None,
+            audit_checkpoint_records: default_audit_checkpoint_records(),
+            audit_checkpoint_s: default_audit_checkpoint_s(),
         }
     }
 
@@ -274,6 +310,17 @@ impl Config {
         };
         let attach_key = SigningKey::load_or_create(&self.attach_key_file, ATTACH_KID)
             .with_context(|| format!("load attach key {}", self.attach_key_file.display()))?;
+        anyhow::ensure!(self.audit_checkpoint_records >= 1, "audit_checkpoint_records must be at least 1");
+        let audit_key_file = self.audit_key_file.clone().unwrap_or_else(|| {
+            let dir = self.db_path.parent().filter(|d| !d.as_os_str().is_empty());
+            dir.map_or_else(|| PathBuf::from(DEFAULT_AUDIT_KEY_FILE), |d| d.join(DEFAULT_AUDIT_KEY_FILE))
+        });
+        let audit_signer = AuditSigner::load_or_create(&audit_key_file, AUDIT_KID)
+            .with_context(|| format!("load audit key {}", audit_key_file.display()))?;
+        let audit_policy = CheckpointPolicy {
+            every_records: self.audit_checkpoint_records,
+            every_ms: self.audit_checkpoint_s.saturating_mul(1000),
+        };
         let attach_verifier = Verifier::new(&self.name, ATTACH_AUDIENCE, &attach_key.jwks())
             .context("build the attach-token verifier")?;
         let mut submit_verifiers = HashMap::new();
@@ -310,6 +357,8 @@ impl Config {
             tls,
             limits,
             policy,
+            audit_signer: Arc::new(audit_signer),
+            audit_policy,
         })
     }
 }

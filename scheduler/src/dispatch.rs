@@ -3,7 +3,8 @@
 //! Woken (a [`tokio::sync::Notify`] permit) on submit, attach, finish, detach, revocation, job
 //! and EP action, and by a [`HOUSEKEEPING`] tick, which also ends retry backoffs, removes jobs
 //! running past their run time ([`crate::queue::Queue::remove_overdue`], stopping them on their
-//! EP) and, every [`TICK`], prunes expired token-use counts. Each round reads, per pool of EPs
+//! EP), signs a checkpoint of the audit trail when its policy says one is due and, every
+//! [`TICK`], prunes expired token-use counts. Each round reads, per pool of EPs
 //! with room, each owner's oldest idle jobs (leaving out owners at their running limit; best
 //! fair-share priority first), asks [`crate::matching::select`] where they go (fair share,
 //! group quotas, running limits, drains and pauses), reserves the EPs' resources, marks the
@@ -58,6 +59,11 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             _ = shared.wake.notified() => {}
             _ = tick.tick() => {
                 remove_overdue(&shared).await;
+                match shared.queue.audit_checkpoint(shared.audit_signer.clone(), shared.audit_policy, false).await {
+                    Ok(Some(cp)) => tracing::debug!(seq = cp.seq, "audit trail checkpointed"),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("failed to checkpoint the audit trail: {e}"),
+                }
                 if last_prune.elapsed() >= TICK {
                     last_prune = tokio::time::Instant::now();
                     match shared.queue.prune_token_uses(now_s().saturating_sub(LEEWAY_S + 60)).await {

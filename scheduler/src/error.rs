@@ -63,6 +63,9 @@ pub enum QueueError {
     /// SQLite said no.
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The audit trail kept in the store could not be written or read.
+    #[error("audit trail: {0}")]
+    Audit(#[from] htfaas_functions::audit::AuditError),
     /// A JSON column could not be written.
     #[error("encoding: {0}")]
     Json(#[from] serde_json::Error),

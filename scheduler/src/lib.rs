@@ -36,9 +36,15 @@
 //! runs again after a backoff, or is held past the retry limit.
 //! The scheduler holds ids, URLs and digests, never function bytes.
 //!
+//! Audit: every decision above is recorded in a tamper-evident trail kept in the queue's store,
+//! in the decision's own transaction ([`queue`] lists what is recorded); its head is signed
+//! (a checkpoint, with the key of [`Config::audit_key_file`]) by the dispatcher's housekeeping
+//! tick when due and at shutdown. `GET /v1/audit`, `/v1/audit/verify` and `/v1/audit/keys`
+//! ([`api`]) serve it.
+//!
 //! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
 //! running jobs return to idle), stop the dispatcher, wait for all of it (at most
-//! [`EXIT_DEADLINE`]), then close the store.
+//! [`EXIT_DEADLINE`]), sign the audit trail's head, then close the store.
 
 pub mod actions;
 pub mod admin;
@@ -100,6 +106,10 @@ pub struct Shared {
     pub(crate) limits: OwnerLimits,
     /// Fair share, groups, classes, requirements, leases and retries.
     pub(crate) policy: policy::SitePolicy,
+    /// Signs the audit trail's checkpoints (the trail is in the queue's store).
+    pub(crate) audit_signer: Arc<htfaas_functions::audit::AuditSigner>,
+    /// When it signs.
+    pub(crate) audit_policy: htfaas_functions::audit::CheckpointPolicy,
 }
 
 impl Shared {
@@ -147,6 +157,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         tls,
         limits,
         policy,
+        audit_signer,
+        audit_policy,
     } = settings;
     let shared = Arc::new(Shared {
         queue,
@@ -161,6 +173,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         ignored_reports: AtomicU64::new(0),
         limits,
         policy,
+        audit_signer,
+        audit_policy,
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;
@@ -205,6 +219,12 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         Err(_) => {
             tracing::warn!("dispatcher still running after {EXIT_DEADLINE:?}; exiting anyway")
         }
+    }
+    // Everything recorded by now (the sessions' lost attempts included) is signed.
+    match shared.queue.audit_checkpoint(shared.audit_signer.clone(), shared.audit_policy, true).await {
+        Ok(Some(cp)) => tracing::info!(seq = cp.seq, "audit trail checkpointed"),
+        Ok(None) => {}
+        Err(e) => tracing::error!("failed to checkpoint the audit trail at shutdown: {e}"),
     }
     tracing::info!("scheduler stopped");
     served

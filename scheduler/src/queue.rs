@@ -20,6 +20,16 @@
 //! stopped job (held or removed while running) has its late report charged once, without
 //! changing its state or reason ([`Queue::finish`]); a report that arrives after the release
 //! of a held job is not charged.
+//!
+//! The audit trail ([`htfaas_functions::audit`], writer [`AUDIT_WRITER`]) lives in the same
+//! file, in its own `audit_*` tables ([`htfaas_functions::audit::install`]ed at open, with
+//! their own version), and each decision's record is appended in the decision's own
+//! transaction: accepted (and held by policy), dispatched, the EP's report (input read,
+//! outputs written, finished), attempts lost, held, released and removed (an admin, a
+//! revocation, the run time), revocations, EP admin settings and priority factors. A refused
+//! submission, which changes nothing, is recorded in a transaction of its own
+//! ([`Queue::record_refusal`]). Every job's record names the job, its token's `jti`, owner,
+//! function, digest and event, and its input path.
 
 use crate::actions::Action;
 use crate::dispatch::BATCH;
@@ -27,6 +37,7 @@ use crate::error::QueueError;
 use crate::matching::{IdleJob, PoolRoom};
 use crate::revocation::{Credential, Revoked, target_from_parts, target_parts};
 use htfaas_functions::Resources;
+use htfaas_functions::audit::{self, AuditDraft, AuditSigner, Checkpoint, CheckpointPolicy, Subject};
 use htfaas_functions::proto::{
     Account, Attempt, EpAdminState, HOLD_CODE_BY_ADMIN, HOLD_CODE_RETRIES, JobAssignment, JobRecord, JobReport,
     JobState, Outcome, OutputFile, Revocation, RevocationTarget, SubmitRequest, Usage,
@@ -34,7 +45,7 @@ use htfaas_functions::proto::{
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Version of the stored format written by this build.
@@ -44,6 +55,9 @@ pub const SCHEMA_VERSION: i64 = 4;
 pub const MAX_OWNERS_PER_POOL: usize = 512;
 /// Most distinct owners the skip-scan reads per pool and round.
 pub const MAX_OWNERS_SCANNED: u64 = 100_000;
+
+/// The writer of the audit trail kept in the store.
+pub const AUDIT_WRITER: &str = "scheduler";
 
 /// Longest EP log kept per job, bytes.
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
@@ -317,6 +331,8 @@ struct RevocationResult {
 #[derive(Clone)]
 pub struct Queue {
     conn: Arc<Mutex<Connection>>,
+    /// The file, for read-only audit queries and verification on connections of their own.
+    path: PathBuf,
     /// Half-life of decayed usage, seconds ([`Queue::set_half_life`]).
     half_life_s: f64,
     /// Revoked targets, loaded at open; checked inside submit transactions and by the API.
@@ -362,16 +378,34 @@ impl Queue {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrate(&mut conn)?;
-        conn.execute(
+        audit::install(&conn, AUDIT_WRITER)?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let open: Vec<(String, u32, String, String)> = {
+            let mut stmt = tx.prepare(
+                "SELECT a.job_id, a.n, a.ep, a.ep_session FROM attempts a WHERE a.ended_at_ms IS NULL ORDER BY a.job_id",
+            )?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?.collect::<Result<_, _>>()?
+        };
+        tx.execute(
             "UPDATE attempts SET outcome = 'interrupted', reason = 'the scheduler restarted', ended_at_ms = ?1 \
              WHERE ended_at_ms IS NULL",
             params![db_int(now_ms())],
         )?;
-        let requeued = conn.execute(
+        let requeued = tx.execute(
             "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
              WHERE state = 'running'",
             [],
         )?;
+        for (id, n, ep, session) in open {
+            if let Some(subject) = job_subject(&tx, &id)? {
+                let then = if subject_state(&tx, &id)?.as_deref() == Some("idle") { "requeued" } else { "kept" };
+                audit::append_in(
+                    &tx,
+                    AuditDraft::attempt_lost(subject, &ep, &session, n, "the scheduler restarted", then),
+                )?;
+            }
+        }
+        tx.commit()?;
         if requeued > 0 {
             tracing::info!(jobs = requeued, "jobs left running by the previous process are idle again");
         }
@@ -379,7 +413,12 @@ impl Queue {
         for r in read_revocations(&conn)? {
             revoked.insert(r.target, r.reason);
         }
-        Ok(Queue { conn: Arc::new(Mutex::new(conn)), half_life_s: 86_400.0, revoked: Arc::new(RwLock::new(revoked)) })
+        Ok(Queue {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_owned(),
+            half_life_s: 86_400.0,
+            revoked: Arc::new(RwLock::new(revoked)),
+        })
     }
 
     /// Sets the half-life with which usage decays (charged from now on).
@@ -496,10 +535,79 @@ impl Queue {
                     reason,
                 ],
             )?;
+            let req = &job.request;
+            let subject = Subject {
+                job: Some(job_id.clone()),
+                token_jti: Some(job.jti.clone()),
+                owner: Some(job.owner.clone()),
+                function: Some(req.function.name.clone()),
+                digest: Some(req.function.digest.as_str().to_owned()),
+                event_id: Some(req.event.id.clone()),
+                paths: vec![req.event.path.clone()],
+            };
+            let accepted = AuditDraft::job_accepted(subject.clone(), &r, job.group.as_deref())
+                .with_detail("token_issuer", job.issuer.clone().into())
+                .with_detail("function_version", req.function.version.into())
+                .with_detail(
+                    "event",
+                    serde_json::json!({
+                        "source": req.event.source, "id": req.event.id, "path": req.event.path,
+                        "caused_by": req.event.caused_by,
+                    }),
+                )
+                .with_detail("input", serde_json::json!({ "path": req.event.path, "url": req.input.url }))
+                .with_detail("output", serde_json::json!({ "dir": url_path(&req.output.url), "url": req.output.url }))
+                .with_detail("class", serde_json::json!(job.class))
+                .with_detail("annex", serde_json::json!(req.annex))
+                .with_detail("dedupe_key", req.dedupe_key.clone().into());
+            audit::append_in(&tx, accepted)?;
+            if let Some((code, reason)) = &job.hold {
+                audit::append_in(&tx, AuditDraft::job_held(subject, reason, Some(i64::from(*code))))?;
+            }
             tx.commit()?;
             Ok(Submitted { job_id, created: true })
         })
         .await
+    }
+
+    /// Records a refused submission (`job.refused`, with the HTTP `status` answered and the
+    /// `reason`) in a transaction of its own: a refusal changes nothing else in the store.
+    /// `subject` holds what is known (the verified token's `jti` and owner, the request's
+    /// function and event); `detail` adds facts (an object).
+    pub async fn record_refusal(
+        &self,
+        subject: Subject,
+        status: u16,
+        reason: String,
+        detail: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), QueueError> {
+        self.call(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut draft = AuditDraft::job_refused(subject, status, &reason);
+            for (k, v) in detail {
+                draft = draft.with_detail(&k, v);
+            }
+            audit::append_in(&tx, draft)?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Signs a checkpoint of the audit trail's head with `signer` when `policy` says one is
+    /// due, or (`force`, at shutdown) whenever the head has none.
+    pub async fn audit_checkpoint(
+        &self,
+        signer: Arc<AuditSigner>,
+        policy: CheckpointPolicy,
+        force: bool,
+    ) -> Result<Option<Checkpoint>, QueueError> {
+        self.call(move |conn| Ok(audit::checkpoint_in(conn, &signer, policy, force)?)).await
+    }
+
+    /// The store's file (the audit trail is in it).
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// How many jobs the token `jti` has submitted (for preflight; changes nothing).
@@ -617,19 +725,30 @@ impl Queue {
             let mut marked = Marked::default();
             let started = db_int(now_ms());
             for id in job_ids {
-                let request: Option<String> = tx
-                    .query_row("SELECT request FROM jobs WHERE id = ?1 AND state = 'idle'", params![id], |r| r.get(0))
+                let row: Option<(String, String, String, u32)> = tx
+                    .prepare_cached(
+                        "SELECT request, owner, token_jti, attempts FROM jobs WHERE id = ?1 AND state = 'idle'",
+                    )?
+                    .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                     .optional()?;
-                let Some(request) = request else {
+                let Some((request, owner, jti, attempts)) = row else {
                     marked.skipped.push(id);
                     continue;
                 };
-                let prepared = serde_json::from_str::<SubmitRequest>(&request)
-                    .map_err(|e| format!("stored request is corrupt: {e}"))
-                    .and_then(|r| {
-                        let bind = r.bind_ep_address;
-                        prepare(assignment(id.clone(), r), bind)
-                    });
+                let mut subject =
+                    Subject { job: Some(id.clone()), token_jti: Some(jti), owner: Some(owner), ..Subject::default() };
+                let parsed = serde_json::from_str::<SubmitRequest>(&request)
+                    .map_err(|e| format!("stored request is corrupt: {e}"));
+                if let Ok(r) = &parsed {
+                    subject.function = Some(r.function.name.clone());
+                    subject.digest = Some(r.function.digest.as_str().to_owned());
+                    subject.event_id = Some(r.event.id.clone());
+                    subject.paths = vec![r.event.path.clone()];
+                }
+                let prepared = parsed.and_then(|r| {
+                    let bind = r.bind_ep_address;
+                    prepare(assignment(id.clone(), r), bind)
+                });
                 match prepared {
                     Ok(a) => {
                         tx.execute(
@@ -642,6 +761,8 @@ impl Queue {
                              SELECT id, attempts, ?2, ?3, ?4, 'running' FROM jobs WHERE id = ?1",
                             params![id, ep_name, ep_session, started],
                         )?;
+                        let attempt = attempts.saturating_add(1);
+                        audit::append_in(&tx, AuditDraft::job_dispatched(subject, &ep_name, &ep_session, attempt))?;
                         marked.assigned.push(a);
                     }
                     Err(reason) => {
@@ -650,6 +771,8 @@ impl Queue {
                             "UPDATE jobs SET state = 'failed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
                             params![id, reason, started],
                         )?;
+                        let detail = serde_json::json!({ "state": "failed", "reason": reason, "outcome": null });
+                        audit::append_in(&tx, AuditDraft::new(audit::AuditKind::JobFinished, subject, detail))?;
                         marked.skipped.push(id);
                     }
                 }
@@ -667,16 +790,29 @@ impl Queue {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut n = 0;
             for id in job_ids {
+                let attempt: Option<(u32, String)> = tx
+                    .query_row(
+                        "SELECT attempts, COALESCE(ep, '') FROM jobs WHERE id = ?1 AND state = 'running' \
+                         AND ep_session = ?2",
+                        params![id, ep_session],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
                 // Never sent: the attempt did not happen.
                 tx.execute(
                     "DELETE FROM attempts WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
                     params![id, ep_session],
                 )?;
-                n += tx.execute(
+                let changed = tx.execute(
                     "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
                      attempts = MAX(attempts - 1, 0) WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
                     params![id, ep_session],
                 )?;
+                if let (1, Some((n, ep)), Some(subject)) = (changed, attempt, job_subject(&tx, &id)?) {
+                    let why = "the Assign could not be sent: the EP left";
+                    audit::append_in(&tx, AuditDraft::attempt_lost(subject, &ep, &ep_session, n, why, "requeued"))?;
+                }
+                n += changed;
             }
             tx.commit()?;
             Ok(n)
@@ -695,6 +831,13 @@ impl Queue {
                 Loss::Ep { .. } => "lost",
                 Loss::Shutdown => "interrupted",
             };
+            let ended: Vec<(String, u32, String)> = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT job_id, n, ep FROM attempts WHERE ep_session = ?1 AND ended_at_ms IS NULL ORDER BY job_id",
+                )?;
+                stmt.query_map(params![ep_session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<_, _>>()?
+            };
             tx.execute(
                 "UPDATE attempts SET outcome = ?2, reason = ?3, ended_at_ms = ?4 \
                  WHERE ep_session = ?1 AND ended_at_ms IS NULL",
@@ -707,6 +850,7 @@ impl Queue {
                     .collect::<Result<_, _>>()?
             };
             let mut out = Lost::default();
+            let mut held_reasons = HashMap::new();
             for (id, lost, ep) in running {
                 match loss {
                     Loss::Shutdown => {
@@ -728,6 +872,7 @@ impl Queue {
                              ep_session = NULL WHERE id = ?1",
                             params![id, reason, HOLD_CODE_RETRIES],
                         )?;
+                        held_reasons.insert(id.clone(), reason);
                         out.held.push(id);
                     }
                     Loss::Ep { backoff_ms, .. } => {
@@ -739,6 +884,20 @@ impl Queue {
                         )?;
                         out.requeued.push(id);
                     }
+                }
+            }
+            for (id, n, ep) in ended {
+                let Some(subject) = job_subject(&tx, &id)? else { continue };
+                let then = match (held_reasons.get(&id), out.requeued.contains(&id), loss) {
+                    (Some(_), _, _) => "held",
+                    (None, true, Loss::Shutdown) => "interrupted",
+                    (None, true, _) => "requeued",
+                    (None, false, _) => "kept",
+                };
+                audit::append_in(&tx, AuditDraft::attempt_lost(subject.clone(), &ep, &ep_session, n, &why, then))?;
+                if let Some(reason) = held_reasons.get(&id) {
+                    let code = Some(i64::from(HOLD_CODE_RETRIES));
+                    audit::append_in(&tx, AuditDraft::job_held(subject, reason, code))?;
                 }
             }
             tx.commit()?;
@@ -756,17 +915,21 @@ impl Queue {
         let self_half_life = self.half_life_s;
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let row: Option<(String, u32, String, Option<String>)> = tx
+            // owner, cpus, state, group, EP name.
+            type Row = (String, u32, String, Option<String>, Option<String>);
+            let row: Option<Row> = tx
                 .query_row(
-                    "SELECT owner, cpus, state, grp FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+                    "SELECT owner, cpus, state, grp, ep FROM jobs WHERE id = ?1 AND ep_session = ?2 \
                      AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
                     params![report.job_id, ep_session],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
                 )
                 .optional()?;
-            let Some((owner, cpus, stored, group)) = row else {
+            let Some((owner, cpus, stored, group, ep)) = row else {
                 return Ok(None);
             };
+            let ep = ep.unwrap_or_else(|| ep_session.clone());
+            let subject = job_subject(&tx, &report.job_id)?.unwrap_or_default();
             if let (true, Outcome::Cancelled { reason }) = (stored == "running", &report.outcome) {
                 // Cancelled while the scheduler had not asked for it: the EP turned the job away
                 // (it is draining and the Assign crossed its `Draining`). Not the job's fault:
@@ -781,6 +944,10 @@ impl Queue {
                     "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL WHERE id = ?1",
                     params![report.job_id],
                 )?;
+                let returned = AuditDraft::job_finished(subject, &ep, &report.outcome, &report.usage)
+                    .with_detail("state", "idle".into())
+                    .with_detail("returned", true.into());
+                audit::append_in(&tx, returned)?;
                 tx.commit()?;
                 return Ok(Some(Finished { owner, state: JobState::Idle }));
             }
@@ -862,6 +1029,26 @@ impl Queue {
                 ],
             )?;
             charge_decayed(&tx, "accounts", "owner", &owner, core_s, now, self_half_life)?;
+            // What the EP did, in the order it did it: read, wrote, ended.
+            let ran = matches!(
+                report.outcome,
+                Outcome::Exited { .. }
+                    | Outcome::Trapped { .. }
+                    | Outcome::MemoryExceeded { .. }
+                    | Outcome::TimeExceeded { .. }
+                    | Outcome::OutputFailed { .. }
+            );
+            if let Some(input) = subject.paths.first().filter(|_| ran || u.bytes_in > 0) {
+                audit::append_in(&tx, AuditDraft::input_read(subject.clone(), &ep, input, u.bytes_in))?;
+            }
+            if !report.outputs.is_empty() {
+                audit::append_in(&tx, AuditDraft::outputs_written(subject.clone(), &ep, &report.outputs))?;
+            }
+            let finished = AuditDraft::job_finished(subject, &ep, &report.outcome, &u)
+                .with_detail("state", state.as_str().into())
+                .with_detail("exit_code", serde_json::json!(exit_code))
+                .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+            audit::append_in(&tx, finished)?;
             tx.commit()?;
             Ok(Some(Finished { owner, state }))
         })
@@ -885,12 +1072,16 @@ impl Queue {
             let job_reason = QueueError::Revoked { reason: reason.clone() }.to_string();
             let mut result = RevocationResult { removed_jobs: vec![], stopped_jobs: vec![], closed_eps };
             let mut stopped = Vec::new();
+            let mut removals = Vec::new();
             for (id, state, session) in active_jobs_named_by(&tx, &target)? {
                 tx.execute(
                     "UPDATE jobs SET state = 'removed', reason = ?2, hold_code = NULL, finished_at_ms = ?3 \
                      WHERE id = ?1",
                     params![id, job_reason, db_int(at_ms)],
                 )?;
+                if let Some(subject) = job_subject(&tx, &id)? {
+                    removals.push(AuditDraft::job_removed(subject, &job_reason, &state).with_actor(by.clone()));
+                }
                 match (state.as_str(), session) {
                     ("running", Some(session)) => {
                         result.stopped_jobs.push(id.clone());
@@ -904,9 +1095,13 @@ impl Queue {
                 "INSERT INTO revocations (kind, value, reason, \"by\", at_ms, result) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![kind, value, reason, by, db_int(at_ms), serde_json::to_string(&result)?],
             )?;
-            tx.commit()?;
             let RevocationResult { removed_jobs, stopped_jobs, closed_eps } = result;
             let revocation = Revocation { target, reason, by, at_ms, removed_jobs, stopped_jobs, closed_eps };
+            audit::append_in(&tx, AuditDraft::token_revoked(&revocation))?;
+            for draft in removals {
+                audit::append_in(&tx, draft)?;
+            }
+            tx.commit()?;
             Ok(Recorded { revocation, stopped })
         })
         .await
@@ -916,7 +1111,13 @@ impl Queue {
     /// does to which state) and returns the updated record, with the EP session to stop it on
     /// when it was running. [`QueueError::JobNotFound`] for an unknown id,
     /// [`QueueError::Conflict`] when the job's state does not allow the action.
-    pub async fn act(&self, id: String, action: Action, reason: String) -> Result<Acted, QueueError> {
+    #[cfg(test)]
+    pub(crate) async fn act(&self, id: String, action: Action, reason: String) -> Result<Acted, QueueError> {
+        self.act_by(id, action, reason, "admin".into()).await
+    }
+
+    /// [`Queue::act`] by `actor` (recorded in the audit trail).
+    pub async fn act_by(&self, id: String, action: Action, reason: String, actor: String) -> Result<Acted, QueueError> {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let row: Option<(String, Option<String>)> = tx
@@ -970,6 +1171,14 @@ impl Queue {
             let record = tx
                 .query_row(&format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"), params![id], raw_record)?
                 .decode()?;
+            let subject = job_subject(&tx, &id)?.unwrap_or_default();
+            let draft = match action {
+                Action::Hold => AuditDraft::job_held(subject, &reason, Some(i64::from(HOLD_CODE_BY_ADMIN)))
+                    .with_detail("state", state.as_str().into()),
+                Action::Release => AuditDraft::job_released(subject, &reason),
+                Action::Remove => AuditDraft::job_removed(subject, &record.reason, state.as_str()),
+            };
+            audit::append_in(&tx, draft.with_actor(actor))?;
             tx.commit()?;
             let stop = if state == JobState::Running && action != Action::Release { session } else { None };
             Ok(Acted { record, stop })
@@ -1092,6 +1301,9 @@ impl Queue {
                     "UPDATE jobs SET state = 'removed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
                     params![id, reason, db_int(now_ms)],
                 )?;
+                if let Some(subject) = job_subject(&tx, &id)? {
+                    audit::append_in(&tx, AuditDraft::job_removed(subject, &reason, "running"))?;
+                }
                 out.push((id, session));
             }
             tx.commit()?;
@@ -1149,15 +1361,22 @@ impl Queue {
         .await
     }
 
-    /// Sets an owner's priority factor (creating their account if they have none yet).
-    pub async fn set_factor(&self, owner: String, factor: f64) -> Result<(), QueueError> {
+    /// Sets an owner's priority factor (creating their account if they have none yet), as
+    /// `actor` (recorded in the audit trail).
+    pub async fn set_factor(&self, owner: String, factor: f64, actor: String) -> Result<(), QueueError> {
         self.call(move |conn| {
-            conn.execute(
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
                 "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, wall_seconds, \
                  bytes_in, bytes_out, factor) VALUES (?1, 0, 0, 0, 0, 0, 0, 0, ?2) \
                  ON CONFLICT (owner) DO UPDATE SET factor = excluded.factor",
                 params![owner, factor],
             )?;
+            let subject = Subject { owner: Some(owner.clone()), ..Subject::default() };
+            // The factor as a string: records hold integers and strings, never floats.
+            let args = serde_json::json!({ "factor": factor.to_string() });
+            audit::append_in(&tx, AuditDraft::admin_action(&actor, "set_factor", subject, args))?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -1203,15 +1422,17 @@ impl Queue {
         .await
     }
 
-    /// Stores an EP name's admin settings (replacing what it had).
-    pub async fn set_ep_admin(&self, row: EpAdminRow) -> Result<(), QueueError> {
+    /// Stores an EP name's admin settings (replacing what it had), with `audit`, the record of
+    /// the admin action that set them, in the same transaction.
+    pub async fn set_ep_admin(&self, row: EpAdminRow, audit: AuditDraft) -> Result<(), QueueError> {
         self.call(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let state = match row.state {
                 EpAdminState::Enabled => "enabled",
                 EpAdminState::Draining => "draining",
                 EpAdminState::Disabled => "disabled",
             };
-            conn.execute(
+            tx.execute(
                 "INSERT OR REPLACE INTO ep_admin (name, state, deadline_ms, paused, reason, at_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
@@ -1223,6 +1444,8 @@ impl Queue {
                     db_int(row.at_ms)
                 ],
             )?;
+            audit::append_in(&tx, audit)?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -1302,6 +1525,60 @@ fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
     Ok(())
+}
+
+/// What the audit trail names for job `id`: the job, its token's `jti`, owner, function,
+/// digest and event, and its input path (read from the stored request); `None` for an unknown
+/// job.
+fn job_subject(conn: &Connection, id: &str) -> rusqlite::Result<Option<Subject>> {
+    conn.prepare_cached(
+        "SELECT owner, token_jti, json_extract(request, '$.function.name'), \
+         json_extract(request, '$.function.digest'), json_extract(request, '$.event.id'), \
+         json_extract(request, '$.event.path') FROM jobs WHERE id = ?1",
+    )?
+    .query_row(params![id], |r| {
+        let path: Option<String> = r.get(5)?;
+        Ok(Subject {
+            job: Some(id.to_owned()),
+            owner: Some(r.get(0)?),
+            token_jti: Some(r.get(1)?),
+            function: r.get(2)?,
+            digest: r.get(3)?,
+            event_id: r.get(4)?,
+            paths: path.into_iter().collect(),
+        })
+    })
+    .optional()
+}
+
+/// The stored state of job `id`.
+fn subject_state(conn: &Connection, id: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row("SELECT state FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()
+}
+
+/// The path of an `http(s)` URL, percent-decoded (a storage URL's namespace path); the URL
+/// itself when it has no path or does not decode to UTF-8.
+pub fn url_path(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let Some(i) = rest.find('/') else { return url.to_owned() };
+    let raw = rest[i..].split(['?', '#']).next().unwrap_or("");
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut k = 0;
+    while k < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[k], bytes.get(k + 1).and_then(|b| hex(*b)), bytes.get(k + 2).and_then(|b| hex(*b))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                k += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                k += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| url.to_owned())
 }
 
 /// Jobs submitted so far with the token `jti`.

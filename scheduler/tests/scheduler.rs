@@ -33,6 +33,9 @@ const NAME: &str = "test-scheduler";
 const WAIT: Duration = Duration::from_secs(10);
 const STORAGE_SECRET: &[u8] = b"scheduler-test-storage-root";
 
+/// The audit trail: what each decision records, queries, verification.
+#[path = "scheduler/audit.rs"]
+mod audit;
 /// Fair share, quotas, classes, requirements, leases, retries, drains: the site policy.
 #[path = "scheduler/policy.rs"]
 mod policy;

@@ -2,6 +2,7 @@
 //! One test binary (`cargo test -p htfaas-tests`), one module per concern.
 
 mod annex;
+mod audit;
 mod bridges;
 mod configs;
 mod exactly_once;
