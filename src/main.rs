@@ -227,6 +227,9 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print the JWKS of the scheduler's audit key (for `audit verify --file … --keys …`);
+    /// keep a copy where the trail's host cannot change it.
+    Keys,
 }
 
 /// One audit record as a line: seq, time, kind, actor, subject and the kind's main facts.
@@ -1459,6 +1462,10 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             settings.recursive = recursive;
             settings.ca_file = ca;
             sse::run(settings, on_signals()).await
+        }
+        Command::Audit { dir, action: Some(AuditCommand::Keys), .. } => {
+            println!("{}", serde_json::to_string_pretty(&client(&dir)?.audit_keys().await?)?);
+            Ok(())
         }
         Command::Audit { dir, action: Some(AuditCommand::Verify { file, keys, json }), .. } => {
             let report = match (file, keys) {
