@@ -11,7 +11,8 @@
 //! - [`digest`], [`manifest`], [`registry`]: functions as content-addressed wasm modules with
 //!   versioned manifests, stored in SQLite plus a blob directory;
 //! - [`audit`]: the audit trail: one hash-chained, append-only log per writer (SQLite), signed
-//!   checkpoints, lineage queries and the verifier that names the first tampered record.
+//!   checkpoints, lineage queries and the verifier that names the first tampered record;
+//! - [`store`]: what the SQLite stores of the other crates share (stepwise migration).
 //!
 //! Nothing outside this crate derives `Serialize` for a wire type.
 
@@ -22,6 +23,7 @@ pub mod macaroon;
 pub mod manifest;
 pub mod proto;
 pub mod registry;
+pub mod store;
 pub mod token;
 pub mod trigger;
 

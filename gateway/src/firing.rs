@@ -814,18 +814,9 @@ fn lookup_cause(conn: &Connection, macaroon: &str) -> Result<Option<Cause>, Firi
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
 fn migrate(conn: &mut Connection) -> Result<(), FiringError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if found > SCHEMA_VERSION {
-        return Err(FiringError::SchemaTooNew { found, supported: SCHEMA_VERSION });
-    }
-    for (version, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
-        tx.execute_batch(step)?;
-        tracing::info!(from = version, to = version + 1, "firing store migrated");
-    }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()?;
-    Ok(())
+    const _: () = assert!(SCHEMA_VERSION as usize == MIGRATIONS.len());
+    htfaas_functions::store::migrate(conn, &MIGRATIONS, "firing store")?
+        .map_err(|found| FiringError::SchemaTooNew { found, supported: SCHEMA_VERSION })
 }
 
 /// Dispatches firings until `shutdown`: claims the ready ones, submits each in a task of its

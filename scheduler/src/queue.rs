@@ -1513,18 +1513,9 @@ fn bounded_log(mut log: String) -> String {
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
 fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if found > SCHEMA_VERSION {
-        return Err(QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION });
-    }
-    for (version, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
-        tx.execute_batch(step)?;
-        tracing::info!(from = version, to = version + 1, "job store migrated");
-    }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()?;
-    Ok(())
+    const _: () = assert!(SCHEMA_VERSION as usize == MIGRATIONS.len());
+    htfaas_functions::store::migrate(conn, &MIGRATIONS, "job store")?
+        .map_err(|found| QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION })
 }
 
 /// What the audit trail names for job `id`: the job, its token's `jti`, owner, function,

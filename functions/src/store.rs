@@ -1,0 +1,59 @@
+//! What htfaas's SQLite stores share: the stepwise `PRAGMA user_version` migration each store
+//! (the scheduler's job queue, the gateway's firing table) runs when it opens its file.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+/// Brings `conn` up to version `migrations.len()` in one IMMEDIATE transaction: `migrations[v]`
+/// takes a file from version `v` to `v + 1`, so a new file (version 0) runs them all. A file
+/// written by a newer build (a version above `migrations.len()`) is left untouched and answered
+/// `Ok(Err(found))`, for the caller to refuse with its own error. `store` names it in logs.
+pub fn migrate(conn: &mut Connection, migrations: &[&str], store: &str) -> rusqlite::Result<Result<(), i64>> {
+    let supported = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > supported {
+        return Ok(Err(found));
+    }
+    for (version, step) in migrations.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+        tx.execute_batch(step)?;
+        tracing::info!(store, from = version, to = version + 1, "store migrated");
+    }
+    tx.pragma_update(None, "user_version", supported)?;
+    tx.commit()?;
+    Ok(Ok(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STEPS: [&str; 2] = ["CREATE TABLE a (x INTEGER);", "ALTER TABLE a ADD COLUMN y INTEGER;"];
+
+    fn version(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version")
+    }
+
+    #[test]
+    fn a_new_file_runs_every_step_an_old_one_the_rest_a_newer_one_is_refused() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn, &STEPS[..1], "t").expect("sqlite").expect("migrated");
+        assert_eq!(version(&conn), 1);
+        conn.execute("INSERT INTO a (x) VALUES (7)", []).expect("row");
+        migrate(&mut conn, &STEPS, "t").expect("sqlite").expect("migrated");
+        assert_eq!(version(&conn), 2);
+        let (x, y): (i64, Option<i64>) =
+            conn.query_row("SELECT x, y FROM a", [], |r| Ok((r.get(0)?, r.get(1)?))).expect("row");
+        assert_eq!((x, y), (7, None), "the row was kept, the new column added");
+        migrate(&mut conn, &STEPS, "t").expect("sqlite").expect("nothing to do");
+        assert_eq!(migrate(&mut conn, &STEPS[..1], "t").expect("sqlite"), Err(2), "written by a newer build");
+        assert_eq!(version(&conn), 2, "left untouched");
+    }
+
+    #[test]
+    fn a_failing_step_changes_nothing() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn, &STEPS[..1], "t").expect("sqlite").expect("migrated");
+        assert!(migrate(&mut conn, &[STEPS[0], "ALTER TABLE nope ADD COLUMN z;"], "t").is_err());
+        assert_eq!(version(&conn), 1);
+    }
+}
