@@ -1,5 +1,6 @@
 //! What htfaas's SQLite stores share: the stepwise `PRAGMA user_version` migration each store
-//! (the scheduler's job queue, the gateway's firing table) runs when it opens its file.
+//! (the scheduler's job queue, the gateway's firing table) runs when it opens its file, and the
+//! conversions of times and counts to SQLite integers.
 
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -21,6 +22,24 @@ pub fn migrate(conn: &mut Connection, migrations: &[&str], store: &str) -> rusql
     tx.pragma_update(None, "user_version", supported)?;
     tx.commit()?;
     Ok(Ok(()))
+}
+
+/// Unix milliseconds now (0 before 1970, capped at `u64::MAX`).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A `u64` as an SQLite integer (signed): everything stored fits; anything larger is capped.
+pub fn db_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// An SQLite integer as a `u64`: a negative one (never written) reads as 0.
+pub fn from_db(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 #[cfg(test)]

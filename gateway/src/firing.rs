@@ -356,21 +356,8 @@ impl std::fmt::Debug for Firings {
     }
 }
 
-/// Unix milliseconds now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-fn db_int(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-fn from_db(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
+pub use htfaas_functions::store::now_ms;
+use htfaas_functions::store::{db_int, from_db};
 
 /// Retry delay after the `attempts`-th transient failure.
 pub fn backoff_ms(attempts: u32) -> u64 {
