@@ -28,6 +28,7 @@
 pub mod detect;
 mod job;
 mod link;
+pub mod metrics;
 pub mod runtime;
 
 use anyhow::{Context as _, anyhow, bail};

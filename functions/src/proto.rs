@@ -14,6 +14,7 @@
 
 use crate::{Digest, Resources};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// NATS subject on which dCache billing messages (and ours) arrive.
 pub const EVENTS_SUBJECT: &str = "storage.dcache.billing";
@@ -851,6 +852,80 @@ pub struct Account {
     pub bytes_in: u64,
     /// Bytes written.
     pub bytes_out: u64,
+}
+
+/// What an accounting report groups its rows by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccountingBy {
+    /// The submit token's subject.
+    Owner,
+    /// The token's accounting group (`(none)` for jobs without one).
+    Group,
+    /// The function's name.
+    Function,
+}
+
+/// Query of `GET /v1/accounting/report` (scheduler, and proxied by the gateway). Jobs count in
+/// the period in which they reached their final state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountingQuery {
+    /// First instant counted, Unix ms (inclusive). Default: the beginning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// End of the range, Unix ms (exclusive). Default: now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// Row key.
+    pub by: AccountingBy,
+    /// Split each key's row into periods of this many seconds, aligned to the Unix epoch
+    /// (3600: hourly). Default: one row per key for the whole range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_s: Option<u64>,
+}
+
+/// One row of an [`AccountingReport`]: one key (owner, group or function) in one period.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AccountingRow {
+    /// The owner, group or function.
+    pub key: String,
+    /// Start of the period, Unix ms; the report's `since_ms` when it has no periods.
+    pub period_start_ms: u64,
+    /// Jobs that reached each final state (`completed`, `failed`, `removed`) in the period,
+    /// by [`JobState::as_str`]; states with no job are left out.
+    pub jobs: BTreeMap<String, u64>,
+    /// Sum over the jobs of cpus × wall time, hours.
+    pub core_hours: f64,
+    /// Sum of wall time, hours.
+    pub wall_hours: f64,
+    /// Sum of guest CPU time, hours.
+    pub cpu_hours: f64,
+    /// Largest peak memory of any job, bytes.
+    pub peak_memory_bytes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Instructions (fuel) of the jobs whose EP meters them; absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<u64>,
+}
+
+/// Answer to `GET /v1/accounting/report`: rows sorted by key, then period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountingReport {
+    /// The range counted, Unix ms: `[since_ms, until_ms)`.
+    pub since_ms: u64,
+    /// End of the range (exclusive).
+    pub until_ms: u64,
+    /// Row key.
+    pub by: AccountingBy,
+    /// Period length, seconds, when split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_s: Option<u64>,
+    /// The rows.
+    pub rows: Vec<AccountingRow>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,10 +15,13 @@
 //! a token, only their ids.
 
 pub mod api;
+pub mod audit;
 pub mod bridge;
+pub mod console;
 pub mod event;
 pub mod firing;
 pub mod ingest;
+pub mod metrics;
 pub mod replay;
 pub mod stats;
 pub mod storage_client;

@@ -1,18 +1,23 @@
 //! End-to-end tests: real nats-server, real storage, scheduler, gateway and EP, real wasm.
 //! One test binary (`cargo test -p htfaas-tests`), one module per concern.
 
+mod accounting;
 mod annex;
 mod audit;
 mod bridges;
 mod configs;
+mod console;
 mod exactly_once;
 mod examples;
 mod jobs;
+mod lineage;
 mod loop_guard;
+mod metrics;
 mod overload;
 mod path;
 mod replay;
 mod revoke;
+mod scopes;
 mod security;
 mod sources;
 mod tokens;

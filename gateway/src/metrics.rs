@@ -1,0 +1,1 @@
+//! Prometheus metrics of the gateway.

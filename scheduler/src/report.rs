@@ -1,0 +1,1 @@
+//! Accounting reports over the job records: per owner, group or function, per period.

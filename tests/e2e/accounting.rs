@@ -1,0 +1,1 @@
+//! Accounting reports: per owner, group and function, per period; figures equal the sum of the job records.

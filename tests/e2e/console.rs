@@ -1,0 +1,1 @@
+//! The web console, driven in headless Chromium over the DevTools protocol.

@@ -1,0 +1,1 @@
+//! Prometheus metrics of each component, scraped from a running stack.
