@@ -254,21 +254,21 @@ fn audit_line(r: &htfaas_functions::audit::AuditRecord) -> String {
     let text = |key: &str| d.get(key).and_then(|v| v.as_str()).map(str::to_owned);
     let note = match r.kind.as_str() {
         "job.dispatched" => Some(format!("ep={} attempt={}", d["ep"].as_str().unwrap_or("?"), d["attempt"])),
-        "input.read" => Some(format!("bytes={}", d["bytes"])),
-        "output.written" => {
-            let outputs = d["outputs"].as_array().map(|o| {
-                o.iter()
-                    .map(|f| format!("{}({} B)", f["path"].as_str().unwrap_or("?"), f["size"]))
-                    .collect::<Vec<_>>()
-                    .join(",")
+        "job.finished" => {
+            let outputs = d["outputs"].as_array().filter(|o| !o.is_empty()).map(|o| {
+                let files: Vec<String> =
+                    o.iter().map(|f| format!("{}({} B)", f["path"].as_str().unwrap_or("?"), f["size"])).collect();
+                format!(" outputs={}", files.join(","))
             });
-            outputs.map(|o| format!("outputs={o}"))
+            let read = d["input"]["bytes"].as_u64().map(|b| format!(" read={b} B"));
+            Some(format!(
+                "state={}{}{} {}",
+                text("state").unwrap_or_else(|| "?".into()),
+                read.unwrap_or_default(),
+                outputs.unwrap_or_default(),
+                text("reason").unwrap_or_default()
+            ))
         }
-        "job.finished" => Some(format!(
-            "state={} {}",
-            text("state").unwrap_or_else(|| "?".into()),
-            text("reason").unwrap_or_default()
-        )),
         "job.refused" => Some(format!("status={} {}", d["status"], text("reason").unwrap_or_default())),
         "attempt.lost" => Some(format!("{}: {}", text("then").unwrap_or_default(), text("why").unwrap_or_default())),
         "admin.action" => {

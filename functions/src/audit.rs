@@ -225,11 +225,8 @@ pub enum AuditKind {
     JobRemoved,
     /// `job.dispatched`: a job was assigned to an EP.
     JobDispatched,
-    /// `input.read`: an EP read a job's input.
-    InputRead,
-    /// `output.written`: an EP stored a job's outputs.
-    OutputWritten,
-    /// `job.finished`: an EP reported a job's outcome and usage (or the scheduler failed it).
+    /// `job.finished`: an EP reported a job's outcome, the input it read, the outputs it stored
+    /// and its usage (or the scheduler failed the job).
     JobFinished,
     /// `attempt.lost`: a run attempt ended without a report (its EP left, fell silent, the
     /// scheduler restarted, or the Assign could not be sent).
@@ -244,7 +241,7 @@ pub enum AuditKind {
 
 impl AuditKind {
     /// Every kind this build knows.
-    pub const KNOWN: [AuditKind; 16] = [
+    pub const KNOWN: [AuditKind; 14] = [
         AuditKind::EventReceived,
         AuditKind::RuleMatched,
         AuditKind::TokenMinted,
@@ -255,8 +252,6 @@ impl AuditKind {
         AuditKind::JobReleased,
         AuditKind::JobRemoved,
         AuditKind::JobDispatched,
-        AuditKind::InputRead,
-        AuditKind::OutputWritten,
         AuditKind::JobFinished,
         AuditKind::AttemptLost,
         AuditKind::TokenRevoked,
@@ -276,8 +271,6 @@ impl AuditKind {
             AuditKind::JobReleased => "job.released",
             AuditKind::JobRemoved => "job.removed",
             AuditKind::JobDispatched => "job.dispatched",
-            AuditKind::InputRead => "input.read",
-            AuditKind::OutputWritten => "output.written",
             AuditKind::JobFinished => "job.finished",
             AuditKind::AttemptLost => "attempt.lost",
             AuditKind::TokenRevoked => "token.revoked",
@@ -695,30 +688,27 @@ impl AuditDraft {
         AuditDraft::new(AuditKind::JobDispatched, subject, detail)
     }
 
-    /// `input.read`, by the EP `ep`. Subject: the job and `path`. Detail: `{path, bytes}`.
-    pub fn input_read(mut subject: Subject, ep: &str, path: &str, bytes: u64) -> AuditDraft {
-        if !subject.paths.iter().any(|p| p == path) {
-            subject.paths.push(path.to_owned());
-        }
-        AuditDraft::new(AuditKind::InputRead, subject, serde_json::json!({ "path": path, "bytes": bytes }))
-            .with_actor(ep)
-    }
-
-    /// `output.written`, by the EP `ep`: one record for a job's outputs. Subject: the job and
-    /// every output path. Detail: `{outputs: [{path, size, sha256}]}`.
-    pub fn outputs_written(mut subject: Subject, ep: &str, outputs: &[OutputFile]) -> AuditDraft {
+    /// `job.finished`, as the EP `ep` reported it: one record for what the run did. Subject: the
+    /// job (whose paths hold its input) and every output path, so a query by either file finds it.
+    /// Detail: `{outcome, reason, usage, input: {path, bytes} | null, outputs: [{path, size,
+    /// sha256}]}`. The guest's log is not recorded.
+    pub fn job_finished(
+        mut subject: Subject,
+        ep: &str,
+        input: Option<(&str, u64)>,
+        outputs: &[OutputFile],
+        outcome: &Outcome,
+        usage: &Usage,
+    ) -> AuditDraft {
         for o in outputs {
             if !subject.paths.contains(&o.path) {
                 subject.paths.push(o.path.clone());
             }
         }
-        AuditDraft::new(AuditKind::OutputWritten, subject, serde_json::json!({ "outputs": outputs })).with_actor(ep)
-    }
-
-    /// `job.finished`, as the EP `ep` reported it. Subject: the job. Detail: `{outcome,
-    /// reason, usage}`. The guest's log is not recorded.
-    pub fn job_finished(subject: Subject, ep: &str, outcome: &Outcome, usage: &Usage) -> AuditDraft {
-        let detail = serde_json::json!({ "outcome": outcome, "reason": outcome.reason(), "usage": usage });
+        let input = input.map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes }));
+        let detail = serde_json::json!({
+            "outcome": outcome, "reason": outcome.reason(), "usage": usage, "input": input, "outputs": outputs,
+        });
         AuditDraft::new(AuditKind::JobFinished, subject, detail).with_actor(ep)
     }
 
@@ -1844,10 +1834,13 @@ mod tests {
         match i % 3 {
             0 => AuditDraft::job_accepted(subject, &Resources::default(), None),
             1 => AuditDraft::job_dispatched(subject, "ep-1", "s-1", 1),
-            _ => AuditDraft::outputs_written(
+            _ => AuditDraft::job_finished(
                 subject,
                 "ep-1",
+                None,
                 &[OutputFile { path: format!("/data/out/{}.sum", i / 3), size: i, sha256: "ab".repeat(32) }],
+                &crate::proto::Outcome::Exited { exit_code: 0 },
+                &Usage::default(),
             ),
         }
     }
@@ -2202,7 +2195,7 @@ mod tests {
             seq: 42,
             time_ms: 1_700_000_000_000,
             writer: "gateway".into(),
-            kind: AuditKind::OutputWritten,
+            kind: AuditKind::Other("output.written".into()),
             actor: Some("ep-1".into()),
             subject: Subject {
                 job: Some("job-1".into()),
@@ -2714,19 +2707,20 @@ mod tests {
                 bytes_out: 32,
                 instructions: Some(123456),
             };
-            match i % 5 {
+            match i % 3 {
                 0 => AuditDraft::job_accepted(subject, &Resources::default(), None).with_detail(
                     "input",
                     serde_json::json!({"path": "/data/raw/x.dat", "url": "http://127.0.0.1:9000/data/raw/x.dat"}),
                 ),
                 1 => AuditDraft::job_dispatched(subject, ep, "sess-0190a1b2-c3d4-7e5f-8a9b", 1),
-                2 => AuditDraft::input_read(subject, ep, "/data/raw/x.dat", 1024),
-                3 => AuditDraft::outputs_written(
+                _ => AuditDraft::job_finished(
                     subject,
                     ep,
+                    Some(("/data/raw/x.dat", 1024)),
                     &[OutputFile { path: format!("/data/out/{i}.sum"), size: 32, sha256: "ab".repeat(32) }],
+                    &crate::proto::Outcome::Exited { exit_code: 0 },
+                    &usage,
                 ),
-                _ => AuditDraft::job_finished(subject, ep, &crate::proto::Outcome::Exited { exit_code: 0 }, &usage),
             }
         }
         let n = 20_000u64;

@@ -24,10 +24,11 @@
 //! The audit trail ([`htfaas_functions::audit`], writer [`AUDIT_WRITER`]) lives in the same
 //! file, in its own `audit_*` tables ([`htfaas_functions::audit::install`]ed at open, with
 //! their own version), and each decision's record is appended in the decision's own
-//! transaction: accepted (and held by policy), dispatched, the EP's report (input read,
-//! outputs written, finished), attempts lost, held, released and removed (an admin, a
-//! revocation, the run time), revocations, EP admin settings and priority factors. A refused
-//! submission, which changes nothing, is recorded in a transaction of its own
+//! transaction: accepted (and held by policy), dispatched, the EP's report (one `job.finished`
+//! with the input read, the outputs written, the outcome and usage), attempts lost, held,
+//! released and removed (an admin, a revocation, the run time), revocations, EP admin settings
+//! and priority factors. A refused submission, which changes nothing, is recorded in a
+//! transaction of its own
 //! ([`Queue::record_refusal`]). Every job's record names the job, its token's `jti`, owner,
 //! function, digest and event, and its input path.
 
@@ -930,7 +931,7 @@ impl Queue {
                     "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL WHERE id = ?1",
                     params![report.job_id],
                 )?;
-                let returned = AuditDraft::job_finished(subject, &ep, &report.outcome, &report.usage)
+                let returned = AuditDraft::job_finished(subject, &ep, None, &[], &report.outcome, &report.usage)
                     .with_detail("state", "idle".into())
                     .with_detail("returned", true.into());
                 audit::append_in(&tx, returned)?;
@@ -1015,7 +1016,7 @@ impl Queue {
                 ],
             )?;
             charge_decayed(&tx, "accounts", "owner", &owner, core_s, now, self_half_life)?;
-            // What the EP did, in the order it did it: read, wrote, ended.
+            // What the EP did, in one record: the input it read, the outputs it stored, how it ended.
             let ran = matches!(
                 report.outcome,
                 Outcome::Exited { .. }
@@ -1024,13 +1025,9 @@ impl Queue {
                     | Outcome::TimeExceeded { .. }
                     | Outcome::OutputFailed { .. }
             );
-            if let Some(input) = subject.paths.first().filter(|_| ran || u.bytes_in > 0) {
-                audit::append_in(&tx, AuditDraft::input_read(subject.clone(), &ep, input, u.bytes_in))?;
-            }
-            if !report.outputs.is_empty() {
-                audit::append_in(&tx, AuditDraft::outputs_written(subject.clone(), &ep, &report.outputs))?;
-            }
-            let finished = AuditDraft::job_finished(subject, &ep, &report.outcome, &u)
+            let input = subject.paths.first().filter(|_| ran || u.bytes_in > 0).cloned();
+            let input = input.as_deref().map(|path| (path, u.bytes_in));
+            let finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
                 .with_detail("state", state.as_str().into())
                 .with_detail("exit_code", serde_json::json!(exit_code))
                 .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
@@ -1508,24 +1505,44 @@ fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
 /// digest and event, and its input path (read from the stored request); `None` for an unknown
 /// job.
 fn job_subject(conn: &Connection, id: &str) -> rusqlite::Result<Option<Subject>> {
-    conn.prepare_cached(
-        "SELECT owner, token_jti, json_extract(request, '$.function.name'), \
-         json_extract(request, '$.function.digest'), json_extract(request, '$.event.id'), \
-         json_extract(request, '$.event.path') FROM jobs WHERE id = ?1",
-    )?
-    .query_row(params![id], |r| {
-        let path: Option<String> = r.get(5)?;
-        Ok(Subject {
-            job: Some(id.to_owned()),
-            owner: Some(r.get(0)?),
-            token_jti: Some(r.get(1)?),
-            function: r.get(2)?,
-            digest: r.get(3)?,
-            event_id: r.get(4)?,
-            paths: path.into_iter().collect(),
-        })
-    })
-    .optional()
+    let row: Option<(String, String, String)> = conn
+        .prepare_cached("SELECT owner, token_jti, request FROM jobs WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    Ok(row.map(|(owner, jti, request)| {
+        let mut subject =
+            Subject { job: Some(id.to_owned()), owner: Some(owner), token_jti: Some(jti), ..Subject::default() };
+        // One parse of the stored request, of only the members a record names (a corrupt one
+        // names none of them, and the record says so by their absence).
+        if let Ok(r) = serde_json::from_str::<RequestNames>(&request) {
+            subject.function = Some(r.function.name);
+            subject.digest = Some(r.function.digest);
+            subject.event_id = Some(r.event.id);
+            subject.paths = vec![r.event.path];
+        }
+        subject
+    }))
+}
+
+/// The members of a stored [`SubmitRequest`] an audit record's subject names.
+#[derive(serde::Deserialize)]
+struct RequestNames {
+    function: FunctionNames,
+    event: EventNames,
+}
+
+/// See [`RequestNames`].
+#[derive(serde::Deserialize)]
+struct FunctionNames {
+    name: String,
+    digest: String,
+}
+
+/// See [`RequestNames`].
+#[derive(serde::Deserialize)]
+struct EventNames {
+    id: String,
+    path: String,
 }
 
 /// The stored state of job `id`.
