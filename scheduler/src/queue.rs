@@ -338,6 +338,44 @@ pub struct Queue {
     half_life_s: f64,
     /// Revoked targets, loaded at open; checked inside submit transactions and by the API.
     revoked: Arc<RwLock<Revoked>>,
+    /// Bounds the records of refusals whose token did not verify ([`Queue::record_refusal`]).
+    unverified_refusals: Arc<Mutex<RefusalBudget>>,
+}
+
+/// Most records of refusals with an unverified token per second, on average.
+pub const UNVERIFIED_REFUSALS_PER_S: f64 = 20.0;
+/// Most such records in a burst.
+pub const UNVERIFIED_REFUSALS_BURST: f64 = 200.0;
+
+/// A token bucket for the records of refusals whose token did not verify: anyone can send
+/// those, so without a bound a flood of forged tokens would grow the trail (and its fsyncs)
+/// without limit. What the bucket turns away is counted, and the next record says how many.
+#[derive(Debug)]
+struct RefusalBudget {
+    tokens: f64,
+    last: std::time::Instant,
+    suppressed: u64,
+}
+
+impl RefusalBudget {
+    fn new() -> RefusalBudget {
+        RefusalBudget { tokens: UNVERIFIED_REFUSALS_BURST, last: std::time::Instant::now(), suppressed: 0 }
+    }
+
+    /// `Some(n)`: record this refusal, noting the `n` left unrecorded since the last one;
+    /// `None`: do not (counted).
+    fn take(&mut self, now: std::time::Instant) -> Option<u64> {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * UNVERIFIED_REFUSALS_PER_S).min(UNVERIFIED_REFUSALS_BURST);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed = self.suppressed.saturating_add(1);
+            None
+        }
+    }
 }
 
 impl std::fmt::Debug for Queue {
@@ -405,6 +443,7 @@ impl Queue {
             path: path.to_owned(),
             half_life_s: 86_400.0,
             revoked: Arc::new(RwLock::new(revoked)),
+            unverified_refusals: Arc::new(Mutex::new(RefusalBudget::new())),
         })
     }
 
@@ -560,23 +599,39 @@ impl Queue {
     /// Records a refused submission (`job.refused`, with the HTTP `status` answered and the
     /// `reason`) in a transaction of its own: a refusal changes nothing else in the store.
     /// `subject` holds what is known (the verified token's `jti` and owner, the request's
-    /// function and event); `detail` adds facts (an object).
+    /// function and event); `detail` adds facts (an object). A refusal whose token did not
+    /// verify (`subject.owner` unset) is recorded within a budget of
+    /// [`UNVERIFIED_REFUSALS_PER_S`] (burst [`UNVERIFIED_REFUSALS_BURST`]); beyond it, it is
+    /// counted instead, and the next such record carries `"unrecorded_before": n`. Returns
+    /// whether a record was written.
     pub async fn record_refusal(
         &self,
         subject: Subject,
         status: u16,
         reason: String,
         detail: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<(), QueueError> {
+    ) -> Result<bool, QueueError> {
+        let unrecorded_before = if subject.owner.is_none() {
+            let mut budget = self.unverified_refusals.lock().map_err(|_| QueueError::Poisoned)?;
+            match budget.take(std::time::Instant::now()) {
+                Some(n) => n,
+                None => return Ok(false),
+            }
+        } else {
+            0
+        };
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut draft = AuditDraft::job_refused(subject, status, &reason);
             for (k, v) in detail {
                 draft = draft.with_detail(&k, v);
             }
+            if unrecorded_before > 0 {
+                draft = draft.with_detail("unrecorded_before", unrecorded_before.into());
+            }
             audit::append_in(&tx, draft)?;
             tx.commit()?;
-            Ok(())
+            Ok(true)
         })
         .await
     }
@@ -1793,6 +1848,25 @@ pub(crate) mod tests {
     use htfaas_functions::Digest;
     use htfaas_functions::macaroon::{RootKey, mint};
     use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec};
+
+    #[test]
+    fn the_refusal_budget_lends_a_burst_then_its_rate_and_counts_the_rest() {
+        let t0 = std::time::Instant::now();
+        let mut b = RefusalBudget { tokens: UNVERIFIED_REFUSALS_BURST, last: t0, suppressed: 0 };
+        let burst = UNVERIFIED_REFUSALS_BURST as usize;
+        assert!((0..burst).all(|_| b.take(t0) == Some(0)));
+        assert_eq!((b.take(t0), b.take(t0), b.suppressed), (None, None, 2));
+        // Half a token's time later: still nothing; a full token's: one record, owning up to 3.
+        let token = std::time::Duration::from_secs_f64(1.0 / UNVERIFIED_REFUSALS_PER_S);
+        assert_eq!(b.take(t0 + token / 2), None);
+        assert_eq!(b.take(t0 + token + token / 2), Some(3));
+        assert_eq!(b.take(t0 + token + token / 2), None);
+        // A long quiet refills to the burst, no more; a clock that goes back adds nothing.
+        let later = t0 + token * 10_000;
+        assert!((0..burst).all(|_| b.take(later) == Some(0) || b.suppressed == 0));
+        assert_eq!(b.take(later), None);
+        assert_eq!(b.take(t0), None);
+    }
 
     /// A real macaroon, as the storage would mint it.
     pub(crate) fn macaroon(activity: &str, path: &str) -> String {

@@ -142,6 +142,40 @@ async fn refused_submissions_are_recorded_without_the_token() {
 }
 
 #[tokio::test]
+async fn a_flood_of_forged_tokens_is_counted_not_recorded_one_by_one() {
+    use htfaas_scheduler::queue::{UNVERIFIED_REFUSALS_BURST, UNVERIFIED_REFUSALS_PER_S};
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let (forger, _) = SigningKey::generate(GW_KID).expect("keygen");
+    let forged = forger.sign(&fx.claims("mallory")).expect("sign");
+    let sent = 2 * UNVERIFIED_REFUSALS_BURST as u64;
+    let started = std::time::Instant::now();
+    for i in 0..sent {
+        let (status, _) = server.submit_raw(Some(&forged), &fx.request(&format!("f{i}"))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let flood = records(&server, &format!("?limit={}", sent + 10)).await;
+    let budget = UNVERIFIED_REFUSALS_BURST + elapsed * UNVERIFIED_REFUSALS_PER_S + 1.0;
+    assert!((flood.len() as f64) <= budget && (flood.len() as u64) < sent, "{} records for {sent}", flood.len());
+    // A verified refusal is always recorded, whatever the budget.
+    let mut big = fx.request("big");
+    big.resources.cpus = 4;
+    let (status, _) = server.submit_raw(Some(&fx.gw.sign(&fx.claims("alice")).expect("sign")), &big).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // Once the bucket refills, the next forged refusal is recorded and says how many were not.
+    tokio::time::sleep(std::time::Duration::from_secs_f64(2.0 / UNVERIFIED_REFUSALS_PER_S)).await;
+    let (status, _) = server.submit_raw(Some(&forged), &fx.request("last")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let all = records(&server, &format!("?limit={}", sent + 10)).await;
+    assert_eq!(all.len(), flood.len() + 2, "the verified refusal and the last forged one");
+    assert_eq!(all[flood.len()].subject.owner.as_deref(), Some("alice"));
+    let counted: u64 = all.iter().map(|r| 1 + r.detail["unrecorded_before"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(counted, sent + 2, "every refusal is either a record or counted in the next one");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn admin_actions_record_the_admin_and_the_reason() {
     let fx = Fixture::new();
     let server = Server::start(&fx.path()).await;
