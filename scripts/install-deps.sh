@@ -8,6 +8,8 @@
 #     openssl curl util-linux for scripts/xrootd/start.sh), when `xrootd` is missing
 #   - clang for wasm32-wasi with Debian's wasi-libc, for the C example guests (apt: clang lld
 #     wasi-libc libclang-rt-14-dev-wasm32), when /usr/lib/wasm32-wasi/libc.a or wasm-ld is missing
+#   - Debian's chromium, for the web console's end-to-end test (tests/e2e/console.rs drives it
+#     headless), when neither HTFAAS_CHROMIUM nor chromium/chromium-browser is there
 # Prints the nats-server path on its last line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,6 +62,28 @@ if ! command -v clang >/dev/null 2>&1 || ! command -v wasm-ld >/dev/null 2>&1 \
     "${APT[@]}" install -y -qq --no-install-recommends \
       clang lld wasi-libc libclang-rt-14-dev-wasm32 >/dev/null
   fi
+fi
+
+# The same apt rule for headless chromium (the console test, tests/e2e/console.rs); measured
+# ~30 s on a bookworm container (apt-get update included, ~25 packages).
+if [[ -z ${HTFAAS_CHROMIUM:-} ]] && ! command -v chromium >/dev/null 2>&1 \
+  && ! command -v chromium-browser >/dev/null 2>&1; then
+  APT=(apt-get)
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
+    echo "install-deps: chromium is missing and cannot be installed here (needs apt-get as root);" \
+      "the console test (tests/e2e/console.rs) will fail; install chromium or set HTFAAS_CHROMIUM" >&2
+  else
+    echo "install-deps: installing chromium (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    "${APT[@]}" update -qq >&2
+    "${APT[@]}" install -y -qq --no-install-recommends chromium >/dev/null
+  fi
+fi
+if command -v chromium >/dev/null 2>&1; then
+  echo "install-deps: $(chromium --version 2>/dev/null | head -n 1 || true) at $(command -v chromium)" >&2
 fi
 
 if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then

@@ -11,6 +11,7 @@ use htfaas_functions::proto::{
     Account, ApiError, Attempt, EpAction, EpInfo, FactorRequest, JobAnalysis, JobRecord, ModuleUploaded, OwnerPriority,
     PriorityReport, RegisterQuery, ReplayRequest, Report, RunRequest, StatsSnapshot, TestReport, TestRequest,
 };
+use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, AuditTrail, Lineage};
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -95,6 +96,14 @@ impl Client {
     /// A client for `info`.
     pub fn new(info: StackInfo) -> anyhow::Result<Client> {
         Ok(Client { http: htfaas_gateway::http_client()?, info })
+    }
+
+    /// The same client, calling the gateway's API with `token` (an API token from `htfaas token
+    /// api`, of either scope) instead of the stack's admin token. A developer token then sees
+    /// and changes only its owner's functions and jobs; admin routes answer 403.
+    pub fn with_token(mut self, token: impl Into<String>) -> Client {
+        self.info.admin_token = token.into();
+        self
     }
 
     /// The stack it talks to.
@@ -244,6 +253,30 @@ impl Client {
         self.admin_get("/v1/accounting").await
     }
 
+    /// Jobs by final state, hours, peak memory and bytes per owner, group or function (and per
+    /// period), summed from the job records (admin): [`report_table`], [`report_csv`] print it.
+    pub async fn accounting_report(&self, query: &AccountingQuery) -> anyhow::Result<AccountingReport> {
+        let by = match query.by {
+            AccountingBy::Owner => "owner",
+            AccountingBy::Group => "group",
+            AccountingBy::Function => "function",
+        };
+        let mut url = reqwest::Url::parse(&self.gateway("/v1/accounting/report")).context("gateway URL")?;
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("by", by);
+            for (key, value) in
+                [("since_ms", query.since_ms), ("until_ms", query.until_ms), ("period_s", query.period_s)]
+            {
+                if let Some(value) = value {
+                    q.append_pair(key, &value.to_string());
+                }
+            }
+        }
+        let resp = self.http.get(url).bearer_auth(&self.info.admin_token).send().await?;
+        Ok(check(resp, "accounting report").await?.json().await?)
+    }
+
     /// Revokes tokens (admin): the scheduler refuses them from now on, removes their queued
     /// jobs, stops their running ones and closes EP sessions attached with them.
     pub async fn revoke(
@@ -330,9 +363,26 @@ impl Client {
 
     /// The scheduler's audit records that `filter` selects, in seq order (admin).
     pub async fn audit(&self, filter: &AuditFilter) -> anyhow::Result<Vec<AuditRecord>> {
+        self.audit_trail(AuditTrail::Scheduler, filter).await
+    }
+
+    /// The records of both trails that `filter` selects: the gateway's, then the scheduler's
+    /// (each in seq order), merged in time order (`writer` says which trail).
+    pub async fn audit_both(&self, filter: &AuditFilter) -> anyhow::Result<Vec<AuditRecord>> {
+        let mut records = self.audit_trail(AuditTrail::Gateway, filter).await?;
+        records.extend(self.audit_trail(AuditTrail::Scheduler, filter).await?);
+        records.sort_by_key(|a| (a.time_ms, a.writer != "gateway", a.seq));
+        Ok(records)
+    }
+
+    /// The records of one audit trail that `filter` selects, in seq order (admin).
+    pub async fn audit_trail(&self, trail: AuditTrail, filter: &AuditFilter) -> anyhow::Result<Vec<AuditRecord>> {
         let mut url = reqwest::Url::parse(&self.gateway("/v1/audit")).context("gateway URL")?;
         {
             let mut q = url.query_pairs_mut();
+            if trail == AuditTrail::Gateway {
+                q.append_pair("trail", "gateway");
+            }
             let text = [
                 ("job", &filter.job),
                 ("token", &filter.token),
@@ -361,9 +411,24 @@ impl Client {
         self.admin_get("/v1/audit/verify").await
     }
 
-    /// The scheduler's audit key, a JWKS document (for [`verify_trail_file`]).
+    /// The gateway's verification of its own audit trail, under its audit key.
+    pub async fn audit_verify_gateway(&self) -> anyhow::Result<VerifyReport> {
+        self.admin_get("/v1/audit/verify?trail=gateway").await
+    }
+
+    /// Both audit keys (the scheduler's and the gateway's), one JWKS document (for
+    /// [`verify_trail_file`] of either trail).
     pub async fn audit_keys(&self) -> anyhow::Result<serde_json::Value> {
         self.admin_get("/v1/audit/keys").await
+    }
+
+    /// The lineage of the storage file `path`: the jobs that wrote and read it, back to its
+    /// first upload, from both trails (admin).
+    pub async fn lineage(&self, path: &str) -> anyhow::Result<Lineage> {
+        let mut url = reqwest::Url::parse(&self.gateway("/v1/lineage")).context("gateway URL")?;
+        url.query_pairs_mut().append_pair("file", path);
+        let resp = self.http.get(url).bearer_auth(&self.info.admin_token).send().await?;
+        Ok(check(resp, "lineage").await?.json().await?)
     }
 
     /// Publishes raw bytes on `subject` through JetStream and waits for the stream's ack.
@@ -399,8 +464,114 @@ impl Client {
     }
 }
 
+/// The name of a report's key column: `owner`, `group` or `function`.
+fn key_name(by: AccountingBy) -> &'static str {
+    match by {
+        AccountingBy::Owner => "owner",
+        AccountingBy::Group => "group",
+        AccountingBy::Function => "function",
+    }
+}
+
+/// The header of [`report_csv`]; the columns never change order (new ones go at the end).
+pub const REPORT_CSV_COLUMNS: [&str; 12] = [
+    "key",
+    "period_start_ms",
+    "completed",
+    "failed",
+    "removed",
+    "core_hours",
+    "wall_hours",
+    "cpu_hours",
+    "peak_memory_bytes",
+    "bytes_read",
+    "bytes_written",
+    "instructions",
+];
+
+/// One CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_owned() }
+}
+
+/// `htfaas accounting --by … --csv`: a header row ([`REPORT_CSV_COLUMNS`]), then one line per
+/// row, `\n`-terminated. Hours are printed so that they parse back to the same `f64`;
+/// `instructions` is empty when no job metered them.
+pub fn report_csv(report: &AccountingReport) -> String {
+    let mut out = REPORT_CSV_COLUMNS.join(",");
+    out.push('\n');
+    for r in &report.rows {
+        let state = |s: &str| r.jobs.get(s).copied().unwrap_or(0);
+        let instructions = r.instructions.map(|i| i.to_string()).unwrap_or_default();
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            csv_field(&r.key),
+            r.period_start_ms,
+            state("completed"),
+            state("failed"),
+            state("removed"),
+            r.core_hours,
+            r.wall_hours,
+            r.cpu_hours,
+            r.peak_memory_bytes,
+            r.bytes_read,
+            r.bytes_written,
+            instructions
+        ));
+    }
+    out
+}
+
+/// `htfaas accounting --by …`: the range, then a table, one line per row (the period's start
+/// in RFC 3339 UTC when the report is split).
+pub fn report_table(report: &AccountingReport) -> String {
+    use htfaas_gateway::replay::fmt_time;
+    let mut out = format!("from {} to {}", fmt_time(report.since_ms), fmt_time(report.until_ms));
+    if let Some(p) = report.period_s {
+        out.push_str(&format!(", per {p} s"));
+    }
+    out.push('\n');
+    let period = |label: &str| if report.period_s.is_some() { format!("{label:<24} ") } else { String::new() };
+    out.push_str(&format!(
+        "{:<16} {}{:>9} {:>6} {:>7} {:>12} {:>12} {:>12} {:>14} {:>14} {:>14} {:>14}\n",
+        key_name(report.by).to_uppercase(),
+        period("PERIOD"),
+        "COMPLETED",
+        "FAILED",
+        "REMOVED",
+        "CORE-HOURS",
+        "WALL-HOURS",
+        "CPU-HOURS",
+        "PEAK-MEM-B",
+        "BYTES-READ",
+        "BYTES-WRITTEN",
+        "INSTRUCTIONS"
+    ));
+    for r in &report.rows {
+        let state = |s: &str| r.jobs.get(s).copied().unwrap_or(0);
+        let instructions = r.instructions.map_or_else(|| "-".to_owned(), |i| i.to_string());
+        out.push_str(&format!(
+            "{:<16} {}{:>9} {:>6} {:>7} {:>12.6} {:>12.6} {:>12.6} {:>14} {:>14} {:>14} {:>14}\n",
+            r.key,
+            period(&fmt_time(r.period_start_ms)),
+            state("completed"),
+            state("failed"),
+            state("removed"),
+            r.core_hours,
+            r.wall_hours,
+            r.cpu_hours,
+            r.peak_memory_bytes,
+            r.bytes_read,
+            r.bytes_written,
+            instructions
+        ));
+    }
+    out
+}
+
 /// `htfaas audit verify --file DB --keys JWKS`: verifies a copy of a trail (any SQLite file
-/// with the audit tables, e.g. the scheduler's store) offline, under the keys of a JWKS file.
+/// with the audit tables: the scheduler's store or the gateway's firing table) offline, under
+/// the keys of a JWKS file.
 pub fn verify_trail_file(db: &Path, jwks: &Path) -> anyhow::Result<VerifyReport> {
     let text = std::fs::read_to_string(jwks).with_context(|| format!("read {}", jwks.display()))?;
     let keys = htfaas_functions::audit::keys_from_jwks_text(&text).with_context(|| format!("{}", jwks.display()))?;
@@ -438,5 +609,38 @@ impl Client {
             .await
             .context("submit")?;
         Ok(check(resp, "submit refused").await?.json().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::proto::AccountingRow;
+
+    #[test]
+    fn report_csv_has_a_fixed_header_quotes_keys_and_prints_hours_that_parse_back() {
+        let row = AccountingRow {
+            key: "a,\"b\"".into(),
+            period_start_ms: 3_600_000,
+            jobs: [("failed".to_owned(), 2)].into(),
+            core_hours: 1.0 / 3.0,
+            wall_hours: 1e-9,
+            instructions: Some(5),
+            ..AccountingRow::default()
+        };
+        let report = AccountingReport {
+            since_ms: 0,
+            until_ms: 1,
+            by: AccountingBy::Group,
+            period_s: Some(3600),
+            rows: vec![row],
+        };
+        let csv = report_csv(&report);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], REPORT_CSV_COLUMNS.join(","));
+        assert_eq!(lines[1], "\"a,\"\"b\"\"\",3600000,0,2,0,0.3333333333333333,0.000000001,0,0,0,0,5");
+        let core: f64 = lines[1].split(',').nth(6).expect("core_hours").parse().expect("f64");
+        assert_eq!(core, 1.0 / 3.0);
+        assert!(report_table(&report).contains("1970-01-01T01:00:00.000Z"));
     }
 }

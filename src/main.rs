@@ -124,7 +124,8 @@ enum Command {
         action: Option<JobsCommand>,
     },
     /// Fair-share priorities of owners and groups (`condor_userprio`); usage per owner with
-    /// --usage; or set an owner's priority factor.
+    /// --usage; a report per owner, group or function (and period) with --by; or set an
+    /// owner's priority factor.
     Accounting {
         #[command(flatten)]
         dir: DirArg,
@@ -132,8 +133,26 @@ enum Command {
         #[arg(long, global = true)]
         json: bool,
         /// Print jobs, core-hours and bytes per owner (`GET /v1/accounting`) instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "by")]
         usage: bool,
+        /// Report jobs by final state, core-, wall- and CPU-hours, peak memory, bytes read and
+        /// written, and instructions (where metered) per owner, group or function, summed from
+        /// the job records: each job counts when it reached its final state.
+        #[arg(long, value_parser = parse_accounting_by)]
+        by: Option<htfaas_functions::proto::AccountingBy>,
+        /// With --by: from this time on: RFC 3339, Unix seconds, or before now (-2h).
+        #[arg(long, requires = "by", allow_hyphen_values = true, value_parser = parse_time_arg)]
+        since: Option<String>,
+        /// With --by: before this time (default: now).
+        #[arg(long, requires = "by", allow_hyphen_values = true, value_parser = parse_time_arg)]
+        until: Option<String>,
+        /// With --by: one row per key and period of this length (e.g. 1h, 1d), aligned to the
+        /// Unix epoch; periods without jobs are left out.
+        #[arg(long, requires = "by", value_parser = parse_duration_s)]
+        period: Option<u64>,
+        /// With --by: print CSV (a header row, then one line per row) instead of a table.
+        #[arg(long, requires = "by", conflicts_with = "json")]
+        csv: bool,
         /// Change instead of listing.
         #[command(subcommand)]
         action: Option<AccountingCommand>,
@@ -169,8 +188,10 @@ enum Command {
         #[command(subcommand)]
         command: BridgeCommand,
     },
-    /// The scheduler's audit trail: the records every given condition selects, one line each
-    /// (seq, time, kind, actor, subject); or `audit verify`.
+    /// The audit trails (the gateway's and the scheduler's): the records every given condition
+    /// selects, one line each (trail, seq, time, kind, actor, subject), in time order; `--file`
+    /// alone prints the file's lineage (the jobs that wrote and read it, back to the first
+    /// upload: event, rule, function@digest, token, macaroons, job, outputs); or `audit verify`.
     #[command(args_conflicts_with_subcommands = true)]
     Audit {
         #[command(flatten)]
@@ -187,7 +208,7 @@ enum Command {
         /// Records about this owner.
         #[arg(long)]
         owner: Option<String>,
-        /// Records naming this storage path (a job's input or output).
+        /// Records naming this storage path (a job's input or output); alone: the file's lineage.
         #[arg(long, value_name = "PATH")]
         file: Option<String>,
         /// Records about this function (name).
@@ -213,11 +234,13 @@ enum Command {
 
 #[derive(Subcommand)]
 enum AuditCommand {
-    /// Check the whole trail (every record's hash and link, every signed checkpoint); print
-    /// the records and checkpoints counted and the first problem; exit non-zero on a problem.
+    /// Check both whole trails, the scheduler's and the gateway's (every record's hash and link,
+    /// every signed checkpoint); print the records and checkpoints counted and the first
+    /// problem; exit non-zero on a problem.
     Verify {
-        /// Verify this copy of a trail offline instead (a SQLite file with the audit tables,
-        /// e.g. a copy of the scheduler's store); no running stack needed.
+        /// Verify this copy of a trail offline instead (a SQLite file with the audit tables:
+        /// a copy of the scheduler's `jobs.sqlite` or of the gateway's `firings.sqlite`); no
+        /// running stack needed.
         #[arg(long, value_name = "DB", requires = "keys")]
         file: Option<PathBuf>,
         /// With --file: JWKS file of the audit key (as `GET /v1/audit/keys` answers it).
@@ -227,8 +250,8 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Print the JWKS of the scheduler's audit key (for `audit verify --file … --keys …`);
-    /// keep a copy where the trail's host cannot change it.
+    /// Print the JWKS of both audit keys, the scheduler's and the gateway's (for `audit verify
+    /// --file … --keys …` of either trail); keep a copy where the trails' hosts cannot change it.
     Keys,
 }
 
@@ -288,6 +311,130 @@ fn audit_line(r: &htfaas_functions::audit::AuditRecord) -> String {
         parts.join(" ")
     );
     line.trim_end().to_owned()
+}
+
+/// [`audit_line`] after the record's trail (`gateway`, `scheduler`), with the main facts of the
+/// gateway's kinds.
+fn trail_line(r: &htfaas_functions::audit::AuditRecord) -> String {
+    let d = &r.detail;
+    let note = match r.kind.as_str() {
+        "event.matched" => {
+            let fired: Vec<String> = d["functions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| format!("{}({})", f["name"].as_str().unwrap_or("?"), f["firing"].as_str().unwrap_or("?")))
+                .collect();
+            let cause = d["caused_by"]["function"].as_str().map(|f| format!(" caused_by={f}")).unwrap_or_default();
+            Some(format!("fired={}{cause}", fired.join(",")))
+        }
+        "token.minted" => Some(format!(
+            "jobs={} cpus={} memory_mb={} runtime_s={} exp={}",
+            d["jobs"], d["cpus"], d["memory_mb"], d["runtime_s"], d["exp"]
+        )),
+        "macaroons.obtained" => {
+            let ids: Vec<String> = d["macaroons"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| format!("{}={}", m["role"].as_str().unwrap_or("?"), m["identifier"].as_str().unwrap_or("?")))
+                .collect();
+            Some(ids.join(" "))
+        }
+        _ => None,
+    };
+    let line = audit_line(r);
+    match note {
+        Some(n) if r.writer == "gateway" => format!("{:<9} {line} -- {n}", r.writer),
+        _ => format!("{:<9} {line}", r.writer),
+    }
+}
+
+/// A lineage as a readable chain: each job that wrote (or read) the file, why it ran (event,
+/// rule, function@digest, token, macaroons) and what it did, then the step before it.
+fn lineage_text(l: &htfaas_functions::proto::Lineage) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "lineage of {}", l.file);
+    if l.steps.is_empty() {
+        let _ = writeln!(out, "  no job wrote or read it (an upload no function ran on, or not a known file)");
+    }
+    let none = || "?".to_owned();
+    for s in &l.steps {
+        let indent = "  ".repeat(s.depth as usize + 1);
+        let verb = match s.relation {
+            htfaas_functions::proto::LineageRelation::Wrote => "written by",
+            htfaas_functions::proto::LineageRelation::Read => "read by",
+        };
+        let record = |kind: &str| s.records.iter().find(|r| r.kind.as_str() == kind);
+        let _ =
+            writeln!(out, "{indent}{} {verb} job {} (owner {})", s.file, s.job, s.owner.clone().unwrap_or_else(none));
+        let matched = record("event.matched");
+        let source = matched.map(|r| {
+            let e = &r.detail["event"];
+            format!(" from {} {}", e["source"].as_str().unwrap_or("?"), e["producer"].as_str().unwrap_or("?"))
+        });
+        let _ = writeln!(
+            out,
+            "{indent}  event     {} on {}{}",
+            s.event_id.clone().unwrap_or_else(none),
+            s.input.clone().unwrap_or_else(none),
+            source.unwrap_or_default()
+        );
+        if let Some(c) = &s.caused_by {
+            let _ = writeln!(
+                out,
+                "{indent}  caused by function {}'s job on event {} (chain {})",
+                c.function,
+                c.event_id,
+                c.chain.join(" → ")
+            );
+        }
+        let _ = writeln!(out, "{indent}  rule      {}", s.rule.clone().unwrap_or_else(none));
+        let version = s.function_version.map(|v| format!(" v{v}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{indent}  function  {}@{}{version}",
+            s.function.clone().unwrap_or_else(none),
+            s.digest.clone().unwrap_or_else(none)
+        );
+        let limits = record("token.minted").map(|r| {
+            let d = &r.detail;
+            format!(" (jobs {}, cpus {}, memory {} MB, expires {})", d["jobs"], d["cpus"], d["memory_mb"], d["exp"])
+        });
+        let _ = writeln!(
+            out,
+            "{indent}  token     {}{}",
+            s.token_jti.clone().unwrap_or_else(none),
+            limits.unwrap_or_default()
+        );
+        if !s.macaroons.is_empty() {
+            let _ = writeln!(out, "{indent}  macaroons {}", s.macaroons.join(", "));
+        }
+        if let Some(d) = record("job.dispatched") {
+            let _ = writeln!(
+                out,
+                "{indent}  ran on    {} (attempt {})",
+                d.detail["ep"].as_str().unwrap_or("?"),
+                d.detail["attempt"]
+            );
+        }
+        if let Some(f) = record("job.finished") {
+            let _ = writeln!(
+                out,
+                "{indent}  finished  {} {}",
+                f.detail["state"].as_str().unwrap_or("?"),
+                f.detail["reason"].as_str().unwrap_or_default()
+            );
+        }
+        if !s.outputs.is_empty() {
+            let _ = writeln!(out, "{indent}  outputs   {}", s.outputs.join(", "));
+        }
+    }
+    if l.truncated {
+        let _ = writeln!(out, "  … (more steps back: the depth or step limit was reached)");
+    }
+    out
 }
 
 /// A verify report as lines, and an error naming the first problem if there is one.
@@ -616,6 +763,17 @@ enum AccountingCommand {
     },
 }
 
+/// `owner`, `group` or `function`.
+fn parse_accounting_by(s: &str) -> Result<htfaas_functions::proto::AccountingBy, String> {
+    use htfaas_functions::proto::AccountingBy;
+    match s {
+        "owner" => Ok(AccountingBy::Owner),
+        "group" => Ok(AccountingBy::Group),
+        "function" => Ok(AccountingBy::Function),
+        _ => Err(format!("{s:?}: want owner, group or function")),
+    }
+}
+
 /// A finite number: JSON has no NaN or infinity. Its range is the scheduler's rule.
 fn parse_factor(s: &str) -> Result<f64, String> {
     s.parse::<f64>().ok().filter(|f| f.is_finite()).ok_or_else(|| format!("{s:?}: want a number"))
@@ -650,6 +808,22 @@ enum TokenCommand {
         group: Option<String>,
         /// Lifetime of the token (e.g. 15m, 1h, 7d).
         #[arg(long, default_value = "1h", value_parser = parse_duration_s)]
+        ttl: u64,
+    },
+    /// An API token for the gateway's HTTP API, signed with the local stack's gateway key;
+    /// printed on stdout. `developer`: the owner's own functions, jobs, accounting and audit
+    /// records; `admin`: every route. Revocable by its `jti`, its owner or the issuer.
+    Api {
+        #[command(flatten)]
+        dir: DirArg,
+        /// The owner the token acts as (its `sub`).
+        #[arg(long)]
+        owner: String,
+        /// `developer` or `admin`.
+        #[arg(long)]
+        scope: htfaas_functions::token::Scope,
+        /// Lifetime of the token (e.g. 1h, 30d).
+        #[arg(long, default_value = "30d", value_parser = parse_duration_s)]
         ttl: u64,
     },
     /// Revoke tokens at once, everywhere: by token id, by owner or by issuer. Queued jobs of
@@ -898,9 +1072,18 @@ fn on_ep_signals() -> (CancellationToken, CancellationToken) {
     (drain, stop)
 }
 
+/// The stack's client: with the stack's admin token, or with the API token in
+/// `HTFAAS_API_TOKEN` (from `htfaas token api`) when it is set.
 fn client(dir: &DirArg) -> anyhow::Result<Client> {
-    Client::new(StackInfo::load(&dir.dir)?)
+    let client = Client::new(StackInfo::load(&dir.dir)?)?;
+    Ok(match std::env::var(API_TOKEN_ENV) {
+        Ok(token) if !token.trim().is_empty() => client.with_token(token.trim()),
+        _ => client,
+    })
 }
+
+/// The environment variable `htfaas` takes an API token from.
+const API_TOKEN_ENV: &str = "HTFAAS_API_TOKEN";
 
 /// Unix ms as UTC, e.g. `2025-03-01T12:00:00.250Z`.
 fn fmt_unix_ms(ms: u64) -> String {
@@ -1090,6 +1273,11 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 stack.info().scheduler_url,
                 stack.info().storage_url,
                 stack.info().nats_url
+            );
+            println!(
+                "console {}/console  (admin token: \"admin_token\" in {})",
+                stack.info().gateway_url,
+                dir.dir.join("stack.json").display()
             );
             if demo {
                 let wasm = demo_wasm.unwrap_or_else(htfaas::stack::default_demo_wasm);
@@ -1302,7 +1490,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Accounting { dir, json, usage: _, action: Some(AccountingCommand::SetFactor { owner, factor }) } => {
+        Command::Accounting { dir, json, action: Some(AccountingCommand::SetFactor { owner, factor }), .. } => {
             let standing = client(&dir)?.set_factor(&owner, factor).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&standing)?);
@@ -1311,7 +1499,28 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Accounting { dir, json, usage: false, action: None } => {
+        Command::Accounting { dir, json, csv, by: Some(by), since, until, period, action: None, .. } => {
+            let now = htfaas_gateway::replay::now_ms();
+            let time = |t: Option<String>| {
+                t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
+            };
+            let query = htfaas_functions::proto::AccountingQuery {
+                since_ms: time(since)?,
+                until_ms: time(until)?,
+                by,
+                period_s: period,
+            };
+            let report = client(&dir)?.accounting_report(&query).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else if csv {
+                print!("{}", htfaas::client::report_csv(&report));
+            } else {
+                print!("{}", htfaas::client::report_table(&report));
+            }
+            Ok(())
+        }
+        Command::Accounting { dir, json, usage: false, action: None, .. } => {
             let report = client(&dir)?.priorities().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1342,7 +1551,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Accounting { dir, json, usage: true, action: None } => {
+        Command::Accounting { dir, json, usage: true, action: None, .. } => {
             let accounts = client(&dir)?.accounting().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&accounts)?);
@@ -1378,6 +1587,14 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 ttl_s: ttl,
             };
             println!("{}", htfaas::stack::mint_submit_token(&dir.dir, &grant)?);
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Api { dir, owner, scope, ttl } } => {
+            let key =
+                htfaas_functions::token::SigningKey::load_or_create(&dir.dir.join("gateway/submit.pem"), "gateway-1")
+                    .context("load the gateway's key (run `htfaas up` once to create it)")?;
+            let claims = htfaas_functions::token::ApiClaims::new("htfaas-gateway", &owner, scope, ttl);
+            println!("{}", key.sign(&claims)?);
             Ok(())
         }
         Command::Token { command: TokenCommand::Ep { dir, owner, annex, ttl } } => {
@@ -1467,19 +1684,49 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&client(&dir)?.audit_keys().await?)?);
             Ok(())
         }
-        Command::Audit { dir, action: Some(AuditCommand::Verify { file, keys, json }), .. } => {
-            let report = match (file, keys) {
-                (Some(file), Some(keys)) => htfaas::client::verify_trail_file(&file, &keys)?,
-                (None, None) => client(&dir)?.audit_verify().await?,
-                _ => anyhow::bail!("--file and --keys go together"),
-            };
-            print_verify(&report, json)
-        }
+        Command::Audit { dir, action: Some(AuditCommand::Verify { file, keys, json }), .. } => match (file, keys) {
+            (Some(file), Some(keys)) => print_verify(&htfaas::client::verify_trail_file(&file, &keys)?, json),
+            (None, None) => {
+                let c = client(&dir)?;
+                let reports = [("scheduler", c.audit_verify().await?), ("gateway", c.audit_verify_gateway().await?)];
+                if json {
+                    let map: serde_json::Map<String, serde_json::Value> = reports
+                        .iter()
+                        .map(|(t, r)| Ok(((*t).to_owned(), serde_json::to_value(r)?)))
+                        .collect::<anyhow::Result<_>>()?;
+                    println!("{}", serde_json::to_string_pretty(&map)?);
+                }
+                let mut failed = Vec::new();
+                for (trail, report) in &reports {
+                    if !json {
+                        println!("{trail} trail:");
+                    }
+                    if let Err(e) = print_verify(report, json) {
+                        failed.push(format!("{trail}: {e:#}"));
+                    }
+                }
+                anyhow::ensure!(failed.is_empty(), "{}", failed.join("; "));
+                Ok(())
+            }
+            _ => anyhow::bail!("--file and --keys go together"),
+        },
         Command::Audit { dir, action: None, job, token, owner, file, function, event, since, until, limit, json } => {
             let now = htfaas_gateway::replay::now_ms();
             let time = |t: Option<String>| {
                 t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
             };
+            let only_file = file.is_some()
+                && [&job, &token, &owner, &function, &event, &since, &until].iter().all(|f| f.is_none())
+                && limit.is_none();
+            if let (true, Some(path)) = (only_file, &file) {
+                let lineage = client(&dir)?.lineage(path).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&lineage)?);
+                } else {
+                    print!("{}", lineage_text(&lineage));
+                }
+                return Ok(());
+            }
             let filter = htfaas_functions::audit::AuditFilter {
                 token,
                 owner,
@@ -1491,12 +1738,12 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 until_ms: time(until)?,
                 limit,
             };
-            let records = client(&dir)?.audit(&filter).await?;
+            let records = client(&dir)?.audit_both(&filter).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&records)?);
             } else {
                 for r in &records {
-                    println!("{}", audit_line(r));
+                    println!("{}", trail_line(r));
                 }
             }
             Ok(())
@@ -1631,6 +1878,28 @@ mod tests {
         assert!(parse(&["accounting", "set-factor", "alice", "NaN"]).is_err());
         let cli = parse(&["accounting", "--usage", "--json"]).expect("parses");
         assert!(matches!(cli.command, Command::Accounting { usage: true, json: true, action: None, .. }));
+    }
+
+    #[test]
+    fn accounting_reports_take_a_key_a_range_a_period_and_a_format() {
+        use htfaas_functions::proto::AccountingBy;
+        let cli = parse(&["accounting", "--by", "group", "--since", "-2h", "--until", "1795341600", "--period", "1d"])
+            .expect("parses");
+        let Command::Accounting { by: Some(by), since, until, period, csv: false, json: false, action: None, .. } =
+            cli.command
+        else {
+            panic!("not a report")
+        };
+        assert_eq!(by, AccountingBy::Group);
+        assert_eq!((since.as_deref(), until.as_deref(), period), (Some("-2h"), Some("1795341600"), Some(86_400)));
+        let cli = parse(&["accounting", "--by", "function", "--csv", "--dir", "d"]).expect("parses");
+        assert!(matches!(cli.command, Command::Accounting { by: Some(AccountingBy::Function), csv: true, .. }));
+        assert!(parse(&["accounting", "--by", "site"]).is_err(), "unknown key");
+        assert!(parse(&["accounting", "--since", "-2h"]).is_err(), "--since needs --by");
+        assert!(parse(&["accounting", "--by", "owner", "--csv", "--json"]).is_err(), "one format");
+        assert!(parse(&["accounting", "--by", "owner", "--usage"]).is_err());
+        assert!(parse(&["accounting", "--by", "owner", "--period", "0"]).is_err(), "a period of 0");
+        assert!(parse(&["accounting", "--by", "owner", "--since", "yesterday"]).is_err());
     }
 
     #[test]

@@ -95,6 +95,8 @@ pub struct Stack {
     gateway_config: htfaas_gateway::Config,
     /// Stops the gateway alone ([`Stack::restart_gateway`]); a child of `shutdown`.
     gateway_shutdown: CancellationToken,
+    /// Where the EP serves its Prometheus metrics (loopback, no token).
+    ep_metrics: Option<std::net::SocketAddr>,
     nats: NatsServer,
 }
 
@@ -199,6 +201,10 @@ impl Stack {
             state_dir: None,
             dedupe_window_s: htfaas_functions::proto::EVENTS_MAX_AGE_S,
             max_in_flight: 16,
+            // The audit key goes beside the firing table: `gateway/gateway-audit-key.pem`.
+            audit_key_file: None,
+            audit_checkpoint_records: htfaas_gateway::default_audit_checkpoint_records(),
+            audit_checkpoint_s: htfaas_gateway::default_audit_checkpoint_s(),
         };
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = format!("http://{}", gateway.local_addr());
@@ -227,10 +233,13 @@ impl Stack {
             labels: Default::default(),
             max_scratch_mb: None,
             fuel: None,
+            // Loopback only: the EP's metrics carry no token.
+            metrics_listen: Some("127.0.0.1:0".parse()?),
         }
         .resolve()
         .await
         .context("start the EP")?;
+        let ep_metrics = ep.metrics_addr();
         tasks.push(("ep", tokio::spawn(htfaas_ep::run(ep, shutdown.child_token()))));
 
         let info = StackInfo {
@@ -243,7 +252,16 @@ impl Stack {
             user_secret: secrets.user_secret,
         };
         info.save(dir)?;
-        let stack = Stack { info, shutdown, tasks, gateway: gateway_shared, gateway_config, gateway_shutdown, nats };
+        let stack = Stack {
+            info,
+            shutdown,
+            tasks,
+            gateway: gateway_shared,
+            gateway_config,
+            gateway_shutdown,
+            ep_metrics,
+            nats,
+        };
         stack.wait_ready(Duration::from_secs(20)).await?;
         Ok(stack)
     }
@@ -274,6 +292,11 @@ impl Stack {
     /// A CLI client of this stack.
     pub fn client(&self) -> anyhow::Result<Client> {
         Client::new(self.info.clone())
+    }
+
+    /// The EP's metrics URL (`http://127.0.0.1:<port>/metrics`; no token).
+    pub fn ep_metrics_url(&self) -> Option<String> {
+        self.ep_metrics.map(|a| format!("http://{a}/metrics"))
     }
 
     /// The gateway's shared state (counters).

@@ -90,7 +90,9 @@ impl Jobs {
         async {
             let started = Instant::now();
             let (mut report, tally) = self.execute_inner(&job, &cancel).await;
-            report.usage.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let took = started.elapsed();
+            report.usage.wall_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+            self.settings.metrics.job_finished(&report.outcome, took);
             tracing::Span::current().record("outcome", outcome_kind(&report.outcome));
             tracing::info!(
                 wall_ms = report.usage.wall_ms,
@@ -193,6 +195,7 @@ impl Jobs {
         // The guest's own stop signal: the job's cancel feeds it, and so does the watcher.
         let stop = CancelSignal::new();
         let (run, exceeded) = {
+            s.metrics.instantiating();
             let run = run_on_thread(s.runtime.clone(), guest, gj, &job.job_id, stop.clone());
             let watch = watch_scratch(limits, output_dir.clone(), cancel, &stop);
             let mut run = std::pin::pin!(run);

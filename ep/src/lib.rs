@@ -18,6 +18,7 @@
 //!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
+//! - [`metrics`]: the optional Prometheus listener ([`Config::metrics_listen`]);
 //! - the lifecycle watcher: leaves at the end of [`Settings::lifetime`], or after
 //!   [`Settings::idle_shutdown`] without a running job (a running job holds it off).
 //!
@@ -36,6 +37,7 @@ use htfaas_functions::Resources;
 use htfaas_functions::manifest::check_name;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,6 +113,13 @@ pub struct Config {
     /// ends as `fuel_exhausted`. Default: none (not metered; metering costs some speed).
     #[serde(default)]
     pub fuel: Option<u64>,
+    /// Address of the Prometheus metrics listener (`GET /metrics`, OpenMetrics text; see
+    /// [`metrics`]). It asks for no token, so bind it to loopback or a monitoring network; it
+    /// serves counts, durations and the advertised slots, never a secret, path, job id or
+    /// function name. Port 0 picks a free port, read back from [`Settings::metrics_addr`].
+    /// Default: none (no listener).
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `slots` when the config leaves it out: everything detected, the default run time.
@@ -213,6 +222,11 @@ pub struct Settings {
     pub fuel: Option<u64>,
     /// Running-job count and the moment the EP last became idle, kept by the link.
     activity: Arc<Activity>,
+    /// Counters served on the metrics listener.
+    metrics: metrics::Metrics,
+    /// The metrics listener ([`Config::metrics_listen`]), bound at resolve; [`run_with`]
+    /// serves it.
+    metrics_listener: Option<tokio::net::TcpListener>,
     /// TLS of the attach link: `Some` exactly when `attach_url` is `wss://`.
     attach_tls: Option<Arc<rustls::ClientConfig>>,
     http: reqwest::Client,
@@ -240,6 +254,16 @@ impl Settings {
     /// The wasm runtime (engine and module cache) this EP runs jobs on.
     pub fn runtime(&self) -> &Arc<Runtime> {
         &self.runtime
+    }
+
+    /// The bound address of the metrics listener, when [`Config::metrics_listen`] is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The EP's counters ([`metrics`]).
+    pub fn metrics(&self) -> &metrics::Metrics {
+        &self.metrics
     }
 }
 
@@ -336,6 +360,12 @@ impl Config {
         };
         let runtime = tokio::task::spawn_blocking(move || Runtime::with_options(options));
         let runtime = Arc::new(runtime.await.context("start wasm runtime")??);
+        let metrics_listener = match self.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics_listen: bind {addr}"))?,
+            ),
+            None => None,
+        };
         Ok(Settings {
             name: self.name,
             attach_url,
@@ -355,6 +385,8 @@ impl Config {
             max_scratch_bytes: self.max_scratch_mb.map(|m| m.saturating_mul(1 << 20)),
             fuel: self.fuel,
             activity: Arc::new(Activity::new()),
+            metrics: metrics::Metrics::default(),
+            metrics_listener,
             attach_tls,
             http,
             runtime,
@@ -401,13 +433,24 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
 /// Returns an error, without reconnecting, when the scheduler refuses the attach token for good
 /// (HTTP 401/403 on attach, close code 4401/4403); jobs still running then are cancelled and
 /// their reports lost (the scheduler hands them to another EP).
-pub async fn run_with(settings: Settings, drain: CancellationToken, stop: CancellationToken) -> anyhow::Result<()> {
+pub async fn run_with(mut settings: Settings, drain: CancellationToken, stop: CancellationToken) -> anyhow::Result<()> {
+    let listener = settings.metrics_listener.take();
     let settings = Arc::new(settings);
+    // The metrics stay up while the EP drains, and go with it.
+    let metrics_stop = CancellationToken::new();
+    let metrics = listener.map(|l| {
+        tracing::info!(addr = ?l.local_addr().ok(), "serving metrics");
+        tokio::spawn(metrics::serve(l, settings.clone(), metrics_stop.clone()))
+    });
     // The EP's own reasons to leave (lifetime, idle) end it the same way a drain does.
     let leave = drain.child_token();
     let watcher = tokio::spawn(watch_lifecycle(settings.clone(), leave.clone()));
     let result = link::run(settings, leave, stop).await;
     watcher.abort();
+    metrics_stop.cancel();
+    if let Some(m) = metrics {
+        let _ = m.await;
+    }
     result
 }
 
@@ -431,6 +474,11 @@ impl Activity {
         if n == 0 && before != 0 {
             *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
         }
+    }
+
+    /// Jobs running now.
+    pub(crate) fn running(&self) -> usize {
+        self.running.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How long the EP has had no job, if it has none now.

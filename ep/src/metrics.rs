@@ -1,1 +1,205 @@
-//! Prometheus metrics of the EP.
+//! Prometheus metrics of the EP, served in the OpenMetrics text format at `GET /metrics` on
+//! [`crate::Config::metrics_listen`] when set (default: off).
+//!
+//! The listener asks for no token: bind it to loopback (or a monitoring network) only. What it
+//! serves carries no secret, no path, no job id and no function name: counts, durations and the
+//! slots the EP advertises, nothing else.
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `htfaas_ep_slot_cpus`, `htfaas_ep_slot_gpus` | gauge | | cores and GPUs advertised |
+//! | `htfaas_ep_slot_memory_bytes`, `htfaas_ep_slot_disk_bytes` | gauge | | memory and scratch disk advertised |
+//! | `htfaas_ep_slot_runtime_seconds` | gauge | | longest job accepted |
+//! | `htfaas_ep_jobs_running` | gauge | | jobs assigned and not yet reported |
+//! | `htfaas_ep_runs_total` | counter | `outcome` (`exited`, `trapped`, `memory_exceeded`, `time_exceeded`, `input_failed`, `output_failed`, `module_failed`, `cancelled`, `fuel_exhausted`, `output_exceeded`) | jobs ended, by outcome |
+//! | `htfaas_ep_job_duration_seconds` | histogram | | from Assign to report (module, input, run, outputs) |
+//! | `htfaas_ep_instantiations_total` | counter | | guest runs started (one instance each, in a fresh store) |
+//! | `htfaas_ep_modules_compiled_total` | counter | | modules compiled with cranelift |
+//! | `htfaas_ep_modules_loaded_from_disk_total` | counter | | modules deserialized from verified artifacts |
+//! | `htfaas_ep_modules_rejected_from_disk_total` | counter | | artifacts on disk refused (and compiled again) |
+//! | `htfaas_ep_modules_cached` | gauge | | compiled modules held in memory |
+//!
+//! Every counter is an atomic: a job's end costs a few relaxed additions, no lock.
+
+use crate::Settings;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use htfaas_functions::metrics::{CONTENT_TYPE, Histogram};
+use htfaas_functions::proto::Outcome;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bounds of the job duration buckets, seconds.
+pub const DURATION_BUCKETS: [f64; 14] =
+    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0, 3600.0];
+/// Outcome labels, in the order of [`Metrics::runs`].
+const OUTCOMES: [&str; 10] = [
+    "exited",
+    "trapped",
+    "memory_exceeded",
+    "time_exceeded",
+    "input_failed",
+    "output_failed",
+    "module_failed",
+    "cancelled",
+    "fuel_exhausted",
+    "output_exceeded",
+];
+
+/// The label of `o`'s kind.
+pub fn outcome_label(o: &Outcome) -> &'static str {
+    OUTCOMES[outcome_index(o)]
+}
+
+fn outcome_index(o: &Outcome) -> usize {
+    match o {
+        Outcome::Exited { .. } => 0,
+        Outcome::Trapped { .. } => 1,
+        Outcome::MemoryExceeded { .. } => 2,
+        Outcome::TimeExceeded { .. } => 3,
+        Outcome::InputFailed { .. } => 4,
+        Outcome::OutputFailed { .. } => 5,
+        Outcome::ModuleFailed { .. } => 6,
+        Outcome::Cancelled { .. } => 7,
+        Outcome::FuelExhausted { .. } => 8,
+        Outcome::OutputExceeded { .. } => 9,
+    }
+}
+
+/// The EP's counters, shared by the job tasks and the metrics listener.
+#[derive(Debug)]
+pub struct Metrics {
+    runs: [AtomicU64; OUTCOMES.len()],
+    instantiations: AtomicU64,
+    duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            runs: Default::default(),
+            instantiations: AtomicU64::new(0),
+            duration: Histogram::new(&DURATION_BUCKETS),
+        }
+    }
+}
+
+impl Metrics {
+    /// A job ended with `outcome` after `took`.
+    pub fn job_finished(&self, outcome: &Outcome, took: Duration) {
+        self.runs[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
+        self.duration.observe(took);
+    }
+
+    /// A guest run is about to instantiate its module.
+    pub fn instantiating(&self) {
+        self.instantiations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Jobs ended with an outcome labelled `label`.
+    pub fn runs(&self, label: &str) -> u64 {
+        OUTCOMES.iter().position(|o| *o == label).map_or(0, |i| self.runs[i].load(Ordering::Relaxed))
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown`.
+pub(crate) async fn serve(listener: tokio::net::TcpListener, settings: Arc<Settings>, shutdown: CancellationToken) {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let settings = settings.clone();
+            async move { render(&settings) }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+        tracing::warn!("the metrics listener failed: {e}");
+    }
+}
+
+/// The text of a scrape.
+pub(crate) fn render(settings: &Arc<Settings>) -> Response {
+    match htfaas_functions::metrics::encode(EpCollector(settings.clone())) {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => {
+            tracing::error!("failed to encode the metrics: {e}");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Reads the EP's figures at scrape time.
+struct EpCollector(Arc<Settings>);
+
+impl std::fmt::Debug for EpCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EpCollector")
+    }
+}
+
+impl Collector for EpCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let m = &s.metrics;
+        let slots = s.slots;
+        let mib = 1u64 << 20;
+        for (name, help, unit, v) in [
+            ("htfaas_ep_slot_cpus", "Cores advertised.", None, u64::from(slots.cpus)),
+            ("htfaas_ep_slot_memory", "Memory advertised.", Some(Unit::Bytes), slots.memory_mb.saturating_mul(mib)),
+            ("htfaas_ep_slot_gpus", "GPUs advertised.", None, u64::from(slots.gpus)),
+            ("htfaas_ep_slot_disk", "Scratch disk advertised.", Some(Unit::Bytes), slots.disk_mb.saturating_mul(mib)),
+            ("htfaas_ep_slot_runtime", "Longest job accepted.", Some(Unit::Seconds), slots.runtime_s),
+            ("htfaas_ep_jobs_running", "Jobs assigned and not yet reported.", None, s.activity.running() as u64),
+            ("htfaas_ep_modules_cached", "Compiled modules held in memory.", None, s.runtime.cached_count() as u64),
+        ] {
+            e.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?.encode_gauge(&v)?;
+        }
+        let mut runs = e.encode_descriptor("htfaas_ep_runs", "Jobs ended, by outcome.", None, MetricType::Counter)?;
+        for (i, outcome) in OUTCOMES.iter().enumerate() {
+            let n = m.runs[i].load(Ordering::Relaxed);
+            runs.encode_family(&[("outcome", *outcome)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+        m.duration.encode(&mut e, "htfaas_ep_job_duration", "From Assign to report: module, input, run, outputs.")?;
+        let rt = &s.runtime;
+        for (name, help, v) in [
+            ("htfaas_ep_instantiations", "Guest runs started.", m.instantiations.load(Ordering::Relaxed)),
+            ("htfaas_ep_modules_compiled", "Modules compiled with cranelift.", rt.compiled_count()),
+            (
+                "htfaas_ep_modules_loaded_from_disk",
+                "Modules deserialized from verified artifacts.",
+                rt.loaded_from_disk_count(),
+            ),
+            (
+                "htfaas_ep_modules_rejected_from_disk",
+                "Artifacts on disk refused and compiled again.",
+                rt.rejected_from_disk_count(),
+            ),
+        ] {
+            e.encode_descriptor(name, help, None, MetricType::Counter)?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_counted_by_kind_and_timed() {
+        let m = Metrics::default();
+        m.job_finished(&Outcome::Exited { exit_code: 3 }, Duration::from_millis(20));
+        m.job_finished(&Outcome::Cancelled { reason: "x".into() }, Duration::from_secs(7200));
+        assert_eq!((m.runs("exited"), m.runs("cancelled"), m.runs("trapped")), (1, 1, 0));
+        assert_eq!(outcome_label(&Outcome::TimeExceeded { limit_s: 1 }), "time_exceeded");
+        assert_eq!(m.duration.bucket(2), 1, "0.02 s is in le 0.025");
+        assert_eq!(m.duration.bucket(DURATION_BUCKETS.len()), 1, "+Inf");
+        assert!((m.duration.sum_s() - 7_200.02).abs() < 1e-9);
+    }
+}

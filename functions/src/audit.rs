@@ -83,7 +83,6 @@
 //! Calls block on disk; async callers clone the [`AuditLog`] (a cheap handle) into
 //! `spawn_blocking`.
 
-use crate::event::StorageEvent;
 use crate::manifest::Resources;
 use crate::proto::{Outcome, OutputFile, Revocation, RevocationTarget, Usage};
 use crate::token::{AttachClaims, SubmitClaims};
@@ -205,10 +204,9 @@ pub enum AuditError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(from = "String", into = "String")]
 pub enum AuditKind {
-    /// `event.received`: a storage event reached the gateway.
-    EventReceived,
-    /// `rule.matched`: a function's trigger rule was true for an event.
-    RuleMatched,
+    /// `event.matched`: a storage event reached the gateway and fired functions (which, by which
+    /// rule, and what became of each firing).
+    EventMatched,
     /// `token.minted`: a submit or attach token was signed.
     TokenMinted,
     /// `macaroons.obtained`: the storage cut macaroons for a job.
@@ -241,9 +239,8 @@ pub enum AuditKind {
 
 impl AuditKind {
     /// Every kind this build knows.
-    pub const KNOWN: [AuditKind; 14] = [
-        AuditKind::EventReceived,
-        AuditKind::RuleMatched,
+    pub const KNOWN: [AuditKind; 13] = [
+        AuditKind::EventMatched,
         AuditKind::TokenMinted,
         AuditKind::MacaroonsObtained,
         AuditKind::JobAccepted,
@@ -261,8 +258,7 @@ impl AuditKind {
     /// The stored name.
     pub fn as_str(&self) -> &str {
         match self {
-            AuditKind::EventReceived => "event.received",
-            AuditKind::RuleMatched => "rule.matched",
+            AuditKind::EventMatched => "event.matched",
             AuditKind::TokenMinted => "token.minted",
             AuditKind::MacaroonsObtained => "macaroons.obtained",
             AuditKind::JobAccepted => "job.accepted",
@@ -557,41 +553,6 @@ impl AuditDraft {
     /// The kind.
     pub fn kind(&self) -> &AuditKind {
         &self.kind
-    }
-
-    /// `event.received`. Subject: event id, owner, path. Detail: the normalized event (source,
-    /// kind, message type, size, storage class, the authorizing macaroon's identifier, time).
-    pub fn event_received(event: &StorageEvent) -> AuditDraft {
-        let subject = Subject {
-            event_id: Some(event.id.clone()),
-            owner: event.owner.clone(),
-            paths: vec![event.path.clone()],
-            ..Subject::default()
-        };
-        let detail = serde_json::to_value(event).unwrap_or(Value::Null);
-        AuditDraft::new(AuditKind::EventReceived, subject, detail)
-    }
-
-    /// `rule.matched`. Subject: event id, function, digest, owner, the event's path. Detail:
-    /// `{version, rule}` (the function's version and its trigger rule's text).
-    pub fn rule_matched(
-        event_id: &str,
-        path: &str,
-        function: &str,
-        version: u32,
-        digest: &crate::Digest,
-        owner: &str,
-        rule: &str,
-    ) -> AuditDraft {
-        let subject = Subject {
-            event_id: Some(event_id.to_owned()),
-            function: Some(function.to_owned()),
-            digest: Some(digest.as_str().to_owned()),
-            owner: Some(owner.to_owned()),
-            paths: vec![path.to_owned()],
-            ..Subject::default()
-        };
-        AuditDraft::new(AuditKind::RuleMatched, subject, serde_json::json!({ "version": version, "rule": rule }))
     }
 
     /// `token.minted` for a submit token, from its claims (the signed token is never seen).

@@ -21,6 +21,7 @@ pub mod digest;
 pub mod event;
 pub mod macaroon;
 pub mod manifest;
+pub mod metrics;
 pub mod proto;
 pub mod registry;
 pub mod store;

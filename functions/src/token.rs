@@ -5,6 +5,10 @@
 //!   optionally of this function". The gateway mints one per job; the scheduler verifies it
 //!   and counts its uses per `jti`.
 //! - An **attach token** lets an EP dial the scheduler; the scheduler mints it with its own key.
+//! - An **API token** ([`ApiClaims`]) lets a person or a service call the gateway's HTTP API
+//!   with a [`Scope`]: `developer` (the functions and jobs of its `sub`) or `admin`
+//!   (everything). The gateway mints and verifies it with its submit-token key; its audience
+//!   ([`API_AUDIENCE`]) differs from the submit audience, so neither kind passes for the other.
 //!
 //! The algorithm is taken from our key set, never from the token header.
 
@@ -22,6 +26,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const SUBMIT_AUDIENCE: &str = "htfaas-scheduler";
 /// Audience of attach tokens: the scheduler's EP endpoint.
 pub const ATTACH_AUDIENCE: &str = "htfaas-scheduler/attach";
+/// Audience of API tokens: the gateway's HTTP API. Distinct from [`SUBMIT_AUDIENCE`], so an API
+/// token is no submit token and a submit token no API token.
+pub const API_AUDIENCE: &str = "htfaas-api";
 /// Clock skew allowed between components, seconds.
 pub const LEEWAY_S: u64 = 5;
 
@@ -77,6 +84,79 @@ pub struct AttachClaims {
     /// When set, the EP runs only jobs that ask for this annex, and those run nowhere else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annex: Option<String>,
+}
+
+/// What an API token allows at the gateway's HTTP API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// The functions, jobs, accounting rows and audit records of the token's `sub`.
+    Developer,
+    /// Every route: other owners, EPs, priorities, revocations, replays, statistics.
+    Admin,
+}
+
+impl Scope {
+    /// The name used in tokens and in the OpenAPI document.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Developer => "developer",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Scope, String> {
+        match s {
+            "developer" => Ok(Scope::Developer),
+            "admin" => Ok(Scope::Admin),
+            other => Err(format!("unknown scope {other:?} (developer, admin)")),
+        }
+    }
+}
+
+/// Claims of an API token: who calls the gateway's HTTP API, and with which [`Scope`].
+/// An unknown `scope` string makes the whole token fail to decode (refused as invalid).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiClaims {
+    /// Issuer (the gateway's name).
+    pub iss: String,
+    /// The owner the caller acts as: a developer sees and changes only what this owner owns.
+    pub sub: String,
+    /// [`API_AUDIENCE`].
+    pub aud: String,
+    /// What it allows.
+    pub scope: Scope,
+    /// Issued at, Unix seconds.
+    pub iat: u64,
+    /// Expiry, Unix seconds.
+    pub exp: u64,
+    /// Unique id; a revocation may name it.
+    pub jti: String,
+}
+
+impl ApiClaims {
+    /// Claims for `sub` with `scope`, issued now by `iss`, valid for `ttl_s` seconds.
+    pub fn new(iss: &str, sub: &str, scope: Scope, ttl_s: u64) -> ApiClaims {
+        let now = now_s();
+        ApiClaims {
+            iss: iss.to_owned(),
+            sub: sub.to_owned(),
+            aud: API_AUDIENCE.to_owned(),
+            scope,
+            iat: now,
+            exp: now.saturating_add(ttl_s),
+            jti: new_jti(),
+        }
+    }
 }
 
 /// Why a token was refused. The message names the failed check.
@@ -248,6 +328,13 @@ impl Verifier {
         Ok(Verifier { issuer: issuer.to_owned(), audience: audience.to_owned(), keys })
     }
 
+    /// [`Verifier::verify`] for an API token: the standard checks first (so that a submit
+    /// token is refused for its audience), then the API claims (`scope` known).
+    pub fn verify_api(&self, token: &str) -> Result<ApiClaims, TokenError> {
+        let claims: serde_json::Value = self.verify(token)?;
+        serde_json::from_value(claims).map_err(|e| TokenError::Invalid(format!("API token claims: {e}")))
+    }
+
     /// Reads a JWKS document from `path` and trusts its keys.
     pub fn from_jwks_file(issuer: &str, audience: &str, path: &Path) -> Result<Verifier, TokenError> {
         let text = std::fs::read(path).map_err(|e| TokenError::Key(format!("{}: {e}", path.display())))?;
@@ -357,6 +444,52 @@ mod tests {
         assert!(verifier.verify::<SubmitClaims>(&hs).is_err());
 
         assert!(matches!(verifier.verify::<SubmitClaims>("not.a.jwt"), Err(TokenError::Malformed(_))));
+    }
+
+    #[test]
+    fn api_tokens_and_submit_tokens_do_not_pass_for_each_other() {
+        let (key, submit_verifier) = pair();
+        let api_verifier = Verifier::new("gw", API_AUDIENCE, &key.jwks()).expect("verifier");
+        let api = ApiClaims::new("gw", "alice", Scope::Developer, 60);
+        let api_token = key.sign(&api).expect("sign");
+        assert_eq!(api_verifier.verify::<ApiClaims>(&api_token).expect("verifies"), api);
+        // Same key, other audience: refused both ways.
+        assert!(submit_verifier.verify::<SubmitClaims>(&api_token).is_err());
+        let as_submit = submit_verifier.verify::<serde_json::Value>(&api_token);
+        assert!(matches!(as_submit, Err(TokenError::WrongAudience)), "{as_submit:?}");
+        let submit_token = key.sign(&claims(now_s() + 60)).expect("sign");
+        assert!(matches!(api_verifier.verify_api(&submit_token), Err(TokenError::WrongAudience)));
+        // Expired, forged.
+        let mut expired = ApiClaims::new("gw", "alice", Scope::Admin, 0);
+        expired.exp = now_s() - LEEWAY_S - 10;
+        let expired = key.sign(&expired).expect("sign");
+        assert!(matches!(api_verifier.verify_api(&expired), Err(TokenError::Expired)));
+        let (forger, _) = SigningKey::generate("k1").expect("keygen");
+        let forged = forger.sign(&ApiClaims::new("gw", "alice", Scope::Admin, 60)).expect("sign");
+        assert!(matches!(api_verifier.verify_api(&forged), Err(TokenError::InvalidSignature)));
+    }
+
+    #[test]
+    fn an_api_token_with_an_unknown_or_missing_scope_is_refused() {
+        let (key, _) = pair();
+        let verifier = Verifier::new("gw", API_AUDIENCE, &key.jwks()).expect("verifier");
+        let submit = key.sign(&claims(now_s() + 60)).expect("sign");
+        let mut claims = serde_json::to_value(ApiClaims::new("gw", "alice", Scope::Developer, 60)).expect("json");
+        for scope in [serde_json::json!("root"), serde_json::json!("Admin"), serde_json::json!(["admin"])] {
+            claims["scope"] = scope.clone();
+            let token = key.sign(&claims).expect("sign");
+            assert!(matches!(verifier.verify::<ApiClaims>(&token), Err(TokenError::Malformed(_))), "{scope}");
+            let Err(TokenError::Invalid(message)) = verifier.verify_api(&token) else { panic!("{scope} accepted") };
+            assert!(message.starts_with("API token claims: "), "{message}");
+        }
+        claims.as_object_mut().expect("object").remove("scope");
+        let token = key.sign(&claims).expect("sign");
+        assert!(verifier.verify::<ApiClaims>(&token).is_err());
+        assert!(matches!(verifier.verify_api(&token), Err(TokenError::Invalid(_))));
+        // A submit token of the same key: refused for its audience, before its claims are read.
+        assert!(matches!(verifier.verify_api(&submit), Err(TokenError::WrongAudience)));
+        assert_eq!("admin".parse::<Scope>(), Ok(Scope::Admin));
+        assert!("root".parse::<Scope>().is_err());
     }
 
     #[test]

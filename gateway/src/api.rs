@@ -5,21 +5,45 @@
 //! (signature, issuer, audience, expiry), then by the scheduler's preflight (revocation, uses
 //! left), so a revoked or spent token never makes the storage issue credentials.
 //!
-//! | route | auth | what |
+//! Every route but `GET /healthz`, `GET /v1/openapi.json` and `GET /v1/modules/{digest}` needs a
+//! credential, checked here before anything else ([`require_caller`], [`require_admin`]):
+//!
+//! - the **admin token** of the config (the bootstrap credential, compared in constant time):
+//!   scope `admin`, name `admin`;
+//! - an **API token** ([`htfaas_functions::token::ApiClaims`], `htfaas token api`): a JWT the
+//!   gateway's key signed for [`htfaas_functions::token::API_AUDIENCE`], with `sub` (the owner
+//!   it acts as) and `scope`. A revocation naming its `jti`, its `sub` or its issuer refuses it
+//!   (401) within [`REVOCATIONS_FRESH_S`] seconds: the [`authenticate`] layer reads the
+//!   scheduler's revocations through [`RevocationCache`];
+//! - a **submit token**, only on `POST /v1/functions/{name}/runs` (and no API token there).
+//!
+//! No credential, or one that does not verify: 401. A developer on an admin route: 403. A
+//! developer sees and changes only what its `sub` owns: registering a function needs the
+//! manifest's `owner` to be the `sub` and the name to be free or already its own (403
+//! otherwise); testing another owner's function is 403; lists (functions, jobs, accounting) are
+//! filtered to its own; audit queries get `owner=<sub>` forced (another `owner` is 403); another
+//! owner's job (view, history, log, analyze, hold, release, remove) answers 404 exactly as an
+//! unknown job does, so job ids of others reveal nothing.
+//!
+//! | route | scope | what |
 //! |---|---|---|
 //! | `GET /healthz` | none | liveness |
-//! | `POST /v1/modules` | admin | body = wasm bytes → `ModuleUploaded` (`{"digest":…}`) |
+//! | `GET /v1/openapi.json` | none | the OpenAPI 3.1 document of this API ([`crate::openapi`]) |
+//! | `POST /v1/modules` | developer | body = wasm bytes → `ModuleUploaded` (`{"digest":…}`) |
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
-//! | `POST /v1/functions` | admin | body = `FunctionManifest` → `FunctionRecord` |
-//! | `POST /v1/functions?dry_run=true[&since&until&limit]` | admin | manifest, checked, not kept → `Report` |
-//! | `POST /v1/functions/{name}/test` | admin | body `TestRequest` → `TestReport` |
+//! | `POST /v1/functions` | developer (own) | body = `FunctionManifest` → `FunctionRecord` |
+//! | `POST /v1/functions?dry_run=true[&since&until&limit]` | developer (own) | manifest, checked, not kept → `Report` |
+//! | `GET /v1/functions` | developer (own) | `Vec<FunctionRecord>` |
+//! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
-//! | `GET /v1/jobs[/{id}]`, `GET /v1/accounting` | admin | the scheduler's answer |
-//! | `POST /v1/jobs/{id}/hold\|release\|remove` | admin | body `JobAction` → the job (the scheduler acts) |
-//! | `GET /v1/jobs/{id}/history` | admin | `Vec<Attempt>`, first attempt first |
-//! | `GET /v1/jobs/{id}/log` | admin | `JobLog`: the guest's stdout and stderr of its last reported run |
-//! | `GET /v1/jobs/{id}/analyze` | admin | `JobAnalysis`: why it runs or does not |
+//! | `GET /v1/jobs[/{id}]` | developer (own) | the scheduler's `JobRecord`s |
+//! | `POST /v1/jobs/{id}/hold\|release\|remove` | developer (own) | body `JobAction` → the job (the scheduler acts) |
+//! | `GET /v1/jobs/{id}/history` | developer (own) | `Vec<Attempt>`, first attempt first |
+//! | `GET /v1/jobs/{id}/log` | developer (own) | `JobLog`: the guest's stdout and stderr of its last reported run |
+//! | `GET /v1/jobs/{id}/analyze` | developer (own) | `JobAnalysis`: why it runs or does not |
+//! | `GET /v1/accounting` | developer (own) | `Vec<Account>` |
+//! | `GET /v1/accounting/report?by=owner\|group\|function[&since_ms&until_ms&period_s]` | admin | `AccountingReport`: jobs, hours and bytes per key and period, from the job records |
 //! | `GET /v1/eps` | admin | `Vec<EpInfo>`: attached EPs and names with an admin setting |
 //! | `POST /v1/eps/{name}/drain\|disable\|enable\|pause\|resume` | admin | body `EpAction` → `EpInfo` |
 //! | `GET /v1/priorities` | admin | `PriorityReport` (fair-share standing of owners and groups) |
@@ -27,9 +51,18 @@
 //! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
 //! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | `StatsSnapshot`: ingest counters |
-//! | `GET /v1/audit[?job&token&owner&file&function&event&since&until&limit]` | admin | the scheduler's audit records (`functions::audit::AuditRecord`s) |
+//! | `GET /v1/audit[?job&token&owner&file&function&event&since&until&limit]` | developer (own) | the scheduler's audit records (`functions::audit::AuditRecord`s) |
 //! | `GET /v1/audit/verify` | admin | the scheduler's `functions::audit::VerifyReport` of its trail |
-//! | `GET /v1/audit/keys` | admin | the JWKS of the scheduler's audit key |
+//! | `GET /v1/audit/keys[?trail=gateway\|scheduler]` | admin | the JWKS of both audit keys (or of one trail's) |
+//! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`crate::audit::lineage`]) |
+//!
+//! Every audit route takes `?trail=gateway` for the gateway's own trail ([`crate::audit`]:
+//! events matched, tokens minted, macaroons obtained, admin actions); without it, or with
+//! `trail=scheduler`, it reads the scheduler's.
+//!
+//! [`ROUTES`] lists every (method, path) the router serves with its [`Access`]; a unit test
+//! checks it against the `.route(…)` calls of [`router`], another against the OpenAPI document,
+//! so a route cannot be added without being documented with its scope.
 //!
 //! A dry-run registration answers the recorded events (default: of the last day) its trigger would
 //! fire on; a test says how one message (given, or recorded: `{"seq": N}`) parses and what the
@@ -40,7 +73,7 @@
 //! routes that read recorded events need a [`crate::replay::Events`] extension on the router
 //! (the gateway's JetStream context) and answer 503 without one.
 //!
-//! Every scheduler route is proxied with the scheduler's admin token after this API's own admin
+//! Every scheduler route is proxied with the scheduler's admin token after this API's own scope
 //! check; path segments are checked here (job ids `[A-Za-z0-9-]`, EP names and owners 1–128
 //! printable characters without `/`, percent-encoded when forwarded) and bodies parsed into
 //! their `proto` type, so the scheduler only ever sees well-formed requests.
@@ -57,12 +90,18 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use htfaas_functions::proto::{
+    Account, AccountingBy, AccountingQuery, AuditTrail, JobRecord, Revocation, RevocationTarget,
+};
 use htfaas_functions::proto::{ApiError, ModuleUploaded, RegisterQuery, ReplayRequest, RunRequest, TestRequest};
 use htfaas_functions::registry::MAX_MODULE_BYTES;
+use htfaas_functions::token::{ApiClaims, Scope};
 use htfaas_functions::{Digest, FunctionManifest, RegistryError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// An error answer: status plus [`ApiError`] body.
+#[derive(Debug)]
 pub struct Failure(StatusCode, String);
 
 impl IntoResponse for Failure {
@@ -101,10 +140,100 @@ impl From<RegistryError> for Failure {
     }
 }
 
-/// The router, with its state.
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No credential.
+    Public,
+    /// A submit token (never an API token).
+    SubmitToken,
+    /// An API token of either scope (a developer only for what its `sub` owns) or the admin token.
+    Developer,
+    /// The admin scope: an admin API token or the admin token.
+    Admin,
+}
+
+impl Access {
+    /// The name in the OpenAPI document's `x-htfaas-scope`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Public => "none",
+            Access::SubmitToken => "submit",
+            Access::Developer => "developer",
+            Access::Admin => "admin",
+        }
+    }
+}
+
+/// One operation of this API.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    /// HTTP method, upper case.
+    pub method: &'static str,
+    /// The documented path (OpenAPI template).
+    pub path: &'static str,
+    /// The router's path that serves it (a shared template for verbs checked in the handler).
+    pub route: &'static str,
+    /// Who may call it.
+    pub access: Access,
+}
+
+const fn op(method: &'static str, path: &'static str, route: &'static str, access: Access) -> Route {
+    Route { method, path, route, access }
+}
+
+/// Every operation the router serves: keep it next to [`router`] (a unit test compares the two,
+/// `openapi` tests compare it with the document).
+pub const ROUTES: &[Route] = &[
+    op("GET", "/healthz", "/healthz", Access::Public),
+    op("GET", "/v1/openapi.json", "/v1/openapi.json", Access::Public),
+    op("POST", "/v1/modules", "/v1/modules", Access::Developer),
+    op("GET", "/v1/modules/{digest}", "/v1/modules/{digest}", Access::Public),
+    op("POST", "/v1/functions", "/v1/functions", Access::Developer),
+    op("GET", "/v1/functions", "/v1/functions", Access::Developer),
+    op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
+    op("POST", "/v1/functions/{name}/test", "/v1/functions/{name}/test", Access::Developer),
+    op("POST", "/v1/events/replay", "/v1/events/replay", Access::Admin),
+    op("GET", "/v1/jobs", "/v1/jobs", Access::Developer),
+    op("GET", "/v1/jobs/{id}", "/v1/jobs/{id}", Access::Developer),
+    op("GET", "/v1/jobs/{id}/history", "/v1/jobs/{id}/{action}", Access::Developer),
+    op("GET", "/v1/jobs/{id}/log", "/v1/jobs/{id}/{action}", Access::Developer),
+    op("GET", "/v1/jobs/{id}/analyze", "/v1/jobs/{id}/{action}", Access::Developer),
+    op("POST", "/v1/jobs/{id}/hold", "/v1/jobs/{id}/{action}", Access::Developer),
+    op("POST", "/v1/jobs/{id}/release", "/v1/jobs/{id}/{action}", Access::Developer),
+    op("POST", "/v1/jobs/{id}/remove", "/v1/jobs/{id}/{action}", Access::Developer),
+    op("GET", "/v1/accounting", "/v1/accounting", Access::Developer),
+    op("GET", "/v1/accounting/report", "/v1/accounting/report", Access::Admin),
+    op("POST", "/v1/accounting/{owner}/factor", "/v1/accounting/{owner}/factor", Access::Admin),
+    op("GET", "/v1/eps", "/v1/eps", Access::Admin),
+    op("POST", "/v1/eps/{name}/drain", "/v1/eps/{name}/{action}", Access::Admin),
+    op("POST", "/v1/eps/{name}/disable", "/v1/eps/{name}/{action}", Access::Admin),
+    op("POST", "/v1/eps/{name}/enable", "/v1/eps/{name}/{action}", Access::Admin),
+    op("POST", "/v1/eps/{name}/pause", "/v1/eps/{name}/{action}", Access::Admin),
+    op("POST", "/v1/eps/{name}/resume", "/v1/eps/{name}/{action}", Access::Admin),
+    op("GET", "/v1/priorities", "/v1/priorities", Access::Admin),
+    op("POST", "/v1/revocations", "/v1/revocations", Access::Admin),
+    op("GET", "/v1/revocations", "/v1/revocations", Access::Admin),
+    op("GET", "/v1/stats", "/v1/stats", Access::Admin),
+    op("GET", "/v1/audit", "/v1/audit", Access::Developer),
+    op("GET", "/v1/audit/verify", "/v1/audit/verify", Access::Admin),
+    op("GET", "/v1/audit/keys", "/v1/audit/keys", Access::Admin),
+    op("GET", "/v1/lineage", "/v1/lineage", Access::Admin),
+    op("GET", "/metrics", "/metrics", Access::Admin),
+    // The console's static pages (`crate::console::routes`, merged): the page asks for a token
+    // and calls the routes above with it.
+    op("GET", "/console", "/console", Access::Public),
+    op("GET", "/console/", "/console/", Access::Public),
+    op("GET", "/console/app.js", "/console/app.js", Access::Public),
+    op("GET", "/console/style.css", "/console/style.css", Access::Public),
+];
+
+/// The router, with its state. Every route added here goes into [`ROUTES`] and the OpenAPI
+/// document ([`crate::openapi`]) too, with its scope.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/modules", post(put_module).layer(DefaultBodyLimit::max(MAX_MODULE_BYTES)))
         .route("/v1/modules/{digest}", get(get_module))
         .route("/v1/functions", post(register).get(list_functions))
@@ -115,6 +244,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}", get(proxy_job))
         .route("/v1/jobs/{id}/{action}", post(proxy_job_action).get(proxy_job_view))
         .route("/v1/accounting", get(proxy_accounting))
+        .route("/v1/accounting/report", get(proxy_accounting_report))
         .route("/v1/accounting/{owner}/factor", post(proxy_set_factor))
         .route("/v1/eps", get(proxy_eps))
         .route("/v1/eps/{name}/{action}", post(proxy_ep_action))
@@ -124,19 +254,172 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audit", get(proxy_audit))
         .route("/v1/audit/verify", get(proxy_audit_verify))
         .route("/v1/audit/keys", get(proxy_audit_keys))
+        .route("/v1/lineage", get(lineage))
+        .route("/metrics", get(crate::metrics::serve))
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
+        .merge(crate::console::routes())
         .with_state(shared)
 }
 
-fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), Failure> {
-    let presented = headers
+async fn openapi_document() -> impl IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::openapi::DOCUMENT)
+}
+
+/// The name a caller with the static admin token acts as.
+pub const ADMIN_NAME: &str = "admin";
+
+/// Who is calling, once the credential is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The owner an API token acts as (its `sub`); [`ADMIN_NAME`] for the admin token.
+    pub name: String,
+    /// What it may do.
+    pub scope: Scope,
+}
+
+impl Caller {
+    /// Whether it has the admin scope.
+    pub fn is_admin(&self) -> bool {
+        self.scope == Scope::Admin
+    }
+
+    /// Whether it may see and act on what `owner` owns.
+    pub fn owns(&self, owner: &str) -> bool {
+        self.is_admin() || self.name == owner
+    }
+}
+
+/// The bearer credential of a request, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(t) if constant_time_eq(t.as_bytes(), shared.admin_token.as_bytes()) => Ok(()),
-        Some(_) => Err(Failure(StatusCode::UNAUTHORIZED, "wrong admin token".into())),
-        None => Err(Failure(StatusCode::UNAUTHORIZED, "admin token required (Authorization: Bearer)".into())),
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// The caller of a route open to either scope: the admin token, or an API token that verifies
+/// (signature, `kid`, issuer, audience, expiry, a known scope; revocation is checked by the
+/// [`authenticate`] layer). 401 otherwise.
+pub fn require_caller(shared: &Shared, headers: &HeaderMap) -> Result<Caller, Failure> {
+    let token = bearer(headers).ok_or_else(|| {
+        Failure(StatusCode::UNAUTHORIZED, "API token required (Authorization: Bearer; see `htfaas token api`)".into())
+    })?;
+    if constant_time_eq(token.as_bytes(), shared.admin_token.as_bytes()) {
+        return Ok(Caller { name: ADMIN_NAME.into(), scope: Scope::Admin });
     }
+    let claims = shared
+        .api_verifier
+        .verify_api(token)
+        .map_err(|e| Failure(StatusCode::UNAUTHORIZED, format!("API token refused: {e}")))?;
+    Ok(Caller { name: claims.sub, scope: claims.scope })
+}
+
+/// Checks that the caller has the admin scope: 401 without a valid credential, 403 with a
+/// developer's.
+pub fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), Failure> {
+    let caller = require_caller(shared, headers)?;
+    if caller.is_admin() {
+        return Ok(());
+    }
+    Err(Failure(
+        StatusCode::FORBIDDEN,
+        format!("this route needs scope admin; the token of {:?} has scope {}", caller.name, caller.scope),
+    ))
+}
+
+/// How long a fetched list of revocations is used before it is fetched again, seconds.
+pub const REVOCATIONS_FRESH_S: u64 = 5;
+/// How long an old list is still used while the scheduler cannot be asked, seconds; past it,
+/// API tokens are refused with 503.
+pub const REVOCATIONS_STALE_S: u64 = 60;
+
+/// The scheduler's revocations as the API-token check reads them: fetched
+/// (`GET /v1/revocations`, with the scheduler's admin token) at most every
+/// [`REVOCATIONS_FRESH_S`] seconds, by one request at a time.
+#[derive(Debug, Default)]
+pub struct RevocationCache {
+    state: tokio::sync::Mutex<RevocationState>,
+}
+
+#[derive(Debug, Default)]
+struct RevocationState {
+    /// The last list fetched, and when.
+    fetched: Option<(Instant, Vec<Revocation>)>,
+    /// When a fetch last failed (so that a down scheduler is asked once a second, not per request).
+    failed_at: Option<Instant>,
+}
+
+impl RevocationCache {
+    /// `Err` (401) when a revocation names the token's `jti`, its `sub` or its issuer.
+    async fn check(&self, shared: &Shared, claims: &ApiClaims) -> Result<(), Failure> {
+        let mut state = self.state.lock().await;
+        let fresh =
+            state.fetched.as_ref().is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(REVOCATIONS_FRESH_S));
+        let backing_off = state.failed_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if !fresh && !backing_off {
+            match fetch_revocations(shared).await {
+                Ok(list) => *state = RevocationState { fetched: Some((Instant::now(), list)), failed_at: None },
+                Err(e) => {
+                    tracing::warn!("cannot read the scheduler's revocations: {e}");
+                    state.failed_at = Some(Instant::now());
+                }
+            }
+        }
+        let usable = state.fetched.as_ref().filter(|(at, _)| at.elapsed() < Duration::from_secs(REVOCATIONS_STALE_S));
+        let Some((_, list)) = usable else {
+            return Err(Failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cannot check API-token revocations: the scheduler does not answer".into(),
+            ));
+        };
+        match list.iter().find(|r| names_api_token(&r.target, claims)) {
+            Some(r) => Err(Failure(StatusCode::UNAUTHORIZED, format!("API token revoked: {}", r.reason))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether `target` revokes an API token: its `jti`, its owner (`sub`) or its issuer, as for
+/// submit tokens.
+fn names_api_token(target: &RevocationTarget, claims: &ApiClaims) -> bool {
+    match target {
+        RevocationTarget::Jti(j) => *j == claims.jti,
+        RevocationTarget::Owner(o) => *o == claims.sub,
+        RevocationTarget::Issuer(i) => *i == claims.iss,
+    }
+}
+
+async fn fetch_revocations(shared: &Shared) -> Result<Vec<Revocation>, String> {
+    let resp = shared
+        .http
+        .get(format!("{}/v1/revocations", shared.submitter_base()))
+        .bearer_auth(&shared.scheduler_admin_token)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("the scheduler answered {}", resp.status()));
+    }
+    resp.json().await.map_err(|e| e.to_string())
+}
+
+/// The layer in front of every route: a bearer that verifies as an API token is refused (401)
+/// when revoked, before any handler runs. Whether the route takes it is the handler's check.
+pub async fn authenticate(
+    State(shared): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let claims = bearer(request.headers()).and_then(|t| shared.api_verifier.verify_api(t).ok());
+    if let Some(claims) = claims
+        && let Err(refused) = shared.api_revocations.check(&shared, &claims).await
+    {
+        tracing::info!(jti = %claims.jti, sub = %claims.sub, "API token refused: {}", refused.1);
+        return refused.into_response();
+    }
+    next.run(request).await
 }
 
 /// Compares without an early exit, so timing does not reveal the matching prefix.
@@ -158,9 +441,10 @@ async fn put_module(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, Failure> {
-    require_admin(&shared, &headers)?;
+    require_caller(&shared, &headers)?;
     let s = shared.clone();
     let digest = blocking(move || s.registry.put_module(&body)).await?;
+    crate::audit::record_admin(&shared, &headers, "module.upload", audit_digest(&digest), serde_json::json!({})).await;
     Ok((StatusCode::CREATED, Json(ModuleUploaded { digest })))
 }
 
@@ -195,16 +479,37 @@ async fn register(
     uri: axum::http::Uri,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    require_admin(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     let Query(query) = Query::<RegisterQuery>::try_from_uri(&uri)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
     let manifest: FunctionManifest = serde_json::from_slice(&body)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")))?;
+    if !caller.owns(&manifest.owner) {
+        return Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the manifest's owner is {:?}; a developer token of {:?} registers only its own functions",
+                manifest.owner, caller.name
+            ),
+        ));
+    }
     if query.dry_run {
         return dry_run_registration(&shared, events, &query, manifest).await;
     }
     if query != RegisterQuery::default() {
         return Err(Failure(StatusCode::BAD_REQUEST, "since, until and limit go with dry_run=true".into()));
+    }
+    let s = shared.clone();
+    let name = manifest.name.clone();
+    let taken = blocking(move || match s.registry.latest(&name) {
+        Ok(existing) => Ok(Some(existing.manifest.owner)),
+        Err(RegistryError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    })
+    .await?;
+    if let Some(owner) = taken.filter(|o| !caller.owns(o)) {
+        tracing::info!(function = %manifest.name, %owner, caller = %caller.name, "registration refused: not the owner");
+        return Err(Failure(StatusCode::FORBIDDEN, format!("function {} belongs to another owner", manifest.name)));
     }
     let s = shared.clone();
     let record = blocking(move || {
@@ -214,6 +519,8 @@ async fn register(
     })
     .await?;
     tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
+    crate::audit::record_admin(&shared, &headers, "function.register", audit_function(&record), audit_args(&record))
+        .await;
     Ok((StatusCode::CREATED, Json(record)).into_response())
 }
 
@@ -250,11 +557,17 @@ async fn test_function(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, Failure> {
-    require_admin(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     let request: TestRequest =
         serde_json::from_slice(&body).map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid test: {e}")))?;
     let s = shared.clone();
     let record = blocking(move || s.registry.latest(&name)).await?;
+    if !caller.owns(&record.manifest.owner) {
+        return Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!("function {} belongs to another owner", record.manifest.name),
+        ));
+    }
     let events = events.map(|Extension(e)| e);
     Ok(Json(replay::test_request(events.as_ref(), &record, &request, &shared.sources()).await?))
 }
@@ -283,13 +596,17 @@ async fn replay_events(
         tracing::info!(replay = %id, function = ?request.function, since = window.since_ms, "replay requested");
     }
     let report = replay::run(&shared, &events.0, &window, &replay::Target::all(records), &mode).await?;
+    crate::audit::record_replay(&shared, &headers, &mode, &report).await;
     Ok(Json(report))
 }
 
+/// `GET /v1/functions`: every function for an admin, a developer's own otherwise.
 async fn list_functions(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, Failure> {
-    require_admin(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     let s = shared.clone();
-    Ok(Json(blocking(move || s.registry.list()).await?))
+    let mut records = blocking(move || s.registry.list()).await?;
+    records.retain(|r| caller.owns(&r.manifest.owner));
+    Ok(Json(records))
 }
 
 async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, Failure> {
@@ -297,13 +614,36 @@ async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<
     Ok(Json(shared.stats.snapshot()))
 }
 
+/// Most jobs the scheduler lists in one answer (its `MAX_LIST_LIMIT`): what a developer's
+/// list is filtered from.
+const SCHEDULER_MAX_LIST: usize = 10_000;
+/// A list's length when the query names none (the scheduler's `DEFAULT_LIST_LIMIT`).
+const DEFAULT_LIST: usize = 100;
+
+/// `GET /v1/jobs[?limit=n]`: an admin's query goes to the scheduler as it came; a developer
+/// gets its own jobs among the scheduler's newest [`SCHEDULER_MAX_LIST`], newest first, at most
+/// `limit`.
 async fn proxy_jobs(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Failure> {
-    let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
-    proxy(&shared, &headers, &format!("/v1/jobs{suffix}")).await
+    let caller = require_caller(&shared, &headers)?;
+    if caller.is_admin() {
+        let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
+        return forward_get(&shared, &format!("/v1/jobs{suffix}")).await;
+    }
+    #[derive(serde::Deserialize)]
+    struct ListQuery {
+        limit: Option<usize>,
+    }
+    let Query(list) = Query::<ListQuery>::try_from_uri(&uri)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
+    let mut jobs: Vec<JobRecord> = scheduler_json(&shared, &format!("/v1/jobs?limit={SCHEDULER_MAX_LIST}")).await?;
+    jobs.retain(|j| j.owner == caller.name);
+    jobs.truncate(list.limit.unwrap_or(DEFAULT_LIST).min(SCHEDULER_MAX_LIST));
+    Ok(Json(jobs).into_response())
 }
 
 async fn proxy_job(
@@ -311,9 +651,44 @@ async fn proxy_job(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    require_admin(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     check_job_id(&id)?;
-    proxy(&shared, &headers, &format!("/v1/jobs/{id}")).await
+    if !caller.is_admin() {
+        return Ok(Json(own_job(&shared, &caller, &id).await?).into_response());
+    }
+    forward_get(&shared, &format!("/v1/jobs/{id}")).await
+}
+
+/// The job `id` when the caller may see it; another owner's job is 404, worded as the
+/// scheduler words an unknown one, so that it reveals nothing.
+async fn own_job(shared: &Shared, caller: &Caller, id: &str) -> Result<JobRecord, Failure> {
+    let job: JobRecord = scheduler_json(shared, &format!("/v1/jobs/{id}")).await?;
+    if !caller.owns(&job.owner) {
+        return Err(Failure(StatusCode::NOT_FOUND, format!("job {id:?} not found")));
+    }
+    Ok(job)
+}
+
+/// GETs `path` from the scheduler (admin token) and parses its JSON answer; a refusal keeps
+/// the scheduler's status and reason.
+async fn scheduler_json<T: serde::de::DeserializeOwned>(shared: &Shared, path: &str) -> Result<T, Failure> {
+    let url = format!("{}{path}", shared.submitter_base());
+    let resp = shared
+        .http
+        .get(url)
+        .bearer_auth(&shared.scheduler_admin_token)
+        .send()
+        .await
+        .map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let body = resp.bytes().await.map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
+    if !status.is_success() {
+        let reason = serde_json::from_slice::<ApiError>(&body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
+        return Err(Failure(status, reason));
+    }
+    serde_json::from_slice(&body).map_err(|e| Failure(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))
 }
 
 /// Job ids are `[A-Za-z0-9-]+` (uuids), so they go into the scheduler's URL as they are.
@@ -347,12 +722,15 @@ async fn proxy_job_view(
     headers: HeaderMap,
     Path((id, view)): Path<(String, String)>,
 ) -> Result<Response, Failure> {
-    require_admin(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     check_job_id(&id)?;
     if !matches!(view.as_str(), "history" | "analyze" | "log") {
         return Err(Failure(StatusCode::NOT_FOUND, format!("no job view {view:?} (history, analyze, log)")));
     }
-    proxy(&shared, &headers, &format!("/v1/jobs/{id}/{view}")).await
+    if !caller.is_admin() {
+        own_job(&shared, &caller, &id).await?;
+    }
+    forward_get(&shared, &format!("/v1/jobs/{id}/{view}")).await
 }
 
 async fn proxy_job_action(
@@ -361,20 +739,56 @@ async fn proxy_job_action(
     Path((id, action)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    require_admin(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     check_job_id(&id)?;
     if !matches!(action.as_str(), "hold" | "release" | "remove") {
         return Err(Failure(StatusCode::NOT_FOUND, format!("no job action {action:?} (hold, release, remove)")));
     }
     let request: htfaas_functions::proto::JobAction = serde_json::from_slice(&body)
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid job action: {e}")))?;
-    tracing::info!(job = %id, %action, reason = %request.reason, "job action requested");
+    if !caller.is_admin() {
+        own_job(&shared, &caller, &id).await?;
+    }
+    tracing::info!(job = %id, %action, caller = %caller.name, reason = %request.reason, "job action requested");
     let url = format!("{}/v1/jobs/{id}/{action}", shared.submitter_base());
-    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+    let done = forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await?;
+    let job = htfaas_functions::audit::Subject { job: Some(id), ..Default::default() };
+    let args = serde_json::json!({ "reason": request.reason });
+    Ok(crate::audit::record_forwarded(&shared, &headers, &format!("job.{action}"), job, args, done).await)
 }
 
+/// `GET /v1/accounting`: every owner's account for an admin, a developer's own otherwise.
 async fn proxy_accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
-    proxy(&shared, &headers, "/v1/accounting").await
+    let caller = require_caller(&shared, &headers)?;
+    if caller.is_admin() {
+        return forward_get(&shared, "/v1/accounting").await;
+    }
+    let mut accounts: Vec<Account> = scheduler_json(&shared, "/v1/accounting").await?;
+    accounts.retain(|a| a.owner == caller.name);
+    Ok(Json(accounts).into_response())
+}
+
+/// `GET /v1/accounting/report`: the query is parsed into an `AccountingQuery` here and sent on
+/// re-encoded (digits and fixed words), so the scheduler sees only well-formed ones.
+async fn proxy_accounting_report(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<AccountingQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    let Query(q) = query.map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid accounting query: {e}")))?;
+    let by = match q.by {
+        AccountingBy::Owner => "owner",
+        AccountingBy::Group => "group",
+        AccountingBy::Function => "function",
+    };
+    let mut path = format!("/v1/accounting/report?by={by}");
+    for (name, value) in [("since_ms", q.since_ms), ("until_ms", q.until_ms), ("period_s", q.period_s)] {
+        if let Some(v) = value {
+            path.push_str(&format!("&{name}={v}"));
+        }
+    }
+    forward_get(&shared, &path).await
 }
 
 async fn proxy_priorities(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
@@ -393,7 +807,10 @@ async fn proxy_set_factor(
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid factor request: {e}")))?;
     tracing::info!(%owner, factor = request.factor, "priority factor change requested");
     let url = format!("{}/v1/accounting/{encoded}/factor", shared.submitter_base());
-    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+    let done = forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await?;
+    let subject = htfaas_functions::audit::Subject { owner: Some(owner), ..Default::default() };
+    let args = serde_json::json!({ "factor": request.factor });
+    Ok(crate::audit::record_forwarded(&shared, &headers, "owner.set_factor", subject, args, done).await)
 }
 
 async fn proxy_eps(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
@@ -420,26 +837,179 @@ async fn proxy_ep_action(
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid EP action: {e}")))?;
     tracing::info!(ep = %name, %action, reason = %request.reason, "EP action requested");
     let url = format!("{}/v1/eps/{encoded}/{action}", shared.submitter_base());
-    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+    let done = forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await?;
+    let args = serde_json::json!({ "ep": name, "request": request });
+    Ok(crate::audit::record_forwarded(&shared, &headers, &format!("ep.{action}"), Default::default(), args, done).await)
 }
 
-/// `GET /v1/audit`: the query goes to the scheduler as it came (the scheduler parses it and
-/// refuses unknown parameters).
+/// `GET /v1/audit`: an admin's query goes to the scheduler as it came (the scheduler parses it
+/// and refuses unknown parameters); a developer's is parsed here and gets `owner=<sub>`.
 async fn proxy_audit(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Failure> {
-    let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
-    proxy(&shared, &headers, &format!("/v1/audit{suffix}")).await
+    let caller = require_caller(&shared, &headers)?;
+    let (trail, query) = audit_trail(query)?;
+    if caller.is_admin() && trail == AuditTrail::Scheduler {
+        let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
+        return forward_get(&shared, &format!("/v1/audit{suffix}")).await;
+    }
+    let uri: axum::http::Uri = format!("/v1/audit?{}", query.unwrap_or_default())
+        .parse()
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid audit query: {e}")))?;
+    let Query(mut filter) = Query::<htfaas_functions::audit::AuditFilter>::try_from_uri(&uri)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid audit query: {}", e.body_text())))?;
+    if caller.is_admin() {
+        return gateway_audit(&shared, filter).await;
+    }
+    if filter.owner.as_ref().is_some_and(|o| *o != caller.name) {
+        return Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!("a developer token of {:?} reads only its own audit records", caller.name),
+        ));
+    }
+    filter.owner = Some(caller.name);
+    if trail == AuditTrail::Gateway {
+        return gateway_audit(&shared, filter).await;
+    }
+    let mut url = reqwest::Url::parse(&format!("{}/v1/audit", shared.submitter_base()))
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("scheduler URL: {e}")))?;
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&filter) {
+        let mut pairs = url.query_pairs_mut();
+        for (k, v) in fields {
+            match v {
+                serde_json::Value::String(s) => pairs.append_pair(&k, &s),
+                serde_json::Value::Null => continue,
+                other => pairs.append_pair(&k, &other.to_string()),
+            };
+        }
+    }
+    forward(shared.http.get(url).bearer_auth(&shared.scheduler_admin_token)).await
 }
 
-async fn proxy_audit_verify(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
-    proxy(&shared, &headers, "/v1/audit/verify").await
+/// `GET /v1/audit/verify[?trail=gateway]`: the scheduler's trail (default) or the gateway's,
+/// checked under its writer's key.
+async fn proxy_audit_verify(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    match audit_trail(query)? {
+        (AuditTrail::Scheduler, None) => forward_get(&shared, "/v1/audit/verify").await,
+        (AuditTrail::Gateway, None) => {
+            let report = crate::audit::verify(&shared).await.map_err(|e| {
+                tracing::error!("verify the gateway's audit trail: {e}");
+                Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("verify the gateway's audit trail: {e}"))
+            })?;
+            Ok(Json(report).into_response())
+        }
+        (_, Some(q)) => Err(Failure(StatusCode::BAD_REQUEST, format!("unknown audit verify parameters {q:?}"))),
+    }
 }
 
-async fn proxy_audit_keys(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
-    proxy(&shared, &headers, "/v1/audit/keys").await
+/// `GET /v1/audit/keys[?trail=]`: both audit keys in one JWKS (kids `scheduler-audit-1`,
+/// `gateway-audit-1`), so one file verifies a copy of either trail; or one trail's.
+async fn proxy_audit_keys(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    let gateway = shared.audit.signer.jwks();
+    match query.as_deref() {
+        Some("trail=gateway") => return Ok(Json(gateway).into_response()),
+        Some("trail=scheduler") => return forward_get(&shared, "/v1/audit/keys").await,
+        Some(q) => return Err(Failure(StatusCode::BAD_REQUEST, format!("unknown audit keys parameters {q:?}"))),
+        None => {}
+    }
+    let mut both: serde_json::Value = scheduler_json(&shared, "/v1/audit/keys").await?;
+    let ours = serde_json::to_value(&gateway).ok();
+    let ours = ours.as_ref().and_then(|v| v.get("keys")).and_then(|k| k.as_array()).cloned().unwrap_or_default();
+    match both.get_mut("keys").and_then(|k| k.as_array_mut()) {
+        Some(keys) => keys.extend(ours),
+        None => return Err(Failure(StatusCode::BAD_GATEWAY, "the scheduler's audit keys are not a JWKS".into())),
+    }
+    Ok(Json(both).into_response())
+}
+
+/// `?trail=gateway|scheduler` taken out of an audit route's query: the trail and the rest.
+fn audit_trail(query: Option<String>) -> Result<(AuditTrail, Option<String>), Failure> {
+    let Some(query) = query else { return Ok((AuditTrail::Scheduler, None)) };
+    let mut trail = AuditTrail::Scheduler;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.strip_prefix("trail=") {
+            Some("gateway") => trail = AuditTrail::Gateway,
+            Some("scheduler") => trail = AuditTrail::Scheduler,
+            Some(other) => {
+                return Err(Failure(StatusCode::BAD_REQUEST, format!("unknown trail {other:?} (gateway, scheduler)")));
+            }
+            None => rest.push(pair),
+        }
+    }
+    Ok((trail, (!rest.is_empty()).then(|| rest.join("&"))))
+}
+
+/// The gateway trail's records `filter` selects (limit as the scheduler's: default 1000, at
+/// most 100,000).
+async fn gateway_audit(shared: &Shared, mut filter: htfaas_functions::audit::AuditFilter) -> Result<Response, Failure> {
+    filter.limit = Some(filter.limit.unwrap_or(1000).min(100_000));
+    let records = crate::audit::query(shared, filter).await.map_err(|e| {
+        tracing::error!("query the gateway's audit trail: {e}");
+        Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("query the gateway's audit trail: {e}"))
+    })?;
+    Ok(Json(records).into_response())
+}
+
+/// `GET /v1/lineage?file=PATH[&depth=N]`: where the file comes from, from both trails.
+async fn lineage(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<htfaas_functions::proto::LineageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Failure> {
+    require_admin(&shared, &headers)?;
+    let Query(q) = query.map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid lineage query: {e}")))?;
+    let depth = q.depth.unwrap_or(crate::audit::MAX_LINEAGE_DEPTH);
+    let lineage = crate::audit::lineage(&shared, &q.file, depth).await.map_err(|e| {
+        tracing::warn!(file = %q.file, "lineage: {e}");
+        Failure(StatusCode::BAD_GATEWAY, format!("lineage of {}: {e}", q.file))
+    })?;
+    Ok(Json(lineage).into_response())
+}
+
+/// The audit subject of a module.
+fn audit_digest(digest: &Digest) -> htfaas_functions::audit::Subject {
+    htfaas_functions::audit::Subject { digest: Some(digest.as_str().to_owned()), ..Default::default() }
+}
+
+/// The audit subject of a registered function.
+fn audit_function(record: &htfaas_functions::FunctionRecord) -> htfaas_functions::audit::Subject {
+    let m = &record.manifest;
+    htfaas_functions::audit::Subject {
+        function: Some(m.name.clone()),
+        owner: Some(m.owner.clone()),
+        digest: Some(m.module.as_str().to_owned()),
+        paths: vec![m.outputs.dir.clone()],
+        ..Default::default()
+    }
+}
+
+/// What a registration's record keeps of the function: version and trigger.
+fn audit_args(record: &htfaas_functions::FunctionRecord) -> serde_json::Value {
+    serde_json::json!({ "version": record.version, "trigger": record.manifest.trigger })
+}
+
+/// The audit subject of a revocation's target.
+fn audit_revocation(target: &RevocationTarget) -> htfaas_functions::audit::Subject {
+    let mut subject = htfaas_functions::audit::Subject::default();
+    match target {
+        RevocationTarget::Jti(jti) => subject.token_jti = Some(jti.clone()),
+        RevocationTarget::Owner(owner) => subject.owner = Some(owner.clone()),
+        RevocationTarget::Issuer(_) => {}
+    }
+    subject
 }
 
 async fn proxy_revocations(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, Failure> {
@@ -452,11 +1022,20 @@ async fn proxy_revoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, bod
         .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("invalid revocation: {e}")))?;
     tracing::warn!(target = ?request.target, reason = %request.reason, "revocation requested");
     let url = format!("{}/v1/revocations", shared.submitter_base());
-    forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await
+    let done = forward(shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&request)).await?;
+    let subject = audit_revocation(&request.target);
+    let args = serde_json::json!({ "target": request.target, "reason": request.reason });
+    Ok(crate::audit::record_forwarded(&shared, &headers, "token.revoke", subject, args, done).await)
 }
 
+/// An admin route's GET, relayed to the scheduler.
 async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Response, Failure> {
     require_admin(shared, headers)?;
+    forward_get(shared, path).await
+}
+
+/// Relays a GET of `path` to the scheduler (the caller's scope already checked).
+async fn forward_get(shared: &Shared, path: &str) -> Result<Response, Failure> {
     let url = format!("{}{path}", shared.submitter_base());
     forward(shared.http.get(url).bearer_auth(&shared.scheduler_admin_token)).await
 }
@@ -484,12 +1063,15 @@ async fn run_function(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, Failure> {
-    let token = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let token = bearer(&headers)
         .ok_or_else(|| Failure(StatusCode::UNAUTHORIZED, "submit token required (Authorization: Bearer)".into()))?
         .to_owned();
+    if shared.api_verifier.verify_api(&token).is_ok() {
+        return Err(Failure(
+            StatusCode::UNAUTHORIZED,
+            "an API token is not a submit token (see `htfaas token submit`)".into(),
+        ));
+    }
     let claims =
         shared.submitter.verify(&token).map_err(|e| Failure(StatusCode::UNAUTHORIZED, format!("submit token: {e}")))?;
     let run: RunRequest =
@@ -573,6 +1155,172 @@ fn scheduler_failure(e: crate::submit::SubmitError) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The (method, router path) pairs of the `.route(…)` calls in [`router`]'s source, and in
+    /// the console's `routes()` it merges.
+    fn routed_in_source() -> std::collections::BTreeSet<(String, String)> {
+        let mut out = routed_in(include_str!("api.rs"), "pub fn router(");
+        out.extend(routed_in(include_str!("console.rs"), "pub fn routes<"));
+        out
+    }
+
+    fn routed_in(src: &str, function: &str) -> std::collections::BTreeSet<(String, String)> {
+        let start = src.find(function).expect("the router function in the source");
+        let body = &src[start..];
+        let body = &body[..body.find("\n}\n").expect("end of router")];
+        let body = body.replace(".merge(crate::console::routes())", "");
+        for other in [".merge(", ".nest(", ".fallback(", ".route_service("] {
+            assert!(!body.contains(other), "router uses {other}: list its routes in ROUTES and teach this test");
+        }
+        let mut out = std::collections::BTreeSet::new();
+        for chunk in body.split(".route(\"").skip(1) {
+            let (path, rest) = chunk.split_once('"').expect("a path literal");
+            let mut depth = 1;
+            let mut end = rest.len();
+            for (i, c) in rest.char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let args = &rest[..end];
+            let mut methods = 0;
+            for m in ["get", "post", "put", "delete", "patch", "head", "options", "any"] {
+                for (i, _) in args.match_indices(&format!("{m}(")) {
+                    let word_start =
+                        !args[..i].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+                    if word_start {
+                        assert_ne!(m, "any", "{path}: any() serves every method; list them");
+                        out.insert((m.to_uppercase(), path.to_owned()));
+                        methods += 1;
+                    }
+                }
+            }
+            assert!(methods > 0, "no method found for route {path}");
+        }
+        out
+    }
+
+    #[test]
+    fn routes_lists_exactly_what_the_router_serves() {
+        let listed: std::collections::BTreeSet<(String, String)> =
+            ROUTES.iter().map(|r| (r.method.to_owned(), r.route.to_owned())).collect();
+        let routed = routed_in_source();
+        assert!(routed.len() > 20, "the source scan found too few routes: {routed:?}");
+        let unlisted: Vec<_> = routed.difference(&listed).collect();
+        let stale: Vec<_> = listed.difference(&routed).collect();
+        assert!(unlisted.is_empty(), "routes of router() missing from ROUTES (and so from openapi.json): {unlisted:?}");
+        assert!(stale.is_empty(), "ROUTES entries the router does not serve: {stale:?}");
+    }
+
+    /// The claim checks of [`require_caller`] and [`require_admin`], on a gateway's state.
+    #[tokio::test]
+    async fn api_tokens_are_checked_for_audience_expiry_key_and_scope() {
+        use htfaas_functions::token::{API_AUDIENCE, LEEWAY_S, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, now_s};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config: crate::Config = serde_json::from_value(serde_json::json!({
+            "listen": "127.0.0.1:0", "nats_url": "nats://127.0.0.1:1",
+            "registry_dir": dir.path().join("registry"), "storage_url": "http://127.0.0.1:1",
+            "storage_user": "gateway", "scheduler_url": "http://127.0.0.1:1",
+            "scheduler_admin_token": "s", "signing_key_file": dir.path().join("submit.pem"), "admin_token": "adm",
+        }))
+        .expect("config");
+        let shared = config.resolve().await.expect("resolve").shared();
+        let key = SigningKey::load_or_create(&dir.path().join("submit.pem"), "gateway-1").expect("the gateway's key");
+        let headers = |token: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(axum::http::header::AUTHORIZATION, format!("Bearer {token}").parse().expect("header"));
+            h
+        };
+        let refused = |r: Result<Caller, Failure>| match r {
+            Ok(c) => panic!("accepted as {c:?}"),
+            Err(Failure(status, message)) => (status, message),
+        };
+
+        let dev = key.sign(&ApiClaims::new("htfaas-gateway", "alice", Scope::Developer, 60)).expect("sign");
+        let caller = require_caller(&shared, &headers(&dev)).expect("a developer token");
+        assert_eq!(caller, Caller { name: "alice".into(), scope: Scope::Developer });
+        assert!(caller.owns("alice") && !caller.owns("bob"));
+        let Err(Failure(status, message)) = require_admin(&shared, &headers(&dev)) else {
+            panic!("developer as admin")
+        };
+        assert_eq!(
+            (status, message.as_str()),
+            (StatusCode::FORBIDDEN, r#"this route needs scope admin; the token of "alice" has scope developer"#)
+        );
+        let admin = key.sign(&ApiClaims::new("htfaas-gateway", "root", Scope::Admin, 60)).expect("sign");
+        assert!(require_admin(&shared, &headers(&admin)).is_ok());
+        assert!(require_admin(&shared, &headers("adm")).is_ok(), "the configured admin token");
+        assert!(require_caller(&shared, &headers("adm")).is_ok_and(|c| c.owns("anyone")));
+
+        let mut wrong_aud = ApiClaims::new("htfaas-gateway", "alice", Scope::Admin, 60);
+        wrong_aud.aud = SUBMIT_AUDIENCE.into();
+        let (status, message) = refused(require_caller(&shared, &headers(&key.sign(&wrong_aud).expect("sign"))));
+        assert_eq!((status, message.as_str()), (StatusCode::UNAUTHORIZED, "API token refused: wrong audience"));
+
+        let mut expired = ApiClaims::new("htfaas-gateway", "alice", Scope::Admin, 0);
+        expired.exp = now_s() - LEEWAY_S - 10;
+        let (status, message) = refused(require_caller(&shared, &headers(&key.sign(&expired).expect("sign"))));
+        assert_eq!((status, message.as_str()), (StatusCode::UNAUTHORIZED, "API token refused: token expired"));
+
+        let mut root = serde_json::to_value(ApiClaims::new("htfaas-gateway", "alice", Scope::Admin, 60)).expect("json");
+        root["scope"] = "root".into();
+        let (status, message) = refused(require_caller(&shared, &headers(&key.sign(&root).expect("sign"))));
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(
+            message.starts_with("API token refused: invalid token: API token claims: unknown variant `root`"),
+            "{message}"
+        );
+
+        let (other, _) = SigningKey::generate("gateway-1").expect("keygen");
+        let forged = other.sign(&ApiClaims::new("htfaas-gateway", "alice", Scope::Admin, 60)).expect("sign");
+        assert_eq!(refused(require_caller(&shared, &headers(&forged))).1, "API token refused: invalid signature");
+
+        let mut other_issuer = ApiClaims::new("elsewhere", "alice", Scope::Admin, 60);
+        other_issuer.aud = API_AUDIENCE.into();
+        assert_eq!(
+            refused(require_caller(&shared, &headers(&key.sign(&other_issuer).expect("sign")))).1,
+            "API token refused: wrong issuer"
+        );
+
+        let submit = SubmitClaims {
+            iss: "htfaas-gateway".into(),
+            sub: "alice".into(),
+            aud: SUBMIT_AUDIENCE.into(),
+            exp: now_s() + 60,
+            iat: now_s(),
+            jti: "j".into(),
+            jobs: 1,
+            cpus: 1,
+            memory_mb: 1,
+            runtime_s: 1,
+            function: None,
+            group: None,
+        };
+        let submit = key.sign(&submit).expect("sign");
+        assert_eq!(refused(require_caller(&shared, &headers(&submit))).1, "API token refused: wrong audience");
+        assert!(shared.submitter.verify(&dev).is_err(), "an API token is no submit token");
+
+        assert_eq!(refused(require_caller(&shared, &HeaderMap::new())).0, StatusCode::UNAUTHORIZED);
+        assert_eq!(refused(require_caller(&shared, &headers("adm-but-longer"))).0, StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn a_revocation_names_an_api_token_by_jti_owner_or_issuer() {
+        let claims = ApiClaims::new("gw", "alice", Scope::Developer, 60);
+        assert!(names_api_token(&RevocationTarget::Jti(claims.jti.clone()), &claims));
+        assert!(names_api_token(&RevocationTarget::Owner("alice".into()), &claims));
+        assert!(names_api_token(&RevocationTarget::Issuer("gw".into()), &claims));
+        assert!(!names_api_token(&RevocationTarget::Owner("bob".into()), &claims));
+        assert!(!names_api_token(&RevocationTarget::Jti("other".into()), &claims));
+    }
 
     #[test]
     fn path_names_are_checked_and_encoded_as_one_segment() {

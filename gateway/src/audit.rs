@@ -1,1 +1,639 @@
-//! The gateway's audit trail: events received, rules matched, tokens minted, macaroons obtained, admin actions.
+//! The gateway's audit trail: what the gateway decided, in its own chain (writer
+//! [`AUDIT_WRITER`]), inside the firing table's database (`firings.sqlite`, see
+//! [`crate::firing`]), signed with the gateway's own checkpoint key ([`AUDIT_KID`]).
+//!
+//! # Records (see [`htfaas_functions::audit`] for the format)
+//!
+//! | kind | written | subject | detail |
+//! |---|---|---|---|
+//! | `event.matched` ([`EVENT_MATCHED`]) | with the event's firings, in the ingest's batch transaction | event id, owner, the event's path; function and digest when one function fired | `event {source, producer, id, kind, msg_type, path, size, owner, macaroon}`, `caused_by` (the job that wrote the file, if one did), `replay`, `functions [{name, version, digest, owner, glob, rule, firing}]`, `firing` = `queued` \| `duplicate` \| `loop_guarded` |
+//! | `token.minted` | with the write macaroon's provenance, before the submit | jti, owner, digest, function, event id, input path | the claims' limits: `jobs, cpus, memory_mb, runtime_s, exp, iat, iss, aud, group`; plus `firing`, `function_version`, `replay` |
+//! | `macaroons.obtained` | same transaction | jti, owner, function, digest, event id, input path and every `path:` caveat | `macaroons [{role: read \| write, identifier, caveats}]` |
+//! | `job.refused` | with the firing's refusal | event id, function, digest, input path | `reason`, `firing` (the storage or the scheduler refused for good) |
+//! | `admin.action` | after the action succeeded | what it acted on | `action` and its arguments; actor = the credential's name |
+//!
+//! **Invariant: a decision of the firing table and its record commit in one transaction**: an
+//! event's firings and its `event.matched`; a job's write-macaroon provenance and its
+//! `token.minted` + `macaroons.obtained`; a firing's refusal and its `job.refused`. Admin
+//! actions act on other databases (the registry, the scheduler), so their records follow the
+//! action (a crash between the two loses the record, never the other way round).
+//!
+//! Not recorded, only counted ([`crate::stats`]): events that match no function, events ignored
+//! or of a type the site did not enable, malformed messages, and copies of an event whose every
+//! firing was already there (a redelivery).
+//!
+//! **No bearer credential is recorded**: a token's claims are recorded, never the signed token;
+//! a macaroon's identifier and caveats ([`MacaroonFacts::from_bearer`]), never its serialized
+//! form. The library redacts any that slips through.
+//!
+//! # Lineage
+//!
+//! [`lineage`] answers "where does this file come from": the jobs that wrote (or read) it, from
+//! the scheduler's trail (queried over its API), each with its acceptance (event, token,
+//! function digest, input), its dispatch and finish, and the gateway's records of its event
+//! and its token; then, for a job that wrote the file, the same for its input, back to the
+//! first upload (at most [`MAX_LINEAGE_DEPTH`] steps back, each file and job once).
+
+use crate::Shared;
+use crate::firing::Claimed;
+use htfaas_functions::FunctionRecord;
+use htfaas_functions::audit::{
+    self, AuditDraft, AuditError, AuditFilter, AuditKind, AuditRecord, AuditSigner, CheckpointPolicy, MacaroonFacts,
+    Subject, VerifyReport,
+};
+use htfaas_functions::event::StorageEvent;
+use htfaas_functions::proto::{Cause, Lineage, LineageRelation, LineageStep, SubmitRequest};
+use htfaas_functions::token::SubmitClaims;
+use serde_json::{Value, json};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+/// The writer of the gateway's trail.
+pub const AUDIT_WRITER: &str = "gateway";
+/// Key id of the gateway's audit-checkpoint key.
+pub const AUDIT_KID: &str = "gateway-audit-1";
+/// File name of the audit key in the state directory when `audit_key_file` is not set.
+pub const DEFAULT_AUDIT_KEY_FILE: &str = "gateway-audit-key.pem";
+/// The stored name of [`AuditKind::EventMatched`]: the record of an event that fired (or was
+/// kept from firing) functions.
+pub const EVENT_MATCHED: &str = "event.matched";
+/// Most steps a lineage follows back from the file asked about.
+pub const MAX_LINEAGE_DEPTH: u32 = 16;
+/// Most jobs one lineage lists (then `truncated`).
+pub const MAX_LINEAGE_STEPS: usize = 256;
+/// Most records read per query of a lineage.
+const LINEAGE_QUERY_LIMIT: u64 = 10_000;
+
+/// The gateway's checkpoint signer and when it signs.
+#[derive(Clone)]
+pub struct Auditing {
+    /// Signs checkpoints of the trail's head.
+    pub signer: Arc<AuditSigner>,
+    /// When.
+    pub policy: CheckpointPolicy,
+}
+
+impl std::fmt::Debug for Auditing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auditing").field("kid", &self.signer.kid()).field("policy", &self.policy).finish()
+    }
+}
+
+/// What became of one matched function on an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    /// A new firing was queued.
+    Queued,
+    /// Its firing was already there (a copy of the event).
+    Duplicate,
+    /// Not fired: the file was written by its chain.
+    LoopGuarded,
+}
+
+impl Fired {
+    fn as_str(self) -> &'static str {
+        match self {
+            Fired::Queued => "queued",
+            Fired::Duplicate => "duplicate",
+            Fired::LoopGuarded => "loop_guarded",
+        }
+    }
+}
+
+/// The `event.matched` record of `event`, or `None` when nothing was decided about it (every
+/// firing already there: a copy).
+pub fn event_matched(
+    event: &StorageEvent,
+    fired: &[(&FunctionRecord, Fired)],
+    cause: Option<&Cause>,
+    replay: Option<&str>,
+) -> Option<AuditDraft> {
+    if fired.iter().all(|(_, f)| *f == Fired::Duplicate) {
+        return None;
+    }
+    let queued: Vec<&FunctionRecord> = fired.iter().filter(|(_, f)| *f == Fired::Queued).map(|(r, _)| *r).collect();
+    let mut owners = fired.iter().map(|(r, _)| r.manifest.owner.as_str());
+    let first_owner = owners.next();
+    let owner = match first_owner {
+        Some(o) if owners.all(|x| x == o) => Some(o.to_owned()),
+        _ => event.owner.clone(),
+    };
+    let one = (queued.len() == 1).then(|| queued[0]);
+    let subject = Subject {
+        event_id: Some(event.id.clone()),
+        owner,
+        function: one.map(|r| r.manifest.name.clone()),
+        digest: one.map(|r| r.manifest.module.as_str().to_owned()),
+        paths: vec![event.path.clone()],
+        ..Subject::default()
+    };
+    let functions: Vec<Value> = fired
+        .iter()
+        .map(|(r, f)| {
+            let m = &r.manifest;
+            json!({
+                "name": m.name, "version": r.version, "digest": m.module.as_str(), "owner": m.owner,
+                "glob": (!m.trigger.path.is_empty()).then_some(&m.trigger.path), "rule": m.trigger.rule,
+                "firing": f.as_str(),
+            })
+        })
+        .collect();
+    let detail = json!({
+        "event": {
+            "source": event.source.kind.as_str(), "producer": event.source.producer, "id": event.id,
+            "kind": event.kind, "msg_type": event.msg_type, "path": event.path, "size": event.size,
+            "owner": event.owner, "macaroon": event.macaroon,
+        },
+        "caused_by": cause,
+        "replay": replay,
+        "functions": functions,
+    });
+    Some(AuditDraft::new(AuditKind::EventMatched, subject, detail))
+}
+
+/// The subject of a claimed firing's job, before the scheduler names it: event, function,
+/// digest, owner, input path (and the token, once minted).
+pub fn firing_subject(c: &Claimed, jti: Option<&str>) -> Subject {
+    let m = &c.function.manifest;
+    Subject {
+        token_jti: jti.map(str::to_owned),
+        owner: Some(m.owner.clone()),
+        function: Some(m.name.clone()),
+        digest: Some(m.module.as_str().to_owned()),
+        event_id: Some(c.event.id.clone()),
+        paths: vec![c.event.path.clone()],
+        ..Subject::default()
+    }
+}
+
+/// The `token.minted` and `macaroons.obtained` records of a claimed firing's job: the token's
+/// claims (never the token) and its macaroons' identifiers and caveats (never the macaroons).
+/// A macaroon whose identifier cannot be read is named by its role under `unreadable`.
+pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitRequest) -> [AuditDraft; 2] {
+    let subject = firing_subject(c, Some(&claims.jti));
+    let minted = AuditDraft::token_minted(claims, subject.clone())
+        .with_detail("firing", c.seq.into())
+        .with_detail("function_version", c.function.version.into())
+        .with_detail("replay", json!(c.replay));
+    let mut facts = Vec::new();
+    let mut unreadable = Vec::new();
+    for (role, bearer) in [("read", &request.input.macaroon), ("write", &request.output.macaroon)] {
+        match MacaroonFacts::from_bearer(role, bearer) {
+            Ok(f) => facts.push(f),
+            Err(e) => {
+                tracing::warn!(role, "a macaroon's identifier could not be read for the audit trail: {e}");
+                unreadable.push(role);
+            }
+        }
+    }
+    let mut obtained = AuditDraft::macaroons_obtained(subject, &facts).with_detail("firing", c.seq.into());
+    if !unreadable.is_empty() {
+        obtained = obtained.with_detail("unreadable", json!(unreadable));
+    }
+    [minted, obtained]
+}
+
+/// An admin's action `action` on `subject`, by the credential named `actor`.
+pub fn admin_action(actor: &str, action: &str, subject: Subject, args: Value) -> AuditDraft {
+    AuditDraft::admin_action(actor, action, subject, args)
+}
+
+/// The name of the credential of a request (its API token's `sub`, or `admin` for the admin
+/// token), as the audit trail names actors; never the credential itself.
+pub fn actor(shared: &Shared, headers: &axum::http::HeaderMap) -> String {
+    crate::api::require_caller(shared, headers).map(|c| c.name).unwrap_or_else(|_| "unknown".into())
+}
+
+/// Records the action `action` on `subject` (with `args`) by the caller of `headers`, after it
+/// succeeded; a failure to record is logged, not answered: the action is done.
+pub async fn record_admin(
+    shared: &Shared,
+    headers: &axum::http::HeaderMap,
+    action: &str,
+    subject: Subject,
+    args: Value,
+) {
+    let actor = actor(shared, headers);
+    let draft = admin_action(&actor, action, subject, args);
+    if let Err(e) = shared.firings.append_async(draft).await {
+        tracing::error!(action, actor, "failed to record an admin action in the audit trail: {e}");
+    }
+}
+
+/// [`record_admin`] when the scheduler's `response` to a forwarded action is a success; returns
+/// the response as it came.
+pub async fn record_forwarded(
+    shared: &Shared,
+    headers: &axum::http::HeaderMap,
+    action: &str,
+    subject: Subject,
+    args: Value,
+    response: axum::response::Response,
+) -> axum::response::Response {
+    if response.status().is_success() {
+        record_admin(shared, headers, action, subject, args).await;
+    }
+    response
+}
+
+/// Records a replay (not a dry run): its id, function and window, and what it fired.
+pub async fn record_replay(
+    shared: &Shared,
+    headers: &axum::http::HeaderMap,
+    mode: &crate::replay::Mode,
+    report: &htfaas_functions::proto::Report,
+) {
+    if let crate::replay::Mode::Replay(id) = mode {
+        let subject = Subject {
+            function: report.functions.first().cloned().filter(|_| report.functions.len() == 1),
+            ..Subject::default()
+        };
+        let args = json!({ "replay_id": id, "functions": report.functions, "since": report.since,
+            "until": report.until, "matched": report.matched });
+        record_admin(shared, headers, "events.replay", subject, args).await;
+    }
+}
+
+/// The gateway trail's records that `filter` selects, read on a connection of their own.
+pub async fn query(shared: &Shared, filter: AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
+    let path = shared.firings.path().to_owned();
+    tokio::task::spawn_blocking(move || audit::query(&path, &filter))
+        .await
+        .map_err(|e| AuditError::Corrupt(format!("query task: {e}")))?
+}
+
+/// The gateway's trail checked under its own key.
+pub async fn verify(shared: &Shared) -> Result<VerifyReport, AuditError> {
+    let path = shared.firings.path().to_owned();
+    let keys = shared.audit.signer.keys();
+    tokio::task::spawn_blocking(move || audit::verify(&path, &keys))
+        .await
+        .map_err(|e| AuditError::Corrupt(format!("verify task: {e}")))?
+}
+
+/// Why a lineage could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum LineageError {
+    /// The scheduler's trail could not be read.
+    #[error("scheduler audit trail: {0}")]
+    Scheduler(String),
+    /// The gateway's own trail could not be read.
+    #[error("gateway audit trail: {0}")]
+    Gateway(#[from] AuditError),
+}
+
+/// The scheduler's records that `filter` selects, over its admin API.
+async fn scheduler_records(shared: &Shared, filter: &AuditFilter) -> Result<Vec<AuditRecord>, LineageError> {
+    let base = format!("{}/v1/audit", shared.submitter.scheduler_url());
+    let mut url = reqwest::Url::parse(&base).map_err(|e| LineageError::Scheduler(format!("{base}: {e}")))?;
+    {
+        let mut q = url.query_pairs_mut();
+        for (key, value) in [("file", &filter.file), ("job", &filter.job)] {
+            if let Some(v) = value {
+                q.append_pair(key, v);
+            }
+        }
+        q.append_pair("limit", &LINEAGE_QUERY_LIMIT.to_string());
+    }
+    let resp = shared
+        .http
+        .get(url)
+        .bearer_auth(&shared.scheduler_admin_token)
+        .send()
+        .await
+        .map_err(|e| LineageError::Scheduler(format!("unreachable: {e}")))?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| LineageError::Scheduler(e.to_string()))?;
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body);
+        return Err(LineageError::Scheduler(format!("{status}: {}", crate::storage_client::snippet(&text))));
+    }
+    serde_json::from_slice(&body).map_err(|e| LineageError::Scheduler(format!("bad answer: {e}")))
+}
+
+/// The output paths a job's records name (`detail.outputs[].path`, whichever record holds them).
+fn outputs_of(records: &[AuditRecord]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in records {
+        for o in r.detail.get("outputs").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(p) = o.get("path").and_then(Value::as_str)
+                && !out.iter().any(|x| x == p)
+            {
+                out.push(p.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The lineage of `file`, at most `max_depth` (≤ [`MAX_LINEAGE_DEPTH`]) steps back.
+pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Lineage, LineageError> {
+    let max_depth = max_depth.min(MAX_LINEAGE_DEPTH);
+    let mut lineage = Lineage { file: file.to_owned(), steps: Vec::new(), truncated: false };
+    let mut files_seen = HashSet::new();
+    let mut jobs_seen = HashSet::new();
+    let mut queue = VecDeque::from([(file.to_owned(), 0u32)]);
+    while let Some((path, depth)) = queue.pop_front() {
+        if !files_seen.insert(path.clone()) {
+            continue;
+        }
+        let by_file = AuditFilter { file: Some(path.clone()), ..AuditFilter::default() };
+        let mut jobs: Vec<String> = Vec::new();
+        for r in scheduler_records(shared, &by_file).await? {
+            if let Some(j) = r.subject.job
+                && !jobs.contains(&j)
+            {
+                jobs.push(j);
+            }
+        }
+        for job in jobs {
+            if jobs_seen.contains(&job) {
+                continue;
+            }
+            let records =
+                scheduler_records(shared, &AuditFilter { job: Some(job.clone()), ..AuditFilter::default() }).await?;
+            let outputs = outputs_of(&records);
+            let relation = if outputs.contains(&path) { LineageRelation::Wrote } else { LineageRelation::Read };
+            // Back from the file asked about: only the jobs that wrote each earlier file.
+            if depth > 0 && relation == LineageRelation::Read {
+                continue;
+            }
+            if lineage.steps.len() >= MAX_LINEAGE_STEPS {
+                lineage.truncated = true;
+                return Ok(lineage);
+            }
+            jobs_seen.insert(job.clone());
+            let step = step(shared, &path, depth, relation, job, records, outputs).await?;
+            if relation == LineageRelation::Wrote
+                && let Some(input) = &step.input
+            {
+                if depth < max_depth {
+                    queue.push_back((input.clone(), depth + 1));
+                } else if !files_seen.contains(input) {
+                    lineage.truncated = true;
+                }
+            }
+            lineage.steps.push(step);
+        }
+    }
+    Ok(lineage)
+}
+
+/// One job of a lineage: its scheduler records, and the gateway's records of its event and
+/// its token, in time order.
+async fn step(
+    shared: &Shared,
+    file: &str,
+    depth: u32,
+    relation: LineageRelation,
+    job: String,
+    records: Vec<AuditRecord>,
+    outputs: Vec<String>,
+) -> Result<LineageStep, LineageError> {
+    let accepted = records.iter().find(|r| r.kind == AuditKind::JobAccepted);
+    let any = accepted.or(records.first());
+    let subject = any.map(|r| r.subject.clone()).unwrap_or_default();
+    let input = accepted
+        .and_then(|r| r.detail.pointer("/input/path").and_then(Value::as_str).map(str::to_owned))
+        .or_else(|| subject.paths.first().cloned());
+    let function_version = accepted.and_then(|r| r.detail.get("function_version").and_then(Value::as_u64));
+    let mut gateway = Vec::new();
+    if let Some(jti) = &subject.token_jti {
+        gateway.extend(query(shared, AuditFilter { token: Some(jti.clone()), ..AuditFilter::default() }).await?);
+    }
+    if let Some(event) = &subject.event_id {
+        let of_event = query(shared, AuditFilter { event_id: Some(event.clone()), ..AuditFilter::default() }).await?;
+        // The event's own records; another job's token records of the same event are not this one's.
+        gateway.extend(of_event.into_iter().filter(|r| {
+            r.subject.token_jti.is_none()
+                && (r.subject.function.is_none() || r.subject.function == subject.function)
+                && r.kind != AuditKind::AdminAction
+        }));
+    }
+    gateway.sort_by_key(|r| r.seq);
+    gateway.dedup_by_key(|r| r.seq);
+    let matched = gateway.iter().find(|r| r.kind.as_str() == EVENT_MATCHED);
+    let rule = matched.and_then(|r| {
+        let functions = r.detail.get("functions")?.as_array()?;
+        let f = functions.iter().find(|f| f.get("name").and_then(Value::as_str) == subject.function.as_deref())?;
+        let glob = f.get("glob").and_then(Value::as_str).map(|g| format!("path glob {g:?}"));
+        let rule = f.get("rule").and_then(Value::as_str).map(str::to_owned);
+        match (glob, rule) {
+            (Some(g), Some(r)) => Some(format!("{g} and ({r})")),
+            (g, r) => g.or(r),
+        }
+    });
+    let caused_by = matched
+        .and_then(|r| r.detail.get("caused_by"))
+        .filter(|v| !v.is_null())
+        .and_then(|v| serde_json::from_value::<Cause>(v.clone()).ok())
+        .or_else(|| {
+            accepted
+                .and_then(|r| r.detail.pointer("/event/caused_by"))
+                .filter(|v| !v.is_null())
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+        });
+    let macaroons: Vec<String> = gateway
+        .iter()
+        .filter(|r| r.kind == AuditKind::MacaroonsObtained)
+        .flat_map(|r| r.detail.get("macaroons").and_then(Value::as_array).cloned().unwrap_or_default())
+        .filter_map(|m| m.get("identifier").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    let mut all: Vec<AuditRecord> = gateway.into_iter().chain(records).collect();
+    all.sort_by_key(|a| (a.time_ms, a.writer != AUDIT_WRITER, a.seq));
+    Ok(LineageStep {
+        depth,
+        file: file.to_owned(),
+        relation,
+        job,
+        function: subject.function,
+        function_version,
+        digest: subject.digest,
+        owner: subject.owner,
+        token_jti: subject.token_jti,
+        event_id: subject.event_id,
+        rule,
+        caused_by,
+        input,
+        outputs,
+        macaroons,
+        records: all,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::firing::tests::event;
+    use crate::firing::{Firings, NewFirings};
+    use htfaas_functions::audit::{ProblemKind, rusqlite::Connection};
+    use htfaas_functions::manifest::Resources;
+
+    fn function(name: &str) -> FunctionRecord {
+        crate::firing::tests::function(name, None, None)
+    }
+
+    fn all(f: &Firings) -> Vec<AuditRecord> {
+        audit::query(f.path(), &AuditFilter::default()).expect("query")
+    }
+
+    #[test]
+    fn an_events_record_is_written_in_its_firings_transaction_and_copies_add_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = Firings::open(&dir.path().join("firings.sqlite"), 3600, 16).expect("open");
+        let (a, b) = (function("a"), function("b"));
+        let batch = [
+            NewFirings { event: event("e1", "/data/x"), functions: vec![a.clone(), b.clone()], replay: None },
+            NewFirings { event: event("e2", "/data/y"), functions: vec![a.clone()], replay: None },
+            // A copy of e1 in the same batch: no record of its own.
+            NewFirings { event: event("e1", "/data/x"), functions: vec![a.clone()], replay: None },
+        ];
+        f.insert_batch(&batch, 1_000).expect("batch");
+        let records = all(&f);
+        assert_eq!(records.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), [EVENT_MATCHED, EVENT_MATCHED]);
+        let e1 = &records[0];
+        assert_eq!((e1.subject.event_id.as_deref(), e1.subject.function.as_deref()), (Some("e1"), None));
+        assert_eq!(e1.subject.paths, ["/data/x"]);
+        assert_eq!(e1.subject.owner.as_deref(), Some("alice"));
+        let names: Vec<_> = e1.detail["functions"].as_array().expect("functions").iter().map(|f| &f["name"]).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(e1.detail["functions"][0]["glob"], "/data/**");
+        assert_eq!(e1.detail["functions"][0]["digest"], a.manifest.module.as_str());
+        assert_eq!(e1.detail["functions"][0]["version"], 3);
+        assert_eq!(e1.detail["event"]["size"], 7);
+        let e2 = &records[1];
+        assert_eq!(e2.subject.function.as_deref(), Some("a"), "one function fired: indexed by it");
+        assert_eq!(e2.subject.digest.as_deref(), Some(a.manifest.module.as_str()));
+        // Redelivered whole: every firing is there, nothing new is recorded.
+        f.insert_batch(&batch, 2_000).expect("batch");
+        assert_eq!(all(&f).len(), 2);
+
+        // A batch that fails writes neither firings nor records.
+        Connection::open(f.path())
+            .expect("open")
+            .execute_batch(
+                "CREATE TRIGGER refuse BEFORE INSERT ON firings WHEN NEW.event_key = 'bad' \
+                 BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+            )
+            .expect("trigger");
+        let failing = [
+            NewFirings { event: event("e3", "/data/z"), functions: vec![a.clone()], replay: None },
+            NewFirings { event: event("bad", "/data/w"), functions: vec![a], replay: None },
+        ];
+        assert!(f.insert_batch(&failing, 3_000).is_err());
+        assert_eq!(all(&f).len(), 2, "the record of e3 rolled back with its firing");
+        assert_eq!(f.list(0, 100).expect("list").len(), 3);
+    }
+
+    #[test]
+    fn a_loop_guarded_event_is_recorded_with_its_cause() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = Firings::open(&dir.path().join("firings.sqlite"), 3600, 16).expect("open");
+        let (a, b) = (function("a"), function("b"));
+        let cause = Cause {
+            function: "a".into(),
+            digest: a.manifest.module.clone(),
+            event_id: "e0".into(),
+            chain: vec!["a".into()],
+        };
+        f.record_provenance("M1", &cause, 0).expect("provenance");
+        let written = StorageEvent { macaroon: Some("M1".into()), ..event("e1", "/data/a/x") };
+        f.insert(&written, &[a, b], None, 1_000).expect("insert");
+        let r = &all(&f)[0];
+        assert_eq!(r.detail["caused_by"]["event_id"], "e0");
+        assert_eq!(r.detail["functions"][0]["firing"], "loop_guarded");
+        assert_eq!(r.detail["functions"][1]["firing"], "queued");
+        assert_eq!(r.subject.function.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn credentials_are_recorded_by_their_facts_and_a_tampered_copy_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("firings.sqlite");
+        let f = Firings::open(&path, 3600, 16).expect("open");
+        let a = function("a");
+        f.insert(&event("e1", "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+        let claimed = f.claim(0, 1).expect("claim").ready.remove(0);
+        // Real credentials: a signed submit token and two macaroons.
+        let (key, _) = htfaas_functions::token::SigningKey::generate("k").expect("keygen");
+        let claims = SubmitClaims {
+            iss: "gw".into(),
+            sub: "alice".into(),
+            aud: htfaas_functions::token::SUBMIT_AUDIENCE.into(),
+            exp: 2_000_000_000,
+            iat: 1_000_000_000,
+            jti: "jti-1".into(),
+            jobs: 1,
+            cpus: 2,
+            memory_mb: 512,
+            runtime_s: 60,
+            function: Some(a.manifest.module.clone()),
+            group: None,
+        };
+        let token = key.sign(&claims).expect("sign");
+        let root = htfaas_functions::macaroon::RootKey::raw([7; 32]);
+        let mint = |path: &str, id: &str| {
+            htfaas_functions::macaroon::mint(&root, "loc", id, &[format!("path:{path}")]).expect("macaroon")
+        };
+        let (read, write) = (mint("/data/x", "read-id-1"), mint("/out/a/", "write-id-1"));
+        let request: SubmitRequest = serde_json::from_value(json!({
+            "function": {"name": "a", "version": 3, "digest": a.manifest.module, "module_url": "http://m"},
+            "resources": Resources::default(),
+            "input": {"url": "http://s/data/x", "name": "x", "macaroon": read},
+            "output": {"url": "http://s/out/a/", "macaroon": write},
+            "args": [], "env": [],
+            "event": {"source": "s", "id": "e1", "path": "/data/x"},
+            "dedupe_key": "k",
+        }))
+        .expect("request");
+        let drafts = job_credentials(&claimed, &claims, &request);
+        let cause = Cause {
+            function: "a".into(),
+            digest: a.manifest.module.clone(),
+            event_id: "e1".into(),
+            chain: vec!["a".into()],
+        };
+        f.record_provenance_with("write-id-1", &cause, 0, drafts.to_vec()).expect("record");
+        f.append(admin_action("admin", "register", Subject::default(), json!({"note": format!("Bearer {token}")})))
+            .expect("admin");
+
+        let records = all(&f);
+        let kinds: Vec<_> = records.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(kinds, [EVENT_MATCHED, "token.minted", "macaroons.obtained", "admin.action"]);
+        let minted = &records[1];
+        assert_eq!(minted.subject.token_jti.as_deref(), Some("jti-1"));
+        assert_eq!((minted.detail["cpus"].as_u64(), minted.detail["memory_mb"].as_u64()), (Some(2), Some(512)));
+        assert_eq!(minted.detail["exp"], 2_000_000_000u64);
+        let got = &records[2];
+        let ids: Vec<_> = got.detail["macaroons"].as_array().expect("list").iter().map(|m| &m["identifier"]).collect();
+        assert_eq!(ids, ["read-id-1", "write-id-1"]);
+        assert!(got.subject.paths.contains(&"/out/a/".to_owned()), "{:?}", got.subject);
+        // No bearer string anywhere in the stored trail.
+        let conn = Connection::open(&path).expect("open");
+        let texts: Vec<String> = conn
+            .prepare("SELECT json FROM audit_records")
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        for t in &texts {
+            for secret in [&token, &read, &write] {
+                assert!(!t.contains(secret.as_str()), "a bearer credential in {t}");
+            }
+        }
+
+        // Signed, then tampered with in a copy: verify names the record.
+        let (signer, _) = AuditSigner::generate(AUDIT_KID).expect("keygen");
+        f.checkpoint(&signer, CheckpointPolicy::default(), true).expect("checkpoint").expect("signed");
+        let report = audit::verify(&path, &signer.keys()).expect("verify");
+        assert!(report.ok() && report.records == 4, "{report:?}");
+        drop(f);
+        conn.execute_batch("DROP TRIGGER audit_records_append_only_u").expect("drop the guard");
+        let text = texts[1].replace("\"cpus\":2", "\"cpus\":64");
+        conn.execute("UPDATE audit_records SET json = ?1 WHERE seq = 2", [text]).expect("alter");
+        let report = audit::verify(&path, &signer.keys()).expect("verify");
+        let problem = report.first_problem.expect("caught");
+        assert_eq!((problem.seq, problem.what), (2, ProblemKind::Altered), "{problem:?}");
+    }
+}

@@ -63,6 +63,16 @@
 //! SSE, CloudEvents) still have the older rule in the ingest: a function never fires on a file
 //! in its own output directory. Provenance is kept as long as firing keys.
 //!
+//! # Audit trail
+//!
+//! The gateway's audit trail ([`crate::audit`]) lives in this database, in its own `audit_*`
+//! tables, installed at open. Each decision here is recorded in its own transaction: an
+//! event's firings with its `event.matched` record ([`Firings::insert_batch`]), a job's
+//! write-macaroon provenance with its `token.minted` and `macaroons.obtained` records
+//! ([`Firings::record_provenance_with`]), a firing refused for good with its `job.refused`. The
+//! dispatcher signs a checkpoint of the trail when one is due (checked every second) and at
+//! shutdown.
+//!
 //! # Concurrency
 //!
 //! One connection behind a mutex, used from `spawn_blocking`. The dispatcher claims ready
@@ -71,15 +81,17 @@
 //! every insert, every finished task and a periodic tick.
 
 use crate::Shared;
+use crate::audit::Fired;
 use crate::ingest::{Failure, event_ref, prepare, scheduler_dedupe_key};
 use crate::stats::Stats;
 use crate::submit::SubmitError;
 use htfaas_functions::FunctionRecord;
+use htfaas_functions::audit::{self, AuditDraft, AuditError, AuditSigner, Checkpoint, CheckpointPolicy};
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::Cause;
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -171,6 +183,9 @@ pub enum FiringError {
     /// The blocking task failed or the lock was poisoned.
     #[error("firing store: {0}")]
     Task(String),
+    /// The audit trail kept in the same file.
+    #[error("firing store: audit trail: {0}")]
+    Audit(#[from] AuditError),
 }
 
 /// Where a firing is.
@@ -340,6 +355,8 @@ impl TokenBucket {
 #[derive(Clone)]
 pub struct Firings {
     conn: Arc<Mutex<Connection>>,
+    /// The file, for read-only audit queries and verification on connections of their own.
+    path: Arc<PathBuf>,
     window_ms: u64,
     max_in_flight: usize,
     /// Firings pending or submitting: a gauge, kept in step with every write.
@@ -374,7 +391,8 @@ pub fn event_key(event: &StorageEvent, replay: Option<&str>) -> String {
 
 impl Firings {
     /// Opens (or creates) the table at `path`: WAL, `synchronous=FULL`, migrated to
-    /// [`SCHEMA_VERSION`]. Firings left `submitting` by a previous process are `pending` again.
+    /// [`SCHEMA_VERSION`], with the gateway's audit tables installed ([`crate::audit`]).
+    /// Firings left `submitting` by a previous process are `pending` again.
     /// Keys are kept `dedupe_window_s` after their firing was made; at most `max_in_flight`
     /// firings are dispatched at once.
     pub fn open(path: &Path, dedupe_window_s: u64, max_in_flight: usize) -> Result<Firings, FiringError> {
@@ -386,6 +404,7 @@ impl Firings {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(Duration::from_secs(5))?;
         migrate(&mut conn)?;
+        audit::install(&conn, crate::audit::AUDIT_WRITER)?;
         let requeued = conn.execute(
             "UPDATE firings SET state = 'pending', updated_ms = ?1 WHERE state = 'submitting'",
             params![db_int(now_ms())],
@@ -397,12 +416,18 @@ impl Firings {
             conn.query_row("SELECT COUNT(*) FROM firings WHERE state IN ('pending', 'submitting')", [], |r| r.get(0))?;
         Ok(Firings {
             conn: Arc::new(Mutex::new(conn)),
+            path: Arc::new(path.to_owned()),
             window_ms: dedupe_window_s.saturating_mul(1000),
             max_in_flight: max_in_flight.max(1),
             pending: Arc::new(AtomicU64::new(from_db(pending))),
             buckets: Arc::default(),
             wake: Arc::new(Notify::new()),
         })
+    }
+
+    /// The database file (the audit trail is in it).
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Firings pending or being submitted.
@@ -608,11 +633,17 @@ impl Firings {
         now_ms: u64,
     ) -> Result<(), FiringError> {
         let changed = self.with(|conn| {
-            Ok(conn.execute(
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let changed = tx.execute(
                 "UPDATE firings SET state = ?2, job_id = ?3, reason = ?4, updated_ms = ?5 \
                  WHERE seq = ?1 AND state = 'submitting'",
                 params![seq, state.as_str(), job_id, reason, db_int(now_ms)],
-            )?)
+            )?;
+            if changed > 0 && state == FiringState::Refused {
+                audit::append_in(&tx, refusal_record(&tx, seq, reason.unwrap_or_default())?)?;
+            }
+            tx.commit()?;
+            Ok(changed)
         })?;
         if changed > 0 {
             self.pending.fetch_sub(1u64.min(self.pending()), Ordering::Relaxed);
@@ -667,14 +698,59 @@ impl Firings {
     /// `cause.function`: files written with it are that job's outputs. Kept as long as firing
     /// keys. Must be committed before the job is submitted, so no output can come first.
     pub fn record_provenance(&self, macaroon: &str, cause: &Cause, now_ms: u64) -> Result<(), FiringError> {
+        self.record_provenance_with(macaroon, cause, now_ms, Vec::new())
+    }
+
+    /// [`Firings::record_provenance`] and the audit records of the job's credentials
+    /// (`token.minted`, `macaroons.obtained`: [`crate::audit::job_credentials`]), in one
+    /// transaction.
+    pub fn record_provenance_with(
+        &self,
+        macaroon: &str,
+        cause: &Cause,
+        now_ms: u64,
+        records: Vec<AuditDraft>,
+    ) -> Result<(), FiringError> {
         let json = serde_json::to_string(cause)?;
         self.with(|conn| {
-            conn.execute(
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
                 "INSERT OR REPLACE INTO provenance (macaroon, cause, expires_ms) VALUES (?1, ?2, ?3)",
                 params![macaroon, json, db_int(now_ms.saturating_add(self.window_ms))],
             )?;
+            for r in records {
+                audit::append_in(&tx, r)?;
+            }
+            tx.commit()?;
             Ok(())
         })
+    }
+
+    /// Appends one audit record in a transaction of its own (an admin action, which changed
+    /// another database).
+    pub fn append(&self, draft: AuditDraft) -> Result<audit::AuditRecord, FiringError> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let record = audit::append_in(&tx, draft)?;
+            tx.commit()?;
+            Ok(record)
+        })
+    }
+
+    /// [`Firings::append`] on a blocking thread.
+    pub async fn append_async(&self, draft: AuditDraft) -> Result<audit::AuditRecord, FiringError> {
+        self.call(move |f| f.append(draft)).await
+    }
+
+    /// Signs a checkpoint of the audit trail's head with `signer` when `policy` says one is
+    /// due, or (`force`, at shutdown) whenever the head has none.
+    pub fn checkpoint(
+        &self,
+        signer: &AuditSigner,
+        policy: CheckpointPolicy,
+        force: bool,
+    ) -> Result<Option<Checkpoint>, FiringError> {
+        self.with(|conn| Ok(audit::checkpoint_in(conn, signer, policy, force)?))
     }
 
     /// The job a write macaroon was obtained for, if this gateway obtained it.
@@ -733,6 +809,7 @@ fn insert_event(
         None => None,
     };
     let cause_json = cause.as_ref().map(serde_json::to_string).transpose()?;
+    let mut fired = Vec::with_capacity(functions.len());
     for f in functions {
         let m = &f.manifest;
         if let Some(c) = &cause
@@ -741,6 +818,7 @@ fn insert_event(
             tracing::info!(function = %m.name, path = %event.path, chain = ?c.chain,
                 "not fired: the file was written by this function's chain (loop guard)");
             done.loop_guarded += 1;
+            fired.push((f, Fired::LoopGuarded));
             continue;
         }
         let debounce_ms = m.trigger.debounce_s.unwrap_or(0).saturating_mul(1000);
@@ -767,9 +845,11 @@ fn insert_event(
             ])?;
         if inserted == 0 {
             done.deduplicated += 1;
+            fired.push((f, Fired::Duplicate));
             continue;
         }
         done.queued += 1;
+        fired.push((f, Fired::Queued));
         if debounce_ms > 0 {
             let seq = tx.last_insert_rowid();
             let superseded = tx
@@ -781,7 +861,35 @@ fn insert_event(
             done.superseded += superseded as u64;
         }
     }
+    if let Some(record) = crate::audit::event_matched(event, &fired, cause.as_ref(), replay) {
+        audit::append_in(tx, record)?;
+    }
     Ok(done)
+}
+
+/// The `job.refused` record of firing `seq`, refused for good for `reason` (read inside the
+/// refusing transaction).
+fn refusal_record(tx: &rusqlite::Transaction<'_>, seq: i64, reason: &str) -> Result<AuditDraft, FiringError> {
+    let row: Option<(String, String, String, Option<String>)> = tx
+        .query_row("SELECT function, digest, event, replay FROM firings WHERE seq = ?1", params![seq], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    let mut subject = audit::Subject::default();
+    let mut replay = None;
+    if let Some((function, digest, event, r)) = row {
+        let event: Option<StorageEvent> = serde_json::from_str(&event).ok();
+        subject = audit::Subject {
+            function: Some(function),
+            digest: Some(digest),
+            event_id: event.as_ref().map(|e| e.id.clone()),
+            paths: event.map(|e| vec![e.path]).unwrap_or_default(),
+            ..subject
+        };
+        replay = r;
+    }
+    let detail = serde_json::json!({ "reason": reason, "firing": seq, "replay": replay, "by": "gateway" });
+    Ok(AuditDraft::new(audit::AuditKind::JobRefused, subject, detail))
 }
 
 /// The cause recorded for the write macaroon `macaroon`; an unreadable entry counts as none
@@ -815,6 +923,7 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
     let max = firings.max_in_flight();
     let mut tasks = tokio::task::JoinSet::new();
     let mut last_prune: Option<Instant> = None;
+    let mut last_checkpoint = Instant::now();
     while !shutdown.is_cancelled() {
         let room = max.saturating_sub(tasks.len());
         let mut claimed_ok = true;
@@ -840,6 +949,10 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
                 Ok(n) => tracing::debug!(firings = n, "pruned expired firings"),
                 Err(e) => tracing::warn!("could not prune firings: {e}"),
             }
+        }
+        if last_checkpoint.elapsed() >= TICK {
+            last_checkpoint = Instant::now();
+            checkpoint(&shared, false).await;
         }
         shared.stats.firings_pending.store(firings.pending(), Ordering::Relaxed);
         let mut wait = TICK;
@@ -867,14 +980,33 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
         tracing::warn!(left = tasks.len(), "firings still submitting at shutdown; they are pending again at start");
         tasks.abort_all();
     }
+    // The trail's last records are signed before the gateway stops.
+    checkpoint(&shared, true).await;
     tracing::info!("dispatcher stopped");
     Ok(())
 }
 
+/// Signs a checkpoint of the audit trail when one is due (or, `force`, whenever its head has
+/// none); a failure is logged (the next tick tries again).
+async fn checkpoint(shared: &Shared, force: bool) {
+    let a = shared.audit.clone();
+    match shared.firings.call(move |f| f.checkpoint(&a.signer, a.policy, force)).await {
+        Ok(Some(cp)) => tracing::debug!(seq = cp.seq, "audit checkpoint signed"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("could not sign an audit checkpoint (will retry): {e}"),
+    }
+}
+
 /// Records the job's write macaroon with the job's cause (this function appended to its
-/// event's chain), so an event about a file it writes is recognised. A macaroon whose
-/// identifier cannot be read is refused (the guard could not work); a failed write is transient.
-async fn record_provenance(shared: &Shared, c: &Claimed, write_macaroon: &str) -> Result<(), Failure> {
+/// event's chain), so an event about a file it writes is recognised, together with the audit
+/// records of its credentials (`records`). A macaroon whose identifier cannot be read is
+/// refused (the guard could not work); a failed write is transient.
+async fn record_provenance(
+    shared: &Shared,
+    c: &Claimed,
+    write_macaroon: &str,
+    records: Vec<AuditDraft>,
+) -> Result<(), Failure> {
     let id = htfaas_functions::macaroon::identifier(write_macaroon)
         .map_err(|e| Failure::Permanent(format!("the storage's write macaroon has no readable identifier: {e}")))?;
     let m = &c.function.manifest;
@@ -883,7 +1015,7 @@ async fn record_provenance(shared: &Shared, c: &Claimed, write_macaroon: &str) -
     let cause = Cause { function: m.name.clone(), digest: m.module.clone(), event_id: c.event.id.clone(), chain };
     shared
         .firings
-        .call(move |f| f.record_provenance(&id, &cause, now_ms()))
+        .call(move |f| f.record_provenance_with(&id, &cause, now_ms(), records))
         .await
         .map_err(|e| Failure::Transient(format!("record the write macaroon's provenance: {e}")))
 }
@@ -893,13 +1025,25 @@ async fn fire_one(shared: Arc<Shared>, c: Claimed) {
     let name = c.function.manifest.name.clone();
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
     let outcome = match prepare(&shared, &c.function, event_ref(&c.event, c.cause.clone()), key).await {
-        Ok(request) => match record_provenance(&shared, &c, &request.output.macaroon).await {
-            Err(e) => Err(e),
-            Ok(()) => match shared.submitter.submit(&c.function.manifest.owner, &request).await {
-                Ok(reply) => Ok(reply),
-                Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => Err(Failure::Transient(e.to_string())),
-                Err(e) => Err(Failure::Permanent(e.to_string())),
-            },
+        // The token is minted, and recorded with the macaroons, before the submit.
+        Ok(request) => match shared.submitter.mint(&c.function.manifest.owner, &request) {
+            Err(e) => Err(Failure::Permanent(e.to_string())),
+            Ok((claims, token)) => {
+                let records = crate::audit::job_credentials(&c, &claims, &request).to_vec();
+                match record_provenance(&shared, &c, &request.output.macaroon, records).await {
+                    Err(e) => Err(e),
+                    Ok(()) => match shared.submitter.submit_with_token(&token, &request).await {
+                        Ok(reply) => {
+                            tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
+                            Ok(reply)
+                        }
+                        Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => {
+                            Err(Failure::Transient(e.to_string()))
+                        }
+                        Err(e) => Err(Failure::Permanent(e.to_string())),
+                    },
+                }
+            }
         },
         Err(e) => Err(e),
     };
@@ -928,16 +1072,17 @@ async fn fire_one(shared: Arc<Shared>, c: Claimed) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use htfaas_functions::event::{EventKind, EventSource, SourceKind};
     use htfaas_functions::manifest::{Outputs, RateLimit, Resources, Trigger};
     use htfaas_functions::{Digest, FunctionManifest};
 
-    fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u64>) -> FunctionRecord {
+    /// Function `name` (version 3, owner alice) on `/data/**`, writing into `/out/<name>/`.
+    pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u64>) -> FunctionRecord {
         FunctionRecord {
             schema: 1,
-            version: 1,
+            version: 3,
             registered_at: 0,
             manifest: FunctionManifest {
                 name: name.into(),
@@ -954,13 +1099,14 @@ mod tests {
         }
     }
 
-    fn event(id: &str, path: &str) -> StorageEvent {
+    /// A dCache `transfer` of 7 bytes to `path`.
+    pub(crate) fn event(id: &str, path: &str) -> StorageEvent {
         StorageEvent {
             source: EventSource { kind: SourceKind::DcacheBilling, producer: "pool@d".into(), message: None },
             kind: EventKind::Write,
             msg_type: "transfer".into(),
             path: path.into(),
-            size: Some(1),
+            size: Some(7),
             storage_class: None,
             owner: None,
             id: id.into(),

@@ -389,8 +389,12 @@ pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
                 stats.jobs_deduplicated.fetch_add(d.deduplicated, Ordering::Relaxed);
                 stats.firings_superseded.fetch_add(d.superseded, Ordering::Relaxed);
                 stats.firings_loop_guarded.fetch_add(d.loop_guarded, Ordering::Relaxed);
-                if d.queued == 0 && d.deduplicated > 0 {
+                if d.queued > 0 {
+                    Stats::bump(&stats.events_fired);
+                } else if d.deduplicated > 0 {
                     Stats::bump(&stats.events_duplicate);
+                } else if d.loop_guarded > 0 {
+                    Stats::bump(&stats.events_loop_guarded);
                 }
             }
             stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);

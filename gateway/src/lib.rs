@@ -22,6 +22,7 @@ pub mod event;
 pub mod firing;
 pub mod ingest;
 pub mod metrics;
+pub mod openapi;
 pub mod replay;
 pub mod stats;
 pub mod storage_client;
@@ -139,6 +140,27 @@ pub struct Config {
     /// does not hold back the others. Default: 16.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Ed25519 PKCS#8 PEM key that signs the gateway audit trail's checkpoints (kid
+    /// `gateway-audit-1`); created (mode 0600) if absent. The trail itself lives in the firing
+    /// table's file, written in the same transactions as the decisions it records
+    /// ([`audit`]). Default: `gateway-audit-key.pem` in the state directory.
+    #[serde(default)]
+    pub audit_key_file: Option<PathBuf>,
+    /// The audit trail's head is signed once this many records have no checkpoint. Default: 1000.
+    #[serde(default = "default_audit_checkpoint_records")]
+    pub audit_checkpoint_records: u64,
+    /// ... or once the last checkpoint is this old (checked every second), seconds. Default: 60.
+    #[serde(default = "default_audit_checkpoint_s")]
+    pub audit_checkpoint_s: u64,
+}
+
+/// Default of [`Config::audit_checkpoint_records`].
+pub fn default_audit_checkpoint_records() -> u64 {
+    htfaas_functions::audit::CheckpointPolicy::default().every_records
+}
+/// Default of [`Config::audit_checkpoint_s`].
+pub fn default_audit_checkpoint_s() -> u64 {
+    htfaas_functions::audit::CheckpointPolicy::default().every_ms / 1000
 }
 
 fn default_consumer() -> String {
@@ -187,10 +209,21 @@ pub struct Shared {
     pub submitter: submit::Submitter,
     /// Counters.
     pub stats: stats::Stats,
-    /// The durable firing table: events queued to become jobs, exactly once.
+    /// Counters of `/metrics` that `stats` does not hold (refused bearer tokens).
+    pub metrics: metrics::Metrics,
+    /// The durable firing table: events queued to become jobs, exactly once (and the audit
+    /// trail, in the same file).
     pub firings: firing::Firings,
-    /// Admin bearer token of this API.
+    /// Signs the audit trail's checkpoints.
+    pub audit: audit::Auditing,
+    /// Admin bearer token of this API (the bootstrap admin credential; API tokens are the
+    /// others, see [`api`]).
     pub admin_token: String,
+    /// Verifies API tokens ([`htfaas_functions::token::ApiClaims`]): the submit-token key, the
+    /// gateway's issuer, [`htfaas_functions::token::API_AUDIENCE`].
+    pub api_verifier: htfaas_functions::token::Verifier,
+    /// The scheduler's revocations, as API-token checks read them (refreshed every few seconds).
+    pub api_revocations: api::RevocationCache,
     /// Scheduler admin token (proxy).
     pub scheduler_admin_token: String,
     /// Base URL of this API as EPs see it.
@@ -300,6 +333,9 @@ impl Config {
         htfaas_functions::token::write_jwks(&jwks_file, &key.jwks())
             .with_context(|| format!("write {}", jwks_file.display()))?;
         let http = scheduler_http_client(self.scheduler_ca_file.as_deref())?;
+        let api_verifier =
+            htfaas_functions::token::Verifier::new(&self.issuer, htfaas_functions::token::API_AUDIENCE, &key.jwks())
+                .context("build the API-token verifier")?;
         for v in [&self.read_validity, &self.write_validity] {
             anyhow::ensure!(v.starts_with('P') && v.len() > 2, "validity {v:?} is not an ISO-8601 duration");
             if self.storage_kind == storage_client::StorageKind::Xrootd {
@@ -340,6 +376,18 @@ impl Config {
         let firings_file = state_dir.join("firings.sqlite");
         let firings = firing::Firings::open(&firings_file, self.dedupe_window_s, self.max_in_flight)
             .with_context(|| format!("open the firing table {}", firings_file.display()))?;
+        anyhow::ensure!(self.audit_checkpoint_records >= 1, "audit_checkpoint_records must be at least 1");
+        let audit_key_file =
+            self.audit_key_file.clone().unwrap_or_else(|| state_dir.join(audit::DEFAULT_AUDIT_KEY_FILE));
+        let audit_signer = htfaas_functions::audit::AuditSigner::load_or_create(&audit_key_file, audit::AUDIT_KID)
+            .with_context(|| format!("load the audit key {}", audit_key_file.display()))?;
+        let audit = audit::Auditing {
+            signer: Arc::new(audit_signer),
+            policy: htfaas_functions::audit::CheckpointPolicy {
+                every_records: self.audit_checkpoint_records,
+                every_ms: self.audit_checkpoint_s.saturating_mul(1000),
+            },
+        };
         let public_url = self.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
         let shared = Shared {
             triggers: triggers::TriggerCache::default(),
@@ -354,8 +402,12 @@ impl Config {
             submitter: submit::Submitter::new(http.clone(), &self.scheduler_url, key, &self.issuer, self.token_ttl_s)
                 .context("build the submit-token verifier")?,
             stats: stats::Stats::default(),
+            metrics: metrics::Metrics::default(),
             firings,
+            audit,
             admin_token: self.admin_token,
+            api_verifier,
+            api_revocations: api::RevocationCache::default(),
             scheduler_admin_token: self.scheduler_admin_token,
             public_url: public_url.trim_end_matches('/').to_owned(),
             bind_macaroons_to_ep: self.bind_macaroons_to_ep && self.storage_kind == storage_client::StorageKind::Dcache,
@@ -400,7 +452,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatch = tokio::spawn(firing::dispatch(shared.clone(), shutdown.child_token()));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
     let events = replay::Events::connect(&nats_url).await?;
-    let app = api::router(shared).layer(axum::Extension(events));
+    let app = api::router(shared.clone())
+        .layer(axum::middleware::from_fn_with_state(shared, metrics::count_refusals))
+        .layer(axum::Extension(events));
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = serve.await.context("serve the gateway API");
     shutdown.cancel();
@@ -446,6 +500,9 @@ mod tests {
             state_dir: None,
             dedupe_window_s: default_dedupe_window_s(),
             max_in_flight: default_max_in_flight(),
+            audit_key_file: None,
+            audit_checkpoint_records: default_audit_checkpoint_records(),
+            audit_checkpoint_s: default_audit_checkpoint_s(),
         }
     }
 

@@ -4,8 +4,8 @@
 use htfaas_functions::proto::StatsSnapshot;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Monotonic counters (and one gauge), one per field of [`StatsSnapshot`]; relaxed ordering is
-/// enough for reporting.
+/// Monotonic counters (and one gauge), one per field of [`StatsSnapshot`], plus two that only
+/// `GET /metrics` shows ([`crate::metrics`]); relaxed ordering is enough for reporting.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// See [`StatsSnapshot::events_received`].
@@ -46,6 +46,11 @@ pub struct Stats {
     pub firings_pending: AtomicU64,
     /// See [`StatsSnapshot::ingest_batches`].
     pub ingest_batches: AtomicU64,
+    /// Events that queued one firing or more (`/metrics` only).
+    pub events_fired: AtomicU64,
+    /// Events none of whose matching functions fired, each stopped by the loop guard
+    /// (`/metrics` only).
+    pub events_loop_guarded: AtomicU64,
 }
 
 impl Stats {

@@ -99,14 +99,21 @@ impl Submitter {
     /// the scheduler has the job durably.
     #[tracing::instrument(name = "gateway.submit", skip_all, fields(function = %req.function.name, event = %req.event.id))]
     pub async fn submit(&self, owner: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
-        let claims = self.claims_for(owner, req);
-        let token = self.key.sign(&claims)?;
+        let (claims, token) = self.mint(owner, req)?;
         let reply = self.submit_with_token(&token, req).await?;
         tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
         Ok(reply)
     }
 
-    /// Posts `req` with a token the caller brought; the scheduler decides.
+    /// Mints the token allowing exactly `req` for `owner`: its claims (what the audit trail
+    /// records) and the signed token (what only the scheduler sees).
+    pub fn mint(&self, owner: &str, req: &SubmitRequest) -> Result<(SubmitClaims, String), SubmitError> {
+        let claims = self.claims_for(owner, req);
+        let token = self.key.sign(&claims)?;
+        Ok((claims, token))
+    }
+
+    /// Posts `req` with a token the caller brought (or [`Submitter::mint`]ed); the scheduler decides.
     pub async fn submit_with_token(&self, token: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
         let resp = self
             .http

@@ -13,6 +13,7 @@
 //! | `GET /v1/jobs/{id}/analyze` | admin | `JobAnalysis`: why it is (not) running |
 //! | `GET /v1/jobs/{id}/log` | admin | `JobLog`: the guest's stdout and stderr of its last reported run |
 //! | `GET /v1/accounting` | admin | every owner's `Account` |
+//! | `GET /v1/accounting/report?by=owner\|group\|function[&since_ms&until_ms&period_s]` | admin | `AccountingReport` ([`crate::report`]; 400 for a bad query, `period_s` 0, or more than [`crate::report::MAX_PERIODS`] periods) |
 //! | `GET /v1/priorities` | admin | `PriorityReport`: fair share per owner and group (`condor_userprio`) |
 //! | `POST /v1/accounting/{owner}/factor` | admin | `FactorRequest` → 200 `OwnerPriority` |
 //! | `GET /v1/eps` | admin | every attached EP and every EP name with admin settings (`EpInfo`) |
@@ -22,6 +23,7 @@
 //! | `GET /v1/audit?job=&token=&owner=&file=&function=&event=&since=&until=&limit=` | admin | the audit records selected (`AuditRecord`s, in seq order; `since`/`until` Unix ms, `limit` default [`DEFAULT_AUDIT_LIMIT`], at most [`MAX_AUDIT_LIMIT`]; an unknown parameter is 400) |
 //! | `GET /v1/audit/verify` | admin | `VerifyReport` of the whole trail, under the scheduler's audit key |
 //! | `GET /v1/audit/keys` | admin | the audit key's JWKS (for verifying a copy of the trail offline) |
+//! | `GET /metrics` | admin | Prometheus metrics, OpenMetrics text ([`crate::metrics`]) |
 //! | `GET /healthz` | none | `ok` |
 //!
 //! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
@@ -60,6 +62,7 @@
 use crate::Shared;
 use crate::actions::Action;
 use crate::error::{ApiFailure, QueueError};
+use crate::metrics::{Reason, Token};
 use crate::queue::NewJob;
 use crate::revocation::Credential;
 use axum::Json;
@@ -78,8 +81,8 @@ use htfaas_functions::manifest::{
     MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path,
 };
 use htfaas_functions::proto::{
-    Account, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis, JobLog, JobRecord, OwnerPriority,
-    PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
+    Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
+    JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use jsonwebtoken::jwk::JwkSet;
@@ -116,6 +119,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}/analyze", get(analyze))
         .route("/v1/jobs/{id}/log", get(job_log))
         .route("/v1/accounting", get(accounting))
+        .route("/v1/accounting/report", get(accounting_report))
         .route("/v1/accounting/{owner}/factor", post(set_factor))
         .route("/v1/priorities", get(priorities))
         .route("/v1/eps", get(list_eps))
@@ -125,6 +129,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audit/verify", get(audit_verify))
         .route("/v1/audit/keys", get(audit_keys))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .fallback(|| async { ApiFailure::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)
@@ -146,10 +151,14 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure> {
-    let token = bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing admin bearer token"))?;
+    let Some(token) = bearer(headers) else {
+        shared.metrics.refused(Token::Admin, Reason::Missing);
+        return Err(ApiFailure::unauthorized("missing admin bearer token"));
+    };
     if constant_time_eq(token.as_bytes(), shared.admin_token.as_bytes()) {
         Ok(())
     } else {
+        shared.metrics.refused(Token::Admin, Reason::WrongToken);
         Err(ApiFailure::unauthorized("invalid admin token"))
     }
 }
@@ -168,20 +177,32 @@ fn unverified_claim(token: &str, name: &str) -> Option<String> {
 }
 
 fn verify_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
-    let token = bearer(headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer submit token"))?;
-    let iss = unverified_issuer(token).ok_or_else(|| ApiFailure::unauthorized("malformed token: no issuer"))?;
+    let refused = |reason| shared.metrics.refused(Token::Submit, reason);
+    let token = bearer(headers)
+        .ok_or_else(|| ApiFailure::unauthorized("missing bearer submit token"))
+        .inspect_err(|_| refused(Reason::Missing))?;
+    let iss = unverified_issuer(token)
+        .ok_or_else(|| ApiFailure::unauthorized("malformed token: no issuer"))
+        .inspect_err(|_| refused(Reason::Malformed))?;
     let verifier = shared
         .submit_verifiers
         .get(&iss)
-        .ok_or_else(|| ApiFailure::unauthorized(format!("untrusted issuer {iss:?}")))?;
-    verifier.verify::<SubmitClaims>(token).map_err(|e| ApiFailure::unauthorized(format!("submit token refused: {e}")))
+        .ok_or_else(|| ApiFailure::unauthorized(format!("untrusted issuer {iss:?}")))
+        .inspect_err(|_| refused(Reason::UntrustedIssuer))?;
+    verifier.verify::<SubmitClaims>(token).map_err(|e| {
+        refused(Reason::of(&e));
+        ApiFailure::unauthorized(format!("submit token refused: {e}"))
+    })
 }
 
 /// A verified submit token that is not revoked: what submit and preflight check first.
 fn authorize_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
     let claims = verify_submit(shared, headers)?;
     match shared.queue.revoked_reason(&Credential::of_submit(&claims)) {
-        Some(reason) => Err(QueueError::Revoked { reason }.into()),
+        Some(reason) => {
+            shared.metrics.refused(Token::Submit, Reason::Revoked);
+            Err(QueueError::Revoked { reason }.into())
+        }
         None => Ok(claims),
     }
 }
@@ -335,6 +356,7 @@ async fn accept(
     (known.token_jti, known.owner) = (Some(claims.jti.clone()), Some(claims.sub.clone()));
     detail.insert("token_issuer".into(), claims.iss.clone().into());
     if let Some(reason) = shared.queue.revoked_reason(&Credential::of_submit(&claims)) {
+        shared.metrics.refused(Token::Submit, Reason::Revoked);
         let e = ApiFailure::from(QueueError::Revoked { reason });
         tracing::info!("refused: {}", e.message);
         return Err(e);
@@ -358,7 +380,10 @@ async fn accept(
         .admit(&claims.sub, claims.group.as_deref(), &mut req)
         .map_err(ApiFailure::forbidden)
         .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
-    check_limits(&req, &claims).inspect_err(|e| tracing::info!("refused: {}", e.message))?;
+    check_limits(&req, &claims).inspect_err(|e| {
+        shared.metrics.refused(Token::Submit, Reason::OverLimits);
+        tracing::info!("refused: {}", e.message)
+    })?;
     let done = shared
         .queue
         .submit(NewJob {
@@ -374,12 +399,20 @@ async fn accept(
             hold: admission.hold,
         })
         .await
-        .inspect_err(|e| tracing::info!("refused: {e}"))?;
+        .inspect_err(|e| {
+            match e {
+                QueueError::TokenUsed { .. } => shared.metrics.refused(Token::Submit, Reason::UsedUp),
+                QueueError::Revoked { .. } => shared.metrics.refused(Token::Submit, Reason::Revoked),
+                _ => {}
+            }
+            tracing::info!("refused: {e}")
+        })?;
     let span = tracing::Span::current();
     span.record("job.id", done.job_id.as_str());
     span.record("created", done.created);
     let status = if done.created {
         tracing::info!("job queued");
+        shared.metrics.submitted(&done.job_id);
         shared.wake.notify_one();
         StatusCode::CREATED
     } else {
@@ -395,6 +428,7 @@ async fn preflight(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
     tracing::Span::current().record("owner", claims.sub.as_str());
     let uses = shared.queue.uses(claims.jti.clone()).await?;
     if uses >= u64::from(claims.jobs) {
+        shared.metrics.refused(Token::Submit, Reason::UsedUp);
         return Err(QueueError::TokenUsed { uses, jobs: claims.jobs }.into());
     }
     Ok(Json(serde_json::json!({ "remaining": u64::from(claims.jobs) - uses })).into_response())
@@ -597,9 +631,35 @@ async fn audit_keys(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Re
     Ok(Json(shared.audit_signer.jwks()))
 }
 
+/// `GET /metrics`: Prometheus metrics ([`crate::metrics`]).
+async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    crate::metrics::render(&shared).await
+}
+
 async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {
     require_admin(&shared, &headers)?;
     Ok(Json(shared.queue.accounts().await?))
+}
+
+/// `GET /v1/accounting/report`: computed on a connection of its own, off the queue's.
+async fn accounting_report(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<AccountingQuery>, QueryRejection>,
+) -> Result<Json<AccountingReport>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let Query(query) = query.map_err(|e| ApiFailure::bad_request(format!("invalid accounting query: {e}")))?;
+    let path = shared.queue.path().to_owned();
+    let now = crate::queue::now_ms();
+    let report = tokio::task::spawn_blocking(move || crate::report::report(&path, &query, now))
+        .await
+        .map_err(|e| ApiFailure::internal("compute the accounting report", &e))?;
+    match report {
+        Ok(report) => Ok(Json(report)),
+        Err(crate::report::ReportError::BadQuery(m)) => Err(ApiFailure::bad_request(m)),
+        Err(e) => Err(ApiFailure::internal("compute the accounting report", &e)),
+    }
 }
 
 /// Verifies the attach token and that it is not revoked, and only then upgrades. The router
@@ -610,12 +670,16 @@ async fn attach(
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiFailure> {
-    let token = bearer(&headers).ok_or_else(|| ApiFailure::unauthorized("missing bearer attach token"))?;
+    let token = bearer(&headers)
+        .ok_or_else(|| ApiFailure::unauthorized("missing bearer attach token"))
+        .inspect_err(|_| shared.metrics.refused(Token::Attach, Reason::Missing))?;
     let claims: AttachClaims = shared.attach_verifier.verify(token).map_err(|e| {
+        shared.metrics.refused(Token::Attach, Reason::of(&e));
         tracing::info!("attach refused: {e}");
         ApiFailure::unauthorized(format!("attach token refused: {e}"))
     })?;
     if let Some(reason) = shared.queue.revoked_reason(&Credential::of_attach(&claims)) {
+        shared.metrics.refused(Token::Attach, Reason::Revoked);
         tracing::info!("attach refused: token revoked: {reason}");
         return Err(ApiFailure::forbidden(format!("attach token revoked: {reason}")));
     }

@@ -27,6 +27,7 @@
 
 use crate::Shared;
 use crate::matching::{Delivery, Match, select};
+use crate::metrics::Waiting;
 use crate::queue::now_ms;
 use htfaas_functions::macaroon::attenuate;
 use htfaas_functions::proto::JobAssignment;
@@ -50,6 +51,9 @@ pub const MACAROON_GRACE_S: u64 = 60;
 
 /// Runs until `shutdown`.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    // Submitted jobs waiting for their first Assign, for the latency histogram (an empty
+    // stand-in should another dispatcher already hold them).
+    let mut waiting = shared.metrics.take_waiting().unwrap_or_else(Waiting::detached);
     let mut tick = tokio::time::interval(HOUSEKEEPING);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_prune = tokio::time::Instant::now();
@@ -66,6 +70,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 }
                 if last_prune.elapsed() >= TICK {
                     last_prune = tokio::time::Instant::now();
+                    waiting.prune();
                     match shared.queue.prune_token_uses(now_s().saturating_sub(LEEWAY_S + 60)).await {
                         Ok(0) => {}
                         Ok(n) => tracing::debug!(rows = n, "pruned use counts of expired tokens"),
@@ -75,7 +80,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             }
         }
         loop {
-            match round(&shared).await {
+            match round(&shared, &mut waiting).await {
                 Ok(0) => break,
                 Ok(_) if shutdown.is_cancelled() => break,
                 Ok(_) => continue,
@@ -106,7 +111,8 @@ async fn remove_overdue(shared: &Shared) {
 
 /// One round; returns how many jobs were sent.
 #[tracing::instrument(name = "scheduler.dispatch", skip_all, fields(sent = tracing::field::Empty))]
-async fn round(shared: &Shared) -> anyhow::Result<usize> {
+async fn round(shared: &Shared, waiting: &mut Waiting) -> anyhow::Result<usize> {
+    waiting.absorb();
     let pools = shared.eps().pools_with_room();
     if pools.is_empty() {
         return Ok(0);
@@ -144,7 +150,7 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
     }
     let mut sent = 0;
     for (ep_id, (name, ip, matches)) in per_ep {
-        sent += assign(shared, &ep_id, name, ip, matches).await;
+        sent += assign(shared, &ep_id, name, ip, matches, waiting).await;
     }
     tracing::Span::current().record("sent", sent);
     Ok(sent)
@@ -152,7 +158,14 @@ async fn round(shared: &Shared) -> anyhow::Result<usize> {
 
 /// Marks `matches` running on `ep_id` (at `ip`) and sends them; undoes what could not be sent.
 #[tracing::instrument(name = "scheduler.assign", skip_all, fields(ep.id = %ep_id, ep.name = %name, jobs = matches.len()))]
-async fn assign(shared: &Shared, ep_id: &str, name: String, ip: IpAddr, matches: Vec<Match>) -> usize {
+async fn assign(
+    shared: &Shared,
+    ep_id: &str,
+    name: String,
+    ip: IpAddr,
+    matches: Vec<Match>,
+    waiting: &mut Waiting,
+) -> usize {
     let ids: Vec<String> = matches.iter().map(|m| m.job_id.clone()).collect();
     let prepare = move |a, bind: bool| restrict(a, now_s(), bind.then_some(ip));
     let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned(), prepare).await {
@@ -178,6 +191,7 @@ async fn assign(shared: &Shared, ep_id: &str, name: String, ip: IpAddr, matches:
             match eps.deliver(ep_id, a) {
                 Delivery::Sent => {
                     tracing::info!(job.id = %job_id, "assigned");
+                    waiting.dispatched(&job_id, &shared.metrics.dispatch_latency);
                     sent += 1;
                 }
                 Delivery::Cancelled => tracing::info!(job.id = %job_id, "stopped before it was sent"),

@@ -22,6 +22,7 @@
 
 use crate::Shared;
 use crate::matching::{EpSlot, Pool, ToEp};
+use crate::metrics::{Reason, Token};
 use crate::queue::{Loss, now_ms};
 use crate::revocation::Credential;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
@@ -117,6 +118,11 @@ pub async fn serve(
 ) {
     let Some(hello) = read_hello(&mut ws, &shutdown).await else { return };
     if let Err((code, why)) = admit(&hello, &claims) {
+        match code {
+            CLOSE_FORBIDDEN => shared.metrics.refused(Token::Attach, Reason::WrongAnnex),
+            CLOSE_EXPIRED => shared.metrics.refused(Token::Attach, Reason::Expired),
+            _ => {}
+        }
         tracing::warn!("refusing hello: {why}");
         return close(ws, code, &why).await;
     }
@@ -130,6 +136,7 @@ pub async fn serve(
     let mut slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
     slot.labels = hello.labels.clone();
     if let Err(reason) = register(&shared, slot) {
+        shared.metrics.refused(Token::Attach, Reason::Revoked);
         tracing::info!("attach token revoked meanwhile: {reason}");
         return close(ws, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}")).await;
     }
@@ -240,6 +247,7 @@ async fn session(
                 return "the scheduler shut down".into();
             }
             _ = &mut expiry => {
+                shared.metrics.refused(Token::Attach, Reason::Expired);
                 tracing::info!("attach token expired; closing the session");
                 let _ = ws.send(close_frame(CLOSE_EXPIRED, "attach token expired")).await;
                 return "the EP's attach token expired".into();

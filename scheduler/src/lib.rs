@@ -7,7 +7,7 @@
 //!   revocations.
 //! - [`queue`]: the SQLite store of jobs, run attempts, submit-token uses, owner accounts
 //!   (with decayed usage and priority factors), group usage, revocations and EP admin settings
-//!   (schema version 4, migrated from 1, 2 or 3 on open).
+//!   (schema version 5, migrated stepwise from any earlier one on open).
 //! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished, Cancel), closed
 //!   when its attach token expires or is revoked.
 //! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy
@@ -25,6 +25,8 @@
 //! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
 //!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
 //! - [`config`]: [`Config`] → [`Settings`], including the per-owner limits ([`OwnerLimits`]).
+//! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
+//!   refused credentials by reason, audit records.
 //!
 //! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP's owner
 //! restriction and annex come from its attach token, never from its word: an owner-bound EP
@@ -112,6 +114,8 @@ pub struct Shared {
     pub(crate) audit_signer: Arc<htfaas_functions::audit::AuditSigner>,
     /// When it signs.
     pub(crate) audit_policy: htfaas_functions::audit::CheckpointPolicy,
+    /// Refusal counters and the dispatch latency of `GET /metrics` ([`metrics`]).
+    pub(crate) metrics: metrics::Metrics,
 }
 
 impl Shared {
@@ -177,6 +181,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         policy,
         audit_signer,
         audit_policy,
+        metrics: metrics::Metrics::new(),
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;

@@ -50,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Most owners whose idle jobs are read per pool and round (the best by priority).
 pub const MAX_OWNERS_PER_POOL: usize = 512;
@@ -64,7 +64,7 @@ pub const AUDIT_WRITER: &str = "scheduler";
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 4] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4];
+pub const MIGRATIONS: [&str; 5] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5];
 
 /// Version 1: jobs, token uses, accounts.
 const SCHEMA_1: &str = "
@@ -173,6 +173,15 @@ CREATE TABLE IF NOT EXISTS ep_admin (
     reason      TEXT NOT NULL,
     at_ms       INTEGER NOT NULL
 );
+";
+
+/// Version 5: for accounting reports ([`crate::report`]), one index over the jobs in a final
+/// state, by the time they reached it, that holds everything a report reads, the function's
+/// name (from the stored request; `NULL` if that does not parse) included.
+const MIGRATE_4_TO_5: &str = "
+CREATE INDEX IF NOT EXISTS jobs_final_by_time ON jobs (finished_at_ms, owner, grp,
+    (CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END), state, cpus, usage)
+    WHERE state IN ('completed', 'failed', 'removed');
 ";
 
 const RECORD_COLUMNS: &str = "id, owner, state, reason, token_jti, request, cpus, memory_mb, runtime_s, ep, \

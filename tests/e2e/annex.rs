@@ -35,6 +35,7 @@ pub async fn start_ep(
         labels: Default::default(),
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     }
     .resolve()
     .await

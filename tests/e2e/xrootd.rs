@@ -111,6 +111,7 @@ async fn start_xrootd_ep(
         labels: Default::default(),
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     }
     .resolve()
     .await

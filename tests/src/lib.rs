@@ -1,6 +1,8 @@
 //! Harness for the end-to-end tests: the example guests built once, a whole stack in a
 //! temporary directory, and bounded waiting.
 
+pub mod cdp;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Command;

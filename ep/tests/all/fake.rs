@@ -308,6 +308,7 @@ impl Harness {
             labels: Default::default(),
             max_scratch_mb: None,
             fuel: None,
+            metrics_listen: None,
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");

@@ -31,6 +31,7 @@ async fn start(
         labels: Default::default(),
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

@@ -163,6 +163,7 @@ async fn start_ep(
         labels: Default::default(),
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

@@ -165,6 +165,7 @@ fn config(work: &Path, slots: Resources, labels: BTreeMap<String, String>) -> Co
         labels,
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     }
 }
 

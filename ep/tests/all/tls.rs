@@ -209,6 +209,7 @@ fn ep_config(scheduler: &Scheduler, work: &Path, tls_ca_file: Option<PathBuf>) -
         labels: Default::default(),
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     }
 }
 
@@ -338,6 +339,7 @@ async fn a_bad_tls_ca_file_fails_resolve_clearly() {
         labels: Default::default(),
         max_scratch_mb: None,
         fuel: None,
+        metrics_listen: None,
     };
     let write = |name: &str, text: &str| {
         let p = dir.path().join(name);
