@@ -420,12 +420,9 @@ fn lineage_text(l: &htfaas_functions::proto::Lineage) -> String {
             );
         }
         if let Some(f) = record("job.finished") {
-            let _ = writeln!(
-                out,
-                "{indent}  finished  {} {}",
-                f.detail["state"].as_str().unwrap_or("?"),
-                f.detail["reason"].as_str().unwrap_or_default()
-            );
+            let state = f.detail["state"].as_str().unwrap_or("?");
+            let line = format!("{indent}  finished  {state} {}", f.detail["reason"].as_str().unwrap_or_default());
+            let _ = writeln!(out, "{}", line.trim_end());
         }
         if !s.outputs.is_empty() {
             let _ = writeln!(out, "{indent}  outputs   {}", s.outputs.join(", "));
@@ -1789,6 +1786,86 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("htfaas").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn a_lineage_reads_back_from_the_output_to_the_upload() {
+        let record = |seq: u64, writer: &str, kind: &str, detail: serde_json::Value| {
+            serde_json::from_value::<htfaas_functions::audit::AuditRecord>(serde_json::json!({
+                "format": 1, "seq": seq, "time_ms": 1_700_000_000_000u64 + seq, "writer": writer, "kind": kind,
+                "actor": null, "subject": {}, "detail": detail, "prev_hash": "00", "hash": "11",
+            }))
+            .expect("a record")
+        };
+        let step = |depth: u32, file: &str, job: &str, function: &str, input: &str, caused_by| {
+            htfaas_functions::proto::LineageStep {
+                depth,
+                file: file.into(),
+                relation: htfaas_functions::proto::LineageRelation::Wrote,
+                job: job.into(),
+                function: Some(function.into()),
+                function_version: Some(2),
+                digest: Some(format!("sha256:{function}")),
+                owner: Some("alice".into()),
+                token_jti: Some(format!("jti-{job}")),
+                event_id: Some(format!("ev-{job}")),
+                rule: Some(format!("path glob \"{input}\"")),
+                caused_by,
+                input: Some(input.into()),
+                outputs: vec![file.into()],
+                macaroons: vec![format!("rd-{job}"), format!("wr-{job}")],
+                records: vec![
+                    record(
+                        1,
+                        "gateway",
+                        "event.matched",
+                        serde_json::json!({"event": {"source": "dcache", "producer": "pool1@d"}}),
+                    ),
+                    record(
+                        2,
+                        "gateway",
+                        "token.minted",
+                        serde_json::json!({"jobs": 1, "cpus": 1, "memory_mb": 2048, "exp": 99}),
+                    ),
+                    record(3, "scheduler", "job.dispatched", serde_json::json!({"ep": "ep-1", "attempt": 1})),
+                    record(4, "scheduler", "job.finished", serde_json::json!({"state": "completed", "reason": ""})),
+                ],
+            }
+        };
+        let cause = htfaas_functions::proto::Cause {
+            function: "a".into(),
+            digest: htfaas_functions::Digest::of(b"a"),
+            event_id: "ev-j1".into(),
+            chain: vec!["a".into()],
+        };
+        let lineage = htfaas_functions::proto::Lineage {
+            file: "/out/b/x.sum".into(),
+            steps: vec![
+                step(0, "/out/b/x.sum", "j2", "b", "/out/a/x.sum", Some(cause)),
+                step(1, "/out/a/x.sum", "j1", "a", "/data/x", None),
+            ],
+            truncated: true,
+        };
+        let text = lineage_text(&lineage);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "lineage of /out/b/x.sum");
+        assert_eq!(lines[1], "  /out/b/x.sum written by job j2 (owner alice)", "{text}");
+        for expected in [
+            "    event     ev-j2 on /out/a/x.sum from dcache pool1@d",
+            "    caused by function a's job on event ev-j1 (chain a)",
+            "    function  b@sha256:b v2",
+            "    token     jti-j2 (jobs 1, cpus 1, memory 2048 MB, expires 99)",
+            "    macaroons rd-j2, wr-j2",
+            "    ran on    ep-1 (attempt 1)",
+            "    finished  completed",
+            "    /out/a/x.sum written by job j1 (owner alice)",
+            "      event     ev-j1 on /data/x from dcache pool1@d",
+            "      rule      path glob \"/data/x\"",
+        ] {
+            assert!(lines.contains(&expected), "{expected:?} missing from\n{text}");
+        }
+        assert!(text.find("job j2").expect("j2") < text.find("job j1").expect("j1"), "newest step first");
+        assert!(lines.last().expect("a line").contains("more steps back"), "{text}");
     }
 
     #[test]
