@@ -16,13 +16,20 @@ pub mod xrootd;
 
 use std::time::SystemTime;
 
-/// UTC time as RFC 3339 with milliseconds, e.g. `2026-11-21T22:35:15.903Z`: the CloudEvents
-/// `time` the bridges stamp.
+/// UTC time as RFC 3339 with exactly three fraction digits, e.g. `2026-11-21T22:35:15.900Z`:
+/// the CloudEvents `time` the bridges stamp (fixed width, so it also sorts as text).
 pub fn rfc3339(t: SystemTime) -> String {
     let t = time::OffsetDateTime::from(t);
-    let ms = t.millisecond();
-    let t = t.replace_nanosecond(u32::from(ms) * 1_000_000).unwrap_or(t);
-    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| "1970-01-01T00:00:00.000Z".into())
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
 }
 
 #[cfg(test)]
@@ -32,10 +39,11 @@ mod tests {
 
     #[test]
     fn rfc3339_times() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(1_795_300_515_630)), "2026-11-21T22:35:15.630Z");
         assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(951_782_400_123)), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(1_709_251_200_123)), "2024-03-01T00:00:00.123Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_300_515)), "2026-11-21T22:35:15Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(4_107_542_399)), "2100-02-28T23:59:59Z");
+        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_300_515)), "2026-11-21T22:35:15.000Z");
+        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(4_107_542_399)), "2100-02-28T23:59:59.000Z");
     }
 }
