@@ -4,8 +4,10 @@
 //! - [`stack`] starts NATS, storage, scheduler, gateway and an EP in one process, as
 //!   `htfaas up` does and as the end-to-end tests do;
 //! - [`nats`] runs a real `nats-server` child process;
+//! - [`bench`] is `htfaas bench`: the whole path against the peer, side by side;
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
 
+pub mod bench;
 pub mod client;
 pub mod nats;
 pub mod stack;

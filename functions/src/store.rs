@@ -3,6 +3,60 @@
 //! conversions of times and counts to SQLite integers.
 
 use rusqlite::{Connection, TransactionBehavior};
+use serde::{Deserialize, Serialize};
+
+/// What "written" means before a component acknowledges work (a submit, an EP's report, an
+/// upload, a batch of events): the same choice for every store of a deployment.
+///
+/// - [`Durability::Fsync`] (the default): an fsync is behind every acknowledgement, so the work
+///   survives a power cut. SQLite runs WAL with `synchronous=FULL`; the storage fsyncs each
+///   upload and its directory. Group commit (one fsync per batch) keeps this fast under load.
+/// - [`Durability::Log`]: the work is in the component's log (written, not fsynced) before it
+///   acknowledges, so it survives SIGKILL of any process but not a power cut: what JetStream's
+///   default (`sync_interval: 2m`) promises. SQLite runs WAL with `synchronous=NORMAL`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// fsync before every acknowledgement.
+    #[default]
+    Fsync,
+    /// Written to the log before every acknowledgement; fsynced by the OS later.
+    Log,
+}
+
+impl Durability {
+    /// The SQLite `synchronous` pragma for a WAL database.
+    pub fn sqlite_synchronous(self) -> &'static str {
+        match self {
+            Durability::Fsync => "FULL",
+            Durability::Log => "NORMAL",
+        }
+    }
+
+    /// Whether files must be fsynced before they are acknowledged.
+    pub fn fsync_files(self) -> bool {
+        self == Durability::Fsync
+    }
+
+    /// The lower-case name (`fsync`, `log`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Fsync => "fsync",
+            Durability::Log => "log",
+        }
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Durability, String> {
+        match s {
+            "fsync" => Ok(Durability::Fsync),
+            "log" => Ok(Durability::Log),
+            other => Err(format!("unknown durability {other:?}: use fsync or log")),
+        }
+    }
+}
 
 /// Brings `conn` up to version `migrations.len()` in one IMMEDIATE transaction: `migrations[v]`
 /// takes a file from version `v` to `v + 1`, so a new file (version 0) runs them all. A file
