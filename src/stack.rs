@@ -14,6 +14,7 @@ use crate::client::{Client, StackInfo};
 use crate::nats::NatsServer;
 use anyhow::Context as _;
 use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::store::Durability;
 use htfaas_functions::token::SigningKey;
 use htfaas_functions::{FunctionManifest, Resources};
 use serde::{Deserialize, Serialize};
@@ -31,12 +32,20 @@ pub struct StackOptions {
     pub nats_binary: Option<PathBuf>,
     /// Resources the EP offers.
     pub ep_slots: Resources,
+    /// What every component (JetStream included) has done with work before it acknowledges
+    /// it: fsynced (the default) or written to its log.
+    pub durability: Durability,
 }
 
 impl StackOptions {
-    /// Defaults for `dir`: one EP with 2 cores, 4 GiB, jobs up to 1 h.
+    /// Defaults for `dir`: one EP with 2 cores, 4 GiB, jobs up to 1 h; every acknowledgement fsynced.
     pub fn new(dir: impl Into<PathBuf>) -> StackOptions {
-        StackOptions { dir: dir.into(), nats_binary: None, ep_slots: Resources::new(2, 4096, 3600) }
+        StackOptions {
+            dir: dir.into(),
+            nats_binary: None,
+            ep_slots: Resources::new(2, 4096, 3600),
+            durability: Durability::default(),
+        }
     }
 }
 
@@ -88,6 +97,8 @@ pub const USER: &str = "alice";
 /// A running stack.
 pub struct Stack {
     info: StackInfo,
+    /// The scheduler's admin token (for its `/metrics` and admin API).
+    scheduler_admin_token: String,
     shutdown: CancellationToken,
     tasks: Vec<(&'static str, JoinHandle<anyhow::Result<()>>)>,
     gateway: std::sync::Arc<htfaas_gateway::Shared>,
@@ -111,7 +122,8 @@ impl Stack {
         let binary = opts.nats_binary.clone().or_else(crate::nats::find_binary).context(
             "nats-server not found: run scripts/install-deps.sh, or set HTFAAS_NATS_SERVER to a nats-server binary",
         )?;
-        let nats = tokio::task::block_in_place(|| NatsServer::start(&binary, &dir.join("nats"), 0))?;
+        let nats =
+            tokio::task::block_in_place(|| NatsServer::start_with(&binary, &dir.join("nats"), 0, opts.durability))?;
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
 
@@ -130,6 +142,7 @@ impl Stack {
             nats_url: Some(nats.url()),
             public_url: None,
             cell_name: "htfaas-storage".into(),
+            durability: opts.durability,
         }
         .resolve()
         .await
@@ -160,6 +173,7 @@ impl Stack {
             max_running_jobs_per_owner: None,
             // A local stack: a job whose EP left runs again after a second, not ten.
             retry_backoff_s: 1,
+            durability: opts.durability,
             ..htfaas_scheduler::Config::new(String::new(), Vec::new())
         }
         .resolve()
@@ -205,6 +219,7 @@ impl Stack {
             audit_key_file: None,
             audit_checkpoint_records: htfaas_gateway::default_audit_checkpoint_records(),
             audit_checkpoint_s: htfaas_gateway::default_audit_checkpoint_s(),
+            durability: opts.durability,
         };
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = format!("http://{}", gateway.local_addr());
@@ -254,6 +269,7 @@ impl Stack {
         info.save(dir)?;
         let stack = Stack {
             info,
+            scheduler_admin_token: secrets.scheduler_admin_token,
             shutdown,
             tasks,
             gateway: gateway_shared,
@@ -287,6 +303,11 @@ impl Stack {
     /// URLs and credentials.
     pub fn info(&self) -> &StackInfo {
         &self.info
+    }
+
+    /// The scheduler's admin token.
+    pub fn scheduler_admin_token(&self) -> &str {
+        &self.scheduler_admin_token
     }
 
     /// A CLI client of this stack.

@@ -180,6 +180,7 @@ async fn start_storage(root: &Path, shutdown: CancellationToken) -> (String, Str
         nats_url: None,
         public_url: None,
         cell_name: "htfaas-storage".into(),
+        durability: Default::default(),
     };
     let settings = config.resolve().await.expect("storage resolves");
     let base = format!("http://{}", settings.local_addr());

@@ -355,7 +355,7 @@ impl Link {
         request.headers_mut().insert(AUTHORIZATION, auth);
         // `None` for `ws://`, where no TLS happens; `Some` for `wss://` (see `Config::resolve`).
         let connector = self.settings.attach_tls.clone().map(Connector::Rustls);
-        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector);
+        let connecting = tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector);
         let (ws, _response) = connecting.await.map_err(|e| match e {
             tokio_tungstenite::tungstenite::Error::Http(resp) => {
                 let status = resp.status();

@@ -4,7 +4,8 @@
 //! # Exactly once
 //!
 //! The ingest loop does not submit jobs itself: for each event it inserts one *firing* per
-//! matching function into a SQLite table (WAL, `synchronous=FULL`), and acks the JetStream
+//! matching function into a SQLite table (WAL; `synchronous=FULL`, or `NORMAL` with
+//! [`Durability::Log`]), and acks the JetStream
 //! message only once the transaction holding them is committed. That transaction is a *group
 //! commit* ([`Firings::insert_batch`]): the firings of every event of one batch of messages
 //! (what the consumer had at hand, see [`crate::ingest`]), one fsync for all, each event
@@ -374,7 +375,7 @@ impl std::fmt::Debug for Firings {
 }
 
 pub use htfaas_functions::store::now_ms;
-use htfaas_functions::store::{db_int, from_db};
+use htfaas_functions::store::{Durability, db_int, from_db};
 
 /// Retry delay after the `attempts`-th transient failure.
 pub fn backoff_ms(attempts: u32) -> u64 {
@@ -396,12 +397,23 @@ impl Firings {
     /// Keys are kept `dedupe_window_s` after their firing was made; at most `max_in_flight`
     /// firings are dispatched at once.
     pub fn open(path: &Path, dedupe_window_s: u64, max_in_flight: usize) -> Result<Firings, FiringError> {
+        Firings::open_with(path, dedupe_window_s, max_in_flight, Durability::Fsync)
+    }
+
+    /// [`Firings::open`] with the `synchronous` mode of `durability` (`FULL` for
+    /// [`Durability::Fsync`], `NORMAL` for [`Durability::Log`]).
+    pub fn open_with(
+        path: &Path,
+        dedupe_window_s: u64,
+        max_in_flight: usize,
+        durability: Durability,
+    ) -> Result<Firings, FiringError> {
         let mut conn = Connection::open(path)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
         }
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
         conn.busy_timeout(Duration::from_secs(5))?;
         migrate(&mut conn)?;
         audit::install(&conn, crate::audit::AUDIT_WRITER)?;

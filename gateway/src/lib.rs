@@ -30,6 +30,7 @@ pub mod submit;
 pub mod triggers;
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use htfaas_functions::Registry;
 use htfaas_functions::token::SigningKey;
 use serde::Deserialize;
@@ -152,6 +153,11 @@ pub struct Config {
     /// ... or once the last checkpoint is this old (checked every second), seconds. Default: 60.
     #[serde(default = "default_audit_checkpoint_s")]
     pub audit_checkpoint_s: u64,
+    /// Whether the firing table fsyncs each commit (`fsync`, the default: WAL with
+    /// `synchronous=FULL`) or only writes it to its log (`log`: `synchronous=NORMAL`, survives a
+    /// crash of the process, not of the machine). Either way a batch of events is one commit.
+    #[serde(default)]
+    pub durability: htfaas_functions::store::Durability,
 }
 
 /// Default of [`Config::audit_checkpoint_records`].
@@ -374,8 +380,9 @@ impl Config {
         let state_dir = if state_dir.as_os_str().is_empty() { PathBuf::from(".") } else { state_dir };
         std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
         let firings_file = state_dir.join("firings.sqlite");
-        let firings = firing::Firings::open(&firings_file, self.dedupe_window_s, self.max_in_flight)
-            .with_context(|| format!("open the firing table {}", firings_file.display()))?;
+        let firings =
+            firing::Firings::open_with(&firings_file, self.dedupe_window_s, self.max_in_flight, self.durability)
+                .with_context(|| format!("open the firing table {}", firings_file.display()))?;
         anyhow::ensure!(self.audit_checkpoint_records >= 1, "audit_checkpoint_records must be at least 1");
         let audit_key_file =
             self.audit_key_file.clone().unwrap_or_else(|| state_dir.join(audit::DEFAULT_AUDIT_KEY_FILE));
@@ -455,6 +462,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let app = api::router(shared.clone())
         .layer(axum::middleware::from_fn_with_state(shared, metrics::count_refusals))
         .layer(axum::Extension(events));
+    // TCP_NODELAY: without it a response whose headers and body go out in two writes waits
+    // for the client's delayed ACK (40 ms on Linux) before the body leaves.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("failed to set TCP_NODELAY: {e}");
+        }
+    });
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = serve.await.context("serve the gateway API");
     shutdown.cancel();
@@ -503,6 +517,7 @@ mod tests {
             audit_key_file: None,
             audit_checkpoint_records: default_audit_checkpoint_records(),
             audit_checkpoint_s: default_audit_checkpoint_s(),
+            durability: Default::default(),
         }
     }
 

@@ -13,8 +13,12 @@
 //! run in a child process (this same binary, with a `--child-*` argument), so that one's memory
 //! does not blur the other's RSS.
 //!
+//! The scheduler runs with the durability `HTFAAS_BENCH_DURABILITY` names (`fsync`, the
+//! default: an fsync behind every acknowledgement, writes group-committed; or `log`), and every
+//! line says which (`"durability"`).
+//!
 //! `cargo bench -p htfaas-scheduler --bench dispatch [-- --quick]` prints one JSON line per
-//! figure, `{"bench":"dispatch","queued":N,"metric":..,"value":..,"n":..}`:
+//! figure, `{"bench":"dispatch","durability":D,"queued":N,"metric":..,"value":..,"n":..}`:
 //! - `jobs_per_s`: completions per second over the `n` timed ones (each completion is one
 //!   dispatch), the median of the rounds (`rounds`);
 //! - `redispatch_p50_ms`, `redispatch_p99_ms`: on one EP, from sending a report (freeing a
@@ -41,6 +45,7 @@ use htfaas_functions::proto::{
     EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobReport, Outcome, OutputFile, OutputSpec, SchedulerMsg,
     SubmitRequest, Usage,
 };
+use htfaas_functions::store::Durability;
 use htfaas_functions::token::{SigningKey, new_jti, write_jwks};
 use htfaas_functions::{Digest, Resources};
 use htfaas_scheduler::queue::{Queue, now_ms};
@@ -86,6 +91,18 @@ const CHILD_SEED: &str = "--child-seed";
 /// First argument of a child that runs one round: `--child-round <dir> <warmup> <measured>`;
 /// it writes [`Round`] to `<dir>/round.json`.
 const CHILD_ROUND: &str = "--child-round";
+
+/// Names the durability the scheduler runs with: `fsync` (default) or `log`.
+const DURABILITY_VAR: &str = "HTFAAS_BENCH_DURABILITY";
+
+/// The durability [`DURABILITY_VAR`] names.
+fn durability() -> anyhow::Result<Durability> {
+    match std::env::var(DURABILITY_VAR) {
+        Ok(v) => v.parse().map_err(|e: String| anyhow::anyhow!("{DURABILITY_VAR}: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(Durability::default()),
+        Err(e) => bail!("{DURABILITY_VAR}: {e}"),
+    }
+}
 
 /// What to run: sizes, rounds and job counts, and whether to time at all.
 struct Plan {
@@ -157,6 +174,8 @@ fn main() -> anyhow::Result<()> {
 
 /// Seeds each size, runs the rounds and prints the figures.
 fn bench(plan: Plan) -> anyhow::Result<()> {
+    let durability = durability()?.as_str();
+    eprintln!("dispatch: durability {durability}");
     let mut sizes = Vec::new();
     for &queued in &plan.sizes {
         if queued >= LARGE {
@@ -203,11 +222,13 @@ fn bench(plan: Plan) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    // The members every line starts with.
+    let tag = format!(r#""bench":"dispatch","durability":"{durability}""#);
     let mut summary = Vec::new();
     for s in &sizes {
         let queued = s.queued;
         let line = |metric: &str, value: String, n: u64| {
-            println!(r#"{{"bench":"dispatch","queued":{queued},"metric":"{metric}","value":{value},"n":{n}}}"#);
+            println!(r#"{{{tag},"queued":{queued},"metric":"{metric}","value":{value},"n":{n}}}"#);
         };
         let rate = median(s.rounds.iter().map(|r| r.jobs_per_s).collect());
         let growth = median(s.rounds.iter().map(Round::rss_growth).collect());
@@ -215,7 +236,7 @@ fn bench(plan: Plan) -> anyhow::Result<()> {
         lat.sort_by(f64::total_cmp);
         let (samples, rounds) = (lat.len() as u64, s.rounds.len());
         println!(
-            r#"{{"bench":"dispatch","queued":{queued},"metric":"jobs_per_s","value":{rate:.1},"n":{},"rounds":{rounds}}}"#,
+            r#"{{{tag},"queued":{queued},"metric":"jobs_per_s","value":{rate:.1},"n":{},"rounds":{rounds}}}"#,
             plan.measured
         );
         line("redispatch_p50_ms", format!("{:.3}", percentile(&lat, 50.0)), samples);
@@ -230,12 +251,9 @@ fn bench(plan: Plan) -> anyhow::Result<()> {
         (summary.first(), summary.last())
         && large > 1_000
     {
-        println!(
-            r#"{{"bench":"dispatch","metric":"rate_ratio_large_vs_small","value":{:.3}}}"#,
-            large_rate / small_rate
-        );
+        println!(r#"{{{tag},"metric":"rate_ratio_large_vs_small","value":{:.3}}}"#, large_rate / small_rate);
         let marginal = (large_growth - small_growth) / (large_n - small_n) as f64;
-        println!(r#"{{"bench":"dispatch","metric":"rss_bytes_per_job_marginal","value":{marginal:.2}}}"#);
+        println!(r#"{{{tag},"metric":"rss_bytes_per_job_marginal","value":{marginal:.2}}}"#);
     }
     for s in sizes {
         s.dir.close().context("remove a temporary store")?;
@@ -402,6 +420,7 @@ async fn round(dir: &Path, warmup: u64, measured: u64) -> anyhow::Result<Round> 
         "attach_key_file": dir.join("attach.pem"),
         "submit_issuers": [{ "issuer": GW, "jwks_file": dir.join("gw.jwks") }],
         "admin_token": ADMIN,
+        "durability": durability()?.as_str(),
     }))
     .context("scheduler config")?;
     let settings = config.resolve().await.context("resolve the scheduler's settings")?;

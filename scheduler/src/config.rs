@@ -13,6 +13,7 @@ use crate::queue::Queue;
 use crate::requirements::RequirementConfig;
 use anyhow::Context as _;
 use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
+use htfaas_functions::store::Durability;
 use htfaas_functions::token::{ATTACH_AUDIENCE, SUBMIT_AUDIENCE, SigningKey, Verifier};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -36,9 +37,16 @@ pub struct Config {
     /// HTTP address (submit, attach, admin). Tests use `127.0.0.1:0`. Default: `127.0.0.1:8090`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// SQLite file of the job queue (WAL, `synchronous=FULL`). Default: `scheduler.sqlite`.
+    /// SQLite file of the job queue (WAL; see `durability`). Default: `scheduler.sqlite`.
     #[serde(default = "default_db_path")]
     pub db_path: PathBuf,
+    /// What the job queue waits for before it answers a write (a submit, a dispatch, an EP's
+    /// report, an admin action): `fsync` (SQLite `synchronous=FULL`: the write survives a power
+    /// cut; writes that arrive together share one commit and one fsync) or `log`
+    /// (`synchronous=NORMAL`: written to the WAL, fsynced at its checkpoints; survives the
+    /// scheduler's crash, not the machine's). Default: `fsync`.
+    #[serde(default)]
+    pub durability: Durability,
     /// Issuer of attach tokens (their `iss`). Default: `htfaas-scheduler`.
     #[serde(default = "default_name")]
     pub name: String,
@@ -248,6 +256,7 @@ impl Config {
         Config {
             listen: default_listen(),
             db_path: default_db_path(),
+            durability: Durability::default(),
             name: default_name(),
             attach_key_file: default_attach_key_file(),
             submit_issuers,
@@ -336,8 +345,8 @@ impl Config {
         if submit_verifiers.is_empty() {
             tracing::warn!("no submit issuer is trusted: every submit will be refused");
         }
-        let db_path = self.db_path.clone();
-        let mut queue = tokio::task::spawn_blocking(move || Queue::open(&db_path))
+        let (db_path, durability) = (self.db_path.clone(), self.durability);
+        let mut queue = tokio::task::spawn_blocking(move || Queue::open_with(&db_path, durability))
             .await
             .context("open the job store")?
             .with_context(|| format!("open the job store {}", self.db_path.display()))?;
@@ -373,6 +382,7 @@ mod tests {
             serde_json::from_str(r#"{"submit_issuers": [], "admin_token": "0123456789abcdef"}"#).expect("parses");
         assert_eq!(c.name, "htfaas-scheduler");
         assert_eq!(c.listen, default_listen());
+        assert_eq!(c.durability, Durability::Fsync);
         assert!(serde_json::from_str::<Config>(r#"{"submit_issuers": [], "admin_token": "x", "lisen": "1"}"#).is_err());
         assert_eq!((c.tls_cert_file, c.tls_key_file), (None, None));
         assert_eq!((c.max_idle_jobs_per_owner, c.max_running_jobs_per_owner), (None, None));

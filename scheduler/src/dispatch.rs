@@ -8,8 +8,9 @@
 //! with room, each owner's oldest idle jobs (leaving out owners at their running limit; best
 //! fair-share priority first), asks [`crate::matching::select`] where they go (fair share,
 //! group quotas, running limits, drains and pauses), reserves the EPs' resources, marks the
-//! jobs running in the store (one transaction per EP, which also opens each job's attempt
-//! record), and only then sends the Assign. A send that fails (the EP just left) puts the job back to
+//! jobs running in the store (one write per EP, which also opens each job's attempt record;
+//! committed, with whatever else is being written, before it returns), and only then sends the
+//! Assign. A send that fails (the EP just left) puts the job back to
 //! idle; a job stopped by a revocation in between is not sent at all.
 //!
 //! Every Assign carries attenuated macaroons ([`restrict`]): the stored ones plus a

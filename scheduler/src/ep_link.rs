@@ -17,8 +17,13 @@
 //! ([`crate::queue::Queue::lose_session`]); jobs removed or held meanwhile keep their state. At
 //! scheduler shutdown they just go back to idle.
 //!
-//! Cancel safety: `WebSocket::recv`, `mpsc::recv` and a pinned `Sleep` are all cancel-safe,
-//! so the session loop can `select!` on them and on shutdown without losing a message.
+//! Each `Finished` is recorded in a task of its own (at most [`MAX_REPORTS_IN_FLIGHT`] per
+//! session), so that a burst of reports shares the store's commits instead of waiting for one
+//! fsync each; when the session ends, every report it read is recorded before its jobs lose it.
+//!
+//! Cancel safety: `WebSocket::recv`, `mpsc::recv`, `JoinSet::join_next` and a pinned `Sleep`
+//! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
+//! losing a message.
 
 use crate::Shared;
 use crate::matching::{EpSlot, Pool, ToEp};
@@ -35,6 +40,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// Most reports of one session being recorded at once. Reports are recorded concurrently, so
+/// that the reports of many jobs share one commit of the store (group commit); past this many,
+/// the session reads no further frame until one is done.
+pub const MAX_REPORTS_IN_FLIGHT: usize = 256;
 
 /// Protocol version this scheduler speaks.
 pub const PROTOCOL: u32 = 1;
@@ -148,7 +158,13 @@ pub async fn serve(
     );
     let why = if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_ok() {
         shared.wake.notify_one();
-        session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown).await
+        let mut reports = tokio::task::JoinSet::new();
+        let why = session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown, &mut reports).await;
+        // Every report read is recorded (or refused) before the session's jobs lose it.
+        while let Some(done) = reports.join_next().await {
+            report_ended(done);
+        }
+        why
     } else {
         drop(rx);
         "the EP left before its welcome".to_owned()
@@ -228,10 +244,11 @@ fn register(shared: &Shared, slot: EpSlot) -> Result<(), String> {
 async fn session(
     ws: &mut WebSocket,
     mut rx: mpsc::UnboundedReceiver<ToEp>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     ep_id: &str,
     exp: u64,
     shutdown: &CancellationToken,
+    reports: &mut tokio::task::JoinSet<()>,
 ) -> String {
     let expiry = tokio::time::sleep(until(exp));
     tokio::pin!(expiry);
@@ -241,7 +258,14 @@ async fn session(
     tokio::pin!(lease);
     let mut bad_frames = 0u32;
     loop {
+        if reports.len() >= MAX_REPORTS_IN_FLIGHT {
+            // Back-pressure: read no further frame until a report is recorded.
+            if let Some(done) = reports.join_next().await {
+                report_ended(done);
+            }
+        }
         tokio::select! {
+            Some(done) = reports.join_next(), if !reports.is_empty() => report_ended(done),
             _ = shutdown.cancelled() => {
                 let _ = ws.send(close_frame(close_code::AWAY, "scheduler shutting down")).await;
                 return "the scheduler shut down".into();
@@ -285,7 +309,9 @@ async fn session(
                     Some(Ok(Message::Text(t))) => t,
                 };
                 match serde_json::from_str::<EpMsg>(text.as_str()) {
-                    Ok(EpMsg::Finished(report)) => finished(shared, ep_id, report).await,
+                    Ok(EpMsg::Finished(report)) => {
+                        reports.spawn(finished(shared.clone(), ep_id.to_owned(), report));
+                    }
                     Ok(EpMsg::Hello(_)) => bad_frame(shared, &mut bad_frames, "second hello"),
                     Ok(EpMsg::Draining) => {
                         tracing::info!("the EP is draining: no new jobs for it");
@@ -305,14 +331,14 @@ async fn session(
 /// Records a finished job, frees its resources and wakes the dispatcher.
 #[tracing::instrument(name = "scheduler.finish", skip_all,
     fields(job.id = %report.job_id, outcome = ?report.outcome, state = tracing::field::Empty))]
-async fn finished(shared: &Shared, ep_id: &str, report: JobReport) {
+async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
     let job_id = report.job_id.clone();
-    if !shared.eps().is_running(ep_id, &job_id) {
+    if !shared.eps().is_running(&ep_id, &job_id) {
         shared.ignored_reports.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("ignoring a report for a job not running on this EP");
         return;
     }
-    match shared.queue.finish(ep_id.to_owned(), report).await {
+    match shared.queue.finish(ep_id.clone(), report).await {
         Ok(Some(f)) => {
             tracing::Span::current().record("state", f.state.as_str());
             tracing::info!(owner = %f.owner, "job finished");
@@ -323,8 +349,15 @@ async fn finished(shared: &Shared, ep_id: &str, report: JobReport) {
         }
         Err(e) => tracing::error!("failed to record a finished job: {e}"),
     }
-    shared.eps().release(ep_id, &job_id);
+    shared.eps().release(&ep_id, &job_id);
     shared.wake.notify_one();
+}
+
+/// Logs a report's task that panicked (its job is then treated as lost with the session).
+fn report_ended(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done {
+        tracing::error!("failed to record a finished job: its task ended: {e}");
+    }
 }
 
 fn bad_frame(shared: &Shared, count: &mut u32, what: &str) {

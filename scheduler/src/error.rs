@@ -72,6 +72,10 @@ pub enum QueueError {
     /// A previous holder of the connection panicked.
     #[error("database connection lock poisoned")]
     Poisoned,
+    /// The batch of writes this write was part of could not be committed (nothing of it is
+    /// stored); the message says why.
+    #[error("database: the batch of writes was not committed: {0}")]
+    Batch(String),
     /// The blocking task running the query died.
     #[error("database task failed: {0}")]
     Task(String),

@@ -204,7 +204,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let app = api::router(shared.clone()).into_make_service_with_connect_info::<SocketAddr>();
     let stop = shutdown.clone().cancelled_owned();
     let served = match tls {
-        None => axum::serve(listener, app).with_graceful_shutdown(stop).await,
+        None => {
+            // TCP_NODELAY: without it a response (or an Assign) split in two writes waits for
+            // the peer's delayed ACK (40 ms on Linux).
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!("failed to set TCP_NODELAY: {e}");
+                }
+            });
+            axum::serve(listener, app).with_graceful_shutdown(stop).await
+        }
         Some(config) => {
             // axum hands out `ConnectInfo<L::Addr>` for a listener of its own kind only through
             // its `TapIo` adapter; the tap itself does nothing.

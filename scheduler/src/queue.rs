@@ -1,10 +1,17 @@
 //! The durable job queue: jobs, submit-token uses, owner accounts and revocations in one
 //! SQLite file, plus the in-memory set of revoked targets loaded from it at start.
 //!
-//! WAL with `synchronous=FULL`: once a call that writes returns `Ok`, its transaction is on disk.
-//! One connection behind a mutex, used from `spawn_blocking`, serializes every writer, so the
-//! checks inside a transaction (revocation, dedupe key, token uses, "still running on this EP")
-//! cannot race.
+//! WAL, with `synchronous=FULL` ([`Durability::Fsync`], the default) or `NORMAL`
+//! ([`Durability::Log`]): once a call that writes returns `Ok`, its transaction is committed (and,
+//! with `Fsync`, on disk). Every write goes through one writer thread ([`MAX_BATCH`] at most per
+//! batch), group commit as SQLite-based queues do it: the writer takes every write waiting in
+//! its channel, runs them one after the other in one transaction, each in a savepoint of its
+//! own (a write that fails is rolled back alone and answered with its error; the others go on),
+//! commits once — one fsync for the batch — and only then answers each caller with its own
+//! result. A write that arrives alone is committed at once (no timer). Running the writes in
+//! turn keeps the checks inside each one (revocation, dedupe key, token uses, the idle limit,
+//! "still running on this EP") from racing: each sees every write before it, in its batch or
+//! an earlier one. Reads take the one connection (a mutex) between batches, in `spawn_blocking`.
 //!
 //! Stored format: `PRAGMA user_version` = [`SCHEMA_VERSION`]; [`MIGRATIONS`] bring an older
 //! file (or an empty one) up to it in one transaction (version 3 added the nullable
@@ -23,12 +30,12 @@
 //!
 //! The audit trail ([`htfaas_functions::audit`], writer [`AUDIT_WRITER`]) lives in the same
 //! file, in its own `audit_*` tables ([`htfaas_functions::audit::install`]ed at open, with
-//! their own version), and each decision's record is appended in the decision's own
-//! transaction: accepted (and held by policy), dispatched, the EP's report (one `job.finished`
-//! with the input read, the outputs written, the outcome and usage), attempts lost, held,
-//! released and removed (an admin, a revocation, the run time), revocations, EP admin settings
-//! and priority factors. A refused submission, which changes nothing, is recorded in a
-//! transaction of its own
+//! their own version), and each decision's record is appended in the decision's own write (its
+//! savepoint: committed with the decision or rolled back with it): accepted (and held by
+//! policy), dispatched, the EP's report (one `job.finished` with the input read, the outputs
+//! written, the outcome and usage), attempts lost, held, released and removed (an admin, a
+//! revocation, the run time), revocations, EP admin settings and priority factors. A refused
+//! submission, which changes nothing, is recorded in a write of its own
 //! ([`Queue::record_refusal`]). Every job's record names the job, its token's `jti`, owner,
 //! function, digest and event, and its input path.
 
@@ -43,7 +50,8 @@ use htfaas_functions::proto::{
     Account, Attempt, EpAdminState, HOLD_CODE_BY_ADMIN, HOLD_CODE_RETRIES, JobAssignment, JobRecord, JobReport,
     JobState, Outcome, OutputFile, Revocation, RevocationTarget, SubmitRequest, Usage,
 };
-use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use htfaas_functions::store::Durability;
+use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -340,7 +348,13 @@ struct RevocationResult {
 /// Handle on the job store; cheap to clone.
 #[derive(Clone)]
 pub struct Queue {
+    /// The one connection: the writer thread holds it for a whole batch; reads and the rare
+    /// writes outside the writer ([`Queue::audit_checkpoint`]) take it in between.
     conn: Arc<Mutex<Connection>>,
+    /// Runs every write, batched: one transaction and one commit per batch ([`Writer`]).
+    writer: Arc<Writer>,
+    /// What a commit waits for (the `synchronous` pragma set at open).
+    durability: Durability,
     /// The file, for read-only audit queries and verification on connections of their own.
     path: PathBuf,
     /// Half-life of decayed usage, seconds ([`Queue::set_half_life`]).
@@ -397,18 +411,24 @@ pub use htfaas_functions::store::now_ms;
 use htfaas_functions::store::{db_int, from_db};
 
 impl Queue {
-    /// Opens (or creates) the store at `path`: WAL, `synchronous=FULL`, schema migrated to
-    /// [`SCHEMA_VERSION`], revocations loaded into memory. Jobs left `running` by a previous
-    /// process go back to `idle` (their attempt `interrupted`, no loss counted): their EP
-    /// sessions are gone. Usage decays with a half-life of one day until
-    /// [`Queue::set_half_life`].
+    /// [`Queue::open_with`] the default durability, [`Durability::Fsync`].
     pub fn open(path: &Path) -> Result<Queue, QueueError> {
+        Queue::open_with(path, Durability::Fsync)
+    }
+
+    /// Opens (or creates) the store at `path`: WAL, `synchronous` as `durability` says (`FULL`
+    /// for [`Durability::Fsync`], `NORMAL` for [`Durability::Log`]), schema migrated to
+    /// [`SCHEMA_VERSION`], revocations loaded into memory, and the writer thread started. Jobs
+    /// left `running` by a previous process go back to `idle` (their attempt `interrupted`, no
+    /// loss counted): their EP sessions are gone. Usage decays with a half-life of one day
+    /// until [`Queue::set_half_life`].
+    pub fn open_with(path: &Path, durability: Durability) -> Result<Queue, QueueError> {
         let mut conn = Connection::open(path)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
         }
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrate(&mut conn)?;
@@ -447,8 +467,12 @@ impl Queue {
         for r in read_revocations(&conn)? {
             revoked.insert(r.target, r.reason);
         }
+        let conn = Arc::new(Mutex::new(conn));
+        let writer = Writer::start(conn.clone())?;
         Ok(Queue {
-            conn: Arc::new(Mutex::new(conn)),
+            conn,
+            writer: Arc::new(writer),
+            durability,
             path: path.to_owned(),
             half_life_s: 86_400.0,
             revoked: Arc::new(RwLock::new(revoked)),
@@ -477,6 +501,33 @@ impl Queue {
         self.revoked.write().unwrap_or_else(|p| p.into_inner()).insert(target, reason);
     }
 
+    /// The durability the store was opened with.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// How many batches of writes the writer has run (committed or not) since the queue was opened.
+    pub fn write_batches(&self) -> u64 {
+        self.writer.batches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs the write `f` on the writer thread, inside the transaction of a batch and a
+    /// savepoint of its own, and answers once that batch is committed: `f`'s own error (its
+    /// savepoint rolled back, the rest of the batch unaffected), or [`QueueError::Batch`] when
+    /// the batch as a whole could not be committed. Cancelling the returned future does not
+    /// cancel the write.
+    async fn write<T, F>(&self, f: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, QueueError> + Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request: Box<dyn PendingWrite> = Box::new(WriteRequest { f: Some(f), result: None, reply });
+        let sender = self.writer.sender.as_ref().ok_or_else(|| QueueError::Task(WRITER_GONE.into()))?;
+        sender.send(request).map_err(|_| QueueError::Task(WRITER_GONE.into()))?;
+        answer.await.map_err(|_| QueueError::Task(WRITER_GONE.into()))?
+    }
+
     /// Runs `f` on the connection in a blocking task.
     async fn call<T, F>(&self, f: F) -> Result<T, QueueError>
     where
@@ -497,14 +548,14 @@ impl Queue {
     /// `max_idle` idle or held jobs (counting no use), or counts a use of the token and inserts
     /// the job as idle. Every refusal rolls the whole transaction back.
     pub async fn submit(&self, job: NewJob) -> Result<Submitted, QueueError> {
-        let queue = self.clone();
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            // Checked under the connection lock: a revocation made meanwhile either is seen
-            // here or runs its own transaction after this one, and removes this job.
+        let revoked = self.revoked.clone();
+        self.write(move |tx| {
+            // Checked on the writer, which runs every write in turn: a revocation made meanwhile
+            // either is seen here or is written after this job, and removes it.
             let credential =
                 Credential { jti: job.jti.clone(), owner: Some(job.owner.clone()), issuer: job.issuer.clone() };
-            if let Some(reason) = queue.revoked_reason(&credential) {
+            let reason = revoked.read().unwrap_or_else(|p| p.into_inner()).reason_for(&credential).map(str::to_owned);
+            if let Some(reason) = reason {
                 return Err(QueueError::Revoked { reason });
             }
             let existing: Option<String> = tx
@@ -517,7 +568,7 @@ impl Queue {
             if let Some(job_id) = existing {
                 return Ok(Submitted { job_id, created: false });
             }
-            let uses = token_uses(&tx, &job.jti)?;
+            let uses = token_uses(tx, &job.jti)?;
             if uses >= u64::from(job.jobs) {
                 return Err(QueueError::TokenUsed { uses, jobs: job.jobs });
             }
@@ -595,11 +646,10 @@ impl Queue {
                 .with_detail("class", serde_json::json!(job.class))
                 .with_detail("annex", serde_json::json!(req.annex))
                 .with_detail("dedupe_key", req.dedupe_key.clone().into());
-            audit::append_in(&tx, accepted)?;
+            audit::append_in(tx, accepted)?;
             if let Some((code, reason)) = &job.hold {
-                audit::append_in(&tx, AuditDraft::job_held(subject, reason, Some(i64::from(*code))))?;
+                audit::append_in(tx, AuditDraft::job_held(subject, reason, Some(i64::from(*code))))?;
             }
-            tx.commit()?;
             Ok(Submitted { job_id, created: true })
         })
         .await
@@ -629,8 +679,7 @@ impl Queue {
         } else {
             0
         };
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let mut draft = AuditDraft::job_refused(subject, status, &reason);
             for (k, v) in detail {
                 draft = draft.with_detail(&k, v);
@@ -638,8 +687,7 @@ impl Queue {
             if unrecorded_before > 0 {
                 draft = draft.with_detail("unrecorded_before", unrecorded_before.into());
             }
-            audit::append_in(&tx, draft)?;
-            tx.commit()?;
+            audit::append_in(tx, draft)?;
             Ok(true)
         })
         .await
@@ -771,8 +819,7 @@ impl Queue {
     where
         F: Fn(JobAssignment, bool) -> Result<JobAssignment, String> + Send + 'static,
     {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let mut marked = Marked::default();
             let started = db_int(now_ms());
             for id in job_ids {
@@ -813,7 +860,7 @@ impl Queue {
                             params![id, ep_name, ep_session, started],
                         )?;
                         let attempt = attempts.saturating_add(1);
-                        audit::append_in(&tx, AuditDraft::job_dispatched(subject, &ep_name, &ep_session, attempt))?;
+                        audit::append_in(tx, AuditDraft::job_dispatched(subject, &ep_name, &ep_session, attempt))?;
                         marked.assigned.push(a);
                     }
                     Err(reason) => {
@@ -823,12 +870,11 @@ impl Queue {
                             params![id, reason, started],
                         )?;
                         let detail = serde_json::json!({ "state": "failed", "reason": reason, "outcome": null });
-                        audit::append_in(&tx, AuditDraft::new(audit::AuditKind::JobFinished, subject, detail))?;
+                        audit::append_in(tx, AuditDraft::new(audit::AuditKind::JobFinished, subject, detail))?;
                         marked.skipped.push(id);
                     }
                 }
             }
-            tx.commit()?;
             Ok(marked)
         })
         .await
@@ -837,8 +883,7 @@ impl Queue {
     /// Puts jobs that are running on `ep_session` back to idle (an Assign that could not be
     /// sent). Returns how many changed.
     pub async fn revert_to_idle(&self, job_ids: Vec<String>, ep_session: String) -> Result<usize, QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let mut n = 0;
             for id in job_ids {
                 let attempt: Option<(u32, String)> = tx
@@ -859,13 +904,12 @@ impl Queue {
                      attempts = MAX(attempts - 1, 0) WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
                     params![id, ep_session],
                 )?;
-                if let (1, Some((n, ep)), Some(subject)) = (changed, attempt, job_subject(&tx, &id)?) {
+                if let (1, Some((n, ep)), Some(subject)) = (changed, attempt, job_subject(tx, &id)?) {
                     let why = "the Assign could not be sent: the EP left";
-                    audit::append_in(&tx, AuditDraft::attempt_lost(subject, &ep, &ep_session, n, why, "requeued"))?;
+                    audit::append_in(tx, AuditDraft::attempt_lost(subject, &ep, &ep_session, n, why, "requeued"))?;
                 }
                 n += changed;
             }
-            tx.commit()?;
             Ok(n)
         })
         .await
@@ -875,8 +919,7 @@ impl Queue {
     /// [`Loss`]); its attempt ends `lost` (or `interrupted` at shutdown) with `why`. Jobs held or
     /// removed while running there keep their state; their attempt ends the same way.
     pub async fn lose_session(&self, ep_session: String, loss: Loss, why: String) -> Result<Lost, QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let now = now_ms();
             let outcome = match loss {
                 Loss::Ep { .. } => "lost",
@@ -938,20 +981,19 @@ impl Queue {
                 }
             }
             for (id, n, ep) in ended {
-                let Some(subject) = job_subject(&tx, &id)? else { continue };
+                let Some(subject) = job_subject(tx, &id)? else { continue };
                 let then = match (held_reasons.get(&id), out.requeued.contains(&id), loss) {
                     (Some(_), _, _) => "held",
                     (None, true, Loss::Shutdown) => "interrupted",
                     (None, true, _) => "requeued",
                     (None, false, _) => "kept",
                 };
-                audit::append_in(&tx, AuditDraft::attempt_lost(subject.clone(), &ep, &ep_session, n, &why, then))?;
+                audit::append_in(tx, AuditDraft::attempt_lost(subject.clone(), &ep, &ep_session, n, &why, then))?;
                 if let Some(reason) = held_reasons.get(&id) {
                     let code = Some(i64::from(HOLD_CODE_RETRIES));
-                    audit::append_in(&tx, AuditDraft::job_held(subject, reason, code))?;
+                    audit::append_in(tx, AuditDraft::job_held(subject, reason, code))?;
                 }
             }
-            tx.commit()?;
             Ok(out)
         })
         .await
@@ -964,8 +1006,7 @@ impl Queue {
     /// `None` otherwise (unknown, finished, requeued meanwhile, reported twice).
     pub async fn finish(&self, ep_session: String, report: JobReport) -> Result<Option<Finished>, QueueError> {
         let self_half_life = self.half_life_s;
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             // owner, cpus, state, group, EP name.
             type Row = (String, u32, String, Option<String>, Option<String>);
             let row: Option<Row> = tx
@@ -980,7 +1021,7 @@ impl Queue {
                 return Ok(None);
             };
             let ep = ep.unwrap_or_else(|| ep_session.clone());
-            let subject = job_subject(&tx, &report.job_id)?.unwrap_or_default();
+            let subject = job_subject(tx, &report.job_id)?.unwrap_or_default();
             if let (true, Outcome::Cancelled { reason }) = (stored == "running", &report.outcome) {
                 // Cancelled while the scheduler had not asked for it: the EP turned the job away
                 // (it is draining and the Assign crossed its `Draining`). Not the job's fault:
@@ -998,8 +1039,7 @@ impl Queue {
                 let returned = AuditDraft::job_finished(subject, &ep, None, &[], &report.outcome, &report.usage)
                     .with_detail("state", "idle".into())
                     .with_detail("returned", true.into());
-                audit::append_in(&tx, returned)?;
-                tx.commit()?;
+                audit::append_in(tx, returned)?;
                 return Ok(Some(Finished { owner, state: JobState::Idle }));
             }
             let state = match (stored.as_str(), report.outcome.is_success()) {
@@ -1045,7 +1085,7 @@ impl Queue {
                 params![report.job_id, ep_session, outcome, attempt_reason, serde_json::to_string(&u)?, db_int(now)],
             )?;
             let mut acc =
-                read_account(&tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
+                read_account(tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
             let before = acc.core_seconds;
             charge(&mut acc, state, cpus, &u);
             let core_s = acc.core_seconds - before;
@@ -1059,7 +1099,7 @@ impl Queue {
                     "UPDATE group_usage SET core_seconds = core_seconds + ?2 WHERE grp = ?1",
                     params![g, core_s],
                 )?;
-                charge_decayed(&tx, "group_usage", "grp", g, core_s, now, self_half_life)?;
+                charge_decayed(tx, "group_usage", "grp", g, core_s, now, self_half_life)?;
             }
             tx.execute(
                 "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
@@ -1079,7 +1119,7 @@ impl Queue {
                     db_int(acc.bytes_out),
                 ],
             )?;
-            charge_decayed(&tx, "accounts", "owner", &owner, core_s, now, self_half_life)?;
+            charge_decayed(tx, "accounts", "owner", &owner, core_s, now, self_half_life)?;
             // What the EP did, in one record: the input it read, the outputs it stored, how it ended.
             let ran = matches!(
                 report.outcome,
@@ -1095,8 +1135,7 @@ impl Queue {
                 .with_detail("state", state.as_str().into())
                 .with_detail("exit_code", serde_json::json!(exit_code))
                 .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
-            audit::append_in(&tx, finished)?;
-            tx.commit()?;
+            audit::append_in(tx, finished)?;
             Ok(Some(Finished { owner, state }))
         })
         .await
@@ -1113,20 +1152,19 @@ impl Queue {
         by: String,
         closed_eps: Vec<String>,
     ) -> Result<Recorded, QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let at_ms = now_ms();
             let job_reason = QueueError::Revoked { reason: reason.clone() }.to_string();
             let mut result = RevocationResult { removed_jobs: vec![], stopped_jobs: vec![], closed_eps };
             let mut stopped = Vec::new();
             let mut removals = Vec::new();
-            for (id, state, session) in active_jobs_named_by(&tx, &target)? {
+            for (id, state, session) in active_jobs_named_by(tx, &target)? {
                 tx.execute(
                     "UPDATE jobs SET state = 'removed', reason = ?2, hold_code = NULL, finished_at_ms = ?3 \
                      WHERE id = ?1",
                     params![id, job_reason, db_int(at_ms)],
                 )?;
-                if let Some(subject) = job_subject(&tx, &id)? {
+                if let Some(subject) = job_subject(tx, &id)? {
                     removals.push(AuditDraft::job_removed(subject, &job_reason, &state).with_actor(by.clone()));
                 }
                 match (state.as_str(), session) {
@@ -1144,11 +1182,10 @@ impl Queue {
             )?;
             let RevocationResult { removed_jobs, stopped_jobs, closed_eps } = result;
             let revocation = Revocation { target, reason, by, at_ms, removed_jobs, stopped_jobs, closed_eps };
-            audit::append_in(&tx, AuditDraft::token_revoked(&revocation))?;
+            audit::append_in(tx, AuditDraft::token_revoked(&revocation))?;
             for draft in removals {
-                audit::append_in(&tx, draft)?;
+                audit::append_in(tx, draft)?;
             }
-            tx.commit()?;
             Ok(Recorded { revocation, stopped })
         })
         .await
@@ -1165,8 +1202,7 @@ impl Queue {
 
     /// [`Queue::act`] by `actor` (recorded in the audit trail).
     pub async fn act_by(&self, id: String, action: Action, reason: String, actor: String) -> Result<Acted, QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let row: Option<(String, Option<String>)> = tx
                 .query_row("SELECT state, ep_session FROM jobs WHERE id = ?1", params![id], |r| {
                     Ok((r.get(0)?, r.get(1)?))
@@ -1218,15 +1254,14 @@ impl Queue {
             let record = tx
                 .query_row(&format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"), params![id], raw_record)?
                 .decode()?;
-            let subject = job_subject(&tx, &id)?.unwrap_or_default();
+            let subject = job_subject(tx, &id)?.unwrap_or_default();
             let draft = match action {
                 Action::Hold => AuditDraft::job_held(subject, &reason, Some(i64::from(HOLD_CODE_BY_ADMIN)))
                     .with_detail("state", state.as_str().into()),
                 Action::Release => AuditDraft::job_released(subject, &reason),
                 Action::Remove => AuditDraft::job_removed(subject, &record.reason, state.as_str()),
             };
-            audit::append_in(&tx, draft.with_actor(actor))?;
-            tx.commit()?;
+            audit::append_in(tx, draft.with_actor(actor))?;
             let stop = if state == JobState::Running && action != Action::Release { session } else { None };
             Ok(Acted { record, stop })
         })
@@ -1328,8 +1363,7 @@ impl Queue {
     /// before `now_ms` becomes `removed` with a reason naming its run time (and class); returns
     /// `(job id, EP session)` of each, to be stopped there.
     pub async fn remove_overdue(&self, now_ms: u64, grace_ms: u64) -> Result<Vec<(String, String)>, QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let overdue: Vec<(String, String, u64, Option<String>)> = {
                 let mut stmt = tx.prepare_cached(
                     "SELECT id, ep_session, runtime_s, class FROM jobs WHERE state = 'running' \
@@ -1348,12 +1382,11 @@ impl Queue {
                     "UPDATE jobs SET state = 'removed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
                     params![id, reason, db_int(now_ms)],
                 )?;
-                if let Some(subject) = job_subject(&tx, &id)? {
-                    audit::append_in(&tx, AuditDraft::job_removed(subject, &reason, "running"))?;
+                if let Some(subject) = job_subject(tx, &id)? {
+                    audit::append_in(tx, AuditDraft::job_removed(subject, &reason, "running"))?;
                 }
                 out.push((id, session));
             }
-            tx.commit()?;
             Ok(out)
         })
         .await
@@ -1411,8 +1444,7 @@ impl Queue {
     /// Sets an owner's priority factor (creating their account if they have none yet), as
     /// `actor` (recorded in the audit trail).
     pub async fn set_factor(&self, owner: String, factor: f64, actor: String) -> Result<(), QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             tx.execute(
                 "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, wall_seconds, \
                  bytes_in, bytes_out, factor) VALUES (?1, 0, 0, 0, 0, 0, 0, 0, ?2) \
@@ -1422,8 +1454,7 @@ impl Queue {
             let subject = Subject { owner: Some(owner.clone()), ..Subject::default() };
             // The factor as a string: records hold integers and strings, never floats.
             let args = serde_json::json!({ "factor": factor.to_string() });
-            audit::append_in(&tx, AuditDraft::admin_action(&actor, "set_factor", subject, args))?;
-            tx.commit()?;
+            audit::append_in(tx, AuditDraft::admin_action(&actor, "set_factor", subject, args))?;
             Ok(())
         })
         .await
@@ -1472,8 +1503,7 @@ impl Queue {
     /// Stores an EP name's admin settings (replacing what it had), with `audit`, the record of
     /// the admin action that set them, in the same transaction.
     pub async fn set_ep_admin(&self, row: EpAdminRow, audit: AuditDraft) -> Result<(), QueueError> {
-        self.call(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |tx| {
             let state = match row.state {
                 EpAdminState::Enabled => "enabled",
                 EpAdminState::Draining => "draining",
@@ -1491,8 +1521,7 @@ impl Queue {
                     db_int(row.at_ms)
                 ],
             )?;
-            audit::append_in(&tx, audit)?;
-            tx.commit()?;
+            audit::append_in(tx, audit)?;
             Ok(())
         })
         .await
@@ -1500,8 +1529,197 @@ impl Queue {
 
     /// Forgets use counts of tokens that expired before `before_s` (they no longer verify).
     pub async fn prune_token_uses(&self, before_s: u64) -> Result<usize, QueueError> {
-        self.call(move |conn| Ok(conn.execute("DELETE FROM token_uses WHERE exp < ?1", params![db_int(before_s)])?))
-            .await
+        self.write(move |tx| Ok(tx.execute("DELETE FROM token_uses WHERE exp < ?1", params![db_int(before_s)])?)).await
+    }
+}
+
+/// Most writes committed in one transaction: a batch's latency stays bounded under any load.
+pub const MAX_BATCH: usize = 256;
+
+/// Why a write got no answer: the writer thread is gone (the queue is being dropped).
+const WRITER_GONE: &str = "the store's writer stopped";
+
+/// The savepoint each write of a batch runs in.
+const SAVEPOINT: &str = "htfaas_write";
+
+/// The one writer of the store: a thread that takes every write waiting in its channel (at
+/// most [`MAX_BATCH`]), runs them in one transaction, each in a savepoint of its own, commits
+/// once (one fsync with [`Durability::Fsync`]), and then answers each caller. A write that
+/// arrives alone is run at once: the thread waits only when nothing is waiting for it, never
+/// on a timer. Dropping the last handle closes the channel; the thread answers what it has
+/// and ends, and the drop waits for it.
+struct Writer {
+    /// Where writes wait; `None` only while dropping.
+    sender: Option<std::sync::mpsc::Sender<Box<dyn PendingWrite>>>,
+    /// The thread, joined on drop.
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Batches run so far, shared with the thread.
+    batches: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Writer {
+    fn start(conn: Arc<Mutex<Connection>>) -> Result<Writer, QueueError> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = batches.clone();
+        let thread = std::thread::Builder::new()
+            .name("queue-writer".into())
+            .spawn(move || write_loop(&conn, &receiver, &counted))
+            .map_err(|e| QueueError::Task(format!("start the store's writer: {e}")))?;
+        Ok(Writer { sender: Some(sender), thread: Some(thread), batches })
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.sender.take());
+        if let Some(thread) = self.thread.take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            // The thread ends once it has answered what it took; a panic there was answered
+            // already (each write's panic is caught), so there is nothing left to report.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A write waiting for the writer (see [`WriteRequest`]).
+trait PendingWrite: Send {
+    /// Runs the write on `tx` (inside its savepoint); whether it succeeded.
+    fn run(&mut self, tx: &Transaction<'_>) -> bool;
+    /// Answers the caller: with the write's own result when its batch committed (`Ok`), else
+    /// with why the batch did not.
+    fn answer(self: Box<Self>, batch: Result<(), &str>);
+}
+
+/// A write and the caller waiting for its answer.
+struct WriteRequest<T, F> {
+    /// The write; taken when it runs.
+    f: Option<F>,
+    /// What it returned, held until the batch is committed.
+    result: Option<Result<T, QueueError>>,
+    reply: tokio::sync::oneshot::Sender<Result<T, QueueError>>,
+}
+
+impl<T, F> PendingWrite for WriteRequest<T, F>
+where
+    T: Send,
+    F: FnOnce(&Transaction<'_>) -> Result<T, QueueError> + Send,
+{
+    fn run(&mut self, tx: &Transaction<'_>) -> bool {
+        let Some(f) = self.f.take() else { return false };
+        // A panicking write fails alone, as it did when each write had a blocking task.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(tx)))
+            .unwrap_or_else(|_| Err(QueueError::Task("a write to the store panicked".into())));
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn answer(self: Box<Self>, batch: Result<(), &str>) {
+        let result = match (self.result, batch) {
+            // Its own error stands: it was rolled back, whatever became of the batch.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (Some(Ok(_)) | None, Err(why)) => Err(QueueError::Batch(why.to_owned())),
+            (None, Ok(())) => Err(QueueError::Task("a write was answered without being run".into())),
+        };
+        // The caller may have gone (its future dropped); the write stands all the same.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The writer thread's loop: waits for a write only when none is pending, then commits
+/// batches until the channel is closed and empty.
+fn write_loop(
+    conn: &Mutex<Connection>,
+    receiver: &std::sync::mpsc::Receiver<Box<dyn PendingWrite>>,
+    batches: &std::sync::atomic::AtomicU64,
+) {
+    let mut pending: std::collections::VecDeque<Box<dyn PendingWrite>> = std::collections::VecDeque::new();
+    loop {
+        if pending.is_empty() {
+            match receiver.recv() {
+                Ok(w) => pending.push_back(w),
+                Err(_) => return,
+            }
+        }
+        while pending.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(w) => pending.push_back(w),
+                Err(_) => break,
+            }
+        }
+        // Counted before its answers, so that whoever has an answer sees its batch counted.
+        batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        commit_batch(conn, &mut pending);
+    }
+}
+
+/// Runs up to [`MAX_BATCH`] writes from the front of `pending` in one transaction, each in a
+/// savepoint (released when it succeeds, rolled back to when it fails), commits, and answers
+/// each one. If SQLite ends the transaction itself (an I/O error, a full disk), every write
+/// run so far in it is answered with that failure, and the rest stay pending for the next
+/// batch.
+fn commit_batch(conn: &Mutex<Connection>, pending: &mut std::collections::VecDeque<Box<dyn PendingWrite>>) {
+    let Ok(mut guard) = conn.lock() else {
+        let why = QueueError::Poisoned.to_string();
+        for w in pending.drain(..) {
+            w.answer(Err(&why));
+        }
+        return;
+    };
+    let tx = match guard.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            // Only the first write is failed: the rest may succeed in the next batch, and a
+            // store that keeps refusing still answers everyone, one batch at a time.
+            if let Some(w) = pending.pop_front() {
+                w.answer(Err(&format!("begin a transaction: {e}")));
+            }
+            return;
+        }
+    };
+    let mut ran: Vec<Box<dyn PendingWrite>> = Vec::with_capacity(pending.len().min(MAX_BATCH));
+    let mut lost = None;
+    while ran.len() < MAX_BATCH
+        && let Some(mut w) = pending.pop_front()
+    {
+        if let Err(e) = tx.execute_batch(&format!("SAVEPOINT {SAVEPOINT}")) {
+            pending.push_front(w);
+            lost = Some(format!("open a savepoint: {e}"));
+            break;
+        }
+        let ok = w.run(&tx);
+        ran.push(w);
+        let end = if ok {
+            tx.execute_batch(&format!("RELEASE {SAVEPOINT}"))
+        } else {
+            tx.execute_batch(&format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}"))
+        };
+        if let Err(e) = end {
+            lost = Some(format!("end a savepoint: {e}"));
+            break;
+        }
+        if tx.is_autocommit() {
+            // SQLite rolled the whole transaction back after an error of the last write.
+            lost = Some("the transaction was rolled back by an error in the same batch".into());
+            break;
+        }
+    }
+    let committed = match lost {
+        Some(why) => {
+            drop(tx);
+            Err(why)
+        }
+        None => tx.commit().map_err(|e| format!("commit: {e}")),
+    };
+    drop(guard);
+    if let Err(why) = &committed {
+        tracing::error!(writes = ran.len(), "failed to commit a batch of writes: {why}");
+    }
+    for w in ran {
+        w.answer(committed.as_ref().map(|_| ()).map_err(String::as_str));
     }
 }
 
@@ -2301,5 +2519,197 @@ pub(crate) mod tests {
         let rec = q.get(id).await.expect("get").expect("exists");
         assert_eq!(rec.state, JobState::Idle);
         assert_eq!(rec.ep, None);
+    }
+
+    /// A write for [`commit_batch`] and the receiver of its answer.
+    fn write_request<T, F>(f: F) -> (Box<dyn PendingWrite>, tokio::sync::oneshot::Receiver<Result<T, QueueError>>)
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, QueueError> + Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        (Box::new(WriteRequest { f: Some(f), result: None, reply }), answer)
+    }
+
+    fn audit_records(conn: &Connection) -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM audit_records", [], |r| r.get(0)).expect("count")
+    }
+
+    #[tokio::test]
+    async fn a_batch_commits_every_write_but_the_failing_ones_which_leave_nothing_behind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let before = q.call(|c| Ok(audit_records(c))).await.expect("count");
+        let note = |jti: &'static str| {
+            move |tx: &Transaction<'_>| -> Result<&'static str, QueueError> {
+                tx.execute("INSERT INTO token_uses (jti, uses, exp) VALUES (?1, 1, 0)", params![jti])?;
+                let subject = Subject { token_jti: Some(jti.into()), ..Subject::default() };
+                audit::append_in(tx, AuditDraft::job_refused(subject, 400, "test"))?;
+                Ok(jti)
+            }
+        };
+        let mut pending = std::collections::VecDeque::new();
+        let (w, first) = write_request(note("a"));
+        pending.push_back(w);
+        // Writes, and records, then refuses: all of it is rolled back.
+        let (w, refused) = write_request(move |tx: &Transaction<'_>| -> Result<(), QueueError> {
+            note("b")(tx)?;
+            Err(QueueError::Conflict("no".into()))
+        });
+        pending.push_back(w);
+        // SQLite refuses it (a duplicate key) after it recorded.
+        let (w, duplicate) = write_request(move |tx: &Transaction<'_>| -> Result<(), QueueError> {
+            let subject = Subject { token_jti: Some("dup".into()), ..Subject::default() };
+            audit::append_in(tx, AuditDraft::job_refused(subject, 400, "test"))?;
+            note("a")(tx).map(|_| ())
+        });
+        pending.push_back(w);
+        let (w, panicked) = write_request(|_tx: &Transaction<'_>| -> Result<(), QueueError> { panic!("a bug") });
+        pending.push_back(w);
+        let (w, last) = write_request(note("c"));
+        pending.push_back(w);
+        commit_batch(&q.conn, &mut pending);
+        assert!(pending.is_empty());
+
+        assert_eq!(first.await.expect("answered").expect("committed"), "a");
+        assert_eq!(refused.await.expect("answered").expect_err("refused").to_string(), "no");
+        let e = duplicate.await.expect("answered").expect_err("duplicate");
+        assert!(matches!(e, QueueError::Sqlite(_)), "{e}");
+        let e = panicked.await.expect("answered").expect_err("panicked");
+        assert_eq!(e.to_string(), "database task failed: a write to the store panicked");
+        assert_eq!(last.await.expect("answered").expect("committed"), "c");
+
+        let jtis: Vec<String> = q
+            .call(|c| {
+                let mut stmt = c.prepare("SELECT jti FROM token_uses ORDER BY jti")?;
+                Ok(stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
+            })
+            .await
+            .expect("read");
+        assert_eq!(jtis, vec!["a", "c"]);
+        // Two records, one per committed write, chained without a gap.
+        assert_eq!(q.call(|c| Ok(audit_records(c))).await.expect("count"), before + 2);
+        let (signer, _) = AuditSigner::generate("k").expect("key");
+        let report = audit::verify(q.path(), &signer.keys()).expect("verify");
+        assert!(report.ok(), "{:?}", report.first_problem);
+    }
+
+    #[tokio::test]
+    #[expect(clippy::await_holding_lock, reason = "holding the writer's connection is the point: writes pile up")]
+    async fn concurrent_submits_and_finishes_share_commits_and_keep_every_count_exact() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        q.block(RevocationTarget::Jti("revoked".into()), "leaked".into());
+        // Hold the connection so that the writes pile up and are batched.
+        let batches = q.write_batches();
+        let guard = q.conn.lock().expect("lock");
+        let mut submits = tokio::task::JoinSet::new();
+        for i in 0..40 {
+            let q = q.clone();
+            submits.spawn(async move { (i, q.submit(new_job(&format!("k{i}"), &format!("t{i}"), 1)).await) });
+        }
+        // One token for one job, used twice in the same batch: exactly one use counts.
+        for i in [100, 101] {
+            let q = q.clone();
+            submits.spawn(async move { (i, q.submit(new_job(&format!("k{i}"), "shared", 1)).await) });
+        }
+        let revoked = q.clone();
+        submits.spawn(async move { (200, revoked.submit(new_job("k200", "revoked", 1)).await) });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        drop(guard);
+
+        let (mut ids, mut used_up) = (Vec::new(), 0);
+        while let Some(done) = submits.join_next().await {
+            match done.expect("task") {
+                (200, r) => assert_eq!(r.expect_err("revoked").to_string(), "token revoked: leaked"),
+                (100 | 101, Err(QueueError::TokenUsed { uses: 1, jobs: 1 })) => used_up += 1,
+                (_, r) => ids.push(r.expect("accepted").job_id),
+            }
+        }
+        assert_eq!((ids.len(), used_up), (41, 1));
+        // The writer took the first write, waited for the connection, then took the rest.
+        let batches = q.write_batches() - batches;
+        assert!((1..=3).contains(&batches), "43 writes in {batches} batches");
+        let (jobs, shared_uses): (i64, i64) = q
+            .call(|c| {
+                let jobs = c.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0))?;
+                Ok((jobs, c.query_row("SELECT uses FROM token_uses WHERE jti = 'shared'", [], |r| r.get(0))?))
+            })
+            .await
+            .expect("counts");
+        assert_eq!((jobs, shared_uses), (41, 1));
+
+        q.mark_running(ids.clone(), "ep1".into(), "s1".into(), ok).await.expect("mark");
+        let guard = q.conn.lock().expect("lock");
+        let mut finishes = tokio::task::JoinSet::new();
+        for id in ids.iter().cloned().chain(["unknown".to_owned()]) {
+            let q = q.clone();
+            let report = JobReport {
+                job_id: id,
+                outcome: Outcome::Exited { exit_code: 0 },
+                usage: Usage { wall_ms: 1000, ..Usage::default() },
+                outputs: vec![],
+                log: String::new(),
+            };
+            finishes.spawn(async move { q.finish("s1".into(), report).await });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        drop(guard);
+        let mut finished = 0;
+        while let Some(done) = finishes.join_next().await {
+            finished += usize::from(done.expect("task").expect("finish").is_some());
+        }
+        assert_eq!(finished, 41);
+        let acc = q.accounts().await.expect("accounts");
+        assert_eq!(acc[0].jobs_completed, 41);
+        assert!((acc[0].core_seconds - 41.0).abs() < 1e-9);
+        let (signer, _) = AuditSigner::generate("k").expect("key");
+        let report = audit::verify(q.path(), &signer.keys()).expect("verify");
+        assert!(report.ok(), "{:?}", report.first_problem);
+        // 41 accepted, 41 dispatched, 41 finished.
+        assert_eq!(report.records, 123);
+    }
+
+    #[tokio::test]
+    async fn a_lone_write_is_committed_without_waiting_for_others() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open_with(&dir.path().join("q.db"), Durability::Log).expect("open");
+        // Nothing else is written meanwhile: a writer that waited for company (or for a
+        // timer of any length worth having) would not answer these in time.
+        let start = std::time::Instant::now();
+        for i in 0..50 {
+            let job = new_job(&format!("k{i}"), &format!("t{i}"), 1);
+            let answer = tokio::time::timeout(std::time::Duration::from_secs(10), q.submit(job));
+            assert!(answer.await.expect("answered in time").expect("submit").created);
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "took {:?}", start.elapsed());
+    }
+
+    #[tokio::test]
+    async fn durability_sets_the_synchronous_pragma() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (durability, expected) in [(Durability::Fsync, 2), (Durability::Log, 1)] {
+            let q =
+                Queue::open_with(&dir.path().join(format!("{}.db", durability.as_str())), durability).expect("open");
+            assert_eq!(q.durability(), durability);
+            let level: i64 =
+                q.call(|c| Ok(c.query_row("PRAGMA synchronous", [], |r| r.get(0))?)).await.expect("pragma");
+            assert_eq!(level, expected, "{durability:?}");
+        }
+        let q = Queue::open(&dir.path().join("default.db")).expect("open");
+        assert_eq!(q.durability(), Durability::Fsync);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_queue_stops_its_writer_after_answering() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("q.db");
+        let q = Queue::open(&path).expect("open");
+        let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        let writer = Arc::downgrade(&q.writer);
+        drop(q);
+        assert!(writer.upgrade().is_none());
+        let q = Queue::open(&path).expect("reopen");
+        assert_eq!(q.get(id).await.expect("get").expect("kept").state, JobState::Idle);
     }
 }

@@ -97,6 +97,10 @@ impl TlsListener {
     }
 
     fn start_handshake(&mut self, tcp: TcpStream, peer: SocketAddr) {
+        // TCP_NODELAY, as for plain HTTP: no write waits for the peer's delayed ACK.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("failed to set TCP_NODELAY: {e}");
+        }
         let acceptor = self.acceptor.clone();
         let limit = self.handshake_timeout;
         self.handshakes.spawn(async move {

@@ -5,6 +5,8 @@
 //! See `BENCHMARKS.md` for what each figure means and the last results.
 
 pub mod components;
+pub mod e2e;
+pub mod peer;
 
 use serde::{Deserialize, Serialize};
 
@@ -43,5 +45,248 @@ impl Figure {
     pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Figure {
         self.extra.insert(key.into(), value.into());
         self
+    }
+}
+
+/// Nearest-rank percentile (`q` in 0..=1) of `v` (sorted in place); 0 for an empty slice.
+pub fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = (q * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+/// What `htfaas bench` runs.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Fewer events and shorter windows: the whole run under a minute.
+    pub quick: bool,
+    /// Run the peer (Parsl HTEX) and print the ratios.
+    pub peer: bool,
+    /// Also run with every acknowledgement fsynced (JetStream `sync_interval: always`, SQLite
+    /// `synchronous=FULL`, uploads fsynced).
+    pub fsync: bool,
+    /// Gather the components' own benches ([`components`]).
+    pub components: bool,
+    /// EP cores, and Parsl workers: the same number on both sides.
+    pub workers: u32,
+    /// Latency samples (default 1,000; quick 200).
+    pub events: Option<usize>,
+    /// Throughput window (default 60 s; quick 4 s).
+    pub window: Option<std::time::Duration>,
+    /// The workspace root (`bench/peer/`, `examples/`, `cargo bench`).
+    pub root: std::path::PathBuf,
+    /// nats-server binary (default: [`crate::nats::find_binary`]).
+    pub nats_binary: Option<std::path::PathBuf>,
+}
+
+impl BenchOptions {
+    /// Defaults for the workspace at `root`.
+    pub fn new(root: impl Into<std::path::PathBuf>, quick: bool) -> BenchOptions {
+        BenchOptions {
+            quick,
+            peer: true,
+            fsync: true,
+            components: !quick,
+            workers: 2,
+            events: None,
+            window: None,
+            root: root.into(),
+            nats_binary: None,
+        }
+    }
+}
+
+/// The 1-minute load average and the number of cores, as context of the run.
+fn machine() -> (f64, u64) {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN);
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get() as u64);
+    (load, cpus)
+}
+
+/// A figure of `figures` by system and metric.
+fn find(figures: &[Figure], system: &str, metric: &str) -> Option<f64> {
+    figures.iter().find(|f| f.system == system && f.metric == metric).map(|f| f.value)
+}
+
+/// htfaas/peer ratios, each with its target: `(metric, htfaas figure, peer figure, target,
+/// whether the target is an upper bound)`.
+const RATIOS: [(&str, &str, &str, f64, bool); 4] = [
+    ("event_to_output_p50_vs_parsl_noop_p50", "event_to_output_p50", "noop_latency_p50", 1.0, true),
+    ("event_to_output_1mib_p50_vs_parsl_file_task_p50", "event_to_output_1mib_p50", "file_task_latency_p50", 1.0, true),
+    ("throughput_noop_vs_parsl_noop", "throughput_noop", "noop_throughput", 5.0, false),
+    ("throughput_checksum_vs_parsl_noop", "throughput_checksum", "noop_throughput", 5.0, false),
+];
+
+/// The ratios of `figures` (htfaas against the peer) and the absolute targets.
+pub fn ratios(figures: &[Figure]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for (metric, ours, theirs, target, upper) in RATIOS {
+        let (Some(a), Some(b)) = (find(figures, "htfaas", ours), find(figures, "parsl-htex", theirs)) else { continue };
+        if b <= 0.0 {
+            continue;
+        }
+        let r = a / b;
+        let met = if upper { r <= target } else { r >= target };
+        out.push(
+            Figure::new("ratio", metric, (r * 1000.0).round() / 1000.0, "ratio", 1)
+                .with("htfaas", a)
+                .with("peer", b)
+                .with("target", format!("{} {target}", if upper { "<=" } else { ">=" }))
+                .with("met", met),
+        );
+    }
+    if let Some(p99) = find(figures, "htfaas", "event_to_output_p99") {
+        out.push(
+            Figure::new("target", "event_to_output_p99_le_10ms", p99, "ms", 1)
+                .with("target", "<= 10")
+                .with("met", p99 <= 10.0),
+        );
+    }
+    out
+}
+
+/// Runs everything `opts` asks for, emitting each figure as it is measured; returns them all.
+pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::Result<Vec<Figure>> {
+    use std::time::Duration;
+    let figures = std::cell::RefCell::new(Vec::new());
+    let mut emit = |f: Figure| {
+        out(&f);
+        figures.borrow_mut().push(f);
+    };
+    let (load, cpus) = machine();
+    emit(Figure::new("machine", "cpus", cpus as f64, "cores", 1).with("loadavg_1m_at_start", load));
+
+    let modules = e2e::Modules::load(&opts.root.join("examples/target/wasm32-wasip1/release"))?;
+    let events = opts.events.unwrap_or(if opts.quick { 200 } else { 1000 });
+    let window = opts.window.unwrap_or(Duration::from_secs(if opts.quick { 4 } else { 60 }));
+    let warmup = if opts.quick { Duration::from_secs(1) } else { Duration::from_secs(5) };
+    let big = if opts.quick { 20 } else { 200 };
+
+    // JetStream's default durability: every hop has written the work to its log.
+    eprintln!("bench: htfaas, durability log: latency over {events} events, then throughput for {window:?} each");
+    let mut bench =
+        e2e::Bench::start(&modules, opts.workers, htfaas_functions::store::Durability::Log, opts.nats_binary.clone())
+            .await?;
+    let result = async {
+        e2e::latency(&mut bench, events, 20, 1024, "", &mut emit).await?;
+        e2e::latency(&mut bench, big, 3, 1 << 20, "_1mib", &mut emit).await?;
+        e2e::throughput(&mut bench, "noop", 1024, "", warmup, window, &mut emit).await?;
+        e2e::throughput(&mut bench, "checksum", 1024, "", warmup, window, &mut emit).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    let stopped = bench.stop().await;
+    result?;
+    stopped?;
+
+    if opts.fsync {
+        // An fsync behind every acknowledgement, JetStream's included.
+        let fsync_events = (events / 4).max(20);
+        eprintln!("bench: htfaas, durability fsync: latency over {fsync_events} events, throughput for {window:?}");
+        let mut bench = e2e::Bench::start(
+            &modules,
+            opts.workers,
+            htfaas_functions::store::Durability::Fsync,
+            opts.nats_binary.clone(),
+        )
+        .await?;
+        let result = async {
+            e2e::latency(&mut bench, fsync_events, 10, 1024, "_fsync", &mut emit).await?;
+            e2e::throughput(&mut bench, "noop", 1024, "_fsync", warmup, window, &mut emit).await?;
+            anyhow::Ok(())
+        }
+        .await;
+        let stopped = bench.stop().await;
+        result?;
+        stopped?;
+    }
+
+    if opts.peer {
+        eprintln!("bench: the peer, Parsl HTEX with {} workers", opts.workers);
+        let root = opts.root.clone();
+        let (workers, quick) = (opts.workers, opts.quick);
+        let peer = tokio::task::spawn_blocking(move || {
+            let mut got = Vec::new();
+            peer::run(&root, workers, quick, &mut |f| got.push(f)).map(|_| got)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the peer's task: {e}"))??;
+        for f in peer {
+            emit(f);
+        }
+        let ratios = ratios(&figures.borrow());
+        for f in ratios {
+            emit(f);
+        }
+    }
+
+    if opts.components {
+        eprintln!("bench: the components' own benches (cargo bench)");
+        let copts = components::ComponentOptions { root: opts.root.clone(), quick: opts.quick, only: Vec::new() };
+        let got = tokio::task::spawn_blocking(move || {
+            let mut got = Vec::new();
+            components::gather(&copts, &mut |f| got.push(f)).map(|summary| (got, summary))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the components' task: {e}"))??;
+        for f in got.0 {
+            emit(f);
+        }
+    }
+    Ok(figures.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.5), 50.0);
+        assert_eq!(percentile(&mut v, 0.99), 99.0);
+        assert_eq!(percentile(&mut v, 1.0), 100.0);
+        assert_eq!(percentile(&mut v, 0.0), 1.0);
+        let mut one = vec![7.0];
+        assert_eq!(percentile(&mut one, 0.99), 7.0);
+        assert_eq!(percentile(&mut [], 0.5), 0.0);
+    }
+
+    #[test]
+    fn ratios_pair_each_figure_with_the_peer_and_judge_the_target() {
+        let figures = vec![
+            Figure::new("htfaas", "event_to_output_p50", 3.0, "ms", 1000),
+            Figure::new("htfaas", "event_to_output_p99", 12.0, "ms", 1000),
+            Figure::new("htfaas", "throughput_noop", 2000.0, "events/s", 100),
+            Figure::new("parsl-htex", "noop_latency_p50", 4.0, "ms", 1000),
+            Figure::new("parsl-htex", "noop_throughput", 500.0, "tasks/s", 20000),
+        ];
+        let r = ratios(&figures);
+        let get = |m: &str| r.iter().find(|f| f.metric == m).unwrap_or_else(|| panic!("no {m} in {r:?}"));
+        let lat = get("event_to_output_p50_vs_parsl_noop_p50");
+        assert_eq!(lat.value, 0.75);
+        assert_eq!(lat.extra["met"], true);
+        let tp = get("throughput_noop_vs_parsl_noop");
+        assert_eq!(tp.value, 4.0);
+        assert_eq!(tp.extra["met"], false, "4x is short of 5x");
+        let p99 = get("event_to_output_p99_le_10ms");
+        assert_eq!(p99.extra["met"], false);
+        assert!(r.iter().all(|f| f.metric != "throughput_checksum_vs_parsl_noop"), "no figure, no ratio");
+    }
+
+    #[test]
+    fn a_peer_line_parses_as_a_figure_with_its_context() {
+        let line = r#"{"system":"parsl-htex","metric":"workers","value":2,"unit":"workers","n":0,"parsl_version":"2026.10.26"}"#;
+        let f: Figure = serde_json::from_str(line).expect("parses");
+        assert_eq!(f.value, 2.0);
+        assert_eq!(f.extra["parsl_version"], "2026.10.26");
+        let back = serde_json::to_value(&f).expect("json");
+        assert_eq!(back["parsl_version"], "2026.10.26", "context is flattened back");
     }
 }

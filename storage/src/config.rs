@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::auth::Users;
 use crate::macaroons::RootKey;
+use htfaas_functions::store::Durability;
 
 /// Storage endpoint configuration (a section of the htfaas config file).
 #[derive(Debug, Clone, Deserialize)]
@@ -38,6 +39,11 @@ pub struct Config {
     /// Cell name: `cellName` in billing messages and the macaroon location. Default: `htfaas-storage`.
     #[serde(default = "default_cell_name")]
     pub cell_name: String,
+    /// Whether an upload is fsynced (file and directory) before the PUT is answered (`fsync`,
+    /// the default) or only written (`log`: it survives a crash of this process, not of the
+    /// machine). See [`Durability`].
+    #[serde(default)]
+    pub durability: Durability,
 }
 
 fn default_listen() -> SocketAddr {
@@ -62,6 +68,7 @@ pub struct Settings {
     /// Without trailing slash.
     pub(crate) public_url: String,
     pub(crate) cell_name: String,
+    pub(crate) durability: Durability,
 }
 
 impl Settings {
@@ -99,7 +106,17 @@ impl Config {
             .map(|u| u.trim_end_matches('/').to_owned())
             .unwrap_or_else(|| format!("http://{local_addr}"));
         tracing::info!(%local_addr, data_dir = %data_dir.display(), nats = self.nats_url.is_some(), "storage configured");
-        Ok(Settings { listener, local_addr, data_dir, key, users, jetstream, public_url, cell_name: self.cell_name })
+        Ok(Settings {
+            listener,
+            local_addr,
+            data_dir,
+            key,
+            users,
+            jetstream,
+            public_url,
+            cell_name: self.cell_name,
+            durability: self.durability,
+        })
     }
 }
 

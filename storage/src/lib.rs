@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Settings};
@@ -41,7 +42,8 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(8);
 /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
 /// (at most [`EXIT_DEADLINE`]) and flushes NATS.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, local_addr, data_dir, key, users, jetstream, public_url, cell_name } = settings;
+    let Settings { listener, local_addr, data_dir, key, users, jetstream, public_url, cell_name, durability } =
+        settings;
     let state = Arc::new(routes::AppState {
         data_dir,
         key,
@@ -49,8 +51,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         billing: billing::Billing::new(jetstream, cell_name.clone()),
         public_url,
         cell_name,
+        durability,
     });
     let app = routes::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    // TCP_NODELAY: without it a response whose headers and body go out in two writes waits
+    // for the client's delayed ACK (40 ms on Linux) before the body leaves.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("failed to set TCP_NODELAY: {e}");
+        }
+    });
     let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let mut server = tokio::spawn(async move { serve.await });
     tracing::info!(%local_addr, "storage serving");

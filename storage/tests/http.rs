@@ -91,6 +91,7 @@ fn config(dir: &Path, nats_url: Option<String>) -> Config {
         nats_url,
         public_url: None,
         cell_name: "htfaas-storage".into(),
+        durability: Default::default(),
     }
 }
 

@@ -4,6 +4,7 @@
 mod accounting;
 mod annex;
 mod audit;
+mod bench;
 mod bridges;
 mod configs;
 mod console;

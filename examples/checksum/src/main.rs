@@ -3,6 +3,10 @@
 //! Reads `/input/<name>` (its path is the first argument) in 64 KiB chunks, computes adler32
 //! (as dCache records it) and sha256, and writes `/output/<name>.checksums.json`:
 //! `{"file":"<name>","size":N,"adler32":"<8 hex>","sha256":"<64 hex>"}`.
+//!
+//! With `HTFAAS_STAMP=1` in its environment (as `htfaas bench` registers it) it first prints
+//! `start_unix_ns=<the wall clock in ns>` on stderr, so the bench can time an event to the
+//! moment its function starts.
 
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -74,6 +78,10 @@ fn run() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::var_os("HTFAAS_STAMP").is_some() {
+        let ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        eprintln!("start_unix_ns={ns}");
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -36,6 +36,8 @@ pub struct AppState {
     pub public_url: String,
     /// Macaroon location and billing cell name.
     pub cell_name: String,
+    /// Whether uploads are fsynced before they are answered.
+    pub durability: htfaas_functions::store::Durability,
 }
 
 /// The router; serve it with `into_make_service_with_connect_info::<SocketAddr>()`.

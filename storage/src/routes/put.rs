@@ -5,7 +5,8 @@
 //! `max-upload:` caveats cap the size (413).
 //!
 //! The body streams into `.<name>.upload-<uuid>` in the target directory, is fsynced and
-//! renamed into place (then the directory is fsynced); parent directories are created. Answer:
+//! renamed into place (then the directory is fsynced; with `durability: log` neither is fsynced,
+//! so the file survives a crash of this process but not of the machine); parent directories are created. Answer:
 //! **201** for a new file, **200** for an overwrite. If NATS is configured, the `transfer`
 //! message is published and its PubAck awaited *before* answering; if that fails the file is
 //! kept and the answer is 503 (the client may retry the PUT, which then overwrites).
@@ -64,7 +65,8 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
         .ok_or_else(|| HttpError::Internal("parent directory vanished".into()))?;
     let tmp = target.dir.join(format!(".{}.upload-{}", target.name, uuid::Uuid::new_v4().simple()));
     let t0 = Instant::now();
-    let size = match write_body(&tmp, req.into_body(), who.max_upload).await {
+    let fsync = state.durability.fsync_files();
+    let size = match write_body(&tmp, req.into_body(), who.max_upload, fsync).await {
         Ok(n) => n,
         Err(e) => {
             if let Err(rm) = tokio::fs::remove_file(&tmp).await
@@ -81,7 +83,9 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
         tracing::error!("failed to rename the upload into place: {e}");
         return Err(HttpError::Internal("store the file".into()));
     }
-    crate::fs::sync_dir(&target.dir).await?;
+    if fsync {
+        crate::fs::sync_dir(&target.dir).await?;
+    }
     tracing::Span::current().record("size", size);
     tracing::info!(size, overwrite = existed, "stored");
 
@@ -106,8 +110,8 @@ fn too_large(limit: u64) -> HttpError {
     HttpError::TooLarge(format!("upload exceeds the macaroon's max-upload of {limit} bytes"))
 }
 
-/// Streams `body` into a new file at `tmp`, fsyncs it, and returns the byte count.
-async fn write_body(tmp: &Path, body: Body, limit: Option<u64>) -> Result<u64, HttpError> {
+/// Streams `body` into a new file at `tmp`, fsyncs it when `fsync`, and returns the byte count.
+async fn write_body(tmp: &Path, body: Body, limit: Option<u64>, fsync: bool) -> Result<u64, HttpError> {
     let io = |what: &'static str| {
         move |e: std::io::Error| {
             tracing::error!("failed to {what}: {e}");
@@ -133,6 +137,8 @@ async fn write_body(tmp: &Path, body: Body, limit: Option<u64>) -> Result<u64, H
         file.write_all(&chunk).await.map_err(io("write the upload file"))?;
     }
     file.flush().await.map_err(io("write the upload file"))?;
-    file.sync_all().await.map_err(io("sync the upload file"))?;
+    if fsync {
+        file.sync_all().await.map_err(io("sync the upload file"))?;
+    }
     Ok(n)
 }

@@ -1,0 +1,612 @@
+//! The htfaas half of `htfaas bench`: the real stack ([`crate::stack::Stack`]: nats-server,
+//! storage, scheduler, gateway, one EP) driven through its front door, a dCache `transfer`
+//! message published to JetStream, exactly as a dCache pool would publish it.
+//!
+//! - **Latency** ([`latency`]): one event at a time; each names a fresh input file (written
+//!   into the storage's data directory beforehand, so the upload itself fires nothing) under
+//!   the `checksum` function's trigger. Event to output: from just before the publish to the
+//!   moment the storage's own `transfer` message for the output arrives on NATS (the storage
+//!   publishes it once the file is stored and acknowledged, so the output is durable then).
+//!   Event to function start: from the same instant to the guest's first action, which prints
+//!   the wall clock (`HTFAAS_STAMP=1`, read back from the job's log).
+//! - **Throughput** ([`throughput`]): events published as fast as the stack completes them
+//!   (at most about a second of work ahead, [`MIN_BACKLOG`]..[`MAX_BACKLOG`]), for a fixed
+//!   window; completions counted by the scheduler (committed `completed` jobs) at the window's
+//!   ends; queue depths (JetStream consumer, gateway firings, scheduler idle and running)
+//!   sampled every [`SAMPLE_EVERY`].
+//!
+//! Every token and macaroon is checked as in production: the gateway mints a submit token and
+//! obtains two macaroons per job, the scheduler verifies the token, the storage verifies the
+//! macaroons on the EP's GET and PUT.
+
+use super::{Figure, percentile};
+use crate::client::Client;
+use crate::stack::{Stack, StackOptions, USER};
+use anyhow::{Context as _, bail};
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
+use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECT, JobLog, JobRecord, JobState, TransferMessage};
+use htfaas_functions::store::Durability;
+use htfaas_functions::{Digest, FunctionManifest, Resources};
+use std::collections::HashMap;
+use std::future::IntoFuture as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// Events published but not yet completed, at most, during a throughput run: about one
+/// second of work at the rate measured so far, within these bounds. Enough to keep every stage
+/// busy (the queues show where work waits), little enough that the run drains in seconds.
+pub const MIN_BACKLOG: u64 = 100;
+/// See [`MIN_BACKLOG`].
+pub const MAX_BACKLOG: u64 = 2_000;
+/// Queue depths are sampled this often.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+/// A latency sample that takes longer than this fails the bench.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The throughput run waits at most this long for the backlog to drain at its end.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where the functions read and write.
+const SUM_DIR: &str = "/data/bench/sum/";
+const SUM_OUT: &str = "/data/bench/sum-out/";
+const NOOP_DIR: &str = "/data/bench/noop/";
+const NOOP_OUT: &str = "/data/bench/noop-out/";
+
+/// The stack under test, with the two bench functions registered.
+pub struct Bench {
+    stack: Stack,
+    client: Client,
+    /// The storage's data directory (inputs are written here directly).
+    data_dir: PathBuf,
+    js: async_nats::jetstream::Context,
+    /// Every storage `transfer` message for an output: (path, when it arrived).
+    outputs: mpsc::UnboundedReceiver<(String, Instant)>,
+    /// Outputs seen so far (all of them, also those taken from `outputs`).
+    outputs_seen: Arc<AtomicU64>,
+    /// Distinguishes this run's events (pnfsid, session) from any other.
+    run_id: String,
+    next: u64,
+    durability: Durability,
+    _dir: tempfile::TempDir,
+}
+
+/// A guest module to register.
+pub struct Modules {
+    /// `examples/checksum` built for wasm32-wasip1.
+    pub checksum: Vec<u8>,
+    /// `examples/noop` built for wasm32-wasip1.
+    pub noop: Vec<u8>,
+}
+
+impl Modules {
+    /// Reads both from `wasm_dir` (`examples/target/wasm32-wasip1/release`).
+    pub fn load(wasm_dir: &Path) -> anyhow::Result<Modules> {
+        let read = |name: &str| {
+            let p = wasm_dir.join(format!("{name}.wasm"));
+            std::fs::read(&p).with_context(|| {
+                format!(
+                    "read {} (build it: cargo build --release --target wasm32-wasip1 --manifest-path examples/Cargo.toml)",
+                    p.display()
+                )
+            })
+        };
+        Ok(Modules { checksum: read("checksum")?, noop: read("noop")? })
+    }
+}
+
+fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifest {
+    FunctionManifest {
+        name: name.into(),
+        owner: USER.into(),
+        module,
+        trigger: Trigger::on_path(format!("{dir}**")),
+        resources: Resources::new(1, 256, 60),
+        outputs: Outputs { dir: out.into() },
+        args: vec![],
+        env: vec![("HTFAAS_STAMP".into(), "1".into())],
+        annex: None,
+        class: None,
+    }
+}
+
+/// Unix time in ns.
+fn unix_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+impl Bench {
+    /// Starts a stack in a fresh temporary directory with an EP of `workers` cores and
+    /// registers `bench-checksum` and `bench-noop`.
+    pub async fn start(
+        modules: &Modules,
+        workers: u32,
+        durability: Durability,
+        nats_binary: Option<PathBuf>,
+    ) -> anyhow::Result<Bench> {
+        let dir = tempfile::Builder::new().prefix("htfaas-bench-").tempdir().context("make a temporary directory")?;
+        let mut opts = StackOptions::new(dir.path());
+        opts.nats_binary = nats_binary;
+        opts.ep_slots = Resources::new(workers, 4096, 3600);
+        opts.durability = durability;
+        let stack = Stack::start(opts).await.context("start the stack")?;
+        let client = stack.client()?;
+        let checksum = client.upload_module(modules.checksum.clone()).await?;
+        let noop = client.upload_module(modules.noop.clone()).await?;
+        client.register(&manifest("bench-checksum", checksum, SUM_DIR, SUM_OUT)).await?;
+        client.register(&manifest("bench-noop", noop, NOOP_DIR, NOOP_OUT)).await?;
+
+        let nats = async_nats::connect(stack.nats_url()).await.context("connect to NATS")?;
+        let js = async_nats::jetstream::new(nats.clone());
+        let mut sub = nats.subscribe(EVENTS_SUBJECT).await.context("subscribe to the storage's events")?;
+        let (tx, outputs) = mpsc::unbounded_channel();
+        let outputs_seen = Arc::new(AtomicU64::new(0));
+        let seen = outputs_seen.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                let at = Instant::now();
+                let Ok(m) = serde_json::from_slice::<TransferMessage>(&msg.payload) else { continue };
+                let Some(path) = m.transfer_path.or(m.billing_path) else { continue };
+                if path.starts_with(SUM_OUT) || path.starts_with(NOOP_OUT) {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                    if tx.send((path, at)).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let data_dir = dir.path().join("storage/data");
+        let run_id = format!("{:08x}", rand::random::<u32>());
+        Ok(Bench { stack, client, data_dir, js, outputs, outputs_seen, run_id, next: 0, durability, _dir: dir })
+    }
+
+    /// The durability the stack runs with.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Writes a fresh input of `size` bytes under `dir` and returns its storage path.
+    fn new_input(&mut self, dir: &str, prefix: &str, size: usize) -> anyhow::Result<String> {
+        self.next += 1;
+        let path = format!("{dir}{prefix}-{}-{:07}.dat", self.run_id, self.next);
+        write_input(&self.data_dir, &path, size, self.next)?;
+        Ok(path)
+    }
+
+    /// The dCache `transfer` message of a pool write of `path` (a fresh pnfsid and session).
+    fn event(&self, path: &str, size: usize, n: u64) -> Vec<u8> {
+        transfer_write(path, size, &self.run_id, n)
+    }
+
+    /// Publishes one event and waits for JetStream's ack.
+    async fn publish(&self, payload: Vec<u8>) -> anyhow::Result<()> {
+        self.js.publish(EVENTS_SUBJECT, payload.into()).await.context("publish")?.await.context("JetStream ack")?;
+        Ok(())
+    }
+
+    /// Waits for the output of `input` (its path under the output dir, by name).
+    async fn wait_output(&mut self, output: &str) -> anyhow::Result<Instant> {
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.outputs.recv()).await {
+                Ok(Some((path, at))) if path == output => return Ok(at),
+                Ok(Some(_)) => {}
+                Ok(None) => bail!("the NATS subscription ended"),
+                Err(_) => bail!("no output {output} within {EVENT_TIMEOUT:?}; see the stack's jobs"),
+            }
+        }
+    }
+
+    /// GETs `path` of the scheduler's API as its admin.
+    async fn scheduler_get<T: serde::de::DeserializeOwned>(
+        &self,
+        http: &reqwest::Client,
+        path: &str,
+    ) -> anyhow::Result<T> {
+        let url = format!("{}{path}", self.stack.info().scheduler_url);
+        let resp = http.get(&url).bearer_auth(self.stack.scheduler_admin_token()).send().await?;
+        let resp = resp.error_for_status().with_context(|| format!("GET {path}"))?;
+        Ok(resp.json().await?)
+    }
+
+    /// Stops the stack and removes its directory.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.stack.stop().await
+    }
+}
+
+/// Writes `size` bytes of a pattern seeded by `seed` at `data_dir` + `path`.
+fn write_input(data_dir: &Path, path: &str, size: usize, seed: u64) -> anyhow::Result<()> {
+    let file = data_dir.join(path.trim_start_matches('/'));
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+    }
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let bytes: Vec<u8> = (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&file, bytes).with_context(|| format!("write {}", file.display()))
+}
+
+/// A pool's successful `transfer` write of `path`, as dCache publishes it.
+pub fn transfer_write(path: &str, size: usize, run_id: &str, n: u64) -> Vec<u8> {
+    let pnfsid = format!("0000{run_id}{n:016X}");
+    let now_ms = u64::try_from(unix_ns() / 1_000_000).unwrap_or(0);
+    let body = serde_json::json!({
+        "version": "1.0", "msgType": "transfer", "isWrite": "write", "isP2p": false,
+        "status": {"code": 0, "msg": ""}, "cellName": "pool-bench", "cellType": "pool",
+        "cellDomain": "poolBenchDomain",
+        "session": format!("pool:pool-bench@poolBenchDomain:{now_ms}-{n}"),
+        "initiator": format!("door:bench@benchDomain:{run_id}-{n}"),
+        "transferPath": path, "billingPath": path, "pnfsid": pnfsid,
+        "fileSize": size, "transferSize": size, "transferTime": 1,
+        "subject": ["UserNamePrincipal[alice]", "Origin[127.0.0.1]"],
+        "protocolInfo": {"protocol": "Http", "versionMajor": 1, "versionMinor": 1, "host": "127.0.0.1", "port": 0},
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// One latency sample.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Publish to the output's `transfer` message.
+    to_output: Duration,
+    /// Publish to the guest's first action (from its stamp), when found.
+    to_start: Option<Duration>,
+}
+
+/// What [`latency`] measured, for the ratios.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Latency {
+    /// Event to output p50, ms.
+    pub p50_ms: f64,
+    /// Event to output p99, ms.
+    pub p99_ms: f64,
+}
+
+/// Event to output and event to function start, one event at a time: `n` events with inputs
+/// of `size` bytes (after `warmup` untimed ones). `label` names the figures
+/// (`event_to_output{label}_p50`, ...).
+pub async fn latency(
+    bench: &mut Bench,
+    n: usize,
+    warmup: usize,
+    size: usize,
+    label: &str,
+    emit: &mut dyn FnMut(Figure),
+) -> anyhow::Result<Latency> {
+    let mut samples = Vec::with_capacity(n);
+    let mut started_ns: HashMap<String, u128> = HashMap::new();
+    for i in 0..warmup + n {
+        let input = bench.new_input(SUM_DIR, "lat", size)?;
+        let name = input.rsplit('/').next().unwrap_or_default().to_owned();
+        let output = format!("{SUM_OUT}{name}.checksums.json");
+        let payload = bench.event(&input, size, bench.next);
+        let t0 = Instant::now();
+        let t0_ns = unix_ns();
+        bench.publish(payload).await?;
+        let done = bench.wait_output(&output).await?;
+        if i >= warmup {
+            samples.push((input.clone(), done - t0));
+            started_ns.insert(input, t0_ns);
+        }
+    }
+    // The guests' stamps, from the jobs' logs.
+    let http = htfaas_gateway::http_client()?;
+    let limit = warmup + n + 100;
+    let jobs: Vec<JobRecord> = bench.scheduler_get(&http, &format!("/v1/jobs?limit={limit}")).await?;
+    let mut starts: HashMap<String, Duration> = HashMap::new();
+    let mut hops: [Vec<f64>; 3] = Default::default();
+    for job in jobs.iter().filter(|j| started_ns.contains_key(&j.event.path)) {
+        let Some(&t0_ns) = started_ns.get(&job.event.path) else { continue };
+        if job.state != JobState::Completed {
+            bail!("job {} for {} ended {:?}: {}", job.id, job.event.path, job.state, job.reason);
+        }
+        let log: JobLog = bench.scheduler_get(&http, &format!("/v1/jobs/{}/log", job.id)).await?;
+        if let Some(stamp) = log.log.lines().find_map(|l| l.strip_prefix("start_unix_ns=")?.trim().parse::<u128>().ok())
+        {
+            starts.insert(
+                job.event.path.clone(),
+                Duration::from_nanos(u64::try_from(stamp.saturating_sub(t0_ns)).unwrap_or(0)),
+            );
+        }
+        // Where the time goes, at the scheduler's millisecond stamps.
+        let t0_ms = (t0_ns / 1_000_000) as f64;
+        if let (Some(start), Some(end)) = (job.started_at_ms, job.finished_at_ms) {
+            hops[0].push(job.submitted_at_ms as f64 - t0_ms);
+            hops[1].push(start as f64 - job.submitted_at_ms as f64);
+            hops[2].push(end as f64 - start as f64);
+        }
+    }
+    let samples: Vec<Sample> = samples
+        .into_iter()
+        .map(|(input, to_output)| Sample { to_output, to_start: starts.get(&input).copied() })
+        .collect();
+    let mut to_output: Vec<f64> = samples.iter().map(|s| s.to_output.as_secs_f64() * 1e3).collect();
+    let mut to_start: Vec<f64> = samples.iter().filter_map(|s| s.to_start).map(|d| d.as_secs_f64() * 1e3).collect();
+    let d = bench.durability.as_str();
+    let mut out = Latency::default();
+    for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+        let v = percentile(&mut to_output, q);
+        if q == 0.5 {
+            out.p50_ms = v;
+        } else {
+            out.p99_ms = v;
+        }
+        emit(
+            Figure::new("htfaas", format!("event_to_output{label}_{name}"), v, "ms", to_output.len() as u64)
+                .with("input_bytes", size)
+                .with("durability", d),
+        );
+    }
+    if !to_start.is_empty() {
+        for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+            let v = percentile(&mut to_start, q);
+            emit(
+                Figure::new("htfaas", format!("event_to_start{label}_{name}"), v, "ms", to_start.len() as u64)
+                    .with("input_bytes", size)
+                    .with("durability", d),
+            );
+        }
+    }
+    for (mut v, hop) in
+        hops.into_iter().zip(["event_to_submitted", "submitted_to_dispatched", "dispatched_to_finished"])
+    {
+        if v.is_empty() {
+            continue;
+        }
+        let p50 = percentile(&mut v, 0.5);
+        emit(
+            Figure::new("htfaas", format!("hop{label}.{hop}_p50"), p50, "ms", v.len() as u64)
+                .with("resolution_ms", 1)
+                .with("durability", d),
+        );
+    }
+    Ok(out)
+}
+
+/// Queue depths seen during a throughput run.
+#[derive(Debug, Default)]
+struct Depths {
+    samples: u64,
+    jetstream_pending: Vec<f64>,
+    gateway_firings: Vec<f64>,
+    scheduler_idle: Vec<f64>,
+    scheduler_running: Vec<f64>,
+}
+
+/// The scheduler's committed jobs by state, from its `/metrics`.
+async fn scheduler_states(http: &reqwest::Client, bench: &Bench) -> anyhow::Result<HashMap<String, u64>> {
+    let info = bench.stack.info();
+    let token = bench.stack.scheduler_admin_token();
+    let text = http
+        .get(format!("{}/metrics", info.scheduler_url))
+        .bearer_auth(token)
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(parse_job_states(&text))
+}
+
+/// `htfaas_scheduler_jobs{state="X"} N` lines of a Prometheus text.
+pub fn parse_job_states(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("htfaas_scheduler_jobs{state=\"")?;
+            let (state, rest) = rest.split_once("\"}")?;
+            let n = rest.trim().parse::<f64>().ok()?;
+            Some((state.to_owned(), n as u64))
+        })
+        .collect()
+}
+
+/// Sustained throughput of `function` (`noop` or `checksum`) on inputs of `size` bytes over
+/// `window` (after `warmup`), with its queue depths (figures `throughput_{function}{label}`).
+/// Returns events per second.
+pub async fn throughput(
+    bench: &mut Bench,
+    function: &str,
+    size: usize,
+    label: &str,
+    warmup: Duration,
+    window: Duration,
+    emit: &mut dyn FnMut(Figure),
+) -> anyhow::Result<f64> {
+    let dir = match function {
+        "noop" => NOOP_DIR,
+        "checksum" => SUM_DIR,
+        other => bail!("no bench function {other}"),
+    };
+    let http = htfaas_gateway::http_client()?;
+    let before = scheduler_states(&http, bench).await?;
+    let completed0 = before.get("completed").copied().unwrap_or(0);
+    let failed0 = before.get("failed").copied().unwrap_or(0);
+    let outputs0 = bench.outputs_seen.load(Ordering::Relaxed);
+    let mut consumer = bench
+        .js
+        .get_stream(EVENTS_STREAM)
+        .await
+        .context("the events stream")?
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>("gateway")
+        .await
+        .map_err(|e| anyhow::anyhow!("the gateway's consumer: {e}"))?;
+
+    let start = Instant::now();
+    let measure_from = start + warmup;
+    let end = measure_from + window;
+    let mut published: u64 = 0;
+    let mut completed: u64 = 0;
+    let mut acks = FuturesUnordered::new();
+    let mut depths = Depths::default();
+    let mut next_sample = Instant::now();
+    let mut at_window_start: Option<(u64, Instant)> = None;
+    let mut at_window_end: Option<(u64, Instant)> = None;
+    while at_window_end.is_none() {
+        let now = Instant::now();
+        if now >= next_sample {
+            next_sample = now + SAMPLE_EVERY;
+            let states = scheduler_states(&http, bench).await?;
+            completed = states.get("completed").copied().unwrap_or(0).saturating_sub(completed0);
+            let at = Instant::now();
+            if at >= measure_from && at_window_start.is_none() {
+                at_window_start = Some((completed, at));
+            }
+            if at >= end {
+                at_window_end = Some((completed, at));
+            }
+            if at >= measure_from {
+                depths.samples += 1;
+                depths.scheduler_idle.push(states.get("idle").copied().unwrap_or(0) as f64);
+                depths.scheduler_running.push(states.get("running").copied().unwrap_or(0) as f64);
+                if let Ok(info) = consumer.info().await {
+                    depths.jetstream_pending.push((info.num_pending + info.num_ack_pending as u64) as f64);
+                }
+                if let Ok(s) = bench.client.stats().await {
+                    depths.gateway_firings.push(s.firings_pending as f64);
+                }
+            }
+        }
+        // Publish while the backlog allows, acks pipelined (at most 256 outstanding).
+        let rate_so_far = completed as f64 / start.elapsed().as_secs_f64().max(1e-3);
+        let backlog = (rate_so_far as u64).clamp(MIN_BACKLOG, MAX_BACKLOG);
+        let mut burst = 0;
+        while published < completed + backlog && acks.len() < 256 && burst < 64 {
+            let input = bench.new_input(dir, "tp", size)?;
+            let payload = bench.event(&input, size, bench.next);
+            acks.push(bench.js.publish(EVENTS_SUBJECT, payload.into()).await.context("publish")?.into_future());
+            published += 1;
+            burst += 1;
+        }
+        tokio::select! {
+            Some(ack) = acks.next(), if !acks.is_empty() => {
+                ack.context("JetStream ack")?;
+            }
+            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        if start.elapsed() > warmup + window + DRAIN_TIMEOUT {
+            bail!("the throughput run did not reach its window's end");
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.context("JetStream ack")?;
+    }
+    let (c0, t0) = at_window_start.context("no sample at the window's start")?;
+    let (c1, t1) = at_window_end.context("no sample at the window's end")?;
+    let rate = (c1 - c0) as f64 / (t1 - t0).as_secs_f64();
+
+    // Drain: every published event must complete.
+    let drain_start = Instant::now();
+    let (done, failed) = loop {
+        let states = scheduler_states(&http, bench).await?;
+        let done = states.get("completed").copied().unwrap_or(0).saturating_sub(completed0);
+        let failed = states.get("failed").copied().unwrap_or(0).saturating_sub(failed0);
+        if done + failed >= published {
+            break (done, failed);
+        }
+        if drain_start.elapsed() > DRAIN_TIMEOUT {
+            bail!("after {DRAIN_TIMEOUT:?} only {done} of {published} events completed ({failed} failed)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if failed > 0 {
+        bail!("{failed} of {published} jobs failed during the throughput run");
+    }
+    if function == "checksum" {
+        // Every completed checksum job stored its output, and the storage announced it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while bench.outputs_seen.load(Ordering::Relaxed) - outputs0 < done && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let outputs = bench.outputs_seen.load(Ordering::Relaxed) - outputs0;
+        if outputs != done {
+            bail!("{done} checksum jobs completed but {outputs} outputs were announced");
+        }
+    }
+    // The channel holds the outputs of this run; nobody waits for them.
+    while bench.outputs.try_recv().is_ok() {}
+
+    let d = bench.durability.as_str();
+    let metric = format!("throughput_{function}{label}");
+    emit(
+        Figure::new("htfaas", metric.clone(), rate, "events/s", c1 - c0)
+            .with("durability", d)
+            .with("window_s", (t1 - t0).as_secs_f64())
+            .with("input_bytes", size)
+            .with("published", published),
+    );
+    for (name, mut v) in [
+        ("jetstream_pending", depths.jetstream_pending),
+        ("gateway_firings_pending", depths.gateway_firings),
+        ("scheduler_idle", depths.scheduler_idle),
+        ("scheduler_running", depths.scheduler_running),
+    ] {
+        if v.is_empty() {
+            continue;
+        }
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let max = percentile(&mut v, 1.0);
+        let n = v.len() as u64;
+        emit(Figure::new("htfaas", format!("{metric}.queue.{name}_mean"), mean, "events", n).with("durability", d));
+        emit(Figure::new("htfaas", format!("{metric}.queue.{name}_max"), max, "events", n).with("durability", d));
+    }
+    let _ = depths.samples;
+    Ok(rate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_states_come_from_the_gauge_lines_only() {
+        let text = "# TYPE htfaas_scheduler_jobs gauge\n\
+                    htfaas_scheduler_jobs{state=\"idle\"} 12\n\
+                    htfaas_scheduler_jobs{state=\"completed\"} 3456\n\
+                    htfaas_scheduler_jobs_other{state=\"idle\"} 99\n\
+                    htfaas_scheduler_jobs{state=\"running\"} x\n";
+        let s = parse_job_states(text);
+        assert_eq!(s.get("idle"), Some(&12));
+        assert_eq!(s.get("completed"), Some(&3456));
+        assert_eq!(s.get("running"), None, "an unparsable value is no figure");
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn a_transfer_message_parses_as_the_gateway_reads_it() {
+        let bytes = transfer_write("/data/bench/sum/a.dat", 1024, "abcd", 7);
+        let m: TransferMessage = serde_json::from_slice(&bytes).expect("parses");
+        assert_eq!(m.transfer_path.as_deref(), Some("/data/bench/sum/a.dat"));
+        assert_eq!(m.file_size, Some(1024));
+        let other = transfer_write("/data/bench/sum/a.dat", 1024, "abcd", 8);
+        let o: TransferMessage = serde_json::from_slice(&other).expect("parses");
+        assert_ne!(m.pnfsid, o.pnfsid, "each event is a new file");
+        let d = htfaas_gateway::event::dcache::decide(&bytes, "m1", &Default::default()).expect("decides");
+        match d {
+            htfaas_gateway::event::Decision::Fire(ev) => assert_eq!(ev.path, "/data/bench/sum/a.dat"),
+            other => panic!("the gateway does not fire on it: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn inputs_are_deterministic_per_seed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write_input(dir.path(), "/a/b.dat", 100, 1).expect("write");
+        write_input(dir.path(), "/a/c.dat", 100, 2).expect("write");
+        let b = std::fs::read(dir.path().join("a/b.dat")).expect("read");
+        let c = std::fs::read(dir.path().join("a/c.dat")).expect("read");
+        assert_eq!(b.len(), 100);
+        assert_ne!(b, c);
+        write_input(dir.path(), "/a/d.dat", 100, 1).expect("write");
+        assert_eq!(b, std::fs::read(dir.path().join("a/d.dat")).expect("read"));
+    }
+}

@@ -1,0 +1,56 @@
+//! The peer of `htfaas bench`: Parsl's HighThroughputExecutor, installed from PyPI into
+//! `.tools/venv-parsl` by `bench/peer/install.sh` and driven by `bench/peer/parsl_bench.py`
+//! (see `bench/peer/README.md`), on the same machine with the same number of workers, after
+//! the htfaas stack has stopped so that neither competes with the other.
+
+use super::Figure;
+use anyhow::{Context as _, bail};
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Installs the peer (idempotent) and runs it; every JSON line it prints becomes a figure.
+pub fn run(root: &Path, workers: u32, quick: bool, emit: &mut dyn FnMut(Figure)) -> anyhow::Result<Vec<Figure>> {
+    let install = root.join("bench/peer/install.sh");
+    let out = Command::new("bash")
+        .arg(&install)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("run {}", install.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", install.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let python =
+        stdout.lines().last().map(str::trim).filter(|l| !l.is_empty()).context("install.sh printed no python")?;
+    let script = root.join("bench/peer/parsl_bench.py");
+    let mut cmd = Command::new(python);
+    cmd.arg(&script).arg("--workers").arg(workers.to_string());
+    if quick {
+        cmd.arg("--quick");
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("start {python} {}", script.display()))?;
+    let stdout = child.stdout.take().context("the peer's stdout")?;
+    let mut figures = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("read the peer's output")?;
+        match serde_json::from_str::<Figure>(&line) {
+            Ok(f) => {
+                emit(f.clone());
+                figures.push(f);
+            }
+            Err(_) => eprintln!("parsl: {line}"),
+        }
+    }
+    let status = child.wait().context("wait for the peer")?;
+    if !status.success() {
+        bail!("the peer's bench failed ({status})");
+    }
+    Ok(figures)
+}
