@@ -347,6 +347,11 @@ impl Stack {
         Ok(stopped)
     }
 
+    /// The nats-server's process id.
+    pub fn nats_pid(&self) -> u32 {
+        self.nats.pid()
+    }
+
     /// NATS URL.
     pub fn nats_url(&self) -> String {
         self.nats.url()

@@ -453,8 +453,10 @@ pub async fn prepare(
     let storage_err = |e: crate::storage_client::StorageError| {
         if e.is_transient() { Failure::Transient(e.to_string()) } else { Failure::Permanent(e.to_string()) }
     };
-    let read = shared.storage.read_macaroon(&event.path).await.map_err(storage_err)?;
-    let write = shared.storage.write_macaroon(&m.outputs.dir).await.map_err(storage_err)?;
+    // Both requests at once: they are independent, and each is a round trip to the storage.
+    let (read, write) =
+        tokio::join!(shared.storage.read_macaroon(&event.path), shared.storage.write_macaroon(&m.outputs.dir));
+    let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(SubmitRequest {
         function: FunctionRef {

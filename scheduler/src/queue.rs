@@ -431,6 +431,8 @@ impl Queue {
         conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Every hot statement stays parsed ([`exec`]).
+        conn.set_prepared_statement_cache_capacity(128);
         migrate(&mut conn)?;
         audit::install(&conn, AUDIT_WRITER)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -440,12 +442,14 @@ impl Queue {
             )?;
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?.collect::<Result<_, _>>()?
         };
-        tx.execute(
+        exec(
+            &tx,
             "UPDATE attempts SET outcome = 'interrupted', reason = 'the scheduler restarted', ended_at_ms = ?1 \
              WHERE ended_at_ms IS NULL",
             params![db_int(now_ms())],
         )?;
-        let requeued = tx.execute(
+        let requeued = exec(
+            &tx,
             "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
              WHERE state = 'running'",
             [],
@@ -585,7 +589,8 @@ impl Queue {
                     return Err(QueueError::TooManyIdle { owner: job.owner, idle, max });
                 }
             }
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO token_uses (jti, uses, exp) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (jti) DO UPDATE SET uses = excluded.uses",
                 params![job.jti, db_int(uses + 1), db_int(job.exp)],
@@ -596,7 +601,8 @@ impl Queue {
                 Some((code, reason)) => ("held", Some(*code), reason.as_str()),
                 None => ("idle", None, ""),
             };
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
                  runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
@@ -849,12 +855,14 @@ impl Queue {
                 });
                 match prepared {
                     Ok(a) => {
-                        tx.execute(
+                        exec(
+                            tx,
                             "UPDATE jobs SET state = 'running', ep = ?2, ep_session = ?3, started_at_ms = ?4, \
                              attempts = attempts + 1, not_before_ms = 0 WHERE id = ?1 AND state = 'idle'",
                             params![id, ep_name, ep_session, started],
                         )?;
-                        tx.execute(
+                        exec(
+                            tx,
                             "INSERT OR REPLACE INTO attempts (job_id, n, ep, ep_session, started_at_ms, outcome) \
                              SELECT id, attempts, ?2, ?3, ?4, 'running' FROM jobs WHERE id = ?1",
                             params![id, ep_name, ep_session, started],
@@ -865,7 +873,8 @@ impl Queue {
                     }
                     Err(reason) => {
                         tracing::error!(job.id = %id, "failing the job: {reason}");
-                        tx.execute(
+                        exec(
+                            tx,
                             "UPDATE jobs SET state = 'failed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
                             params![id, reason, started],
                         )?;
@@ -895,11 +904,13 @@ impl Queue {
                     )
                     .optional()?;
                 // Never sent: the attempt did not happen.
-                tx.execute(
+                exec(
+                    tx,
                     "DELETE FROM attempts WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
                     params![id, ep_session],
                 )?;
-                let changed = tx.execute(
+                let changed = exec(
+                    tx,
                     "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
                      attempts = MAX(attempts - 1, 0) WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
                     params![id, ep_session],
@@ -932,7 +943,8 @@ impl Queue {
                 stmt.query_map(params![ep_session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                     .collect::<Result<_, _>>()?
             };
-            tx.execute(
+            exec(
+                tx,
                 "UPDATE attempts SET outcome = ?2, reason = ?3, ended_at_ms = ?4 \
                  WHERE ep_session = ?1 AND ended_at_ms IS NULL",
                 params![ep_session, outcome, why, db_int(now)],
@@ -948,7 +960,8 @@ impl Queue {
             for (id, lost, ep) in running {
                 match loss {
                     Loss::Shutdown => {
-                        tx.execute(
+                        exec(
+                            tx,
                             "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
                              WHERE id = ?1",
                             params![id],
@@ -961,7 +974,8 @@ impl Queue {
                             lost + 1,
                             ep.as_deref().unwrap_or("?")
                         );
-                        tx.execute(
+                        exec(
+                            tx,
                             "UPDATE jobs SET state = 'held', reason = ?2, hold_code = ?3, lost = lost + 1, \
                              ep_session = NULL WHERE id = ?1",
                             params![id, reason, HOLD_CODE_RETRIES],
@@ -971,7 +985,8 @@ impl Queue {
                     }
                     Loss::Ep { backoff_ms, .. } => {
                         let delay = backoff_ms.saturating_mul(1u64 << lost.min(32)).min(MAX_BACKOFF_MS);
-                        tx.execute(
+                        exec(
+                            tx,
                             "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
                              lost = lost + 1, not_before_ms = ?2 WHERE id = ?1",
                             params![id, db_int(now.saturating_add(delay))],
@@ -1027,12 +1042,14 @@ impl Queue {
                 // (it is draining and the Assign crossed its `Draining`). Not the job's fault:
                 // it goes back to idle at once, nothing charged, no loss counted.
                 let now = db_int(now_ms());
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE attempts SET outcome = 'returned', reason = ?3, ended_at_ms = ?4 \
                      WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
                     params![report.job_id, ep_session, format!("the EP returned it: {reason}"), now],
                 )?;
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL WHERE id = ?1",
                     params![report.job_id],
                 )?;
@@ -1058,7 +1075,8 @@ impl Queue {
                 _ => (Some(report.outcome.reason()), Some(db_int(now_ms()))),
             };
             let u = report.usage;
-            tx.execute(
+            exec(
+                tx,
                 "UPDATE jobs SET state = ?2, reason = COALESCE(?3, reason), exit_code = ?4, usage = ?5, \
                  outputs = ?6, log = ?7, finished_at_ms = COALESCE(?8, finished_at_ms) WHERE id = ?1",
                 params![
@@ -1079,7 +1097,8 @@ impl Queue {
                 _ => "stopped",
             };
             let attempt_reason = if state == JobState::Completed { String::new() } else { report.outcome.reason() };
-            tx.execute(
+            exec(
+                tx,
                 "UPDATE attempts SET outcome = ?3, reason = ?4, usage = ?5, ended_at_ms = ?6 \
                  WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
                 params![report.job_id, ep_session, outcome, attempt_reason, serde_json::to_string(&u)?, db_int(now)],
@@ -1090,18 +1109,17 @@ impl Queue {
             charge(&mut acc, state, cpus, &u);
             let core_s = acc.core_seconds - before;
             if let Some(g) = &group {
-                tx.execute(
+                exec(
+                    tx,
                     "INSERT INTO group_usage (grp, core_seconds, usage_decayed, usage_at_ms) VALUES (?1, 0, 0, ?2) \
                      ON CONFLICT (grp) DO NOTHING",
                     params![g, db_int(now)],
                 )?;
-                tx.execute(
-                    "UPDATE group_usage SET core_seconds = core_seconds + ?2 WHERE grp = ?1",
-                    params![g, core_s],
-                )?;
+                exec(tx, "UPDATE group_usage SET core_seconds = core_seconds + ?2 WHERE grp = ?1", params![g, core_s])?;
                 charge_decayed(tx, "group_usage", "grp", g, core_s, now, self_half_life)?;
             }
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
                  wall_seconds, bytes_in, bytes_out) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
                  ON CONFLICT (owner) DO UPDATE SET jobs_completed = excluded.jobs_completed, \
@@ -1159,7 +1177,8 @@ impl Queue {
             let mut stopped = Vec::new();
             let mut removals = Vec::new();
             for (id, state, session) in active_jobs_named_by(tx, &target)? {
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE jobs SET state = 'removed', reason = ?2, hold_code = NULL, finished_at_ms = ?3 \
                      WHERE id = ?1",
                     params![id, job_reason, db_int(at_ms)],
@@ -1176,7 +1195,8 @@ impl Queue {
                 }
             }
             let (kind, value) = target_parts(&target);
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO revocations (kind, value, reason, \"by\", at_ms, result) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![kind, value, reason, by, db_int(at_ms), serde_json::to_string(&result)?],
             )?;
@@ -1222,7 +1242,8 @@ impl Queue {
             };
             match (action, state) {
                 (Action::Hold, JobState::Idle | JobState::Running) => {
-                    tx.execute(
+                    exec(
+                        tx,
                         "UPDATE jobs SET state = 'held', reason = ?2, hold_code = ?3 WHERE id = ?1",
                         params![id, reason, HOLD_CODE_BY_ADMIN],
                     )?;
@@ -1234,7 +1255,8 @@ impl Queue {
                 (Action::Release, JobState::Held) => {
                     // A fresh start: what the stopped attempt left is forgotten (it was charged
                     // if it reported while held).
-                    tx.execute(
+                    exec(
+                        tx,
                         "UPDATE jobs SET state = 'idle', reason = '', hold_code = NULL, ep = NULL, \
                          ep_session = NULL, started_at_ms = NULL, finished_at_ms = NULL, exit_code = NULL, \
                          usage = NULL, outputs = NULL, log = NULL, lost = 0, not_before_ms = 0 WHERE id = ?1",
@@ -1243,7 +1265,8 @@ impl Queue {
                 }
                 (Action::Release, _) => return Err(conflict("held")),
                 (Action::Remove, JobState::Idle | JobState::Running | JobState::Held) => {
-                    tx.execute(
+                    exec(
+                        tx,
                         "UPDATE jobs SET state = 'removed', reason = ?2, hold_code = NULL, finished_at_ms = ?3 \
                          WHERE id = ?1",
                         params![id, format!("removed by admin: {reason}"), db_int(now_ms())],
@@ -1378,7 +1401,8 @@ impl Queue {
             for (id, session, runtime_s, class) in overdue {
                 let class = class.map(|c| format!(" (job class {c})")).unwrap_or_default();
                 let reason = format!("job exceeded its run time of {runtime_s} s{class}");
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE jobs SET state = 'removed', reason = ?2, finished_at_ms = ?3 WHERE id = ?1",
                     params![id, reason, db_int(now_ms)],
                 )?;
@@ -1445,7 +1469,8 @@ impl Queue {
     /// `actor` (recorded in the audit trail).
     pub async fn set_factor(&self, owner: String, factor: f64, actor: String) -> Result<(), QueueError> {
         self.write(move |tx| {
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, wall_seconds, \
                  bytes_in, bytes_out, factor) VALUES (?1, 0, 0, 0, 0, 0, 0, 0, ?2) \
                  ON CONFLICT (owner) DO UPDATE SET factor = excluded.factor",
@@ -1509,7 +1534,8 @@ impl Queue {
                 EpAdminState::Draining => "draining",
                 EpAdminState::Disabled => "disabled",
             };
-            tx.execute(
+            exec(
+                tx,
                 "INSERT OR REPLACE INTO ep_admin (name, state, deadline_ms, paused, reason, at_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
@@ -1529,7 +1555,7 @@ impl Queue {
 
     /// Forgets use counts of tokens that expired before `before_s` (they no longer verify).
     pub async fn prune_token_uses(&self, before_s: u64) -> Result<usize, QueueError> {
-        self.write(move |tx| Ok(tx.execute("DELETE FROM token_uses WHERE exp < ?1", params![db_int(before_s)])?)).await
+        self.write(move |tx| Ok(exec(tx, "DELETE FROM token_uses WHERE exp < ?1", params![db_int(before_s)])?)).await
     }
 }
 
@@ -1539,8 +1565,16 @@ pub const MAX_BATCH: usize = 256;
 /// Why a write got no answer: the writer thread is gone (the queue is being dropped).
 const WRITER_GONE: &str = "the store's writer stopped";
 
-/// The savepoint each write of a batch runs in.
-const SAVEPOINT: &str = "htfaas_write";
+/// The savepoint each write of a batch runs in: opened, then released or rolled back to.
+const SAVEPOINT_OPEN: &str = "SAVEPOINT htfaas_write";
+const SAVEPOINT_RELEASE: &str = "RELEASE htfaas_write";
+const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO htfaas_write";
+
+/// Runs `sql` through the connection's statement cache: the hot writes run thousands of times
+/// a second, and parsing their SQL each time was a tenth of the scheduler's CPU.
+fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
 
 /// The one writer of the store: a thread that takes every write waiting in its channel (at
 /// most [`MAX_BATCH`]), runs them in one transaction, each in a savepoint of its own, commits
@@ -1685,7 +1719,7 @@ fn commit_batch(conn: &Mutex<Connection>, pending: &mut std::collections::VecDeq
     while ran.len() < MAX_BATCH
         && let Some(mut w) = pending.pop_front()
     {
-        if let Err(e) = tx.execute_batch(&format!("SAVEPOINT {SAVEPOINT}")) {
+        if let Err(e) = exec(&tx, SAVEPOINT_OPEN, []) {
             pending.push_front(w);
             lost = Some(format!("open a savepoint: {e}"));
             break;
@@ -1693,9 +1727,9 @@ fn commit_batch(conn: &Mutex<Connection>, pending: &mut std::collections::VecDeq
         let ok = w.run(&tx);
         ran.push(w);
         let end = if ok {
-            tx.execute_batch(&format!("RELEASE {SAVEPOINT}"))
+            exec(&tx, SAVEPOINT_RELEASE, [])
         } else {
-            tx.execute_batch(&format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}"))
+            exec(&tx, SAVEPOINT_ROLLBACK, []).and_then(|_| exec(&tx, SAVEPOINT_RELEASE, []))
         };
         if let Err(e) = end {
             lost = Some(format!("end a savepoint: {e}"));
@@ -1757,7 +1791,8 @@ fn charge_decayed(
         .optional()?;
     let (u, at) = row.unwrap_or((0.0, 0));
     let u = decay(u, from_db(at), now, half_life_s) + core_s;
-    tx.execute(
+    exec(
+        tx,
         &format!("UPDATE {table} SET usage_decayed = ?2, usage_at_ms = ?3 WHERE {key} = ?1"),
         params![name, u, db_int(now)],
     )?;

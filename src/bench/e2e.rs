@@ -302,7 +302,20 @@ pub async fn latency(
     // The guests' stamps, from the jobs' logs.
     let http = htfaas_gateway::http_client()?;
     let limit = warmup + n + 100;
-    let jobs: Vec<JobRecord> = bench.scheduler_get(&http, &format!("/v1/jobs?limit={limit}")).await?;
+    // The output is stored before the EP reports: wait until every job's end is committed.
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    let jobs = loop {
+        let jobs: Vec<JobRecord> = bench.scheduler_get(&http, &format!("/v1/jobs?limit={limit}")).await?;
+        let ours = || jobs.iter().filter(|j| started_ns.contains_key(&j.event.path));
+        if ours().count() >= started_ns.len() && ours().all(|j| !matches!(j.state, JobState::Idle | JobState::Running))
+        {
+            break jobs;
+        }
+        if Instant::now() > deadline {
+            bail!("the latency run's jobs did not all end within {EVENT_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let mut starts: HashMap<String, Duration> = HashMap::new();
     let mut hops: [Vec<f64>; 3] = Default::default();
     for job in jobs.iter().filter(|j| started_ns.contains_key(&j.event.path)) {
@@ -371,6 +384,25 @@ pub async fn latency(
         );
     }
     Ok(out)
+}
+
+/// CPU time (user + system) of process `pid` so far (`/proc/<pid>/stat`), or `None` where
+/// there is no procfs.
+pub fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), from its closing parenthesis.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / USER_HZ))
+}
+
+/// The unit of `/proc/<pid>/stat` times: `USER_HZ`, 100 per second in Linux's user ABI.
+const USER_HZ: f64 = 100.0;
+
+/// CPU time of this process (every htfaas component) and of the nats-server.
+fn stack_cpu(bench: &Bench) -> (Option<Duration>, Option<Duration>) {
+    (cpu_time("self"), cpu_time(&bench.stack.nats_pid().to_string()))
 }
 
 /// Queue depths seen during a throughput run.
@@ -451,6 +483,7 @@ pub async fn throughput(
     let mut next_sample = Instant::now();
     let mut at_window_start: Option<(u64, Instant)> = None;
     let mut at_window_end: Option<(u64, Instant)> = None;
+    let (mut cpu_start, mut cpu_end) = ((None, None), (None, None));
     while at_window_end.is_none() {
         let now = Instant::now();
         if now >= next_sample {
@@ -460,9 +493,11 @@ pub async fn throughput(
             let at = Instant::now();
             if at >= measure_from && at_window_start.is_none() {
                 at_window_start = Some((completed, at));
+                cpu_start = stack_cpu(bench);
             }
             if at >= end {
                 at_window_end = Some((completed, at));
+                cpu_end = stack_cpu(bench);
             }
             if at >= measure_from {
                 depths.samples += 1;
@@ -544,6 +579,19 @@ pub async fn throughput(
             .with("input_bytes", size)
             .with("published", published),
     );
+    // CPU per event: steadier than a rate on a shared machine. The bench's own publisher runs
+    // in this process too (it writes each input file and publishes its event).
+    for (who, (a, b)) in [("htfaas", (cpu_start.0, cpu_end.0)), ("nats_server", (cpu_start.1, cpu_end.1))] {
+        if let (Some(a), Some(b)) = (a, b)
+            && c1 > c0
+        {
+            let per = (b.saturating_sub(a)).as_secs_f64() * 1e3 / (c1 - c0) as f64;
+            emit(
+                Figure::new("htfaas", format!("{metric}.cpu_ms_per_event.{who}"), per, "ms", c1 - c0)
+                    .with("durability", d),
+            );
+        }
+    }
     for (name, mut v) in [
         ("jetstream_pending", depths.jetstream_pending),
         ("gateway_firings_pending", depths.gateway_firings),
@@ -595,6 +643,18 @@ mod tests {
             htfaas_gateway::event::Decision::Fire(ev) => assert_eq!(ev.path, "/data/bench/sum/a.dat"),
             other => panic!("the gateway does not fire on it: {other:?}"),
         }
+    }
+
+    #[test]
+    fn this_process_has_cpu_time() {
+        let a = cpu_time("self").expect("procfs");
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time("self").expect("procfs") >= a);
+        assert!(cpu_time("no-such-pid").is_none());
     }
 
     #[test]
