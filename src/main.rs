@@ -36,7 +36,7 @@ enum Command {
     /// Benchmark the whole path on a fresh local stack against the peer (Parsl's
     /// HighThroughputExecutor) on this machine; one JSON line per figure (see BENCHMARKS.md).
     Bench {
-        /// Fewer events, 4 s windows, no component benches: under a minute.
+        /// Fewer events, 3 s windows, a shorter peer run, no component benches: under a minute.
         #[arg(long)]
         quick: bool,
         /// Skip the peer (and the ratios).
@@ -54,10 +54,10 @@ enum Command {
         /// EP cores and Parsl workers.
         #[arg(long, default_value_t = 2)]
         workers: u32,
-        /// Latency samples (default 1000; --quick 200).
+        /// Latency samples, htfaas and peer (default 1000; --quick 150).
         #[arg(long)]
         events: Option<usize>,
-        /// Throughput window in seconds (default 60; --quick 4).
+        /// Throughput window in seconds (default 60; --quick 3).
         #[arg(long)]
         window_s: Option<u64>,
         /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).

@@ -377,6 +377,21 @@ impl std::fmt::Debug for Firings {
 pub use htfaas_functions::store::now_ms;
 use htfaas_functions::store::{Durability, db_int, from_db};
 
+/// One row of `sql` through the connection's statement cache.
+fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    f: F,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
+
+/// Runs `sql` through the connection's statement cache (hot statements are parsed once).
+fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
 /// Retry delay after the `attempts`-th transient failure.
 pub fn backoff_ms(attempts: u32) -> u64 {
     BASE_BACKOFF_MS.saturating_mul(1u64 << attempts.saturating_sub(1).min(20)).min(MAX_BACKOFF_MS)
@@ -415,9 +430,14 @@ impl Firings {
         }
         conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
         conn.busy_timeout(Duration::from_secs(5))?;
+        // Hot statements stay parsed ([`exec`], [`row`]) with plans that do not depend on the
+        // values bound (see the scheduler's queue for why).
+        conn.set_prepared_statement_cache_capacity(64);
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         migrate(&mut conn)?;
         audit::install(&conn, crate::audit::AUDIT_WRITER)?;
-        let requeued = conn.execute(
+        let requeued = exec(
+            &conn,
             "UPDATE firings SET state = 'pending', updated_ms = ?1 WHERE state = 'submitting'",
             params![db_int(now_ms())],
         )?;
@@ -425,7 +445,7 @@ impl Firings {
             tracing::info!(firings = requeued, "firings left submitting by the previous process are pending again");
         }
         let pending: i64 =
-            conn.query_row("SELECT COUNT(*) FROM firings WHERE state IN ('pending', 'submitting')", [], |r| r.get(0))?;
+            row(&conn, "SELECT COUNT(*) FROM firings WHERE state IN ('pending', 'submitting')", [], |r| r.get(0))?;
         Ok(Firings {
             conn: Arc::new(Mutex::new(conn)),
             path: Arc::new(path.to_owned()),
@@ -580,7 +600,8 @@ impl Firings {
                         Ok(p) => p,
                         Err(e) => {
                             tracing::error!(seq, "stored firing unreadable, refused: {e}");
-                            tx.execute(
+                            exec(
+                                &tx,
                                 "UPDATE firings SET state = 'refused', reason = ?2, updated_ms = ?3 WHERE seq = ?1",
                                 params![seq, format!("stored firing unreadable: {e}"), db_int(now_ms)],
                             )?;
@@ -602,7 +623,8 @@ impl Firings {
                             .or_insert_with(|| TokenBucket::new(rate.per_s, rate.burst, now_ms));
                         let at = bucket.reserve(now_ms);
                         if at > now_ms {
-                            tx.execute(
+                            exec(
+                                &tx,
                                 "UPDATE firings SET not_before_ms = ?2, rate_reserved = 1, updated_ms = ?3 \
                                  WHERE seq = ?1",
                                 params![seq, db_int(at), db_int(now_ms)],
@@ -611,7 +633,8 @@ impl Firings {
                             continue;
                         }
                     }
-                    tx.execute(
+                    exec(
+                        &tx,
                         "UPDATE firings SET state = 'submitting', attempts = attempts + 1, updated_ms = ?2 \
                          WHERE seq = ?1",
                         params![seq, db_int(now_ms)],
@@ -646,7 +669,8 @@ impl Firings {
     ) -> Result<(), FiringError> {
         let changed = self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let changed = tx.execute(
+            let changed = exec(
+                &tx,
                 "UPDATE firings SET state = ?2, job_id = ?3, reason = ?4, updated_ms = ?5 \
                  WHERE seq = ?1 AND state = 'submitting'",
                 params![seq, state.as_str(), job_id, reason, db_int(now_ms)],
@@ -668,10 +692,11 @@ impl Firings {
     pub fn retry_later(&self, seq: i64, reason: &str, now_ms: u64) -> Result<u64, FiringError> {
         self.with(|conn| {
             let attempts: Option<i64> =
-                conn.query_row("SELECT attempts FROM firings WHERE seq = ?1", params![seq], |r| r.get(0)).optional()?;
+                row(conn, "SELECT attempts FROM firings WHERE seq = ?1", params![seq], |r| r.get(0)).optional()?;
             let attempts = u32::try_from(attempts.unwrap_or(1)).unwrap_or(u32::MAX);
             let at = now_ms.saturating_add(backoff_ms(attempts));
-            conn.execute(
+            exec(
+                conn,
                 "UPDATE firings SET state = 'pending', reason = ?2, not_before_ms = ?3, rate_reserved = 1, \
                  updated_ms = ?4 WHERE seq = ?1 AND state = 'submitting'",
                 params![seq, reason, db_int(at), db_int(now_ms)],
@@ -684,7 +709,7 @@ impl Firings {
     pub fn next_due_ms(&self) -> Result<Option<u64>, FiringError> {
         self.with(|conn| {
             let at: Option<i64> =
-                conn.query_row("SELECT MIN(not_before_ms) FROM firings WHERE state = 'pending'", [], |r| r.get(0))?;
+                row(conn, "SELECT MIN(not_before_ms) FROM firings WHERE state = 'pending'", [], |r| r.get(0))?;
             Ok(at.map(from_db))
         })
     }
@@ -693,12 +718,14 @@ impl Firings {
     /// expired provenance entries; returns how many firings.
     pub fn prune(&self, now_ms: u64, batch: usize) -> Result<usize, FiringError> {
         self.with(|conn| {
-            conn.execute(
+            exec(
+                conn,
                 "DELETE FROM provenance WHERE macaroon IN (SELECT macaroon FROM provenance WHERE expires_ms <= ?1 \
                  LIMIT ?2)",
                 params![db_int(now_ms), db_int(batch as u64)],
             )?;
-            Ok(conn.execute(
+            Ok(exec(
+                conn,
                 "DELETE FROM firings WHERE seq IN (SELECT seq FROM firings WHERE expires_ms <= ?1 \
                  AND state IN ('submitted', 'refused', 'superseded') LIMIT ?2)",
                 params![db_int(now_ms), db_int(batch as u64)],
@@ -726,7 +753,8 @@ impl Firings {
         let json = serde_json::to_string(cause)?;
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
+            exec(
+                &tx,
                 "INSERT OR REPLACE INTO provenance (macaroon, cause, expires_ms) VALUES (?1, ?2, ?3)",
                 params![macaroon, json, db_int(now_ms.saturating_add(self.window_ms))],
             )?;

@@ -431,13 +431,17 @@ impl Queue {
         conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        // Every hot statement stays parsed ([`exec`]).
+        // Every hot statement stays parsed ([`exec`]), and its plan does not depend on the
+        // values bound to it: without the query planner stability guarantee the bundled
+        // SQLite (built with STAT4) prepares a cached statement again whenever a bound value
+        // could change its plan, which was most of the scheduler's SQL parsing.
         conn.set_prepared_statement_cache_capacity(128);
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         migrate(&mut conn)?;
         audit::install(&conn, AUDIT_WRITER)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let open: Vec<(String, u32, String, String)> = {
-            let mut stmt = tx.prepare(
+            let mut stmt = tx.prepare_cached(
                 "SELECT a.job_id, a.n, a.ep, a.ep_session FROM attempts a WHERE a.ended_at_ms IS NULL ORDER BY a.job_id",
             )?;
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?.collect::<Result<_, _>>()?
@@ -579,7 +583,8 @@ impl Queue {
             if let Some(max) = job.max_idle {
                 // Under the connection lock, like the use count: concurrent submits see each
                 // other's inserts, so the owner never exceeds the limit.
-                let idle: i64 = tx.query_row(
+                let idle: i64 = row(
+                    tx,
                     "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND state IN ('idle', 'held')",
                     params![job.owner],
                     |r| r.get(0),
@@ -1340,7 +1345,7 @@ impl Queue {
     pub async fn history(&self, id: String) -> Result<Vec<Attempt>, QueueError> {
         self.call(move |conn| {
             let known: Option<i64> =
-                conn.query_row("SELECT seq FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
+                row(conn, "SELECT seq FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
             if known.is_none() {
                 return Err(QueueError::JobNotFound { id });
             }
@@ -1420,7 +1425,7 @@ impl Queue {
     pub async fn log(&self, id: String) -> Result<Option<String>, QueueError> {
         self.call(move |conn| {
             let log: Option<Option<String>> =
-                conn.query_row("SELECT log FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
+                row(conn, "SELECT log FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
             Ok(log.map(Option::unwrap_or_default))
         })
         .await
@@ -1569,6 +1574,16 @@ const WRITER_GONE: &str = "the store's writer stopped";
 const SAVEPOINT_OPEN: &str = "SAVEPOINT htfaas_write";
 const SAVEPOINT_RELEASE: &str = "RELEASE htfaas_write";
 const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO htfaas_write";
+
+/// One row of `sql` through the connection's statement cache.
+fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    f: F,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
 
 /// Runs `sql` through the connection's statement cache: the hot writes run thousands of times
 /// a second, and parsing their SQL each time was a tenth of the scheduler's CPU.
@@ -1864,7 +1879,7 @@ struct EventNames {
 
 /// The stored state of job `id`.
 fn subject_state(conn: &Connection, id: &str) -> rusqlite::Result<Option<String>> {
-    conn.query_row("SELECT state FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()
+    row(conn, "SELECT state FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()
 }
 
 /// The path of an `http(s)` URL, percent-decoded (a storage URL's namespace path); the URL
@@ -1895,7 +1910,7 @@ pub fn url_path(url: &str) -> String {
 /// Jobs submitted so far with the token `jti`.
 fn token_uses(conn: &Connection, jti: &str) -> rusqlite::Result<u64> {
     let uses: Option<i64> =
-        conn.query_row("SELECT uses FROM token_uses WHERE jti = ?1", params![jti], |r| r.get(0)).optional()?;
+        row(conn, "SELECT uses FROM token_uses WHERE jti = ?1", params![jti], |r| r.get(0)).optional()?;
     Ok(uses.map(from_db).unwrap_or(0))
 }
 
@@ -1993,7 +2008,8 @@ fn account_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Account> {
 }
 
 fn read_account(tx: &rusqlite::Transaction<'_>, owner: &str) -> rusqlite::Result<Option<Account>> {
-    tx.query_row(
+    row(
+        tx,
         "SELECT owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, wall_seconds, bytes_in, bytes_out \
          FROM accounts WHERE owner = ?1",
         params![owner],
@@ -2733,6 +2749,11 @@ pub(crate) mod tests {
         }
         let q = Queue::open(&dir.path().join("default.db")).expect("open");
         assert_eq!(q.durability(), Durability::Fsync);
+        let stable = q
+            .call(|c| Ok(c.db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG)?))
+            .await
+            .expect("db_config");
+        assert!(stable, "plans must not depend on bound values (no re-prepare per binding)");
     }
 
     #[tokio::test]

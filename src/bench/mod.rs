@@ -72,9 +72,9 @@ pub struct BenchOptions {
     pub components: bool,
     /// EP cores, and Parsl workers: the same number on both sides.
     pub workers: u32,
-    /// Latency samples (default 1,000; quick 200).
+    /// Latency samples, on both sides (default 1,000; quick 150).
     pub events: Option<usize>,
-    /// Throughput window (default 60 s; quick 4 s).
+    /// Throughput window (default 60 s; quick 3 s).
     pub window: Option<std::time::Duration>,
     /// The workspace root (`bench/peer/`, `examples/`, `cargo bench`).
     pub root: std::path::PathBuf,
@@ -163,8 +163,8 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
     emit(Figure::new("machine", "cpus", cpus as f64, "cores", 1).with("loadavg_1m_at_start", load));
 
     let modules = e2e::Modules::load(&opts.root.join("examples/target/wasm32-wasip1/release"))?;
-    let events = opts.events.unwrap_or(if opts.quick { 200 } else { 1000 });
-    let window = opts.window.unwrap_or(Duration::from_secs(if opts.quick { 4 } else { 60 }));
+    let events = opts.events.unwrap_or(if opts.quick { 150 } else { 1000 });
+    let window = opts.window.unwrap_or(Duration::from_secs(if opts.quick { 3 } else { 60 }));
     let warmup = if opts.quick { Duration::from_secs(1) } else { Duration::from_secs(5) };
     let big = if opts.quick { 20 } else { 200 };
 
@@ -211,9 +211,11 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
         eprintln!("bench: the peer, Parsl HTEX with {} workers", opts.workers);
         let root = opts.root.clone();
         let (workers, quick) = (opts.workers, opts.quick);
+        // The same number of latency samples on both sides; quick: a shorter throughput run.
+        let n_throughput = opts.quick.then_some(1000);
         let peer = tokio::task::spawn_blocking(move || {
             let mut got = Vec::new();
-            peer::run(&root, workers, quick, &mut |f| got.push(f)).map(|_| got)
+            peer::run(&root, workers, quick, Some(events), n_throughput, &mut |f| got.push(f)).map(|_| got)
         })
         .await
         .map_err(|e| anyhow::anyhow!("the peer's task: {e}"))??;

@@ -10,7 +10,15 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// Installs the peer (idempotent) and runs it; every JSON line it prints becomes a figure.
-pub fn run(root: &Path, workers: u32, quick: bool, emit: &mut dyn FnMut(Figure)) -> anyhow::Result<Vec<Figure>> {
+/// `n_latency` and `n_throughput` override the script's sample counts.
+pub fn run(
+    root: &Path,
+    workers: u32,
+    quick: bool,
+    n_latency: Option<usize>,
+    n_throughput: Option<usize>,
+    emit: &mut dyn FnMut(Figure),
+) -> anyhow::Result<Vec<Figure>> {
     let install = root.join("bench/peer/install.sh");
     let out = Command::new("bash")
         .arg(&install)
@@ -29,6 +37,12 @@ pub fn run(root: &Path, workers: u32, quick: bool, emit: &mut dyn FnMut(Figure))
     cmd.arg(&script).arg("--workers").arg(workers.to_string());
     if quick {
         cmd.arg("--quick");
+    }
+    if let Some(n) = n_latency {
+        cmd.arg("--n-latency").arg(n.to_string());
+    }
+    if let Some(n) = n_throughput {
+        cmd.arg("--n-throughput").arg(n.to_string());
     }
     let mut child = cmd
         .stdin(Stdio::null())
