@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 pub struct NatsServer {
     child: Child,
     port: u16,
+    /// How it was started, to start it again ([`NatsServer::restart`]).
+    binary: PathBuf,
+    store_dir: PathBuf,
+    durability: Durability,
 }
 
 /// Finds a nats-server binary (see the module doc for the order).
@@ -85,7 +89,8 @@ impl NatsServer {
             .stderr(log)
             .spawn()
             .with_context(|| format!("start {}", binary.display()))?;
-        let mut server = NatsServer { child, port };
+        let mut server =
+            NatsServer { child, port, binary: binary.to_owned(), store_dir: store_dir.to_owned(), durability };
         server.wait_ready(Duration::from_secs(15))?;
         Ok(server)
     }
@@ -124,6 +129,21 @@ impl NatsServer {
     /// Its port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Kills it with SIGKILL (no flush, no goodbye to clients) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port with the same JetStream store and durability (after
+    /// [`NatsServer::kill`] or [`NatsServer::stop`]; a running one is killed first).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        // The old child is reaped: dropping it (its `stop`) does nothing.
+        *self = NatsServer::start_with(&self.binary, &self.store_dir, self.port, self.durability)?;
+        Ok(())
     }
 
     /// Stops it: SIGTERM (JetStream flushes), then SIGKILL after 5 s.

@@ -347,6 +347,14 @@ impl Stack {
         Ok(stopped)
     }
 
+    /// Kills nats-server with SIGKILL, waits `down`, and starts it again on the same port with
+    /// the same JetStream store: every client sees its connection drop and must reconnect.
+    pub async fn kill_and_restart_nats(&mut self, down: Duration) -> anyhow::Result<()> {
+        tokio::task::block_in_place(|| self.nats.kill());
+        tokio::time::sleep(down).await;
+        tokio::task::block_in_place(|| self.nats.restart())
+    }
+
     /// The nats-server's process id.
     pub fn nats_pid(&self) -> u32 {
         self.nats.pid()

@@ -1341,6 +1341,51 @@ impl Queue {
         .await
     }
 
+    /// Every owner's account as the job records say it should be: each run attempt's recorded
+    /// usage charged with [`charge`] (the function `finish` charges with), and each job in a
+    /// final state counted once. Equal to [`Queue::accounts`] (up to float rounding) unless an
+    /// account was charged twice or not at all; the crash harness checks exactly that.
+    pub async fn accounts_from_records(&self) -> Result<Vec<Account>, QueueError> {
+        self.call(|conn| {
+            let mut by_owner: std::collections::BTreeMap<String, Account> = std::collections::BTreeMap::new();
+            let mut stmt = conn.prepare(
+                "SELECT j.owner, j.cpus, a.usage, j.id, a.n FROM attempts a JOIN jobs j ON j.id = a.job_id \
+                 WHERE a.usage IS NOT NULL",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, u32>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, u32>(4)?,
+                ))
+            })?;
+            for row in rows {
+                let (owner, cpus, usage, id, n) = row?;
+                let u: Usage = serde_json::from_str(&usage)
+                    .map_err(|e| QueueError::Corrupt { id, reason: format!("attempt {n} usage: {e}") })?;
+                let acc = by_owner.entry(owner.clone()).or_insert_with(|| Account { owner, ..Account::default() });
+                charge(acc, JobState::Idle, cpus, &u);
+            }
+            let mut stmt = conn.prepare(
+                "SELECT owner, state, COUNT(*) FROM jobs WHERE state IN ('completed', 'failed') GROUP BY owner, state",
+            )?;
+            let rows =
+                stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?)))?;
+            for row in rows {
+                let (owner, state, count) = row?;
+                let acc = by_owner.entry(owner.clone()).or_insert_with(|| Account { owner, ..Account::default() });
+                match state.as_str() {
+                    "completed" => acc.jobs_completed = from_db(count),
+                    _ => acc.jobs_failed = from_db(count),
+                }
+            }
+            Ok(by_owner.into_values().collect())
+        })
+        .await
+    }
+
     /// Every run attempt of job `id`, first first; [`QueueError::JobNotFound`] for an unknown job.
     pub async fn history(&self, id: String) -> Result<Vec<Attempt>, QueueError> {
         self.call(move |conn| {
@@ -2284,6 +2329,12 @@ pub(crate) mod tests {
         assert_eq!(acc[0].jobs_completed, 1);
         assert!((acc[0].core_seconds - 2.0).abs() < 1e-9);
         assert_eq!((acc[0].bytes_in, acc[0].bytes_out), (10, 20));
+        // The records say the same; a second charge would show as a difference.
+        let from_records = q.accounts_from_records().await.expect("from records");
+        assert_eq!(from_records.len(), 1);
+        assert_eq!(from_records[0].jobs_completed, 1);
+        assert!((from_records[0].core_seconds - acc[0].core_seconds).abs() < 1e-9);
+        assert_eq!((from_records[0].bytes_in, from_records[0].bytes_out), (10, 20));
     }
 
     #[tokio::test]
