@@ -5,9 +5,12 @@
 //!   `htfaas up` does and as the end-to-end tests do;
 //! - [`nats`] runs a real `nats-server` child process;
 //! - [`bench`] is `htfaas bench`: the whole path against the peer, side by side;
+//! - [`crash`] is `htfaas crash-test`: every component killed at random under a stream of
+//!   events, then the checks that nothing was lost, run twice or charged twice;
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
 
 pub mod bench;
 pub mod client;
+pub mod crash;
 pub mod nats;
 pub mod stack;

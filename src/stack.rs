@@ -18,6 +18,7 @@ use htfaas_functions::store::Durability;
 use htfaas_functions::token::SigningKey;
 use htfaas_functions::{FunctionManifest, Resources};
 use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -111,14 +112,167 @@ pub struct Stack {
     nats: NatsServer,
 }
 
-impl Stack {
-    /// Starts every component and returns once each one answers.
-    pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
-        let dir = &opts.dir;
+/// One stack directory's layout and secrets, and every component's configuration as the JSON
+/// its config file holds (`htfaas <component> --config`): the one source for the in-process
+/// [`Stack`] and for the crash harness ([`crate::crash`]), which runs each component as a
+/// process of its own.
+pub struct Layout {
+    dir: PathBuf,
+    secrets: Secrets,
+    durability: Durability,
+}
+
+impl Layout {
+    /// Makes the directories, and the secrets, the storage's users file, the gateway's submit
+    /// key (with its JWKS for the scheduler) and the scheduler's attach key if they are not
+    /// there yet.
+    pub fn prepare(dir: &Path, durability: Durability) -> anyhow::Result<Layout> {
         for sub in ["nats", "storage/data", "scheduler", "gateway", "ep"] {
             std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}/{sub}", dir.display()))?;
         }
         let secrets = load_or_create_secrets(dir)?;
+        let users = serde_json::json!({"users": [
+            {"name": "gateway", "secret": secrets.gateway_storage_secret, "issue_macaroons": true, "paths": ["/"]},
+            {"name": USER, "secret": secrets.user_secret, "issue_macaroons": false, "paths": ["/data/"]},
+        ]});
+        write_private(&dir.join("storage/users.json"), &serde_json::to_vec_pretty(&users)?)?;
+        let gateway_key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1")?;
+        htfaas_functions::token::write_jwks(&dir.join("gateway/submit.jwks.json"), &gateway_key.jwks())?;
+        SigningKey::load_or_create(&dir.join("scheduler/attach.pem"), "attach-1")?;
+        Ok(Layout { dir: dir.to_owned(), secrets, durability })
+    }
+
+    /// The stack directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The scheduler's admin token.
+    pub fn scheduler_admin_token(&self) -> &str {
+        &self.secrets.scheduler_admin_token
+    }
+
+    /// URLs and credentials of a stack at these addresses.
+    pub fn info(&self, gateway_url: String, scheduler_url: String, storage_url: String, nats_url: String) -> StackInfo {
+        StackInfo {
+            gateway_url,
+            scheduler_url,
+            storage_url,
+            nats_url,
+            admin_token: self.secrets.admin_token.clone(),
+            user: USER.into(),
+            user_secret: self.secrets.user_secret.clone(),
+        }
+    }
+
+    fn path(&self, sub: &str) -> PathBuf {
+        self.dir.join(sub)
+    }
+
+    /// The built-in storage ([`htfaas_storage::Config`]).
+    pub fn storage(&self, listen: SocketAddr, nats_url: &str) -> serde_json::Value {
+        serde_json::json!({
+            "listen": listen,
+            "data_dir": self.path("storage/data"),
+            "secret_file": self.path("storage/secret"),
+            "users_file": self.path("storage/users.json"),
+            "nats_url": nats_url,
+            "cell_name": "htfaas-storage",
+            "durability": self.durability.as_str(),
+        })
+    }
+
+    /// The scheduler ([`htfaas_scheduler::Config`]); it trusts the gateway's submit-token key.
+    pub fn scheduler(&self, listen: SocketAddr) -> serde_json::Value {
+        serde_json::json!({
+            "listen": listen,
+            "db_path": self.path("scheduler/jobs.sqlite"),
+            "name": SCHEDULER_NAME,
+            "attach_key_file": self.path("scheduler/attach.pem"),
+            "submit_issuers": [{"issuer": "htfaas-gateway", "jwks_file": self.path("gateway/submit.jwks.json")}],
+            "admin_token": self.secrets.scheduler_admin_token,
+            // A local stack: a job whose EP left runs again after a second, not ten.
+            "retry_backoff_s": 1,
+            "durability": self.durability.as_str(),
+        })
+    }
+
+    /// The gateway ([`htfaas_gateway::Config`]).
+    pub fn gateway(
+        &self,
+        listen: SocketAddr,
+        nats_url: &str,
+        storage_url: &str,
+        scheduler_url: &str,
+    ) -> serde_json::Value {
+        serde_json::json!({
+            "listen": listen,
+            "nats_url": nats_url,
+            "consumer": "gateway",
+            "registry_dir": self.path("gateway/registry"),
+            "storage_url": storage_url,
+            "storage_kind": "dcache",
+            "storage_user": "gateway",
+            "storage_secret": self.secrets.gateway_storage_secret,
+            "scheduler_url": scheduler_url,
+            "scheduler_admin_token": self.secrets.scheduler_admin_token,
+            "signing_key_file": self.path("gateway/submit.pem"),
+            "jwks_file": self.path("gateway/submit.jwks.json"),
+            "issuer": "htfaas-gateway",
+            "admin_token": self.secrets.admin_token,
+            "read_validity": "PT2H",
+            "write_validity": "PT4H",
+            "token_ttl_s": 300,
+            "max_deliver": 20,
+            // The built-in storage knows `ip:`, and the EP reaches it and the scheduler from
+            // 127.0.0.1: every job's macaroons work only from its EP.
+            "bind_macaroons_to_ep": true,
+            // The firing table and the audit key go beside the registry (`gateway/`).
+            "dedupe_window_s": htfaas_functions::proto::EVENTS_MAX_AGE_S,
+            "max_in_flight": 16,
+            "durability": self.durability.as_str(),
+        })
+    }
+
+    /// An EP named `name` with `slots`, attached with a site token (30 days) minted by the
+    /// scheduler's key; its metrics on `metrics_listen` (loopback: they carry no token).
+    pub fn ep(
+        &self,
+        name: &str,
+        scheduler_url: &str,
+        slots: Resources,
+        metrics_listen: Option<SocketAddr>,
+    ) -> anyhow::Result<serde_json::Value> {
+        let attach_key = SigningKey::load_or_create(&self.path("scheduler/attach.pem"), "attach-1")?;
+        let attach_token =
+            htfaas_scheduler::mint_attach_token(&attach_key, SCHEDULER_NAME, "site", None, None, 30 * 24 * 3600)?;
+        Ok(serde_json::json!({
+            "name": name,
+            "scheduler_url": scheduler_url,
+            "attach_token": attach_token,
+            "slots": slots,
+            "work_dir": self.path("ep"),
+            "log_limit_bytes": 64 * 1024,
+            "max_output_files": 64,
+            "max_output_bytes": 16u64 << 30,
+            "metrics_listen": metrics_listen,
+        }))
+    }
+}
+
+/// The local stack's scheduler name (the audience of its attach tokens).
+const SCHEDULER_NAME: &str = "htfaas-scheduler";
+
+/// A component's config from its JSON, as its `--config` file would be read.
+fn config<T: serde::de::DeserializeOwned>(name: &str, json: serde_json::Value) -> anyhow::Result<T> {
+    serde_json::from_value(json).with_context(|| format!("the {name} configuration"))
+}
+
+impl Stack {
+    /// Starts every component and returns once each one answers.
+    pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
+        let layout = Layout::prepare(&opts.dir, opts.durability)?;
+        let dir = &opts.dir;
         let binary = opts.nats_binary.clone().or_else(crate::nats::find_binary).context(
             "nats-server not found: run scripts/install-deps.sh, or set HTFAAS_NATS_SERVER to a nats-server binary",
         )?;
@@ -126,101 +280,24 @@ impl Stack {
             tokio::task::block_in_place(|| NatsServer::start_with(&binary, &dir.join("nats"), 0, opts.durability))?;
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
+        let any_port: SocketAddr = "127.0.0.1:0".parse()?;
 
-        // Storage.
-        let users = serde_json::json!({"users": [
-            {"name": "gateway", "secret": secrets.gateway_storage_secret, "issue_macaroons": true, "paths": ["/"]},
-            {"name": USER, "secret": secrets.user_secret, "issue_macaroons": false, "paths": ["/data/"]},
-        ]});
-        let users_file = dir.join("storage/users.json");
-        write_private(&users_file, &serde_json::to_vec_pretty(&users)?)?;
-        let storage = htfaas_storage::Config {
-            listen: "127.0.0.1:0".parse()?,
-            data_dir: dir.join("storage/data"),
-            secret_file: dir.join("storage/secret"),
-            users_file,
-            nats_url: Some(nats.url()),
-            public_url: None,
-            cell_name: "htfaas-storage".into(),
-            durability: opts.durability,
-        }
-        .resolve()
-        .await
-        .context("start the storage")?;
+        let storage = config::<htfaas_storage::Config>("storage", layout.storage(any_port, &nats.url()))?
+            .resolve()
+            .await
+            .context("start the storage")?;
         let storage_url = format!("http://{}", storage.local_addr());
         tasks.push(("storage", tokio::spawn(htfaas_storage::run(storage, shutdown.child_token()))));
 
-        // Scheduler; it trusts the gateway's submit-token key.
-        let gateway_key_file = dir.join("gateway/submit.pem");
-        let gateway_jwks = dir.join("gateway/submit.jwks.json");
-        let gateway_key = SigningKey::load_or_create(&gateway_key_file, "gateway-1")?;
-        htfaas_functions::token::write_jwks(&gateway_jwks, &gateway_key.jwks())?;
-        let attach_key_file = dir.join("scheduler/attach.pem");
-        let scheduler_name = "htfaas-scheduler".to_owned();
-        let scheduler = htfaas_scheduler::Config {
-            listen: "127.0.0.1:0".parse()?,
-            db_path: dir.join("scheduler/jobs.sqlite"),
-            name: scheduler_name.clone(),
-            attach_key_file: attach_key_file.clone(),
-            submit_issuers: vec![htfaas_scheduler::TrustedIssuer {
-                issuer: "htfaas-gateway".into(),
-                jwks_file: gateway_jwks.clone(),
-            }],
-            admin_token: secrets.scheduler_admin_token.clone(),
-            tls_cert_file: None,
-            tls_key_file: None,
-            max_idle_jobs_per_owner: None,
-            max_running_jobs_per_owner: None,
-            // A local stack: a job whose EP left runs again after a second, not ten.
-            retry_backoff_s: 1,
-            durability: opts.durability,
-            ..htfaas_scheduler::Config::new(String::new(), Vec::new())
-        }
-        .resolve()
-        .await
-        .context("start the scheduler")?;
+        let scheduler = config::<htfaas_scheduler::Config>("scheduler", layout.scheduler(any_port))?
+            .resolve()
+            .await
+            .context("start the scheduler")?;
         let scheduler_url = scheduler.url();
         tasks.push(("scheduler", tokio::spawn(htfaas_scheduler::run(scheduler, shutdown.child_token()))));
 
-        // Gateway.
-        let gateway_config = htfaas_gateway::Config {
-            listen: "127.0.0.1:0".parse()?,
-            public_url: None,
-            nats_url: nats.url(),
-            consumer: "gateway".into(),
-            registry_dir: dir.join("gateway/registry"),
-            storage_url: storage_url.clone(),
-            storage_kind: htfaas_gateway::storage_client::StorageKind::Dcache,
-            storage_user: "gateway".into(),
-            storage_secret: secrets.gateway_storage_secret.clone(),
-            storage_ca_file: None,
-            scheduler_ca_file: None,
-            storage_client_cert: None,
-            storage_client_key: None,
-            scheduler_url: scheduler_url.clone(),
-            scheduler_admin_token: secrets.scheduler_admin_token.clone(),
-            signing_key_file: gateway_key_file,
-            jwks_file: Some(gateway_jwks),
-            issuer: "htfaas-gateway".into(),
-            admin_token: secrets.admin_token.clone(),
-            read_validity: "PT2H".into(),
-            write_validity: "PT4H".into(),
-            token_ttl_s: 300,
-            max_deliver: 20,
-            // The built-in storage knows `ip:`, and the EP reaches it and the scheduler from
-            // 127.0.0.1: every job's macaroons work only from its EP.
-            bind_macaroons_to_ep: true,
-            sources: Default::default(),
-            // The firing table goes beside the registry: `gateway/firings.sqlite`.
-            state_dir: None,
-            dedupe_window_s: htfaas_functions::proto::EVENTS_MAX_AGE_S,
-            max_in_flight: 16,
-            // The audit key goes beside the firing table: `gateway/gateway-audit-key.pem`.
-            audit_key_file: None,
-            audit_checkpoint_records: htfaas_gateway::default_audit_checkpoint_records(),
-            audit_checkpoint_s: htfaas_gateway::default_audit_checkpoint_s(),
-            durability: opts.durability,
-        };
+        let gateway_config: htfaas_gateway::Config =
+            config("gateway", layout.gateway(any_port, &nats.url(), &storage_url, &scheduler_url))?;
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = format!("http://{}", gateway.local_addr());
         let gateway_config = htfaas_gateway::Config { listen: gateway.local_addr(), ..gateway_config };
@@ -228,48 +305,16 @@ impl Stack {
         let gateway_shutdown = shutdown.child_token();
         tasks.push(("gateway", tokio::spawn(htfaas_gateway::run(gateway, gateway_shutdown.clone()))));
 
-        // One EP, attached with a site token minted by the scheduler's key.
-        let attach_key = SigningKey::load_or_create(&attach_key_file, "attach-1")?;
-        let attach_token =
-            htfaas_scheduler::mint_attach_token(&attach_key, &scheduler_name, "site", None, None, 30 * 24 * 3600)?;
-        let ep = htfaas_ep::Config {
-            name: "ep-local-1".into(),
-            scheduler_url: scheduler_url.clone(),
-            attach_token,
-            slots: opts.ep_slots,
-            work_dir: dir.join("ep"),
-            log_limit_bytes: 64 * 1024,
-            max_output_files: 64,
-            max_output_bytes: 16 << 30,
-            lifetime_s: None,
-            idle_shutdown_s: None,
-            annex: None,
-            tls_ca_file: None,
-            labels: Default::default(),
-            max_scratch_mb: None,
-            fuel: None,
-            // Loopback only: the EP's metrics carry no token.
-            metrics_listen: Some("127.0.0.1:0".parse()?),
-        }
-        .resolve()
-        .await
-        .context("start the EP")?;
+        let ep = layout.ep("ep-local-1", &scheduler_url, opts.ep_slots, Some(any_port))?;
+        let ep = config::<htfaas_ep::Config>("EP", ep)?.resolve().await.context("start the EP")?;
         let ep_metrics = ep.metrics_addr();
         tasks.push(("ep", tokio::spawn(htfaas_ep::run(ep, shutdown.child_token()))));
 
-        let info = StackInfo {
-            gateway_url,
-            scheduler_url,
-            storage_url,
-            nats_url: nats.url(),
-            admin_token: secrets.admin_token,
-            user: USER.into(),
-            user_secret: secrets.user_secret,
-        };
+        let info = layout.info(gateway_url, scheduler_url, storage_url, nats.url());
         info.save(dir)?;
         let stack = Stack {
             info,
-            scheduler_admin_token: secrets.scheduler_admin_token,
+            scheduler_admin_token: layout.secrets.scheduler_admin_token,
             shutdown,
             tasks,
             gateway: gateway_shared,

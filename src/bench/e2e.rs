@@ -219,7 +219,7 @@ impl Bench {
 }
 
 /// Writes `size` bytes of a pattern seeded by `seed` at `data_dir` + `path`.
-fn write_input(data_dir: &Path, path: &str, size: usize, seed: u64) -> anyhow::Result<()> {
+pub(crate) fn write_input(data_dir: &Path, path: &str, size: usize, seed: u64) -> anyhow::Result<()> {
     let file = data_dir.join(path.trim_start_matches('/'));
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;

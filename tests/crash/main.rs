@@ -1,0 +1,25 @@
+//! The crash harness's quick version, run by the test command: 300 events, every component
+//! killed once (SIGKILL) at a random moment and started again, then every check of
+//! [`htfaas::crash`]. An integration test of the root package, because it runs the `htfaas`
+//! binary's subcommands as the component processes (`CARGO_BIN_EXE_htfaas`).
+//! `htfaas crash-test` is the full run (10,000 events).
+
+use htfaas::crash::{Component, CrashOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_component_killed_at_random_loses_nothing_and_runs_nothing_twice() {
+    let wasm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release");
+    let mut opts = CrashOptions::new(PathBuf::from(env!("CARGO_BIN_EXE_htfaas")), wasm);
+    opts.events = 300;
+    opts.rate = 15;
+    opts.drain_timeout = Duration::from_secs(300);
+    println!("seed {} (replay: htfaas crash-test --events 300 --rate 15 --seed {})", opts.seed, opts.seed);
+    let report = htfaas::crash::run(opts).await.expect("the harness runs");
+    println!("{report}");
+    let mut killed: Vec<Component> = report.kills.iter().map(|k| k.component).collect();
+    killed.sort();
+    assert_eq!(killed, Component::ALL.to_vec(), "each component killed once");
+    assert!(report.passed(), "{report}");
+}
