@@ -23,9 +23,8 @@
 //! fires nothing. Kill moments and down times come from one seed, printed for a replay.
 //! Everything listens on 127.0.0.1 ports picked at start.
 
-use crate::client::Client;
-use crate::nats::{NatsServer, free_port};
-use crate::stack::{Layout, USER};
+use crate::procs::{Component, ProcOptions, ProcStack};
+use crate::stack::USER;
 use anyhow::{Context as _, bail};
 use htfaas_functions::manifest::{Outputs, Trigger};
 use htfaas_functions::proto::{EVENTS_SUBJECT, OutputFile};
@@ -35,11 +34,9 @@ use rand::{Rng as _, SeedableRng as _};
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::process::{Child, Command};
 
 /// Where events land and what the two functions write.
 const INPUT_DIR: &str = "/data/crash/in/";
@@ -51,8 +48,6 @@ const NOOP_FN: &str = "crash-noop";
 const FUNCTIONS: u64 = 2;
 /// Input size.
 const INPUT_BYTES: usize = 1024;
-/// How long a restarted component may take to answer.
-const READY_LIMIT: Duration = Duration::from_secs(60);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -97,38 +92,6 @@ impl CrashOptions {
             workers: 2,
             drain_timeout: Duration::from_secs(600),
             dir: None,
-        }
-    }
-}
-
-/// A component the killer can kill.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Component {
-    /// nats-server (JetStream).
-    Nats,
-    /// `htfaas storage`.
-    Storage,
-    /// `htfaas scheduler`.
-    Scheduler,
-    /// `htfaas gateway`.
-    Gateway,
-    /// `htfaas ep`.
-    Ep,
-}
-
-impl Component {
-    /// All of them.
-    pub const ALL: [Component; 5] =
-        [Component::Nats, Component::Storage, Component::Scheduler, Component::Gateway, Component::Ep];
-
-    /// Its name, also its `htfaas` subcommand (but for NATS).
-    pub fn name(self) -> &'static str {
-        match self {
-            Component::Nats => "nats-server",
-            Component::Storage => "storage",
-            Component::Scheduler => "scheduler",
-            Component::Gateway => "gateway",
-            Component::Ep => "ep",
         }
     }
 }
@@ -255,129 +218,6 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The component processes and their configs.
-struct Procs {
-    exe: PathBuf,
-    dir: PathBuf,
-    nats: NatsServer,
-    children: HashMap<Component, Child>,
-    storage: SocketAddr,
-    scheduler: SocketAddr,
-    gateway: SocketAddr,
-    ep_metrics: SocketAddr,
-    http: reqwest::Client,
-}
-
-impl Procs {
-    fn config_path(&self, c: Component) -> PathBuf {
-        self.dir.join(format!("config/{}.json", c.name()))
-    }
-
-    /// Starts `c`'s process (not NATS) with its output appended to `logs/<name>.log`.
-    fn spawn(&mut self, c: Component) -> anyhow::Result<()> {
-        let log_path = self.dir.join(format!("logs/{}.log", c.name()));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("open {}", log_path.display()))?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg(c.name()).arg("--config").arg(self.config_path(c));
-        if c == Component::Ep {
-            // The final stop: finish what runs within 5 s.
-            cmd.args(["--drain-timeout", "5s"]);
-        }
-        let child = cmd
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("start {} {}", self.exe.display(), c.name()))?;
-        self.children.insert(c, child);
-        Ok(())
-    }
-
-    /// SIGKILL, reaped.
-    async fn kill(&mut self, c: Component) -> anyhow::Result<()> {
-        if c == Component::Nats {
-            tokio::task::block_in_place(|| self.nats.kill());
-            return Ok(());
-        }
-        let mut child = self.children.remove(&c).with_context(|| format!("{} is not running", c.name()))?;
-        child.start_kill().with_context(|| format!("kill {}", c.name()))?;
-        child.wait().await?;
-        Ok(())
-    }
-
-    async fn start(&mut self, c: Component) -> anyhow::Result<()> {
-        match c {
-            Component::Nats => tokio::task::block_in_place(|| self.nats.restart())?,
-            _ => self.spawn(c)?,
-        }
-        self.wait_ready(c).await
-    }
-
-    /// Until `c` answers: `/healthz` of the HTTP components, the EP's metrics (its listener is
-    /// up once it has resolved its config), NATS' own greeting (in [`NatsServer::restart`]).
-    async fn wait_ready(&mut self, c: Component) -> anyhow::Result<()> {
-        let url = match c {
-            Component::Nats => return Ok(()),
-            Component::Storage => format!("http://{}/healthz", self.storage),
-            Component::Scheduler => format!("http://{}/healthz", self.scheduler),
-            Component::Gateway => format!("http://{}/healthz", self.gateway),
-            Component::Ep => format!("http://{}/metrics", self.ep_metrics),
-        };
-        let deadline = Instant::now() + READY_LIMIT;
-        loop {
-            if let Some(child) = self.children.get_mut(&c)
-                && let Some(status) = child.try_wait()?
-            {
-                bail!("{} exited during start-up ({status}); see {}/logs", c.name(), self.dir.display());
-            }
-            if let Ok(r) = self.http.get(&url).timeout(Duration::from_secs(2)).send().await
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{} did not answer within {READY_LIMIT:?}", c.name());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Until the EP has a job running (its `htfaas_ep_jobs_running` gauge), at most `limit`.
-    async fn wait_busy(&self, limit: Duration) {
-        let url = format!("http://{}/metrics", self.ep_metrics);
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(r) = self.http.get(&url).timeout(Duration::from_secs(1)).send().await
-                && let Ok(text) = r.text().await
-                && gauge(&text, "htfaas_ep_jobs_running").is_some_and(|v| v > 0.0)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
-
-    /// SIGTERM to every process, SIGKILL after 20 s; NATS last.
-    async fn stop_all(&mut self) {
-        for c in [Component::Ep, Component::Gateway, Component::Scheduler, Component::Storage] {
-            let Some(mut child) = self.children.remove(&c) else { continue };
-            if let Some(pid) = child.id() {
-                let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
-            }
-            if tokio::time::timeout(Duration::from_secs(20), child.wait()).await.is_err() {
-                tracing::warn!("{} did not stop within 20 s; killing it", c.name());
-                let _ = child.kill().await;
-            }
-        }
-        tokio::task::block_in_place(|| self.nats.stop());
-    }
-}
-
 fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> FunctionManifest {
     FunctionManifest {
         name: name.into(),
@@ -391,11 +231,6 @@ fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> Function
         annex: None,
         class: None,
     }
-}
-
-/// The value of an unlabelled metric `name` in a Prometheus text.
-fn gauge(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// The input name of event `n`.
@@ -422,47 +257,20 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
     for sub in ["config", "logs"] {
         std::fs::create_dir_all(dir.join(sub))?;
     }
-    let layout = Layout::prepare(&dir, opts.durability)?;
-    let nats_binary = opts.nats_binary.clone().or_else(crate::nats::find_binary).context("nats-server not found")?;
-    let nats =
-        tokio::task::block_in_place(|| NatsServer::start_with(&nats_binary, &dir.join("nats"), 0, opts.durability))?;
-    let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-    let (storage, scheduler, gateway, ep_metrics) =
-        (addr(free_port()?), addr(free_port()?), addr(free_port()?), addr(free_port()?));
-    let (storage_url, scheduler_url) = (format!("http://{storage}"), format!("http://{scheduler}"));
-    let mut procs = Procs {
-        exe: opts.htfaas.clone(),
-        dir: dir.clone(),
-        nats,
-        children: HashMap::new(),
-        storage,
-        scheduler,
-        gateway,
-        ep_metrics,
-        http: htfaas_gateway::http_client()?,
-    };
-    let nats_url = procs.nats.url();
-    let mut scheduler_config = layout.scheduler(scheduler);
+    let mut scheduler_overrides = serde_json::Map::new();
     // Every kill of the EP or the storage costs a run attempt of the jobs it had; a few
     // rounds of kills must not hold a job for it.
-    scheduler_config["max_retries"] = 20.into();
-    let configs = [
-        (Component::Storage, layout.storage(storage, &nats_url)),
-        (Component::Scheduler, scheduler_config),
-        (Component::Gateway, layout.gateway(gateway, &nats_url, &storage_url, &scheduler_url)),
-        (
-            Component::Ep,
-            layout.ep("ep-crash-1", &scheduler_url, Resources::new(opts.workers, 4096, 3600), Some(ep_metrics))?,
-        ),
-    ];
-    for (c, json) in configs {
-        std::fs::write(procs.config_path(c), serde_json::to_vec_pretty(&json)?)?;
-    }
-    for c in [Component::Storage, Component::Scheduler, Component::Gateway, Component::Ep] {
-        procs.start(c).await?;
-    }
-    let info = layout.info(format!("http://{gateway}"), scheduler_url.clone(), storage_url.clone(), nats_url.clone());
-    let client = Client::new(info)?;
+    scheduler_overrides.insert("max_retries".into(), 20.into());
+    let mut procs = ProcStack::start(&ProcOptions {
+        htfaas: opts.htfaas.clone(),
+        nats_binary: opts.nats_binary.clone(),
+        dir: dir.clone(),
+        durability: opts.durability,
+        workers: opts.workers,
+        scheduler_overrides,
+    })
+    .await?;
+    let client = procs.client()?;
     let read = |name: &str| {
         let p = opts.wasm_dir.join(format!("{name}.wasm"));
         std::fs::read(&p).with_context(|| format!("read {} (build the examples first)", p.display()))
@@ -489,7 +297,7 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
     );
     let started = Instant::now();
     let landed = Arc::new(Mutex::new(vec![0u64; usize::try_from(opts.events)?]));
-    let publisher = tokio::spawn(publish(nats_url.clone(), run_id.clone(), opts.events, opts.rate, landed.clone()));
+    let publisher = tokio::spawn(publish(procs.nats_url(), run_id.clone(), opts.events, opts.rate, landed.clone()));
 
     // The kills: each round every component once, in a random order, at random moments
     // within the publishing window (at least the previous kill's recovery apart).
@@ -519,7 +327,7 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
         let at_unix_ms = unix_ms();
         procs.kill(c).await?;
         tokio::time::sleep(down_for).await;
-        procs.start(c).await.with_context(|| format!("restart {}", c.name()))?;
+        procs.start_one(c).await.with_context(|| format!("restart {}", c.name()))?;
         let kill = Kill { component: c, at: t0 - started, at_unix_ms, down: t0.elapsed(), recovery: None };
         println!(
             "killed {} at {:.1} s, answering again after {} ms",
@@ -535,7 +343,7 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
     let expected = published * FUNCTIONS;
     let deadline = Instant::now() + opts.drain_timeout;
     let drained = loop {
-        match job_states(&procs.http, &scheduler_url, layout.scheduler_admin_token()).await {
+        match procs.job_states().await {
             Ok(states) if states.get("completed").copied().unwrap_or(0) >= expected => break true,
             Ok(_) | Err(_) if Instant::now() > deadline => break false,
             _ => tokio::time::sleep(Duration::from_millis(500)).await,
@@ -607,20 +415,6 @@ async fn publish(
         }
     }
     Ok(events)
-}
-
-/// The scheduler's jobs by state (its `/metrics`).
-async fn job_states(http: &reqwest::Client, scheduler_url: &str, token: &str) -> anyhow::Result<HashMap<String, u64>> {
-    let text = http
-        .get(format!("{scheduler_url}/metrics"))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    Ok(crate::bench::e2e::parse_job_states(&text))
 }
 
 /// One job as the checks read it.
@@ -841,13 +635,6 @@ mod tests {
         assert_eq!(event_index(&input_name("abcd0123", 42)), Some(42));
         assert_eq!(event_index("x0001-abc.dat"), None);
         assert_eq!(event_index("e-abc.dat"), None);
-    }
-
-    #[test]
-    fn gauges_are_read_by_their_whole_name() {
-        let text = "# HELP htfaas_ep_jobs_running Jobs.\nhtfaas_ep_jobs_running_x 7\nhtfaas_ep_jobs_running 2\n";
-        assert_eq!(gauge(text, "htfaas_ep_jobs_running"), Some(2.0));
-        assert_eq!(gauge(text, "htfaas_ep_jobs"), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! - [`stack`] starts NATS, storage, scheduler, gateway and an EP in one process, as
 //!   `htfaas up` does and as the end-to-end tests do;
 //! - [`nats`] runs a real `nats-server` child process;
+//! - [`overload`] is `htfaas overload`: one owner's flood against another owner's one event;
+//! - [`procs`] runs the stack as five processes (the crash harness kills them);
 //! - [`bench`] is `htfaas bench`: the whole path against the peer, side by side;
 //! - [`crash`] is `htfaas crash-test`: every component killed at random under a stream of
 //!   events, then the checks that nothing was lost, run twice or charged twice;
@@ -13,4 +15,6 @@ pub mod bench;
 pub mod client;
 pub mod crash;
 pub mod nats;
+pub mod overload;
+pub mod procs;
 pub mod stack;

@@ -96,6 +96,26 @@ enum Command {
         #[arg(long)]
         nats_server: Option<PathBuf>,
     },
+    /// One owner publishes a flood of events at once, then another owner one event: prints how
+    /// long that event waited (and how many of the flood's jobs started ahead of it), the HTTP
+    /// API's latency and each process's memory under the flood.
+    Overload {
+        /// Events in the flood.
+        #[arg(long, default_value_t = 100_000)]
+        events: u64,
+        /// EP cores.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Seconds to go on measuring after the other owner's job ended.
+        #[arg(long, default_value_t = 20)]
+        after_s: u64,
+        /// Keep the state in this directory.
+        #[arg(long)]
+        keep: Option<PathBuf>,
+        /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+        #[arg(long)]
+        nats_server: Option<PathBuf>,
+    },
     /// Run the local stack in the foreground (nats-server, storage, scheduler, gateway, one EP).
     Up {
         #[command(flatten)]
@@ -1365,6 +1385,20 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             let report = htfaas::crash::run(opts).await?;
             println!("{report}");
             anyhow::ensure!(report.passed(), "the crash harness found a problem (above)");
+            Ok(())
+        }
+        Command::Overload { events, workers, after_s, keep, nats_server } => {
+            let report = htfaas::overload::run(htfaas::overload::OverloadOptions {
+                htfaas: std::env::current_exe().context("find this binary")?,
+                nats_binary: nats_server,
+                wasm_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release"),
+                flood: events,
+                workers,
+                after: Duration::from_secs(after_s),
+                dir: keep,
+            })
+            .await?;
+            println!("{report}");
             Ok(())
         }
         Command::Up { dir, demo, demo_wasm, nats_server } => {

@@ -14,7 +14,10 @@
 //! a file in memory. Each is tried up to [`ATTEMPTS`] times: a transient failure (connect error,
 //! timeout, connection reset mid-body, HTTP 5xx or 429) is retried after a backoff of
 //! [`BACKOFF_FIRST`] × 2^n with jitter, capped at [`BACKOFF_CAP`] (or the server's
-//! `Retry-After` seconds, capped at [`RETRY_AFTER_CAP`]); any other 4xx fails the job at once. A
+//! `Retry-After` seconds, capped at [`RETRY_AFTER_CAP`]); any other 4xx fails the job at once
+//! ([`Outcome::InputFailed`], [`Outcome::OutputFailed`], [`Outcome::ModuleFailed`]). A transfer
+//! whose every try failed transiently ends the job as [`Outcome::StorageUnavailable`] instead:
+//! the storage was away, not the job at fault, and the scheduler runs it again later. A
 //! retried download starts again from scratch (the file is truncated) and a retried upload sends
 //! the file again from its start. Failure reasons name the method, the URL without its query
 //! and the status, never a macaroon. The backoff waits are inside the transfer futures, so a
@@ -155,9 +158,7 @@ impl Jobs {
                 reason: format!("input name {:?} is not one clean path segment", job.input.name),
             });
         }
-        let guest = unless_cancelled(cancel, self.module(&job.function, &mut tally.retries))
-            .await?
-            .map_err(|reason| Outcome::ModuleFailed { reason })?;
+        let guest = unless_cancelled(cancel, self.module(&job.function, &mut tally.retries)).await??;
 
         let input_dir = dir.join("input");
         let output_dir = dir.join("output");
@@ -174,7 +175,7 @@ impl Jobs {
             download(&input, &input_path, s.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
         let fetched = unless_cancelled(cancel, fetched).await;
         tally.input_ms = millis(started.elapsed());
-        fetched?.map_err(|reason| Outcome::InputFailed { reason })?;
+        fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
         if cancel.is_cancelled() {
             return Err(cancel.outcome());
         }
@@ -262,7 +263,9 @@ impl Jobs {
     }
 
     /// The compiled module for `f`: memory, then `work_dir/modules/<hex>.wasm`, then `module_url`.
-    async fn module(&self, f: &FunctionRef, retries: &mut u32) -> Result<Guest, String> {
+    /// Fails with [`Outcome::ModuleFailed`], or [`Outcome::StorageUnavailable`] when its server
+    /// stayed unavailable through every try.
+    async fn module(&self, f: &FunctionRef, retries: &mut u32) -> Result<Guest, Outcome> {
         let rt = &self.settings.runtime;
         if let Some(g) = rt.cached(&f.digest) {
             return Ok(g);
@@ -284,10 +287,13 @@ impl Jobs {
         let bytes = match from_disk {
             Some(b) => b,
             None => {
-                let bytes = fetch_module(&self.settings.http, &f.module_url, retries).await?;
+                let bytes = fetch_module(&self.settings.http, &f.module_url, retries)
+                    .await
+                    .map_err(|e| e.outcome(|reason| Outcome::ModuleFailed { reason }))?;
                 let actual = Digest::of(&bytes);
                 if actual != f.digest {
-                    return Err(ModuleError::DigestMismatch { expected: f.digest.clone(), actual }.to_string());
+                    let reason = ModuleError::DigestMismatch { expected: f.digest.clone(), actual }.to_string();
+                    return Err(Outcome::ModuleFailed { reason });
                 }
                 let tmp = path.with_extension(format!("wasm.tmp{}", std::process::id()));
                 let stored = async {
@@ -307,8 +313,8 @@ impl Jobs {
         let started = Instant::now();
         let guest = tokio::task::spawn_blocking(move || rt.load(&digest, &bytes))
             .await
-            .map_err(|e| format!("compile task failed: {e}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Outcome::ModuleFailed { reason: format!("compile task failed: {e}") })?
+            .map_err(|e| Outcome::ModuleFailed { reason: e.to_string() })?;
         tracing::info!(compile_ms = millis(started.elapsed()), "module compiled");
         Ok(guest)
     }
@@ -433,6 +439,7 @@ fn outcome_kind(o: &Outcome) -> &'static str {
         Outcome::Cancelled { .. } => "cancelled",
         Outcome::FuelExhausted { .. } => "fuel_exhausted",
         Outcome::OutputExceeded { .. } => "output_exceeded",
+        Outcome::StorageUnavailable { .. } => "storage_unavailable",
     }
 }
 
@@ -548,6 +555,23 @@ fn shown(url: &str) -> String {
     }
 }
 
+/// Why a transfer failed for good.
+#[derive(Debug)]
+struct GaveUp {
+    /// The last try's reason (with the number of tries when there were several).
+    reason: String,
+    /// Every try failed transiently: the far side was unavailable rather than refusing.
+    unavailable: bool,
+}
+
+impl GaveUp {
+    /// The job's outcome: [`Outcome::StorageUnavailable`] when the far side stayed unavailable,
+    /// else `refused(reason)`.
+    fn outcome(self, refused: impl FnOnce(String) -> Outcome) -> Outcome {
+        if self.unavailable { Outcome::StorageUnavailable { reason: self.reason } } else { refused(self.reason) }
+    }
+}
+
 /// Counts the tries of one transfer and waits between them.
 struct Retry<'a> {
     tries: u32,
@@ -559,15 +583,16 @@ impl<'a> Retry<'a> {
         Retry { tries: 0, retries }
     }
 
-    /// After a failed try: waits and returns `Ok` when another try is due, or returns the
-    /// transfer's final reason. The wait is cancel-safe (a dropped future just stops waiting).
-    async fn after(&mut self, failed: Failed) -> Result<(), String> {
+    /// After a failed try: waits and returns `Ok` when another try is due, or returns why the
+    /// transfer failed for good. The wait is cancel-safe (a dropped future just stops waiting).
+    async fn after(&mut self, failed: Failed) -> Result<(), GaveUp> {
         self.tries += 1;
         if !failed.transient {
-            return Err(failed.reason);
+            return Err(GaveUp { reason: failed.reason, unavailable: false });
         }
         if self.tries >= ATTEMPTS {
-            return Err(format!("{} (gave up after {ATTEMPTS} attempts)", failed.reason));
+            let reason = format!("{} (gave up after {ATTEMPTS} attempts)", failed.reason);
+            return Err(GaveUp { reason, unavailable: true });
         }
         let wait = failed.retry_after.unwrap_or_else(|| backoff(self.tries - 1));
         *self.retries += 1;
@@ -597,7 +622,7 @@ async fn snippet(resp: reqwest::Response) -> String {
 }
 
 /// `GET module_url` into memory, bounded, with retries.
-async fn fetch_module(http: &reqwest::Client, url: &str, retries: &mut u32) -> Result<Vec<u8>, String> {
+async fn fetch_module(http: &reqwest::Client, url: &str, retries: &mut u32) -> Result<Vec<u8>, GaveUp> {
     let mut retry = Retry::new(retries);
     loop {
         match fetch_module_once(http, url).await {
@@ -638,7 +663,7 @@ async fn download(
     limit: Option<u64>,
     n: &mut u64,
     retries: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), GaveUp> {
     let mut retry = Retry::new(retries);
     loop {
         *n = 0;
@@ -732,8 +757,8 @@ async fn upload_outputs(
                 stored.bytes_out += size;
                 stored.files.push(OutputFile { path: storage_path(&url), size, sha256 });
             }
-            Err(reason) => {
-                stored.failure = Some(Outcome::OutputFailed { reason });
+            Err(e) => {
+                stored.failure = Some(e.outcome(|reason| Outcome::OutputFailed { reason }));
                 return;
             }
         }
@@ -769,7 +794,7 @@ async fn list_outputs(dir: &Path, log: &mut LogText) -> std::io::Result<Vec<(Str
 
 /// PUTs `size` bytes of `path`, streamed and hashed, with retries (each sends the file again
 /// from its start). Returns the sha256 hex of what the storage accepted.
-async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) -> Result<String, String> {
+async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) -> Result<String, GaveUp> {
     let mut retry = Retry::new(retries);
     loop {
         match put_file_once(to, path, size).await {

@@ -11,7 +11,7 @@
 //! | `htfaas_ep_slot_memory_bytes`, `htfaas_ep_slot_disk_bytes` | gauge | | memory and scratch disk advertised |
 //! | `htfaas_ep_slot_runtime_seconds` | gauge | | longest job accepted |
 //! | `htfaas_ep_jobs_running` | gauge | | jobs assigned and not yet reported |
-//! | `htfaas_ep_runs_total` | counter | `outcome` (`exited`, `trapped`, `memory_exceeded`, `time_exceeded`, `input_failed`, `output_failed`, `module_failed`, `cancelled`, `fuel_exhausted`, `output_exceeded`) | jobs ended, by outcome |
+//! | `htfaas_ep_runs_total` | counter | `outcome` (`exited`, `trapped`, `memory_exceeded`, `time_exceeded`, `input_failed`, `output_failed`, `module_failed`, `cancelled`, `fuel_exhausted`, `output_exceeded`, `storage_unavailable`) | jobs ended, by outcome |
 //! | `htfaas_ep_job_duration_seconds` | histogram | | from Assign to report (module, input, run, outputs) |
 //! | `htfaas_ep_instantiations_total` | counter | | guest runs started (one instance each, in a fresh store) |
 //! | `htfaas_ep_modules_compiled_total` | counter | | modules compiled with cranelift |
@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 pub const DURATION_BUCKETS: [f64; 14] =
     [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0, 3600.0];
 /// Outcome labels, in the order of [`Metrics::runs`].
-const OUTCOMES: [&str; 10] = [
+const OUTCOMES: [&str; 11] = [
     "exited",
     "trapped",
     "memory_exceeded",
@@ -50,6 +50,7 @@ const OUTCOMES: [&str; 10] = [
     "cancelled",
     "fuel_exhausted",
     "output_exceeded",
+    "storage_unavailable",
 ];
 
 /// The label of `o`'s kind.
@@ -69,6 +70,7 @@ fn outcome_index(o: &Outcome) -> usize {
         Outcome::Cancelled { .. } => 7,
         Outcome::FuelExhausted { .. } => 8,
         Outcome::OutputExceeded { .. } => 9,
+        Outcome::StorageUnavailable { .. } => 10,
     }
 }
 

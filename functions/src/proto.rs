@@ -424,12 +424,28 @@ pub enum Outcome {
         /// Which limit, and by how much.
         reason: String,
     },
+    /// A transfer (the module, the input or an output) failed transiently on every one of the
+    /// EP's tries (connection refused or reset, a timeout, HTTP 5xx or 429): the storage (or the
+    /// module's server) was unavailable, not the job at fault. The scheduler treats the attempt
+    /// like a lost one: the job runs again after the retry backoff, and past the retry limit is
+    /// held with [`HOLD_CODE_STORAGE`]. A refusal (any other 4xx) is the final
+    /// [`Outcome::InputFailed`], [`Outcome::OutputFailed`] or [`Outcome::ModuleFailed`] instead.
+    StorageUnavailable {
+        /// The last failure: method, URL without its query, status or error, and the tries.
+        reason: String,
+    },
 }
 
 impl Outcome {
     /// Whether the job completed (ran to the end with exit 0 and stored its outputs).
     pub fn is_success(&self) -> bool {
         matches!(self, Outcome::Exited { exit_code: 0 })
+    }
+
+    /// Whether the attempt failed for a reason outside the job that may pass by itself (the
+    /// storage was unavailable): the job is to run again rather than fail.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Outcome::StorageUnavailable { .. })
     }
 
     /// One line for job records: empty on success.
@@ -446,6 +462,7 @@ impl Outcome {
             Outcome::Cancelled { reason } => format!("cancelled: {reason}"),
             Outcome::FuelExhausted { limit } => format!("instruction budget of {limit} exceeded"),
             Outcome::OutputExceeded { reason } => format!("output limit exceeded: {reason}"),
+            Outcome::StorageUnavailable { reason } => format!("storage unavailable: {reason}"),
         }
     }
 }
@@ -615,6 +632,10 @@ pub const HOLD_CODE_RETRIES: u32 = 2;
 /// Hold code: the job violates one of the site's hold requirements (e.g. "Unauthorized GPU
 /// request"); the reason is the requirement's message (HTCondor's `SYSTEM_PERIODIC_HOLD`).
 pub const HOLD_CODE_POLICY: u32 = 3;
+/// Hold code: the storage was unavailable ([`Outcome::StorageUnavailable`]) on more attempts
+/// than the retry limit allows; the reason names the last transfer that failed. HTCondor's
+/// `TransferInputError` (13), used here for the module, the input and the outputs alike.
+pub const HOLD_CODE_STORAGE: u32 = 13;
 
 /// One run attempt of a job: `GET /v1/jobs/{id}/history` returns them, first first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -628,8 +649,9 @@ pub struct Attempt {
     /// Unix ms; none while it runs.
     pub ended_at_ms: Option<u64>,
     /// `running`, `completed`, `failed`, `stopped` (held, removed or revoked while running),
-    /// `lost` (its EP went away or fell silent past its lease), `returned` (the EP turned it
-    /// away unrun, e.g. while draining) or `interrupted` (the scheduler restarted).
+    /// `lost` (its EP went away or fell silent past its lease), `storage-unavailable` (the EP
+    /// reported [`Outcome::StorageUnavailable`]: counted like `lost`), `returned` (the EP turned
+    /// it away unrun, e.g. while draining) or `interrupted` (the scheduler restarted).
     pub outcome: String,
     /// Why it ended so, when it did not complete.
     pub reason: String,
@@ -1337,6 +1359,17 @@ mod tests {
         });
         let text = serde_json::to_string(&msg).expect("serializes");
         assert_eq!(serde_json::from_str::<EpMsg>(&text).expect("parses"), msg);
+    }
+
+    #[test]
+    fn storage_unavailable_is_transient_named_on_the_wire_and_not_a_success() {
+        let o = Outcome::StorageUnavailable { reason: "GET http://s/a: HTTP 503".into() };
+        let text = serde_json::to_string(&o).expect("serializes");
+        assert_eq!(text, r#"{"kind":"storage_unavailable","reason":"GET http://s/a: HTTP 503"}"#);
+        assert_eq!(serde_json::from_str::<Outcome>(&text).expect("parses"), o);
+        assert!(o.is_transient() && !o.is_success());
+        assert_eq!(o.reason(), "storage unavailable: GET http://s/a: HTTP 503");
+        assert!(!Outcome::InputFailed { reason: "HTTP 403".into() }.is_transient());
     }
 
     #[test]

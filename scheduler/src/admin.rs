@@ -158,7 +158,8 @@ pub(crate) async fn analyze(shared: &Shared, id: String) -> Result<JobAnalysis, 
             let (lost, not_before) = shared.queue.retry_state(id.clone()).await?;
             if not_before > now {
                 reasons.push(format!(
-                    "it lost its EP {lost} time(s) and waits {} s more before it runs again",
+                    "it lost {lost} attempt(s) (its EP went away, or the storage was unavailable) and waits {} s \
+                     more before it runs again",
                     (not_before - now).div_ceil(1000)
                 ));
             }

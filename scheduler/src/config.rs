@@ -99,10 +99,11 @@ pub struct Config {
     /// elsewhere, seconds. Default: 60.
     #[serde(default = "default_lease_s")]
     pub lease_s: u64,
-    /// How many times a job may lose its EP and still run again; then it is held. Default: 3.
+    /// How many times a job may lose an attempt (its EP went away or fell silent, or the
+    /// storage was unavailable to it) and still run again; then it is held. Default: 3.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Backoff before a job that lost its EP runs again, seconds, doubled for each further
+    /// Backoff before a job that lost an attempt runs again, seconds, doubled for each further
     /// loss (at most an hour). Default: 10.
     #[serde(default = "default_retry_backoff_s")]
     pub retry_backoff_s: u64,
@@ -231,6 +232,13 @@ impl Settings {
     /// Whether the listener serves TLS.
     pub fn tls(&self) -> bool {
         self.tls.is_some()
+    }
+
+    /// Test hook: a handle on the store the server will run on (the same connection and
+    /// writer), e.g. to fill its "disk" with [`Queue::set_max_page_count`].
+    #[doc(hidden)]
+    pub fn queue(&self) -> Queue {
+        self.queue.clone()
     }
 
     /// The issuer name of attach tokens.

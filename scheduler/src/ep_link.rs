@@ -20,12 +20,17 @@
 //! Each `Finished` is recorded in a task of its own (at most [`MAX_REPORTS_IN_FLIGHT`] per
 //! session), so that a burst of reports shares the store's commits instead of waiting for one
 //! fsync each; when the session ends, every report it read is recorded before its jobs lose it.
+//! A report the store cannot take (a full disk) is kept and tried again until it can, or the
+//! scheduler stops; so is the requeue of a departed session's jobs (else they would stay
+//! `running` on a session that is gone, until their run time removed them). A report of [`htfaas_functions::proto::Outcome::StorageUnavailable`] counts
+//! as a lost attempt ([`crate::queue::Queue::finish`]), with the same retry rule.
 //!
 //! Cancel safety: `WebSocket::recv`, `mpsc::recv`, `JoinSet::join_next` and a pinned `Sleep`
 //! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
 //! losing a message.
 
 use crate::Shared;
+use crate::error::QueueError;
 use crate::matching::{EpSlot, Pool, ToEp};
 use crate::metrics::{Reason, Token};
 use crate::queue::{Loss, now_ms};
@@ -45,6 +50,11 @@ use tokio_util::sync::CancellationToken;
 /// that the reports of many jobs share one commit of the store (group commit); past this many,
 /// the session reads no further frame until one is done.
 pub const MAX_REPORTS_IN_FLIGHT: usize = 256;
+
+/// First wait before a write the store could not take for now (a full disk) is tried again.
+pub const STORE_RETRY_FIRST: Duration = Duration::from_millis(200);
+/// Longest wait between two tries of such a write.
+pub const STORE_RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// Protocol version this scheduler speaks.
 pub const PROTOCOL: u32 = 1;
@@ -175,7 +185,10 @@ pub async fn serve(
     // running here.
     shared.eps().remove(&ep_id);
     let loss = if shutdown.is_cancelled() { Loss::Shutdown } else { shared.policy.loss() };
-    match shared.queue.lose_session(ep_id.clone(), loss, why.clone()).await {
+    let lost = until_stored(&shared.shutdown, "requeue the departed EP's jobs", || {
+        shared.queue.lose_session(ep_id.clone(), loss, why.clone())
+    });
+    match lost.await {
         Ok(lost) => {
             if !lost.requeued.is_empty() {
                 tracing::info!(jobs = lost.requeued.len(), "jobs of the departed EP will run again");
@@ -329,6 +342,11 @@ async fn session(
 }
 
 /// Records a finished job, frees its resources and wakes the dispatcher.
+///
+/// A report the store cannot take for now (its disk is full, or its batch was not committed)
+/// is kept and tried again ([`until_stored`]) until it is recorded or the scheduler shuts down:
+/// a report counts only on the session its job was assigned to, so the EP could not usefully
+/// send it again later. Meanwhile its job stays running here and keeps its resources.
 #[tracing::instrument(name = "scheduler.finish", skip_all,
     fields(job.id = %report.job_id, outcome = ?report.outcome, state = tracing::field::Empty))]
 async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
@@ -338,7 +356,10 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
         tracing::warn!("ignoring a report for a job not running on this EP");
         return;
     }
-    match shared.queue.finish(ep_id.clone(), report).await {
+    let recorded = until_stored(&shared.shutdown, "record a finished job", || {
+        shared.queue.finish(ep_id.clone(), report.clone(), shared.policy.loss())
+    });
+    match recorded.await {
         Ok(Some(f)) => {
             tracing::Span::current().record("state", f.state.as_str());
             tracing::info!(owner = %f.owner, "job finished");
@@ -351,6 +372,31 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
     }
     shared.eps().release(&ep_id, &job_id);
     shared.wake.notify_one();
+}
+
+/// Runs the store write `write` to its answer, trying it again while the store cannot take it
+/// for now ([`QueueError::DiskFull`], or [`QueueError::Batch`]: its batch was not committed),
+/// after [`STORE_RETRY_FIRST`] doubling to [`STORE_RETRY_CAP`], until the scheduler shuts down
+/// (then the last error is returned: a restart puts the jobs left running back to idle).
+async fn until_stored<T, F, Fut>(shutdown: &CancellationToken, what: &str, mut write: F) -> Result<T, QueueError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, QueueError>>,
+{
+    let mut wait = STORE_RETRY_FIRST;
+    loop {
+        match write().await {
+            Err(e @ (QueueError::DiskFull(_) | QueueError::Batch(_))) if !shutdown.is_cancelled() => {
+                tracing::error!(retry_in_ms = wait.as_millis(), "failed to {what}, trying again: {e}");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Err(e),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(STORE_RETRY_CAP);
+            }
+            answer => return answer,
+        }
+    }
 }
 
 /// Logs a report's task that panicked (its job is then treated as lost with the session).
@@ -450,6 +496,28 @@ mod tests {
         for bad in [many, long, vec![(String::new(), "v".into())], vec![("k".into(), "a\nb".into())]] {
             assert!(check_hello(&hello(bad)).is_err_and(|e| e.starts_with("labels:")));
         }
+    }
+
+    #[tokio::test]
+    async fn a_write_the_full_store_refused_is_tried_again_until_it_passes_or_the_scheduler_stops() {
+        let shutdown = CancellationToken::new();
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let started = std::time::Instant::now();
+        let answer = until_stored(&shutdown, "test", || async {
+            match tries.fetch_add(1, Ordering::Relaxed) {
+                0 => Err(QueueError::DiskFull("full".into())),
+                1 => Err(QueueError::Batch("a neighbour filled the disk".into())),
+                n => Ok(n),
+            }
+        });
+        assert_eq!(answer.await.expect("stored at last"), 2);
+        assert!(started.elapsed() >= STORE_RETRY_FIRST * 3, "two waits, 200 + 400 ms: {:?}", started.elapsed());
+        // Other errors are answered at once, and a shutdown stops the tries.
+        let other = until_stored(&shutdown, "test", || async { Err::<(), _>(QueueError::Poisoned) });
+        assert!(matches!(other.await, Err(QueueError::Poisoned)));
+        shutdown.cancel();
+        let full = until_stored(&shutdown, "test", || async { Err::<(), _>(QueueError::DiskFull("full".into())) });
+        assert!(matches!(full.await, Err(QueueError::DiskFull(_))));
     }
 
     #[test]

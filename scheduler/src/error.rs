@@ -76,6 +76,12 @@ pub enum QueueError {
     /// stored); the message says why.
     #[error("database: the batch of writes was not committed: {0}")]
     Batch(String),
+    /// The store's disk (or its file's size limit) is full (SQLite's `SQLITE_FULL`, which it
+    /// also answers for `ENOSPC`): the write, and the rest of its batch when SQLite rolled the
+    /// batch back, stored nothing; what was committed before is intact and reads still work.
+    /// Transient: the same write passes once there is room again.
+    #[error("the scheduler's disk is full: {0}")]
+    DiskFull(String),
     /// The blocking task running the query died.
     #[error("database task failed: {0}")]
     Task(String),
@@ -121,11 +127,44 @@ impl ApiFailure {
         ApiFailure { status: StatusCode::TOO_MANY_REQUESTS, message: message.into() }
     }
 
+    /// 507: the scheduler's disk is full; nothing was stored, the same request may pass later.
+    /// Logged here, where it is handled: it needs an operator.
+    pub fn insufficient_storage(message: impl Into<String>) -> ApiFailure {
+        let message = message.into();
+        tracing::error!("refused a write: {message}");
+        ApiFailure { status: StatusCode::INSUFFICIENT_STORAGE, message }
+    }
+
     /// 500; the cause is logged here, where it is handled, and not shown to the client.
     pub fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiFailure {
         tracing::error!("failed to {what}: {e}");
         ApiFailure { status: StatusCode::INTERNAL_SERVER_ERROR, message: format!("internal error: could not {what}") }
     }
+}
+
+impl QueueError {
+    /// Whether SQLite said the disk is full: `SQLITE_FULL`, from the store or its audit trail.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            QueueError::DiskFull(_) => true,
+            QueueError::Sqlite(e) | QueueError::Audit(htfaas_functions::audit::AuditError::Db(e)) => is_disk_full(e),
+            _ => false,
+        }
+    }
+
+    /// `self`, as [`QueueError::DiskFull`] when [`QueueError::is_disk_full`].
+    pub fn classified(self) -> QueueError {
+        match self {
+            QueueError::DiskFull(_) => self,
+            e if e.is_disk_full() => QueueError::DiskFull(e.to_string()),
+            e => e,
+        }
+    }
+}
+
+/// Whether `e` is SQLite's `SQLITE_FULL` ("database or disk is full").
+pub fn is_disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 impl From<QueueError> for ApiFailure {
@@ -136,6 +175,7 @@ impl From<QueueError> for ApiFailure {
             QueueError::TooManyIdle { .. } => ApiFailure::too_many_requests(e.to_string()),
             QueueError::JobNotFound { .. } => ApiFailure::not_found(e.to_string()),
             QueueError::Conflict(message) => ApiFailure::conflict(message),
+            QueueError::DiskFull(_) => ApiFailure::insufficient_storage(e.to_string()),
             other => ApiFailure::internal("access the job store", &other),
         }
     }

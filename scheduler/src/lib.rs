@@ -35,7 +35,11 @@
 //! after the job must end (and, when the job asks, work only from the EP's address); a revoked
 //! token is refused from the moment of its revocation, and nothing it started keeps running; a
 //! job is `running` only on a live session (one whose lease holds); when that session ends it
-//! runs again after a backoff, or is held past the retry limit.
+//! runs again after a backoff, or is held past the retry limit, and so does a job whose EP
+//! reports the storage unavailable (held with `HOLD_CODE_STORAGE`), while a storage's refusal
+//! fails the job at once; a full disk refuses writes (`507` on submit, [`QueueError::DiskFull`])
+//! and changes nothing committed, and a report the store cannot take yet is kept and tried
+//! again until it can.
 //! The scheduler holds ids, URLs and digests, never function bytes.
 //!
 //! Audit: every decision above is recorded in a tamper-evident trail kept in the queue's store,

@@ -17,6 +17,7 @@
 //!   [`HOLD_CODE_POLICY`]) with its message as the reason ("Unauthorized GPU request").
 //! - **Leases and retries**: an EP session silent for [`SitePolicy::lease_s`] is over; each of
 //!   its jobs runs again after a backoff, up to [`SitePolicy::max_retries`] times, then is held.
+//!   A job whose EP reports the storage unavailable loses its attempt under the same rule.
 
 use crate::matching::{EpTable, GroupQuota, Policy};
 use crate::queue::{Loss, UsageRow, decay};
@@ -101,7 +102,8 @@ pub struct SitePolicy {
     pub hold_requirements: Vec<Requirement>,
     /// EP lease, seconds.
     pub lease_s: u64,
-    /// Losses of its EP a job may have and still run again.
+    /// Lost attempts (its EP gone, or the storage unavailable) a job may have and still run
+    /// again.
     pub max_retries: u32,
     /// Backoff before the first retry, seconds.
     pub retry_backoff_s: u64,
@@ -263,7 +265,7 @@ impl SitePolicy {
         Ok(Admission { class: class.map(|c| c.name.clone()), hold })
     }
 
-    /// How losing an EP treats its jobs.
+    /// How a lost attempt (its EP gone, or the storage unavailable) treats its job.
     pub fn loss(&self) -> Loss {
         Loss::Ep { max_retries: self.max_retries, backoff_ms: self.retry_backoff_s.saturating_mul(1000) }
     }

@@ -20,7 +20,9 @@
 //! attenuated copies) and its submit token's `jti`, issuer and accounting group.
 //!
 //! Job states (`state` column): `idle` → `running` (dispatch) → `completed` | `failed` (the EP's
-//! report); `running` → `idle` (its session ended); `idle` | `running` → `held` (an admin's
+//! report); `running` → `idle` (its session ended, or its EP reported the storage unavailable:
+//! a loss, counted in `lost`, with the retry backoff in `not_before_ms`) or → `held` (past the
+//! retry limit, with [`HOLD_CODE_RETRIES`] or [`HOLD_CODE_STORAGE`]); `idle` | `running` → `held` (an admin's
 //! hold: `reason` and `hold_code` say why; a running job keeps its session until its stop is
 //! reported) → `idle` (release: the earlier attempt is forgotten); `idle` | `running` | `held`
 //! → `removed` (an admin's remove, or a revocation). Only `idle` jobs are ever matched. A
@@ -47,8 +49,8 @@ use crate::revocation::{Credential, Revoked, target_from_parts, target_parts};
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{self, AuditDraft, AuditSigner, Checkpoint, CheckpointPolicy, Subject};
 use htfaas_functions::proto::{
-    Account, Attempt, EpAdminState, HOLD_CODE_BY_ADMIN, HOLD_CODE_RETRIES, JobAssignment, JobRecord, JobReport,
-    JobState, Outcome, OutputFile, Revocation, RevocationTarget, SubmitRequest, Usage,
+    Account, Attempt, EpAdminState, HOLD_CODE_BY_ADMIN, HOLD_CODE_RETRIES, HOLD_CODE_STORAGE, JobAssignment, JobRecord,
+    JobReport, JobState, Outcome, OutputFile, Revocation, RevocationTarget, SubmitRequest, Usage,
 };
 use htfaas_functions::store::Durability;
 use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehavior, params};
@@ -514,6 +516,26 @@ impl Queue {
         self.durability
     }
 
+    /// Test hook, not configuration: caps the store's file at `pages` pages of the connection
+    /// (SQLite's `PRAGMA max_page_count`, never below the pages in use; `None`: SQLite's
+    /// default, about 2^32 pages) so that a test can fill the "disk" for real and free it
+    /// again. Returns the cap now in force.
+    #[doc(hidden)]
+    pub async fn set_max_page_count(&self, pages: Option<u64>) -> Result<u64, QueueError> {
+        let pages = i64::try_from(pages.unwrap_or(u64::from(u32::MAX) - 1)).unwrap_or(i64::MAX);
+        self.call(move |conn| {
+            let cap: i64 = conn.pragma_update_and_check(None, "max_page_count", pages, |r| r.get(0))?;
+            Ok(from_db(cap))
+        })
+        .await
+    }
+
+    /// Pages the store's file holds now (`PRAGMA page_count`).
+    #[doc(hidden)]
+    pub async fn page_count(&self) -> Result<u64, QueueError> {
+        self.call(|conn| Ok(from_db(conn.query_row("PRAGMA page_count", [], |r| r.get(0))?))).await
+    }
+
     /// How many batches of writes the writer has run (committed or not) since the queue was opened.
     pub fn write_batches(&self) -> u64 {
         self.writer.batches.load(std::sync::atomic::Ordering::Relaxed)
@@ -533,7 +555,7 @@ impl Queue {
         let request: Box<dyn PendingWrite> = Box::new(WriteRequest { f: Some(f), result: None, reply });
         let sender = self.writer.sender.as_ref().ok_or_else(|| QueueError::Task(WRITER_GONE.into()))?;
         sender.send(request).map_err(|_| QueueError::Task(WRITER_GONE.into()))?;
-        answer.await.map_err(|_| QueueError::Task(WRITER_GONE.into()))?
+        answer.await.map_err(|_| QueueError::Task(WRITER_GONE.into()))?.map_err(QueueError::classified)
     }
 
     /// Runs `f` on the connection in a blocking task.
@@ -963,40 +985,16 @@ impl Queue {
             let mut out = Lost::default();
             let mut held_reasons = HashMap::new();
             for (id, lost, ep) in running {
-                match loss {
-                    Loss::Shutdown => {
-                        exec(
-                            tx,
-                            "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL \
-                             WHERE id = ?1",
-                            params![id],
-                        )?;
-                        out.requeued.push(id);
-                    }
-                    Loss::Ep { max_retries, .. } if lost >= max_retries => {
-                        let reason = format!(
-                            "lost its EP {} times (last: {}: {why}); the retry limit is {max_retries}",
-                            lost + 1,
-                            ep.as_deref().unwrap_or("?")
-                        );
-                        exec(
-                            tx,
-                            "UPDATE jobs SET state = 'held', reason = ?2, hold_code = ?3, lost = lost + 1, \
-                             ep_session = NULL WHERE id = ?1",
-                            params![id, reason, HOLD_CODE_RETRIES],
-                        )?;
+                let ep = ep.as_deref().unwrap_or("?");
+                let hold = |times: u32, max: u32| {
+                    let reason = format!("lost its EP {times} times (last: {ep}: {why}); the retry limit is {max}");
+                    (HOLD_CODE_RETRIES, reason)
+                };
+                match requeue_or_hold(tx, &id, lost, loss, now, hold)? {
+                    AfterLoss::Requeued => out.requeued.push(id),
+                    AfterLoss::Held { reason, .. } => {
                         held_reasons.insert(id.clone(), reason);
                         out.held.push(id);
-                    }
-                    Loss::Ep { backoff_ms, .. } => {
-                        let delay = backoff_ms.saturating_mul(1u64 << lost.min(32)).min(MAX_BACKOFF_MS);
-                        exec(
-                            tx,
-                            "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
-                             lost = lost + 1, not_before_ms = ?2 WHERE id = ?1",
-                            params![id, db_int(now.saturating_add(delay))],
-                        )?;
-                        out.requeued.push(id);
                     }
                 }
             }
@@ -1024,20 +1022,32 @@ impl Queue {
     /// admin's remove or hold) and is reported for the first time, records and charges its
     /// usage but keeps its state and reason.
     /// `None` otherwise (unknown, finished, requeued meanwhile, reported twice).
-    pub async fn finish(&self, ep_session: String, report: JobReport) -> Result<Option<Finished>, QueueError> {
+    ///
+    /// A running job reported [`Outcome::StorageUnavailable`] lost its attempt through no fault
+    /// of its own: its attempt ends `storage-unavailable`, its usage is charged (it held the
+    /// slot) without counting it completed or failed, and `loss` decides what follows, exactly
+    /// as for a job whose EP went away ([`Queue::lose_session`]): idle again after the backoff,
+    /// or held past the retry limit, with [`HOLD_CODE_STORAGE`] and a reason naming the
+    /// storage failure.
+    pub async fn finish(
+        &self,
+        ep_session: String,
+        report: JobReport,
+        loss: Loss,
+    ) -> Result<Option<Finished>, QueueError> {
         let self_half_life = self.half_life_s;
         self.write(move |tx| {
-            // owner, cpus, state, group, EP name.
-            type Row = (String, u32, String, Option<String>, Option<String>);
+            // owner, cpus, state, group, EP name, losses so far.
+            type Row = (String, u32, String, Option<String>, Option<String>, u32);
             let row: Option<Row> = tx
                 .query_row(
-                    "SELECT owner, cpus, state, grp, ep FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+                    "SELECT owner, cpus, state, grp, ep, lost FROM jobs WHERE id = ?1 AND ep_session = ?2 \
                      AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
                     params![report.job_id, ep_session],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
                 )
                 .optional()?;
-            let Some((owner, cpus, stored, group, ep)) = row else {
+            let Some((owner, cpus, stored, group, ep, lost)) = row else {
                 return Ok(None);
             };
             let ep = ep.unwrap_or_else(|| ep_session.clone());
@@ -1063,6 +1073,12 @@ impl Queue {
                     .with_detail("returned", true.into());
                 audit::append_in(tx, returned)?;
                 return Ok(Some(Finished { owner, state: JobState::Idle }));
+            }
+            if stored == "running" && report.outcome.is_transient() {
+                let job =
+                    Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session: &ep_session };
+                let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
+                return Ok(Some(Finished { owner, state }));
             }
             let state = match (stored.as_str(), report.outcome.is_success()) {
                 ("removed", _) => JobState::Removed,
@@ -1108,41 +1124,7 @@ impl Queue {
                  WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
                 params![report.job_id, ep_session, outcome, attempt_reason, serde_json::to_string(&u)?, db_int(now)],
             )?;
-            let mut acc =
-                read_account(tx, &owner)?.unwrap_or_else(|| Account { owner: owner.clone(), ..Account::default() });
-            let before = acc.core_seconds;
-            charge(&mut acc, state, cpus, &u);
-            let core_s = acc.core_seconds - before;
-            if let Some(g) = &group {
-                exec(
-                    tx,
-                    "INSERT INTO group_usage (grp, core_seconds, usage_decayed, usage_at_ms) VALUES (?1, 0, 0, ?2) \
-                     ON CONFLICT (grp) DO NOTHING",
-                    params![g, db_int(now)],
-                )?;
-                exec(tx, "UPDATE group_usage SET core_seconds = core_seconds + ?2 WHERE grp = ?1", params![g, core_s])?;
-                charge_decayed(tx, "group_usage", "grp", g, core_s, now, self_half_life)?;
-            }
-            exec(
-                tx,
-                "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
-                 wall_seconds, bytes_in, bytes_out) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-                 ON CONFLICT (owner) DO UPDATE SET jobs_completed = excluded.jobs_completed, \
-                 jobs_failed = excluded.jobs_failed, core_seconds = excluded.core_seconds, \
-                 cpu_seconds = excluded.cpu_seconds, wall_seconds = excluded.wall_seconds, \
-                 bytes_in = excluded.bytes_in, bytes_out = excluded.bytes_out",
-                params![
-                    acc.owner,
-                    db_int(acc.jobs_completed),
-                    db_int(acc.jobs_failed),
-                    acc.core_seconds,
-                    acc.cpu_seconds,
-                    acc.wall_seconds,
-                    db_int(acc.bytes_in),
-                    db_int(acc.bytes_out),
-                ],
-            )?;
-            charge_decayed(tx, "accounts", "owner", &owner, core_s, now, self_half_life)?;
+            let core_s = charge_owner(tx, &owner, group.as_deref(), cpus, state, &u, now, self_half_life)?;
             // What the EP did, in one record: the input it read, the outputs it stored, how it ended.
             let ran = matches!(
                 report.outcome,
@@ -1476,8 +1458,8 @@ impl Queue {
         .await
     }
 
-    /// How often job `id` lost its EP, and until when it waits before running again (Unix
-    /// ms; 0 when it does not wait).
+    /// How many attempts job `id` lost (its EP gone, or the storage unavailable), and until
+    /// when it waits before running again (Unix ms; 0 when it does not wait).
     pub async fn retry_state(&self, id: String) -> Result<(u32, u64), QueueError> {
         self.call(move |conn| {
             let row: Option<(u32, i64)> = conn
@@ -1677,13 +1659,42 @@ impl Drop for Writer {
     }
 }
 
+/// How one write of a batch went ([`PendingWrite::run`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    /// It succeeded; its savepoint is released.
+    Ok,
+    /// It failed (its savepoint is rolled back); `full`: with `SQLITE_FULL`.
+    Failed {
+        /// The disk was full.
+        full: bool,
+    },
+}
+
+/// Why a batch was not committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BatchFailed {
+    /// What failed.
+    why: String,
+    /// Because the disk was full: every write of the batch is answered
+    /// [`QueueError::DiskFull`].
+    full: bool,
+}
+
+impl BatchFailed {
+    /// `what` failed with `e`.
+    fn sqlite(what: &str, e: &rusqlite::Error) -> BatchFailed {
+        BatchFailed { why: format!("{what}: {e}"), full: crate::error::is_disk_full(e) }
+    }
+}
+
 /// A write waiting for the writer (see [`WriteRequest`]).
 trait PendingWrite: Send {
-    /// Runs the write on `tx` (inside its savepoint); whether it succeeded.
-    fn run(&mut self, tx: &Transaction<'_>) -> bool;
+    /// Runs the write on `tx` (inside its savepoint); how it went.
+    fn run(&mut self, tx: &Transaction<'_>) -> Ran;
     /// Answers the caller: with the write's own result when its batch committed (`Ok`), else
     /// with why the batch did not.
-    fn answer(self: Box<Self>, batch: Result<(), &str>);
+    fn answer(self: Box<Self>, batch: Result<(), &BatchFailed>);
 }
 
 /// A write and the caller waiting for its answer.
@@ -1700,22 +1711,26 @@ where
     T: Send,
     F: FnOnce(&Transaction<'_>) -> Result<T, QueueError> + Send,
 {
-    fn run(&mut self, tx: &Transaction<'_>) -> bool {
-        let Some(f) = self.f.take() else { return false };
+    fn run(&mut self, tx: &Transaction<'_>) -> Ran {
+        let Some(f) = self.f.take() else { return Ran::Failed { full: false } };
         // A panicking write fails alone, as it did when each write had a blocking task.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(tx)))
             .unwrap_or_else(|_| Err(QueueError::Task("a write to the store panicked".into())));
-        let ok = result.is_ok();
+        let ran = match &result {
+            Ok(_) => Ran::Ok,
+            Err(e) => Ran::Failed { full: e.is_disk_full() },
+        };
         self.result = Some(result);
-        ok
+        ran
     }
 
-    fn answer(self: Box<Self>, batch: Result<(), &str>) {
+    fn answer(self: Box<Self>, batch: Result<(), &BatchFailed>) {
         let result = match (self.result, batch) {
             // Its own error stands: it was rolled back, whatever became of the batch.
             (Some(Err(e)), _) => Err(e),
             (Some(Ok(v)), Ok(())) => Ok(v),
-            (Some(Ok(_)) | None, Err(why)) => Err(QueueError::Batch(why.to_owned())),
+            (Some(Ok(_)) | None, Err(b)) if b.full => Err(QueueError::DiskFull(b.why.clone())),
+            (Some(Ok(_)) | None, Err(b)) => Err(QueueError::Batch(b.why.clone())),
             (None, Ok(())) => Err(QueueError::Task("a write was answered without being run".into())),
         };
         // The caller may have gone (its future dropped); the write stands all the same.
@@ -1753,13 +1768,15 @@ fn write_loop(
 /// Runs up to [`MAX_BATCH`] writes from the front of `pending` in one transaction, each in a
 /// savepoint (released when it succeeds, rolled back to when it fails), commits, and answers
 /// each one. If SQLite ends the transaction itself (an I/O error, a full disk), every write
-/// run so far in it is answered with that failure, and the rest stay pending for the next
-/// batch.
+/// run so far in it is answered with that failure ([`QueueError::DiskFull`] when the disk is
+/// full), nothing of the batch is stored, and the rest stay pending for the next batch. The
+/// thread goes on either way: a full disk refuses writes until there is room, it never stops
+/// the writer.
 fn commit_batch(conn: &Mutex<Connection>, pending: &mut std::collections::VecDeque<Box<dyn PendingWrite>>) {
     let Ok(mut guard) = conn.lock() else {
-        let why = QueueError::Poisoned.to_string();
+        let failed = BatchFailed { why: QueueError::Poisoned.to_string(), full: false };
         for w in pending.drain(..) {
-            w.answer(Err(&why));
+            w.answer(Err(&failed));
         }
         return;
     };
@@ -1769,7 +1786,7 @@ fn commit_batch(conn: &Mutex<Connection>, pending: &mut std::collections::VecDeq
             // Only the first write is failed: the rest may succeed in the next batch, and a
             // store that keeps refusing still answers everyone, one batch at a time.
             if let Some(w) = pending.pop_front() {
-                w.answer(Err(&format!("begin a transaction: {e}")));
+                w.answer(Err(&BatchFailed::sqlite("begin a transaction", &e)));
             }
             return;
         }
@@ -1781,39 +1798,165 @@ fn commit_batch(conn: &Mutex<Connection>, pending: &mut std::collections::VecDeq
     {
         if let Err(e) = exec(&tx, SAVEPOINT_OPEN, []) {
             pending.push_front(w);
-            lost = Some(format!("open a savepoint: {e}"));
+            lost = Some(BatchFailed::sqlite("open a savepoint", &e));
             break;
         }
-        let ok = w.run(&tx);
+        let outcome = w.run(&tx);
         ran.push(w);
-        let end = if ok {
+        let end = if outcome == Ran::Ok {
             exec(&tx, SAVEPOINT_RELEASE, [])
         } else {
             exec(&tx, SAVEPOINT_ROLLBACK, []).and_then(|_| exec(&tx, SAVEPOINT_RELEASE, []))
         };
-        if let Err(e) = end {
-            lost = Some(format!("end a savepoint: {e}"));
+        if tx.is_autocommit() {
+            // SQLite rolled the whole transaction back after an error of the last write (as it
+            // does on SQLITE_FULL): its savepoint is gone too, so `end` failed; say why.
+            let full = outcome == Ran::Failed { full: true } || end.as_ref().is_err_and(crate::error::is_disk_full);
+            let why = if full { "the disk is full" } else { "an error" };
+            lost =
+                Some(BatchFailed { why: format!("the transaction was rolled back by {why} in the same batch"), full });
             break;
         }
-        if tx.is_autocommit() {
-            // SQLite rolled the whole transaction back after an error of the last write.
-            lost = Some("the transaction was rolled back by an error in the same batch".into());
+        if let Err(e) = end {
+            lost = Some(BatchFailed::sqlite("end a savepoint", &e));
             break;
         }
     }
     let committed = match lost {
-        Some(why) => {
+        Some(failed) => {
             drop(tx);
-            Err(why)
+            Err(failed)
         }
-        None => tx.commit().map_err(|e| format!("commit: {e}")),
+        None => tx.commit().map_err(|e| BatchFailed::sqlite("commit", &e)),
     };
     drop(guard);
-    if let Err(why) = &committed {
-        tracing::error!(writes = ran.len(), "failed to commit a batch of writes: {why}");
+    if let Err(failed) = &committed {
+        tracing::error!(
+            writes = ran.len(),
+            disk_full = failed.full,
+            "failed to commit a batch of writes: {}",
+            failed.why
+        );
     }
     for w in ran {
-        w.answer(committed.as_ref().map(|_| ()).map_err(String::as_str));
+        w.answer(committed.as_ref().map(|_| ()));
+    }
+}
+
+/// A running job whose EP reported, as [`Queue::finish`] read it.
+struct Reported<'a> {
+    owner: &'a str,
+    group: Option<&'a str>,
+    cpus: u32,
+    /// Losses before this attempt.
+    lost: u32,
+    /// The EP's name.
+    ep: &'a str,
+    ep_session: &'a str,
+}
+
+/// [`Queue::finish`] for a running job whose EP reported [`Outcome::StorageUnavailable`]: the
+/// attempt ends `storage-unavailable` with its usage, which is charged (no job counted), and
+/// [`requeue_or_hold`] decides what follows; the EP's report (`job.finished`, with the state
+/// that follows) and a hold (`job.held`) are recorded. Returns the job's new state.
+fn storage_unavailable(
+    tx: &Transaction<'_>,
+    job: &Reported<'_>,
+    report: JobReport,
+    subject: Subject,
+    loss: Loss,
+    half_life_s: f64,
+) -> Result<JobState, QueueError> {
+    let now = now_ms();
+    let reason = report.outcome.reason();
+    let u = report.usage;
+    exec(
+        tx,
+        "UPDATE attempts SET outcome = 'storage-unavailable', reason = ?3, usage = ?4, ended_at_ms = ?5 \
+         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+        params![report.job_id, job.ep_session, reason, serde_json::to_string(&u)?, db_int(now)],
+    )?;
+    let hold = |times: u32, max: u32| {
+        let why = format!("{reason} (on {}; lost {times} attempts, the retry limit is {max})", job.ep);
+        (HOLD_CODE_STORAGE, why)
+    };
+    let after = requeue_or_hold(tx, &report.job_id, job.lost, loss, now, hold)?;
+    exec(tx, "UPDATE jobs SET log = ?2 WHERE id = ?1", params![report.job_id, bounded_log(report.log)])?;
+    let core_s = charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?;
+    let (state, then) = match &after {
+        AfterLoss::Requeued => (JobState::Idle, "requeued"),
+        AfterLoss::Held { .. } => (JobState::Held, "held"),
+    };
+    let input = subject.paths.first().filter(|_| u.bytes_in > 0).cloned();
+    let input = input.as_deref().map(|path| (path, u.bytes_in));
+    let finished = AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.outcome, &u)
+        .with_detail("state", state.as_str().into())
+        .with_detail("then", then.into())
+        .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    audit::append_in(tx, finished)?;
+    if let AfterLoss::Held { code, reason } = after {
+        audit::append_in(tx, AuditDraft::job_held(subject, &reason, Some(i64::from(code))))?;
+    }
+    Ok(state)
+}
+
+/// What became of a running job that lost its attempt ([`requeue_or_hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AfterLoss {
+    /// Idle again (after its backoff, with [`Loss::Ep`]).
+    Requeued,
+    /// Held, past the retry limit.
+    Held {
+        /// The hold code.
+        code: u32,
+        /// The hold reason.
+        reason: String,
+    },
+}
+
+/// The one rule for a running job `id` whose attempt was lost, whatever lost it (its EP went
+/// away or fell silent, or the storage was unavailable to it): with [`Loss::Shutdown`] it goes
+/// back to idle, no loss counted; with [`Loss::Ep`] it counts a loss (it had `lost` before) and
+/// goes back to idle after `backoff_ms` × 2^lost (at most [`MAX_BACKOFF_MS`]), or, when it
+/// already had `max_retries` losses, is held with what `hold(losses, max_retries)` says (code,
+/// reason). Its session is cleared either way, so no later report of the attempt counts.
+fn requeue_or_hold(
+    tx: &Transaction<'_>,
+    id: &str,
+    lost: u32,
+    loss: Loss,
+    now: u64,
+    hold: impl FnOnce(u32, u32) -> (u32, String),
+) -> rusqlite::Result<AfterLoss> {
+    match loss {
+        Loss::Shutdown => {
+            exec(
+                tx,
+                "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL WHERE id = ?1",
+                params![id],
+            )?;
+            Ok(AfterLoss::Requeued)
+        }
+        Loss::Ep { max_retries, .. } if lost >= max_retries => {
+            let (code, reason) = hold(lost.saturating_add(1), max_retries);
+            exec(
+                tx,
+                "UPDATE jobs SET state = 'held', reason = ?2, hold_code = ?3, lost = lost + 1, \
+                 ep_session = NULL WHERE id = ?1",
+                params![id, reason, code],
+            )?;
+            Ok(AfterLoss::Held { code, reason })
+        }
+        Loss::Ep { backoff_ms, .. } => {
+            let delay = backoff_ms.saturating_mul(1u64 << lost.min(32)).min(MAX_BACKOFF_MS);
+            exec(
+                tx,
+                "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, \
+                 lost = lost + 1, not_before_ms = ?2 WHERE id = ?1",
+                params![id, db_int(now.saturating_add(delay))],
+            )?;
+            Ok(AfterLoss::Requeued)
+        }
     }
 }
 
@@ -1831,6 +1974,57 @@ fn charge(acc: &mut Account, state: JobState, cpus: u32, u: &Usage) {
     acc.wall_seconds += wall_s;
     acc.bytes_in = acc.bytes_in.saturating_add(u.bytes_in);
     acc.bytes_out = acc.bytes_out.saturating_add(u.bytes_out);
+}
+
+/// Charges one reported attempt to `owner`'s account (and `group`'s usage) with [`charge`]:
+/// its usage, and one to the count of its final `state`, if that is one. Returns the
+/// core-seconds charged.
+#[allow(clippy::too_many_arguments)]
+fn charge_owner(
+    tx: &Transaction<'_>,
+    owner: &str,
+    group: Option<&str>,
+    cpus: u32,
+    state: JobState,
+    u: &Usage,
+    now: u64,
+    half_life_s: f64,
+) -> rusqlite::Result<f64> {
+    let mut acc = read_account(tx, owner)?.unwrap_or_else(|| Account { owner: owner.to_owned(), ..Account::default() });
+    let before = acc.core_seconds;
+    charge(&mut acc, state, cpus, u);
+    let core_s = acc.core_seconds - before;
+    if let Some(g) = group {
+        exec(
+            tx,
+            "INSERT INTO group_usage (grp, core_seconds, usage_decayed, usage_at_ms) VALUES (?1, 0, 0, ?2) \
+             ON CONFLICT (grp) DO NOTHING",
+            params![g, db_int(now)],
+        )?;
+        exec(tx, "UPDATE group_usage SET core_seconds = core_seconds + ?2 WHERE grp = ?1", params![g, core_s])?;
+        charge_decayed(tx, "group_usage", "grp", g, core_s, now, half_life_s)?;
+    }
+    exec(
+        tx,
+        "INSERT INTO accounts (owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, \
+         wall_seconds, bytes_in, bytes_out) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT (owner) DO UPDATE SET jobs_completed = excluded.jobs_completed, \
+         jobs_failed = excluded.jobs_failed, core_seconds = excluded.core_seconds, \
+         cpu_seconds = excluded.cpu_seconds, wall_seconds = excluded.wall_seconds, \
+         bytes_in = excluded.bytes_in, bytes_out = excluded.bytes_out",
+        params![
+            acc.owner,
+            db_int(acc.jobs_completed),
+            db_int(acc.jobs_failed),
+            acc.core_seconds,
+            acc.cpu_seconds,
+            acc.wall_seconds,
+            db_int(acc.bytes_in),
+            db_int(acc.bytes_out),
+        ],
+    )?;
+    charge_decayed(tx, "accounts", "owner", owner, core_s, now, half_life_s)?;
+    Ok(core_s)
 }
 
 /// Adds `core_s` to the decayed usage of row `name` of `table` (keyed by `key`), first decaying
@@ -2277,6 +2471,9 @@ pub(crate) mod tests {
         assert_eq!(q.uses(format!("t{refused}")).await.expect("uses"), 1);
     }
 
+    /// The retry rule of the tests that do not look at it.
+    const LOSS: Loss = Loss::Ep { max_retries: 2, backoff_ms: 0 };
+
     fn pr(pool: Pool, room: Resources, free_cpus: u32) -> PoolRoom {
         PoolRoom { pool, room, free_cpus }
     }
@@ -2320,10 +2517,10 @@ pub(crate) mod tests {
             outputs: vec![],
             log: "x".repeat(MAX_LOG_BYTES + 10),
         };
-        assert_eq!(q.finish("s2".into(), report.clone()).await.expect("other session"), None);
-        let f = q.finish("s1".into(), report.clone()).await.expect("finish").expect("was running");
+        assert_eq!(q.finish("s2".into(), report.clone(), LOSS).await.expect("other session"), None);
+        let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("was running");
         assert_eq!(f.state, JobState::Completed);
-        assert_eq!(q.finish("s1".into(), report).await.expect("again"), None);
+        assert_eq!(q.finish("s1".into(), report, LOSS).await.expect("again"), None);
         let acc = q.accounts().await.expect("accounts");
         assert_eq!(acc.len(), 1);
         assert_eq!(acc[0].jobs_completed, 1);
@@ -2482,9 +2679,9 @@ pub(crate) mod tests {
             outputs: vec![],
             log: String::new(),
         };
-        let f = q.finish("s1".into(), report.clone()).await.expect("finish").expect("charged");
+        let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("charged");
         assert_eq!(f.state, JobState::Removed);
-        assert_eq!(q.finish("s1".into(), report).await.expect("again"), None);
+        assert_eq!(q.finish("s1".into(), report, LOSS).await.expect("again"), None);
         let r = q.get(running).await.expect("get").expect("exists");
         assert_eq!((r.state, r.reason.as_str()), (JobState::Removed, "token revoked: leaked"));
         let acc = q.accounts().await.expect("accounts");
@@ -2565,9 +2762,9 @@ pub(crate) mod tests {
             outputs: vec![],
             log: String::new(),
         };
-        let f = q.finish("s1".into(), report.clone()).await.expect("finish").expect("charged");
+        let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("charged");
         assert_eq!(f.state, JobState::Held);
-        assert_eq!(q.finish("s1".into(), report).await.expect("again"), None);
+        assert_eq!(q.finish("s1".into(), report, LOSS).await.expect("again"), None);
         let rec = q.get(running.clone()).await.expect("get").expect("exists");
         assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Held, "stop", Some(1)));
         assert!((q.accounts().await.expect("accounts")[0].core_seconds - 1.0).abs() < 1e-9);
@@ -2753,7 +2950,7 @@ pub(crate) mod tests {
                 outputs: vec![],
                 log: String::new(),
             };
-            finishes.spawn(async move { q.finish("s1".into(), report).await });
+            finishes.spawn(async move { q.finish("s1".into(), report, LOSS).await });
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         drop(guard);
@@ -2818,5 +3015,245 @@ pub(crate) mod tests {
         assert!(writer.upgrade().is_none());
         let q = Queue::open(&path).expect("reopen");
         assert_eq!(q.get(id).await.expect("get").expect("kept").state, JobState::Idle);
+    }
+
+    /// Accounts as charged equal accounts recomputed from the attempts' records.
+    async fn assert_accounts_match_records(q: &Queue) -> Vec<Account> {
+        let charged = q.accounts().await.expect("accounts");
+        let recomputed = q.accounts_from_records().await.expect("from records");
+        assert_eq!(charged.len(), recomputed.len(), "{charged:?} vs {recomputed:?}");
+        for (a, b) in charged.iter().zip(&recomputed) {
+            assert_eq!(
+                (&a.owner, a.jobs_completed, a.jobs_failed, a.bytes_in, a.bytes_out),
+                (&b.owner, b.jobs_completed, b.jobs_failed, b.bytes_in, b.bytes_out),
+                "{a:?} vs {b:?}"
+            );
+            assert!((a.core_seconds - b.core_seconds).abs() < 1e-9, "{a:?} vs {b:?}");
+            assert!((a.cpu_seconds - b.cpu_seconds).abs() < 1e-9, "{a:?} vs {b:?}");
+            assert!((a.wall_seconds - b.wall_seconds).abs() < 1e-9, "{a:?} vs {b:?}");
+        }
+        charged
+    }
+
+    fn unavailable(id: &str, wall_ms: u64) -> JobReport {
+        JobReport {
+            job_id: id.into(),
+            outcome: Outcome::StorageUnavailable {
+                reason: "GET http://storage/data/raw/a: HTTP 503 Service Unavailable: down (gave up after 4 attempts)"
+                    .into(),
+            },
+            usage: Usage { wall_ms, bytes_in: 0, ..Usage::default() },
+            outputs: vec![],
+            log: "[htfaas-ep] storage down\n".into(),
+        }
+    }
+
+    fn audit_kinds(conn: &Connection, job: &str, kind: &str) -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM audit_records WHERE job = ?1 AND kind = ?2", params![job, kind], |r| {
+            r.get(0)
+        })
+        .expect("count")
+    }
+
+    // Issue 9: a storage outage costs the job an attempt, not its life.
+    #[tokio::test]
+    async fn a_storage_outage_requeues_the_job_with_backoff_then_holds_it_and_a_release_runs_it_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        let loss = Loss::Ep { max_retries: 1, backoff_ms: 60_000 };
+
+        // First attempt: the storage is down. The job is idle again, waiting out its backoff.
+        q.mark_running(vec![id.clone()], "ep-a".into(), "s1".into(), ok).await.expect("mark");
+        let before = now_ms();
+        let f = q.finish("s1".into(), unavailable(&id, 2000), loss).await.expect("finish").expect("was running");
+        assert_eq!(f, Finished { owner: "alice".into(), state: JobState::Idle });
+        let job = q.get(id.clone()).await.expect("get").expect("kept");
+        assert_eq!((job.state, job.hold_code, job.reason.as_str()), (JobState::Idle, None, ""));
+        let (lost, not_before) = q.retry_state(id.clone()).await.expect("retry state");
+        assert_eq!(lost, 1);
+        assert!(not_before >= before + 60_000 && not_before <= now_ms() + 60_000, "{not_before}");
+        let room = Resources::new(8, 4096, 3600);
+        let idle =
+            q.idle_candidates(vec![pr(Pool { annex: None, owner: None }, room, 8)], vec![], HashMap::new(), now_ms());
+        assert!(idle.await.expect("candidates").is_empty(), "in backoff, not matched");
+        let later =
+            q.idle_candidates(vec![pr(Pool { annex: None, owner: None }, room, 8)], vec![], HashMap::new(), not_before);
+        assert_eq!(later.await.expect("candidates").len(), 1, "matched once the backoff is over");
+        // The slot it held is charged; the job counts neither completed nor failed.
+        let acc = assert_accounts_match_records(&q).await;
+        assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 0));
+        assert!((acc[0].core_seconds - 2.0).abs() < 1e-9);
+        // A second copy of the report is not heard.
+        assert_eq!(q.finish("s1".into(), unavailable(&id, 2000), loss).await.expect("again"), None);
+
+        // Second attempt: still down, and past the retry limit: held with the storage's reason.
+        q.mark_running(vec![id.clone()], "ep-b".into(), "s2".into(), ok).await.expect("mark");
+        let f = q.finish("s2".into(), unavailable(&id, 1000), loss).await.expect("finish").expect("was running");
+        assert_eq!(f.state, JobState::Held);
+        let job = q.get(id.clone()).await.expect("get").expect("kept");
+        assert_eq!((job.state, job.hold_code), (JobState::Held, Some(HOLD_CODE_STORAGE)));
+        assert!(
+            job.reason.starts_with("storage unavailable: GET http://storage/data/raw/a: HTTP 503"),
+            "{}",
+            job.reason
+        );
+        assert!(job.reason.ends_with("(on ep-b; lost 2 attempts, the retry limit is 1)"), "{}", job.reason);
+        assert_eq!(q.finish("s2".into(), unavailable(&id, 1000), loss).await.expect("late"), None);
+        let history = q.history(id.clone()).await.expect("history");
+        let summary: Vec<(u32, &str, &str)> =
+            history.iter().map(|a| (a.n, a.ep.as_str(), a.outcome.as_str())).collect();
+        assert_eq!(summary, [(1, "ep-a", "storage-unavailable"), (2, "ep-b", "storage-unavailable")]);
+        assert!(history.iter().all(|a| a.reason.starts_with("storage unavailable: GET ") && a.usage.is_some()));
+        let acc = assert_accounts_match_records(&q).await;
+        assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 0));
+        assert!((acc[0].core_seconds - 3.0).abs() < 1e-9);
+        // Each decision is in the trail: two reports, one hold with the storage's code.
+        let (finished, held) = q
+            .call({
+                let id = id.clone();
+                move |c| Ok((audit_kinds(c, &id, "job.finished"), audit_kinds(c, &id, "job.held")))
+            })
+            .await
+            .expect("audit");
+        assert_eq!((finished, held), (2, 1));
+        let held_detail: String = q
+            .call({
+                let id = id.clone();
+                move |c| {
+                    Ok(c.query_row("SELECT json FROM audit_records WHERE job = ?1 AND kind = 'job.held'", [id], |r| {
+                        r.get(0)
+                    })?)
+                }
+            })
+            .await
+            .expect("record");
+        assert!(held_detail.contains("\"hold_code\":13"), "{held_detail}");
+
+        // Released, it runs again with a fresh budget and completes: counted once, all charged.
+        q.act(id.clone(), Action::Release, "storage back".into()).await.expect("release");
+        assert_eq!(q.retry_state(id.clone()).await.expect("retry state"), (0, 0));
+        q.mark_running(vec![id.clone()], "ep-c".into(), "s3".into(), ok).await.expect("mark");
+        let done = JobReport { outcome: Outcome::Exited { exit_code: 0 }, ..unavailable(&id, 4000) };
+        let f = q.finish("s3".into(), done, loss).await.expect("finish").expect("was running");
+        assert_eq!(f.state, JobState::Completed);
+        let acc = assert_accounts_match_records(&q).await;
+        assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (1, 0));
+        assert!((acc[0].core_seconds - 7.0).abs() < 1e-9);
+        let report = audit::verify(q.path(), &AuditSigner::generate("k").expect("key").0.keys()).expect("verify");
+        assert!(report.ok(), "{:?}", report.first_problem);
+    }
+
+    #[tokio::test]
+    async fn a_storage_refusal_still_fails_the_job_at_once_and_a_shutdown_counts_no_loss() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let refused = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        let other = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
+        q.mark_running(vec![refused.clone(), other.clone()], "ep-a".into(), "s1".into(), ok).await.expect("mark");
+        let loss = Loss::Ep { max_retries: 0, backoff_ms: 0 };
+        let denied = JobReport {
+            outcome: Outcome::InputFailed { reason: "GET http://storage/data/raw/a: HTTP 403 Forbidden".into() },
+            ..unavailable(&refused, 500)
+        };
+        let f = q.finish("s1".into(), denied, loss).await.expect("finish").expect("was running");
+        assert_eq!(f.state, JobState::Failed);
+        let job = q.get(refused.clone()).await.expect("get").expect("kept");
+        assert_eq!((job.state, job.hold_code), (JobState::Failed, None));
+        assert_eq!(job.reason, "input failed: GET http://storage/data/raw/a: HTTP 403 Forbidden");
+        // With the scheduler shutting down, an outage puts the job back without counting a loss.
+        let f = q.finish("s1".into(), unavailable(&other, 500), Loss::Shutdown).await.expect("finish");
+        assert_eq!(f.expect("was running").state, JobState::Idle);
+        assert_eq!(q.retry_state(other).await.expect("retry state"), (0, 0));
+        let acc = assert_accounts_match_records(&q).await;
+        assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 1));
+    }
+
+    // Issue 9: a full disk refuses new work with a clear error and loses nothing accepted.
+    #[tokio::test]
+    async fn a_full_disk_refuses_submissions_keeps_every_accepted_job_and_heals_when_space_is_freed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let pages = q.page_count().await.expect("pages");
+        assert_eq!(q.set_max_page_count(Some(pages + 8)).await.expect("cap"), pages + 8);
+        let mut accepted = Vec::new();
+        let full = loop {
+            let n = accepted.len();
+            assert!(n < 10_000, "the capped store never filled");
+            match q.submit(new_job(&format!("k{n}"), &format!("t{n}"), 1)).await {
+                Ok(s) => accepted.push(s.job_id),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(full, QueueError::DiskFull(_)), "{full:?}");
+        assert!(full.to_string().starts_with("the scheduler's disk is full: "), "{full}");
+        let answer = crate::ApiFailure::from(full);
+        assert_eq!(answer.status, axum::http::StatusCode::INSUFFICIENT_STORAGE);
+        assert!(answer.message.starts_with("the scheduler's disk is full: "), "{}", answer.message);
+        assert!(accepted.len() >= 2, "{}", accepted.len());
+        // The refused job left nothing: no row, no token use; the writer goes on answering.
+        let n = accepted.len();
+        assert_eq!(q.uses(format!("t{n}")).await.expect("uses"), 0);
+        assert!(q.submit(new_job(&format!("k{n}"), &format!("t{n}"), 1)).await.expect_err("still full").is_disk_full());
+        let listed = q.list(100_000).await.expect("reads still work");
+        assert_eq!(listed.len(), n);
+        assert!(listed.iter().all(|j| j.state == JobState::Idle && accepted.contains(&j.id)));
+        // Room again: the same submission passes, and every accepted job is dispatchable.
+        q.set_max_page_count(None).await.expect("uncap");
+        let again = q.submit(new_job(&format!("k{n}"), &format!("t{n}"), 1)).await.expect("accepted now");
+        assert!(again.created);
+        accepted.push(again.job_id);
+        let marked = q.mark_running(accepted.clone(), "ep-a".into(), "s1".into(), ok).await.expect("mark");
+        assert_eq!(marked.assigned.len(), accepted.len());
+        assert!(marked.skipped.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_fills_the_disk_answers_every_write_it_stored_nothing_of_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        q.call(|c| Ok(c.execute_batch("CREATE TABLE fill (n INTEGER, b BLOB)")?)).await.expect("table");
+        let pages = q.page_count().await.expect("pages");
+        q.set_max_page_count(Some(pages)).await.expect("cap");
+        let put = |n: i64, bytes: usize| {
+            move |tx: &Transaction<'_>| -> Result<i64, QueueError> {
+                tx.execute("INSERT INTO fill (n, b) VALUES (?1, zeroblob(?2))", params![n, bytes as i64])?;
+                Ok(n)
+            }
+        };
+        let mut pending = std::collections::VecDeque::new();
+        let mut answers = Vec::new();
+        for (n, bytes) in [(1, 10), (2, 1 << 20), (3, 10)] {
+            let (w, answer) = write_request(put(n, bytes));
+            pending.push_back(w);
+            answers.push((n, answer));
+        }
+        // SQLite rolls the whole transaction back on SQLITE_FULL: what ran before in the batch
+        // is answered with the full disk too, and what had not run yet waits for the next one.
+        for _ in 0..3 {
+            if !pending.is_empty() {
+                commit_batch(&q.conn, &mut pending);
+            }
+        }
+        assert!(pending.is_empty());
+        let mut stored_expected = Vec::new();
+        for (n, answer) in answers {
+            match answer.await.expect("answered") {
+                Ok(got) => stored_expected.push(got),
+                Err(e) => assert!(e.is_disk_full(), "write {n}: {e}"),
+            }
+        }
+        assert!(!stored_expected.contains(&2), "the megabyte cannot fit");
+        let stored: Vec<i64> = q
+            .call(|c| {
+                let mut stmt = c.prepare("SELECT n FROM fill ORDER BY n")?;
+                Ok(stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
+            })
+            .await
+            .expect("read");
+        assert_eq!(stored, stored_expected, "exactly the writes answered Ok are stored");
+        // The writer thread survived: once there is room, writes pass through it again.
+        q.set_max_page_count(None).await.expect("uncap");
+        assert!(q.submit(new_job("after", "t-after", 1)).await.expect("room again").created);
     }
 }

@@ -320,7 +320,10 @@ mod tests {
                         outputs: vec![],
                         log: String::new(),
                     };
-                    q.finish("s1".into(), report).await.expect("finish").expect("was running");
+                    q.finish("s1".into(), report, crate::queue::Loss::Shutdown)
+                        .await
+                        .expect("finish")
+                        .expect("was running");
                 }
                 None => {
                     q.act(id.clone(), Action::Remove, "not wanted".into()).await.expect("remove");

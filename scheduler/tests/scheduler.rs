@@ -14,6 +14,7 @@ use htfaas_functions::token::{
 };
 use htfaas_functions::{Digest, Resources};
 use htfaas_scheduler::dispatch::{MACAROON_GRACE_S, utc_timestamp};
+use htfaas_scheduler::queue::Queue;
 use htfaas_scheduler::{ATTACH_KID, Config, OwnerLimits, TrustedIssuer, mint_attach_token};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -36,6 +37,9 @@ const STORAGE_SECRET: &[u8] = b"scheduler-test-storage-root";
 /// The audit trail: what each decision records, queries, verification.
 #[path = "scheduler/audit.rs"]
 mod audit;
+/// Faults without a crash (issue 9): the storage away, an EP gone mid-job, a full disk.
+#[path = "scheduler/faults.rs"]
+mod faults;
 /// Fair share, quotas, classes, requirements, leases, retries, drains: the site policy.
 #[path = "scheduler/policy.rs"]
 mod policy;
@@ -65,6 +69,11 @@ impl Server {
 
     /// Starts with the test defaults, then what `configure` changes.
     async fn start_configured(dir: &Path, configure: impl FnOnce(&mut Config)) -> Server {
+        Server::start_with_queue(dir, configure).await.0
+    }
+
+    /// [`Server::start_configured`], with a handle on the store it runs on.
+    async fn start_with_queue(dir: &Path, configure: impl FnOnce(&mut Config)) -> (Server, Queue) {
         let mut config = Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
             db_path: dir.join("queue.sqlite"),
@@ -76,12 +85,13 @@ impl Server {
         };
         configure(&mut config);
         let settings = config.resolve().await.expect("resolve");
+        let queue = settings.queue();
         let addr = settings.local_addr();
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(htfaas_scheduler::run(settings, shutdown.clone()));
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().timeout(WAIT).build().expect("client");
-        Server { addr, shutdown, join, http }
+        (Server { addr, shutdown, join, http }, queue)
     }
 
     async fn stop(self) {

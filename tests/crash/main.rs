@@ -4,7 +4,8 @@
 //! binary's subcommands as the component processes (`CARGO_BIN_EXE_htfaas`).
 //! `htfaas crash-test` is the full run (10,000 events).
 
-use htfaas::crash::{Component, CrashOptions};
+use htfaas::crash::CrashOptions;
+use htfaas::procs::Component;
 use std::path::PathBuf;
 use std::time::Duration;
 

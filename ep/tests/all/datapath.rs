@@ -263,21 +263,65 @@ async fn input_403_fails_at_once_naming_the_status_and_path_not_the_macaroon() {
     h.stop().await;
 }
 
+// Issue 9: a storage that stays away through every try is reported as unavailable (the
+// scheduler runs the job again later), not as a failure of the job.
 #[tokio::test]
-async fn input_always_503_fails_after_four_attempts() {
+async fn input_always_503_reports_the_storage_unavailable_after_four_attempts() {
     let (h, mut c, f) = start(|_| {}).await;
     f.always("/in/small.dat", 503);
     let started = Instant::now();
     c.send(&SchedulerMsg::Assign(f.job("down", "write-one", WRITE_ONE, "/in/small.dat")));
     let r = c.finished().await;
     let took = started.elapsed();
-    let Outcome::InputFailed { reason } = &r.outcome else { panic!("want InputFailed, got {:?}", r.outcome) };
+    let Outcome::StorageUnavailable { reason } = &r.outcome else {
+        panic!("want StorageUnavailable, got {:?}", r.outcome)
+    };
     assert!(reason.contains("503") && reason.contains("gave up after 4 attempts"), "{reason}");
-    assert!(reason.contains("/in/small.dat") && !reason.contains(READ_MAC), "{reason}");
+    assert!(reason.contains("GET ") && reason.contains("/in/small.dat") && !reason.contains(READ_MAC), "{reason}");
+    assert!(r.outcome.is_transient() && !r.outcome.is_success());
     assert_eq!(f.requests("GET /in/small.dat"), 4);
     // Three backoffs of 200, 400 and 800 ms, each at least halved by the jitter.
     assert!(took >= Duration::from_millis(700) && took < Duration::from_secs(10), "took {took:?}");
+    assert!(f.puts().is_empty());
     eprintln!("always-503: {reason} after {took:?}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_output_503_through_every_try_reports_the_storage_unavailable_and_a_403_fails_at_once() {
+    let (h, mut c, f) = start(|_| {}).await;
+    f.always("/out/out-down/out.txt", 503);
+    c.send(&SchedulerMsg::Assign(f.job("out-down", "write-one", WRITE_ONE, "/in/small.dat")));
+    let r = c.finished().await;
+    let Outcome::StorageUnavailable { reason } = &r.outcome else {
+        panic!("want StorageUnavailable, got {:?}", r.outcome)
+    };
+    assert!(reason.starts_with("PUT ") && reason.contains("503") && reason.contains("gave up after 4"), "{reason}");
+    assert_eq!(f.requests("PUT /out/out-down/out.txt"), 4);
+    assert!(r.outputs.is_empty());
+    // A refusal is the job's failure, at once: no retry, no second chance.
+    f.always("/out/out-denied/out.txt", 403);
+    c.send(&SchedulerMsg::Assign(f.job("out-denied", "write-one", WRITE_ONE, "/in/small.dat")));
+    let r = c.finished().await;
+    let Outcome::OutputFailed { reason } = &r.outcome else { panic!("want OutputFailed, got {:?}", r.outcome) };
+    assert!(reason.contains("403"), "{reason}");
+    assert_eq!(f.requests("PUT /out/out-denied/out.txt"), 1);
+    assert!(!r.outcome.is_transient());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_module_server_that_stays_away_reports_the_storage_unavailable() {
+    let (h, mut c, f) = start(|_| {}).await;
+    f.always("/modules/write-one", 502);
+    c.send(&SchedulerMsg::Assign(f.job("mod-down", "write-one", WRITE_ONE, "/in/small.dat")));
+    let r = c.finished().await;
+    let Outcome::StorageUnavailable { reason } = &r.outcome else {
+        panic!("want StorageUnavailable, got {:?}", r.outcome)
+    };
+    assert!(reason.starts_with("fetch ") && reason.contains("502"), "{reason}");
+    assert_eq!(f.requests("GET /modules/write-one"), 4);
+    assert_eq!(f.requests("GET /in/small.dat"), 0);
     h.stop().await;
 }
 

@@ -16,7 +16,13 @@ use htfaas_scheduler::requirements::RequirementConfig;
 mod crash;
 
 /// Submits `request` for `owner` (in `group`) with a fresh single-use token; returns the job id.
-async fn submit_as(server: &Server, fx: &Fixture, owner: &str, group: Option<&str>, request: &SubmitRequest) -> String {
+pub(super) async fn submit_as(
+    server: &Server,
+    fx: &Fixture,
+    owner: &str,
+    group: Option<&str>,
+    request: &SubmitRequest,
+) -> String {
     let token = token_for(fx, owner, group);
     server.submit(&token, request).await.job_id
 }
@@ -27,7 +33,7 @@ fn token_for(fx: &Fixture, owner: &str, group: Option<&str>) -> String {
 }
 
 /// Attaches an EP named `name` offering `slots`; returns the socket and its session id.
-async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: Resources) -> (Ws, String) {
+pub(super) async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: Resources) -> (Ws, String) {
     let mut ws = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     send(
         &mut ws,
@@ -39,12 +45,12 @@ async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: Resources) 
     (ws, welcome["ep_id"].as_str().expect("ep_id").to_owned())
 }
 
-async fn finish_ok(ws: &mut Ws, job_id: &str, wall_ms: u64) {
+pub(super) async fn finish_ok(ws: &mut Ws, job_id: &str, wall_ms: u64) {
     let usage = Usage { wall_ms, cpu_ms: wall_ms, ..Usage::default() };
     send(ws, &report(job_id, Outcome::Exited { exit_code: 0 }, usage)).await;
 }
 
-async fn admin_get<T: serde::de::DeserializeOwned>(server: &Server, path: &str) -> T {
+pub(super) async fn admin_get<T: serde::de::DeserializeOwned>(server: &Server, path: &str) -> T {
     let (status, v) = server.get(path, Some(ADMIN)).await;
     assert_eq!(status, StatusCode::OK, "{path}: {v}");
     serde_json::from_value(v).expect("answer type")
@@ -325,7 +331,7 @@ async fn a_lost_job_waits_out_its_backoff_before_it_runs_again() {
     server.wait_for_state(&id, JobState::Idle).await;
     let (mut b, _) = attach_ep(&server, &fx, "ep-b", Resources::new(2, 4096, 3600)).await;
     let analysis: JobAnalysis = admin_get(&server, &format!("/v1/jobs/{id}/analyze")).await;
-    assert!(analysis.reasons.iter().any(|r| r.starts_with("it lost its EP 1 time(s) and waits")), "{analysis:?}");
+    assert!(analysis.reasons.iter().any(|r| r.starts_with("it lost 1 attempt(s) (its EP went away, or the storage was unavailable) and waits")), "{analysis:?}");
     let lost_at = Instant::now();
     expect_silence(&mut b, Duration::from_millis(1200)).await;
     assert_eq!(expect_assign(&mut b, "alice").await, id);
