@@ -29,7 +29,10 @@ pub const ATTACH_AUDIENCE: &str = "htfaas-scheduler/attach";
 /// Audience of API tokens: the gateway's HTTP API. Distinct from [`SUBMIT_AUDIENCE`], so an API
 /// token is no submit token and a submit token no API token.
 pub const API_AUDIENCE: &str = "htfaas-api";
-/// Clock skew allowed between components, seconds.
+/// Clock skew allowed between components, seconds: a token whose `exp` passed less than this
+/// long ago, or whose `nbf` or `iat` lies less than this far in the future (its issuer's clock
+/// runs ahead), is accepted; past it, refused as [`TokenError::Expired`] or
+/// [`TokenError::NotYetValid`].
 pub const LEEWAY_S: u64 = 5;
 
 /// Claims of a submit token.
@@ -343,8 +346,9 @@ impl Verifier {
         Verifier::new(issuer, audience, &jwks)
     }
 
-    /// Checks signature, `kid`, issuer, audience and expiry (with [`LEEWAY_S`]), then decodes
-    /// the claims. Use-counting (`jti`) is the caller's job.
+    /// Checks signature, `kid`, issuer, audience, expiry, `nbf` and `iat` (each with
+    /// [`LEEWAY_S`] of clock skew: a token issued by a clock a little ahead is no token from
+    /// the future), then decodes the claims. Use-counting (`jti`) is the caller's job.
     pub fn verify<C: DeserializeOwned>(&self, token: &str) -> Result<C, TokenError> {
         let header = jsonwebtoken::decode_header(token)?;
         let (key, alg) = header
@@ -359,7 +363,15 @@ impl Verifier {
         validation.leeway = LEEWAY_S;
         // A token may say when it becomes valid; honour it when present.
         validation.validate_nbf = true;
-        Ok(jsonwebtoken::decode::<C>(token, key, &validation)?.claims)
+        let claims = jsonwebtoken::decode::<serde_json::Value>(token, key, &validation)?.claims;
+        // jsonwebtoken does not look at `iat`: one further ahead than the skew we allow is
+        // refused as `nbf` would be.
+        if let Some(iat) = claims.get("iat").and_then(serde_json::Value::as_u64)
+            && iat > now_s().saturating_add(LEEWAY_S)
+        {
+            return Err(TokenError::NotYetValid);
+        }
+        serde_json::from_value(claims).map_err(|e| TokenError::Malformed(e.to_string()))
     }
 }
 
@@ -528,5 +540,53 @@ mod tests {
         assert!(matches!(verifier.verify::<SubmitClaims>(&early), Err(TokenError::NotYetValid)));
         let ready = key.sign(&WithNbf { claims: claims(now_s() + 600), nbf: now_s() - 1 }).expect("sign");
         assert!(verifier.verify::<SubmitClaims>(&ready).is_ok());
+    }
+
+    /// Issue 9 (faults without a crash): clocks differ by a few seconds between components. A
+    /// token minted by a clock up to [`LEEWAY_S`] ahead (its `iat`, or its `nbf`, in the
+    /// verifier's future) or checked by a clock up to [`LEEWAY_S`] ahead (its `exp` just past) is
+    /// accepted; beyond the bound it is refused, naming why. Margins of 2 s keep the test off
+    /// the second boundaries.
+    #[test]
+    fn clock_skew_within_the_leeway_is_accepted_and_beyond_it_refused_with_the_reason() {
+        #[derive(Serialize)]
+        struct WithNbf {
+            #[serde(flatten)]
+            claims: SubmitClaims,
+            nbf: u64,
+        }
+        let (key, verifier) = pair();
+        let verify = |c: &SubmitClaims| verifier.verify::<SubmitClaims>(&key.sign(c).expect("sign"));
+        let issued_at = |iat: u64| SubmitClaims { iat, ..claims(iat + 300) };
+        let within = LEEWAY_S - 2;
+        let beyond = LEEWAY_S + 2;
+
+        // The issuer's clock ahead: `iat` in the future.
+        assert!(verify(&issued_at(now_s() + within)).is_ok(), "iat {within} s ahead, within the skew");
+        assert!(matches!(verify(&issued_at(now_s() + beyond)), Err(TokenError::NotYetValid)));
+        assert_eq!(TokenError::NotYetValid.to_string(), "token not yet valid");
+        // ... or an explicit `nbf` in the future.
+        for (nbf, ok) in [(now_s() + within, true), (now_s() + beyond, false)] {
+            let token = key.sign(&WithNbf { claims: claims(now_s() + 600), nbf }).expect("sign");
+            match verifier.verify::<SubmitClaims>(&token) {
+                Ok(_) => assert!(ok, "nbf {beyond} s ahead accepted"),
+                Err(TokenError::NotYetValid) => assert!(!ok, "nbf {within} s ahead refused"),
+                Err(e) => panic!("nbf: {e}"),
+            }
+        }
+        // The verifier's clock ahead: `exp` just past.
+        let expired_by = |s: u64| SubmitClaims { iat: now_s() - 300, ..claims(now_s() - s) };
+        assert!(verify(&expired_by(within)).is_ok(), "expired {within} s ago, within the skew");
+        let Err(e) = verify(&expired_by(beyond)) else { panic!("expired {beyond} s ago accepted") };
+        assert!(matches!(e, TokenError::Expired), "{e:?}");
+        assert_eq!(e.to_string(), "token expired");
+
+        // The same bound for API tokens, which the gateway verifies.
+        let api = Verifier::new("gw", API_AUDIENCE, &key.jwks()).expect("verifier");
+        let mut ahead = ApiClaims::new("gw", "alice", Scope::Developer, 600);
+        ahead.iat = now_s() + within;
+        assert!(api.verify_api(&key.sign(&ahead).expect("sign")).is_ok());
+        ahead.iat = now_s() + beyond;
+        assert!(matches!(api.verify_api(&key.sign(&ahead).expect("sign")), Err(TokenError::NotYetValid)));
     }
 }

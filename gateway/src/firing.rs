@@ -32,8 +32,10 @@
 //!
 //! `pending` (waits until `not_before_ms`) → `submitting` (claimed by the dispatcher: macaroons
 //! and submit in flight) → `submitted` (with the scheduler's job id) | `refused` (with the
-//! reason; for good) | `pending` again (a transient failure: storage or scheduler unavailable,
-//! retried after an exponential backoff of 0.5 s × 2^(attempts − 1), at most
+//! reason; for good) | `pending` again (a transient failure: storage or scheduler unreachable
+//! or answering 5xx — 507 from a scheduler whose disk is full among them — or 429, or a
+//! macaroon request unanswered within [`crate::storage_client::MACAROON_TIMEOUT`]; retried
+//! after an exponential backoff of 0.5 s × 2^(attempts − 1), at most
 //! [`MAX_BACKOFF_MS`]). `pending` → `superseded` (debounce, below; with the superseding
 //! firing's `seq`). A gateway that stops with firings `submitting` puts them back to `pending`
 //! when it opens the table again: they are submitted again, and the scheduler's dedupe key keeps
@@ -100,10 +102,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-const MIGRATIONS: [&str; 2] = [SCHEMA_1, SCHEMA_2];
+const MIGRATIONS: [&str; 3] = [SCHEMA_1, SCHEMA_2, SCHEMA_3];
 
 const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS firings (
@@ -143,6 +145,12 @@ CREATE TABLE IF NOT EXISTS provenance (
     expires_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS provenance_expiry ON provenance (expires_ms);
+";
+
+/// Version 3: ready firings by function, for the claim's round robin over functions
+/// ([`ready_rows`]).
+const SCHEMA_3: &str = "
+CREATE INDEX IF NOT EXISTS firings_ready_by_function ON firings (function, not_before_ms, seq) WHERE state = 'pending';
 ";
 
 /// Longest chain of functions (`A` writes what fires `B`, …) the loop guard lets grow; an event
@@ -187,6 +195,18 @@ pub enum FiringError {
     /// The audit trail kept in the same file.
     #[error("firing store: audit trail: {0}")]
     Audit(#[from] AuditError),
+}
+
+impl FiringError {
+    /// Whether the write failed because the disk (or the database's size limit) is full
+    /// (`SQLITE_FULL`): the batch was rolled back and may go through once there is room.
+    pub fn is_disk_full(&self) -> bool {
+        let sqlite = match self {
+            FiringError::Sqlite(e) | FiringError::Audit(AuditError::Db(e)) => e,
+            _ => return false,
+        };
+        sqlite.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+    }
 }
 
 /// Where a firing is.
@@ -301,6 +321,65 @@ pub struct NewFirings {
 /// A ready row as read by a claim: seq, record, event, rate_reserved, replay, cause.
 type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>);
 
+/// Up to `limit` ready firings (`pending`, `not_before_ms` ≤ `now_ms`), taken in turn from each
+/// function that has some, each function's oldest first, and returned oldest first: one
+/// function's backlog (an owner's flood) does not keep another function's firing waiting
+/// behind it. The functions are found
+/// by walking the `firings_ready_by_function` index from name to name, so the cost grows with
+/// the number of functions with pending firings, not with the firings.
+/// Claim number `turn` starts its round with the `turn`-th function (modulo their number), so
+/// that claims of one firing each still go round every function.
+fn ready_rows(tx: &rusqlite::Transaction<'_>, now_ms: u64, limit: usize, turn: u64) -> rusqlite::Result<Vec<ClaimRow>> {
+    let functions: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "WITH RECURSIVE f(name) AS ( \
+               SELECT MIN(function) FROM firings WHERE state = 'pending' \
+               UNION ALL \
+               SELECT (SELECT MIN(function) FROM firings WHERE state = 'pending' AND function > f.name) \
+               FROM f WHERE f.name IS NOT NULL) \
+             SELECT name FROM f WHERE name IS NOT NULL",
+        )?;
+        stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
+    };
+    let mut functions = functions;
+    if !functions.is_empty() {
+        let start = usize::try_from(turn % functions.len() as u64).unwrap_or(0);
+        functions.rotate_left(start);
+    }
+    let per_function = limit.div_ceil(functions.len().max(1));
+    let mut queues = Vec::with_capacity(functions.len());
+    for function in &functions {
+        let mut stmt = tx.prepare_cached(
+            "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause FROM firings \
+             WHERE state = 'pending' AND function = ?1 AND not_before_ms <= ?2 ORDER BY not_before_ms, seq LIMIT ?3",
+        )?;
+        let rows: Vec<(i64, ClaimRow)> = stmt
+            .query_map(params![function, db_int(now_ms), db_int(per_function as u64)], |r| {
+                Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+            })?
+            .collect::<Result<_, _>>()?;
+        queues.push(rows.into_iter());
+    }
+    // Round robin: the first of each function, then the second of each, …
+    let mut out = Vec::with_capacity(limit);
+    while out.len() < limit {
+        let before = out.len();
+        for q in &mut queues {
+            if out.len() < limit
+                && let Some(row) = q.next()
+            {
+                out.push(row);
+            }
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    // Those taken, in the order they became ready.
+    out.sort_by_key(|(not_before, row)| (*not_before, row.0));
+    Ok(out.into_iter().map(|(_, row)| row).collect())
+}
+
 /// What one claim did.
 #[derive(Debug, Default)]
 pub struct Claim {
@@ -366,6 +445,8 @@ pub struct Firings {
     buckets: Arc<Mutex<HashMap<String, TokenBucket>>>,
     /// Wakes the dispatcher after an insert.
     wake: Arc<Notify>,
+    /// Claims so far: where each claim's round robin over functions starts ([`ready_rows`]).
+    claims: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Firings {
@@ -454,6 +535,7 @@ impl Firings {
             pending: Arc::new(AtomicU64::new(from_db(pending))),
             buckets: Arc::default(),
             wake: Arc::new(Notify::new()),
+            claims: Arc::default(),
         })
     }
 
@@ -475,6 +557,14 @@ impl Firings {
     /// Wakes the dispatcher.
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Test hook: caps the database file at about `pages` pages of its current page size
+    /// (`PRAGMA max_page_count`; never below what it holds), so that a write past it fails as
+    /// on a full disk (`SQLITE_FULL`). Returns the cap in effect. `u32::MAX` lifts it.
+    #[doc(hidden)]
+    pub fn set_max_page_count(&self, pages: u32) -> Result<i64, FiringError> {
+        self.with(|conn| Ok(conn.pragma_update_and_check(None, "max_page_count", pages, |r| r.get(0))?))
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, FiringError>) -> Result<T, FiringError> {
@@ -576,17 +666,8 @@ impl Firings {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut scanned = 0;
             while claim.ready.len() < max && scanned < CLAIM_SCAN {
-                let rows: Vec<ClaimRow> = {
-                    let mut stmt = tx.prepare_cached(
-                        "SELECT seq, record, event, rate_reserved, replay, cause FROM firings \
-                         WHERE state = 'pending' AND not_before_ms <= ?1 ORDER BY not_before_ms, seq LIMIT ?2",
-                    )?;
-                    let limit = db_int((max - claim.ready.len()) as u64);
-                    stmt.query_map(params![db_int(now_ms), limit], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-                    })?
-                    .collect::<Result<_, _>>()?
-                };
+                let turn = self.claims.fetch_add(1, Ordering::Relaxed);
+                let rows = ready_rows(&tx, now_ms, max - claim.ready.len(), turn)?;
                 if rows.is_empty() {
                     break;
                 }
@@ -1229,6 +1310,37 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn one_functions_backlog_does_not_keep_another_functions_firing_out_of_the_next_claim() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = open(dir.path());
+        let (flood, one, two) =
+            (function("flood", None, None), function("one", None, None), function("two", None, None));
+        for i in 0..200 {
+            f.insert(&event(&format!("a{i}"), "/data/a"), std::slice::from_ref(&flood), None, 0).expect("insert");
+        }
+        // Later events of two other functions.
+        f.insert(&event("b0", "/data/b"), std::slice::from_ref(&one), None, 5).expect("insert");
+        f.insert(&event("c0", "/data/c"), std::slice::from_ref(&two), None, 6).expect("insert");
+        let claim = f.claim(10, 4).expect("claim");
+        let ids: Vec<&str> = claim.ready.iter().map(|c| c.event.id.as_str()).collect();
+        assert_eq!(ids.len(), 4);
+        assert!(ids.contains(&"b0") && ids.contains(&"c0"), "{ids:?}");
+        // The flood's own firings still go oldest first.
+        let flood_ids: Vec<&str> = ids.iter().copied().filter(|i| i.starts_with('a')).collect();
+        assert_eq!(flood_ids, ["a0", "a1"]);
+        // With the others claimed, a claim takes the flood alone, in order.
+        let next = f.claim(10, 3).expect("claim");
+        assert_eq!(next.ready.iter().map(|c| c.event.id.as_str()).collect::<Vec<_>>(), ["a2", "a3", "a4"]);
+        // Claims of one firing each (a dispatcher with one free slot) go round the functions.
+        f.insert(&event("b1", "/data/b"), std::slice::from_ref(&one), None, 20).expect("insert");
+        f.insert(&event("c1", "/data/c"), std::slice::from_ref(&two), None, 20).expect("insert");
+        let mut singles: Vec<String> =
+            (0..3).map(|_| f.claim(30, 1).expect("claim").ready[0].event.id.clone()).collect();
+        singles.sort();
+        assert_eq!(singles, ["a5", "b1", "c1"]);
+    }
+
+    #[test]
     fn keys_are_forgotten_after_their_window_but_pending_firings_are_kept() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = open(dir.path());
@@ -1536,5 +1648,99 @@ pub(crate) mod tests {
         assert_eq!(claim.ready.len(), 1);
         assert_eq!(claim.ready[0].cause, None);
         assert_eq!(f.cause_of("M").expect("provenance table exists"), None);
+    }
+
+    /// A stand-in on 127.0.0.1 answering every request with `status` and `body`.
+    async fn answering(status: u16, body: serde_json::Value) -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = axum::Router::new().fallback(move || {
+            let body = body.clone();
+            async move { (axum::http::StatusCode::from_u16(status).expect("status"), axum::Json(body)) }
+        });
+        (url, tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") }))
+    }
+
+    /// A gateway whose storage and scheduler are at these URLs, its macaroon requests bounded
+    /// by `storage_timeout`.
+    async fn gateway(dir: &Path, storage: &str, scheduler: &str, storage_timeout: Duration) -> Arc<Shared> {
+        let config: crate::Config = serde_json::from_value(serde_json::json!({
+            "listen": "127.0.0.1:0", "nats_url": "nats://127.0.0.1:1",
+            "registry_dir": dir.join("registry"), "storage_url": storage, "storage_user": "gateway",
+            "scheduler_url": scheduler, "scheduler_admin_token": "s", "signing_key_file": dir.join("submit.pem"),
+            "admin_token": "a",
+        }))
+        .expect("config");
+        let mut settings = config.resolve().await.expect("resolve");
+        let shared = Arc::get_mut(&mut settings.shared).expect("the only reference");
+        let http = crate::storage_http_client(None, None, None).expect("client");
+        let auth = crate::storage_client::StorageAuth::Basic { user: "gateway".into(), secret: "s".into() };
+        shared.storage = crate::storage_client::StorageClient::new(
+            http,
+            crate::storage_client::StorageKind::Dcache,
+            storage,
+            auth,
+            "PT2H",
+            "PT4H",
+        )
+        .with_timeout(storage_timeout);
+        settings.shared()
+    }
+
+    /// Issue 9: a scheduler whose disk is full answers 507, and a storage that accepts the
+    /// connection and then never answers costs a macaroon request its timeout; either way the
+    /// firing stays pending with the reason and a backoff, is counted as a transient failure,
+    /// and is neither refused nor dropped.
+    #[tokio::test]
+    async fn a_full_scheduler_disk_or_a_stalled_storage_leaves_the_firing_pending_with_backoff() {
+        let key = htfaas_functions::macaroon::RootKey::derive(b"stand-in storage secret");
+        let macaroon =
+            htfaas_functions::macaroon::mint(&key, "stand-in", "mac-1", &["activity:UPLOAD".into()]).expect("mint");
+        let (storage, storage_task) = answering(200, serde_json::json!({ "macaroon": macaroon })).await;
+        let full = serde_json::json!({"error": "insufficient storage: the job queue's disk is full"});
+        let (scheduler, scheduler_task) = answering(507, full).await;
+        // Accepts connections and holds them without a byte of answer.
+        let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let stalled_url = format!("http://{}", stalled.local_addr().expect("addr"));
+        let stall_task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = stalled.accept().await {
+                held.push(conn);
+            }
+        });
+
+        for (case, storage_url, expect) in [
+            (
+                "scheduler disk full",
+                storage.as_str(),
+                "scheduler unavailable: 507 Insufficient Storage: insufficient storage",
+            ),
+            ("storage stalls", stalled_url.as_str(), "storage unavailable: no answer within 300ms"),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let shared = gateway(dir.path(), storage_url, &scheduler, Duration::from_millis(300)).await;
+            let a = function("a", None, None);
+            shared.firings.insert(&event("e1", "/data/x"), std::slice::from_ref(&a), None, now_ms()).expect("insert");
+            let mut claim = shared.firings.claim(now_ms(), 10).expect("claim");
+            let claimed = claim.ready.pop().expect("one ready");
+            let before = now_ms();
+            fire_one(shared.clone(), claimed).await;
+
+            let rows = shared.firings.list(0, 10).expect("list");
+            let row = &rows[0];
+            assert_eq!((row.state, row.attempts), (FiringState::Pending, 1), "{case}: {row:?}");
+            let reason = row.reason.as_deref().unwrap_or_default();
+            assert!(reason.starts_with(expect), "{case}: {reason}");
+            assert!(row.not_before_ms >= before + backoff_ms(1), "{case}: retried after a backoff");
+            assert_eq!(shared.firings.pending(), 1, "{case}");
+            let s = shared.stats.snapshot();
+            assert_eq!((s.transient_failures, s.jobs_refused, s.jobs_submitted), (1, 0, 0), "{case}");
+            // Not yet due again; due after the backoff.
+            assert!(shared.firings.claim(before, 10).expect("claim").ready.is_empty(), "{case}");
+            assert_eq!(shared.firings.claim(row.not_before_ms, 10).expect("claim").ready.len(), 1, "{case}");
+        }
+        for t in [storage_task, scheduler_task, stall_task] {
+            t.abort();
+        }
     }
 }

@@ -25,6 +25,14 @@
 //! every message is NAKed, with a delay growing with its deliveries, at most `max_deliver`
 //! times; a crash between commit and ack redelivers the batch, whose keys are then taken.
 //! Nothing is acked before it is durable, and nothing is lost.
+//!
+//! Faults (issue 9): a lost NATS connection (nats-server killed and restarted) is retried by
+//! the client for ever with backoff, counted ([`connect_with`]: `nats_disconnects`,
+//! `nats_reconnects`), and the loop goes on: the consumer is durable, so it resumes where its
+//! acks left it; an ack lost with the connection makes JetStream redeliver that message after
+//! `ack_wait`, and its key drops the copy. A full disk under the firing table (`SQLITE_FULL`)
+//! fails the batch's transaction like any other failure: nothing acked, everything redelivered,
+//! logged as a full disk and counted (`firings_store_full`).
 
 use crate::Shared;
 use crate::event::{self, Decision, SubjectSource};
@@ -47,8 +55,25 @@ use tokio_util::sync::CancellationToken;
 /// Connects to NATS, ensures the events stream covers every source's subjects and the durable
 /// consumer reads them all.
 pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow::Result<PullConsumer> {
+    connect_with(nats_url, consumer, max_deliver, None).await
+}
+
+/// [`connect`], counting the connection's losses and returns in `shared`'s
+/// [`Stats::nats_disconnects`] and [`Stats::nats_reconnects`] (and logging them). The client
+/// reconnects on its own, for ever, with backoff; the consumer is durable, so a NATS restart
+/// loses nothing: what was not acked is delivered again.
+pub async fn connect_with(
+    nats_url: &str,
+    consumer: &str,
+    max_deliver: i64,
+    shared: Option<Arc<Shared>>,
+) -> anyhow::Result<PullConsumer> {
     let client = async_nats::ConnectOptions::new()
         .name("htfaas-gateway")
+        .event_callback(move |event| {
+            let shared = shared.clone();
+            async move { connection_event(shared.as_deref(), &event) }
+        })
         .connect(nats_url)
         .await
         .with_context(|| format!("connect to NATS at {nats_url}"))?;
@@ -59,11 +84,12 @@ pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow
         Ok(existing) => {
             let have = &existing.cached_info().config;
             let filter = (have.filter_subject.clone(), have.filter_subjects.clone());
-            if filter == (config.filter_subject.clone(), config.filter_subjects.clone()) {
+            if filter == (config.filter_subject.clone(), config.filter_subjects.clone()) && have.ack_wait == ACK_WAIT {
                 return Ok(existing);
             }
-            // Created by an older gateway that read only the billing subject.
-            tracing::info!(consumer, old = ?filter, new = ?config.filter_subjects, "widening the consumer's subjects");
+            // Created by an older gateway: one that read only the billing subject, or waited
+            // longer for a lost ack.
+            tracing::info!(consumer, old = ?filter, new = ?config.filter_subjects, ack_wait = ?ACK_WAIT, "updating the consumer");
             stream
                 .update_consumer(config)
                 .await
@@ -76,11 +102,41 @@ pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow
     }
 }
 
+/// Logs and counts what happened to the NATS connection.
+fn connection_event(shared: Option<&Shared>, event: &async_nats::Event) {
+    use async_nats::Event;
+    match event {
+        Event::Disconnected => {
+            tracing::warn!("lost the NATS connection; reconnecting (unacked events will come again)");
+            if let Some(shared) = shared {
+                Stats::bump(&shared.stats.nats_disconnects);
+            }
+        }
+        Event::Connected => {
+            let Some(shared) = shared else { return };
+            // The first connection is no reconnection.
+            if shared.stats.nats_disconnects.load(Ordering::Relaxed)
+                > shared.stats.nats_reconnects.load(Ordering::Relaxed)
+            {
+                tracing::info!("NATS connection back; the durable consumer resumes");
+                Stats::bump(&shared.stats.nats_reconnects);
+            }
+        }
+        other => tracing::info!("NATS connection: {other}"),
+    }
+}
+
+/// How long JetStream waits for the ack of a delivered event before it delivers it again: what
+/// a gateway killed with a batch in hand (delivered, not yet committed) costs that batch. A
+/// batch commits in milliseconds, so this is far above its handling time; a redelivery that
+/// comes anyway is dropped by the firing key.
+pub const ACK_WAIT: Duration = Duration::from_secs(10);
+
 fn consumer_config(consumer: &str, max_deliver: i64) -> pull::Config {
     pull::Config {
         durable_name: Some(consumer.to_owned()),
         ack_policy: AckPolicy::Explicit,
-        ack_wait: Duration::from_secs(60),
+        ack_wait: ACK_WAIT,
         max_deliver,
         filter_subjects: EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
@@ -400,6 +456,17 @@ pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
             stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);
             Verdict::Ack
         }
+        Err(e) if e.is_disk_full() => {
+            tracing::error!(
+                events,
+                path = %first_path,
+                "the firing table's disk is full: a batch of events was not written and not acked; \
+                 JetStream redelivers it, and it goes through once there is room: {e}"
+            );
+            Stats::bump(&shared.stats.firings_store_full);
+            shared.stats.transient_failures.fetch_add(events, Ordering::Relaxed);
+            Verdict::Retry
+        }
         Err(e) => {
             tracing::error!(events, path = %first_path, "could not queue the firings of a batch of events, will retry: {e}");
             // One per event whose firings were not written (each is redelivered).
@@ -581,5 +648,43 @@ mod tests {
         assert_eq!(handle_batch(&shared, plans(&shared, &[b"[]".to_vec()])).await, Verdict::Ack);
         assert_eq!(handle(&shared, EVENTS_SUBJECT, None, &write("/data/w", "s9"), "nats-seq-9").await, Verdict::Ack);
         assert_eq!(shared.stats.snapshot().firings_queued, 6);
+    }
+
+    /// Issue 9: the firing table's disk is full (`SQLITE_FULL`, here by capping the file's size
+    /// with `PRAGMA max_page_count` at what it holds). The batch is not written, its messages are
+    /// not acked but NAKed for redelivery, the full disk is counted and nothing crashes; once
+    /// there is room the redelivered batch goes through whole.
+    #[tokio::test]
+    async fn a_full_firing_table_acks_nothing_and_the_redelivery_goes_through_once_there_is_room() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = shared(dir.path()).await;
+        let batch: Vec<Vec<u8>> = (0..64).map(|i| write(&format!("/data/full/f{i}.dat"), &format!("s{i}"))).collect();
+        let cap = shared.firings.set_max_page_count(1).expect("cap the file at its size");
+        assert!(cap >= 1, "{cap}");
+
+        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Retry);
+        let s = shared.stats.snapshot();
+        assert_eq!((s.firings_queued, s.transient_failures), (0, 64), "{s:?}");
+        assert_eq!(shared.stats.firings_store_full.load(Ordering::Relaxed), 1);
+        assert_eq!(shared.firings.list(0, 1000).expect("reads still work").len(), 0);
+        assert_eq!(shared.firings.pending(), 0);
+        // The error itself says what happened.
+        let many: Vec<NewFirings> = plans(&shared, &batch)
+            .into_iter()
+            .map(|p| match p {
+                Plan::Fire(event, functions) => NewFirings { event: *event, functions, replay: None },
+                Plan::Skip(why) => panic!("{why:?}"),
+            })
+            .collect();
+        let e = shared.firings.insert_batch(&many, crate::firing::now_ms()).expect_err("full");
+        assert!(e.is_disk_full(), "{e}");
+        assert_eq!(e.to_string(), "firing store: database or disk is full");
+
+        // Room again: the redelivered batch is written whole and acked.
+        shared.firings.set_max_page_count(u32::MAX).expect("lift the cap");
+        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Ack);
+        let s = shared.stats.snapshot();
+        assert_eq!((s.firings_queued, s.firings_pending), (128, 128), "{s:?}");
+        assert_eq!(shared.stats.firings_store_full.load(Ordering::Relaxed), 1);
     }
 }

@@ -453,7 +453,7 @@ impl Settings {
 /// finish (pending firings stay in the table for the next start), return.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Settings { listener, shared, nats_url, consumer, max_deliver } = settings;
-    let consumer = ingest::connect(&nats_url, &consumer, max_deliver).await?;
+    let consumer = ingest::connect_with(&nats_url, &consumer, max_deliver, Some(shared.clone())).await?;
     tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(consumer, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(firing::dispatch(shared.clone(), shutdown.child_token()));

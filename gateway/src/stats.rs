@@ -51,6 +51,15 @@ pub struct Stats {
     /// Events none of whose matching functions fired, each stopped by the loop guard
     /// (`/metrics` only).
     pub events_loop_guarded: AtomicU64,
+    /// Times the ingest's NATS connection was lost (`/metrics` only).
+    pub nats_disconnects: AtomicU64,
+    /// Times the ingest's NATS connection came back after a loss; the durable consumer then
+    /// resumes where its acks left it (`/metrics` only).
+    pub nats_reconnects: AtomicU64,
+    /// Batches of events whose firings could not be written because the firing table's disk
+    /// (or its size limit) is full (`SQLITE_FULL`): none was acked, each is redelivered
+    /// (`/metrics` only; each event also counts in `transient_failures`).
+    pub firings_store_full: AtomicU64,
 }
 
 impl Stats {

@@ -25,6 +25,11 @@ use serde::Deserialize;
 
 /// Exact media type of a macaroon request.
 pub const MACAROON_REQUEST: &str = "application/macaroon-request";
+/// How long one macaroon request may take, connection included, before it counts as the
+/// storage being unavailable ([`StorageError::Unavailable`]: the firing is retried with
+/// backoff). A storage that accepts the connection and then stalls must not hold a dispatch
+/// slot for ever; a healthy one answers in milliseconds.
+pub const MACAROON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Which macaroon-request dialect the storage speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -170,6 +175,8 @@ pub struct StorageClient {
     authorization: Option<String>,
     read_validity: String,
     write_validity: String,
+    /// Bound on each request ([`MACAROON_TIMEOUT`]).
+    timeout: std::time::Duration,
 }
 
 impl StorageClient {
@@ -196,7 +203,14 @@ impl StorageClient {
             authorization,
             read_validity: read_validity.to_owned(),
             write_validity: write_validity.to_owned(),
+            timeout: MACAROON_TIMEOUT,
         }
+    }
+
+    /// The same client with each request bounded by `timeout` instead of [`MACAROON_TIMEOUT`].
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> StorageClient {
+        self.timeout = timeout;
+        self
     }
 
     /// The dialect this client speaks.
@@ -227,14 +241,25 @@ impl StorageClient {
             Access::Write => &self.write_validity,
         };
         let req = macaroon_request(self.kind, &self.base, access, path, validity);
-        let mut post =
-            self.http.post(&req.url).header(reqwest::header::CONTENT_TYPE, MACAROON_REQUEST).body(req.body.to_string());
+        let mut post = self
+            .http
+            .post(&req.url)
+            .timeout(self.timeout)
+            .header(reqwest::header::CONTENT_TYPE, MACAROON_REQUEST)
+            .body(req.body.to_string());
         if let Some(authorization) = &self.authorization {
             post = post.header(reqwest::header::AUTHORIZATION, authorization);
         }
-        let resp = post.send().await.map_err(|e| StorageError::Unavailable(error_chain(&e)))?;
+        let unavailable = |e: reqwest::Error| {
+            if e.is_timeout() {
+                StorageError::Unavailable(format!("no answer within {:?}: {}", self.timeout, error_chain(&e)))
+            } else {
+                StorageError::Unavailable(error_chain(&e))
+            }
+        };
+        let resp = post.send().await.map_err(unavailable)?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| StorageError::Unavailable(error_chain(&e)))?;
+        let text = resp.text().await.map_err(unavailable)?;
         if status.is_server_error() {
             return Err(StorageError::Unavailable(format!("{status}: {}", snippet(&text))));
         }
@@ -343,6 +368,52 @@ pub fn encode_path(path: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 9: a storage that accepts the connection and never answers (or stops halfway
+    /// through its answer) costs a macaroon request its timeout, then counts as unavailable,
+    /// which the dispatcher retries with backoff ([`StorageError::is_transient`]); no request
+    /// hangs. The stand-in listens on 127.0.0.1 only.
+    #[tokio::test]
+    async fn a_storage_that_accepts_and_never_answers_times_out_as_unavailable() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        // Keeps every connection open without a byte of answer, except the second, which gets
+        // its headers and half a body.
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            for n in 0.. {
+                let Ok((mut conn, _)) = listener.accept().await else { break };
+                if n == 1 {
+                    // The answer starts once the request is there.
+                    let mut request = [0u8; 4096];
+                    let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut request).await;
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"mac";
+                    let _ = conn.write_all(head.as_bytes()).await;
+                }
+                held.push(conn);
+            }
+        });
+        let http = crate::storage_http_client(None, None, None).expect("client");
+        let auth = StorageAuth::Basic { user: "gateway".into(), secret: "s".into() };
+        let timeout = std::time::Duration::from_millis(300);
+        let client = StorageClient::new(http, StorageKind::Dcache, &base, auth, "PT2H", "PT4H").with_timeout(timeout);
+        assert_eq!(MACAROON_TIMEOUT, std::time::Duration::from_secs(10), "the default bound");
+        for access in ["read: no answer", "write: half an answer"] {
+            let started = std::time::Instant::now();
+            let result = if access.starts_with("read") {
+                client.read_macaroon("/data/f").await
+            } else {
+                client.write_macaroon("/out/").await
+            };
+            let elapsed = started.elapsed();
+            let e = result.expect_err(access);
+            assert!(e.is_transient(), "{access}: {e}");
+            assert!(e.to_string().starts_with("storage unavailable: no answer within 300ms"), "{access}: {e}");
+            assert!(elapsed >= timeout && elapsed < timeout * 10, "{access}: {elapsed:?}");
+        }
+        server.abort();
+    }
 
     #[test]
     fn paths_are_encoded_but_slashes_kept() {

@@ -179,10 +179,20 @@ mod tests {
     }
 
     /// What the ingest loop does with an answer depends on this mapping: 5xx and 429 are retried
-    /// later (the owner is at a queue limit), other 4xx are final.
+    /// later (the owner is at a queue limit), other 4xx are final. 507 (issue 9: the
+    /// scheduler's disk is full, nothing was stored) is a 5xx like the others: retried with
+    /// backoff, never dropped.
     #[tokio::test]
     async fn busy_and_unavailable_are_retryable_and_other_refusals_are_final() {
-        for (status, expect) in [(429, "busy"), (503, "unavailable"), (403, "refused"), (401, "refused")] {
+        for (status, expect) in [
+            (429, "busy"),
+            (500, "unavailable"),
+            (503, "unavailable"),
+            (507, "unavailable"),
+            (400, "refused"),
+            (403, "refused"),
+            (401, "refused"),
+        ] {
             let (url, server) = answering(status).await;
             let (key, _) = SigningKey::generate("k").expect("keygen");
             let s = Submitter::new(crate::http_client().expect("client"), &url, key, "gw", 60).expect("new");

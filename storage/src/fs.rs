@@ -99,7 +99,7 @@ pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targ
                 match tokio::fs::create_dir(&next).await {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::AlreadyExists && next.is_dir() => {}
-                    Err(e) => return Err(internal("create a directory", e)),
+                    Err(e) => return Err(crate::error::io_error("create a directory", p.as_str(), &e)),
                 }
                 dir = next;
             }

@@ -15,7 +15,8 @@
 //!
 //! Invariants: `macaroons` is the only module that touches the `macaroon` crate; no request
 //! reads or writes outside `data_dir`; a `PUT` is answered only after its file is durable and,
-//! with NATS configured, its event acknowledged.
+//! with NATS configured, its event acknowledged (else 503, after at most a few seconds); a
+//! `PUT` the disk cannot hold answers 507 and leaves neither a file nor an event behind.
 
 pub mod auth;
 pub mod billing;

@@ -14,7 +14,7 @@
 //!
 //! | key | rule |
 //! |---|---|
-//! | `before:` | RFC 3339 instant; every one must lie in the future |
+//! | `before:` | RFC 3339 instant; every one must lie in the future, give or take [`CLOCK_SKEW`] |
 //! | `activity:` | comma list; each later set must be a subset of the previous one, else the macaroon is invalid; the requested activities must all be in the final set |
 //! | `path:` | chained relative to the previous one (`/a` then `/b` is `/a/b`); the request path must be within the result, segment-aware |
 //! | `max-upload:` | bytes, > 0; the smallest wins |
@@ -44,6 +44,12 @@ use crate::paths;
 pub const MAX_VALIDITY: time::Duration = time::Duration::days(7);
 /// Validity when the request names none (dCache's `default-lifetime`).
 pub const DEFAULT_VALIDITY: time::Duration = time::Duration::days(1);
+/// How long past a `before:` instant a macaroon still passes: the clock skew allowed between
+/// components ([`htfaas_functions::token::LEEWAY_S`], as for tokens). The scheduler cuts a job's
+/// macaroons to the job's deadline by its own clock; this storage checks them by its own, and
+/// an EP's last output PUT right at the deadline must not fail because the two clocks differ by
+/// a few seconds. A job's run time is enforced by the scheduler and the EP, not here.
+pub const CLOCK_SKEW: time::Duration = time::Duration::seconds(htfaas_functions::token::LEEWAY_S as i64);
 
 /// A dCache activity, as named in `activity:` caveats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -342,9 +348,14 @@ pub fn verify(token: &str, key: &RootKey, access: &Access<'_>) -> Result<Grant, 
     let r = Restrictions::from_caveats(m.caveats.iter().map(String::as_str))
         .map_err(|e| VerifyError::Invalid(e.to_string()))?;
     if let Some(before) = r.before
-        && access.now >= before
+        && access.now >= before + CLOCK_SKEW
     {
-        return Err(VerifyError::Denied(format!("expired at {}", format_instant(before))));
+        return Err(VerifyError::Denied(format!(
+            "expired at {} (this storage's clock reads {}, past the {} s allowed clock skew)",
+            format_instant(before),
+            format_instant(access.now),
+            CLOCK_SKEW.whole_seconds()
+        )));
     }
     if let Some(missing) = access.activities.iter().find(|a| !r.allows(**a)) {
         return Err(VerifyError::Denied(format!("activity {missing} not allowed")));
@@ -619,10 +630,38 @@ mod tests {
         assert!(matches!(e, VerifyError::Denied(ref m) if m.contains("expired")), "{e}");
     }
 
+    /// Issue 9: the scheduler computes `before:` by its clock, this storage checks it by its
+    /// own. A request up to [`CLOCK_SKEW`] past the instant still passes; past the bound it is
+    /// denied, and the answer says which instant, which clock reading and which bound.
+    #[test]
+    fn before_allows_the_bounded_clock_skew_and_no_more() {
+        let before = OffsetDateTime::from_unix_timestamp(1_800_000_000).expect("instant");
+        let token =
+            mint(&key(), "l", "id1", &[format!("before:{}", format_instant(before)), "activity:DOWNLOAD".into()]);
+        let at = |offset_ms: i64| {
+            let now = before + time::Duration::milliseconds(offset_ms);
+            verify(&token, &key(), &Access { path: "/f", activities: &[Activity::Download], now, client: None })
+        };
+        let skew_ms = CLOCK_SKEW.whole_milliseconds() as i64;
+        assert_eq!(skew_ms, 5_000, "the tokens' bound");
+        for ok in [-60_000, -1, 0, 1, skew_ms / 2, skew_ms - 1] {
+            at(ok).unwrap_or_else(|e| panic!("{ok} ms after before: refused: {e}"));
+        }
+        for late in [skew_ms, skew_ms + 1, 60_000] {
+            let e = at(late).expect_err("past the skew");
+            assert!(matches!(e, VerifyError::Denied(_)), "{late}: {e}");
+        }
+        assert_eq!(
+            at(skew_ms + 2_000).expect_err("late").to_string(),
+            "macaroon does not allow this request: expired at 2027-01-15T08:00:00Z (this storage's clock \
+             reads 2027-01-15T08:00:07Z, past the 5 s allowed clock skew)"
+        );
+    }
+
     #[test]
     fn every_before_must_hold() {
         let later = now() + time::Duration::hours(1);
-        let past = now() - time::Duration::seconds(5);
+        let past = now() - time::Duration::seconds(60);
         let token = mint(&key(), "l", "id1", &[format!("before:{}", format_instant(later))]);
         check(&token, "/x", &[Activity::Download]).expect("in the future");
         let held = attenuate(&token, &[&format!("before:{}", format_instant(past))]).expect("attenuates");

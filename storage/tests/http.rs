@@ -307,11 +307,19 @@ async fn expired_macaroon_is_forbidden() {
     let s = start().await;
     std::fs::create_dir_all(s.data()).expect("mkdir");
     std::fs::write(s.data().join("f"), "x").expect("write");
-    let m = s.macaroon("/data/f", &["activity:DOWNLOAD"], "PT1S").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let r = s.get_bearer("/data/f", &m).await;
+    let m = s.macaroon("/data/f", &["activity:DOWNLOAD"], "PT1H").await;
+    // A holder narrows `before:`: up to the allowed clock skew in the past it still passes
+    // (the scheduler's clock, which cut it, may run a little ahead of ours); further, refused.
+    use htfaas_storage::macaroons::{CLOCK_SKEW, attenuate, format_instant};
+    let ago = |s: i64| {
+        let at = time::OffsetDateTime::now_utc() - time::Duration::seconds(s);
+        attenuate(&m, &[&format!("before:{}", format_instant(at))]).expect("attenuates")
+    };
+    assert_eq!(s.get_bearer("/data/f", &ago(CLOCK_SKEW.whole_seconds() - 3)).await.status(), StatusCode::OK);
+    let r = s.get_bearer("/data/f", &ago(CLOCK_SKEW.whole_seconds() + 2)).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    assert!(r.text().await.expect("body").contains("expired"));
+    let body = r.text().await.expect("body");
+    assert!(body.contains("expired at") && body.contains("past the 5 s allowed clock skew"), "{body}");
     s.stop().await;
 }
 
@@ -496,5 +504,60 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(r.text().await.expect("body").contains("was stored"));
     assert_eq!(std::fs::read_to_string(s.data().join("b.txt")).expect("kept"), "b");
+    s.stop().await;
+}
+
+/// Set in the child process of [`a_put_past_the_file_size_limit_is_507_and_leaves_nothing_behind`].
+const FSIZE_CHILD: &str = "HTFAAS_STORAGE_TEST_FSIZE_CHILD";
+
+/// Issue 9: a PUT the disk cannot hold. A full filesystem needs root to make; a file size
+/// limit (`RLIMIT_FSIZE`, set by `ulimit -f` on a child process running this one test, with
+/// `SIGXFSZ` ignored) makes writes past it fail with `EFBIG` through the same path as `ENOSPC`.
+/// The answer is 507 naming the path and the cause, the temporary file is removed, nothing is
+/// renamed into place and no billing message is published (NATS started before the limit).
+#[tokio::test]
+async fn a_put_past_the_file_size_limit_is_507_and_leaves_nothing_behind() {
+    const NAME: &str = "a_put_past_the_file_size_limit_is_507_and_leaves_nothing_behind";
+    if std::env::var_os(FSIZE_CHILD).is_none() {
+        let exe = std::env::current_exe().expect("this test binary");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"trap '' XFSZ; ulimit -f 256 && exec "$0" "$@""#)
+            .arg(exe)
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(FSIZE_CHILD, "1")
+            .output()
+            .expect("run the child");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "the child failed:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("1 passed"), "the child ran the test:\n{stdout}\n{stderr}");
+        return;
+    }
+    use futures_util::StreamExt as _;
+    // NATS first, so that the limit is not its own.
+    let Some(nats) = start_nats().await else { return };
+    let s = start_with(tempfile::tempdir().expect("tempdir"), Some(nats.url.clone())).await;
+    let put = |path: &str, body: Vec<u8>| s.http.put(s.url(path)).basic_auth(ALICE.0, Some(ALICE.1)).body(body).send();
+    // Under the limit (at least 128 KiB): stored and announced.
+    assert_eq!(put("/data/small.dat", vec![1; 1024]).await.expect("sent").status(), StatusCode::CREATED);
+    let r = put("/data/big.dat", vec![2; 4 << 20]).await.expect("sent");
+    assert_eq!(r.status(), StatusCode::INSUFFICIENT_STORAGE);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("insufficient storage: /data/big.dat was not stored (File too large"), "{body}");
+    let mut left: Vec<String> = std::fs::read_dir(s.data())
+        .expect("data dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["small.dat"], "no big.dat, no temporary file");
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.expect("connect"));
+    let mut stream = js.get_stream(htfaas_functions::proto::EVENTS_STREAM).await.expect("stream");
+    assert_eq!(stream.info().await.expect("info").state.messages, 1, "only small.dat was announced");
+    let consumer =
+        stream.create_consumer(async_nats::jetstream::consumer::pull::Config::default()).await.expect("consumer");
+    let mut msgs = consumer.fetch().max_messages(1).messages().await.expect("fetch");
+    let msg = msgs.next().await.expect("one").expect("message");
+    let m: htfaas_functions::proto::TransferMessage = serde_json::from_slice(&msg.payload).expect("transfer");
+    assert_eq!(m.transfer_path.as_deref(), Some("/data/small.dat"));
     s.stop().await;
 }

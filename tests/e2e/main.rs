@@ -10,6 +10,7 @@ mod configs;
 mod console;
 mod exactly_once;
 mod examples;
+mod faults;
 mod jobs;
 mod lineage;
 mod loop_guard;

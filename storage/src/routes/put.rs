@@ -10,6 +10,19 @@
 //! **201** for a new file, **200** for an overwrite. If NATS is configured, the `transfer`
 //! message is published and its PubAck awaited *before* answering; if that fails the file is
 //! kept and the answer is 503 (the client may retry the PUT, which then overwrites).
+//!
+//! Faults (issue 9):
+//! - **NATS down.** The PubAck is awaited at most the JetStream context's 5 s (and
+//!   `billing::PUBLISH_TIMEOUT`): an outage shorter than that only delays the answer (201);
+//!   past it the answer is 503, "`<path>` was stored, but its storage event could not be
+//!   published (…); retry the upload". The message itself stays in the NATS client's buffer and
+//!   goes out when the connection is back (JetStream dedupes it by its `Nats-Msg-Id`, the
+//!   pnfsid), so the file is announced late, not lost, as long as this process lives; a retried
+//!   PUT is a new upload with an event of its own.
+//! - **Disk full.** `ENOSPC`, `EDQUOT` or `EFBIG` (a file size limit) while creating a
+//!   directory or the temporary file, writing or fsyncing it, or renaming it into place answers
+//!   **507** naming the path and the cause ([`crate::error::io_error`]); the temporary file is
+//!   removed and nothing is published (the handler returns before billing).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -66,7 +79,7 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     let tmp = target.dir.join(format!(".{}.upload-{}", target.name, uuid::Uuid::new_v4().simple()));
     let t0 = Instant::now();
     let fsync = state.durability.fsync_files();
-    let size = match write_body(&tmp, req.into_body(), who.max_upload, fsync).await {
+    let size = match write_body(&tmp, path.as_str(), req.into_body(), who.max_upload, fsync).await {
         Ok(n) => n,
         Err(e) => {
             if let Err(rm) = tokio::fs::remove_file(&tmp).await
@@ -80,8 +93,7 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     let elapsed = t0.elapsed();
     if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
         let _ = tokio::fs::remove_file(&tmp).await;
-        tracing::error!("failed to rename the upload into place: {e}");
-        return Err(HttpError::Internal("store the file".into()));
+        return Err(crate::error::io_error("rename the upload into place", path.as_str(), &e));
     }
     if fsync {
         crate::fs::sync_dir(&target.dir).await?;
@@ -110,20 +122,29 @@ fn too_large(limit: u64) -> HttpError {
     HttpError::TooLarge(format!("upload exceeds the macaroon's max-upload of {limit} bytes"))
 }
 
-/// Streams `body` into a new file at `tmp`, fsyncs it when `fsync`, and returns the byte count.
-async fn write_body(tmp: &Path, body: Body, limit: Option<u64>, fsync: bool) -> Result<u64, HttpError> {
-    let io = |what: &'static str| {
-        move |e: std::io::Error| {
-            tracing::error!("failed to {what}: {e}");
-            HttpError::Internal(what.into())
-        }
-    };
-    let mut file = tokio::fs::OpenOptions::new()
+/// Streams `body` into a new file at `tmp` (the upload of the namespace path `path`), fsyncs
+/// it when `fsync`, and returns the byte count. A full disk, quota or file size limit is a 507
+/// ([`crate::error::io_error`]); the caller removes `tmp`.
+async fn write_body(tmp: &Path, path: &str, body: Body, limit: Option<u64>, fsync: bool) -> Result<u64, HttpError> {
+    let file = tokio::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(tmp)
         .await
-        .map_err(io("create the upload file"))?;
+        .map_err(|e| crate::error::io_error("create the upload file", path, &e))?;
+    copy_body(file, path, body, limit, fsync).await
+}
+
+/// Streams `body` into `file` (see [`write_body`]): the seam the tests drive with a file that
+/// refuses every write (`/dev/full`).
+async fn copy_body(
+    mut file: tokio::fs::File,
+    path: &str,
+    body: Body,
+    limit: Option<u64>,
+    fsync: bool,
+) -> Result<u64, HttpError> {
+    let io = |what: &'static str| move |e: std::io::Error| crate::error::io_error(what, path, &e);
     let mut stream = body.into_data_stream();
     let mut n: u64 = 0;
     while let Some(chunk) = stream.next().await {
@@ -141,4 +162,28 @@ async fn write_body(tmp: &Path, body: Body, limit: Option<u64>, fsync: bool) -> 
         file.sync_all().await.map_err(io("sync the upload file"))?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 9: writing an upload onto a full disk answers 507 naming the path (`/dev/full`
+    /// fails every write with `ENOSPC`, as a full filesystem does); the handler then removes
+    /// its temporary file and publishes nothing, since it returns before either.
+    #[tokio::test]
+    async fn a_full_disk_while_writing_the_body_is_507() {
+        let Ok(full) = tokio::fs::OpenOptions::new().write(true).open("/dev/full").await else {
+            eprintln!("no /dev/full on this system: skipped");
+            return;
+        };
+        let body = Body::from(vec![7u8; 256 * 1024]);
+        let e = copy_body(full, "/data/big.dat", body, None, false).await.expect_err("the disk is full");
+        assert_eq!(e.status(), StatusCode::INSUFFICIENT_STORAGE);
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("insufficient storage: /data/big.dat was not stored (No space left on device"),
+            "{msg}"
+        );
+    }
 }
