@@ -350,9 +350,12 @@ struct RevocationResult {
 /// Handle on the job store; cheap to clone.
 #[derive(Clone)]
 pub struct Queue {
-    /// The one connection: the writer thread holds it for a whole batch; reads and the rare
-    /// writes outside the writer ([`Queue::audit_checkpoint`]) take it in between.
+    /// The writing connection: the writer thread holds it for a whole batch; the rare writes
+    /// outside the writer ([`Queue::audit_checkpoint`]) take it in between.
     conn: Arc<Mutex<Connection>>,
+    /// The reading connection (WAL: reads see the last commit and never wait for a batch or its
+    /// fsync, so the API and the dispatcher's reads stay fast while the writer is busy).
+    read: Arc<Mutex<Connection>>,
     /// Runs every write, batched: one transaction and one commit per batch ([`Writer`]).
     writer: Arc<Writer>,
     /// What a commit waits for (the `synchronous` pragma set at open).
@@ -477,10 +480,18 @@ impl Queue {
         for r in read_revocations(&conn)? {
             revoked.insert(r.target, r.reason);
         }
+        let read = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        read.busy_timeout(std::time::Duration::from_secs(5))?;
+        read.set_prepared_statement_cache_capacity(128);
+        read.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         let conn = Arc::new(Mutex::new(conn));
         let writer = Writer::start(conn.clone())?;
         Ok(Queue {
             conn,
+            read: Arc::new(Mutex::new(read)),
             writer: Arc::new(writer),
             durability,
             path: path.to_owned(),
@@ -523,7 +534,7 @@ impl Queue {
     #[doc(hidden)]
     pub async fn set_max_page_count(&self, pages: Option<u64>) -> Result<u64, QueueError> {
         let pages = i64::try_from(pages.unwrap_or(u64::from(u32::MAX) - 1)).unwrap_or(i64::MAX);
-        self.call(move |conn| {
+        self.call_writing(move |conn| {
             let cap: i64 = conn.pragma_update_and_check(None, "max_page_count", pages, |r| r.get(0))?;
             Ok(from_db(cap))
         })
@@ -533,7 +544,7 @@ impl Queue {
     /// Pages the store's file holds now (`PRAGMA page_count`).
     #[doc(hidden)]
     pub async fn page_count(&self) -> Result<u64, QueueError> {
-        self.call(|conn| Ok(from_db(conn.query_row("PRAGMA page_count", [], |r| r.get(0))?))).await
+        self.call_writing(|conn| Ok(from_db(conn.query_row("PRAGMA page_count", [], |r| r.get(0))?))).await
     }
 
     /// How many batches of writes the writer has run (committed or not) since the queue was opened.
@@ -559,12 +570,30 @@ impl Queue {
     }
 
     /// Runs `f` on the connection in a blocking task.
+    /// Runs `f` on the reading connection, off the async threads. Reads only: SQLite refuses a
+    /// write there.
     async fn call<T, F>(&self, f: F) -> Result<T, QueueError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, QueueError> + Send + 'static,
     {
-        let conn = self.conn.clone();
+        Self::on(self.read.clone(), f).await
+    }
+
+    /// Runs `f` on the writing connection, between the writer's batches.
+    async fn call_writing<T, F>(&self, f: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, QueueError> + Send + 'static,
+    {
+        Self::on(self.conn.clone(), f).await
+    }
+
+    async fn on<T, F>(conn: Arc<Mutex<Connection>>, f: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, QueueError> + Send + 'static,
+    {
         tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().map_err(|_| QueueError::Poisoned)?;
             f(&mut guard)
@@ -734,7 +763,7 @@ impl Queue {
         policy: CheckpointPolicy,
         force: bool,
     ) -> Result<Option<Checkpoint>, QueueError> {
-        self.call(move |conn| Ok(audit::checkpoint_in(conn, &signer, policy, force)?)).await
+        self.call_writing(move |conn| Ok(audit::checkpoint_in(conn, &signer, policy, force)?)).await
     }
 
     /// The store's file (the audit trail is in it).
@@ -2643,7 +2672,7 @@ pub(crate) mod tests {
         drop(q);
         // Opening again is a no-op migration; a newer file is refused.
         let q = Queue::open(&path).expect("reopen");
-        q.call(|c| Ok(c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?)).await.expect("bump");
+        q.call_writing(|c| Ok(c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?)).await.expect("bump");
         drop(q);
         assert!(matches!(Queue::open(&path), Err(QueueError::SchemaTooNew { .. })));
     }
@@ -2992,7 +3021,7 @@ pub(crate) mod tests {
                 Queue::open_with(&dir.path().join(format!("{}.db", durability.as_str())), durability).expect("open");
             assert_eq!(q.durability(), durability);
             let level: i64 =
-                q.call(|c| Ok(c.query_row("PRAGMA synchronous", [], |r| r.get(0))?)).await.expect("pragma");
+                q.call_writing(|c| Ok(c.query_row("PRAGMA synchronous", [], |r| r.get(0))?)).await.expect("pragma");
             assert_eq!(level, expected, "{durability:?}");
         }
         let q = Queue::open(&dir.path().join("default.db")).expect("open");
@@ -3002,6 +3031,15 @@ pub(crate) mod tests {
             .await
             .expect("db_config");
         assert!(stable, "plans must not depend on bound values (no re-prepare per binding)");
+        let stable = q
+            .call_writing(|c| Ok(c.db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG)?))
+            .await
+            .expect("db_config");
+        assert!(stable, "the writer's plans too");
+        // The reading connection reads and refuses to write.
+        let n: i64 = q.call(|c| Ok(c.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0))?)).await.expect("read");
+        assert_eq!(n, 0);
+        assert!(q.call(|c| Ok(c.execute("DELETE FROM jobs", [])?)).await.is_err(), "a write on the reading connection");
     }
 
     #[tokio::test]
@@ -3212,7 +3250,7 @@ pub(crate) mod tests {
     async fn a_batch_that_fills_the_disk_answers_every_write_it_stored_nothing_of_and_the_writer_goes_on() {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
-        q.call(|c| Ok(c.execute_batch("CREATE TABLE fill (n INTEGER, b BLOB)")?)).await.expect("table");
+        q.call_writing(|c| Ok(c.execute_batch("CREATE TABLE fill (n INTEGER, b BLOB)")?)).await.expect("table");
         let pages = q.page_count().await.expect("pages");
         q.set_max_page_count(Some(pages)).await.expect("cap");
         let put = |n: i64, bytes: usize| {
