@@ -19,7 +19,7 @@
 //! A second copy of the event (a JetStream redelivery, a duplicate message from the storage, a
 //! redelivery after a gateway restart) finds the key taken and is dropped there, before any
 //! macaroon is asked for. A replay (`fire_all(.., Some(id))`) uses the event key
-//! `<event id>#replay:<id>`, so it runs again on purpose, once per replay.
+//! `replay:<id>#<event id>`, so it runs again on purpose, once per replay.
 //!
 //! Keys are kept for `dedupe_window_s` after the firing was made (default 7 days: the events
 //! stream's `max_age`, so every redelivery the stream can still make falls inside the window),
@@ -252,7 +252,7 @@ impl FiringState {
 pub struct Firing {
     /// Row id: arrival order.
     pub seq: i64,
-    /// The event's identity (with `#replay:<id>` for a replay's firings).
+    /// The event's identity (`replay:<id>#<event id>` for a replay's firings).
     pub event_key: String,
     /// The function's name.
     pub function: String,
@@ -481,7 +481,8 @@ pub fn backoff_ms(attempts: u32) -> u64 {
 /// The event key of `event` (and of `replay`, when it is one).
 pub fn event_key(event: &StorageEvent, replay: Option<&str>) -> String {
     match replay {
-        Some(r) => format!("{}#replay:{r}", event.id),
+        // The replay first: an event id is `<source kind>:…`, so no id reads as a replay's key.
+        Some(r) => format!("replay:{r}#{}", event.id),
         None => event.id.clone(),
     }
 }
@@ -1304,7 +1305,7 @@ pub(crate) mod tests {
         assert_eq!(f.insert(&e, std::slice::from_ref(&a), Some("r1"), 3_000).expect("insert").deduplicated, 1);
         assert_eq!(f.pending(), 4);
         let rows = f.list(0, 100).expect("list");
-        assert_eq!(rows[3].event_key, "dcache-billing:write:0001/s1#replay:r1");
+        assert_eq!(rows[3].event_key, "replay:r1#dcache-billing:write:0001/s1");
         assert_eq!(rows[3].replay.as_deref(), Some("r1"));
         assert_eq!(rows[0].expires_ms, 1_000 + 3_600_000);
     }
@@ -1426,7 +1427,7 @@ pub(crate) mod tests {
                 "dcache-billing:write:0001/s1/a",
                 "dcache-billing:write:0001/s1/b",
                 "e2/a",
-                "dcache-billing:write:0001/s1#replay:r1/a"
+                "replay:r1#dcache-billing:write:0001/s1/a"
             ]
         );
         // The same batch redelivered (acks lost) is dropped whole; so is one insert of it.

@@ -386,7 +386,8 @@ impl SseParser {
             Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
             None => (line.as_str(), ""),
         };
-        self.size += value.len();
+        // A `data` line after the first adds its value and the `\n` that joins it.
+        self.size += value.len() + usize::from(field == "data" && self.has_data);
         if self.size > self.max_event {
             self.refuse("event too large");
             return;
@@ -1284,6 +1285,16 @@ mod tests {
 
     fn event(event: &str, data: Option<&str>, id: Option<&str>) -> SseItem {
         SseItem::Event(SseEvent { event: event.into(), data: data.map(Into::into), id: id.map(Into::into) })
+    }
+
+    #[test]
+    fn bare_data_lines_count_toward_the_event_bound() {
+        // Found by the `bridge_lines` fuzz target: each `data` line's joining newline counts.
+        let mut p = SseParser::new(64, 16);
+        let mut out = Vec::new();
+        p.feed(&b"data\n".repeat(1000), &mut out);
+        p.feed(b"\n", &mut out);
+        assert_eq!(out, [SseItem::Refused { id: None, reason: "event too large" }]);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! Identity: `<source kind>:<CloudEvent source>/<CloudEvent id>` (the spec makes `source` + `id`
 //! unique per occurrence); the producer is the CloudEvent `source`, the time its `time`.
 
-use super::{Decision, EventError, SourcePolicy, checked_path};
+use super::{Decision, EventError, SourcePolicy, checked_path, id_part};
 use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, EventKind, EventSource, SourceKind, StorageEvent};
 use serde_json::{Map, Value};
 
@@ -133,7 +133,7 @@ fn bridged(rest: &str, ce: Attributes, message_id: &str) -> Result<Decision, Eve
     let data = ce.data.ok_or_else(|| bad(format!("type {:?} without data", ce.ty)))?;
     let b: BridgedEvent = serde_json::from_value(data).map_err(|e| bad(format!("data is not a BridgedEvent: {e}")))?;
     Ok(Decision::Fire(Box::new(StorageEvent {
-        id: format!("{}:{}/{}", kind.as_str(), ce.source, ce.id),
+        id: format!("{}:{}/{}", kind.as_str(), ce.source, id_part(&ce.id)),
         source: EventSource { kind, producer: ce.source, message: Some(message_id.to_owned()) },
         kind: b.kind,
         msg_type: b.msg_type,
@@ -165,7 +165,7 @@ fn generic(ce: Attributes, message_id: &str) -> Result<Decision, EventError> {
         Some(v) => Some(v.as_u64().ok_or_else(|| bad("data.size is not a non-negative integer"))?),
     };
     Ok(Decision::Fire(Box::new(StorageEvent {
-        id: format!("{}:{}/{}", SourceKind::Cloudevents.as_str(), ce.source, ce.id),
+        id: format!("{}:{}/{}", SourceKind::Cloudevents.as_str(), ce.source, id_part(&ce.id)),
         source: EventSource {
             kind: SourceKind::Cloudevents,
             producer: ce.source,

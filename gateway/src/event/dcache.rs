@@ -148,8 +148,8 @@ pub fn decide(payload: &[u8], message_id: &str, policy: &SourcePolicy) -> Result
         .map(str::to_owned)
         .or_else(|| m.date.as_ref().map(|d| format!("{producer}@{d}")));
     let occurrence = match (nonempty(m.pnfsid.as_deref()), key) {
-        (Some(p), Some(k)) => format!("{p}/{k}"),
-        (Some(p), None) => format!("{p}/{message_id}"),
+        (Some(p), Some(k)) => format!("{}/{k}", super::id_part(p)),
+        (Some(p), None) => format!("{}/{message_id}", super::id_part(p)),
         (None, _) => message_id.to_owned(),
     };
     let size = if kind == EventKind::Hit { m.filesize_lower.or(m.file_size) } else { m.file_size };

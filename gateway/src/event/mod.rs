@@ -141,6 +141,17 @@ pub fn decide(
 }
 
 /// `path` if it is a clean absolute file path (not `/`, not ending in `/`).
+/// A producer's part of an event identity made safe to join with `/`: `%` and `/` are
+/// percent-escaped, so `<source>/<id part>` splits back at its last `/` and no two distinct
+/// (source, id) pairs share an identity. Ids without either character are unchanged.
+fn id_part(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains(['%', '/']) {
+        std::borrow::Cow::Owned(s.replace('%', "%25").replace('/', "%2F"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 fn checked_path(path: &str) -> Result<String, EventError> {
     if is_clean_abs_path(path) && !path.ends_with('/') {
         Ok(path.to_owned())
