@@ -497,6 +497,10 @@ pub fn map_inotify(ev: &InotifyEvent, watched: &str) -> Result<Action, String> {
         return Err(format!("{flag} with an unusable name {name:?}"));
     }
     let path = join(watched, name);
+    // What the gateway would refuse (a backslash, say) is refused here, at its source.
+    if !htfaas_functions::manifest::is_clean_abs_path(&path) {
+        return Err(format!("{flag} with an unusable name {name:?}"));
+    }
     if is_dir {
         return Ok(Action::Directory { flag: flag.clone(), path });
     }
@@ -1412,6 +1416,8 @@ mod tests {
             r#"{"name":"","mask":["IN_CLOSE_WRITE"]}"#,
             r#"{"name":"..","mask":["IN_CLOSE_WRITE"]}"#,
             r#"{"name":"a/b","mask":["IN_CLOSE_WRITE"]}"#,
+            // Found by the `bridge_lines` fuzz target: the gateway refuses such a path.
+            r#"{"name":"a\\b","mask":["IN_CLOSE_WRITE"]}"#,
         ] {
             assert!(map_inotify(&ev(json), "/d").is_err(), "{json}");
         }
