@@ -456,22 +456,7 @@ impl std::fmt::Debug for Firings {
 }
 
 pub use htfaas_functions::store::now_ms;
-use htfaas_functions::store::{Durability, db_int, from_db};
-
-/// One row of `sql` through the connection's statement cache.
-fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>>(
-    conn: &Connection,
-    sql: &str,
-    params: P,
-    f: F,
-) -> rusqlite::Result<T> {
-    conn.prepare_cached(sql)?.query_row(params, f)
-}
-
-/// Runs `sql` through the connection's statement cache (hot statements are parsed once).
-fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
-    conn.prepare_cached(sql)?.execute(params)
-}
+use htfaas_functions::store::{Durability, db_int, exec, from_db, row};
 
 /// Retry delay after the `attempts`-th transient failure.
 pub fn backoff_ms(attempts: u32) -> u64 {

@@ -413,7 +413,7 @@ impl std::fmt::Debug for Queue {
 }
 
 pub use htfaas_functions::store::now_ms;
-use htfaas_functions::store::{db_int, from_db};
+use htfaas_functions::store::{db_int, exec, from_db, row};
 
 impl Queue {
     /// [`Queue::open_with`] the default durability, [`Durability::Fsync`].
@@ -1630,22 +1630,6 @@ const WRITER_GONE: &str = "the store's writer stopped";
 const SAVEPOINT_OPEN: &str = "SAVEPOINT htfaas_write";
 const SAVEPOINT_RELEASE: &str = "RELEASE htfaas_write";
 const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO htfaas_write";
-
-/// One row of `sql` through the connection's statement cache.
-fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>>(
-    conn: &Connection,
-    sql: &str,
-    params: P,
-    f: F,
-) -> rusqlite::Result<T> {
-    conn.prepare_cached(sql)?.query_row(params, f)
-}
-
-/// Runs `sql` through the connection's statement cache: the hot writes run thousands of times
-/// a second, and parsing their SQL each time was a tenth of the scheduler's CPU.
-fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
-    conn.prepare_cached(sql)?.execute(params)
-}
 
 /// The one writer of the store: a thread that takes every write waiting in its channel (at
 /// most [`MAX_BATCH`]), runs them in one transaction, each in a savepoint of its own, commits
