@@ -18,8 +18,12 @@ async fn a_processed_files_lineage_is_in_the_trail_and_a_tampered_copy_is_caught
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
     htfaas::stack::demo(&client, &guest_wasm("checksum"), LIMIT).await.expect("demo path");
-    let jobs = client.jobs().await.expect("jobs");
-    let job = jobs.iter().find(|j| j.state == JobState::Completed).expect("a completed job");
+    // The output is stored before the EP reports the job's end: wait for the end to be recorded.
+    let job = htfaas_tests::wait_for("a completed job", LIMIT, || async {
+        client.jobs().await.ok()?.into_iter().find(|j| j.state == JobState::Completed)
+    })
+    .await;
+    let job = &job;
     let input = job.event.path.clone();
 
     let by_file = client.audit(&AuditFilter { file: Some(input.clone()), ..AuditFilter::default() }).await.expect("q");
