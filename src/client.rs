@@ -27,6 +27,11 @@ pub struct StackInfo {
     pub storage_url: String,
     /// NATS.
     pub nats_url: String,
+    /// The site operator's NATS credential, an nkey user seed (a secret): it may publish on
+    /// every events subject and read the events stream (`crate::nats::Role::Operator`).
+    /// `None`: connect without one (a server without authorization).
+    #[serde(default)]
+    pub nats_nkey_seed: Option<String>,
     /// Admin token of the gateway API.
     pub admin_token: String,
     /// Storage user for `put`/`get`.
@@ -305,6 +310,34 @@ impl Client {
         Ok(check(resp, what).await?.json().await?)
     }
 
+    /// Grants one namespace right (admin): `principal` may read (and trigger on), write or
+    /// replace under a directory, or use an annex. Granting twice changes nothing.
+    pub async fn grant(
+        &self,
+        principal: &str,
+        right: htfaas_functions::namespace::Right,
+        value: &str,
+    ) -> anyhow::Result<htfaas_functions::namespace::GrantEntry> {
+        let grant = htfaas_functions::namespace::Grant::new(principal, right, value)?;
+        self.admin_post("/v1/namespaces", "grant", &grant).await
+    }
+
+    /// Takes a namespace right back (admin); not one of the gateway configuration's.
+    pub async fn revoke_grant(
+        &self,
+        principal: &str,
+        right: htfaas_functions::namespace::Right,
+        value: &str,
+    ) -> anyhow::Result<htfaas_functions::namespace::GrantEntry> {
+        let grant = htfaas_functions::namespace::Grant::new(principal, right, value)?;
+        self.admin_post("/v1/namespaces/revoke", "revoke grant", &grant).await
+    }
+
+    /// The namespace grants in force, with where each comes from.
+    pub async fn namespaces(&self) -> anyhow::Result<Vec<htfaas_functions::namespace::GrantEntry>> {
+        self.admin_get("/v1/namespaces").await
+    }
+
     /// Holds, releases or removes one job (admin); `verb` is `hold`, `release` or `remove`.
     /// Returns the job as it is now.
     pub async fn job_action(&self, id: &str, verb: &str, reason: &str) -> anyhow::Result<JobRecord> {
@@ -431,6 +464,21 @@ impl Client {
         Ok(check(resp, "lineage").await?.json().await?)
     }
 
+    /// A NATS client as the site's operator ([`StackInfo::nats_nkey_seed`]).
+    pub async fn nats(&self) -> anyhow::Result<async_nats::Client> {
+        let credential = self
+            .info
+            .nats_nkey_seed
+            .as_deref()
+            .map(htfaas_functions::nats::NatsCredential::from_seed)
+            .transpose()
+            .context("the stack's NATS seed")?;
+        htfaas_functions::nats::connect_options("htfaas-cli", credential.as_ref())
+            .connect(&self.info.nats_url)
+            .await
+            .with_context(|| format!("connect to NATS at {}", self.info.nats_url))
+    }
+
     /// Publishes raw bytes on `subject` through JetStream and waits for the stream's ack.
     pub async fn publish_event(&self, subject: &str, bytes: Vec<u8>) -> anyhow::Result<u64> {
         self.publish_event_with_headers(subject, &[], bytes).await
@@ -452,8 +500,7 @@ impl Client {
                 value.parse().map_err(|e| anyhow::anyhow!("header {name} value {value:?}: {e}"))?;
             map.insert(name, value);
         }
-        let nats = async_nats::connect(&self.info.nats_url).await.context("connect to NATS")?;
-        let js = async_nats::jetstream::new(nats);
+        let js = async_nats::jetstream::new(self.nats().await?);
         let ack = js
             .publish_with_headers(subject.to_owned(), map, bytes.into())
             .await
@@ -573,10 +620,24 @@ pub fn report_table(report: &AccountingReport) -> String {
 /// with the audit tables: the scheduler's store or the gateway's firing table) offline, under
 /// the keys of a JWKS file.
 pub fn verify_trail_file(db: &Path, jwks: &Path) -> anyhow::Result<VerifyReport> {
+    verify_trail_file_with_head(db, jwks, None)
+}
+
+/// [`verify_trail_file`], and with `head` the trail must still reach that record with that
+/// hash ([`htfaas_functions::audit::anchor`]): a tail cut off with its checkpoints is refused.
+pub fn verify_trail_file_with_head(
+    db: &Path,
+    jwks: &Path,
+    head: Option<&htfaas_functions::audit::anchor::Head>,
+) -> anyhow::Result<VerifyReport> {
     let text = std::fs::read_to_string(jwks).with_context(|| format!("read {}", jwks.display()))?;
     let keys = htfaas_functions::audit::keys_from_jwks_text(&text).with_context(|| format!("{}", jwks.display()))?;
     anyhow::ensure!(!keys.is_empty(), "{} holds no Ed25519 key with a kid", jwks.display());
-    htfaas_functions::audit::verify(db, &keys).with_context(|| format!("verify {}", db.display()))
+    match head {
+        None => htfaas_functions::audit::verify(db, &keys),
+        Some(head) => htfaas_functions::audit::anchor::verify_with_head(db, &keys, head),
+    }
+    .with_context(|| format!("verify {}", db.display()))
 }
 
 impl Client {

@@ -225,7 +225,7 @@ fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> Function
         module,
         trigger: Trigger::on_path(format!("{INPUT_DIR}**")),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: out.into() },
+        outputs: Outputs { dir: out.into(), replace: false },
         args: vec![],
         env: vec![],
         annex: None,
@@ -297,7 +297,9 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
     );
     let started = Instant::now();
     let landed = Arc::new(Mutex::new(vec![0u64; usize::try_from(opts.events)?]));
-    let publisher = tokio::spawn(publish(procs.nats_url(), run_id.clone(), opts.events, opts.rate, landed.clone()));
+    let operator = procs.layout().nats_credential("operator")?;
+    let publisher =
+        tokio::spawn(publish(procs.nats_url(), operator, run_id.clone(), opts.events, opts.rate, landed.clone()));
 
     // The kills: each round every component once, in a random order, at random moments
     // within the publishing window (at least the previous kill's recovery apart).
@@ -367,15 +369,17 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
 }
 
 /// Publishes `events` transfer messages at `rate` per second, each retried until JetStream
-/// acknowledges it; records when each first tried (unix ms) in `landed`. Returns the count.
+/// acknowledges it, as the site's `operator`; records when each first tried (unix ms) in
+/// `landed`. Returns the count.
 async fn publish(
     nats_url: String,
+    operator: htfaas_functions::nats::NatsCredential,
     run_id: String,
     events: u64,
     rate: u32,
     landed: Arc<Mutex<Vec<u64>>>,
 ) -> anyhow::Result<u64> {
-    let nats = async_nats::ConnectOptions::new()
+    let nats = htfaas_functions::nats::connect_options("htfaas-crash-test", Some(&operator))
         .retry_on_initial_connect()
         .connect(&nats_url)
         .await

@@ -195,6 +195,12 @@ enum Command {
         #[command(subcommand)]
         command: FnCommand,
     },
+    /// Namespaces (admin): where each owner (or group:NAME) may trigger on and read files,
+    /// write and replace outputs, and which annexes its jobs may ask for; grant, revoke, list.
+    Ns {
+        #[command(subcommand)]
+        command: NsCommand,
+    },
     /// List jobs, newest first; or show one's history or analysis; or hold, release or remove one.
     Jobs {
         #[command(flatten)]
@@ -329,9 +335,20 @@ enum AuditCommand {
         /// With --file: JWKS file of the audit key (as `GET /v1/audit/keys` answers it).
         #[arg(long, value_name = "JWKS", requires = "file")]
         keys: Option<PathBuf>,
+        /// With --file: a head recorded elsewhere earlier (`audit head`); the trail must still
+        /// reach that record with that hash, so a tail cut off with its checkpoints is refused.
+        #[arg(long = "expect-head", value_name = "SEQ:HASH", requires = "file")]
+        head: Option<String>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Print a trail's head (its last record) as SEQ:HASH, to record where the trail's host
+    /// cannot change it, for `audit verify --file … --expect-head SEQ:HASH` later.
+    Head {
+        /// The trail's database (the scheduler's `jobs.sqlite`, the gateway's `firings.sqlite`, or a copy).
+        #[arg(long, value_name = "DB")]
+        file: PathBuf,
     },
     /// Print the JWKS of both audit keys, the scheduler's and the gateway's (for `audit verify
     /// --file … --keys …` of either trail); keep a copy where the trails' hosts cannot change it.
@@ -557,6 +574,10 @@ enum BridgeCommand {
         /// NATS server URL, e.g. nats://127.0.0.1:4222.
         #[arg(long = "nats")]
         nats: String,
+        /// File holding the bridge's NATS nkey user seed (`SU…`); the server lets it publish
+        /// on `storage.cloudevents.xrootd-notify` only. Default: connect without a credential.
+        #[arg(long)]
+        nats_nkey_seed_file: Option<PathBuf>,
         /// Read the FIFO of `ofs.notify … >PATH` (created by xrootd) instead of stdin.
         #[arg(long)]
         fifo: Option<PathBuf>,
@@ -604,6 +625,10 @@ enum BridgeCommand {
         /// NATS server URL.
         #[arg(long = "nats", default_value = "nats://127.0.0.1:4222")]
         nats: String,
+        /// File holding the bridge's NATS nkey user seed (`SU…`); the server lets it publish
+        /// on `storage.cloudevents.dcache-sse` only. Default: connect without a credential.
+        #[arg(long)]
+        nats_nkey_seed_file: Option<PathBuf>,
     },
 }
 
@@ -638,6 +663,10 @@ enum FnCommand {
         /// Output directory in storage, ending in '/'.
         #[arg(long)]
         outputs: String,
+        /// Runs may replace files that already exist in the output directory (the owner's
+        /// namespace must grant `replace` there); without it they only create new files.
+        #[arg(long)]
+        replace: bool,
         /// Owner accounted for its runs (default: the stack's user).
         #[arg(long)]
         owner: Option<String>,
@@ -715,6 +744,47 @@ enum FnCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum NsCommand {
+    /// Grant one right, e.g. `htfaas ns grant alice read /data/alice/` (audited).
+    Grant {
+        #[command(flatten)]
+        dir: DirArg,
+        #[command(flatten)]
+        grant: GrantArgs,
+    },
+    /// Take one right back (audited); the configuration's own grants are changed there.
+    Revoke {
+        #[command(flatten)]
+        dir: DirArg,
+        #[command(flatten)]
+        grant: GrantArgs,
+    },
+    /// List the grants in force and where each comes from.
+    List {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct GrantArgs {
+    /// An owner, or group:NAME for an accounting group.
+    principal: String,
+    /// read (trigger on and read), write (new outputs), replace (replace outputs) or annex.
+    #[arg(value_parser = parse_right)]
+    right: htfaas_functions::namespace::Right,
+    /// A directory ending in '/' (read, write, replace) or an annex name.
+    value: String,
+}
+
+fn parse_right(s: &str) -> Result<htfaas_functions::namespace::Right, String> {
+    htfaas_functions::namespace::Right::parse(s).ok_or_else(|| format!("{s:?} is not read, write, replace or annex"))
 }
 
 #[derive(Subcommand)]
@@ -1480,6 +1550,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     rate,
                     debounce_s,
                     outputs,
+                    replace,
                     owner,
                     cpus,
                     memory_mb,
@@ -1505,7 +1576,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 module,
                 trigger: Trigger { rule, rate, debounce_s, ..Trigger::on_path(trigger.unwrap_or_default()) },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
-                outputs: Outputs { dir: outputs },
+                outputs: Outputs { dir: outputs, replace },
                 args,
                 env: vec![],
                 annex,
@@ -1557,6 +1628,32 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             let verdict = report.verdict.as_deref().unwrap_or("no event");
             println!("verdict: {verdict} ({})", if report.fires { "fires" } else { "does not fire" });
+            Ok(())
+        }
+        Command::Ns { command: NsCommand::Grant { dir, grant: g } } => {
+            let entry = client(&dir)?.grant(&g.principal, g.right, &g.value).await?;
+            println!("granted {}", entry.grant);
+            Ok(())
+        }
+        Command::Ns { command: NsCommand::Revoke { dir, grant: g } } => {
+            let entry = client(&dir)?.revoke_grant(&g.principal, g.right, &g.value).await?;
+            println!("revoked {}", entry.grant);
+            Ok(())
+        }
+        Command::Ns { command: NsCommand::List { dir, json } } => {
+            let grants = client(&dir)?.namespaces().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&grants)?);
+            } else {
+                println!("{:<20} {:<8} {:<7} VALUE", "PRINCIPAL", "RIGHT", "SOURCE");
+                for e in grants {
+                    let source = match e.source {
+                        htfaas_functions::namespace::GrantSource::Config => "config",
+                        htfaas_functions::namespace::GrantSource::Admin => "admin",
+                    };
+                    println!("{:<20} {:<8} {:<7} {}", e.grant.principal, e.grant.right, source, e.grant.value);
+                }
+            }
             Ok(())
         }
         Command::Fn { command: FnCommand::List { dir, json } } => {
@@ -1782,9 +1879,12 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("job {} submitted", reply.job_id);
             Ok(())
         }
-        Command::Bridge { command: BridgeCommand::XrootdNotify { nats, fifo, path_prefix, source_host } } => {
+        Command::Bridge {
+            command: BridgeCommand::XrootdNotify { nats, nats_nkey_seed_file, fifo, path_prefix, source_host },
+        } => {
             use htfaas_gateway::bridge::xrootd::{Input, Settings, run};
             let mut settings = Settings::new(nats, fifo.map_or(Input::Stdin, Input::Fifo));
+            settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
             settings.path_prefix = path_prefix;
             if let Some(host) = source_host {
                 settings.source_host = host;
@@ -1804,6 +1904,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     ca,
                     state,
                     nats,
+                    nats_nkey_seed_file,
                 },
         } => {
             use htfaas_gateway::bridge::sse;
@@ -1818,14 +1919,26 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             settings.recursive = recursive;
             settings.ca_file = ca;
+            settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
             sse::run(settings, on_signals()).await
         }
         Command::Audit { dir, action: Some(AuditCommand::Keys), .. } => {
             println!("{}", serde_json::to_string_pretty(&client(&dir)?.audit_keys().await?)?);
             Ok(())
         }
-        Command::Audit { dir, action: Some(AuditCommand::Verify { file, keys, json }), .. } => match (file, keys) {
-            (Some(file), Some(keys)) => print_verify(&htfaas::client::verify_trail_file(&file, &keys)?, json),
+        Command::Audit { action: Some(AuditCommand::Head { file }), .. } => {
+            match htfaas_functions::audit::anchor::head(&file).with_context(|| format!("read {}", file.display()))? {
+                Some(head) => println!("{head}"),
+                None => anyhow::bail!("{} holds no audit record yet", file.display()),
+            }
+            Ok(())
+        }
+        Command::Audit { dir, action: Some(AuditCommand::Verify { file, keys, head, json }), .. } => match (file, keys)
+        {
+            (Some(file), Some(keys)) => {
+                let head = head.map(|h| h.parse::<htfaas_functions::audit::anchor::Head>()).transpose()?;
+                print_verify(&htfaas::client::verify_trail_file_with_head(&file, &keys, head.as_ref())?, json)
+            }
             (None, None) => {
                 let c = client(&dir)?;
                 let reports = [("scheduler", c.audit_verify().await?), ("gateway", c.audit_verify_gateway().await?)];
@@ -1921,6 +2034,11 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The NATS credential whose seed `file` holds, if one is given.
+fn nats_seed(file: Option<&std::path::Path>) -> anyhow::Result<Option<htfaas_functions::nats::NatsCredential>> {
+    Ok(file.map(htfaas_functions::nats::NatsCredential::from_seed_file).transpose()?)
 }
 
 #[cfg(test)]
@@ -2251,7 +2369,7 @@ mod tests {
             parse(&["audit", "verify", "--file", "copy.sqlite", "--keys", "k.json", "--dir", "d"]).expect("parses");
         let Command::Audit {
             dir,
-            action: Some(AuditCommand::Verify { file: Some(_), keys: Some(_), json: false }),
+            action: Some(AuditCommand::Verify { file: Some(_), keys: Some(_), head: None, json: false }),
             ..
         } = cli.command
         else {
@@ -2260,6 +2378,8 @@ mod tests {
         assert_eq!(dir.dir.as_path(), Path::new("d"));
         assert!(parse(&["audit", "verify", "--json"]).is_ok());
         assert!(parse(&["audit", "verify", "--file", "copy.sqlite"]).is_err(), "--file needs --keys");
+        assert!(parse(&["audit", "verify", "--expect-head", "3:ab"]).is_err(), "--expect-head needs --file");
+        assert!(parse(&["audit", "head", "--file", "copy.sqlite"]).is_ok());
         assert!(parse(&["audit", "--job", "j", "verify"]).is_err(), "filters do not go with verify");
         assert!(parse(&["audit", "--since", "yesterday"]).is_err(), "times are checked");
     }

@@ -20,6 +20,7 @@ use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::EVENTS_SUBJECT;
 use htfaas_functions::store::Durability;
 use htfaas_functions::{FunctionManifest, Resources};
@@ -164,7 +165,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         module,
         trigger: Trigger::on_path(format!("{dir}**")),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: format!("{dir}out/") },
+        outputs: Outputs { dir: format!("{dir}out/"), replace: false },
         args: vec![],
         env: vec![],
         annex: None,
@@ -231,6 +232,9 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
     let module =
         client.upload_module(std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?).await?;
     client.register(&noop("flood", "alice", module.clone(), "/data/flood/")).await?;
+    for right in [Right::Read, Right::Write] {
+        client.grant("bob", right, "/data/bob/").await?;
+    }
     client.register(&noop("bobs", "bob", module, "/data/bob/")).await?;
     let data = dir.join("storage/data");
     crate::bench::e2e::write_input(&data, ALICE_INPUT, 1024, 1)?;
@@ -292,7 +296,7 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
     };
 
     // alice's flood.
-    let nats = async_nats::connect(procs.nats_url()).await.context("connect to NATS")?;
+    let nats = procs.nats_client().await?;
     let js = async_nats::jetstream::new(nats);
     let run_id = format!("{:08x}", rand::random::<u32>());
     let t0 = Instant::now();

@@ -95,7 +95,13 @@ impl ProcStack {
         let nats_binary =
             opts.nats_binary.clone().or_else(crate::nats::find_binary).context("nats-server not found")?;
         let nats = tokio::task::block_in_place(|| {
-            NatsServer::start_with(&nats_binary, &dir.join("nats"), 0, opts.durability)
+            NatsServer::start_authorized(
+                &nats_binary,
+                &dir.join("nats"),
+                0,
+                opts.durability,
+                Some(layout.nats_users()?),
+            )
         })?;
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         let mut procs = ProcStack {
@@ -112,7 +118,7 @@ impl ProcStack {
         };
         let (nats_url, storage_url, scheduler_url) = (procs.nats.url(), procs.storage_url(), procs.scheduler_url());
         let layout = &procs.layout;
-        let mut scheduler = layout.scheduler(procs.scheduler);
+        let mut scheduler = layout.scheduler(procs.scheduler, &storage_url, &procs.gateway_url());
         if let Some(map) = scheduler.as_object_mut() {
             map.extend(opts.scheduler_overrides.clone());
         }
@@ -135,6 +141,17 @@ impl ProcStack {
     /// The layout (secrets, configs).
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// A NATS client as the site's operator, which may publish on every events subject
+    /// ([`crate::nats::Role::Operator`]).
+    pub async fn nats_client(&self) -> anyhow::Result<async_nats::Client> {
+        let operator = self.layout.nats_credential("operator")?;
+        htfaas_functions::nats::connect_options("htfaas-operator", Some(&operator))
+            .retry_on_initial_connect()
+            .connect(self.nats.url())
+            .await
+            .context("connect to NATS as the operator")
     }
 
     /// The scheduler's base URL.

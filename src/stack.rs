@@ -2,7 +2,7 @@
 //! the scheduler, the gateway and one EP, each started through its library `run`.
 //!
 //! State lives under one directory (default `.htfaas`):
-//! `secrets.json` (admin tokens, storage secrets; 0600), `stack.json` (URLs for the CLI),
+//! `secrets.json` (admin tokens, storage secrets, NATS nkey seeds; 0600), `stack.json` (URLs for the CLI),
 //! `nats/`, `storage/{data,secret,users.json}`, `scheduler/{jobs.sqlite,attach.pem}`,
 //! `gateway/{registry/,submit.pem,submit.jwks.json}`, `ep/`.
 //!
@@ -36,6 +36,11 @@ pub struct StackOptions {
     /// What every component (JetStream included) has done with work before it acknowledges
     /// it: fsynced (the default) or written to its log.
     pub durability: Durability,
+    /// Storage origins (`scheme://host:port`) the scheduler trusts besides the stack's own
+    /// storage, e.g. a second site's XRootD in a test. Default: none.
+    pub trusted_storage: Vec<String>,
+    /// Every HTTP listener's header and body timeouts and connection cap.
+    pub http: htfaas_functions::serve::Limits,
 }
 
 impl StackOptions {
@@ -46,6 +51,8 @@ impl StackOptions {
             nats_binary: None,
             ep_slots: Resources::new(2, 4096, 3600),
             durability: Durability::default(),
+            trusted_storage: Vec::new(),
+            http: Default::default(),
         }
     }
 }
@@ -57,6 +64,25 @@ struct Secrets {
     scheduler_admin_token: String,
     gateway_storage_secret: String,
     user_secret: String,
+    /// NATS nkey user seeds by credential name ([`NATS_CREDENTIALS`]); a missing one is made
+    /// when the directory is next prepared.
+    #[serde(default)]
+    nats_seeds: std::collections::BTreeMap<String, String>,
+}
+
+/// The local stack's NATS credentials: each name, and the role whose permissions the server
+/// gives it ([`crate::nats::stack_user`]).
+pub const NATS_CREDENTIALS: [&str; 5] = ["storage", "gateway", "operator", "bridge-xrootd-notify", "bridge-dcache-sse"];
+
+/// The role of the NATS credential `name` ([`NATS_CREDENTIALS`]).
+fn nats_role(name: &str) -> Option<crate::nats::Role> {
+    use crate::nats::Role;
+    Some(match name {
+        "storage" => Role::Storage,
+        "gateway" => Role::Gateway,
+        "operator" => Role::Operator,
+        _ => Role::Bridge(name.strip_prefix("bridge-")?.to_owned()),
+    })
 }
 
 fn random_hex() -> String {
@@ -65,16 +91,25 @@ fn random_hex() -> String {
 
 fn load_or_create_secrets(dir: &Path) -> anyhow::Result<Secrets> {
     let path = dir.join("secrets.json");
-    if let Ok(text) = std::fs::read(&path) {
-        return serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()));
-    }
-    let s = Secrets {
-        admin_token: random_hex(),
-        scheduler_admin_token: random_hex(),
-        gateway_storage_secret: random_hex(),
-        user_secret: random_hex(),
+    let mut s = if let Ok(text) = std::fs::read(&path) {
+        serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))?
+    } else {
+        Secrets {
+            admin_token: random_hex(),
+            scheduler_admin_token: random_hex(),
+            gateway_storage_secret: random_hex(),
+            user_secret: random_hex(),
+            nats_seeds: Default::default(),
+        }
     };
-    write_private(&path, &serde_json::to_vec_pretty(&s)?)?;
+    let missing: Vec<&str> = NATS_CREDENTIALS.into_iter().filter(|n| !s.nats_seeds.contains_key(*n)).collect();
+    for name in &missing {
+        let seed = htfaas_functions::nats::NatsCredential::generate().seed().to_owned();
+        s.nats_seeds.insert((*name).to_owned(), seed);
+    }
+    if !missing.is_empty() || !path.exists() {
+        write_private(&path, &serde_json::to_vec_pretty(&s)?)?;
+    }
     Ok(s)
 }
 
@@ -110,6 +145,8 @@ pub struct Stack {
     /// Where the EP serves its Prometheus metrics (loopback, no token).
     ep_metrics: Option<std::net::SocketAddr>,
     nats: NatsServer,
+    /// The NATS credentials of [`NATS_CREDENTIALS`], by name.
+    nats_credentials: std::collections::BTreeMap<&'static str, htfaas_functions::nats::NatsCredential>,
 }
 
 /// One stack directory's layout and secrets, and every component's configuration as the JSON
@@ -120,6 +157,8 @@ pub struct Layout {
     dir: PathBuf,
     secrets: Secrets,
     durability: Durability,
+    /// Every HTTP listener's limits ([`Layout::with_http`]; default the components' own).
+    http: htfaas_functions::serve::Limits,
 }
 
 impl Layout {
@@ -127,8 +166,13 @@ impl Layout {
     /// key (with its JWKS for the scheduler) and the scheduler's attach key if they are not
     /// there yet.
     pub fn prepare(dir: &Path, durability: Durability) -> anyhow::Result<Layout> {
-        for sub in ["nats", "storage/data", "scheduler", "gateway", "ep"] {
-            std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("create {}/{sub}", dir.display()))?;
+        // Every directory of the stack 0700, made so or tightened (a directory an older build
+        // made 0755): keys, tokens, databases and jobs' files are the stack user's alone.
+        for sub in ["", "nats", "storage", "storage/data", "scheduler", "gateway", "ep"] {
+            let d = dir.join(sub);
+            htfaas_functions::store::create_private_dir(&d)
+                .and_then(|()| htfaas_functions::store::make_private(&d))
+                .with_context(|| format!("create {} (mode 0700)", d.display()))?;
         }
         let secrets = load_or_create_secrets(dir)?;
         let users = serde_json::json!({"users": [
@@ -139,7 +183,12 @@ impl Layout {
         let gateway_key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1")?;
         htfaas_functions::token::write_jwks(&dir.join("gateway/submit.jwks.json"), &gateway_key.jwks())?;
         SigningKey::load_or_create(&dir.join("scheduler/attach.pem"), "attach-1")?;
-        Ok(Layout { dir: dir.to_owned(), secrets, durability })
+        Ok(Layout { dir: dir.to_owned(), secrets, durability, http: Default::default() })
+    }
+
+    /// The same layout with `http` as every HTTP listener's limits.
+    pub fn with_http(self, http: htfaas_functions::serve::Limits) -> Layout {
+        Layout { http, ..self }
     }
 
     /// The stack directory.
@@ -152,6 +201,30 @@ impl Layout {
         &self.secrets.scheduler_admin_token
     }
 
+    /// The NATS credential `name` ([`NATS_CREDENTIALS`]), e.g. `bridge-xrootd-notify` for a
+    /// bridge run against this stack.
+    pub fn nats_credential(&self, name: &str) -> anyhow::Result<htfaas_functions::nats::NatsCredential> {
+        let seed = self.secrets.nats_seeds.get(name).with_context(|| format!("no NATS credential {name:?}"))?;
+        htfaas_functions::nats::NatsCredential::from_seed(seed).with_context(|| format!("the NATS seed of {name}"))
+    }
+
+    /// The seed of the NATS credential `name`, for a component's configuration.
+    fn nats_seed(&self, name: &str) -> Option<&str> {
+        self.secrets.nats_seeds.get(name).map(String::as_str)
+    }
+
+    /// The stack's nats-server users: every credential of [`NATS_CREDENTIALS`] with its role's
+    /// permissions; nothing else may connect.
+    pub fn nats_users(&self) -> anyhow::Result<Vec<crate::nats::NatsUser>> {
+        NATS_CREDENTIALS
+            .into_iter()
+            .map(|name| {
+                let role = nats_role(name).with_context(|| format!("no role for the NATS credential {name}"))?;
+                Ok(crate::nats::stack_user(&role, &self.nats_credential(name)?))
+            })
+            .collect()
+    }
+
     /// URLs and credentials of a stack at these addresses.
     pub fn info(&self, gateway_url: String, scheduler_url: String, storage_url: String, nats_url: String) -> StackInfo {
         StackInfo {
@@ -162,6 +235,7 @@ impl Layout {
             admin_token: self.secrets.admin_token.clone(),
             user: USER.into(),
             user_secret: self.secrets.user_secret.clone(),
+            nats_nkey_seed: self.nats_seed("operator").map(str::to_owned),
         }
     }
 
@@ -177,13 +251,17 @@ impl Layout {
             "secret_file": self.path("storage/secret"),
             "users_file": self.path("storage/users.json"),
             "nats_url": nats_url,
+            "nats_nkey_seed": self.nats_seed("storage"),
             "cell_name": "htfaas-storage",
             "durability": self.durability.as_str(),
+            "http": self.http,
         })
     }
 
-    /// The scheduler ([`htfaas_scheduler::Config`]); it trusts the gateway's submit-token key.
-    pub fn scheduler(&self, listen: SocketAddr) -> serde_json::Value {
+    /// The scheduler ([`htfaas_scheduler::Config`]); it trusts the gateway's submit-token key,
+    /// jobs' input and output only on the storage at `storage_url` and modules only from the
+    /// gateway at `gateway_url`.
+    pub fn scheduler(&self, listen: SocketAddr, storage_url: &str, gateway_url: &str) -> serde_json::Value {
         serde_json::json!({
             "listen": listen,
             "db_path": self.path("scheduler/jobs.sqlite"),
@@ -194,6 +272,9 @@ impl Layout {
             // A local stack: a job whose EP left runs again after a second, not ten.
             "retry_backoff_s": 1,
             "durability": self.durability.as_str(),
+            "http": self.http,
+            "storage_origins": [storage_url],
+            "module_stores": [gateway_url],
         })
     }
 
@@ -208,6 +289,14 @@ impl Layout {
         serde_json::json!({
             "listen": listen,
             "nats_url": nats_url,
+            "nats_nkey_seed": self.nats_seed("gateway"),
+            // The built-in storage serves the stack's namespace, /data/ (its users' paths and
+            // the grants below); a bridge or another producer speaks for nothing outside it.
+            // A subject not named here speaks for nothing at all.
+            "source_paths": [
+                {"subject": htfaas_functions::proto::EVENTS_SUBJECT, "paths": ["/data/"]},
+                {"subject": format!("{}.>", htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX), "paths": ["/data/"]},
+            ],
             "consumer": "gateway",
             "registry_dir": self.path("gateway/registry"),
             "storage_url": storage_url,
@@ -230,7 +319,14 @@ impl Layout {
             // The firing table and the audit key go beside the registry (`gateway/`).
             "dedupe_window_s": htfaas_functions::proto::EVENTS_MAX_AGE_S,
             "max_in_flight": 16,
+            // The stack's user owns /data/: its functions fire on, read and write there. Any
+            // other owner gets nothing until an admin grants it (`htfaas ns grant`).
+            "namespaces": [
+                {"principal": USER, "right": "read", "value": "/data/"},
+                {"principal": USER, "right": "write", "value": "/data/"},
+            ],
             "durability": self.durability.as_str(),
+            "http": self.http,
         })
     }
 
@@ -256,6 +352,9 @@ impl Layout {
             "max_output_files": 64,
             "max_output_bytes": 16u64 << 30,
             "metrics_listen": metrics_listen,
+            // No `allowed_origins`: the EP's default, any port of the scheduler's host
+            // (127.0.0.1), is where this stack serves modules (the gateway) and files (the
+            // storage, and a test's second storage).
         }))
     }
 }
@@ -271,13 +370,14 @@ fn config<T: serde::de::DeserializeOwned>(name: &str, json: serde_json::Value) -
 impl Stack {
     /// Starts every component and returns once each one answers.
     pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
-        let layout = Layout::prepare(&opts.dir, opts.durability)?;
+        let layout = Layout::prepare(&opts.dir, opts.durability)?.with_http(opts.http);
         let dir = &opts.dir;
         let binary = opts.nats_binary.clone().or_else(crate::nats::find_binary).context(
             "nats-server not found: run scripts/install-deps.sh, or set HTFAAS_NATS_SERVER to a nats-server binary",
         )?;
-        let nats =
-            tokio::task::block_in_place(|| NatsServer::start_with(&binary, &dir.join("nats"), 0, opts.durability))?;
+        let nats = tokio::task::block_in_place(|| {
+            NatsServer::start_authorized(&binary, &dir.join("nats"), 0, opts.durability, Some(layout.nats_users()?))
+        })?;
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         let any_port: SocketAddr = "127.0.0.1:0".parse()?;
@@ -289,17 +389,27 @@ impl Stack {
         let storage_url = format!("http://{}", storage.local_addr());
         tasks.push(("storage", tokio::spawn(htfaas_storage::run(storage, shutdown.child_token()))));
 
-        let scheduler = config::<htfaas_scheduler::Config>("scheduler", layout.scheduler(any_port))?
-            .resolve()
-            .await
-            .context("start the scheduler")?;
-        let scheduler_url = scheduler.url();
-        tasks.push(("scheduler", tokio::spawn(htfaas_scheduler::run(scheduler, shutdown.child_token()))));
+        // The scheduler trusts the gateway's module URLs and the gateway submits to the
+        // scheduler: the scheduler's listener is bound first, its configuration completed once
+        // the gateway's address is known.
+        let scheduler_listener = tokio::net::TcpListener::bind(any_port).await.context("bind the scheduler")?;
+        let scheduler_addr = scheduler_listener.local_addr().context("the scheduler's address")?;
+        let scheduler_url = format!("http://{scheduler_addr}");
 
         let gateway_config: htfaas_gateway::Config =
             config("gateway", layout.gateway(any_port, &nats.url(), &storage_url, &scheduler_url))?;
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = format!("http://{}", gateway.local_addr());
+
+        let mut scheduler_json = layout.scheduler(scheduler_addr, &storage_url, &gateway_url);
+        if let Some(origins) = scheduler_json["storage_origins"].as_array_mut() {
+            origins.extend(opts.trusted_storage.iter().map(|o| serde_json::Value::from(o.as_str())));
+        }
+        let scheduler = config::<htfaas_scheduler::Config>("scheduler", scheduler_json)?
+            .resolve_on(scheduler_listener)
+            .await
+            .context("start the scheduler")?;
+        tasks.push(("scheduler", tokio::spawn(htfaas_scheduler::run(scheduler, shutdown.child_token()))));
         let gateway_config = htfaas_gateway::Config { listen: gateway.local_addr(), ..gateway_config };
         let gateway_shared = gateway.shared();
         let gateway_shutdown = shutdown.child_token();
@@ -312,6 +422,10 @@ impl Stack {
 
         let info = layout.info(gateway_url, scheduler_url, storage_url, nats.url());
         info.save(dir)?;
+        let nats_credentials = NATS_CREDENTIALS
+            .into_iter()
+            .map(|name| Ok((name, layout.nats_credential(name)?)))
+            .collect::<anyhow::Result<_>>()?;
         let stack = Stack {
             info,
             scheduler_admin_token: layout.secrets.scheduler_admin_token,
@@ -322,6 +436,7 @@ impl Stack {
             gateway_shutdown,
             ep_metrics,
             nats,
+            nats_credentials,
         };
         stack.wait_ready(Duration::from_secs(20)).await?;
         Ok(stack)
@@ -410,6 +525,21 @@ impl Stack {
         self.nats.url()
     }
 
+    /// The NATS credential `name` of [`NATS_CREDENTIALS`] (e.g. `bridge-xrootd-notify` for a
+    /// bridge run against this stack).
+    pub fn nats_credential(&self, name: &str) -> Option<&htfaas_functions::nats::NatsCredential> {
+        self.nats_credentials.get(name)
+    }
+
+    /// A NATS client as the site's operator: it may publish on every events subject and read
+    /// the events stream and its consumers ([`crate::nats::Role::Operator`]).
+    pub async fn nats_client(&self) -> anyhow::Result<async_nats::Client> {
+        htfaas_functions::nats::connect_options("htfaas-operator", self.nats_credential("operator"))
+            .connect(self.nats.url())
+            .await
+            .context("connect to NATS as the operator")
+    }
+
     /// Resolves when any component stops on its own (an error), naming it.
     pub async fn any_stopped(&mut self) -> (&'static str, anyhow::Result<()>) {
         let futures = self.tasks.iter_mut().map(|(name, t)| {
@@ -454,7 +584,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         module,
         trigger: Trigger::on_path("/data/raw/**"),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: "/data/checksums/".into() },
+        outputs: Outputs { dir: "/data/checksums/".into(), replace: false },
         args: vec![],
         env: vec![],
         annex: None,

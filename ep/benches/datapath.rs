@@ -178,9 +178,11 @@ async fn start_storage(root: &Path, shutdown: CancellationToken) -> (String, Str
         secret_file: root.join("secret"),
         users_file: users,
         nats_url: None,
+        nats_nkey_seed: None,
         public_url: None,
         cell_name: "htfaas-storage".into(),
         durability: Default::default(),
+        http: Default::default(),
     };
     let settings = config.resolve().await.expect("storage resolves");
     let base = format!("http://{}", settings.local_addr());
@@ -334,6 +336,7 @@ async fn main() {
             output: OutputSpec { url: format!("{storage}/bench/ep-{mib}-"), macaroon: macaroon.clone() },
             args: vec![],
             env: vec![],
+            limits: Default::default(),
         };
         let reset = reset_peak();
         let (rss_before, _) = memory();

@@ -24,17 +24,30 @@
 //! cancel drops them like the transfers themselves. The retry count goes into the `job finished`
 //! log line, not into the report.
 //!
-//! Scratch bounds: with [`Settings::max_scratch_bytes`] set, an input larger than it fails the
+//! Origins: before anything else, the module, input and output URLs must be at one of the EP's
+//! [`Settings::origins`]; a URL elsewhere fails the job with nothing fetched
+//! ([`Outcome::ModuleFailed`], [`Outcome::InputFailed`], [`Outcome::OutputFailed`], naming the
+//! URL's origin), and the HTTP client follows a redirect only to an allowed origin.
+//!
+//! Scratch bounds: each job is held to the EP's settings narrowed by what the job asks for (its
+//! assignment's `limits`, its `disk_mb`). With a scratch bound ([`Settings::max_scratch_bytes`]
+//! or `disk_mb`, the lower), an input larger than it fails the
 //! job ([`Outcome::InputFailed`]) before its first byte is written when `Content-Length` says so,
 //! else as soon as the download passes it. While the guest runs, a watcher walks its `/output`
 //! every [`WATCH_EVERY`] and stops the guest (through a signal of the run's own, which the job's
-//! cancel also feeds) once outputs pass [`Settings::max_output_files`] (files and directories
-//! count), [`Settings::max_output_bytes`], or input plus outputs pass the scratch bound; such a
+//! cancel also feeds) once outputs pass the output file limit (files and directories count),
+//! the output byte limit, or input plus outputs pass the scratch bound; such a
 //! job, like one found past a limit after it exits, ends as [`Outcome::OutputExceeded`] and
-//! uploads nothing. A guest outruns the watcher by at most one period of writes.
+//! uploads nothing. A guest outruns the watcher by at most one period of writes. A job's
+//! instruction budget (`limits.instructions`) lowers the EP's fuel for its run.
+//!
+//! Pool slots: a guest that finds the instance pool full never started; the job tries again
+//! every [`SLOT_RETRY`] for [`SLOT_WAIT`], then is returned to the scheduler (see
+//! [`crate::slots`]), never failed.
 
 use crate::Settings;
-use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, Runtime};
+use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, RunLimits, Runtime};
+use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
 use futures_util::StreamExt;
 use htfaas_functions::Digest;
 use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, Outcome, OutputFile, Usage};
@@ -52,8 +65,8 @@ pub(crate) const MAX_MODULE_BYTES: usize = 256 << 20;
 /// Longest body snippet quoted in a failure reason.
 const SNIPPET_BYTES: usize = 256;
 /// How long past its wall-time cap, or after a cancel, a job waits for its guest's thread before
-/// leaving it behind (only a guest blocked in a host sleep takes that long; others stop within
-/// one epoch tick).
+/// leaving it behind (only a guest stuck in a blocking host call takes that long; others stop
+/// within one epoch tick).
 const ABANDON_GRACE: Duration = Duration::from_secs(2);
 /// Tries per transfer (module, input, each output): the first and up to three retries.
 pub(crate) const ATTEMPTS: u32 = 4;
@@ -74,11 +87,13 @@ pub(crate) struct Jobs {
     /// One lock per digest, so a module is fetched and compiled once even when several jobs
     /// need it at the same moment.
     loading: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+    /// Guest threads left behind (see [`run_on_thread`]), each holding a pool slot.
+    abandoned: Abandoned,
 }
 
 impl Jobs {
     pub(crate) fn new(settings: Arc<Settings>) -> Jobs {
-        Jobs { settings, loading: Mutex::new(HashMap::new()) }
+        Jobs { settings, loading: Mutex::new(HashMap::new()), abandoned: Abandoned::default() }
     }
 
     /// Runs one assignment to its report; `cancel` stops it early ([`Outcome::Cancelled`]).
@@ -158,6 +173,11 @@ impl Jobs {
                 reason: format!("input name {:?} is not one clean path segment", job.input.name),
             });
         }
+        // Nothing is fetched from, or stored to, an origin the EP was not told to trust.
+        s.origins.check("module_url", &job.function.module_url).map_err(|reason| Outcome::ModuleFailed { reason })?;
+        s.origins.check("input url", &job.input.url).map_err(|reason| Outcome::InputFailed { reason })?;
+        s.origins.check("output url", &job.output.url).map_err(|reason| Outcome::OutputFailed { reason })?;
+        let mut limits = ScratchLimits::for_job(s, job);
         let guest = unless_cancelled(cancel, self.module(&job.function, &mut tally.retries)).await??;
 
         let input_dir = dir.join("input");
@@ -172,7 +192,7 @@ impl Jobs {
         let started = Instant::now();
         let input = Transfer { http: &s.http, url: &job.input.url, macaroon: &job.input.macaroon };
         let fetched =
-            download(&input, &input_path, s.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
+            download(&input, &input_path, limits.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
         let fetched = unless_cancelled(cancel, fetched).await;
         tally.input_ms = millis(started.elapsed());
         fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
@@ -192,26 +212,51 @@ impl Jobs {
             resources: job.resources,
             log_limit_bytes: s.log_limit_bytes,
         };
-        let limits = ScratchLimits::new(s, report.usage.bytes_in);
-        // The guest's own stop signal: the job's cancel feeds it, and so does the watcher.
-        let stop = CancelSignal::new();
-        let (run, exceeded) = {
-            s.metrics.instantiating();
-            let run = run_on_thread(s.runtime.clone(), guest, gj, &job.job_id, stop.clone());
+        limits.input_bytes = report.usage.bytes_in;
+        let run_limits = RunLimits { instructions: job.limits.instructions };
+        let waiting_since = Instant::now();
+        s.metrics.instantiating();
+        let (run, exceeded) = loop {
+            // The guest's own stop signal: the job's cancel feeds it, and so does the watcher.
+            let stop = CancelSignal::new();
+            let mark = self.abandoned.mark();
+            let run = run_on_thread(
+                s.runtime.clone(),
+                guest.clone(),
+                gj.clone(),
+                &job.job_id,
+                stop.clone(),
+                run_limits,
+                mark,
+            );
             let watch = watch_scratch(limits, output_dir.clone(), cancel, &stop);
             let mut run = std::pin::pin!(run);
             let mut watch = std::pin::pin!(watch);
             let mut exceeded = None;
             let mut watching = true;
-            loop {
+            let ran = loop {
                 tokio::select! {
-                    ran = &mut run => break (ran, exceeded),
+                    ran = &mut run => break ran,
                     fired = &mut watch, if watching => {
                         watching = false;
                         exceeded = fired;
                     }
                 }
+            };
+            if !ran.no_free_slot || cancel.is_cancelled() {
+                break (ran, exceeded);
             }
+            // A full pool is the EP's state, not the job's: wait a little for a slot, then
+            // hand the job back (see `slots`).
+            if waiting_since.elapsed() >= SLOT_WAIT {
+                let why = match &ran.outcome {
+                    Outcome::ModuleFailed { reason } => reason.clone(),
+                    other => other.reason(),
+                };
+                tracing::warn!(abandoned = self.abandoned.count(), "{why}; returning the job to the scheduler");
+                return Err(Outcome::Cancelled { reason: crate::slots::returned_reason(&why) });
+            }
+            unless_cancelled(cancel, tokio::time::sleep(SLOT_RETRY)).await?;
         };
         report.usage.cpu_ms = run.cpu_ms;
         report.usage.peak_memory_bytes = run.peak_memory_bytes;
@@ -241,7 +286,7 @@ impl Jobs {
             let mut stored = Stored { files: Vec::new(), bytes_out: 0, failure: None };
             let started = Instant::now();
             let output = Transfer { http: &s.http, url: &job.output.url, macaroon: &job.output.macaroon };
-            let upload = upload_outputs(s, &output, &output_dir, &mut stored, &mut log, &mut tally.retries);
+            let upload = upload_outputs(&limits, &output, &output_dir, &mut stored, &mut log, &mut tally.retries);
             let finished = unless_cancelled(cancel, upload).await;
             tally.output_ms = millis(started.elapsed());
             report.usage.bytes_out = stored.bytes_out;
@@ -333,19 +378,31 @@ async fn unless_cancelled<T>(cancel: &CancelSignal, fut: impl Future<Output = T>
 /// Runs the guest on a thread of its own and waits for it without blocking the async runtime.
 /// The wait is not cut short by a cancel: `cancel` stops the guest itself, so its usage is kept.
 ///
-/// Except for a guest blocked in a host sleep, which nothing can interrupt (see
-/// [`crate::runtime`]): past the wall-time cap plus [`ABANDON_GRACE`], or [`ABANDON_GRACE`]
-/// after a cancel, the job stops waiting and reports without that thread's usage. The thread
-/// ends by itself when its sleep returns (the epoch callback then stops the guest at once); its
-/// job directory is gone by then and its result is dropped.
-async fn run_on_thread(rt: Arc<Runtime>, guest: Guest, job: GuestJob, job_id: &str, cancel: CancelSignal) -> GuestRun {
+/// A backstop for a guest stuck in a host call that ignores the deadline (no sleep does since
+/// `crate::sleep`; a file operation on a hung filesystem could): past the wall-time cap plus
+/// [`ABANDON_GRACE`], or [`ABANDON_GRACE`] after a cancel, the job stops waiting and reports
+/// without that thread's usage. The thread, counted by `mark` while left behind (it holds a
+/// pool slot), ends by itself when its call returns (the epoch callback then stops the guest at
+/// once); its job directory is gone by then and its result is dropped.
+async fn run_on_thread(
+    rt: Arc<Runtime>,
+    guest: Guest,
+    job: GuestJob,
+    job_id: &str,
+    cancel: CancelSignal,
+    limits: RunLimits,
+    mark: ThreadMark,
+) -> GuestRun {
     let limit_s = job.resources.runtime_s;
     let started = Instant::now();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let name: String = format!("ep-job-{}", job_id.chars().take(16).collect::<String>());
     let stop = cancel.clone();
+    let on_thread = mark.clone();
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let _ = tx.send(rt.run_job_with_cancel(&guest, &job, &stop));
+        let ran = rt.run_job_limited(&guest, &job, &stop, limits);
+        on_thread.done();
+        let _ = tx.send(ran);
     });
     let failed = |outcome: Outcome, note: Option<String>| GuestRun {
         outcome,
@@ -357,6 +414,7 @@ async fn run_on_thread(rt: Arc<Runtime>, guest: Guest, job: GuestJob, job_id: &s
         cpu_ms: 0,
         peak_memory_bytes: 0,
         instructions: None,
+        no_free_slot: false,
     };
     if let Err(e) = spawned {
         return failed(
@@ -377,8 +435,9 @@ async fn run_on_thread(rt: Arc<Runtime>, guest: Guest, job: GuestJob, job_id: &s
             failed(Outcome::ModuleFailed { reason: "EP internal error: the guest's thread panicked".into() }, None)
         }),
         outcome = give_up => {
+            mark.leave();
             tracing::warn!("guest blocked in a host call did not stop; leaving its thread behind");
-            let note = "the guest was blocked in a host call (a sleep) and did not stop; its output and usage are lost";
+            let note = "the guest was blocked in a host call and did not stop; its output and usage are lost";
             failed(outcome, Some(note.into()))
         }
     }
@@ -724,7 +783,7 @@ struct Stored {
 /// each file into `stored` once the storage accepted it (so an upload dropped midway, by a
 /// cancel, leaves in `stored` exactly the files that are in the storage).
 async fn upload_outputs(
-    s: &Settings,
+    limits: &ScratchLimits,
     to: &Transfer<'_>,
     dir: &Path,
     stored: &mut Stored,
@@ -738,14 +797,14 @@ async fn upload_outputs(
             return;
         }
     };
-    if files.len() > s.max_output_files {
-        let reason = format!("{} output files, more than the output file limit of {}", files.len(), s.max_output_files);
+    if files.len() > limits.max_files {
+        let reason = format!("{} output files, more than the output file limit of {}", files.len(), limits.max_files);
         stored.failure = Some(Outcome::OutputExceeded { reason });
         return;
     }
     let total: u64 = files.iter().map(|(_, _, size)| size).sum();
-    if total > s.max_output_bytes {
-        let reason = format!("{total} output bytes, more than the output byte limit of {}", s.max_output_bytes);
+    if total > limits.max_output_bytes {
+        let reason = format!("{total} output bytes, more than the output byte limit of {}", limits.max_output_bytes);
         stored.failure = Some(Outcome::OutputExceeded { reason });
         return;
     }
@@ -836,17 +895,28 @@ async fn put_file_once(to: &Transfer<'_>, path: &Path, size: u64) -> Result<Stri
 // ---------------------------------------------------------------------------------------------
 // Scratch bounds while the guest runs.
 
-/// The limits a running job's scratch directory is held to.
+/// The limits a job's scratch directory is held to: the EP's settings, each narrowed by what
+/// the job asks for (`limits` of its assignment, `disk_mb` of its resources).
 #[derive(Debug, Clone, Copy)]
 struct ScratchLimits {
-    /// [`Settings::max_output_files`]: entries of any kind anywhere under `/output`.
+    /// [`Settings::max_output_files`] or the job's `max_output_files`, the lower: entries of
+    /// any kind anywhere under `/output`.
     max_files: usize,
-    /// [`Settings::max_output_bytes`]: bytes of regular files under `/output`.
+    /// [`Settings::max_output_bytes`] or the job's `max_output_bytes`, the lower: bytes of
+    /// regular files under `/output`.
     max_output_bytes: u64,
-    /// [`Settings::max_scratch_bytes`]: input plus outputs.
+    /// [`Settings::max_scratch_bytes`] or the job's `disk_mb`, the lower: input plus outputs.
     max_scratch_bytes: Option<u64>,
     /// The input's size (it is read-only to the guest).
     input_bytes: u64,
+}
+
+/// The lower of two optional bounds (`None`: unbounded).
+fn lower<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// What a walk of `/output` found; it stops counting once past the file limit.
@@ -857,12 +927,16 @@ struct Measured {
 }
 
 impl ScratchLimits {
-    fn new(s: &Settings, input_bytes: u64) -> ScratchLimits {
+    /// The bounds of `job` on this EP; `input_bytes` is set once the input is in.
+    fn for_job(s: &Settings, job: &JobAssignment) -> ScratchLimits {
+        let asked_files = job.limits.max_output_files.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let asked_disk = (job.resources.disk_mb > 0).then(|| job.resources.disk_mb.saturating_mul(1 << 20));
         ScratchLimits {
-            max_files: s.max_output_files,
-            max_output_bytes: s.max_output_bytes,
-            max_scratch_bytes: s.max_scratch_bytes,
-            input_bytes,
+            max_files: lower(Some(s.max_output_files), asked_files).unwrap_or(s.max_output_files),
+            max_output_bytes: lower(Some(s.max_output_bytes), job.limits.max_output_bytes)
+                .unwrap_or(s.max_output_bytes),
+            max_scratch_bytes: lower(s.max_scratch_bytes, asked_disk),
+            input_bytes: 0,
         }
     }
 

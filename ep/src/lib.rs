@@ -14,6 +14,8 @@
 //!   cancels a job on the scheduler's `Cancel`, and ends with an error when the scheduler
 //!   refuses the attach token for good: HTTP 401/403, close code 4401/4403);
 //! - [`detect`]: cores, memory, free disk, GPUs of the host (cgroup limits included);
+//! - [`origins`]: the only places a job's module, input and outputs may be fetched from or
+//!   stored to ([`Config::allowed_origins`]), checked before any transfer and on every redirect;
 //! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store, stopped by
 //!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
@@ -26,11 +28,15 @@
 //! [`Outcome`](htfaas_functions::proto::Outcome), never an `Err`; macaroons and the attach
 //! token appear only in `Authorization` headers, never in logs.
 
+mod compile;
 pub mod detect;
 mod job;
 mod link;
 pub mod metrics;
+pub mod origins;
 pub mod runtime;
+mod sleep;
+mod slots;
 
 use anyhow::{Context as _, anyhow, bail};
 use htfaas_functions::Resources;
@@ -120,6 +126,25 @@ pub struct Config {
     /// Default: none (no listener).
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Origins (`http(s)://host[:port]`, or `http(s)://host:*` for any port) a job's module,
+    /// input and outputs may be at. A job naming a URL elsewhere fails before anything is
+    /// fetched (`module_failed`, `input_failed` or `output_failed`, naming the URL's origin),
+    /// and a redirect elsewhere fails its transfer. List the gateway's public URL (modules),
+    /// every storage door, and the pool nodes a dCache door redirects to. An empty list allows
+    /// nothing. Default: the host of `scheduler_url`, any port, http or https — where the local
+    /// stack runs the gateway and the storage; a site with other hosts must list them.
+    #[serde(default)]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Most WASI resources one job holds at once: open files and directories (each a host
+    /// descriptor), streams and pollables, preopens and stdio included; a guest past it traps
+    /// ("too many open files"). Default: 256.
+    #[serde(default = "default_max_open_files")]
+    pub max_open_files: usize,
+    /// Longest compilation of one module, seconds; a module taking longer is refused
+    /// (`module_failed`, "compile: took longer than …"), and so is every later job of the same
+    /// digest on this EP, without compiling again. Default: 300.
+    #[serde(default = "default_compile_timeout_s")]
+    pub compile_timeout_s: u64,
 }
 
 /// `slots` when the config leaves it out: everything detected, the default run time.
@@ -171,6 +196,12 @@ fn default_max_output_files() -> usize {
 fn default_max_output_bytes() -> u64 {
     16 << 30
 }
+fn default_max_open_files() -> usize {
+    runtime::DEFAULT_MAX_OPEN_RESOURCES
+}
+fn default_compile_timeout_s() -> u64 {
+    runtime::DEFAULT_COMPILE_TIMEOUT.as_secs()
+}
 
 /// How long [`run`] waits, after shutdown, for in-flight jobs and their reports
 /// ([`Settings::drain_timeout`] as [`Config::resolve`] sets it).
@@ -220,6 +251,8 @@ pub struct Settings {
     pub max_scratch_bytes: Option<u64>,
     /// [`Config::fuel`].
     pub fuel: Option<u64>,
+    /// [`Config::allowed_origins`], or its default.
+    pub origins: Arc<origins::Origins>,
     /// Running-job count and the moment the EP last became idle, kept by the link.
     activity: Arc<Activity>,
     /// Counters served on the metrics listener.
@@ -288,6 +321,17 @@ impl Config {
             bail!("attach_token: must not be empty");
         }
         let attach_url = attach_url(&self.scheduler_url).context("scheduler_url")?;
+        let origins = Arc::new(match &self.allowed_origins {
+            Some(list) => origins::Origins::parse(list)?,
+            None => origins::Origins::scheduler_host(&self.scheduler_url).context("scheduler_url")?,
+        });
+        tracing::info!(origins = ?origins.describe(), "jobs may reach these origins only");
+        if self.max_open_files == 0 {
+            bail!("max_open_files: must be positive");
+        }
+        if self.compile_timeout_s == 0 {
+            bail!("compile_timeout_s: must be positive");
+        }
         if self.slots.runtime_s == 0 {
             bail!("slots.runtime_s: must be positive");
         }
@@ -323,8 +367,9 @@ impl Config {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("empty {}", jobs_dir.display())),
         }
+        // 0700: jobs' inputs and outputs, and the modules, are the EP user's alone.
         for d in [&modules_dir, &jobs_dir] {
-            tokio::fs::create_dir_all(d).await.with_context(|| format!("create {}", d.display()))?;
+            htfaas_functions::store::create_private_dir(d).with_context(|| format!("create {}", d.display()))?;
         }
         let extra_roots = match &self.tls_ca_file {
             Some(path) => link::read_ca_file(path).context("tls_ca_file")?,
@@ -342,20 +387,24 @@ impl Config {
             // `content-length` stores an empty file (tests/e2e/xrootd.rs).
             .http1_title_case_headers()
             .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(120));
+            .read_timeout(Duration::from_secs(120))
+            .redirect(origins::redirect_policy(origins.clone()));
         if !extra_roots.is_empty() {
             let certs = extra_roots.iter().map(|c| reqwest::Certificate::from_der(c)).collect::<Result<Vec<_>, _>>();
             http = http.tls_certs_merge(certs.context("tls_ca_file")?);
         }
         let http = http.build().context("build HTTP client")?;
         // Jobs at once are at most the cores (each reserves one or more); the rest of the pool
-        // covers guests left behind in a blocking sleep until they wake.
+        // covers guests whose thread a job had to leave behind (no sleep blocks a thread any
+        // more: see `sleep`), and a job finding the pool full goes back to the scheduler.
         let options = RuntimeOptions {
             cache_dir: Some(self.work_dir.join("compiled")),
             fuel: self.fuel,
             pooling: true,
             max_instances: slots.cpus.saturating_add(16).min(1024),
             max_memory_bytes: slots.memory_mb.saturating_mul(1 << 20).min(runtime::WASM32_MAX_MEMORY),
+            max_open_resources: self.max_open_files,
+            compile_timeout: Some(Duration::from_secs(self.compile_timeout_s)),
             ..RuntimeOptions::default()
         };
         let runtime = tokio::task::spawn_blocking(move || Runtime::with_options(options));
@@ -384,6 +433,7 @@ impl Config {
             labels,
             max_scratch_bytes: self.max_scratch_mb.map(|m| m.saturating_mul(1 << 20)),
             fuel: self.fuel,
+            origins,
             activity: Arc::new(Activity::new()),
             metrics: metrics::Metrics::default(),
             metrics_listener,

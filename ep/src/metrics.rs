@@ -1,7 +1,9 @@
 //! Prometheus metrics of the EP, served in the OpenMetrics text format at `GET /metrics` on
 //! [`crate::Config::metrics_listen`] when set (default: off).
 //!
-//! The listener asks for no token: bind it to loopback (or a monitoring network) only. What it
+//! The listener asks for no token: bind it to loopback (or a monitoring network) only; it takes
+//! at most [`METRICS_LIMITS`]`.max_connections` at once and cuts off a client slow to send its
+//! request (`htfaas_functions::serve`). What it
 //! serves carries no secret, no path, no job id and no function name: counts, durations and the
 //! slots the EP advertises, nothing else.
 //!
@@ -110,7 +112,12 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
+/// The metrics listener's limits: a scraper or two, each request a bodiless `GET`; a slow
+/// or flooding client is cut off or waits without holding the EP's descriptors.
+pub const METRICS_LIMITS: htfaas_functions::serve::Limits =
+    htfaas_functions::serve::Limits { header_read_timeout_s: 10, body_idle_timeout_s: 10, max_connections: 64 };
+
+/// Serves `GET /metrics` on `listener` until `shutdown`, under [`METRICS_LIMITS`].
 pub(crate) async fn serve(listener: tokio::net::TcpListener, settings: Arc<Settings>, shutdown: CancellationToken) {
     let app = axum::Router::new().route(
         "/metrics",
@@ -119,7 +126,7 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, settings: Arc<Setti
             async move { render(&settings) }
         }),
     );
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+    if let Err(e) = htfaas_functions::serve::serve(listener, app, METRICS_LIMITS, shutdown).await {
         tracing::warn!("the metrics listener failed: {e}");
     }
 }

@@ -44,12 +44,16 @@
 //!   callback traps a running guest at the next tick, the timer's `select!` drops a parked one),
 //!   so a cancelled guest stops within one [`EPOCH_TICK`] and ends as [`Outcome::Cancelled`] with
 //!   the usage so far;
-//! - one gap: a `poll_oneoff` on exactly one relative clock (a Rust guest's `sleep`) blocks the
-//!   run's thread in `std::thread::sleep` (wasmtime-wasi's fast path when blocking is allowed,
-//!   which file I/O needs to be fast), so neither mechanism reaches it and [`Runtime::run_job`]
-//!   returns only when the sleep ends (then the epoch stops the guest at once). The EP's job
-//!   layer does not wait for it: it reports the job at its cap or cancel plus a grace and leaves
-//!   the thread behind (holding one pool slot until then);
+//! - sleeps: a `poll_oneoff` on exactly one relative clock (a Rust guest's `sleep`), which
+//!   wasmtime-wasi would serve with `std::thread::sleep` (its fast path when blocking is
+//!   allowed, which file I/O needs to be fast), is served by the EP's own `poll_oneoff` on a
+//!   tokio timer instead (`crate::sleep`), so a sleeping guest is parked like any other and the
+//!   timer's `select!` drops it at the deadline or on a cancel, freeing its pool slot;
+//! - open resources: the WASI context's table holds at most
+//!   [`RuntimeOptions::max_open_resources`] entries (open files and directories, streams,
+//!   pollables); a guest past it traps with a message naming the limit;
+//! - compile time: [`Runtime::load`] compiles under [`RuntimeOptions::compile_timeout`]
+//!   (`crate::compile`);
 //! - log: stdout and stderr go to one in-memory buffer of `log_limit_bytes`; what does not fit
 //!   is counted and dropped, never an error for the guest.
 //!
@@ -175,6 +179,13 @@ pub enum ModuleError {
     /// not export `wasi:cli/run`, or imports we do not offer.
     #[error("not a WASI command: {0}")]
     NotACommand(String),
+    /// Compiling took longer than [`RuntimeOptions::compile_timeout`] (now or on an earlier
+    /// try: the refusal is remembered, so the module is not compiled again).
+    #[error("compile: took longer than {} s, the EP's compile time limit; module refused", limit.as_secs_f64())]
+    CompileTimeout {
+        /// The limit.
+        limit: Duration,
+    },
 }
 
 /// Which kind of wasm binary a guest is, by its header.
@@ -266,6 +277,17 @@ pub struct GuestRun {
     /// Fuel the guest used (about one unit per wasm instruction), when the runtime meters
     /// ([`RuntimeOptions::fuel`]); `None` otherwise.
     pub instructions: Option<u64>,
+    /// The pool had no free instance slot, so the guest never started (the outcome is then
+    /// [`Outcome::ModuleFailed`] saying so). Not the job's fault: see [`crate::slots`].
+    pub no_free_slot: bool,
+}
+
+/// Limits of one run narrower than the runtime's own (a function asking for less).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunLimits {
+    /// Instruction budget of this run, when lower than [`RuntimeOptions::fuel`]; ignored when
+    /// the runtime does not meter.
+    pub instructions: Option<u64>,
 }
 
 /// Per-store state: the WASI context and the memory limiter.
@@ -330,7 +352,23 @@ pub struct RuntimeOptions {
     /// Most artifacts kept in `cache_dir`; past it the oldest (by modification time) are
     /// deleted after a write. Default: [`DEFAULT_MAX_DISK_ARTIFACTS`].
     pub max_disk_artifacts: usize,
+    /// Most WASI resources one run holds at once: open files and directories (each one a host
+    /// descriptor), streams and pollables, the preopens and stdio included. A guest past it
+    /// traps ([`Outcome::Trapped`], "too many open files…"). Default:
+    /// [`DEFAULT_MAX_OPEN_RESOURCES`].
+    pub max_open_resources: usize,
+    /// Longest compilation of one module; a module taking longer is refused
+    /// ([`ModuleError::CompileTimeout`]) and remembered as refused. Default:
+    /// [`DEFAULT_COMPILE_TIMEOUT`]; `None`: unbounded.
+    pub compile_timeout: Option<Duration>,
 }
+
+/// Default of [`RuntimeOptions::max_open_resources`].
+pub const DEFAULT_MAX_OPEN_RESOURCES: usize = 256;
+/// Default of [`RuntimeOptions::compile_timeout`]: 5 minutes. Compiling takes about 1 s per MB
+/// of code here (a 4 MB module: 3–5 s), so only modules near the 256 MiB download limit on a
+/// slow host come close; a module crafted to make cranelift crawl does not hold the EP longer.
+pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Default of [`RuntimeOptions::max_cached_modules`].
 pub const DEFAULT_MAX_CACHED_MODULES: usize = 256;
@@ -382,6 +420,8 @@ impl Default for RuntimeOptions {
             max_memory_bytes: WASM32_MAX_MEMORY,
             max_cached_modules: DEFAULT_MAX_CACHED_MODULES,
             max_disk_artifacts: DEFAULT_MAX_DISK_ARTIFACTS,
+            max_open_resources: DEFAULT_MAX_OPEN_RESOURCES,
+            compile_timeout: Some(DEFAULT_COMPILE_TIMEOUT),
         }
     }
 }
@@ -406,6 +446,10 @@ pub struct Runtime {
     loaded_from_disk: AtomicU64,
     /// Artifacts found on disk and refused (bad tag, unreadable, refused by wasmtime).
     rejected_from_disk: AtomicU64,
+    /// [`RuntimeOptions::max_open_resources`].
+    max_open_resources: usize,
+    /// Compilation under [`RuntimeOptions::compile_timeout`], and the modules it refused.
+    compiler: crate::compile::Compiler,
 }
 
 impl Runtime {
@@ -422,6 +466,8 @@ impl Runtime {
         let (engine, pooling) = build_engine(&options, max_memory_bytes)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut Host| &mut h.wasi).map_err(anyhow::Error::from)?;
+        // A guest's sleep is a tokio timer the run can drop, never a thread sleep.
+        crate::sleep::add_to_linker(&mut linker, |h: &mut Host| &mut h.wasi).map_err(anyhow::Error::from)?;
         let mut component_linker = wasmtime::component::Linker::new(&engine);
         // Includes `wasi:cli/exit.exit-with-code` (stable since WASI 0.2.12), so a preview 2
         // guest's `std::process::exit(n)` reaches the job record as exit code n.
@@ -452,6 +498,8 @@ impl Runtime {
             compiled: AtomicU64::new(0),
             loaded_from_disk: AtomicU64::new(0),
             rejected_from_disk: AtomicU64::new(0),
+            max_open_resources: options.max_open_resources.max(1),
+            compiler: crate::compile::Compiler::new(options.compile_timeout),
         })
     }
 
@@ -518,11 +566,7 @@ impl Runtime {
         let (code, compiled) = match self.disk.as_ref().and_then(|disk| self.load_from_disk(disk, digest, kind)) {
             Some(code) => (code, false),
             None => {
-                let code = match kind {
-                    GuestKind::Module => Module::new(&self.engine, bytes).map(Code::Module),
-                    GuestKind::Component => Component::new(&self.engine, bytes).map(Code::Component),
-                }
-                .map_err(|e| ModuleError::Compile(format!("{e:#}")))?;
+                let code = self.compiler.compile(&self.engine, digest, bytes, kind)?;
                 self.compiled.fetch_add(1, Ordering::Relaxed);
                 (code, true)
             }
@@ -591,16 +635,22 @@ impl Runtime {
     }
 
     /// [`run_job`](Self::run_job), stopped early when `cancel` fires: the guest is interrupted
-    /// within one [`EPOCH_TICK`] (at once, when parked in an async host call; when its single
-    /// sleep ends, if blocked in one) and the run ends as [`Outcome::Cancelled`], with the CPU,
-    /// wall time and memory used until then.
+    /// within one [`EPOCH_TICK`] (at once, when parked in an async host call or a sleep) and
+    /// the run ends as [`Outcome::Cancelled`], with the CPU, wall time and memory used until
+    /// then.
     pub fn run_job_with_cancel(&self, guest: &Guest, job: &GuestJob, cancel: &CancelSignal) -> GuestRun {
+        self.run_job_limited(guest, job, cancel, RunLimits::default())
+    }
+
+    /// [`run_job_with_cancel`](Self::run_job_with_cancel) with this run's own `limits` where
+    /// they are narrower than the runtime's.
+    pub fn run_job_limited(&self, guest: &Guest, job: &GuestJob, cancel: &CancelSignal, limits: RunLimits) -> GuestRun {
         let started = Instant::now();
         let cpu_before = thread_cpu_time();
         let log = LogBuffer::new(job.log_limit_bytes);
         let mut notes = Vec::new();
         let ended = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(self.call(guest, job, cancel, &log, &mut notes)),
+            Ok(rt) => rt.block_on(self.call(guest, job, cancel, limits, &log, &mut notes)),
             Err(e) => Ended::failed(format!("start the guest's runtime: {e}")),
         };
         let cpu = thread_cpu_time().saturating_sub(cpu_before);
@@ -615,6 +665,7 @@ impl Runtime {
             cpu_ms: millis(cpu),
             peak_memory_bytes: ended.peak_bytes as u64,
             instructions: ended.instructions,
+            no_free_slot: ended.no_free_slot,
         }
     }
 
@@ -625,14 +676,21 @@ impl Runtime {
         guest: &Guest,
         job: &GuestJob,
         cancel: &CancelSignal,
+        run_limits: RunLimits,
         log: &LogBuffer,
         notes: &mut Vec<String>,
     ) -> Ended {
         let limit_bytes = job.resources.memory_mb.saturating_mul(1 << 20).min(self.max_memory_bytes);
         let limit_s = job.resources.runtime_s;
-        let wasi = match build_wasi(job, log) {
+        let mut wasi = match build_wasi(job, log) {
             Ok(w) => w,
             Err(e) => return Ended::failed(format!("prepare WASI context: {e:#}")),
+        };
+        // Every open file, directory, stream and pollable is an entry of this table.
+        wasi.ctx().table.set_max_capacity(self.max_open_resources);
+        let fuel = match (self.fuel, run_limits.instructions) {
+            (Some(fuel), Some(asked)) => Some(fuel.min(asked)),
+            (fuel, _) => fuel,
         };
         let limits = MemoryLimiter {
             cap_bytes: usize::try_from(limit_bytes).unwrap_or(usize::MAX),
@@ -641,7 +699,7 @@ impl Runtime {
         };
         let mut store = Store::new(&self.engine, Host { wasi, limits });
         store.limiter(|h| &mut h.limits);
-        if let Some(fuel) = self.fuel
+        if let Some(fuel) = fuel
             && let Err(e) = store.set_fuel(fuel)
         {
             return Ended::failed(format!("set the fuel budget: {e:#}"));
@@ -690,10 +748,15 @@ impl Runtime {
                 _ = tokio::time::sleep(deadline) => Err(HostStop::Deadline),
             }
         };
-        let instructions = self.fuel.map(|fuel| fuel.saturating_sub(store.get_fuel().unwrap_or(0)));
+        let instructions = fuel.map(|fuel| fuel.saturating_sub(store.get_fuel().unwrap_or(0)));
         let limits = &store.data().limits;
         let peak_bytes = limits.peak_bytes;
-        let ended = |outcome| Ended { outcome, peak_bytes, instructions };
+        let ended = |outcome| Ended { outcome, peak_bytes, instructions, no_free_slot: false };
+        if let Ok(Err(f)) = &result
+            && let Some(reason) = crate::slots::pool_full(f.error())
+        {
+            return Ended { no_free_slot: true, ..ended(Outcome::ModuleFailed { reason }) };
+        }
         let cancelled = match &result {
             Err(HostStop::Cancelled) => {
                 notes.push("guest was in a host call when the job was cancelled".into());
@@ -727,8 +790,11 @@ impl Runtime {
                     Outcome::Exited { exit_code: exit.0 }
                 } else if trap == Some(Trap::Interrupt) {
                     Outcome::TimeExceeded { limit_s }
-                } else if let (Some(Trap::OutOfFuel), Some(limit)) = (trap, self.fuel) {
+                } else if let (Some(Trap::OutOfFuel), Some(limit)) = (trap, fuel) {
                     Outcome::FuelExhausted { limit }
+                } else if let Some(message) = crate::slots::table_full(&e, self.max_open_resources) {
+                    notes.push(format!("{e:?}"));
+                    Outcome::Trapped { message }
                 } else {
                     notes.push(format!("{e:?}"));
                     let message = match trap {
@@ -748,7 +814,7 @@ impl Runtime {
 }
 
 /// Compiled code of either guest kind, before linking.
-enum Code {
+pub(crate) enum Code {
     Module(Module),
     Component(Component),
 }
@@ -767,12 +833,14 @@ struct Ended {
     outcome: Outcome,
     peak_bytes: usize,
     instructions: Option<u64>,
+    /// [`GuestRun::no_free_slot`].
+    no_free_slot: bool,
 }
 
 impl Ended {
     /// A run that never got to the guest.
     fn failed(reason: String) -> Ended {
-        Ended { outcome: Outcome::ModuleFailed { reason }, peak_bytes: 0, instructions: None }
+        Ended { outcome: Outcome::ModuleFailed { reason }, peak_bytes: 0, instructions: None, no_free_slot: false }
     }
 }
 
@@ -838,9 +906,10 @@ impl Failure {
 /// network, no inherited anything.
 ///
 /// File operations block the run's own thread (measured: reading 256 MiB takes 1.3 s this way,
-/// 2.4 s through tokio's blocking pool). The price: wasmtime-wasi then serves a `poll_oneoff`
-/// on exactly one relative clock (a Rust guest's `sleep`) with `std::thread::sleep`, which
-/// neither the epoch nor the host timer can interrupt; see the module docs.
+/// 2.4 s through tokio's blocking pool). wasmtime-wasi would then serve a `poll_oneoff` on
+/// exactly one relative clock (a Rust guest's `sleep`) with `std::thread::sleep`, which neither
+/// the epoch nor the host timer can interrupt; the EP's linker serves that call itself
+/// (`crate::sleep`).
 fn build_wasi(job: &GuestJob, log: &LogBuffer) -> anyhow::Result<WasiP1Ctx> {
     let mut b = WasiCtxBuilder::new();
     b.allow_blocking_current_thread(true)

@@ -83,6 +83,8 @@
 //! Calls block on disk; async callers clone the [`AuditLog`] (a cheap handle) into
 //! `spawn_blocking`.
 
+pub mod anchor;
+
 use crate::manifest::Resources;
 use crate::proto::{Outcome, OutputFile, Revocation, RevocationTarget, Usage};
 use crate::token::{AttachClaims, SubmitClaims};
@@ -1288,9 +1290,7 @@ impl AuditLog {
         if !valid_writer(writer) {
             return Err(AuditError::BadWriter(writer.to_owned()));
         }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| AuditError::NotALog(format!("{}: {e}", dir.display())))?;
-        }
+        crate::store::prepare_private_db(path).map_err(|e| AuditError::NotALog(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -1807,7 +1807,7 @@ mod tests {
     }
 
     /// A closed log of `n` records, a checkpoint every `every` records; its file and keys.
-    fn sample(dir: &Path, n: u64, every: u64) -> (PathBuf, AuditKeys) {
+    pub(super) fn sample(dir: &Path, n: u64, every: u64) -> (PathBuf, AuditKeys) {
         let path = dir.join("trail.sqlite");
         let (signer, _) = AuditSigner::generate("audit-1").expect("keygen");
         let keys = signer.keys();
@@ -1821,7 +1821,7 @@ mod tests {
     }
 
     /// A copy of `src`, tampered with by `f` through raw SQL.
-    fn tampered(src: &Path, name: &str, f: impl FnOnce(&Connection)) -> PathBuf {
+    pub(super) fn tampered(src: &Path, name: &str, f: impl FnOnce(&Connection)) -> PathBuf {
         let dst = src.with_file_name(format!("{name}.sqlite"));
         std::fs::copy(src, &dst).expect("copy");
         let conn = Connection::open(&dst).expect("open copy");

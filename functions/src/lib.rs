@@ -13,6 +13,10 @@
 //! - [`audit`]: the audit trail: one hash-chained, append-only log per writer (SQLite), signed
 //!   checkpoints, lineage queries and the verifier that names the first tampered record;
 //! - [`store`]: what the SQLite stores of the other crates share (stepwise migration).
+//! - `nats` (feature `nats`): NATS nkey credentials and the connect options every NATS client
+//!   of htfaas is built from;
+//! - `serve` (feature `serve`): the HTTP listener loop of every server, with its header and
+//!   body timeouts and connection cap.
 //!
 //! Nothing outside this crate derives `Serialize` for a wire type.
 
@@ -22,8 +26,13 @@ pub mod event;
 pub mod macaroon;
 pub mod manifest;
 pub mod metrics;
+pub mod namespace;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod proto;
 pub mod registry;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod store;
 pub mod token;
 pub mod trigger;

@@ -239,6 +239,12 @@ impl Resources {
 pub struct Outputs {
     /// Storage directory for output files, absolute, ending in `/`, e.g. `/data/checksums/`.
     pub dir: String,
+    /// Whether runs may replace files that already exist in `dir` (the write macaroon then
+    /// allows `DELETE` besides `UPLOAD`); the owner's namespace must grant `replace` there.
+    /// Without it a run creates new files only (and may rewrite what a run of this function
+    /// wrote: see the storage). Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replace: bool,
 }
 
 /// A registered function version. Immutable once stored.
@@ -337,7 +343,7 @@ mod tests {
             module: Digest::of(b"m"),
             trigger: Trigger::on_path("/data/raw/**"),
             resources: Resources::default(),
-            outputs: Outputs { dir: "/data/checksums/".into() },
+            outputs: Outputs { dir: "/data/checksums/".into(), replace: false },
             args: vec![],
             env: vec![],
             annex: None,

@@ -265,7 +265,9 @@ pub struct ApiError {
 /// First message an EP sends after the WebSocket opens. Answer: [`SchedulerMsg::Welcome`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
-    /// The EP's name, for logs and job records.
+    /// The EP's name, for logs and job records. Self-asserted: the scheduler does not check it
+    /// (nothing in the attach token names the EP), so admin settings by name and the `ep` of job
+    /// records are the EP's own word; what an EP may run comes from its token alone.
     pub name: String,
     /// Total resources it offers (cpus, memory); `runtime_s` is the longest job it takes.
     pub slots: Resources,
@@ -277,7 +279,7 @@ pub struct Hello {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annex: Option<String>,
     /// Free-form labels of the EP (site, rack, GPU model, ...), shown to admins. At most 32,
-    /// keys and values at most 128 bytes.
+    /// keys and values at most 128 bytes. Self-asserted, like `name`: no policy uses them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
 }
@@ -368,6 +370,33 @@ pub struct JobAssignment {
     pub args: Vec<String>,
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
+    /// Limits the function asks for below the EP's own (its manifest's); absent on the wire
+    /// when none is set, and ignored by EPs that predate it.
+    #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
+    pub limits: JobLimits,
+}
+
+/// Per-job ceilings a function may ask for, each narrowing the EP's own setting of the same
+/// name: the EP enforces the lower of the two, so nothing here can widen what an EP allows.
+/// Every field is optional (absent: the EP's setting alone).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLimits {
+    /// Most output bytes stored (the EP's `max_output_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+    /// Most output files and directories (the EP's `max_output_files`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_files: Option<u64>,
+    /// Instruction budget (the EP's `fuel`); applies only on an EP that meters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<u64>,
+}
+
+impl JobLimits {
+    /// Whether no limit is set (the wire then carries no `limits`).
+    pub fn is_unset(&self) -> bool {
+        *self == JobLimits::default()
+    }
 }
 
 /// How a job ended.
@@ -651,7 +680,10 @@ pub struct Attempt {
     /// `running`, `completed`, `failed`, `stopped` (held, removed or revoked while running),
     /// `lost` (its EP went away or fell silent past its lease), `storage-unavailable` (the EP
     /// reported [`Outcome::StorageUnavailable`]: counted like `lost`), `returned` (the EP turned
-    /// it away unrun, e.g. while draining) or `interrupted` (the scheduler restarted).
+    /// it away unrun, e.g. while draining: counted like `lost`, with its backoff), `refused` (the
+    /// EP's report broke the protocol, e.g. named outputs outside the job's output directory:
+    /// not believed, nothing charged, counted like `lost`) or `interrupted` (the scheduler
+    /// restarted).
     pub outcome: String,
     /// Why it ended so, when it did not complete.
     pub reason: String,
@@ -726,7 +758,8 @@ pub struct EpAction {
 /// admin setting; the answer to each EP action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpInfo {
-    /// The EP's name.
+    /// The EP's name, as its Hello gave it (self-asserted; `owner` and `annex` come from its
+    /// attach token).
     pub name: String,
     /// Its session id, when attached.
     pub session: Option<String>,
@@ -750,7 +783,7 @@ pub struct EpInfo {
     pub paused_groups: Vec<String>,
     /// Why the admin state was last changed.
     pub reason: String,
-    /// The labels the EP gave in its Hello.
+    /// The labels the EP gave in its Hello (self-asserted).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
 }
@@ -1187,6 +1220,11 @@ pub struct StatsSnapshot {
     /// Valid messages that are no event (failed operations, p2p copies, no usable path,
     /// warnings).
     pub events_ignored: u64,
+    /// Events refused because their subject may not speak for their path (`source_paths` in
+    /// the gateway config: a publisher outside the paths its source is bound to); acked,
+    /// never retried.
+    #[serde(default)]
+    pub events_out_of_bounds: u64,
     /// Valid messages of a type the site did not enable (`sources` in the gateway config).
     #[serde(default)]
     pub events_not_enabled: u64,

@@ -1,9 +1,11 @@
 //! What htfaas's SQLite stores share: the stepwise `PRAGMA user_version` migration each store
 //! (the scheduler's job queue, the gateway's firing table) runs when it opens its file, and the
-//! conversions of times and counts to SQLite integers.
+//! conversions of times and counts to SQLite integers, and the modes of state files: a
+//! directory 0700, a database (with its `-wal` and `-shm`) 0600 ([`prepare_private_db`]).
 
 use rusqlite::{Connection, TransactionBehavior};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// What "written" means before a component acknowledges work (a submit, an EP's report, an
 /// upload, a batch of events): the same choice for every store of a deployment.
@@ -56,6 +58,49 @@ impl std::str::FromStr for Durability {
             other => Err(format!("unknown durability {other:?}: use fsync or log")),
         }
     }
+}
+
+/// Creates `dir` and its missing parents with mode 0700 (a state directory: only the
+/// component's user may list or enter it). An existing directory is left as it is: it may be
+/// shared with something else (the working directory, say); [`make_private`] tightens one.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Sets `path`'s mode to 0700 for a directory, 0600 for anything else.
+pub fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = if std::fs::metadata(path)?.is_dir() { 0o700 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Makes the SQLite database at `path` readable by its owner only, before it is opened:
+/// creates it empty with mode 0600 if it is missing (SQLite gives its `-wal` and `-shm` files
+/// the database file's mode, whatever the umask), and tightens an existing one and its `-wal`
+/// and `-shm` to 0600 (a database made by an older build; a file it may not change is
+/// logged and left). The directory is made with [`create_private_dir`] if missing.
+pub fn prepare_private_db(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_private_dir(dir)?;
+    }
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = Path::new(&file);
+        match make_private(file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(file = %file.display(), "failed to make the database private: {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// One row of `sql` through the connection's statement cache.
@@ -136,6 +181,28 @@ mod tests {
         migrate(&mut conn, &STEPS, "t").expect("sqlite").expect("nothing to do");
         assert_eq!(migrate(&mut conn, &STEPS[..1], "t").expect("sqlite"), Err(2), "written by a newer build");
         assert_eq!(version(&conn), 2, "left untouched");
+    }
+
+    #[test]
+    fn a_database_and_its_wal_are_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state/new.sqlite");
+        prepare_private_db(&path).expect("prepare");
+        let conn = Connection::open(&path).expect("open");
+        conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
+        conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);").expect("write");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("state")), 0o700);
+        for f in ["new.sqlite", "new.sqlite-wal", "new.sqlite-shm"] {
+            assert_eq!(mode(&dir.path().join("state").join(f)), 0o600, "{f}");
+        }
+        // One made by an older build, world-readable, is tightened.
+        let old = dir.path().join("old.sqlite");
+        Connection::open(&old).expect("create").execute_batch("CREATE TABLE t (x)").expect("table");
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        prepare_private_db(&old).expect("prepare");
+        assert_eq!(mode(&old), 0o600);
     }
 
     #[test]

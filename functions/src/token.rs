@@ -259,7 +259,13 @@ impl SigningKey {
     /// Loads the key at `path`, or creates it there (mode 0600) if absent.
     pub fn load_or_create(path: &Path, kid: &str) -> Result<SigningKey, TokenError> {
         match std::fs::read(path) {
-            Ok(pem) => SigningKey::from_pem(kid, &pem),
+            Ok(pem) => {
+                // A key file an older build (or a person) left readable to others: 0600 now.
+                if let Err(e) = crate::store::make_private(path) {
+                    tracing::warn!(path = %path.display(), "failed to make the key file 0600: {e}");
+                }
+                SigningKey::from_pem(kid, &pem)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let (key, pem) = SigningKey::generate(kid)?;
                 write_private(path, pem.as_bytes()).map_err(|e| TokenError::Key(format!("{}: {e}", path.display())))?;
@@ -290,8 +296,8 @@ impl SigningKey {
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        crate::store::create_private_dir(dir)?;
     }
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     f.write_all(bytes)?;

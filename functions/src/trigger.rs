@@ -199,6 +199,16 @@ impl Rule {
     pub fn text(&self) -> &str {
         &self.text
     }
+
+    /// Path prefixes that bound every event this rule fires on: when the rule is true for an
+    /// event, the event's path starts with one of them. `None` when the rule does not bound the
+    /// path (it could fire anywhere). Sound, not complete: `and` takes the tightest bounded
+    /// side, `or` needs every side bounded, `not` and tests on other attributes bound nothing;
+    /// a glob bounds by its literal text before the first wildcard. What [`crate::namespace`]
+    /// checks a trigger against.
+    pub fn path_bound(&self) -> Option<Vec<String>> {
+        self.expr.path_bound()
+    }
 }
 
 impl fmt::Display for Rule {
@@ -244,6 +254,38 @@ impl Expr {
             Expr::Or(xs) => chain(xs, e, Truth::True),
         }
     }
+}
+
+impl Expr {
+    /// See [`Rule::path_bound`].
+    fn path_bound(&self) -> Option<Vec<String>> {
+        match self {
+            Expr::Test(Test::PathGlob(g)) => Some(vec![glob_literal_prefix(g.glob().glob()).to_owned()]),
+            Expr::Test(Test::PathPrefix(p)) => Some(vec![p.clone()]),
+            Expr::Test(_) | Expr::Not(_) => None,
+            // True only where every part is true: any bounded part bounds it; the longest
+            // single bound is the tightest of them.
+            Expr::And(xs) => xs
+                .iter()
+                .filter_map(Expr::path_bound)
+                .min_by_key(|b| (b.len(), std::cmp::Reverse(b.iter().map(String::len).min().unwrap_or(0)))),
+            // True where any part is true: bounded only if every part is.
+            Expr::Or(xs) => {
+                let mut all = Vec::new();
+                for x in xs {
+                    all.extend(x.path_bound()?);
+                }
+                Some(all)
+            }
+        }
+    }
+}
+
+/// The text of `glob` before its first wildcard, class, alternation or escape: every path the
+/// glob matches starts with it (matching is case-sensitive; see [`crate::proto::compile_glob`]).
+fn glob_literal_prefix(glob: &str) -> &str {
+    let end = glob.find(['*', '?', '[', '{', '\\']).unwrap_or(glob.len());
+    &glob[..end]
 }
 
 /// An `and` (`decisive` false) or `or` (`decisive` true) chain: the decisive value wins

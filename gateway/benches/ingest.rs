@@ -77,7 +77,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             module: module.clone(),
             trigger,
             resources: Resources::default(),
-            outputs: Outputs { dir: format!("/out/{name}/") },
+            outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
             args: vec![],
             env: vec![],
             annex: None,

@@ -104,6 +104,13 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Failure(StatusCode, String);
 
+impl Failure {
+    /// An answer of `status` saying `message`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Failure {
+        Failure(status, message.into())
+    }
+}
+
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         (self.0, Json(ApiError { error: self.1 })).into_response()
@@ -130,7 +137,9 @@ impl From<RegistryError> for Failure {
             RegistryError::Manifest(_) | RegistryError::NotWasm(_) | RegistryError::UnknownModule(_) => {
                 StatusCode::BAD_REQUEST
             }
+            RegistryError::Grant(_) => StatusCode::BAD_REQUEST,
             RegistryError::NotFound(_) => StatusCode::NOT_FOUND,
+            RegistryError::QuotaExceeded(_) => StatusCode::FORBIDDEN,
             RegistryError::Db(_) | RegistryError::Io(_) | RegistryError::Corrupt(_) => {
                 tracing::error!("registry failure: {e}");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -219,6 +228,9 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/audit/verify", "/v1/audit/verify", Access::Admin),
     op("GET", "/v1/audit/keys", "/v1/audit/keys", Access::Admin),
     op("GET", "/v1/lineage", "/v1/lineage", Access::Admin),
+    op("GET", "/v1/namespaces", "/v1/namespaces", Access::Developer),
+    op("POST", "/v1/namespaces", "/v1/namespaces", Access::Admin),
+    op("POST", "/v1/namespaces/revoke", "/v1/namespaces/revoke", Access::Admin),
     op("GET", "/metrics", "/metrics", Access::Admin),
     // The console's static pages (`crate::console::routes`, merged): the page asks for a token
     // and calls the routes above with it.
@@ -255,6 +267,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audit/verify", get(proxy_audit_verify))
         .route("/v1/audit/keys", get(proxy_audit_keys))
         .route("/v1/lineage", get(lineage))
+        .route("/v1/namespaces", get(crate::namespaces::list).post(crate::namespaces::grant))
+        .route("/v1/namespaces/revoke", post(crate::namespaces::revoke))
         .route("/metrics", get(crate::metrics::serve))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
         .merge(crate::console::routes())
@@ -441,9 +455,15 @@ async fn put_module(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, Failure> {
-    require_caller(&shared, &headers)?;
+    let caller = require_caller(&shared, &headers)?;
     let s = shared.clone();
-    let digest = blocking(move || s.registry.put_module(&body)).await?;
+    // A developer's uploads count against its owner's module quota; an admin's against none.
+    let digest = if caller.is_admin() {
+        blocking(move || s.registry.put_module(&body)).await?
+    } else {
+        let quota = shared.module_quota;
+        blocking(move || s.registry.put_module_for(&caller.name, &body, quota)).await?
+    };
     crate::audit::record_admin(&shared, &headers, "module.upload", audit_digest(&digest), serde_json::json!({})).await;
     Ok((StatusCode::CREATED, Json(ModuleUploaded { digest })))
 }
@@ -492,6 +512,13 @@ async fn register(
                 manifest.owner, caller.name
             ),
         ));
+    }
+    // Confined to its owner's namespace: where it may fire, write and run (a dry run too), once
+    // it is known to be a manifest at all.
+    manifest.validate().map_err(RegistryError::from)?;
+    if let Err(e) = shared.namespaces.of(&manifest.owner, None).confine(&manifest) {
+        tracing::info!(function = %manifest.name, owner = %manifest.owner, "registration refused: {e}");
+        return Err(Failure(StatusCode::FORBIDDEN, format!("function {}: {e}", manifest.name)));
     }
     if query.dry_run {
         return dry_run_registration(&shared, events, &query, manifest).await;
@@ -569,7 +596,19 @@ async fn test_function(
         ));
     }
     let events = events.map(|Extension(e)| e);
-    Ok(Json(replay::test_request(events.as_ref(), &record, &request, &shared.sources()).await?))
+    let report = replay::test_request(events.as_ref(), &record, &request, &shared.sources()).await?;
+    // A recorded message is another's unless it is an event inside the caller's read namespace:
+    // a developer learns nothing of it, not even that it exists.
+    if let Some(seq) = request.seq
+        && !caller.is_admin()
+        && !report.event.as_ref().is_some_and(|e| shared.namespaces.of(&caller.name, None).may_read(&e.path))
+    {
+        return Err(Failure(
+            StatusCode::NOT_FOUND,
+            format!("no recorded event with sequence {seq} in the read namespace of {}", caller.name),
+        ));
+    }
+    Ok(Json(report))
 }
 
 /// `POST /v1/events/replay`: a dry run lists the (event, function) pairs of the recorded events
@@ -1085,7 +1124,25 @@ async fn run_function(
     if !manual_run_allowed(&m.trigger, &run.path) {
         return Err(Failure(
             StatusCode::FORBIDDEN,
-            format!("{} does not match the trigger {} of function {}", run.path, m.trigger, m.name),
+            format!(
+                "{} does not match the trigger {} of function {} (a manual run needs the trigger true for \
+                 the path alone: a test on size, class or owner is unknown for it)",
+                run.path, m.trigger, m.name
+            ),
+        ));
+    }
+    // The bearer's own namespace: it reads the file and has the outputs written where it may.
+    let bearer_ns = shared.namespaces.of(&claims.sub, claims.group.as_deref());
+    if !bearer_ns.may_read(&run.path) {
+        return Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!("{} is outside the read namespace of {}", run.path, claims.sub),
+        ));
+    }
+    if !bearer_ns.may_write(&m.outputs.dir) {
+        return Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!("function {} writes to {}, outside the write namespace of {}", m.name, m.outputs.dir, claims.sub),
         ));
     }
     if claims.function.as_ref().is_some_and(|d| *d != m.module) {
@@ -1103,6 +1160,9 @@ async fn run_function(
     if let Some(a) = &annex {
         htfaas_functions::manifest::check_name(a)
             .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("annex name {e}")))?;
+        if !bearer_ns.may_use_annex(a) {
+            return Err(Failure(StatusCode::FORBIDDEN, format!("{} may not use annex {a:?}", claims.sub)));
+        }
     }
     shared.submitter.preflight(&token).await.map_err(scheduler_failure)?;
     let run_id = htfaas_functions::token::new_jti();
@@ -1121,8 +1181,9 @@ async fn run_function(
 /// Whether a token bearer may run a function with `trigger` on `path`. The trigger is
 /// evaluated on the event a manual run stands for: a write (`kind == "write"`) of `path`, of
 /// type `manual`, from no storage source (`source` reads `cloudevents`). A manual run knows no
-/// size, storage class or owner, so tests on those are undefined; the run is refused only when
-/// the trigger is false for what it does know.
+/// size, storage class or owner, so tests on those are undefined; the run is allowed only when
+/// the trigger is true for what it does know (an undefined test could otherwise let a bearer
+/// past a rule such as `size > 1MB` or `owner == "x"` on any path).
 fn manual_run_allowed(trigger: &htfaas_functions::Trigger, path: &str) -> bool {
     use htfaas_functions::event::{EventKind, EventSource, SourceKind, StorageEvent};
     use htfaas_functions::trigger::Truth;
@@ -1138,7 +1199,7 @@ fn manual_run_allowed(trigger: &htfaas_functions::Trigger, path: &str) -> bool {
         id: "submit:manual".into(),
         time: None,
     };
-    trigger.compile().is_ok_and(|rule| rule.evaluate(&event) != Truth::False)
+    trigger.compile().is_ok_and(|rule| rule.evaluate(&event) == Truth::True)
 }
 
 /// The scheduler's refusal with its own status and reason; unavailability as 503.
@@ -1337,15 +1398,18 @@ mod tests {
     }
 
     #[test]
-    fn a_manual_run_is_refused_only_when_the_trigger_is_false_for_its_path() {
+    fn a_manual_run_is_allowed_only_when_the_trigger_is_true_for_its_path() {
         use htfaas_functions::Trigger;
         let glob = Trigger::on_path("/data/raw/**");
         assert!(manual_run_allowed(&glob, "/data/raw/a.h5"));
         assert!(!manual_run_allowed(&glob, "/data/other/a.h5"));
-        // Unknown size: undefined, so allowed; a false path test still refuses.
+        // Unknown size or owner: undefined, so refused (issue 18: an undefined rule let a
+        // bearer run the function on any path).
         let rule = Trigger::on_rule(r#"path suffix ".h5" and size > 1MB"#);
-        assert!(manual_run_allowed(&rule, "/data/x/a.h5"));
-        assert!(!manual_run_allowed(&rule, "/data/x/a.root"));
+        assert!(!manual_run_allowed(&rule, "/data/x/a.h5"));
+        assert!(!manual_run_allowed(&Trigger::on_rule(r#"owner == "x""#), "/data/x/a.h5"));
+        assert!(!manual_run_allowed(&Trigger::on_rule(r#"path prefix "/data/" or size > 1MB"#), "/x"));
+        assert!(manual_run_allowed(&Trigger::on_rule(r#"path suffix ".h5" or size > 1MB"#), "/data/x/a.h5"));
         // A rule for another kind or type is false for a manual run.
         assert!(!manual_run_allowed(&Trigger::on_rule(r#"kind == "remove""#), "/data/x/a.h5"));
         assert!(!manual_run_allowed(&Trigger::on_rule(r#"type == "transfer""#), "/data/x/a.h5"));
@@ -1415,6 +1479,8 @@ mod tests {
                 "registry_dir": dir.join("registry"), "storage_url": "http://127.0.0.1:1",
                 "storage_user": "gateway", "scheduler_url": "http://127.0.0.1:1",
                 "scheduler_admin_token": "s", "signing_key_file": dir.join("submit.pem"), "admin_token": ADMIN,
+                "namespaces": [{"principal": "alice", "right": "read", "value": "/data/"},
+                    {"principal": "alice", "right": "write", "value": "/out/"}],
             }))
             .expect("config");
             let shared = config.resolve().await.expect("resolve").shared();
@@ -1529,7 +1595,11 @@ mod tests {
             assert_eq!(status, 400, "{t}");
 
             // A dry-run registration: the recorded events its trigger fires on; not stored.
-            let b = manifest(&module, "b", json!({"rule": "name suffix \".h5\""}));
+            // One that could fire anywhere is refused as its registration would be (issue 18).
+            let anywhere = manifest(&module, "b", json!({"rule": "name suffix \".h5\""}));
+            let (status, report) = post(&base, "/v1/functions?dry_run=true&since=-1h", &anywhere).await;
+            assert_eq!(status, 403, "{report}");
+            let b = manifest(&module, "b", json!({"rule": "path prefix \"/data/\" and name suffix \".h5\""}));
             let (status, report) = post(&base, "/v1/functions?dry_run=true&since=-1h", &b).await;
             assert_eq!(status, 200, "{report}");
             assert_eq!(paths(&report), [r#""b":"/data/other/b.h5""#, r#""b":"/data/raw/a.h5""#], "{report}");

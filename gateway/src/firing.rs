@@ -195,6 +195,9 @@ pub enum FiringError {
     /// The audit trail kept in the same file.
     #[error("firing store: audit trail: {0}")]
     Audit(#[from] AuditError),
+    /// The file could not be made private (created 0600, or tightened to it).
+    #[error("firing store: {0}: {1}")]
+    Io(String, #[source] std::io::Error),
 }
 
 impl FiringError {
@@ -490,6 +493,9 @@ impl Firings {
         max_in_flight: usize,
         durability: Durability,
     ) -> Result<Firings, FiringError> {
+        // 0600 (with its -wal and -shm): the provenance of write macaroons is the gateway's.
+        htfaas_functions::store::prepare_private_db(path)
+            .map_err(|e| FiringError::Io(path.display().to_string(), e))?;
         let mut conn = Connection::open(path)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -1197,7 +1203,7 @@ pub(crate) mod tests {
                 module: Digest::of(name.as_bytes()),
                 trigger: Trigger { rate, debounce_s, ..Trigger::on_path("/data/**") },
                 resources: Resources::default(),
-                outputs: Outputs { dir: format!("/out/{name}/") },
+                outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
                 args: vec![],
                 env: vec![],
                 annex: None,
@@ -1655,6 +1661,8 @@ pub(crate) mod tests {
             "registry_dir": dir.join("registry"), "storage_url": storage, "storage_user": "gateway",
             "scheduler_url": scheduler, "scheduler_admin_token": "s", "signing_key_file": dir.join("submit.pem"),
             "admin_token": "a",
+            "namespaces": [{"principal": "alice", "right": "read", "value": "/data/"},
+                {"principal": "alice", "right": "write", "value": "/out/"}],
         }))
         .expect("config");
         let mut settings = config.resolve().await.expect("resolve");

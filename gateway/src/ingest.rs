@@ -43,6 +43,7 @@ use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullCo
 use futures_util::{FutureExt as _, StreamExt as _};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
+use htfaas_functions::namespace::Namespace;
 use htfaas_functions::proto::{
     Cause, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS, EventRef, FunctionRef, InputSpec, OutputSpec,
     SubmitRequest,
@@ -55,21 +56,22 @@ use tokio_util::sync::CancellationToken;
 /// Connects to NATS, ensures the events stream covers every source's subjects and the durable
 /// consumer reads them all.
 pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow::Result<PullConsumer> {
-    connect_with(nats_url, consumer, max_deliver, None).await
+    connect_with(nats_url, None, consumer, max_deliver, None).await
 }
 
-/// [`connect`], counting the connection's losses and returns in `shared`'s
+/// [`connect`] as `credential` (see [`htfaas_functions::nats`]), counting the connection's
+/// losses and returns in `shared`'s
 /// [`Stats::nats_disconnects`] and [`Stats::nats_reconnects`] (and logging them). The client
 /// reconnects on its own, for ever, with backoff; the consumer is durable, so a NATS restart
 /// loses nothing: what was not acked is delivered again.
 pub async fn connect_with(
     nats_url: &str,
+    credential: Option<&htfaas_functions::nats::NatsCredential>,
     consumer: &str,
     max_deliver: i64,
     shared: Option<Arc<Shared>>,
 ) -> anyhow::Result<PullConsumer> {
-    let client = async_nats::ConnectOptions::new()
-        .name("htfaas-gateway")
+    let client = htfaas_functions::nats::connect_options("htfaas-gateway", credential)
         .event_callback(move |event| {
             let shared = shared.clone();
             async move { connection_event(shared.as_deref(), &event) }
@@ -212,6 +214,8 @@ pub enum Skip {
     NotEnabled,
     /// Not an event of its source.
     Malformed,
+    /// An event whose subject may not speak for its path ([`event::binding`]).
+    OutOfBounds,
     /// An event no trigger matches.
     Unmatched,
 }
@@ -341,7 +345,7 @@ pub fn plan(
     message_id: &str,
 ) -> Plan {
     let policy = shared.sources();
-    let event = match event::decide(subject, headers, payload, message_id, &policy) {
+    let event = match event::decide_bound(subject, headers, payload, message_id, &policy, &shared.source_paths) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             tracing::debug!("ignored: {why}");
@@ -350,6 +354,10 @@ pub fn plan(
         Ok(Decision::NotEnabled(ty)) => {
             tracing::debug!("ignored: type {ty} not enabled by the site");
             return Plan::Skip(Skip::NotEnabled);
+        }
+        Err(e @ event::EventError::OutOfBounds { .. }) => {
+            tracing::warn!("event refused: {e}");
+            return Plan::Skip(Skip::OutOfBounds);
         }
         Err(e) => {
             tracing::warn!("malformed event skipped: {e}");
@@ -403,6 +411,7 @@ pub async fn handle_batch(shared: &Shared, plans: Vec<Plan>) -> Verdict {
                 Skip::Ignored => &stats.events_ignored,
                 Skip::NotEnabled => &stats.events_not_enabled,
                 Skip::Malformed => &stats.events_malformed,
+                Skip::OutOfBounds => &stats.events_out_of_bounds,
                 Skip::Unmatched => &stats.events_unmatched,
             });
         }
@@ -506,6 +515,30 @@ pub fn event_ref(event: &StorageEvent, cause: Option<Cause>) -> EventRef {
     }
 }
 
+/// Checks, when a firing becomes a job, that the function's owner may still read `path` and
+/// write its output directory (a grant may have been revoked since the registration, and a
+/// replay or manual run names paths of its own), and may use its annex; returns whether its
+/// write macaroon may replace files (the manifest asks and the namespace allows). A refusal is
+/// permanent and names the namespace.
+pub fn confine(ns: &Namespace, function: &FunctionRecord, path: &str) -> Result<bool, Failure> {
+    let m = &function.manifest;
+    if !ns.may_read(path) {
+        return Err(Failure::Permanent(format!("{path} is outside the read namespace of {}", m.owner)));
+    }
+    if !ns.may_write(&m.outputs.dir) {
+        return Err(Failure::Permanent(format!(
+            "the output directory {} is outside the write namespace of {}",
+            m.outputs.dir, m.owner
+        )));
+    }
+    if let Some(annex) = &m.annex
+        && !ns.may_use_annex(annex)
+    {
+        return Err(Failure::Permanent(format!("{} may not use annex {annex:?}", m.owner)));
+    }
+    Ok(m.outputs.replace && ns.may_replace(&m.outputs.dir))
+}
+
 /// Builds the job for `function` on the file `event.path`: a read macaroon for exactly that
 /// file and a write macaroon for exactly the function's output directory, from the storage.
 /// The job asks the scheduler to bind both to its EP's address when the gateway is configured
@@ -517,12 +550,13 @@ pub async fn prepare(
     dedupe_key: String,
 ) -> Result<SubmitRequest, Failure> {
     let m = &function.manifest;
+    let replace = confine(&shared.namespaces.of(&m.owner, None), function, &event.path)?;
     let storage_err = |e: crate::storage_client::StorageError| {
         if e.is_transient() { Failure::Transient(e.to_string()) } else { Failure::Permanent(e.to_string()) }
     };
     // Both requests at once: they are independent, and each is a round trip to the storage.
     let (read, write) =
-        tokio::join!(shared.storage.read_macaroon(&event.path), shared.storage.write_macaroon(&m.outputs.dir));
+        tokio::join!(shared.storage.read_macaroon(&event.path), shared.storage.write_macaroon(&m.outputs.dir, replace));
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(SubmitRequest {
@@ -572,7 +606,7 @@ mod tests {
                     module: module.clone(),
                     trigger: Trigger::on_path("/data/**"),
                     resources: Resources::default(),
-                    outputs: Outputs { dir: format!("/out/{name}/") },
+                    outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
                     args: vec![],
                     env: vec![],
                     annex: None,

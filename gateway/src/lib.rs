@@ -22,6 +22,7 @@ pub mod event;
 pub mod firing;
 pub mod ingest;
 pub mod metrics;
+pub mod namespaces;
 pub mod openapi;
 pub mod replay;
 pub mod stats;
@@ -51,6 +52,20 @@ pub struct Config {
     pub public_url: Option<String>,
     /// NATS server with JetStream, e.g. `nats://127.0.0.1:14222`.
     pub nats_url: String,
+    /// The gateway's NATS credential: an nkey user seed (`SU…`), a secret. It needs the
+    /// JetStream API (`$JS.API.>`), acks (`$JS.ACK.>`) and its inbox
+    /// (`_INBOX.<its public key>.>`); it publishes no event. Default: none (a server without
+    /// authorization).
+    #[serde(default)]
+    pub nats_nkey_seed: Option<htfaas_functions::nats::NatsCredential>,
+    /// Which storage paths each events subject may speak for, tried in order, the first
+    /// matching subject pattern deciding, e.g. `[{"subject": "storage.dcache.billing", "paths":
+    /// ["/data/"]}, {"subject": "storage.cloudevents.xrootd-notify", "paths": ["/store/"]}]`.
+    /// An event outside its subject's paths, or on a subject no rule names, is refused,
+    /// counted (`events_out_of_bounds`) and acked. Default: none, and then every subject speaks
+    /// for every path (one trusted storage; logged at start). See [`event::binding`].
+    #[serde(default)]
+    pub source_paths: Option<Vec<event::binding::SourcePaths>>,
     /// Durable consumer name on the events stream. Default: `gateway`.
     #[serde(default = "default_consumer")]
     pub consumer: String,
@@ -153,11 +168,27 @@ pub struct Config {
     /// ... or once the last checkpoint is this old (checked every second), seconds. Default: 60.
     #[serde(default = "default_audit_checkpoint_s")]
     pub audit_checkpoint_s: u64,
+    /// The site's namespace grants: which storage paths each owner (or `group:<name>`) may
+    /// trigger on and read, where it may write (and replace) outputs, which annexes it may ask
+    /// for, e.g. `[{"principal": "alice", "right": "read", "value": "/data/alice/"}]`. An owner
+    /// with no grant may do nothing; admins add grants at run time (`htfaas ns grant`, kept in
+    /// the registry), but only this list takes its own grants back. Default: none.
+    #[serde(default)]
+    pub namespaces: Vec<htfaas_functions::namespace::Grant>,
     /// Whether the firing table fsyncs each commit (`fsync`, the default: WAL with
     /// `synchronous=FULL`) or only writes it to its log (`log`: `synchronous=NORMAL`, survives a
     /// crash of the process, not of the machine). Either way a batch of events is one commit.
     #[serde(default)]
     pub durability: htfaas_functions::store::Durability,
+    /// The API listener's header and body idle timeouts and connection cap. Default: see
+    /// [`htfaas_functions::serve::Limits`].
+    #[serde(default)]
+    pub http: htfaas_functions::serve::Limits,
+    /// How many distinct modules, and how many bytes of them, each owner may upload
+    /// (`PUT /v1/modules` with a developer token; an admin's uploads count against none).
+    /// Default: 100 modules, 1 GiB.
+    #[serde(default)]
+    pub module_quota: htfaas_functions::registry::ModuleQuota,
 }
 
 /// Default of [`Config::audit_checkpoint_records`].
@@ -199,16 +230,23 @@ pub struct Settings {
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     nats_url: String,
+    nats_credential: Option<htfaas_functions::nats::NatsCredential>,
     consumer: String,
     max_deliver: i64,
+    /// The API listener's limits ([`Config::http`]).
+    http: htfaas_functions::serve::Limits,
 }
 
 /// What the ingest loop and the API share.
 pub struct Shared {
     /// The function registry.
     pub registry: Registry,
+    /// How many modules (and bytes of them) each owner may upload ([`Config::module_quota`]).
+    pub module_quota: htfaas_functions::registry::ModuleQuota,
     /// Compiled triggers, rebuilt when the registry changes.
     pub triggers: triggers::TriggerCache,
+    /// Namespace grants: who may trigger on, read and write where ([`namespaces`]).
+    pub namespaces: namespaces::Namespaces,
     /// Talks to the storage.
     pub storage: storage_client::StorageClient,
     /// Mints tokens and submits to the scheduler.
@@ -241,6 +279,8 @@ pub struct Shared {
     pub http: reqwest::Client,
     /// Which sources and types become events; read once per message, replaced whole.
     sources: std::sync::RwLock<Arc<event::SourcePolicy>>,
+    /// Which paths each events subject may speak for ([`Config::source_paths`]).
+    pub source_paths: Arc<event::binding::Bindings>,
 }
 
 impl Shared {
@@ -327,6 +367,7 @@ impl Config {
              storage_kind xrootd refuses every macaroon carrying one"
         );
         self.sources.validate().map_err(anyhow::Error::msg)?;
+        self.http.check()?;
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .with_context(|| format!("bind the gateway API on {}", self.listen))?;
@@ -378,7 +419,8 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.registry_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")));
         let state_dir = if state_dir.as_os_str().is_empty() { PathBuf::from(".") } else { state_dir };
-        std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
+        htfaas_functions::store::create_private_dir(&state_dir)
+            .with_context(|| format!("create {}", state_dir.display()))?;
         let firings_file = state_dir.join("firings.sqlite");
         let firings =
             firing::Firings::open_with(&firings_file, self.dedupe_window_s, self.max_in_flight, self.durability)
@@ -396,8 +438,25 @@ impl Config {
             },
         };
         let public_url = self.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
+        let namespaces =
+            namespaces::Namespaces::load(self.namespaces, &registry).context("load the namespace grants")?;
+        if namespaces.is_empty() {
+            tracing::warn!(
+                "no namespace grants: every registration and firing is refused until an admin grants one \
+                 (`htfaas ns grant`, or `namespaces` in the gateway's configuration)"
+            );
+        }
+        let source_paths = event::binding::Bindings::new(self.source_paths)?;
+        if source_paths.is_open() {
+            tracing::warn!(
+                "no source_paths: every publisher on the events subjects speaks for every path; bind each \
+                 subject to the paths of its storage where several sources publish"
+            );
+        }
         let shared = Shared {
+            source_paths: Arc::new(source_paths),
             triggers: triggers::TriggerCache::default(),
+            namespaces,
             storage: storage_client::StorageClient::new(
                 storage_http,
                 self.storage_kind,
@@ -420,6 +479,7 @@ impl Config {
             bind_macaroons_to_ep: self.bind_macaroons_to_ep && self.storage_kind == storage_client::StorageKind::Dcache,
             http,
             registry,
+            module_quota: self.module_quota,
             sources: std::sync::RwLock::new(Arc::new(self.sources)),
         };
         shared.triggers.reload(&shared.registry).context("load triggers")?;
@@ -427,8 +487,10 @@ impl Config {
             listener,
             shared: Arc::new(shared),
             nats_url: self.nats_url,
+            nats_credential: self.nats_nkey_seed,
             consumer: self.consumer,
             max_deliver: self.max_deliver,
+            http: self.http,
         })
     }
 }
@@ -452,13 +514,14 @@ impl Settings {
 /// and its messages acked, or they are left for redelivery), stop the API, let the submissions in flight
 /// finish (pending firings stay in the table for the next start), return.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, shared, nats_url, consumer, max_deliver } = settings;
-    let consumer = ingest::connect_with(&nats_url, &consumer, max_deliver, Some(shared.clone())).await?;
+    let Settings { listener, shared, nats_url, nats_credential, consumer, max_deliver, http } = settings;
+    let credential = nats_credential.as_ref();
+    let consumer = ingest::connect_with(&nats_url, credential, &consumer, max_deliver, Some(shared.clone())).await?;
     tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(consumer, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(firing::dispatch(shared.clone(), shutdown.child_token()));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
-    let events = replay::Events::connect(&nats_url).await?;
+    let events = replay::Events::connect(&nats_url, credential).await?;
     let app = api::router(shared.clone())
         .layer(axum::middleware::from_fn_with_state(shared, metrics::count_refusals))
         .layer(axum::Extension(events));
@@ -469,8 +532,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
             tracing::debug!("failed to set TCP_NODELAY: {e}");
         }
     });
-    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let served = serve.await.context("serve the gateway API");
+    // Slow heads, stalled bodies and connection floods: `http`'s limits.
+    let served =
+        htfaas_functions::serve::serve(listener, app, http, shutdown.clone()).await.context("serve the gateway API");
     shutdown.cancel();
     let ingested = ingest.await.context("join the ingest loop")?;
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
@@ -489,6 +553,8 @@ mod tests {
             listen: "127.0.0.1:0".parse().expect("addr"),
             public_url: None,
             nats_url: "nats://127.0.0.1:1".into(),
+            nats_nkey_seed: None,
+            source_paths: None,
             consumer: default_consumer(),
             registry_dir: dir.join("registry"),
             storage_url: "https://127.0.0.1:1".into(),
@@ -517,7 +583,10 @@ mod tests {
             audit_key_file: None,
             audit_checkpoint_records: default_audit_checkpoint_records(),
             audit_checkpoint_s: default_audit_checkpoint_s(),
+            namespaces: vec![],
             durability: Default::default(),
+            http: Default::default(),
+            module_quota: Default::default(),
         }
     }
 

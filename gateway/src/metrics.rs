@@ -12,7 +12,7 @@
 //! | metric | type | labels | what |
 //! |---|---|---|---|
 //! | `htfaas_gateway_events_received_total` | counter | `source` (`dcache_billing`, `cloudevents`) | messages read from the events stream |
-//! | `htfaas_gateway_events_total` | counter | `outcome` | events by what became of them: `fired` (one firing or more queued), `duplicate`, `loop_guarded` (every matching function guarded), `unmatched` (no trigger true), `ignored`, `not_enabled` (a type the site did not enable), `malformed` |
+//! | `htfaas_gateway_events_total` | counter | `outcome` | events by what became of them: `fired` (one firing or more queued), `duplicate`, `loop_guarded` (every matching function guarded), `unmatched` (no trigger true), `ignored`, `not_enabled` (a type the site did not enable), `malformed`, `out_of_bounds` (its subject may not speak for its path: `source_paths`) |
 //! | `htfaas_gateway_firings_total` | counter | `outcome` | firings (event × function): `queued`, `deduplicated`, `superseded` (debounce), `loop_guarded`, `rate_delayed` (waited for a rate token) |
 //! | `htfaas_gateway_firings_pending` | gauge | | firings waiting in the table to be submitted |
 //! | `htfaas_gateway_submissions_total` | counter | `outcome` | submissions to the scheduler: `created`, `deduplicated`, `refused`, `transient_failure` (retried later) |
@@ -152,6 +152,7 @@ impl Collector for GatewayCollector {
             ("ignored", r(&s.events_ignored)),
             ("not_enabled", r(&s.events_not_enabled)),
             ("malformed", r(&s.events_malformed)),
+            ("out_of_bounds", r(&s.events_out_of_bounds)),
         ];
         family(&mut e, "htfaas_gateway_events", "Events by what became of them.", "outcome", &events)?;
         let firings = [

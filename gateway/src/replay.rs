@@ -206,6 +206,9 @@ pub struct Reader {
     cut: Option<String>,
     done: bool,
     policy: std::sync::Arc<SourcePolicy>,
+    /// Which paths each subject may speak for: a recorded event outside them replays as it
+    /// was ingested, refused.
+    bindings: std::sync::Arc<crate::event::binding::Bindings>,
 }
 
 fn unavailable(what: &str) -> impl FnOnce(String) -> ReplayError + '_ {
@@ -213,12 +216,14 @@ fn unavailable(what: &str) -> impl FnOnce(String) -> ReplayError + '_ {
 }
 
 impl Reader {
-    /// Opens `window` on the events stream of `js`, parsing with `policy`. A missing or empty
+    /// Opens `window` on the events stream of `js`, parsing with `policy` and refusing what
+    /// `bindings` refuses (read as malformed). A missing or empty
     /// stream reads as no message.
     pub async fn open(
         js: &jetstream::Context,
         window: &Window,
         policy: std::sync::Arc<SourcePolicy>,
+        bindings: std::sync::Arc<crate::event::binding::Bindings>,
     ) -> Result<Reader, ReplayError> {
         let mut reader = Reader {
             source: None,
@@ -230,6 +235,7 @@ impl Reader {
             cut: None,
             done: true,
             policy,
+            bindings,
         };
         let mut stream = match js.get_stream(EVENTS_STREAM).await {
             Ok(stream) => stream,
@@ -300,12 +306,13 @@ impl Reader {
                 self.done = true;
                 break;
             }
-            let decision = event::decide(
+            let decision = event::decide_bound(
                 &message.subject,
                 message.headers.as_ref(),
                 &message.payload,
                 &format!("nats-seq-{seq}"),
                 &self.policy,
+                &self.bindings,
             );
             self.read += 1;
             self.last = Some((seq, recorded_ms));
@@ -399,7 +406,7 @@ pub async fn run(
         functions: targets.iter().map(|t| t.record.manifest.name.clone()).collect(),
         ..Report::default()
     };
-    let mut reader = Reader::open(js, window, shared.sources()).await?;
+    let mut reader = Reader::open(js, window, shared.sources(), shared.source_paths.clone()).await?;
     let result = scan(shared, &mut reader, targets, mode, started, &mut report).await;
     if report.stopped.is_none() {
         report.stopped = reader.cut.take();
@@ -500,11 +507,13 @@ fn pair(seq: u64, recorded: &str, event: &StorageEvent, target: &Target, fired: 
 pub struct Events(pub jetstream::Context);
 
 impl Events {
-    /// Connects to NATS at `nats_url`.
-    pub async fn connect(nats_url: &str) -> anyhow::Result<Events> {
+    /// Connects to NATS at `nats_url` as `credential`.
+    pub async fn connect(
+        nats_url: &str,
+        credential: Option<&htfaas_functions::nats::NatsCredential>,
+    ) -> anyhow::Result<Events> {
         use anyhow::Context as _;
-        let client = async_nats::ConnectOptions::new()
-            .name("htfaas-gateway-replay")
+        let client = htfaas_functions::nats::connect_options("htfaas-gateway-replay", credential)
             .connect(nats_url)
             .await
             .with_context(|| format!("connect to NATS at {nats_url} (replay)"))?;
@@ -765,7 +774,7 @@ mod tests {
                 module: Digest::of(b"\0asm\x01\0\0\0"),
                 trigger,
                 resources: Resources::default(),
-                outputs: Outputs { dir: "/data/raw/out/".into() },
+                outputs: Outputs { dir: "/data/raw/out/".into(), replace: false },
                 args: vec![],
                 env: vec![],
                 annex: None,

@@ -18,6 +18,8 @@ pub struct Stats {
     pub events_malformed: AtomicU64,
     /// See [`StatsSnapshot::events_ignored`].
     pub events_ignored: AtomicU64,
+    /// See [`StatsSnapshot::events_out_of_bounds`].
+    pub events_out_of_bounds: AtomicU64,
     /// See [`StatsSnapshot::events_not_enabled`].
     pub events_not_enabled: AtomicU64,
     /// See [`StatsSnapshot::events_unmatched`].
@@ -77,6 +79,7 @@ impl Stats {
             events_cloudevents: r(&self.events_cloudevents),
             events_malformed: r(&self.events_malformed),
             events_ignored: r(&self.events_ignored),
+            events_out_of_bounds: r(&self.events_out_of_bounds),
             events_not_enabled: r(&self.events_not_enabled),
             events_unmatched: r(&self.events_unmatched),
             events_duplicate: r(&self.events_duplicate),

@@ -47,8 +47,12 @@ pub enum StorageKind {
 pub enum Access {
     /// Download exactly one file.
     Read,
-    /// Create files within one directory.
+    /// Create files within one directory (dCache: `UPLOAD` only, so no existing file is
+    /// replaced).
     Write,
+    /// Create and replace files within one directory (dCache: `UPLOAD,DELETE`): only for a
+    /// function whose manifest asks for it and whose owner's namespace grants `replace` there.
+    Replace,
 }
 
 /// How the gateway authenticates to the storage when it asks for macaroons.
@@ -123,15 +127,16 @@ pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &st
         StorageKind::Dcache => {
             let activity = match access {
                 Access::Read => "activity:DOWNLOAD",
-                Access::Write => "activity:UPLOAD,DELETE",
+                Access::Write => "activity:UPLOAD",
+                Access::Replace => "activity:UPLOAD,DELETE",
             };
             (format!("{base}/"), vec![activity.into(), format!("path:{path}")])
         }
         StorageKind::Xrootd => {
             let target = match access {
                 Access::Read => path.to_owned(),
-                Access::Write if path.ends_with('/') => path.to_owned(),
-                Access::Write => format!("{path}/"),
+                Access::Write | Access::Replace if path.ends_with('/') => path.to_owned(),
+                Access::Write | Access::Replace => format!("{path}/"),
             };
             (format!("{base}{}", encode_path(&target)), vec![xrootd_activity(access).into()])
         }
@@ -141,11 +146,12 @@ pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &st
 
 /// The activity caveat an XRootD macaroon is requested with. UPLOAD is what XrdMacaroons
 /// requires to create a file (an XrdHttp PUT of a new file: 200); replacing an existing file
-/// would need MANAGE, which in turn needs delete rights for the gateway, which it does not get.
+/// would need MANAGE, which in turn needs delete rights for the gateway, which it does not get:
+/// so [`Access::Replace`] is `UPLOAD` too there (new files only).
 fn xrootd_activity(access: Access) -> &'static str {
     match access {
         Access::Read => "activity:DOWNLOAD",
-        Access::Write => "activity:UPLOAD",
+        Access::Write | Access::Replace => "activity:UPLOAD",
     }
 }
 
@@ -228,17 +234,17 @@ impl StorageClient {
         self.request(Access::Read, path).await
     }
 
-    /// A macaroon that may only create files within directory `dir` (dCache: also replace
-    /// them; XRootD: new files only).
-    pub async fn write_macaroon(&self, dir: &str) -> Result<String, StorageError> {
-        self.request(Access::Write, dir).await
+    /// A macaroon that may only create files within directory `dir`, and with `replace` also
+    /// replace existing ones (dCache; XRootD: new files only either way).
+    pub async fn write_macaroon(&self, dir: &str, replace: bool) -> Result<String, StorageError> {
+        self.request(if replace { Access::Replace } else { Access::Write }, dir).await
     }
 
     #[tracing::instrument(name = "gateway.request_macaroon", skip_all, fields(kind = ?self.kind, access = ?access, path = %path))]
     async fn request(&self, access: Access, path: &str) -> Result<String, StorageError> {
         let validity = match access {
             Access::Read => &self.read_validity,
-            Access::Write => &self.write_validity,
+            Access::Write | Access::Replace => &self.write_validity,
         };
         let req = macaroon_request(self.kind, &self.base, access, path, validity);
         let mut post = self
@@ -404,7 +410,7 @@ mod tests {
             let result = if access.starts_with("read") {
                 client.read_macaroon("/data/f").await
             } else {
-                client.write_macaroon("/out/").await
+                client.write_macaroon("/out/", false).await
             };
             let elapsed = started.elapsed();
             let e = result.expect_err(access);
@@ -428,6 +434,8 @@ mod tests {
         assert_eq!(r.body, json!({"caveats": ["activity:DOWNLOAD", "path:/data/in/a b.dat"], "validity": "PT2H"}));
         let w = macaroon_request(StorageKind::Dcache, "https://door:2880", Access::Write, "/data/out", "PT4H");
         assert_eq!(w.url, "https://door:2880/");
+        assert_eq!(w.body, json!({"caveats": ["activity:UPLOAD", "path:/data/out"], "validity": "PT4H"}));
+        let w = macaroon_request(StorageKind::Dcache, "https://door:2880", Access::Replace, "/data/out", "PT4H");
         assert_eq!(w.body, json!({"caveats": ["activity:UPLOAD,DELETE", "path:/data/out"], "validity": "PT4H"}));
     }
 

@@ -63,7 +63,7 @@ mod tests {
             module,
             trigger,
             resources: Resources::default(),
-            outputs: Outputs { dir: format!("/out/{name}/") },
+            outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
             args: vec![],
             env: vec![],
             annex: None,

@@ -56,7 +56,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             module: Digest::of(module),
             trigger: Trigger::on_path("/data/**"),
             resources: Resources::default(),
-            outputs: Outputs { dir: format!("/out/{name}/") },
+            outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
             args: vec![],
             env: vec![],
             annex: None,

@@ -421,6 +421,8 @@ async fn round(dir: &Path, warmup: u64, measured: u64) -> anyhow::Result<Round> 
         "submit_issuers": [{ "issuer": GW, "jwks_file": dir.join("gw.jwks") }],
         "admin_token": ADMIN,
         "durability": durability()?.as_str(),
+        "storage_origins": ["https://dcache.example.org:2880"],
+        "module_stores": ["https://registry.example.org"],
     }))
     .context("scheduler config")?;
     let settings = config.resolve().await.context("resolve the scheduler's settings")?;

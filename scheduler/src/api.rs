@@ -27,8 +27,10 @@
 //! | `GET /healthz` | none | `ok` |
 //!
 //! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
-//! revocation (403 `token revoked: <reason>`), then the request against the token's limits
-//! (403), then the request itself (400), then, in one transaction, revocation again, dedupe (200
+//! revocation (403 `token revoked: <reason>`), then the request itself (400), then its URLs
+//! ([`crate::trust`], 403: the module must be a module store's URL for the job's digest, the
+//! input and output must be on a trusted storage), then the site policy and the request against
+//! the token's limits (403), then, in one transaction, revocation again, dedupe (200
 //! with the existing job), token use (401 when used up), and the owner's idle limit
 //! ([`crate::Config::max_idle_jobs_per_owner`]: 429 `owner <o> has <n> idle jobs, the limit is
 //! <max>; try again later`, counting idle and held jobs). A refused submission counts no use of
@@ -374,6 +376,10 @@ async fn accept(
         known.paths = vec![req.event.path.clone()];
     }
     validate(&req).map_err(ApiFailure::bad_request)?;
+    // No URL is trusted for being handed over: the module, input and output must be the site's.
+    shared.trust.check(&req).map_err(|e| ApiFailure::forbidden(e.to_string())).inspect_err(|e| {
+        tracing::warn!("refused: {}", e.message);
+    })?;
     // Policy first: it fills in a class's default run time, which the token must then allow.
     let admission = shared
         .policy

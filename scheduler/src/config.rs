@@ -11,6 +11,7 @@
 use crate::policy::{GroupConfig, JobClass, PolicyConfig, SitePolicy};
 use crate::queue::Queue;
 use crate::requirements::RequirementConfig;
+use crate::trust::UrlTrust;
 use anyhow::Context as _;
 use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
 use htfaas_functions::store::Durability;
@@ -123,6 +124,28 @@ pub struct Config {
     /// ... or once the last checkpoint is this old (checked every second), seconds. Default: 60.
     #[serde(default = "default_audit_checkpoint_s")]
     pub audit_checkpoint_s: u64,
+    /// The storages jobs read their input from and write their outputs to, each as
+    /// `scheme://host[:port]` (the gateway's `storage_url`): a submitted job whose `input.url`
+    /// or `output.url` lies elsewhere is refused (403), so that no submitter can point an EP
+    /// at an internal address or at a server of its own ([`crate::trust`]). No default: the
+    /// scheduler refuses to start without one.
+    #[serde(default)]
+    pub storage_origins: Vec<String>,
+    /// The base URLs EPs fetch modules from (the gateway's public URL): a job's
+    /// `function.module_url` must be exactly `<store>/v1/modules/<its digest>` for one of them,
+    /// else it is refused (403). No default: the scheduler refuses to start without one.
+    #[serde(default)]
+    pub module_stores: Vec<String>,
+    /// The listener's header and body idle timeouts and connection cap, TLS or not. Default:
+    /// see [`htfaas_functions::serve::Limits`].
+    #[serde(default)]
+    pub http: htfaas_functions::serve::Limits,
+    /// The key that seals the macaroons stored with each job ([`crate::seal`]): 32 random
+    /// bytes in hex, created (0600) if missing. Keep it apart from the database (another
+    /// volume, outside the database's backups): a copy of the database alone then holds no
+    /// usable macaroon. Default: `<db_path>.seal.key`.
+    #[serde(default)]
+    pub seal_key_file: Option<PathBuf>,
 }
 
 fn default_audit_checkpoint_records() -> u64 {
@@ -196,10 +219,14 @@ pub struct Settings {
     pub(crate) limits: OwnerLimits,
     /// Fair share, groups, classes, requirements, leases and retries.
     pub(crate) policy: SitePolicy,
+    /// The storages and module stores a job's URLs must name.
+    pub(crate) trust: UrlTrust,
     /// Signs the audit trail's checkpoints.
     pub(crate) audit_signer: Arc<AuditSigner>,
     /// When it signs.
     pub(crate) audit_policy: CheckpointPolicy,
+    /// The listener's limits ([`Config::http`]).
+    pub(crate) http: htfaas_functions::serve::Limits,
 }
 
 impl std::fmt::Debug for Settings {
@@ -212,6 +239,7 @@ impl std::fmt::Debug for Settings {
             .field("tls", &self.tls.is_some())
             .field("limits", &self.limits)
             .field("policy", &self.policy)
+            .field("trust", &self.trust)
             .finish_non_exhaustive()
     }
 }
@@ -286,6 +314,10 @@ impl Config {
             audit_key_file: None,
             audit_checkpoint_records: default_audit_checkpoint_records(),
             audit_checkpoint_s: default_audit_checkpoint_s(),
+            storage_origins: Vec::new(),
+            module_stores: Vec::new(),
+            http: Default::default(),
+            seal_key_file: None,
         }
     }
 
@@ -293,6 +325,17 @@ impl Config {
     /// creates) the attach key, reads the issuers' key sets, opens the store and binds the
     /// listener.
     pub async fn resolve(self) -> anyhow::Result<Settings> {
+        self.resolve_with(None).await
+    }
+
+    /// [`Config::resolve`], serving on `listener` (already bound) instead of binding `listen`:
+    /// for a caller that must know the scheduler's address before its configuration is
+    /// complete (the local stack, whose gateway and scheduler each name the other).
+    pub async fn resolve_on(self, listener: tokio::net::TcpListener) -> anyhow::Result<Settings> {
+        self.resolve_with(Some(listener)).await
+    }
+
+    async fn resolve_with(self, listener: Option<tokio::net::TcpListener>) -> anyhow::Result<Settings> {
         anyhow::ensure!(!self.name.is_empty(), "name must not be empty");
         anyhow::ensure!(
             self.admin_token.len() >= MIN_ADMIN_TOKEN_BYTES,
@@ -320,6 +363,8 @@ impl Config {
         }
         .resolve()
         .map_err(anyhow::Error::msg)?;
+        let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;
+        self.http.check()?;
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {
             (None, None) => None,
             (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
@@ -354,13 +399,18 @@ impl Config {
             tracing::warn!("no submit issuer is trusted: every submit will be refused");
         }
         let (db_path, durability) = (self.db_path.clone(), self.durability);
-        let mut queue = tokio::task::spawn_blocking(move || Queue::open_with(&db_path, durability))
+        let seal_key_file = self.seal_key_file.clone().unwrap_or_else(|| crate::seal::default_key_file(&self.db_path));
+        let mut queue = tokio::task::spawn_blocking(move || Queue::open_sealed(&db_path, durability, &seal_key_file))
             .await
             .context("open the job store")?
             .with_context(|| format!("open the job store {}", self.db_path.display()))?;
         queue.set_half_life(policy.half_life_s);
-        let listener =
-            tokio::net::TcpListener::bind(self.listen).await.with_context(|| format!("bind {}", self.listen))?;
+        let listener = match listener {
+            Some(l) => l,
+            None => {
+                tokio::net::TcpListener::bind(self.listen).await.with_context(|| format!("bind {}", self.listen))?
+            }
+        };
         let local_addr = listener.local_addr().context("read the bound address")?;
         Ok(Settings {
             listener,
@@ -374,8 +424,10 @@ impl Config {
             tls,
             limits,
             policy,
+            trust,
             audit_signer: Arc::new(audit_signer),
             audit_policy,
+            http: self.http,
         })
     }
 }
@@ -431,8 +483,29 @@ mod tests {
             tls_key_file: None,
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            storage_origins: vec!["http://storage.invalid".into()],
+            module_stores: vec!["http://registry.invalid".into()],
             ..Config::new(String::new(), Vec::new())
         }
+    }
+
+    /// Issue 18: without the site's storages and module stores the scheduler does not start
+    /// (it would otherwise have to refuse every job, or trust every URL).
+    #[tokio::test]
+    async fn a_scheduler_without_storage_origins_or_module_stores_refuses_to_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = Config { storage_origins: vec![], ..config(dir.path()) };
+        let e = c.resolve().await.expect_err("no storage");
+        assert!(e.to_string().starts_with("storage_origins is empty: list the scheme://host:port"), "{e}");
+        let c = Config { module_stores: vec![], ..config(dir.path()) };
+        let e = c.resolve().await.expect_err("no module store");
+        assert!(e.to_string().starts_with("module_stores is empty: list the base URL"), "{e}");
+        let c = Config { storage_origins: vec!["http://storage.invalid/data".into()], ..config(dir.path()) };
+        let e = c.resolve().await.expect_err("a path");
+        assert_eq!(
+            e.to_string(),
+            "storage_origins: \"http://storage.invalid/data\" must be scheme://host[:port] without a path"
+        );
     }
 
     #[tokio::test]

@@ -5,7 +5,13 @@
 //! frame per message.
 //!
 //! The token (checked before the upgrade, in [`crate::api`]) decides which jobs the EP may run
-//! (its `owner` and `annex`); the EP's own messages never widen that. A Hello naming another
+//! (its `owner` and `annex`); the EP's own messages never widen that. The Hello's `name` and
+//! `labels` are self-asserted (an attach token names no EP): they are shown to admins, recorded
+//! with attempts and select admin settings (drain, disable, pause by name), but decide nothing
+//! an EP may do; an EP that renames itself to escape a `disable` is stopped by revoking its
+//! attach token. What an EP reports is doubted ([`crate::doubt`]): usage clamped to what the
+//! scheduler saw, outputs only under the job's output directory, else the report is refused;
+//! a job it turns away unrun counts as a lost attempt, with the backoff. A Hello naming another
 //! annex than the token's is refused (close [`CLOSE_FORBIDDEN`]) so that an operator's mistake
 //! shows at once. The session is closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
 //! itself, without leeway) or is revoked ([`CLOSE_FORBIDDEN`]). A bad frame is logged and

@@ -72,6 +72,13 @@ pub enum QueueError {
     /// A previous holder of the connection panicked.
     #[error("database connection lock poisoned")]
     Poisoned,
+    /// The database file could not be made private (0600), or the macaroon seal key not
+    /// read or created.
+    #[error("{0}")]
+    Private(String),
+    /// A stored macaroon could not be sealed or opened.
+    #[error(transparent)]
+    Seal(#[from] crate::seal::SealError),
     /// The batch of writes this write was part of could not be committed (nothing of it is
     /// stored); the message says why.
     #[error("database: the batch of writes was not committed: {0}")]

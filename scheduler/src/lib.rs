@@ -25,6 +25,10 @@
 //! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
 //!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
 //! - [`config`]: [`Config`] → [`Settings`], including the per-owner limits ([`OwnerLimits`]).
+//! - [`doubt`]: an EP's report checked before it counts: usage clamped to what the scheduler
+//!   observed, outputs only under the job's output directory and bounded, else refused.
+//! - [`trust`]: which URLs a job may name: input and output on the site's storages, the module
+//!   at a module store's URL for the job's digest; no other URL reaches an EP.
 //! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
 //!   refused credentials by reason, audit records.
 //!
@@ -57,6 +61,7 @@ pub mod admin;
 pub mod api;
 pub mod config;
 pub mod dispatch;
+pub mod doubt;
 pub mod ep_link;
 pub mod error;
 pub mod matching;
@@ -66,7 +71,9 @@ pub mod queue;
 pub mod report;
 pub mod requirements;
 pub mod revocation;
+pub mod seal;
 pub mod tls;
+pub mod trust;
 
 pub use config::{ATTACH_KID, Config, OwnerLimits, Settings, TrustedIssuer};
 pub use error::{ApiFailure, QueueError};
@@ -77,7 +84,6 @@ use htfaas_functions::token::{ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenEr
 use matching::EpTable;
 use queue::Queue;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -114,6 +120,8 @@ pub struct Shared {
     pub(crate) limits: OwnerLimits,
     /// Fair share, groups, classes, requirements, leases and retries.
     pub(crate) policy: policy::SitePolicy,
+    /// The storages and module stores a job's URLs must name ([`trust`]).
+    pub(crate) trust: trust::UrlTrust,
     /// Signs the audit trail's checkpoints (the trail is in the queue's store).
     pub(crate) audit_signer: Arc<htfaas_functions::audit::AuditSigner>,
     /// When it signs.
@@ -167,8 +175,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         tls,
         limits,
         policy,
+        trust,
         audit_signer,
         audit_policy,
+        http,
     } = settings;
     let shared = Arc::new(Shared {
         queue,
@@ -183,6 +193,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         ignored_reports: AtomicU64::new(0),
         limits,
         policy,
+        trust,
         audit_signer,
         audit_policy,
         metrics: metrics::Metrics::new(),
@@ -204,9 +215,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     shared.wake.notify_one();
     tracing::info!(%url, name = %name, "scheduler listening");
 
-    // With each connection's peer address: the attach route keeps it for binding macaroons.
-    let app = api::router(shared.clone()).into_make_service_with_connect_info::<SocketAddr>();
-    let stop = shutdown.clone().cancelled_owned();
+    // Each request carries its peer's address (`ConnectInfo`): the attach route keeps it for
+    // binding macaroons. Slow heads, stalled bodies and connection floods: `http`'s limits, on
+    // the TLS listener (after its own handshake limits) as on the plain one.
+    let app = api::router(shared.clone());
+    let stop = shutdown.clone();
     let served = match tls {
         None => {
             // TCP_NODELAY: without it a response (or an Assign) split in two writes waits for
@@ -216,14 +229,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
                     tracing::debug!("failed to set TCP_NODELAY: {e}");
                 }
             });
-            axum::serve(listener, app).with_graceful_shutdown(stop).await
+            htfaas_functions::serve::serve(listener, app, http, stop).await
         }
-        Some(config) => {
-            // axum hands out `ConnectInfo<L::Addr>` for a listener of its own kind only through
-            // its `TapIo` adapter; the tap itself does nothing.
-            let listener = tls::TlsListener::new(listener, config).tap_io(|_| {});
-            axum::serve(listener, app).with_graceful_shutdown(stop).await
-        }
+        Some(config) => htfaas_functions::serve::serve(tls::TlsListener::new(listener, config), app, http, stop).await,
     }
     .context("serve HTTP");
     tracing::info!("HTTP stopped; closing EP sessions");

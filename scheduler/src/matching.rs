@@ -795,6 +795,7 @@ mod tests {
             output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
             args: vec![],
             env: vec![],
+            limits: Default::default(),
         };
         assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
         assert!(!t.is_running("a", "j1"));

@@ -20,8 +20,9 @@
 //! attenuated copies) and its submit token's `jti`, issuer and accounting group.
 //!
 //! Job states (`state` column): `idle` → `running` (dispatch) → `completed` | `failed` (the EP's
-//! report); `running` → `idle` (its session ended, or its EP reported the storage unavailable:
-//! a loss, counted in `lost`, with the retry backoff in `not_before_ms`) or → `held` (past the
+//! report); `running` → `idle` (its session ended, its EP reported the storage unavailable,
+//! turned the job away unrun, or sent a report [`crate::doubt`] refused: a loss, counted in
+//! `lost`, with the retry backoff in `not_before_ms`) or → `held` (past the
 //! retry limit, with [`HOLD_CODE_RETRIES`] or [`HOLD_CODE_STORAGE`]); `idle` | `running` → `held` (an admin's
 //! hold: `reason` and `hold_code` say why; a running job keeps its session until its stop is
 //! reported) → `idle` (release: the earlier attempt is forgotten); `idle` | `running` | `held`
@@ -43,6 +44,7 @@
 
 use crate::actions::Action;
 use crate::dispatch::BATCH;
+use crate::doubt::{Observed, Violation, doubt};
 use crate::error::QueueError;
 use crate::matching::{IdleJob, PoolRoom};
 use crate::revocation::{Credential, Revoked, target_from_parts, target_parts};
@@ -368,6 +370,8 @@ pub struct Queue {
     revoked: Arc<RwLock<Revoked>>,
     /// Bounds the records of refusals whose token did not verify ([`Queue::record_refusal`]).
     unverified_refusals: Arc<Mutex<RefusalBudget>>,
+    /// Seals the macaroons of every stored request ([`crate::seal`]).
+    sealer: Arc<crate::seal::Sealer>,
 }
 
 /// Most records of refusals with an unverified token per second, on average.
@@ -428,6 +432,15 @@ impl Queue {
     /// loss counted): their EP sessions are gone. Usage decays with a half-life of one day
     /// until [`Queue::set_half_life`].
     pub fn open_with(path: &Path, durability: Durability) -> Result<Queue, QueueError> {
+        Queue::open_sealed(path, durability, &crate::seal::default_key_file(path))
+    }
+
+    /// [`Queue::open_with`], with the stored macaroons sealed under the key in `seal_key_file`
+    /// (created if missing); the file itself is made 0600 (with its `-wal` and `-shm`).
+    pub fn open_sealed(path: &Path, durability: Durability, seal_key_file: &Path) -> Result<Queue, QueueError> {
+        htfaas_functions::store::prepare_private_db(path)
+            .map_err(|e| QueueError::Private(format!("make {} private: {e}", path.display())))?;
+        let sealer = Arc::new(crate::seal::Sealer::load_or_create(seal_key_file)?);
         let mut conn = Connection::open(path)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -472,9 +485,13 @@ impl Queue {
                 )?;
             }
         }
+        let sealed = seal_stored(&tx, &sealer)?;
         tx.commit()?;
         if requeued > 0 {
             tracing::info!(jobs = requeued, "jobs left running by the previous process are idle again");
+        }
+        if sealed > 0 {
+            tracing::info!(jobs = sealed, "sealed the macaroons an older build stored in plain");
         }
         let mut revoked = Revoked::default();
         for r in read_revocations(&conn)? {
@@ -498,6 +515,7 @@ impl Queue {
             half_life_s: 86_400.0,
             revoked: Arc::new(RwLock::new(revoked)),
             unverified_refusals: Arc::new(Mutex::new(RefusalBudget::new())),
+            sealer,
         })
     }
 
@@ -537,6 +555,22 @@ impl Queue {
         self.call_writing(move |conn| {
             let cap: i64 = conn.pragma_update_and_check(None, "max_page_count", pages, |r| r.get(0))?;
             Ok(from_db(cap))
+        })
+        .await
+    }
+
+    /// Test hook, not configuration: moves the dispatch time of running job `id` back by
+    /// `ms`, as if it had run that long, so that a test may report hours of usage without
+    /// waiting for them ([`crate::doubt`] clamps a report to the time the scheduler saw).
+    #[doc(hidden)]
+    pub async fn backdate_start(&self, id: String, ms: u64) -> Result<(), QueueError> {
+        self.write(move |tx| {
+            exec(
+                tx,
+                "UPDATE jobs SET started_at_ms = started_at_ms - ?2 WHERE id = ?1 AND state = 'running'",
+                params![id, db_int(ms)],
+            )?;
+            Ok(())
         })
         .await
     }
@@ -608,6 +642,8 @@ impl Queue {
     /// the job as idle. Every refusal rolls the whole transaction back.
     pub async fn submit(&self, job: NewJob) -> Result<Submitted, QueueError> {
         let revoked = self.revoked.clone();
+        // What the file keeps: the request with its macaroons sealed.
+        let stored = serde_json::to_string(&self.sealer.seal_request(&job.request)?)?;
         self.write(move |tx| {
             // Checked on the writer, which runs every write in turn: a revocation made meanwhile
             // either is seen here or is written after this job, and removes it.
@@ -668,7 +704,7 @@ impl Queue {
                     job.request.dedupe_key,
                     state,
                     job.jti,
-                    serde_json::to_string(&job.request)?,
+                    stored,
                     r.cpus,
                     db_int(r.memory_mb),
                     db_int(r.runtime_s),
@@ -881,6 +917,7 @@ impl Queue {
     where
         F: Fn(JobAssignment, bool) -> Result<JobAssignment, String> + Send + 'static,
     {
+        let sealer = self.sealer.clone();
         self.write(move |tx| {
             let mut marked = Marked::default();
             let started = db_int(now_ms());
@@ -898,7 +935,8 @@ impl Queue {
                 let mut subject =
                     Subject { job: Some(id.clone()), token_jti: Some(jti), owner: Some(owner), ..Subject::default() };
                 let parsed = serde_json::from_str::<SubmitRequest>(&request)
-                    .map_err(|e| format!("stored request is corrupt: {e}"));
+                    .map_err(|e| format!("stored request is corrupt: {e}"))
+                    .and_then(|r| sealer.open_request(r).map_err(|e| e.to_string()));
                 if let Ok(r) = &parsed {
                     subject.function = Some(r.function.name.clone());
                     subject.digest = Some(r.function.digest.as_str().to_owned());
@@ -1061,51 +1099,64 @@ impl Queue {
     pub async fn finish(
         &self,
         ep_session: String,
-        report: JobReport,
+        mut report: JobReport,
         loss: Loss,
     ) -> Result<Option<Finished>, QueueError> {
         let self_half_life = self.half_life_s;
         self.write(move |tx| {
-            // owner, cpus, state, group, EP name, losses so far.
-            type Row = (String, u32, String, Option<String>, Option<String>, u32);
+            // owner, cpus, state, group, EP name, losses so far, attempts, started, memory, request.
+            type Row = (String, u32, String, Option<String>, Option<String>, u32, u32, Option<i64>, i64, String);
             let row: Option<Row> = tx
                 .query_row(
-                    "SELECT owner, cpus, state, grp, ep, lost FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+                    "SELECT owner, cpus, state, grp, ep, lost, attempts, started_at_ms, memory_mb, request \
+                     FROM jobs WHERE id = ?1 AND ep_session = ?2 \
                      AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
                     params![report.job_id, ep_session],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                            r.get(6)?,
+                            r.get(7)?,
+                            r.get(8)?,
+                            r.get(9)?,
+                        ))
+                    },
                 )
                 .optional()?;
-            let Some((owner, cpus, stored, group, ep, lost)) = row else {
+            let Some((owner, cpus, stored, group, ep, lost, attempt, started, memory_mb, request)) = row else {
                 return Ok(None);
             };
             let ep = ep.unwrap_or_else(|| ep_session.clone());
             let subject = job_subject(tx, &report.job_id)?.unwrap_or_default();
-            if let (true, Outcome::Cancelled { reason }) = (stored == "running", &report.outcome) {
-                // Cancelled while the scheduler had not asked for it: the EP turned the job away
-                // (it is draining and the Assign crossed its `Draining`). Not the job's fault:
-                // it goes back to idle at once, nothing charged, no loss counted.
-                let now = db_int(now_ms());
-                exec(
-                    tx,
-                    "UPDATE attempts SET outcome = 'returned', reason = ?3, ended_at_ms = ?4 \
-                     WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
-                    params![report.job_id, ep_session, format!("the EP returned it: {reason}"), now],
-                )?;
-                exec(
-                    tx,
-                    "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL WHERE id = ?1",
-                    params![report.job_id],
-                )?;
-                let returned = AuditDraft::job_finished(subject, &ep, None, &[], &report.outcome, &report.usage)
-                    .with_detail("state", "idle".into())
-                    .with_detail("returned", true.into());
-                audit::append_in(tx, returned)?;
-                return Ok(Some(Finished { owner, state: JobState::Idle }));
+            let job = Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session: &ep_session };
+            // The EP's word is doubted before anything of it is recorded (crate::doubt).
+            let output_dir = serde_json::from_str::<SubmitRequest>(&request)
+                .map(|r| url_path(&r.output.url))
+                .unwrap_or_else(|_| "/nonexistent/".into());
+            let seen = Observed {
+                started_at_ms: started.map(from_db),
+                now_ms: now_ms(),
+                cpus,
+                memory_mb: from_db(memory_mb),
+                output_dir,
+            };
+            let clamped = match doubt(&mut report, &seen) {
+                Ok(clamped) => clamped,
+                Err(violation) => {
+                    let state = refuse_report(tx, &job, &stored, attempt, &report, subject, &violation, loss)?;
+                    return Ok(Some(Finished { owner, state }));
+                }
+            };
+            if let (true, Outcome::Cancelled { .. }) = (stored == "running", &report.outcome) {
+                let state = returned(tx, &job, attempt, &report, subject, loss)?;
+                return Ok(Some(Finished { owner, state }));
             }
             if stored == "running" && report.outcome.is_transient() {
-                let job =
-                    Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session: &ep_session };
                 let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
                 return Ok(Some(Finished { owner, state }));
             }
@@ -1165,10 +1216,14 @@ impl Queue {
             );
             let input = subject.paths.first().filter(|_| ran || u.bytes_in > 0).cloned();
             let input = input.as_deref().map(|path| (path, u.bytes_in));
-            let finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
+            let mut finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
                 .with_detail("state", state.as_str().into())
                 .with_detail("exit_code", serde_json::json!(exit_code))
                 .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+            if !clamped.is_empty() {
+                // What the EP claimed, beside what was charged.
+                finished = finished.with_detail("clamped", clamped.to_json());
+            }
             audit::append_in(tx, finished)?;
             Ok(Some(Finished { owner, state }))
         })
@@ -1913,6 +1968,111 @@ fn storage_unavailable(
     Ok(state)
 }
 
+/// Longest reason of an EP's own (a return's) kept with an attempt, characters.
+const MAX_EP_REASON_CHARS: usize = 1024;
+
+/// [`Queue::finish`] for a running job its EP turned away unrun ([`Outcome::Cancelled`] the
+/// scheduler did not ask for: e.g. an Assign that crossed the EP's `Draining`). Not the job's
+/// fault, but not free either, or an EP could bounce a job for ever: the attempt ends
+/// `returned`, nothing is charged, and it counts as lost ([`requeue_or_hold`]: idle again after
+/// the backoff, held past the retry limit). Returns the job's new state.
+fn returned(
+    tx: &Transaction<'_>,
+    job: &Reported<'_>,
+    attempt: u32,
+    report: &JobReport,
+    subject: Subject,
+    loss: Loss,
+) -> Result<JobState, QueueError> {
+    let now = now_ms();
+    let said = match &report.outcome {
+        Outcome::Cancelled { reason } => reason.chars().take(MAX_EP_REASON_CHARS).collect(),
+        other => other.reason(),
+    };
+    let why = format!("the EP returned it: {said}");
+    exec(
+        tx,
+        "UPDATE attempts SET outcome = 'returned', reason = ?3, ended_at_ms = ?4 \
+         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+        params![report.job_id, job.ep_session, why, db_int(now)],
+    )?;
+    let hold = |times: u32, max: u32| {
+        let reason =
+            format!("lost or returned by its EP {times} times (last: {}: {why}); the retry limit is {max}", job.ep);
+        (HOLD_CODE_RETRIES, reason)
+    };
+    let after = requeue_or_hold(tx, &report.job_id, job.lost, loss, now, hold)?;
+    let (state, then) = match &after {
+        AfterLoss::Requeued => (JobState::Idle, "requeued"),
+        AfterLoss::Held { .. } => (JobState::Held, "held"),
+    };
+    let record = AuditDraft::job_finished(subject.clone(), job.ep, None, &[], &report.outcome, &report.usage)
+        .with_detail("state", state.as_str().into())
+        .with_detail("returned", true.into())
+        .with_detail("then", then.into())
+        .with_detail("attempt", attempt.into());
+    audit::append_in(tx, record)?;
+    if let AfterLoss::Held { code, reason } = after {
+        audit::append_in(tx, AuditDraft::job_held(subject, &reason, Some(i64::from(code))))?;
+    }
+    Ok(state)
+}
+
+/// [`Queue::finish`] for a report that breaks the protocol ([`Violation`]): nothing of it is
+/// believed — no outcome, no output (so nothing enters the lineage), no usage (nothing is
+/// charged). The attempt ends `refused` with the violation as its reason and is recorded as
+/// `attempt.lost` (detail `violation`); a running job counts the loss ([`requeue_or_hold`]); a
+/// job stopped meanwhile keeps its state, and no later report of the attempt counts. Returns
+/// the job's state.
+#[allow(clippy::too_many_arguments)]
+fn refuse_report(
+    tx: &Transaction<'_>,
+    job: &Reported<'_>,
+    stored: &str,
+    attempt: u32,
+    report: &JobReport,
+    subject: Subject,
+    violation: &Violation,
+    loss: Loss,
+) -> Result<JobState, QueueError> {
+    let now = now_ms();
+    let why = format!("protocol violation: {violation}");
+    tracing::warn!(job.id = %report.job_id, ep = %job.ep, "refusing the EP's report: {why}");
+    exec(
+        tx,
+        "UPDATE attempts SET outcome = 'refused', reason = ?3, ended_at_ms = ?4 \
+         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+        params![report.job_id, job.ep_session, why, db_int(now)],
+    )?;
+    let (state, then, held) = if stored == "running" {
+        let hold = |times: u32, max: u32| {
+            let reason = format!(
+                "lost its EP or had its report refused {times} times (last: {}: {why}); the retry limit is {max}",
+                job.ep
+            );
+            (HOLD_CODE_RETRIES, reason)
+        };
+        match requeue_or_hold(tx, &report.job_id, job.lost, loss, now, hold)? {
+            AfterLoss::Requeued => (JobState::Idle, "requeued", None),
+            AfterLoss::Held { code, reason } => (JobState::Held, "held", Some((code, reason))),
+        }
+    } else {
+        // Stopped while running (held or removed): it keeps its state; a usage of nothing marks
+        // the attempt as reported, so no later report of it is charged.
+        let nothing = serde_json::to_string(&Usage::default())?;
+        exec(tx, "UPDATE jobs SET usage = ?2 WHERE id = ?1", params![report.job_id, nothing])?;
+        (JobState::parse(stored).unwrap_or(JobState::Removed), "kept", None)
+    };
+    let record = AuditDraft::attempt_lost(subject.clone(), job.ep, job.ep_session, attempt, &why, then)
+        .with_detail("violation", true.into())
+        .with_detail("outputs_reported", report.outputs.len().into());
+    audit::append_in(tx, record)?;
+    if let Some((code, reason)) = held {
+        audit::append_in(tx, AuditDraft::job_held(subject, &reason, Some(i64::from(code))))?;
+    }
+    Ok(state)
+}
+
 /// What became of a running job that lost its attempt ([`requeue_or_hold`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum AfterLoss {
@@ -2224,6 +2384,25 @@ fn read_revocations(conn: &Connection) -> Result<Vec<Revocation>, QueueError> {
 }
 
 /// What an EP is sent for a job: no owner, no token.
+/// Seals, in `tx`, the plain macaroons (stored by a build before [`crate::seal`]) of every job
+/// that may still run; returns how many jobs were sealed. Finished jobs keep theirs: never
+/// handed out again, they expire within hours.
+fn seal_stored(tx: &Transaction<'_>, sealer: &crate::seal::Sealer) -> Result<usize, QueueError> {
+    let plain: Vec<(String, String)> = {
+        let mut stmt = tx.prepare(
+            "SELECT id, request FROM jobs WHERE state IN ('idle', 'held', 'running') \
+             AND json_valid(request) AND json_extract(request, '$.input.macaroon') NOT LIKE 'sealed-v1:%'",
+        )?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
+    };
+    for (id, request) in &plain {
+        let Ok(r) = serde_json::from_str::<SubmitRequest>(request) else { continue };
+        let sealed = serde_json::to_string(&sealer.seal_request(&r)?)?;
+        exec(tx, "UPDATE jobs SET request = ?2 WHERE id = ?1", params![id, sealed])?;
+    }
+    Ok(plain.len())
+}
+
 pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
     JobAssignment {
         job_id,
@@ -2233,6 +2412,8 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
         output: r.output,
         args: r.args,
         env: r.env,
+        // The submit request carries no per-job limits yet: the EP's own apply.
+        limits: Default::default(),
     }
 }
 
@@ -2442,6 +2623,50 @@ pub(crate) mod tests {
             class: None,
             hold: None,
         }
+    }
+
+    /// Issue 18: a reader of the job store's file finds no usable macaroon (each is sealed
+    /// under the key beside it); dispatch still hands out the originals; a plain one written by
+    /// an older build is read as it is and sealed when the store next opens.
+    #[tokio::test]
+    async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("q.db");
+        let q = Queue::open(&path).expect("open");
+        let job = new_job("k1", "t1", 2);
+        let (read, write) = (job.request.input.macaroon.clone(), job.request.output.macaroon.clone());
+        let first = q.submit(job).await.expect("submit").job_id;
+        let raw = || -> String {
+            Connection::open(&path)
+                .expect("a reader of the file")
+                .query_row("SELECT group_concat(request, ' ') FROM jobs", [], |r| r.get(0))
+                .expect("requests")
+        };
+        let stored = raw();
+        assert!(!stored.contains(&read) && !stored.contains(&write), "{stored}");
+        assert!(stored.contains(crate::seal::PREFIX), "{stored}");
+        let marked = q.mark_running(vec![first], "ep".into(), "s1".into(), |a, _| Ok(a)).await.expect("mark");
+        assert_eq!((&marked.assigned[0].input.macaroon, &marked.assigned[0].output.macaroon), (&read, &write));
+
+        // An older build's row: the same request in plain.
+        let second = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
+        let plain = serde_json::to_string(&request("k2")).expect("json");
+        Connection::open(&path)
+            .expect("open")
+            .execute("UPDATE jobs SET request = ?2 WHERE id = ?1", params![second, plain])
+            .expect("write a plain row");
+        assert!(raw().contains(&read), "the plain row is there");
+        let reopened = Queue::open(&path).expect("reopen");
+        assert!(!raw().contains(&read), "sealed at open: {}", raw());
+        let marked = reopened.mark_running(vec![second], "ep".into(), "s2".into(), |a, _| Ok(a)).await.expect("mark");
+        assert_eq!(marked.assigned[0].input.macaroon, read);
+
+        // Another key opens nothing: the job fails at dispatch, naming why.
+        let third = q.submit(new_job("k3", "t3", 1)).await.expect("submit").job_id;
+        std::fs::write(dir.path().join("other.key"), hex::encode([9u8; 32])).expect("key");
+        let wrong = Queue::open_sealed(&path, Durability::Fsync, &dir.path().join("other.key")).expect("open");
+        let marked = wrong.mark_running(vec![third], "ep".into(), "s3".into(), |a, _| Ok(a)).await.expect("mark");
+        assert!(marked.assigned.is_empty(), "{:?}", marked.assigned);
     }
 
     #[tokio::test]

@@ -33,7 +33,14 @@ const GW_KID: &str = "gw-1";
 const NAME: &str = "test-scheduler";
 const WAIT: Duration = Duration::from_secs(10);
 const STORAGE_SECRET: &[u8] = b"scheduler-test-storage-root";
+/// The storage origin the test scheduler trusts: every job's input and output are there.
+const STORAGE: &str = "http://storage.invalid";
+/// The module store the test scheduler trusts: modules are at `{MODULES}/v1/modules/<digest>`.
+const MODULES: &str = "http://registry.invalid";
 
+/// Issue 18: URLs a submitter chose, and a malicious EP's reports, refused.
+#[path = "scheduler/attacks.rs"]
+mod attacks;
 /// The audit trail: what each decision records, queries, verification.
 #[path = "scheduler/audit.rs"]
 mod audit;
@@ -81,6 +88,8 @@ impl Server {
             attach_key_file: dir.join("attach.pem"),
             // A departed EP's job runs again at once unless a test asks for a backoff.
             retry_backoff_s: 0,
+            storage_origins: vec![STORAGE.into()],
+            module_stores: vec![MODULES.into()],
             ..Config::new(ADMIN.into(), vec![TrustedIssuer { issuer: GW.into(), jwks_file: dir.join("gw.jwks") }])
         };
         configure(&mut config);
@@ -248,7 +257,7 @@ impl Fixture {
                 name: "checksum".into(),
                 version: 3,
                 digest: self.digest.clone(),
-                module_url: "http://registry.invalid/v1/modules/x".into(),
+                module_url: format!("{MODULES}/v1/modules/{}", self.digest),
             },
             resources: Resources::new(2, 256, 60),
             input: InputSpec {

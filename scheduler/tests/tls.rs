@@ -95,6 +95,8 @@ impl Server {
             tls_key_file: pki.map(|p| p.key_file.clone()),
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            storage_origins: vec!["https://storage.invalid".into()],
+            module_stores: vec!["https://registry.invalid".into()],
             ..htfaas_scheduler::Config::new(String::new(), Vec::new())
         };
         let settings = config.resolve().await.expect("resolve");
@@ -154,7 +156,7 @@ impl Server {
                 name: "checksum".into(),
                 version: 1,
                 digest: Digest::of(b"module"),
-                module_url: "https://registry.invalid/m".into(),
+                module_url: format!("https://registry.invalid/v1/modules/{}", Digest::of(b"module")),
             },
             resources: Resources::new(1, 256, 60),
             input: InputSpec {

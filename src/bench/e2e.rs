@@ -105,7 +105,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         module,
         trigger: Trigger::on_path(format!("{dir}**")),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: out.into() },
+        outputs: Outputs { dir: out.into(), replace: false },
         args: vec![],
         env: vec![("HTFAAS_STAMP".into(), "1".into())],
         annex: None,
@@ -139,7 +139,7 @@ impl Bench {
         client.register(&manifest("bench-checksum", checksum, SUM_DIR, SUM_OUT)).await?;
         client.register(&manifest("bench-noop", noop, NOOP_DIR, NOOP_OUT)).await?;
 
-        let nats = async_nats::connect(stack.nats_url()).await.context("connect to NATS")?;
+        let nats = stack.nats_client().await?;
         let js = async_nats::jetstream::new(nats.clone());
         let mut sub = nats.subscribe(EVENTS_SUBJECT).await.context("subscribe to the storage's events")?;
         let (tx, outputs) = mpsc::unbounded_channel();

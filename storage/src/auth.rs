@@ -202,6 +202,8 @@ pub struct Authorized {
     pub principal: Principal,
     /// Upload cap from `max-upload:` caveats.
     pub max_upload: Option<u64>,
+    /// A macaroon's path scope (its `path:` caveats folded); none for a Basic user.
+    pub scope: Option<String>,
 }
 
 /// Checks `cred` for `activities` on `path`. Basic users need the path within their `paths`
@@ -221,7 +223,7 @@ pub fn authorize(
             if !u.may_access(path.as_str()) {
                 return Err(HttpError::Forbidden(format!("user {} may not access {}", u.name, path.as_str())));
             }
-            Ok(Authorized { principal: Principal::User(u.name.clone()), max_upload: None })
+            Ok(Authorized { principal: Principal::User(u.name.clone()), max_upload: None, scope: None })
         }
         Some(Credential::Macaroon(token)) => {
             let now = time::OffsetDateTime::now_utc();
@@ -230,6 +232,7 @@ pub fn authorize(
             Ok(Authorized {
                 principal: Principal::Macaroon(grant.identifier),
                 max_upload: grant.restrictions.max_upload,
+                scope: Some(grant.restrictions.path),
             })
         }
     }

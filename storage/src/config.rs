@@ -33,6 +33,12 @@ pub struct Config {
     /// dCache `transfer` message on JetStream before the PUT is answered.
     #[serde(default)]
     pub nats_url: Option<String>,
+    /// The storage's NATS credential: an nkey user seed (`SU…`), a secret. The server should let
+    /// it publish the billing subject and look up (or create) the events stream only, and
+    /// subscribe to its inbox (`_INBOX.<its public key>.>`) for the PubAcks. Default: none (a
+    /// server without authorization).
+    #[serde(default)]
+    pub nats_nkey_seed: Option<htfaas_functions::nats::NatsCredential>,
     /// Base URL put in macaroon responses' `uri`. Default: `http://<bound address>`.
     #[serde(default)]
     pub public_url: Option<String>,
@@ -44,6 +50,11 @@ pub struct Config {
     /// machine). See [`Durability`].
     #[serde(default)]
     pub durability: Durability,
+    /// The listener's header and body idle timeouts and connection cap. Default: see
+    /// [`htfaas_functions::serve::Limits`] (an upload that sends nothing for 60 s fails; a
+    /// slow one that keeps sending goes on).
+    #[serde(default)]
+    pub http: htfaas_functions::serve::Limits,
 }
 
 fn default_listen() -> SocketAddr {
@@ -69,6 +80,7 @@ pub struct Settings {
     pub(crate) public_url: String,
     pub(crate) cell_name: String,
     pub(crate) durability: Durability,
+    pub(crate) http: htfaas_functions::serve::Limits,
 }
 
 impl Settings {
@@ -85,7 +97,8 @@ impl Config {
         if self.cell_name.is_empty() || self.cell_name.contains(char::is_whitespace) {
             anyhow::bail!("cell_name {:?} must be non-empty without whitespace", self.cell_name);
         }
-        std::fs::create_dir_all(&self.data_dir)
+        self.http.check()?;
+        htfaas_functions::store::create_private_dir(&self.data_dir)
             .with_context(|| format!("create data_dir {}", self.data_dir.display()))?;
         let data_dir = std::fs::canonicalize(&self.data_dir)
             .with_context(|| format!("resolve data_dir {}", self.data_dir.display()))?;
@@ -95,7 +108,7 @@ impl Config {
 
         let jetstream = match &self.nats_url {
             None => None,
-            Some(url) => Some(connect_nats(url, &self.cell_name).await?),
+            Some(url) => Some(connect_nats(url, self.nats_nkey_seed.as_ref(), &self.cell_name).await?),
         };
 
         let listener =
@@ -116,13 +129,17 @@ impl Config {
             public_url,
             cell_name: self.cell_name,
             durability: self.durability,
+            http: self.http,
         })
     }
 }
 
-async fn connect_nats(url: &str, cell_name: &str) -> anyhow::Result<jetstream::Context> {
-    let client = async_nats::ConnectOptions::new()
-        .name(cell_name)
+async fn connect_nats(
+    url: &str,
+    credential: Option<&htfaas_functions::nats::NatsCredential>,
+    cell_name: &str,
+) -> anyhow::Result<jetstream::Context> {
+    let client = htfaas_functions::nats::connect_options(cell_name, credential)
         .connect(url)
         .await
         .with_context(|| format!("connect to NATS at {url}"))?;
@@ -153,7 +170,8 @@ fn load_or_create_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+                htfaas_functions::store::create_private_dir(parent)
+                    .with_context(|| format!("create {}", parent.display()))?;
             }
             let secret: [u8; 32] = rand::random();
             let mut opts = std::fs::OpenOptions::new();

@@ -121,6 +121,36 @@ pub async fn exists(root: &Path, p: &NsPath) -> Result<bool, HttpError> {
     Ok(target(root, p, false).await?.is_some_and(|t| t.exists))
 }
 
+/// The extended attribute that records the path scope of the macaroon that wrote a file (its
+/// `path:` caveats folded: a function's output directory). A macaroon of the same scope may
+/// rewrite the file with `UPLOAD` alone (a job's rerun, or a later run of the same function);
+/// any other replacement needs `DELETE` (see `routes::put`).
+pub const WRITER_SCOPE_XATTR: &str = "user.htfaas.writer-scope";
+
+/// The writer scope recorded on the file at `p`, if the file exists, is a regular file and has
+/// one.
+pub async fn writer_scope(root: &Path, p: &NsPath) -> Result<Option<String>, HttpError> {
+    let Some(t) = target(root, p, false).await? else { return Ok(None) };
+    if !t.exists {
+        return Ok(None);
+    }
+    let mut buf = [0u8; 4096];
+    // Not following a symlink: a link has no scope of its own, so replacing it needs DELETE.
+    match rustix::fs::lgetxattr(&t.path, WRITER_SCOPE_XATTR, &mut buf[..]) {
+        Ok(n) => Ok(std::str::from_utf8(buf.get(..n).unwrap_or_default()).ok().map(str::to_owned)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Records `scope` as the writer scope of the (not yet renamed) upload at `tmp`. A file system
+/// without user extended attributes records nothing (the file then needs `DELETE` to be
+/// replaced, as in dCache).
+pub fn set_writer_scope(tmp: &Path, scope: &str) {
+    if let Err(e) = rustix::fs::setxattr(tmp, WRITER_SCOPE_XATTR, scope.as_bytes(), rustix::fs::XattrFlags::empty()) {
+        tracing::warn!("cannot record the writer scope of {}: {e}", tmp.display());
+    }
+}
+
 /// fsyncs a directory so a rename into it is durable.
 pub async fn sync_dir(dir: &Path) -> Result<(), HttpError> {
     let d = tokio::fs::File::open(dir).await.map_err(|e| internal("open a directory", e))?;

@@ -27,7 +27,6 @@ pub mod macaroons;
 pub mod paths;
 mod routes;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +42,7 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(8);
 /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
 /// (at most [`EXIT_DEADLINE`]) and flushes NATS.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, local_addr, data_dir, key, users, jetstream, public_url, cell_name, durability } =
+    let Settings { listener, local_addr, data_dir, key, users, jetstream, public_url, cell_name, durability, http } =
         settings;
     let state = Arc::new(routes::AppState {
         data_dir,
@@ -54,7 +53,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         cell_name,
         durability,
     });
-    let app = routes::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    let app = routes::router(state.clone());
     // TCP_NODELAY: without it a response whose headers and body go out in two writes waits
     // for the client's delayed ACK (40 ms on Linux) before the body leaves.
     let listener = listener.tap_io(|tcp| {
@@ -62,8 +61,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
             tracing::debug!("failed to set TCP_NODELAY: {e}");
         }
     });
-    let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let mut server = tokio::spawn(async move { serve.await });
+    // Slow heads, stalled uploads and connection floods: `http`'s limits.
+    let serve = htfaas_functions::serve::serve(listener, app, http, shutdown.clone());
+    let mut server = tokio::spawn(serve);
     tracing::info!(%local_addr, "storage serving");
     let deadline = async {
         shutdown.cancelled().await;

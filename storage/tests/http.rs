@@ -89,9 +89,16 @@ fn config(dir: &Path, nats_url: Option<String>) -> Config {
         secret_file: dir.join("secret"),
         users_file: dir.join("users.json"),
         nats_url,
+        nats_nkey_seed: None,
         public_url: None,
         cell_name: "htfaas-storage".into(),
         durability: Default::default(),
+        // Short timeouts, so that the slow-client test ends soon.
+        http: htfaas_functions::serve::Limits {
+            header_read_timeout_s: 2,
+            body_idle_timeout_s: 2,
+            ..Default::default()
+        },
     }
 }
 
@@ -377,9 +384,21 @@ async fn upload_macaroon_for_a_directory() {
     assert_eq!(s.put_bearer("/data/out/sub/b", &m, "B").await.status(), StatusCode::CREATED);
     assert_eq!(s.put_bearer("/data/outside", &m, "X").await.status(), StatusCode::FORBIDDEN);
     assert!(!s.data().join("outside").exists());
-    // Overwriting needs DELETE as well (dCache's rule).
-    assert_eq!(s.put_bearer("/data/out/a", &m, "A2").await.status(), StatusCode::FORBIDDEN);
-    assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("kept"), "A");
+    // A macaroon of the same path scope rewrites what one of its scope wrote (a job's rerun, a
+    // later run of the same function), with UPLOAD alone.
+    let again = s.macaroon("/data/out/", &["activity:UPLOAD"], "PT1H").await;
+    assert_eq!(s.put_bearer("/data/out/a", &again, "A1").await.status(), StatusCode::OK);
+    assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("rewritten"), "A1");
+    // Any other overwrite needs DELETE as well (dCache's rule): a narrower or a wider scope, or a
+    // file a user wrote.
+    let narrower = s.macaroon("/data/out/sub/", &["activity:UPLOAD"], "PT1H").await;
+    assert_eq!(s.put_bearer("/data/out/sub/b", &narrower, "B2").await.status(), StatusCode::FORBIDDEN);
+    let wider = s.macaroon("/data/", &["activity:UPLOAD"], "PT1H").await;
+    let refused = s.put_bearer("/data/out/a", &wider, "A2").await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let text = refused.text().await.unwrap_or_default();
+    assert!(text.contains("was not written under this macaroon's path scope: replacing it needs DELETE"), "{text}");
+    assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("kept"), "A1");
     let m2 = s.macaroon("/data/out/", &["activity:UPLOAD,DELETE"], "PT1H").await;
     assert_eq!(s.put_bearer("/data/out/a", &m2, "A2").await.status(), StatusCode::OK);
     assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("replaced"), "A2");
@@ -559,5 +578,45 @@ async fn a_put_past_the_file_size_limit_is_507_and_leaves_nothing_behind() {
     let msg = msgs.next().await.expect("one").expect("message");
     let m: htfaas_functions::proto::TransferMessage = serde_json::from_slice(&msg.payload).expect("transfer");
     assert_eq!(m.transfer_path.as_deref(), Some("/data/small.dat"));
+    s.stop().await;
+}
+
+/// Issue 18: a client that sends part of a request head and holds it, or starts an upload
+/// and then sends nothing, is cut off by the server (its header and body idle timeouts);
+/// meanwhile another client's upload goes through.
+#[tokio::test]
+async fn slow_heads_and_stalled_uploads_are_cut_off() {
+    let s = start().await;
+    let mut slow_head = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
+    slow_head.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.expect("write");
+    let mut stalled = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode("alice:alice-secret");
+    let head = format!(
+        "PUT /data/stalled.dat HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Length: 1000\r\nConnection: close\r\n\r\npartial"
+    );
+    stalled.write_all(head.as_bytes()).await.expect("write");
+
+    let r =
+        s.http.put(s.url("/data/fine.dat")).basic_auth(ALICE.0, Some(ALICE.1)).body("fine").send().await.expect("sent");
+    assert_eq!(r.status(), StatusCode::CREATED);
+
+    // A bound only against a hang: each connection ends when its server's timeout does.
+    let ends = async {
+        let mut out = Vec::new();
+        let _ = slow_head.read_to_end(&mut out).await;
+        let head_answer = String::from_utf8_lossy(&out).into_owned();
+        let mut out = Vec::new();
+        let _ = stalled.read_to_end(&mut out).await;
+        (head_answer, String::from_utf8_lossy(&out).into_owned())
+    };
+    let (head_answer, upload_answer) =
+        tokio::time::timeout(Duration::from_secs(60), ends).await.expect("the server never cut the slow clients off");
+    assert!(!head_answer.contains("200 OK"), "{head_answer}");
+    assert!(
+        upload_answer.starts_with("HTTP/1.1 400") && upload_answer.contains("request body sent nothing"),
+        "{upload_answer}"
+    );
+    assert!(!s.data().join("stalled.dat").exists(), "nothing stored of the stalled upload");
     s.stop().await;
 }

@@ -106,6 +106,7 @@ async fn run(client: &Client, dir: &Path, owner: &str, group: Option<&str>, func
         group: group.map(str::to_owned),
         ttl_s: 600,
     };
+    htfaas_tests::share_data(client, owner).await;
     let token = mint_submit_token(dir, &grant).expect("mint");
     client.run_function(&token, function, INPUT).await.expect("submit").job_id
 }

@@ -36,6 +36,9 @@ pub async fn start_ep(
         max_scratch_mb: None,
         fuel: None,
         metrics_listen: None,
+        allowed_origins: None,
+        max_open_files: 256,
+        compile_timeout_s: 300,
     }
     .resolve()
     .await
@@ -58,6 +61,10 @@ async fn an_annex_ep_runs_only_its_annex_jobs_and_they_run_nowhere_else() {
     mine.trigger.path = "/data/annex/**".into();
     mine.outputs.dir = "/data/annex-out/".into();
     mine.annex = Some("alice-laptop".into());
+    // An annex is the owner's to use once an admin grants it.
+    let e = client.register(&mine).await.expect_err("no annex grant yet").to_string();
+    assert!(e.contains("alice may not use annex \"alice-laptop\""), "{e}");
+    client.grant("alice", htfaas_functions::namespace::Right::Annex, "alice-laptop").await.expect("grant");
     client.register(&mine).await.expect("register the annex function");
     let eps = CancellationToken::new();
     let scheduler = stack.info().scheduler_url.clone();

@@ -17,8 +17,13 @@ fn every_sample_config_parses() {
     assert_eq!(scheduler.submit_issuers.len(), 1);
     let gateway: htfaas_gateway::Config = serde_json::from_slice(&sample("gateway.json")).expect("gateway.json");
     assert_eq!(gateway.scheduler_url, "http://127.0.0.1:8090");
+    // The scheduler trusts exactly the sample gateway's storage and its module store.
+    assert_eq!(scheduler.storage_origins, std::slice::from_ref(&gateway.storage_url));
+    assert_eq!(scheduler.module_stores, [format!("http://{}", gateway.listen)]);
     let ep: htfaas_ep::Config = serde_json::from_slice(&sample("ep.json")).expect("ep.json");
     assert_eq!(ep.slots.cpus, 2);
+    // The EP reaches exactly the sample gateway (modules) and its storage.
+    assert_eq!(ep.allowed_origins, Some(vec![format!("http://{}", gateway.listen), gateway.storage_url.clone()]));
     let users: serde_json::Value = serde_json::from_slice(&sample("storage-users.json")).expect("users");
     assert_eq!(users["users"][0]["name"], "gateway");
 }

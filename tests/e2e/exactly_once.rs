@@ -54,8 +54,8 @@ fn shuffle<T>(items: &mut [T], mut seed: u64) {
 }
 
 /// Whether the gateway's consumer has nothing left to deliver or to be acked.
-async fn consumer_drained(nats_url: &str) -> bool {
-    let Ok(nats) = async_nats::connect(nats_url).await else { return false };
+async fn consumer_drained(client: &htfaas::client::Client) -> bool {
+    let Ok(nats) = client.nats().await else { return false };
     let js = async_nats::jetstream::new(nats);
     let Ok(stream) = js.get_stream(EVENTS_STREAM).await else { return false };
     let Ok(mut consumer) = stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>("gateway").await else {
@@ -81,6 +81,7 @@ fn sum(a: &StatsSnapshot, b: &StatsSnapshot, f: impl Fn(&StatsSnapshot) -> u64) 
 async fn every_event_twice_shuffled_across_a_gateway_restart_starts_one_job_per_event_and_function() {
     let (_dir, mut stack) = start_stack().await;
     let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
     let noop = client.upload_module(wat::parse_str(NOOP_WAT).expect("wat")).await.expect("upload");
     // `all` fires on every event below, `both` only on those under /data/eo/both/.
     for m in [
@@ -121,11 +122,10 @@ async fn every_event_twice_shuffled_across_a_gateway_restart_starts_one_job_per_
     for m in second {
         client.publish_event(EVENTS_SUBJECT, m.clone()).await.expect("publish");
     }
-    let nats_url = stack.nats_url();
     let jobs = wait_for("every expected job, nothing left to deliver or dispatch", LIMIT, || async {
         let jobs = client.jobs().await.ok()?;
         let done =
-            jobs.len() >= expected.len() && stack.gateway().firings.pending() == 0 && consumer_drained(&nats_url).await;
+            jobs.len() >= expected.len() && stack.gateway().firings.pending() == 0 && consumer_drained(&client).await;
         done.then_some(jobs)
     })
     .await;
@@ -156,6 +156,7 @@ async fn every_event_twice_shuffled_across_a_gateway_restart_starts_one_job_per_
 async fn a_rate_limit_delays_the_excess_and_a_debounce_runs_one_job_for_the_last_write() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
     let noop = client.upload_module(wat::parse_str(NOOP_WAT).expect("wat")).await.expect("upload");
     let mut rated = function(&noop, "rated", Trigger::on_path("/data/rate/**"));
     rated.trigger.rate = Some(RateLimit { per_s: 2.0, burst: 1 });

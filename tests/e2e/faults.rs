@@ -28,8 +28,8 @@ fn per_path(jobs: &[JobRecord]) -> BTreeMap<String, usize> {
 /// Whether the gateway's consumer has delivered every message of the stream. (One delivered
 /// just before the kill may stay unacked, its ack lost with the connection, until the
 /// consumer's `ack_wait` redelivers it; the firing table then drops the copy.)
-async fn consumer_delivered_all(nats_url: &str) -> bool {
-    let Ok(nats) = async_nats::connect(nats_url).await else { return false };
+async fn consumer_delivered_all(client: &htfaas::client::Client) -> bool {
+    let Ok(nats) = client.nats().await else { return false };
     let js = async_nats::jetstream::new(nats);
     let Ok(stream) = js.get_stream(EVENTS_STREAM).await else { return false };
     let Ok(mut consumer) = stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>("gateway").await else {
@@ -122,15 +122,13 @@ async fn nats_killed_with_events_in_flight_loses_none_and_the_gateway_resumes() 
         client.put_bytes(format!("after {i}").into_bytes(), &path).await.expect("upload after the restart");
         expected.insert(path, 1);
     }
-    let nats_url = stack.nats_url();
     // ... and the refused upload's: see below.
     let want = expected.len() + 1;
     let resumed = Instant::now();
     let jobs = wait_for("a finished job for every upload, nothing left to deliver or dispatch", LIMIT, || async {
         let jobs = client.jobs().await.ok()?;
         let finished = jobs.iter().filter(|j| j.state == JobState::Completed).count();
-        let done =
-            finished >= want && stack.gateway().firings.pending() == 0 && consumer_delivered_all(&nats_url).await;
+        let done = finished >= want && stack.gateway().firings.pending() == 0 && consumer_delivered_all(&client).await;
         done.then_some(jobs)
     })
     .await;

@@ -25,6 +25,7 @@ async fn an_admin_holds_releases_and_removes_a_running_job() {
         group: None,
         ttl_s: 600,
     };
+    htfaas_tests::share_data(&client, "bob").await;
     let token = mint_submit_token(dir.path(), &grant).expect("mint");
     let id = client.run_function(&token, "spin", "/data/spin/in.dat").await.expect("submit").job_id;
     let wait = Duration::from_secs(20);

@@ -3,6 +3,7 @@
 
 mod accounting;
 mod annex;
+mod attacks;
 mod audit;
 mod bench;
 mod bridges;

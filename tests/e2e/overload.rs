@@ -24,6 +24,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
     let mut bobsum = demo_manifest(digest);
     (bobsum.name, bobsum.owner) = ("bobsum".into(), "bob".into());
     (bobsum.trigger.path, bobsum.outputs.dir) = ("/data/bob/**".into(), "/data/bob-out/".into());
+    htfaas_tests::share_data(&client, "bob").await;
     client.register(&bobsum).await.expect("register bobsum");
     // The site EP (2 cores) starts nothing while the flood arrives.
     let action = |reason: &str| EpAction { reason: reason.into(), deadline_s: None, group: None };

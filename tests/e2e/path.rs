@@ -96,6 +96,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
     probe.trigger.path = "/data/bound/**".into();
     probe.outputs.dir = "/data/bound-out/".into();
     probe.annex = Some("probe".into());
+    client.grant("alice", htfaas_functions::namespace::Right::Annex, "probe").await.expect("grant the annex");
     client.register(&probe).await.expect("register");
 
     let token = mint_ep_token(dir.path(), None, Some("probe".into()), 600).expect("mint");
@@ -225,7 +226,7 @@ async fn a_redelivered_event_starts_one_job() {
     })
     .await;
     // dCache duplicates messages: publish the same billing message again, byte for byte.
-    let nats = async_nats::connect(stack.nats_url()).await.expect("nats");
+    let nats = stack.nats_client().await.expect("nats");
     let js = async_nats::jetstream::new(nats);
     let mut stream = js.get_stream(htfaas_functions::proto::EVENTS_STREAM).await.expect("stream");
     let last = stream.info().await.expect("info").state.last_sequence;

@@ -77,6 +77,7 @@ fn paths(jobs: &[JobRecord]) -> Vec<String> {
 async fn recorded_events_are_dry_run_tested_and_replayed() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
     let noop = client.upload_module(wat::parse_str(NOOP_WAT).expect("wat")).await.expect("upload");
     client.register(&function(&noop, "a", Trigger::on_path("/data/raw/**"))).await.expect("register a");
 

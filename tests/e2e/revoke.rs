@@ -38,6 +38,7 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
         group: None,
         ttl_s: 600,
     };
+    htfaas_tests::share_data(&client, "bob").await;
     let token = mint_submit_token(dir.path(), &grant).expect("mint");
     let jti = jti_of(&token);
     for _ in 0..3 {
@@ -106,6 +107,7 @@ async fn revoking_an_owner_disconnects_their_ep_for_good_and_a_revoked_issuer_fi
     m.trigger.path = "/data/manual/**".into();
     client.register(&m).await.expect("register");
     client.put_bytes(b"x".to_vec(), "/data/manual/x.dat").await.expect("put");
+    htfaas_tests::share_data(&client, "bob").await;
     let submit = mint_submit_token(dir.path(), &grant).expect("mint");
     let err = client.run_function(&submit, "checksum", "/data/manual/x.dat").await.expect_err("owner revoked");
     assert!(format!("{err:#}").contains("revoked"), "{err:#}");

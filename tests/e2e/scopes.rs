@@ -194,6 +194,7 @@ async fn every_operation_refuses_what_its_scope_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_developer_sees_and_changes_only_its_own_and_answers_match_the_schemas() {
     let (dir, stack) = start_stack().await;
+    htfaas_tests::share_data(&stack.client().expect("client"), "bob").await;
     let info = stack.info().clone();
     let base = info.gateway_url.as_str();
     let client = stack.client().expect("client");

@@ -80,12 +80,19 @@ async fn storage_refuses_tampered_misused_and_traversing_macaroons() {
     stack.stop().await.expect("clean stop");
 }
 
-fn request(digest: Digest) -> SubmitRequest {
+/// A job on the stack's storage and module store (the only URLs its scheduler lets a job name).
+fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
+    let (storage, gateway) = (&info.storage_url, &info.gateway_url);
     SubmitRequest {
-        function: FunctionRef { name: "f".into(), version: 1, digest, module_url: "http://127.0.0.1:1/m".into() },
+        function: FunctionRef {
+            name: "f".into(),
+            version: 1,
+            module_url: format!("{gateway}/v1/modules/{digest}"),
+            digest,
+        },
         resources: Resources::new(1, 64, 10),
-        input: InputSpec { url: "http://127.0.0.1:1/data/raw/a".into(), name: "a".into(), macaroon: "m".into() },
-        output: OutputSpec { url: "http://127.0.0.1:1/data/out/".into(), macaroon: "m".into() },
+        input: InputSpec { url: format!("{storage}/data/raw/a"), name: "a".into(), macaroon: "m".into() },
+        output: OutputSpec { url: format!("{storage}/data/out/"), macaroon: "m".into() },
         args: vec![],
         env: vec![],
         event: EventRef::new("test", new_jti(), "/data/raw/a"),
@@ -120,7 +127,8 @@ async fn scheduler_refuses_forged_expired_replayed_and_misdirected_submit_tokens
     let real = SigningKey::load_or_create(&dir.path().join("gateway/submit.pem"), "gateway-1").expect("gateway key");
     let (forger, _) = SigningKey::generate("gateway-1").expect("keygen");
     let digest = Digest::of(b"module");
-    let submit = |token: String| http().post(&jobs).bearer_auth(token).json(&request(digest.clone())).send();
+    let info = stack.info().clone();
+    let submit = |token: String| http().post(&jobs).bearer_auth(token).json(&request(digest.clone(), &info)).send();
 
     let forged = forger.sign(&claims(&digest)).expect("sign");
     assert_eq!(submit(forged).await.expect("send").status(), StatusCode::UNAUTHORIZED);

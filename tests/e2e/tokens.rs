@@ -29,6 +29,7 @@ async fn a_submit_token_runs_one_job_accounted_to_its_owner_and_is_refused_beyon
     client.register(&m).await.expect("register");
     client.put_bytes(b"by hand".to_vec(), "/data/manual/x.dat").await.expect("put");
 
+    htfaas_tests::share_data(&client, "bob").await;
     let token = mint_submit_token(dir.path(), &grant("bob")).expect("mint");
     let reply = client.run_function(&token, "checksum", "/data/manual/x.dat").await.expect("submit");
     let job = wait_for("bob's job", Duration::from_secs(60), || async {

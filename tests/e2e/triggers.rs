@@ -41,9 +41,11 @@ fn transfer_write(path: &str, size: Option<u64>) -> Vec<u8> {
 async fn overlapping_rules_each_fire_once_and_refused_events_start_nothing() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
     let noop = client.upload_module(wat::parse_str(NOOP_WAT).expect("wat")).await.expect("upload");
     // Overlapping: both `hdf5` and `raw` are true for a large .h5 file under /data/run/.
-    let hdf5 = function(&noop, "hdf5", Trigger::on_rule(r#"path suffix ".h5" and size > 1kB"#));
+    let hdf5 =
+        function(&noop, "hdf5", Trigger::on_rule(r#"path prefix "/data/" and path suffix ".h5" and size > 1kB"#));
     let mut raw = function(
         &noop,
         "raw",
@@ -54,7 +56,7 @@ async fn overlapping_rules_each_fire_once_and_refused_events_start_nothing() {
     // so none is superseded).
     raw.trigger.rate = Some(RateLimit { per_s: 50.0, burst: 5 });
     raw.trigger.debounce_s = Some(10);
-    let root = function(&noop, "root", Trigger::on_rule(r#"path suffix ".root""#));
+    let root = function(&noop, "root", Trigger::on_rule(r#"path prefix "/data/" and path suffix ".root""#));
     for m in [&hdf5, &raw, &root] {
         client.register(m).await.expect("register");
     }
@@ -108,6 +110,7 @@ async fn overlapping_rules_each_fire_once_and_refused_events_start_nothing() {
 async fn a_bad_rule_is_refused_at_registration_with_its_column() {
     let (_dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
     let noop = client.upload_module(wat::parse_str(NOOP_WAT).expect("wat")).await.expect("upload");
 
     let bad = function(&noop, "bad", Trigger::on_rule(r#"path glob and size > 1"#));
@@ -130,6 +133,9 @@ async fn a_bad_rule_is_refused_at_registration_with_its_column() {
     }
     assert!(client.functions().await.expect("functions").is_empty(), "nothing was registered");
     // A good rule is accepted.
-    client.register(&function(&noop, "good", Trigger::on_rule(r#"name suffix ".h5""#))).await.expect("register");
+    client
+        .register(&function(&noop, "good", Trigger::on_rule(r#"path prefix "/data/" and name suffix ".h5""#)))
+        .await
+        .expect("register");
     stack.stop().await.expect("clean stop");
 }

@@ -112,6 +112,9 @@ async fn start_xrootd_ep(
         max_scratch_mb: None,
         fuel: None,
         metrics_listen: None,
+        allowed_origins: None,
+        max_open_files: 256,
+        compile_timeout_s: 300,
     }
     .resolve()
     .await
@@ -157,7 +160,7 @@ async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_
     let read = storage.read_macaroon("/store/in/hello.txt").await.expect("read macaroon");
     let first = t.elapsed();
     let t = Instant::now();
-    let write = storage.write_macaroon("/store/out").await.expect("write macaroon");
+    let write = storage.write_macaroon("/store/out", false).await.expect("write macaroon");
     let second = t.elapsed();
     let caveats = htfaas_gateway::storage_client::v1_caveats(&read).expect("V1 macaroon");
     eprintln!("read macaroon caveats: {caveats:?}");
@@ -264,9 +267,10 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
     let state = tempfile::tempdir().expect("gateway dir");
     let issuer = gateway_settings(&x, state.path()).await.shared();
     let read = issuer.storage.read_macaroon("/store/in/run17.dat").await.expect("read macaroon");
-    let write = issuer.storage.write_macaroon("/store/out/").await.expect("write macaroon");
+    let write = issuer.storage.write_macaroon("/store/out/", false).await.expect("write macaroon");
 
-    let (dir, stack) = htfaas_tests::start_stack().await;
+    // The stack's scheduler lets jobs name this second storage too.
+    let (dir, stack) = htfaas_tests::start_stack_with(|o| o.trusted_storage = vec![x.https_base()]).await;
     let client = stack.client().expect("client");
     let digest = htfaas_tests::upload_checksum(&client).await;
     let record = client.register(&demo_manifest(digest.clone())).await.expect("register");
@@ -405,8 +409,9 @@ async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job
     })
     .await
     .expect("start xrootd");
-    let (dir, stack) = htfaas_tests::start_stack().await;
-    let js = jetstream::new(async_nats::connect(stack.nats_url()).await.expect("connect to the stack's NATS"));
+    // The stack's scheduler lets jobs name this second storage too.
+    let (dir, stack) = htfaas_tests::start_stack_with(|o| o.trusted_storage = vec![x.https_base()]).await;
+    let js = jetstream::new(stack.nats_client().await.expect("connect to the stack's NATS"));
 
     // A gateway for the XRootD site: the stack's NATS, scheduler and submit-token key (the
     // scheduler trusts it), a consumer, registry and firing table of its own.
@@ -415,6 +420,9 @@ async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job
     let admin_token = "xrootd-gateway-admin";
     for (key, value) in [
         ("nats_url", serde_json::json!(stack.nats_url())),
+        ("nats_nkey_seed", serde_json::json!(stack.nats_credential("gateway").expect("gateway credential").seed())),
+        // This site's storage serves /store/: its bridge speaks for nothing else.
+        ("source_paths", serde_json::json!([{"subject": "storage.cloudevents.xrootd-notify", "paths": ["/store/"]}])),
         ("consumer", serde_json::json!("gateway-xrootd")),
         ("state_dir", serde_json::json!(state)),
         ("scheduler_url", serde_json::json!(stack.info().scheduler_url)),
@@ -422,6 +430,14 @@ async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job
         ("signing_key_file", serde_json::json!(dir.path().join("gateway/submit.pem"))),
         ("jwks_file", serde_json::json!(state.join("submit.jwks.json"))),
         ("admin_token", serde_json::json!(admin_token)),
+        // Modules are fetched from the module store the scheduler trusts: the stack's gateway.
+        ("public_url", serde_json::json!(stack.info().gateway_url)),
+        (
+            "namespaces",
+            serde_json::json!([{"principal": "alice", "right": "read", "value": "/store/"},
+                {"principal": "alice", "right": "write", "value": "/store/"},
+                {"principal": "alice", "right": "annex", "value": ANNEX}]),
+        ),
     ] {
         config[key] = value;
     }
@@ -444,9 +460,13 @@ async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job
     let source_host = format!("127.0.0.1:{}", x.port);
     let mut bridge_settings = bridge::Settings::new(stack.nats_url(), bridge::Input::Fifo(x.notify_fifo()));
     bridge_settings.source_host = source_host.clone();
+    bridge_settings.nats_credential = stack.nats_credential("bridge-xrootd-notify").cloned();
     let bridge_task = tokio::spawn(bridge::run(bridge_settings, bridge_stop.child_token()));
 
     let digest = htfaas_tests::upload_checksum(&client).await;
+    // The same bytes at the module store the site's gateway names (its `public_url`).
+    let stored = htfaas_tests::upload_checksum(&stack.client().expect("the stack's client")).await;
+    assert_eq!(stored, digest);
     let mut m = demo_manifest(digest.clone());
     m.name = "xrd-checksum".into();
     m.trigger = Trigger::on_rule(r#"source == "xrootd-notify" and path glob "/store/**" and size > 0"#);

@@ -50,6 +50,34 @@ pub async fn start_stack() -> (tempfile::TempDir, htfaas::stack::Stack) {
     (dir, stack)
 }
 
+/// A stack in a fresh temporary directory with options `adjust`ed from the defaults.
+pub async fn start_stack_with(
+    adjust: impl FnOnce(&mut htfaas::stack::StackOptions),
+) -> (tempfile::TempDir, htfaas::stack::Stack) {
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    let mut opts = htfaas::stack::StackOptions::new(dir.path());
+    adjust(&mut opts);
+    let stack = htfaas::stack::Stack::start(opts)
+        .await
+        .expect("start the stack (nats-server installed? scripts/install-deps.sh)");
+    (dir, stack)
+}
+
+/// Grants `owner` what the stack's user has: read and write under `/data/` (namespaces: an owner
+/// with no grant may run nothing), so that its token may run the stack's functions there.
+pub async fn share_data(client: &htfaas::client::Client, owner: &str) {
+    use htfaas_functions::namespace::Right;
+    for right in [Right::Read, Right::Write] {
+        client.grant(owner, right, "/data/").await.expect("grant /data/");
+    }
+}
+
+/// Grants the stack's user (alice) writes under `/out/`, where the functions of some tests put
+/// their outputs so that these fire nothing under `/data/`.
+pub async fn grant_out(client: &htfaas::client::Client) {
+    client.grant(htfaas::stack::USER, htfaas_functions::namespace::Right::Write, "/out/").await.expect("grant /out/");
+}
+
 /// Polls `check` every 20 ms until it yields `Some`, or panics after `limit` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
 where

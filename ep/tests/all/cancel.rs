@@ -1,7 +1,7 @@
 //! `SchedulerMsg::Cancel` through the EP: a running guest is stopped long before its wall-time
 //! cap, a transfer in progress is aborted, nothing is uploaded after the cancel, the report is
-//! `Cancelled` with the reason and the usage so far, and the EP serves on. A guest blocked in a
-//! sleep (which nothing interrupts) is reported anyway, a grace after its cancel or its cap.
+//! `Cancelled` with the reason and the usage so far, and the EP serves on. A guest in a long
+//! sleep is stopped by its cancel or at its cap like any other (issue 18).
 
 use crate::fake::{Harness, SLOW_FIRST_CHUNK, until};
 use htfaas_functions::proto::{JobReport, Outcome, SchedulerMsg};
@@ -119,7 +119,7 @@ async fn several_jobs_cancelled_at_once_each_report_their_own_reason() {
 }
 
 #[tokio::test]
-async fn a_guest_blocked_in_a_sleep_is_reported_a_grace_after_its_cancel_or_its_cap() {
+async fn a_guest_in_a_long_sleep_is_stopped_by_its_cancel_or_at_its_cap() {
     let mut h = Harness::start().await;
     let mut c = h.conn().await;
     c.hello_welcome().await;
@@ -139,10 +139,12 @@ async fn a_guest_blocked_in_a_sleep_is_reported_a_grace_after_its_cancel_or_its_
     }
     let (r, took) = &reports["sleeper"];
     assert_eq!(r.outcome, Outcome::Cancelled { reason: "too slow".into() }, "log: {}", r.log);
-    assert!(r.log.contains("blocked in a host call"), "{}", r.log);
+    assert!(r.log.contains("guest was in a host call when the job was cancelled"), "{}", r.log);
+    assert!(!r.log.contains("did not stop"), "its thread was left behind: {}", r.log);
     assert!(*took < Duration::from_secs(5), "reported {took:?} after the cancel");
     let (r, took) = &reports["capped"];
     assert_eq!(r.outcome, Outcome::TimeExceeded { limit_s: 1 }, "log: {}", r.log);
+    assert!(!r.log.contains("did not stop"), "its thread was left behind: {}", r.log);
     assert!(*took < Duration::from_secs(6), "reported {took:?} after the assignment (cap 1 s)");
 
     // The EP serves on.

@@ -163,6 +163,7 @@ impl Flaky {
             output: OutputSpec { url: format!("{}/out/{id}/", self.base), macaroon: WRITE_MAC.into() },
             args: args.iter().map(|a| a.to_string()).collect(),
             env: vec![],
+            limits: Default::default(),
         }
     }
 }

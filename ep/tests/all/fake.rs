@@ -3,8 +3,9 @@
 //!
 //! Modules served: `checksum` (the example guest), and WAT guests for timing: `spin-writer`
 //! (creates `/output/partial.txt`, then loops forever), `sleep-2s`, `sleep-4s` and `sleep-60s`
-//! (one relative-clock `poll_oneoff`, which blocks the guest's thread, then exit 0). Storage routes: `/storage/in/wiki.txt`, a slow
-//! endless input `/storage/slow/{name}`, outputs `/storage/out/{name}` and a PUT that never
+//! (one relative-clock `poll_oneoff`, then exit 0), and the example `hostile` guest as a preview
+//! 1 module (`hostile`) and a preview 2 component (`hostile-p2`). Storage routes: `/storage/in/wiki.txt`, a slow
+//! endless input `/storage/slow/{name}`, a redirect to another host `/storage/redirect/{name}`, outputs `/storage/out/{name}` and a PUT that never
 //! answers, `/storage/hang-out/{name}`.
 
 use crate::common::{digest, guest_bytes};
@@ -234,6 +235,11 @@ async fn output(State(f): State<Fake>, Path(name): Path<String>, headers: Header
     if ok { StatusCode::CREATED.into_response() } else { StatusCode::FORBIDDEN.into_response() }
 }
 
+/// Redirects to another host (127.0.0.2, outside an EP's default origins).
+async fn redirect_away(Path(name): Path<String>) -> Response {
+    (StatusCode::TEMPORARY_REDIRECT, [("location", format!("http://127.0.0.2:9/latest/{name}"))]).into_response()
+}
+
 /// Takes the body, then answers only after ten minutes.
 async fn hang_output(State(f): State<Fake>, _body: Bytes) -> Response {
     f.seen.lock().expect("lock").hang_puts += 1;
@@ -265,6 +271,8 @@ impl Harness {
         let mut modules = HashMap::from([
             ("checksum".to_owned(), guest_bytes("checksum")),
             ("spin-writer".to_owned(), wat::parse_str(SPIN_WRITER).expect("valid wat")),
+            ("hostile".to_owned(), guest_bytes("hostile")),
+            ("hostile-p2".to_owned(), crate::common::component_bytes("hostile")),
         ]);
         for secs in [2, 4, 60] {
             modules.insert(format!("sleep-{secs}s"), wat::parse_str(sleep_wat(secs)).expect("valid wat"));
@@ -286,6 +294,7 @@ impl Harness {
             .route("/storage/slow/{name}", get(slow_input))
             .route("/storage/out/{name}", put(output))
             .route("/storage/hang-out/{name}", put(hang_output))
+            .route("/storage/redirect/{name}", get(redirect_away))
             .with_state(fake);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
@@ -309,6 +318,9 @@ impl Harness {
             max_scratch_mb: None,
             fuel: None,
             metrics_listen: None,
+            allowed_origins: None,
+            max_open_files: 256,
+            compile_timeout_s: 300,
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");
@@ -347,6 +359,7 @@ impl Harness {
             output: OutputSpec { url: format!("{}/storage/out/", self.base), macaroon: WRITE_MAC.into() },
             args: vec![],
             env: vec![],
+            limits: Default::default(),
         }
     }
 

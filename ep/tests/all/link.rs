@@ -164,6 +164,9 @@ async fn start_ep(
         max_scratch_mb: None,
         fuel: None,
         metrics_listen: None,
+        allowed_origins: None,
+        max_open_files: 256,
+        compile_timeout_s: 300,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

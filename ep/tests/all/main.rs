@@ -1,11 +1,12 @@
 //! htfaas-ep tests: one binary (runtime limits, sandbox, data path, attach protocol, cancel,
-//! lifecycle, TLS to the scheduler and storage).
+//! lifecycle, TLS to the scheduler and storage, what an EP survives of its guests).
 
 mod cancel;
 mod common;
 mod components;
 mod datapath;
 mod fake;
+mod guests;
 mod lifecycle;
 mod limits;
 mod link;

@@ -166,6 +166,9 @@ fn config(work: &Path, slots: Resources, labels: BTreeMap<String, String>) -> Co
         max_scratch_mb: None,
         fuel: None,
         metrics_listen: None,
+        allowed_origins: None,
+        max_open_files: 256,
+        compile_timeout_s: 300,
     }
 }
 

@@ -74,7 +74,8 @@ impl Pki {
 /// Outputs PUT to the storage, by name: (Authorization, body).
 type Puts = Arc<Mutex<HashMap<String, (String, Bytes)>>>;
 
-/// A storage on HTTPS: `GET /modules/checksum`, `GET /in/wiki.txt` (`Wikipedia`), `PUT /out/{name}`.
+/// A storage on HTTPS that is also the module store: `GET /v1/modules/{digest}` (the checksum
+/// module), `GET /in/wiki.txt` (`Wikipedia`), `PUT /out/{name}`.
 async fn https_storage(pki: &Pki, module: Vec<u8>, stop: CancellationToken) -> (String, Puts) {
     async fn output(State(puts): State<Puts>, UrlPath(name): UrlPath<String>, h: HeaderMap, body: Bytes) -> StatusCode {
         let auth = h.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
@@ -83,7 +84,7 @@ async fn https_storage(pki: &Pki, module: Vec<u8>, stop: CancellationToken) -> (
     }
     let puts = Puts::default();
     let app = Router::new()
-        .route("/modules/checksum", get(move || async move { module }))
+        .route("/v1/modules/{digest}", get(move || async move { module }))
         .route("/in/wiki.txt", get(|| async { "Wikipedia" }))
         .route("/out/{name}", put(output))
         .with_state(puts.clone());
@@ -107,7 +108,8 @@ struct Scheduler {
 }
 
 impl Scheduler {
-    async fn start(dir: &Path, pki: &Pki) -> Scheduler {
+    /// Trusting jobs' URLs only on `storage` (which is also the module store).
+    async fn start(dir: &Path, pki: &Pki, storage: &str) -> Scheduler {
         let (gw, _) = SigningKey::generate("gw-1").expect("keygen");
         write_jwks(&dir.join("gw.jwks"), &gw.jwks()).expect("jwks");
         let settings = htfaas_scheduler::Config {
@@ -121,6 +123,9 @@ impl Scheduler {
             tls_key_file: Some(pki.key_file.clone()),
             max_idle_jobs_per_owner: None,
             max_running_jobs_per_owner: None,
+            // Jobs name only this storage, which also serves the modules.
+            storage_origins: vec![storage.to_owned()],
+            module_stores: vec![storage.to_owned()],
             ..htfaas_scheduler::Config::new(String::new(), Vec::new())
         }
         .resolve()
@@ -156,8 +161,8 @@ impl Scheduler {
             function: FunctionRef {
                 name: "checksum".into(),
                 version: 1,
+                module_url: format!("{storage}/v1/modules/{digest}"),
                 digest,
-                module_url: format!("{storage}/modules/checksum"),
             },
             resources: Resources::new(1, 256, 60),
             input: InputSpec {
@@ -210,6 +215,9 @@ fn ep_config(scheduler: &Scheduler, work: &Path, tls_ca_file: Option<PathBuf>) -
         max_scratch_mb: None,
         fuel: None,
         metrics_listen: None,
+        allowed_origins: None,
+        max_open_files: 256,
+        compile_timeout_s: 300,
     }
 }
 
@@ -221,7 +229,7 @@ async fn an_ep_with_the_ca_runs_a_job_over_wss_and_https() {
     let digest = Digest::of(&module);
     let stop_storage = CancellationToken::new();
     let (storage, puts) = https_storage(&pki, module, stop_storage.clone()).await;
-    let scheduler = Scheduler::start(dir.path(), &pki).await;
+    let scheduler = Scheduler::start(dir.path(), &pki, &storage).await;
     let job = scheduler.submit(&storage, digest).await;
 
     let work = tempfile::tempdir().expect("tempdir");
@@ -294,7 +302,7 @@ async fn an_ep_without_the_ca_keeps_retrying_and_says_the_certificate_is_not_tru
 
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(dir.path());
-    let scheduler = Scheduler::start(dir.path(), &pki).await;
+    let scheduler = Scheduler::start(dir.path(), &pki, "https://storage.invalid").await;
     let job = scheduler.submit("https://storage.invalid", Digest::of(b"module")).await;
 
     let work = tempfile::tempdir().expect("tempdir");
@@ -340,6 +348,9 @@ async fn a_bad_tls_ca_file_fails_resolve_clearly() {
         max_scratch_mb: None,
         fuel: None,
         metrics_listen: None,
+        allowed_origins: None,
+        max_open_files: 256,
+        compile_timeout_s: 300,
     };
     let write = |name: &str, text: &str| {
         let p = dir.path().join(name);

@@ -4,7 +4,9 @@
 //! Modes: `spin` (endless loop), `alloc MB` (keeps allocating and touching memory),
 //! `recurse` (unbounded recursion), `stdout MB` (writes that much to stdout), `files N` (creates
 //! N files in `/output`), `write MB` (one output file of that size), `exit N` (exits with N),
-//! `clock` (prints the wall clock and a random number: both must be available), `ok`.
+//! `clock` (prints the wall clock and a random number: both must be available), `sleep S` (creates
+//! `/output/sleeping`, then one sleep of S seconds, then prints `slept`), `fds N` (opens its input N times and keeps every
+//! handle open), `ok`.
 
 use std::io::Write as _;
 
@@ -22,6 +24,15 @@ fn main() {
         "write" => write_big(n),
         "exit" => std::process::exit(i32::try_from(n).unwrap_or(1)),
         "clock" => clock(),
+        "sleep" => {
+            // The marker says "about to sleep" to a test watching the scratch directory.
+            if let Err(e) = std::fs::write("/output/sleeping", b"") {
+                eprintln!("marker: {e}");
+            }
+            std::thread::sleep(std::time::Duration::from_secs(n));
+            println!("slept");
+        }
+        "fds" => open_many(n),
         _ => println!("ok"),
     }
 }
@@ -93,4 +104,22 @@ fn clock() {
     let mut seed = std::collections::hash_map::RandomState::new();
     let r = std::hash::BuildHasher::hash_one(&mut seed, 42u8);
     println!("{{\"unix_s\":{now},\"random\":{r}}}");
+}
+
+fn open_many(n: u64) {
+    let Some(input) = std::env::args().nth(1).filter(|a| a.starts_with("/input/")) else {
+        eprintln!("no input path");
+        std::process::exit(2);
+    };
+    let mut open = Vec::new();
+    for i in 0..n {
+        match std::fs::File::open(&input) {
+            Ok(f) => open.push(f),
+            Err(e) => {
+                eprintln!("open {i}: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+    println!("{} files open", open.len());
 }

@@ -134,6 +134,9 @@ pub struct Settings {
     pub state_file: PathBuf,
     /// NATS URL, e.g. `nats://127.0.0.1:4222`.
     pub nats_url: String,
+    /// The bridge's NATS credential (`--nats-nkey-seed-file`), which the server lets publish on
+    /// `storage.cloudevents.dcache-sse` only. Default: none.
+    pub nats_credential: Option<htfaas_functions::nats::NatsCredential>,
     /// First reconnect and republish delay; doubled up to `backoff_max`. Default 1 s.
     pub backoff_min: Duration,
     /// Longest reconnect and republish delay, and the pause after `COMPETING_CLIENT`. Default 60 s.
@@ -153,6 +156,7 @@ impl Settings {
             recursive: false,
             state_file,
             nats_url: nats_url.to_owned(),
+            nats_credential: None,
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
         }
@@ -707,8 +711,7 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> anyhow:
         builder = builder.tls_certs_merge(certs);
     }
     let http = builder.build().context("build the HTTP client")?;
-    let nats = async_nats::ConnectOptions::new()
-        .name("htfaas-bridge-dcache-sse")
+    let nats = htfaas_functions::nats::connect_options("htfaas-bridge-dcache-sse", settings.nats_credential.as_ref())
         .retry_on_initial_connect()
         .connect(&settings.nats_url)
         .await

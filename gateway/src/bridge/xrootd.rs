@@ -114,6 +114,9 @@ pub enum Input {
 pub struct Settings {
     /// NATS server URL (`--nats`).
     pub nats_url: String,
+    /// The bridge's NATS credential (`--nats-nkey-seed-file`), which the server lets publish on
+    /// `storage.cloudevents.xrootd-notify` only. Default: none.
+    pub nats_credential: Option<htfaas_functions::nats::NatsCredential>,
     /// Where the lines come from (`--fifo PATH`; default stdin).
     pub input: Input,
     /// Put in front of every XRootD LFN to make the site's storage path (`--path-prefix`):
@@ -134,6 +137,7 @@ impl Settings {
     pub fn new(nats_url: impl Into<String>, input: Input) -> Settings {
         Settings {
             nats_url: nats_url.into(),
+            nats_credential: None,
             input,
             path_prefix: String::new(),
             source_host: default_source_host(),
@@ -521,23 +525,23 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let prefix = normalize_prefix(&settings.path_prefix)?;
     anyhow::ensure!(valid_host(&settings.source_host), "bad source host {:?}", settings.source_host);
     anyhow::ensure!(settings.max_pending > 0, "max_pending must be at least 1");
-    let client = async_nats::ConnectOptions::new()
-        .name("htfaas-bridge-xrootd-notify")
-        // Start (and keep reading, up to the buffer) while NATS is down.
-        .retry_on_initial_connect()
-        .reconnect_delay_callback(|attempts| {
-            Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5))).min(Duration::from_secs(2))
-        })
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("connected to NATS"),
-                async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
-                other => tracing::debug!("NATS: {other}"),
-            }
-        })
-        .connect(settings.nats_url.as_str())
-        .await
-        .with_context(|| format!("connect to NATS at {}", settings.nats_url))?;
+    let client =
+        htfaas_functions::nats::connect_options("htfaas-bridge-xrootd-notify", settings.nats_credential.as_ref())
+            // Start (and keep reading, up to the buffer) while NATS is down.
+            .retry_on_initial_connect()
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5))).min(Duration::from_secs(2))
+            })
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
+                    async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
+                    other => tracing::debug!("NATS: {other}"),
+                }
+            })
+            .connect(settings.nats_url.as_str())
+            .await
+            .with_context(|| format!("connect to NATS at {}", settings.nats_url))?;
     let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
     let subject = subject();
     tracing::info!(

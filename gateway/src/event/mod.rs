@@ -16,7 +16,11 @@
 //! operation, a pool-to-pool copy, no usable path, a type the site did not enable) or
 //! *malformed* ([`EventError`]). Ignored and malformed messages are acked and counted, never
 //! retried. Nothing here panics on bytes from the network.
+//!
+//! [`binding`]: which paths each subject may speak for; [`decide_bound`] refuses an event
+//! outside them ([`EventError::OutOfBounds`]).
 
+pub mod binding;
 pub mod cloudevents;
 pub mod dcache;
 
@@ -52,6 +56,16 @@ pub enum EventError {
     /// No source reads this subject.
     #[error("no event source reads subject {0:?}")]
     Subject(String),
+    /// A well-formed event for a path its subject may not speak for ([`binding`]).
+    #[error("subject {subject} may not speak for {path} ({why})")]
+    OutOfBounds {
+        /// The subject it came on.
+        subject: String,
+        /// The path it names.
+        path: String,
+        /// `no source_paths rule names the subject` or `outside the subject's paths`.
+        why: &'static str,
+    },
 }
 
 /// Which sources, and which of their message types, become events: the site's choice.
@@ -138,6 +152,29 @@ pub fn decide(
         Some(SubjectSource::Cloudevents) => cloudevents::decide(headers, payload, message_id, policy),
         None => Err(EventError::Subject(subject.to_owned())),
     }
+}
+
+/// [`decide`], then refuses an event whose path `subject` may not speak for under `bindings`
+/// ([`EventError::OutOfBounds`]). What the ingest and replays decide with.
+pub fn decide_bound(
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+    message_id: &str,
+    policy: &SourcePolicy,
+    bindings: &binding::Bindings,
+) -> Result<Decision, EventError> {
+    let decision = decide(subject, headers, payload, message_id, policy)?;
+    if let Decision::Fire(event) = &decision
+        && let Err(refusal) = bindings.check(subject, &event.path)
+    {
+        let why = match refusal {
+            binding::Refusal::Unbound => "no source_paths rule names the subject",
+            binding::Refusal::Outside => "outside the subject's paths",
+        };
+        return Err(EventError::OutOfBounds { subject: subject.to_owned(), path: event.path.clone(), why });
+    }
+    Ok(decision)
 }
 
 /// `path` if it is a clean absolute file path (not `/`, not ending in `/`).

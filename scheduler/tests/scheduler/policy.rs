@@ -84,7 +84,7 @@ async fn a_flooding_owner_does_not_starve_another_and_factors_weigh_in() {
     // With equal usage and Alice's factor at 1000, Bob goes first although he queued last and
     // Alice's name sorts first.
     let fx = Fixture::new();
-    let server = Server::start(&fx.path()).await;
+    let (server, queue) = Server::start_with_queue(&fx.path(), |_| {}).await;
     let body = serde_json::json!({ "factor": 1000.0 });
     let (status, v) = server.post("/v1/accounting/alice/factor", Some(ADMIN), Some(&body)).await;
     assert_eq!(status, StatusCode::OK, "{v}");
@@ -98,8 +98,11 @@ async fn a_flooding_owner_does_not_starve_another_and_factors_weigh_in() {
     let bobs = submit_as(&server, &fx, "bob", None, &fx.request("b")).await;
     let (mut ws, _) = attach_ep(&server, &fx, "ep-1", Resources::new(2, 4096, 3600)).await;
     assert_eq!(expect_assign(&mut ws, "bob").await, bobs);
+    // Hours of usage, reported at once: the scheduler charges no more than it saw run.
+    queue.backdate_start(bobs.clone(), 3_600_000).await.expect("backdate");
     finish_ok(&mut ws, &bobs, 3_600_000).await;
     assert_eq!(expect_assign(&mut ws, "alice").await, alices);
+    queue.backdate_start(alices.clone(), 1_800_000).await.expect("backdate");
     finish_ok(&mut ws, &alices, 1_800_000).await;
     server.wait_for_state(&alices, JobState::Completed).await;
 

@@ -40,7 +40,8 @@ pub struct AppState {
     pub durability: htfaas_functions::store::Durability,
 }
 
-/// The router; serve it with `into_make_service_with_connect_info::<SocketAddr>()`.
+/// The router; serve it with each request's `ConnectInfo<SocketAddr>` (as
+/// `htfaas_functions::serve::serve` does).
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new().route("/healthz", get(|| async { "ok\n" })).fallback(dispatch).with_state(state)
 }

@@ -1,7 +1,11 @@
 //! `PUT /<path>`: store a file, then publish its billing `transfer` message.
 //!
 //! Authorization: a macaroon needs UPLOAD, and UPLOAD **and** DELETE when a file already exists
-//! there (dCache's rule); a Basic user needs the path within their `paths` (overwrite allowed).
+//! there (dCache's rule), unless a macaroon of the same path scope wrote that file (recorded in
+//! the file's [`crate::fs::WRITER_SCOPE_XATTR`]): a function's job may rewrite what a run of
+//! that function wrote into its output directory (a rerun after a crash, a re-uploaded input),
+//! never a file anyone else wrote. A Basic user needs the path within their `paths` (overwrite
+//! allowed).
 //! `max-upload:` caveats cap the size (413).
 //!
 //! The body streams into `.<name>.upload-<uuid>` in the target directory, is fsynced and
@@ -53,7 +57,11 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     // Authorize UPLOAD before touching the disk; then DELETE too if this overwrites.
     let mut who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload], client.ip())?;
     let existed = crate::fs::exists(&state.data_dir, &path).await?;
-    if existed {
+    let own = match &who.scope {
+        Some(scope) if existed => crate::fs::writer_scope(&state.data_dir, &path).await?.is_some_and(|s| s == *scope),
+        _ => false,
+    };
+    if existed && !own {
         who = auth::authorize(
             &state.users,
             &state.key,
@@ -61,7 +69,14 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
             &path,
             &[Activity::Upload, Activity::Delete],
             client.ip(),
-        )?;
+        )
+        .map_err(|e| match e {
+            HttpError::Forbidden(why) => HttpError::Forbidden(format!(
+                "{} exists and was not written under this macaroon's path scope: replacing it needs DELETE ({why})",
+                path.as_str()
+            )),
+            e => e,
+        })?;
     }
     tracing::Span::current().record("principal", who.principal.billing_subject());
 
@@ -91,6 +106,9 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
         }
     };
     let elapsed = t0.elapsed();
+    if let Some(scope) = &who.scope {
+        crate::fs::set_writer_scope(&tmp, scope);
+    }
     if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(crate::error::io_error("rename the upload into place", path.as_str(), &e));
