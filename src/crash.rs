@@ -230,6 +230,7 @@ fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> Function
         env: vec![],
         annex: None,
         class: None,
+        limits: Default::default(),
     }
 }
 

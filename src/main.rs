@@ -694,6 +694,15 @@ enum FnCommand {
         /// Job class of its runs (e.g. lite, short, long; default: the scheduler's default class).
         #[arg(long)]
         class: Option<String>,
+        /// Most output bytes one run may store (narrows the EPs' own bound, never widens it).
+        #[arg(long)]
+        max_output_bytes: Option<u64>,
+        /// Most output files one run may store (narrows the EPs' own bound).
+        #[arg(long)]
+        max_output_files: Option<u64>,
+        /// Instruction budget of one run, on EPs that meter fuel (narrows the EPs' own).
+        #[arg(long)]
+        instructions: Option<u64>,
         /// Check the manifest and list the recorded events its trigger would fire on; register
         /// nothing (the module is uploaded: it is content-addressed).
         #[arg(long)]
@@ -1560,6 +1569,9 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     gpus,
                     disk_mb,
                     class,
+                    max_output_bytes,
+                    max_output_files,
+                    instructions,
                     dry_run,
                     since,
                     until,
@@ -1581,6 +1593,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 env: vec![],
                 annex,
                 class,
+                limits: htfaas_functions::proto::JobLimits { max_output_bytes, max_output_files, instructions },
             };
             if dry_run {
                 let query = htfaas_functions::proto::RegisterQuery { dry_run, since, until, limit };

@@ -170,6 +170,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         env: vec![],
         annex: None,
         class: None,
+        limits: Default::default(),
     }
 }
 

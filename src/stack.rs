@@ -589,6 +589,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         env: vec![],
         annex: None,
         class: None,
+        limits: Default::default(),
     }
 }
 

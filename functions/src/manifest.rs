@@ -47,6 +47,11 @@ pub struct FunctionManifest {
     /// their run time; none takes the scheduler's default class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
+    /// Per-run ceilings narrower than the EPs' own: output bytes and files, and an instruction
+    /// budget where EPs meter fuel. The EP enforces the lower of its setting and this; nothing
+    /// here widens what an EP allows. Default: none (the EP's own).
+    #[serde(default, skip_serializing_if = "crate::proto::JobLimits::is_unset")]
+    pub limits: crate::proto::JobLimits,
 }
 
 /// Checks a name of the `[a-z0-9][a-z0-9_-]{0,62}` form (function and annex names).
@@ -295,6 +300,16 @@ impl FunctionManifest {
             return Err(bad("owner", "must be 1-128 printable characters"));
         }
         self.trigger.validate()?;
+        let l = &self.limits;
+        for (field, value) in [
+            ("limits.max_output_bytes", l.max_output_bytes),
+            ("limits.max_output_files", l.max_output_files),
+            ("limits.instructions", l.instructions),
+        ] {
+            if value == Some(0) {
+                return Err(bad(field, "must be at least 1 (leave it out for the EP's own bound)"));
+            }
+        }
         let r = &self.resources;
         if r.cpus == 0 || r.cpus > MAX_CPUS {
             return Err(bad("resources.cpus", format!("must be 1..={MAX_CPUS}")));
@@ -348,6 +363,7 @@ mod tests {
             env: vec![],
             annex: None,
             class: None,
+            limits: Default::default(),
         }
     }
 

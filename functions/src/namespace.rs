@@ -297,6 +297,7 @@ mod tests {
             env: vec![],
             annex: None,
             class: None,
+            limits: Default::default(),
         }
     }
 

@@ -244,6 +244,9 @@ pub struct SubmitRequest {
     /// The job class (the function's manifest's); none takes the scheduler's default class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
+    /// The function's per-run ceilings ([`JobLimits`]), handed to the EP with the job.
+    #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
+    pub limits: JobLimits,
 }
 
 /// Answer to [`SubmitRequest`].
@@ -380,6 +383,7 @@ pub struct JobAssignment {
 /// name: the EP enforces the lower of the two, so nothing here can widen what an EP allows.
 /// Every field is optional (absent: the EP's setting alone).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JobLimits {
     /// Most output bytes stored (the EP's `max_output_bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1429,6 +1433,7 @@ mod tests {
             annex: None,
             bind_ep_address: false,
             class: None,
+            limits: Default::default(),
         };
         // Absent when false: a request (or a stored one) without the field means false, and a
         // scheduler that predates it still accepts requests that do not ask for it.

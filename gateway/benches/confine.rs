@@ -53,6 +53,7 @@ fn function(i: usize) -> FunctionRecord {
             env: vec![],
             annex: None,
             class: None,
+            limits: Default::default(),
         },
     }
 }

@@ -82,6 +82,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             env: vec![],
             annex: None,
             class: None,
+            limits: Default::default(),
         })?;
     }
     Ok(registry)

@@ -1208,6 +1208,7 @@ pub(crate) mod tests {
                 env: vec![],
                 annex: None,
                 class: None,
+                limits: Default::default(),
             },
         }
     }

@@ -576,6 +576,7 @@ pub async fn prepare(
         annex: m.annex.clone(),
         bind_ep_address: shared.bind_macaroons_to_ep,
         class: m.class.clone(),
+        limits: m.limits,
     })
 }
 
@@ -611,6 +612,7 @@ mod tests {
                     env: vec![],
                     annex: None,
                     class: None,
+                    limits: Default::default(),
                 })
                 .expect("register");
         }

@@ -779,6 +779,7 @@ mod tests {
                 env: vec![],
                 annex: None,
                 class: None,
+                limits: Default::default(),
             },
         }
     }

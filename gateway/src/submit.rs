@@ -235,6 +235,7 @@ mod tests {
             annex: None,
             bind_ep_address: false,
             class: None,
+            limits: Default::default(),
         };
         let c = s.claims_for("alice", &req(60));
         assert_eq!((c.sub.as_str(), c.jobs, c.cpus, c.memory_mb, c.runtime_s), ("alice", 1, 2, 512, 60));

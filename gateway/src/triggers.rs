@@ -68,6 +68,7 @@ mod tests {
             env: vec![],
             annex: None,
             class: None,
+            limits: Default::default(),
         }
     }
 

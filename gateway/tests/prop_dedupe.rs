@@ -61,6 +61,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             env: vec![],
             annex: None,
             class: None,
+            limits: Default::default(),
         },
     }
 }

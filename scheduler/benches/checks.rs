@@ -46,6 +46,7 @@ fn request() -> SubmitRequest {
         annex: None,
         bind_ep_address: false,
         class: None,
+        limits: Default::default(),
     }
 }
 

@@ -338,6 +338,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         annex: None,
         bind_ep_address: false,
         class: None,
+        limits: Default::default(),
     }
 }
 

@@ -2412,8 +2412,7 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
         output: r.output,
         args: r.args,
         env: r.env,
-        // The submit request carries no per-job limits yet: the EP's own apply.
-        limits: Default::default(),
+        limits: r.limits,
     }
 }
 
@@ -2607,6 +2606,7 @@ pub(crate) mod tests {
             annex: None,
             bind_ep_address: false,
             class: None,
+            limits: Default::default(),
         }
     }
 

@@ -276,6 +276,7 @@ impl Fixture {
             annex: None,
             bind_ep_address: false,
             class: None,
+            limits: Default::default(),
         }
     }
 

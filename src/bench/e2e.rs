@@ -110,6 +110,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         env: vec![("HTFAAS_STAMP".into(), "1".into())],
         annex: None,
         class: None,
+        limits: Default::default(),
     }
 }
 

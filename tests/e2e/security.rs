@@ -100,6 +100,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         annex: None,
         bind_ep_address: false,
         class: None,
+        limits: Default::default(),
     }
 }
 

@@ -311,6 +311,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         // XRootD refuses a macaroon with a caveat it does not know, such as `ip:`.
         bind_ep_address: false,
         class: None,
+        limits: Default::default(),
     };
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/jobs", stack.info().scheduler_url))

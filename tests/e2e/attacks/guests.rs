@@ -77,3 +77,23 @@ async fn guests_that_sleep_past_their_deadline_or_hoard_files_leave_the_ep_servi
     assert!(String::from_utf8_lossy(&out).contains("\"adler32\":\"11e60398\""), "{}", String::from_utf8_lossy(&out));
     stack.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_functions_own_narrower_output_limit_reaches_its_ep_and_is_enforced() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let mut m = demo_manifest(upload_checksum(&client).await);
+    (m.name, m.trigger.path, m.outputs.dir) = ("tight".into(), "/data/tight/**".into(), "/data/tight-out/".into());
+    // The checksum's output is a JSON document of more than 10 bytes; the EP allows 16 GiB.
+    m.limits.max_output_bytes = Some(10);
+    client.register(&m).await.expect("register");
+    m.limits.max_output_bytes = Some(0);
+    let e = client.register(&m).await.expect_err("zero is refused").to_string();
+    assert!(e.contains("limits.max_output_bytes") && e.contains("at least 1"), "{e}");
+    client.put_bytes(b"some input".to_vec(), "/data/tight/in.dat").await.expect("put");
+    let job = ended(&client, "tight", 1).await.remove(0);
+    assert_eq!(job.state, JobState::Failed, "{job:?}");
+    assert!(job.reason.contains("more than the output byte limit of 10"), "{job:?}");
+    assert_eq!(client.get_bytes("/data/tight-out/in.dat.checksums.json").await.expect("get"), None, "nothing stored");
+    stack.stop().await.expect("stop");
+}

@@ -66,6 +66,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         annex: None,
         bind_ep_address: false,
         class: None,
+        limits: Default::default(),
     }
 }
 

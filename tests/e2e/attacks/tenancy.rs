@@ -48,6 +48,7 @@ fn manifest(
         env: vec![],
         annex: None,
         class: None,
+        limits: Default::default(),
     }
 }
 
