@@ -1,7 +1,8 @@
 //! The audit trail on the real stack: an upload's job leaves its records in the scheduler's
 //! store (accepted, dispatched, finished with the input read and the outputs written), found by the input's
 //! path and by the job; the trail verifies online and, copied, offline; a record altered in a
-//! copy is named by the offline verify.
+//! copy is named by the offline verify, and a tail cut off with its checkpoints by the verify
+//! against a head recorded elsewhere.
 
 use htfaas::client::verify_trail_file;
 use htfaas_functions::audit::rusqlite::Connection;
@@ -62,6 +63,30 @@ async fn a_processed_files_lineage_is_in_the_trail_and_a_tampered_copy_is_caught
     let clean = verify_trail_file(&copy, &keys).expect("verify the copy");
     assert!(clean.ok(), "{clean:?}");
     assert_eq!(clean.last_checkpoint_seq, Some(clean.last_seq), "{clean:?}");
+
+    // The tail cut off together with its checkpoints (issue 18): every record and checkpoint
+    // left is valid, so the copy verifies on its own; the head recorded elsewhere catches it.
+    let head = htfaas_functions::audit::anchor::head(&copy).expect("head").expect("a record");
+    let cut = dir.path().join("cut.sqlite");
+    std::fs::copy(&copy, &cut).expect("copy");
+    let keep = i64::try_from(input_read).expect("seq") - 1;
+    {
+        let conn = Connection::open(&cut).expect("open the cut copy");
+        conn.execute_batch(
+            "DROP TRIGGER audit_records_append_only_d; DROP TRIGGER audit_record_paths_append_only_d;
+             DROP TRIGGER audit_checkpoints_append_only_d;",
+        )
+        .expect("drop the guards");
+        conn.execute("DELETE FROM audit_records WHERE seq > ?1", [keep]).expect("cut the records");
+        conn.execute("DELETE FROM audit_record_paths WHERE seq > ?1", [keep]).expect("cut their paths");
+        conn.execute("DELETE FROM audit_checkpoints WHERE seq > ?1", [keep]).expect("cut the checkpoints");
+    }
+    assert!(verify_trail_file(&cut, &keys).expect("verify the cut copy").ok(), "verify alone cannot see a cut");
+    let anchored = htfaas::client::verify_trail_file_with_head(&cut, &keys, Some(&head)).expect("verify with head");
+    let problem = anchored.first_problem.expect("the cut is caught");
+    assert_eq!(problem.what, ProblemKind::Truncated, "{problem:?}");
+    assert!(problem.message.contains("removed from its end"), "{problem:?}");
+    assert!(htfaas::client::verify_trail_file_with_head(&copy, &keys, Some(&head)).expect("verify").ok());
 
     // Raw SQL on the copy: the finished record now claims fewer bytes read.
     {
