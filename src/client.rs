@@ -318,8 +318,8 @@ impl Client {
         right: htfaas_functions::namespace::Right,
         value: &str,
     ) -> anyhow::Result<htfaas_functions::namespace::GrantEntry> {
-        let grant = htfaas_functions::namespace::Grant::new(principal, right, value)?;
-        self.admin_post("/v1/namespaces", "grant", &grant).await
+        self.admin_post("/v1/namespaces", "grant", &htfaas_functions::namespace::Grant::new(principal, right, value)?)
+            .await
     }
 
     /// Takes a namespace right back (admin); not one of the gateway configuration's.

@@ -124,6 +124,27 @@ pub(crate) async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     Ok(Json(shared.namespaces.list(principal)).into_response())
 }
 
+/// Applies `change` to the stored grants and reloads them; what `change` answered.
+async fn apply(
+    shared: &Arc<Shared>,
+    grant: &Grant,
+    change: fn(&Registry, &Grant) -> Result<bool, RegistryError>,
+) -> Result<bool, Failure> {
+    let (s, g) = (shared.clone(), grant.clone());
+    blocking(move || {
+        let changed = change(&s.registry, &g)?;
+        s.namespaces.reload(&s.registry)?;
+        Ok(changed)
+    })
+    .await
+}
+
+/// Records `action` on `grant` in the gateway's trail (after it was applied).
+async fn record(shared: &Shared, headers: &HeaderMap, action: &str, grant: &Grant) {
+    let args = serde_json::json!({ "right": grant.right, "value": grant.value });
+    crate::audit::record_admin(shared, headers, action, audit_subject(grant), args).await;
+}
+
 /// `POST /v1/namespaces`: grants one right (201, or 200 when it was granted already).
 pub(crate) async fn grant(
     State(shared): State<Arc<Shared>>,
@@ -132,18 +153,10 @@ pub(crate) async fn grant(
 ) -> Result<Response, Failure> {
     require_admin(&shared, &headers)?;
     let grant = grant_of(&body)?;
-    let s = shared.clone();
-    let g = grant.clone();
-    let new = blocking(move || {
-        let new = s.registry.grant(&g)?;
-        s.namespaces.reload(&s.registry)?;
-        Ok(new)
-    })
-    .await?;
+    let new = apply(&shared, &grant, Registry::grant).await?;
     tracing::info!(%grant, new, "namespace granted");
     if new {
-        let args = serde_json::json!({ "right": grant.right, "value": grant.value });
-        crate::audit::record_admin(&shared, &headers, "namespace.grant", audit_subject(&grant), args).await;
+        record(&shared, &headers, "namespace.grant", &grant).await;
     }
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(GrantEntry { grant, source: GrantSource::Admin })).into_response())
@@ -165,19 +178,10 @@ pub(crate) async fn revoke(
             format!("{grant} is granted by the gateway's configuration (namespaces); remove it there"),
         ));
     }
-    let s = shared.clone();
-    let g = grant.clone();
-    let existed = blocking(move || {
-        let existed = s.registry.revoke_grant(&g)?;
-        s.namespaces.reload(&s.registry)?;
-        Ok(existed)
-    })
-    .await?;
-    if !existed {
+    if !apply(&shared, &grant, Registry::revoke_grant).await? {
         return Err(Failure::new(StatusCode::NOT_FOUND, format!("{grant} is not granted")));
     }
     tracing::info!(%grant, "namespace revoked");
-    let args = serde_json::json!({ "right": grant.right, "value": grant.value });
-    crate::audit::record_admin(&shared, &headers, "namespace.revoke", audit_subject(&grant), args).await;
+    record(&shared, &headers, "namespace.revoke", &grant).await;
     Ok(Json(GrantEntry { grant, source: GrantSource::Admin }).into_response())
 }
