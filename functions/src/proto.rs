@@ -1185,7 +1185,8 @@ pub struct TestReport {
     pub version: u32,
     /// Its trigger, as one rule.
     pub trigger: String,
-    /// `event`, `ignored`, `not-enabled` or `malformed`.
+    /// `event`, `ignored`, `not-enabled`, `out-of-bounds` (the subject may not speak for the path:
+    /// the gateway's `source_paths`) or `malformed`.
     pub outcome: String,
     /// Why it is no event (ignored, not enabled, malformed).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -596,7 +596,8 @@ async fn test_function(
         ));
     }
     let events = events.map(|Extension(e)| e);
-    let report = replay::test_request(events.as_ref(), &record, &request, &shared.sources()).await?;
+    let report =
+        replay::test_request(events.as_ref(), &record, &request, &shared.sources(), &shared.source_paths).await?;
     // A recorded message is another's unless it is an event inside the caller's read namespace:
     // a developer learns nothing of it, not even that it exists.
     if let Some(seq) = request.seq

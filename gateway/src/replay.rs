@@ -558,12 +558,14 @@ pub fn candidate(manifest: htfaas_functions::FunctionManifest) -> Result<Target,
 const MAX_TEST_HEADERS: usize = 64;
 
 /// Tests `record`'s trigger on the message `request` gives or names (`events` reads a recorded
-/// one), parsed with `policy`.
+/// one), parsed with `policy` and held to `bindings` (the paths its subject may speak for) as
+/// the ingest does.
 pub async fn test_request(
     events: Option<&Events>,
     record: &FunctionRecord,
     request: &TestRequest,
     policy: &SourcePolicy,
+    bindings: &crate::event::binding::Bindings,
 ) -> Result<TestReport, ReplayError> {
     match (&request.event, request.seq) {
         (Some(event), None) => {
@@ -581,7 +583,7 @@ pub async fn test_request(
             let payload = serde_json::to_vec(event).map_err(|e| ReplayError::BadRequest(format!("event: {e}")))?;
             let subject = request.subject.as_deref().unwrap_or(htfaas_functions::proto::EVENTS_SUBJECT);
             let headers = (!request.headers.is_empty()).then_some(&headers);
-            Ok(test_event(record, subject, headers, &payload, "test", policy))
+            Ok(test_event(record, subject, headers, &payload, "test", policy, bindings))
         }
         (None, Some(seq)) => {
             if request.subject.is_some() || !request.headers.is_empty() {
@@ -601,7 +603,7 @@ pub async fn test_request(
             })?;
             let headers = (!message.headers.is_empty()).then_some(&message.headers);
             let id = format!("nats-seq-{seq}");
-            Ok(test_event(record, &message.subject, headers, &message.payload, &id, policy))
+            Ok(test_event(record, &message.subject, headers, &message.payload, &id, policy, bindings))
         }
         _ => Err(ReplayError::BadRequest("give either event (with subject, headers) or seq".into())),
     }
@@ -625,6 +627,7 @@ pub fn test_event(
     payload: &[u8],
     message_id: &str,
     policy: &SourcePolicy,
+    bindings: &crate::event::binding::Bindings,
 ) -> TestReport {
     let trigger: &Trigger = &record.manifest.trigger;
     let mut report = TestReport {
@@ -639,7 +642,7 @@ pub fn test_event(
         own_output: false,
         fires: false,
     };
-    let event = match event::decide(subject, headers, payload, message_id, policy) {
+    let event = match event::decide_bound(subject, headers, payload, message_id, policy, bindings) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             report.outcome = "ignored".into();
@@ -649,6 +652,11 @@ pub fn test_event(
         Ok(Decision::NotEnabled(ty)) => {
             report.outcome = "not-enabled".into();
             report.reason = Some(format!("type {ty} is not enabled by the site"));
+            return report;
+        }
+        Err(e @ event::EventError::OutOfBounds { .. }) => {
+            report.outcome = "out-of-bounds".into();
+            report.reason = Some(e.to_string());
             return report;
         }
         Err(e) => {
@@ -798,7 +806,31 @@ mod tests {
 
     fn test(trigger: Trigger, payload: &[u8]) -> TestReport {
         let subject = htfaas_functions::proto::EVENTS_SUBJECT;
-        test_event(&record(trigger), subject, None, payload, "nats-seq-7", &SourcePolicy::default())
+        test_event(
+            &record(trigger),
+            subject,
+            None,
+            payload,
+            "nats-seq-7",
+            &SourcePolicy::default(),
+            &crate::event::binding::Bindings::default(),
+        )
+    }
+
+    #[test]
+    fn a_test_holds_the_event_to_the_paths_its_subject_may_speak_for() {
+        use crate::event::binding::{Bindings, SourcePaths};
+        let subject = htfaas_functions::proto::EVENTS_SUBJECT;
+        let bound = Bindings::new(Some(vec![SourcePaths { subject: subject.into(), paths: vec!["/data/".into()] }]))
+            .expect("bindings");
+        let trigger = Trigger::on_path("/site/**");
+        let policy = SourcePolicy::default();
+        let r = test_event(&record(trigger.clone()), subject, None, &transfer("/site/x", None), "t", &policy, &bound);
+        assert_eq!((r.outcome.as_str(), r.fires), ("out-of-bounds", false), "{r:?}");
+        assert!(r.reason.as_deref().is_some_and(|why| why.contains("/site/x")), "{r:?}");
+        let r =
+            test_event(&record(trigger), subject, None, &transfer("/site/x", None), "t", &policy, &Bindings::default());
+        assert_eq!((r.outcome.as_str(), r.fires), ("event", true), "without bindings: {r:?}");
     }
 
     #[test]
