@@ -103,6 +103,15 @@ pub enum UrlRefusal {
         /// The trusted origins, comma-separated.
         trusted: String,
     },
+    /// An `event.path` that is not the file `input.url` names: the lineage and audit trails
+    /// record the event's path, so a job may not claim another file's event.
+    #[error("event.path {path:?} is not the file input.url {url:?} names")]
+    EventPath {
+        /// The claimed path.
+        path: String,
+        /// The input URL.
+        url: String,
+    },
     /// A module URL that is not the module store's URL for the job's digest.
     #[error("function.module_url {url:?} is not the module store's URL for the job's digest: expected {expected}")]
     UntrustedModule {
@@ -178,6 +187,16 @@ fn parse_clean(raw: &str) -> Result<Url, String> {
     Ok(u)
 }
 
+/// Whether the (checked) storage URL `url` names the clean absolute file `path`: its path ends
+/// with `path` as the URL parser writes it (a storage's base path may come before it).
+fn names_file(url: &str, path: &str) -> bool {
+    if !htfaas_functions::manifest::is_clean_abs_path(path) || path.ends_with('/') {
+        return false;
+    }
+    let (Ok(u), Ok(p)) = (Url::parse(url), Url::parse(&format!("http://h{path}"))) else { return false };
+    u.path().ends_with(p.path())
+}
+
 impl UrlTrust {
     /// From the configured storage origins (`scheme://host[:port]`, no path) and module stores
     /// (base URLs, optionally with a path). Neither may be empty.
@@ -245,6 +264,9 @@ impl UrlTrust {
         }
         self.check_storage("input.url", &req.input.url)?;
         self.check_storage("output.url", &req.output.url)?;
+        if !names_file(&req.input.url, &req.event.path) {
+            return Err(UrlRefusal::EventPath { path: shown(&req.event.path), url: shown(&req.input.url) });
+        }
         Ok(())
     }
 }
@@ -283,6 +305,16 @@ mod tests {
     }
 
     #[test]
+    fn the_event_path_is_the_file_the_input_url_names() {
+        let url = "http://storage.example:2880/base/data/raw/a%20b.dat";
+        assert!(names_file(url, "/data/raw/a b.dat"));
+        assert!(names_file(url, "/base/data/raw/a b.dat"));
+        for other in ["/data/raw/a.dat", "/data/alice/secret.txt", "/data/raw/../raw/a b.dat", "/data/raw/", "data"] {
+            assert!(!names_file(url, other), "{other}");
+        }
+    }
+
+    #[test]
     fn storage_paths_must_be_clean_and_urls_plain() {
         for bad in [
             "http://storage.example:2880/data/../etc/passwd",
@@ -311,7 +343,7 @@ mod tests {
     #[test]
     fn the_module_url_must_be_the_stores_url_for_the_digest() {
         let mut req = crate::queue::tests::request("k");
-        req.input.url = "http://storage.example:2880/data/raw/a.dat".into();
+        req.input.url = "http://storage.example:2880/data/raw/a".into();
         req.output.url = "http://storage.example:2880/data/out/".into();
         let good = format!("https://gw.example/htfaas/v1/modules/{}", req.function.digest);
         req.function.module_url = good.clone();

@@ -130,6 +130,24 @@ async fn a_job_posted_to_the_scheduler_with_foreign_urls_is_refused_and_no_ep_ev
                 internal.url, info.gateway_url
             ),
         ),
+        (
+            // Trusted URLs, but the event claimed is another file's: the trails would show a job
+            // of mallory's in the lineage of /data/alice/secret.txt.
+            {
+                let mut r = request(
+                    &digest,
+                    module.clone(),
+                    format!("{storage}/data/raw/a.dat"),
+                    format!("{storage}/data/out/"),
+                    "lying-event",
+                );
+                r.event.path = "/data/alice/secret.txt".into();
+                r
+            },
+            format!(
+                "event.path \"/data/alice/secret.txt\" is not the file input.url \"{storage}/data/raw/a.dat\" names"
+            ),
+        ),
     ];
     let http = reqwest::Client::new();
     for (req, expected) in &cases {
