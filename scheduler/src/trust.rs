@@ -187,14 +187,15 @@ fn parse_clean(raw: &str) -> Result<Url, String> {
     Ok(u)
 }
 
-/// Whether the (checked) storage URL `url` names the clean absolute file `path`: its path ends
-/// with `path` as the URL parser writes it (a storage's base path may come before it).
+/// Whether the (checked) storage URL `url` names the clean absolute file `path`: its decoded
+/// path ends with `path` (a storage's base path may come before it; however a client encoded
+/// the URL, `%3D` or `=`, the file is the same).
 fn names_file(url: &str, path: &str) -> bool {
     if !htfaas_functions::manifest::is_clean_abs_path(path) || path.ends_with('/') {
         return false;
     }
-    let (Ok(u), Ok(p)) = (Url::parse(url), Url::parse(&format!("http://h{path}"))) else { return false };
-    u.path().ends_with(p.path())
+    let Ok(u) = Url::parse(url) else { return false };
+    percent_encoding::percent_decode_str(u.path()).decode_utf8().is_ok_and(|decoded| decoded.ends_with(path))
 }
 
 impl UrlTrust {
@@ -309,6 +310,10 @@ mod tests {
         let url = "http://storage.example:2880/base/data/raw/a%20b.dat";
         assert!(names_file(url, "/data/raw/a b.dat"));
         assert!(names_file(url, "/base/data/raw/a b.dat"));
+        // The gateway encodes every byte but unreserved ones; the parser leaves `=` alone.
+        let markup = "/data/raw/<img src=x onerror=window.__xss=1>.dat";
+        assert!(names_file("http://s:1/data/raw/%3Cimg%20src%3Dx%20onerror%3Dwindow.__xss%3D1%3E.dat", markup));
+        assert!(names_file("http://s:1/data/raw/%3Cimg%20src=x%20onerror=window.__xss=1%3E.dat", markup));
         for other in ["/data/raw/a.dat", "/data/alice/secret.txt", "/data/raw/../raw/a b.dat", "/data/raw/", "data"] {
             assert!(!names_file(url, other), "{other}");
         }

@@ -93,6 +93,13 @@ async fn nats_killed_with_events_in_flight_loses_none_and_the_gateway_resumes() 
         StatusCode::SERVICE_UNAVAILABLE => assert!(body.contains("was stored") && body.contains("retry"), "{body}"),
         other => panic!("PUT during a short outage: {other}: {body}"),
     }
+    // The gateway's client is back before the second outage starts: otherwise, waiting out its
+    // reconnect backoff, it would see the two outages as one (as CI's load once made it).
+    wait_for("the gateway back on NATS after the short outage", LIMIT, || async {
+        let g = &stack.gateway().stats;
+        (g.nats_reconnects.load(Ordering::Relaxed) >= 1).then_some(())
+    })
+    .await;
 
     // A longer outage: the PUT is refused with 503 once its PubAck is overdue, saying what
     // became of the file and what to do.
@@ -154,6 +161,11 @@ async fn nats_killed_with_events_in_flight_loses_none_and_the_gateway_resumes() 
     assert!(jobs.iter().all(|j| j.state == JobState::Completed), "{jobs:#?}");
 
     let g = &stack.gateway().stats;
+    // Its return is counted by the client's event task, which may run after the jobs it let in.
+    wait_for("the gateway's second return counted", LIMIT, || async {
+        (g.nats_reconnects.load(Ordering::Relaxed) >= 2).then_some(())
+    })
+    .await;
     let (disconnects, reconnects) =
         (g.nats_disconnects.load(Ordering::Relaxed), g.nats_reconnects.load(Ordering::Relaxed));
     let s = g.snapshot();
