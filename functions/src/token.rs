@@ -209,6 +209,14 @@ impl From<jsonwebtoken::errors::Error> for TokenError {
     }
 }
 
+/// Whether two secrets (tokens, MACs, digests of secrets) are equal, in time that does not
+/// depend on where they differ (`subtle`); unequal lengths are unequal at once (a length is no
+/// secret). The one comparison of secrets every crate uses.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    bool::from(a.ct_eq(b))
+}
+
 /// Seconds since the Unix epoch.
 pub fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)

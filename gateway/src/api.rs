@@ -95,6 +95,7 @@ use htfaas_functions::proto::{
 };
 use htfaas_functions::proto::{ApiError, ModuleUploaded, RegisterQuery, ReplayRequest, RunRequest, TestRequest};
 use htfaas_functions::registry::MAX_MODULE_BYTES;
+use htfaas_functions::token::constant_time_eq;
 use htfaas_functions::token::{ApiClaims, Scope};
 use htfaas_functions::{Digest, FunctionManifest, RegistryError};
 use std::sync::Arc;
@@ -434,11 +435,6 @@ pub async fn authenticate(
         return refused.into_response();
     }
     next.run(request).await
-}
-
-/// Compares without an early exit, so timing does not reveal the matching prefix.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn blocking<T: Send + 'static>(

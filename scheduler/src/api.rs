@@ -86,6 +86,7 @@ use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
     JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
+use htfaas_functions::token::constant_time_eq;
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use jsonwebtoken::jwk::JwkSet;
 use serde::Deserialize;
@@ -142,14 +143,6 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
-}
-
-/// Equal contents, in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    std::hint::black_box(a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y))) == 0
 }
 
 fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure> {
