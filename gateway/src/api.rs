@@ -1,3 +1,4 @@
+// Long because it holds the API's handlers and authentication (split: auth, registry, runs, proxy, audit); kept whole until issue 19 splits it along its layers.
 //! The gateway's HTTP API: the registry (modules and functions), runs by submit-token bearers,
 //! and views of jobs, accounting and revocations (proxied to the scheduler, which owns them).
 //!
@@ -437,7 +438,8 @@ pub async fn authenticate(
     next.run(request).await
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs a registry call on the blocking pool; its error as the API's answer.
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, RegistryError> + Send + 'static,
 ) -> Result<T, Failure> {
     tokio::task::spawn_blocking(f)

@@ -7,7 +7,7 @@
 //! keeps the grants and serves them. It knows nothing of events or jobs.
 
 use crate::Shared;
-use crate::api::{Failure, require_admin, require_caller};
+use crate::api::{Failure, blocking, require_admin, require_caller};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -107,14 +107,6 @@ fn audit_subject(grant: &Grant) -> htfaas_functions::audit::Subject {
         },
         ..Default::default()
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, RegistryError> + Send + 'static,
-) -> Result<T, Failure> {
-    Ok(tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, format!("task failed: {e}")))??)
 }
 
 /// `GET /v1/namespaces`: every grant for an admin, the caller's own for a developer.
