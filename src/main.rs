@@ -1,3 +1,4 @@
+// Long because it holds every subcommand's parsing and dispatch (split: src/cli/ per command group, one output module); kept whole until issue 19 splits it along its layers.
 //! `htfaas`: one binary, one subcommand per role.
 //!
 //! `up` runs the whole local stack; `storage`, `scheduler`, `gateway` and `ep` run one

@@ -1,3 +1,4 @@
+// Long because it holds one job's data path: fetch, stream in, watch the guest's output, stream out, with retries; kept whole until issue 19 splits it along its layers.
 //! One assignment, start to end: module, input, run, outputs, clean-up, report.
 //!
 //! Every path ends in a [`JobReport`]; nothing here returns an error to the caller. Macaroons

@@ -1,3 +1,4 @@
+// Long because it holds the wasmtime engine, module cache and one guest run share the store's types; kept whole until issue 19 splits it along its layers.
 //! The wasm host: one [`Engine`] per EP, one [`Linker`] built at start, compiled modules cached
 //! by digest (in memory, and optionally on disk), and [`Runtime::run_job`], which runs one guest
 //! in a fresh [`Store`].

@@ -1,3 +1,4 @@
+// Long because it holds record format, signing, store and verifier of the trail (split: record, sign, store, verify); kept whole until issue 19 splits it along its layers.
 //! The audit trail: an append-only, hash-chained record of every decision a writer (the
 //! gateway, the scheduler) makes, with signed checkpoints, lineage queries and a verifier that
 //! names the first record that was altered, removed, reordered or inserted.

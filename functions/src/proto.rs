@@ -1,3 +1,4 @@
+// Long because it holds every wire type in one place (split by conversation: events, submit, attach, API); kept whole until issue 19 splits it along its layers.
 //! Wire types: what gateway, scheduler and execution points (EPs) say to each other.
 //!
 //! Every message names its response (garage's habit): a request type documents the endpoint

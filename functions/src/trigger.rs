@@ -1,3 +1,4 @@
+// Long because it holds lexer, parser, evaluator and path bound of one small language; kept whole until issue 19 splits it along its layers.
 //! Trigger rules: which [`StorageEvent`]s fire a function.
 //!
 //! A rule is a boolean expression over one event, written as text in the function's manifest

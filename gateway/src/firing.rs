@@ -1,3 +1,4 @@
+// Long because it holds the firing table, its token buckets and its dispatcher (split: table, bucket, dispatch); kept whole until issue 19 splits it along its layers.
 //! Durable firings: (event, function) pairs waiting to become jobs, and the dispatcher that
 //! turns them into jobs.
 //!

@@ -1,3 +1,4 @@
+// Long because it holds dry runs, replays and fn test over one recorded-events reader; kept whole until issue 19 splits it along its layers.
 //! Replay and dry-run over recorded events: `htfaas events replay`, `htfaas fn test` and
 //! `htfaas fn register --dry-run`.
 //!

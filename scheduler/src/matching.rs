@@ -1,3 +1,4 @@
+// Long because it holds the one job-selection function and the EP slot model it reads; kept whole until issue 19 splits it along its layers.
 //! Matching: the table of attached EPs and the one function, [`select`], that decides which
 //! idle job goes to which EP.
 //!

@@ -1,3 +1,4 @@
+// Long because it holds schema, writer thread, job state machine, accounts, revocations, EP admin and audit of one store; kept whole until issue 19 splits it along its layers.
 //! The durable job queue: jobs, submit-token uses, owner accounts and revocations in one
 //! SQLite file, plus the in-memory set of revoked targets loaded from it at start.
 //!

@@ -1,3 +1,4 @@
+// Long because it holds the dCache SSE bridge: client, parser and publisher of one channel; kept whole until issue 19 splits it along its layers.
 //! `htfaas bridge dcache-sse`: dCache frontend storage events (SSE `inotify` channel) to
 //! CloudEvents on NATS JetStream.
 //!

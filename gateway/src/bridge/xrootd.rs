@@ -1,3 +1,4 @@
+// Long because it holds the XRootD notify bridge: reader, parser and publisher of one channel; kept whole until issue 19 splits it along its layers.
 //! `htfaas bridge xrootd-notify`: XRootD `ofs.notify` lines to CloudEvents on NATS JetStream.
 //!
 //! XRootD writes one line per namespace event to a program's stdin or to a FIFO:
