@@ -10,7 +10,7 @@
 //!
 //! Knows wasmtime's compile entry points and nothing of jobs, caches on disk or the network.
 
-use crate::runtime::{Code, GuestKind, ModuleError};
+use crate::code::{Code, GuestKind, ModuleError};
 use htfaas_functions::Digest;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the EP, served in the OpenMetrics text format at `GET /metrics` on
-//! [`crate::Config::metrics_listen`] when set (default: off).
+//! [`crate::config::Config::metrics_listen`] when set (default: off).
 //!
 //! The listener asks for no token: bind it to loopback (or a monitoring network) only; it takes
 //! at most [`METRICS_LIMITS`]`.max_connections` at once and cuts off a client slow to send its
@@ -23,94 +23,19 @@
 //!
 //! Every counter is an atomic: a job's end costs a few relaxed additions, no lock.
 
-use crate::Settings;
+use crate::config::Settings;
+use crate::counters::OUTCOMES;
+pub use crate::counters::{DURATION_BUCKETS, Metrics, outcome_label};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use htfaas_functions::metrics::{CONTENT_TYPE, Histogram};
-use htfaas_functions::proto::Outcome;
+use htfaas_functions::metrics::CONTENT_TYPE;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 use tokio_util::sync::CancellationToken;
-
-/// Upper bounds of the job duration buckets, seconds.
-pub const DURATION_BUCKETS: [f64; 14] =
-    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0, 3600.0];
-/// Outcome labels, in the order of [`Metrics::runs`].
-const OUTCOMES: [&str; 11] = [
-    "exited",
-    "trapped",
-    "memory_exceeded",
-    "time_exceeded",
-    "input_failed",
-    "output_failed",
-    "module_failed",
-    "cancelled",
-    "fuel_exhausted",
-    "output_exceeded",
-    "storage_unavailable",
-];
-
-/// The label of `o`'s kind.
-pub fn outcome_label(o: &Outcome) -> &'static str {
-    OUTCOMES[outcome_index(o)]
-}
-
-fn outcome_index(o: &Outcome) -> usize {
-    match o {
-        Outcome::Exited { .. } => 0,
-        Outcome::Trapped { .. } => 1,
-        Outcome::MemoryExceeded { .. } => 2,
-        Outcome::TimeExceeded { .. } => 3,
-        Outcome::InputFailed { .. } => 4,
-        Outcome::OutputFailed { .. } => 5,
-        Outcome::ModuleFailed { .. } => 6,
-        Outcome::Cancelled { .. } => 7,
-        Outcome::FuelExhausted { .. } => 8,
-        Outcome::OutputExceeded { .. } => 9,
-        Outcome::StorageUnavailable { .. } => 10,
-    }
-}
-
-/// The EP's counters, shared by the job tasks and the metrics listener.
-#[derive(Debug)]
-pub struct Metrics {
-    runs: [AtomicU64; OUTCOMES.len()],
-    instantiations: AtomicU64,
-    duration: Histogram,
-}
-
-impl Default for Metrics {
-    fn default() -> Metrics {
-        Metrics {
-            runs: Default::default(),
-            instantiations: AtomicU64::new(0),
-            duration: Histogram::new(&DURATION_BUCKETS),
-        }
-    }
-}
-
-impl Metrics {
-    /// A job ended with `outcome` after `took`.
-    pub fn job_finished(&self, outcome: &Outcome, took: Duration) {
-        self.runs[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
-        self.duration.observe(took);
-    }
-
-    /// A guest run is about to instantiate its module.
-    pub fn instantiating(&self) {
-        self.instantiations.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Jobs ended with an outcome labelled `label`.
-    pub fn runs(&self, label: &str) -> u64 {
-        OUTCOMES.iter().position(|o| *o == label).map_or(0, |i| self.runs[i].load(Ordering::Relaxed))
-    }
-}
 
 /// The metrics listener's limits: a scraper or two, each request a bodiless `GET`; a slow
 /// or flooding client is cut off or waits without holding the EP's descriptors.
@@ -199,6 +124,8 @@ impl Collector for EpCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htfaas_functions::proto::Outcome;
+    use std::time::Duration;
 
     #[test]
     fn outcomes_are_counted_by_kind_and_timed() {

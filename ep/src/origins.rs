@@ -1,4 +1,4 @@
-//! Where an EP may connect for a job: the origins of its config ([`crate::Config::allowed_origins`]).
+//! Where an EP may connect for a job: the origins of its config ([`crate::config::Config::allowed_origins`]).
 //!
 //! An assignment names three URLs (the module, the input, the output directory), and whoever
 //! can submit a job chooses them: without a check, an EP would GET and PUT wherever a

@@ -1,4 +1,3 @@
-// Long because it holds the wasmtime engine, module cache and one guest run share the store's types; kept whole until issue 19 splits it along its layers.
 //! The wasm host: one [`Engine`] per EP, one [`Linker`] built at start, compiled modules cached
 //! by digest (in memory, and optionally on disk), and [`Runtime::run_job`], which runs one guest
 //! in a fresh [`Store`].
@@ -74,51 +73,28 @@
 //! module compiled again and rewritten. The wasm bytes are checked against the digest first,
 //! whatever is on disk. Files are written to a temporary name, fsynced, then renamed.
 
-use hmac::{Hmac, Mac};
+pub use crate::artifacts::ARTIFACT_MAGIC;
+use crate::artifacts::{ArtifactCache, deserialize_verified};
+use crate::code::Code;
+pub use crate::code::{GuestKind, ModuleError};
+use crate::guest_log::{LogBuffer, Stream};
+pub use crate::options::{
+    DEFAULT_COMPILE_TIMEOUT, DEFAULT_MAX_CACHED_MODULES, DEFAULT_MAX_DISK_ARTIFACTS, DEFAULT_MAX_OPEN_RESOURCES,
+    EPOCH_TICK, MAX_WASM_STACK, RuntimeOptions, WASM32_MAX_MEMORY,
+};
+use crate::options::{HOST_CALL_GRACE, MAX_CANCEL_REASON, MAX_TABLE_ELEMENTS, MAX_TRAP_MESSAGE, build_engine};
 use htfaas_functions::proto::Outcome;
 use htfaas_functions::{Digest, Resources};
-use rand::RngCore as _;
-use sha2::Sha256;
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read as _, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use wasmtime::component::Component;
-use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module, PoolingAllocationConfig, ResourceLimiter,
-    Store, Trap, UpdateDeadline,
-};
+use wasmtime::{Engine, InstancePre, Linker, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder, WasiCtxView, WasiView};
-
-/// Period of the engine's epoch ticker: the resolution of wall-time kills.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Native stack that wasm frames may use in one run, bytes (wasmtime's `max_wasm_stack`).
-///
-/// 1 MiB, twice wasmtime's default: tens of thousands of frames of ordinary compiled code (Rust
-/// guests keep their big locals on a shadow stack in linear memory, so this is only for frames).
-/// A guest going deeper traps with "call stack exhausted". The guest runs on a fiber stack of
-/// [`ASYNC_STACK`]; what the wasm frames do not use is left to the host functions it calls.
-pub const MAX_WASM_STACK: usize = 1 << 20;
-/// Size of each fiber stack a guest runs on (wasmtime's `async_stack_size`): [`MAX_WASM_STACK`]
-/// plus 1 MiB for the WASI host calls made from it, which wasmtime does not bound.
-const ASYNC_STACK: usize = MAX_WASM_STACK + (1 << 20);
-/// Extra time past the deadline before the host timer gives up on a guest stuck in a host call.
-const HOST_CALL_GRACE: Duration = Duration::from_millis(500);
-/// Largest table a guest may grow (elements); tables are host memory too.
-const MAX_TABLE_ELEMENTS: usize = 1 << 20;
-/// Longest trap message kept in an [`Outcome::Trapped`].
-const MAX_TRAP_MESSAGE: usize = 1024;
-/// Longest cancel reason kept in an [`Outcome::Cancelled`] (the reason comes from the scheduler).
-const MAX_CANCEL_REASON: usize = 1024;
-/// Linear memories are 32-bit: at most 4 GiB.
-pub const WASM32_MAX_MEMORY: u64 = 4 << 30;
 
 /// A request to stop one job, shared by whoever may cancel it (the link, on the scheduler's
 /// `Cancel`) and whoever runs it (the job's transfers, the guest's epoch callback and host
@@ -161,54 +137,6 @@ impl CancelSignal {
 #[derive(Debug, thiserror::Error)]
 #[error("cancelled by the host")]
 struct StoppedByCancel;
-
-/// Why a module could not be made ready to run. Becomes [`Outcome::ModuleFailed`].
-#[derive(Debug, thiserror::Error)]
-pub enum ModuleError {
-    /// The bytes are not the ones the job named.
-    #[error("digest mismatch: expected {expected}, got {actual}")]
-    DigestMismatch {
-        /// What the job named.
-        expected: Digest,
-        /// What the bytes hash to.
-        actual: Digest,
-    },
-    /// Cranelift refused the bytes (not wasm, unsupported proposal, …).
-    #[error("compile: {0}")]
-    Compile(String),
-    /// Not a WASI command: a preview 1 module without `_start`, a preview 2 component that does
-    /// not export `wasi:cli/run`, or imports we do not offer.
-    #[error("not a WASI command: {0}")]
-    NotACommand(String),
-    /// Compiling took longer than [`RuntimeOptions::compile_timeout`] (now or on an earlier
-    /// try: the refusal is remembered, so the module is not compiled again).
-    #[error("compile: took longer than {} s, the EP's compile time limit; module refused", limit.as_secs_f64())]
-    CompileTimeout {
-        /// The limit.
-        limit: Duration,
-    },
-}
-
-/// Which kind of wasm binary a guest is, by its header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuestKind {
-    /// A core module, run as a WASI preview 1 command (`_start`).
-    Module,
-    /// A component, run as a WASI preview 2 command (`wasi:cli/run`).
-    Component,
-}
-
-impl GuestKind {
-    /// The kind `bytes` declare: a component's header has layer 1 (`\0asm`, version 0x0d,
-    /// layer 1), anything else is compiled as a core module (and refused by cranelift if it is
-    /// not one).
-    pub fn of(bytes: &[u8]) -> GuestKind {
-        match bytes.get(..8) {
-            Some([0, b'a', b's', b'm', _, _, 1, 0]) => GuestKind::Component,
-            _ => GuestKind::Module,
-        }
-    }
-}
 
 /// A compiled, linked module or component, ready to instantiate. Cheap to clone.
 #[derive(Clone)]
@@ -328,54 +256,6 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// How to build a [`Runtime`]. `RuntimeOptions::default()` is what [`Runtime::new`] uses.
-#[derive(Debug, Clone)]
-pub struct RuntimeOptions {
-    /// Directory for compiled artifacts (`<digest hex>.<engine tag>.cwasm`) and their key (`key`), created
-    /// (mode 0700) if missing. Default: none (modules are compiled again after every restart).
-    pub cache_dir: Option<PathBuf>,
-    /// Fuel given to every run (about one unit per wasm instruction); a run that spends it ends
-    /// as [`Outcome::FuelExhausted`]. Default: none (no metering, which is faster).
-    pub fuel: Option<u64>,
-    /// Whether to take instances from wasmtime's pooling allocator (falls back to on-demand with
-    /// a warning when the pool cannot be reserved). Default: true.
-    pub pooling: bool,
-    /// Pool slots: instances (so runs) alive at once; a run past it ends as
-    /// [`Outcome::ModuleFailed`]. Should cover the EP's job slots plus guests left behind in a
-    /// blocking sleep. Each slot reserves about 4 GiB of address space (not memory). Default: 64.
-    pub max_instances: u32,
-    /// Largest linear memory of any run, bytes: the largest job memory the EP accepts. Runs asking
-    /// for more are capped here. At most 4 GiB (wasm32). Default: 4 GiB.
-    pub max_memory_bytes: u64,
-    /// Most compiled modules kept in memory; past it the least recently used is dropped (its
-    /// artifact on disk stays). Default: [`DEFAULT_MAX_CACHED_MODULES`].
-    pub max_cached_modules: usize,
-    /// Most artifacts kept in `cache_dir`; past it the oldest (by modification time) are
-    /// deleted after a write. Default: [`DEFAULT_MAX_DISK_ARTIFACTS`].
-    pub max_disk_artifacts: usize,
-    /// Most WASI resources one run holds at once: open files and directories (each one a host
-    /// descriptor), streams and pollables, the preopens and stdio included. A guest past it
-    /// traps ([`Outcome::Trapped`], "too many open files…"). Default:
-    /// [`DEFAULT_MAX_OPEN_RESOURCES`].
-    pub max_open_resources: usize,
-    /// Longest compilation of one module; a module taking longer is refused
-    /// ([`ModuleError::CompileTimeout`]) and remembered as refused. Default:
-    /// [`DEFAULT_COMPILE_TIMEOUT`]; `None`: unbounded.
-    pub compile_timeout: Option<Duration>,
-}
-
-/// Default of [`RuntimeOptions::max_open_resources`].
-pub const DEFAULT_MAX_OPEN_RESOURCES: usize = 256;
-/// Default of [`RuntimeOptions::compile_timeout`]: 5 minutes. Compiling takes about 1 s per MB
-/// of code here (a 4 MB module: 3–5 s), so only modules near the 256 MiB download limit on a
-/// slow host come close; a module crafted to make cranelift crawl does not hold the EP longer.
-pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Default of [`RuntimeOptions::max_cached_modules`].
-pub const DEFAULT_MAX_CACHED_MODULES: usize = 256;
-/// Default of [`RuntimeOptions::max_disk_artifacts`].
-pub const DEFAULT_MAX_DISK_ARTIFACTS: usize = 1024;
-
 /// Compiled modules in memory, least recently used dropped first past `cap`.
 struct ModuleCache {
     map: HashMap<Digest, (Guest, u64)>,
@@ -408,22 +288,6 @@ impl ModuleCache {
             tracing::debug!(digest = %oldest.short(), "dropped a compiled module from memory (cache full)");
         }
         self.map.insert(digest, (guest, self.clock));
-    }
-}
-
-impl Default for RuntimeOptions {
-    fn default() -> RuntimeOptions {
-        RuntimeOptions {
-            cache_dir: None,
-            fuel: None,
-            pooling: true,
-            max_instances: 64,
-            max_memory_bytes: WASM32_MAX_MEMORY,
-            max_cached_modules: DEFAULT_MAX_CACHED_MODULES,
-            max_disk_artifacts: DEFAULT_MAX_DISK_ARTIFACTS,
-            max_open_resources: DEFAULT_MAX_OPEN_RESOURCES,
-            compile_timeout: Some(DEFAULT_COMPILE_TIMEOUT),
-        }
     }
 }
 
@@ -814,21 +678,6 @@ impl Runtime {
     }
 }
 
-/// Compiled code of either guest kind, before linking.
-pub(crate) enum Code {
-    Module(Module),
-    Component(Component),
-}
-
-impl Code {
-    fn serialize(&self) -> wasmtime::Result<Vec<u8>> {
-        match self {
-            Code::Module(m) => m.serialize(),
-            Code::Component(c) => c.serialize(),
-        }
-    }
-}
-
 /// How `call` ended: the outcome and the usage the store saw.
 struct Ended {
     outcome: Outcome,
@@ -843,38 +692,6 @@ impl Ended {
     fn failed(reason: String) -> Ended {
         Ended { outcome: Outcome::ModuleFailed { reason }, peak_bytes: 0, instructions: None, no_free_slot: false }
     }
-}
-
-/// The engine for `options`: with the pool if asked and granted, else allocating on demand.
-/// Returns whether the pool is in use.
-fn build_engine(options: &RuntimeOptions, max_memory_bytes: u64) -> anyhow::Result<(Engine, bool)> {
-    let mut config = Config::new();
-    config.epoch_interruption(true);
-    config.consume_fuel(options.fuel.is_some());
-    config.max_wasm_stack(MAX_WASM_STACK);
-    config.async_stack_size(ASYNC_STACK);
-    if options.pooling {
-        let slots = options.max_instances.max(1);
-        let mut pool = PoolingAllocationConfig::new();
-        pool.total_core_instances(slots)
-            .total_memories(slots)
-            .total_tables(slots)
-            .total_stacks(slots)
-            .total_component_instances(slots)
-            .max_memory_size(usize::try_from(max_memory_bytes).unwrap_or(usize::MAX))
-            .table_elements(MAX_TABLE_ELEMENTS);
-        let mut pooled = config.clone();
-        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        match Engine::new(&pooled) {
-            Ok(engine) => return Ok((engine, true)),
-            Err(e) => tracing::warn!(
-                slots,
-                "failed to reserve the instance pool, allocating instances on demand (slower starts): {e:#}"
-            ),
-        }
-    }
-    let engine = Engine::new(&config).map_err(anyhow::Error::from)?;
-    Ok((engine, false))
 }
 
 /// Why the host stopped waiting for the guest (the guest itself did not end).
@@ -923,7 +740,7 @@ fn build_wasi(job: &GuestJob, log: &LogBuffer) -> anyhow::Result<WasiP1Ctx> {
     Ok(b.build_p1())
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -950,396 +767,4 @@ fn thread_cpu_time() -> Duration {
         return Duration::ZERO;
     }
     Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Compiled artifacts on disk.
-
-/// First bytes of every artifact file: names the format and its version.
-pub const ARTIFACT_MAGIC: &[u8; 8] = b"htfcwsm1";
-/// Length of the HMAC-SHA256 tag after the magic.
-const TAG_LEN: usize = 32;
-/// Magic plus tag.
-const ARTIFACT_HEADER: usize = ARTIFACT_MAGIC.len() + TAG_LEN;
-/// Larger files are refused unread: no module this EP accepts compiles to that much.
-const MAX_ARTIFACT_BYTES: u64 = 1 << 30;
-/// What the tag is about, so the key can never vouch for anything else.
-const TAG_DOMAIN: &[u8] = b"htfaas-ep compiled artifact v1\0";
-/// Length of the cache key, bytes.
-const KEY_LEN: usize = 32;
-/// Temporary files older than this, left by a crash mid-write, are removed at start.
-const STALE_TMP: Duration = Duration::from_secs(3600);
-
-/// `<dir>/<digest hex>.<engine tag>.cwasm` files tagged with `<dir>/key`; see the module docs.
-struct ArtifactCache {
-    dir: PathBuf,
-    /// [`RuntimeOptions::max_disk_artifacts`].
-    max_artifacts: usize,
-    key: [u8; KEY_LEN],
-    /// This engine's [`Engine::precompile_compatibility_hash`], as the bytes it hashes.
-    engine_id: Vec<u8>,
-    /// 16 hex digits naming this engine configuration in file names, so EPs with different
-    /// engines (fuel or not, another wasmtime) can share a directory without evicting each
-    /// other's artifacts.
-    engine_tag: String,
-}
-
-/// Artifact bytes whose tag verified: the only input [`deserialize_verified`] takes.
-struct VerifiedArtifact {
-    file: Vec<u8>,
-}
-
-impl VerifiedArtifact {
-    fn bytes(&self) -> &[u8] {
-        &self.file[ARTIFACT_HEADER..]
-    }
-}
-
-/// Collects what a [`std::hash::Hash`] impl feeds, so the engine's compatibility hash can be
-/// put under the tag as is (no hasher whose algorithm might change between Rust releases).
-struct HashBytes(Vec<u8>);
-
-impl std::hash::Hasher for HashBytes {
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-    fn finish(&self) -> u64 {
-        0
-    }
-}
-
-impl ArtifactCache {
-    /// Creates `dir` (0700) if needed, reads or makes its key, and removes stale temporary files.
-    fn open(dir: &Path, engine: &Engine, max_artifacts: usize) -> anyhow::Result<ArtifactCache> {
-        use anyhow::Context as _;
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("create the artifact cache {}", dir.display()))?;
-        let key = load_or_make_key(dir).with_context(|| format!("key of the artifact cache {}", dir.display()))?;
-        let mut id = HashBytes(Vec::new());
-        std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut id);
-        remove_stale_tmp(dir);
-        let engine_tag = hex::encode(&<Sha256 as sha2::Digest>::digest(&id.0)[..8]);
-        Ok(ArtifactCache { dir: dir.to_owned(), max_artifacts: max_artifacts.max(1), key, engine_id: id.0, engine_tag })
-    }
-
-    fn path(&self, digest: &Digest) -> PathBuf {
-        self.dir.join(format!("{}.{}.cwasm", digest.hex(), self.engine_tag))
-    }
-
-    /// The MAC of an artifact of `digest` for this engine, before finalisation.
-    fn mac(&self, digest: &Digest, artifact: &[u8]) -> Hmac<Sha256> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes keys of any length");
-        mac.update(TAG_DOMAIN);
-        for part in [digest.as_str().as_bytes(), &self.engine_id, artifact] {
-            mac.update(&(part.len() as u64).to_le_bytes());
-            mac.update(part);
-        }
-        mac
-    }
-
-    /// The artifact for `digest`: `Ok(None)` when there is none, `Err(why)` when there is one
-    /// but it must not be used. The file is read whole before the check, so what is checked is
-    /// what gets deserialized.
-    fn read(&self, digest: &Digest) -> Result<Option<VerifiedArtifact>, String> {
-        let file = match File::open(self.path(digest)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("open: {e}")),
-        };
-        let len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
-        if len > MAX_ARTIFACT_BYTES {
-            return Err(format!("{len} bytes, more than any artifact this EP writes"));
-        }
-        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-        file.take(MAX_ARTIFACT_BYTES).read_to_end(&mut bytes).map_err(|e| format!("read: {e}"))?;
-        if bytes.len() < ARTIFACT_HEADER || !bytes.starts_with(ARTIFACT_MAGIC) {
-            return Err("not an htfaas artifact (no header)".into());
-        }
-        let (tag, artifact) = bytes[ARTIFACT_MAGIC.len()..].split_at(TAG_LEN);
-        if self.mac(digest, artifact).verify_slice(tag).is_err() {
-            return Err(
-                "its tag does not verify (modified, truncated, written with another key or for another engine)".into(),
-            );
-        }
-        Ok(Some(VerifiedArtifact { file: bytes }))
-    }
-
-    /// Writes the artifact for `digest` with its tag: temporary file, fsync, rename, fsync dir.
-    fn write(&self, digest: &Digest, artifact: &[u8]) -> std::io::Result<()> {
-        let tag = self.mac(digest, artifact).finalize().into_bytes();
-        let mut file = Vec::with_capacity(ARTIFACT_HEADER + artifact.len());
-        file.extend_from_slice(ARTIFACT_MAGIC);
-        file.extend_from_slice(&tag);
-        file.extend_from_slice(artifact);
-        write_atomically(&self.dir, &self.path(digest), &file)?;
-        self.trim();
-        Ok(())
-    }
-
-    /// Deletes the oldest artifacts past [`RuntimeOptions::max_disk_artifacts`]; failures are
-    /// logged (a full cache only costs disk).
-    fn trim(&self) {
-        let Ok(entries) = fs::read_dir(&self.dir) else { return };
-        let mut artifacts: Vec<(std::time::SystemTime, PathBuf)> = entries
-            .filter_map(Result::ok)
-            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-            .collect();
-        if artifacts.len() <= self.max_artifacts {
-            return;
-        }
-        artifacts.sort();
-        let excess = artifacts.len() - self.max_artifacts;
-        for (_, path) in artifacts.into_iter().take(excess) {
-            match fs::remove_file(&path) {
-                Ok(()) => tracing::debug!(path = %path.display(), "deleted an old compiled artifact (cache full)"),
-                Err(e) => tracing::warn!(path = %path.display(), "failed to delete an old compiled artifact: {e}"),
-            }
-        }
-    }
-}
-
-/// Turns verified artifact bytes into a module or component (`kind` comes from the wasm bytes,
-/// whose digest the tag covers; wasmtime refuses an artifact of the other kind).
-#[allow(unsafe_code)]
-fn deserialize_verified(engine: &Engine, artifact: &VerifiedArtifact, kind: GuestKind) -> wasmtime::Result<Code> {
-    // SAFETY: `Module::deserialize` maps the bytes as machine code, so they must be an artifact
-    // wasmtime itself produced for a compatible engine. A `VerifiedArtifact` carries an
-    // HMAC-SHA256 tag over (digest, this engine's precompile-compatibility hash, these bytes)
-    // under this cache's secret key, which only this EP holds (0600): so this EP serialized
-    // exactly these bytes with an engine configured like this one. The bytes were read into
-    // memory before the check, so nothing changed them in between. wasmtime also checks its own
-    // header (version, target, flags) and refuses a mismatch with an error.
-    unsafe {
-        match kind {
-            GuestKind::Module => Module::deserialize(engine, artifact.bytes()).map(Code::Module),
-            GuestKind::Component => Component::deserialize(engine, artifact.bytes()).map(Code::Component),
-        }
-    }
-}
-
-/// The cache key in `<dir>/key`, made (random, 0600) when missing. A key file that is not 32
-/// bytes, or that others may read or write, is replaced, which retires every artifact made with it.
-fn load_or_make_key(dir: &Path) -> anyhow::Result<[u8; KEY_LEN]> {
-    use anyhow::Context as _;
-    let path = dir.join("key");
-    let replace = match read_key(&path) {
-        Ok(Some(key)) => return Ok(key),
-        Ok(None) => false,
-        Err(why) => {
-            tracing::warn!(path = %path.display(), "replacing the artifact cache key (cached artifacts will be compiled again): {why}");
-            true
-        }
-    };
-    let mut key = [0u8; KEY_LEN];
-    rand::rngs::OsRng.try_fill_bytes(&mut key).context("draw a random key")?;
-    let tmp = tmp_path(dir, "key");
-    let made = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        f.write_all(&key)?;
-        f.sync_all()?;
-        if replace { fs::rename(&tmp, &path) } else { fs::hard_link(&tmp, &path) }
-    })();
-    let _ = fs::remove_file(&tmp);
-    match made {
-        Ok(()) => {
-            sync_dir(dir);
-            Ok(key)
-        }
-        // Another runtime on the same directory made it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match read_key(&path) {
-            Ok(Some(key)) => Ok(key),
-            Ok(None) => anyhow::bail!("{} vanished while being created", path.display()),
-            Err(why) => anyhow::bail!("{}: {why}", path.display()),
-        },
-        Err(e) => Err(e).with_context(|| format!("write {}", path.display())),
-    }
-}
-
-/// The key at `path`: `Ok(None)` if absent, `Err(why)` if present but unfit.
-fn read_key(path: &Path) -> Result<Option<[u8; KEY_LEN]>, String> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("stat: {e}")),
-    };
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!("mode {mode:o} lets others at it"));
-    }
-    let bytes = fs::read(path).map_err(|e| format!("read: {e}"))?;
-    let len = bytes.len();
-    bytes.try_into().map(Some).map_err(|_| format!("{len} bytes, want {KEY_LEN}"))
-}
-
-/// A fresh temporary name in `dir` for a file that will become `name`.
-fn tmp_path(dir: &Path, name: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    dir.join(format!("{name}.tmp-{}-{n}", std::process::id()))
-}
-
-/// Writes `bytes` to `path` so that readers see the old file or the whole new one, never part.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("artifact");
-    let tmp = tmp_path(dir, name);
-    let written = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written?;
-    sync_dir(dir);
-    Ok(())
-}
-
-/// Makes a rename in `dir` durable; a failure only costs durability, so it is logged.
-fn sync_dir(dir: &Path) {
-    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-        tracing::debug!(dir = %dir.display(), "failed to fsync the directory: {e}");
-    }
-}
-
-/// Removes `*.tmp-*` files older than [`STALE_TMP`] (a crash mid-write leaves them).
-fn remove_stale_tmp(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let stale = entry.file_name().to_str().is_some_and(|n| n.contains(".tmp-"))
-            && entry
-                .metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > STALE_TMP);
-        if stale {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Bounded stdout/stderr.
-
-/// Which guest stream a pipe feeds.
-#[derive(Debug, Clone, Copy)]
-enum Stream {
-    Out,
-    Err,
-}
-
-#[derive(Default)]
-struct LogState {
-    out: Vec<u8>,
-    err: Vec<u8>,
-    dropped: u64,
-}
-
-/// stdout and stderr of one run, sharing one byte budget. Unlike wasmtime-wasi's
-/// `MemoryOutputPipe`, a full buffer never traps or errors the guest: extra bytes are counted
-/// and dropped.
-struct LogBuffer {
-    cap: usize,
-    state: Arc<Mutex<LogState>>,
-}
-
-impl LogBuffer {
-    fn new(cap: usize) -> LogBuffer {
-        LogBuffer { cap, state: Arc::default() }
-    }
-
-    fn pipe(&self, stream: Stream) -> LogPipe {
-        LogPipe { cap: self.cap, stream, state: self.state.clone() }
-    }
-
-    fn take(&self) -> (Vec<u8>, Vec<u8>, u64) {
-        let mut s = self.state.lock().expect("log lock poisoned");
-        (std::mem::take(&mut s.out), std::mem::take(&mut s.err), s.dropped)
-    }
-}
-
-#[derive(Clone)]
-struct LogPipe {
-    cap: usize,
-    stream: Stream,
-    state: Arc<Mutex<LogState>>,
-}
-
-impl LogPipe {
-    fn push(&self, bytes: &[u8]) {
-        let mut s = self.state.lock().expect("log lock poisoned");
-        let room = self.cap.saturating_sub(s.out.len() + s.err.len());
-        let take = room.min(bytes.len());
-        match self.stream {
-            Stream::Out => s.out.extend_from_slice(&bytes[..take]),
-            Stream::Err => s.err.extend_from_slice(&bytes[..take]),
-        }
-        s.dropped += (bytes.len() - take) as u64;
-    }
-}
-
-impl wasmtime_wasi::cli::IsTerminal for LogPipe {
-    fn is_terminal(&self) -> bool {
-        false
-    }
-}
-
-impl wasmtime_wasi::cli::StdoutStream for LogPipe {
-    fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::OutputStream> {
-        Box::new(self.clone())
-    }
-    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(self.clone())
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl wasmtime_wasi::p2::Pollable for LogPipe {
-    async fn ready(&mut self) {}
-}
-
-#[wasmtime_wasi::async_trait]
-impl wasmtime_wasi::p2::OutputStream for LogPipe {
-    fn write(&mut self, bytes: bytes::Bytes) -> wasmtime_wasi::p2::StreamResult<()> {
-        self.push(&bytes);
-        Ok(())
-    }
-    fn flush(&mut self) -> wasmtime_wasi::p2::StreamResult<()> {
-        Ok(())
-    }
-    fn check_write(&mut self) -> wasmtime_wasi::p2::StreamResult<usize> {
-        Ok(64 * 1024)
-    }
-}
-
-impl tokio::io::AsyncWrite for LogPipe {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        self.push(buf);
-        std::task::Poll::Ready(Ok(buf.len()))
-    }
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
 }

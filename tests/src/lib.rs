@@ -2,6 +2,8 @@
 //! temporary directory, and bounded waiting.
 
 pub mod cdp;
+#[cfg(test)]
+mod tidy;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -1,0 +1,85 @@
+//! The EP's counters ([`Metrics`]): jobs ended by outcome, their durations, guest
+//! instantiations. Every counter is an atomic: a job's end costs a few relaxed additions.
+//!
+//! Bottom of the EP: the job tasks count here and [`crate::metrics`] serves them; must not
+//! know about HTTP or the config.
+
+use htfaas_functions::metrics::Histogram;
+use htfaas_functions::proto::Outcome;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the job duration buckets, seconds.
+pub const DURATION_BUCKETS: [f64; 14] =
+    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0, 3600.0];
+/// Outcome labels, in the order of [`Metrics::runs`].
+pub(crate) const OUTCOMES: [&str; 11] = [
+    "exited",
+    "trapped",
+    "memory_exceeded",
+    "time_exceeded",
+    "input_failed",
+    "output_failed",
+    "module_failed",
+    "cancelled",
+    "fuel_exhausted",
+    "output_exceeded",
+    "storage_unavailable",
+];
+
+/// The label of `o`'s kind.
+pub fn outcome_label(o: &Outcome) -> &'static str {
+    OUTCOMES[outcome_index(o)]
+}
+
+pub(crate) fn outcome_index(o: &Outcome) -> usize {
+    match o {
+        Outcome::Exited { .. } => 0,
+        Outcome::Trapped { .. } => 1,
+        Outcome::MemoryExceeded { .. } => 2,
+        Outcome::TimeExceeded { .. } => 3,
+        Outcome::InputFailed { .. } => 4,
+        Outcome::OutputFailed { .. } => 5,
+        Outcome::ModuleFailed { .. } => 6,
+        Outcome::Cancelled { .. } => 7,
+        Outcome::FuelExhausted { .. } => 8,
+        Outcome::OutputExceeded { .. } => 9,
+        Outcome::StorageUnavailable { .. } => 10,
+    }
+}
+
+/// The EP's counters, shared by the job tasks and the metrics listener.
+#[derive(Debug)]
+pub struct Metrics {
+    pub(crate) runs: [AtomicU64; OUTCOMES.len()],
+    pub(crate) instantiations: AtomicU64,
+    pub(crate) duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            runs: Default::default(),
+            instantiations: AtomicU64::new(0),
+            duration: Histogram::new(&DURATION_BUCKETS),
+        }
+    }
+}
+
+impl Metrics {
+    /// A job ended with `outcome` after `took`.
+    pub fn job_finished(&self, outcome: &Outcome, took: Duration) {
+        self.runs[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
+        self.duration.observe(took);
+    }
+
+    /// A guest run is about to instantiate its module.
+    pub fn instantiating(&self) {
+        self.instantiations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Jobs ended with an outcome labelled `label`.
+    pub fn runs(&self, label: &str) -> u64 {
+        OUTCOMES.iter().position(|o| *o == label).map_or(0, |i| self.runs[i].load(Ordering::Relaxed))
+    }
+}

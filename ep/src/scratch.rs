@@ -1,0 +1,183 @@
+//! A running job's scratch bounds: how many files and bytes its `/output` and scratch may hold,
+//! and the watcher that stops the guest when it goes past them.
+//!
+//! Below the job: it measures directories; it must not know about transfers or the link.
+
+use crate::config::Settings;
+use crate::runtime::CancelSignal;
+use htfaas_functions::proto::{JobAssignment, Outcome};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How often the scratch watcher walks a running job's `/output`.
+pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// The limits a job's scratch directory is held to: the EP's settings, each narrowed by what
+/// the job asks for (`limits` of its assignment, `disk_mb` of its resources).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScratchLimits {
+    /// [`Settings::max_output_files`] or the job's `max_output_files`, the lower: entries of
+    /// any kind anywhere under `/output`.
+    pub(crate) max_files: usize,
+    /// [`Settings::max_output_bytes`] or the job's `max_output_bytes`, the lower: bytes of
+    /// regular files under `/output`.
+    pub(crate) max_output_bytes: u64,
+    /// [`Settings::max_scratch_bytes`] or the job's `disk_mb`, the lower: input plus outputs.
+    pub(crate) max_scratch_bytes: Option<u64>,
+    /// The input's size (it is read-only to the guest).
+    pub(crate) input_bytes: u64,
+}
+
+/// The lower of two optional bounds (`None`: unbounded).
+fn lower<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What a walk of `/output` found; it stops counting once past the file limit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Measured {
+    entries: usize,
+    bytes: u64,
+}
+
+impl ScratchLimits {
+    /// The bounds of `job` on this EP; `input_bytes` is set once the input is in.
+    pub(crate) fn for_job(s: &Settings, job: &JobAssignment) -> ScratchLimits {
+        let asked_files = job.limits.max_output_files.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let asked_disk = (job.resources.disk_mb > 0).then(|| job.resources.disk_mb.saturating_mul(1 << 20));
+        ScratchLimits {
+            max_files: lower(Some(s.max_output_files), asked_files).unwrap_or(s.max_output_files),
+            max_output_bytes: lower(Some(s.max_output_bytes), job.limits.max_output_bytes)
+                .unwrap_or(s.max_output_bytes),
+            max_scratch_bytes: lower(s.max_scratch_bytes, asked_disk),
+            input_bytes: 0,
+        }
+    }
+
+    /// Why `m` is past a limit, if it is.
+    fn exceeded(&self, m: Measured) -> Option<String> {
+        if m.entries > self.max_files {
+            return Some(format!(
+                "more than {} files and directories in /output, past the output file limit of {}",
+                self.max_files, self.max_files
+            ));
+        }
+        if m.bytes > self.max_output_bytes {
+            return Some(format!(
+                "at least {} output bytes, more than the output byte limit of {}",
+                m.bytes, self.max_output_bytes
+            ));
+        }
+        let total = self.input_bytes.saturating_add(m.bytes);
+        match self.max_scratch_bytes {
+            Some(max) if total > max => Some(format!(
+                "input and outputs hold at least {total} bytes, more than the scratch limit of {max} bytes"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Walks `dir` once (off the async threads) and says why it is past a limit, if it is.
+    pub(crate) async fn check_now(&self, dir: &Path) -> Option<String> {
+        let (dir, max_files) = (dir.to_owned(), self.max_files);
+        match tokio::task::spawn_blocking(move || measure(&dir, max_files)).await {
+            Ok(Ok(m)) => self.exceeded(m),
+            Ok(Err(e)) => {
+                tracing::warn!("failed to measure the job's outputs: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("output measuring task failed: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// Entries (any kind, any depth; symlinks not followed) and regular-file bytes under `dir`,
+/// stopping once past `max_entries`, so a guest's flood of files keeps the walk short.
+/// Blocking.
+fn measure(dir: &Path, max_entries: usize) -> std::io::Result<Measured> {
+    let mut m = Measured::default();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            m.entries += 1;
+            if m.entries > max_entries {
+                return Ok(m);
+            }
+            // DirEntry::metadata does not follow symlinks.
+            let meta = match entry.metadata() {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // removed meanwhile
+                Err(e) => return Err(e),
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() {
+                m.bytes = m.bytes.saturating_add(meta.len());
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// Watches a running guest: forwards the job's cancel to `stop` (returning `None`), and stops
+/// the guest through `stop` once its scratch passes a limit (returning why). Checks every
+/// [`WATCH_EVERY`]; never returns otherwise. Cancel-safe.
+pub(crate) async fn watch_scratch(
+    limits: ScratchLimits,
+    output_dir: PathBuf,
+    cancel: &CancelSignal,
+    stop: &CancelSignal,
+) -> Option<String> {
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                let reason = match cancel.outcome() {
+                    Outcome::Cancelled { reason } => reason,
+                    _ => String::new(),
+                };
+                stop.cancel(&reason);
+                return None;
+            }
+            _ = tick.tick() => {}
+        }
+        if let Some(reason) = limits.check_now(&output_dir).await {
+            tracing::info!("stopping the guest: {reason}");
+            stop.cancel(&reason);
+            return Some(reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measure_counts_everything_and_stops_past_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a"), b"12345").expect("write");
+        std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+        std::fs::write(dir.path().join("sub/b"), b"123").expect("write");
+        let m = measure(dir.path(), 10).expect("walk");
+        assert_eq!((m.entries, m.bytes), (3, 8));
+        assert_eq!(measure(dir.path(), 1).expect("walk").entries, 2);
+        let limits = ScratchLimits { max_files: 2, max_output_bytes: 7, max_scratch_bytes: Some(9), input_bytes: 3 };
+        let why = limits.exceeded(m).expect("past the file limit");
+        assert_eq!(why, "more than 2 files and directories in /output, past the output file limit of 2");
+        let why = limits.exceeded(Measured { entries: 1, bytes: 8 }).expect("past the byte limit");
+        assert_eq!(why, "at least 8 output bytes, more than the output byte limit of 7");
+        let why = limits.exceeded(Measured { entries: 1, bytes: 7 }).expect("past the scratch limit");
+        assert_eq!(why, "input and outputs hold at least 10 bytes, more than the scratch limit of 9 bytes");
+        assert_eq!(limits.exceeded(Measured { entries: 2, bytes: 6 }), None);
+    }
+}

@@ -1,0 +1,470 @@
+//! A job's transfers with the storage: the module, the input and each output, each tried up to
+//! [`ATTEMPTS`] times with backoff (see [`crate::job`]'s docs for the policy).
+//!
+//! Below the job: it moves bytes between URLs and files with a macaroon; it must not know about
+//! guests, slots or the scheduler link.
+
+use crate::report_log::LogText;
+use crate::runtime::millis;
+use crate::scratch::ScratchLimits;
+use futures_util::StreamExt;
+use htfaas_functions::proto::{Outcome, OutputFile};
+use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH};
+use sha2::{Digest as _, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// Largest module the EP downloads.
+pub(crate) const MAX_MODULE_BYTES: usize = 256 << 20;
+/// Longest body snippet quoted in a failure reason.
+const SNIPPET_BYTES: usize = 256;
+/// Tries per transfer (module, input, each output): the first and up to three retries.
+pub(crate) const ATTEMPTS: u32 = 4;
+/// Wait before the first retry; doubled for each next one, with jitter.
+pub(crate) const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+/// Longest backoff between two tries.
+pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Longest `Retry-After` honoured; a server asking for more is retried after this.
+pub(crate) const RETRY_AFTER_CAP: Duration = Duration::from_secs(10);
+/// Buffer between the network and the scratch files, each way.
+const IO_BUFFER: usize = 1 << 20;
+
+/// One storage endpoint as a job uses it: client, URL and macaroon.
+pub(crate) struct Transfer<'a> {
+    pub(crate) http: &'a reqwest::Client,
+    pub(crate) url: &'a str,
+    pub(crate) macaroon: &'a str,
+}
+
+/// Why one try of a transfer failed.
+#[derive(Debug)]
+struct Failed {
+    /// For the job's failure reason: method, URL without its query, what went wrong.
+    reason: String,
+    /// Worth another try: connection trouble, a timeout, HTTP 5xx or 429.
+    transient: bool,
+    /// The server's `Retry-After`, capped at [`RETRY_AFTER_CAP`].
+    retry_after: Option<Duration>,
+}
+
+impl Failed {
+    fn permanent(reason: String) -> Failed {
+        Failed { reason, transient: false, retry_after: None }
+    }
+
+    fn transient(reason: String) -> Failed {
+        Failed { reason, transient: true, retry_after: None }
+    }
+
+    /// A request that got no usable answer: transient, unless the request itself is malformed.
+    fn request(what: &str, e: reqwest::Error) -> Failed {
+        let permanent = e.is_builder() || e.is_redirect();
+        let reason = format!("{what}: {}", describe(e));
+        if permanent { Failed::permanent(reason) } else { Failed::transient(reason) }
+    }
+
+    /// An answer that is not a success: 5xx and 429 are transient, other statuses final.
+    async fn status(what: &str, resp: reqwest::Response) -> Failed {
+        let status = resp.status();
+        let transient = status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS;
+        let retry_after = if transient { retry_after(resp.headers()) } else { None };
+        let reason = format!("{what}: HTTP {status}: {}", snippet(resp).await);
+        Failed { reason, transient, retry_after }
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not honoured), capped.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Some(Duration::from_secs(secs).min(RETRY_AFTER_CAP))
+}
+
+/// A reqwest error and its causes on one line, without the URL (which may carry a query).
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let c = cause.to_string();
+        if !text.ends_with(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// `url` as shown in reasons and logs: scheme, host, port and path; no user, query or fragment.
+fn shown(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            u.set_fragment(None);
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Err(_) => url.split(['?', '#']).next().unwrap_or_default().to_owned(),
+    }
+}
+
+/// Why a transfer failed for good.
+#[derive(Debug)]
+pub(crate) struct GaveUp {
+    /// The last try's reason (with the number of tries when there were several).
+    reason: String,
+    /// Every try failed transiently: the far side was unavailable rather than refusing.
+    unavailable: bool,
+}
+
+impl GaveUp {
+    /// The job's outcome: [`Outcome::StorageUnavailable`] when the far side stayed unavailable,
+    /// else `refused(reason)`.
+    pub(crate) fn outcome(self, refused: impl FnOnce(String) -> Outcome) -> Outcome {
+        if self.unavailable { Outcome::StorageUnavailable { reason: self.reason } } else { refused(self.reason) }
+    }
+}
+
+/// Counts the tries of one transfer and waits between them.
+struct Retry<'a> {
+    tries: u32,
+    retries: &'a mut u32,
+}
+
+impl<'a> Retry<'a> {
+    fn new(retries: &'a mut u32) -> Retry<'a> {
+        Retry { tries: 0, retries }
+    }
+
+    /// After a failed try: waits and returns `Ok` when another try is due, or returns why the
+    /// transfer failed for good. The wait is cancel-safe (a dropped future just stops waiting).
+    async fn after(&mut self, failed: Failed) -> Result<(), GaveUp> {
+        self.tries += 1;
+        if !failed.transient {
+            return Err(GaveUp { reason: failed.reason, unavailable: false });
+        }
+        if self.tries >= ATTEMPTS {
+            let reason = format!("{} (gave up after {ATTEMPTS} attempts)", failed.reason);
+            return Err(GaveUp { reason, unavailable: true });
+        }
+        let wait = failed.retry_after.unwrap_or_else(|| backoff(self.tries - 1));
+        *self.retries += 1;
+        tracing::info!(attempt = self.tries, wait_ms = millis(wait), "{}; trying again", failed.reason);
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+}
+
+/// The wait before retry `n` (0-based): [`BACKOFF_FIRST`] × 2^n capped at [`BACKOFF_CAP`], of
+/// which a random half is taken off, so tries of jobs failing together spread out.
+fn backoff(n: u32) -> Duration {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let full = BACKOFF_FIRST.saturating_mul(1u32.checked_shl(n).unwrap_or(u32::MAX)).min(BACKOFF_CAP);
+    // A fresh `RandomState` is randomly keyed: enough randomness for jitter, no extra crate.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(n);
+    let half = full / 2;
+    let jitter_ms = h.finish() % (u64::try_from(half.as_millis()).unwrap_or(u64::MAX).saturating_add(1));
+    half + Duration::from_millis(jitter_ms)
+}
+
+async fn snippet(resp: reqwest::Response) -> String {
+    let body = resp.bytes().await.unwrap_or_default();
+    let cut = &body[..body.len().min(SNIPPET_BYTES)];
+    String::from_utf8_lossy(cut).trim().to_owned()
+}
+
+/// `GET module_url` into memory, bounded, with retries.
+pub(crate) async fn fetch_module(http: &reqwest::Client, url: &str, retries: &mut u32) -> Result<Vec<u8>, GaveUp> {
+    let mut retry = Retry::new(retries);
+    loop {
+        match fetch_module_once(http, url).await {
+            Ok(bytes) => return Ok(bytes),
+            Err(failed) => retry.after(failed).await?,
+        }
+    }
+}
+
+async fn fetch_module_once(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, Failed> {
+    let what = format!("fetch {}", shown(url));
+    let resp = http.get(url).send().await.map_err(|e| Failed::request(&what, e))?;
+    if !resp.status().is_success() {
+        return Err(Failed::status(&what, resp).await);
+    }
+    if resp.content_length().is_some_and(|n| n > MAX_MODULE_BYTES as u64) {
+        return Err(Failed::permanent(format!("{what}: module larger than {MAX_MODULE_BYTES} bytes")));
+    }
+    let mut bytes = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| Failed::request(&what, e))?;
+        if bytes.len() + chunk.len() > MAX_MODULE_BYTES {
+            return Err(Failed::permanent(format!("{what}: module larger than {MAX_MODULE_BYTES} bytes")));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// `GET` the input with the bearer macaroon, streamed to `dest`, with retries (each one starts
+/// again from an empty file). `n` counts the bytes written by the current try as they arrive,
+/// so a cancelled download still reports what it read. With `limit`, an input larger than it
+/// fails at once, checked against `Content-Length` first, then as it arrives.
+pub(crate) async fn download(
+    from: &Transfer<'_>,
+    dest: &Path,
+    limit: Option<u64>,
+    n: &mut u64,
+    retries: &mut u32,
+) -> Result<(), GaveUp> {
+    let mut retry = Retry::new(retries);
+    loop {
+        *n = 0;
+        match download_once(from, dest, limit, n).await {
+            Ok(()) => return Ok(()),
+            Err(failed) => retry.after(failed).await?,
+        }
+    }
+}
+
+async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: &mut u64) -> Result<(), Failed> {
+    let what = format!("GET {}", shown(from.url));
+    let too_big = |size: String, limit: u64| {
+        Failed::permanent(format!("input of {size} bytes exceeds the scratch limit of {limit} bytes"))
+    };
+    let resp = from
+        .http
+        .get(from.url)
+        .header(AUTHORIZATION, format!("Bearer {}", from.macaroon))
+        .send()
+        .await
+        .map_err(|e| Failed::request(&what, e))?;
+    if !resp.status().is_success() {
+        return Err(Failed::status(&what, resp).await);
+    }
+    if let (Some(limit), Some(len)) = (limit, resp.content_length())
+        && len > limit
+    {
+        return Err(too_big(len.to_string(), limit));
+    }
+    let local = |e: std::io::Error| Failed::permanent(format!("write {}: {e}", dest.display()));
+    let file = tokio::fs::File::create(dest).await.map_err(local)?;
+    let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| Failed::request(&what, e))?;
+        let after = *n + chunk.len() as u64;
+        if let Some(limit) = limit
+            && after > limit
+        {
+            return Err(too_big(format!("at least {after}"), limit));
+        }
+        file.write_all(&chunk).await.map_err(local)?;
+        *n = after;
+    }
+    file.flush().await.map_err(local)
+}
+
+/// What `upload_outputs` did.
+pub(crate) struct Stored {
+    pub(crate) files: Vec<OutputFile>,
+    pub(crate) bytes_out: u64,
+    /// The job's outcome when storing failed or the outputs are past a limit.
+    pub(crate) failure: Option<Outcome>,
+}
+
+/// PUTs every regular top-level file of `dir` to `{base}{name}`, streamed and hashed, recording
+/// each file into `stored` once the storage accepted it (so an upload dropped midway, by a
+/// cancel, leaves in `stored` exactly the files that are in the storage).
+pub(crate) async fn upload_outputs(
+    limits: &ScratchLimits,
+    to: &Transfer<'_>,
+    dir: &Path,
+    stored: &mut Stored,
+    log: &mut LogText,
+    retries: &mut u32,
+) {
+    let files = match list_outputs(dir, log).await {
+        Ok(f) => f,
+        Err(e) => {
+            stored.failure = Some(Outcome::OutputFailed { reason: format!("list outputs: {e}") });
+            return;
+        }
+    };
+    if files.len() > limits.max_files {
+        let reason = format!("{} output files, more than the output file limit of {}", files.len(), limits.max_files);
+        stored.failure = Some(Outcome::OutputExceeded { reason });
+        return;
+    }
+    let total: u64 = files.iter().map(|(_, _, size)| size).sum();
+    if total > limits.max_output_bytes {
+        let reason = format!("{total} output bytes, more than the output byte limit of {}", limits.max_output_bytes);
+        stored.failure = Some(Outcome::OutputExceeded { reason });
+        return;
+    }
+    for (name, path, size) in files {
+        let url = format!("{}{}", to.url, encode_segment(&name));
+        let one = Transfer { http: to.http, url: &url, macaroon: to.macaroon };
+        match put_file(&one, &path, size, retries).await {
+            Ok(sha256) => {
+                stored.bytes_out += size;
+                stored.files.push(OutputFile { path: storage_path(&url), size, sha256 });
+            }
+            Err(e) => {
+                stored.failure = Some(e.outcome(|reason| Outcome::OutputFailed { reason }));
+                return;
+            }
+        }
+    }
+}
+
+/// Regular top-level files of `dir`, sorted by name: (name, path, size). Everything else is
+/// skipped with a note in the log.
+async fn list_outputs(dir: &Path, log: &mut LogText) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
+    let mut out = Vec::new();
+    let mut rd = tokio::fs::read_dir(dir).await?;
+    while let Some(entry) = rd.next_entry().await? {
+        let raw = entry.file_name();
+        let Some(name) = raw.to_str().map(str::to_owned) else {
+            log.note(&format!("skipped output {raw:?}: name is not UTF-8"));
+            continue;
+        };
+        // symlink_metadata: a symlink is reported as such, never followed.
+        let meta = tokio::fs::symlink_metadata(entry.path()).await?;
+        if meta.file_type().is_symlink() {
+            log.note(&format!("skipped output {name:?}: symlink"));
+        } else if meta.is_dir() {
+            log.note(&format!("skipped output {name:?}: directory (only top-level files are stored)"));
+        } else if !meta.is_file() {
+            log.note(&format!("skipped output {name:?}: not a regular file"));
+        } else {
+            out.push((name, entry.path(), meta.len()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// PUTs `size` bytes of `path`, streamed and hashed, with retries (each sends the file again
+/// from its start). Returns the sha256 hex of what the storage accepted.
+async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) -> Result<String, GaveUp> {
+    let mut retry = Retry::new(retries);
+    loop {
+        match put_file_once(to, path, size).await {
+            Ok(sha256) => return Ok(sha256),
+            Err(failed) => retry.after(failed).await?,
+        }
+    }
+}
+
+async fn put_file_once(to: &Transfer<'_>, path: &Path, size: u64) -> Result<String, Failed> {
+    use tokio::io::AsyncReadExt;
+    let what = format!("PUT {}", shown(to.url));
+    let file =
+        tokio::fs::File::open(path).await.map_err(|e| Failed::permanent(format!("open {}: {e}", path.display())))?;
+    let hasher = Arc::new(Mutex::new(Sha256::new()));
+    let h = hasher.clone();
+    let stream = tokio_util::io::ReaderStream::with_capacity(file.take(size), IO_BUFFER).map(move |chunk| {
+        if let Ok(c) = &chunk {
+            h.lock().unwrap_or_else(|p| p.into_inner()).update(c);
+        }
+        chunk
+    });
+    let resp = to
+        .http
+        .put(to.url)
+        .header(AUTHORIZATION, format!("Bearer {}", to.macaroon))
+        .header(CONTENT_LENGTH, size)
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .map_err(|e| Failed::request(&what, e))?;
+    if !resp.status().is_success() {
+        return Err(Failed::status(&what, resp).await);
+    }
+    let digest = std::mem::take(&mut *hasher.lock().unwrap_or_else(|p| p.into_inner())).finalize();
+    Ok(hex::encode(digest))
+}
+
+/// Percent-encodes a file name for use as one URL path segment.
+fn encode_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The storage path of a URL: its path part, percent-decoded.
+fn storage_path(url: &str) -> String {
+    let path = reqwest::Url::parse(url).map(|u| u.path().to_owned()).unwrap_or_else(|_| url.to_owned());
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && bytes[i + 1].is_ascii_hexdigit()
+            && bytes[i + 2].is_ascii_hexdigit()
+            && let Ok(v) = u8::from_str_radix(&path[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_names_are_encoded_and_paths_decoded() {
+        assert_eq!(encode_segment("a b#?.txt"), "a%20b%23%3F.txt");
+        assert_eq!(storage_path("http://h:1/data/out/a%20b%23%3F.txt"), "/data/out/a b#?.txt");
+        assert_eq!(storage_path("http://h/d/x%2"), "/d/x%2");
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        for n in 0..3 {
+            let full = BACKOFF_FIRST * (1 << n);
+            for _ in 0..50 {
+                let b = backoff(n);
+                assert!(b >= full / 2 && b <= full, "retry {n}: {b:?}");
+            }
+        }
+        for n in [5, 31, 32, 1000] {
+            assert!(backoff(n) <= BACKOFF_CAP && backoff(n) >= BACKOFF_CAP / 2, "{n}");
+        }
+    }
+
+    #[test]
+    fn shown_urls_carry_no_query_or_user() {
+        assert_eq!(shown("http://u:p@h:1/a/b?authz=SECRET#f"), "http://h:1/a/b");
+        assert_eq!(shown("not a url?authz=SECRET"), "not a url");
+    }
+
+    #[test]
+    fn retry_after_is_seconds_capped() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(reqwest::header::RETRY_AFTER, "2".parse().expect("header"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert(reqwest::header::RETRY_AFTER, "86400".parse().expect("header"));
+        assert_eq!(retry_after(&h), Some(RETRY_AFTER_CAP));
+        h.insert(reqwest::header::RETRY_AFTER, "Wed, 21 Oct 2015 07:28:00 GMT".parse().expect("header"));
+        assert_eq!(retry_after(&h), None);
+    }
+}
