@@ -8,21 +8,33 @@
 //! - [`event`]: storage events normalized from every source, which trigger rules read;
 //! - [`trigger`]: the trigger rule language (path globs, prefixes and suffixes, message type,
 //!   storage class, size, owner, with `and`, `or`, `not`), parsed once, evaluated per event;
-//! - [`digest`], [`manifest`], [`registry`]: functions as content-addressed wasm modules with
-//!   versioned manifests, stored in SQLite plus a blob directory;
-//! - [`audit`]: the audit trail: one hash-chained, append-only log per writer (SQLite), signed
-//!   checkpoints, lineage queries and the verifier that names the first tampered record;
-//! - [`store`]: what the SQLite stores of the other crates share (stepwise migration).
+//!   [`glob`]: the one glob dialect of trigger paths;
+//! - [`digest`], [`resources`], [`manifest`], [`namespace`], `registry` (feature `db`):
+//!   functions as content-addressed wasm modules with versioned manifests, stored in SQLite
+//!   plus a blob directory;
+//! - [`audit`]: the audit trail: record format, drafts and signed checkpoints; with feature
+//!   `db`, one hash-chained, append-only log per writer (SQLite), lineage queries and the
+//!   verifier that names the first tampered record; [`audit_kinds`]: the constructor of every
+//!   record kind the gateway and the scheduler write;
+//! - [`store`]: what the stores of the other crates share (private state files, durability;
+//!   with feature `db`, SQLite's stepwise migration); [`time`]: wall-clock time and UTC dates;
+//! - [`macaroon`], [`metrics`]: the macaroon codec, the metrics encoding;
 //! - `nats` (feature `nats`): NATS nkey credentials and the connect options every NATS client
 //!   of htfaas is built from;
 //! - `serve` (feature `serve`): the HTTP listener loop of every server, with its header and
 //!   body timeouts and connection cap.
 //!
 //! Nothing outside this crate derives `Serialize` for a wire type.
+//!
+//! Feature `db` (off by default) builds everything that needs SQLite (`rusqlite`): the
+//! registry, the audit trail's store, queries and verifier, the stores' migration. Crates
+//! without a database (the EP) leave it off.
 
 pub mod audit;
+pub mod audit_kinds;
 pub mod digest;
 pub mod event;
+pub mod glob;
 pub mod macaroon;
 pub mod manifest;
 pub mod metrics;
@@ -30,13 +42,18 @@ pub mod namespace;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod proto;
+#[cfg(feature = "db")]
 pub mod registry;
+pub mod resources;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod store;
+pub mod time;
 pub mod token;
 pub mod trigger;
 
 pub use digest::Digest;
-pub use manifest::{FunctionManifest, FunctionRecord, Resources, Trigger};
+pub use manifest::{FunctionManifest, FunctionRecord, Trigger};
+#[cfg(feature = "db")]
 pub use registry::{Registry, RegistryError};
+pub use resources::Resources;

@@ -1,7 +1,9 @@
 //! Function manifests: what a developer registers (trigger, resources, outputs), and the
 //! versioned record the registry keeps for it.
 
-use crate::Digest;
+use crate::digest::Digest;
+/// What one run may use; defined in [`crate::resources`], named here as it always was.
+pub use crate::resources::Resources;
 use crate::trigger::{Rule, RuleError};
 use serde::{Deserialize, Serialize};
 
@@ -50,17 +52,29 @@ pub struct FunctionManifest {
     /// Per-run ceilings narrower than the EPs' own: output bytes and files, and an instruction
     /// budget where EPs meter fuel. The EP enforces the lower of its setting and this; nothing
     /// here widens what an EP allows. Default: none (the EP's own).
-    #[serde(default, skip_serializing_if = "crate::proto::JobLimits::is_unset")]
-    pub limits: crate::proto::JobLimits,
+    #[serde(default, skip_serializing_if = "crate::resources::JobLimits::is_unset")]
+    pub limits: crate::resources::JobLimits,
 }
 
 /// Checks a name of the `[a-z0-9][a-z0-9_-]{0,62}` form (function and annex names).
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), NameError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if ok { Ok(()) } else { Err(format!("{name:?} must match [a-z0-9][a-z0-9_-]{{0,62}}")) }
+    if ok { Ok(()) } else { Err(NameError(name.to_owned())) }
+}
+
+/// A name [`check_name`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} must match [a-z0-9][a-z0-9_-]{{0,62}}")]
+pub struct NameError(pub String);
+
+/// The message, for callers whose errors are strings.
+impl From<NameError> for String {
+    fn from(e: NameError) -> String {
+        e.to_string()
+    }
 }
 
 /// Most events per second a [`RateLimit`] may allow.
@@ -144,7 +158,7 @@ impl Trigger {
             return Err(bad("trigger", "needs a path glob, a rule, or both"));
         }
         if !self.path.is_empty() {
-            crate::proto::compile_glob(&self.path).map_err(|e| bad("trigger.path", e))?;
+            crate::glob::compile_glob(&self.path).map_err(|e| bad("trigger.path", e.to_string()))?;
         }
         if let Some(rule) = &self.rule {
             Rule::parse(rule).map_err(|e| bad("trigger.rule", e.to_string()))?;
@@ -170,71 +184,6 @@ impl std::fmt::Display for Trigger {
             (false, Some(rule)) => f.pad(&format!("path glob {} and ({rule})", crate::trigger::quote(&self.path))),
             (true, None) => f.pad("(none)"),
         }
-    }
-}
-
-/// Resources of one run: what the submit token allows and what the EP enforces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Resources {
-    /// Cores. Default: 1.
-    #[serde(default = "default_cpus")]
-    pub cpus: u32,
-    /// Memory cap in MiB. Default: 2048.
-    #[serde(default = "default_memory_mb")]
-    pub memory_mb: u64,
-    /// Wall-time cap in seconds. Default: 3600. In a manifest (and so in a submit request) 0
-    /// asks for the default run time of the job's class, which the scheduler fills in.
-    #[serde(default = "default_runtime_s")]
-    pub runtime_s: u64,
-    /// GPUs. Default: 0. Whether an owner may have them is the scheduler's site policy, not
-    /// the submit token's.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub gpus: u32,
-    /// Scratch disk in MiB. Default: 0 (none asked; the EP's own bound applies).
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
-    pub disk_mb: u64,
-}
-
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-fn is_zero_u64(v: &u64) -> bool {
-    *v == 0
-}
-
-fn default_cpus() -> u32 {
-    1
-}
-fn default_memory_mb() -> u64 {
-    2048
-}
-fn default_runtime_s() -> u64 {
-    3600
-}
-
-impl Default for Resources {
-    fn default() -> Self {
-        Resources {
-            cpus: default_cpus(),
-            memory_mb: default_memory_mb(),
-            runtime_s: default_runtime_s(),
-            gpus: 0,
-            disk_mb: 0,
-        }
-    }
-}
-
-impl Resources {
-    /// Cores, memory and run time as given; no GPUs, no disk.
-    pub fn new(cpus: u32, memory_mb: u64, runtime_s: u64) -> Resources {
-        Resources { cpus, memory_mb, runtime_s, gpus: 0, disk_mb: 0 }
-    }
-
-    /// Whether `self` fits within `limit` in cores, memory and run time (what a submit token
-    /// limits; GPUs and disk are site policy).
-    pub fn fits_within(&self, limit: &Resources) -> bool {
-        self.cpus <= limit.cpus && self.memory_mb <= limit.memory_mb && self.runtime_s <= limit.runtime_s
     }
 }
 

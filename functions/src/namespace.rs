@@ -267,8 +267,9 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::digest::Digest;
     use crate::manifest::{Outputs, Trigger};
-    use crate::{Digest, Resources};
+    use crate::resources::Resources;
 
     fn grants() -> Vec<Grant> {
         [

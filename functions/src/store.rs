@@ -3,6 +3,7 @@
 //! conversions of times and counts to SQLite integers, and the modes of state files: a
 //! directory 0700, a database (with its `-wal` and `-shm`) 0600 ([`prepare_private_db`]).
 
+#[cfg(feature = "db")]
 use rusqlite::{Connection, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -50,6 +51,7 @@ impl Durability {
 }
 
 impl std::str::FromStr for Durability {
+    // A string: scheduler/benches/dispatch.rs names this error type (`|e: String|`).
     type Err = String;
     fn from_str(s: &str) -> Result<Durability, String> {
         match s {
@@ -103,6 +105,7 @@ pub fn prepare_private_db(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "db")]
 /// One row of `sql` through the connection's statement cache.
 pub fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>>(
     conn: &Connection,
@@ -113,12 +116,14 @@ pub fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Re
     conn.prepare_cached(sql)?.query_row(params, f)
 }
 
+#[cfg(feature = "db")]
 /// Runs `sql` through the connection's statement cache: the stores' hot writes run thousands
 /// of times a second, and parsing their SQL each time was a tenth of the scheduler's CPU.
 pub fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute(params)
 }
 
+#[cfg(feature = "db")]
 /// Brings `conn` up to version `migrations.len()` in one IMMEDIATE transaction: `migrations[v]`
 /// takes a file from version `v` to `v + 1`, so a new file (version 0) runs them all. A file
 /// written by a newer build (a version above `migrations.len()`) is left untouched and answered
@@ -139,13 +144,8 @@ pub fn migrate(conn: &mut Connection, migrations: &[&str], store: &str) -> rusql
     Ok(Ok(()))
 }
 
-/// Unix milliseconds now (0 before 1970, capped at `u64::MAX`).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+/// Unix milliseconds now (defined in [`crate::time`], named here as it always was).
+pub use crate::time::now_ms;
 
 /// A `u64` as an SQLite integer (signed): everything stored fits; anything larger is capped.
 pub fn db_int(v: u64) -> i64 {
@@ -157,7 +157,7 @@ pub fn from_db(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "db"))]
 mod tests {
     use super::*;
 

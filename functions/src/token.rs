@@ -12,7 +12,7 @@
 //!
 //! The algorithm is taken from our key set, never from the token header.
 
-use crate::Digest;
+use crate::digest::Digest;
 use base64::Engine as _;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -20,7 +20,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Audience of submit tokens: the scheduler's submit endpoint.
 pub const SUBMIT_AUDIENCE: &str = "htfaas-scheduler";
@@ -116,15 +115,20 @@ impl std::fmt::Display for Scope {
 }
 
 impl std::str::FromStr for Scope {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Scope, String> {
+    type Err = UnknownScope;
+    fn from_str(s: &str) -> Result<Scope, UnknownScope> {
         match s {
             "developer" => Ok(Scope::Developer),
             "admin" => Ok(Scope::Admin),
-            other => Err(format!("unknown scope {other:?} (developer, admin)")),
+            other => Err(UnknownScope(other.to_owned())),
         }
     }
 }
+
+/// A scope name other than `developer` and `admin`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scope {0:?} (developer, admin)")]
+pub struct UnknownScope(pub String);
 
 /// Claims of an API token: who calls the gateway's HTTP API, and with which [`Scope`].
 /// An unknown `scope` string makes the whole token fail to decode (refused as invalid).
@@ -217,10 +221,8 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     bool::from(a.ct_eq(b))
 }
 
-/// Seconds since the Unix epoch.
-pub fn now_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
+/// Seconds since the Unix epoch (defined in [`crate::time`], named here as it always was).
+pub use crate::time::now_s;
 
 /// A fresh random token id.
 pub fn new_jti() -> String {

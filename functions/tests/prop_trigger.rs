@@ -8,7 +8,7 @@
 //! event lacks never makes a rule true.
 
 use htfaas_functions::event::{EventKind, EventSource, SourceKind, StorageEvent};
-use htfaas_functions::proto::compile_glob;
+use htfaas_functions::glob::compile_glob;
 use htfaas_functions::trigger::{Rule, Truth, quote};
 use proptest::prelude::*;
 

@@ -1,0 +1,165 @@
+//! The constructor of every record kind the gateway and the scheduler write
+//! ([`AuditDraft::token_minted`], [`AuditDraft::job_finished`], …): each turns the facts of a
+//! decision (claims, wire types) into a draft, and documents what goes into its `detail`.
+//!
+//! Above both [`crate::audit`] (which knows no wire type) and [`crate::proto`] (which carries
+//! audit records): must not know SQLite, the chain or the verifier.
+
+use crate::audit::{AuditDraft, AuditKind, MacaroonFacts, Subject};
+use crate::proto::{Outcome, OutputFile, Revocation, RevocationTarget, Usage};
+use crate::resources::Resources;
+use crate::token::{AttachClaims, SubmitClaims};
+use serde_json::{Map, Value};
+
+fn opt(s: &Option<String>) -> Value {
+    s.as_ref().map_or(Value::Null, |s| Value::String(s.clone()))
+}
+
+impl AuditDraft {
+    /// `token.minted` for a submit token, from its claims (the signed token is never seen).
+    /// Subject: `jti`, owner (`sub`), digest (the `function` claim). Detail: `{type: "submit",
+    /// iss, aud, iat, exp, jobs, cpus, memory_mb, runtime_s, group}`. `subject` adds what the
+    /// caller knows (event id, function name).
+    pub fn token_minted(claims: &SubmitClaims, subject: Subject) -> AuditDraft {
+        let subject = Subject {
+            token_jti: Some(claims.jti.clone()),
+            owner: Some(claims.sub.clone()),
+            digest: claims.function.as_ref().map(|d| d.as_str().to_owned()).or(subject.digest.clone()),
+            ..subject
+        };
+        let detail = serde_json::json!({
+            "type": "submit", "iss": claims.iss, "aud": claims.aud, "iat": claims.iat, "exp": claims.exp,
+            "jobs": claims.jobs, "cpus": claims.cpus, "memory_mb": claims.memory_mb,
+            "runtime_s": claims.runtime_s, "group": opt(&claims.group),
+        });
+        AuditDraft::new(AuditKind::TokenMinted, subject, detail)
+    }
+
+    /// `token.minted` for an attach token. Subject: `jti`, owner (the EP's `owner` claim).
+    /// Detail: `{type: "attach", iss, sub, aud, iat, exp, annex}`.
+    pub fn attach_token_minted(claims: &AttachClaims) -> AuditDraft {
+        let subject =
+            Subject { token_jti: Some(claims.jti.clone()), owner: claims.owner.clone(), ..Subject::default() };
+        let detail = serde_json::json!({
+            "type": "attach", "iss": claims.iss, "sub": claims.sub, "aud": claims.aud,
+            "iat": claims.iat, "exp": claims.exp, "annex": opt(&claims.annex),
+        });
+        AuditDraft::new(AuditKind::TokenMinted, subject, detail)
+    }
+
+    /// `macaroons.obtained`. Subject: as the caller knows it (event, function, owner, token),
+    /// plus each macaroon's `path:` caveats. Detail: `{macaroons: [{role, identifier,
+    /// caveats}]}`; see [`MacaroonFacts::from_bearer`].
+    pub fn macaroons_obtained(mut subject: Subject, macaroons: &[MacaroonFacts]) -> AuditDraft {
+        for m in macaroons {
+            for c in &m.caveats {
+                if let Some(path) = c.strip_prefix("path:")
+                    && !subject.paths.iter().any(|p| p == path)
+                {
+                    subject.paths.push(path.to_owned());
+                }
+            }
+        }
+        AuditDraft::new(AuditKind::MacaroonsObtained, subject, serde_json::json!({ "macaroons": macaroons }))
+    }
+
+    /// `job.accepted`. Subject: job, token, owner, function, digest, event, input path.
+    /// Detail: `{resources, group}`.
+    pub fn job_accepted(subject: Subject, resources: &Resources, group: Option<&str>) -> AuditDraft {
+        let detail = serde_json::json!({ "resources": resources, "group": group });
+        AuditDraft::new(AuditKind::JobAccepted, subject, detail)
+    }
+
+    /// `job.refused`. Subject: as known (token, owner, function, event). Detail: `{status,
+    /// reason}` (the HTTP status answered and the refusal's message).
+    pub fn job_refused(subject: Subject, status: u16, reason: &str) -> AuditDraft {
+        AuditDraft::new(AuditKind::JobRefused, subject, serde_json::json!({ "status": status, "reason": reason }))
+    }
+
+    /// `job.held`. Subject: the job (and what else is known). Detail: `{reason, hold_code}`.
+    /// An admin's hold adds [`AuditDraft::with_actor`].
+    pub fn job_held(subject: Subject, reason: &str, hold_code: Option<i64>) -> AuditDraft {
+        AuditDraft::new(AuditKind::JobHeld, subject, serde_json::json!({ "reason": reason, "hold_code": hold_code }))
+    }
+
+    /// `job.released`, by an admin (add [`AuditDraft::with_actor`]). Subject: the job. Detail:
+    /// `{reason}`.
+    pub fn job_released(subject: Subject, reason: &str) -> AuditDraft {
+        AuditDraft::new(AuditKind::JobReleased, subject, serde_json::json!({ "reason": reason }))
+    }
+
+    /// `job.removed`. Subject: the job. Detail: `{reason, state}` (the reason recorded with the
+    /// job, and the state it was removed from). An admin's or a revocation's adds
+    /// [`AuditDraft::with_actor`].
+    pub fn job_removed(subject: Subject, reason: &str, from_state: &str) -> AuditDraft {
+        let detail = serde_json::json!({ "reason": reason, "state": from_state });
+        AuditDraft::new(AuditKind::JobRemoved, subject, detail)
+    }
+
+    /// `attempt.lost`: attempt `attempt` of the job, on EP `ep` (session `session`), ended
+    /// without a report because `why`; `then` says what became of the job (`requeued`, `held`,
+    /// `interrupted`, `kept`). Subject: the job.
+    pub fn attempt_lost(subject: Subject, ep: &str, session: &str, attempt: u32, why: &str, then: &str) -> AuditDraft {
+        let detail = serde_json::json!({ "ep": ep, "session": session, "attempt": attempt, "why": why, "then": then });
+        AuditDraft::new(AuditKind::AttemptLost, subject, detail)
+    }
+
+    /// `job.dispatched`. Subject: the job. Detail: `{ep, session, attempt}`.
+    pub fn job_dispatched(subject: Subject, ep: &str, session: &str, attempt: u32) -> AuditDraft {
+        let detail = serde_json::json!({ "ep": ep, "session": session, "attempt": attempt });
+        AuditDraft::new(AuditKind::JobDispatched, subject, detail)
+    }
+
+    /// `job.finished`, as the EP `ep` reported it: one record for what the run did. Subject: the
+    /// job (whose paths hold its input) and every output path, so a query by either file finds it.
+    /// Detail: `{outcome, reason, usage, input: {path, bytes} | null, outputs: [{path, size,
+    /// sha256}]}`. The guest's log is not recorded.
+    pub fn job_finished(
+        mut subject: Subject,
+        ep: &str,
+        input: Option<(&str, u64)>,
+        outputs: &[OutputFile],
+        outcome: &Outcome,
+        usage: &Usage,
+    ) -> AuditDraft {
+        for o in outputs {
+            if !subject.paths.contains(&o.path) {
+                subject.paths.push(o.path.clone());
+            }
+        }
+        let input = input.map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes }));
+        let detail = serde_json::json!({
+            "outcome": outcome, "reason": outcome.reason(), "usage": usage, "input": input, "outputs": outputs,
+        });
+        AuditDraft::new(AuditKind::JobFinished, subject, detail).with_actor(ep)
+    }
+
+    /// `token.revoked`: actor `by`. Subject: the `jti` or owner named. Detail: the
+    /// [`Revocation`] (target, reason, jobs removed and stopped, EP sessions closed).
+    pub fn token_revoked(revocation: &Revocation) -> AuditDraft {
+        let mut subject = Subject::default();
+        match &revocation.target {
+            RevocationTarget::Jti(jti) => subject.token_jti = Some(jti.clone()),
+            RevocationTarget::Owner(owner) => subject.owner = Some(owner.clone()),
+            RevocationTarget::Issuer(_) => {}
+        }
+        let detail = serde_json::to_value(revocation).unwrap_or(Value::Null);
+        AuditDraft::new(AuditKind::TokenRevoked, subject, detail).with_actor(revocation.by.clone())
+    }
+
+    /// `admin.action`: `actor` did `action` (`hold`, `release`, `remove`, `drain`, `register`,
+    /// …) to `subject`. Detail: `{action}` merged with `args` (an object; anything else is kept
+    /// under `args`).
+    pub fn admin_action(actor: &str, action: &str, subject: Subject, args: Value) -> AuditDraft {
+        let mut detail = Map::new();
+        match args {
+            Value::Object(map) => detail.extend(map),
+            Value::Null => {}
+            other => {
+                detail.insert("args".into(), other);
+            }
+        }
+        detail.insert("action".into(), Value::String(action.to_owned()));
+        AuditDraft::new(AuditKind::AdminAction, subject, Value::Object(detail)).with_actor(actor)
+    }
+}

@@ -1,0 +1,292 @@
+//! The gateway's HTTP API: what `htfaas` (src/client.rs) and the tests send and read
+//! (modules, runs, replays, registration, tests of triggers, stats). The logic behind these
+//! types (windows, plans, time parsing, the counters) stays in the gateway.
+//!
+//! Must not know: the scheduler's routes, the attach link, the audit trail.
+
+use crate::digest::Digest;
+use serde::{Deserialize, Serialize};
+
+/// Answer to `POST /v1/modules` (admin; the body is the wasm bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleUploaded {
+    /// The module's content digest, under which the registry keeps it.
+    pub digest: Digest,
+}
+
+/// Body of `POST /v1/functions/{name}/runs`, with `Authorization: Bearer <submit token>`.
+/// Answer: [`SubmitResponse`] (201).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Storage path of the input file; it must match the function's trigger.
+    pub path: String,
+    /// Run on this annex. Allowed only when the function names none or the same one.
+    #[serde(default)]
+    pub annex: Option<String>,
+}
+
+/// A point in time as a request gives it: Unix seconds, or text for the gateway's
+/// `replay::parse_time`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TimeArg {
+    /// Unix seconds.
+    Unix(u64),
+    /// RFC 3339, Unix seconds, or `-<n><s|m|h|d>` before now.
+    Text(String),
+}
+
+/// Body of `POST /v1/events/replay` (admin). Answer: [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// First recording time read (inclusive): Unix seconds, or a string for the gateway's
+    /// `replay::parse_time`.
+    pub since: TimeArg,
+    /// Last recording time read (inclusive). Default: up to the last event recorded when the
+    /// request began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<TimeArg>,
+    /// Only this function. Default: every registered function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// List the pairs that would fire; submit nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Most messages read, at most the gateway's `replay::MAX_EVENTS`. Default: its
+    /// `replay::DEFAULT_LIMIT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// The replay's id, to continue or retry a replay without starting anything twice
+    /// (`[A-Za-z0-9_-]{1,64}`). Default: a fresh one (the gateway's `replay::new_replay_id`).
+    /// Not with `dry_run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_id: Option<String>,
+}
+
+/// Query of a dry-run registration: `POST /v1/functions?dry_run=true[&since=T][&until=T][&limit=N]`
+/// (admin; the body is the `FunctionManifest`). Answer: [`Report`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterQuery {
+    /// Validate and list the recorded events the trigger would fire on; store nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// First recording time read. Default: the gateway's `replay::DEFAULT_DRY_RUN_WINDOW_S` ago.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// Last recording time read. Default: the last event recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// Most messages read. Default: the gateway's `replay::DEFAULT_LIMIT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+/// One (event, function) pair that would fire (dry run) or was fired (replay).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pair {
+    /// Stream sequence of the recorded message.
+    pub seq: u64,
+    /// When the stream stored it (RFC 3339).
+    pub recorded: String,
+    /// The event's id (the event half of the dedupe key).
+    pub event_id: String,
+    /// The file's storage path.
+    pub path: String,
+    /// What happened (`write`, `remove`, …).
+    pub kind: String,
+    /// The producer's message type (`transfer`, `closew`, …).
+    pub msg_type: String,
+    /// When the producer says it happened, if it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// The function.
+    pub function: String,
+    /// Its version (0: a candidate not registered).
+    pub version: u32,
+    /// Replay only: whether it was started or queued (false: a transient failure; issue the
+    /// same replay again to retry it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fired: Option<bool>,
+}
+
+/// What a replay or dry run read and did: the answer to [`ReplayRequest`] and to a dry-run
+/// registration ([`RegisterQuery`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// True when nothing was submitted.
+    pub dry_run: bool,
+    /// The replay's id (its jobs' dedupe keys end in `#replay:<id>`); none for a dry run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_id: Option<String>,
+    /// Start of the window (RFC 3339).
+    pub since: String,
+    /// End of the window (RFC 3339), if one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// Functions whose triggers were evaluated.
+    pub functions: Vec<String>,
+    /// Messages read.
+    pub scanned: u64,
+    /// Of those, events.
+    pub parsed: u64,
+    /// Of those, well-formed messages that are no event.
+    pub ignored: u64,
+    /// Of those, messages of a type the site did not enable.
+    pub not_enabled: u64,
+    /// Of those, malformed messages.
+    pub malformed: u64,
+    /// (event, function) pairs whose trigger is true.
+    pub matched: u64,
+    /// Replay: pairs started or queued.
+    pub fired: u64,
+    /// Replay: pairs that failed transiently (not started).
+    pub failures: u64,
+    /// Why the read stopped before the end of the window, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// When it stopped early: the `since` to continue from (the last message read is read again;
+    /// with the same replay id it starts nothing twice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_since: Option<String>,
+    /// The pairs, in stream order, at most the gateway's `replay::MAX_LISTED`.
+    pub pairs: Vec<Pair>,
+    /// Whether more pairs matched than are listed.
+    #[serde(default)]
+    pub pairs_truncated: bool,
+}
+
+/// Body of `POST /v1/functions/{name}/test` (admin): one message, given (`event`, with
+/// `subject` and `headers`) or recorded (`seq`, a stream sequence of the events stream).
+/// Answer: [`TestReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestRequest {
+    /// Subject it came on. Default: the dCache billing subject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// NATS headers (a binary-mode CloudEvent's `ce-*` attributes).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The message's JSON (the payload is its JSON text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<serde_json::Value>,
+    /// Instead of `event`: the recorded message with this stream sequence, with its own
+    /// subject and headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+}
+
+/// What one part of a trigger says about an event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartVerdict {
+    /// `path` (the trigger's path glob) or `rule`.
+    pub part: String,
+    /// The part as written.
+    pub text: String,
+    /// `true`, `false` or `undefined`: the part alone, with the default kind (writes only
+    /// unless it names a kind or type).
+    pub verdict: String,
+}
+
+/// How a message parsed, and what a function's trigger says about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestReport {
+    /// The function.
+    pub function: String,
+    /// Its version.
+    pub version: u32,
+    /// Its trigger, as one rule.
+    pub trigger: String,
+    /// `event`, `ignored`, `not-enabled`, `out-of-bounds` (the subject may not speak for the path:
+    /// the gateway's `source_paths`) or `malformed`.
+    pub outcome: String,
+    /// Why it is no event (ignored, not enabled, malformed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The event, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<crate::event::StorageEvent>,
+    /// The whole trigger: `true`, `false` or `undefined`; none when the message is no event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
+    /// The path glob and the rule, each alone.
+    #[serde(default)]
+    pub parts: Vec<PartVerdict>,
+    /// Whether the file is in the function's own output directory (never fires).
+    #[serde(default)]
+    pub own_output: bool,
+    /// Whether the function would fire: the trigger is true and the file is not its own output.
+    pub fires: bool,
+}
+
+/// `GET /v1/stats` (admin): the gateway's counters at one moment (its `stats::Stats`). Counts
+/// are monotonic since the gateway started, except the gauge `firings_pending`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Messages delivered by JetStream (redeliveries included).
+    pub events_received: u64,
+    /// Of those, on the dCache billing subject.
+    #[serde(default)]
+    pub events_dcache_billing: u64,
+    /// Of those, on a `storage.cloudevents.*` subject.
+    #[serde(default)]
+    pub events_cloudevents: u64,
+    /// Messages that were not events of their source (bad JSON, missing attribute, bad path);
+    /// acked and skipped.
+    pub events_malformed: u64,
+    /// Valid messages that are no event (failed operations, p2p copies, no usable path,
+    /// warnings).
+    pub events_ignored: u64,
+    /// Events refused because their subject may not speak for their path (`source_paths` in
+    /// the gateway config: a publisher outside the paths its source is bound to); acked,
+    /// never retried.
+    #[serde(default)]
+    pub events_out_of_bounds: u64,
+    /// Valid messages of a type the site did not enable (`sources` in the gateway config).
+    #[serde(default)]
+    pub events_not_enabled: u64,
+    /// Events that matched no trigger.
+    pub events_unmatched: u64,
+    /// Events all of whose firings were already queued (a redelivery or a duplicate message):
+    /// dropped before any macaroon request.
+    #[serde(default)]
+    pub events_duplicate: u64,
+    /// Jobs the scheduler accepted as new.
+    pub jobs_submitted: u64,
+    /// Firings that started no job because one for the same event and function already
+    /// exists: dropped on the firing table's key ([`StatsSnapshot::firings_deduplicated`]) or
+    /// answered by the scheduler with the existing job (the difference of the two).
+    pub jobs_deduplicated: u64,
+    /// Firings refused for good (bad request, limits, an unreadable stored firing).
+    pub jobs_refused: u64,
+    /// Transient failures: a submission (storage or scheduler unreachable), retried with
+    /// backoff from the firing table; or a failed write of the table, the event redelivered.
+    pub transient_failures: u64,
+    /// Firings written to the firing table (one per matching function of a new event).
+    #[serde(default)]
+    pub firings_queued: u64,
+    /// Firings dropped because their key (event, function, digest) was already in the table.
+    #[serde(default)]
+    pub firings_deduplicated: u64,
+    /// Pending firings replaced by a later event on the same path (debounce); never run.
+    #[serde(default)]
+    pub firings_superseded: u64,
+    /// Functions an event matched but did not fire because the file was written by a job of
+    /// theirs or of a function up the same chain (the loop guard).
+    #[serde(default)]
+    pub firings_loop_guarded: u64,
+    /// Times a firing found no rate token and was given a later time (waits, not dropped).
+    #[serde(default)]
+    pub firings_rate_delayed: u64,
+    /// Gauge: firings pending or being submitted now.
+    #[serde(default)]
+    pub firings_pending: u64,
+    /// Batches the ingest loop handled: messages taken together, their firings committed in
+    /// one transaction (group commit), then all acked. `events_received / ingest_batches` is
+    /// the mean batch size.
+    #[serde(default)]
+    pub ingest_batches: u64,
+}

@@ -1,0 +1,95 @@
+//! The submit conversation, gateway to scheduler: `POST /v1/jobs` with a submit token
+//! ([`SubmitRequest`] → [`SubmitResponse`]), and what a job runs, reads and writes
+//! ([`FunctionRef`], [`InputSpec`], [`OutputSpec`]).
+//!
+//! Must not know: the attach link, admin routes, the audit trail.
+
+use super::events::EventRef;
+use crate::digest::Digest;
+use crate::resources::{JobLimits, Resources};
+use serde::{Deserialize, Serialize};
+
+/// The function a job runs. The EP fetches `module_url` and refuses bytes whose digest differs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionRef {
+    /// Registered name.
+    pub name: String,
+    /// Registered version.
+    pub version: u32,
+    /// Content digest of the module; bound into the submit token.
+    pub digest: Digest,
+    /// Where the module bytes can be fetched (the registry's `GET /v1/modules/{digest}`).
+    pub module_url: String,
+}
+
+/// The job's one input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSpec {
+    /// Full storage URL of the file.
+    pub url: String,
+    /// File name as the guest sees it: `/input/<name>`. One path segment.
+    pub name: String,
+    /// Read macaroon for exactly this file (bearer; never logged).
+    pub macaroon: String,
+}
+
+/// Where the job's outputs go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputSpec {
+    /// Full storage URL of the output directory, ending in `/`.
+    pub url: String,
+    /// Write macaroon for exactly this directory (bearer; never logged).
+    pub macaroon: String,
+}
+
+/// `POST /v1/jobs` on the scheduler, with `Authorization: Bearer <submit token>`.
+/// Response: [`SubmitResponse`] (201 new, 200 when `dedupe_key` already had a job), or an
+/// [`ApiError`] with 401 (token), 403 (limits) or 400 (request).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// What to run.
+    pub function: FunctionRef,
+    /// What it needs; must fit within the token's limits.
+    pub resources: Resources,
+    /// Its input.
+    pub input: InputSpec,
+    /// Its outputs.
+    pub output: OutputSpec,
+    /// Arguments after the input's guest path.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The guest's whole environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// What fired it.
+    pub event: EventRef,
+    /// One job per key: a resubmission with the same key returns the first job.
+    pub dedupe_key: String,
+    /// When set, the job runs only on an EP whose attach token names this annex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
+    /// When true, the scheduler adds `ip:<the EP's address as the scheduler sees it>` to both
+    /// macaroons at dispatch, so they work only from the EP that runs the job. Only for
+    /// storages that understand dCache's `ip:` caveat (dCache, the built-in storage; XRootD
+    /// refuses any caveat it does not know), and only where EPs reach the storage from the
+    /// address they reach the scheduler from (no NAT or proxy that differs between the two).
+    /// Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bind_ep_address: bool,
+    /// The job class (the function's manifest's); none takes the scheduler's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// The function's per-run ceilings ([`JobLimits`]), handed to the EP with the job.
+    #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
+    pub limits: JobLimits,
+}
+
+/// Answer to [`SubmitRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// The job's id.
+    pub job_id: String,
+    /// False when the dedupe key already named a job.
+    pub created: bool,
+}

@@ -1,0 +1,97 @@
+//! The wire types' tests: parsing what peers send, round trips.
+
+use super::*;
+use crate::digest::Digest;
+use crate::resources::Resources;
+
+#[test]
+fn transfer_message_parses_dcache_quirks() {
+    // Key order arbitrary, isWrite a string, unknown keys ignored, absent keys are None.
+    let raw = r#"{"isWrite":"write","msgType":"transfer","transferPath":"/data/raw/a","pnfsid":"00A",
+        "status":{"code":0,"msg":""},"isP2p":false,"unknownKey":[1,2],"readIdle":"PT0S"}"#;
+    let m: TransferMessage = serde_json::from_str(raw).expect("parses");
+    assert_eq!(m.is_write.as_deref(), Some("write"));
+    assert_eq!(m.transfer_path.as_deref(), Some("/data/raw/a"));
+    assert_eq!(m.session, None);
+}
+
+#[test]
+fn ep_messages_round_trip() {
+    let msg = EpMsg::Finished(JobReport {
+        job_id: "j1".into(),
+        outcome: Outcome::TimeExceeded { limit_s: 3 },
+        usage: Usage { wall_ms: 1, ..Usage::default() },
+        outputs: vec![],
+        log: "x".into(),
+    });
+    let text = serde_json::to_string(&msg).expect("serializes");
+    assert_eq!(serde_json::from_str::<EpMsg>(&text).expect("parses"), msg);
+}
+
+#[test]
+fn storage_unavailable_is_transient_named_on_the_wire_and_not_a_success() {
+    let o = Outcome::StorageUnavailable { reason: "GET http://s/a: HTTP 503".into() };
+    let text = serde_json::to_string(&o).expect("serializes");
+    assert_eq!(text, r#"{"kind":"storage_unavailable","reason":"GET http://s/a: HTTP 503"}"#);
+    assert_eq!(serde_json::from_str::<Outcome>(&text).expect("parses"), o);
+    assert!(o.is_transient() && !o.is_success());
+    assert_eq!(o.reason(), "storage unavailable: GET http://s/a: HTTP 503");
+    assert!(!Outcome::InputFailed { reason: "HTTP 403".into() }.is_transient());
+}
+
+#[test]
+fn bind_ep_address_is_on_the_wire_only_when_true() {
+    let mut req = SubmitRequest {
+        function: FunctionRef {
+            name: "f".into(),
+            version: 1,
+            digest: Digest::of(b"m"),
+            module_url: "http://gw/v1/modules/m".into(),
+        },
+        resources: Resources::new(1, 1, 1),
+        input: InputSpec { url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
+        output: OutputSpec { url: "http://s/data/out/".into(), macaroon: "w".into() },
+        args: vec![],
+        env: vec![],
+        event: EventRef::new("dcache", "e", "/data/a"),
+        dedupe_key: "k".into(),
+        annex: None,
+        bind_ep_address: false,
+        class: None,
+        limits: Default::default(),
+    };
+    // Absent when false: a request (or a stored one) without the field means false, and a
+    // scheduler that predates it still accepts requests that do not ask for it.
+    let text = serde_json::to_string(&req).expect("serializes");
+    assert!(!text.contains("bind_ep_address"), "{text}");
+    assert_eq!(serde_json::from_str::<SubmitRequest>(&text).expect("parses"), req);
+    req.bind_ep_address = true;
+    let text = serde_json::to_string(&req).expect("serializes");
+    assert!(text.contains(r#""bind_ep_address":true"#), "{text}");
+    assert_eq!(serde_json::from_str::<SubmitRequest>(&text).expect("parses"), req);
+}
+
+#[test]
+fn gateway_api_types_read_what_clients_send_and_round_trip() {
+    // A time is a number (Unix seconds) or a string; optional fields may be absent.
+    let r: ReplayRequest = serde_json::from_str(r#"{"since":0}"#).expect("parses");
+    assert_eq!((r.since, r.until, r.dry_run), (TimeArg::Unix(0), None, false));
+    let r: ReplayRequest = serde_json::from_str(r#"{"since":"-2h","until":"1795341600"}"#).expect("parses");
+    assert_eq!((r.since, r.until), (TimeArg::Text("-2h".into()), Some(TimeArg::Text("1795341600".into()))));
+    assert!(serde_json::from_str::<ReplayRequest>(r#"{"since":0,"typo":1}"#).is_err());
+    // A run without an annex, as the client sends it (`null`) or leaves it out.
+    for text in [r#"{"path":"/a","annex":null}"#, r#"{"path":"/a"}"#] {
+        let run: RunRequest = serde_json::from_str(text).expect("parses");
+        assert_eq!(run, RunRequest { path: "/a".into(), annex: None });
+    }
+    // Absent options stay off the wire and read back the same.
+    let report = Report { since: "s".into(), pairs_truncated: true, ..Report::default() };
+    let text = serde_json::to_string(&report).expect("serializes");
+    assert!(!text.contains("replay_id") && !text.contains("resume_since"), "{text}");
+    assert_eq!(serde_json::from_str::<Report>(&text).expect("parses"), report);
+    // A gateway that predates the newer counters still answers a readable snapshot.
+    let old = r#"{"events_received":1,"events_malformed":0,"events_ignored":0,"events_unmatched":0,
+        "jobs_submitted":1,"jobs_deduplicated":0,"jobs_refused":0,"transient_failures":0}"#;
+    let snapshot: StatsSnapshot = serde_json::from_str(old).expect("parses");
+    assert_eq!((snapshot.jobs_submitted, snapshot.firings_pending), (1, 0));
+}

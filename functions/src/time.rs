@@ -1,0 +1,85 @@
+//! Wall-clock time, once for the workspace: Unix seconds and milliseconds now ([`now_s`],
+//! [`now_ms`]), and the proleptic Gregorian date of a day count ([`civil_from_days`]) with the
+//! two UTC renderings built on it ([`utc_timestamp`], [`utc_timestamp_ms`]).
+//!
+//! The date arithmetic is Howard Hinnant's `civil_from_days`, total on every `u64` day count:
+//! the `time` crate (in the tree) represents years up to 9999 only without its `large-dates`
+//! feature, and callers render any Unix time they are given.
+//!
+//! Must not know: anything else of this crate.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Seconds since the Unix epoch (0 before 1970).
+pub fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Unix milliseconds now (0 before 1970, capped at `u64::MAX`).
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// Year, month (1–12) and day (1–31) of `days` after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for non-negative days only).
+pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (UTC, second precision).
+pub fn utc_timestamp(unix_s: u64) -> String {
+    let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
+/// Unix milliseconds as RFC 3339 UTC with milliseconds, e.g. `2026-11-22T10:00:00.250Z`.
+pub fn utc_timestamp_ms(unix_ms: u64) -> String {
+    let (days, ms_of_day) = (unix_ms / 86_400_000, unix_ms % 86_400_000);
+    let (year, month, day) = civil_from_days(days);
+    let (h, m, s, milli) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn timestamps_are_utc() {
+        assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_timestamp(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_timestamp(253_402_300_799), "9999-12-31T23:59:59Z");
+        assert_eq!(utc_timestamp_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc_timestamp_ms(1_795_341_600_250), "2026-11-22T10:00:00.250Z");
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(59), (1970, 3, 1));
+    }
+
+    #[test]
+    fn now_is_after_2020() {
+        assert!(now_s() > 1_577_836_800);
+        assert!(now_ms() / 1000 >= now_s() - 1);
+    }
+
+    proptest! {
+        /// The arithmetic agrees with the `time` crate on every day it represents.
+        #[test]
+        fn civil_from_days_matches_the_time_crate(days in 0u64..2_932_897) {
+            let julian = i32::try_from(days).expect("small") + 2_440_588;
+            let date = time::Date::from_julian_day(julian).expect("in range");
+            let expected = (u64::try_from(date.year()).expect("after 1970"), u64::from(u8::from(date.month())), u64::from(date.day()));
+            prop_assert_eq!(civil_from_days(days), expected);
+        }
+    }
+}
