@@ -39,8 +39,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Most idle jobs read per round (per pool of EPs with room).
-pub const BATCH: usize = 256;
 /// How often token uses are pruned.
 pub const TICK: Duration = Duration::from_secs(60);
 /// How often the dispatcher runs without being woken (retry backoffs end, overdue jobs are

@@ -37,20 +37,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use tokio::sync::mpsc;
 
-/// An idle job as matching sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdleJob {
-    /// Job id.
-    pub id: String,
-    /// Who it is accounted to.
-    pub owner: String,
-    /// Its accounting group, if any.
-    pub group: Option<String>,
-    /// The annex it must run on, if any.
-    pub annex: Option<String>,
-    /// What it asks for.
-    pub resources: Resources,
-}
+pub use crate::queue::{IdleJob, Pool, PoolRoom};
 
 /// What an EP session is told by the rest of the scheduler.
 #[derive(Debug)]
@@ -66,27 +53,6 @@ pub enum ToEp {
         /// Close reason (cut to what a close frame holds).
         reason: String,
     },
-}
-
-/// EPs that may take the same jobs: same annex, same owner restriction.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Pool {
-    /// The EPs' annex (from their attach tokens).
-    pub annex: Option<String>,
-    /// The EPs' owner restriction (from their attach tokens).
-    pub owner: Option<String>,
-}
-
-/// A pool with room, as [`EpTable::pools_with_room`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolRoom {
-    /// The pool.
-    pub pool: Pool,
-    /// The most free cpus, memory, GPUs and disk, and the longest run time, of any one of its
-    /// EPs: a job larger in any of them fits nowhere in the pool now.
-    pub room: Resources,
-    /// Free cores over all its EPs: no more jobs than this can start.
-    pub free_cpus: u32,
 }
 
 /// What an admin set on an EP (by name; it outlives sessions).
