@@ -16,7 +16,7 @@
 //!
 //! [`HOLD_CODE_BY_ADMIN`]: htfaas_functions::proto::HOLD_CODE_BY_ADMIN
 
-use crate::Shared;
+use crate::state::Shared;
 use crate::error::QueueError;
 use htfaas_functions::proto::JobRecord;
 

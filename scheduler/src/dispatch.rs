@@ -26,7 +26,7 @@
 //! Cancel safety: the loop only waits (and so only observes shutdown) between rounds; a
 //! round runs to the end, so no job is left reserved in memory but not sent.
 
-use crate::Shared;
+use crate::state::Shared;
 use crate::matching::{Delivery, Match, select};
 use crate::metrics::Waiting;
 use crate::queue::now_ms;
