@@ -16,8 +16,8 @@
 //!
 //! [`HOLD_CODE_BY_ADMIN`]: htfaas_functions::proto::HOLD_CODE_BY_ADMIN
 
-use crate::state::Shared;
 use crate::error::QueueError;
+use crate::state::Shared;
 use htfaas_functions::proto::JobRecord;
 
 pub use crate::queue::Action;

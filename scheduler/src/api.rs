@@ -61,13 +61,13 @@
 //! Audit queries and verification read the store on connections of their own (read-only), so
 //! they do not hold up the queue.
 
-use crate::state::Shared;
 use crate::actions::Action;
 use crate::error::QueueError;
 use crate::failure::ApiFailure;
 use crate::metrics::{Reason, Token};
 use crate::queue::NewJob;
 use crate::revocation::Credential;
+use crate::state::Shared;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;

@@ -26,10 +26,10 @@
 //! Cancel safety: the loop only waits (and so only observes shutdown) between rounds; a
 //! round runs to the end, so no job is left reserved in memory but not sent.
 
-use crate::state::Shared;
 use crate::matching::{Delivery, Match, select};
 use crate::metrics::Waiting;
 use crate::queue::now_ms;
+use crate::state::Shared;
 use htfaas_functions::macaroon::attenuate;
 use htfaas_functions::proto::JobAssignment;
 use htfaas_functions::token::{LEEWAY_S, now_s};

@@ -35,12 +35,12 @@
 //! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
 //! losing a message.
 
-use crate::state::Shared;
 use crate::error::QueueError;
 use crate::matching::{EpSlot, Pool, ToEp};
 use crate::metrics::{Reason, Token};
 use crate::queue::{Loss, now_ms};
 use crate::revocation::Credential;
+use crate::state::Shared;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
 use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg, check_labels};
@@ -444,9 +444,9 @@ async fn close(mut ws: WebSocket, code: u16, reason: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
     use htfaas_functions::Resources;
     use htfaas_functions::proto::{MAX_LABEL_BYTES, MAX_LABELS};
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn the_hello_may_only_repeat_the_tokens_annex() {

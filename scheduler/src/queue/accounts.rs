@@ -3,12 +3,12 @@
 //!
 //! Must not know: how priorities are computed from usage (that is [`crate::policy`]).
 
+use super::Queue;
 use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::{Account, JobState, Usage};
 use htfaas_functions::store::{db_int, exec, from_db, row};
 use rusqlite::{OptionalExtension as _, Transaction, params};
-use super::Queue;
 
 /// An owner's (or group's) usage as fair share reads it.
 #[derive(Debug, Clone, PartialEq)]

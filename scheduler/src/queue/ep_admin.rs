@@ -2,12 +2,12 @@
 //!
 //! Must not know: the EP table that applies them.
 
+use super::Queue;
 use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft};
 use htfaas_functions::proto::EpAdminState;
 use htfaas_functions::store::{db_int, exec, from_db};
 use rusqlite::params;
-use super::Queue;
 
 /// An EP's admin settings as stored, by name.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

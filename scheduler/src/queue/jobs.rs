@@ -4,15 +4,15 @@
 //!
 //! Must not know: HTTP, EP sessions or matching (a job's run on an EP is [`super::runs`]).
 
+use super::Queue;
+use super::trail::{job_subject, url_path};
 use crate::error::QueueError;
 use crate::revocation::Credential;
-use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::Resources;
+use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::{Attempt, HOLD_CODE_BY_ADMIN, JobRecord, JobState, OutputFile, SubmitRequest, Usage};
 use htfaas_functions::store::{db_int, exec, from_db, now_ms, row};
 use rusqlite::{Connection, OptionalExtension as _, params};
-use super::Queue;
-use super::trail::{job_subject, url_path};
 
 /// What an admin does to a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

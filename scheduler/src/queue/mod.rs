@@ -65,25 +65,28 @@ pub(crate) mod tests;
 
 pub use accounts::{UsageRow, decay};
 pub use ep_admin::EpAdminRow;
+pub use htfaas_functions::store::now_ms;
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
 pub use revocations::Recorded;
-pub use runs::{BATCH, Finished, IdleJob, Loss, Lost, MAX_BACKOFF_MS, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Marked, Pool, PoolRoom};
+#[cfg(test)]
+pub(crate) use runs::assignment;
+pub use runs::{
+    BATCH, Finished, IdleJob, Loss, Lost, MAX_BACKOFF_MS, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Marked, Pool,
+    PoolRoom,
+};
 pub use schema::{MIGRATIONS, SCHEMA_VERSION};
 pub use trail::{AUDIT_WRITER, UNVERIFIED_REFUSALS_BURST, UNVERIFIED_REFUSALS_PER_S, url_path};
 pub use writer::MAX_BATCH;
-#[cfg(test)]
-pub(crate) use runs::assignment;
-pub use htfaas_functions::store::now_ms;
 
 use crate::error::QueueError;
 use crate::revocation::Revoked;
 use htfaas_functions::audit::{self, AuditDraft};
 use htfaas_functions::store::{Durability, db_int, exec, from_db};
+use revocations::read_revocations;
 use rusqlite::{Connection, TransactionBehavior, params};
+use schema::{migrate, seal_stored};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use revocations::read_revocations;
-use schema::{migrate, seal_stored};
 use trail::{RefusalBudget, job_subject, subject_state};
 use writer::Writer;
 

@@ -3,6 +3,8 @@
 //!
 //! Must not know: EP sessions (it is told which sessions close) or HTTP.
 
+use super::Queue;
+use super::trail::job_subject;
 use crate::error::QueueError;
 use crate::revocation::{Credential, target_from_parts, target_parts};
 use htfaas_functions::audit::{self, AuditDraft};
@@ -10,8 +12,6 @@ use htfaas_functions::proto::{Revocation, RevocationTarget};
 use htfaas_functions::store::{db_int, exec, from_db, now_ms};
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
-use super::Queue;
-use super::trail::job_subject;
 
 /// What [`Queue::record_revocation`] did to jobs, and the record it wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,18 +4,20 @@
 //!
 //! Must not know: the EP table, the matching policy or the WebSocket: sessions are ids here.
 
+use super::Queue;
+use super::accounts::charge_owner;
+use super::jobs::bounded_log;
+use super::trail::{job_subject, url_path};
 use crate::doubt::{Observed, Violation, doubt};
 use crate::error::QueueError;
-use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::Resources;
-use htfaas_functions::proto::{HOLD_CODE_RETRIES, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, SubmitRequest, Usage};
+use htfaas_functions::audit::{self, AuditDraft, Subject};
+use htfaas_functions::proto::{
+    HOLD_CODE_RETRIES, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, SubmitRequest, Usage,
+};
 use htfaas_functions::store::{db_int, exec, from_db, now_ms};
 use rusqlite::{OptionalExtension as _, Transaction, params};
 use std::collections::{HashMap, HashSet};
-use super::accounts::charge_owner;
-use super::jobs::bounded_log;
-use super::Queue;
-use super::trail::{job_subject, url_path};
 
 /// Most idle jobs read per round (per pool of EPs with room).
 pub const BATCH: usize = 256;

@@ -5,17 +5,17 @@
 use super::schema::{MIGRATE_1_TO_2, SCHEMA_1};
 use super::*;
 use crate::revocation::Credential;
+use htfaas_functions::Digest;
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{self, AuditSigner};
+use htfaas_functions::macaroon::{RootKey, mint};
 use htfaas_functions::proto::{
     Account, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, RevocationTarget, SubmitRequest, Usage,
 };
+use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec};
 use htfaas_functions::store::Durability;
 use rusqlite::{Connection, params};
 use std::collections::HashMap;
-use htfaas_functions::Digest;
-use htfaas_functions::macaroon::{RootKey, mint};
-use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec};
 
 /// A real macaroon, as the storage would mint it.
 pub(crate) fn macaroon(activity: &str, path: &str) -> String {
@@ -221,10 +221,8 @@ async fn jobs_that_fit_nowhere_do_not_fill_the_batch() {
     let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
     let room = Resources::new(4, 1024, 3600);
     let site = Pool { annex: None, owner: None };
-    let got = q
-        .idle_candidates(vec![pr(site.clone(), room, 1)], vec![], HashMap::new(), now_ms())
-        .await
-        .expect("candidates");
+    let got =
+        q.idle_candidates(vec![pr(site.clone(), room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
     assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
     let alices = Pool { annex: None, owner: Some("alice".into()) };
     let by_owner =
@@ -258,12 +256,10 @@ async fn annex_jobs_are_read_only_for_their_annexs_pool() {
     let plain = q.submit(new_job("plain", "tp", 1)).await.expect("plain").job_id;
     let room = Resources::new(4, 1024, 3600);
     let site = Pool { annex: None, owner: None };
-    let got =
-        q.idle_candidates(vec![pr(site, room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got = q.idle_candidates(vec![pr(site, room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
     assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![plain.as_str()]);
     let gpu = Pool { annex: Some("gpu".into()), owner: None };
-    let got =
-        q.idle_candidates(vec![pr(gpu, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got = q.idle_candidates(vec![pr(gpu, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
     assert_eq!(got.len(), 3);
     assert!(got.iter().all(|j| j.annex.as_deref() == Some("gpu")));
 }
@@ -450,18 +446,14 @@ async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
     let rec = q.act(running.clone(), Action::Release, "go".into()).await.expect("release").record;
     assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Idle, "", None));
     assert_eq!((rec.ep, rec.usage, rec.started_at_ms), (None, None, None));
-    let got =
-        q.idle_candidates(vec![pr(site, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got = q.idle_candidates(vec![pr(site, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
     assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![running.as_str()]);
     let err = q.act(running.clone(), Action::Release, "go".into()).await.expect_err("not held");
     assert_eq!(err.to_string(), format!("job {running} is idle; only held jobs can be released"));
 
     // Removed from held; then nothing more is allowed; an unknown id is not found.
     let rec = q.act(idle.clone(), Action::Remove, "gone".into()).await.expect("remove").record;
-    assert_eq!(
-        (rec.state, rec.reason.as_str(), rec.hold_code),
-        (JobState::Removed, "removed by admin: gone", None)
-    );
+    assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Removed, "removed by admin: gone", None));
     let err = q.act(idle.clone(), Action::Hold, "x".into()).await.expect_err("removed");
     assert_eq!(err.to_string(), format!("job {idle} is removed; only idle or running jobs can be held"));
     let err = q.act(idle.clone(), Action::Remove, "x".into()).await.expect_err("removed");
@@ -529,10 +521,8 @@ fn unavailable(id: &str, wall_ms: u64) -> JobReport {
 }
 
 fn audit_kinds(conn: &Connection, job: &str, kind: &str) -> i64 {
-    conn.query_row("SELECT COUNT(*) FROM audit_records WHERE job = ?1 AND kind = ?2", params![job, kind], |r| {
-        r.get(0)
-    })
-    .expect("count")
+    conn.query_row("SELECT COUNT(*) FROM audit_records WHERE job = ?1 AND kind = ?2", params![job, kind], |r| r.get(0))
+        .expect("count")
 }
 
 // Issue 9: a storage outage costs the job an attempt, not its life.
@@ -573,16 +563,11 @@ async fn a_storage_outage_requeues_the_job_with_backoff_then_holds_it_and_a_rele
     assert_eq!(f.state, JobState::Held);
     let job = q.get(id.clone()).await.expect("get").expect("kept");
     assert_eq!((job.state, job.hold_code), (JobState::Held, Some(HOLD_CODE_STORAGE)));
-    assert!(
-        job.reason.starts_with("storage unavailable: GET http://storage/data/raw/a: HTTP 503"),
-        "{}",
-        job.reason
-    );
+    assert!(job.reason.starts_with("storage unavailable: GET http://storage/data/raw/a: HTTP 503"), "{}", job.reason);
     assert!(job.reason.ends_with("(on ep-b; lost 2 attempts, the retry limit is 1)"), "{}", job.reason);
     assert_eq!(q.finish("s2".into(), unavailable(&id, 1000), loss).await.expect("late"), None);
     let history = q.history(id.clone()).await.expect("history");
-    let summary: Vec<(u32, &str, &str)> =
-        history.iter().map(|a| (a.n, a.ep.as_str(), a.outcome.as_str())).collect();
+    let summary: Vec<(u32, &str, &str)> = history.iter().map(|a| (a.n, a.ep.as_str(), a.outcome.as_str())).collect();
     assert_eq!(summary, [(1, "ep-a", "storage-unavailable"), (2, "ep-b", "storage-unavailable")]);
     assert!(history.iter().all(|a| a.reason.starts_with("storage unavailable: GET ") && a.usage.is_some()));
     let acc = assert_accounts_match_records(&q).await;
@@ -685,4 +670,3 @@ async fn a_full_disk_refuses_submissions_keeps_every_accepted_job_and_heals_when
     assert_eq!(marked.assigned.len(), accepted.len());
     assert!(marked.skipped.is_empty());
 }
-

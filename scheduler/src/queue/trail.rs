@@ -4,12 +4,12 @@
 //!
 //! Must not know: HTTP or who reads the trail (the API serves it from the file).
 
+use super::Queue;
 use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft, AuditSigner, Checkpoint, CheckpointPolicy, Subject};
 use htfaas_functions::store::row;
 use rusqlite::{Connection, OptionalExtension as _, params};
 use std::sync::Arc;
-use super::Queue;
 
 /// The writer of the audit trail kept in the store.
 pub const AUDIT_WRITER: &str = "scheduler";
@@ -197,5 +197,4 @@ mod tests {
         assert_eq!(b.take(later), None);
         assert_eq!(b.take(t0), None);
     }
-
 }

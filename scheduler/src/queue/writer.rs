@@ -4,11 +4,11 @@
 //!
 //! Must not know: what the writes do (jobs, accounts, revocations): it runs closures.
 
+use super::Queue;
 use crate::error::QueueError;
 use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 use std::sync::{Arc, Mutex};
-use super::Queue;
 
 /// Most writes committed in one transaction: a batch's latency stays bounded under any load.
 pub const MAX_BATCH: usize = 256;
@@ -479,7 +479,6 @@ mod tests {
         let q = Queue::open(&path).expect("reopen");
         assert_eq!(q.get(id).await.expect("get").expect("kept").state, JobState::Idle);
     }
-
 
     #[tokio::test]
     async fn a_batch_that_fills_the_disk_answers_every_write_it_stored_nothing_of_and_the_writer_goes_on() {

@@ -239,10 +239,7 @@ fn parse_errors_say_where_and_what() {
         ("true == true != false", "at byte 13: comparisons do not chain; add parentheses"),
         ("Owner =?= \"a\" =!= true", "at byte 14: comparisons do not chain; add parentheses"),
         ("RequestMemory < 9223372036854775808", "at byte 16: integer is too large (at most 9223372036854775807)"),
-        (
-            "RequestMemory < 99999999999999999999999",
-            "at byte 16: integer is too large (at most 9223372036854775807)",
-        ),
+        ("RequestMemory < 99999999999999999999999", "at byte 16: integer is too large (at most 9223372036854775807)"),
         ("Owner > 3", "at byte 6: cannot compare a string with an integer (`>`)"),
         ("3 == Function", "at byte 2: cannot compare an integer with a string (`==`)"),
         ("true < false", "at byte 5: `<` cannot order booleans"),
@@ -327,10 +324,7 @@ fn names_and_messages_are_checked() {
 #[test]
 fn parse_all_refuses_duplicate_names_and_bad_entries() {
     let ok = parse_all(&[config("A", "true", "a"), config("B", "false", "b")]);
-    assert_eq!(
-        ok.map(|v| v.iter().map(|r| r.name().to_owned()).collect::<Vec<_>>()),
-        Ok(vec!["A".into(), "B".into()])
-    );
+    assert_eq!(ok.map(|v| v.iter().map(|r| r.name().to_owned()).collect::<Vec<_>>()), Ok(vec!["A".into(), "B".into()]));
     assert_eq!(
         parse_all(&[config("A", "true", "a"), config("B", "true", "b"), config("a", "true", "c")]).map(|v| v.len()),
         Err("requirement \"a\": name used twice".into())
@@ -362,18 +356,14 @@ fn first_violated_is_the_first_in_order() {
     let name = |ad: &JobAd| first_violated(&reqs, ad).map(|r| (r.name(), r.message()));
     assert_eq!(name(&ad()), None);
     assert_eq!(name(&JobAd { gpus: 1, runtime_s: 7200, ..ad() }), Some(("Gpu", "Unauthorized GPU request")));
-    assert_eq!(
-        name(&JobAd { gpus: 1, runtime_s: 7200, memory_mb: 4096, ..ad() }),
-        Some(("Mem", "too much memory"))
-    );
+    assert_eq!(name(&JobAd { gpus: 1, runtime_s: 7200, memory_mb: 4096, ..ad() }), Some(("Mem", "too much memory")));
     assert_eq!(name(&JobAd { runtime_s: 7200, ..ad() }), Some(("Time", "too long")));
     assert_eq!(first_violated(&[], &ad()).map(Requirement::name), None);
 }
 
 #[test]
 fn the_config_refuses_unknown_fields() {
-    let c: Result<RequirementConfig, _> =
-        serde_json::from_str(r#"{"name":"A","requirement":"true","message":"m"}"#);
+    let c: Result<RequirementConfig, _> = serde_json::from_str(r#"{"name":"A","requirement":"true","message":"m"}"#);
     assert_eq!(c.ok(), Some(config("A", "true", "m")));
     let c: Result<RequirementConfig, _> =
         serde_json::from_str(r#"{"name":"A","requirement":"true","message":"m","reason":"r"}"#);

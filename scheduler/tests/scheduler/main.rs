@@ -38,22 +38,22 @@ const STORAGE: &str = "http://storage.invalid";
 /// The module store the test scheduler trusts: modules are at `{MODULES}/v1/modules/<digest>`.
 const MODULES: &str = "http://registry.invalid";
 
+/// Admin job actions: hold, release, remove.
+mod actions;
 /// Issue 18: URLs a submitter chose, and a malicious EP's reports, refused.
 mod attacks;
 /// The audit trail: what each decision records, queries, verification.
 mod audit;
+/// Attached EPs running jobs: restrictions, annexes, slots, macaroons, expiry.
+mod eps;
 /// Faults without a crash (issue 9): the storage away, an EP gone mid-job, a full disk.
 mod faults;
 /// Fair share, quotas, classes, requirements, leases, retries, drains: the site policy.
 mod policy;
-/// Submission: tokens, limits and requests; the idle limit.
-mod submit;
-/// Attached EPs running jobs: restrictions, annexes, slots, macaroons, expiry.
-mod eps;
 /// Revocations of submit tokens, owners and attach tokens.
 mod revocations;
-/// Admin job actions: hold, release, remove.
-mod actions;
+/// Submission: tokens, limits and requests; the idle limit.
+mod submit;
 /// HTTPS and WSS on the scheduler's listener (a server of its own, with a test PKI).
 mod tls;
 
