@@ -8,9 +8,11 @@
 //! (a held job is not left to be released with a revoked token); stops
 //! their running jobs ([`SchedulerMsg::Cancel`](htfaas_functions::proto::SchedulerMsg::Cancel)
 //! to the EP, which answers with a `Finished` that is still charged); and closes the EP sessions
-//! of the attach tokens it names (code [`CLOSE_FORBIDDEN`](crate::attach::CLOSE_FORBIDDEN)), whose other jobs go back to idle.
+//! of the attach tokens it names (code [`CLOSE_FORBIDDEN`]), whose other jobs go back to idle.
 //!
 //! Must not know: the store, the EP table, sessions or HTTP.
+//!
+//! [`CLOSE_FORBIDDEN`]: crate::attach::CLOSE_FORBIDDEN
 
 use htfaas_functions::proto::{RevocationTarget, RevokeRequest};
 use htfaas_functions::token::{AttachClaims, SubmitClaims};

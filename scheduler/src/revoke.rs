@@ -1,4 +1,4 @@
-//! Applying a revocation everywhere at once ([`revoke`]): the in-memory set, the EP table, the
+//! Applying a revocation everywhere at once (`revoke`): the in-memory set, the EP table, the
 //! store, then the sessions. What a target names, and the checks against it, are
 //! [`crate::revocation`].
 //!
@@ -9,7 +9,7 @@
 //! is refused or is committed before, and then removed by, this one); then the Cancel and Close
 //! messages go out. If the store fails, the target stays revoked in memory until a restart.
 //!
-//! Must not know: HTTP (the API validates the request, then calls [`revoke`]).
+//! Must not know: HTTP (the API validates the request, then calls `revoke`).
 
 use crate::attach::CLOSE_FORBIDDEN;
 use crate::error::QueueError;

@@ -445,7 +445,7 @@ impl EpTable {
         n
     }
 
-    /// Owners with at least `max_running` jobs running: [`select`] starts none of theirs, so
+    /// Owners with at least `max_running` jobs running: [`select`](super::select) starts none of theirs, so
     /// their idle jobs need not be read. Empty without a limit.
     pub fn owners_at_limit(&self, max_running: Option<u64>) -> Vec<String> {
         let Some(max) = max_running else {

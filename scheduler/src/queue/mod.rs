@@ -42,14 +42,18 @@
 //! ([`Queue::record_refusal`]). Every job's record names the job, its token's `jti`, owner,
 //! function, digest and event, and its input path.
 //!
-//! The store in files: [`schema`] (stored format and migrations), [`writer`] (the group-commit
-//! writer thread), [`jobs`] (submit, admin actions and job records), [`runs`] (the read model
-//! matching reads, dispatch, lost sessions and the EP's reports), [`accounts`] (fair-share
-//! charging and usage), [`revocations`], [`ep_admin`] and [`trail`] (the audit trail's records
+//! The store in files: `schema.rs` (stored format and migrations), `writer.rs` (the group-commit
+//! writer thread), `jobs.rs` (submit, admin actions and job records), `runs.rs` (the read model
+//! matching reads, dispatch, lost sessions and the EP's reports), `accounts.rs` (fair-share
+//! charging and usage), `revocations.rs`, `ep_admin.rs` and `trail.rs` (the audit trail's records
 //! and checkpoints). Every file adds its own `impl Queue` block.
 //!
 //! Layer: the store and its read model. It must not know axum, HTTP, EP sessions, the EP table
 //! or the dispatcher: it takes and returns plain values ([`IdleJob`], [`PoolRoom`], [`Action`]).
+//!
+//! [`SubmitRequest`]: htfaas_functions::proto::SubmitRequest
+//! [`HOLD_CODE_RETRIES`]: htfaas_functions::proto::HOLD_CODE_RETRIES
+//! [`HOLD_CODE_STORAGE`]: htfaas_functions::proto::HOLD_CODE_STORAGE
 
 mod accounts;
 mod ep_admin;
