@@ -16,34 +16,14 @@
 //!
 //! [`HOLD_CODE_BY_ADMIN`]: htfaas_functions::proto::HOLD_CODE_BY_ADMIN
 
-use crate::Shared;
 use crate::error::QueueError;
+use crate::state::Shared;
 use htfaas_functions::proto::JobRecord;
+
+pub use crate::queue::Action;
 
 /// Longest action reason, bytes.
 pub const MAX_REASON_BYTES: usize = 1024;
-
-/// What an admin does to a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Keep it, but do not run it (stop it if it runs).
-    Hold,
-    /// Let a held job run again.
-    Release,
-    /// Take it out of the queue for good (stop it if it runs).
-    Remove,
-}
-
-impl Action {
-    /// The verb as a past participle, for messages ("only held jobs can be released").
-    pub fn done(self) -> &'static str {
-        match self {
-            Action::Hold => "held",
-            Action::Release => "released",
-            Action::Remove => "removed",
-        }
-    }
-}
 
 /// Why a reason is refused (400): it must be 1..=[`MAX_REASON_BYTES`] bytes without control
 /// characters.

@@ -11,11 +11,11 @@
 //! | pause | jobs of `group` do not start there (maintenance for one accounting group) |
 //! | resume | they do again |
 
-use crate::Shared;
 use crate::actions::validate_reason;
-use crate::error::ApiFailure;
+use crate::failure::ApiFailure;
 use crate::matching::IdleJob;
 use crate::queue::{EpAdminRow, now_ms};
+use crate::state::Shared;
 use htfaas_functions::audit::{AuditDraft, Subject};
 use htfaas_functions::manifest::check_name;
 use htfaas_functions::proto::{

@@ -61,12 +61,13 @@
 //! Audit queries and verification read the store on connections of their own (read-only), so
 //! they do not hold up the queue.
 
-use crate::Shared;
 use crate::actions::Action;
-use crate::error::{ApiFailure, QueueError};
+use crate::error::QueueError;
+use crate::failure::ApiFailure;
 use crate::metrics::{Reason, Token};
 use crate::queue::NewJob;
 use crate::revocation::Credential;
+use crate::state::Shared;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
@@ -444,7 +445,7 @@ async fn revoke(
     let req: RevokeRequest =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid revocation: {e}")))?;
     crate::revocation::validate(&req).map_err(ApiFailure::bad_request)?;
-    Ok(Json(crate::revocation::revoke(&shared, req, ADMIN_NAME).await?))
+    Ok(Json(crate::revoke::revoke(&shared, req, ADMIN_NAME).await?))
 }
 
 async fn list_revocations(
@@ -633,7 +634,8 @@ async fn audit_keys(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Re
 /// `GET /metrics`: Prometheus metrics ([`crate::metrics`]).
 async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiFailure> {
     require_admin(&shared, &headers)?;
-    crate::metrics::render(&shared).await
+    let path = shared.queue.path().to_owned();
+    crate::metrics::render(&shared.metrics, path, || crate::metrics::EpFigures::of(&shared.eps())).await
 }
 
 async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {

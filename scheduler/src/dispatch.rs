@@ -26,10 +26,10 @@
 //! Cancel safety: the loop only waits (and so only observes shutdown) between rounds; a
 //! round runs to the end, so no job is left reserved in memory but not sent.
 
-use crate::Shared;
 use crate::matching::{Delivery, Match, select};
 use crate::metrics::Waiting;
 use crate::queue::now_ms;
+use crate::state::Shared;
 use htfaas_functions::macaroon::attenuate;
 use htfaas_functions::proto::JobAssignment;
 use htfaas_functions::token::{LEEWAY_S, now_s};
@@ -39,8 +39,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Most idle jobs read per round (per pool of EPs with room).
-pub const BATCH: usize = 256;
 /// How often token uses are pruned.
 pub const TICK: Duration = Duration::from_secs(60);
 /// How often the dispatcher runs without being woken (retry backoffs end, overdue jobs are

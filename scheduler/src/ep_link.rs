@@ -35,22 +35,23 @@
 //! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
 //! losing a message.
 
-use crate::Shared;
 use crate::error::QueueError;
 use crate::matching::{EpSlot, Pool, ToEp};
 use crate::metrics::{Reason, Token};
 use crate::queue::{Loss, now_ms};
 use crate::revocation::Credential;
+use crate::state::Shared;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
 use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg, check_labels};
 use htfaas_functions::token::AttachClaims;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+pub use crate::attach::{CLOSE_EXPIRED, CLOSE_FORBIDDEN, MAX_CLOSE_REASON_BYTES, MAX_MESSAGE_BYTES, PROTOCOL};
 
 /// Most reports of one session being recorded at once. Reports are recorded concurrently, so
 /// that the reports of many jobs share one commit of the store (group commit); past this many,
@@ -62,8 +63,6 @@ pub const STORE_RETRY_FIRST: Duration = Duration::from_millis(200);
 /// Longest wait between two tries of such a write.
 pub const STORE_RETRY_CAP: Duration = Duration::from_secs(5);
 
-/// Protocol version this scheduler speaks.
-pub const PROTOCOL: u32 = 1;
 /// How long an EP has to say Hello after the upgrade.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bad frames tolerated in one session before it is closed.
@@ -76,14 +75,6 @@ pub const MAX_EP_MEMORY_MB: u64 = 64 * 1024 * 1024;
 pub const MAX_EP_GPUS: u32 = 1024;
 /// Largest EP an Hello may describe: disk, MiB (1 PiB).
 pub const MAX_EP_DISK_MB: u64 = 1024 * 1024 * 1024;
-/// Largest message accepted from an EP, bytes (a report carries a bounded log).
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
-/// Close code: the attach token expired during the session.
-pub const CLOSE_EXPIRED: u16 = 4401;
-/// Close code: the attach token does not allow this session (revoked, or another annex).
-pub const CLOSE_FORBIDDEN: u16 = 4403;
-/// Longest close reason a close frame holds, bytes.
-pub const MAX_CLOSE_REASON_BYTES: usize = 123;
 
 /// Why a Hello is refused.
 pub fn check_hello(h: &Hello) -> Result<(), String> {
@@ -358,7 +349,7 @@ async fn session(
 async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
     let job_id = report.job_id.clone();
     if !shared.eps().is_running(&ep_id, &job_id) {
-        shared.ignored_reports.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.ignored_report();
         tracing::warn!("ignoring a report for a job not running on this EP");
         return;
     }
@@ -371,7 +362,7 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
             tracing::info!(owner = %f.owner, "job finished");
         }
         Ok(None) => {
-            shared.ignored_reports.fetch_add(1, Ordering::Relaxed);
+            shared.metrics.ignored_report();
             tracing::warn!("ignoring a report for a job the store does not have running on this EP");
         }
         Err(e) => tracing::error!("failed to record a finished job: {e}"),
@@ -414,7 +405,7 @@ fn report_ended(done: Result<(), tokio::task::JoinError>) {
 
 fn bad_frame(shared: &Shared, count: &mut u32, what: &str) {
     *count += 1;
-    shared.bad_frames.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.bad_frame();
     tracing::warn!(bad_frames = *count, "bad frame from EP: {what}");
 }
 
@@ -455,6 +446,7 @@ mod tests {
     use super::*;
     use htfaas_functions::Resources;
     use htfaas_functions::proto::{MAX_LABEL_BYTES, MAX_LABELS};
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn the_hello_may_only_repeat_the_tokens_annex() {

@@ -19,18 +19,27 @@
 //! - [`admin`]: EP drain, disable, enable and group pause; `analyze`; priorities and factors.
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
-//! - [`revocation`]: what a revocation names, the in-memory revoked set, and applying one.
+//! - [`revocation`]: what a revocation names and the in-memory revoked set; [`revoke`] applies
+//!   one everywhere at once.
 //! - [`actions`]: an admin's hold, release and remove of one job (`condor_hold`,
 //!   `condor_release`, `condor_rm`); a held job is never matched until released.
 //! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
 //!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
 //! - [`config`]: [`Config`] → [`Settings`], including the per-owner limits ([`OwnerLimits`]).
+//! - [`state`]: [`state::Shared`], what the handlers, sessions and the dispatcher share.
+//! - [`attach`]: the attach protocol's version, close codes and bounds, and
+//!   [`mint_attach_token`].
+//! - [`error`] and [`failure`]: the store's [`QueueError`], and [`ApiFailure`], the one HTTP
+//!   error answer.
 //! - [`doubt`]: an EP's report checked before it counts: usage clamped to what the scheduler
 //!   observed, outputs only under the job's output directory and bounded, else refused.
 //! - [`trust`]: which URLs a job may name: input and output on the site's storages, the module
 //!   at a module store's URL for the job's digest; no other URL reaches an EP.
 //! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
 //!   refused credentials by reason, audit records.
+//! - [`report`]: accounting reports over the job records, on a connection of their own.
+//! - [`seal`]: the macaroons a job keeps in the store, sealed so that a copy of the file cannot
+//!   use them.
 //!
 //! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP's owner
 //! restriction and annex come from its attach token, never from its word: an owner-bound EP
@@ -59,11 +68,13 @@
 pub mod actions;
 pub mod admin;
 pub mod api;
+pub mod attach;
 pub mod config;
 pub mod dispatch;
 pub mod doubt;
 pub mod ep_link;
 pub mod error;
+pub mod failure;
 pub mod matching;
 pub mod metrics;
 pub mod policy;
@@ -71,21 +82,21 @@ pub mod queue;
 pub mod report;
 pub mod requirements;
 pub mod revocation;
+pub mod revoke;
 pub mod seal;
+pub mod state;
 pub mod tls;
 pub mod trust;
 
+pub use attach::mint_attach_token;
 pub use config::{ATTACH_KID, Config, OwnerLimits, Settings, TrustedIssuer};
-pub use error::{ApiFailure, QueueError};
+pub use error::QueueError;
+pub use failure::ApiFailure;
 
 use anyhow::Context as _;
 use axum::serve::ListenerExt as _;
-use htfaas_functions::token::{ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenError, Verifier, new_jti, now_s};
-use matching::EpTable;
-use queue::Queue;
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use state::{EpLock, Shared};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -93,72 +104,6 @@ use tokio_util::task::TaskTracker;
 
 /// How long shutdown waits for sessions and the dispatcher.
 pub const EXIT_DEADLINE: Duration = Duration::from_secs(8);
-
-/// State shared by the HTTP handlers, EP sessions and the dispatcher.
-pub struct Shared {
-    /// The durable queue.
-    pub(crate) queue: Queue,
-    /// Attached EPs and their free resources.
-    eps: Mutex<EpTable>,
-    /// Wakes the dispatcher (submit, attach, finish, detach).
-    pub(crate) wake: Notify,
-    /// Verifiers of submit tokens, by issuer.
-    pub(crate) submit_verifiers: HashMap<String, Verifier>,
-    /// Verifier of our own attach tokens.
-    pub(crate) attach_verifier: Verifier,
-    /// Bearer of the admin endpoints.
-    pub(crate) admin_token: String,
-    /// Cancelled at shutdown; EP sessions watch it.
-    pub(crate) shutdown: CancellationToken,
-    /// EP sessions, awaited at shutdown.
-    pub(crate) sessions: TaskTracker,
-    /// Frames from EPs that were not understood.
-    pub(crate) bad_frames: AtomicU64,
-    /// Finished reports for jobs not running on the reporting session.
-    pub(crate) ignored_reports: AtomicU64,
-    /// Per-owner limits: idle ones checked at submit, running ones by matching.
-    pub(crate) limits: OwnerLimits,
-    /// Fair share, groups, classes, requirements, leases and retries.
-    pub(crate) policy: policy::SitePolicy,
-    /// The storages and module stores a job's URLs must name ([`trust`]).
-    pub(crate) trust: trust::UrlTrust,
-    /// Signs the audit trail's checkpoints (the trail is in the queue's store).
-    pub(crate) audit_signer: Arc<htfaas_functions::audit::AuditSigner>,
-    /// When it signs.
-    pub(crate) audit_policy: htfaas_functions::audit::CheckpointPolicy,
-    /// Refusal counters and the dispatch latency of `GET /metrics` ([`metrics`]).
-    pub(crate) metrics: metrics::Metrics,
-}
-
-impl Shared {
-    /// The EP table. A poisoned lock is taken over: the table holds no invariant that a
-    /// panicking holder could have broken halfway (each method completes or does nothing).
-    pub(crate) fn eps(&self) -> MutexGuard<'_, EpTable> {
-        self.eps.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Mints an attach token signed by the scheduler's attach key.
-pub fn mint_attach_token(
-    key: &SigningKey,
-    issuer: &str,
-    sub: &str,
-    owner: Option<String>,
-    annex: Option<String>,
-    ttl_s: u64,
-) -> Result<String, TokenError> {
-    let now = now_s();
-    key.sign(&AttachClaims {
-        iss: issuer.to_owned(),
-        sub: sub.to_owned(),
-        aud: ATTACH_AUDIENCE.to_owned(),
-        exp: now.saturating_add(ttl_s),
-        iat: now,
-        jti: new_jti(),
-        owner,
-        annex,
-    })
-}
 
 /// Serves until `shutdown` is cancelled, then shuts down in order (see the crate docs).
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -182,15 +127,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     } = settings;
     let shared = Arc::new(Shared {
         queue,
-        eps: Mutex::new(EpTable::default()),
+        eps: EpLock::default(),
         wake: Notify::new(),
         submit_verifiers,
         attach_verifier,
         admin_token,
         shutdown: shutdown.clone(),
         sessions: TaskTracker::new(),
-        bad_frames: AtomicU64::new(0),
-        ignored_reports: AtomicU64::new(0),
         limits,
         policy,
         trust,

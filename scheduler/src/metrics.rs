@@ -26,8 +26,8 @@
 //! job's first Assign. Jobs queued before the scheduler started, beyond those bounds, or sent
 //! again after a lost attempt are not observed.
 
-use crate::Shared;
-use crate::error::ApiFailure;
+use crate::failure::ApiFailure;
+use crate::matching::EpTable;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use htfaas_functions::metrics::{CONTENT_TYPE, Histogram};
@@ -39,7 +39,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 use rusqlite::{Connection, OpenFlags};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -175,6 +175,10 @@ pub struct Metrics {
     submitted: mpsc::UnboundedSender<(String, Instant)>,
     /// The receiving end, until the dispatcher takes it.
     waiting: Mutex<Option<Waiting>>,
+    /// Frames from EPs that were not understood.
+    bad_frames: AtomicU64,
+    /// Finished reports for jobs not running on the reporting session.
+    ignored_reports: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -192,6 +196,8 @@ impl Metrics {
             dispatch_latency: Histogram::new(&LATENCY_BUCKETS),
             submitted,
             waiting: Mutex::new(Some(Waiting { rx, since: HashMap::new() })),
+            bad_frames: AtomicU64::new(0),
+            ignored_reports: AtomicU64::new(0),
         }
     }
 
@@ -209,6 +215,16 @@ impl Metrics {
     pub fn submitted(&self, job_id: &str) {
         // The dispatcher gone (shutdown) is no error: nothing is left to time.
         let _ = self.submitted.send((job_id.to_owned(), Instant::now()));
+    }
+
+    /// Counts a frame from an EP that was not understood.
+    pub fn bad_frame(&self) {
+        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a Finished report for a job not running on the reporting session.
+    pub fn ignored_report(&self) {
+        self.ignored_reports.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The dispatcher's side; `None` once taken.
@@ -278,30 +294,20 @@ fn read_store(path: &Path) -> rusqlite::Result<Stored> {
 /// The scrape's count of jobs by state.
 const JOBS_BY_STATE: &str = "SELECT state, COUNT(*) FROM jobs INDEXED BY jobs_by_state GROUP BY state";
 
-/// The answer of `GET /metrics`, once the caller's admin token is checked.
-pub async fn render(shared: &Shared) -> Result<Response, ApiFailure> {
-    let path = shared.queue.path().to_owned();
+/// The answer of `GET /metrics`, once the caller's admin token is checked: the store at `path`
+/// counted, then the EP table read (`eps`, under its lock) and `metrics`' counters.
+pub async fn render(metrics: &Metrics, path: PathBuf, eps: impl FnOnce() -> EpFigures) -> Result<Response, ApiFailure> {
     let stored = tokio::task::spawn_blocking(move || read_store(&path))
         .await
         .map_err(|e| ApiFailure::internal("count jobs for the metrics", &e))?
         .map_err(|e| ApiFailure::internal("count jobs for the metrics", &e))?;
-    let mut eps = EpFigures::default();
-    for ep in shared.eps().iter() {
-        eps.attached += 1;
-        eps.cpus += u64::from(ep.total.cpus);
-        eps.busy_cpus += u64::from(ep.total.cpus.saturating_sub(ep.free_cpus));
-        eps.memory_mb += ep.total.memory_mb;
-        eps.busy_memory_mb += ep.total.memory_mb.saturating_sub(ep.free_memory_mb);
-        eps.gpus += u64::from(ep.total.gpus);
-        eps.busy_gpus += u64::from(ep.total.gpus.saturating_sub(ep.free_gpus));
-    }
     let snapshot = Snapshot {
         stored,
-        eps,
-        refusals: Token::ALL.map(|t| Reason::ALL.map(|r| shared.metrics.refusals(t, r))),
-        latency: shared.metrics.dispatch_latency.clone(),
-        bad_frames: shared.bad_frames.load(Ordering::Relaxed),
-        ignored_reports: shared.ignored_reports.load(Ordering::Relaxed),
+        eps: eps(),
+        refusals: Token::ALL.map(|t| Reason::ALL.map(|r| metrics.refusals(t, r))),
+        latency: metrics.dispatch_latency.clone(),
+        bad_frames: metrics.bad_frames.load(Ordering::Relaxed),
+        ignored_reports: metrics.ignored_reports.load(Ordering::Relaxed),
     };
     let text =
         htfaas_functions::metrics::encode(snapshot).map_err(|e| ApiFailure::internal("encode the metrics", &e))?;
@@ -310,7 +316,7 @@ pub async fn render(shared: &Shared) -> Result<Response, ApiFailure> {
 
 /// Sums over the attached EPs.
 #[derive(Debug, Default)]
-struct EpFigures {
+pub struct EpFigures {
     attached: u64,
     cpus: u64,
     busy_cpus: u64,
@@ -318,6 +324,23 @@ struct EpFigures {
     busy_memory_mb: u64,
     gpus: u64,
     busy_gpus: u64,
+}
+
+impl EpFigures {
+    /// The sums over `table`'s EPs.
+    pub fn of(table: &EpTable) -> EpFigures {
+        let mut eps = EpFigures::default();
+        for ep in table.iter() {
+            eps.attached += 1;
+            eps.cpus += u64::from(ep.total.cpus);
+            eps.busy_cpus += u64::from(ep.total.cpus.saturating_sub(ep.free_cpus));
+            eps.memory_mb += ep.total.memory_mb;
+            eps.busy_memory_mb += ep.total.memory_mb.saturating_sub(ep.free_memory_mb);
+            eps.gpus += u64::from(ep.total.gpus);
+            eps.busy_gpus += u64::from(ep.total.gpus.saturating_sub(ep.free_gpus));
+        }
+        eps
+    }
 }
 
 /// Everything one scrape shows, read before encoding.

@@ -1,6 +1,7 @@
-//! Revocation: which credentials a [`RevocationTarget`] names ([`Credential::is_named_by`], the
-//! one place that decides it), the in-memory set of revoked targets that makes every check O(1)
-//! ([`Revoked`]), and [`revoke`], which applies one revocation everywhere at once.
+//! Revocation targets: which credentials a [`RevocationTarget`] names
+//! ([`Credential::is_named_by`], the one place that decides it), the in-memory set of revoked
+//! targets that makes every check O(1) ([`Revoked`]), their stored form and the bounds of a
+//! request. [`crate::revoke`] applies one everywhere at once.
 //!
 //! A revocation is permanent. It refuses, from the moment it is made, every submit token and
 //! attach token it names; takes the idle and held jobs of those submit tokens out of the queue
@@ -9,18 +10,11 @@
 //! to the EP, which answers with a `Finished` that is still charged); and closes the EP sessions
 //! of the attach tokens it names (code [`CLOSE_FORBIDDEN`]), whose other jobs go back to idle.
 //!
-//! Order, and why no submission or attach slips through: the target joins the in-memory set
-//! first; then matching EP sessions are marked closing (an attach registers its session under
-//! the same lock, after checking the set); then one transaction removes the matching jobs and
-//! records the revocation (a submit checks the set inside its own transaction, so a job either
-//! is refused or is committed before, and then removed by, this one); then the Cancel and Close
-//! messages go out. If the store fails, the target stays revoked in memory until a restart.
+//! Must not know: the store, the EP table, sessions or HTTP.
+//!
+//! [`CLOSE_FORBIDDEN`]: crate::attach::CLOSE_FORBIDDEN
 
-use crate::Shared;
-use crate::ep_link::CLOSE_FORBIDDEN;
-use crate::error::QueueError;
-use crate::queue::Recorded;
-use htfaas_functions::proto::{Revocation, RevocationTarget, RevokeRequest};
+use htfaas_functions::proto::{RevocationTarget, RevokeRequest};
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use std::collections::HashMap;
 
@@ -117,37 +111,6 @@ pub fn validate(req: &RevokeRequest) -> Result<(), String> {
         return Err(format!("reason must be at most {MAX_REASON_CHARS} characters without NUL"));
     }
     Ok(())
-}
-
-/// Applies `req` everywhere (see the module docs for the order) and returns what it did, once
-/// recorded.
-#[tracing::instrument(name = "scheduler.revoke", skip_all, fields(target = ?req.target, by = %by))]
-pub(crate) async fn revoke(shared: &Shared, req: RevokeRequest, by: &str) -> Result<Revocation, QueueError> {
-    let RevokeRequest { target, reason } = req;
-    shared.queue.block(target.clone(), reason.clone());
-    let closing = shared.eps().mark_closing(|c| c.is_named_by(&target));
-    let recorded = shared.queue.record_revocation(target, reason.clone(), by.to_owned(), closing.clone()).await;
-    {
-        let mut eps = shared.eps();
-        if let Ok(Recorded { stopped, .. }) = &recorded {
-            let why = QueueError::Revoked { reason: reason.clone() }.to_string();
-            for (job_id, session) in stopped {
-                eps.cancel(session, job_id, &why);
-            }
-        }
-        for ep_id in &closing {
-            eps.close(ep_id, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}"));
-        }
-    }
-    shared.wake.notify_one();
-    let revocation = recorded?.revocation;
-    tracing::warn!(
-        removed = revocation.removed_jobs.len(),
-        stopped = revocation.stopped_jobs.len(),
-        closed = revocation.closed_eps.len(),
-        "revoked"
-    );
-    Ok(revocation)
 }
 
 #[cfg(test)]

@@ -1,0 +1,358 @@
+//! Matching: the table of attached EPs and the one function, [`select`], that decides which
+//! idle job goes to which EP.
+//!
+//! Where a job may run: an EP that accepts work (not closing, not disabled by an admin, not
+//! draining past what the job's run time allows, the job's accounting group not paused there),
+//! whose free cpus, memory, GPUs and disk hold it (partitionable: an EP runs as many jobs at
+//! once as its resources allow), whose `runtime_s` is at least the job's, whose owner
+//! restriction is absent or equal to the job's owner, and whose annex equals the job's (both
+//! none, or the same name: an annex EP runs only its annex's jobs, and an annex job runs only
+//! there). Owner and annex come from the EP's attach token, never from the EP's own word.
+//! [`EpSlot::refusal`] says why an EP does not take a job; `htfaas jobs analyze` shows it. Among
+//! the EPs that qualify, those dedicated to the owner come first, then the tightest fit (fewest
+//! free cpus left), so large holes stay open for large jobs.
+//!
+//! Which job gets a free slot: fair share, as HTCondor's negotiator does it. Each owner has a
+//! real priority, 0.5 + their decayed usage in cores (core-seconds × ln 2 / half-life: an owner
+//! who keeps `c` cores busy tends to 0.5 + `c`), and a priority factor; the next slot goes to
+//! the owner with the lowest `factor × (real priority + cores they have in use now)`, counting
+//! the cores given out in this very round, so that owners with equal standing take turns and
+//! one owner's flood cannot starve the others. Within an owner, oldest first. An owner at the
+//! per-owner running limit ([`crate::Config::max_running_jobs_per_owner`]) gets nothing more.
+//!
+//! Accounting groups with quotas ([`GroupQuota`]): a group's running jobs hold at most its
+//! quota in cores, except that when every job that could start within its group's quota has
+//! been placed and slots are still free (the pool is otherwise idle), groups may go up to their
+//! cap (quota × oversubscription factor). Jobs without a group, or of a group without a quota,
+//! are not limited by quota.
+//!
+//! The table also carries what the rest of the scheduler says to a session ([`ToEp`]): the
+//! dispatcher's Assigns, a revocation's Cancels, and the order to close.
+//!
+//! In files: `table.rs` holds the EP table ([`EpTable`], [`EpSlot`], [`ToEp`]); this file the
+//! policy a round is run with ([`Policy`], [`GroupQuota`]) and [`select`].
+//!
+//! Must not know: the store's SQL, HTTP, the WebSocket, or what sessions and the dispatcher do
+//! with a [`Match`].
+
+use htfaas_functions::Resources;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use table::Free;
+
+mod table;
+
+pub use crate::queue::{IdleJob, Pool, PoolRoom};
+pub use table::{Delivery, EpAdmin, EpSlot, EpTable, Reservation, ToEp};
+
+/// A decision of [`select`]: run `job_id` on `ep_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Match {
+    /// The job.
+    pub job_id: String,
+    /// The EP session.
+    pub ep_id: String,
+    /// What the job reserves there.
+    pub resources: Resources,
+    /// The job's owner.
+    pub owner: String,
+    /// The job's accounting group.
+    pub group: Option<String>,
+}
+
+/// A group's quota for one round, in cores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupQuota {
+    /// Cores it may hold while others want them.
+    pub quota: f64,
+    /// Cores it may hold when the pool is otherwise idle (quota × oversubscription).
+    pub cap: f64,
+}
+
+/// What [`select`] weighs besides the jobs and EPs.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Each owner's real priority (0.5 + decayed usage in cores); absent: 0.5.
+    pub real_priority: HashMap<String, f64>,
+    /// Each owner's priority factor; absent: 1.
+    pub factor: HashMap<String, f64>,
+    /// Most running jobs per owner.
+    pub max_running: Option<u64>,
+    /// Quotas of the groups that have one.
+    pub quotas: HashMap<String, GroupQuota>,
+    /// Now, Unix ms (drain deadlines).
+    pub now_ms: u64,
+}
+
+impl Policy {
+    /// An owner's effective priority with `cores` in use: lower goes first.
+    pub fn effective(&self, owner: &str, cores: u64) -> f64 {
+        let real = self.real_priority.get(owner).copied().unwrap_or(0.5);
+        let factor = self.factor.get(owner).copied().unwrap_or(1.0);
+        factor * (real + cores as f64)
+    }
+}
+
+/// Decides where idle jobs go, by fair share (see the module docs). `idle` holds each owner's
+/// jobs oldest first (owners may be interleaved); the answer never gives an EP more than its
+/// free resources, an owner more than `policy.max_running` running jobs, or a group more than
+/// its quota, or its cap once no job within quota can be placed (all counting what is already
+/// reserved in `eps`). Pure: reserving is the caller's job.
+pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
+    let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.free())).collect();
+    let mut running = eps.running_per_owner();
+    let mut cores: HashMap<&str, u64> = eps.cores_per_owner();
+    let mut group_cores: HashMap<&str, u64> = eps.cores_per_group();
+    // Each owner's jobs, oldest first, with whether each is still waiting.
+    let mut queues: BTreeMap<&str, Vec<&IdleJob>> = BTreeMap::new();
+    for job in idle.iter().filter(|j| j.resources.cpus > 0) {
+        // Jobs asking for no core are refused at submit; never let one through without
+        // reserving anything.
+        queues.entry(job.owner.as_str()).or_default().push(job);
+    }
+    let mut placed: HashSet<&str> = HashSet::new();
+    let mut out = Vec::new();
+    for surplus in [false, true] {
+        let mut done: HashSet<&str> = HashSet::new();
+        loop {
+            if free.values().all(|f| f.cpus == 0) {
+                return out;
+            }
+            // The owner furthest below their share among those who may still get something.
+            let next = queues
+                .keys()
+                .copied()
+                .filter(|o| !done.contains(o))
+                .filter(|o| policy.max_running.is_none_or(|max| running.get(o).copied().unwrap_or(0) < max))
+                .min_by(|a, b| {
+                    let ka = policy.effective(a, cores.get(a).copied().unwrap_or(0));
+                    let kb = policy.effective(b, cores.get(b).copied().unwrap_or(0));
+                    ka.total_cmp(&kb).then_with(|| a.cmp(b))
+                });
+            let Some(owner) = next else { break };
+            let mut chosen = None;
+            for job in queues.get(owner).into_iter().flatten().filter(|j| !placed.contains(j.id.as_str())) {
+                if let Some(q) = job.group.as_ref().and_then(|g| policy.quotas.get(g)) {
+                    let used = group_cores.get(job.group.as_deref().unwrap_or_default()).copied().unwrap_or(0);
+                    let limit = if surplus { q.cap } else { q.quota };
+                    if (used + u64::from(job.resources.cpus)) as f64 > limit + 1e-9 {
+                        continue;
+                    }
+                }
+                let best = eps
+                    .eps
+                    .values()
+                    .filter_map(|e| {
+                        let f = free.get(e.ep_id.as_str()).copied()?;
+                        e.refusal_with(job, f, policy.now_ms).is_none().then(|| (e, f.minus(&job.resources)))
+                    })
+                    .min_by_key(|(e, left)| (e.pool.owner.is_none(), left.cpus, left.memory_mb));
+                if let Some((ep, left)) = best {
+                    chosen = Some((job, ep, left));
+                    break;
+                }
+            }
+            let Some((job, ep, left)) = chosen else {
+                done.insert(owner);
+                continue;
+            };
+            free.insert(ep.ep_id.as_str(), left);
+            placed.insert(job.id.as_str());
+            *running.entry(owner).or_default() += 1;
+            *cores.entry(owner).or_default() += u64::from(job.resources.cpus);
+            if let Some(g) = &job.group {
+                *group_cores.entry(g.as_str()).or_default() += u64::from(job.resources.cpus);
+            }
+            out.push(Match {
+                job_id: job.id.clone(),
+                ep_id: ep.ep_id.clone(),
+                resources: job.resources,
+                owner: job.owner.clone(),
+                group: job.group.clone(),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::revocation::Credential;
+    use htfaas_functions::proto::{JobAssignment, SchedulerMsg};
+    use std::net::IpAddr;
+    use tokio::sync::mpsc;
+
+    const LOCALHOST: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn res(cpus: u32, memory_mb: u64, runtime_s: u64) -> Resources {
+        Resources::new(cpus, memory_mb, runtime_s)
+    }
+
+    fn ep(id: &str, owner: Option<&str>, total: Resources) -> EpSlot {
+        annex_ep(id, owner, None, total)
+    }
+
+    fn annex_ep(id: &str, owner: Option<&str>, annex: Option<&str>, total: Resources) -> EpSlot {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let pool = Pool { annex: annex.map(str::to_owned), owner: owner.map(str::to_owned) };
+        let credential = Credential { jti: format!("jti-{id}"), owner: pool.owner.clone(), issuer: "s".into() };
+        EpSlot::new(id.into(), format!("name-{id}"), LOCALHOST, pool, credential, total, tx)
+    }
+
+    fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
+        IdleJob { id: id.into(), owner: owner.into(), group: None, annex: None, resources: r }
+    }
+
+    fn annex_job(id: &str, annex: &str) -> IdleJob {
+        IdleJob { annex: Some(annex.into()), ..job(id, "alice", res(1, 1, 1)) }
+    }
+
+    fn limit(max_running: u64) -> Policy {
+        Policy { max_running: Some(max_running), ..Policy::default() }
+    }
+
+    fn placed(m: &[Match]) -> Vec<(&str, &str)> {
+        m.iter().map(|m| (m.job_id.as_str(), m.ep_id.as_str())).collect()
+    }
+
+    #[test]
+    fn annex_jobs_run_only_on_their_annex_and_annex_eps_only_run_them() {
+        let mut t = EpTable::default();
+        t.insert(ep("site", None, res(8, 8000, 100)));
+        t.insert(annex_ep("other", None, Some("other"), res(8, 8000, 100)));
+        let idle = [annex_job("a1", "gpu")];
+        assert_eq!(select(&idle, &t, &Policy::default()), vec![], "no EP of annex gpu yet");
+        t.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
+        assert_eq!(placed(&select(&idle, &t, &Policy::default())), vec![("a1", "gpu-ep")]);
+
+        let mut only_annex = EpTable::default();
+        only_annex.insert(annex_ep("gpu-ep", None, Some("gpu"), res(8, 8000, 100)));
+        assert_eq!(select(&[job("plain", "alice", res(1, 1, 1))], &only_annex, &Policy::default()), vec![]);
+
+        // Both restrictions apply: an annex EP bound to alice takes neither bob's annex job
+        // nor alice's plain one.
+        let mut both = EpTable::default();
+        both.insert(annex_ep("alices-gpu", Some("alice"), Some("gpu"), res(8, 8000, 100)));
+        let bobs = IdleJob { owner: "bob".into(), ..annex_job("b1", "gpu") };
+        let idle = [bobs, job("plain", "alice", res(1, 1, 1)), annex_job("a1", "gpu")];
+        assert_eq!(placed(&select(&idle, &both, &Policy::default())), vec![("a1", "alices-gpu")]);
+        let pools: Vec<Pool> = both.pools_with_room().into_iter().map(|r| r.pool).collect();
+        assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
+    }
+
+    #[test]
+    fn an_eps_address_is_kept_canonical() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let pool = Pool { annex: None, owner: None };
+        let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().expect("address");
+        let ep = EpSlot::new("a".into(), "a".into(), mapped, pool, credential, res(1, 1, 1), tx);
+        assert_eq!(ep.ip, IpAddr::V4(std::net::Ipv4Addr::new(10, 1, 2, 3)));
+    }
+
+    #[test]
+    fn closing_eps_and_cancelled_jobs_get_nothing() {
+        let mut t = EpTable::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let pool = Pool { annex: None, owner: None };
+        let credential = Credential { jti: "j".into(), owner: None, issuer: "s".into() };
+        t.insert(EpSlot::new("a".into(), "a".into(), LOCALHOST, pool, credential, res(4, 4000, 100), tx));
+        let idle = [job("j1", "x", res(1, 1, 1)), job("j2", "x", res(1, 1, 1))];
+        let m = select(&idle, &t, &Policy::default());
+        assert!(m.iter().all(|m| t.reserve(m)));
+        // j1 is stopped before its Assign went out: it is not sent and its room comes back.
+        assert!(t.cancel("a", "j1", "revoked"));
+        assert!(matches!(rx.try_recv(), Ok(ToEp::Send(SchedulerMsg::Cancel { .. }))));
+        let assignment = |id: &str| JobAssignment {
+            job_id: id.into(),
+            function: htfaas_functions::proto::FunctionRef {
+                name: "f".into(),
+                version: 1,
+                digest: htfaas_functions::Digest::of(b"m"),
+                module_url: "http://r/m".into(),
+            },
+            resources: res(1, 1, 1),
+            input: htfaas_functions::proto::InputSpec {
+                url: "http://s/a".into(),
+                name: "a".into(),
+                macaroon: "m".into(),
+            },
+            output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
+            args: vec![],
+            env: vec![],
+            limits: Default::default(),
+        };
+        assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
+        assert!(!t.is_running("a", "j1"));
+        assert_eq!(t.deliver("a", assignment("j2")), Delivery::Sent);
+        assert_eq!(t.mark_closing(|c| c.jti == "j"), vec!["a".to_owned()]);
+        assert_eq!(select(&[job("j3", "x", res(1, 1, 1))], &t, &Policy::default()), vec![]);
+        assert!(t.pools_with_room().is_empty());
+        assert_eq!(t.deliver("gone", assignment("j3")), Delivery::Gone);
+    }
+
+    #[test]
+    fn never_exceeds_free_resources() {
+        let mut t = EpTable::default();
+        t.insert(ep("a", None, res(4, 1000, 100)));
+        let idle: Vec<_> = (0..10).map(|i| job(&format!("j{i}"), "x", res(1, 300, 10))).collect();
+        let m = select(&idle, &t, &Policy::default());
+        assert_eq!(m.len(), 3, "memory allows three");
+        for x in &m {
+            assert!(t.reserve(x));
+        }
+        assert_eq!(select(&idle[3..], &t, &Policy::default()), vec![]);
+        assert!(t.release("a", "j0"));
+        assert!(!t.release("a", "j0"));
+        assert_eq!(select(&idle[3..], &t, &Policy::default()).len(), 1);
+    }
+
+    #[test]
+    fn respects_runtime_and_owner_restriction() {
+        let mut t = EpTable::default();
+        t.insert(ep("a", Some("alice"), res(8, 8000, 100)));
+        let idle = vec![
+            job("long", "alice", res(1, 1, 101)),
+            job("bob", "bob", res(1, 1, 1)),
+            job("al", "alice", res(1, 1, 1)),
+        ];
+        let m = select(&idle, &t, &Policy::default());
+        assert_eq!(m.iter().map(|m| m.job_id.as_str()).collect::<Vec<_>>(), vec!["al"]);
+    }
+
+    #[test]
+    fn the_running_limit_holds_back_one_owner_and_not_the_others() {
+        let mut t = EpTable::default();
+        t.insert(ep("a", None, res(4, 4000, 100)));
+        let idle = [
+            job("al1", "alice", res(1, 1, 1)),
+            job("al2", "alice", res(1, 1, 1)),
+            job("al3", "alice", res(1, 1, 1)),
+            job("bob1", "bob", res(1, 1, 1)),
+        ];
+        assert_eq!(select(&idle, &t, &Policy::default()).len(), 4, "no limit: all four fit");
+        let m = select(&idle, &t, &limit(1));
+        assert_eq!(placed(&m), vec![("al1", "a"), ("bob1", "a")]);
+        assert!(m.iter().all(|m| t.reserve(m)));
+        assert_eq!(t.owners_at_limit(Some(1)).len(), 2);
+        assert!(t.owners_at_limit(None).is_empty());
+        // Reserved jobs count: nothing more for either, though two cores are free.
+        assert_eq!(select(&idle[1..3], &t, &limit(1)), vec![]);
+        assert_eq!(select(&idle[1..3], &t, &limit(2)).len(), 1);
+        // Alice's ends: her next one starts.
+        assert!(t.release("a", "al1"));
+        assert_eq!(t.owners_at_limit(Some(1)), vec!["bob".to_owned()]);
+        assert_eq!(placed(&select(&idle[1..3], &t, &limit(1))), vec![("al2", "a")]);
+    }
+
+    #[test]
+    fn prefers_dedicated_eps_then_tightest_fit() {
+        let mut t = EpTable::default();
+        t.insert(ep("big", None, res(16, 16000, 100)));
+        t.insert(ep("small", None, res(2, 16000, 100)));
+        t.insert(ep("alices", Some("alice"), res(16, 16000, 100)));
+        let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t, &Policy::default());
+        assert_eq!(m[0].ep_id, "alices");
+        assert_eq!(m[1].ep_id, "small");
+    }
+}

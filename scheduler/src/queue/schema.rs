@@ -1,0 +1,159 @@
+//! The stored format: the schema version, the migrations that bring any older file up to it,
+//! and sealing the macaroons an older build stored in plain.
+//!
+//! Must not know: the writer, jobs' states or any caller of the store.
+
+use crate::error::QueueError;
+use htfaas_functions::proto::SubmitRequest;
+use htfaas_functions::store::exec;
+use rusqlite::{Connection, Transaction, params};
+
+/// Version of the stored format written by this build.
+pub const SCHEMA_VERSION: i64 = 5;
+
+/// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
+pub const MIGRATIONS: [&str; 5] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5];
+
+/// Version 1: jobs, token uses, accounts.
+pub(super) const SCHEMA_1: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    id              TEXT NOT NULL UNIQUE,
+    owner           TEXT NOT NULL,
+    dedupe_key      TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    reason          TEXT NOT NULL DEFAULT '',
+    token_jti       TEXT NOT NULL,
+    request         TEXT NOT NULL,
+    cpus            INTEGER NOT NULL,
+    memory_mb       INTEGER NOT NULL,
+    runtime_s       INTEGER NOT NULL,
+    ep              TEXT,
+    ep_session      TEXT,
+    submitted_at_ms INTEGER NOT NULL,
+    started_at_ms   INTEGER,
+    finished_at_ms  INTEGER,
+    exit_code       INTEGER,
+    usage           TEXT,
+    outputs         TEXT,
+    log             TEXT,
+    UNIQUE (owner, dedupe_key)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_owner_state ON jobs (owner, state, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_session ON jobs (ep_session) WHERE ep_session IS NOT NULL;
+CREATE TABLE IF NOT EXISTS token_uses (
+    jti  TEXT PRIMARY KEY,
+    uses INTEGER NOT NULL,
+    exp  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS accounts (
+    owner          TEXT PRIMARY KEY,
+    jobs_completed INTEGER NOT NULL,
+    jobs_failed    INTEGER NOT NULL,
+    core_seconds   REAL NOT NULL,
+    cpu_seconds    REAL NOT NULL,
+    wall_seconds   REAL NOT NULL,
+    bytes_in       INTEGER NOT NULL,
+    bytes_out      INTEGER NOT NULL
+);
+";
+
+/// Version 2: each job's submit-token issuer, accounting group (`grp`) and annex; revocations.
+pub(super) const MIGRATE_1_TO_2: &str = "
+ALTER TABLE jobs ADD COLUMN token_issuer TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN grp TEXT;
+ALTER TABLE jobs ADD COLUMN annex TEXT;
+CREATE INDEX IF NOT EXISTS jobs_idle_by_annex ON jobs (annex, owner, seq) WHERE state = 'idle';
+CREATE TABLE IF NOT EXISTS revocations (
+    seq    INTEGER PRIMARY KEY,
+    kind   TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    \"by\"   TEXT NOT NULL,
+    at_ms  INTEGER NOT NULL,
+    result TEXT NOT NULL
+);
+";
+
+/// Version 3: why a held job is held (HTCondor's `HoldReasonCode`); `NULL` unless held.
+pub(super) const MIGRATE_2_TO_3: &str = "
+ALTER TABLE jobs ADD COLUMN hold_code INTEGER;
+";
+
+/// Version 4: job class, GPUs and disk, run attempts (one row each in `attempts`), EP losses
+/// and retry backoff; decayed usage and priority factor per owner; usage per accounting
+/// group; admin settings per EP name.
+pub(super) const MIGRATE_3_TO_4: &str = "
+ALTER TABLE jobs ADD COLUMN class TEXT;
+ALTER TABLE jobs ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN lost INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN not_before_ms INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS jobs_running_by_start ON jobs (started_at_ms) WHERE state = 'running';
+ALTER TABLE accounts ADD COLUMN usage_decayed REAL NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN usage_at_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN factor REAL NOT NULL DEFAULT 1;
+CREATE TABLE IF NOT EXISTS group_usage (
+    grp           TEXT PRIMARY KEY,
+    core_seconds  REAL NOT NULL,
+    usage_decayed REAL NOT NULL,
+    usage_at_ms   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id        TEXT NOT NULL,
+    n             INTEGER NOT NULL,
+    ep            TEXT NOT NULL,
+    ep_session    TEXT NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    ended_at_ms   INTEGER,
+    outcome       TEXT NOT NULL,
+    reason        TEXT NOT NULL DEFAULT '',
+    usage         TEXT,
+    PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS ep_admin (
+    name        TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    deadline_ms INTEGER,
+    paused      TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    at_ms       INTEGER NOT NULL
+);
+";
+
+/// Version 5: for accounting reports ([`crate::report`]), one index over the jobs in a final
+/// state, by the time they reached it, that holds everything a report reads, the function's
+/// name (from the stored request; `NULL` if that does not parse) included.
+pub(super) const MIGRATE_4_TO_5: &str = "
+CREATE INDEX IF NOT EXISTS jobs_final_by_time ON jobs (finished_at_ms, owner, grp,
+    (CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END), state, cpus, usage)
+    WHERE state IN ('completed', 'failed', 'removed');
+";
+
+/// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
+    const _: () = assert!(SCHEMA_VERSION as usize == MIGRATIONS.len());
+    htfaas_functions::store::migrate(conn, &MIGRATIONS, "job store")?
+        .map_err(|found| QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION })
+}
+
+/// Seals, in `tx`, the plain macaroons (stored by a build before [`crate::seal`]) of every job
+/// that may still run; returns how many jobs were sealed. Finished jobs keep theirs: never
+/// handed out again, they expire within hours.
+pub(super) fn seal_stored(tx: &Transaction<'_>, sealer: &crate::seal::Sealer) -> Result<usize, QueueError> {
+    let plain: Vec<(String, String)> = {
+        let mut stmt = tx.prepare(
+            "SELECT id, request FROM jobs WHERE state IN ('idle', 'held', 'running') \
+             AND json_valid(request) AND json_extract(request, '$.input.macaroon') NOT LIKE 'sealed-v1:%'",
+        )?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
+    };
+    for (id, request) in &plain {
+        let Ok(r) = serde_json::from_str::<SubmitRequest>(request) else { continue };
+        let sealed = serde_json::to_string(&sealer.seal_request(&r)?)?;
+        exec(tx, "UPDATE jobs SET request = ?2 WHERE id = ?1", params![id, sealed])?;
+    }
+    Ok(plain.len())
+}

@@ -1,0 +1,200 @@
+//! The audit trail's part of the store: the writer name of its records, what a record names
+//! about a job ([`job_subject`]), refused submissions (bounded for unverified tokens) and signed
+//! checkpoints.
+//!
+//! Must not know: HTTP or who reads the trail (the API serves it from the file).
+
+use super::Queue;
+use crate::error::QueueError;
+use htfaas_functions::audit::{self, AuditDraft, AuditSigner, Checkpoint, CheckpointPolicy, Subject};
+use htfaas_functions::store::row;
+use rusqlite::{Connection, OptionalExtension as _, params};
+use std::sync::Arc;
+
+/// The writer of the audit trail kept in the store.
+pub const AUDIT_WRITER: &str = "scheduler";
+
+/// Most records of refusals with an unverified token per second, on average.
+pub const UNVERIFIED_REFUSALS_PER_S: f64 = 20.0;
+/// Most such records in a burst.
+pub const UNVERIFIED_REFUSALS_BURST: f64 = 200.0;
+
+/// A token bucket for the records of refusals whose token did not verify: anyone can send
+/// those, so without a bound a flood of forged tokens would grow the trail (and its fsyncs)
+/// without limit. What the bucket turns away is counted, and the next record says how many.
+#[derive(Debug)]
+pub(super) struct RefusalBudget {
+    tokens: f64,
+    last: std::time::Instant,
+    suppressed: u64,
+}
+
+impl RefusalBudget {
+    pub(super) fn new() -> RefusalBudget {
+        RefusalBudget { tokens: UNVERIFIED_REFUSALS_BURST, last: std::time::Instant::now(), suppressed: 0 }
+    }
+
+    /// `Some(n)`: record this refusal, noting the `n` left unrecorded since the last one;
+    /// `None`: do not (counted).
+    pub(super) fn take(&mut self, now: std::time::Instant) -> Option<u64> {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * UNVERIFIED_REFUSALS_PER_S).min(UNVERIFIED_REFUSALS_BURST);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed = self.suppressed.saturating_add(1);
+            None
+        }
+    }
+}
+
+/// What the audit trail names for job `id`: the job, its token's `jti`, owner, function,
+/// digest and event, and its input path (read from the stored request); `None` for an unknown
+/// job.
+pub(super) fn job_subject(conn: &Connection, id: &str) -> rusqlite::Result<Option<Subject>> {
+    let row: Option<(String, String, String)> = conn
+        .prepare_cached("SELECT owner, token_jti, request FROM jobs WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    Ok(row.map(|(owner, jti, request)| {
+        let mut subject =
+            Subject { job: Some(id.to_owned()), owner: Some(owner), token_jti: Some(jti), ..Subject::default() };
+        // One parse of the stored request, of only the members a record names (a corrupt one
+        // names none of them, and the record says so by their absence).
+        if let Ok(r) = serde_json::from_str::<RequestNames>(&request) {
+            subject.function = Some(r.function.name);
+            subject.digest = Some(r.function.digest);
+            subject.event_id = Some(r.event.id);
+            subject.paths = vec![r.event.path];
+        }
+        subject
+    }))
+}
+
+/// The members of a stored [`SubmitRequest`] an audit record's subject names.
+#[derive(serde::Deserialize)]
+struct RequestNames {
+    function: FunctionNames,
+    event: EventNames,
+}
+
+/// See [`RequestNames`].
+#[derive(serde::Deserialize)]
+struct FunctionNames {
+    name: String,
+    digest: String,
+}
+
+/// See [`RequestNames`].
+#[derive(serde::Deserialize)]
+struct EventNames {
+    id: String,
+    path: String,
+}
+
+/// The stored state of job `id`.
+pub(super) fn subject_state(conn: &Connection, id: &str) -> rusqlite::Result<Option<String>> {
+    row(conn, "SELECT state FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()
+}
+
+/// The path of an `http(s)` URL, percent-decoded (a storage URL's namespace path); the URL
+/// itself when it has no path or does not decode to UTF-8.
+pub fn url_path(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let Some(i) = rest.find('/') else { return url.to_owned() };
+    let raw = rest[i..].split(['?', '#']).next().unwrap_or("");
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut k = 0;
+    while k < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[k], bytes.get(k + 1).and_then(|b| hex(*b)), bytes.get(k + 2).and_then(|b| hex(*b))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                k += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                k += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| url.to_owned())
+}
+
+impl Queue {
+    /// Records a refused submission (`job.refused`, with the HTTP `status` answered and the
+    /// `reason`) in a transaction of its own: a refusal changes nothing else in the store.
+    /// `subject` holds what is known (the verified token's `jti` and owner, the request's
+    /// function and event); `detail` adds facts (an object). A refusal whose token did not
+    /// verify (`subject.owner` unset) is recorded within a budget of
+    /// [`UNVERIFIED_REFUSALS_PER_S`] (burst [`UNVERIFIED_REFUSALS_BURST`]); beyond it, it is
+    /// counted instead, and the next such record carries `"unrecorded_before": n`. Returns
+    /// whether a record was written.
+    pub async fn record_refusal(
+        &self,
+        subject: Subject,
+        status: u16,
+        reason: String,
+        detail: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<bool, QueueError> {
+        let unrecorded_before = if subject.owner.is_none() {
+            let mut budget = self.unverified_refusals.lock().map_err(|_| QueueError::Poisoned)?;
+            match budget.take(std::time::Instant::now()) {
+                Some(n) => n,
+                None => return Ok(false),
+            }
+        } else {
+            0
+        };
+        self.write(move |tx| {
+            let mut draft = AuditDraft::job_refused(subject, status, &reason);
+            for (k, v) in detail {
+                draft = draft.with_detail(&k, v);
+            }
+            if unrecorded_before > 0 {
+                draft = draft.with_detail("unrecorded_before", unrecorded_before.into());
+            }
+            audit::append_in(tx, draft)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Signs a checkpoint of the audit trail's head with `signer` when `policy` says one is
+    /// due, or (`force`, at shutdown) whenever the head has none.
+    pub async fn audit_checkpoint(
+        &self,
+        signer: Arc<AuditSigner>,
+        policy: CheckpointPolicy,
+        force: bool,
+    ) -> Result<Option<Checkpoint>, QueueError> {
+        self.call_writing(move |conn| Ok(audit::checkpoint_in(conn, &signer, policy, force)?)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_budget_lends_a_burst_then_its_rate_and_counts_the_rest() {
+        let t0 = std::time::Instant::now();
+        let mut b = RefusalBudget { tokens: UNVERIFIED_REFUSALS_BURST, last: t0, suppressed: 0 };
+        let burst = UNVERIFIED_REFUSALS_BURST as usize;
+        assert!((0..burst).all(|_| b.take(t0) == Some(0)));
+        assert_eq!((b.take(t0), b.take(t0), b.suppressed), (None, None, 2));
+        // Half a token's time later: still nothing; a full token's: one record, owning up to 3.
+        let token = std::time::Duration::from_secs_f64(1.0 / UNVERIFIED_REFUSALS_PER_S);
+        assert_eq!(b.take(t0 + token / 2), None);
+        assert_eq!(b.take(t0 + token + token / 2), Some(3));
+        assert_eq!(b.take(t0 + token + token / 2), None);
+        // A long quiet refills to the burst, no more; a clock that goes back adds nothing.
+        let later = t0 + token * 10_000;
+        assert!((0..burst).all(|_| b.take(later) == Some(0) || b.suppressed == 0));
+        assert_eq!(b.take(later), None);
+        assert_eq!(b.take(t0), None);
+    }
+}

@@ -1,0 +1,63 @@
+//! [`Shared`]: the state the HTTP handlers, the EP sessions and the dispatcher share (the
+//! store, the EP table, verifiers, site policy, URL trust, the audit signer and the counters),
+//! built once by [`crate::run`].
+//!
+//! Must not know: what is done with it (handlers, sessions, dispatch are above it).
+
+use crate::config::OwnerLimits;
+use crate::matching::EpTable;
+use crate::metrics::Metrics;
+use crate::policy::SitePolicy;
+use crate::queue::Queue;
+use crate::trust::UrlTrust;
+use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
+use htfaas_functions::token::Verifier;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// State shared by the HTTP handlers, EP sessions and the dispatcher.
+pub struct Shared {
+    /// The durable queue.
+    pub(crate) queue: Queue,
+    /// Attached EPs and their free resources ([`Shared::eps`] locks it).
+    pub(crate) eps: EpLock,
+    /// Wakes the dispatcher (submit, attach, finish, detach).
+    pub(crate) wake: Notify,
+    /// Verifiers of submit tokens, by issuer.
+    pub(crate) submit_verifiers: HashMap<String, Verifier>,
+    /// Verifier of our own attach tokens.
+    pub(crate) attach_verifier: Verifier,
+    /// Bearer of the admin endpoints.
+    pub(crate) admin_token: String,
+    /// Cancelled at shutdown; EP sessions watch it.
+    pub(crate) shutdown: CancellationToken,
+    /// EP sessions, awaited at shutdown.
+    pub(crate) sessions: TaskTracker,
+    /// Per-owner limits: idle ones checked at submit, running ones by matching.
+    pub(crate) limits: OwnerLimits,
+    /// Fair share, groups, classes, requirements, leases and retries.
+    pub(crate) policy: SitePolicy,
+    /// The storages and module stores a job's URLs must name ([`trust`]).
+    pub(crate) trust: UrlTrust,
+    /// Signs the audit trail's checkpoints (the trail is in the queue's store).
+    pub(crate) audit_signer: Arc<AuditSigner>,
+    /// When it signs.
+    pub(crate) audit_policy: CheckpointPolicy,
+    /// Refusal counters and the dispatch latency of `GET /metrics` ([`metrics`]).
+    pub(crate) metrics: Metrics,
+}
+
+impl Shared {
+    /// The EP table. A poisoned lock is taken over: the table holds no invariant that a
+    /// panicking holder could have broken halfway (each method completes or does nothing).
+    pub(crate) fn eps(&self) -> MutexGuard<'_, EpTable> {
+        self.eps.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The EP table's lock, taken through [`Shared::eps`] only.
+#[derive(Debug, Default)]
+pub(crate) struct EpLock(Mutex<EpTable>);
