@@ -29,7 +29,7 @@
 //! [`TestReport`], [`TimeArg`]) are wire types and live in [`htfaas_functions::proto`]; what
 //! they mean is decided here: [`plan`], [`register_window`], [`to_unix_ms`].
 
-use crate::Shared;
+use crate::state::Shared;
 use crate::event::{self, Decision, EventError, SourcePolicy};
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::PullConsumer};
 use futures_util::StreamExt as _;
