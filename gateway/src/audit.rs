@@ -153,13 +153,13 @@ pub fn admin_action(actor: &str, action: &str, subject: Subject, args: Value) ->
 mod tests {
     use super::*;
     use crate::dispatch::job_credentials;
-    use htfaas_functions::proto::SubmitRequest;
-    use htfaas_functions::token::SubmitClaims;
-    use htfaas_functions::audit::{self, AuditFilter, AuditRecord};
     use crate::firing::tests::event;
     use crate::firing::{Firings, NewFirings};
+    use htfaas_functions::audit::{self, AuditFilter, AuditRecord};
     use htfaas_functions::audit::{ProblemKind, rusqlite::Connection};
     use htfaas_functions::manifest::Resources;
+    use htfaas_functions::proto::SubmitRequest;
+    use htfaas_functions::token::SubmitClaims;
 
     fn function(name: &str) -> FunctionRecord {
         crate::firing::tests::function(name, None, None)

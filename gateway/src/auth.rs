@@ -110,11 +110,7 @@ struct RevocationState {
 impl RevocationCache {
     /// `Err` (401) when a revocation names the token's `jti`, its `sub` or its issuer.
     /// The scheduler is asked at `scheduler_url` with its admin token over `http`.
-    pub async fn check(
-        &self,
-        scheduler: &Scheduler<'_>,
-        claims: &ApiClaims,
-    ) -> Result<(), HttpError> {
+    pub async fn check(&self, scheduler: &Scheduler<'_>, claims: &ApiClaims) -> Result<(), HttpError> {
         let mut state = self.state.lock().await;
         let fresh =
             state.fetched.as_ref().is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(REVOCATIONS_FRESH_S));

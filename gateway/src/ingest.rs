@@ -34,9 +34,9 @@
 //! fails the batch's transaction like any other failure: nothing acked, everything redelivered,
 //! logged as a full disk and counted (`firings_store_full`).
 
-use crate::state::Shared;
 use crate::event::{self, Decision, SubjectSource};
 use crate::firing::NewFirings;
+use crate::state::Shared;
 use crate::stats::Stats;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};

@@ -131,4 +131,3 @@ pub async fn prepare(
         limits: m.limits,
     })
 }
-

@@ -115,7 +115,10 @@ pub(super) fn audit_trail(query: Option<String>) -> Result<(AuditTrail, Option<S
             Some("gateway") => trail = AuditTrail::Gateway,
             Some("scheduler") => trail = AuditTrail::Scheduler,
             Some(other) => {
-                return Err(HttpError(StatusCode::BAD_REQUEST, format!("unknown trail {other:?} (gateway, scheduler)")));
+                return Err(HttpError(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown trail {other:?} (gateway, scheduler)"),
+                ));
             }
             None => rest.push(pair),
         }
@@ -125,7 +128,10 @@ pub(super) fn audit_trail(query: Option<String>) -> Result<(AuditTrail, Option<S
 
 /// The gateway trail's records `filter` selects (limit as the scheduler's: default 1000, at
 /// most 100,000).
-pub(super) async fn gateway_audit(shared: &Shared, mut filter: htfaas_functions::audit::AuditFilter) -> Result<Response, HttpError> {
+pub(super) async fn gateway_audit(
+    shared: &Shared,
+    mut filter: htfaas_functions::audit::AuditFilter,
+) -> Result<Response, HttpError> {
     filter.limit = Some(filter.limit.unwrap_or(1000).min(100_000));
     let records = query(shared, filter).await.map_err(|e| {
         tracing::error!("query the gateway's audit trail: {e}");
@@ -171,7 +177,6 @@ pub(super) fn audit_function(record: &htfaas_functions::FunctionRecord) -> htfaa
 pub(super) fn audit_args(record: &htfaas_functions::FunctionRecord) -> serde_json::Value {
     serde_json::json!({ "version": record.version, "trigger": record.manifest.trigger })
 }
-
 
 /// Most steps a lineage follows back from the file asked about.
 pub const MAX_LINEAGE_DEPTH: u32 = 16;

@@ -15,7 +15,10 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub(super) async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, HttpError> {
+pub(super) async fn stats(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, HttpError> {
     shared.require_admin(&headers)?;
     Ok(Json(shared.stats.snapshot()))
 }

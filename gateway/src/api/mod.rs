@@ -1,4 +1,3 @@
-// Long because it holds the API's handlers and authentication (split: auth, registry, runs, proxy, audit); kept whole until issue 19 splits it along its layers.
 //! The gateway's HTTP API: the registry (modules and functions), runs by submit-token bearers,
 //! and views of jobs, accounting and revocations (proxied to the scheduler, which owns them).
 //!
@@ -85,23 +84,20 @@
 
 use crate::auth::{Caller, Scheduler, bearer};
 use crate::http_error::HttpError;
-use crate::state::Shared;
 use crate::replay::{self, ReplayError};
+use crate::state::Shared;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use htfaas_functions::proto::{
-    Account, AccountingBy, AccountingQuery, AuditTrail, JobRecord, RevocationTarget,
-};
+use htfaas_functions::proto::{Account, AccountingBy, AccountingQuery, AuditTrail, JobRecord, RevocationTarget};
 use htfaas_functions::proto::{ApiError, ModuleUploaded, RegisterQuery, ReplayRequest, RunRequest, TestRequest};
 use htfaas_functions::registry::MAX_MODULE_BYTES;
 use htfaas_functions::token::ApiClaims;
 use htfaas_functions::{Digest, FunctionManifest, RegistryError};
 use std::sync::Arc;
-
 
 pub mod audit;
 mod events;
@@ -286,14 +282,13 @@ pub(super) async fn blocking<T: Send + 'static>(
         .map_err(HttpError::from)
 }
 
-
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::runs::*;
+    use super::*;
+    use crate::auth::*;
     use htfaas_functions::token::Scope;
     use std::time::{Duration, Instant};
-    use crate::auth::*;
 
     /// The (method, router path) pairs of the `.route(…)` calls in [`router`]'s source, and in
     /// the console's `routes()` it merges.
@@ -501,7 +496,7 @@ mod tests {
     mod recorded {
         use super::*;
         use serde_json::{Value, json};
-        
+
         const ADMIN: &str = "admin-token";
 
         /// A nats-server with JetStream in a temporary directory; killed on drop.

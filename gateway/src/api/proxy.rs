@@ -62,7 +62,10 @@ pub(super) async fn own_job(shared: &Shared, caller: &Caller, id: &str) -> Resul
 
 /// GETs `path` from the scheduler (admin token) and parses its JSON answer; a refusal keeps
 /// the scheduler's status and reason.
-pub(super) async fn scheduler_json<T: serde::de::DeserializeOwned>(shared: &Shared, path: &str) -> Result<T, HttpError> {
+pub(super) async fn scheduler_json<T: serde::de::DeserializeOwned>(
+    shared: &Shared,
+    path: &str,
+) -> Result<T, HttpError> {
     let url = format!("{}{path}", shared.submitter_base());
     let resp = shared
         .http
@@ -149,7 +152,10 @@ pub(super) async fn proxy_job_action(
 }
 
 /// `GET /v1/accounting`: every owner's account for an admin, a developer's own otherwise.
-pub(super) async fn proxy_accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, HttpError> {
+pub(super) async fn proxy_accounting(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     let caller = shared.require_caller(&headers)?;
     if caller.is_admin() {
         return forward_get(&shared, "/v1/accounting").await;
@@ -182,7 +188,10 @@ pub(super) async fn proxy_accounting_report(
     forward_get(&shared, &path).await
 }
 
-pub(super) async fn proxy_priorities(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, HttpError> {
+pub(super) async fn proxy_priorities(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     proxy(&shared, &headers, "/v1/priorities").await
 }
 
@@ -244,11 +253,18 @@ pub(super) fn audit_revocation(target: &RevocationTarget) -> htfaas_functions::a
     subject
 }
 
-pub(super) async fn proxy_revocations(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, HttpError> {
+pub(super) async fn proxy_revocations(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     proxy(&shared, &headers, "/v1/revocations").await
 }
 
-pub(super) async fn proxy_revoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Response, HttpError> {
+pub(super) async fn proxy_revoke(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HttpError> {
     shared.require_admin(&headers)?;
     let request: htfaas_functions::proto::RevokeRequest = serde_json::from_slice(&body)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid revocation: {e}")))?;

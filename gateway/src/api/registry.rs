@@ -23,7 +23,10 @@ pub(super) async fn put_module(
     Ok((StatusCode::CREATED, Json(ModuleUploaded { digest })))
 }
 
-pub(super) async fn get_module(State(shared): State<Arc<Shared>>, Path(digest): Path<String>) -> Result<Response, HttpError> {
+pub(super) async fn get_module(
+    State(shared): State<Arc<Shared>>,
+    Path(digest): Path<String>,
+) -> Result<Response, HttpError> {
     let digest: Digest = digest.parse().map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("{e}")))?;
     let s = shared.clone();
     let d = digest.clone();
@@ -121,7 +124,10 @@ pub(super) async fn dry_run_registration(
 }
 
 /// `GET /v1/functions`: every function for an admin, a developer's own otherwise.
-pub(super) async fn list_functions(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<impl IntoResponse, HttpError> {
+pub(super) async fn list_functions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, HttpError> {
     let caller = shared.require_caller(&headers)?;
     let s = shared.clone();
     let mut records = blocking(move || s.registry.list()).await?;

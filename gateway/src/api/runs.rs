@@ -5,7 +5,6 @@
 
 use super::*;
 
-
 /// The bearer of a submit token runs a registered function on a file: the same path a
 /// triggered job takes (macaroons, scheduler, EP), accounted to the token's subject.
 pub(super) async fn run_function(
@@ -23,10 +22,12 @@ pub(super) async fn run_function(
             "an API token is not a submit token (see `htfaas token submit`)".into(),
         ));
     }
-    let claims =
-        shared.submitter.verify(&token).map_err(|e| HttpError(StatusCode::UNAUTHORIZED, format!("submit token: {e}")))?;
-    let run: RunRequest =
-        serde_json::from_slice(&body).map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))?;
+    let claims = shared
+        .submitter
+        .verify(&token)
+        .map_err(|e| HttpError(StatusCode::UNAUTHORIZED, format!("submit token: {e}")))?;
+    let run: RunRequest = serde_json::from_slice(&body)
+        .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))?;
     if !htfaas_functions::manifest::is_clean_abs_path(&run.path) || run.path.ends_with('/') {
         return Err(HttpError(StatusCode::BAD_REQUEST, format!("{:?} is not a clean absolute file path", run.path)));
     }
@@ -79,11 +80,12 @@ pub(super) async fn run_function(
     shared.submitter.preflight(&token).await.map_err(scheduler_failure)?;
     let run_id = htfaas_functions::token::new_jti();
     let event = htfaas_functions::proto::EventRef::new("submit", format!("{}/{run_id}", claims.jti), run.path.clone());
-    let mut request =
-        crate::jobs::prepare(shared.jobs(), &function, event, format!("submit:{run_id}")).await.map_err(|e| match e {
+    let mut request = crate::jobs::prepare(shared.jobs(), &function, event, format!("submit:{run_id}")).await.map_err(
+        |e| match e {
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::BAD_GATEWAY, e),
-        })?;
+        },
+    )?;
     request.annex = annex;
     let reply = shared.submitter.submit_with_token(&token, &request).await.map_err(scheduler_failure)?;
     tracing::info!(job = %reply.job_id, jti = %claims.jti, function = %m.name, "job submitted by token bearer");

@@ -42,4 +42,3 @@ impl TokenBucket {
         self.per_s.to_bits() == per_s.max(1e-9).to_bits() && self.burst == f64::from(burst.max(1))
     }
 }
-

@@ -1,4 +1,3 @@
-// Long because it holds the firing table, its token buckets and its dispatcher (split: table, bucket, dispatch); kept whole until issue 19 splits it along its layers.
 //! Durable firings: (event, function) pairs waiting to become jobs, and the dispatcher that
 //! turns them into jobs ([`crate::dispatch`]).
 //!
@@ -301,4 +300,3 @@ pub fn event_key(event: &StorageEvent, replay: Option<&str>) -> String {
         None => event.id.clone(),
     }
 }
-

@@ -62,4 +62,3 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), FiringError> {
     htfaas_functions::store::migrate(conn, &MIGRATIONS, "firing store")?
         .map_err(|found| FiringError::SchemaTooNew { found, supported: SCHEMA_VERSION })
 }
-

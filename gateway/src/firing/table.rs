@@ -636,4 +636,3 @@ fn lookup_cause(conn: &Connection, macaroon: &str) -> Result<Option<Cause>, Firi
         }
     }))
 }
-

@@ -65,12 +65,8 @@ fn an_output_never_fires_its_own_chain_and_a_claim_carries_its_cause() {
         chain: vec!["a".into()],
     };
     f.record_provenance("M1", &cause_a, 1_000).expect("record");
-    let cause_b = Cause {
-        function: "b".into(),
-        event_id: "e1".into(),
-        chain: vec!["a".into(), "b".into()],
-        ..cause_a.clone()
-    };
+    let cause_b =
+        Cause { function: "b".into(), event_id: "e1".into(), chain: vec!["a".into(), "b".into()], ..cause_a.clone() };
     f.record_provenance("M2", &cause_b, 1_000).expect("record");
     assert_eq!(f.cause_of("M1").expect("lookup"), Some(cause_a.clone()));
     assert_eq!(f.cause_of("unknown").expect("lookup"), None);
@@ -121,8 +117,7 @@ fn a_second_copy_of_an_event_is_dropped_on_its_key_and_a_replay_gets_its_own() {
 fn one_functions_backlog_does_not_keep_another_functions_firing_out_of_the_next_claim() {
     let dir = tempfile::tempdir().expect("tempdir");
     let f = open(dir.path());
-    let (flood, one, two) =
-        (function("flood", None, None), function("one", None, None), function("two", None, None));
+    let (flood, one, two) = (function("flood", None, None), function("one", None, None), function("two", None, None));
     for i in 0..200 {
         f.insert(&event(&format!("a{i}"), "/data/a"), std::slice::from_ref(&flood), None, 0).expect("insert");
     }
@@ -142,8 +137,7 @@ fn one_functions_backlog_does_not_keep_another_functions_firing_out_of_the_next_
     // Claims of one firing each (a dispatcher with one free slot) go round the functions.
     f.insert(&event("b1", "/data/b"), std::slice::from_ref(&one), None, 20).expect("insert");
     f.insert(&event("c1", "/data/c"), std::slice::from_ref(&two), None, 20).expect("insert");
-    let mut singles: Vec<String> =
-        (0..3).map(|_| f.claim(30, 1).expect("claim").ready[0].event.id.clone()).collect();
+    let mut singles: Vec<String> = (0..3).map(|_| f.claim(30, 1).expect("claim").ready[0].event.id.clone()).collect();
     singles.sort();
     assert_eq!(singles, ["a5", "b1", "c1"]);
 }
@@ -187,13 +181,11 @@ fn a_burst_of_writes_to_one_path_leaves_one_firing_for_the_last_event_after_the_
     f.insert(&event("o1", "/data/other"), std::slice::from_ref(&d), None, 200).expect("insert");
     // The plain function fires on every event, at once; the debounced one waits.
     let now = f.claim(300, 100).expect("claim");
-    let fired: Vec<_> =
-        now.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
+    let fired: Vec<_> = now.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
     assert_eq!(fired, [("plain", "w1"), ("plain", "w2"), ("plain", "w3")]);
     assert!(f.claim(2_199, 100).expect("claim").ready.is_empty(), "w3 waits 2 s from its arrival");
     let later = f.claim(2_200, 100).expect("claim");
-    let fired: Vec<_> =
-        later.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
+    let fired: Vec<_> = later.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
     assert_eq!(fired, [("d", "w3"), ("d", "o1")]);
     let rows = f.list(0, 100).expect("list");
     let w1 = rows.iter().find(|r| r.event_key == "w1" && r.function == "d").expect("w1");
@@ -282,8 +274,7 @@ fn the_loop_guard_looks_up_each_event_of_a_batch() {
     f.record_provenance("M1", &cause_a, 0).expect("record");
     let long = Cause { chain: vec!["x".into(); MAX_CHAIN], ..cause_a.clone() };
     f.record_provenance("M2", &long, 0).expect("record");
-    let written =
-        |id: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, "/data/x") };
+    let written = |id: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, "/data/x") };
     let both = [a.clone(), b.clone()];
     let done = f
         .insert_batch(
