@@ -23,7 +23,7 @@
 //! firing was already there (a redelivery).
 //!
 //! **No bearer credential is recorded**: a token's claims are recorded, never the signed token;
-//! a macaroon's identifier and caveats ([`MacaroonFacts::from_bearer`]), never its serialized
+//! a macaroon's identifier and caveats ([`htfaas_functions::audit::MacaroonFacts::from_bearer`]), never its serialized
 //! form. The library redacts any that slips through.
 //!
 //! # Lineage

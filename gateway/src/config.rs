@@ -110,7 +110,7 @@ pub struct Config {
     #[serde(default)]
     pub sources: event::SourcePolicy,
     /// Directory of the gateway's own state: the durable firing table `firings.sqlite`
-    /// ([`firing`]: events queued to become jobs, and the keys that make each (event,
+    /// ([`crate::firing`]: events queued to become jobs, and the keys that make each (event,
     /// function) start one job). Default: the parent of `registry_dir` (the stack's `gateway/`).
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
@@ -127,7 +127,7 @@ pub struct Config {
     /// Ed25519 PKCS#8 PEM key that signs the gateway audit trail's checkpoints (kid
     /// `gateway-audit-1`); created (mode 0600) if absent. The trail itself lives in the firing
     /// table's file, written in the same transactions as the decisions it records
-    /// ([`audit`]). Default: `gateway-audit-key.pem` in the state directory.
+    /// ([`crate::audit`]). Default: `gateway-audit-key.pem` in the state directory.
     #[serde(default)]
     pub audit_key_file: Option<PathBuf>,
     /// The audit trail's head is signed once this many records have no checkpoint. Default: 1000.

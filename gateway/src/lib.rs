@@ -5,11 +5,21 @@
 //!   enabled ([`event`], [`event::SourcePolicy`]), finds the functions whose trigger matches
 //!   ([`triggers`]) and queues one durable firing per function ([`firing`]: exactly once per
 //!   (event, function, digest)); it acks the message once the firings are on disk.
-//! - [`dispatch`] turns firings into jobs, within each trigger's rate and debounce:
-//!   obtains a read and a write macaroon from the storage ([`storage_client`]), mints a
-//!   single-use submit token and submits the job to the scheduler ([`submit`]).
+//! - [`dispatch`] turns firings into jobs, within each trigger's rate and debounce: builds each
+//!   job ([`jobs`]: namespace check, a read and a write macaroon from the storage,
+//!   [`storage_client`]), mints a single-use submit token and submits the job to the scheduler
+//!   ([`submit`]).
 //! - [`api`] serves the registry (modules and functions) and proxies job and accounting queries
-//!   to the scheduler.
+//!   to the scheduler; its credentials are checked by [`auth`], its errors are
+//!   [`http_error::HttpError`].
+//! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
+//!   share ([`Shared`]), with the HTTP clients of [`clients`].
+//!
+//! Layers, bottom up (a module imports only from its own layer or below): decoding (`event`,
+//! `bridge`), the leaves (`stats`, `triggers`, `storage_client`, `clients`, `http_error`, ...),
+//! records and grants (`audit`, `namespaces`, `submit`, `auth`, `config`), the firing table
+//! (`firing`) and job building (`jobs`), `state`, then the steps that take it (`ingest`,
+//! `dispatch`, `replay`), and `api` on top; nothing imports `api`.
 //!
 //! Invariants: the gateway never runs wasm and never talks to an EP; it never logs a macaroon or
 //! a token, only their ids.

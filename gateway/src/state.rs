@@ -52,7 +52,7 @@ pub struct Shared {
     /// Signs the audit trail's checkpoints.
     pub audit: audit::Auditing,
     /// Admin bearer token of this API (the bootstrap admin credential; API tokens are the
-    /// others, see [`api`]).
+    /// others, see [`crate::api`]).
     pub admin_token: String,
     /// Verifies API tokens ([`htfaas_functions::token::ApiClaims`]): the submit-token key, the
     /// gateway's issuer, [`htfaas_functions::token::API_AUDIENCE`].
