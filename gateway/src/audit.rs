@@ -23,29 +23,28 @@
 //! firing was already there (a redelivery).
 //!
 //! **No bearer credential is recorded**: a token's claims are recorded, never the signed token;
-//! a macaroon's identifier and caveats ([`MacaroonFacts::from_bearer`]), never its serialized
+//! a macaroon's identifier and caveats ([`htfaas_functions::audit::MacaroonFacts::from_bearer`]), never its serialized
 //! form. The library redacts any that slips through.
 //!
 //! # Lineage
 //!
-//! [`lineage`] answers "where does this file come from": the jobs that wrote (or read) it, from
+//! The API's lineage ([`crate::api::audit::lineage`]) answers "where does this file come from": the jobs that wrote (or read) it, from
 //! the scheduler's trail (queried over its API), each with its acceptance (event, token,
 //! function digest, input), its dispatch and finish, and the gateway's records of its event
 //! and its token; then, for a job that wrote the file, the same for its input, back to the
-//! first upload (at most [`MAX_LINEAGE_DEPTH`] steps back, each file and job once).
+//! first upload (at most `MAX_LINEAGE_DEPTH` steps back, each file and job once).
+//!
+//! This module holds the records and the trail's key; the API's side (admin actions' records,
+//! queries, verification, lineage) is [`crate::api::audit`]; a job's credentials' records are
+//! the dispatcher's ([`crate::dispatch::job_credentials`]).
+//!
+//! Must not know: the firing table's SQL or its types, HTTP, the gateway's shared state.
 
-use crate::Shared;
-use crate::firing::Claimed;
 use htfaas_functions::FunctionRecord;
-use htfaas_functions::audit::{
-    self, AuditDraft, AuditError, AuditFilter, AuditKind, AuditRecord, AuditSigner, CheckpointPolicy, MacaroonFacts,
-    Subject, VerifyReport,
-};
+use htfaas_functions::audit::{AuditDraft, AuditKind, AuditSigner, CheckpointPolicy, Subject};
 use htfaas_functions::event::StorageEvent;
-use htfaas_functions::proto::{Cause, Lineage, LineageRelation, LineageStep, SubmitRequest};
-use htfaas_functions::token::SubmitClaims;
+use htfaas_functions::proto::Cause;
 use serde_json::{Value, json};
-use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 /// The writer of the gateway's trail.
@@ -57,12 +56,6 @@ pub const DEFAULT_AUDIT_KEY_FILE: &str = "gateway-audit-key.pem";
 /// The stored name of [`AuditKind::EventMatched`]: the record of an event that fired (or was
 /// kept from firing) functions.
 pub const EVENT_MATCHED: &str = "event.matched";
-/// Most steps a lineage follows back from the file asked about.
-pub const MAX_LINEAGE_DEPTH: u32 = 16;
-/// Most jobs one lineage lists (then `truncated`).
-pub const MAX_LINEAGE_STEPS: usize = 256;
-/// Most records read per query of a lineage.
-const LINEAGE_QUERY_LIMIT: u64 = 10_000;
 
 /// The gateway's checkpoint signer and when it signs.
 #[derive(Clone)]
@@ -151,323 +144,22 @@ pub fn event_matched(
     Some(AuditDraft::new(AuditKind::EventMatched, subject, detail))
 }
 
-/// The subject of a claimed firing's job, before the scheduler names it: event, function,
-/// digest, owner, input path (and the token, once minted).
-pub fn firing_subject(c: &Claimed, jti: Option<&str>) -> Subject {
-    let m = &c.function.manifest;
-    Subject {
-        token_jti: jti.map(str::to_owned),
-        owner: Some(m.owner.clone()),
-        function: Some(m.name.clone()),
-        digest: Some(m.module.as_str().to_owned()),
-        event_id: Some(c.event.id.clone()),
-        paths: vec![c.event.path.clone()],
-        ..Subject::default()
-    }
-}
-
-/// The `token.minted` and `macaroons.obtained` records of a claimed firing's job: the token's
-/// claims (never the token) and its macaroons' identifiers and caveats (never the macaroons).
-/// A macaroon whose identifier cannot be read is named by its role under `unreadable`.
-pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitRequest) -> [AuditDraft; 2] {
-    let subject = firing_subject(c, Some(&claims.jti));
-    let minted = AuditDraft::token_minted(claims, subject.clone())
-        .with_detail("firing", c.seq.into())
-        .with_detail("function_version", c.function.version.into())
-        .with_detail("replay", json!(c.replay));
-    let mut facts = Vec::new();
-    let mut unreadable = Vec::new();
-    for (role, bearer) in [("read", &request.input.macaroon), ("write", &request.output.macaroon)] {
-        match MacaroonFacts::from_bearer(role, bearer) {
-            Ok(f) => facts.push(f),
-            Err(e) => {
-                tracing::warn!(role, "a macaroon's identifier could not be read for the audit trail: {e}");
-                unreadable.push(role);
-            }
-        }
-    }
-    let mut obtained = AuditDraft::macaroons_obtained(subject, &facts).with_detail("firing", c.seq.into());
-    if !unreadable.is_empty() {
-        obtained = obtained.with_detail("unreadable", json!(unreadable));
-    }
-    [minted, obtained]
-}
-
 /// An admin's action `action` on `subject`, by the credential named `actor`.
 pub fn admin_action(actor: &str, action: &str, subject: Subject, args: Value) -> AuditDraft {
     AuditDraft::admin_action(actor, action, subject, args)
 }
 
-/// The name of the credential of a request (its API token's `sub`, or `admin` for the admin
-/// token), as the audit trail names actors; never the credential itself.
-pub fn actor(shared: &Shared, headers: &axum::http::HeaderMap) -> String {
-    crate::api::require_caller(shared, headers).map(|c| c.name).unwrap_or_else(|_| "unknown".into())
-}
-
-/// Records the action `action` on `subject` (with `args`) by the caller of `headers`, after it
-/// succeeded; a failure to record is logged, not answered: the action is done.
-pub async fn record_admin(
-    shared: &Shared,
-    headers: &axum::http::HeaderMap,
-    action: &str,
-    subject: Subject,
-    args: Value,
-) {
-    let actor = actor(shared, headers);
-    let draft = admin_action(&actor, action, subject, args);
-    if let Err(e) = shared.firings.append_async(draft).await {
-        tracing::error!(action, actor, "failed to record an admin action in the audit trail: {e}");
-    }
-}
-
-/// [`record_admin`] when the scheduler's `response` to a forwarded action is a success; returns
-/// the response as it came.
-pub async fn record_forwarded(
-    shared: &Shared,
-    headers: &axum::http::HeaderMap,
-    action: &str,
-    subject: Subject,
-    args: Value,
-    response: axum::response::Response,
-) -> axum::response::Response {
-    if response.status().is_success() {
-        record_admin(shared, headers, action, subject, args).await;
-    }
-    response
-}
-
-/// Records a replay (not a dry run): its id, function and window, and what it fired.
-pub async fn record_replay(
-    shared: &Shared,
-    headers: &axum::http::HeaderMap,
-    mode: &crate::replay::Mode,
-    report: &htfaas_functions::proto::Report,
-) {
-    if let crate::replay::Mode::Replay(id) = mode {
-        let subject = Subject {
-            function: report.functions.first().cloned().filter(|_| report.functions.len() == 1),
-            ..Subject::default()
-        };
-        let args = json!({ "replay_id": id, "functions": report.functions, "since": report.since,
-            "until": report.until, "matched": report.matched });
-        record_admin(shared, headers, "events.replay", subject, args).await;
-    }
-}
-
-/// The gateway trail's records that `filter` selects, read on a connection of their own.
-pub async fn query(shared: &Shared, filter: AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
-    let path = shared.firings.path().to_owned();
-    tokio::task::spawn_blocking(move || audit::query(&path, &filter))
-        .await
-        .map_err(|e| AuditError::Corrupt(format!("query task: {e}")))?
-}
-
-/// The gateway's trail checked under its own key.
-pub async fn verify(shared: &Shared) -> Result<VerifyReport, AuditError> {
-    let path = shared.firings.path().to_owned();
-    let keys = shared.audit.signer.keys();
-    tokio::task::spawn_blocking(move || audit::verify(&path, &keys))
-        .await
-        .map_err(|e| AuditError::Corrupt(format!("verify task: {e}")))?
-}
-
-/// Why a lineage could not be answered.
-#[derive(Debug, thiserror::Error)]
-pub enum LineageError {
-    /// The scheduler's trail could not be read.
-    #[error("scheduler audit trail: {0}")]
-    Scheduler(String),
-    /// The gateway's own trail could not be read.
-    #[error("gateway audit trail: {0}")]
-    Gateway(#[from] AuditError),
-}
-
-/// The scheduler's records that `filter` selects, over its admin API.
-async fn scheduler_records(shared: &Shared, filter: &AuditFilter) -> Result<Vec<AuditRecord>, LineageError> {
-    let base = format!("{}/v1/audit", shared.submitter.scheduler_url());
-    let mut url = reqwest::Url::parse(&base).map_err(|e| LineageError::Scheduler(format!("{base}: {e}")))?;
-    {
-        let mut q = url.query_pairs_mut();
-        for (key, value) in [("file", &filter.file), ("job", &filter.job)] {
-            if let Some(v) = value {
-                q.append_pair(key, v);
-            }
-        }
-        q.append_pair("limit", &LINEAGE_QUERY_LIMIT.to_string());
-    }
-    let resp = shared
-        .http
-        .get(url)
-        .bearer_auth(&shared.scheduler_admin_token)
-        .send()
-        .await
-        .map_err(|e| LineageError::Scheduler(format!("unreachable: {e}")))?;
-    let status = resp.status();
-    let body = resp.bytes().await.map_err(|e| LineageError::Scheduler(e.to_string()))?;
-    if !status.is_success() {
-        let text = String::from_utf8_lossy(&body);
-        return Err(LineageError::Scheduler(format!("{status}: {}", crate::storage_client::snippet(&text))));
-    }
-    serde_json::from_slice(&body).map_err(|e| LineageError::Scheduler(format!("bad answer: {e}")))
-}
-
-/// The output paths a job's records name (`detail.outputs[].path`, whichever record holds them).
-fn outputs_of(records: &[AuditRecord]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for r in records {
-        for o in r.detail.get("outputs").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(p) = o.get("path").and_then(Value::as_str)
-                && !out.iter().any(|x| x == p)
-            {
-                out.push(p.to_owned());
-            }
-        }
-    }
-    out
-}
-
-/// The lineage of `file`, at most `max_depth` (≤ [`MAX_LINEAGE_DEPTH`]) steps back.
-pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Lineage, LineageError> {
-    let max_depth = max_depth.min(MAX_LINEAGE_DEPTH);
-    let mut lineage = Lineage { file: file.to_owned(), steps: Vec::new(), truncated: false };
-    let mut files_seen = HashSet::new();
-    let mut jobs_seen = HashSet::new();
-    let mut queue = VecDeque::from([(file.to_owned(), 0u32)]);
-    while let Some((path, depth)) = queue.pop_front() {
-        if !files_seen.insert(path.clone()) {
-            continue;
-        }
-        let by_file = AuditFilter { file: Some(path.clone()), ..AuditFilter::default() };
-        let mut jobs: Vec<String> = Vec::new();
-        for r in scheduler_records(shared, &by_file).await? {
-            if let Some(j) = r.subject.job
-                && !jobs.contains(&j)
-            {
-                jobs.push(j);
-            }
-        }
-        for job in jobs {
-            if jobs_seen.contains(&job) {
-                continue;
-            }
-            let records =
-                scheduler_records(shared, &AuditFilter { job: Some(job.clone()), ..AuditFilter::default() }).await?;
-            let outputs = outputs_of(&records);
-            let relation = if outputs.contains(&path) { LineageRelation::Wrote } else { LineageRelation::Read };
-            // Back from the file asked about: only the jobs that wrote each earlier file.
-            if depth > 0 && relation == LineageRelation::Read {
-                continue;
-            }
-            if lineage.steps.len() >= MAX_LINEAGE_STEPS {
-                lineage.truncated = true;
-                return Ok(lineage);
-            }
-            jobs_seen.insert(job.clone());
-            let step = step(shared, &path, depth, relation, job, records, outputs).await?;
-            if relation == LineageRelation::Wrote
-                && let Some(input) = &step.input
-            {
-                if depth < max_depth {
-                    queue.push_back((input.clone(), depth + 1));
-                } else if !files_seen.contains(input) {
-                    lineage.truncated = true;
-                }
-            }
-            lineage.steps.push(step);
-        }
-    }
-    Ok(lineage)
-}
-
-/// One job of a lineage: its scheduler records, and the gateway's records of its event and
-/// its token, in time order.
-async fn step(
-    shared: &Shared,
-    file: &str,
-    depth: u32,
-    relation: LineageRelation,
-    job: String,
-    records: Vec<AuditRecord>,
-    outputs: Vec<String>,
-) -> Result<LineageStep, LineageError> {
-    let accepted = records.iter().find(|r| r.kind == AuditKind::JobAccepted);
-    let any = accepted.or(records.first());
-    let subject = any.map(|r| r.subject.clone()).unwrap_or_default();
-    let input = accepted
-        .and_then(|r| r.detail.pointer("/input/path").and_then(Value::as_str).map(str::to_owned))
-        .or_else(|| subject.paths.first().cloned());
-    let function_version = accepted.and_then(|r| r.detail.get("function_version").and_then(Value::as_u64));
-    let mut gateway = Vec::new();
-    if let Some(jti) = &subject.token_jti {
-        gateway.extend(query(shared, AuditFilter { token: Some(jti.clone()), ..AuditFilter::default() }).await?);
-    }
-    if let Some(event) = &subject.event_id {
-        let of_event = query(shared, AuditFilter { event_id: Some(event.clone()), ..AuditFilter::default() }).await?;
-        // The event's own records; another job's token records of the same event are not this one's.
-        gateway.extend(of_event.into_iter().filter(|r| {
-            r.subject.token_jti.is_none()
-                && (r.subject.function.is_none() || r.subject.function == subject.function)
-                && r.kind != AuditKind::AdminAction
-        }));
-    }
-    gateway.sort_by_key(|r| r.seq);
-    gateway.dedup_by_key(|r| r.seq);
-    let matched = gateway.iter().find(|r| r.kind.as_str() == EVENT_MATCHED);
-    let rule = matched.and_then(|r| {
-        let functions = r.detail.get("functions")?.as_array()?;
-        let f = functions.iter().find(|f| f.get("name").and_then(Value::as_str) == subject.function.as_deref())?;
-        let glob = f.get("glob").and_then(Value::as_str).map(|g| format!("path glob {g:?}"));
-        let rule = f.get("rule").and_then(Value::as_str).map(str::to_owned);
-        match (glob, rule) {
-            (Some(g), Some(r)) => Some(format!("{g} and ({r})")),
-            (g, r) => g.or(r),
-        }
-    });
-    let caused_by = matched
-        .and_then(|r| r.detail.get("caused_by"))
-        .filter(|v| !v.is_null())
-        .and_then(|v| serde_json::from_value::<Cause>(v.clone()).ok())
-        .or_else(|| {
-            accepted
-                .and_then(|r| r.detail.pointer("/event/caused_by"))
-                .filter(|v| !v.is_null())
-                .and_then(|v| serde_json::from_value(v.clone()).ok())
-        });
-    let macaroons: Vec<String> = gateway
-        .iter()
-        .filter(|r| r.kind == AuditKind::MacaroonsObtained)
-        .flat_map(|r| r.detail.get("macaroons").and_then(Value::as_array).cloned().unwrap_or_default())
-        .filter_map(|m| m.get("identifier").and_then(Value::as_str).map(str::to_owned))
-        .collect();
-    let mut all: Vec<AuditRecord> = gateway.into_iter().chain(records).collect();
-    all.sort_by_key(|a| (a.time_ms, a.writer != AUDIT_WRITER, a.seq));
-    Ok(LineageStep {
-        depth,
-        file: file.to_owned(),
-        relation,
-        job,
-        function: subject.function,
-        function_version,
-        digest: subject.digest,
-        owner: subject.owner,
-        token_jti: subject.token_jti,
-        event_id: subject.event_id,
-        rule,
-        caused_by,
-        input,
-        outputs,
-        macaroons,
-        records: all,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::job_credentials;
     use crate::firing::tests::event;
     use crate::firing::{Firings, NewFirings};
+    use htfaas_functions::audit::{self, AuditFilter, AuditRecord};
     use htfaas_functions::audit::{ProblemKind, rusqlite::Connection};
     use htfaas_functions::manifest::Resources;
+    use htfaas_functions::proto::SubmitRequest;
+    use htfaas_functions::token::SubmitClaims;
 
     fn function(name: &str) -> FunctionRecord {
         crate::firing::tests::function(name, None, None)

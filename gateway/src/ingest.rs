@@ -34,20 +34,16 @@
 //! fails the batch's transaction like any other failure: nothing acked, everything redelivered,
 //! logged as a full disk and counted (`firings_store_full`).
 
-use crate::Shared;
 use crate::event::{self, Decision, SubjectSource};
 use crate::firing::NewFirings;
+use crate::state::Shared;
 use crate::stats::Stats;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
 use futures_util::{FutureExt as _, StreamExt as _};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
-use htfaas_functions::namespace::Namespace;
-use htfaas_functions::proto::{
-    Cause, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS, EventRef, FunctionRef, InputSpec, OutputSpec,
-    SubmitRequest,
-};
+use htfaas_functions::proto::{EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -485,101 +481,6 @@ pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
     }
 }
 
-/// Why a job could not be prepared or submitted.
-#[derive(Debug)]
-pub enum Failure {
-    /// Storage or scheduler unreachable: retry later.
-    Transient(String),
-    /// Refused for good.
-    Permanent(String),
-}
-
-/// The key the scheduler dedupes a job on (per owner, forever):
-/// `<event id>#<function>@<digest>`, with `#replay:<id>` for a replay's jobs.
-pub fn scheduler_dedupe_key(event: &StorageEvent, function: &FunctionRecord, replay: Option<&str>) -> String {
-    let mut key = format!("{}#{}@{}", event.id, function.manifest.name, function.manifest.module);
-    if let Some(replay) = replay {
-        key.push_str("#replay:");
-        key.push_str(replay);
-    }
-    key
-}
-
-/// What a job keeps of its event: the source kind and producer (`dcache-billing:pool-a-1@pool-aDomain`,
-/// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path, and the job that
-/// wrote the file when one did (`cause`, from the firing).
-pub fn event_ref(event: &StorageEvent, cause: Option<Cause>) -> EventRef {
-    EventRef {
-        caused_by: cause,
-        ..EventRef::new(format!("{}:{}", event.source.kind.as_str(), event.source.producer), &event.id, &event.path)
-    }
-}
-
-/// Checks, when a firing becomes a job, that the function's owner may still read `path` and
-/// write its output directory (a grant may have been revoked since the registration, and a
-/// replay or manual run names paths of its own), and may use its annex; returns whether its
-/// write macaroon may replace files (the manifest asks and the namespace allows). A refusal is
-/// permanent and names the namespace.
-pub fn confine(ns: &Namespace, function: &FunctionRecord, path: &str) -> Result<bool, Failure> {
-    let m = &function.manifest;
-    if !ns.may_read(path) {
-        return Err(Failure::Permanent(format!("{path} is outside the read namespace of {}", m.owner)));
-    }
-    if !ns.may_write(&m.outputs.dir) {
-        return Err(Failure::Permanent(format!(
-            "the output directory {} is outside the write namespace of {}",
-            m.outputs.dir, m.owner
-        )));
-    }
-    if let Some(annex) = &m.annex
-        && !ns.may_use_annex(annex)
-    {
-        return Err(Failure::Permanent(format!("{} may not use annex {annex:?}", m.owner)));
-    }
-    Ok(m.outputs.replace && ns.may_replace(&m.outputs.dir))
-}
-
-/// Builds the job for `function` on the file `event.path`: a read macaroon for exactly that
-/// file and a write macaroon for exactly the function's output directory, from the storage.
-/// The job asks the scheduler to bind both to its EP's address when the gateway is configured
-/// to (`Shared::bind_macaroons_to_ep`, only ever true for the dCache dialect).
-pub async fn prepare(
-    shared: &Shared,
-    function: &FunctionRecord,
-    event: EventRef,
-    dedupe_key: String,
-) -> Result<SubmitRequest, Failure> {
-    let m = &function.manifest;
-    let replace = confine(&shared.namespaces.of(&m.owner, None), function, &event.path)?;
-    let storage_err = |e: crate::storage_client::StorageError| {
-        if e.is_transient() { Failure::Transient(e.to_string()) } else { Failure::Permanent(e.to_string()) }
-    };
-    // Both requests at once: they are independent, and each is a round trip to the storage.
-    let (read, write) =
-        tokio::join!(shared.storage.read_macaroon(&event.path), shared.storage.write_macaroon(&m.outputs.dir, replace));
-    let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
-    let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
-    Ok(SubmitRequest {
-        function: FunctionRef {
-            name: m.name.clone(),
-            version: function.version,
-            digest: m.module.clone(),
-            module_url: format!("{}/v1/modules/{}", shared.public_url, m.module),
-        },
-        resources: m.resources,
-        input: InputSpec { url: shared.storage.url_of(&event.path), name, macaroon: read },
-        output: OutputSpec { url: shared.storage.url_of(&m.outputs.dir), macaroon: write },
-        args: m.args.clone(),
-        env: m.env.clone(),
-        event,
-        dedupe_key,
-        annex: m.annex.clone(),
-        bind_ep_address: shared.bind_macaroons_to_ep,
-        class: m.class.clone(),
-        limits: m.limits,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,7 +490,7 @@ mod tests {
 
     /// A gateway state in `dir` with two functions on `/data/**`.
     async fn shared(dir: &std::path::Path) -> Arc<Shared> {
-        let config: crate::Config = serde_json::from_value(serde_json::json!({
+        let config: crate::config::Config = serde_json::from_value(serde_json::json!({
             "listen": "127.0.0.1:0", "nats_url": "nats://127.0.0.1:1",
             "registry_dir": dir.join("registry"), "storage_url": "http://127.0.0.1:1",
             "storage_user": "gateway", "scheduler_url": "http://127.0.0.1:1",

@@ -400,7 +400,7 @@ mod tests {
                 held.push(conn);
             }
         });
-        let http = crate::storage_http_client(None, None, None).expect("client");
+        let http = crate::clients::storage_http_client(None, None, None).expect("client");
         let auth = StorageAuth::Basic { user: "gateway".into(), secret: "s".into() };
         let timeout = std::time::Duration::from_millis(300);
         let client = StorageClient::new(http, StorageKind::Dcache, &base, auth, "PT2H", "PT4H").with_timeout(timeout);

@@ -195,7 +195,7 @@ mod tests {
         ] {
             let (url, server) = answering(status).await;
             let (key, _) = SigningKey::generate("k").expect("keygen");
-            let s = Submitter::new(crate::http_client().expect("client"), &url, key, "gw", 60).expect("new");
+            let s = Submitter::new(crate::clients::http_client().expect("client"), &url, key, "gw", 60).expect("new");
             let got = match s.preflight("token").await {
                 Err(SubmitError::Busy(r)) => ("busy", r),
                 Err(SubmitError::Unavailable(r)) => ("unavailable", r),
@@ -212,8 +212,8 @@ mod tests {
     #[test]
     fn minted_claims_allow_exactly_the_job() {
         let (key, _) = SigningKey::generate("k").expect("keygen");
-        let s =
-            Submitter::new(crate::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60).expect("new");
+        let s = Submitter::new(crate::clients::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60)
+            .expect("new");
         let req = |runtime_s| SubmitRequest {
             function: htfaas_functions::proto::FunctionRef {
                 name: "f".into(),

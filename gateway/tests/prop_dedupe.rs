@@ -24,7 +24,7 @@ use htfaas_functions::manifest::{FunctionManifest, Outputs, Resources, Trigger};
 use htfaas_functions::{Digest, FunctionRecord};
 use htfaas_gateway::event::{Decision, SourcePolicy, decide};
 use htfaas_gateway::firing::{Firings, event_key};
-use htfaas_gateway::ingest::scheduler_dedupe_key;
+use htfaas_gateway::jobs::scheduler_dedupe_key;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

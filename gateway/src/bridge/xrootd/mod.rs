@@ -1,4 +1,3 @@
-// Long because it holds the XRootD notify bridge: reader, parser and publisher of one channel; kept whole until issue 19 splits it along its layers.
 //! `htfaas bridge xrootd-notify`: XRootD `ofs.notify` lines to CloudEvents on NATS JetStream.
 //!
 //! XRootD writes one line per namespace event to a program's stdin or to a FIFO:
@@ -72,6 +71,10 @@
 //! On `shutdown` the bridge stops reading, spends at most [`DRAIN_DEADLINE`] publishing what it
 //! holds, logs its counts ([`Stats`]) and returns them; events still unpublished then are counted
 //! as `lost`.
+//!
+//! Here: the settings and the read and publish loops; the notify line format is `parse`, the
+//! bounded line reader and the inputs (stdin, FIFO) `reader`, the counts `stats`. Must not
+//! know: the gateway (it only publishes on NATS).
 
 use super::rfc3339;
 use anyhow::Context as _;
@@ -87,6 +90,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+mod parse;
+mod reader;
+mod stats;
+
+pub use parse::*;
+pub use reader::*;
+pub use stats::*;
 
 /// The longest line the bridge accepts, newline excluded; a longer line is skipped whole.
 pub const MAX_LINE_BYTES: usize = 16 * 1024;
@@ -170,354 +181,11 @@ pub fn subject() -> String {
     format!("{CLOUDEVENTS_SUBJECT_PREFIX}.{}", SourceKind::XrootdNotify.as_str())
 }
 
-/// Why a line was skipped.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LineError {
-    /// Longer than [`MAX_LINE_BYTES`].
-    #[error("line longer than {MAX_LINE_BYTES} bytes")]
-    TooLong,
-    /// Not UTF-8.
-    #[error("line is not UTF-8")]
-    NotUtf8,
-    /// Fewer fields than the event needs (or none at all).
-    #[error("too few fields for {0:?}")]
-    TooFewFields(String),
-    /// An event name `ofs.notify` does not write.
-    #[error("unknown event {0:?}")]
-    UnknownEvent(String),
-    /// A mode that is not 1 to 6 octal digits.
-    #[error("bad mode {0:?}")]
-    BadMode(String),
-    /// Not an absolute, clean path below `/`.
-    #[error("path {0:?} is not a clean absolute path")]
-    BadPath(String),
-    /// A field after the path that is not a size (a path with white space, or a custom format).
-    #[error("unexpected field {0:?} after the path (a path with white space?)")]
-    Unexpected(String),
-}
-
-/// Parses one notify line (without its newline) into the events it reports, with the LFNs as
-/// paths: none for a line the bridge ignores (`trunc`, a blank line), two for `mv`.
-pub fn parse_line(line: &str) -> Result<Vec<BridgedEvent>, LineError> {
-    let line = line.strip_suffix('\r').unwrap_or(line);
-    if line.len() > MAX_LINE_BYTES {
-        return Err(LineError::TooLong);
-    }
-    let mut fields = line.split_ascii_whitespace();
-    let Some(tid) = fields.next() else { return Ok(Vec::new()) };
-    let Some(event) = fields.next() else { return Err(LineError::TooFewFields(excerpt(tid))) };
-    let owner = owner_of_tid(tid);
-    let rest: Vec<&str> = fields.collect();
-    let too_few = || LineError::TooFewFields(event.to_owned());
-    let one = |kind: EventKind, with_mode: bool| -> Result<Vec<BridgedEvent>, LineError> {
-        let (path, after) = if with_mode {
-            let [mode, path, after @ ..] = rest.as_slice() else { return Err(too_few()) };
-            check_mode(mode)?;
-            (*path, after)
-        } else {
-            let [path, after @ ..] = rest.as_slice() else { return Err(too_few()) };
-            (*path, after)
-        };
-        let size = match after {
-            [] => None,
-            [size] => Some(size.parse::<u64>().map_err(|_| LineError::Unexpected(excerpt(size)))?),
-            [_, extra, ..] => return Err(LineError::Unexpected(excerpt(extra))),
-        };
-        Ok(vec![BridgedEvent { kind, msg_type: event.to_owned(), path: clean_path(path)?, size, owner: owner.clone() }])
-    };
-    match event {
-        "closew" => one(EventKind::Write, false),
-        "create" => one(EventKind::Create, true),
-        "rm" => one(EventKind::Remove, false),
-        "closer" => one(EventKind::Read, false),
-        "mkdir" | "chmod" => one(EventKind::Other, true),
-        "rmdir" | "openr" | "openw" | "fwrite" => one(EventKind::Other, false),
-        "trunc" => Ok(Vec::new()),
-        "mv" => {
-            let [from, to, after @ ..] = rest.as_slice() else { return Err(too_few()) };
-            if let Some(extra) = after.first() {
-                return Err(LineError::Unexpected(excerpt(extra)));
-            }
-            let event = |kind, path: &str| -> Result<BridgedEvent, LineError> {
-                Ok(BridgedEvent {
-                    kind,
-                    msg_type: "mv".to_owned(),
-                    path: clean_path(path)?,
-                    size: None,
-                    owner: owner.clone(),
-                })
-            };
-            Ok(vec![event(EventKind::Remove, from)?, event(EventKind::Write, to)?])
-        }
-        other => Err(LineError::UnknownEvent(excerpt(other))),
-    }
-}
-
-/// The user part of an XRootD trace id `user.pid:fd@host`, unless it is `unknown` (XrdHttp's
-/// name for a client without one) or the id has another shape.
-pub fn owner_of_tid(tid: &str) -> Option<String> {
-    let (user_pid_fd, _host) = tid.split_once('@')?;
-    let (user_pid, fd) = user_pid_fd.rsplit_once(':')?;
-    let (user, pid) = user_pid.rsplit_once('.')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let ok = digits(pid)
-        && digits(fd)
-        && !user.is_empty()
-        && user.len() <= 64
-        && user != "unknown"
-        && !user.chars().any(char::is_control);
-    ok.then(|| user.to_owned())
-}
-
-fn check_mode(mode: &str) -> Result<(), LineError> {
-    if (1..=6).contains(&mode.len()) && mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-        Ok(())
-    } else {
-        Err(LineError::BadMode(excerpt(mode)))
-    }
-}
-
-/// An LFN as an event path: clean, absolute, below `/`, without a trailing `/`.
-fn clean_path(path: &str) -> Result<String, LineError> {
-    if path == "/" || !is_clean_abs_path(path) || path.chars().any(char::is_control) {
-        return Err(LineError::BadPath(excerpt(path)));
-    }
-    Ok(path.strip_suffix('/').unwrap_or(path).to_owned())
-}
-
-/// At most 120 characters of `s`, for errors and logs.
-fn excerpt(s: &str) -> String {
-    match s.char_indices().nth(120) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
-    }
-}
-
-/// `prefix` made ready to put in front of a path: empty, or clean and absolute without a
-/// trailing `/`.
-pub fn normalize_prefix(prefix: &str) -> anyhow::Result<String> {
-    if prefix.is_empty() {
-        return Ok(String::new());
-    }
-    anyhow::ensure!(
-        is_clean_abs_path(prefix) && !prefix.chars().any(char::is_control),
-        "path prefix {prefix:?} must be an absolute path without . or .. segments"
-    );
-    Ok(prefix.trim_end_matches('/').to_owned())
-}
-
-/// The CloudEvent for one event, as the bridge publishes it.
-pub fn cloud_event(event: &BridgedEvent, id: String, source_host: &str, time: String) -> CloudEvent {
-    CloudEvent {
-        specversion: "1.0".to_owned(),
-        id,
-        source: format!("xrootd://{source_host}"),
-        ty: format!("{CE_TYPE_PREFIX}{}.{}", SourceKind::XrootdNotify.as_str(), event.msg_type),
-        subject: Some(event.path.clone()),
-        time: Some(time),
-        datacontenttype: Some("application/json".to_owned()),
-        data: serde_json::to_value(event).ok(),
-        extensions: Default::default(),
-    }
-}
-
-/// What the bridge counted. Logged every [`Settings::stats_interval`] and at the end.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Lines read (every line, whatever became of it).
-    pub lines: AtomicU64,
-    /// Lines skipped as malformed or too long.
-    pub skipped: AtomicU64,
-    /// Lines that report nothing the bridge publishes (`trunc`, blank lines).
-    pub ignored: AtomicU64,
-    /// Events handed to the publisher.
-    pub queued: AtomicU64,
-    /// Events JetStream acknowledged.
-    pub published: AtomicU64,
-    /// Of those, acknowledged as duplicates (a retry of a publish that had arrived).
-    pub duplicates: AtomicU64,
-    /// Failed publish attempts (each retried).
-    pub publish_failures: AtomicU64,
-}
-
-/// The counts at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatsSnapshot {
-    /// See [`Stats::lines`].
-    pub lines: u64,
-    /// See [`Stats::skipped`].
-    pub skipped: u64,
-    /// See [`Stats::ignored`].
-    pub ignored: u64,
-    /// See [`Stats::queued`].
-    pub queued: u64,
-    /// See [`Stats::published`].
-    pub published: u64,
-    /// See [`Stats::duplicates`].
-    pub duplicates: u64,
-    /// See [`Stats::publish_failures`].
-    pub publish_failures: u64,
-}
-
-impl StatsSnapshot {
-    /// Events queued but not (yet) published: at the end of a run, the ones lost.
-    pub fn unpublished(&self) -> u64 {
-        self.queued.saturating_sub(self.published)
-    }
-}
-
-impl Stats {
-    /// The current counts.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        StatsSnapshot {
-            lines: get(&self.lines),
-            skipped: get(&self.skipped),
-            ignored: get(&self.ignored),
-            queued: get(&self.queued),
-            published: get(&self.published),
-            duplicates: get(&self.duplicates),
-            publish_failures: get(&self.publish_failures),
-        }
-    }
-}
-
-fn bump(c: &AtomicU64) -> u64 {
-    c.fetch_add(1, Ordering::Relaxed) + 1
-}
-
-fn log_stats(what: &str, s: &StatsSnapshot) {
-    tracing::info!(
-        lines = s.lines,
-        published = s.published,
-        skipped = s.skipped,
-        ignored = s.ignored,
-        pending = s.unpublished(),
-        duplicates = s.duplicates,
-        publish_failures = s.publish_failures,
-        "xrootd-notify bridge: {what}"
-    );
-}
-
 /// One event ready to publish: its id is fixed, so every attempt is the same message.
 #[derive(Debug)]
 struct Pending {
     id: String,
     payload: Bytes,
-}
-
-/// Reads lines of at most [`MAX_LINE_BYTES`] from a byte stream; a longer line is consumed
-/// and reported as [`LineError::TooLong`] without being kept.
-pub struct LineReader<R> {
-    inner: R,
-    buf: Vec<u8>,
-    /// Inside a line that is already too long: drop bytes up to its newline.
-    discarding: bool,
-    eof: bool,
-}
-
-impl<R: AsyncRead + Unpin> LineReader<R> {
-    /// A reader over `inner`.
-    pub fn new(inner: R) -> LineReader<R> {
-        LineReader { inner, buf: Vec::with_capacity(8192), discarding: false, eof: false }
-    }
-
-    /// The next line without its newline, `Err(TooLong)` for an overlong one, `None` at the
-    /// end of the input (a last line without a newline is returned first). Cancel-safe: bytes
-    /// already read stay buffered.
-    pub async fn next_line(&mut self) -> std::io::Result<Option<Result<Vec<u8>, LineError>>> {
-        let mut chunk = [0u8; 8192];
-        loop {
-            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
-                let mut line: Vec<u8> = self.buf.drain(..=nl).collect();
-                line.pop();
-                if std::mem::take(&mut self.discarding) || line.len() > MAX_LINE_BYTES {
-                    return Ok(Some(Err(LineError::TooLong)));
-                }
-                return Ok(Some(Ok(line)));
-            }
-            if self.discarding {
-                self.buf.clear();
-            } else if self.buf.len() > MAX_LINE_BYTES {
-                self.buf.clear();
-                self.discarding = true;
-            }
-            if self.eof {
-                if std::mem::take(&mut self.discarding) {
-                    return Ok(Some(Err(LineError::TooLong)));
-                }
-                if self.buf.is_empty() {
-                    return Ok(None);
-                }
-                return Ok(Some(Ok(std::mem::take(&mut self.buf))));
-            }
-            let n = self.inner.read(&mut chunk).await?;
-            if n == 0 {
-                self.eof = true;
-            } else {
-                self.buf.extend_from_slice(&chunk[..n]);
-            }
-        }
-    }
-}
-
-type BoxedInput = Box<dyn AsyncRead + Unpin + Send>;
-
-/// Standard input as an async reader: a pipe (the program mode) is read without a blocking
-/// thread, so that shutdown never waits for a line; anything else through tokio's stdin.
-fn open_stdin() -> BoxedInput {
-    use std::os::fd::AsFd as _;
-    let pipe = std::io::stdin()
-        .as_fd()
-        .try_clone_to_owned()
-        .ok()
-        .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
-    match pipe {
-        Some(p) => Box::new(p),
-        None => Box::new(tokio::io::stdin()),
-    }
-}
-
-/// Identity of the file at a path (device, inode).
-fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt as _;
-    (m.dev(), m.ino())
-}
-
-/// Waits until `path` is a FIFO, then opens it read-write (so it never reports end-of-file)
-/// and non-blocking. `None` on shutdown.
-async fn open_fifo(path: &Path, shutdown: &CancellationToken) -> anyhow::Result<Option<(BoxedInput, (u64, u64))>> {
-    use std::os::unix::fs::FileTypeExt as _;
-    let mut told = false;
-    loop {
-        match std::fs::metadata(path) {
-            Ok(m) if m.file_type().is_fifo() => {
-                // O_RDWR on a FIFO does not block (Linux), and keeps a writer open ourselves.
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(path)
-                    .with_context(|| format!("open the FIFO {}", path.display()))?;
-                let id = file_id(&file.metadata().with_context(|| format!("stat {}", path.display()))?);
-                let rx = tokio::net::unix::pipe::Receiver::from_file(file)
-                    .with_context(|| format!("read the FIFO {}", path.display()))?;
-                tracing::info!(fifo = %path.display(), "reading ofs.notify lines from the FIFO");
-                return Ok(Some((Box::new(rx), id)));
-            }
-            Ok(_) => anyhow::bail!("{} is not a FIFO (ofs.notify … >PATH makes one)", path.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if !told {
-                    tracing::info!(fifo = %path.display(), "waiting for xrootd to create the FIFO");
-                    told = true;
-                }
-            }
-            Err(e) => return Err(e).with_context(|| format!("stat {}", path.display())),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            _ = tokio::time::sleep(FIFO_CHECK) => {}
-        }
-    }
 }
 
 /// Runs the bridge until `shutdown`, or (reading stdin) the end of its input and the

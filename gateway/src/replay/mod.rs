@@ -1,4 +1,3 @@
-// Long because it holds dry runs, replays and fn test over one recorded-events reader; kept whole until issue 19 splits it along its layers.
 //! Replay and dry-run over recorded events: `htfaas events replay`, `htfaas fn test` and
 //! `htfaas fn register --dry-run`.
 //!
@@ -28,9 +27,14 @@
 //! The requests and answers ([`ReplayRequest`], [`RegisterQuery`], [`TestRequest`], [`Report`],
 //! [`TestReport`], [`TimeArg`]) are wire types and live in [`htfaas_functions::proto`]; what
 //! they mean is decided here: [`plan`], [`register_window`], [`to_unix_ms`].
+//!
+//! Here: the requests' windows and times, and the replay's run over the events; the reader of
+//! the recorded events is `reader`, a function's test on one message `test`. Must not know:
+//! HTTP (the API's routes call it), the JetStream consumer of the ingest loop, the firing
+//! table's SQL (a replay fires through [`crate::ingest::fire_all`]).
 
-use crate::Shared;
 use crate::event::{self, Decision, EventError, SourcePolicy};
+use crate::state::Shared;
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::PullConsumer};
 use futures_util::StreamExt as _;
 use htfaas_functions::event::StorageEvent;
@@ -41,6 +45,13 @@ use htfaas_functions::proto::{
 use htfaas_functions::trigger::{Rule, RuleError, Truth};
 use htfaas_functions::{FunctionRecord, Trigger};
 use std::time::{Duration, Instant};
+
+mod reader;
+mod test;
+
+use reader::unavailable;
+pub use reader::{Events, Reader, Recorded};
+pub use test::{test_event, test_request, truth_str};
 
 /// Most messages one request reads.
 pub const MAX_EVENTS: u64 = 100_000;
@@ -175,169 +186,6 @@ impl Window {
             return Err(ReplayError::BadRequest(format!("limit must be 1..={MAX_EVENTS}")));
         }
         Ok(Window { since_ms, until_ms, limit })
-    }
-}
-
-/// One recorded message, parsed.
-#[derive(Debug)]
-pub struct Recorded {
-    /// Its stream sequence.
-    pub seq: u64,
-    /// When the stream stored it, Unix ms.
-    pub recorded_ms: u64,
-    /// What [`event::decide`] made of it.
-    pub decision: Result<Decision, EventError>,
-}
-
-/// Reads a [`Window`] of the events stream in order, through an ephemeral consumer that acks
-/// nothing. Call [`Reader::close`] when done (else the server drops the consumer after a
-/// minute of inactivity).
-pub struct Reader {
-    /// The stream and the consumer; none when there is nothing to read.
-    source: Option<(jetstream::stream::Stream, PullConsumer)>,
-    /// Last stream sequence when the request began: the reader ends there.
-    end_seq: u64,
-    until_ms: Option<u64>,
-    limit: u64,
-    /// Messages read so far.
-    read: u64,
-    /// The last message read: (sequence, recording time).
-    last: Option<(u64, u64)>,
-    /// Why it stopped before the end of its window, if it did.
-    cut: Option<String>,
-    done: bool,
-    policy: std::sync::Arc<SourcePolicy>,
-    /// Which paths each subject may speak for: a recorded event outside them replays as it
-    /// was ingested, refused.
-    bindings: std::sync::Arc<crate::event::binding::Bindings>,
-}
-
-fn unavailable(what: &str) -> impl FnOnce(String) -> ReplayError + '_ {
-    move |e| ReplayError::Unavailable(format!("{what}: {e}"))
-}
-
-impl Reader {
-    /// Opens `window` on the events stream of `js`, parsing with `policy` and refusing what
-    /// `bindings` refuses (read as malformed). A missing or empty
-    /// stream reads as no message.
-    pub async fn open(
-        js: &jetstream::Context,
-        window: &Window,
-        policy: std::sync::Arc<SourcePolicy>,
-        bindings: std::sync::Arc<crate::event::binding::Bindings>,
-    ) -> Result<Reader, ReplayError> {
-        let mut reader = Reader {
-            source: None,
-            end_seq: 0,
-            until_ms: window.until_ms,
-            limit: window.limit,
-            read: 0,
-            last: None,
-            cut: None,
-            done: true,
-            policy,
-            bindings,
-        };
-        let mut stream = match js.get_stream(EVENTS_STREAM).await {
-            Ok(stream) => stream,
-            Err(e)
-                if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref j)
-                    if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
-            {
-                return Ok(reader);
-            }
-            Err(e) => return Err(unavailable("look up the events stream")(e.to_string())),
-        };
-        let end_seq =
-            stream.info().await.map_err(|e| unavailable("read the events stream")(e.to_string()))?.state.last_sequence;
-        if end_seq == 0 {
-            return Ok(reader);
-        }
-        let start_time = async_nats::datetime::from_nanos(i128::from(window.since_ms) * 1_000_000)
-            .map_err(|e| ReplayError::BadRequest(format!("since: {e}")))?;
-        let config = jetstream::consumer::pull::Config {
-            deliver_policy: DeliverPolicy::ByStartTime { start_time },
-            ack_policy: AckPolicy::None,
-            filter_subjects: EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
-            inactive_threshold: Duration::from_secs(60),
-            memory_storage: true,
-            description: Some("htfaas replay (ephemeral)".into()),
-            ..Default::default()
-        };
-        let consumer: PullConsumer =
-            stream.create_consumer(config).await.map_err(|e| unavailable("create a replay consumer")(e.to_string()))?;
-        reader.done = consumer.cached_info().num_pending == 0;
-        reader.source = Some((stream, consumer));
-        reader.end_seq = end_seq;
-        Ok(reader)
-    }
-
-    /// The next messages in stream order, or `None` at the end of the window (or of the
-    /// limit).
-    pub async fn next_batch(&mut self) -> Result<Option<Vec<Recorded>>, ReplayError> {
-        let Some((_, consumer)) = &self.source else { return Ok(None) };
-        if self.done {
-            return Ok(None);
-        }
-        let want = BATCH.min(self.limit - self.read);
-        if want == 0 {
-            self.done = true;
-            if self.last.is_some_and(|(seq, _)| seq < self.end_seq) {
-                self.cut = Some(format!("the limit of {} messages", self.limit));
-            }
-            return Ok(None);
-        }
-        let mut messages = consumer
-            .fetch()
-            .max_messages(want as usize)
-            .expires(Duration::from_secs(2))
-            .messages()
-            .await
-            .map_err(|e| unavailable("fetch recorded events")(e.to_string()))?;
-        let mut batch = Vec::new();
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|e| unavailable("fetch recorded events")(e.to_string()))?;
-            let Ok(info) = message.info() else {
-                tracing::warn!("recorded message without JetStream info, skipped");
-                continue;
-            };
-            let seq = info.stream_sequence;
-            let recorded_ms = u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
-            if seq > self.end_seq || self.until_ms.is_some_and(|u| recorded_ms > u) {
-                self.done = true;
-                break;
-            }
-            let decision = event::decide_bound(
-                &message.subject,
-                message.headers.as_ref(),
-                &message.payload,
-                &format!("nats-seq-{seq}"),
-                &self.policy,
-                &self.bindings,
-            );
-            self.read += 1;
-            self.last = Some((seq, recorded_ms));
-            batch.push(Recorded { seq, recorded_ms, decision });
-            if seq >= self.end_seq {
-                self.done = true;
-                break;
-            }
-        }
-        if batch.is_empty() {
-            self.done = true;
-            return Ok(None);
-        }
-        Ok(Some(batch))
-    }
-
-    /// Deletes the consumer (best effort).
-    pub async fn close(self) {
-        if let Some((stream, consumer)) = self.source {
-            let name = consumer.cached_info().name.clone();
-            if let Err(e) = stream.delete_consumer(&name).await {
-                tracing::debug!(consumer = %name, "replay consumer not deleted (it expires): {e}");
-            }
-        }
     }
 }
 
@@ -502,26 +350,6 @@ fn pair(seq: u64, recorded: &str, event: &StorageEvent, target: &Target, fired: 
     }
 }
 
-/// Where recorded events are read from: the gateway's JetStream context. Handed to the API as
-/// an `axum::Extension`; the API answers 503 on the routes that read recorded events without it.
-#[derive(Clone)]
-pub struct Events(pub jetstream::Context);
-
-impl Events {
-    /// Connects to NATS at `nats_url` as `credential`.
-    pub async fn connect(
-        nats_url: &str,
-        credential: Option<&htfaas_functions::nats::NatsCredential>,
-    ) -> anyhow::Result<Events> {
-        use anyhow::Context as _;
-        let client = htfaas_functions::nats::connect_options("htfaas-gateway-replay", credential)
-            .connect(nats_url)
-            .await
-            .with_context(|| format!("connect to NATS at {nats_url} (replay)"))?;
-        Ok(Events(jetstream::new(client)))
-    }
-}
-
 /// The window and the mode `request` asks for, checked; relative times count back from
 /// `now_ms`.
 pub fn plan(request: &ReplayRequest, now_ms: u64) -> Result<(Window, Mode), ReplayError> {
@@ -553,141 +381,6 @@ pub fn register_window(query: &RegisterQuery, now_ms: u64) -> Result<Window, Rep
 pub fn candidate(manifest: htfaas_functions::FunctionManifest) -> Result<Target, ReplayError> {
     let record = FunctionRecord { schema: 1, version: 0, registered_at: now_ms() / 1000, manifest };
     Target::new(record).map_err(|e| ReplayError::BadRequest(format!("invalid manifest: trigger: {e}")))
-}
-
-/// Most headers a test request may give.
-const MAX_TEST_HEADERS: usize = 64;
-
-/// Tests `record`'s trigger on the message `request` gives or names (`events` reads a recorded
-/// one), parsed with `policy` and held to `bindings` (the paths its subject may speak for) as
-/// the ingest does.
-pub async fn test_request(
-    events: Option<&Events>,
-    record: &FunctionRecord,
-    request: &TestRequest,
-    policy: &SourcePolicy,
-    bindings: &crate::event::binding::Bindings,
-) -> Result<TestReport, ReplayError> {
-    match (&request.event, request.seq) {
-        (Some(event), None) => {
-            if request.headers.len() > MAX_TEST_HEADERS {
-                return Err(ReplayError::BadRequest(format!("at most {MAX_TEST_HEADERS} headers")));
-            }
-            let mut headers = async_nats::HeaderMap::new();
-            for (name, value) in &request.headers {
-                let n: async_nats::header::HeaderName =
-                    name.parse().map_err(|e| ReplayError::BadRequest(format!("header name {name:?}: {e}")))?;
-                let v: async_nats::HeaderValue =
-                    value.parse().map_err(|e| ReplayError::BadRequest(format!("header {name} value: {e}")))?;
-                headers.insert(n, v);
-            }
-            let payload = serde_json::to_vec(event).map_err(|e| ReplayError::BadRequest(format!("event: {e}")))?;
-            let subject = request.subject.as_deref().unwrap_or(htfaas_functions::proto::EVENTS_SUBJECT);
-            let headers = (!request.headers.is_empty()).then_some(&headers);
-            Ok(test_event(record, subject, headers, &payload, "test", policy, bindings))
-        }
-        (None, Some(seq)) => {
-            if request.subject.is_some() || !request.headers.is_empty() {
-                return Err(ReplayError::BadRequest("a recorded message (seq) has its own subject and headers".into()));
-            }
-            let Some(Events(js)) = events else {
-                return Err(ReplayError::Unavailable("the gateway reads no recorded events".into()));
-            };
-            let stream =
-                js.get_stream(EVENTS_STREAM).await.map_err(|e| unavailable("the events stream")(e.to_string()))?;
-            let message = stream.get_raw_message(seq).await.map_err(|e| {
-                if matches!(e.kind(), jetstream::stream::RawMessageErrorKind::NoMessageFound) {
-                    ReplayError::NotFound(format!("no recorded message with sequence {seq}"))
-                } else {
-                    unavailable("read a recorded message")(e.to_string())
-                }
-            })?;
-            let headers = (!message.headers.is_empty()).then_some(&message.headers);
-            let id = format!("nats-seq-{seq}");
-            Ok(test_event(record, &message.subject, headers, &message.payload, &id, policy, bindings))
-        }
-        _ => Err(ReplayError::BadRequest("give either event (with subject, headers) or seq".into())),
-    }
-}
-
-/// `true`, `false` or `undefined`.
-pub fn truth_str(t: Truth) -> &'static str {
-    match t {
-        Truth::True => "true",
-        Truth::False => "false",
-        Truth::Undefined => "undefined",
-    }
-}
-
-/// Parses one message as the ingest would (`subject`, `headers`, `payload`, `message_id`) and
-/// evaluates `record`'s trigger on it.
-pub fn test_event(
-    record: &FunctionRecord,
-    subject: &str,
-    headers: Option<&async_nats::HeaderMap>,
-    payload: &[u8],
-    message_id: &str,
-    policy: &SourcePolicy,
-    bindings: &crate::event::binding::Bindings,
-) -> TestReport {
-    let trigger: &Trigger = &record.manifest.trigger;
-    let mut report = TestReport {
-        function: record.manifest.name.clone(),
-        version: record.version,
-        trigger: trigger.to_string(),
-        outcome: String::new(),
-        reason: None,
-        event: None,
-        verdict: None,
-        parts: Vec::new(),
-        own_output: false,
-        fires: false,
-    };
-    let event = match event::decide_bound(subject, headers, payload, message_id, policy, bindings) {
-        Ok(Decision::Fire(e)) => e,
-        Ok(Decision::Ignore(why)) => {
-            report.outcome = "ignored".into();
-            report.reason = Some(why.to_owned());
-            return report;
-        }
-        Ok(Decision::NotEnabled(ty)) => {
-            report.outcome = "not-enabled".into();
-            report.reason = Some(format!("type {ty} is not enabled by the site"));
-            return report;
-        }
-        Err(e @ event::EventError::OutOfBounds { .. }) => {
-            report.outcome = "out-of-bounds".into();
-            report.reason = Some(e.to_string());
-            return report;
-        }
-        Err(e) => {
-            report.outcome = "malformed".into();
-            report.reason = Some(e.to_string());
-            return report;
-        }
-    };
-    report.outcome = "event".into();
-    let whole = trigger.compile().map(|r| r.evaluate(&event));
-    report.verdict = Some(match &whole {
-        Ok(t) => truth_str(*t).to_owned(),
-        Err(e) => format!("the trigger does not compile: {e}"),
-    });
-    if !trigger.path.is_empty()
-        && let Ok(rule) = Rule::path_glob(&trigger.path)
-    {
-        let verdict = truth_str(rule.evaluate(&event)).to_owned();
-        report.parts.push(PartVerdict { part: "path".into(), text: trigger.path.clone(), verdict });
-    }
-    if let Some(text) = &trigger.rule
-        && let Ok(rule) = Rule::parse(text)
-    {
-        let verdict = truth_str(rule.evaluate(&event)).to_owned();
-        report.parts.push(PartVerdict { part: "rule".into(), text: text.clone(), verdict });
-    }
-    report.own_output = event.path.starts_with(&record.manifest.outputs.dir);
-    report.fires = whole == Ok(Truth::True) && !report.own_output;
-    report.event = Some(*event);
-    report
 }
 
 #[cfg(test)]

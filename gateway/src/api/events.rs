@@ -1,0 +1,81 @@
+//! The routes that read recorded events: a function's test on one message, a replay
+//! ([`crate::replay`]).
+//!
+//! Must not know: the JetStream consumer's loop, the firing table's SQL.
+
+use super::*;
+
+/// The recorded events, or 503 when the router was built without them.
+pub(super) fn recorded(events: Option<Extension<replay::Events>>) -> Result<replay::Events, HttpError> {
+    events.map(|Extension(e)| e).ok_or_else(|| {
+        HttpError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this gateway API was started without access to recorded events".into(),
+        )
+    })
+}
+
+/// `POST /v1/functions/{name}/test`: how one message parses, and what the function's trigger
+/// says about it.
+pub(super) async fn test_function(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    events: Option<Extension<replay::Events>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, HttpError> {
+    let caller = shared.require_caller(&headers)?;
+    let request: TestRequest =
+        serde_json::from_slice(&body).map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid test: {e}")))?;
+    let s = shared.clone();
+    let record = blocking(move || s.registry.latest(&name)).await?;
+    if !caller.owns(&record.manifest.owner) {
+        return Err(HttpError(
+            StatusCode::FORBIDDEN,
+            format!("function {} belongs to another owner", record.manifest.name),
+        ));
+    }
+    let events = events.map(|Extension(e)| e);
+    let report =
+        replay::test_request(events.as_ref(), &record, &request, &shared.sources(), &shared.source_paths).await?;
+    // A recorded message is another's unless it is an event inside the caller's read namespace:
+    // a developer learns nothing of it, not even that it exists.
+    if let Some(seq) = request.seq
+        && !caller.is_admin()
+        && !report.event.as_ref().is_some_and(|e| shared.namespaces.of(&caller.name, None).may_read(&e.path))
+    {
+        return Err(HttpError(
+            StatusCode::NOT_FOUND,
+            format!("no recorded event with sequence {seq} in the read namespace of {}", caller.name),
+        ));
+    }
+    Ok(Json(report))
+}
+
+/// `POST /v1/events/replay`: a dry run lists the (event, function) pairs of the recorded events
+/// that fire; a replay fires them again, under a replay id.
+pub(super) async fn replay_events(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    events: Option<Extension<replay::Events>>,
+    body: Bytes,
+) -> Result<impl IntoResponse, HttpError> {
+    shared.require_admin(&headers)?;
+    let request: ReplayRequest = serde_json::from_slice(&body)
+        .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid replay request: {e}")))?;
+    let (window, mode) = replay::plan(&request, replay::now_ms())?;
+    let events = recorded(events)?;
+    let s = shared.clone();
+    let function = request.function.clone();
+    let records = blocking(move || match function {
+        Some(name) => Ok(vec![s.registry.latest(&name)?]),
+        None => s.registry.list(),
+    })
+    .await?;
+    if let replay::Mode::Replay(id) = &mode {
+        tracing::info!(replay = %id, function = ?request.function, since = window.since_ms, "replay requested");
+    }
+    let report = replay::run(&shared, &events.0, &window, &replay::Target::all(records), &mode).await?;
+    super::audit::record_replay(&shared, &headers, &mode, &report).await;
+    Ok(Json(report))
+}

@@ -1,0 +1,179 @@
+//! `GET /v1/stats` (JSON) and `GET /metrics` (OpenMetrics, [`crate::metrics`]), and the
+//! middleware that counts refused bearer tokens ([`count_refusals`]).
+//!
+//! Must not know: the JetStream consumer, the firing table's SQL.
+
+use super::*;
+use crate::metrics::{REASONS, TOKENS, reason_of};
+use crate::stats::Stats;
+use axum::extract::Request;
+use axum::http::header;
+use axum::middleware::Next;
+use htfaas_functions::metrics::CONTENT_TYPE;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(super) async fn stats(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, HttpError> {
+    shared.require_admin(&headers)?;
+    Ok(Json(shared.stats.snapshot()))
+}
+
+/// Middleware of the whole router: counts each 401 answer as a refused bearer token, checking
+/// the token again to name the failed check. A run (`POST /v1/functions/{name}/runs`) bears a
+/// submit token (one that verifies was refused by the scheduler, which counts it); every other
+/// route bears the admin token or an API token (one that verifies was revoked). Costs a header
+/// clone per request, and a verification only when the answer is 401.
+pub async fn count_refusals(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let runs = request.uri().path().ends_with("/runs");
+    let authorization = request.headers().get(header::AUTHORIZATION).cloned();
+    let response = next.run(request).await;
+    if response.status() != StatusCode::UNAUTHORIZED {
+        return response;
+    }
+    let bearer = authorization.as_ref().and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let metrics = &shared.metrics;
+    match (runs, bearer.map(str::trim)) {
+        (false, None) => metrics.refused(0, "missing"),
+        (false, Some(token)) => match shared.api_verifier.verify::<ApiClaims>(token) {
+            Err(e) => metrics.refused(0, reason_of(&e)),
+            Ok(_) => metrics.refused(0, "revoked"),
+        },
+        (true, None) => metrics.refused(1, "missing"),
+        (true, Some(token)) => {
+            if let Err(e) = shared.submitter.verify(token) {
+                metrics.refused(1, reason_of(&e));
+            }
+        }
+    }
+    response
+}
+
+/// `GET /metrics`: the admin scope only.
+pub async fn serve(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, HttpError> {
+    shared.require_admin(&headers)?;
+    Ok(render(&shared))
+}
+
+/// The answer of `GET /metrics`, once the caller's admin token is checked.
+pub fn render(shared: &Arc<Shared>) -> Response {
+    match htfaas_functions::metrics::encode(GatewayCollector(shared.clone())) {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => {
+            tracing::error!("failed to encode the metrics: {e}");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Reads the gateway's counters at scrape time.
+struct GatewayCollector(Arc<Shared>);
+
+impl std::fmt::Debug for GatewayCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewayCollector")
+    }
+}
+
+impl Collector for GatewayCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s: &Stats = &self.0.stats;
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let received = [("dcache_billing", r(&s.events_dcache_billing)), ("cloudevents", r(&s.events_cloudevents))];
+        family(&mut e, "htfaas_gateway_events_received", "Messages read from the events stream.", "source", &received)?;
+        let events = [
+            ("fired", r(&s.events_fired)),
+            ("duplicate", r(&s.events_duplicate)),
+            ("loop_guarded", r(&s.events_loop_guarded)),
+            ("unmatched", r(&s.events_unmatched)),
+            ("ignored", r(&s.events_ignored)),
+            ("not_enabled", r(&s.events_not_enabled)),
+            ("malformed", r(&s.events_malformed)),
+            ("out_of_bounds", r(&s.events_out_of_bounds)),
+        ];
+        family(&mut e, "htfaas_gateway_events", "Events by what became of them.", "outcome", &events)?;
+        let firings = [
+            ("queued", r(&s.firings_queued)),
+            ("deduplicated", r(&s.firings_deduplicated)),
+            ("superseded", r(&s.firings_superseded)),
+            ("loop_guarded", r(&s.firings_loop_guarded)),
+            ("rate_delayed", r(&s.firings_rate_delayed)),
+        ];
+        family(&mut e, "htfaas_gateway_firings", "Firings (event x function) by outcome.", "outcome", &firings)?;
+        e.encode_descriptor(
+            "htfaas_gateway_firings_pending",
+            "Firings waiting to be submitted.",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&self.0.firings.pending())?;
+        let submissions = [
+            ("created", r(&s.jobs_submitted)),
+            ("deduplicated", r(&s.jobs_deduplicated)),
+            ("refused", r(&s.jobs_refused)),
+            ("transient_failure", r(&s.transient_failures)),
+        ];
+        family(
+            &mut e,
+            "htfaas_gateway_submissions",
+            "Submissions to the scheduler by outcome.",
+            "outcome",
+            &submissions,
+        )?;
+        e.encode_descriptor(
+            "htfaas_gateway_ingest_batches",
+            "Batches the ingest loop committed.",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&r(&s.ingest_batches), None)?;
+        let nats = [("disconnected", r(&s.nats_disconnects)), ("reconnected", r(&s.nats_reconnects))];
+        family(
+            &mut e,
+            "htfaas_gateway_nats_connection",
+            "The ingest's NATS connection lost and back.",
+            "event",
+            &nats,
+        )?;
+        e.encode_descriptor(
+            "htfaas_gateway_firing_store_full",
+            "Batches of events not written because the firing table's disk is full; redelivered.",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, _, u64>(&r(&s.firings_store_full), None)?;
+        let mut m = e.encode_descriptor(
+            "htfaas_gateway_token_refusals",
+            "Bearer tokens this API refused, by kind and reason.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (t, token) in TOKENS.iter().enumerate() {
+            for (i, reason) in REASONS.iter().enumerate() {
+                let labels = [("token", *token), ("reason", *reason)];
+                m.encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&r(&self.0.metrics.refusals[t][i]), None)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One counter per value of `label`.
+pub(super) fn family(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, n) in values {
+        m.encode_family(&[(label, *value)])?.encode_counter::<NoLabelSet, _, u64>(n, None)?;
+    }
+    Ok(())
+}

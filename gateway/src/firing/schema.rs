@@ -1,0 +1,64 @@
+//! The firing table's stored format: its versions and the migrations between them.
+//!
+//! Must not know: what the rows mean (the table, [`super::table`]).
+
+use super::*;
+
+/// Version of the stored format written by this build.
+pub const SCHEMA_VERSION: i64 = 3;
+
+/// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
+pub(super) const MIGRATIONS: [&str; 3] = [SCHEMA_1, SCHEMA_2, SCHEMA_3];
+
+pub(super) const SCHEMA_1: &str = "
+CREATE TABLE IF NOT EXISTS firings (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_key     TEXT NOT NULL,
+    function      TEXT NOT NULL,
+    digest        TEXT NOT NULL,
+    version       INTEGER NOT NULL,
+    path          TEXT NOT NULL,
+    replay        TEXT,
+    record        TEXT NOT NULL,
+    event         TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    job_id        TEXT,
+    reason        TEXT,
+    superseded_by INTEGER,
+    not_before_ms INTEGER NOT NULL,
+    rate_reserved INTEGER NOT NULL DEFAULT 0,
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    created_ms    INTEGER NOT NULL,
+    updated_ms    INTEGER NOT NULL,
+    expires_ms    INTEGER NOT NULL,
+    UNIQUE (event_key, function, digest)
+);
+CREATE INDEX IF NOT EXISTS firings_ready ON firings (not_before_ms, seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS firings_debounce ON firings (function, path) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS firings_expiry ON firings (expires_ms);
+";
+
+/// Version 2: the loop guard. `provenance` maps the identifier of each write macaroon obtained
+/// for a job to that job's [`Cause`] (JSON); a firing keeps the cause of its event.
+pub(super) const SCHEMA_2: &str = "
+ALTER TABLE firings ADD COLUMN cause TEXT;
+CREATE TABLE IF NOT EXISTS provenance (
+    macaroon   TEXT PRIMARY KEY,
+    cause      TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS provenance_expiry ON provenance (expires_ms);
+";
+
+/// Version 3: ready firings by function, for the claim's round robin over functions
+/// ([`ready_rows`]).
+pub(super) const SCHEMA_3: &str = "
+CREATE INDEX IF NOT EXISTS firings_ready_by_function ON firings (function, not_before_ms, seq) WHERE state = 'pending';
+";
+
+/// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), FiringError> {
+    const _: () = assert!(SCHEMA_VERSION as usize == MIGRATIONS.len());
+    htfaas_functions::store::migrate(conn, &MIGRATIONS, "firing store")?
+        .map_err(|found| FiringError::SchemaTooNew { found, supported: SCHEMA_VERSION })
+}

@@ -1,0 +1,638 @@
+//! The durable firing table ([`Firings`]): inserts (one transaction per batch, with the
+//! events' audit records), claims, outcomes, pruning, provenance for the loop guard.
+//!
+//! Must not know: NATS, HTTP, the storage or the scheduler.
+
+use super::schema::migrate;
+use super::*;
+
+/// The durable firing table; cheap to clone.
+#[derive(Clone)]
+pub struct Firings {
+    conn: Arc<Mutex<Connection>>,
+    /// The file, for read-only audit queries and verification on connections of their own.
+    path: Arc<PathBuf>,
+    window_ms: u64,
+    max_in_flight: usize,
+    /// Firings pending or submitting: a gauge, kept in step with every write.
+    pending: Arc<AtomicU64>,
+    /// Rate buckets per function name.
+    buckets: Arc<Mutex<HashMap<String, TokenBucket>>>,
+    /// Wakes the dispatcher after an insert.
+    pub(crate) wake: Arc<Notify>,
+    /// Claims so far: where each claim's round robin over functions starts ([`ready_rows`]).
+    claims: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Firings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Firings").field("window_ms", &self.window_ms).finish_non_exhaustive()
+    }
+}
+
+/// A ready row as read by a claim: seq, record, event, rate_reserved, replay, cause.
+type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>);
+
+/// Up to `limit` ready firings (`pending`, `not_before_ms` ≤ `now_ms`), taken in turn from each
+/// function that has some, each function's oldest first, and returned oldest first: one
+/// function's backlog (an owner's flood) does not keep another function's firing waiting
+/// behind it. The functions are found
+/// by walking the `firings_ready_by_function` index from name to name, so the cost grows with
+/// the number of functions with pending firings, not with the firings.
+/// Claim number `turn` starts its round with the `turn`-th function (modulo their number), so
+/// that claims of one firing each still go round every function.
+fn ready_rows(tx: &rusqlite::Transaction<'_>, now_ms: u64, limit: usize, turn: u64) -> rusqlite::Result<Vec<ClaimRow>> {
+    let functions: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "WITH RECURSIVE f(name) AS ( \
+               SELECT MIN(function) FROM firings WHERE state = 'pending' \
+               UNION ALL \
+               SELECT (SELECT MIN(function) FROM firings WHERE state = 'pending' AND function > f.name) \
+               FROM f WHERE f.name IS NOT NULL) \
+             SELECT name FROM f WHERE name IS NOT NULL",
+        )?;
+        stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
+    };
+    let mut functions = functions;
+    if !functions.is_empty() {
+        let start = usize::try_from(turn % functions.len() as u64).unwrap_or(0);
+        functions.rotate_left(start);
+    }
+    let per_function = limit.div_ceil(functions.len().max(1));
+    let mut queues = Vec::with_capacity(functions.len());
+    for function in &functions {
+        let mut stmt = tx.prepare_cached(
+            "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause FROM firings \
+             WHERE state = 'pending' AND function = ?1 AND not_before_ms <= ?2 ORDER BY not_before_ms, seq LIMIT ?3",
+        )?;
+        let rows: Vec<(i64, ClaimRow)> = stmt
+            .query_map(params![function, db_int(now_ms), db_int(per_function as u64)], |r| {
+                Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+            })?
+            .collect::<Result<_, _>>()?;
+        queues.push(rows.into_iter());
+    }
+    // Round robin: the first of each function, then the second of each, …
+    let mut out = Vec::with_capacity(limit);
+    while out.len() < limit {
+        let before = out.len();
+        for q in &mut queues {
+            if out.len() < limit
+                && let Some(row) = q.next()
+            {
+                out.push(row);
+            }
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    // Those taken, in the order they became ready.
+    out.sort_by_key(|(not_before, row)| (*not_before, row.0));
+    Ok(out.into_iter().map(|(_, row)| row).collect())
+}
+
+impl Firings {
+    /// Opens (or creates) the table at `path`: WAL, `synchronous=FULL`, migrated to
+    /// [`SCHEMA_VERSION`], with the gateway's audit tables installed ([`crate::audit`]).
+    /// Firings left `submitting` by a previous process are `pending` again.
+    /// Keys are kept `dedupe_window_s` after their firing was made; at most `max_in_flight`
+    /// firings are dispatched at once.
+    pub fn open(path: &Path, dedupe_window_s: u64, max_in_flight: usize) -> Result<Firings, FiringError> {
+        Firings::open_with(path, dedupe_window_s, max_in_flight, Durability::Fsync)
+    }
+
+    /// [`Firings::open`] with the `synchronous` mode of `durability` (`FULL` for
+    /// [`Durability::Fsync`], `NORMAL` for [`Durability::Log`]).
+    pub fn open_with(
+        path: &Path,
+        dedupe_window_s: u64,
+        max_in_flight: usize,
+        durability: Durability,
+    ) -> Result<Firings, FiringError> {
+        // 0600 (with its -wal and -shm): the provenance of write macaroons is the gateway's.
+        htfaas_functions::store::prepare_private_db(path)
+            .map_err(|e| FiringError::Io(path.display().to_string(), e))?;
+        let mut conn = Connection::open(path)?;
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
+        }
+        conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        // Hot statements stay parsed ([`exec`], [`row`]) with plans that do not depend on the
+        // values bound (see the scheduler's queue for why).
+        conn.set_prepared_statement_cache_capacity(64);
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+        migrate(&mut conn)?;
+        audit::install(&conn, crate::audit::AUDIT_WRITER)?;
+        let requeued = exec(
+            &conn,
+            "UPDATE firings SET state = 'pending', updated_ms = ?1 WHERE state = 'submitting'",
+            params![db_int(now_ms())],
+        )?;
+        if requeued > 0 {
+            tracing::info!(firings = requeued, "firings left submitting by the previous process are pending again");
+        }
+        let pending: i64 =
+            row(&conn, "SELECT COUNT(*) FROM firings WHERE state IN ('pending', 'submitting')", [], |r| r.get(0))?;
+        Ok(Firings {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Arc::new(path.to_owned()),
+            window_ms: dedupe_window_s.saturating_mul(1000),
+            max_in_flight: max_in_flight.max(1),
+            pending: Arc::new(AtomicU64::new(from_db(pending))),
+            buckets: Arc::default(),
+            wake: Arc::new(Notify::new()),
+            claims: Arc::default(),
+        })
+    }
+
+    /// The database file (the audit trail is in it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Firings pending or being submitted.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Most firings dispatched at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    /// Wakes the dispatcher.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Test hook: caps the database file at about `pages` pages of its current page size
+    /// (`PRAGMA max_page_count`; never below what it holds), so that a write past it fails as
+    /// on a full disk (`SQLITE_FULL`). Returns the cap in effect. `u32::MAX` lifts it.
+    #[doc(hidden)]
+    pub fn set_max_page_count(&self, pages: u32) -> Result<i64, FiringError> {
+        self.with(|conn| Ok(conn.pragma_update_and_check(None, "max_page_count", pages, |r| r.get(0))?))
+    }
+
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, FiringError>) -> Result<T, FiringError> {
+        // A panic while holding the lock cannot leave SQLite inconsistent (transactions roll back).
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    }
+
+    pub(crate) async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Firings) -> Result<T, FiringError> + Send + 'static,
+    ) -> Result<T, FiringError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this)).await.map_err(|e| FiringError::Task(e.to_string()))?
+    }
+
+    /// In one transaction: one firing per function of `functions` on `event` at `now_ms`,
+    /// each unless its key is already there; a debounced function's new firing supersedes
+    /// the pending ones for its path. Committed (on disk) when it returns `Ok`. A batch of one
+    /// ([`Firings::insert_batch`]).
+    pub fn insert(
+        &self,
+        event: &StorageEvent,
+        functions: &[FunctionRecord],
+        replay: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Inserted, FiringError> {
+        let done = self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let done = insert_event(&tx, event, functions, replay, now_ms, self.window_ms)?;
+            tx.commit()?;
+            Ok(done)
+        })?;
+        self.inserted(std::slice::from_ref(&done));
+        Ok(done)
+    }
+
+    /// Group commit: the firings of every event of `batch`, in its order, in ONE transaction
+    /// (one fsync), each event exactly as [`Firings::insert`] would do it alone: an event
+    /// whose key is already there (in the table, or earlier in the batch) is dropped; a
+    /// debounced firing supersedes the pending ones for its path, earlier ones of the batch
+    /// included; the loop guard looks up each event's cause. Returns what each event did, in
+    /// the batch's order. All or nothing: on `Err` no firing of the batch is written.
+    pub fn insert_batch(&self, batch: &[NewFirings], now_ms: u64) -> Result<Vec<Inserted>, FiringError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let done = self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let done = batch
+                .iter()
+                .map(|b| insert_event(&tx, &b.event, &b.functions, b.replay.as_deref(), now_ms, self.window_ms))
+                .collect::<Result<Vec<_>, _>>()?;
+            // Dropping `tx` on an error above rolls the whole batch back.
+            tx.commit()?;
+            Ok(done)
+        })?;
+        self.inserted(&done);
+        Ok(done)
+    }
+
+    /// [`Firings::insert_batch`] on a blocking thread.
+    pub async fn insert_batch_async(&self, batch: Vec<NewFirings>, now_ms: u64) -> Result<Vec<Inserted>, FiringError> {
+        self.call(move |f| f.insert_batch(&batch, now_ms)).await
+    }
+
+    /// [`Firings::insert`] on a blocking thread.
+    pub async fn insert_async(
+        &self,
+        event: StorageEvent,
+        functions: Vec<FunctionRecord>,
+        replay: Option<String>,
+        now_ms: u64,
+    ) -> Result<Inserted, FiringError> {
+        self.call(move |f| f.insert(&event, &functions, replay.as_deref(), now_ms)).await
+    }
+
+    /// Keeps the pending gauge in step with committed inserts and wakes the dispatcher.
+    fn inserted(&self, done: &[Inserted]) {
+        let queued: u64 = done.iter().map(|d| d.queued).sum();
+        let superseded: u64 = done.iter().map(|d| d.superseded).sum();
+        self.pending.fetch_add(queued, Ordering::Relaxed);
+        self.pending.fetch_sub(superseded.min(self.pending()), Ordering::Relaxed);
+        if queued > 0 {
+            self.wake();
+        }
+    }
+
+    /// Claims up to `max` ready firings (`pending`, `not_before_ms` ≤ `now_ms`, oldest first):
+    /// each either takes a rate token and becomes `submitting`, or finds none and is given the
+    /// time its token will be there.
+    pub fn claim(&self, now_ms: u64, max: usize) -> Result<Claim, FiringError> {
+        let mut claim = Claim::default();
+        if max == 0 {
+            return Ok(claim);
+        }
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut scanned = 0;
+            while claim.ready.len() < max && scanned < CLAIM_SCAN {
+                let turn = self.claims.fetch_add(1, Ordering::Relaxed);
+                let rows = ready_rows(&tx, now_ms, max - claim.ready.len(), turn)?;
+                if rows.is_empty() {
+                    break;
+                }
+                scanned += rows.len();
+                for (seq, record, event, rate_reserved, replay, cause) in rows {
+                    let parsed = serde_json::from_str::<FunctionRecord>(&record).and_then(|f| {
+                        let cause = cause.as_deref().map(serde_json::from_str::<Cause>).transpose()?;
+                        Ok((f, serde_json::from_str::<StorageEvent>(&event)?, cause))
+                    });
+                    let (function, event, cause) = match parsed {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::error!(seq, "stored firing unreadable, refused: {e}");
+                            exec(
+                                &tx,
+                                "UPDATE firings SET state = 'refused', reason = ?2, updated_ms = ?3 WHERE seq = ?1",
+                                params![seq, format!("stored firing unreadable: {e}"), db_int(now_ms)],
+                            )?;
+                            claim.unreadable += 1;
+                            continue;
+                        }
+                    };
+                    if rate_reserved == 0
+                        && let Some(rate) = function.manifest.trigger.rate
+                    {
+                        let name = &function.manifest.name;
+                        let bucket = buckets
+                            .entry(name.clone())
+                            .and_modify(|b| {
+                                if !b.same_limit(rate.per_s, rate.burst) {
+                                    *b = TokenBucket::new(rate.per_s, rate.burst, now_ms);
+                                }
+                            })
+                            .or_insert_with(|| TokenBucket::new(rate.per_s, rate.burst, now_ms));
+                        let at = bucket.reserve(now_ms);
+                        if at > now_ms {
+                            exec(
+                                &tx,
+                                "UPDATE firings SET not_before_ms = ?2, rate_reserved = 1, updated_ms = ?3 \
+                                 WHERE seq = ?1",
+                                params![seq, db_int(at), db_int(now_ms)],
+                            )?;
+                            claim.rate_delayed += 1;
+                            continue;
+                        }
+                    }
+                    exec(
+                        &tx,
+                        "UPDATE firings SET state = 'submitting', attempts = attempts + 1, updated_ms = ?2 \
+                         WHERE seq = ?1",
+                        params![seq, db_int(now_ms)],
+                    )?;
+                    claim.ready.push(Claimed { seq, function, event, replay, cause });
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })?;
+        self.pending.fetch_sub(claim.unreadable.min(self.pending()), Ordering::Relaxed);
+        Ok(claim)
+    }
+
+    /// Ends a claimed firing: `submitted` with `job_id`.
+    pub fn mark_submitted(&self, seq: i64, job_id: &str, now_ms: u64) -> Result<(), FiringError> {
+        self.finish(seq, FiringState::Submitted, Some(job_id), None, now_ms)
+    }
+
+    /// Ends a claimed firing: `refused` for `reason`.
+    pub fn mark_refused(&self, seq: i64, reason: &str, now_ms: u64) -> Result<(), FiringError> {
+        self.finish(seq, FiringState::Refused, None, Some(reason), now_ms)
+    }
+
+    fn finish(
+        &self,
+        seq: i64,
+        state: FiringState,
+        job_id: Option<&str>,
+        reason: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), FiringError> {
+        let changed = self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let changed = exec(
+                &tx,
+                "UPDATE firings SET state = ?2, job_id = ?3, reason = ?4, updated_ms = ?5 \
+                 WHERE seq = ?1 AND state = 'submitting'",
+                params![seq, state.as_str(), job_id, reason, db_int(now_ms)],
+            )?;
+            if changed > 0 && state == FiringState::Refused {
+                audit::append_in(&tx, refusal_record(&tx, seq, reason.unwrap_or_default())?)?;
+            }
+            tx.commit()?;
+            Ok(changed)
+        })?;
+        if changed > 0 {
+            self.pending.fetch_sub(1u64.min(self.pending()), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Puts a claimed firing that failed transiently back to `pending`, after a backoff that
+    /// grows with its attempts; returns when it may run again.
+    pub fn retry_later(&self, seq: i64, reason: &str, now_ms: u64) -> Result<u64, FiringError> {
+        self.with(|conn| {
+            let attempts: Option<i64> =
+                row(conn, "SELECT attempts FROM firings WHERE seq = ?1", params![seq], |r| r.get(0)).optional()?;
+            let attempts = u32::try_from(attempts.unwrap_or(1)).unwrap_or(u32::MAX);
+            let at = now_ms.saturating_add(backoff_ms(attempts));
+            exec(
+                conn,
+                "UPDATE firings SET state = 'pending', reason = ?2, not_before_ms = ?3, rate_reserved = 1, \
+                 updated_ms = ?4 WHERE seq = ?1 AND state = 'submitting'",
+                params![seq, reason, db_int(at), db_int(now_ms)],
+            )?;
+            Ok(at)
+        })
+    }
+
+    /// The earliest time a pending firing may run, if any is pending.
+    pub fn next_due_ms(&self) -> Result<Option<u64>, FiringError> {
+        self.with(|conn| {
+            let at: Option<i64> =
+                row(conn, "SELECT MIN(not_before_ms) FROM firings WHERE state = 'pending'", [], |r| r.get(0))?;
+            Ok(at.map(from_db))
+        })
+    }
+
+    /// Deletes up to `batch` finished firings whose window ended by `now_ms`, and up to `batch`
+    /// expired provenance entries; returns how many firings.
+    pub fn prune(&self, now_ms: u64, batch: usize) -> Result<usize, FiringError> {
+        self.with(|conn| {
+            exec(
+                conn,
+                "DELETE FROM provenance WHERE macaroon IN (SELECT macaroon FROM provenance WHERE expires_ms <= ?1 \
+                 LIMIT ?2)",
+                params![db_int(now_ms), db_int(batch as u64)],
+            )?;
+            Ok(exec(
+                conn,
+                "DELETE FROM firings WHERE seq IN (SELECT seq FROM firings WHERE expires_ms <= ?1 \
+                 AND state IN ('submitted', 'refused', 'superseded') LIMIT ?2)",
+                params![db_int(now_ms), db_int(batch as u64)],
+            )?)
+        })
+    }
+
+    /// Records that the write macaroon `macaroon` (its identifier) was obtained for a job of
+    /// `cause.function`: files written with it are that job's outputs. Kept as long as firing
+    /// keys. Must be committed before the job is submitted, so no output can come first.
+    pub fn record_provenance(&self, macaroon: &str, cause: &Cause, now_ms: u64) -> Result<(), FiringError> {
+        self.record_provenance_with(macaroon, cause, now_ms, Vec::new())
+    }
+
+    /// [`Firings::record_provenance`] and the audit records of the job's credentials
+    /// (`token.minted`, `macaroons.obtained`: [`crate::dispatch::job_credentials`]), in one
+    /// transaction.
+    pub fn record_provenance_with(
+        &self,
+        macaroon: &str,
+        cause: &Cause,
+        now_ms: u64,
+        records: Vec<AuditDraft>,
+    ) -> Result<(), FiringError> {
+        let json = serde_json::to_string(cause)?;
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            exec(
+                &tx,
+                "INSERT OR REPLACE INTO provenance (macaroon, cause, expires_ms) VALUES (?1, ?2, ?3)",
+                params![macaroon, json, db_int(now_ms.saturating_add(self.window_ms))],
+            )?;
+            for r in records {
+                audit::append_in(&tx, r)?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Appends one audit record in a transaction of its own (an admin action, which changed
+    /// another database).
+    pub fn append(&self, draft: AuditDraft) -> Result<audit::AuditRecord, FiringError> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let record = audit::append_in(&tx, draft)?;
+            tx.commit()?;
+            Ok(record)
+        })
+    }
+
+    /// [`Firings::append`] on a blocking thread.
+    pub async fn append_async(&self, draft: AuditDraft) -> Result<audit::AuditRecord, FiringError> {
+        self.call(move |f| f.append(draft)).await
+    }
+
+    /// Signs a checkpoint of the audit trail's head with `signer` when `policy` says one is
+    /// due, or (`force`, at shutdown) whenever the head has none.
+    pub fn checkpoint(
+        &self,
+        signer: &AuditSigner,
+        policy: CheckpointPolicy,
+        force: bool,
+    ) -> Result<Option<Checkpoint>, FiringError> {
+        self.with(|conn| Ok(audit::checkpoint_in(conn, signer, policy, force)?))
+    }
+
+    /// The job a write macaroon was obtained for, if this gateway obtained it.
+    pub fn cause_of(&self, macaroon: &str) -> Result<Option<Cause>, FiringError> {
+        self.with(|conn| lookup_cause(conn, macaroon))
+    }
+
+    /// Firings in arrival order, from `after_seq` on, at most `limit` (tests, an admin view).
+    pub fn list(&self, after_seq: i64, limit: usize) -> Result<Vec<Firing>, FiringError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, event_key, function, digest, replay, state, job_id, reason, superseded_by, \
+                 not_before_ms, attempts, created_ms, expires_ms FROM firings WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            )?;
+            let rows = stmt
+                .query_map(params![after_seq, db_int(limit as u64)], |r| {
+                    let state: String = r.get(5)?;
+                    Ok(Firing {
+                        seq: r.get(0)?,
+                        event_key: r.get(1)?,
+                        function: r.get(2)?,
+                        digest: r.get(3)?,
+                        replay: r.get(4)?,
+                        // An unknown state (a newer gateway's) reads as refused: never dispatched.
+                        state: FiringState::parse(&state).unwrap_or(FiringState::Refused),
+                        job_id: r.get(6)?,
+                        reason: r.get(7)?,
+                        superseded_by: r.get(8)?,
+                        not_before_ms: from_db(r.get(9)?),
+                        attempts: u32::try_from(r.get::<_, i64>(10)?).unwrap_or(0),
+                        created_ms: from_db(r.get(11)?),
+                        expires_ms: from_db(r.get(12)?),
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+    }
+}
+
+/// One event's firings inside the caller's transaction (see [`Firings::insert`]); sees
+/// what earlier events of the same transaction wrote.
+fn insert_event(
+    tx: &rusqlite::Transaction<'_>,
+    event: &StorageEvent,
+    functions: &[FunctionRecord],
+    replay: Option<&str>,
+    now_ms: u64,
+    window_ms: u64,
+) -> Result<Inserted, FiringError> {
+    let key = event_key(event, replay);
+    let event_json = serde_json::to_string(event)?;
+    let mut done = Inserted::default();
+    let cause = match &event.macaroon {
+        Some(id) => lookup_cause(tx, id)?,
+        None => None,
+    };
+    let cause_json = cause.as_ref().map(serde_json::to_string).transpose()?;
+    let mut fired = Vec::with_capacity(functions.len());
+    for f in functions {
+        let m = &f.manifest;
+        if let Some(c) = &cause
+            && (c.chain.len() >= MAX_CHAIN || c.chain.iter().any(|n| n == &m.name))
+        {
+            tracing::info!(function = %m.name, path = %event.path, chain = ?c.chain,
+                "not fired: the file was written by this function's chain (loop guard)");
+            done.loop_guarded += 1;
+            fired.push((f, Fired::LoopGuarded));
+            continue;
+        }
+        let debounce_ms = m.trigger.debounce_s.unwrap_or(0).saturating_mul(1000);
+        let record = serde_json::to_string(f)?;
+        let inserted = tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO firings (event_key, function, digest, version, path, replay, record, \
+                 event, state, not_before_ms, created_ms, updated_ms, expires_ms, cause) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11, ?12)",
+            )?
+            .execute(params![
+                key,
+                m.name,
+                m.module.as_str(),
+                f.version,
+                event.path,
+                replay,
+                record,
+                event_json,
+                db_int(now_ms.saturating_add(debounce_ms)),
+                db_int(now_ms),
+                db_int(now_ms.saturating_add(window_ms)),
+                cause_json,
+            ])?;
+        if inserted == 0 {
+            done.deduplicated += 1;
+            fired.push((f, Fired::Duplicate));
+            continue;
+        }
+        done.queued += 1;
+        fired.push((f, Fired::Queued));
+        if debounce_ms > 0 {
+            let seq = tx.last_insert_rowid();
+            let superseded = tx
+                .prepare_cached(
+                    "UPDATE firings SET state = 'superseded', superseded_by = ?1, updated_ms = ?2 \
+                     WHERE function = ?3 AND path = ?4 AND state = 'pending' AND seq != ?1",
+                )?
+                .execute(params![seq, db_int(now_ms), m.name, event.path])?;
+            done.superseded += superseded as u64;
+        }
+    }
+    if let Some(record) = crate::audit::event_matched(event, &fired, cause.as_ref(), replay) {
+        audit::append_in(tx, record)?;
+    }
+    Ok(done)
+}
+
+/// The `job.refused` record of firing `seq`, refused for good for `reason` (read inside the
+/// refusing transaction).
+fn refusal_record(tx: &rusqlite::Transaction<'_>, seq: i64, reason: &str) -> Result<AuditDraft, FiringError> {
+    let row: Option<(String, String, String, Option<String>)> = tx
+        .query_row("SELECT function, digest, event, replay FROM firings WHERE seq = ?1", params![seq], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    let mut subject = audit::Subject::default();
+    let mut replay = None;
+    if let Some((function, digest, event, r)) = row {
+        let event: Option<StorageEvent> = serde_json::from_str(&event).ok();
+        subject = audit::Subject {
+            function: Some(function),
+            digest: Some(digest),
+            event_id: event.as_ref().map(|e| e.id.clone()),
+            paths: event.map(|e| vec![e.path]).unwrap_or_default(),
+            ..subject
+        };
+        replay = r;
+    }
+    let detail = serde_json::json!({ "reason": reason, "firing": seq, "replay": replay, "by": "gateway" });
+    Ok(AuditDraft::new(audit::AuditKind::JobRefused, subject, detail))
+}
+
+/// The cause recorded for the write macaroon `macaroon`; an unreadable entry counts as none
+/// (logged): the worst that does is one more run, which the chain's own guard then stops.
+fn lookup_cause(conn: &Connection, macaroon: &str) -> Result<Option<Cause>, FiringError> {
+    let json: Option<String> = conn
+        .query_row("SELECT cause FROM provenance WHERE macaroon = ?1", params![macaroon], |r| r.get(0))
+        .optional()?;
+    Ok(json.and_then(|j| match serde_json::from_str(&j) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::error!(macaroon, "provenance entry unreadable, ignored: {e}");
+            None
+        }
+    }))
+}

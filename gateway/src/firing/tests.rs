@@ -1,0 +1,450 @@
+//! Tests of the firing table.
+
+use super::schema::*;
+use super::*;
+use htfaas_functions::event::{EventKind, EventSource, SourceKind};
+use htfaas_functions::manifest::{Outputs, RateLimit, Resources, Trigger};
+use htfaas_functions::{Digest, FunctionManifest};
+
+/// Function `name` (version 3, owner alice) on `/data/**`, writing into `/out/<name>/`.
+pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u64>) -> FunctionRecord {
+    FunctionRecord {
+        schema: 1,
+        version: 3,
+        registered_at: 0,
+        manifest: FunctionManifest {
+            name: name.into(),
+            owner: "alice".into(),
+            module: Digest::of(name.as_bytes()),
+            trigger: Trigger { rate, debounce_s, ..Trigger::on_path("/data/**") },
+            resources: Resources::default(),
+            outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
+            args: vec![],
+            env: vec![],
+            annex: None,
+            class: None,
+            limits: Default::default(),
+        },
+    }
+}
+
+/// A dCache `transfer` of 7 bytes to `path`.
+pub(crate) fn event(id: &str, path: &str) -> StorageEvent {
+    StorageEvent {
+        source: EventSource { kind: SourceKind::DcacheBilling, producer: "pool@d".into(), message: None },
+        kind: EventKind::Write,
+        msg_type: "transfer".into(),
+        path: path.into(),
+        size: Some(7),
+        storage_class: None,
+        owner: None,
+        id: id.into(),
+        time: None,
+        macaroon: None,
+    }
+}
+
+fn open(dir: &Path) -> Firings {
+    Firings::open(&dir.join("firings.sqlite"), 3600, 16).expect("open")
+}
+
+fn states(f: &Firings) -> Vec<(String, String, FiringState)> {
+    f.list(0, 1000).expect("list").into_iter().map(|r| (r.event_key, r.function, r.state)).collect()
+}
+
+#[test]
+fn an_output_never_fires_its_own_chain_and_a_claim_carries_its_cause() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let (a, b) = (function("a", None, None), function("b", None, None));
+    // a's job wrote with macaroon M1; b's job (caused by it) wrote with M2.
+    let cause_a = Cause {
+        function: "a".into(),
+        digest: a.manifest.module.clone(),
+        event_id: "e0".into(),
+        chain: vec!["a".into()],
+    };
+    f.record_provenance("M1", &cause_a, 1_000).expect("record");
+    let cause_b =
+        Cause { function: "b".into(), event_id: "e1".into(), chain: vec!["a".into(), "b".into()], ..cause_a.clone() };
+    f.record_provenance("M2", &cause_b, 1_000).expect("record");
+    assert_eq!(f.cause_of("M1").expect("lookup"), Some(cause_a.clone()));
+    assert_eq!(f.cause_of("unknown").expect("lookup"), None);
+
+    let written =
+        |id: &str, path: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, path) };
+    // a's output: a is guarded, b fires and carries the cause.
+    let done = f.insert(&written("e1", "/data/a/x", "M1"), &[a.clone(), b.clone()], None, 2_000).expect("insert");
+    assert_eq!(done, Inserted { queued: 1, deduplicated: 0, superseded: 0, loop_guarded: 1 });
+    // b's output: both a and b are up its chain.
+    let done = f.insert(&written("e2", "/data/b/x", "M2"), &[a.clone(), b.clone()], None, 2_000).expect("insert");
+    assert_eq!(done, Inserted { queued: 0, deduplicated: 0, superseded: 0, loop_guarded: 2 });
+    // A file written with a macaroon this gateway never handed out fires as usual.
+    let done = f.insert(&written("e3", "/data/c/x", "M9"), std::slice::from_ref(&a), None, 2_000).expect("insert");
+    assert_eq!(done.queued, 1);
+    let claim = f.claim(10_000, 10).expect("claim");
+    let causes: Vec<_> = claim.ready.iter().map(|c| (c.function.manifest.name.clone(), c.cause.clone())).collect();
+    assert_eq!(causes, [("b".to_owned(), Some(cause_a)), ("a".to_owned(), None)]);
+    // Provenance goes with the key window.
+    f.prune(1_000 + 3_600_000, 100).expect("prune");
+    assert_eq!(f.cause_of("M1").expect("lookup"), None);
+}
+
+#[test]
+fn a_second_copy_of_an_event_is_dropped_on_its_key_and_a_replay_gets_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let (a, b) = (function("a", None, None), function("b", None, None));
+    let e = event("dcache-billing:write:0001/s1", "/data/x");
+    let first = f.insert(&e, &[a.clone(), b.clone()], None, 1_000).expect("insert");
+    assert_eq!(first, Inserted { queued: 2, deduplicated: 0, superseded: 0, loop_guarded: 0 });
+    let again = f.insert(&e, &[b.clone(), a.clone()], None, 2_000).expect("insert");
+    assert_eq!(again, Inserted { queued: 0, deduplicated: 2, superseded: 0, loop_guarded: 0 });
+    // Another session of the same file is another occurrence.
+    let other = f.insert(&event("dcache-billing:write:0001/s2", "/data/x"), std::slice::from_ref(&a), None, 2_000);
+    assert_eq!(other.expect("insert").queued, 1);
+    // A replay runs again, once per replay id.
+    assert_eq!(f.insert(&e, std::slice::from_ref(&a), Some("r1"), 3_000).expect("insert").queued, 1);
+    assert_eq!(f.insert(&e, std::slice::from_ref(&a), Some("r1"), 3_000).expect("insert").deduplicated, 1);
+    assert_eq!(f.pending(), 4);
+    let rows = f.list(0, 100).expect("list");
+    assert_eq!(rows[3].event_key, "replay:r1#dcache-billing:write:0001/s1");
+    assert_eq!(rows[3].replay.as_deref(), Some("r1"));
+    assert_eq!(rows[0].expires_ms, 1_000 + 3_600_000);
+}
+
+#[test]
+fn one_functions_backlog_does_not_keep_another_functions_firing_out_of_the_next_claim() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let (flood, one, two) = (function("flood", None, None), function("one", None, None), function("two", None, None));
+    for i in 0..200 {
+        f.insert(&event(&format!("a{i}"), "/data/a"), std::slice::from_ref(&flood), None, 0).expect("insert");
+    }
+    // Later events of two other functions.
+    f.insert(&event("b0", "/data/b"), std::slice::from_ref(&one), None, 5).expect("insert");
+    f.insert(&event("c0", "/data/c"), std::slice::from_ref(&two), None, 6).expect("insert");
+    let claim = f.claim(10, 4).expect("claim");
+    let ids: Vec<&str> = claim.ready.iter().map(|c| c.event.id.as_str()).collect();
+    assert_eq!(ids.len(), 4);
+    assert!(ids.contains(&"b0") && ids.contains(&"c0"), "{ids:?}");
+    // The flood's own firings still go oldest first.
+    let flood_ids: Vec<&str> = ids.iter().copied().filter(|i| i.starts_with('a')).collect();
+    assert_eq!(flood_ids, ["a0", "a1"]);
+    // With the others claimed, a claim takes the flood alone, in order.
+    let next = f.claim(10, 3).expect("claim");
+    assert_eq!(next.ready.iter().map(|c| c.event.id.as_str()).collect::<Vec<_>>(), ["a2", "a3", "a4"]);
+    // Claims of one firing each (a dispatcher with one free slot) go round the functions.
+    f.insert(&event("b1", "/data/b"), std::slice::from_ref(&one), None, 20).expect("insert");
+    f.insert(&event("c1", "/data/c"), std::slice::from_ref(&two), None, 20).expect("insert");
+    let mut singles: Vec<String> = (0..3).map(|_| f.claim(30, 1).expect("claim").ready[0].event.id.clone()).collect();
+    singles.sort();
+    assert_eq!(singles, ["a5", "b1", "c1"]);
+}
+
+#[test]
+fn keys_are_forgotten_after_their_window_but_pending_firings_are_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let a = function("a", None, None);
+    for (i, at) in [(1, 0), (2, 0), (3, 0), (4, 1_000_000)] {
+        f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, at).expect("insert");
+    }
+    let claim = f.claim(0, 2).expect("claim");
+    assert_eq!(claim.ready.iter().map(|c| c.event.id.as_str()).collect::<Vec<_>>(), ["e1", "e2"]);
+    f.mark_submitted(claim.ready[0].seq, "job-1", 10).expect("mark");
+    f.mark_refused(claim.ready[1].seq, "no", 10).expect("mark");
+    assert_eq!(f.pending(), 2);
+    // Not yet expired.
+    assert_eq!(f.prune(3_599_999, 10).expect("prune"), 0);
+    // e1 and e2 are finished and expired; e3 expired too but is pending; e4 is not expired.
+    assert_eq!(f.prune(3_600_000, 1).expect("prune"), 1, "bounded batch");
+    assert_eq!(f.prune(3_600_000, 10).expect("prune"), 1);
+    let left: Vec<_> = states(&f).into_iter().map(|(k, _, s)| (k, s)).collect();
+    assert_eq!(left, [("e3".into(), FiringState::Pending), ("e4".into(), FiringState::Pending)]);
+    // Its key forgotten, e1 may be inserted again (the scheduler's key still dedupes it).
+    assert_eq!(f.insert(&event("e1", "/data/x"), &[a], None, 3_600_001).expect("insert").queued, 1);
+}
+
+#[test]
+fn a_burst_of_writes_to_one_path_leaves_one_firing_for_the_last_event_after_the_window() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let d = function("d", None, Some(2));
+    let plain = function("plain", None, None);
+    let both = [d.clone(), plain.clone()];
+    for (i, at) in [(1, 0u64), (2, 100), (3, 200)] {
+        let done = f.insert(&event(&format!("w{i}"), "/data/one"), &both, None, at).expect("insert");
+        assert_eq!(done.superseded, u64::from(i > 1), "w{i}");
+    }
+    // Another path is debounced on its own.
+    f.insert(&event("o1", "/data/other"), std::slice::from_ref(&d), None, 200).expect("insert");
+    // The plain function fires on every event, at once; the debounced one waits.
+    let now = f.claim(300, 100).expect("claim");
+    let fired: Vec<_> = now.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
+    assert_eq!(fired, [("plain", "w1"), ("plain", "w2"), ("plain", "w3")]);
+    assert!(f.claim(2_199, 100).expect("claim").ready.is_empty(), "w3 waits 2 s from its arrival");
+    let later = f.claim(2_200, 100).expect("claim");
+    let fired: Vec<_> = later.ready.iter().map(|c| (c.function.manifest.name.as_str(), c.event.id.as_str())).collect();
+    assert_eq!(fired, [("d", "w3"), ("d", "o1")]);
+    let rows = f.list(0, 100).expect("list");
+    let w1 = rows.iter().find(|r| r.event_key == "w1" && r.function == "d").expect("w1");
+    let w2 = rows.iter().find(|r| r.event_key == "w2" && r.function == "d").expect("w2");
+    let w3 = rows.iter().find(|r| r.event_key == "w3" && r.function == "d").expect("w3");
+    assert_eq!((w1.state, w2.state), (FiringState::Superseded, FiringState::Superseded));
+    assert_eq!((w1.superseded_by, w2.superseded_by), (Some(w2.seq), Some(w3.seq)));
+    // A redelivered superseded event stays dropped.
+    assert_eq!(f.insert(&event("w1", "/data/one"), &[d], None, 3_000).expect("insert").deduplicated, 1);
+    assert_eq!(f.pending(), 5, "3 plain + w3 + o1 submitting");
+}
+
+fn new(e: StorageEvent, functions: &[FunctionRecord]) -> NewFirings {
+    NewFirings { event: e, functions: functions.to_vec(), replay: None }
+}
+
+#[test]
+fn two_copies_of_an_event_in_one_batch_make_one_firing_per_function() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let (a, b) = (function("a", None, None), function("b", None, None));
+    let e = event("dcache-billing:write:0001/s1", "/data/x");
+    let batch = [
+        new(e.clone(), &[a.clone(), b.clone()]),
+        new(event("e2", "/data/y"), std::slice::from_ref(&a)),
+        new(e.clone(), &[b.clone(), a.clone()]),
+        // A replay's copy of the same event in the same batch is its own.
+        NewFirings { replay: Some("r1".into()), ..new(e.clone(), std::slice::from_ref(&a)) },
+    ];
+    let done = f.insert_batch(&batch, 1_000).expect("batch");
+    let q = |queued, deduplicated| Inserted { queued, deduplicated, superseded: 0, loop_guarded: 0 };
+    assert_eq!(done, [q(2, 0), q(1, 0), q(0, 2), q(1, 0)]);
+    assert_eq!(f.pending(), 4);
+    let keys: Vec<_> = states(&f).into_iter().map(|(k, func, _)| format!("{k}/{func}")).collect();
+    assert_eq!(
+        keys,
+        [
+            "dcache-billing:write:0001/s1/a",
+            "dcache-billing:write:0001/s1/b",
+            "e2/a",
+            "replay:r1#dcache-billing:write:0001/s1/a"
+        ]
+    );
+    // The same batch redelivered (acks lost) is dropped whole; so is one insert of it.
+    let again = f.insert_batch(&batch, 2_000).expect("batch");
+    assert_eq!(again, [q(0, 2), q(0, 1), q(0, 2), q(0, 1)]);
+    assert_eq!(f.insert(&e, &[a], None, 3_000).expect("insert"), q(0, 1));
+    assert_eq!(f.pending(), 4);
+    assert!(f.insert_batch(&[], 3_000).expect("empty").is_empty());
+}
+
+#[test]
+fn debounce_supersedes_in_arrival_order_inside_a_batch_and_across_batches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let d = function("d", None, Some(2));
+    let one = |id: &str, path: &str| new(event(id, path), std::slice::from_ref(&d));
+    f.insert_batch(&[one("w1", "/data/one")], 0).expect("batch");
+    let done = f
+        .insert_batch(&[one("w2", "/data/one"), one("o1", "/data/other"), one("w3", "/data/one")], 100)
+        .expect("batch");
+    assert_eq!(done.iter().map(|d| (d.queued, d.superseded)).collect::<Vec<_>>(), [(1, 1), (1, 0), (1, 1)]);
+    assert_eq!(f.pending(), 2, "w3 and o1");
+    let rows = f.list(0, 100).expect("list");
+    let row = |k: &str| rows.iter().find(|r| r.event_key == k).expect("row").clone();
+    let (w1, w2, w3, o1) = (row("w1"), row("w2"), row("w3"), row("o1"));
+    assert_eq!((w1.state, w1.superseded_by), (FiringState::Superseded, Some(w2.seq)));
+    assert_eq!((w2.state, w2.superseded_by), (FiringState::Superseded, Some(w3.seq)));
+    assert_eq!((w3.state, o1.state), (FiringState::Pending, FiringState::Pending));
+    assert_eq!(w3.not_before_ms, 2_100);
+    let fired: Vec<_> = f.claim(2_100, 10).expect("claim").ready.into_iter().map(|c| c.event.id).collect();
+    assert_eq!(fired, ["o1", "w3"], "arrival order");
+}
+
+#[test]
+fn the_loop_guard_looks_up_each_event_of_a_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let (a, b) = (function("a", None, None), function("b", None, None));
+    let cause_a = Cause {
+        function: "a".into(),
+        digest: a.manifest.module.clone(),
+        event_id: "e0".into(),
+        chain: vec!["a".into()],
+    };
+    f.record_provenance("M1", &cause_a, 0).expect("record");
+    let long = Cause { chain: vec!["x".into(); MAX_CHAIN], ..cause_a.clone() };
+    f.record_provenance("M2", &long, 0).expect("record");
+    let written = |id: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, "/data/x") };
+    let both = [a.clone(), b.clone()];
+    let done = f
+        .insert_batch(
+            &[
+                new(written("e1", "M1"), &both),
+                new(event("e2", "/data/x"), &both),
+                new(written("e3", "M2"), &both),
+                new(written("e4", "M9"), &both),
+            ],
+            1_000,
+        )
+        .expect("batch");
+    let g = |queued, loop_guarded| Inserted { queued, deduplicated: 0, superseded: 0, loop_guarded };
+    assert_eq!(done, [g(1, 1), g(2, 0), g(0, 2), g(2, 0)]);
+    let claim = f.claim(1_000, 10).expect("claim");
+    let fired: Vec<_> = claim
+        .ready
+        .iter()
+        .map(|c| (c.event.id.as_str(), c.function.manifest.name.as_str(), c.cause.is_some()))
+        .collect();
+    assert_eq!(
+        fired,
+        [("e1", "b", true), ("e2", "a", false), ("e2", "b", false), ("e4", "a", false), ("e4", "b", false)]
+    );
+    assert_eq!(claim.ready[0].cause, Some(cause_a));
+}
+
+#[test]
+fn a_failed_batch_writes_nothing_and_can_be_inserted_again_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let (a, d) = (function("a", None, None), function("d", None, Some(2)));
+    f.insert(&event("w0", "/data/one"), std::slice::from_ref(&d), None, 0).expect("insert");
+    // The table refuses the third event's firing, after the first two were written in the
+    // transaction (and w0 superseded by w1).
+    f.with(|c| {
+        Ok(c.execute_batch(
+            "CREATE TRIGGER refuse_bad BEFORE INSERT ON firings WHEN NEW.event_key = 'bad' \
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+        )?)
+    })
+    .expect("trigger");
+    let batch = [
+        new(event("w1", "/data/one"), &[a.clone(), d.clone()]),
+        new(event("e2", "/data/two"), std::slice::from_ref(&a)),
+        new(event("bad", "/data/three"), std::slice::from_ref(&a)),
+    ];
+    let e = f.insert_batch(&batch, 100).expect_err("refused");
+    assert!(e.to_string().contains("injected failure"), "{e}");
+    assert_eq!(states(&f), [("w0".into(), "d".into(), FiringState::Pending)], "nothing of the batch");
+    assert_eq!(f.pending(), 1);
+    f.with(|c| Ok(c.execute_batch("DROP TRIGGER refuse_bad;")?)).expect("drop trigger");
+    // Redelivered, the whole batch is new: no half of it was kept.
+    let done = f.insert_batch(&batch, 200).expect("batch");
+    assert_eq!(
+        done.iter().map(|d| (d.queued, d.deduplicated, d.superseded)).collect::<Vec<_>>(),
+        [(2, 0, 1), (1, 0, 0), (1, 0, 0)]
+    );
+    assert_eq!(f.pending(), 4, "w1 a, w1 d, e2, bad; w0 superseded");
+}
+
+#[test]
+fn the_token_bucket_lends_future_tokens_at_its_rate() {
+    let mut b = TokenBucket::new(2.0, 1, 0);
+    assert_eq!(b.reserve(0), 0);
+    assert_eq!(b.reserve(0), 500);
+    assert_eq!(b.reserve(0), 1_000);
+    assert_eq!(b.reserve(100), 1_500, "lent tokens stay lent");
+    // After a quiet spell the bucket is full again, up to its burst.
+    let mut b = TokenBucket::new(10.0, 3, 0);
+    assert_eq!([b.reserve(0), b.reserve(0), b.reserve(0), b.reserve(0)], [0, 0, 0, 100]);
+    assert_eq!(b.reserve(10_000), 10_000);
+    assert_eq!(b.reserve(10_000), 10_000);
+    assert_eq!(b.reserve(10_000), 10_000);
+    assert_eq!(b.reserve(10_000), 10_100);
+    // Refill is capped at the burst.
+    let mut b = TokenBucket::new(1.0, 2, 0);
+    assert_eq!([b.reserve(100_000), b.reserve(100_000), b.reserve(100_000)], [100_000, 100_000, 101_000]);
+}
+
+#[test]
+fn rate_limited_firings_wait_for_their_token_and_none_is_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let r = function("r", Some(RateLimit { per_s: 2.0, burst: 1 }), None);
+    for i in 0..4 {
+        f.insert(&event(&format!("e{i}"), &format!("/data/{i}")), std::slice::from_ref(&r), None, 0).expect("ins");
+    }
+    let first = f.claim(0, 100).expect("claim");
+    assert_eq!((first.ready.len(), first.rate_delayed), (1, 3));
+    let nb: Vec<u64> = f.list(0, 10).expect("list").iter().map(|r| r.not_before_ms).collect();
+    assert_eq!(nb, [0, 500, 1_000, 1_500]);
+    assert!(f.claim(499, 100).expect("claim").ready.is_empty());
+    for at in [500, 1_000, 1_500] {
+        let c = f.claim(at, 100).expect("claim");
+        assert_eq!((c.ready.len(), c.rate_delayed), (1, 0), "at {at}: its reserved token");
+    }
+    assert_eq!(f.pending(), 4, "all submitting, none dropped");
+}
+
+#[test]
+fn pending_and_submitting_firings_survive_a_restart_and_failures_back_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = function("a", None, None);
+    {
+        let f = open(dir.path());
+        for i in 0..3 {
+            f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+        }
+        let c = f.claim(0, 2).expect("claim");
+        f.mark_submitted(c.ready[0].seq, "job-0", 1).expect("mark");
+        // e1 is submitting when the gateway dies; e2 is pending.
+    }
+    let f = open(dir.path());
+    assert_eq!(f.pending(), 2);
+    let c = f.claim(10, 10).expect("claim");
+    assert_eq!(c.ready.iter().map(|c| c.event.id.as_str()).collect::<Vec<_>>(), ["e1", "e2"]);
+    assert_eq!(c.ready[0].function, a, "the stored record");
+    // A redelivery after the restart is still dropped.
+    assert_eq!(f.insert(&event("e0", "/data/x"), std::slice::from_ref(&a), None, 20).expect("ins").deduplicated, 1);
+    // Transient failures: 0.5 s, 1 s, 2 s, … up to a minute.
+    let seq = c.ready[1].seq;
+    assert_eq!(f.retry_later(seq, "down", 100).expect("retry"), 100 + 500);
+    assert!(f.claim(599, 10).expect("claim").ready.is_empty());
+    assert_eq!(f.claim(600, 10).expect("claim").ready.len(), 1);
+    assert_eq!(f.retry_later(seq, "down", 1_000).expect("retry"), 1_000 + 1_000);
+    assert_eq!((backoff_ms(1), backoff_ms(3), backoff_ms(8), backoff_ms(40)), (500, 2_000, 60_000, 60_000));
+    let row = f.list(0, 10).expect("list").into_iter().find(|r| r.seq == seq).expect("row");
+    assert_eq!((row.state, row.attempts, row.reason.as_deref()), (FiringState::Pending, 2, Some("down")));
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_an_unreadable_row_is_refused_not_fatal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    f.insert(&event("e", "/data/x"), &[function("a", None, None)], None, 0).expect("insert");
+    f.with(|c| Ok(c.execute("UPDATE firings SET record = 'not json'", [])?)).expect("corrupt");
+    let c = f.claim(0, 10).expect("claim");
+    assert_eq!((c.ready.len(), c.unreadable), (0, 1));
+    assert_eq!(states(&f)[0].2, FiringState::Refused);
+    f.with(|c| Ok(c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?)).expect("bump");
+    drop(f);
+    let e = Firings::open(&dir.path().join("firings.sqlite"), 1, 1).expect_err("refused");
+    assert!(
+        matches!(e, FiringError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_version_1_file_is_migrated_keeping_its_firings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("firings.sqlite");
+    {
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch(SCHEMA_1).expect("version 1 schema");
+        conn.pragma_update(None, "user_version", 1).expect("version");
+        conn.execute(
+            "INSERT INTO firings (event_key, function, digest, version, path, record, event, state, not_before_ms, \
+             created_ms, updated_ms, expires_ms) VALUES ('e', 'a', 'd', 1, '/p', ?1, ?2, 'pending', 0, 0, 0, 1)",
+            params![
+                serde_json::to_string(&function("a", None, None)).expect("json"),
+                serde_json::to_string(&event("e", "/p")).expect("json")
+            ],
+        )
+        .expect("a version 1 firing");
+    }
+    let f = Firings::open(&path, 3600, 16).expect("migrated");
+    let claim = f.claim(0, 10).expect("claim");
+    assert_eq!(claim.ready.len(), 1);
+    assert_eq!(claim.ready[0].cause, None);
+    assert_eq!(f.cause_of("M").expect("provenance table exists"), None);
+}
