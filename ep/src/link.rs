@@ -44,7 +44,7 @@ use crate::job::Jobs;
 use crate::runtime::CancelSignal;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
-use htfaas_functions::proto::{EpMsg, Hello, JobReport, Outcome, SchedulerMsg, Usage};
+use htfaas_functions::proto::{FINAL_CLOSE_CODES, PROTOCOL, EpMsg, Hello, JobReport, Outcome, SchedulerMsg, Usage};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,11 +68,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keep-alive ping period.
 const PING_EVERY: Duration = Duration::from_secs(15);
-/// Protocol version sent in `Hello`.
-const PROTOCOL: u32 = 1;
-/// Close codes with which the scheduler ends a session for good: 4401 (attach token expired or
-/// revoked), 4403 (token not allowed here, e.g. annex mismatch).
-const FINAL_CLOSE_CODES: [u16; 2] = [4401, 4403];
 /// Most bytes of a refusal's body quoted in the error.
 const REFUSAL_SNIPPET: usize = 200;
 
@@ -493,7 +488,7 @@ mod tests {
 
     #[test]
     fn final_close_codes_are_refusals_and_others_are_not() {
-        for code in [4401, 4403] {
+        for code in FINAL_CLOSE_CODES {
             let e = closed(frame(code, "attach token revoked"));
             let r = e.downcast_ref::<Refused>().expect("refusal");
             assert_eq!(r.0, format!("scheduler closed the session with code {code}: attach token revoked"));

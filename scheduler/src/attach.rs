@@ -1,20 +1,15 @@
-//! The attach protocol as this scheduler speaks it: its version, the WebSocket close codes and
-//! bounds an EP sees, and minting the attach tokens EPs dial in with ([`mint_attach_token`]).
+//! The attach protocol as this scheduler speaks it: its version and close codes (from
+//! [`htfaas_functions::proto`], which the EP shares), the bounds an EP sees, and minting the attach tokens EPs dial in with ([`mint_attach_token`]).
 //! One place for them, low in the crate, so that the store, revocation and the session all
 //! name the same codes.
 //!
 //! Must not know: sessions, the EP table, the store or HTTP.
 
+pub use htfaas_functions::proto::{CLOSE_EXPIRED, CLOSE_FORBIDDEN, PROTOCOL};
 use htfaas_functions::token::{ATTACH_AUDIENCE, AttachClaims, SigningKey, TokenError, new_jti, now_s};
 
-/// Protocol version this scheduler speaks.
-pub const PROTOCOL: u32 = 1;
 /// Largest message accepted from an EP, bytes (a report carries a bounded log).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
-/// Close code: the attach token expired during the session.
-pub const CLOSE_EXPIRED: u16 = 4401;
-/// Close code: the attach token does not allow this session (revoked, or another annex).
-pub const CLOSE_FORBIDDEN: u16 = 4403;
 /// Longest close reason a close frame holds, bytes.
 pub const MAX_CLOSE_REASON_BYTES: usize = 123;
 

@@ -237,26 +237,10 @@ const MAX_TIMESTAMP_S: u64 = 253_402_300_799;
 /// `YYYY-MM-DDTHH:MM:SSZ` (UTC, second precision, as dCache's `before:` caveat wants) of Unix
 /// seconds; instants past the year 9999 are written as its last second.
 pub fn utc_timestamp(unix_s: u64) -> String {
-    let s = unix_s.min(MAX_TIMESTAMP_S);
-    let (days, secs) = (s / 86_400, s % 86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+    htfaas_functions::time::utc_timestamp(unix_s.min(MAX_TIMESTAMP_S))
 }
 
-/// Year, month and day of `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`, for
-/// non-negative days only).
-pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
-}
+pub use htfaas_functions::time::civil_from_days;
 
 #[cfg(test)]
 mod tests {

@@ -11,8 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the attach protocol: the `protocol` of an EP's [`Hello`] (the scheduler refuses
-/// any other). The same value as `scheduler::ep_link::PROTOCOL` and the EP's own constant, which
-/// will switch to this one.
+/// any other). The scheduler and the EP both name this one.
 pub const PROTOCOL: u32 = 1;
 /// WebSocket close code: the attach token expired during the session. Final: the EP does not
 /// reconnect with the same token.

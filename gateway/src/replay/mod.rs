@@ -116,26 +116,7 @@ pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, String> {
     u64::try_from(ms).map_err(|_| format!("{text:?}: before 1970"))
 }
 
-/// Unix milliseconds as RFC 3339 UTC with milliseconds, e.g. `2026-11-22T10:00:00.250Z`.
-pub fn fmt_time(ms: u64) -> String {
-    let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
-    // Howard Hinnant's civil_from_days, for days on or after 1970-01-01.
-    let z = days + 719_468;
-    let (era, doe) = (z / 146_097, z % 146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    let (h, m, s, milli) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
-}
-
-/// Now, in Unix milliseconds.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use htfaas_functions::time::{now_ms, utc_timestamp_ms as fmt_time};
 
 /// A fresh replay id: `r<unix ms>-<8 hex>`.
 pub fn new_replay_id() -> String {

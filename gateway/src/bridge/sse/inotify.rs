@@ -128,5 +128,5 @@ pub(super) fn channel_id(channel: &str) -> &str {
 }
 
 pub(super) fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
+    u128::from(htfaas_functions::time::now_ms())
 }

@@ -53,7 +53,7 @@ use htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 mod bridge;
