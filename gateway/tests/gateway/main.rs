@@ -1,0 +1,7 @@
+//! The gateway's integration tests, one binary: the admin proxies against a fake scheduler,
+//! the dCache SSE bridge against a fake frontend and a real nats-server, and the property
+//! tests of the exactly-once keys.
+
+mod admin_proxy;
+mod bridge_sse;
+mod prop_dedupe;
