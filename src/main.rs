@@ -4,6 +4,9 @@
 //! component from a JSON config file; `put`, `get`, `fn`, `jobs`, `ep list|drain|…`,
 //! `accounting`, `events` and `audit` talk to a stack started with `up` (found through `--dir`
 //! or `HTFAAS_DIR`); `audit verify --file F --keys K` checks a copied trail without one.
+//!
+//! This file is the command line and the dispatch: each command group's arguments and what it
+//! does are in `cli/` (one module per group), everything printed in `cli::output`.
 
 mod cli;
 
@@ -52,8 +55,8 @@ enum Command {
     },
     /// Run an execution point from a JSON config (see htfaas_ep::Config); or, with a
     /// subcommand, list the stack's EPs or drain, disable, enable, pause or resume one (admin).
-    // Running an EP (`ep --config F`) keeps its shape: the flags below conflict with the
-    // subcommands, and `--config` is required only when no subcommand is given.
+    // Running an EP (`ep --config F`) keeps its shape: the flags of `ep::EpArgs` conflict with
+    // its subcommands, and `--config` is required only when no subcommand is given.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Ep(ep::EpArgs),
     /// Upload a local file to storage as the stack's user.

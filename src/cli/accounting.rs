@@ -73,8 +73,7 @@ pub async fn run(args: AccountingArgs) -> anyhow::Result<()> {
     match args {
         AccountingArgs { dir, json, action: Some(AccountingCommand::SetFactor { owner, factor }), .. } => {
             let standing = client(&dir)?.set_factor(&owner, factor).await?;
-            output::owner_standing(&standing, json)?;
-            Ok(())
+            output::owner_standing(&standing, json)
         }
         AccountingArgs { dir, json, csv, by: Some(by), since, until, period, action: None, .. } => {
             let now = htfaas_gateway::replay::now_ms();
@@ -88,18 +87,15 @@ pub async fn run(args: AccountingArgs) -> anyhow::Result<()> {
                 period_s: period,
             };
             let report = client(&dir)?.accounting_report(&query).await?;
-            output::accounting_report(&report, json, csv)?;
-            Ok(())
+            output::accounting_report(&report, json, csv)
         }
         AccountingArgs { dir, json, usage: false, action: None, .. } => {
             let report = client(&dir)?.priorities().await?;
-            output::priorities(&report, json)?;
-            Ok(())
+            output::priorities(&report, json)
         }
         AccountingArgs { dir, json, usage: true, action: None, .. } => {
             let accounts = client(&dir)?.accounting().await?;
-            output::usage(&accounts, json)?;
-            Ok(())
+            output::usage(&accounts, json)
         }
     }
 }

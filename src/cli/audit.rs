@@ -84,10 +84,7 @@ pub enum AuditCommand {
 /// `htfaas audit …`.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
     match args {
-        AuditArgs { dir, action: Some(AuditCommand::Keys), .. } => {
-            output::json(&client(&dir)?.audit_keys().await?)?;
-            Ok(())
-        }
+        AuditArgs { dir, action: Some(AuditCommand::Keys), .. } => output::json(&client(&dir)?.audit_keys().await?),
         AuditArgs { action: Some(AuditCommand::Head { file }), .. } => {
             match htfaas_functions::audit::anchor::head(&file).with_context(|| format!("read {}", file.display()))? {
                 Some(head) => output::head(&head),
@@ -117,8 +114,7 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
                 && limit.is_none();
             if let (true, Some(path)) = (only_file, &file) {
                 let lineage = client(&dir)?.lineage(path).await?;
-                output::lineage(&lineage, json)?;
-                return Ok(());
+                return output::lineage(&lineage, json);
             }
             let filter = htfaas_functions::audit::AuditFilter {
                 token,
@@ -132,8 +128,7 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
                 limit,
             };
             let records = client(&dir)?.audit_both(&filter).await?;
-            output::audit_records(&records, json)?;
-            Ok(())
+            output::audit_records(&records, json)
         }
     }
 }

@@ -122,8 +122,7 @@ async fn ep_command(command: EpCommand) -> anyhow::Result<()> {
     let (dir, name, verb, body) = match command {
         EpCommand::List { dir, json } => {
             let eps = client(&dir)?.eps().await?;
-            output::eps(&eps, json)?;
-            return Ok(());
+            return output::eps(&eps, json);
         }
         EpCommand::Drain { dir, name, deadline, reason } => {
             (dir, name, "drain", EpAction { deadline_s: deadline, ..action(reason) })

@@ -76,8 +76,7 @@ pub async fn run(command: EventsCommand) -> anyhow::Result<()> {
                 replay_id,
             };
             let report = client(&dir)?.replay(&request).await?;
-            output::replay(&report, json)?;
-            Ok(())
+            output::replay(&report, json)
         }
     }
 }

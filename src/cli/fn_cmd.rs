@@ -210,13 +210,11 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             let request =
                 htfaas_functions::proto::TestRequest { subject, headers: headers.into_iter().collect(), event, seq };
             let report = client(&dir)?.test_function(&name, &request).await?;
-            output::fn_test(&report, json)?;
-            Ok(())
+            output::fn_test(&report, json)
         }
         FnCommand::List { dir, json } => {
             let functions = client(&dir)?.functions().await?;
-            output::functions(&functions, json)?;
-            Ok(())
+            output::functions(&functions, json)
         }
     }
 }

@@ -69,8 +69,7 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
                 JobsCommand::History { id } => return job_history(&dir, &id, json).await,
                 JobsCommand::Log { id } => {
                     let log = client(&dir)?.job_log(&id).await?;
-                    output::job_log(&log, json)?;
-                    return Ok(());
+                    return output::job_log(&log, json);
                 }
                 JobsCommand::Analyze { id } => return job_analyze(&dir, &id, json).await,
                 JobsCommand::Hold { id, reason } => ("hold", id, reason),
@@ -78,13 +77,11 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
                 JobsCommand::Rm { id, reason } => ("remove", id, reason),
             };
             let job = client(&dir)?.job_action(&id, verb, &reason).await?;
-            output::job(&job, json)?;
-            Ok(())
+            output::job(&job, json)
         }
         JobsArgs { dir, json, action: None } => {
             let jobs = client(&dir)?.jobs().await?;
-            output::jobs(&jobs, json)?;
-            Ok(())
+            output::jobs(&jobs, json)
         }
     }
 }
@@ -92,13 +89,11 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
 /// `htfaas jobs history ID`.
 async fn job_history(dir: &DirArg, id: &str, json: bool) -> anyhow::Result<()> {
     let attempts = client(dir)?.job_history(id).await?;
-    output::job_history(&attempts, json)?;
-    Ok(())
+    output::job_history(&attempts, json)
 }
 
 /// `htfaas jobs analyze ID`.
 async fn job_analyze(dir: &DirArg, id: &str, json: bool) -> anyhow::Result<()> {
     let analysis = client(dir)?.job_analyze(id).await?;
-    output::job_analysis(&analysis, json)?;
-    Ok(())
+    output::job_analysis(&analysis, json)
 }

@@ -61,8 +61,7 @@ pub async fn run(command: NsCommand) -> anyhow::Result<()> {
         }
         NsCommand::List { dir, json } => {
             let grants = client(&dir)?.namespaces().await?;
-            output::grants(&grants, json)?;
-            Ok(())
+            output::grants(&grants, json)
         }
     }
 }

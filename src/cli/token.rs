@@ -138,8 +138,7 @@ pub async fn run(command: TokenCommand) -> anyhow::Result<()> {
         }
         TokenCommand::Revocations { dir, json } => {
             let list = client(&dir)?.revocations().await?;
-            output::revocations(&list, json)?;
-            Ok(())
+            output::revocations(&list, json)
         }
     }
 }
