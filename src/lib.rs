@@ -10,6 +10,9 @@
 //! - [`crash`] is `htfaas crash-test`: every component killed at random under a stream of
 //!   events, then the checks that nothing was lost, run twice or charged twice;
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
+//!
+//! The binary's command line (`src/main.rs`: parsing and dispatch; `src/cli/`: one module per
+//! command group, and everything printed) uses this library and is not part of it.
 
 pub mod bench;
 pub mod client;

@@ -1,0 +1,125 @@
+//! `htfaas bridge xrootd-notify|dcache-sse`: a storage system's own event channel to CloudEvents
+//! on NATS ([`htfaas_gateway::bridge`]). Must not know: the stack (a bridge runs at the site).
+
+use super::signals::on_signals;
+use clap::Subcommand;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum BridgeCommand {
+    /// Read XRootD `ofs.notify` lines and publish them as CloudEvents on
+    /// `storage.cloudevents.xrootd-notify` (JetStream; the gateway creates the stream).
+    ///
+    /// Program mode: `ofs.notify closew create rm mv |/usr/bin/htfaas bridge xrootd-notify --nats URL`;
+    /// FIFO mode: `ofs.notify closew create rm mv >PATH` and `--fifo PATH`. Recommended with
+    /// `ofs.notifymsg closew $TID closew $LFN $FSIZE` (the size of written files).
+    XrootdNotify {
+        /// NATS server URL, e.g. nats://127.0.0.1:4222.
+        #[arg(long = "nats")]
+        nats: String,
+        /// File holding the bridge's NATS nkey user seed (`SU…`); the server lets it publish
+        /// on `storage.cloudevents.xrootd-notify` only. Default: connect without a credential.
+        #[arg(long)]
+        nats_nkey_seed_file: Option<PathBuf>,
+        /// Read the FIFO of `ofs.notify … >PATH` (created by xrootd) instead of stdin.
+        #[arg(long)]
+        fifo: Option<PathBuf>,
+        /// Put this in front of every XRootD path (LFN) to make the site's storage path.
+        #[arg(long, default_value = "")]
+        path_prefix: String,
+        /// The XRootD host named in the events' source (xrootd://HOST). Default: this host's name.
+        #[arg(long)]
+        source_host: Option<String>,
+    },
+    /// Follow a dCache frontend's SSE storage events (inotify) and publish them as CloudEvents on
+    /// `storage.cloudevents.dcache-sse` (JetStream; the gateway creates the stream).
+    ///
+    /// Resumes with `Last-Event-ID` from its state file, which also keeps the channel and its
+    /// watches across restarts; lost events (EVENT_LOSS, IN_Q_OVERFLOW, a lost channel) are
+    /// published as `org.htfaas.storage.dcache-sse.event-loss` markers.
+    DcacheSse {
+        /// Frontend REST base URL, e.g. https://dcache.example.org:3880/api/v1.
+        #[arg(long)]
+        frontend: String,
+        /// Absolute path to watch (repeatable). Watches are not recursive unless --recursive.
+        #[arg(long = "watch", required = true)]
+        watch: Vec<String>,
+        /// inotify flags, comma-separated. Default: IN_CLOSE_WRITE,IN_MOVED_TO,IN_CREATE,IN_DELETE.
+        #[arg(long, value_delimiter = ',')]
+        flags: Vec<String>,
+        /// Also watch directories created or moved in below the watched paths.
+        #[arg(long)]
+        recursive: bool,
+        /// File holding a bearer token (OIDC or macaroon); re-read at each request.
+        #[arg(long, required_unless_present = "user", conflicts_with = "user")]
+        token_file: Option<PathBuf>,
+        /// dCache user for HTTP Basic (with --secret-file).
+        #[arg(long, requires = "secret_file")]
+        user: Option<String>,
+        /// File holding the password of --user.
+        #[arg(long, requires = "user")]
+        secret_file: Option<PathBuf>,
+        /// Extra trusted CA certificate(s), PEM.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// State file (channel, watches, last published event id).
+        #[arg(long)]
+        state: PathBuf,
+        /// NATS server URL.
+        #[arg(long = "nats", default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+        /// File holding the bridge's NATS nkey user seed (`SU…`); the server lets it publish
+        /// on `storage.cloudevents.dcache-sse` only. Default: connect without a credential.
+        #[arg(long)]
+        nats_nkey_seed_file: Option<PathBuf>,
+    },
+}
+
+/// `htfaas bridge …`.
+pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
+    match command {
+        BridgeCommand::XrootdNotify { nats, nats_nkey_seed_file, fifo, path_prefix, source_host } => {
+            use htfaas_gateway::bridge::xrootd::{Input, Settings, run};
+            let mut settings = Settings::new(nats, fifo.map_or(Input::Stdin, Input::Fifo));
+            settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
+            settings.path_prefix = path_prefix;
+            if let Some(host) = source_host {
+                settings.source_host = host;
+            }
+            run(settings, on_signals()).await.map(|_| ())
+        }
+        BridgeCommand::DcacheSse {
+            frontend,
+            watch,
+            flags,
+            recursive,
+            token_file,
+            user,
+            secret_file,
+            ca,
+            state,
+            nats,
+            nats_nkey_seed_file,
+        } => {
+            use htfaas_gateway::bridge::sse;
+            let auth = match (token_file, user, secret_file) {
+                (Some(token_file), None, None) => sse::Auth::Bearer { token_file },
+                (None, Some(user), Some(secret_file)) => sse::Auth::Basic { user, secret_file },
+                _ => anyhow::bail!("give either --token-file or --user with --secret-file"),
+            };
+            let mut settings = sse::Settings::new(&frontend, auth, watch, state, &nats);
+            if !flags.is_empty() {
+                settings.flags = flags;
+            }
+            settings.recursive = recursive;
+            settings.ca_file = ca;
+            settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
+            sse::run(settings, on_signals()).await
+        }
+    }
+}
+
+/// The NATS credential whose seed `file` holds, if one is given.
+fn nats_seed(file: Option<&std::path::Path>) -> anyhow::Result<Option<htfaas_functions::nats::NatsCredential>> {
+    Ok(file.map(htfaas_functions::nats::NatsCredential::from_seed_file).transpose()?)
+}

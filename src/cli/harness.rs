@@ -1,0 +1,145 @@
+//! `htfaas bench`, `htfaas crash-test` and `htfaas overload`: the measuring and checking
+//! harnesses of the library ([`htfaas::bench`], [`htfaas::crash`], [`htfaas::overload`]), each on a
+//! stack of its own. Must not know: how their figures and reports are printed ([`super::output`]).
+
+use super::output;
+use anyhow::Context as _;
+use htfaas_functions::store::Durability;
+use std::path::PathBuf;
+use std::time::Duration;
+
+// The flags of `htfaas bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Fewer events, 3 s windows, a shorter peer run, no component benches: under a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Skip the peer (and the ratios).
+    #[arg(long)]
+    pub no_peer: bool,
+    /// Skip the run with an fsync behind every acknowledgement.
+    #[arg(long)]
+    pub no_fsync: bool,
+    /// Also gather the components' own benches (`cargo bench`; the default without --quick).
+    #[arg(long, conflicts_with = "no_components")]
+    pub components: bool,
+    /// Skip the components' own benches.
+    #[arg(long)]
+    pub no_components: bool,
+    /// EP cores and Parsl workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Latency samples, htfaas and peer (default 1000; --quick 150).
+    #[arg(long)]
+    pub events: Option<usize>,
+    /// Throughput window in seconds (default 60; --quick 3).
+    #[arg(long)]
+    pub window_s: Option<u64>,
+    /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+    #[arg(long)]
+    pub nats_server: Option<PathBuf>,
+}
+
+// The flags of `htfaas crash-test`.
+#[derive(clap::Args)]
+pub struct CrashTestArgs {
+    /// Events in the stream.
+    #[arg(long, default_value_t = 10_000)]
+    pub events: u64,
+    /// Events published per second.
+    #[arg(long, default_value_t = 40)]
+    pub rate: u32,
+    /// Rounds of kills (each kills every component once).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// Seed of the kill order, moments and down times (default: the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// fsync behind every acknowledgement, instead of JetStream's own `log` durability.
+    #[arg(long)]
+    pub fsync: bool,
+    /// EP cores.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Keep the state in this directory (default: a temporary one, kept only on failure).
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+    #[arg(long)]
+    pub nats_server: Option<PathBuf>,
+}
+
+// The flags of `htfaas overload`.
+#[derive(clap::Args)]
+pub struct OverloadArgs {
+    /// Events in the flood.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: u64,
+    /// EP cores.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Seconds to go on measuring after the other owner's job ended.
+    #[arg(long, default_value_t = 20)]
+    pub after_s: u64,
+    /// Keep the state in this directory.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+    #[arg(long)]
+    pub nats_server: Option<PathBuf>,
+}
+
+/// `htfaas bench`.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let BenchArgs { quick, no_peer, no_fsync, components, no_components, workers, events, window_s, nats_server } =
+        args;
+    let mut opts = htfaas::bench::BenchOptions::new(env!("CARGO_MANIFEST_DIR"), quick);
+    opts.peer = !no_peer;
+    opts.fsync = !no_fsync;
+    opts.components = (components || !quick) && !no_components;
+    opts.workers = workers;
+    opts.events = events;
+    opts.window = window_s.map(std::time::Duration::from_secs);
+    opts.nats_binary = nats_server;
+    let started = std::time::Instant::now();
+    let figures = htfaas::bench::run(&opts, &mut |f| output::bench_figure(f)).await?;
+    output::bench_done(figures.len(), started.elapsed());
+    Ok(())
+}
+
+/// `htfaas crash-test`.
+pub async fn crash_test(args: CrashTestArgs) -> anyhow::Result<()> {
+    let CrashTestArgs { events, rate, rounds, seed, fsync, workers, keep, nats_server } = args;
+    let exe = std::env::current_exe().context("find this binary")?;
+    let wasm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release");
+    let mut opts = htfaas::crash::CrashOptions::new(exe, wasm);
+    opts.events = events;
+    opts.rate = rate;
+    opts.rounds = rounds;
+    opts.seed = seed.unwrap_or(opts.seed);
+    opts.durability = if fsync { Durability::Fsync } else { Durability::Log };
+    opts.workers = workers;
+    opts.dir = keep;
+    opts.nats_binary = nats_server;
+    let report = htfaas::crash::run(opts).await?;
+    output::report(&report);
+    anyhow::ensure!(report.passed(), "the crash harness found a problem (above)");
+    Ok(())
+}
+
+/// `htfaas overload`.
+pub async fn overload(args: OverloadArgs) -> anyhow::Result<()> {
+    let OverloadArgs { events, workers, after_s, keep, nats_server } = args;
+    let report = htfaas::overload::run(htfaas::overload::OverloadOptions {
+        htfaas: std::env::current_exe().context("find this binary")?,
+        nats_binary: nats_server,
+        wasm_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release"),
+        flood: events,
+        workers,
+        after: Duration::from_secs(after_s),
+        dir: keep,
+    })
+    .await?;
+    output::report(&report);
+    Ok(())
+}

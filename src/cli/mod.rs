@@ -1,0 +1,22 @@
+//! The binary's edge: one module per command group, each with its clap arguments and what the
+//! command does through the library ([`htfaas::client`], [`htfaas::stack`], …); [`output`] prints
+//! everything. `main.rs` parses the command line and dispatches here. Must not know: the
+//! components' insides (only their libraries' `run` and the client).
+
+pub mod accounting;
+pub mod args;
+pub mod audit;
+pub mod bridge;
+pub mod ep;
+pub mod events;
+pub mod files;
+pub mod fn_cmd;
+pub mod harness;
+pub mod jobs;
+pub mod ns;
+pub mod output;
+pub mod serve;
+pub mod signals;
+pub mod submit;
+pub mod token;
+pub mod up;
