@@ -214,9 +214,7 @@ impl fmt::Display for CrashReport {
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use htfaas_functions::time::now_ms as unix_ms;
 
 fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> FunctionManifest {
     FunctionManifest {

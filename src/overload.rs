@@ -27,7 +27,7 @@ use htfaas_functions::{FunctionManifest, Resources};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// JetStream publishes in flight during the flood.
 pub const PUBLISH_WINDOW: usize = 2_000;
@@ -146,9 +146,7 @@ impl fmt::Display for OverloadReport {
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use htfaas_functions::time::now_ms as unix_ms;
 
 /// Resident memory of `pid` in MiB (`VmRSS` of `/proc/<pid>/status`).
 fn rss_mib(pid: u32) -> Option<f64> {

@@ -44,7 +44,7 @@ use crate::job::Jobs;
 use crate::runtime::CancelSignal;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
-use htfaas_functions::proto::{FINAL_CLOSE_CODES, PROTOCOL, EpMsg, Hello, JobReport, Outcome, SchedulerMsg, Usage};
+use htfaas_functions::proto::{EpMsg, FINAL_CLOSE_CODES, Hello, JobReport, Outcome, PROTOCOL, SchedulerMsg, Usage};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;

@@ -240,8 +240,6 @@ pub fn utc_timestamp(unix_s: u64) -> String {
     htfaas_functions::time::utc_timestamp(unix_s.min(MAX_TIMESTAMP_S))
 }
 
-pub use htfaas_functions::time::civil_from_days;
-
 #[cfg(test)]
 mod tests {
     use super::*;

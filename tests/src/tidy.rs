@@ -201,11 +201,7 @@ fn crate_paths(code: &str) -> BTreeSet<String> {
 }
 
 fn push_first_ident(text: &str, into: &mut BTreeSet<String>) {
-    let ident: String = text
-        .trim_start()
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
+    let ident: String = text.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
     if !ident.is_empty() && ident != "self" {
         into.insert(ident);
     }
@@ -220,10 +216,7 @@ fn test_module_files(file: &Path, names: &[String]) -> Vec<PathBuf> {
         None => None,
     };
     let Some(dir) = dir else { return Vec::new() };
-    names
-        .iter()
-        .flat_map(|n| [dir.join(format!("{n}.rs")), dir.join(n).join("mod.rs")])
-        .collect()
+    names.iter().flat_map(|n| [dir.join(format!("{n}.rs")), dir.join(n).join("mod.rs")]).collect()
 }
 
 /// The edges `from → to` between top-level modules, each with the file that makes it.
@@ -276,13 +269,13 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
                 continue;
             }
             let (a, b) = (layers.of.get(from), layers.of.get(&used));
-            if let (Some(a), Some(b)) = (a, b) {
-                if b > a {
-                    problems.push(format!(
-                        "{}: `{from}` (layer {a}) uses `{used}` (layer {b}), a higher layer",
-                        file.display()
-                    ));
-                }
+            if let (Some(a), Some(b)) = (a, b)
+                && b > a
+            {
+                problems.push(format!(
+                    "{}: `{from}` (layer {a}) uses `{used}` (layer {b}), a higher layer",
+                    file.display()
+                ));
             }
             edges.entry((from.clone(), used)).or_insert_with(|| file.clone());
         }
@@ -301,9 +294,7 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
 
 /// One cycle per strongly connected component of more than one module, as a closed walk.
 fn circles(modules: &BTreeSet<String>, edges: &Edges) -> Vec<Vec<String>> {
-    let next = |m: &str| -> Vec<String> {
-        edges.keys().filter(|(a, _)| a == m).map(|(_, b)| b.clone()).collect()
-    };
+    let next = |m: &str| -> Vec<String> { edges.keys().filter(|(a, _)| a == m).map(|(_, b)| b.clone()).collect() };
     let reaches = |from: &str, to: &str| -> Option<Vec<String>> {
         // Breadth-first path from `from` to `to`.
         let mut parent: BTreeMap<String, String> = BTreeMap::new();
@@ -373,9 +364,7 @@ fn every_source_file_says_its_role_and_long_ones_say_why() {
                 problems.push(format!("{}: no `//!` comment at its top saying its role", file.display()));
             }
             let lines = text.lines().count();
-            let says_why = head
-                .iter()
-                .any(|l| LONG_REASONS.iter().any(|r| l.to_lowercase().contains(r)));
+            let says_why = head.iter().any(|l| LONG_REASONS.iter().any(|r| l.to_lowercase().contains(r)));
             if lines > LONG && !says_why {
                 problems.push(format!("{}: {lines} lines and no line at its top saying why", file.display()));
             }
@@ -397,7 +386,9 @@ fn the_checker_catches_upward_imports_circles_root_items_and_unplaced_modules() 
     write("store/rows.rs", "//! rows\nuse crate::{store::Row, Shared};\n");
     write("api.rs", "//! api\nuse crate::store;\n// use crate::nowhere;\n");
     write("extra.rs", "//! extra\n");
-    let layers = declared("## Layers\n### fix/src\n1. `store` — the store\n2. `api`, `gone` — the api\n## Next\n1. `extra` — not in the section\n");
+    let layers = declared(
+        "## Layers\n### fix/src\n1. `store` — the store\n2. `api`, `gone` — the api\n## Next\n1. `extra` — not in the section\n",
+    );
     let mut problems = Vec::new();
     assert_eq!(layers.len(), 1, "only the Layers section counts");
     check_crate(dir.path(), "fix/src", &layers["fix/src"], &mut problems);

@@ -521,13 +521,7 @@ fn report_summary(r: &htfaas_functions::proto::Report) -> String {
     line
 }
 
-/// Unix ms as UTC, e.g. `2025-03-01T12:00:00.250Z`.
-fn fmt_unix_ms(ms: u64) -> String {
-    let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
-    let (year, month, day) = htfaas_scheduler::dispatch::civil_from_days(days);
-    let (h, m, s, milli) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
-}
+use htfaas_functions::time::utc_timestamp_ms as fmt_unix_ms;
 
 #[cfg(test)]
 mod tests {
