@@ -94,14 +94,9 @@ impl ProcStack {
         let layout = Layout::prepare(dir, opts.durability)?;
         let nats_binary =
             opts.nats_binary.clone().or_else(crate::nats::find_binary).context("nats-server not found")?;
+        let users = layout.nats_users()?;
         let nats = tokio::task::block_in_place(|| {
-            NatsServer::start_authorized(
-                &nats_binary,
-                &dir.join("nats"),
-                0,
-                opts.durability,
-                Some(layout.nats_users()?),
-            )
+            NatsServer::start_authorized(&nats_binary, &dir.join("nats"), 0, opts.durability, Some(users))
         })?;
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         let mut procs = ProcStack {

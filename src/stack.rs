@@ -375,8 +375,9 @@ impl Stack {
         let binary = opts.nats_binary.clone().or_else(crate::nats::find_binary).context(
             "nats-server not found: run scripts/install-deps.sh, or set HTFAAS_NATS_SERVER to a nats-server binary",
         )?;
+        let users = layout.nats_users()?;
         let nats = tokio::task::block_in_place(|| {
-            NatsServer::start_authorized(&binary, &dir.join("nats"), 0, opts.durability, Some(layout.nats_users()?))
+            NatsServer::start_authorized(&binary, &dir.join("nats"), 0, opts.durability, Some(users))
         })?;
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -512,7 +513,7 @@ impl Stack {
     pub async fn kill_and_restart_nats(&mut self, down: Duration) -> anyhow::Result<()> {
         tokio::task::block_in_place(|| self.nats.kill());
         tokio::time::sleep(down).await;
-        tokio::task::block_in_place(|| self.nats.restart())
+        Ok(tokio::task::block_in_place(|| self.nats.restart())?)
     }
 
     /// The nats-server's process id.

@@ -21,6 +21,8 @@
 //! - [`macaroon`], [`metrics`]: the macaroon codec, the metrics encoding;
 //! - `nats` (feature `nats`): NATS nkey credentials and the connect options every NATS client
 //!   of htfaas is built from;
+//! - `nats_server` (feature `nats-server`): a real nats-server as a child process, the one
+//!   harness of the local stack, the benches and the tests;
 //! - `serve` (feature `serve`): the HTTP listener loop of every server, with its header and
 //!   body timeouts and connection cap.
 //!
@@ -41,6 +43,8 @@ pub mod metrics;
 pub mod namespace;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "nats-server")]
+pub mod nats_server;
 pub mod proto;
 #[cfg(feature = "db")]
 pub mod registry;

@@ -20,21 +20,21 @@
 //!   not make a lone event wait.
 //!
 //! The firing tables live in the system's temporary directory: its disk's fsync cost is most
-//! of the per-event figure. The nats-server binary is `$HTFAAS_NATS_SERVER`, else the project's
-//! `.tools/venv/bin/nats-server`, else `nats-server` on `PATH`; the `jetstream` cases are
-//! skipped, with a message, when none is found. Without `--bench` (as `cargo test --benches`
+//! of the per-event figure. The nats-server comes from the one harness,
+//! `htfaas_functions::nats_server` (`$HTFAAS_NATS_SERVER`, else `.tools/venv/bin/`, else
+//! `PATH`); the `jetstream` cases are skipped, with a message, when none is found. Without `--bench` (as `cargo test --benches`
 //! runs it) every case runs with a few events and nothing is timed. No criterion on purpose
 //! (build time).
 
 use htfaas_functions::manifest::{Outputs, Resources, Trigger};
+use htfaas_functions::nats_server::{NatsServer, find_binary};
 use htfaas_functions::proto::EVENTS_SUBJECT;
 use htfaas_functions::{FunctionManifest, Registry};
 use htfaas_gateway::event::{self, Decision, SourcePolicy};
 use htfaas_gateway::firing::{Firings, NewFirings, now_ms};
 use htfaas_gateway::ingest::BATCH_MAX;
 use htfaas_gateway::triggers::TriggerCache;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -137,58 +137,13 @@ fn in_process(n: usize, batched: bool, timed: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn nats_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HTFAAS_NATS_SERVER") {
-        return Some(PathBuf::from(p));
-    }
-    let mut candidates = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/nats-server")];
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join("nats-server")));
-    }
-    candidates.into_iter().find(|p| p.is_file())
-}
-
-/// A nats-server child with JetStream, killed on drop.
-struct Nats(Child, u16);
-
-impl Nats {
-    fn start(binary: &Path, dir: &Path) -> anyhow::Result<Nats> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let nats = Nats(child, port);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(nats)
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.1)
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn jetstream(n: usize, timed: bool) -> anyhow::Result<()> {
-    let Some(binary) = nats_binary() else {
+    let Some(binary) = find_binary() else {
         eprintln!("jetstream: skipped, no nats-server (set HTFAAS_NATS_SERVER)");
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
-    let nats = Nats::start(&binary, &dir.path().join("nats"))?;
+    let nats = NatsServer::start(&binary, &dir.path().join("nats"), 0)?;
     // A gateway resolved as usual (its storage and scheduler are never called: no dispatcher).
     registry(&dir.path().join("gateway/registry"))?;
     let config: htfaas_gateway::Config = serde_json::from_value(serde_json::json!({

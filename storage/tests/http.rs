@@ -1,6 +1,7 @@
 //! In-process HTTP tests: the real server (`htfaas_storage::run`) on 127.0.0.1:0, driven with
 //! reqwest (and raw TCP where reqwest would normalize the path for us).
 
+use htfaas_functions::nats_server::{NatsServer, find_binary};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -439,43 +440,24 @@ async fn shutdown_token_stops_run() {
 
 // ---- NATS: a real nats-server, when available ----
 
+/// A nats-server with JetStream (the one harness, `htfaas_functions::nats_server`), stopped
+/// when dropped.
 struct Nats {
-    child: std::process::Child,
+    server: NatsServer,
     url: String,
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn start_nats() -> Option<Nats> {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/nats-server");
-    if !bin.exists() {
-        assert!(std::env::var_os("CI").is_none(), "nats-server missing at {} and CI is set", bin.display());
-        eprintln!("NOTICE: skipping NATS test: {} not found (run scripts/install-deps.sh)", bin.display());
+    let Some(bin) = find_binary() else {
+        assert!(std::env::var_os("CI").is_none(), "nats-server missing and CI is set");
+        eprintln!("NOTICE: skipping NATS test: no nats-server (run scripts/install-deps.sh)");
         return None;
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    };
     let dir = tempfile::tempdir().expect("tempdir");
-    let child = std::process::Command::new(&bin)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("nats-server starts");
-    let nats = Nats { child, url: format!("nats://127.0.0.1:{port}"), _dir: dir };
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return Some(nats);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nats-server did not start listening on {port}");
+    let server = NatsServer::start(&bin, dir.path(), 0).expect("nats-server starts");
+    let url = server.url();
+    Some(Nats { server, url, _dir: dir })
 }
 
 #[tokio::test]
@@ -517,8 +499,7 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
     assert_eq!(got[1].subject.as_ref().map(|s| s[0].clone()).as_deref(), Some("UserNamePrincipal[alice]"));
 
     // NATS gone: the file is kept, the answer is 503.
-    let _ = nats.child.kill();
-    let _ = nats.child.wait();
+    nats.server.kill();
     let r = s.http.put(s.url("/data/b.txt")).basic_auth(ALICE.0, Some(ALICE.1)).body("b").send().await.expect("sent");
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(r.text().await.expect("body").contains("was stored"));

@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use htfaas_functions::event::{BridgedEvent, CloudEvent, EventKind};
+use htfaas_functions::nats_server::{NatsServer, find_binary};
 use htfaas_gateway::bridge::sse::{self, Auth, Settings};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -315,37 +316,21 @@ async fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
 // nats-server
 // ---------------------------------------------------------------------------------------------
 
-/// A nats-server child process with JetStream, killed when dropped.
+/// A nats-server with JetStream (the one harness, `htfaas_functions::nats_server`), stopped
+/// when dropped.
 struct Nats {
-    child: std::process::Child,
+    _server: NatsServer,
     url: String,
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Nats {
     async fn start() -> (Nats, jetstream::stream::Stream) {
-        let binary = std::env::var_os("HTFAAS_NATS_SERVER")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/nats-server"));
-        assert!(binary.is_file(), "nats-server not found at {} (set HTFAAS_NATS_SERVER)", binary.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let binary = find_binary().expect("nats-server not found (set HTFAAS_NATS_SERVER)");
         let dir = tempfile::tempdir().expect("tempdir");
-        let child = std::process::Command::new(&binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start nats-server");
-        let url = format!("nats://127.0.0.1:{port}");
-        let nats = Nats { child, url, _dir: dir };
+        let server = NatsServer::start(&binary, dir.path(), 0).expect("start nats-server");
+        let url = server.url();
+        let nats = Nats { _server: server, url, _dir: dir };
         let deadline = Instant::now() + WAIT;
         let client = loop {
             if let Ok(c) = async_nats::connect(&nats.url).await {
