@@ -20,13 +20,12 @@ pub enum NatsAuthError {
     #[error("not an nkey user seed (`SU…`): {0}")]
     Seed(String),
     /// The seed file could not be read.
-    #[error("read the nkey seed file {path}: {source}")]
+    #[error("read the nkey seed file {path}: {error}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
+        /// Why (shown in the message, so not also returned as its source).
+        error: std::io::Error,
     },
 }
 
@@ -74,7 +73,7 @@ impl NatsCredential {
     /// The credential whose seed is the content of `path` (as `nsc` and `nk` write it).
     pub fn from_seed_file(path: &Path) -> Result<NatsCredential, NatsAuthError> {
         let text =
-            std::fs::read_to_string(path).map_err(|source| NatsAuthError::Read { path: path.to_owned(), source })?;
+            std::fs::read_to_string(path).map_err(|error| NatsAuthError::Read { path: path.to_owned(), error })?;
         NatsCredential::from_seed(&text)
     }
 

@@ -213,6 +213,15 @@ impl From<jsonwebtoken::errors::Error> for TokenError {
     }
 }
 
+/// The token of an `Authorization` header value of the `Bearer` scheme (RFC 6750; the scheme
+/// name is case-insensitive), trimmed; `None` for another scheme or an empty token. The one
+/// parser of bearer headers every server uses.
+pub fn bearer(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Whether two secrets (tokens, MACs, digests of secrets) are equal, in time that does not
 /// depend on where they differ (`subtle`); unequal lengths are unequal at once (a length is no
 /// secret). The one comparison of secrets every crate uses.
@@ -403,6 +412,17 @@ pub fn write_jwks(path: &Path, jwks: &JwkSet) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_headers_are_read_one_way() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("BEARER abc"), Some("abc"));
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("Bearer"), None);
+        assert_eq!(bearer("Basic YTpi"), None);
+        assert_eq!(bearer("Bearerabc"), None);
+    }
 
     fn claims(exp: u64) -> SubmitClaims {
         SubmitClaims {

@@ -52,8 +52,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(htfaas_functions::token::bearer)
 }
 
 /// The caller of a route open to either scope: the admin token, or an API token that verifies

@@ -24,7 +24,14 @@ pub enum SubmitError {
     },
     /// The token could not be minted.
     #[error("mint submit token: {0}")]
-    Token(#[from] htfaas_functions::token::TokenError),
+    Token(htfaas_functions::token::TokenError),
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<htfaas_functions::token::TokenError> for SubmitError {
+    fn from(e: htfaas_functions::token::TokenError) -> SubmitError {
+        SubmitError::Token(e)
+    }
 }
 
 /// Mints submit tokens and posts jobs.

@@ -141,9 +141,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 
 /// The token after `Bearer ` in `Authorization`, if any.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+    htfaas_functions::token::bearer(headers.get(header::AUTHORIZATION)?.to_str().ok()?)
 }
 
 fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure> {

@@ -57,13 +57,13 @@ pub enum QueueError {
     },
     /// SQLite said no.
     #[error("database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// The audit trail kept in the store could not be written or read.
     #[error("audit trail: {0}")]
-    Audit(#[from] htfaas_functions::audit::AuditError),
+    Audit(htfaas_functions::audit::AuditError),
     /// A JSON column could not be written.
     #[error("encoding: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// A previous holder of the connection panicked.
     #[error("database connection lock poisoned")]
     Poisoned,
@@ -87,6 +87,27 @@ pub enum QueueError {
     /// The blocking task running the query died.
     #[error("database task failed: {0}")]
     Task(String),
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<rusqlite::Error> for QueueError {
+    fn from(e: rusqlite::Error) -> QueueError {
+        QueueError::Sqlite(e)
+    }
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<htfaas_functions::audit::AuditError> for QueueError {
+    fn from(e: htfaas_functions::audit::AuditError) -> QueueError {
+        QueueError::Audit(e)
+    }
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<serde_json::Error> for QueueError {
+    fn from(e: serde_json::Error) -> QueueError {
+        QueueError::Json(e)
+    }
 }
 
 impl QueueError {

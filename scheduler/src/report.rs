@@ -41,7 +41,7 @@ pub enum ReportError {
     BadQuery(String),
     /// The store could not be read.
     #[error("read the job store: {0}")]
-    Db(#[from] rusqlite::Error),
+    Db(rusqlite::Error),
     /// A job's stored usage does not decode.
     #[error("job {id}: stored usage does not decode: {reason}")]
     Corrupt {
@@ -50,6 +50,13 @@ pub enum ReportError {
         /// The decoder's complaint.
         reason: String,
     },
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<rusqlite::Error> for ReportError {
+    fn from(e: rusqlite::Error) -> ReportError {
+        ReportError::Db(e)
+    }
 }
 
 /// The report `query` asks for, read from the job store at `path` (read-only); `now_ms` is the

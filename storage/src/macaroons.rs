@@ -462,10 +462,17 @@ pub enum IssueError {
     Unsupported(String),
     /// A caveat that breaks the grammar or the combination rules.
     #[error("Bad requested caveat: {0}")]
-    BadCaveat(#[from] CaveatError),
+    BadCaveat(CaveatError),
     /// The expiry would not lie in the future.
     #[error("Bad requested caveat: the macaroon would already be expired")]
     Expired,
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<CaveatError> for IssueError {
+    fn from(e: CaveatError) -> IssueError {
+        IssueError::BadCaveat(e)
+    }
 }
 
 /// A macaroon request (`POST` with `application/macaroon-request`), decoded.

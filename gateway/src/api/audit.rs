@@ -266,7 +266,14 @@ pub enum LineageError {
     Scheduler(String),
     /// The gateway's own trail could not be read.
     #[error("gateway audit trail: {0}")]
-    Gateway(#[from] AuditError),
+    Gateway(AuditError),
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<AuditError> for LineageError {
+    fn from(e: AuditError) -> LineageError {
+        LineageError::Gateway(e)
+    }
 }
 
 /// The scheduler's records that `filter` selects, over its admin API.

@@ -35,9 +35,9 @@ pub async fn count_refusals(State(shared): State<Arc<Shared>>, request: Request,
     if response.status() != StatusCode::UNAUTHORIZED {
         return response;
     }
-    let bearer = authorization.as_ref().and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let bearer = authorization.as_ref().and_then(|v| v.to_str().ok()).and_then(htfaas_functions::token::bearer);
     let metrics = &shared.metrics;
-    match (runs, bearer.map(str::trim)) {
+    match (runs, bearer) {
         (false, None) => metrics.refused(0, "missing"),
         (false, Some(token)) => match shared.api_verifier.verify::<ApiClaims>(token) {
             Err(e) => metrics.refused(0, reason_of(&e)),

@@ -130,10 +130,10 @@ const CLAIM_SCAN: usize = 1_000;
 pub enum FiringError {
     /// SQLite.
     #[error("firing store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// A record or event that could not be encoded.
     #[error("firing store: encode: {0}")]
-    Encode(#[from] serde_json::Error),
+    Encode(serde_json::Error),
     /// The file was written by a newer gateway.
     #[error("firing store: schema version {found} is newer than this gateway's {supported}")]
     SchemaTooNew {
@@ -147,10 +147,31 @@ pub enum FiringError {
     Task(String),
     /// The audit trail kept in the same file.
     #[error("firing store: audit trail: {0}")]
-    Audit(#[from] AuditError),
+    Audit(AuditError),
     /// The file could not be made private (created 0600, or tightened to it).
     #[error("firing store: {0}: {1}")]
-    Io(String, #[source] std::io::Error),
+    Io(String, std::io::Error),
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<rusqlite::Error> for FiringError {
+    fn from(e: rusqlite::Error) -> FiringError {
+        FiringError::Sqlite(e)
+    }
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<serde_json::Error> for FiringError {
+    fn from(e: serde_json::Error) -> FiringError {
+        FiringError::Encode(e)
+    }
+}
+
+// Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
+impl From<AuditError> for FiringError {
+    fn from(e: AuditError) -> FiringError {
+        FiringError::Audit(e)
+    }
 }
 
 impl FiringError {
