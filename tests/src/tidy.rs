@@ -115,9 +115,10 @@ fn production_code(text: &str) -> (String, Vec<String>) {
         out.push_str(&rest[..at]);
         let after = &rest[at + "#[cfg(test)]".len()..];
         let open = after.find('{');
-        let semi = after.find(';');
-        let header_end = match (open, semi) {
-            (Some(o), Some(s)) if s < o => {
+        // An item ending at `;` before any `{`, or a block.
+        let semi = after.find(';').filter(|s| open.is_none_or(|o| *s < o));
+        let header_end = match (semi, open) {
+            (Some(s), _) => {
                 // `#[cfg(test)] mod name;` or `#[cfg(test)] use …;`
                 let header = &after[..s];
                 if let Some(name) = header.trim().strip_prefix("mod ") {
@@ -125,7 +126,7 @@ fn production_code(text: &str) -> (String, Vec<String>) {
                 }
                 s + 1
             }
-            (Some(o), _) => {
+            (None, Some(o)) => {
                 let mut depth = 0usize;
                 let mut end = after.len();
                 for (i, ch) in after[o..].char_indices() {
@@ -143,7 +144,6 @@ fn production_code(text: &str) -> (String, Vec<String>) {
                 }
                 end
             }
-            (None, Some(s)) => s + 1,
             (None, None) => after.len(),
         };
         rest = &after[header_end..];
@@ -232,12 +232,13 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
         let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let (production, tests) = production_code(&text);
         exempt.extend(test_module_files(file, &tests));
-        let top = top_module(&src, file);
-        if let Some(m) = &top {
-            modules.insert(m.clone());
-        }
-        code.push((file.clone(), top, production));
+        code.push((file.clone(), top_module(&src, file), production));
     }
+    // Files of `#[cfg(test)] mod x;` modules (unit tests, a crate's `testing` fixtures) are
+    // exempt, and a module made only of them needs no layer.
+    let is_exempt = |file: &Path| exempt.iter().any(|e| file == e || file.starts_with(e.with_extension("")));
+    code.retain(|(file, _, _)| !is_exempt(file));
+    modules.extend(code.iter().filter_map(|(_, top, _)| top.clone()));
     for module in &modules {
         if !layers.of.contains_key(module) {
             problems.push(format!("{dir}: module `{module}` has no layer in ARCHITECTURE.md"));
@@ -251,9 +252,6 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
     let mut edges: Edges = BTreeMap::new();
     for (file, top, production) in &code {
         let Some(from) = top else { continue };
-        if exempt.iter().any(|e| file.starts_with(e.with_extension("")) || file == e) {
-            continue;
-        }
         if production.contains("super::super::") {
             problems.push(format!("{}: write `crate::` paths, not `super::super::`", file.display()));
         }
@@ -381,7 +379,8 @@ fn the_checker_catches_upward_imports_circles_root_items_and_unplaced_modules() 
     let src = dir.path().join("fix/src");
     std::fs::create_dir_all(src.join("store")).expect("mkdir");
     let write = |p: &str, t: &str| std::fs::write(src.join(p), t).expect("write");
-    write("lib.rs", "//! root\npub struct Shared;\nmod store; mod api; mod extra;\n");
+    write("lib.rs", "//! root\npub struct Shared;\nmod store; mod api; mod extra;\n#[cfg(test)]\nmod testing;\n");
+    write("testing.rs", "//! fixtures\nuse crate::api;\n");
     write("store/mod.rs", "//! store\nuse crate::api::Handler;\n#[cfg(test)]\nmod tests { use crate::extra::X; }\n");
     write("store/rows.rs", "//! rows\nuse crate::{store::Row, Shared};\n");
     write("api.rs", "//! api\nuse crate::store;\n// use crate::nowhere;\n");
