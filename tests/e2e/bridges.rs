@@ -133,7 +133,11 @@ async fn xrootd_notify_bridge_publishes_a_real_xrootds_closew_and_rm_as_cloudeve
     writeln!(fifo_writer(&fifo), "this is not a notify line").expect("write garbage");
     let put = issuer.put(x.https("/store/in/run2.dat")).body(&b"2"[..]).send().await.expect("PUT");
     assert!(put.status().is_success(), "PUT: {}", put.status());
-    wait_stored(&js, "the second closew event", |m| m.ce["subject"] == "/site/store/in/run2.dat").await;
+    // Its closew, the last line: its create comes first and would not prove the rest is read.
+    wait_stored(&js, "the second closew event", |m| {
+        m.ce["subject"] == "/site/store/in/run2.dat" && m.ce["data"]["msg_type"] == "closew"
+    })
+    .await;
 
     eprintln!("closew: {:#}", write.ce);
     assert_eq!(write.subject, "storage.cloudevents.xrootd-notify");
