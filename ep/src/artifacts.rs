@@ -107,26 +107,24 @@ impl ArtifactCache {
     /// The artifact for `digest`: `Ok(None)` when there is none, `Err(why)` when there is one
     /// but it must not be used. The file is read whole before the check, so what is checked is
     /// what gets deserialized.
-    pub(crate) fn read(&self, digest: &Digest) -> Result<Option<VerifiedArtifact>, String> {
+    pub(crate) fn read(&self, digest: &Digest) -> Result<Option<VerifiedArtifact>, ArtifactUnfit> {
         let file = match File::open(self.path(digest)) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("open: {e}")),
+            Err(e) => return Err(ArtifactUnfit::Open(e)),
         };
-        let len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
+        let len = file.metadata().map_err(ArtifactUnfit::Stat)?.len();
         if len > MAX_ARTIFACT_BYTES {
-            return Err(format!("{len} bytes, more than any artifact this EP writes"));
+            return Err(ArtifactUnfit::TooLarge(len));
         }
         let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-        file.take(MAX_ARTIFACT_BYTES).read_to_end(&mut bytes).map_err(|e| format!("read: {e}"))?;
+        file.take(MAX_ARTIFACT_BYTES).read_to_end(&mut bytes).map_err(ArtifactUnfit::Read)?;
         if bytes.len() < ARTIFACT_HEADER || !bytes.starts_with(ARTIFACT_MAGIC) {
-            return Err("not an htfaas artifact (no header)".into());
+            return Err(ArtifactUnfit::NoHeader);
         }
         let (tag, artifact) = bytes[ARTIFACT_MAGIC.len()..].split_at(TAG_LEN);
         if self.mac(digest, artifact).verify_slice(tag).is_err() {
-            return Err(
-                "its tag does not verify (modified, truncated, written with another key or for another engine)".into(),
-            );
+            return Err(ArtifactUnfit::BadTag);
         }
         Ok(Some(VerifiedArtifact { file: bytes }))
     }
@@ -227,23 +225,68 @@ pub(crate) fn load_or_make_key(dir: &Path) -> anyhow::Result<[u8; KEY_LEN]> {
     }
 }
 
+/// Why a cached artifact is not used ([`ArtifactCache::read`]); the cause of an I/O error is
+/// shown in the message, so it is not also returned as the source.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ArtifactUnfit {
+    /// The file is there but could not be opened.
+    #[error("open: {0}")]
+    Open(std::io::Error),
+    /// Its size could not be read.
+    #[error("stat: {0}")]
+    Stat(std::io::Error),
+    /// It is larger than any artifact this EP writes (its size, bytes).
+    #[error("{0} bytes, more than any artifact this EP writes")]
+    TooLarge(u64),
+    /// It could not be read.
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    /// It does not start with the artifact header.
+    #[error("not an htfaas artifact (no header)")]
+    NoHeader,
+    /// Its tag does not verify under this EP's key and engine.
+    #[error("its tag does not verify (modified, truncated, written with another key or for another engine)")]
+    BadTag,
+}
+
+/// Why the key file is present but unfit ([`read_key`]); the cause of an I/O error is shown in
+/// the message, so it is not also returned as the source.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeyUnfit {
+    /// Its metadata could not be read.
+    #[error("stat: {0}")]
+    Stat(std::io::Error),
+    /// It is not a regular file (a directory, a symbolic link…).
+    #[error("not a regular file")]
+    NotAFile,
+    /// Others than its owner may read or write it (its permission bits).
+    #[error("mode {0:o} lets others at it")]
+    Mode(u32),
+    /// It could not be read.
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    /// It is not [`KEY_LEN`] bytes long (its length).
+    #[error("{0} bytes, want {KEY_LEN}")]
+    Length(usize),
+}
+
 /// The key at `path`: `Ok(None)` if absent, `Err(why)` if present but unfit.
-pub(crate) fn read_key(path: &Path) -> Result<Option<[u8; KEY_LEN]>, String> {
+pub(crate) fn read_key(path: &Path) -> Result<Option<[u8; KEY_LEN]>, KeyUnfit> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("stat: {e}")),
+        Err(e) => return Err(KeyUnfit::Stat(e)),
     };
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(KeyUnfit::NotAFile);
     }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!("mode {mode:o} lets others at it"));
+        return Err(KeyUnfit::Mode(mode));
     }
-    let bytes = fs::read(path).map_err(|e| format!("read: {e}"))?;
+    let bytes = fs::read(path).map_err(KeyUnfit::Read)?;
     let len = bytes.len();
-    bytes.try_into().map(Some).map_err(|_| format!("{len} bytes, want {KEY_LEN}"))
+    bytes.try_into().map(Some).map_err(|_| KeyUnfit::Length(len))
 }
 
 /// A fresh temporary name in `dir` for a file that will become `name`.

@@ -159,9 +159,11 @@ impl Jobs {
             });
         }
         // Nothing is fetched from, or stored to, an origin the EP was not told to trust.
-        s.origins.check("module_url", &job.function.module_url).map_err(|reason| Outcome::ModuleFailed { reason })?;
-        s.origins.check("input url", &job.input.url).map_err(|reason| Outcome::InputFailed { reason })?;
-        s.origins.check("output url", &job.output.url).map_err(|reason| Outcome::OutputFailed { reason })?;
+        s.origins
+            .check("module_url", &job.function.module_url)
+            .map_err(|e| Outcome::ModuleFailed { reason: e.to_string() })?;
+        s.origins.check("input url", &job.input.url).map_err(|e| Outcome::InputFailed { reason: e.to_string() })?;
+        s.origins.check("output url", &job.output.url).map_err(|e| Outcome::OutputFailed { reason: e.to_string() })?;
         let mut limits = ScratchLimits::for_job(s, job);
         let guest = unless_cancelled(cancel, self.module(&job.function, &mut tally.retries)).await??;
 

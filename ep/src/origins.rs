@@ -45,6 +45,29 @@ pub struct OriginError {
     why: String,
 }
 
+/// Why [`Origins::check`] refused a URL: it names what the URL is for and, at most, its
+/// origin (never its path or query, which may carry a credential).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OriginRefused {
+    /// The URL is at an origin the EP was not told to trust (or is not http(s), or carries
+    /// credentials).
+    #[error("{what} {origin} is not among the EP's allowed origins; nothing fetched")]
+    NotAllowed {
+        /// What the assignment calls the URL.
+        what: String,
+        /// The URL's origin, `scheme://host:port`.
+        origin: String,
+    },
+    /// The text does not parse as a URL.
+    #[error("{what} is not a URL ({why}); nothing fetched")]
+    NotUrl {
+        /// What the assignment calls the URL.
+        what: String,
+        /// What the URL parser said.
+        why: String,
+    },
+}
+
 impl Origins {
     /// The rules of `entries` (`scheme://host[:port]` or `scheme://host:*`). An empty list
     /// allows nothing (every job fails); a list is what the operator wrote, so it is not widened.
@@ -76,11 +99,11 @@ impl Origins {
 
     /// `Ok` when `url` (what the assignment calls `what`) may be reached; the refusal names
     /// `what` and the URL's origin (never its path or query, which may carry a credential).
-    pub fn check(&self, what: &str, url: &str) -> Result<(), String> {
+    pub fn check(&self, what: &str, url: &str) -> Result<(), OriginRefused> {
         match Url::parse(url) {
             Ok(u) if self.allows(&u) => Ok(()),
-            Ok(u) => Err(format!("{what} {} is not among the EP's allowed origins; nothing fetched", origin_of(&u))),
-            Err(e) => Err(format!("{what} is not a URL ({e}); nothing fetched")),
+            Ok(u) => Err(OriginRefused::NotAllowed { what: what.to_owned(), origin: origin_of(&u) }),
+            Err(e) => Err(OriginRefused::NotUrl { what: what.to_owned(), why: e.to_string() }),
         }
     }
 
@@ -191,11 +214,11 @@ mod tests {
         let o = Origins::parse(&["http://s:1".into()]).expect("parses");
         assert_eq!(o.check("input", "http://s:1/a"), Ok(()));
         assert_eq!(
-            o.check("input", "http://169.254.169.254/latest?authz=SECRET").expect_err("refused"),
+            o.check("input", "http://169.254.169.254/latest?authz=SECRET").expect_err("refused").to_string(),
             "input http://169.254.169.254:80 is not among the EP's allowed origins; nothing fetched"
         );
         assert_eq!(
-            o.check("module", "not a url").expect_err("refused"),
+            o.check("module", "not a url").expect_err("refused").to_string(),
             "module is not a URL (relative URL without a base); nothing fetched"
         );
     }

@@ -482,7 +482,7 @@ impl Runtime {
         };
         match disk.read(digest) {
             Ok(None) => None,
-            Err(why) => refused(why),
+            Err(why) => refused(why.to_string()),
             Ok(Some(artifact)) => match deserialize_verified(&self.engine, &artifact, kind) {
                 Ok(code) => {
                     self.loaded_from_disk.fetch_add(1, Ordering::Relaxed);

@@ -50,14 +50,18 @@ impl Durability {
     }
 }
 
+/// A name that is not a [`Durability`] (what was given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown durability {0:?}: use fsync or log")]
+pub struct UnknownDurability(pub String);
+
 impl std::str::FromStr for Durability {
-    // A string: scheduler/benches/dispatch.rs names this error type (`|e: String|`).
-    type Err = String;
-    fn from_str(s: &str) -> Result<Durability, String> {
+    type Err = UnknownDurability;
+    fn from_str(s: &str) -> Result<Durability, UnknownDurability> {
         match s {
             "fsync" => Ok(Durability::Fsync),
             "log" => Ok(Durability::Log),
-            other => Err(format!("unknown durability {other:?}: use fsync or log")),
+            other => Err(UnknownDurability(other.to_owned())),
         }
     }
 }

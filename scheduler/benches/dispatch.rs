@@ -98,7 +98,7 @@ const DURABILITY_VAR: &str = "HTFAAS_BENCH_DURABILITY";
 /// The durability [`DURABILITY_VAR`] names.
 fn durability() -> anyhow::Result<Durability> {
     match std::env::var(DURABILITY_VAR) {
-        Ok(v) => v.parse().map_err(|e: String| anyhow::anyhow!("{DURABILITY_VAR}: {e}")),
+        Ok(v) => v.parse::<Durability>().map_err(|e| anyhow::anyhow!("{DURABILITY_VAR}: {e}")),
         Err(std::env::VarError::NotPresent) => Ok(Durability::default()),
         Err(e) => bail!("{DURABILITY_VAR}: {e}"),
     }

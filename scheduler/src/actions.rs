@@ -25,11 +25,17 @@ pub use crate::queue::Action;
 /// Longest action reason, bytes.
 pub const MAX_REASON_BYTES: usize = 1024;
 
+/// An action's reason is refused (400): it must be 1..=[`MAX_REASON_BYTES`] bytes without
+/// control characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("reason must be 1-{MAX_REASON_BYTES} bytes without control characters")]
+pub struct BadReason;
+
 /// Why a reason is refused (400): it must be 1..=[`MAX_REASON_BYTES`] bytes without control
 /// characters.
-pub fn validate_reason(reason: &str) -> Result<(), String> {
+pub fn validate_reason(reason: &str) -> Result<(), BadReason> {
     if reason.is_empty() || reason.len() > MAX_REASON_BYTES || reason.chars().any(char::is_control) {
-        return Err(format!("reason must be 1-{MAX_REASON_BYTES} bytes without control characters"));
+        return Err(BadReason);
     }
     Ok(())
 }
@@ -70,7 +76,7 @@ mod tests {
         assert_eq!(validate_reason("disk full"), Ok(()));
         assert_eq!(validate_reason(&"é".repeat(MAX_REASON_BYTES / 2)), Ok(()));
         for bad in [String::new(), "x".repeat(MAX_REASON_BYTES + 1), "a\nb".into(), "a\0".into(), "\u{7f}".into()] {
-            assert!(validate_reason(&bad).is_err(), "{bad:?} accepted");
+            assert_eq!(validate_reason(&bad), Err(BadReason), "{bad:?} accepted");
         }
     }
 }

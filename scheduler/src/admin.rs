@@ -80,7 +80,7 @@ pub(crate) async fn ep_action(
     if name.is_empty() || name.len() > MAX_EP_NAME_BYTES || name.chars().any(char::is_control) {
         return Err(ApiFailure::bad_request(format!("EP name must be 1-{MAX_EP_NAME_BYTES} printable characters")));
     }
-    validate_reason(&action.reason).map_err(ApiFailure::bad_request)?;
+    validate_reason(&action.reason).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     if action.deadline_s.is_some() && verb != EpVerb::Drain {
         return Err(ApiFailure::bad_request("deadline_s is only for drain"));
     }

@@ -81,7 +81,7 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use htfaas_functions::audit::{self, AuditFilter, AuditRecord, Subject, VerifyReport};
 use htfaas_functions::manifest::{
-    MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, check_name, is_clean_abs_path,
+    MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, NameError, check_name, is_clean_abs_path,
 };
 use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
@@ -238,64 +238,121 @@ fn bounded(s: &str) -> bool {
     s.len() <= MAX_FIELD_BYTES && !s.contains('\0')
 }
 
+/// Why a submit request is refused on its own ([`validate`], 400): the rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitInvalid {
+    /// `function.name` is empty, over 128 bytes or holds a control character.
+    #[error("function.name must be 1-128 printable characters")]
+    FunctionName,
+    /// `function.module_url` is not an http(s) URL.
+    #[error("function.module_url must be an http or https URL")]
+    ModuleUrl,
+    /// `resources.cpus` is 0 or over [`MAX_CPUS`].
+    #[error("resources.cpus must be 1..={MAX_CPUS}")]
+    Cpus,
+    /// `resources.memory_mb` is 0 or over [`MAX_MEMORY_MB`].
+    #[error("resources.memory_mb must be 1..={MAX_MEMORY_MB}")]
+    MemoryMb,
+    /// `resources.runtime_s` is over [`MAX_RUNTIME_S`].
+    #[error("resources.runtime_s must be 0..={MAX_RUNTIME_S} (0: the job class's default)")]
+    RuntimeS,
+    /// `resources.gpus` is over [`MAX_GPUS`].
+    #[error("resources.gpus must be 0..={MAX_GPUS}")]
+    Gpus,
+    /// `resources.disk_mb` is over [`MAX_DISK_MB`].
+    #[error("resources.disk_mb must be 0..={MAX_DISK_MB}")]
+    DiskMb,
+    /// `class` is not a name.
+    #[error("class {0}")]
+    Class(NameError),
+    /// `input.name` is not one path segment (the name).
+    #[error("input.name {0:?} must be one path segment, not . or ..")]
+    InputName(String),
+    /// `input.url` is not an http(s) URL.
+    #[error("input.url must be an http or https URL")]
+    InputUrl,
+    /// `output.url` is not an http(s) URL ending in `/`.
+    #[error("output.url must be an http or https URL ending in '/'")]
+    OutputUrl,
+    /// A macaroon is over [`MAX_FIELD_BYTES`] or holds a NUL.
+    #[error("macaroons must be at most {MAX_FIELD_BYTES} bytes without NUL")]
+    Macaroons,
+    /// Too many or too long arguments, or one with a NUL.
+    #[error("args: at most 64 arguments of at most 4096 bytes, no NUL")]
+    Args,
+    /// Too many environment variables, or a bad name or value.
+    #[error("env: at most 64 variables; names non-empty without '=' or NUL; values at most 4096 bytes")]
+    Env,
+    /// An event field is over [`MAX_FIELD_BYTES`] or holds a NUL.
+    #[error("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL")]
+    EventFields,
+    /// `dedupe_key` is empty, over 1024 bytes or holds a NUL.
+    #[error("dedupe_key must be 1-1024 bytes without NUL")]
+    DedupeKey,
+    /// `annex` is not a name.
+    #[error("annex {0}")]
+    Annex(NameError),
+}
+
 /// The request on its own (400).
-pub fn validate(req: &SubmitRequest) -> Result<(), String> {
+pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
+    use SubmitInvalid::*;
     let f = &req.function;
     if f.name.is_empty() || f.name.len() > 128 || f.name.chars().any(char::is_control) {
-        return Err("function.name must be 1-128 printable characters".into());
+        return Err(FunctionName);
     }
     if !http_url(&f.module_url) {
-        return Err("function.module_url must be an http or https URL".into());
+        return Err(ModuleUrl);
     }
     let r = &req.resources;
     if r.cpus == 0 || r.cpus > MAX_CPUS {
-        return Err(format!("resources.cpus must be 1..={MAX_CPUS}"));
+        return Err(Cpus);
     }
     if r.memory_mb == 0 || r.memory_mb > MAX_MEMORY_MB {
-        return Err(format!("resources.memory_mb must be 1..={MAX_MEMORY_MB}"));
+        return Err(MemoryMb);
     }
     if r.runtime_s > MAX_RUNTIME_S {
-        return Err(format!("resources.runtime_s must be 0..={MAX_RUNTIME_S} (0: the job class's default)"));
+        return Err(RuntimeS);
     }
     if r.gpus > MAX_GPUS {
-        return Err(format!("resources.gpus must be 0..={MAX_GPUS}"));
+        return Err(Gpus);
     }
     if r.disk_mb > MAX_DISK_MB {
-        return Err(format!("resources.disk_mb must be 0..={MAX_DISK_MB}"));
+        return Err(DiskMb);
     }
     if let Some(class) = &req.class {
-        check_name(class).map_err(|e| format!("class {e}"))?;
+        check_name(class).map_err(Class)?;
     }
     let name = &req.input.name;
     if name.is_empty() || name.len() > 255 || name.contains('/') || !is_clean_abs_path(&format!("/{name}")) {
-        return Err(format!("input.name {name:?} must be one path segment, not . or .."));
+        return Err(InputName(name.clone()));
     }
     if !http_url(&req.input.url) {
-        return Err("input.url must be an http or https URL".into());
+        return Err(InputUrl);
     }
     if !http_url(&req.output.url) || !req.output.url.ends_with('/') {
-        return Err("output.url must be an http or https URL ending in '/'".into());
+        return Err(OutputUrl);
     }
     if !bounded(&req.input.macaroon) || !bounded(&req.output.macaroon) {
-        return Err(format!("macaroons must be at most {MAX_FIELD_BYTES} bytes without NUL"));
+        return Err(Macaroons);
     }
     if req.args.len() > 64 || req.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
-        return Err("args: at most 64 arguments of at most 4096 bytes, no NUL".into());
+        return Err(Args);
     }
     if req.env.len() > 64
         || req.env.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0'))
     {
-        return Err("env: at most 64 variables; names non-empty without '=' or NUL; values at most 4096 bytes".into());
+        return Err(Env);
     }
     let e = &req.event;
     if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {
-        return Err(format!("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL"));
+        return Err(EventFields);
     }
     if req.dedupe_key.is_empty() || req.dedupe_key.len() > 1024 || req.dedupe_key.contains('\0') {
-        return Err("dedupe_key must be 1-1024 bytes without NUL".into());
+        return Err(DedupeKey);
     }
     if let Some(annex) = &req.annex {
-        check_name(annex).map_err(|e| format!("annex {e}"))?;
+        check_name(annex).map_err(Annex)?;
     }
     Ok(())
 }
@@ -367,7 +424,7 @@ async fn accept(
         known.event_id = Some(req.event.id.clone());
         known.paths = vec![req.event.path.clone()];
     }
-    validate(&req).map_err(ApiFailure::bad_request)?;
+    validate(&req).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     // No URL is trusted for being handed over: the module, input and output must be the site's.
     shared.trust.check(&req).map_err(|e| ApiFailure::forbidden(e.to_string())).inspect_err(|e| {
         tracing::warn!("refused: {}", e.message);
@@ -376,7 +433,7 @@ async fn accept(
     let admission = shared
         .policy
         .admit(&claims.sub, claims.group.as_deref(), &mut req)
-        .map_err(ApiFailure::forbidden)
+        .map_err(|e| ApiFailure::forbidden(e.to_string()))
         .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
     check_limits(&req, &claims).inspect_err(|e| {
         shared.metrics.refused(Token::Submit, Reason::OverLimits);
@@ -442,7 +499,7 @@ async fn revoke(
     let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
     let req: RevokeRequest =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid revocation: {e}")))?;
-    crate::revocation::validate(&req).map_err(ApiFailure::bad_request)?;
+    crate::revocation::validate(&req).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     Ok(Json(crate::revoke::revoke(&shared, req, ADMIN_NAME).await?))
 }
 
@@ -494,7 +551,7 @@ async fn act(
     let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
     let req: JobAction =
         serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid job action: {e}")))?;
-    crate::actions::validate_reason(&req.reason).map_err(ApiFailure::bad_request)?;
+    crate::actions::validate_reason(&req.reason).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     Ok(Json(crate::actions::apply(shared, id, action, req.reason, ADMIN_NAME).await?))
 }
 
@@ -700,14 +757,18 @@ mod tests {
         let mut req = crate::queue::tests::request("k");
         for bad in ["../x", "..", ".", "", "a/b", "a\\b", "a\0"] {
             req.input.name = bad.into();
-            assert!(validate(&req).is_err(), "{bad:?} accepted");
+            assert_eq!(validate(&req), Err(SubmitInvalid::InputName(bad.into())), "{bad:?} accepted");
         }
         req.input.name = "a.dat".into();
         assert_eq!(validate(&req), Ok(()));
         req.output.url = "http://s/out".into();
-        assert!(validate(&req).is_err());
+        assert_eq!(validate(&req), Err(SubmitInvalid::OutputUrl));
         req.output.url = "file:///out/".into();
-        assert!(validate(&req).is_err());
+        assert_eq!(validate(&req), Err(SubmitInvalid::OutputUrl));
+        assert_eq!(
+            SubmitInvalid::InputName("..".into()).to_string(),
+            "input.name \"..\" must be one path segment, not . or .."
+        );
     }
 
     #[test]

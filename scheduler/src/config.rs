@@ -361,8 +361,7 @@ impl Config {
             retry_backoff_s: self.retry_backoff_s,
             runtime_grace_s: self.runtime_grace_s,
         }
-        .resolve()
-        .map_err(anyhow::Error::msg)?;
+        .resolve()?;
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;
         self.http.check()?;
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {

@@ -166,7 +166,7 @@ async fn assign(
     waiting: &mut Waiting,
 ) -> usize {
     let ids: Vec<String> = matches.iter().map(|m| m.job_id.clone()).collect();
-    let prepare = move |a, bind: bool| restrict(a, now_s(), bind.then_some(ip));
+    let prepare = move |a, bind: bool| restrict(a, now_s(), bind.then_some(ip)).map_err(|e| e.to_string());
     let marked = match shared.queue.mark_running(ids.clone(), name, ep_id.to_owned(), prepare).await {
         Ok(m) => m,
         Err(e) => {
@@ -214,11 +214,20 @@ async fn assign(
     sent
 }
 
+/// Why [`restrict`] could not make the assignment an EP may see; the job fails with this
+/// reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestrictError {
+    /// A stored macaroon could not take the caveats.
+    #[error("macaroon could not be attenuated: {0}")]
+    Attenuate(htfaas_functions::macaroon::CodecError),
+}
+
 /// The assignment as an EP may see it at `now_s`: both macaroons attenuated with
 /// `before:<now + runtime_s + grace>` and, with `bind_to`, then `ip:<bind_to>` (canonical, so
 /// an IPv4 EP seen over an IPv6 socket is named by its IPv4 address). Err is the reason the job
 /// fails.
-pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Result<JobAssignment, String> {
+pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Result<JobAssignment, RestrictError> {
     let until = now_s.saturating_add(a.resources.runtime_s).saturating_add(MACAROON_GRACE_S);
     let mut caveats = vec![format!("before:{}", utc_timestamp(until))];
     if let Some(ip) = bind_to {
@@ -226,7 +235,7 @@ pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Re
     }
     let caveats: Vec<&str> = caveats.iter().map(String::as_str).collect();
     for m in [&mut a.input.macaroon, &mut a.output.macaroon] {
-        *m = attenuate(m, &caveats).map_err(|e| format!("macaroon could not be attenuated: {e}"))?;
+        *m = attenuate(m, &caveats).map_err(RestrictError::Attenuate)?;
     }
     Ok(a)
 }

@@ -43,7 +43,7 @@ use crate::revocation::Credential;
 use crate::state::Shared;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
-use htfaas_functions::proto::{EpMsg, Hello, JobReport, SchedulerMsg, check_labels};
+use htfaas_functions::proto::{EpMsg, Hello, JobReport, LabelError, SchedulerMsg, check_labels};
 use htfaas_functions::token::AttachClaims;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -76,41 +76,83 @@ pub const MAX_EP_GPUS: u32 = 1024;
 /// Largest EP an Hello may describe: disk, MiB (1 PiB).
 pub const MAX_EP_DISK_MB: u64 = 1024 * 1024 * 1024;
 
+/// Why a Hello is refused ([`check_hello`], [`check_annex`]); the message is the close
+/// frame's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HelloError {
+    /// The EP speaks another attach protocol than [`PROTOCOL`].
+    #[error("unsupported protocol {0} (this scheduler speaks {PROTOCOL})")]
+    Protocol(u32),
+    /// The name is empty, longer than 128 bytes or holds a control character.
+    #[error("name must be 1-128 printable characters")]
+    Name,
+    /// `slots.cpus` is 0 or over [`MAX_EP_CPUS`].
+    #[error("slots.cpus must be 1..={MAX_EP_CPUS}")]
+    Cpus,
+    /// `slots.memory_mb` is 0 or over [`MAX_EP_MEMORY_MB`].
+    #[error("slots.memory_mb must be 1..={MAX_EP_MEMORY_MB}")]
+    MemoryMb,
+    /// `slots.runtime_s` is 0 or over 100 times [`MAX_RUNTIME_S`].
+    #[error("slots.runtime_s must be 1..={}", 100 * MAX_RUNTIME_S)]
+    RuntimeS,
+    /// The labels are refused ([`check_labels`]).
+    #[error(transparent)]
+    Labels(#[from] LabelError),
+    /// `slots.gpus` is over [`MAX_EP_GPUS`].
+    #[error("slots.gpus must be 0..={MAX_EP_GPUS}")]
+    Gpus,
+    /// `slots.disk_mb` is over [`MAX_EP_DISK_MB`].
+    #[error("slots.disk_mb must be 0..={MAX_EP_DISK_MB}")]
+    DiskMb,
+    /// The Hello names another annex than its attach token.
+    #[error("annex mismatch: the attach token is {}, the EP asked for {asked:?}", for_annex(token.as_deref()))]
+    AnnexMismatch {
+        /// The token's annex (none: the site's pool).
+        token: Option<String>,
+        /// The annex the Hello asked for.
+        asked: String,
+    },
+}
+
+/// "for annex "a"" or "for no annex", for [`HelloError::AnnexMismatch`].
+fn for_annex(annex: Option<&str>) -> String {
+    annex.map_or_else(|| "for no annex".to_owned(), |t| format!("for annex {t:?}"))
+}
+
 /// Why a Hello is refused.
-pub fn check_hello(h: &Hello) -> Result<(), String> {
+pub fn check_hello(h: &Hello) -> Result<(), HelloError> {
     if h.protocol != PROTOCOL {
-        return Err(format!("unsupported protocol {} (this scheduler speaks {PROTOCOL})", h.protocol));
+        return Err(HelloError::Protocol(h.protocol));
     }
     if h.name.is_empty() || h.name.len() > 128 || h.name.chars().any(char::is_control) {
-        return Err("name must be 1-128 printable characters".into());
+        return Err(HelloError::Name);
     }
     let s = &h.slots;
     if s.cpus == 0 || s.cpus > MAX_EP_CPUS {
-        return Err(format!("slots.cpus must be 1..={MAX_EP_CPUS}"));
+        return Err(HelloError::Cpus);
     }
     if s.memory_mb == 0 || s.memory_mb > MAX_EP_MEMORY_MB {
-        return Err(format!("slots.memory_mb must be 1..={MAX_EP_MEMORY_MB}"));
+        return Err(HelloError::MemoryMb);
     }
     if s.runtime_s == 0 || s.runtime_s > 100 * MAX_RUNTIME_S {
-        return Err(format!("slots.runtime_s must be 1..={}", 100 * MAX_RUNTIME_S));
+        return Err(HelloError::RuntimeS);
     }
     check_labels(&h.labels)?;
     if s.gpus > MAX_EP_GPUS {
-        return Err(format!("slots.gpus must be 0..={MAX_EP_GPUS}"));
+        return Err(HelloError::Gpus);
     }
     if s.disk_mb > MAX_EP_DISK_MB {
-        return Err(format!("slots.disk_mb must be 0..={MAX_EP_DISK_MB}"));
+        return Err(HelloError::DiskMb);
     }
     Ok(())
 }
 
 /// Why a Hello is refused for the token it came with: it names another annex than the token's.
 /// An absent annex in the Hello takes the token's.
-pub fn check_annex(h: &Hello, claims: &AttachClaims) -> Result<(), String> {
+pub fn check_annex(h: &Hello, claims: &AttachClaims) -> Result<(), HelloError> {
     match (&h.annex, &claims.annex) {
         (Some(asked), token) if Some(asked) != token.as_ref() => {
-            let token = token.as_ref().map_or_else(|| "for no annex".to_owned(), |t| format!("for annex {t:?}"));
-            Err(format!("annex mismatch: the attach token is {token}, the EP asked for {asked:?}"))
+            Err(HelloError::AnnexMismatch { token: token.clone(), asked: asked.clone() })
         }
         _ => Ok(()),
     }
@@ -228,8 +270,8 @@ async fn read_hello(ws: &mut WebSocket, shutdown: &CancellationToken) -> Option<
 
 /// Whether this Hello may open a session with this token: `Err` has the close code and reason.
 fn admit(hello: &Hello, claims: &AttachClaims) -> Result<(), (u16, String)> {
-    check_hello(hello).map_err(|why| (close_code::POLICY, why))?;
-    check_annex(hello, claims).map_err(|why| (CLOSE_FORBIDDEN, why))?;
+    check_hello(hello).map_err(|why| (close_code::POLICY, why.to_string()))?;
+    check_annex(hello, claims).map_err(|why| (CLOSE_FORBIDDEN, why.to_string()))?;
     if until(claims.exp).is_zero() {
         return Err((CLOSE_EXPIRED, "attach token expired".into()));
     }
@@ -470,11 +512,11 @@ mod tests {
         assert_eq!(check_annex(&hello(None), &claims(Some("a"))), Ok(()));
         assert_eq!(check_annex(&hello(Some("a")), &claims(Some("a"))), Ok(()));
         assert_eq!(
-            check_annex(&hello(Some("b")), &claims(Some("a"))),
+            check_annex(&hello(Some("b")), &claims(Some("a"))).map_err(|e| e.to_string()),
             Err(r#"annex mismatch: the attach token is for annex "a", the EP asked for "b""#.into())
         );
         assert_eq!(
-            check_annex(&hello(Some("b")), &claims(None)),
+            check_annex(&hello(Some("b")), &claims(None)).map_err(|e| e.to_string()),
             Err(r#"annex mismatch: the attach token is for no annex, the EP asked for "b""#.into())
         );
     }
@@ -492,7 +534,10 @@ mod tests {
         let many = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();
         let long = vec![("k".into(), "v".repeat(MAX_LABEL_BYTES + 1))];
         for bad in [many, long, vec![(String::new(), "v".into())], vec![("k".into(), "a\nb".into())]] {
-            assert!(check_hello(&hello(bad)).is_err_and(|e| e.starts_with("labels:")));
+            assert!(
+                check_hello(&hello(bad))
+                    .is_err_and(|e| matches!(e, HelloError::Labels(_)) && e.to_string().starts_with("labels:"))
+            );
         }
     }
 

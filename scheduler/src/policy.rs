@@ -21,8 +21,8 @@
 
 use crate::matching::{EpTable, GroupQuota, Policy};
 use crate::queue::{Loss, UsageRow, decay};
-use crate::requirements::{JobAd, Requirement, RequirementConfig, first_violated, parse_all};
-use htfaas_functions::manifest::{MAX_RUNTIME_S, check_name};
+use crate::requirements::{JobAd, Requirement, RequirementConfig, RequirementError, first_violated, parse_all};
+use htfaas_functions::manifest::{MAX_RUNTIME_S, NameError, check_name};
 use htfaas_functions::proto::{GroupPriority, HOLD_CODE_POLICY, OwnerPriority, PriorityReport, SubmitRequest};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -162,46 +162,119 @@ pub struct PolicyConfig {
     pub runtime_grace_s: u64,
 }
 
+/// Why a [`PolicyConfig`] does not resolve; the message names the bad key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// `usage_half_life_s` is 0.
+    #[error("usage_half_life_s must be at least 1")]
+    HalfLife,
+    /// `lease_s` is 0.
+    #[error("lease_s must be at least 1")]
+    Lease,
+    /// A group's name is not a name.
+    #[error("groups: {0}")]
+    GroupName(NameError),
+    /// A group's `quota_share` is outside 0..=1 (the group).
+    #[error("groups.{0}.quota_share must be within 0..=1")]
+    QuotaShare(String),
+    /// A group gives both or neither of `quota_cores` and `quota_share` (the group).
+    #[error("groups.{0}: give exactly one of quota_cores and quota_share")]
+    Quota(String),
+    /// A group's `oversubscribe` is outside 1..=10 (the group).
+    #[error("groups.{0}.oversubscribe must be within 1..=10")]
+    Oversubscribe(String),
+    /// A job class's name is not a name.
+    #[error("job_classes: {0}")]
+    ClassName(NameError),
+    /// A job class's `max_runtime_s` is 0 or over [`MAX_RUNTIME_S`] (the class).
+    #[error("job_classes.{0}.max_runtime_s must be 1..={MAX_RUNTIME_S}")]
+    ClassMaxRuntime(String),
+    /// A job class's `default_runtime_s` is 0 or over its `max_runtime_s` (the class).
+    #[error("job_classes.{0}.default_runtime_s must be 1..=max_runtime_s")]
+    ClassDefaultRuntime(String),
+    /// Two job classes have the same name.
+    #[error("job class {0:?} listed twice")]
+    ClassTwice(String),
+    /// `default_job_class` names no job class.
+    #[error("default_job_class {0:?} is not one of job_classes")]
+    UnknownDefaultClass(String),
+    /// There are job classes but no `default_job_class`.
+    #[error("default_job_class must be set when job_classes are")]
+    NoDefaultClass,
+    /// A submit requirement is refused.
+    #[error("submit_requirements: {0}")]
+    SubmitRequirement(RequirementError),
+    /// A hold requirement is refused.
+    #[error("hold_requirements: {0}")]
+    HoldRequirement(RequirementError),
+}
+
+/// Why [`SitePolicy::admit`] refuses a request (403).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// The request names a job class the site does not have.
+    #[error("unknown job class {class:?} (known: {})", known.join(", "))]
+    UnknownClass {
+        /// The class asked for.
+        class: String,
+        /// The site's classes.
+        known: Vec<String>,
+    },
+    /// The request asks for more run time than its class allows.
+    #[error("run time {runtime_s} s exceeds the maximum of job class {class} ({max_runtime_s} s)")]
+    RuntimeOverClass {
+        /// The run time asked for, seconds.
+        runtime_s: u64,
+        /// The job's class.
+        class: String,
+        /// The class's maximum, seconds.
+        max_runtime_s: u64,
+    },
+    /// The request violates a submit requirement: its message.
+    #[error("{0}")]
+    Requirement(String),
+}
+
 impl PolicyConfig {
     /// Checks everything; the error names the bad key.
-    pub fn resolve(self) -> Result<SitePolicy, String> {
+    pub fn resolve(self) -> Result<SitePolicy, PolicyError> {
         if self.usage_half_life_s == 0 {
-            return Err("usage_half_life_s must be at least 1".into());
+            return Err(PolicyError::HalfLife);
         }
         if self.lease_s == 0 {
-            return Err("lease_s must be at least 1".into());
+            return Err(PolicyError::Lease);
         }
         for (name, g) in &self.groups {
-            check_name(name).map_err(|e| format!("groups: {e}"))?;
+            check_name(name).map_err(PolicyError::GroupName)?;
             match (g.quota_cores, g.quota_share) {
                 (Some(_), None) => {}
                 (None, Some(s)) if (0.0..=1.0).contains(&s) => {}
-                (None, Some(_)) => return Err(format!("groups.{name}.quota_share must be within 0..=1")),
-                _ => return Err(format!("groups.{name}: give exactly one of quota_cores and quota_share")),
+                (None, Some(_)) => return Err(PolicyError::QuotaShare(name.clone())),
+                _ => return Err(PolicyError::Quota(name.clone())),
             }
             if !(1.0..=10.0).contains(&g.oversubscribe) {
-                return Err(format!("groups.{name}.oversubscribe must be within 1..=10"));
+                return Err(PolicyError::Oversubscribe(name.clone()));
             }
         }
         let mut classes = BTreeMap::new();
         for c in self.job_classes {
-            check_name(&c.name).map_err(|e| format!("job_classes: {e}"))?;
+            check_name(&c.name).map_err(PolicyError::ClassName)?;
             if c.max_runtime_s == 0 || c.max_runtime_s > MAX_RUNTIME_S {
-                return Err(format!("job_classes.{}.max_runtime_s must be 1..={MAX_RUNTIME_S}", c.name));
+                return Err(PolicyError::ClassMaxRuntime(c.name));
             }
             if c.default_runtime_s.is_some_and(|d| d == 0 || d > c.max_runtime_s) {
-                return Err(format!("job_classes.{}.default_runtime_s must be 1..=max_runtime_s", c.name));
+                return Err(PolicyError::ClassDefaultRuntime(c.name));
             }
             let name = c.name.clone();
             if classes.insert(name.clone(), c).is_some() {
-                return Err(format!("job class {name:?} listed twice"));
+                return Err(PolicyError::ClassTwice(name));
             }
         }
         match (&self.default_job_class, classes.is_empty()) {
             (Some(d), _) if !classes.contains_key(d) => {
-                return Err(format!("default_job_class {d:?} is not one of job_classes"));
+                return Err(PolicyError::UnknownDefaultClass(d.clone()));
             }
-            (None, false) => return Err("default_job_class must be set when job_classes are".into()),
+            (None, false) => return Err(PolicyError::NoDefaultClass),
             _ => {}
         }
         Ok(SitePolicy {
@@ -209,9 +282,8 @@ impl PolicyConfig {
             groups: self.groups,
             classes,
             default_class: self.default_job_class,
-            submit_requirements: parse_all(&self.submit_requirements)
-                .map_err(|e| format!("submit_requirements: {e}"))?,
-            hold_requirements: parse_all(&self.hold_requirements).map_err(|e| format!("hold_requirements: {e}"))?,
+            submit_requirements: parse_all(&self.submit_requirements).map_err(PolicyError::SubmitRequirement)?,
+            hold_requirements: parse_all(&self.hold_requirements).map_err(PolicyError::HoldRequirement)?,
             lease_s: self.lease_s,
             max_retries: self.max_retries,
             retry_backoff_s: self.retry_backoff_s,
@@ -225,13 +297,13 @@ impl SitePolicy {
     /// for none (0; [`DEFAULT_RUNTIME_S`] without classes), refuses it (Err: the message, a 403)
     /// when it asks for more run time than its class allows or violates a submit requirement,
     /// and says whether it is to be held by a hold requirement.
-    pub fn admit(&self, owner: &str, group: Option<&str>, r: &mut SubmitRequest) -> Result<Admission, String> {
+    pub fn admit(&self, owner: &str, group: Option<&str>, r: &mut SubmitRequest) -> Result<Admission, AdmitError> {
         let class = match (&r.class, &self.default_class) {
             (_, None) => None,
             (Some(c), Some(_)) => {
                 let Some(class) = self.classes.get(c) else {
-                    let known: Vec<&str> = self.classes.keys().map(String::as_str).collect();
-                    return Err(format!("unknown job class {c:?} (known: {})", known.join(", ")));
+                    let known = self.classes.keys().cloned().collect();
+                    return Err(AdmitError::UnknownClass { class: c.clone(), known });
                 };
                 Some(class)
             }
@@ -241,10 +313,11 @@ impl SitePolicy {
             r.resources.runtime_s = class.map_or(DEFAULT_RUNTIME_S, JobClass::default_runtime_s);
         }
         if let Some(c) = class.filter(|c| r.resources.runtime_s > c.max_runtime_s) {
-            return Err(format!(
-                "run time {} s exceeds the maximum of job class {} ({} s)",
-                r.resources.runtime_s, c.name, c.max_runtime_s
-            ));
+            return Err(AdmitError::RuntimeOverClass {
+                runtime_s: r.resources.runtime_s,
+                class: c.name.clone(),
+                max_runtime_s: c.max_runtime_s,
+            });
         }
         let ad = JobAd {
             owner: owner.to_owned(),
@@ -259,7 +332,7 @@ impl SitePolicy {
             disk_mb: r.resources.disk_mb,
         };
         if let Some(req) = first_violated(&self.submit_requirements, &ad) {
-            return Err(req.message().to_owned());
+            return Err(AdmitError::Requirement(req.message().to_owned()));
         }
         let hold = first_violated(&self.hold_requirements, &ad).map(|req| (HOLD_CODE_POLICY, req.message().to_owned()));
         Ok(Admission { class: class.map(|c| c.name.clone()), hold })
@@ -415,7 +488,7 @@ mod tests {
             ),
         ];
         for (c, message) in cases {
-            assert_eq!(c.resolve().map(|_| ()), Err(message.to_owned()));
+            assert_eq!(c.resolve().map(|_| ()).map_err(|e| e.to_string()), Err(message.to_owned()));
         }
     }
 

@@ -100,15 +100,26 @@ pub fn target_from_parts(kind: &str, value: String) -> Option<RevocationTarget> 
     }
 }
 
+/// Why a revocation request is refused ([`validate`], 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RevokeInvalid {
+    /// The target's value is empty, too long or holds a control character (the target's kind).
+    #[error("target {0}: value must be 1-{MAX_VALUE_CHARS} printable characters")]
+    Target(&'static str),
+    /// The reason is too long or holds a NUL.
+    #[error("reason must be at most {MAX_REASON_CHARS} characters without NUL")]
+    Reason,
+}
+
 /// Why a revocation request is refused (400).
-pub fn validate(req: &RevokeRequest) -> Result<(), String> {
+pub fn validate(req: &RevokeRequest) -> Result<(), RevokeInvalid> {
     let (kind, value) = target_parts(&req.target);
     let n = value.chars().count();
     if n == 0 || n > MAX_VALUE_CHARS || value.chars().any(char::is_control) {
-        return Err(format!("target {kind}: value must be 1-{MAX_VALUE_CHARS} printable characters"));
+        return Err(RevokeInvalid::Target(kind));
     }
     if req.reason.chars().count() > MAX_REASON_CHARS || req.reason.contains('\0') {
-        return Err(format!("reason must be at most {MAX_REASON_CHARS} characters without NUL"));
+        return Err(RevokeInvalid::Reason);
     }
     Ok(())
 }
@@ -172,11 +183,14 @@ mod tests {
     fn requests_are_bounded() {
         let req = |t: RevocationTarget, reason: &str| RevokeRequest { target: t, reason: reason.into() };
         assert_eq!(validate(&req(RevocationTarget::Jti("x".into()), "leaked")), Ok(()));
-        assert!(validate(&req(RevocationTarget::Jti(String::new()), "r")).is_err());
-        assert!(validate(&req(RevocationTarget::Owner("é".repeat(257)), "r")).is_err());
+        assert_eq!(validate(&req(RevocationTarget::Jti(String::new()), "r")), Err(RevokeInvalid::Target("jti")));
+        assert_eq!(validate(&req(RevocationTarget::Owner("é".repeat(257)), "r")), Err(RevokeInvalid::Target("owner")));
         assert_eq!(validate(&req(RevocationTarget::Owner("é".repeat(256)), "")), Ok(()));
-        assert!(validate(&req(RevocationTarget::Issuer("a\nb".into()), "r")).is_err());
-        assert!(validate(&req(RevocationTarget::Issuer("gw".into()), &"r".repeat(1025))).is_err());
+        assert_eq!(validate(&req(RevocationTarget::Issuer("a\nb".into()), "r")), Err(RevokeInvalid::Target("issuer")));
+        assert_eq!(
+            validate(&req(RevocationTarget::Issuer("gw".into()), &"r".repeat(1025))),
+            Err(RevokeInvalid::Reason)
+        );
         for t in [RevocationTarget::Jti("a".into()), RevocationTarget::Owner("b".into())] {
             let (kind, value) = target_parts(&t);
             assert_eq!(target_from_parts(kind, value.to_owned()), Some(t.clone()));

@@ -47,7 +47,9 @@ pub fn parse_duration_s(s: &str) -> Result<u64, String> {
 /// Checks a time for `--since`/`--until` (the gateway resolves it): RFC 3339, Unix seconds or
 /// `-<n><s|m|h|d>`.
 pub fn parse_time_arg(s: &str) -> Result<String, String> {
-    htfaas_gateway::replay::parse_time(s, htfaas_gateway::replay::now_ms()).map(|_| s.trim().to_owned())
+    htfaas_gateway::replay::parse_time(s, htfaas_gateway::replay::now_ms())
+        .map(|_| s.trim().to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// `NAME=VALUE` → a NATS header (`htfaas events publish --header`).

@@ -147,19 +147,35 @@ fn checkpoint_message(writer: &str, seq: u64, hash: &str, time_ms: u64) -> Optio
     Some(m)
 }
 
+#[cfg(feature = "db")]
+/// Why a checkpoint's signature does not hold ([`Checkpoint::check_signature`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum SignatureError {
+    /// No key of the set has the checkpoint's `kid`.
+    #[error("it is signed with an unknown key {0:?}")]
+    UnknownKey(String),
+    /// The checkpoint's `hash` is not 64 hex digits.
+    #[error("its hash is not 64 hex digits")]
+    BadHash,
+    /// The checkpoint's `signature` is not 128 hex digits.
+    #[error("its signature is not 128 hex digits")]
+    BadEncoding,
+    /// The signature does not verify under the key named `kid`.
+    #[error("its signature does not verify under key {0:?}")]
+    DoesNotVerify(String),
+}
+
 impl Checkpoint {
     #[cfg(feature = "db")]
     /// Why the signature does not hold under `keys`, if it does not.
-    pub(super) fn check_signature(&self, keys: &AuditKeys) -> Result<(), String> {
-        let key = keys.get(&self.kid).ok_or_else(|| format!("it is signed with an unknown key {:?}", self.kid))?;
-        let message = checkpoint_message(&self.writer, self.seq, &self.hash, self.time_ms)
-            .ok_or_else(|| "its hash is not 64 hex digits".to_owned())?;
-        let bytes: [u8; 64] = hex::decode(&self.signature)
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| "its signature is not 128 hex digits".to_owned())?;
+    pub(super) fn check_signature(&self, keys: &AuditKeys) -> Result<(), SignatureError> {
+        let key = keys.get(&self.kid).ok_or_else(|| SignatureError::UnknownKey(self.kid.clone()))?;
+        let message =
+            checkpoint_message(&self.writer, self.seq, &self.hash, self.time_ms).ok_or(SignatureError::BadHash)?;
+        let bytes: [u8; 64] =
+            hex::decode(&self.signature).ok().and_then(|b| b.try_into().ok()).ok_or(SignatureError::BadEncoding)?;
         key.verify_strict(&message, &ed25519_dalek::Signature::from_bytes(&bytes))
-            .map_err(|_| format!("its signature does not verify under key {:?}", self.kid))
+            .map_err(|_| SignatureError::DoesNotVerify(self.kid.clone()))
     }
 }
 

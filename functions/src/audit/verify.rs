@@ -152,7 +152,7 @@ pub fn verify(path: &Path, keys: &AuditKeys) -> Result<VerifyReport, AuditError>
                     if cp.seq != at {
                         return Err(format!("it is stored as seq {at} but names record {}", cp.seq));
                     }
-                    cp.check_signature(keys).map(|()| cp)
+                    cp.check_signature(keys).map(|()| cp).map_err(|e| e.to_string())
                 });
             match parsed {
                 Ok(cp) => {

@@ -80,10 +80,43 @@ pub enum ReplayError {
     Unavailable(String),
 }
 
+/// Why a time ([`parse_time`], [`to_unix_ms`]) is refused; the message quotes the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    /// Unix seconds whose milliseconds do not fit in 64 bits.
+    #[error("{0}: out of range")]
+    UnixOutOfRange(u64),
+    /// `-` not followed by a number that fits in 64 bits.
+    #[error("{0:?}: want -<number><s|m|h|d>, e.g. -2h")]
+    BadSpan(String),
+    /// A span with a unit other than s, m, h and d.
+    #[error("{text:?}: unknown unit {unit:?} (s, m, h, d)")]
+    UnknownUnit {
+        /// The time as given.
+        text: String,
+        /// The unit as given.
+        unit: String,
+    },
+    /// A number too large for Unix milliseconds.
+    #[error("{0:?}: out of range")]
+    OutOfRange(String),
+    /// A time before the Unix epoch.
+    #[error("{0:?}: before 1970")]
+    BeforeEpoch(String),
+    /// Neither RFC 3339, Unix seconds nor a span.
+    #[error("{text:?}: want RFC 3339 (2026-11-22T10:00:00Z), Unix seconds or -<n><s|m|h|d> ({why})")]
+    Unparsable {
+        /// The time as given.
+        text: String,
+        /// What the RFC 3339 parser said.
+        why: String,
+    },
+}
+
 /// Unix milliseconds of `time`, relative times counted back from `now_ms`.
-pub fn to_unix_ms(time: &TimeArg, now_ms: u64) -> Result<u64, String> {
+pub fn to_unix_ms(time: &TimeArg, now_ms: u64) -> Result<u64, TimeError> {
     match time {
-        TimeArg::Unix(s) => s.checked_mul(1000).ok_or_else(|| format!("{s}: out of range")),
+        TimeArg::Unix(s) => s.checked_mul(1000).ok_or(TimeError::UnixOutOfRange(*s)),
         TimeArg::Text(t) => parse_time(t, now_ms),
     }
 }
@@ -91,29 +124,29 @@ pub fn to_unix_ms(time: &TimeArg, now_ms: u64) -> Result<u64, String> {
 /// Parses a time: RFC 3339 with any offset (`2026-11-22T10:00:00Z`, `…+01:00`, fractions
 /// allowed), Unix seconds (`1795000000`), or a span before `now_ms` (`-90s`, `-30m`, `-2h`,
 /// `-7d`). Returns Unix milliseconds.
-pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, String> {
+pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, TimeError> {
     let t = text.trim();
     if let Some(span) = t.strip_prefix('-') {
         let (number, unit) = span.split_at(span.find(|c: char| !c.is_ascii_digit()).unwrap_or(span.len()));
-        let n: u64 = number.parse().map_err(|_| format!("{text:?}: want -<number><s|m|h|d>, e.g. -2h"))?;
+        let n: u64 = number.parse().map_err(|_| TimeError::BadSpan(text.to_owned()))?;
         let unit_ms: u64 = match unit {
             "s" => 1000,
             "m" => 60_000,
             "h" => 3_600_000,
             "d" => 86_400_000,
-            _ => return Err(format!("{text:?}: unknown unit {unit:?} (s, m, h, d)")),
+            _ => return Err(TimeError::UnknownUnit { text: text.to_owned(), unit: unit.to_owned() }),
         };
-        let back = n.checked_mul(unit_ms).ok_or_else(|| format!("{text:?}: out of range"))?;
-        return now_ms.checked_sub(back).ok_or_else(|| format!("{text:?}: before 1970"));
+        let back = n.checked_mul(unit_ms).ok_or_else(|| TimeError::OutOfRange(text.to_owned()))?;
+        return now_ms.checked_sub(back).ok_or_else(|| TimeError::BeforeEpoch(text.to_owned()));
     }
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        let s: u64 = t.parse().map_err(|_| format!("{text:?}: out of range"))?;
-        return s.checked_mul(1000).ok_or_else(|| format!("{text:?}: out of range"));
+        let s: u64 = t.parse().map_err(|_| TimeError::OutOfRange(text.to_owned()))?;
+        return s.checked_mul(1000).ok_or_else(|| TimeError::OutOfRange(text.to_owned()));
     }
     let parsed = async_nats::datetime::parse_rfc3339(t)
-        .map_err(|e| format!("{text:?}: want RFC 3339 (2026-11-22T10:00:00Z), Unix seconds or -<n><s|m|h|d> ({e})"))?;
+        .map_err(|e| TimeError::Unparsable { text: text.to_owned(), why: e.to_string() })?;
     let ms = parsed.unix_timestamp_nanos() / 1_000_000;
-    u64::try_from(ms).map_err(|_| format!("{text:?}: before 1970"))
+    u64::try_from(ms).map_err(|_| TimeError::BeforeEpoch(text.to_owned()))
 }
 
 pub use htfaas_functions::time::{now_ms, utc_timestamp_ms as fmt_time};
@@ -394,11 +427,12 @@ mod tests {
             ("99999999999999999999", "out of range"),
             ("1960-01-01T00:00:00Z", "before 1970"),
         ] {
-            let e = parse_time(bad, NOW).expect_err(bad);
+            let e = parse_time(bad, NOW).expect_err(bad).to_string();
             assert!(e.contains(want), "{bad:?}: {e}");
         }
         assert_eq!(to_unix_ms(&TimeArg::Unix(1_795_341_600), NOW), Ok(1_795_341_600_000));
-        assert!(to_unix_ms(&TimeArg::Unix(u64::MAX), NOW).is_err());
+        assert_eq!(to_unix_ms(&TimeArg::Unix(u64::MAX), NOW), Err(TimeError::UnixOutOfRange(u64::MAX)));
+        assert_eq!(TimeError::UnixOutOfRange(u64::MAX).to_string(), format!("{}: out of range", u64::MAX));
         // JSON: a number is Unix seconds, a string any of the above.
         let t: TimeArg = serde_json::from_str("1795341600").expect("number");
         assert_eq!(t, TimeArg::Unix(1_795_341_600));

@@ -94,11 +94,11 @@ pub struct Requirement {
 impl Requirement {
     /// Parses and checks `c`: its name, its message and its expression. An error reads like
     /// `requirement "MaxMem": at byte 14: expected a value, found ")"`.
-    pub fn parse(c: &RequirementConfig) -> Result<Requirement, String> {
-        let fail = |e: String| format!("requirement {}: {e}", shown_name(&c.name));
+    pub fn parse(c: &RequirementConfig) -> Result<Requirement, RequirementError> {
+        let fail = |problem| RequirementError { requirement: shown_name(&c.name), problem };
         check_name(&c.name).map_err(fail)?;
         check_message(&c.message).map_err(fail)?;
-        let expr = parse_expression(&c.requirement).map_err(|e| fail(e.to_string()))?;
+        let expr = parse_expression(&c.requirement).map_err(|e| fail(RequirementProblem::Expression(e)))?;
         Ok(Requirement { name: c.name.clone(), expr, message: c.message.clone() })
     }
 
@@ -123,12 +123,12 @@ impl Requirement {
 /// or malformed names, empty messages, messages over [`MAX_MESSAGE_BYTES`] or with control
 /// characters, bad expressions) and names used twice (ignoring ASCII case, as HTCondor's
 /// configuration does).
-pub fn parse_all(list: &[RequirementConfig]) -> Result<Vec<Requirement>, String> {
+pub fn parse_all(list: &[RequirementConfig]) -> Result<Vec<Requirement>, RequirementError> {
     let mut out: Vec<Requirement> = Vec::with_capacity(list.len());
     for c in list {
         let r = Requirement::parse(c)?;
         if out.iter().any(|o| o.name.eq_ignore_ascii_case(&r.name)) {
-            return Err(format!("requirement {}: name used twice", shown_name(&r.name)));
+            return Err(RequirementError { requirement: shown_name(&r.name), problem: RequirementProblem::UsedTwice });
         }
         out.push(r);
     }
@@ -146,29 +146,74 @@ fn shown_name(name: &str) -> String {
     if cut.len() < name.len() { format!("{cut:?}…") } else { format!("{cut:?}") }
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+/// Why a requirement was refused ([`Requirement::parse`], [`parse_all`]): which one and what
+/// is wrong with it, as `requirement "MaxMem": at byte 14: expected a value, found ")"`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("requirement {requirement}: {problem}")]
+pub struct RequirementError {
+    /// The requirement's name, quoted, escaped and cut to [`MAX_NAME_CHARS`].
+    pub requirement: String,
+    /// What is wrong with it.
+    pub problem: RequirementProblem,
+}
+
+/// What is wrong with a requirement ([`RequirementError::problem`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequirementProblem {
+    /// The name is the empty string.
+    #[error("name is empty")]
+    NameEmpty,
+    /// The name holds a character other than `[A-Za-z0-9_-]`.
+    #[error("name contains {0:?}; only letters, digits, `_` and `-` are allowed")]
+    NameCharacter(char),
+    /// The name is longer than [`MAX_NAME_CHARS`] (its length).
+    #[error("name is {0} characters, more than {MAX_NAME_CHARS}")]
+    NameTooLong(usize),
+    /// The message is the empty string.
+    #[error("message is empty")]
+    MessageEmpty,
+    /// The message is longer than [`MAX_MESSAGE_BYTES`] (its length).
+    #[error("message is {0} bytes, more than {MAX_MESSAGE_BYTES}")]
+    MessageTooLong(usize),
+    /// The message holds a control character.
+    #[error("message has a control character ({character:?}) at byte {at}")]
+    MessageControl {
+        /// The character.
+        character: char,
+        /// Its byte offset.
+        at: usize,
+    },
+    /// The expression does not parse or type-check.
+    #[error("{0}")]
+    Expression(ParseError),
+    /// Another requirement of the list has the same name (ignoring ASCII case).
+    #[error("name used twice")]
+    UsedTwice,
+}
+
+fn check_name(name: &str) -> Result<(), RequirementProblem> {
     if name.is_empty() {
-        return Err("name is empty".into());
+        return Err(RequirementProblem::NameEmpty);
     }
     if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
-        return Err(format!("name contains {c:?}; only letters, digits, `_` and `-` are allowed"));
+        return Err(RequirementProblem::NameCharacter(c));
     }
     // All ASCII now, so bytes are characters.
     if name.len() > MAX_NAME_CHARS {
-        return Err(format!("name is {} characters, more than {MAX_NAME_CHARS}", name.len()));
+        return Err(RequirementProblem::NameTooLong(name.len()));
     }
     Ok(())
 }
 
-fn check_message(message: &str) -> Result<(), String> {
+fn check_message(message: &str) -> Result<(), RequirementProblem> {
     if message.is_empty() {
-        return Err("message is empty".into());
+        return Err(RequirementProblem::MessageEmpty);
     }
     if message.len() > MAX_MESSAGE_BYTES {
-        return Err(format!("message is {} bytes, more than {MAX_MESSAGE_BYTES}", message.len()));
+        return Err(RequirementProblem::MessageTooLong(message.len()));
     }
-    if let Some((i, c)) = message.char_indices().find(|(_, c)| c.is_control()) {
-        return Err(format!("message has a control character ({c:?}) at byte {i}"));
+    if let Some((at, character)) = message.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(RequirementProblem::MessageControl { character, at });
     }
     Ok(())
 }
@@ -351,9 +396,10 @@ fn logical<'a>(xs: &'a [Expr], ad: &'a JobAd, decisive: bool) -> Value<'a> {
     if undefined { Value::Undefined } else { Value::Bool(!decisive) }
 }
 
-/// A parse error: where (when it has a place) and what.
-#[derive(Debug)]
-struct ParseError {
+/// Why an expression does not parse or type-check: where (when it has a place, a byte offset)
+/// and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
     at: Option<usize>,
     what: String,
 }
@@ -366,6 +412,8 @@ impl std::fmt::Display for ParseError {
         }
     }
 }
+
+impl std::error::Error for ParseError {}
 
 fn error<T>(at: usize, what: String) -> Result<T, ParseError> {
     Err(ParseError { at: Some(at), what })

@@ -16,7 +16,7 @@ fn req(requirement: &str) -> Requirement {
 fn parse_err(requirement: &str) -> String {
     match Requirement::parse(&config("R", requirement, "no")) {
         Ok(r) => panic!("{requirement}: parsed as {r:?}"),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     }
 }
 
@@ -261,7 +261,10 @@ fn parse_errors_say_where_and_what() {
 #[test]
 fn the_error_format_of_the_docs() {
     let e = Requirement::parse(&config("MaxMem", "RequestMemory)", "too big"));
-    assert_eq!(e.map(|r| r.name), Err("requirement \"MaxMem\": at byte 13: \")\" closes no \"(\"".into()));
+    assert_eq!(
+        e.map(|r| r.name).map_err(|e| e.to_string()),
+        Err("requirement \"MaxMem\": at byte 13: \")\" closes no \"(\"".into())
+    );
 }
 
 #[test]
@@ -300,7 +303,7 @@ fn expressions_are_limited_in_length() {
 #[test]
 fn names_and_messages_are_checked() {
     let err = |name: &str, message: &str| Requirement::parse(&config(name, "true", message)).map(|r| r.name);
-    let refused = |name: &str, message: &str| err(name, message).err().unwrap_or_default();
+    let refused = |name: &str, message: &str| err(name, message).err().map(|e| e.to_string()).unwrap_or_default();
     assert_eq!(refused("", "m"), "requirement \"\": name is empty");
     assert_eq!(
         refused("a b", "m"),
@@ -326,22 +329,32 @@ fn parse_all_refuses_duplicate_names_and_bad_entries() {
     let ok = parse_all(&[config("A", "true", "a"), config("B", "false", "b")]);
     assert_eq!(ok.map(|v| v.iter().map(|r| r.name().to_owned()).collect::<Vec<_>>()), Ok(vec!["A".into(), "B".into()]));
     assert_eq!(
-        parse_all(&[config("A", "true", "a"), config("B", "true", "b"), config("a", "true", "c")]).map(|v| v.len()),
+        parse_all(&[config("A", "true", "a"), config("B", "true", "b"), config("a", "true", "c")])
+            .map(|v| v.len())
+            .map_err(|e| e.to_string()),
         Err("requirement \"a\": name used twice".into())
     );
     assert_eq!(
-        parse_all(&[config("A", "true", "a"), config("B", "true", "")]).map(|v| v.len()),
+        parse_all(&[config("A", "true", "a"), config("B", "true", "")]).map(|v| v.len()).map_err(|e| e.to_string()),
         Err("requirement \"B\": message is empty".into())
     );
     assert_eq!(
-        parse_all(&[config("A", "true", "a"), config("", "true", "b")]).map(|v| v.len()),
+        parse_all(&[config("A", "true", "a"), config("", "true", "b")]).map(|v| v.len()).map_err(|e| e.to_string()),
         Err("requirement \"\": name is empty".into())
     );
     assert_eq!(
-        parse_all(&[config("A", "Owner >", "a")]).map(|v| v.len()),
+        parse_all(&[config("A", "Owner >", "a")]).map(|v| v.len()).map_err(|e| e.to_string()),
         Err("requirement \"A\": at byte 7: expected a value, found the end".into())
     );
-    assert_eq!(parse_all(&[]).map(|v| v.len()), Ok(0));
+    assert_eq!(parse_all(&[]).map(|v| v.len()).map_err(|e| e.to_string()), Ok(0));
+    assert!(matches!(
+        parse_all(&[config("A", "true", "a"), config("a", "true", "b")]),
+        Err(RequirementError { problem: RequirementProblem::UsedTwice, .. })
+    ));
+    assert!(matches!(
+        parse_all(&[config("A", "Owner >", "a")]),
+        Err(RequirementError { problem: RequirementProblem::Expression(ParseError { at: Some(7), .. }), .. })
+    ));
 }
 
 #[test]
