@@ -4,13 +4,18 @@
 //! trail), submits it to the scheduler ([`crate::submit`]) and records what came of it; signs
 //! the audit trail's checkpoints; prunes expired keys.
 //!
+//! [`dispatch`] holds the gateway ([`Shared`]) for as long as it runs; each firing's task
+//! borrows only what submitting it uses ([`Dispatcher`]), the checkpoints only the table and
+//! the audit key.
+//!
 //! Must not know: NATS (the events come through the table), HTTP routes.
 
-use crate::firing::{Claimed, now_ms};
-use crate::jobs::{JobError, event_ref, prepare, scheduler_dedupe_key};
+use crate::audit::Auditing;
+use crate::firing::{Claimed, Firings, now_ms};
+use crate::jobs::{JobContext, JobError, event_ref, prepare, scheduler_dedupe_key};
 use crate::state::Shared;
 use crate::stats::Stats;
-use crate::submit::SubmitError;
+use crate::submit::{SubmitError, Submitter};
 use htfaas_functions::audit::{AuditDraft, MacaroonFacts, Subject};
 use htfaas_functions::proto::{Cause, SubmitRequest};
 use htfaas_functions::token::SubmitClaims;
@@ -69,6 +74,28 @@ pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitReque
     [minted, obtained]
 }
 
+/// What submitting one claimed firing uses of the gateway (`fire_one`), borrowed by its task
+/// ([`Dispatcher::of`]): what building its job reads, the submitter, the firing table its
+/// outcome is recorded in, the counters.
+#[derive(Clone, Copy)]
+pub struct Dispatcher<'a> {
+    /// What building a job reads ([`prepare`]).
+    pub jobs: JobContext<'a>,
+    /// Mints submit tokens and submits to the scheduler.
+    pub submitter: &'a Submitter,
+    /// The durable firing table.
+    pub firings: &'a Firings,
+    /// Counters.
+    pub stats: &'a Stats,
+}
+
+impl<'a> Dispatcher<'a> {
+    /// The parts of `shared` the dispatcher's steps use.
+    pub fn of(shared: &'a Shared) -> Dispatcher<'a> {
+        Dispatcher { jobs: shared.jobs(), submitter: &shared.submitter, firings: &shared.firings, stats: &shared.stats }
+    }
+}
+
 /// Dispatches firings until `shutdown`: claims the ready ones, submits each in a task of its
 /// own (at most `max_in_flight` at once), prunes expired keys now and then. Cancel-safe at its
 /// waits; at shutdown it lets the submissions in flight finish (up to a deadline) and
@@ -88,7 +115,8 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
                     shared.stats.firings_rate_delayed.fetch_add(claim.rate_delayed, Ordering::Relaxed);
                     shared.stats.jobs_refused.fetch_add(claim.unreadable, Ordering::Relaxed);
                     for c in claim.ready {
-                        tasks.spawn(fire_one(shared.clone(), c));
+                        let shared = shared.clone();
+                        tasks.spawn(async move { fire_one(Dispatcher::of(&shared), c).await });
                     }
                 }
                 Err(e) => {
@@ -107,7 +135,7 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
         }
         if last_checkpoint.elapsed() >= TICK {
             last_checkpoint = Instant::now();
-            checkpoint(&shared, false).await;
+            checkpoint(&firings, &shared.audit, false).await;
         }
         shared.stats.firings_pending.store(firings.pending(), Ordering::Relaxed);
         let mut wait = TICK;
@@ -136,16 +164,16 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
         tasks.abort_all();
     }
     // The trail's last records are signed before the gateway stops.
-    checkpoint(&shared, true).await;
+    checkpoint(&firings, &shared.audit, true).await;
     tracing::info!("dispatcher stopped");
     Ok(())
 }
 
 /// Signs a checkpoint of the audit trail when one is due (or, `force`, whenever its head has
 /// none); a failure is logged (the next tick tries again).
-async fn checkpoint(shared: &Shared, force: bool) {
-    let a = shared.audit.clone();
-    match shared.firings.call(move |f| f.checkpoint(&a.signer, a.policy, force)).await {
+async fn checkpoint(firings: &Firings, audit: &Auditing, force: bool) {
+    let a = audit.clone();
+    match firings.call(move |f| f.checkpoint(&a.signer, a.policy, force)).await {
         Ok(Some(cp)) => tracing::debug!(seq = cp.seq, "audit checkpoint signed"),
         Ok(None) => {}
         Err(e) => tracing::warn!("could not sign an audit checkpoint (will retry): {e}"),
@@ -157,7 +185,7 @@ async fn checkpoint(shared: &Shared, force: bool) {
 /// records of its credentials (`records`). A macaroon whose identifier cannot be read is
 /// refused (the guard could not work); a failed write is transient.
 async fn record_provenance(
-    shared: &Shared,
+    firings: &Firings,
     c: &Claimed,
     write_macaroon: &str,
     records: Vec<AuditDraft>,
@@ -168,26 +196,25 @@ async fn record_provenance(
     let mut chain = c.cause.as_ref().map(|cause| cause.chain.clone()).unwrap_or_default();
     chain.push(m.name.clone());
     let cause = Cause { function: m.name.clone(), digest: m.module.clone(), event_id: c.event.id.clone(), chain };
-    shared
-        .firings
+    firings
         .call(move |f| f.record_provenance_with(&id, &cause, now_ms(), records))
         .await
         .map_err(|e| JobError::Transient(format!("record the write macaroon's provenance: {e}")))
 }
 
 /// Prepares and submits one claimed firing, and records what came of it.
-async fn fire_one(shared: Arc<Shared>, c: Claimed) {
+async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
     let name = c.function.manifest.name.clone();
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
-    let outcome = match prepare(shared.jobs(), &c.function, event_ref(&c.event, c.cause.clone()), key).await {
+    let outcome = match prepare(d.jobs, &c.function, event_ref(&c.event, c.cause.clone()), key).await {
         // The token is minted, and recorded with the macaroons, before the submit.
-        Ok(request) => match shared.submitter.mint(&c.function.manifest.owner, &request) {
+        Ok(request) => match d.submitter.mint(&c.function.manifest.owner, &request) {
             Err(e) => Err(JobError::Permanent(e.to_string())),
             Ok((claims, token)) => {
                 let records = job_credentials(&c, &claims, &request).to_vec();
-                match record_provenance(&shared, &c, &request.output.macaroon, records).await {
+                match record_provenance(d.firings, &c, &request.output.macaroon, records).await {
                     Err(e) => Err(e),
-                    Ok(()) => match shared.submitter.submit_with_token(&token, &request).await {
+                    Ok(()) => match d.submitter.submit_with_token(&token, &request).await {
                         Ok(reply) => {
                             tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
                             Ok(reply)
@@ -202,20 +229,20 @@ async fn fire_one(shared: Arc<Shared>, c: Claimed) {
         },
         Err(e) => Err(e),
     };
-    let (seq, firings) = (c.seq, shared.firings.clone());
+    let (seq, firings) = (c.seq, d.firings);
     let recorded = match outcome {
         Ok(reply) => {
-            Stats::bump(if reply.created { &shared.stats.jobs_submitted } else { &shared.stats.jobs_deduplicated });
+            Stats::bump(if reply.created { &d.stats.jobs_submitted } else { &d.stats.jobs_deduplicated });
             firings.call(move |f| f.mark_submitted(seq, &reply.job_id, now_ms())).await
         }
         Err(JobError::Transient(e)) => {
             tracing::warn!(function = %name, seq, "transient failure, will retry: {e}");
-            Stats::bump(&shared.stats.transient_failures);
+            Stats::bump(&d.stats.transient_failures);
             firings.call(move |f| f.retry_later(seq, &e, now_ms()).map(|_| ())).await
         }
         Err(JobError::Permanent(e)) => {
             tracing::error!(function = %name, path = %c.event.path, "job refused: {e}");
-            Stats::bump(&shared.stats.jobs_refused);
+            Stats::bump(&d.stats.jobs_refused);
             firings.call(move |f| f.mark_refused(seq, &e, now_ms())).await
         }
     };
@@ -223,7 +250,7 @@ async fn fire_one(shared: Arc<Shared>, c: Claimed) {
         // The row stays `submitting` until the next start re-submits it (the scheduler dedupes).
         tracing::error!(function = %name, seq, "could not record a firing's outcome: {e}");
     }
-    shared.stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);
+    d.stats.firings_pending.store(d.firings.pending(), Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -309,7 +336,7 @@ mod tests {
             let mut claim = shared.firings.claim(now_ms(), 10).expect("claim");
             let claimed = claim.ready.pop().expect("one ready");
             let before = now_ms();
-            fire_one(shared.clone(), claimed).await;
+            fire_one(Dispatcher::of(&shared), claimed).await;
 
             let rows = shared.firings.list(0, 10).expect("list");
             let row = &rows[0];

@@ -33,11 +33,19 @@
 //! `ack_wait`, and its key drops the copy. A full disk under the firing table (`SQLITE_FULL`)
 //! fails the batch's transaction like any other failure: nothing acked, everything redelivered,
 //! logged as a full disk and counted (`firings_store_full`).
+//!
+//! Each step takes what it uses, not the whole gateway: [`run`] borrows an [`Intake`] from
+//! [`Shared`] once; [`plan`] reads a [`Matcher`] (source policy, subjects' paths, triggers);
+//! [`handle_batch`], [`fire_batch`] and [`fire_all`] the firing table and the counters.
+//!
+//! Must not know: HTTP, the firing table's SQL, jobs and the scheduler (the dispatcher's).
 
-use crate::event::{self, Decision, SubjectSource};
-use crate::firing::NewFirings;
+use crate::event::binding::Bindings;
+use crate::event::{self, Decision, PolicyCell, SubjectSource};
+use crate::firing::{Firings, NewFirings};
 use crate::state::Shared;
 use crate::stats::Stats;
+use crate::triggers::TriggerCache;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullConsumer, consumer::pull};
 use futures_util::{FutureExt as _, StreamExt as _};
@@ -70,7 +78,7 @@ pub async fn connect_with(
     let client = htfaas_functions::nats::connect_options("htfaas-gateway", credential)
         .event_callback(move |event| {
             let shared = shared.clone();
-            async move { connection_event(shared.as_deref(), &event) }
+            async move { connection_event(shared.as_deref().map(|s| &s.stats), &event) }
         })
         .connect(nats_url)
         .await
@@ -100,24 +108,22 @@ pub async fn connect_with(
     }
 }
 
-/// Logs and counts what happened to the NATS connection.
-fn connection_event(shared: Option<&Shared>, event: &async_nats::Event) {
+/// Logs and counts (in `stats`, when given) what happened to the NATS connection.
+fn connection_event(stats: Option<&Stats>, event: &async_nats::Event) {
     use async_nats::Event;
     match event {
         Event::Disconnected => {
             tracing::warn!("lost the NATS connection; reconnecting (unacked events will come again)");
-            if let Some(shared) = shared {
-                Stats::bump(&shared.stats.nats_disconnects);
+            if let Some(stats) = stats {
+                Stats::bump(&stats.nats_disconnects);
             }
         }
         Event::Connected => {
-            let Some(shared) = shared else { return };
+            let Some(stats) = stats else { return };
             // The first connection is no reconnection.
-            if shared.stats.nats_disconnects.load(Ordering::Relaxed)
-                > shared.stats.nats_reconnects.load(Ordering::Relaxed)
-            {
+            if stats.nats_disconnects.load(Ordering::Relaxed) > stats.nats_reconnects.load(Ordering::Relaxed) {
                 tracing::info!("NATS connection back; the durable consumer resumes");
-                Stats::bump(&shared.stats.nats_reconnects);
+                Stats::bump(&stats.nats_reconnects);
             }
         }
         other => tracing::info!("NATS connection: {other}"),
@@ -225,6 +231,46 @@ pub enum Plan {
     Fire(Box<StorageEvent>, Vec<FunctionRecord>),
 }
 
+/// What deciding and matching a message reads ([`plan`]): the site's source policy, which
+/// paths each events subject may speak for, the compiled triggers.
+#[derive(Clone, Copy)]
+pub struct Matcher<'a> {
+    /// Which sources and types become events (read once per message).
+    pub sources: &'a PolicyCell,
+    /// Which paths each events subject may speak for ([`event::binding`]).
+    pub source_paths: &'a Bindings,
+    /// The registered functions' compiled triggers.
+    pub triggers: &'a TriggerCache,
+}
+
+/// What the ingest loop's steps use of the gateway, borrowed once when the loop starts
+/// ([`Intake::of`]): the [`Matcher`] that plans each message, the firing table the batch is
+/// committed to, the counters.
+#[derive(Clone, Copy)]
+pub struct Intake<'a> {
+    /// Decides and matches each message.
+    pub matcher: Matcher<'a>,
+    /// The durable firing table ([`fire_batch`]).
+    pub firings: &'a Firings,
+    /// Counters.
+    pub stats: &'a Stats,
+}
+
+impl<'a> Intake<'a> {
+    /// The parts of `shared` the ingest uses.
+    pub fn of(shared: &'a Shared) -> Intake<'a> {
+        Intake {
+            matcher: Matcher {
+                sources: &shared.source_policy,
+                source_paths: &shared.source_paths,
+                triggers: &shared.triggers,
+            },
+            firings: &shared.firings,
+            stats: &shared.stats,
+        }
+    }
+}
+
 /// Consumes until `shutdown`, in batches: waits for a message, takes with it what the client
 /// already holds (up to [`BATCH_MAX`]; no waiting, so a lone event is committed at once and a
 /// backlog makes large batches), decides and matches each, commits all their firings in one
@@ -240,6 +286,7 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
         .messages()
         .await
         .context("start consuming events")?;
+    let intake = Intake::of(&shared);
     let mut ended = false;
     while !ended {
         let next = tokio::select! {
@@ -271,9 +318,9 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
                 None => break,
             }
         }
-        let plans = batch.iter().map(|m| plan_message(&shared, m)).collect();
-        let verdict = handle_batch(&shared, plans).await;
-        Stats::bump(&shared.stats.ingest_batches);
+        let plans = batch.iter().map(|m| plan_message(&intake, m)).collect();
+        let verdict = handle_batch(intake.firings, intake.stats, plans).await;
+        Stats::bump(&intake.stats.ingest_batches);
         settle(&batch, verdict).await;
     }
     if ended {
@@ -284,15 +331,16 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
 }
 
 /// Counts one delivered message and plans it.
-fn plan_message(shared: &Shared, message: &jetstream::Message) -> Plan {
-    Stats::bump(&shared.stats.events_received);
+fn plan_message(intake: &Intake<'_>, message: &jetstream::Message) -> Plan {
+    let stats = intake.stats;
+    Stats::bump(&stats.events_received);
     match SubjectSource::of(&message.subject) {
-        Some(SubjectSource::DcacheBilling) => Stats::bump(&shared.stats.events_dcache_billing),
-        Some(SubjectSource::Cloudevents) => Stats::bump(&shared.stats.events_cloudevents),
+        Some(SubjectSource::DcacheBilling) => Stats::bump(&stats.events_dcache_billing),
+        Some(SubjectSource::Cloudevents) => Stats::bump(&stats.events_cloudevents),
         None => {}
     }
     let message_id = format!("nats-seq-{}", delivery(message).0);
-    plan(shared, &message.subject, message.headers.as_ref(), &message.payload, &message_id)
+    plan(&intake.matcher, &message.subject, message.headers.as_ref(), &message.payload, &message_id)
 }
 
 /// The message's stream sequence and delivery count.
@@ -334,14 +382,14 @@ async fn settle(batch: &[jetstream::Message], verdict: Verdict) {
 #[tracing::instrument(name = "gateway.ingest_event", skip_all,
     fields(messaging.destination.name = %subject, event = %message_id))]
 pub fn plan(
-    shared: &Shared,
+    matcher: &Matcher<'_>,
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
     message_id: &str,
 ) -> Plan {
-    let policy = shared.sources();
-    let event = match event::decide_bound(subject, headers, payload, message_id, &policy, &shared.source_paths) {
+    let policy = matcher.sources.current();
+    let event = match event::decide_bound(subject, headers, payload, message_id, &policy, matcher.source_paths) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             tracing::debug!("ignored: {why}");
@@ -360,7 +408,7 @@ pub fn plan(
             return Plan::Skip(Skip::Malformed);
         }
     };
-    let functions: Vec<FunctionRecord> = shared
+    let functions: Vec<FunctionRecord> = matcher
         .triggers
         .matching(&event)
         .into_iter()
@@ -376,13 +424,14 @@ pub fn plan(
 
 /// Decides and acts on one message: a batch of one.
 pub async fn handle(
-    shared: &Shared,
+    intake: &Intake<'_>,
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
     message_id: &str,
 ) -> Verdict {
-    handle_batch(shared, vec![plan(shared, subject, headers, payload, message_id)]).await
+    let plans = vec![plan(&intake.matcher, subject, headers, payload, message_id)];
+    handle_batch(intake.firings, intake.stats, plans).await
 }
 
 /// Acts on a batch of planned messages: the firings of all its events in one transaction
@@ -390,7 +439,7 @@ pub async fn handle(
 /// counted then) once they are committed; [`Verdict::Retry`] (for every message) when the
 /// transaction failed, and nothing of the batch was written.
 #[tracing::instrument(name = "gateway.ingest_batch", skip_all, fields(messages = plans.len()))]
-pub async fn handle_batch(shared: &Shared, plans: Vec<Plan>) -> Verdict {
+pub async fn handle_batch(firings: &Firings, stats: &Stats, plans: Vec<Plan>) -> Verdict {
     let mut skipped = Vec::new();
     let mut batch = Vec::new();
     for p in plans {
@@ -399,9 +448,8 @@ pub async fn handle_batch(shared: &Shared, plans: Vec<Plan>) -> Verdict {
             Plan::Fire(event, functions) => batch.push(NewFirings { event: *event, functions, replay: None }),
         }
     }
-    let verdict = fire_batch(shared, batch).await;
+    let verdict = fire_batch(firings, stats, batch).await;
     if verdict == Verdict::Ack {
-        let stats = &shared.stats;
         for why in skipped {
             Stats::bump(match why {
                 Skip::Ignored => &stats.events_ignored,
@@ -422,27 +470,27 @@ pub async fn handle_batch(shared: &Shared, plans: Vec<Plan>) -> Verdict {
 /// get keys of their own, so a replay re-runs what already ran once. A batch of one
 /// ([`fire_batch`]).
 pub async fn fire_all(
-    shared: &Shared,
+    firings: &Firings,
+    stats: &Stats,
     event: &StorageEvent,
     functions: &[FunctionRecord],
     replay: Option<&str>,
 ) -> Verdict {
     let one = NewFirings { event: event.clone(), functions: functions.to_vec(), replay: replay.map(str::to_owned) };
-    fire_batch(shared, vec![one]).await
+    fire_batch(firings, stats, vec![one]).await
 }
 
 /// Queues the firings of every event of `batch` in ONE transaction
 /// ([`crate::firing::Firings::insert_batch`]: one fsync for the batch, each event as alone).
 /// Returns [`Verdict::Ack`] once they are all on disk (at once for an empty batch),
 /// [`Verdict::Retry`] when the table could not be written: then none was.
-pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
+pub async fn fire_batch(firings: &Firings, stats: &Stats, batch: Vec<NewFirings>) -> Verdict {
     if batch.is_empty() {
         return Verdict::Ack;
     }
     let (events, first_path) = (batch.len() as u64, batch[0].event.path.clone());
-    match shared.firings.insert_batch_async(batch, crate::firing::now_ms()).await {
+    match firings.insert_batch_async(batch, crate::firing::now_ms()).await {
         Ok(done) => {
-            let stats = &shared.stats;
             for d in done {
                 stats.firings_queued.fetch_add(d.queued, Ordering::Relaxed);
                 stats.firings_deduplicated.fetch_add(d.deduplicated, Ordering::Relaxed);
@@ -458,7 +506,7 @@ pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
                     Stats::bump(&stats.events_loop_guarded);
                 }
             }
-            stats.firings_pending.store(shared.firings.pending(), Ordering::Relaxed);
+            stats.firings_pending.store(firings.pending(), Ordering::Relaxed);
             Verdict::Ack
         }
         Err(e) if e.is_disk_full() => {
@@ -468,14 +516,14 @@ pub async fn fire_batch(shared: &Shared, batch: Vec<NewFirings>) -> Verdict {
                 "the firing table's disk is full: a batch of events was not written and not acked; \
                  JetStream redelivers it, and it goes through once there is room: {e}"
             );
-            Stats::bump(&shared.stats.firings_store_full);
-            shared.stats.transient_failures.fetch_add(events, Ordering::Relaxed);
+            Stats::bump(&stats.firings_store_full);
+            stats.transient_failures.fetch_add(events, Ordering::Relaxed);
             Verdict::Retry
         }
         Err(e) => {
             tracing::error!(events, path = %first_path, "could not queue the firings of a batch of events, will retry: {e}");
             // One per event whose firings were not written (each is redelivered).
-            shared.stats.transient_failures.fetch_add(events, Ordering::Relaxed);
+            stats.transient_failures.fetch_add(events, Ordering::Relaxed);
             Verdict::Retry
         }
     }
@@ -531,10 +579,11 @@ mod tests {
     }
 
     fn plans(shared: &Shared, payloads: &[Vec<u8>]) -> Vec<Plan> {
+        let matcher = Intake::of(shared).matcher;
         payloads
             .iter()
             .enumerate()
-            .map(|(i, p)| plan(shared, EVENTS_SUBJECT, None, p, &format!("nats-seq-{i}")))
+            .map(|(i, p)| plan(&matcher, EVENTS_SUBJECT, None, p, &format!("nats-seq-{i}")))
             .collect()
     }
 
@@ -565,7 +614,7 @@ mod tests {
              BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
         )
         .expect("trigger");
-        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Retry);
+        assert_eq!(handle_batch(&shared.firings, &shared.stats, plans(&shared, &batch)).await, Verdict::Retry);
         let s = shared.stats.snapshot();
         assert_eq!((s.firings_queued, s.events_malformed, s.events_unmatched, s.events_ignored), (0, 0, 0, 0));
         assert_eq!(s.transient_failures, 3, "the three events with firings");
@@ -573,7 +622,7 @@ mod tests {
 
         // Redelivered: one transaction; the copy inside the batch makes no second firing.
         side.execute_batch("DROP TRIGGER refuse;").expect("drop");
-        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Ack);
+        assert_eq!(handle_batch(&shared.firings, &shared.stats, plans(&shared, &batch)).await, Verdict::Ack);
         let s = shared.stats.snapshot();
         assert_eq!((s.firings_queued, s.firings_deduplicated, s.events_duplicate), (4, 2, 1));
         assert_eq!((s.events_malformed, s.events_unmatched, s.events_ignored), (1, 1, 1));
@@ -582,8 +631,11 @@ mod tests {
         assert_eq!(keys, ["a", "b", "a", "b"]);
 
         // A batch with nothing to write is acked without a transaction; a lone event is a batch.
-        assert_eq!(handle_batch(&shared, plans(&shared, &[b"[]".to_vec()])).await, Verdict::Ack);
-        assert_eq!(handle(&shared, EVENTS_SUBJECT, None, &write("/data/w", "s9"), "nats-seq-9").await, Verdict::Ack);
+        assert_eq!(handle_batch(&shared.firings, &shared.stats, plans(&shared, &[b"[]".to_vec()])).await, Verdict::Ack);
+        assert_eq!(
+            handle(&Intake::of(&shared), EVENTS_SUBJECT, None, &write("/data/w", "s9"), "nats-seq-9").await,
+            Verdict::Ack
+        );
         assert_eq!(shared.stats.snapshot().firings_queued, 6);
     }
 
@@ -599,7 +651,7 @@ mod tests {
         let cap = shared.firings.set_max_page_count(1).expect("cap the file at its size");
         assert!(cap >= 1, "{cap}");
 
-        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Retry);
+        assert_eq!(handle_batch(&shared.firings, &shared.stats, plans(&shared, &batch)).await, Verdict::Retry);
         let s = shared.stats.snapshot();
         assert_eq!((s.firings_queued, s.transient_failures), (0, 64), "{s:?}");
         assert_eq!(shared.stats.firings_store_full.load(Ordering::Relaxed), 1);
@@ -619,7 +671,7 @@ mod tests {
 
         // Room again: the redelivered batch is written whole and acked.
         shared.firings.set_max_page_count(u32::MAX).expect("lift the cap");
-        assert_eq!(handle_batch(&shared, plans(&shared, &batch)).await, Verdict::Ack);
+        assert_eq!(handle_batch(&shared.firings, &shared.stats, plans(&shared, &batch)).await, Verdict::Ack);
         let s = shared.stats.snapshot();
         assert_eq!((s.firings_queued, s.firings_pending), (128, 128), "{s:?}");
         assert_eq!(shared.stats.firings_store_full.load(Ordering::Relaxed), 1);

@@ -68,8 +68,9 @@ pub struct Shared {
     pub bind_macaroons_to_ep: bool,
     /// HTTP client.
     pub http: reqwest::Client,
-    /// Which sources and types become events; read once per message, replaced whole.
-    sources: std::sync::RwLock<Arc<event::SourcePolicy>>,
+    /// Which sources and types become events; read once per message, replaced whole
+    /// ([`Shared::sources`], [`Shared::set_sources`]).
+    pub(crate) source_policy: event::PolicyCell,
     /// Which paths each events subject may speak for ([`Config::source_paths`]).
     pub source_paths: Arc<event::binding::Bindings>,
 }
@@ -77,7 +78,7 @@ pub struct Shared {
 impl Shared {
     /// The site's source policy now.
     pub fn sources(&self) -> Arc<event::SourcePolicy> {
-        self.sources.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.source_policy.current()
     }
 
     /// What building a job reads ([`crate::jobs::prepare`]).
@@ -102,6 +103,15 @@ impl Shared {
         auth::require_admin(&self.admin_token, &self.api_verifier, headers)
     }
 
+    /// The scheduler's admin API: its base URL, the client, the admin token.
+    pub fn scheduler(&self) -> auth::Scheduler<'_> {
+        auth::Scheduler {
+            http: &self.http,
+            url: self.submitter.scheduler_url(),
+            admin_token: &self.scheduler_admin_token,
+        }
+    }
+
     /// The scheduler's base URL.
     pub(crate) fn submitter_base(&self) -> String {
         self.submitter.scheduler_url().to_owned()
@@ -109,9 +119,7 @@ impl Shared {
 
     /// Replaces the source policy for the messages that follow (tests; an admin route later).
     pub fn set_sources(&self, policy: event::SourcePolicy) -> Result<(), String> {
-        policy.validate()?;
-        *self.sources.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
-        Ok(())
+        self.source_policy.replace(policy)
     }
 }
 
@@ -238,7 +246,7 @@ impl Config {
             http,
             registry,
             module_quota: self.module_quota,
-            sources: std::sync::RwLock::new(Arc::new(self.sources)),
+            source_policy: event::PolicyCell::new(self.sources),
         };
         shared.triggers.reload(&shared.registry).context("load triggers")?;
         Ok(Settings {

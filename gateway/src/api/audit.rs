@@ -8,8 +8,12 @@
 
 use super::*;
 use crate::audit::{AUDIT_WRITER, EVENT_MATCHED};
-use htfaas_functions::audit::{self, AuditError, AuditFilter, AuditKind, AuditRecord, Subject, VerifyReport};
+use crate::firing::Firings;
+use htfaas_functions::audit::{
+    self, AuditError, AuditFilter, AuditKind, AuditRecord, AuditSigner, Subject, VerifyReport,
+};
 use htfaas_functions::proto::{Cause, Lineage, LineageRelation, LineageStep};
+use htfaas_functions::token::Verifier;
 use serde_json::{Value, json};
 use std::collections::{HashSet, VecDeque};
 
@@ -24,7 +28,7 @@ pub(super) async fn proxy_audit(
     let (trail, query) = audit_trail(query)?;
     if caller.is_admin() && trail == AuditTrail::Scheduler {
         let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
-        return forward_get(&shared, &format!("/v1/audit{suffix}")).await;
+        return forward_get(&shared.scheduler(), &format!("/v1/audit{suffix}")).await;
     }
     let uri: axum::http::Uri = format!("/v1/audit?{}", query.unwrap_or_default())
         .parse()
@@ -32,7 +36,7 @@ pub(super) async fn proxy_audit(
     let Query(mut filter) = Query::<htfaas_functions::audit::AuditFilter>::try_from_uri(&uri)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid audit query: {}", e.body_text())))?;
     if caller.is_admin() {
-        return gateway_audit(&shared, filter).await;
+        return gateway_audit(&shared.firings, filter).await;
     }
     if filter.owner.as_ref().is_some_and(|o| *o != caller.name) {
         return Err(HttpError(
@@ -42,7 +46,7 @@ pub(super) async fn proxy_audit(
     }
     filter.owner = Some(caller.name);
     if trail == AuditTrail::Gateway {
-        return gateway_audit(&shared, filter).await;
+        return gateway_audit(&shared.firings, filter).await;
     }
     let mut url = reqwest::Url::parse(&format!("{}/v1/audit", shared.submitter_base()))
         .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("scheduler URL: {e}")))?;
@@ -68,9 +72,9 @@ pub(super) async fn proxy_audit_verify(
 ) -> Result<Response, HttpError> {
     shared.require_admin(&headers)?;
     match audit_trail(query)? {
-        (AuditTrail::Scheduler, None) => forward_get(&shared, "/v1/audit/verify").await,
+        (AuditTrail::Scheduler, None) => forward_get(&shared.scheduler(), "/v1/audit/verify").await,
         (AuditTrail::Gateway, None) => {
-            let report = verify(&shared).await.map_err(|e| {
+            let report = verify(&shared.firings, &shared.audit.signer).await.map_err(|e| {
                 tracing::error!("verify the gateway's audit trail: {e}");
                 HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("verify the gateway's audit trail: {e}"))
             })?;
@@ -91,11 +95,11 @@ pub(super) async fn proxy_audit_keys(
     let gateway = shared.audit.signer.jwks();
     match query.as_deref() {
         Some("trail=gateway") => return Ok(Json(gateway).into_response()),
-        Some("trail=scheduler") => return forward_get(&shared, "/v1/audit/keys").await,
+        Some("trail=scheduler") => return forward_get(&shared.scheduler(), "/v1/audit/keys").await,
         Some(q) => return Err(HttpError(StatusCode::BAD_REQUEST, format!("unknown audit keys parameters {q:?}"))),
         None => {}
     }
-    let mut both: serde_json::Value = scheduler_json(&shared, "/v1/audit/keys").await?;
+    let mut both: serde_json::Value = scheduler_json(&shared.scheduler(), "/v1/audit/keys").await?;
     let ours = serde_json::to_value(&gateway).ok();
     let ours = ours.as_ref().and_then(|v| v.get("keys")).and_then(|k| k.as_array()).cloned().unwrap_or_default();
     match both.get_mut("keys").and_then(|k| k.as_array_mut()) {
@@ -129,11 +133,11 @@ pub(super) fn audit_trail(query: Option<String>) -> Result<(AuditTrail, Option<S
 /// The gateway trail's records `filter` selects (limit as the scheduler's: default 1000, at
 /// most 100,000).
 pub(super) async fn gateway_audit(
-    shared: &Shared,
+    firings: &Firings,
     mut filter: htfaas_functions::audit::AuditFilter,
 ) -> Result<Response, HttpError> {
     filter.limit = Some(filter.limit.unwrap_or(1000).min(100_000));
-    let records = query(shared, filter).await.map_err(|e| {
+    let records = query(firings, filter).await.map_err(|e| {
         tracing::error!("query the gateway's audit trail: {e}");
         HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("query the gateway's audit trail: {e}"))
     })?;
@@ -149,7 +153,7 @@ pub(super) async fn get_lineage(
     shared.require_admin(&headers)?;
     let Query(q) = query.map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid lineage query: {e}")))?;
     let depth = q.depth.unwrap_or(MAX_LINEAGE_DEPTH);
-    let lineage = lineage(&shared, &q.file, depth).await.map_err(|e| {
+    let lineage = lineage(&shared.scheduler(), &shared.firings, &q.file, depth).await.map_err(|e| {
         tracing::warn!(file = %q.file, "lineage: {e}");
         HttpError(StatusCode::BAD_GATEWAY, format!("lineage of {}: {e}", q.file))
     })?;
@@ -187,8 +191,8 @@ const LINEAGE_QUERY_LIMIT: u64 = 10_000;
 
 /// The name of the credential of a request (its API token's `sub`, or `admin` for the admin
 /// token), as the audit trail names actors; never the credential itself.
-pub fn actor(shared: &Shared, headers: &axum::http::HeaderMap) -> String {
-    shared.require_caller(headers).map(|c| c.name).unwrap_or_else(|_| "unknown".into())
+pub fn actor(admin_token: &str, verifier: &Verifier, headers: &axum::http::HeaderMap) -> String {
+    crate::auth::require_caller(admin_token, verifier, headers).map(|c| c.name).unwrap_or_else(|_| "unknown".into())
 }
 
 /// Records the action `action` on `subject` (with `args`) by the caller of `headers`, after it
@@ -200,7 +204,7 @@ pub async fn record_admin(
     subject: Subject,
     args: Value,
 ) {
-    let actor = actor(shared, headers);
+    let actor = actor(&shared.admin_token, &shared.api_verifier, headers);
     let draft = crate::audit::admin_action(&actor, action, subject, args);
     if let Err(e) = shared.firings.append_async(draft).await {
         tracing::error!(action, actor, "failed to record an admin action in the audit trail: {e}");
@@ -242,17 +246,17 @@ pub async fn record_replay(
 }
 
 /// The gateway trail's records that `filter` selects, read on a connection of their own.
-pub async fn query(shared: &Shared, filter: AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
-    let path = shared.firings.path().to_owned();
+pub async fn query(firings: &Firings, filter: AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
+    let path = firings.path().to_owned();
     tokio::task::spawn_blocking(move || audit::query(&path, &filter))
         .await
         .map_err(|e| AuditError::Corrupt(format!("query task: {e}")))?
 }
 
-/// The gateway's trail checked under its own key.
-pub async fn verify(shared: &Shared) -> Result<VerifyReport, AuditError> {
-    let path = shared.firings.path().to_owned();
-    let keys = shared.audit.signer.keys();
+/// The gateway's trail (in the firing table's file) checked under its own key (`signer`'s).
+pub async fn verify(firings: &Firings, signer: &AuditSigner) -> Result<VerifyReport, AuditError> {
+    let path = firings.path().to_owned();
+    let keys = signer.keys();
     tokio::task::spawn_blocking(move || audit::verify(&path, &keys))
         .await
         .map_err(|e| AuditError::Corrupt(format!("verify task: {e}")))?
@@ -277,8 +281,8 @@ impl From<AuditError> for LineageError {
 }
 
 /// The scheduler's records that `filter` selects, over its admin API.
-async fn scheduler_records(shared: &Shared, filter: &AuditFilter) -> Result<Vec<AuditRecord>, LineageError> {
-    let base = format!("{}/v1/audit", shared.submitter.scheduler_url());
+async fn scheduler_records(scheduler: &Scheduler<'_>, filter: &AuditFilter) -> Result<Vec<AuditRecord>, LineageError> {
+    let base = format!("{}/v1/audit", scheduler.url);
     let mut url = reqwest::Url::parse(&base).map_err(|e| LineageError::Scheduler(format!("{base}: {e}")))?;
     {
         let mut q = url.query_pairs_mut();
@@ -289,10 +293,10 @@ async fn scheduler_records(shared: &Shared, filter: &AuditFilter) -> Result<Vec<
         }
         q.append_pair("limit", &LINEAGE_QUERY_LIMIT.to_string());
     }
-    let resp = shared
+    let resp = scheduler
         .http
         .get(url)
-        .bearer_auth(&shared.scheduler_admin_token)
+        .bearer_auth(scheduler.admin_token)
         .send()
         .await
         .map_err(|e| LineageError::Scheduler(format!("unreachable: {e}")))?;
@@ -320,8 +324,14 @@ fn outputs_of(records: &[AuditRecord]) -> Vec<String> {
     out
 }
 
-/// The lineage of `file`, at most `max_depth` (≤ [`MAX_LINEAGE_DEPTH`]) steps back.
-pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Lineage, LineageError> {
+/// The lineage of `file`, at most `max_depth` (≤ [`MAX_LINEAGE_DEPTH`]) steps back: the
+/// scheduler's trail read over its admin API (`scheduler`), the gateway's in `firings`' file.
+pub async fn lineage(
+    scheduler: &Scheduler<'_>,
+    firings: &Firings,
+    file: &str,
+    max_depth: u32,
+) -> Result<Lineage, LineageError> {
     let max_depth = max_depth.min(MAX_LINEAGE_DEPTH);
     let mut lineage = Lineage { file: file.to_owned(), steps: Vec::new(), truncated: false };
     let mut files_seen = HashSet::new();
@@ -333,7 +343,7 @@ pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Line
         }
         let by_file = AuditFilter { file: Some(path.clone()), ..AuditFilter::default() };
         let mut jobs: Vec<String> = Vec::new();
-        for r in scheduler_records(shared, &by_file).await? {
+        for r in scheduler_records(scheduler, &by_file).await? {
             if let Some(j) = r.subject.job
                 && !jobs.contains(&j)
             {
@@ -345,7 +355,7 @@ pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Line
                 continue;
             }
             let records =
-                scheduler_records(shared, &AuditFilter { job: Some(job.clone()), ..AuditFilter::default() }).await?;
+                scheduler_records(scheduler, &AuditFilter { job: Some(job.clone()), ..AuditFilter::default() }).await?;
             let outputs = outputs_of(&records);
             let relation = if outputs.contains(&path) { LineageRelation::Wrote } else { LineageRelation::Read };
             // Back from the file asked about: only the jobs that wrote each earlier file.
@@ -357,7 +367,7 @@ pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Line
                 return Ok(lineage);
             }
             jobs_seen.insert(job.clone());
-            let step = step(shared, &path, depth, relation, job, records, outputs).await?;
+            let step = step(firings, &path, depth, relation, job, records, outputs).await?;
             if relation == LineageRelation::Wrote
                 && let Some(input) = &step.input
             {
@@ -376,7 +386,7 @@ pub async fn lineage(shared: &Shared, file: &str, max_depth: u32) -> Result<Line
 /// One job of a lineage: its scheduler records, and the gateway's records of its event and
 /// its token, in time order.
 async fn step(
-    shared: &Shared,
+    firings: &Firings,
     file: &str,
     depth: u32,
     relation: LineageRelation,
@@ -393,10 +403,10 @@ async fn step(
     let function_version = accepted.and_then(|r| r.detail.get("function_version").and_then(Value::as_u64));
     let mut gateway = Vec::new();
     if let Some(jti) = &subject.token_jti {
-        gateway.extend(query(shared, AuditFilter { token: Some(jti.clone()), ..AuditFilter::default() }).await?);
+        gateway.extend(query(firings, AuditFilter { token: Some(jti.clone()), ..AuditFilter::default() }).await?);
     }
     if let Some(event) = &subject.event_id {
-        let of_event = query(shared, AuditFilter { event_id: Some(event.clone()), ..AuditFilter::default() }).await?;
+        let of_event = query(firings, AuditFilter { event_id: Some(event.clone()), ..AuditFilter::default() }).await?;
         // The event's own records; another job's token records of the same event are not this one's.
         gateway.extend(of_event.into_iter().filter(|r| {
             r.subject.token_jti.is_none()

@@ -75,7 +75,9 @@ pub(super) async fn replay_events(
     if let replay::Mode::Replay(id) = &mode {
         tracing::info!(replay = %id, function = ?request.function, since = window.since_ms, "replay requested");
     }
-    let report = replay::run(&shared, &events.0, &window, &replay::Target::all(records), &mode).await?;
+    let report =
+        replay::run(replay::ReplayContext::of(&shared), &events.0, &window, &replay::Target::all(records), &mode)
+            .await?;
     super::audit::record_replay(&shared, &headers, &mode, &report).await;
     Ok(Json(report))
 }

@@ -261,10 +261,8 @@ pub async fn authenticate(
     next: axum::middleware::Next,
 ) -> Response {
     let claims = bearer(request.headers()).and_then(|t| shared.api_verifier.verify_api(t).ok());
-    let url = shared.submitter_base();
-    let scheduler = Scheduler { http: &shared.http, url: &url, admin_token: &shared.scheduler_admin_token };
     if let Some(claims) = claims
-        && let Err(refused) = shared.api_revocations.check(&scheduler, &claims).await
+        && let Err(refused) = shared.api_revocations.check(&shared.scheduler(), &claims).await
     {
         tracing::info!(jti = %claims.jti, sub = %claims.sub, "API token refused: {}", refused.1);
         return refused.into_response();

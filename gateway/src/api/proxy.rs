@@ -23,7 +23,7 @@ pub(super) async fn proxy_jobs(
     let caller = shared.require_caller(&headers)?;
     if caller.is_admin() {
         let suffix = query.map(|q| format!("?{q}")).unwrap_or_default();
-        return forward_get(&shared, &format!("/v1/jobs{suffix}")).await;
+        return forward_get(&shared.scheduler(), &format!("/v1/jobs{suffix}")).await;
     }
     #[derive(serde::Deserialize)]
     struct ListQuery {
@@ -31,7 +31,8 @@ pub(super) async fn proxy_jobs(
     }
     let Query(list) = Query::<ListQuery>::try_from_uri(&uri)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
-    let mut jobs: Vec<JobRecord> = scheduler_json(&shared, &format!("/v1/jobs?limit={SCHEDULER_MAX_LIST}")).await?;
+    let mut jobs: Vec<JobRecord> =
+        scheduler_json(&shared.scheduler(), &format!("/v1/jobs?limit={SCHEDULER_MAX_LIST}")).await?;
     jobs.retain(|j| j.owner == caller.name);
     jobs.truncate(list.limit.unwrap_or(DEFAULT_LIST).min(SCHEDULER_MAX_LIST));
     Ok(Json(jobs).into_response())
@@ -45,15 +46,15 @@ pub(super) async fn proxy_job(
     let caller = shared.require_caller(&headers)?;
     check_job_id(&id)?;
     if !caller.is_admin() {
-        return Ok(Json(own_job(&shared, &caller, &id).await?).into_response());
+        return Ok(Json(own_job(&shared.scheduler(), &caller, &id).await?).into_response());
     }
-    forward_get(&shared, &format!("/v1/jobs/{id}")).await
+    forward_get(&shared.scheduler(), &format!("/v1/jobs/{id}")).await
 }
 
 /// The job `id` when the caller may see it; another owner's job is 404, worded as the
 /// scheduler words an unknown one, so that it reveals nothing.
-pub(super) async fn own_job(shared: &Shared, caller: &Caller, id: &str) -> Result<JobRecord, HttpError> {
-    let job: JobRecord = scheduler_json(shared, &format!("/v1/jobs/{id}")).await?;
+pub(super) async fn own_job(scheduler: &Scheduler<'_>, caller: &Caller, id: &str) -> Result<JobRecord, HttpError> {
+    let job: JobRecord = scheduler_json(scheduler, &format!("/v1/jobs/{id}")).await?;
     if !caller.owns(&job.owner) {
         return Err(HttpError(StatusCode::NOT_FOUND, format!("job {id:?} not found")));
     }
@@ -63,14 +64,14 @@ pub(super) async fn own_job(shared: &Shared, caller: &Caller, id: &str) -> Resul
 /// GETs `path` from the scheduler (admin token) and parses its JSON answer; a refusal keeps
 /// the scheduler's status and reason.
 pub(super) async fn scheduler_json<T: serde::de::DeserializeOwned>(
-    shared: &Shared,
+    scheduler: &Scheduler<'_>,
     path: &str,
 ) -> Result<T, HttpError> {
-    let url = format!("{}{path}", shared.submitter_base());
-    let resp = shared
+    let url = format!("{}{path}", scheduler.url);
+    let resp = scheduler
         .http
         .get(url)
-        .bearer_auth(&shared.scheduler_admin_token)
+        .bearer_auth(scheduler.admin_token)
         .send()
         .await
         .map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
@@ -122,9 +123,9 @@ pub(super) async fn proxy_job_view(
         return Err(HttpError(StatusCode::NOT_FOUND, format!("no job view {view:?} (history, analyze, log)")));
     }
     if !caller.is_admin() {
-        own_job(&shared, &caller, &id).await?;
+        own_job(&shared.scheduler(), &caller, &id).await?;
     }
-    forward_get(&shared, &format!("/v1/jobs/{id}/{view}")).await
+    forward_get(&shared.scheduler(), &format!("/v1/jobs/{id}/{view}")).await
 }
 
 pub(super) async fn proxy_job_action(
@@ -141,7 +142,7 @@ pub(super) async fn proxy_job_action(
     let request: htfaas_functions::proto::JobAction = serde_json::from_slice(&body)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid job action: {e}")))?;
     if !caller.is_admin() {
-        own_job(&shared, &caller, &id).await?;
+        own_job(&shared.scheduler(), &caller, &id).await?;
     }
     tracing::info!(job = %id, %action, caller = %caller.name, reason = %request.reason, "job action requested");
     let url = format!("{}/v1/jobs/{id}/{action}", shared.submitter_base());
@@ -158,9 +159,9 @@ pub(super) async fn proxy_accounting(
 ) -> Result<Response, HttpError> {
     let caller = shared.require_caller(&headers)?;
     if caller.is_admin() {
-        return forward_get(&shared, "/v1/accounting").await;
+        return forward_get(&shared.scheduler(), "/v1/accounting").await;
     }
-    let mut accounts: Vec<Account> = scheduler_json(&shared, "/v1/accounting").await?;
+    let mut accounts: Vec<Account> = scheduler_json(&shared.scheduler(), "/v1/accounting").await?;
     accounts.retain(|a| a.owner == caller.name);
     Ok(Json(accounts).into_response())
 }
@@ -185,7 +186,7 @@ pub(super) async fn proxy_accounting_report(
             path.push_str(&format!("&{name}={v}"));
         }
     }
-    forward_get(&shared, &path).await
+    forward_get(&shared.scheduler(), &path).await
 }
 
 pub(super) async fn proxy_priorities(
@@ -279,13 +280,13 @@ pub(super) async fn proxy_revoke(
 /// An admin route's GET, relayed to the scheduler.
 pub(super) async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Response, HttpError> {
     shared.require_admin(headers)?;
-    forward_get(shared, path).await
+    forward_get(&shared.scheduler(), path).await
 }
 
 /// Relays a GET of `path` to the scheduler (the caller's scope already checked).
-pub(super) async fn forward_get(shared: &Shared, path: &str) -> Result<Response, HttpError> {
-    let url = format!("{}{path}", shared.submitter_base());
-    forward(shared.http.get(url).bearer_auth(&shared.scheduler_admin_token)).await
+pub(super) async fn forward_get(scheduler: &Scheduler<'_>, path: &str) -> Result<Response, HttpError> {
+    let url = format!("{}{path}", scheduler.url);
+    forward(scheduler.http.get(url).bearer_auth(scheduler.admin_token)).await
 }
 
 /// Sends a request to the scheduler and relays its status and JSON body.

@@ -119,7 +119,8 @@ pub(super) async fn dry_run_registration(
     .await?;
     let events = recorded(events)?;
     let target = replay::candidate(manifest)?;
-    let report = replay::run(shared, &events.0, &window, &[target], &replay::Mode::DryRun).await?;
+    let report =
+        replay::run(replay::ReplayContext::of(shared), &events.0, &window, &[target], &replay::Mode::DryRun).await?;
     Ok((StatusCode::OK, Json(report)).into_response())
 }
 

@@ -117,6 +117,31 @@ impl SourcePolicy {
     }
 }
 
+/// The site's [`SourcePolicy`] now: read once per message ([`PolicyCell::current`]), replaced
+/// whole ([`PolicyCell::replace`]), so each message is decided under one policy.
+#[derive(Debug)]
+pub struct PolicyCell(std::sync::RwLock<std::sync::Arc<SourcePolicy>>);
+
+impl PolicyCell {
+    /// A cell holding `policy`, as it is (the gateway validates it when its configuration is
+    /// resolved).
+    pub fn new(policy: SourcePolicy) -> PolicyCell {
+        PolicyCell(std::sync::RwLock::new(std::sync::Arc::new(policy)))
+    }
+
+    /// The policy now.
+    pub fn current(&self) -> std::sync::Arc<SourcePolicy> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the policy for the messages that follow, once it is valid.
+    pub fn replace(&self, policy: SourcePolicy) -> Result<(), String> {
+        policy.validate()?;
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::new(policy);
+        Ok(())
+    }
+}
+
 /// Which parser reads a subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubjectSource {

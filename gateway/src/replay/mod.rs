@@ -248,10 +248,37 @@ pub enum Mode {
     Replay(String),
 }
 
+/// What a replay or dry run uses of the gateway ([`run`]): the source policy and the
+/// subjects' paths its [`Reader`] decides with, the firing table and counters a replay fires
+/// into ([`crate::ingest::fire_all`]).
+#[derive(Clone, Copy)]
+pub struct ReplayContext<'a> {
+    /// The site's source policy (read once, when the run starts).
+    pub sources: &'a crate::event::PolicyCell,
+    /// Which paths each events subject may speak for.
+    pub source_paths: &'a std::sync::Arc<crate::event::binding::Bindings>,
+    /// The durable firing table.
+    pub firings: &'a crate::firing::Firings,
+    /// Counters.
+    pub stats: &'a crate::stats::Stats,
+}
+
+impl<'a> ReplayContext<'a> {
+    /// The parts of `shared` a replay uses.
+    pub fn of(shared: &'a Shared) -> ReplayContext<'a> {
+        ReplayContext {
+            sources: &shared.source_policy,
+            source_paths: &shared.source_paths,
+            firings: &shared.firings,
+            stats: &shared.stats,
+        }
+    }
+}
+
 /// Reads `window` of the recorded events and evaluates `targets` on each event: lists the
 /// pairs that fire (dry run) or fires them (replay). Stops after [`TIME_BUDGET`].
 pub async fn run(
-    shared: &Shared,
+    context: ReplayContext<'_>,
     js: &jetstream::Context,
     window: &Window,
     targets: &[Target],
@@ -269,8 +296,8 @@ pub async fn run(
         functions: targets.iter().map(|t| t.record.manifest.name.clone()).collect(),
         ..Report::default()
     };
-    let mut reader = Reader::open(js, window, shared.sources(), shared.source_paths.clone()).await?;
-    let result = scan(shared, &mut reader, targets, mode, started, &mut report).await;
+    let mut reader = Reader::open(js, window, context.sources.current(), context.source_paths.clone()).await?;
+    let result = scan(context.firings, context.stats, &mut reader, targets, mode, started, &mut report).await;
     if report.stopped.is_none() {
         report.stopped = reader.cut.take();
     }
@@ -285,7 +312,8 @@ pub async fn run(
 }
 
 async fn scan(
-    shared: &Shared,
+    firings: &crate::firing::Firings,
+    stats: &crate::stats::Stats,
     reader: &mut Reader,
     targets: &[Target],
     mode: &Mode,
@@ -327,7 +355,7 @@ async fn scan(
                 Mode::Replay(id) => {
                     // One transaction per event, as the ingest does.
                     let records: Vec<FunctionRecord> = matching.iter().map(|t| t.record.clone()).collect();
-                    let verdict = crate::ingest::fire_all(shared, &event, &records, Some(id.as_str())).await;
+                    let verdict = crate::ingest::fire_all(firings, stats, &event, &records, Some(id.as_str())).await;
                     let ok = verdict == crate::ingest::Verdict::Ack;
                     if ok {
                         report.fired += n;
