@@ -153,8 +153,8 @@ pub fn admin_action(actor: &str, action: &str, subject: Subject, args: Value) ->
 mod tests {
     use super::*;
     use crate::dispatch::job_credentials;
-    use crate::firing::tests::event;
     use crate::firing::{Firings, NewFirings};
+    use crate::testing::event;
     use htfaas_functions::audit::{self, AuditFilter, AuditRecord};
     use htfaas_functions::audit::{ProblemKind, rusqlite::Connection};
     use htfaas_functions::manifest::Resources;
@@ -162,7 +162,7 @@ mod tests {
     use htfaas_functions::token::SubmitClaims;
 
     fn function(name: &str) -> FunctionRecord {
-        crate::firing::tests::function(name, None, None)
+        crate::testing::function(name, None, None)
     }
 
     fn all(f: &Firings) -> Vec<AuditRecord> {

@@ -256,8 +256,8 @@ async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::firing::tests::{event, function};
     use crate::firing::{FiringState, backoff_ms};
+    use crate::testing::{event, function};
     use std::path::Path;
 
     /// A stand-in on 127.0.0.1 answering every request with `status` and `body`.

@@ -45,6 +45,8 @@ pub mod state;
 pub mod stats;
 pub mod storage_client;
 pub mod submit;
+#[cfg(test)]
+mod testing;
 pub mod triggers;
 
 pub use clients::{http_client, scheduler_http_client, storage_http_client};

@@ -754,7 +754,7 @@ mod tests {
 
     #[test]
     fn input_names_must_be_one_clean_segment() {
-        let mut req = crate::queue::tests::request("k");
+        let mut req = crate::testing::request("k");
         for bad in ["../x", "..", ".", "", "a/b", "a\\b", "a\0"] {
             req.input.name = bad.into();
             assert_eq!(validate(&req), Err(SubmitInvalid::InputName(bad.into())), "{bad:?} accepted");

@@ -85,6 +85,8 @@ pub mod revocation;
 pub mod revoke;
 pub mod seal;
 pub mod state;
+#[cfg(test)]
+mod testing;
 pub mod tls;
 pub mod trust;
 

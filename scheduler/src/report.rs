@@ -301,7 +301,7 @@ mod tests {
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
         let mut ends = Vec::new();
         for (i, s) in specs.iter().enumerate() {
-            let mut request = crate::queue::tests::request(&format!("k{i}"));
+            let mut request = crate::testing::request(&format!("k{i}"));
             request.function.name = s.function.into();
             request.resources.cpus = s.cpus;
             let job = NewJob {
@@ -450,7 +450,7 @@ mod tests {
         let same = run(&q, &query(AccountingBy::Owner, Some(T0), Some(T0), None)).expect("report");
         assert!(same.rows.is_empty());
         // Running and idle jobs do not count yet.
-        let mut idle = crate::queue::tests::request("idle");
+        let mut idle = crate::testing::request("idle");
         idle.function.name = "checksum".into();
         let job = NewJob {
             request: idle,

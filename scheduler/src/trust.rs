@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn the_module_url_must_be_the_stores_url_for_the_digest() {
-        let mut req = crate::queue::tests::request("k");
+        let mut req = crate::testing::request("k");
         req.input.url = "http://storage.example:2880/data/raw/a".into();
         req.output.url = "http://storage.example:2880/data/out/".into();
         let good = format!("https://gw.example/htfaas/v1/modules/{}", req.function.digest);

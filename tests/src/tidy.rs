@@ -121,7 +121,9 @@ fn production_code(text: &str) -> (String, Vec<String>) {
             (Some(s), _) => {
                 // `#[cfg(test)] mod name;` or `#[cfg(test)] use …;`
                 let header = &after[..s];
-                if let Some(name) = header.trim().strip_prefix("mod ") {
+                let item = header.trim();
+                let item = item.strip_prefix("pub(crate) ").or_else(|| item.strip_prefix("pub ")).unwrap_or(item);
+                if let Some(name) = item.strip_prefix("mod ") {
                     test_files.push(name.trim().to_string());
                 }
                 s + 1
@@ -237,8 +239,11 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
     // Files of `#[cfg(test)] mod x;` modules (unit tests, a crate's `testing` fixtures) are
     // exempt, and a module made only of them needs no layer.
     let is_exempt = |file: &Path| exempt.iter().any(|e| file == e || file.starts_with(e.with_extension("")));
+    let test_only: BTreeSet<String> =
+        code.iter().filter(|(file, _, _)| is_exempt(file)).filter_map(|(_, top, _)| top.clone()).collect();
     code.retain(|(file, _, _)| !is_exempt(file));
     modules.extend(code.iter().filter_map(|(_, top, _)| top.clone()));
+    let test_only: BTreeSet<String> = test_only.difference(&modules).cloned().collect();
     for module in &modules {
         if !layers.of.contains_key(module) {
             problems.push(format!("{dir}: module `{module}` has no layer in ARCHITECTURE.md"));
@@ -256,7 +261,7 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
             problems.push(format!("{}: write `crate::` paths, not `super::super::`", file.display()));
         }
         for used in crate_paths(production) {
-            if used == *from {
+            if used == *from || test_only.contains(&used) {
                 continue;
             }
             if !modules.contains(&used) {

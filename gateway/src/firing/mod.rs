@@ -91,7 +91,7 @@ mod bucket;
 mod schema;
 mod table;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 pub use bucket::TokenBucket;
 pub use schema::SCHEMA_VERSION;

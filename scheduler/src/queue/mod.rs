@@ -65,7 +65,7 @@ mod trail;
 mod writer;
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 pub use accounts::{UsageRow, decay};
 pub use ep_admin::EpAdminRow;

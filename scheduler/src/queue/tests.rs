@@ -1,68 +1,17 @@
-//! The store's tests across its files (jobs, runs, accounts, revocations, migrations), and the
-//! requests other modules' tests build on ([`request`], [`macaroon`]); the writer's own tests
-//! and the refusal budget's are with their code.
+//! The store's tests across its files (jobs, runs, accounts, revocations, migrations); the
+//! writer's own tests and the refusal budget's are with their code, the fixtures in
+//! `crate::testing`.
 
 use super::schema::{MIGRATE_1_TO_2, SCHEMA_1};
 use super::*;
 use crate::revocation::Credential;
-use htfaas_functions::Digest;
+use crate::testing::{LOSS, new_job, ok, request};
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{self, AuditSigner};
-use htfaas_functions::macaroon::{RootKey, mint};
-use htfaas_functions::proto::{
-    Account, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, RevocationTarget, SubmitRequest, Usage,
-};
-use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, OutputSpec};
+use htfaas_functions::proto::{Account, HOLD_CODE_STORAGE, JobReport, JobState, Outcome, RevocationTarget, Usage};
 use htfaas_functions::store::Durability;
 use rusqlite::{Connection, params};
 use std::collections::HashMap;
-
-/// A real macaroon, as the storage would mint it.
-pub(crate) fn macaroon(activity: &str, path: &str) -> String {
-    let caveats = [format!("activity:{activity}"), format!("path:{path}")];
-    mint(&RootKey::derive(b"queue-test-root"), "loc", "id", &caveats).expect("mint")
-}
-
-pub(crate) fn request(key: &str) -> SubmitRequest {
-    SubmitRequest {
-        function: FunctionRef {
-            name: "checksum".into(),
-            version: 1,
-            digest: Digest::of(b"m"),
-            module_url: "http://registry/v1/modules/x".into(),
-        },
-        resources: Resources::new(1, 64, 60),
-        input: InputSpec {
-            url: "http://storage/data/raw/a".into(),
-            name: "a".into(),
-            macaroon: macaroon("DOWNLOAD", "/data/raw/a"),
-        },
-        output: OutputSpec { url: "http://storage/data/out/".into(), macaroon: macaroon("UPLOAD", "/data/out") },
-        args: vec![],
-        env: vec![],
-        event: EventRef::new("dcache", key, "/data/raw/a"),
-        dedupe_key: key.into(),
-        annex: None,
-        bind_ep_address: false,
-        class: None,
-        limits: Default::default(),
-    }
-}
-
-pub(super) fn new_job(key: &str, jti: &str, jobs: u32) -> NewJob {
-    NewJob {
-        request: request(key),
-        owner: "alice".into(),
-        jti: jti.into(),
-        issuer: "gw".into(),
-        group: None,
-        jobs,
-        exp: u64::MAX,
-        max_idle: None,
-        class: None,
-        hold: None,
-    }
-}
 
 /// Issue 18: a reader of the job store's file finds no usable macaroon (each is sealed
 /// under the key beside it); dispatch still hands out the originals; a plain one written by
@@ -148,15 +97,8 @@ async fn the_idle_limit_refuses_new_jobs_without_using_the_token_and_holds_under
     assert_eq!(q.uses(format!("t{refused}")).await.expect("uses"), 1);
 }
 
-/// The retry rule of the tests that do not look at it.
-pub(super) const LOSS: Loss = Loss::Ep { max_retries: 2, backoff_ms: 0 };
-
 fn pr(pool: Pool, room: Resources, free_cpus: u32) -> PoolRoom {
     PoolRoom { pool, room, free_cpus }
-}
-
-pub(super) fn ok(a: JobAssignment, _bind: bool) -> Result<JobAssignment, String> {
-    Ok(a)
 }
 
 #[tokio::test]

@@ -268,7 +268,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::tests::{LOSS, new_job, ok};
+    use crate::testing::{LOSS, new_job, ok};
     use htfaas_functions::audit::{self, AuditDraft, AuditSigner, Subject};
     use htfaas_functions::proto::{JobReport, JobState, Outcome, RevocationTarget, Usage};
     use htfaas_functions::store::Durability;
