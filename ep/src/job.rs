@@ -49,7 +49,7 @@ use crate::config::Settings;
 use crate::report_log::LogText;
 use crate::runtime::millis;
 use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, RunLimits, Runtime};
-use crate::scratch::{ScratchLimits, watch_scratch};
+use crate::scratch::{ScratchLimits, SpareDirs, watch_scratch};
 use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
 use crate::transfer::{Stored, Transfer, download, fetch_module, upload_outputs};
 use htfaas_functions::Digest;
@@ -74,11 +74,14 @@ pub(crate) struct Jobs {
     loading: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
     /// Guest threads left behind (see [`run_on_thread`]), each holding a pool slot.
     abandoned: Abandoned,
+    /// Emptied job directories, reused.
+    spares: SpareDirs,
 }
 
 impl Jobs {
     pub(crate) fn new(settings: Arc<Settings>) -> Jobs {
-        Jobs { settings, loading: Mutex::new(HashMap::new()), abandoned: Abandoned::default() }
+        let spares = SpareDirs::new(settings.jobs_dir.clone());
+        Jobs { settings, loading: Mutex::new(HashMap::new()), abandoned: Abandoned::default(), spares }
     }
 
     /// Runs one assignment to its report; `cancel` stops it early ([`Outcome::Cancelled`]).
@@ -132,11 +135,7 @@ impl Jobs {
         if let Err(outcome) = result {
             report.outcome = outcome;
         }
-        if let Err(e) = tokio::fs::remove_dir_all(&dir).await
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!("failed to remove job dir {}: {e}", dir.display());
-        }
+        self.spares.give_back(dir, !tally.guest_left).await;
         (report, tally)
     }
 
@@ -169,12 +168,7 @@ impl Jobs {
 
         let input_dir = dir.join("input");
         let output_dir = dir.join("output");
-        let _ = tokio::fs::remove_dir_all(dir).await;
-        for d in [&input_dir, &output_dir] {
-            tokio::fs::create_dir_all(d)
-                .await
-                .map_err(|e| Outcome::InputFailed { reason: format!("create job dir: {e}") })?;
-        }
+        self.spares.take(dir).await.map_err(|e| Outcome::InputFailed { reason: format!("create job dir: {e}") })?;
         let input_path = input_dir.join(&job.input.name);
         let started = Instant::now();
         let input = Transfer { http: &s.http, url: &job.input.url, macaroon: &job.input.macaroon };
@@ -207,6 +201,7 @@ impl Jobs {
             // The guest's own stop signal: the job's cancel feeds it, and so does the watcher.
             let stop = CancelSignal::new();
             let mark = self.abandoned.mark();
+            let watched = mark.clone();
             let run = run_on_thread(
                 s.runtime.clone(),
                 guest.clone(),
@@ -230,6 +225,7 @@ impl Jobs {
                     }
                 }
             };
+            tally.guest_left |= watched.is_left();
             if !ran.no_free_slot || cancel.is_cancelled() {
                 break (ran, exceeded);
             }
@@ -469,6 +465,9 @@ struct Tally {
     input_ms: u64,
     /// Time spent uploading outputs, retries and backoff included.
     output_ms: u64,
+    /// A guest thread was left behind: it may still hold the job's directory, which must
+    /// then never serve another job.
+    guest_left: bool,
 }
 
 #[cfg(test)]

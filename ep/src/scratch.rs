@@ -1,5 +1,6 @@
-//! A running job's scratch bounds: how many files and bytes its `/output` and scratch may hold,
-//! and the watcher that stops the guest when it goes past them.
+//! A running job's scratch: how many files and bytes its `/output` and scratch may hold, the
+//! watcher that stops the guest when it goes past them, and the job directories kept emptied
+//! for the next job ([`SpareDirs`]).
 //!
 //! Below the job: it measures directories; it must not know about transfers or the link.
 
@@ -158,9 +159,142 @@ pub(crate) async fn watch_scratch(
     }
 }
 
+/// Most emptied job directories kept for later jobs.
+const MAX_SPARE_DIRS: usize = 16;
+
+/// Job directories (`<jobs_dir>/<job>/{input,output}`) emptied after their job and kept, so the
+/// next job renames one into place instead of making three directories and removing them
+/// again: `ext4_mkdir` alone was 6 % of the whole path's CPU (BENCHMARKS.md, issue 20).
+///
+/// A directory is kept only if, once emptied, it holds exactly an empty `input/` and an empty
+/// `output/` (real directories, not links); anything else, or any error, and it is removed
+/// whole, as every job directory was before. Spares are named `.spare-<n>`, which no job
+/// directory can be (those never start with a dot), and go with the rest of `jobs/` when the
+/// EP starts.
+pub(crate) struct SpareDirs {
+    jobs_dir: PathBuf,
+    spare: std::sync::Mutex<Vec<PathBuf>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl SpareDirs {
+    pub(crate) fn new(jobs_dir: PathBuf) -> SpareDirs {
+        SpareDirs { jobs_dir, spare: std::sync::Mutex::default(), next: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Makes `dir` with an empty `input/` and `output/`: a spare renamed into place, else new.
+    pub(crate) async fn take(&self, dir: &Path) -> std::io::Result<()> {
+        if let Err(e) = tokio::fs::remove_dir_all(dir).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(e);
+        }
+        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        if let Some(spare) = spare {
+            if tokio::fs::rename(&spare, dir).await.is_ok() {
+                return Ok(());
+            }
+            let _ = tokio::fs::remove_dir_all(&spare).await;
+        }
+        for d in [dir.join("input"), dir.join("output")] {
+            tokio::fs::create_dir_all(d).await?;
+        }
+        Ok(())
+    }
+
+    /// Empties `dir` and keeps it as a spare, or removes it whole (see the type's docs); never
+    /// keeps it unless `reusable` (no guest thread of its job is left behind, still holding it).
+    pub(crate) async fn give_back(&self, dir: PathBuf, reusable: bool) {
+        let room = reusable && self.spare.lock().unwrap_or_else(|p| p.into_inner()).len() < MAX_SPARE_DIRS;
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let spare = self.jobs_dir.join(format!(".spare-{n}"));
+        let kept = tokio::task::spawn_blocking(move || {
+            if room && empty_job_dir(&dir).is_ok() && std::fs::rename(&dir, &spare).is_ok() {
+                return Some(spare);
+            }
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("failed to remove job dir {}: {e}", dir.display());
+                }
+                _ => {}
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten();
+        if let Some(spare) = kept {
+            self.spare.lock().unwrap_or_else(|p| p.into_inner()).push(spare);
+        }
+    }
+}
+
+/// Removes everything under `dir/input` and `dir/output` (links as links, never followed), then
+/// checks that `dir` holds exactly those two, empty, real directories.
+fn empty_job_dir(dir: &Path) -> std::io::Result<()> {
+    let unfit = || std::io::Error::other("not a job directory");
+    for sub in ["input", "output"] {
+        let sub = dir.join(sub);
+        if !std::fs::symlink_metadata(&sub)?.is_dir() {
+            return Err(unfit());
+        }
+        for entry in std::fs::read_dir(&sub)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                std::fs::remove_dir_all(entry.path())?;
+            } else {
+                std::fs::remove_file(entry.path())?;
+            }
+        }
+        if std::fs::read_dir(&sub)?.next().is_some() {
+            return Err(unfit());
+        }
+    }
+    let mut names: Vec<_> = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
+    names.sort();
+    if names != ["input", "output"] {
+        return Err(unfit());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn spare_job_dirs_are_emptied_reused_and_never_kept_when_unfit() {
+        let jobs = tempfile::tempdir().expect("tempdir");
+        let spares = SpareDirs::new(jobs.path().to_owned());
+        // A job leaves an input, outputs in a subdirectory, and a link out of its scratch.
+        let a = jobs.path().join("a");
+        spares.take(&a).await.expect("take");
+        std::fs::write(a.join("input/in.dat"), b"in").expect("write");
+        std::fs::create_dir_all(a.join("output/sub")).expect("mkdir");
+        std::fs::write(a.join("output/sub/o"), b"out").expect("write");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("keep"), b"k").expect("write");
+        std::os::unix::fs::symlink(outside.path(), a.join("output/link")).expect("symlink");
+        spares.give_back(a.clone(), true).await;
+        assert!(!a.exists(), "the job's own directory is gone");
+        assert!(outside.path().join("keep").exists(), "a link is removed, not followed");
+        // The next job gets the emptied directory under its own name.
+        let b = jobs.path().join("b");
+        spares.take(&b).await.expect("take");
+        assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 1, "the spare was renamed, not copied");
+        for sub in ["input", "output"] {
+            assert_eq!(std::fs::read_dir(b.join(sub)).expect("list").count(), 0, "{sub} is empty");
+        }
+        // A directory a guest thread may still hold is removed whole, not kept.
+        spares.give_back(b.clone(), false).await;
+        assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "not kept");
+        // Nor one holding anything else.
+        spares.take(&b).await.expect("take");
+        std::fs::write(b.join("stray"), b"x").expect("write");
+        spares.give_back(b.clone(), true).await;
+        assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "nothing kept");
+        assert!(spares.spare.lock().expect("lock").is_empty());
+    }
 
     #[test]
     fn measure_counts_everything_and_stops_past_the_limit() {

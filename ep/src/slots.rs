@@ -94,6 +94,11 @@ impl ThreadMark {
         }
     }
 
+    /// Whether the job stopped waiting for a thread that has not returned yet.
+    pub(crate) fn is_left(&self) -> bool {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) == ThreadState::Left
+    }
+
     /// The thread returned (its store, and slot, are gone).
     pub(crate) fn done(&self) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
