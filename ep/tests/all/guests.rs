@@ -235,6 +235,30 @@ async fn a_jobs_own_narrower_limits_are_enforced() {
     h.stop().await;
 }
 
+/// Job directories are emptied and reused: what a job leaves in its scratch (here outputs it
+/// was refused for passing its file limit) never reaches the next job, which is handed the
+/// very directory (the EP keeps spares last in, first out).
+#[tokio::test]
+async fn a_reused_job_directory_holds_nothing_of_the_job_before() {
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    let mut leaver = hostile(&h, "leaver", "hostile", &["files", "5"]);
+    leaver.limits = JobLimits { max_output_files: Some(2), ..JobLimits::default() };
+    c.send(&SchedulerMsg::Assign(leaver));
+    let got = reports(&mut c, &["leaver".to_owned()]).await;
+    assert!(matches!(got["leaver"].outcome, Outcome::OutputExceeded { .. }), "{:?}", got["leaver"].outcome);
+    for round in 0..3 {
+        let id = format!("next{round}");
+        c.send(&SchedulerMsg::Assign(hostile(&h, &id, "hostile", &["files", "1"])));
+        let got = reports(&mut c, std::slice::from_ref(&id)).await;
+        assert_eq!(got[&id].outcome, Outcome::Exited { exit_code: 0 }, "{}", got[&id].log);
+        let paths: Vec<&str> = got[&id].outputs.iter().map(|o| o.path.as_str()).collect();
+        assert!(paths.len() == 1 && paths[0].ends_with("/f000000.txt"), "only its own output: {paths:?}");
+    }
+    h.stop().await;
+}
+
 /// URLs outside the EP's origins (by default: the scheduler's host) fail the job before anything
 /// is fetched, with a reason naming the URL's origin; a redirect elsewhere fails the transfer.
 #[tokio::test]
