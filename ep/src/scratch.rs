@@ -196,8 +196,12 @@ impl SpareDirs {
             }
             let _ = tokio::fs::remove_dir_all(&spare).await;
         }
+        // 0700: a job's scratch holds its input, another owner's file, from the next user of
+        // the host as much as from the next job.
+        let mut private = tokio::fs::DirBuilder::new();
+        private.recursive(true).mode(0o700);
         for d in [dir.join("input"), dir.join("output")] {
-            tokio::fs::create_dir_all(d).await?;
+            private.create(d).await?;
         }
         Ok(())
     }
@@ -282,6 +286,11 @@ mod tests {
         let b = jobs.path().join("b");
         spares.take(&b).await.expect("take");
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 1, "the spare was renamed, not copied");
+        for sub in ["", "input", "output"] {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(b.join(sub)).expect("stat").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{sub:?} is the EP's alone");
+        }
         for sub in ["input", "output"] {
             assert_eq!(std::fs::read_dir(b.join(sub)).expect("list").count(), 0, "{sub} is empty");
         }
