@@ -81,6 +81,9 @@ pub struct ProcStack {
     scheduler: SocketAddr,
     gateway: SocketAddr,
     ep_metrics: SocketAddr,
+    /// EPs started by [`ProcStack::start_extra_ep`]: not restarted or killed by the harnesses,
+    /// stopped by [`ProcStack::stop_all`] first.
+    extra_eps: Vec<Child>,
     http: reqwest::Client,
 }
 
@@ -109,6 +112,7 @@ impl ProcStack {
             scheduler: addr(free_port()?),
             gateway: addr(free_port()?),
             ep_metrics: addr(free_port()?),
+            extra_eps: Vec::new(),
             http: htfaas_gateway::http_client()?,
         };
         let (nats_url, storage_url, scheduler_url) = (procs.nats.url(), procs.storage_url(), procs.scheduler_url());
@@ -180,6 +184,62 @@ impl ProcStack {
             Component::Nats => Some(self.nats.pid()),
             _ => self.children.get(&c).and_then(Child::id),
         }
+    }
+
+    /// Starts one more EP with `cores` slots (its own work directory, config and log, named
+    /// `ep-proc-<n>`), waits until it answers, and returns its process id. For runs that compare
+    /// EP shapes (`htfaas bench`'s scaling); the harnesses' [`Component::Ep`] stays the first.
+    pub async fn start_extra_ep(&mut self, cores: u32) -> anyhow::Result<u32> {
+        let n = self.extra_eps.len() + 2;
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let slots = Resources::new(cores, 4096, 3600);
+        let mut json = self.layout.ep(&format!("ep-proc-{n}"), &self.scheduler_url(), slots, Some(metrics))?;
+        if let Some(map) = json.as_object_mut() {
+            map.insert("work_dir".into(), self.dir.join(format!("ep-{n}")).to_string_lossy().into());
+        }
+        let config = self.dir.join(format!("config/ep-{n}.json"));
+        std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
+        let log_path = self.dir.join(format!("logs/ep-{n}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("open {}", log_path.display()))?;
+        let mut child = Command::new(&self.exe)
+            .arg("ep")
+            .arg("--config")
+            .arg(&config)
+            .args(["--drain-timeout", "5s"])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {} ep", self.exe.display()))?;
+        let pid = child.id().context("the extra EP has no process id")?;
+        let url = format!("http://{metrics}/metrics");
+        let deadline = Instant::now() + READY_LIMIT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("EP {n} exited during start-up ({status}); see {}", log_path.display());
+            }
+            if let Ok(r) = self.http.get(&url).timeout(Duration::from_secs(2)).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("EP {n} did not answer within {READY_LIMIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.extra_eps.push(child);
+        Ok(pid)
+    }
+
+    /// The process ids of the EPs of [`ProcStack::start_extra_ep`].
+    pub fn extra_ep_pids(&self) -> Vec<u32> {
+        self.extra_eps.iter().filter_map(Child::id).collect()
     }
 
     fn config_path(&self, c: Component) -> PathBuf {
@@ -293,17 +353,25 @@ impl ProcStack {
 
     /// SIGTERM to every process, SIGKILL after 20 s; NATS last.
     pub async fn stop_all(&mut self) {
+        for mut child in std::mem::take(&mut self.extra_eps) {
+            stop_child(&mut child, "an extra EP").await;
+        }
         for c in [Component::Ep, Component::Gateway, Component::Scheduler, Component::Storage] {
             let Some(mut child) = self.children.remove(&c) else { continue };
-            if let Some(pid) = child.id() {
-                let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
-            }
-            if tokio::time::timeout(Duration::from_secs(20), child.wait()).await.is_err() {
-                tracing::warn!("{} did not stop within 20 s; killing it", c.name());
-                let _ = child.kill().await;
-            }
+            stop_child(&mut child, c.name()).await;
         }
         tokio::task::block_in_place(|| self.nats.stop());
+    }
+}
+
+/// SIGTERM to `child`, SIGKILL after 20 s.
+async fn stop_child(child: &mut Child, name: &str) {
+    if let Some(pid) = child.id() {
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+    }
+    if tokio::time::timeout(Duration::from_secs(20), child.wait()).await.is_err() {
+        tracing::warn!("{name} did not stop within 20 s; killing it");
+        let _ = child.kill().await;
     }
 }
 

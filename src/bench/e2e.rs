@@ -1,6 +1,8 @@
-//! The htfaas half of `htfaas bench`: the real stack ([`crate::stack::Stack`]: nats-server,
-//! storage, scheduler, gateway, one EP) driven through its front door, a dCache `transfer`
-//! message published to JetStream, exactly as a dCache pool would publish it.
+//! The htfaas half of `htfaas bench`: the real stack as a site runs it, one process per
+//! component ([`crate::procs::ProcStack`]: nats-server, storage, scheduler, gateway, one EP or
+//! several), driven through its front door, a dCache `transfer` message published to
+//! JetStream, exactly as a dCache pool would publish it. Each component being its own process,
+//! the CPU each spends per event is read from its own `/proc/<pid>/stat` ([`StackCpu`]).
 //!
 //! - **Latency** ([`latency`]): one event at a time; each names a fresh input file (written
 //!   into the storage's data directory beforehand, so the upload itself fires nothing) under
@@ -21,7 +23,8 @@
 
 use super::{Figure, percentile};
 use crate::client::Client;
-use crate::stack::{Stack, StackOptions, USER};
+use crate::procs::{Component, ProcOptions, ProcStack};
+use crate::stack::USER;
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
@@ -58,7 +61,7 @@ const NOOP_OUT: &str = "/data/bench/noop-out/";
 
 /// The stack under test, with the two bench functions registered.
 pub struct Bench {
-    stack: Stack,
+    stack: ProcStack,
     client: Client,
     /// The storage's data directory (inputs are written here directly).
     data_dir: PathBuf,
@@ -120,20 +123,30 @@ fn unix_ns() -> u128 {
 }
 
 impl Bench {
-    /// Starts a stack in a fresh temporary directory with an EP of `workers` cores and
-    /// registers `bench-checksum` and `bench-noop`.
+    /// Starts a stack in a fresh temporary directory, its components run by the `htfaas`
+    /// binary, with one EP per entry of `eps` (its cores), and registers `bench-checksum` and
+    /// `bench-noop`.
     pub async fn start(
         modules: &Modules,
-        workers: u32,
+        htfaas: &Path,
+        eps: &[u32],
         durability: Durability,
         nats_binary: Option<PathBuf>,
     ) -> anyhow::Result<Bench> {
         let dir = tempfile::Builder::new().prefix("htfaas-bench-").tempdir().context("make a temporary directory")?;
-        let mut opts = StackOptions::new(dir.path());
-        opts.nats_binary = nats_binary;
-        opts.ep_slots = Resources::new(workers, 4096, 3600);
-        opts.durability = durability;
-        let stack = Stack::start(opts).await.context("start the stack")?;
+        let (&first, more) = eps.split_first().context("no EP to start")?;
+        let opts = ProcOptions {
+            htfaas: htfaas.to_owned(),
+            nats_binary,
+            dir: dir.path().to_owned(),
+            durability,
+            workers: first,
+            scheduler_overrides: Default::default(),
+        };
+        let mut stack = ProcStack::start(&opts).await.context("start the stack")?;
+        for &cores in more {
+            stack.start_extra_ep(cores).await.context("start another EP")?;
+        }
         let client = stack.client()?;
         let checksum = client.upload_module(modules.checksum.clone()).await?;
         let noop = client.upload_module(modules.noop.clone()).await?;
@@ -207,15 +220,33 @@ impl Bench {
         http: &reqwest::Client,
         path: &str,
     ) -> anyhow::Result<T> {
-        let url = format!("{}{path}", self.stack.info().scheduler_url);
-        let resp = http.get(&url).bearer_auth(self.stack.scheduler_admin_token()).send().await?;
+        let url = format!("{}{path}", self.stack.scheduler_url());
+        let resp = http.get(&url).bearer_auth(self.stack.layout().scheduler_admin_token()).send().await?;
         let resp = resp.error_for_status().with_context(|| format!("GET {path}"))?;
         Ok(resp.json().await?)
     }
 
     /// Stops the stack and removes its directory.
-    pub async fn stop(self) -> anyhow::Result<()> {
-        self.stack.stop().await
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.stack.stop_all().await;
+        Ok(())
+    }
+
+    /// The CPU time so far of each process of the stack, and of this one (the publisher).
+    fn cpu(&self) -> StackCpu {
+        let of = |pid: Option<u32>| pid.and_then(|p| cpu_time(&p.to_string()));
+        let eps =
+            std::iter::once(self.stack.pid(Component::Ep)).chain(self.stack.extra_ep_pids().into_iter().map(Some));
+        StackCpu {
+            parts: vec![
+                ("gateway", of(self.stack.pid(Component::Gateway))),
+                ("scheduler", of(self.stack.pid(Component::Scheduler))),
+                ("ep", eps.map(of).sum()),
+                ("storage", of(self.stack.pid(Component::Storage))),
+                ("nats_server", of(self.stack.pid(Component::Nats))),
+                ("publisher", cpu_time("self")),
+            ],
+        }
     }
 }
 
@@ -401,9 +432,44 @@ pub fn cpu_time(pid: &str) -> Option<Duration> {
 /// The unit of `/proc/<pid>/stat` times: `USER_HZ`, 100 per second in Linux's user ABI.
 const USER_HZ: f64 = 100.0;
 
-/// CPU time of this process (every htfaas component) and of the nats-server.
-fn stack_cpu(bench: &Bench) -> (Option<Duration>, Option<Duration>) {
-    (cpu_time("self"), cpu_time(&bench.stack.nats_pid().to_string()))
+/// The htfaas processes of [`StackCpu`]: what "CPU per event across all htfaas processes"
+/// sums (nats-server and the bench's own publisher are shown apart).
+pub const HTFAAS_PROCESSES: [&str; 4] = ["gateway", "scheduler", "ep", "storage"];
+
+/// CPU time (user + system) so far, per process of the stack (every EP summed as `ep`), and of
+/// the bench's own process (`publisher`: it writes each input file and publishes its event).
+#[derive(Debug, Clone, Default)]
+pub struct StackCpu {
+    parts: Vec<(&'static str, Option<Duration>)>,
+}
+
+impl StackCpu {
+    /// Milliseconds of CPU per event between `self` (the window's start) and `end`, per
+    /// process, then `htfaas`: the sum over [`HTFAAS_PROCESSES`] (only when each was read).
+    pub fn per_event_ms(&self, end: &StackCpu, events: u64) -> Vec<(&'static str, f64)> {
+        if events == 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut htfaas = Some(0.0);
+        for (name, a) in &self.parts {
+            let b = end.parts.iter().find(|(n, _)| n == name).and_then(|(_, b)| *b);
+            let per = match (a, b) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(*a).as_secs_f64() * 1e3 / events as f64),
+                _ => None,
+            };
+            if HTFAAS_PROCESSES.contains(name) {
+                htfaas = htfaas.zip(per).map(|(sum, p)| sum + p);
+            }
+            if let Some(per) = per {
+                out.push((*name, per));
+            }
+        }
+        if let Some(sum) = htfaas {
+            out.push(("htfaas", sum));
+        }
+        out
+    }
 }
 
 /// Queue depths seen during a throughput run.
@@ -418,10 +484,9 @@ struct Depths {
 
 /// The scheduler's committed jobs by state, from its `/metrics`.
 async fn scheduler_states(http: &reqwest::Client, bench: &Bench) -> anyhow::Result<HashMap<String, u64>> {
-    let info = bench.stack.info();
-    let token = bench.stack.scheduler_admin_token();
+    let token = bench.stack.layout().scheduler_admin_token();
     let text = http
-        .get(format!("{}/metrics", info.scheduler_url))
+        .get(format!("{}/metrics", bench.stack.scheduler_url()))
         .bearer_auth(token)
         .send()
         .await?
@@ -484,7 +549,7 @@ pub async fn throughput(
     let mut next_sample = Instant::now();
     let mut at_window_start: Option<(u64, Instant)> = None;
     let mut at_window_end: Option<(u64, Instant)> = None;
-    let (mut cpu_start, mut cpu_end) = ((None, None), (None, None));
+    let (mut cpu_start, mut cpu_end) = (StackCpu::default(), StackCpu::default());
     while at_window_end.is_none() {
         let now = Instant::now();
         if now >= next_sample {
@@ -494,11 +559,11 @@ pub async fn throughput(
             let at = Instant::now();
             if at >= measure_from && at_window_start.is_none() {
                 at_window_start = Some((completed, at));
-                cpu_start = stack_cpu(bench);
+                cpu_start = bench.cpu();
             }
             if at >= end {
                 at_window_end = Some((completed, at));
-                cpu_end = stack_cpu(bench);
+                cpu_end = bench.cpu();
             }
             if at >= measure_from {
                 depths.samples += 1;
@@ -580,18 +645,12 @@ pub async fn throughput(
             .with("input_bytes", size)
             .with("published", published),
     );
-    // CPU per event: steadier than a rate on a shared machine. The bench's own publisher runs
-    // in this process too (it writes each input file and publishes its event).
-    for (who, (a, b)) in [("htfaas", (cpu_start.0, cpu_end.0)), ("nats_server", (cpu_start.1, cpu_end.1))] {
-        if let (Some(a), Some(b)) = (a, b)
-            && c1 > c0
-        {
-            let per = (b.saturating_sub(a)).as_secs_f64() * 1e3 / (c1 - c0) as f64;
-            emit(
-                Figure::new("htfaas", format!("{metric}.cpu_ms_per_event.{who}"), per, "ms", c1 - c0)
-                    .with("durability", d),
-            );
-        }
+    // CPU per event, per process: steadier than a rate on a shared machine, and it shows
+    // where a regression is. `htfaas` sums the htfaas processes.
+    for (who, per) in cpu_start.per_event_ms(&cpu_end, c1 - c0) {
+        emit(
+            Figure::new("htfaas", format!("{metric}.cpu_ms_per_event.{who}"), per, "ms", c1 - c0).with("durability", d),
+        );
     }
     for (name, mut v) in [
         ("jetstream_pending", depths.jetstream_pending),
@@ -644,6 +703,30 @@ mod tests {
             htfaas_gateway::event::Decision::Fire(ev) => assert_eq!(ev.path, "/data/bench/sum/a.dat"),
             other => panic!("the gateway does not fire on it: {other:?}"),
         }
+    }
+
+    #[test]
+    fn cpu_per_event_is_per_process_and_sums_the_htfaas_ones() {
+        let ms = Duration::from_millis;
+        let at = |g, e| StackCpu {
+            parts: vec![
+                ("gateway", Some(ms(g))),
+                ("scheduler", Some(ms(100))),
+                ("ep", e),
+                ("storage", Some(ms(100))),
+                ("nats_server", Some(ms(g))),
+                ("publisher", Some(ms(0))),
+            ],
+        };
+        let per = at(100, Some(ms(100))).per_event_ms(&at(300, Some(ms(500))), 100);
+        let get = |v: &[(&str, f64)], n: &str| v.iter().find(|(k, _)| *k == n).map(|(_, x)| *x);
+        assert_eq!(get(&per, "gateway"), Some(2.0));
+        assert_eq!(get(&per, "ep"), Some(4.0));
+        assert_eq!(get(&per, "nats_server"), Some(2.0));
+        assert_eq!(get(&per, "htfaas"), Some(6.0), "gateway + scheduler + ep + storage, not NATS or the publisher");
+        let unread = at(100, None).per_event_ms(&at(300, Some(ms(500))), 100);
+        assert_eq!(get(&unread, "htfaas"), None, "no sum when a process was not read");
+        assert!(at(0, None).per_event_ms(&at(1, None), 0).is_empty());
     }
 
     #[test]

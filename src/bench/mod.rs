@@ -76,6 +76,14 @@ pub struct BenchOptions {
     pub events: Option<usize>,
     /// Throughput window (default 60 s; quick 3 s).
     pub window: Option<std::time::Duration>,
+    /// Throughput with other EP shapes of the same cores: 2 EPs of `workers` cores, and
+    /// `2 × workers` EPs of 1 core (the scheduler and gateway must not be the wall).
+    pub scaling: bool,
+    /// The fair-ingest run ([`crate::overload`]): one owner's flood of this many events, then
+    /// another owner's one event (default 100,000; quick 10,000; 0 skips it).
+    pub flood: Option<u64>,
+    /// The `htfaas` binary that runs each component as its own process.
+    pub htfaas: std::path::PathBuf,
     /// The workspace root (`bench/peer/`, `examples/`, `cargo bench`).
     pub root: std::path::PathBuf,
     /// nats-server binary (default: [`crate::nats::find_binary`]).
@@ -84,9 +92,16 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     /// Defaults for the workspace at `root`.
-    pub fn new(root: impl Into<std::path::PathBuf>, quick: bool) -> BenchOptions {
+    pub fn new(
+        root: impl Into<std::path::PathBuf>,
+        htfaas: impl Into<std::path::PathBuf>,
+        quick: bool,
+    ) -> BenchOptions {
         BenchOptions {
             quick,
+            scaling: true,
+            flood: None,
+            htfaas: htfaas.into(),
             peer: true,
             fsync: true,
             components: !quick,
@@ -120,7 +135,25 @@ const RATIOS: [(&str, &str, &str, f64, bool); 4] = [
     ("event_to_output_p50_vs_parsl_noop_p50", "event_to_output_p50", "noop_latency_p50", 1.0, true),
     ("event_to_output_1mib_p50_vs_parsl_file_task_p50", "event_to_output_1mib_p50", "file_task_latency_p50", 1.0, true),
     ("throughput_noop_vs_parsl_noop", "throughput_noop", "noop_throughput", 5.0, false),
-    ("throughput_checksum_vs_parsl_noop", "throughput_checksum", "noop_throughput", 5.0, false),
+    ("throughput_checksum_vs_parsl_noop", "throughput_checksum", "noop_throughput", 3.0, false),
+];
+
+/// Ratios of htfaas figures to each other, each with its target: `(metric, figure, base
+/// figure, target, whether the target is an upper bound)`. fsync durability within 2× of
+/// `log`; the throughput holds with other EP shapes of the same cores.
+const SELF_RATIOS: [(&str, &str, &str, f64, bool); 3] = [
+    ("throughput_noop_log_vs_fsync", "throughput_noop", "throughput_noop_fsync", 2.0, true),
+    ("throughput_noop_eps_2x_vs_1", "throughput_noop_eps_2x", "throughput_noop", 0.9, false),
+    ("throughput_noop_eps_1core_vs_1", "throughput_noop_eps_1core", "throughput_noop", 0.9, false),
+];
+
+/// Absolute targets: `(metric, figure, target, whether it is an upper bound, unit)`.
+const ABSOLUTE: [(&str, &str, f64, bool, &str); 5] = [
+    ("event_to_output_p99_le_10ms", "event_to_output_p99", 10.0, true, "ms"),
+    ("cpu_ms_per_noop_event_le_1ms", "throughput_noop.cpu_ms_per_event.htfaas", 1.0, true, "ms"),
+    ("fair_ingest_other_owner_start_le_1s", "overload.other_owner_event_to_start", 1000.0, true, "ms"),
+    ("api_p99_under_flood_le_50ms", "overload.api_registry_p99", 50.0, true, "ms"),
+    ("api_proxied_p99_under_flood_le_50ms", "overload.api_accounting_p99", 50.0, true, "ms"),
 ];
 
 /// The ratios of `figures` (htfaas against the peer) and the absolute targets.
@@ -141,11 +174,36 @@ pub fn ratios(figures: &[Figure]) -> Vec<Figure> {
                 .with("met", met),
         );
     }
-    if let Some(p99) = find(figures, "htfaas", "event_to_output_p99") {
+    out.extend(targets(figures));
+    out
+}
+
+/// The htfaas figures judged against their own targets (no peer needed): [`SELF_RATIOS`] and
+/// [`ABSOLUTE`].
+pub fn targets(figures: &[Figure]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for (metric, ours, base, target, upper) in SELF_RATIOS {
+        let (Some(a), Some(b)) = (find(figures, "htfaas", ours), find(figures, "htfaas", base)) else { continue };
+        if b <= 0.0 {
+            continue;
+        }
+        let r = a / b;
+        let met = if upper { r <= target } else { r >= target };
         out.push(
-            Figure::new("target", "event_to_output_p99_le_10ms", p99, "ms", 1)
-                .with("target", "<= 10")
-                .with("met", p99 <= 10.0),
+            Figure::new("ratio", metric, (r * 1000.0).round() / 1000.0, "ratio", 1)
+                .with(ours, a)
+                .with(base, b)
+                .with("target", format!("{} {target}", if upper { "<=" } else { ">=" }))
+                .with("met", met),
+        );
+    }
+    for (metric, figure, target, upper, unit) in ABSOLUTE {
+        let Some(v) = find(figures, "htfaas", figure) else { continue };
+        let met = if upper { v <= target } else { v >= target };
+        out.push(
+            Figure::new("target", metric, v, unit, 1)
+                .with("target", format!("{} {target}", if upper { "<=" } else { ">=" }))
+                .with("met", met),
         );
     }
     out
@@ -170,9 +228,15 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
 
     // JetStream's default durability: every hop has written the work to its log.
     eprintln!("bench: htfaas, durability log: latency over {events} events, then throughput for {window:?} each");
-    let mut bench =
-        e2e::Bench::start(&modules, opts.workers, htfaas_functions::store::Durability::Log, opts.nats_binary.clone())
-            .await?;
+    let one = [opts.workers];
+    let mut bench = e2e::Bench::start(
+        &modules,
+        &opts.htfaas,
+        &one,
+        htfaas_functions::store::Durability::Log,
+        opts.nats_binary.clone(),
+    )
+    .await?;
     let result = async {
         e2e::latency(&mut bench, events, 20, 1024, "", &mut emit).await?;
         e2e::latency(&mut bench, big, 3, 1 << 20, "_1mib", &mut emit).await?;
@@ -191,7 +255,8 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
         eprintln!("bench: htfaas, durability fsync: latency over {fsync_events} events, throughput for {window:?}");
         let mut bench = e2e::Bench::start(
             &modules,
-            opts.workers,
+            &opts.htfaas,
+            &one,
             htfaas_functions::store::Durability::Fsync,
             opts.nats_binary.clone(),
         )
@@ -205,6 +270,50 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
         let stopped = bench.stop().await;
         result?;
         stopped?;
+    }
+
+    if opts.scaling {
+        // The same cores in other shapes: two EPs of `workers` cores, then `2 × workers` EPs of
+        // one core each (twice the slots of the first run: the EPs are not the wall then).
+        let shapes = [("_eps_2x", vec![opts.workers; 2]), ("_eps_1core", vec![1; 2 * opts.workers as usize])];
+        for (label, eps) in shapes {
+            eprintln!("bench: htfaas, durability log, EPs of {eps:?} cores: no-op throughput for {window:?}");
+            let mut bench = e2e::Bench::start(
+                &modules,
+                &opts.htfaas,
+                &eps,
+                htfaas_functions::store::Durability::Log,
+                opts.nats_binary.clone(),
+            )
+            .await?;
+            let result = e2e::throughput(&mut bench, "noop", 1024, label, warmup, window, &mut emit).await;
+            let stopped = bench.stop().await;
+            result?;
+            stopped?;
+        }
+    }
+
+    let flood = opts.flood.unwrap_or(if opts.quick { 10_000 } else { 100_000 });
+    if flood > 0 {
+        eprintln!("bench: fair ingest: one owner's flood of {flood} events, then another owner's one event");
+        let r = crate::overload::run(crate::overload::OverloadOptions {
+            htfaas: opts.htfaas.clone(),
+            nats_binary: opts.nats_binary.clone(),
+            wasm_dir: opts.root.join("examples/target/wasm32-wasip1/release"),
+            flood,
+            workers: opts.workers,
+            after: Duration::from_secs(1),
+            dir: None,
+        })
+        .await?;
+        for (metric, value, unit, n) in [
+            ("overload.other_owner_event_to_submitted", r.bob_submitted_ms as f64, "ms", 1),
+            ("overload.other_owner_event_to_start", r.bob_started_ms as f64, "ms", 1),
+            ("overload.api_registry_p99", r.api_registry.p99, "ms", r.api_registry.n as u64),
+            ("overload.api_accounting_p99", r.api_accounting.p99, "ms", r.api_accounting.n as u64),
+        ] {
+            emit(Figure::new("htfaas", metric, value, unit, n).with("flood", flood));
+        }
     }
 
     if opts.peer {
@@ -224,6 +333,11 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
         }
         let ratios = ratios(&figures.borrow());
         for f in ratios {
+            emit(f);
+        }
+    } else {
+        let targets = targets(&figures.borrow());
+        for f in targets {
             emit(f);
         }
     }
@@ -280,6 +394,27 @@ mod tests {
         let p99 = get("event_to_output_p99_le_10ms");
         assert_eq!(p99.extra["met"], false);
         assert!(r.iter().all(|f| f.metric != "throughput_checksum_vs_parsl_noop"), "no figure, no ratio");
+    }
+
+    #[test]
+    fn targets_judge_htfaas_against_itself_without_the_peer() {
+        let figures = vec![
+            Figure::new("htfaas", "throughput_noop", 1000.0, "events/s", 100),
+            Figure::new("htfaas", "throughput_noop_fsync", 400.0, "events/s", 100),
+            Figure::new("htfaas", "throughput_noop_eps_2x", 950.0, "events/s", 100),
+            Figure::new("htfaas", "throughput_noop_eps_1core", 800.0, "events/s", 100),
+            Figure::new("htfaas", "throughput_noop.cpu_ms_per_event.htfaas", 0.8, "ms", 100),
+            Figure::new("htfaas", "overload.other_owner_event_to_start", 1500.0, "ms", 1),
+        ];
+        let t = targets(&figures);
+        let get = |m: &str| t.iter().find(|f| f.metric == m).unwrap_or_else(|| panic!("no {m} in {t:?}"));
+        assert_eq!(get("throughput_noop_log_vs_fsync").value, 2.5);
+        assert_eq!(get("throughput_noop_log_vs_fsync").extra["met"], false, "fsync more than 2x slower");
+        assert_eq!(get("throughput_noop_eps_2x_vs_1").extra["met"], true, "0.95 holds");
+        assert_eq!(get("throughput_noop_eps_1core_vs_1").extra["met"], false, "0.8 does not hold");
+        assert_eq!(get("cpu_ms_per_noop_event_le_1ms").extra["met"], true);
+        assert_eq!(get("fair_ingest_other_owner_start_le_1s").extra["met"], false);
+        assert!(t.iter().all(|f| f.metric != "api_p99_under_flood_le_50ms"), "no figure, no target");
     }
 
     #[test]

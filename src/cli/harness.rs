@@ -35,6 +35,13 @@ pub struct BenchArgs {
     /// Throughput window in seconds (default 60; --quick 3).
     #[arg(long)]
     pub window_s: Option<u64>,
+    /// Skip the throughput runs with other EP shapes (2 EPs; one EP per core, twice over).
+    #[arg(long)]
+    pub no_scaling: bool,
+    /// The fair-ingest run's flood: one owner's events before another owner's one (default
+    /// 100000; --quick 10000; 0 skips it).
+    #[arg(long)]
+    pub flood: Option<u64>,
     /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
     #[arg(long)]
     pub nats_server: Option<PathBuf>,
@@ -91,9 +98,23 @@ pub struct OverloadArgs {
 
 /// `htfaas bench`.
 pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let BenchArgs { quick, no_peer, no_fsync, components, no_components, workers, events, window_s, nats_server } =
-        args;
-    let mut opts = htfaas::bench::BenchOptions::new(env!("CARGO_MANIFEST_DIR"), quick);
+    let BenchArgs {
+        quick,
+        no_peer,
+        no_fsync,
+        components,
+        no_components,
+        workers,
+        events,
+        window_s,
+        no_scaling,
+        flood,
+        nats_server,
+    } = args;
+    let exe = std::env::current_exe().context("find this binary")?;
+    let mut opts = htfaas::bench::BenchOptions::new(env!("CARGO_MANIFEST_DIR"), exe, quick);
+    opts.scaling = !no_scaling;
+    opts.flood = flood;
     opts.peer = !no_peer;
     opts.fsync = !no_fsync;
     opts.components = (components || !quick) && !no_components;
