@@ -106,7 +106,7 @@ impl Conn {
         assert_eq!(hello.name, "ep-test");
         assert_eq!(hello.protocol, 1);
         assert_eq!(hello.slots.cpus, 2);
-        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into() });
+        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: None });
         hello
     }
     /// The next message, or `None` once the EP closed the connection (bounded by [`WAIT`]).
@@ -321,6 +321,7 @@ impl Harness {
             allowed_origins: None,
             max_open_files: 256,
             compile_timeout_s: 300,
+            prefetch: None,
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");

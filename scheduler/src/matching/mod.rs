@@ -94,11 +94,15 @@ impl Policy {
 
 /// Decides where idle jobs go, by fair share (see the module docs). `idle` holds each owner's
 /// jobs oldest first (owners may be interleaved); the answer never gives an EP more than its
-/// free resources, an owner more than `policy.max_running` running jobs, or a group more than
-/// its quota, or its cap once no job within quota can be placed (all counting what is already
-/// reserved in `eps`). Pure: reserving is the caller's job.
+/// free resources (none while jobs are queued there) plus, once no job fits free resources
+/// anywhere, as many jobs as its prefetch queue has room for, each within its total; never an
+/// owner more than `policy.max_running` assigned jobs, or a group more than its quota, or its
+/// cap once no job within quota can be placed (all counting what is already reserved in `eps`,
+/// queued jobs included). Pure: reserving is the caller's job.
 pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
-    let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.free())).collect();
+    let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.startable())).collect();
+    // Prefetch room left per EP, used by the last pass only.
+    let mut queue_room: BTreeMap<&str, u32> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.prefetch_room())).collect();
     let mut running = eps.running_per_owner();
     let mut cores: HashMap<&str, u64> = eps.cores_per_owner();
     let mut group_cores: HashMap<&str, u64> = eps.cores_per_group();
@@ -111,11 +115,23 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
     }
     let mut placed: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
-    for surplus in [false, true] {
+    for (surplus, prefetch) in [(false, false), (true, false), (false, true)] {
+        if prefetch {
+            // The last pass fills prefetch queues: room is the EP's whole, one job at a time.
+            free = eps
+                .eps
+                .values()
+                .map(|e| {
+                    let room = queue_room.get(e.ep_id.as_str()).copied().unwrap_or(0);
+                    let f = if room > 0 { e.whole() } else { Free { cpus: 0, memory_mb: 0, gpus: 0, disk_mb: 0 } };
+                    (e.ep_id.as_str(), f)
+                })
+                .collect();
+        }
         let mut done: HashSet<&str> = HashSet::new();
         loop {
             if free.values().all(|f| f.cpus == 0) {
-                return out;
+                break;
             }
             // The owner furthest below their share among those who may still get something.
             let next = queues
@@ -155,7 +171,15 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
                 done.insert(owner);
                 continue;
             };
-            free.insert(ep.ep_id.as_str(), left);
+            if prefetch {
+                let room = queue_room.entry(ep.ep_id.as_str()).or_default();
+                *room = room.saturating_sub(1);
+                if *room == 0 {
+                    free.insert(ep.ep_id.as_str(), Free { cpus: 0, memory_mb: 0, gpus: 0, disk_mb: 0 });
+                }
+            } else {
+                free.insert(ep.ep_id.as_str(), left);
+            }
             placed.insert(job.id.as_str());
             *running.entry(owner).or_default() += 1;
             *cores.entry(owner).or_default() += u64::from(job.resources.cpus);

@@ -355,6 +355,7 @@ fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
         protocol: 1,
         annex: annex.map(str::to_owned),
         labels: Default::default(),
+        prefetch: None,
     })
 }
 
