@@ -271,8 +271,10 @@ impl Link {
 
     /// Whether `r` fits beside the jobs started.
     fn fits(&self, r: &Resources) -> bool {
-        let (cpus, memory_mb) =
-            self.reserved.values().fold((0u64, 0u64), |(c, m), x| (c + u64::from(x.cpus), m.saturating_add(x.memory_mb)));
+        let (cpus, memory_mb) = self
+            .reserved
+            .values()
+            .fold((0u64, 0u64), |(c, m), x| (c + u64::from(x.cpus), m.saturating_add(x.memory_mb)));
         cpus + u64::from(r.cpus) <= u64::from(self.settings.slots.cpus)
             && memory_mb.saturating_add(r.memory_mb) <= self.settings.slots.memory_mb
     }

@@ -106,7 +106,9 @@ async fn a_drain_hands_back_the_queued_jobs() {
     assert!(matches!(c.recv().await, EpMsg::Draining));
     for want in ["q1", "q2"] {
         match c.recv().await {
-            EpMsg::NotStarted { job_id, reason } => assert_eq!((job_id.as_str(), reason.as_str()), (want, "EP draining")),
+            EpMsg::NotStarted { job_id, reason } => {
+                assert_eq!((job_id.as_str(), reason.as_str()), (want, "EP draining"))
+            }
             other => panic!("want not_started, got {other:?}"),
         }
     }

@@ -264,6 +264,47 @@ mod tests {
         assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
     }
 
+    /// Issue 20: free resources first, then the prefetch queue; a queued job holds no free
+    /// resources, moves into them when they free (oldest first), and a later job never jumps
+    /// the queue even where it would fit.
+    #[test]
+    fn a_prefetch_queue_fills_after_free_resources_and_moves_up_in_order() {
+        let mut t = EpTable::default();
+        let mut e = ep("e", None, res(2, 1000, 100));
+        e.prefetch = 2;
+        t.insert(e);
+        let idle: Vec<IdleJob> = (0..5).map(|i| job(&format!("j{i}"), "alice", res(1, 100, 10))).collect();
+        let m = select(&idle, &t, &Policy::default());
+        assert_eq!(placed(&m), vec![("j0", "e"), ("j1", "e"), ("j2", "e"), ("j3", "e")], "2 free + 2 queued");
+        for x in &m {
+            assert!(t.reserve(x), "{x:?}");
+        }
+        let e = t.get("e").expect("ep");
+        assert_eq!((e.free_cpus, e.queued.iter().map(String::as_str).collect::<Vec<_>>()), (0, vec!["j2", "j3"]));
+        assert!(t.pools_with_room().is_empty(), "full: free and queue");
+        assert_eq!(t.running_per_owner().get("alice"), Some(&4), "queued jobs count for their owner");
+        assert!(t.release("e", "j0"));
+        let e = t.get("e").expect("ep");
+        assert_eq!((e.free_cpus, e.queued.iter().map(String::as_str).collect::<Vec<_>>()), (0, vec!["j3"]));
+        assert!(t.is_running("e", "j2") && e.is_queued("j3") && !e.is_queued("j2"));
+        // A queued job released (cancelled, handed back) frees no resources it never held.
+        assert!(t.release("e", "j3"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((0, 0)));
+        // A two-core job waits in the queue; a one-core job behind it waits too.
+        let big = job("big", "alice", res(2, 100, 10));
+        let m = select(&[big, job("small", "alice", res(1, 100, 10))], &t, &Policy::default());
+        assert_eq!(placed(&m), vec![("big", "e"), ("small", "e")]);
+        for x in &m {
+            assert!(t.reserve(x));
+        }
+        assert!(t.release("e", "j1"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((1, 2)), "big does not fit 1 core");
+        assert!(t.release("e", "j2"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((0, 1)), "big started, small waits");
+        assert!(t.release("e", "big"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((1, 0)));
+    }
+
     #[test]
     fn an_eps_address_is_kept_canonical() {
         let (tx, _rx) = mpsc::unbounded_channel();

@@ -179,7 +179,12 @@ impl EpSlot {
 
     /// Its total resources, as room for a queued job.
     pub(super) fn whole(&self) -> Free {
-        Free { cpus: self.total.cpus, memory_mb: self.total.memory_mb, gpus: self.total.gpus, disk_mb: self.total.disk_mb }
+        Free {
+            cpus: self.total.cpus,
+            memory_mb: self.total.memory_mb,
+            gpus: self.total.gpus,
+            disk_mb: self.total.disk_mb,
+        }
     }
 
     /// Moves queued jobs into the free resources, oldest first, while they fit (as the EP

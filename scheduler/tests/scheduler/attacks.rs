@@ -322,7 +322,7 @@ async fn an_ep_can_hand_back_only_its_own_jobs_and_only_its_granted_number_for_f
 
     // Its own queued job, within the budget: idle at once, no loss; it runs on the other EP.
     send(&mut first, &not_started(&b)).await;
-    assert_eq!(assigns(&mut second, 1).await, [b.clone()]);
+    assert_eq!(assigns(&mut second, 1).await, std::slice::from_ref(&b));
     assert_eq!(history(&server, &b).await[0].outcome, "not-started");
 
     // Past the budget (and not draining): a return, counted as a lost attempt.
