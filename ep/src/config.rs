@@ -111,6 +111,12 @@ pub struct Config {
     /// digest on this EP, without compiling again. Default: 300.
     #[serde(default = "default_compile_timeout_s")]
     pub compile_timeout_s: u64,
+    /// Prefetch (issue 20): how many assigned jobs beyond its free resources the EP asks the
+    /// scheduler for, held in a local queue and started the moment resources free (so a slot
+    /// does not idle for a dispatch round trip after each job); the scheduler may grant fewer.
+    /// 0 asks for none. Default: the EP's cpus.
+    #[serde(default)]
+    pub prefetch: Option<u32>,
 }
 
 /// `slots` when the config leaves it out: everything detected, the default run time.
@@ -188,6 +194,8 @@ pub struct Settings {
     pub(crate) attach_token: String,
     /// Resources advertised in `Hello`: [`Config::slots`] with its zeros detected.
     pub slots: Resources,
+    /// Jobs asked for beyond the free resources ([`Config::prefetch`], default the cpus).
+    pub prefetch: u32,
     /// Scratch directory.
     pub work_dir: PathBuf,
     /// `work_dir/modules`: verified module bytes, `<hex digest>.wasm`.
@@ -385,6 +393,7 @@ impl Config {
             name: self.name,
             attach_url,
             attach_token: self.attach_token,
+            prefetch: self.prefetch.unwrap_or(slots.cpus),
             slots,
             work_dir: self.work_dir,
             modules_dir,

@@ -9,6 +9,19 @@
 //! the attach token. `Cancel` fires the named job's signal (the job ends as `Cancelled` and
 //! reports like any other); a cancel for a job not running here is ignored.
 //!
+//! Prefetch (issue 20; the extension of [`htfaas_functions::proto`]'s attach conversation):
+//! `Hello` asks for [`Settings::prefetch`] jobs beyond the free resources; when the `Welcome`
+//! grants the extension, every `Assign` goes into a local queue, and the queue's head starts as
+//! soon as the cpus and memory of the running jobs' assignments leave room for it (or nothing
+//! runs), oldest first — the rule the scheduler's table mirrors. A queued job is never started
+//! past the granted wait: it is handed back (`NotStarted`) and runs elsewhere; so is every
+//! queued job when a drain or stop begins. A `Cancel` of a queued job removes it unstarted and
+//! answers `Finished` with `Cancelled`. The queue belongs to its session: when the connection
+//! goes, the scheduler requeues what it assigned there, so the queue is dropped unstarted.
+//! Within the extension, reports waiting together go out in one array frame. Without it (a
+//! scheduler before issue 20), every assignment starts at once, one message per frame, as
+//! before.
+//!
 //! Leaving, in two speeds ([`crate::run_with`]):
 //! - drain: `Draining` goes out first on every session (before any report), so the scheduler
 //!   assigns nothing more; an `Assign` that crossed it is answered at once with a `Cancelled`
@@ -44,7 +57,11 @@ use crate::job::Jobs;
 use crate::runtime::CancelSignal;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
-use htfaas_functions::proto::{EpMsg, FINAL_CLOSE_CODES, Hello, JobReport, Outcome, PROTOCOL, SchedulerMsg, Usage};
+use htfaas_functions::Resources;
+use htfaas_functions::proto::{
+    EpMsg, FINAL_CLOSE_CODES, Hello, JobAssignment, JobReport, MAX_FRAME_MESSAGES, Outcome, PROTOCOL, Prefetch,
+    SchedulerMsg, Usage, decode_frame,
+};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +87,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const PING_EVERY: Duration = Duration::from_secs(15);
 /// Most bytes of a refusal's body quoted in the error.
 const REFUSAL_SNIPPET: usize = 200;
+/// Most bytes of reports sent in one array frame (a single larger report goes alone; the
+/// scheduler takes frames up to 4 MiB).
+const MAX_FRAME_BYTES: usize = 1 << 20;
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -80,10 +100,17 @@ struct Link {
     tracker: TaskTracker,
     report_tx: mpsc::UnboundedSender<JobReport>,
     report_rx: mpsc::UnboundedReceiver<JobReport>,
-    /// Jobs assigned and not yet reported into `pending`, with the signal that cancels each.
+    /// Jobs started and not yet reported into `pending`, with the signal that cancels each.
     running: HashMap<String, CancelSignal>,
-    /// Finished jobs whose report the scheduler has not been sent yet.
-    pending: VecDeque<JobReport>,
+    /// What each started job's assignment reserves, for starting queued jobs.
+    reserved: HashMap<String, Resources>,
+    /// Jobs assigned on this session and not started yet (prefetched), oldest first, with
+    /// when each arrived.
+    queued: VecDeque<(JobAssignment, Instant)>,
+    /// The session's prefetch extension, from its `Welcome`; `None` without it.
+    ext: Option<Prefetch>,
+    /// Reports (`Finished`, `NotStarted`) the scheduler has not been sent yet.
+    pending: VecDeque<EpMsg>,
     /// Frames from the scheduler that did not parse.
     bad_frames: u64,
     /// Set once a drain (or stop) began: no new jobs; leave when `running` and `pending` are
@@ -107,8 +134,11 @@ enum SessionEnd {
 #[error("{0}")]
 struct Refused(String);
 
-/// Reason of the `Cancelled` report answering an assignment that arrives while draining.
+/// Reason of the hand-back answering an assignment that arrives while draining, and of the
+/// queued jobs a drain hands back.
 pub(crate) const DRAINING_REASON: &str = "EP draining";
+/// Reason of the hand-back of a queued job that could not start within the granted wait.
+pub(crate) const PREFETCH_WAIT_REASON: &str = "prefetched, and no room to start it within the prefetch wait";
 
 pub(crate) async fn run(
     settings: Arc<Settings>,
@@ -123,6 +153,9 @@ pub(crate) async fn run(
         report_tx,
         report_rx,
         running: HashMap::new(),
+        reserved: HashMap::new(),
+        queued: VecDeque::new(),
+        ext: None,
         pending: VecDeque::new(),
         bad_frames: 0,
         drain_deadline: None,
@@ -155,6 +188,7 @@ pub(crate) async fn run(
         match link.session(&drain, &stop, &mut welcomed).await {
             Ok(SessionEnd::Done) => break,
             Err(e) => {
+                link.drop_queue();
                 if let Some(Refused(reason)) = e.downcast_ref::<Refused>() {
                     tracing::error!("scheduler refused this EP for good; not reconnecting: {reason}");
                     link.abandon(reason);
@@ -189,11 +223,103 @@ impl Link {
         if self.drain_deadline.is_none() {
             tracing::info!(
                 running = self.running.len(),
+                queued = self.queued.len(),
                 deadline = ?self.settings.drain_timeout,
-                "draining: no new jobs; running ones finish"
+                "draining: no new jobs; running ones finish, queued ones are handed back"
             );
             self.drain_deadline = Some(Instant::now() + self.settings.drain_timeout);
+            while let Some((job, _)) = self.queued.pop_front() {
+                self.hand_back(job.job_id, DRAINING_REASON);
+            }
+            self.set_activity();
         }
+    }
+
+    /// Answers an assignment that will not start here: `NotStarted` within the extension (the
+    /// scheduler requeues it at once), else a `Cancelled` report (a return).
+    fn hand_back(&mut self, job_id: String, reason: &str) {
+        tracing::info!(job.id = %job_id, %reason, "handing a job back unstarted");
+        let msg = if self.ext.is_some() {
+            EpMsg::NotStarted { job_id, reason: reason.to_owned() }
+        } else {
+            EpMsg::Finished(JobReport {
+                job_id,
+                outcome: Outcome::Cancelled { reason: reason.to_owned() },
+                usage: Usage::default(),
+                outputs: Vec::new(),
+                log: String::new(),
+            })
+        };
+        self.pending.push_back(msg);
+    }
+
+    /// The session ended: its queued jobs were requeued by the scheduler with it, so they are
+    /// dropped here unstarted.
+    fn drop_queue(&mut self) {
+        if !self.queued.is_empty() {
+            let ids: Vec<&str> = self.queued.iter().map(|(j, _)| j.job_id.as_str()).collect();
+            tracing::info!(jobs = ?ids, "session gone: queued jobs dropped unstarted (the scheduler runs them elsewhere)");
+            self.queued.clear();
+            self.set_activity();
+        }
+        self.ext = None;
+    }
+
+    fn set_activity(&self) {
+        self.settings.activity.set_running(self.running.len() + self.queued.len());
+    }
+
+    /// Whether `r` fits beside the jobs started.
+    fn fits(&self, r: &Resources) -> bool {
+        let (cpus, memory_mb) = self
+            .reserved
+            .values()
+            .fold((0u64, 0u64), |(c, m), x| (c + u64::from(x.cpus), m.saturating_add(x.memory_mb)));
+        cpus + u64::from(r.cpus) <= u64::from(self.settings.slots.cpus)
+            && memory_mb.saturating_add(r.memory_mb) <= self.settings.slots.memory_mb
+    }
+
+    /// Starts queued jobs, oldest first, while they fit (or nothing runs; without the
+    /// extension, all at once); then hands back the queued ones that waited past the granted
+    /// wait.
+    fn start_ready(&mut self) {
+        while let Some((head, _)) = self.queued.front() {
+            if self.ext.is_some() && !self.running.is_empty() && !self.fits(&head.resources) {
+                break;
+            }
+            if let Some((job, _)) = self.queued.pop_front() {
+                self.start(job);
+            }
+        }
+        if let Some(p) = self.ext {
+            let wait = Duration::from_millis(p.wait_ms);
+            let now = Instant::now();
+            let (late, keep): (VecDeque<_>, VecDeque<_>) =
+                std::mem::take(&mut self.queued).into_iter().partition(|(_, since)| now.duration_since(*since) >= wait);
+            self.queued = keep;
+            for (job, _) in late {
+                self.hand_back(job.job_id, PREFETCH_WAIT_REASON);
+            }
+        }
+        self.set_activity();
+    }
+
+    /// When the oldest queued job's wait ends.
+    fn next_handback(&self) -> Option<Instant> {
+        let p = self.ext?;
+        self.queued.iter().map(|(_, since)| *since + Duration::from_millis(p.wait_ms)).min()
+    }
+
+    fn start(&mut self, job: JobAssignment) {
+        let cancel = CancelSignal::new();
+        self.running.insert(job.job_id.clone(), cancel.clone());
+        self.reserved.insert(job.job_id.clone(), job.resources);
+        let jobs = self.jobs.clone();
+        let tx = self.report_tx.clone();
+        self.tracker.spawn(async move {
+            let report = jobs.execute(job, cancel).await;
+            let _ = tx.send(report);
+        });
     }
 
     /// Cancels every running job (their reports will be dropped) and leaves [`STOP_GRACE`] for
@@ -216,7 +342,7 @@ impl Link {
     }
 
     fn drained(&self) -> bool {
-        self.running.is_empty() && self.pending.is_empty()
+        self.running.is_empty() && self.pending.is_empty() && self.queued.is_empty()
     }
 
     fn drain_expired(&self) -> bool {
@@ -240,7 +366,7 @@ impl Link {
         }
         let mut ids: Vec<&str> = self.running.keys().map(String::as_str).collect();
         ids.sort_unstable();
-        let unsent: Vec<&str> = self.pending.iter().map(|r| r.job_id.as_str()).collect();
+        let unsent: Vec<&str> = self.pending.iter().map(report_job).collect();
         tracing::warn!(running = ?ids, unsent_reports = ?unsent, "abandoning jobs: their reports cannot be delivered");
         for signal in self.running.values() {
             signal.cancel(&format!("EP detached: {reason}"));
@@ -256,12 +382,15 @@ impl Link {
 
     fn finished(&mut self, report: JobReport) {
         self.running.remove(&report.job_id);
-        self.settings.activity.set_running(self.running.len());
-        if self.stopped.remove(&report.job_id) && matches!(report.outcome, Outcome::Cancelled { .. }) {
+        self.reserved.remove(&report.job_id);
+        let stopped = self.stopped.remove(&report.job_id) && matches!(report.outcome, Outcome::Cancelled { .. });
+        if stopped {
             tracing::info!(job.id = %report.job_id, "job stopped with the EP; not reported, so it runs again elsewhere");
-            return;
+        } else {
+            self.pending.push_back(EpMsg::Finished(report));
         }
-        self.pending.push_back(report);
+        // Its room goes to the next queued job at once.
+        self.start_ready();
     }
 
     /// One connection: dial, hello, welcome, then serve until it fails or a drain or stop ends.
@@ -278,11 +407,18 @@ impl Link {
             protocol: PROTOCOL,
             annex: self.settings.annex.clone(),
             labels: self.settings.labels.clone(),
+            prefetch: Some(self.settings.prefetch),
         });
         ws.send(Message::text(serde_json::to_string(&hello)?)).await.context("send hello")?;
-        let ep_id = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.welcome(&mut ws)).await.context("no welcome")??;
+        let (ep_id, ext) =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, self.welcome(&mut ws)).await.context("no welcome")??;
         *welcomed = true;
-        tracing::info!(%ep_id, pending_reports = self.pending.len(), "attached to scheduler");
+        // Hand-backs of an earlier session's queue mean nothing to this one's scheduler.
+        if ext.is_none() {
+            self.pending.retain(|m| !matches!(m, EpMsg::NotStarted { .. }));
+        }
+        self.ext = ext;
+        tracing::info!(%ep_id, pending_reports = self.pending.len(), prefetch = ?ext, "attached to scheduler");
 
         let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
         // Whether this session's scheduler has been told `Draining`.
@@ -313,6 +449,7 @@ impl Link {
                 }
             }
             let drain_wake = self.drain_deadline.unwrap_or_else(|| Instant::now() + PING_EVERY);
+            let handback = self.next_handback();
             tokio::select! {
                 frame = ws.next() => match frame {
                     None => bail!("scheduler closed the connection"),
@@ -334,6 +471,7 @@ impl Link {
                 _ = drain.cancelled(), if self.drain_deadline.is_none() => self.begin_drain(),
                 _ = stop.cancelled(), if !self.stopping => self.begin_stop("stop asked for"),
                 _ = tokio::time::sleep_until(drain_wake), if self.drain_deadline.is_some() => {}
+                _ = tokio::time::sleep_until(handback.unwrap_or(drain_wake)), if handback.is_some() => self.start_ready(),
             }
         }
     }
@@ -371,13 +509,14 @@ impl Link {
         Ok(ws)
     }
 
-    async fn welcome(&mut self, ws: &mut Ws) -> anyhow::Result<String> {
+    /// The session id and the prefetch extension granted, from `Welcome`.
+    async fn welcome(&mut self, ws: &mut Ws) -> anyhow::Result<(String, Option<Prefetch>)> {
         loop {
             match ws.next().await {
                 None => bail!("scheduler closed the connection before welcome"),
                 Some(Err(e)) => return Err(anyhow!(e).context("read welcome")),
                 Some(Ok(Message::Text(text))) => match serde_json::from_str::<SchedulerMsg>(text.as_str()) {
-                    Ok(SchedulerMsg::Welcome { ep_id }) => return Ok(ep_id),
+                    Ok(SchedulerMsg::Welcome { ep_id, prefetch }) => return Ok((ep_id, prefetch)),
                     Ok(SchedulerMsg::Assign(job)) => {
                         bail!("scheduler assigned job {} before welcome", job.job_id)
                     }
@@ -396,39 +535,13 @@ impl Link {
     }
 
     fn on_text(&mut self, text: &str) {
-        match serde_json::from_str::<SchedulerMsg>(text) {
-            Ok(SchedulerMsg::Assign(job)) => {
-                if self.running.contains_key(&job.job_id) {
-                    tracing::warn!(job.id = %job.job_id, "assignment for a job already running ignored");
-                } else if self.drain_deadline.is_some() {
-                    tracing::warn!(job.id = %job.job_id, "assignment while draining: answered cancelled, not run");
-                    self.pending.push_back(JobReport {
-                        job_id: job.job_id,
-                        outcome: Outcome::Cancelled { reason: DRAINING_REASON.to_owned() },
-                        usage: Usage::default(),
-                        outputs: Vec::new(),
-                        log: String::new(),
-                    });
-                } else {
-                    let cancel = CancelSignal::new();
-                    self.running.insert(job.job_id.clone(), cancel.clone());
-                    self.settings.activity.set_running(self.running.len());
-                    let jobs = self.jobs.clone();
-                    let tx = self.report_tx.clone();
-                    self.tracker.spawn(async move {
-                        let report = jobs.execute(job, cancel).await;
-                        let _ = tx.send(report);
-                    });
+        match decode_frame::<SchedulerMsg>(text, self.ext.is_some()) {
+            Ok(msgs) => {
+                for msg in msgs {
+                    self.on_msg(msg);
                 }
+                self.start_ready();
             }
-            Ok(SchedulerMsg::Welcome { ep_id }) => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
-            Ok(SchedulerMsg::Cancel { job_id, reason }) => match self.running.get(&job_id) {
-                Some(signal) => {
-                    tracing::info!(job.id = %job_id, %reason, "cancelling job");
-                    signal.cancel(&reason);
-                }
-                None => tracing::debug!(job.id = %job_id, "cancel for a job not running here ignored"),
-            },
             Err(e) => {
                 self.bad_frames += 1;
                 tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
@@ -436,15 +549,74 @@ impl Link {
         }
     }
 
-    /// Sends every pending report, oldest first; one stays pending until the socket took it.
+    fn on_msg(&mut self, msg: SchedulerMsg) {
+        match msg {
+            SchedulerMsg::Assign(job) => {
+                if self.running.contains_key(&job.job_id) || self.queued.iter().any(|(q, _)| q.job_id == job.job_id) {
+                    tracing::warn!(job.id = %job.job_id, "assignment for a job already held ignored");
+                } else if self.drain_deadline.is_some() {
+                    tracing::warn!(job.id = %job.job_id, "assignment while draining: handed back, not run");
+                    self.hand_back(job.job_id, DRAINING_REASON);
+                } else {
+                    self.queued.push_back((job, Instant::now()));
+                }
+            }
+            SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
+            SchedulerMsg::Cancel { job_id, reason } => {
+                if let Some(signal) = self.running.get(&job_id) {
+                    tracing::info!(job.id = %job_id, %reason, "cancelling job");
+                    signal.cancel(&reason);
+                } else if let Some(at) = self.queued.iter().position(|(q, _)| q.job_id == job_id) {
+                    tracing::info!(job.id = %job_id, %reason, "cancelling a queued job: it never starts");
+                    self.queued.remove(at);
+                    self.pending.push_back(EpMsg::Finished(JobReport {
+                        job_id,
+                        outcome: Outcome::Cancelled { reason },
+                        usage: Usage::default(),
+                        outputs: Vec::new(),
+                        log: String::new(),
+                    }));
+                    self.set_activity();
+                } else {
+                    tracing::debug!(job.id = %job_id, "cancel for a job not running here ignored");
+                }
+            }
+        }
+    }
+
+    /// Sends every pending report, oldest first (within the extension, those waiting together
+    /// in one array frame of at most [`MAX_FRAME_MESSAGES`] and about [`MAX_FRAME_BYTES`]); a
+    /// report stays pending until the socket took it.
     async fn flush(&mut self, ws: &mut Ws) -> anyhow::Result<()> {
-        while let Some(report) = self.pending.front() {
-            let text = serde_json::to_string(&EpMsg::Finished(report.clone()))?;
-            ws.send(Message::text(text)).await.context("send report")?;
-            tracing::debug!(job.id = %report.job_id, "report sent");
-            self.pending.pop_front();
+        while !self.pending.is_empty() {
+            let most = if self.ext.is_some() { MAX_FRAME_MESSAGES } else { 1 };
+            let mut parts = Vec::new();
+            let mut bytes = 0;
+            for msg in self.pending.iter().take(most) {
+                let text = serde_json::to_string(msg)?;
+                if !parts.is_empty() && bytes + text.len() > MAX_FRAME_BYTES {
+                    break;
+                }
+                bytes += text.len() + 1;
+                parts.push(text);
+            }
+            let n = parts.len();
+            let frame = if n == 1 { parts.swap_remove(0) } else { format!("[{}]", parts.join(",")) };
+            ws.send(Message::text(frame)).await.context("send report")?;
+            for msg in self.pending.drain(..n) {
+                tracing::debug!(job.id = %report_job(&msg), "report sent");
+            }
         }
         Ok(())
+    }
+}
+
+/// The job a pending message is about.
+fn report_job(msg: &EpMsg) -> &str {
+    match msg {
+        EpMsg::Finished(r) => &r.job_id,
+        EpMsg::NotStarted { job_id, .. } => job_id,
+        EpMsg::Hello(_) | EpMsg::Draining => "",
     }
 }
 

@@ -530,6 +530,7 @@ async fn fake_ep(
         protocol: 1,
         annex: None,
         labels: Default::default(),
+        prefetch: None,
     });
     ws.send(Message::text(serde_json::to_string(&hello)?)).await?;
 

@@ -112,6 +112,12 @@ pub struct Config {
     /// seconds. Default: 60.
     #[serde(default = "default_runtime_grace_s")]
     pub runtime_grace_s: u64,
+    /// Most jobs assigned to one EP beyond its free resources (prefetch, issue 20): an EP asks
+    /// for a number in its Hello (by default its cpus) and gets at most this many; each must
+    /// start on the EP within 10 s (or half `runtime_grace_s`), else the EP hands it back. 0
+    /// turns prefetch off. Default: 16.
+    #[serde(default = "default_max_prefetch")]
+    pub max_prefetch: u32,
     /// Ed25519 PKCS#8 PEM key that signs the audit trail's checkpoints (kid
     /// `scheduler-audit-1`); created (mode 0600) if absent. The trail itself lives in the store
     /// (`db_path`), written in the same transactions as the decisions it records. Default:
@@ -166,6 +172,9 @@ fn default_max_retries() -> u32 {
 }
 fn default_retry_backoff_s() -> u64 {
     crate::policy::DEFAULT_RETRY_BACKOFF_S
+}
+fn default_max_prefetch() -> u32 {
+    crate::policy::DEFAULT_MAX_PREFETCH
 }
 fn default_runtime_grace_s() -> u64 {
     crate::policy::DEFAULT_RUNTIME_GRACE_S
@@ -311,6 +320,7 @@ impl Config {
             max_retries: default_max_retries(),
             retry_backoff_s: default_retry_backoff_s(),
             runtime_grace_s: default_runtime_grace_s(),
+            max_prefetch: default_max_prefetch(),
             audit_key_file: None,
             audit_checkpoint_records: default_audit_checkpoint_records(),
             audit_checkpoint_s: default_audit_checkpoint_s(),
@@ -360,6 +370,7 @@ impl Config {
             max_retries: self.max_retries,
             retry_backoff_s: self.retry_backoff_s,
             runtime_grace_s: self.runtime_grace_s,
+            max_prefetch: self.max_prefetch,
         }
         .resolve()?;
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;

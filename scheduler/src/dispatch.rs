@@ -23,6 +23,14 @@
 //! the address of the EP it runs on next). A macaroon that cannot be attenuated fails its job
 //! at once, unsent and not retried.
 //!
+//! Prefetch (issue 20): an EP granted a prefetch window is assigned, once no job fits free
+//! resources anywhere, up to that many more jobs, which it queues ([`crate::matching`]). Such a
+//! job is marked running (its `started_at_ms`: the job record's dispatched stamp, where the
+//! bench's `hop.submitted_to_dispatched` ends and `hop.dispatched_to_finished` begins) when it
+//! is assigned, before its EP starts it: its wait in the EP's queue, at most the granted wait
+//! ([`crate::policy::MAX_PREFETCH_WAIT_S`]), counts as dispatched, and comes out of the
+//! macaroons' [`MACAROON_GRACE_S`] and the overdue check's grace, both counted from here.
+//!
 //! Cancel safety: the loop only waits (and so only observes shutdown) between rounds; a
 //! round runs to the end, so no job is left reserved in memory but not sent.
 
@@ -45,8 +53,11 @@ pub const TICK: Duration = Duration::from_secs(60);
 /// removed).
 pub const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// How long after its job's runtime an EP's macaroons stay valid, seconds (fetching the module
-/// and input before the run, storing outputs after it).
+/// and input before the run, storing outputs after it, and a prefetched job's wait to start).
 pub const MACAROON_GRACE_S: u64 = 60;
+
+// A prefetched job's wait takes at most half of its macaroons' grace.
+const _: () = assert!(2 * crate::policy::MAX_PREFETCH_WAIT_S <= MACAROON_GRACE_S);
 
 /// Runs until `shutdown`.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {

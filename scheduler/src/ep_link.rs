@@ -31,6 +31,20 @@
 //! `running` on a session that is gone, until their run time removed them). A report of [`htfaas_functions::proto::Outcome::StorageUnavailable`] counts
 //! as a lost attempt ([`crate::queue::Queue::finish`]), with the same retry rule.
 //!
+//! Prefetch (issue 20): an EP whose Hello asks for it ([`Hello::prefetch`]) is granted
+//! [`crate::policy::SitePolicy::prefetch`] in its Welcome: the dispatcher then assigns it up to
+//! that many jobs beyond its free resources (see [`crate::matching`]), the session sends the
+//! Assigns waiting for it in one array frame, and takes array frames from it. Such an EP may hand
+//! a job back unstarted ([`EpMsg::NotStarted`]): a job assigned to this session goes back to
+//! idle at once with no loss counted ([`crate::queue::Queue::hand_back`]) while the EP is
+//! draining, and outside a drain for as many hand-backs as it was granted prefetched jobs; the
+//! first such hand-back also ends prefetching to the session (its jobs outlast the prefetch
+//! wait). Past that budget a hand-back is a return (a lost attempt, as [`Outcome::Cancelled`]
+//! unasked for), so an EP cannot bounce jobs for free. A hand-back for a job not assigned to
+//! this session is ignored like such a `Finished`. A session that ends takes its queued jobs
+//! with it: they are `running` on it in the store, and run again elsewhere like its running
+//! ones (the EP drops its queue when the connection goes).
+//!
 //! Cancel safety: `WebSocket::recv`, `mpsc::recv`, `JoinSet::join_next` and a pinned `Sleep`
 //! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
 //! losing a message.
@@ -38,12 +52,15 @@
 use crate::error::QueueError;
 use crate::matching::{EpSlot, Pool, ToEp};
 use crate::metrics::{Reason, Token};
-use crate::queue::{Loss, now_ms};
+use crate::queue::{HandedBack, Loss, now_ms};
 use crate::revocation::Credential;
 use crate::state::Shared;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
-use htfaas_functions::proto::{EpMsg, Hello, JobReport, LabelError, SchedulerMsg, check_labels};
+use htfaas_functions::proto::{
+    EpMsg, Hello, JobReport, LabelError, MAX_FRAME_MESSAGES, Outcome, SchedulerMsg, Usage, check_labels, decode_frame,
+    encode_frame,
+};
 use htfaas_functions::token::AttachClaims;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -194,6 +211,9 @@ pub async fn serve(
     let credential = Credential::of_attach(&claims);
     let mut slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
     slot.labels = hello.labels.clone();
+    let prefetch = hello.prefetch.map(|asked| shared.policy.prefetch(asked));
+    slot.prefetch = prefetch.map_or(0, |p| p.jobs);
+    slot.extension = prefetch.is_some();
     if let Err(reason) = register(&shared, slot) {
         shared.metrics.refused(Token::Attach, Reason::Revoked);
         tracing::info!("attach token revoked meanwhile: {reason}");
@@ -203,12 +223,15 @@ pub async fn serve(
         cpus = hello.slots.cpus,
         memory_mb = hello.slots.memory_mb,
         runtime_s = hello.slots.runtime_s,
+        prefetch = prefetch.map(|p| p.jobs),
         "EP attached"
     );
-    let why = if send(&mut ws, &SchedulerMsg::Welcome { ep_id: ep_id.clone() }).await.is_ok() {
+    let welcome = SchedulerMsg::Welcome { ep_id: ep_id.clone(), prefetch };
+    let why = if send(&mut ws, &welcome).await.is_ok() {
         shared.wake.notify_one();
         let mut reports = tokio::task::JoinSet::new();
-        let why = session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown, &mut reports).await;
+        let ext = Extension { on: prefetch.is_some(), free_handbacks: prefetch.map_or(0, |p| p.jobs) };
+        let why = session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown, &mut reports, ext).await;
         // Every report read is recorded (or refused) before the session's jobs lose it.
         while let Some(done) = reports.join_next().await {
             report_ended(done);
@@ -290,9 +313,19 @@ fn register(shared: &Shared, slot: EpSlot) -> Result<(), String> {
     Ok(())
 }
 
+/// A session's prefetch extension.
+#[derive(Debug, Clone, Copy)]
+struct Extension {
+    /// The EP speaks it: array frames both ways, `NotStarted`.
+    on: bool,
+    /// Hand-backs outside a drain still free of a loss (the jobs it was granted).
+    free_handbacks: u32,
+}
+
 /// The attached session's loop, until the EP leaves, falls silent past its lease, the token
 /// expires, the scheduler closes it or shuts down. Returns why it ended (recorded with the
 /// attempts of the jobs it was running).
+#[allow(clippy::too_many_arguments)]
 async fn session(
     ws: &mut WebSocket,
     mut rx: mpsc::UnboundedReceiver<ToEp>,
@@ -301,6 +334,7 @@ async fn session(
     exp: u64,
     shutdown: &CancellationToken,
     reports: &mut tokio::task::JoinSet<()>,
+    mut ext: Extension,
 ) -> String {
     let expiry = tokio::time::sleep(until(exp));
     tokio::pin!(expiry);
@@ -336,8 +370,26 @@ async fn session(
             }
             out = rx.recv() => match out {
                 Some(ToEp::Send(msg)) => {
-                    if send(ws, &msg).await.is_err() {
+                    // Within the extension, what else is waiting goes in the same frame.
+                    let mut batch = vec![msg];
+                    let mut then = None;
+                    while ext.on && batch.len() < MAX_FRAME_MESSAGES {
+                        match rx.try_recv() {
+                            Ok(ToEp::Send(m)) => batch.push(m),
+                            Ok(close) => {
+                                then = Some(close);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if send_all(ws, &batch).await.is_err() {
                         return "the connection to the EP broke".into();
+                    }
+                    if let Some(ToEp::Close { code, reason }) = then {
+                        tracing::info!(code, "closing the session: {reason}");
+                        let _ = ws.send(close_frame(code, &reason)).await;
+                        return format!("the session was closed: {reason}");
                     }
                 }
                 Some(ToEp::Close { code, reason }) => {
@@ -360,16 +412,13 @@ async fn session(
                     }
                     Some(Ok(Message::Text(t))) => t,
                 };
-                match serde_json::from_str::<EpMsg>(text.as_str()) {
-                    Ok(EpMsg::Finished(report)) => {
-                        reports.spawn(finished(shared.clone(), ep_id.to_owned(), report));
+                match decode_frame::<EpMsg>(text.as_str(), ext.on) {
+                    Ok(msgs) => {
+                        for msg in msgs {
+                            on_message(shared, ep_id, msg, &mut ext, &mut bad_frames, reports);
+                        }
                     }
-                    Ok(EpMsg::Hello(_)) => bad_frame(shared, &mut bad_frames, "second hello"),
-                    Ok(EpMsg::Draining) => {
-                        tracing::info!("the EP is draining: no new jobs for it");
-                        shared.eps().set_draining(ep_id);
-                    }
-                    Err(e) => bad_frame(shared, &mut bad_frames, &format!("does not parse: {e}")),
+                    Err(e) => bad_frame(shared, &mut bad_frames, &e.to_string()),
                 }
                 if bad_frames > MAX_BAD_FRAMES {
                     let _ = ws.send(close_frame(close_code::POLICY, "too many bad frames")).await;
@@ -378,6 +427,82 @@ async fn session(
             }
         }
     }
+}
+
+/// Acts on one message from the EP, in the order the EP sent them.
+fn on_message(
+    shared: &Arc<Shared>,
+    ep_id: &str,
+    msg: EpMsg,
+    ext: &mut Extension,
+    bad_frames: &mut u32,
+    reports: &mut tokio::task::JoinSet<()>,
+) {
+    match msg {
+        EpMsg::Finished(report) => {
+            reports.spawn(finished(shared.clone(), ep_id.to_owned(), report));
+        }
+        EpMsg::NotStarted { job_id, reason } if ext.on => {
+            let free = {
+                let mut eps = shared.eps();
+                match eps.prefetch_state(ep_id) {
+                    Some((true, _)) => true,
+                    _ if ext.free_handbacks > 0 => {
+                        ext.free_handbacks -= 1;
+                        eps.stop_prefetch(ep_id);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            reports.spawn(not_started(shared.clone(), ep_id.to_owned(), job_id, reason, free));
+        }
+        EpMsg::NotStarted { .. } => bad_frame(shared, bad_frames, "not_started outside the prefetch extension"),
+        EpMsg::Hello(_) => bad_frame(shared, bad_frames, "second hello"),
+        EpMsg::Draining => {
+            tracing::info!("the EP is draining: no new jobs for it");
+            shared.eps().set_draining(ep_id);
+        }
+    }
+}
+
+/// Takes a job the EP handed back unstarted: with `free`, back to idle at once
+/// ([`crate::queue::Queue::hand_back`]); otherwise, or when it is no longer running (held or
+/// removed meanwhile), as a `Cancelled` report the scheduler did not ask for ([`finished`]).
+#[tracing::instrument(name = "scheduler.not_started", skip_all, fields(job.id = %job_id, free))]
+async fn not_started(shared: Arc<Shared>, ep_id: String, job_id: String, reason: String, free: bool) {
+    if !shared.eps().is_running(&ep_id, &job_id) {
+        shared.metrics.ignored_report();
+        tracing::warn!("ignoring a hand-back of a job not assigned to this EP");
+        return;
+    }
+    let reason: String = reason.chars().take(1024).collect();
+    if free {
+        let handed = until_stored(&shared.shutdown, "requeue a job handed back", || {
+            shared.queue.hand_back(ep_id.clone(), job_id.clone(), reason.clone())
+        });
+        match handed.await {
+            Ok(HandedBack::Requeued) => {
+                tracing::info!(%reason, "handed back unstarted; idle again");
+                shared.eps().release(&ep_id, &job_id);
+                shared.wake.notify_one();
+                return;
+            }
+            Ok(HandedBack::NotRunning) => {}
+            Err(e) => {
+                tracing::error!("failed to requeue a job handed back: {e}");
+                return;
+            }
+        }
+    }
+    let report = JobReport {
+        job_id,
+        outcome: Outcome::Cancelled { reason },
+        usage: Usage::default(),
+        outputs: Vec::new(),
+        log: String::new(),
+    };
+    finished(shared, ep_id, report).await;
 }
 
 /// Records a finished job, frees its resources and wakes the dispatcher.
@@ -456,7 +581,20 @@ fn kind(m: &EpMsg) -> &'static str {
         EpMsg::Hello(_) => "hello",
         EpMsg::Finished(_) => "finished",
         EpMsg::Draining => "draining",
+        EpMsg::NotStarted { .. } => "not_started",
     }
+}
+
+/// Sends `msgs` in one frame (an array when more than one: only within the extension).
+async fn send_all(ws: &mut WebSocket, msgs: &[SchedulerMsg]) -> Result<(), ()> {
+    let text = match encode_frame(msgs) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("failed to encode messages for the EP: {e}");
+            return Err(());
+        }
+    };
+    ws.send(Message::Text(text.into())).await.map_err(|e| tracing::info!("EP connection lost: {e}"))
 }
 
 async fn send(ws: &mut WebSocket, msg: &SchedulerMsg) -> Result<(), ()> {
@@ -508,6 +646,7 @@ mod tests {
             protocol: PROTOCOL,
             annex: annex.map(str::to_owned),
             labels: Default::default(),
+            prefetch: None,
         };
         assert_eq!(check_annex(&hello(None), &claims(Some("a"))), Ok(()));
         assert_eq!(check_annex(&hello(Some("a")), &claims(Some("a"))), Ok(()));
@@ -529,6 +668,7 @@ mod tests {
             protocol: PROTOCOL,
             annex: None,
             labels: labels.into_iter().collect(),
+            prefetch: None,
         };
         assert_eq!(check_hello(&hello(vec![("site".into(), "desy".into())])), Ok(()));
         let many = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();

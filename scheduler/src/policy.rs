@@ -18,14 +18,26 @@
 //! - **Leases and retries**: an EP session silent for [`SitePolicy::lease_s`] is over; each of
 //!   its jobs runs again after a backoff, up to [`SitePolicy::max_retries`] times, then is held.
 //!   A job whose EP reports the storage unavailable loses its attempt under the same rule.
+//! - **Prefetch** (issue 20): an EP that asks for it is assigned up to
+//!   [`SitePolicy::max_prefetch`] jobs beyond its free resources ([`SitePolicy::prefetch`]),
+//!   each of which must start within [`MAX_PREFETCH_WAIT_S`] (at most half the run-time grace).
 
 use crate::matching::{EpTable, GroupQuota, Policy};
 use crate::queue::{Loss, UsageRow, decay};
 use crate::requirements::{JobAd, Requirement, RequirementConfig, RequirementError, first_violated, parse_all};
 use htfaas_functions::manifest::{MAX_RUNTIME_S, NameError, check_name};
-use htfaas_functions::proto::{GroupPriority, HOLD_CODE_POLICY, OwnerPriority, PriorityReport, SubmitRequest};
+use htfaas_functions::proto::{
+    GroupPriority, HOLD_CODE_POLICY, OwnerPriority, Prefetch, PriorityReport, SubmitRequest,
+};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
+
+/// Most jobs the scheduler prefetches to one EP by default ([`SitePolicy::max_prefetch`]).
+pub const DEFAULT_MAX_PREFETCH: u32 = 16;
+/// Longest a prefetched job may wait on its EP before it starts, seconds (less if half the
+/// run-time grace is less): its macaroons' grace (`dispatch::MACAROON_GRACE_S`, 60 s) and the
+/// overdue check both count from its dispatch, so the wait comes out of them.
+pub const MAX_PREFETCH_WAIT_S: u64 = 10;
 
 /// Run time of a job that asks for none (0) where no job class says otherwise, seconds.
 pub const DEFAULT_RUNTIME_S: u64 = 3600;
@@ -109,6 +121,9 @@ pub struct SitePolicy {
     pub retry_backoff_s: u64,
     /// Time a job may run past its run time before it is removed, seconds.
     pub runtime_grace_s: u64,
+    /// Most jobs assigned to one EP beyond its free resources (its asked prefetch is capped to
+    /// this); 0 turns prefetch off.
+    pub max_prefetch: u32,
 }
 
 impl Default for SitePolicy {
@@ -124,6 +139,7 @@ impl Default for SitePolicy {
             max_retries: DEFAULT_MAX_RETRIES,
             retry_backoff_s: DEFAULT_RETRY_BACKOFF_S,
             runtime_grace_s: DEFAULT_RUNTIME_GRACE_S,
+            max_prefetch: DEFAULT_MAX_PREFETCH,
         }
     }
 }
@@ -160,6 +176,8 @@ pub struct PolicyConfig {
     pub retry_backoff_s: u64,
     /// See [`crate::Config::runtime_grace_s`].
     pub runtime_grace_s: u64,
+    /// See [`crate::Config::max_prefetch`].
+    pub max_prefetch: u32,
 }
 
 /// Why a [`PolicyConfig`] does not resolve; the message names the bad key.
@@ -288,11 +306,21 @@ impl PolicyConfig {
             max_retries: self.max_retries,
             retry_backoff_s: self.retry_backoff_s,
             runtime_grace_s: self.runtime_grace_s,
+            max_prefetch: self.max_prefetch,
         })
     }
 }
 
 impl SitePolicy {
+    /// What an EP asking for `asked` prefetched jobs is granted: at most
+    /// [`SitePolicy::max_prefetch`], each to start within [`MAX_PREFETCH_WAIT_S`] or half the
+    /// run-time grace, whichever is less; none when that leaves no time to wait.
+    pub fn prefetch(&self, asked: u32) -> Prefetch {
+        let wait_ms = MAX_PREFETCH_WAIT_S.min(self.runtime_grace_s / 2).saturating_mul(1000);
+        let jobs = if wait_ms == 0 { 0 } else { asked.min(self.max_prefetch) };
+        Prefetch { jobs, wait_ms }
+    }
+
     /// Decides a request's class, fills in the class's default run time when the request asks
     /// for none (0; [`DEFAULT_RUNTIME_S`] without classes), refuses it (Err: the message, a 403)
     /// when it asks for more run time than its class allows or violates a submit requirement,
@@ -445,6 +473,7 @@ mod tests {
             max_retries: DEFAULT_MAX_RETRIES,
             retry_backoff_s: DEFAULT_RETRY_BACKOFF_S,
             runtime_grace_s: DEFAULT_RUNTIME_GRACE_S,
+            max_prefetch: DEFAULT_MAX_PREFETCH,
             ..PolicyConfig::default()
         }
     }

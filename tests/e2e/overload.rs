@@ -110,13 +110,15 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
     println!("bob's job completed {:.0} ms after the EP was enabled", waited.as_secs_f64() * 1000.0);
     assert!(waited < Duration::from_secs(60), "took {waited:?}");
     assert_eq!(job.attempts, 1);
-    // The EP's cores now run two of Alice's jobs: one from the first round, beside Bob's, and
-    // one that took Bob's core when his job ended. None of hers started ahead of his.
+    // The EP's cores now run two of Alice's jobs (one from the first round, beside Bob's, and one
+    // that took Bob's core when his job ended), and it may hold up to two more of hers queued
+    // (prefetch, issue 20: dispatched in the first round, started only as cores free). None of
+    // hers was dispatched ahead of his: he had a core in the first round (and one attempt: a
+    // job of his queued behind 120 s spinners would have been handed back and run again).
     let bob = &client.job_history(&bobs).await.expect("history")[0];
-    let bob_end = bob.ended_at_ms.expect("ended");
     let eps = client.eps().await.expect("eps");
     let ep = eps.iter().find(|e| e.name == "ep-local-1").expect("the site EP");
-    assert_eq!(ep.running.len(), 2, "{ep:?}");
+    assert!((2..=4).contains(&ep.running.len()), "two cores plus at most two prefetched: {ep:?}");
     let mut starts = Vec::new();
     for id in &ep.running {
         let h = client.job_history(id).await.expect("history");
@@ -130,6 +132,10 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         starts[0],
         bob.started_at_ms
     );
-    assert!(starts[1] >= bob_end, "alice's second job started at {} before bob's ended at {bob_end}", starts[1]);
+    assert!(
+        starts.iter().all(|s| s + 50 >= bob.started_at_ms),
+        "none of alice's dispatched ahead of bob's ({}): {starts:?}",
+        bob.started_at_ms
+    );
     stack.stop().await.expect("clean stop");
 }

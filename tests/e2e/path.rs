@@ -113,6 +113,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
         protocol: 1,
         annex: Some("probe".into()),
         labels: Default::default(),
+        prefetch: None,
     });
     ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
     assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));

@@ -29,10 +29,11 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     let client = stack.client().expect("client");
     register_spin(&client).await;
 
-    // Bob may run three jobs; the stack's EP has two cores: two run, one waits.
+    // Bob may run five jobs; the stack's EP has two cores and prefetches two more (issue 20):
+    // two run, two wait on the EP (`running` in the store), one waits in the queue.
     let grant = SubmitGrant {
         owner: "bob".into(),
-        jobs: 3,
+        jobs: 5,
         limits: Resources::new(1, 64, 120),
         function: None,
         group: None,
@@ -41,19 +42,19 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     htfaas_tests::share_data(&client, "bob").await;
     let token = mint_submit_token(dir.path(), &grant).expect("mint");
     let jti = jti_of(&token);
-    for _ in 0..3 {
+    for _ in 0..5 {
         client.run_function(&token, "spin", "/data/spin/in.dat").await.expect("submit");
     }
-    wait_for("two running, one idle", Duration::from_secs(20), || async {
+    wait_for("four running (two of them prefetched), one idle", Duration::from_secs(20), || async {
         let jobs = jobs_of(&client, &jti).await;
         let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
         let idle = jobs.iter().filter(|j| j.state == JobState::Idle).count();
-        (running == 2 && idle == 1).then_some(())
+        (running == 4 && idle == 1).then_some(())
     })
     .await;
 
     let r = client.revoke(RevocationTarget::Jti(jti.clone()), "leaked in a log").await.expect("revoke");
-    assert_eq!((r.stopped_jobs.len(), r.removed_jobs.len(), r.closed_eps.len()), (2, 1, 0), "{r:?}");
+    assert_eq!((r.stopped_jobs.len(), r.removed_jobs.len(), r.closed_eps.len()), (4, 1, 0), "{r:?}");
     for job in jobs_of(&client, &jti).await {
         assert_eq!(job.state, JobState::Removed, "{job:?}");
         assert!(job.reason.contains("token revoked: leaked in a log"), "{job:?}");

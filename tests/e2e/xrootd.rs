@@ -115,6 +115,7 @@ async fn start_xrootd_ep(
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        prefetch: None,
     }
     .resolve()
     .await

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, put};
 use htfaas_ep::Config;
 use htfaas_functions::proto::{
-    EpMsg, FunctionRef, Hello, InputSpec, JobAssignment, JobReport, OutputSpec, SchedulerMsg,
+    EpMsg, FunctionRef, Hello, InputSpec, JobAssignment, JobReport, OutputSpec, Prefetch, SchedulerMsg, decode_frame,
 };
 use htfaas_functions::{Digest, Resources};
 use std::collections::HashMap;
@@ -106,7 +106,18 @@ impl Conn {
         assert_eq!(hello.name, "ep-test");
         assert_eq!(hello.protocol, 1);
         assert_eq!(hello.slots.cpus, 2);
-        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into() });
+        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: None });
+        hello
+    }
+    /// Receives `Hello` (which must ask for prefetch), answers `Welcome` granting `grant`;
+    /// returns the hello.
+    pub async fn hello_welcome_prefetch(&mut self, grant: Prefetch) -> Hello {
+        let hello = match self.recv().await {
+            EpMsg::Hello(h) => h,
+            other => panic!("want hello, got {other:?}"),
+        };
+        assert!(hello.prefetch.is_some(), "the EP speaks the prefetch extension");
+        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: Some(grant) });
         hello
     }
     /// The next message, or `None` once the EP closed the connection (bounded by [`WAIT`]).
@@ -169,8 +180,11 @@ async fn serve_ws(mut socket: WebSocket, f: Fake) {
             },
             msg = socket.recv() => match msg {
                 Some(Ok(Message::Text(t))) => {
-                    let m: EpMsg = serde_json::from_str(t.as_str()).expect("EP sends valid EpMsg");
-                    let _ = from_tx.send(m);
+                    // One message, or an array of them within the prefetch extension.
+                    let all: Vec<EpMsg> = decode_frame(t.as_str(), true).expect("EP sends valid EpMsg");
+                    for m in all {
+                        let _ = from_tx.send(m);
+                    }
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
                 Some(Ok(_)) => {}
@@ -321,6 +335,7 @@ impl Harness {
             allowed_origins: None,
             max_open_files: 256,
             compile_timeout_s: 300,
+            prefetch: None,
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");

@@ -35,6 +35,7 @@ async fn start(
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        prefetch: None,
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

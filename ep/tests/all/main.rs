@@ -11,6 +11,7 @@ mod lifecycle;
 mod limits;
 mod link;
 mod ops;
+mod prefetch;
 mod runtime;
 mod sandbox;
 mod tls;

@@ -219,6 +219,7 @@ fn ep_config(scheduler: &Scheduler, work: &Path, tls_ca_file: Option<PathBuf>) -
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        prefetch: None,
     }
 }
 
@@ -352,6 +353,7 @@ async fn a_bad_tls_ca_file_fails_resolve_clearly() {
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        prefetch: None,
     };
     let write = |name: &str, text: &str| {
         let p = dir.path().join(name);

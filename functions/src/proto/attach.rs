@@ -2,6 +2,14 @@
 //! attach token): the protocol version and close codes, the EP's [`Hello`] and its labels,
 //! [`EpMsg`] and [`SchedulerMsg`], the [`JobAssignment`] and the EP's [`JobReport`].
 //!
+//! Frames: one JSON text frame per message. The prefetch extension (issue 20), which both
+//! sides opt into — the EP with [`Hello::prefetch`], the scheduler with
+//! [`SchedulerMsg::Welcome`]'s `prefetch` — adds three things, all compatible with protocol 1
+//! peers that do not opt in: a text frame may hold a JSON array of messages ([`decode_frame`]);
+//! the scheduler may assign up to [`Prefetch::jobs`] jobs beyond the EP's free resources, which
+//! the EP queues and starts in order as its resources free; and the EP hands a queued job back
+//! unstarted with [`EpMsg::NotStarted`].
+//!
 //! Must not know: users and owners (an assignment carries no identity), admin routes, the
 //! audit trail.
 
@@ -42,6 +50,67 @@ pub struct Hello {
     /// keys and values at most 128 bytes. Self-asserted, like `name`: no policy uses them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The prefetch extension: present, the EP speaks it (array frames, a local queue,
+    /// [`EpMsg::NotStarted`]) and would hold up to this many assigned jobs beyond its free
+    /// resources; the scheduler grants at most this ([`Prefetch`]). Absent (EPs before issue
+    /// 20): one message per frame and no prefetch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<u32>,
+}
+
+/// What the scheduler grants an EP that asked for prefetch ([`Hello::prefetch`]), in its
+/// [`SchedulerMsg::Welcome`]; its presence also says the scheduler speaks the extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prefetch {
+    /// Most jobs the scheduler assigns beyond the EP's free resources (0: none). The EP queues
+    /// them and starts each, oldest first, once its free cpus and memory hold it.
+    pub jobs: u32,
+    /// Longest a queued job may wait on the EP before it starts, ms: one that would start later
+    /// is handed back unstarted ([`EpMsg::NotStarted`]). Its macaroons and the scheduler's
+    /// overdue check are cut to its dispatch, so the wait is taken out of their grace.
+    pub wait_ms: u64,
+}
+
+/// Most messages one frame of the prefetch extension holds.
+pub const MAX_FRAME_MESSAGES: usize = 256;
+
+/// Why a frame does not decode ([`decode_frame`]).
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// Not JSON of the expected message (or array of them).
+    #[error("does not parse: {0}")]
+    Json(#[from] serde_json::Error),
+    /// An array of more than [`MAX_FRAME_MESSAGES`] messages.
+    #[error("{0} messages in one frame, at most {MAX_FRAME_MESSAGES}")]
+    TooMany(usize),
+    /// An array frame from a peer that did not opt into the prefetch extension.
+    #[error("an array frame outside the prefetch extension")]
+    Array,
+}
+
+/// The messages of one text frame: one message, or (with `arrays`: the prefetch extension) a
+/// JSON array of at most [`MAX_FRAME_MESSAGES`] messages.
+pub fn decode_frame<M: serde::de::DeserializeOwned>(text: &str, arrays: bool) -> Result<Vec<M>, FrameError> {
+    if text.trim_start().starts_with('[') {
+        if !arrays {
+            return Err(FrameError::Array);
+        }
+        let all: Vec<M> = serde_json::from_str(text)?;
+        if all.len() > MAX_FRAME_MESSAGES {
+            return Err(FrameError::TooMany(all.len()));
+        }
+        return Ok(all);
+    }
+    Ok(vec![serde_json::from_str(text)?])
+}
+
+/// One text frame holding `msgs`: the message itself when there is one, else a JSON array
+/// (only for a peer that speaks the prefetch extension).
+pub fn encode_frame<M: Serialize>(msgs: &[M]) -> Result<String, serde_json::Error> {
+    match msgs {
+        [one] => serde_json::to_string(one),
+        many => serde_json::to_string(many),
+    }
 }
 
 /// Most labels in a [`Hello`].
@@ -127,6 +196,15 @@ pub enum EpMsg {
     /// The EP is draining (e.g. on SIGTERM): it finishes its running jobs and takes no new
     /// ones; the scheduler sends it none from now on.
     Draining,
+    /// Prefetch extension only: a job assigned here was never started and is handed back (the
+    /// EP is draining, or the job waited in its queue past [`Prefetch::wait_ms`]); the
+    /// scheduler queues it again at once. Answers an Assign instead of [`EpMsg::Finished`].
+    NotStarted {
+        /// The job.
+        job_id: String,
+        /// Why, for the job's record.
+        reason: String,
+    },
 }
 
 /// Messages from the scheduler to an EP.
@@ -139,11 +217,16 @@ pub enum SchedulerMsg {
     Welcome {
         /// Session id the scheduler gave this EP.
         ep_id: String,
+        /// The prefetch extension granted, for an EP that asked ([`Hello::prefetch`]); absent
+        /// otherwise (and from schedulers before issue 20).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prefetch: Option<Prefetch>,
     },
     /// Run this job. Answer: [`EpMsg::Finished`] with the same `job_id`.
     Assign(JobAssignment),
     /// Stop this job now (its token was revoked, or an admin removed it). Answer:
-    /// [`EpMsg::Finished`] with [`Outcome::Cancelled`]; unknown ids are ignored.
+    /// [`EpMsg::Finished`] with [`Outcome::Cancelled`] (also for a job still queued, which is
+    /// then never started); unknown ids are ignored.
     Cancel {
         /// The job.
         job_id: String,
@@ -314,4 +397,36 @@ pub struct JobReport {
     pub outputs: Vec<OutputFile>,
     /// The guest's stdout then stderr, bounded by the EP.
     pub log: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_hold_one_message_or_an_array_only_within_the_extension() {
+        let msgs = vec![EpMsg::Draining, EpMsg::NotStarted { job_id: "j".into(), reason: "r".into() }];
+        let one = encode_frame(&msgs[..1]).expect("encodes");
+        assert_eq!(one, r#"{"type":"draining"}"#);
+        let many = encode_frame(&msgs).expect("encodes");
+        assert!(many.starts_with('['), "{many}");
+        assert_eq!(decode_frame::<EpMsg>(&one, false).expect("one"), msgs[..1].to_vec());
+        assert_eq!(decode_frame::<EpMsg>(&many, true).expect("array"), msgs);
+        assert!(matches!(decode_frame::<EpMsg>(&many, false), Err(FrameError::Array)));
+        let flood = encode_frame(&vec![EpMsg::Draining; MAX_FRAME_MESSAGES + 1]).expect("encodes");
+        assert!(matches!(decode_frame::<EpMsg>(&flood, true), Err(FrameError::TooMany(_))));
+        assert!(matches!(decode_frame::<EpMsg>("[{\"type\":\"nope\"}]", true), Err(FrameError::Json(_))));
+    }
+
+    #[test]
+    fn the_extension_is_absent_on_the_wire_for_old_peers() {
+        let w = SchedulerMsg::Welcome { ep_id: "e".into(), prefetch: None };
+        assert_eq!(serde_json::to_string(&w).expect("json"), r#"{"type":"welcome","ep_id":"e"}"#);
+        let old: SchedulerMsg = serde_json::from_str(r#"{"type":"welcome","ep_id":"e"}"#).expect("old welcome");
+        assert_eq!(old, w);
+        let hello: Hello =
+            serde_json::from_str(r#"{"name":"n","slots":{"cpus":1,"memory_mb":1,"runtime_s":1},"protocol":1}"#)
+                .expect("old hello");
+        assert_eq!(hello.prefetch, None);
+    }
 }

@@ -151,8 +151,9 @@ pub struct Attempt {
     /// reported [`Outcome::StorageUnavailable`]: counted like `lost`), `returned` (the EP turned
     /// it away unrun, e.g. while draining: counted like `lost`, with its backoff), `refused` (the
     /// EP's report broke the protocol, e.g. named outputs outside the job's output directory:
-    /// not believed, nothing charged, counted like `lost`) or `interrupted` (the scheduler
-    /// restarted).
+    /// not believed, nothing charged, counted like `lost`), `not-started` (a prefetched job its
+    /// EP handed back without starting it, [`super::attach::EpMsg::NotStarted`]: idle again at once, not
+    /// counted) or `interrupted` (the scheduler restarted).
     pub outcome: String,
     /// Why it ended so, when it did not complete.
     pub reason: String,

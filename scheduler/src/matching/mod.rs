@@ -94,11 +94,15 @@ impl Policy {
 
 /// Decides where idle jobs go, by fair share (see the module docs). `idle` holds each owner's
 /// jobs oldest first (owners may be interleaved); the answer never gives an EP more than its
-/// free resources, an owner more than `policy.max_running` running jobs, or a group more than
-/// its quota, or its cap once no job within quota can be placed (all counting what is already
-/// reserved in `eps`). Pure: reserving is the caller's job.
+/// free resources (none while jobs are queued there) plus, once no job fits free resources
+/// anywhere, as many jobs as its prefetch queue has room for, each within its total; never an
+/// owner more than `policy.max_running` assigned jobs, or a group more than its quota, or its
+/// cap once no job within quota can be placed (all counting what is already reserved in `eps`,
+/// queued jobs included). Pure: reserving is the caller's job.
 pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
-    let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.free())).collect();
+    let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.startable())).collect();
+    // Prefetch room left per EP, used by the last pass only.
+    let mut queue_room: BTreeMap<&str, u32> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.prefetch_room())).collect();
     let mut running = eps.running_per_owner();
     let mut cores: HashMap<&str, u64> = eps.cores_per_owner();
     let mut group_cores: HashMap<&str, u64> = eps.cores_per_group();
@@ -111,11 +115,23 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
     }
     let mut placed: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
-    for surplus in [false, true] {
+    for (surplus, prefetch) in [(false, false), (true, false), (false, true)] {
+        if prefetch {
+            // The last pass fills prefetch queues: room is the EP's whole, one job at a time.
+            free = eps
+                .eps
+                .values()
+                .map(|e| {
+                    let room = queue_room.get(e.ep_id.as_str()).copied().unwrap_or(0);
+                    let f = if room > 0 { e.whole() } else { Free { cpus: 0, memory_mb: 0, gpus: 0, disk_mb: 0 } };
+                    (e.ep_id.as_str(), f)
+                })
+                .collect();
+        }
         let mut done: HashSet<&str> = HashSet::new();
         loop {
             if free.values().all(|f| f.cpus == 0) {
-                return out;
+                break;
             }
             // The owner furthest below their share among those who may still get something.
             let next = queues
@@ -155,7 +171,15 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
                 done.insert(owner);
                 continue;
             };
-            free.insert(ep.ep_id.as_str(), left);
+            if prefetch {
+                let room = queue_room.entry(ep.ep_id.as_str()).or_default();
+                *room = room.saturating_sub(1);
+                if *room == 0 {
+                    free.insert(ep.ep_id.as_str(), Free { cpus: 0, memory_mb: 0, gpus: 0, disk_mb: 0 });
+                }
+            } else {
+                free.insert(ep.ep_id.as_str(), left);
+            }
             placed.insert(job.id.as_str());
             *running.entry(owner).or_default() += 1;
             *cores.entry(owner).or_default() += u64::from(job.resources.cpus);
@@ -238,6 +262,47 @@ mod tests {
         assert_eq!(placed(&select(&idle, &both, &Policy::default())), vec![("a1", "alices-gpu")]);
         let pools: Vec<Pool> = both.pools_with_room().into_iter().map(|r| r.pool).collect();
         assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
+    }
+
+    /// Issue 20: free resources first, then the prefetch queue; a queued job holds no free
+    /// resources, moves into them when they free (oldest first), and a later job never jumps
+    /// the queue even where it would fit.
+    #[test]
+    fn a_prefetch_queue_fills_after_free_resources_and_moves_up_in_order() {
+        let mut t = EpTable::default();
+        let mut e = ep("e", None, res(2, 1000, 100));
+        e.prefetch = 2;
+        t.insert(e);
+        let idle: Vec<IdleJob> = (0..5).map(|i| job(&format!("j{i}"), "alice", res(1, 100, 10))).collect();
+        let m = select(&idle, &t, &Policy::default());
+        assert_eq!(placed(&m), vec![("j0", "e"), ("j1", "e"), ("j2", "e"), ("j3", "e")], "2 free + 2 queued");
+        for x in &m {
+            assert!(t.reserve(x), "{x:?}");
+        }
+        let e = t.get("e").expect("ep");
+        assert_eq!((e.free_cpus, e.queued.iter().map(String::as_str).collect::<Vec<_>>()), (0, vec!["j2", "j3"]));
+        assert!(t.pools_with_room().is_empty(), "full: free and queue");
+        assert_eq!(t.running_per_owner().get("alice"), Some(&4), "queued jobs count for their owner");
+        assert!(t.release("e", "j0"));
+        let e = t.get("e").expect("ep");
+        assert_eq!((e.free_cpus, e.queued.iter().map(String::as_str).collect::<Vec<_>>()), (0, vec!["j3"]));
+        assert!(t.is_running("e", "j2") && e.is_queued("j3") && !e.is_queued("j2"));
+        // A queued job released (cancelled, handed back) frees no resources it never held.
+        assert!(t.release("e", "j3"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((0, 0)));
+        // A two-core job waits in the queue; a one-core job behind it waits too.
+        let big = job("big", "alice", res(2, 100, 10));
+        let m = select(&[big, job("small", "alice", res(1, 100, 10))], &t, &Policy::default());
+        assert_eq!(placed(&m), vec![("big", "e"), ("small", "e")]);
+        for x in &m {
+            assert!(t.reserve(x));
+        }
+        assert!(t.release("e", "j1"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((1, 2)), "big does not fit 1 core");
+        assert!(t.release("e", "j2"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((0, 1)), "big started, small waits");
+        assert!(t.release("e", "big"));
+        assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((1, 0)));
     }
 
     #[test]

@@ -3,6 +3,15 @@
 //! does not take a job ([`EpSlot::refusal`]), pools with room, and what the rest of the scheduler
 //! says to a session ([`ToEp`]).
 //!
+//! Prefetch (issue 20): an EP granted `prefetch` jobs holds, besides the jobs its free resources
+//! hold, up to that many more in a queue ([`EpSlot::queued`]), each fitting its total resources.
+//! A queued job is assigned (in [`EpSlot::running`], counted for its owner and group like a
+//! running one) but reserves no free resources; the table mirrors the EP's rule: a job starts
+//! when nothing is queued before it and the free resources hold it, and on each release the
+//! queue's head moves into the free resources while they hold it (the EP does the same, a
+//! report earlier, so the EP is never overcommitted and the table never thinks it has more room
+//! than the EP).
+//!
 //! Must not know: the store, fair share or group quotas (that is [`super::select`]), the
 //! WebSocket (a session is an mpsc sender here).
 
@@ -11,7 +20,7 @@ use crate::queue::{IdleJob, Pool, PoolRoom};
 use crate::revocation::Credential;
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{EpAdminState, EpInfo, JobAssignment, SchedulerMsg};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use tokio::sync::mpsc;
 
@@ -94,11 +103,18 @@ pub struct EpSlot {
     /// Disk not reserved by running jobs, MiB.
     pub free_disk_mb: u64,
     /// Where to send messages for this EP. Unbounded, yet bounded in practice: every job
-    /// reserves at least one core, so at most `total.cpus` Assigns (and as many Cancels) are
-    /// ever in flight, plus one Close.
+    /// reserves at least one core, so at most `total.cpus` + `prefetch` Assigns (and as many
+    /// Cancels) are ever in flight, plus one Close.
     pub tx: mpsc::UnboundedSender<ToEp>,
-    /// Jobs running here: what each reserved, and whose it is.
+    /// Jobs assigned here, running or queued: what each reserves, and whose it is.
     pub running: HashMap<String, Reservation>,
+    /// Jobs of `running` queued on the EP (prefetched, not started as far as this table
+    /// knows), oldest first: they hold no free resources yet.
+    pub queued: VecDeque<String>,
+    /// Most jobs it may hold queued (granted from its Hello; 0: no prefetch).
+    pub prefetch: u32,
+    /// It speaks the prefetch extension: array frames, `NotStarted`.
+    pub extension: bool,
     /// Running jobs told to stop; their reservation stays until the EP reports.
     pub cancelled: HashSet<String>,
     /// Told to close: takes no more jobs.
@@ -135,6 +151,9 @@ impl EpSlot {
             free_disk_mb: total.disk_mb,
             tx,
             running: HashMap::new(),
+            queued: VecDeque::new(),
+            prefetch: 0,
+            extension: false,
             cancelled: HashSet::new(),
             closing: false,
             self_draining: false,
@@ -147,13 +166,60 @@ impl EpSlot {
         Free { cpus: self.free_cpus, memory_mb: self.free_memory_mb, gpus: self.free_gpus, disk_mb: self.free_disk_mb }
     }
 
+    /// What a job assigned now may start in: the free resources, or nothing while jobs are
+    /// queued (they start first).
+    pub(super) fn startable(&self) -> Free {
+        if self.queued.is_empty() { self.free() } else { Free { cpus: 0, memory_mb: 0, gpus: 0, disk_mb: 0 } }
+    }
+
+    /// How many more jobs it may hold queued.
+    pub(super) fn prefetch_room(&self) -> u32 {
+        self.prefetch.saturating_sub(u32::try_from(self.queued.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Its total resources, as room for a queued job.
+    pub(super) fn whole(&self) -> Free {
+        Free {
+            cpus: self.total.cpus,
+            memory_mb: self.total.memory_mb,
+            gpus: self.total.gpus,
+            disk_mb: self.total.disk_mb,
+        }
+    }
+
+    /// Moves queued jobs into the free resources, oldest first, while they fit (as the EP
+    /// starts them).
+    fn promote(&mut self) {
+        while let Some(head) = self.queued.front() {
+            let Some(r) = self.running.get(head).map(|r| r.resources) else {
+                self.queued.pop_front();
+                continue;
+            };
+            if !self.free().fits(&r) {
+                break;
+            }
+            self.take(&r);
+            self.queued.pop_front();
+        }
+    }
+
+    fn take(&mut self, r: &Resources) {
+        let left = self.free().minus(r);
+        (self.free_cpus, self.free_memory_mb, self.free_gpus, self.free_disk_mb) =
+            (left.cpus, left.memory_mb, left.gpus, left.disk_mb);
+    }
+
+    /// Whether `job_id` is queued here (assigned, not started as far as the table knows).
+    pub fn is_queued(&self, job_id: &str) -> bool {
+        self.queued.iter().any(|j| j == job_id)
+    }
+
     /// Whether it takes jobs now at all.
     pub(super) fn accepting(&self) -> bool {
         !(self.closing || self.self_draining)
             && self.admin.state != EpAdminState::Disabled
             && !(self.admin.state == EpAdminState::Draining && self.admin.deadline_ms.is_none())
-            && self.free_cpus > 0
-            && self.free_memory_mb > 0
+            && ((self.free_cpus > 0 && self.free_memory_mb > 0 && self.queued.is_empty()) || self.prefetch_room() > 0)
     }
 
     /// Why `job` may not or cannot run here with `free` left at `now_ms`; `None` if it can.
@@ -221,7 +287,7 @@ impl EpSlot {
         self.refusal_with(job, self.free(), now_ms)
     }
 
-    /// The EP as an admin sees it.
+    /// The EP as an admin sees it (`running` holds its queued jobs too).
     pub fn info(&self) -> EpInfo {
         let mut running: Vec<String> = self.running.keys().cloned().collect();
         running.sort();
@@ -372,29 +438,40 @@ impl EpTable {
             let (r, free) = pools
                 .entry(&e.pool)
                 .or_insert((Resources { cpus: 0, memory_mb: 0, runtime_s: 0, gpus: 0, disk_mb: 0 }, 0));
-            r.cpus = r.cpus.max(e.free_cpus);
-            r.memory_mb = r.memory_mb.max(e.free_memory_mb);
+            // With queue room, any job that fits the EP at all may be assigned there.
+            let (room, slots) = if e.prefetch_room() > 0 {
+                (e.whole(), e.startable().cpus.saturating_add(e.prefetch_room()))
+            } else {
+                (e.startable(), e.startable().cpus)
+            };
+            r.cpus = r.cpus.max(room.cpus);
+            r.memory_mb = r.memory_mb.max(room.memory_mb);
             r.runtime_s = r.runtime_s.max(e.total.runtime_s);
-            r.gpus = r.gpus.max(e.free_gpus);
-            r.disk_mb = r.disk_mb.max(e.free_disk_mb);
-            *free = free.saturating_add(e.free_cpus);
+            r.gpus = r.gpus.max(room.gpus);
+            r.disk_mb = r.disk_mb.max(room.disk_mb);
+            *free = free.saturating_add(slots);
         }
         pools.into_iter().map(|(p, (room, free_cpus))| PoolRoom { pool: p.clone(), room, free_cpus }).collect()
     }
 
-    /// Reserves `m.resources` on its EP for its job. False if the EP is gone or too full, or
-    /// still holds an earlier, stopped attempt of the same job (held, released, not yet
-    /// reported).
+    /// Reserves `m.resources` on its EP for its job: in its free resources when nothing is
+    /// queued there and they hold it, else in its prefetch queue when that has room and the
+    /// EP's total holds it. False if the EP is gone or too full, or still holds an earlier,
+    /// stopped attempt of the same job (held, released, not yet reported).
     pub fn reserve(&mut self, m: &Match) -> bool {
         let Some(ep) = self.eps.get_mut(&m.ep_id) else {
             return false;
         };
-        if ep.running.contains_key(&m.job_id) || !ep.free().fits(&m.resources) {
+        if ep.running.contains_key(&m.job_id) {
             return false;
         }
-        let left = ep.free().minus(&m.resources);
-        (ep.free_cpus, ep.free_memory_mb, ep.free_gpus, ep.free_disk_mb) =
-            (left.cpus, left.memory_mb, left.gpus, left.disk_mb);
+        if ep.startable().fits(&m.resources) {
+            ep.take(&m.resources);
+        } else if ep.prefetch_room() > 0 && ep.whole().fits(&m.resources) {
+            ep.queued.push_back(m.job_id.clone());
+        } else {
+            return false;
+        }
         let reservation = Reservation { resources: m.resources, owner: m.owner.clone(), group: m.group.clone() };
         ep.running.insert(m.job_id.clone(), reservation);
         true
@@ -409,11 +486,32 @@ impl EpTable {
         let Some(Reservation { resources: r, .. }) = ep.running.remove(job_id) else {
             return false;
         };
-        ep.free_cpus = (ep.free_cpus + r.cpus).min(ep.total.cpus);
-        ep.free_memory_mb = (ep.free_memory_mb + r.memory_mb).min(ep.total.memory_mb);
-        ep.free_gpus = (ep.free_gpus + r.gpus).min(ep.total.gpus);
-        ep.free_disk_mb = (ep.free_disk_mb + r.disk_mb).min(ep.total.disk_mb);
+        if let Some(at) = ep.queued.iter().position(|j| j == job_id) {
+            // Never started: it held no free resources.
+            ep.queued.remove(at);
+        } else {
+            ep.free_cpus = (ep.free_cpus + r.cpus).min(ep.total.cpus);
+            ep.free_memory_mb = (ep.free_memory_mb + r.memory_mb).min(ep.total.memory_mb);
+            ep.free_gpus = (ep.free_gpus + r.gpus).min(ep.total.gpus);
+            ep.free_disk_mb = (ep.free_disk_mb + r.disk_mb).min(ep.total.disk_mb);
+        }
+        ep.promote();
         true
+    }
+
+    /// Stops prefetching to `ep_id` for the rest of its session (it handed a job back
+    /// unstarted outside a drain: its jobs outlast the prefetch wait, or it misbehaves). Its
+    /// queued jobs stay until reported.
+    pub fn stop_prefetch(&mut self, ep_id: &str) {
+        if let Some(ep) = self.eps.get_mut(ep_id) {
+            ep.prefetch = 0;
+        }
+    }
+
+    /// The session's prefetch state: whether it is draining (it said so) and whether it still
+    /// gets prefetched jobs. `None` if it is gone.
+    pub fn prefetch_state(&self, ep_id: &str) -> Option<(bool, bool)> {
+        self.eps.get(ep_id).map(|e| (e.self_draining, e.prefetch > 0))
     }
 
     /// How many jobs each owner has running (reserved) across all EPs.

@@ -57,6 +57,7 @@
 
 mod accounts;
 mod ep_admin;
+mod handback;
 mod jobs;
 mod revocations;
 mod runs;
@@ -69,6 +70,7 @@ mod tests;
 
 pub use accounts::{UsageRow, decay};
 pub use ep_admin::EpAdminRow;
+pub use handback::HandedBack;
 pub use htfaas_functions::store::now_ms;
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
 pub use revocations::Recorded;

@@ -259,3 +259,85 @@ async fn an_ep_that_bounces_a_job_costs_it_an_attempt_and_the_backoff_until_it_i
     assert!(accounts(&server).await.iter().all(|a| a.owner != "alice"), "a bounce charges nothing");
     server.stop().await;
 }
+
+/// Issue 20: the prefetch extension's hand-back (`NotStarted`) is believed only from the
+/// session the job is assigned to, and free of a loss only for as many jobs as the EP was
+/// granted to prefetch (outside a drain): another session's hand-back is ignored and counted,
+/// and a hand-back past the budget counts as a return (a lost attempt), so an EP cannot bounce
+/// jobs for ever at no cost. The first free hand-back also ends prefetching to the EP.
+#[tokio::test]
+async fn an_ep_can_hand_back_only_its_own_jobs_and_only_its_granted_number_for_free() {
+    use htfaas_functions::proto::{Prefetch, decode_frame};
+    async fn hello_prefetch(ws: &mut Ws, name: &str) -> Prefetch {
+        let hello = EpMsg::Hello(Hello {
+            name: name.into(),
+            slots: Resources::new(1, 4096, 3600),
+            protocol: 1,
+            annex: None,
+            labels: Default::default(),
+            prefetch: Some(1),
+        });
+        send(ws, &hello).await;
+        match serde_json::from_str::<SchedulerMsg>(&next_text(ws).await).expect("welcome") {
+            SchedulerMsg::Welcome { prefetch: Some(p), .. } => p,
+            other => panic!("expected a welcome granting prefetch, got {other:?}"),
+        }
+    }
+    async fn assigns(ws: &mut Ws, n: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            for m in decode_frame::<SchedulerMsg>(&next_text(ws).await, true).expect("frame") {
+                match m {
+                    SchedulerMsg::Assign(a) => out.push(a.job_id),
+                    other => panic!("expected assigns, got {other:?}"),
+                }
+            }
+        }
+        out
+    }
+    let not_started = |id: &str| EpMsg::NotStarted { job_id: id.into(), reason: "no".into() };
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let mut jobs = Vec::new();
+    for i in 0..2 {
+        jobs.push(server.submit(&fx.token("alice"), &one_cpu(&fx, &format!("e{i}"))).await.job_id);
+    }
+    let (a, b) = (jobs[0].clone(), jobs[1].clone());
+    let mut first = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    assert_eq!(hello_prefetch(&mut first, "ep-1").await.jobs, 1);
+    assert_eq!(assigns(&mut first, 2).await, jobs);
+    let mut second = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello_prefetch(&mut second, "ep-2").await;
+
+    // Another session's job: ignored, counted.
+    let before = super::faults::ignored_reports(&server).await;
+    send(&mut second, &not_started(&a)).await;
+    let deadline = Instant::now() + WAIT;
+    while super::faults::ignored_reports(&server).await == before {
+        assert!(Instant::now() < deadline, "the foreign hand-back was never counted as ignored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let job_a = server.job(&a).await;
+    assert_eq!((job_a.state, job_a.ep.as_deref()), (JobState::Running, Some("ep-1")));
+
+    // Its own queued job, within the budget: idle at once, no loss; it runs on the other EP.
+    send(&mut first, &not_started(&b)).await;
+    assert_eq!(assigns(&mut second, 1).await, std::slice::from_ref(&b));
+    assert_eq!(history(&server, &b).await[0].outcome, "not-started");
+
+    // Past the budget (and not draining): a return, counted as a lost attempt.
+    send(&mut first, &not_started(&a)).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let h = history(&server, &a).await;
+        if h[0].outcome != "running" {
+            assert_eq!(h[0].outcome, "returned", "{h:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the costly hand-back was never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.close(None).await.expect("close");
+    second.close(None).await.expect("close");
+    server.stop().await;
+}

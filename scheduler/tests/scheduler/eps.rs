@@ -52,6 +52,7 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
             protocol: 1,
             annex: None,
             labels: Default::default(),
+            prefetch: None,
         }),
     )
     .await;

@@ -27,7 +27,7 @@ async fn assert_accounts_match_records(q: &Queue) -> Vec<Account> {
 }
 
 /// `htfaas_scheduler_ignored_reports_total` from `GET /metrics`.
-async fn ignored_reports(server: &Server) -> u64 {
+pub(super) async fn ignored_reports(server: &Server) -> u64 {
     let (status, v) = server.get("/metrics", Some(ADMIN)).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let text = v.as_str().expect("metrics text");

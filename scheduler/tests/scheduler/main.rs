@@ -50,6 +50,8 @@ mod eps;
 mod faults;
 /// Fair share, quotas, classes, requirements, leases, retries, drains: the site policy.
 mod policy;
+/// Issue 20: the prefetch window and its hand-backs.
+mod prefetch;
 /// Revocations of submit tokens, owners and attach tokens.
 mod revocations;
 /// Submission: tokens, limits and requests; the idle limit.
@@ -355,6 +357,7 @@ fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
         protocol: 1,
         annex: annex.map(str::to_owned),
         labels: Default::default(),
+        prefetch: None,
     })
 }
 

@@ -37,7 +37,14 @@ pub(super) async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: 
     let mut ws = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     send(
         &mut ws,
-        &EpMsg::Hello(Hello { name: name.into(), slots, protocol: 1, annex: None, labels: Default::default() }),
+        &EpMsg::Hello(Hello {
+            name: name.into(),
+            slots,
+            protocol: 1,
+            annex: None,
+            labels: Default::default(),
+            prefetch: None,
+        }),
     )
     .await;
     let welcome = next_json(&mut ws).await;

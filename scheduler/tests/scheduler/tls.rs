@@ -204,8 +204,18 @@ async fn send(ws: &mut Ws, msg: &EpMsg) {
 /// Says hello and waits for Welcome.
 async fn hello(ws: &mut Ws, name: &str) {
     let slots = Resources::new(2, 4096, 3600);
-    send(ws, &EpMsg::Hello(Hello { name: name.into(), slots, protocol: 1, annex: None, labels: Default::default() }))
-        .await;
+    send(
+        ws,
+        &EpMsg::Hello(Hello {
+            name: name.into(),
+            slots,
+            protocol: 1,
+            annex: None,
+            labels: Default::default(),
+            prefetch: None,
+        }),
+    )
+    .await;
     assert!(matches!(next_msg(ws).await, SchedulerMsg::Welcome { .. }));
 }
 
