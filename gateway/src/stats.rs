@@ -48,6 +48,8 @@ pub struct Stats {
     pub firings_pending: AtomicU64,
     /// See [`StatsSnapshot::ingest_batches`].
     pub ingest_batches: AtomicU64,
+    /// Gauge: the owners' ingest lanes running (`crate::lanes`; `/metrics` only).
+    pub ingest_lanes: AtomicU64,
     /// Events that queued one firing or more (`/metrics` only).
     pub events_fired: AtomicU64,
     /// Events none of whose matching functions fired, each stopped by the loop guard

@@ -41,6 +41,13 @@ impl TriggerCache {
         Ok(())
     }
 
+    /// The owners of the registered functions, each once, in order (each has a lane of its
+    /// own in the ingest: `crate::lanes`).
+    pub fn owners(&self) -> std::collections::BTreeSet<String> {
+        let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
+        all.iter().map(|c| c.record.manifest.owner.clone()).collect()
+    }
+
     /// Every function whose trigger is true for `event`, in name order: all of them, however
     /// their rules overlap.
     pub fn matching(&self, event: &StorageEvent) -> Vec<FunctionRecord> {

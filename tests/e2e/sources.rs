@@ -5,7 +5,9 @@
 //! widened at start, its unread events kept.
 
 use htfaas::stack::demo_manifest;
-use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, EVENTS_SUBJECTS};
+use htfaas_functions::proto::{
+    CLOUDEVENTS_SUBJECT_PREFIX, DEFAULT_LANE_SUBJECTS, EVENTS_STREAM, EVENTS_SUBJECT, EVENTS_SUBJECTS,
+};
 use htfaas_gateway::event::SourcePolicy;
 use htfaas_tests::{adler32_hex, start_stack, upload_checksum, wait_for};
 use serde_json::json;
@@ -187,7 +189,7 @@ async fn an_events_stream_and_consumer_made_for_billing_only_are_widened_and_kee
         // Twice: the second start finds everything as it should be.
         let mut consumer = htfaas_gateway::ingest::connect(&nats.url(), "gateway", 20).await.expect("connect");
         let info = consumer.info().await.expect("consumer info");
-        assert_eq!(info.config.filter_subjects, EVENTS_SUBJECTS.map(String::from));
+        assert_eq!(info.config.filter_subjects, DEFAULT_LANE_SUBJECTS.map(String::from), "the default lane");
         assert_eq!(info.num_pending, 1, "the unread event is still there");
     }
     let mut stream = js.get_stream(EVENTS_STREAM).await.expect("stream");

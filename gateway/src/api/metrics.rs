@@ -131,6 +131,13 @@ impl Collector for GatewayCollector {
             MetricType::Counter,
         )?
         .encode_counter::<NoLabelSet, _, u64>(&r(&s.ingest_batches), None)?;
+        e.encode_descriptor(
+            "htfaas_gateway_ingest_lanes",
+            "Owners' ingest lanes running (one durable consumer each).",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&r(&s.ingest_lanes))?;
         let nats = [("disconnected", r(&s.nats_disconnects)), ("reconnected", r(&s.nats_reconnects))];
         family(
             &mut e,
