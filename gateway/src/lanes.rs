@@ -7,9 +7,12 @@
 //! Why: with one consumer over one stream, an owner's flood of 100,000 events sat in front of
 //! every other owner's next event (39 s, `htfaas overload`). A firing is always inside its
 //! owner's read namespace (registration confines the trigger, [`crate::jobs::confine`] checks
-//! the path again), so an owner's lane needs to read only the subjects under its namespace
-//! directories ([`htfaas_functions::proto::path_filters`]), and another owner's backlog is not
-//! on it. A path two owners may read is read by both lanes, each firing its own owner's
+//! the path again), so an owner's lane needs to read only the subjects under the directories
+//! its functions' triggers are bounded to (inside its namespace: the registration checked it;
+//! [`htfaas_functions::proto::path_filters`]), and another owner's backlog is not on it. The
+//! triggers' bounds rather than the grants: tighter (alice's lane on `/data/flood/` does not
+//! read bob's `/data/bob/` though her grant covers `/data/`), and an event under a revoked
+//! grant is still read and its firing refused at job time, audited, as before lanes. A path two owners may read is read by both lanes, each firing its own owner's
 //! functions: no double firing (the firing key is event id, function, digest, and a function
 //! has one owner). The default lane ([`ingest::run`]) reads what names no directory (the plain
 //! billing subject of a dCache bridge, CloudEvents) and fires every owner's functions, as
@@ -22,8 +25,8 @@
 //! when older path-subject messages were published (or its namespace did not cover them), so
 //! none of them could have fired one, and replaying them would only make work (`htfaas events
 //! replay` is there for a deliberate re-run). An existing lane (a gateway restart) resumes where
-//! its acks left it; one whose owner's namespace changed gets the new filters in place (its
-//! position stays); one whose owner has no function or no read directory left is stopped and
+//! its acks left it; one whose owner's triggers changed gets the new filters in place (its
+//! position stays); one whose owner has no function left (or none bounded and no read directory) is stopped and
 //! its consumer deleted, and so is, at start, any lane consumer of this gateway no owner needs.
 //!
 //! Cost per lane: one durable consumer in nats-server (its state, on disk with the stream),
@@ -134,24 +137,26 @@ impl Lanes {
         Ok(lanes)
     }
 
-    /// What each owner's lane should read: the path filters of its read directories, for every
-    /// owner with a function and a read directory.
+    /// What each owner's lane should read: the path filters of the directories its functions'
+    /// triggers are bounded to (registration confines them to the owner's read namespace), or,
+    /// when a trigger bounds no path (stored before namespaces were mandatory), of its read
+    /// directories; for every owner with a function and a directory.
     fn wanted(&self) -> BTreeMap<String, Vec<String>> {
         let shared = &self.inner.shared;
         shared
             .triggers
-            .owners()
+            .owner_dirs()
             .into_iter()
-            .filter_map(|owner| {
-                let ns = shared.namespaces.of(&owner, None);
-                let filters = path_filters(ns.read_dirs().iter().map(String::as_str));
+            .filter_map(|(owner, dirs)| {
+                let dirs = dirs.unwrap_or_else(|| shared.namespaces.of(&owner, None).read_dirs().to_vec());
+                let filters = path_filters(dirs.iter().map(String::as_str).filter(|d| d.starts_with('/')));
                 (!filters.is_empty()).then_some((owner, filters))
             })
             .collect()
     }
 
     /// Brings the lanes in step with the registry and the grants now: makes the lanes of new
-    /// owners, updates the filters of those whose namespace changed, restarts a lane whose loop
+    /// owners, updates the filters of those whose triggers changed, restarts a lane whose loop
     /// ended, stops and deletes those no owner needs. Returns once every lane it could make
     /// reads (the first error, after trying every owner).
     pub async fn sync(&self) -> anyhow::Result<()> {
@@ -248,18 +253,17 @@ impl Lanes {
         Ok(())
     }
 
-    /// Each lane: its owner, consumer name, filters and pending messages (JetStream's count
-    /// of those not yet delivered; `None` when the lookup failed).
-    pub async fn pending(&self) -> Vec<(String, String, Vec<String>, Option<u64>)> {
+    /// Each lane's consumer (the default lane's first) with its messages not yet acked
+    /// (JetStream's count of those not yet delivered, plus those delivered and not acked;
+    /// `None` when the lookup failed). One JetStream request per lane.
+    pub async fn pending(&self) -> Vec<(String, Option<u64>)> {
         let inner = &self.inner;
-        let lanes: Vec<(String, String, Vec<String>)> = {
-            let lanes = inner.lanes.lock().await;
-            lanes.iter().map(|(o, l)| (o.clone(), l.consumer.clone(), l.filters.clone())).collect()
-        };
-        let mut out = Vec::with_capacity(lanes.len());
-        for (owner, consumer, filters) in lanes {
+        let mut consumers = vec![inner.base.clone()];
+        consumers.extend(inner.lanes.lock().await.values().map(|l| l.consumer.clone()));
+        let mut out = Vec::with_capacity(consumers.len());
+        for consumer in consumers {
             let info = inner.stream.consumer_info(&consumer).await;
-            out.push((owner, consumer, filters, info.ok().map(|i| i.num_pending + i.num_ack_pending as u64)));
+            out.push((consumer, info.ok().map(|i| i.num_pending + i.num_ack_pending as u64)));
         }
         out
     }

@@ -96,6 +96,8 @@ impl Stats {
             firings_rate_delayed: r(&self.firings_rate_delayed),
             firings_pending: r(&self.firings_pending),
             ingest_batches: r(&self.ingest_batches),
+            // JetStream's to say (`crate::lanes::Lanes::pending`), not a counter here.
+            events_pending: 0,
         }
     }
 }
