@@ -171,10 +171,11 @@ async fn a_billing_message_on_another_directorys_path_subject_fires_nothing_and_
     client.register(&demo_manifest(digest)).await.expect("register");
 
     // The operator may publish billing messages: one for /data/raw/victim.dat, on the subject
-    // of /data/elsewhere/ (the same owner's lane reads both directories).
+    // of /data/raw/sub/ (the function's lane reads both directories; its trigger, /data/raw/**,
+    // would fire on the payload's path if the subject were believed).
     let js = jetstream::new(stack.nats_client().await.expect("operator"));
     let lie = transfer_write("/data/raw/victim.dat", 6, "lie", 1);
-    js.publish(path_subject("/data/elsewhere/x.dat"), lie.into()).await.expect("publish").await.expect("stored");
+    js.publish(path_subject("/data/raw/sub/x.dat"), lie.into()).await.expect("publish").await.expect("stored");
     // Then a legitimate upload, whose storage message comes after it on the same lane.
     client.put_bytes(b"after".to_vec(), "/data/raw/after.dat").await.expect("put");
 
