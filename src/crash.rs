@@ -27,7 +27,7 @@ use crate::procs::{Component, ProcOptions, ProcStack};
 use crate::stack::USER;
 use anyhow::{Context as _, bail};
 use htfaas_functions::manifest::{Outputs, Trigger};
-use htfaas_functions::proto::{EVENTS_SUBJECT, OutputFile};
+use htfaas_functions::proto::{OutputFile, path_subject};
 use htfaas_functions::store::Durability;
 use htfaas_functions::{FunctionManifest, Resources};
 use rand::{Rng as _, SeedableRng as _};
@@ -397,7 +397,7 @@ async fn publish(
         headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{run_id}-{n}").as_str());
         let mut tries = 0u32;
         loop {
-            let sent = js.publish_with_headers(EVENTS_SUBJECT, headers.clone(), payload.clone().into()).await;
+            let sent = js.publish_with_headers(path_subject(&path), headers.clone(), payload.clone().into()).await;
             let acked = match sent {
                 Ok(ack) => ack.await.map(|_| ()).map_err(anyhow::Error::from),
                 Err(e) => Err(e.into()),

@@ -8,12 +8,15 @@
 
 use htfaas_functions::nats::NatsCredential;
 pub use htfaas_functions::nats_server::{NatsServer, NatsServerError, NatsUser, find_binary, free_port};
-use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT};
+use htfaas_functions::proto::{
+    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, PATH_SUBJECTS,
+};
 
 /// A role in the local stack, with what its NATS credential may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
-    /// The built-in storage: publishes billing messages on [`EVENTS_SUBJECT`] (waiting for
+    /// The built-in storage: publishes billing messages on [`EVENTS_SUBJECT`] and the path
+    /// subjects ([`PATH_SUBJECTS`]) (waiting for
     /// the PubAck) and makes sure the events stream exists (JetStream `STREAM.INFO` and
     /// `STREAM.CREATE` of [`EVENTS_STREAM`] only).
     Storage,
@@ -35,6 +38,7 @@ pub fn stack_user(role: &Role, credential: &NatsCredential) -> NatsUser {
         Role::Storage => (
             vec![
                 EVENTS_SUBJECT.to_owned(),
+                PATH_SUBJECTS.to_owned(),
                 format!("$JS.API.STREAM.INFO.{EVENTS_STREAM}"),
                 format!("$JS.API.STREAM.CREATE.{EVENTS_STREAM}"),
             ],
@@ -44,14 +48,19 @@ pub fn stack_user(role: &Role, credential: &NatsCredential) -> NatsUser {
         Role::Bridge(source) => (vec![format!("{CLOUDEVENTS_SUBJECT_PREFIX}.{source}")], vec![]),
         Role::Operator => {
             let cloudevents = format!("{CLOUDEVENTS_SUBJECT_PREFIX}.>");
-            let mut publish = vec![EVENTS_SUBJECT.to_owned(), cloudevents.clone(), "$JS.API.INFO".to_owned()];
+            let mut publish = vec![
+                EVENTS_SUBJECT.to_owned(),
+                PATH_SUBJECTS.to_owned(),
+                cloudevents.clone(),
+                "$JS.API.INFO".to_owned(),
+            ];
             for read in ["STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET", "CONSUMER.INFO"] {
                 publish.push(format!("$JS.API.{read}.{EVENTS_STREAM}.>"));
                 publish.push(format!("$JS.API.{read}.{EVENTS_STREAM}"));
             }
             publish.push(format!("$JS.API.CONSUMER.NAMES.{EVENTS_STREAM}"));
             publish.push("$JS.API.STREAM.NAMES".to_owned());
-            (publish, vec![EVENTS_SUBJECT.to_owned(), cloudevents])
+            (publish, vec![BILLING_SUBSCRIPTION.to_owned(), cloudevents])
         }
     };
     NatsUser {
@@ -85,7 +94,12 @@ mod tests {
         let storage = stack_user(&Role::Storage, &bridge);
         assert_eq!(
             storage.publish,
-            ["storage.dcache.billing", "$JS.API.STREAM.INFO.DCACHE_BILLING", "$JS.API.STREAM.CREATE.DCACHE_BILLING"]
+            [
+                "storage.dcache.billing",
+                "storage.dcache.billing.path.>",
+                "$JS.API.STREAM.INFO.DCACHE_BILLING",
+                "$JS.API.STREAM.CREATE.DCACHE_BILLING"
+            ]
         );
     }
 }

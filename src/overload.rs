@@ -21,7 +21,7 @@ use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use htfaas_functions::manifest::{Outputs, Trigger};
 use htfaas_functions::namespace::Right;
-use htfaas_functions::proto::EVENTS_SUBJECT;
+use htfaas_functions::proto::path_subject;
 use htfaas_functions::store::Durability;
 use htfaas_functions::{FunctionManifest, Resources};
 use std::collections::BTreeMap;
@@ -300,9 +300,11 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
     let run_id = format!("{:08x}", rand::random::<u32>());
     let t0 = Instant::now();
     let mut acks = FuturesUnordered::new();
+    // As the built-in storage publishes them: on the file's path subject.
+    let alice_subject = path_subject(ALICE_INPUT);
     for n in 0..opts.flood {
         let payload = crate::bench::e2e::transfer_write(ALICE_INPUT, 1024, &run_id, n);
-        acks.push(js.publish(EVENTS_SUBJECT, payload.into()).await.context("publish")?.into_future());
+        acks.push(js.publish(alice_subject.clone(), payload.into()).await.context("publish")?.into_future());
         while acks.len() >= PUBLISH_WINDOW {
             if let Some(ack) = acks.next().await {
                 ack.context("JetStream ack")?;
@@ -317,7 +319,7 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
     // bob's one event.
     let bob_published = unix_ms();
     let bob = crate::bench::e2e::transfer_write(BOB_INPUT, 1024, &format!("b{run_id}"), 0);
-    js.publish(EVENTS_SUBJECT, bob.into()).await?.await.context("JetStream ack of bob's event")?;
+    js.publish(path_subject(BOB_INPUT), bob.into()).await?.await.context("JetStream ack of bob's event")?;
     let db = dir.join("scheduler/jobs.sqlite");
     let deadline = Instant::now() + Duration::from_secs(600);
     let found = loop {

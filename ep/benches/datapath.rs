@@ -180,6 +180,7 @@ async fn start_storage(root: &Path, shutdown: CancellationToken) -> (String, Str
         nats_url: None,
         nats_nkey_seed: None,
         public_url: None,
+        billing_path_subjects: true,
         cell_name: "htfaas-storage".into(),
         durability: Default::default(),
         http: Default::default(),

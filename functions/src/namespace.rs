@@ -207,6 +207,12 @@ impl Namespace {
         self.annexes.iter().any(|a| a == annex)
     }
 
+    /// The read directories (each ending in `/`): where the owner's functions may fire, so
+    /// what the gateway's lane of this owner reads (`proto::path_filters`).
+    pub fn read_dirs(&self) -> &[String] {
+        &self.read
+    }
+
     /// The read directories, for messages.
     fn readable(&self) -> String {
         if self.read.is_empty() { "nothing".into() } else { self.read.join(", ") }

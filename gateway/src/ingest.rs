@@ -2,8 +2,14 @@
 //! firings ([`crate::firing`]), which the dispatcher turns into jobs.
 //!
 //! One stream ([`EVENTS_STREAM`]) holds every source's subjects ([`EVENTS_SUBJECTS`]: dCache
-//! billing messages and `storage.cloudevents.>`); one durable consumer reads them all, in
-//! stream order, and hands each message's subject and headers to [`event::decide`].
+//! billing messages, plain and on path subjects, and `storage.cloudevents.>`). Durable
+//! consumers read it in *lanes* ([`run_lane`], each in stream order, each handing a message's
+//! subject and headers to [`event::decide`]): the default lane (the consumer named in the
+//! configuration, made here by [`connect_with`]) reads the subjects that do not say whose
+//! event it is ([`DEFAULT_LANE_SUBJECTS`]) and fires every owner's functions; each owner's lane
+//! ([`crate::lanes`]) reads the path subjects of its owner's read namespace and fires only that
+//! owner's functions ([`Matcher::owner`]), so one owner's backlog never sits in front of
+//! another's events (issue 20).
 //!
 //! Delivery contract: a message is acked only after one firing per matching function is
 //! committed to the gateway's firing table (durable before ack); from there the dispatcher
@@ -51,30 +57,32 @@ use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::PullCo
 use futures_util::{FutureExt as _, StreamExt as _};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
-use htfaas_functions::proto::{EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS};
+use htfaas_functions::proto::{DEFAULT_LANE_SUBJECTS, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Connects to NATS, ensures the events stream covers every source's subjects and the durable
-/// consumer reads them all.
+/// consumer of the default lane reads [`DEFAULT_LANE_SUBJECTS`].
 pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow::Result<PullConsumer> {
-    connect_with(nats_url, None, consumer, max_deliver, None).await
+    Ok(connect_with(nats_url, None, consumer, max_deliver, None).await?.0)
 }
 
 /// [`connect`] as `credential` (see [`htfaas_functions::nats`]), counting the connection's
 /// losses and returns in `shared`'s
 /// [`Stats::nats_disconnects`] and [`Stats::nats_reconnects`] (and logging them). The client
 /// reconnects on its own, for ever, with backoff; the consumer is durable, so a NATS restart
-/// loses nothing: what was not acked is delivered again.
+/// loses nothing: what was not acked is delivered again. Returns the default lane's consumer
+/// and the events stream (on the same connection), on which the owners' lanes are made
+/// ([`crate::lanes`]).
 pub async fn connect_with(
     nats_url: &str,
     credential: Option<&htfaas_functions::nats::NatsCredential>,
     consumer: &str,
     max_deliver: i64,
     shared: Option<Arc<Shared>>,
-) -> anyhow::Result<PullConsumer> {
+) -> anyhow::Result<(PullConsumer, jetstream::stream::Stream)> {
     let client = htfaas_functions::nats::connect_options("htfaas-gateway", credential)
         .event_callback(move |event| {
             let shared = shared.clone();
@@ -85,24 +93,38 @@ pub async fn connect_with(
         .with_context(|| format!("connect to NATS at {nats_url}"))?;
     let js = jetstream::new(client);
     let stream = ensure_events_stream(&js).await?;
-    let config = consumer_config(consumer, max_deliver);
-    match stream.get_consumer::<pull::Config>(consumer).await {
+    let consumer = durable_lane(&stream, default_lane_config(consumer, max_deliver)).await?;
+    Ok((consumer, stream))
+}
+
+/// The default lane's consumer: [`DEFAULT_LANE_SUBJECTS`].
+pub fn default_lane_config(consumer: &str, max_deliver: i64) -> pull::Config {
+    lane_config(consumer, max_deliver, DEFAULT_LANE_SUBJECTS.iter().map(|s| s.to_string()).collect(), None)
+}
+
+/// Finds the durable consumer `config` names, or makes it with `config`. One found with other
+/// filters or another `ack_wait` (made by an older gateway, or before its owner's namespace
+/// changed) is updated to `config`'s; its position in the stream stays.
+pub async fn durable_lane(stream: &jetstream::stream::Stream, config: pull::Config) -> anyhow::Result<PullConsumer> {
+    let consumer = config.durable_name.clone().unwrap_or_default();
+    match stream.get_consumer::<pull::Config>(&consumer).await {
         Ok(existing) => {
             let have = &existing.cached_info().config;
             let filter = (have.filter_subject.clone(), have.filter_subjects.clone());
             if filter == (config.filter_subject.clone(), config.filter_subjects.clone()) && have.ack_wait == ACK_WAIT {
                 return Ok(existing);
             }
-            // Created by an older gateway: one that read only the billing subject, or waited
-            // longer for a lost ack.
+            // Created by an older gateway (one that read every subject on one consumer, or
+            // waited longer for a lost ack), or its owner's namespace changed.
             tracing::info!(consumer, old = ?filter, new = ?config.filter_subjects, ack_wait = ?ACK_WAIT, "updating the consumer");
+            let deliver_policy = have.deliver_policy;
             stream
-                .update_consumer(config)
+                .update_consumer(pull::Config { deliver_policy, ..config })
                 .await
-                .with_context(|| format!("update the durable consumer {consumer} to every event subject"))
+                .with_context(|| format!("update the durable consumer {consumer}'s subjects"))
         }
         Err(_) => stream
-            .get_or_create_consumer(consumer, config)
+            .get_or_create_consumer(&consumer, config)
             .await
             .with_context(|| format!("create or find the durable consumer {consumer}")),
     }
@@ -136,13 +158,22 @@ fn connection_event(stats: Option<&Stats>, event: &async_nats::Event) {
 /// comes anyway is dropped by the firing key.
 pub const ACK_WAIT: Duration = Duration::from_secs(10);
 
-fn consumer_config(consumer: &str, max_deliver: i64) -> pull::Config {
+/// A lane's durable consumer: `filters` (never empty: a consumer without a filter reads every
+/// subject), explicit acks, [`ACK_WAIT`], `max_deliver` deliveries at most; `description`
+/// names an owner's lane for an operator listing the consumers.
+pub fn lane_config(
+    consumer: &str,
+    max_deliver: i64,
+    filters: Vec<String>,
+    description: Option<String>,
+) -> pull::Config {
     pull::Config {
         durable_name: Some(consumer.to_owned()),
+        description,
         ack_policy: AckPolicy::Explicit,
         ack_wait: ACK_WAIT,
         max_deliver,
-        filter_subjects: EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
+        filter_subjects: filters,
         ..Default::default()
     }
 }
@@ -232,9 +263,12 @@ pub enum Plan {
 }
 
 /// What deciding and matching a message reads ([`plan`]): the site's source policy, which
-/// paths each events subject may speak for, the compiled triggers.
+/// paths each events subject may speak for, the compiled triggers, and whose functions fire.
 #[derive(Clone, Copy)]
 pub struct Matcher<'a> {
+    /// Only this owner's functions fire (an owner's lane); `None`: every owner's (the default
+    /// lane, replays).
+    pub owner: Option<&'a str>,
     /// Which sources and types become events (read once per message).
     pub sources: &'a PolicyCell,
     /// Which paths each events subject may speak for ([`event::binding`]).
@@ -261,6 +295,7 @@ impl<'a> Intake<'a> {
     pub fn of(shared: &'a Shared) -> Intake<'a> {
         Intake {
             matcher: Matcher {
+                owner: None,
                 sources: &shared.source_policy,
                 source_paths: &shared.source_paths,
                 triggers: &shared.triggers,
@@ -271,14 +306,24 @@ impl<'a> Intake<'a> {
     }
 }
 
-/// Consumes until `shutdown`, in batches: waits for a message, takes with it what the client
+/// The default lane: [`run_lane`] firing every owner's functions.
+pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_lane(consumer, shared, None, shutdown).await
+}
+
+/// One lane: consumes until `shutdown`, firing only `owner`'s functions when given, in batches: waits for a message, takes with it what the client
 /// already holds (up to [`BATCH_MAX`]; no waiting, so a lone event is committed at once and a
 /// backlog makes large batches), decides and matches each, commits all their firings in one
 /// transaction ([`handle_batch`]), and only then acks every message of the batch — or, when
 /// the transaction failed, NAKs every one with a growing delay. Cancel-safe at the `select!`
 /// (and at the non-blocking polls, which lose nothing): a batch being handled is finished
 /// first, and an unacked message is redelivered after `ack_wait`.
-pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run_lane(
+    consumer: PullConsumer,
+    shared: Arc<Shared>,
+    owner: Option<String>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let mut messages = consumer
         .stream()
         .max_messages_per_batch(PULL_BATCH)
@@ -286,7 +331,8 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
         .messages()
         .await
         .context("start consuming events")?;
-    let intake = Intake::of(&shared);
+    let mut intake = Intake::of(&shared);
+    intake.matcher.owner = owner.as_deref();
     let mut ended = false;
     while !ended {
         let next = tokio::select! {
@@ -326,7 +372,7 @@ pub async fn run(consumer: PullConsumer, shared: Arc<Shared>, shutdown: Cancella
     if ended {
         anyhow::bail!("the JetStream consumer stream ended");
     }
-    tracing::info!("ingest stopped");
+    tracing::info!(lane = owner.as_deref().unwrap_or("(default)"), "ingest stopped");
     Ok(())
 }
 
@@ -412,6 +458,8 @@ pub fn plan(
         .triggers
         .matching(&event)
         .into_iter()
+        // An owner's lane fires its owner's functions only (other lanes fire the others').
+        .filter(|f| matcher.owner.is_none_or(|o| f.manifest.owner == o))
         // A function never fires on its own outputs (the simplest loop guard).
         .filter(|f| !event.path.starts_with(&f.manifest.outputs.dir))
         .collect();

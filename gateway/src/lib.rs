@@ -1,7 +1,8 @@
 //! The gateway: where storage events become jobs, and the HTTP API of htfaas.
 //!
 //! - [`ingest`] reads storage events (dCache billing messages, CloudEvents from htfaas's
-//!   bridges and other producers) from a durable JetStream consumer, normalizes those the site
+//!   bridges and other producers) from durable JetStream consumers (the default lane, and one
+//!   lane per owner with a function: [`lanes`]), normalizes those the site
 //!   enabled ([`event`], [`event::SourcePolicy`]), finds the functions whose trigger matches
 //!   ([`triggers`]) and queues one durable firing per function ([`firing`]: exactly once per
 //!   (event, function, digest)); it acks the message once the firings are on disk.
@@ -37,6 +38,7 @@ pub mod firing;
 pub mod http_error;
 pub mod ingest;
 pub mod jobs;
+pub mod lanes;
 pub mod metrics;
 pub mod namespaces;
 pub mod openapi;
@@ -66,15 +68,18 @@ use tokio_util::sync::CancellationToken;
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Settings { listener, shared, nats_url, nats_credential, consumer, max_deliver, http } = settings;
     let credential = nats_credential.as_ref();
-    let consumer = ingest::connect_with(&nats_url, credential, &consumer, max_deliver, Some(shared.clone())).await?;
+    let (default_lane, stream) =
+        ingest::connect_with(&nats_url, credential, &consumer, max_deliver, Some(shared.clone())).await?;
+    let lanes = lanes::Lanes::start(stream, &consumer, max_deliver, shared.clone(), shutdown.child_token()).await?;
     tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
-    let ingest = tokio::spawn(ingest::run(consumer, shared.clone(), shutdown.child_token()));
+    let ingest = tokio::spawn(ingest::run(default_lane, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
     let events = replay::Events::connect(&nats_url, credential).await?;
     let app = api::router(shared.clone())
         .layer(axum::middleware::from_fn_with_state(shared, api::metrics::count_refusals))
-        .layer(axum::Extension(events));
+        .layer(axum::Extension(events))
+        .layer(axum::Extension(lanes.clone()));
     // TCP_NODELAY: without it a response whose headers and body go out in two writes waits
     // for the client's delayed ACK (40 ms on Linux) before the body leaves.
     let listener = listener.tap_io(|tcp| {
@@ -87,6 +92,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         htfaas_functions::serve::serve(listener, app, http, shutdown.clone()).await.context("serve the gateway API");
     shutdown.cancel();
     let ingested = ingest.await.context("join the ingest loop")?;
+    lanes.stop().await;
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
     tracing::info!("gateway stopped");
     served?;

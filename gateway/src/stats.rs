@@ -48,6 +48,8 @@ pub struct Stats {
     pub firings_pending: AtomicU64,
     /// See [`StatsSnapshot::ingest_batches`].
     pub ingest_batches: AtomicU64,
+    /// Gauge: the owners' ingest lanes running (`crate::lanes`; `/metrics` only).
+    pub ingest_lanes: AtomicU64,
     /// Events that queued one firing or more (`/metrics` only).
     pub events_fired: AtomicU64,
     /// Events none of whose matching functions fired, each stopped by the loop guard
@@ -94,6 +96,8 @@ impl Stats {
             firings_rate_delayed: r(&self.firings_rate_delayed),
             firings_pending: r(&self.firings_pending),
             ingest_batches: r(&self.ingest_batches),
+            // JetStream's to say (`crate::lanes::Lanes::pending`), not a counter here.
+            events_pending: 0,
         }
     }
 }

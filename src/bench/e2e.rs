@@ -29,7 +29,9 @@ use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use htfaas_functions::manifest::{Outputs, Trigger};
-use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECT, JobLog, JobRecord, JobState, TransferMessage};
+use htfaas_functions::proto::{
+    BILLING_SUBSCRIPTION, EVENTS_STREAM, EVENTS_SUBJECT, JobLog, JobRecord, JobState, TransferMessage,
+};
 use htfaas_functions::store::Durability;
 use htfaas_functions::{Digest, FunctionManifest, Resources};
 use std::collections::HashMap;
@@ -155,7 +157,7 @@ impl Bench {
 
         let nats = stack.nats_client().await?;
         let js = async_nats::jetstream::new(nats.clone());
-        let mut sub = nats.subscribe(EVENTS_SUBJECT).await.context("subscribe to the storage's events")?;
+        let mut sub = nats.subscribe(BILLING_SUBSCRIPTION).await.context("subscribe to the storage's events")?;
         let (tx, outputs) = mpsc::unbounded_channel();
         let outputs_seen = Arc::new(AtomicU64::new(0));
         let seen = outputs_seen.clone();

@@ -4,6 +4,11 @@
 //! (`shared/reference/dcache.md` §1.2–1.3), so the gateway cannot tell us from a dCache pool.
 //! We are door and pool at once: `initiator` is the door transaction (`door:<cell>@<cell>Domain:<ms>`),
 //! `session` the pool one (`pool:<cell>@<cell>Domain:<ms>-<n>`).
+//!
+//! Subject: by default the file's path subject (`storage.dcache.billing.path.<dir>._`,
+//! [`path_subject`]), so the gateway reads each owner's events on a lane of its own and one
+//! owner's flood does not delay another's event (issue 20); with `billing_path_subjects =
+//! false` (or a stream that lacks the path subjects), the plain [`EVENTS_SUBJECT`], as dCache.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +16,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::jetstream::message::PublishMessage;
-use htfaas_functions::proto::{EVENTS_SUBJECT, TransferMessage, TransferStatus};
+use htfaas_functions::proto::{EVENTS_SUBJECT, TransferMessage, TransferStatus, path_subject};
 use time::OffsetDateTime;
 
 /// How long we wait for the JetStream PubAck before answering 503.
@@ -42,6 +47,8 @@ pub struct Billing {
     jetstream: Option<jetstream::Context>,
     cell: String,
     counter: AtomicU64,
+    /// Publish on the file's path subject (else on [`EVENTS_SUBJECT`]).
+    path_subjects: bool,
 }
 
 /// Publishing failed; the upload is stored regardless.
@@ -50,9 +57,19 @@ pub struct Billing {
 pub struct PublishError(String);
 
 impl Billing {
-    /// `jetstream` `None` disables publishing.
-    pub fn new(jetstream: Option<jetstream::Context>, cell: String) -> Billing {
-        Billing { jetstream, cell, counter: AtomicU64::new(0) }
+    /// `jetstream` `None` disables publishing; `path_subjects` publishes each message on its
+    /// file's path subject, else on [`EVENTS_SUBJECT`].
+    pub fn new(jetstream: Option<jetstream::Context>, cell: String, path_subjects: bool) -> Billing {
+        Billing { jetstream, cell, counter: AtomicU64::new(0), path_subjects }
+    }
+
+    /// The subject `msg` is published on: its path's subject ([`path_subject`] of its
+    /// `transferPath`), or [`EVENTS_SUBJECT`] when path subjects are off or it has no path.
+    pub fn subject(&self, msg: &TransferMessage) -> String {
+        match (&msg.transfer_path, self.path_subjects) {
+            (Some(path), true) => path_subject(path),
+            _ => EVENTS_SUBJECT.to_owned(),
+        }
     }
 
     /// Whether messages are published at all.
@@ -101,18 +118,21 @@ impl Billing {
         }
     }
 
-    /// Publishes `msg` on [`EVENTS_SUBJECT`] and waits for the PubAck. No-op when disabled.
+    /// Publishes `msg` on its subject ([`Billing::subject`]) and waits for the PubAck. No-op
+    /// when disabled.
     #[tracing::instrument(name = "storage.publish", skip_all, fields(messaging.system = "nats",
-        messaging.destination.name = EVENTS_SUBJECT, pnfsid = msg.pnfsid.as_deref().unwrap_or("")))]
+        messaging.destination.name = tracing::field::Empty, pnfsid = msg.pnfsid.as_deref().unwrap_or("")))]
     pub async fn publish(&self, msg: &TransferMessage) -> Result<(), PublishError> {
         let Some(js) = &self.jetstream else { return Ok(()) };
+        let subject = self.subject(msg);
+        tracing::Span::current().record("messaging.destination.name", subject.as_str());
         let payload = serde_json::to_vec(msg).map_err(|e| PublishError(e.to_string()))?;
         let mut publish = PublishMessage::build().payload(payload.into());
         if let Some(id) = &msg.pnfsid {
             publish = publish.message_id(id);
         }
         let fut = async {
-            let ack = js.send_publish(EVENTS_SUBJECT, publish).await.map_err(|e| PublishError(e.to_string()))?;
+            let ack = js.send_publish(subject, publish).await.map_err(|e| PublishError(e.to_string()))?;
             ack.await.map_err(|e| PublishError(e.to_string()))
         };
         let ack = tokio::time::timeout(PUBLISH_TIMEOUT, fut)
@@ -159,7 +179,7 @@ mod tests {
 
     #[test]
     fn message_has_the_dcache_transfer_shape() {
-        let b = Billing::new(None, "htfaas-storage".into());
+        let b = Billing::new(None, "htfaas-storage".into(), true);
         let up = Upload {
             path: "/data/raw/a.h5".into(),
             size: 1000,
@@ -197,5 +217,14 @@ mod tests {
         assert_eq!(pnfsid.len(), 36);
         assert!(pnfsid.chars().all(|c| c.is_ascii_digit() || c.is_ascii_uppercase()));
         assert_ne!(Some(pnfsid), m2.pnfsid);
+    }
+
+    #[test]
+    fn messages_go_on_their_paths_subject_unless_told_otherwise() {
+        let m = TransferMessage { transfer_path: Some("/data/bob/run 1/in.dat".into()), ..Default::default() };
+        let on = Billing::new(None, "c".into(), true);
+        assert_eq!(on.subject(&m), "storage.dcache.billing.path.data.bob.run%201._");
+        assert_eq!(on.subject(&TransferMessage::default()), EVENTS_SUBJECT);
+        assert_eq!(Billing::new(None, "c".into(), false).subject(&m), EVENTS_SUBJECT);
     }
 }

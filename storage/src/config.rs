@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use htfaas_functions::proto::{EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS};
+use htfaas_functions::proto::{EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECT, EVENTS_SUBJECTS, PATH_SUBJECTS};
 use serde::Deserialize;
 
 use crate::auth::Users;
@@ -42,6 +42,12 @@ pub struct Config {
     /// Base URL put in macaroon responses' `uri`. Default: `http://<bound address>`.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Whether billing messages go on their file's path subject
+    /// (`storage.dcache.billing.path.<dir>._`: the gateway reads each owner's on a lane of its
+    /// own, issue 20) rather than on `storage.dcache.billing` (as dCache's). The storage's NATS
+    /// credential must be allowed to publish `storage.dcache.billing.path.>`. Default: true.
+    #[serde(default = "default_true")]
+    pub billing_path_subjects: bool,
     /// Cell name: `cellName` in billing messages and the macaroon location. Default: `htfaas-storage`.
     #[serde(default = "default_cell_name")]
     pub cell_name: String,
@@ -59,6 +65,10 @@ pub struct Config {
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 2880))
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_cell_name() -> String {
@@ -79,6 +89,8 @@ pub struct Settings {
     /// Without trailing slash.
     pub(crate) public_url: String,
     pub(crate) cell_name: String,
+    /// Publish on path subjects ([`Config::billing_path_subjects`], and the stream has them).
+    pub(crate) billing_path_subjects: bool,
     pub(crate) durability: Durability,
     pub(crate) http: htfaas_functions::serve::Limits,
 }
@@ -106,9 +118,19 @@ impl Config {
         let key = RootKey::derive(&secret);
         let users = Users::load(&self.users_file)?;
 
-        let jetstream = match &self.nats_url {
-            None => None,
-            Some(url) => Some(connect_nats(url, self.nats_nkey_seed.as_ref(), &self.cell_name).await?),
+        let (jetstream, billing_path_subjects) = match &self.nats_url {
+            None => (None, self.billing_path_subjects),
+            Some(url) => {
+                let (js, stream_has_paths) = connect_nats(url, self.nats_nkey_seed.as_ref(), &self.cell_name).await?;
+                if self.billing_path_subjects && !stream_has_paths {
+                    tracing::warn!(
+                        stream = EVENTS_STREAM,
+                        "the events stream lacks {PATH_SUBJECTS} (made by an older gateway that has not started \
+                         since): billing messages go on {EVENTS_SUBJECT} until the storage restarts"
+                    );
+                }
+                (Some(js), self.billing_path_subjects && stream_has_paths)
+            }
         };
 
         let listener =
@@ -128,32 +150,38 @@ impl Config {
             jetstream,
             public_url,
             cell_name: self.cell_name,
+            billing_path_subjects,
             durability: self.durability,
             http: self.http,
         })
     }
 }
 
+/// Connects, ensures the events stream; returns the context and whether the stream keeps the
+/// path subjects (an older one, made before them, may not: the gateway widens it at its start,
+/// and the storage may not change a stream).
 async fn connect_nats(
     url: &str,
     credential: Option<&htfaas_functions::nats::NatsCredential>,
     cell_name: &str,
-) -> anyhow::Result<jetstream::Context> {
+) -> anyhow::Result<(jetstream::Context, bool)> {
     let client = htfaas_functions::nats::connect_options(cell_name, credential)
         .connect(url)
         .await
         .with_context(|| format!("connect to NATS at {url}"))?;
     let js = jetstream::new(client);
-    js.get_or_create_stream(jetstream::stream::Config {
-        name: EVENTS_STREAM.to_owned(),
-        subjects: EVENTS_SUBJECTS.iter().map(|s| (*s).to_owned()).collect(),
-        storage: jetstream::stream::StorageType::File,
-        max_age: Duration::from_secs(EVENTS_MAX_AGE_S),
-        ..Default::default()
-    })
-    .await
-    .with_context(|| format!("ensure JetStream stream {EVENTS_STREAM}"))?;
-    Ok(js)
+    let stream = js
+        .get_or_create_stream(jetstream::stream::Config {
+            name: EVENTS_STREAM.to_owned(),
+            subjects: EVENTS_SUBJECTS.iter().map(|s| (*s).to_owned()).collect(),
+            storage: jetstream::stream::StorageType::File,
+            max_age: Duration::from_secs(EVENTS_MAX_AGE_S),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("ensure JetStream stream {EVENTS_STREAM}"))?;
+    let has_paths = stream.cached_info().config.subjects.iter().any(|s| s == PATH_SUBJECTS);
+    Ok((js, has_paths))
 }
 
 /// Reads the hex secret, or creates it (32 random bytes, hex, mode 0600) if the file is absent.

@@ -42,13 +42,24 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(8);
 /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
 /// (at most [`EXIT_DEADLINE`]) and flushes NATS.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, local_addr, data_dir, key, users, jetstream, public_url, cell_name, durability, http } =
-        settings;
+    let Settings {
+        listener,
+        local_addr,
+        data_dir,
+        key,
+        users,
+        jetstream,
+        public_url,
+        cell_name,
+        billing_path_subjects,
+        durability,
+        http,
+    } = settings;
     let state = Arc::new(routes::AppState {
         data_dir,
         key,
         users,
-        billing: billing::Billing::new(jetstream, cell_name.clone()),
+        billing: billing::Billing::new(jetstream, cell_name.clone(), billing_path_subjects),
         public_url,
         cell_name,
         durability,

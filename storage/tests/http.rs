@@ -92,6 +92,7 @@ fn config(dir: &Path, nats_url: Option<String>) -> Config {
         nats_url,
         nats_nkey_seed: None,
         public_url: None,
+        billing_path_subjects: true,
         cell_name: "htfaas-storage".into(),
         durability: Default::default(),
         // Short timeouts, so that the slow-client test ends soon.
@@ -482,12 +483,15 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
     assert_eq!(info.state.messages, 2);
     let consumer = stream.create_consumer(jetstream::consumer::pull::Config::default()).await.expect("consumer");
     let mut msgs = consumer.fetch().max_messages(2).messages().await.expect("fetch");
-    let mut got = Vec::new();
+    let (mut got, mut subjects) = (Vec::new(), Vec::new());
     while let Some(msg) = msgs.next().await {
         let msg = msg.expect("message");
+        subjects.push(msg.subject.to_string());
         got.push(serde_json::from_slice::<TransferMessage>(&msg.payload).expect("TransferMessage JSON"));
     }
     assert_eq!(got.len(), 2);
+    // Issue 20: each on its file's path subject, which the gateway's owner lanes read.
+    assert_eq!(subjects, ["storage.dcache.billing.path.data.out._", "storage.dcache.billing.path.data._"]);
     let first = &got[0];
     assert_eq!(first.msg_type.as_deref(), Some("transfer"));
     assert_eq!(first.is_write.as_deref(), Some("write"));

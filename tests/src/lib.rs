@@ -130,15 +130,23 @@ pub fn adler32_hex(bytes: &[u8]) -> String {
 /// A guest that never ends on its own (until its wall-time cap or a cancel).
 pub const SPIN_WAT: &str = r#"(module (memory (export "memory") 1) (func (export "_start") (loop br 0)))"#;
 
+/// Waits until every event published so far that any of the gateway's ingest lanes reads has
+/// been decided (`events_pending` 0: JetStream holds nothing unacked for any lane; issue 20).
+/// An event on a path subject no owner's lane reads (no function of an owner whose namespace
+/// covers it) is never read, and so never fires a function registered later.
+pub async fn events_settled(client: &htfaas::client::Client) {
+    wait_for("the events published so far to be decided", Duration::from_secs(30), || async {
+        (client.stats().await.ok()?.events_pending == 0).then_some(())
+    })
+    .await;
+}
+
 /// Registers `spin` (the [`SPIN_WAT`] guest, 1 core, 120 s cap), fired by `/data/spin/**`, and
 /// puts `/data/spin/in.dat` in storage first without firing it, so that runs happen only when a
 /// test asks (`run_function`). Returns nothing; panics on failure.
 pub async fn register_spin(client: &htfaas::client::Client) {
     client.put_bytes(b"x".to_vec(), "/data/spin/in.dat").await.expect("put");
-    wait_for("the upload's event to be seen", Duration::from_secs(10), || async {
-        (client.stats().await.ok()?.events_unmatched >= 1).then_some(())
-    })
-    .await;
+    events_settled(client).await;
     let spin = client.upload_module(wat::parse_str(SPIN_WAT).expect("wat")).await.expect("upload");
     let mut m = htfaas::stack::demo_manifest(spin);
     m.name = "spin".into();

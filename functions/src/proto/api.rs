@@ -289,4 +289,11 @@ pub struct StatsSnapshot {
     /// the mean batch size.
     #[serde(default)]
     pub ingest_batches: u64,
+    /// Gauge: messages JetStream holds for the gateway's ingest lanes (the default lane and
+    /// each owner's) not yet acked, summed over the lanes (a message two lanes read counts
+    /// twice); read from JetStream at each request. 0 once every event published so far that
+    /// any lane reads has been decided (a path-subject message no owner's lane reads is
+    /// never read: no function could fire on it).
+    #[serde(default)]
+    pub events_pending: u64,
 }

@@ -1,7 +1,8 @@
 //! `GET /v1/stats` (JSON) and `GET /metrics` (OpenMetrics, [`crate::metrics`]), and the
 //! middleware that counts refused bearer tokens ([`count_refusals`]).
 //!
-//! Must not know: the JetStream consumer, the firing table's SQL.
+//! Must not know: the JetStream consumer (the lanes' pending counts are [`crate::lanes`]'s),
+//! the firing table's SQL.
 
 use super::*;
 use crate::metrics::{REASONS, TOKENS, reason_of};
@@ -18,9 +19,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(super) async fn stats(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
+    lanes: Option<Extension<crate::lanes::Lanes>>,
 ) -> Result<impl IntoResponse, HttpError> {
     shared.require_admin(&headers)?;
-    Ok(Json(shared.stats.snapshot()))
+    let mut snapshot = shared.stats.snapshot();
+    if let Some(Extension(lanes)) = lanes {
+        snapshot.events_pending = lanes.pending().await.iter().filter_map(|(_, pending)| *pending).sum();
+    }
+    Ok(Json(snapshot))
 }
 
 /// Middleware of the whole router: counts each 401 answer as a refused bearer token, checking
@@ -131,6 +137,13 @@ impl Collector for GatewayCollector {
             MetricType::Counter,
         )?
         .encode_counter::<NoLabelSet, _, u64>(&r(&s.ingest_batches), None)?;
+        e.encode_descriptor(
+            "htfaas_gateway_ingest_lanes",
+            "Owners' ingest lanes running (one durable consumer each).",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&r(&s.ingest_lanes))?;
         let nats = [("disconnected", r(&s.nats_disconnects)), ("reconnected", r(&s.nats_reconnects))];
         family(
             &mut e,

@@ -1,7 +1,8 @@
 //! `/v1/namespaces`: an admin grants, lists and revokes namespace grants
 //! ([`crate::namespaces::Namespaces`]), each change audited.
 //!
-//! Must not know: events, jobs.
+//! A change brings the ingest's owner lanes in step before it is answered
+//! ([`crate::lanes::after_change`]). Must not know: events, jobs.
 
 use super::*;
 use htfaas_functions::Registry;
@@ -58,11 +59,16 @@ pub(super) async fn record(shared: &Shared, headers: &HeaderMap, action: &str, g
 pub(super) async fn grant(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
+    lanes: Option<Extension<crate::lanes::Lanes>>,
     body: Bytes,
 ) -> Result<Response, HttpError> {
     shared.require_admin(&headers)?;
     let grant = grant_of(&body)?;
     let new = apply(&shared, &grant, Registry::grant).await?;
+    if new {
+        // The owner's lane reads the new directory before the grant is answered.
+        crate::lanes::after_change(lanes.as_deref(), "a grant").await;
+    }
     tracing::info!(%grant, new, "namespace granted");
     if new {
         record(&shared, &headers, "namespace.grant", &grant).await;
@@ -77,6 +83,7 @@ pub(super) async fn grant(
 pub(super) async fn revoke(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
+    lanes: Option<Extension<crate::lanes::Lanes>>,
     body: Bytes,
 ) -> Result<Response, HttpError> {
     shared.require_admin(&headers)?;
@@ -91,6 +98,7 @@ pub(super) async fn revoke(
         return Err(HttpError::new(StatusCode::NOT_FOUND, format!("{grant} is not granted")));
     }
     tracing::info!(%grant, "namespace revoked");
+    crate::lanes::after_change(lanes.as_deref(), "a revocation").await;
     record(&shared, &headers, "namespace.revoke", &grant).await;
     Ok(Json(GrantEntry { grant, source: GrantSource::Admin }).into_response())
 }

@@ -44,6 +44,7 @@ pub(super) async fn register(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     events: Option<Extension<replay::Events>>,
+    lanes: Option<Extension<crate::lanes::Lanes>>,
     uri: axum::http::Uri,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -94,6 +95,8 @@ pub(super) async fn register(
     })
     .await?;
     tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
+    // A new owner's lane reads before the registration is answered.
+    crate::lanes::after_change(lanes.as_deref(), "a registration").await;
     super::audit::record_admin(&shared, &headers, "function.register", audit_function(&record), audit_args(&record))
         .await;
     Ok((StatusCode::CREATED, Json(record)).into_response())

@@ -4,7 +4,10 @@
 //! the producer's identity kept for audit:
 //!
 //! - [`dcache`]: dCache billing messages (Kafka → NATS, or the built-in storage) on
-//!   [`EVENTS_SUBJECT`]: every `msgType` (`transfer`, `request`, `remove`, `store`, `restore`,
+//!   [`EVENTS_SUBJECT`] or on a path subject (`storage.dcache.billing.path.<dir>._`,
+//!   [`htfaas_functions::proto::path_subject`]), whose directory must be its path's
+//!   ([`EventError::SubjectPath`]: a publisher cannot route an event to another directory's
+//!   readers): every `msgType` (`transfer`, `request`, `remove`, `store`, `restore`,
 //!   `hit`; `warning` is never an event) with its quirks (`shared/reference/dcache.md` §1);
 //! - [`cloudevents`]: CloudEvents 1.0 on `storage.cloudevents.<producer>`
 //!   ([`CLOUDEVENTS_SUBJECT_PREFIX`]), in structured and binary mode: those of htfaas's bridges
@@ -26,7 +29,7 @@ pub mod dcache;
 
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::manifest::is_clean_abs_path;
-use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_SUBJECT};
+use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_SUBJECT, is_path_subject, path_subject};
 use serde::Deserialize;
 
 /// What to do with a message.
@@ -56,6 +59,17 @@ pub enum EventError {
     /// No source reads this subject.
     #[error("no event source reads subject {0:?}")]
     Subject(String),
+    /// A billing message on a path subject that is not its path's: the publisher routed it to
+    /// the readers of another directory. Malformed: counted, acked, never fired.
+    #[error("subject {subject} does not carry the directory of {path} (its subject is {expected})")]
+    SubjectPath {
+        /// The subject it came on.
+        subject: String,
+        /// The path it names.
+        path: String,
+        /// The path's own subject.
+        expected: String,
+    },
     /// A well-formed event for a path its subject may not speak for ([`binding`]).
     #[error("subject {subject} may not speak for {path} ({why})")]
     OutOfBounds {
@@ -145,7 +159,7 @@ impl PolicyCell {
 /// Which parser reads a subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubjectSource {
-    /// [`EVENTS_SUBJECT`]: dCache billing JSON.
+    /// [`EVENTS_SUBJECT`] or a path subject: dCache billing JSON.
     DcacheBilling,
     /// `storage.cloudevents.<producer>`.
     Cloudevents,
@@ -154,7 +168,7 @@ pub enum SubjectSource {
 impl SubjectSource {
     /// The parser of `subject`, if any.
     pub fn of(subject: &str) -> Option<SubjectSource> {
-        if subject == EVENTS_SUBJECT {
+        if subject == EVENTS_SUBJECT || is_path_subject(subject) {
             return Some(SubjectSource::DcacheBilling);
         }
         let producer = subject.strip_prefix(CLOUDEVENTS_SUBJECT_PREFIX)?.strip_prefix('.')?;
@@ -173,14 +187,31 @@ pub fn decide(
     policy: &SourcePolicy,
 ) -> Result<Decision, EventError> {
     match SubjectSource::of(subject) {
-        Some(SubjectSource::DcacheBilling) => dcache::decide(payload, message_id, policy),
+        Some(SubjectSource::DcacheBilling) => {
+            let decision = dcache::decide(payload, message_id, policy)?;
+            if let Decision::Fire(event) = &decision
+                && is_path_subject(subject)
+            {
+                let expected = path_subject(&event.path);
+                if expected != subject {
+                    return Err(EventError::SubjectPath {
+                        subject: subject.to_owned(),
+                        path: event.path.clone(),
+                        expected,
+                    });
+                }
+            }
+            Ok(decision)
+        }
         Some(SubjectSource::Cloudevents) => cloudevents::decide(headers, payload, message_id, policy),
         None => Err(EventError::Subject(subject.to_owned())),
     }
 }
 
 /// [`decide`], then refuses an event whose path `subject` may not speak for under `bindings`
-/// ([`EventError::OutOfBounds`]). What the ingest and replays decide with.
+/// ([`EventError::OutOfBounds`]). What the ingest and replays decide with. A path subject is
+/// bound as [`EVENTS_SUBJECT`]: the same publisher (the storage) publishes both, and the path
+/// subject only names the directory [`decide`] has checked.
 pub fn decide_bound(
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
@@ -191,7 +222,8 @@ pub fn decide_bound(
 ) -> Result<Decision, EventError> {
     let decision = decide(subject, headers, payload, message_id, policy)?;
     if let Decision::Fire(event) = &decision
-        && let Err(refusal) = bindings.check(subject, &event.path)
+        && let Err(refusal) =
+            bindings.check(if is_path_subject(subject) { EVENTS_SUBJECT } else { subject }, &event.path)
     {
         let why = match refusal {
             binding::Refusal::Unbound => "no source_paths rule names the subject",
@@ -234,6 +266,8 @@ mod tests {
         assert_eq!(SubjectSource::of("storage.cloudevents"), None);
         assert_eq!(SubjectSource::of("storage.cloudevents."), None);
         assert_eq!(SubjectSource::of("storage.cloudeventsx.a"), None);
+        assert_eq!(SubjectSource::of("storage.dcache.billing.path._"), Some(SubjectSource::DcacheBilling));
+        assert_eq!(SubjectSource::of("storage.dcache.billing.x"), None);
         let p = SourcePolicy::default();
         assert_eq!(decide("other.subject", None, b"{}", "s", &p), Err(EventError::Subject("other.subject".into())));
     }
@@ -255,5 +289,44 @@ mod tests {
             assert!(e.starts_with(&format!("sources.dcache_msg_types: {bad:?} is not")), "{e}");
         }
         assert!(serde_json::from_str::<SourcePolicy>(r#"{"dcache_types":[]}"#).is_err(), "typo refused");
+    }
+
+    /// Issue 20: a billing message on a path subject fires only when the subject is its path's
+    /// own; one routed to another directory's lane is malformed, whatever its bytes say.
+    #[test]
+    fn a_path_subject_must_be_its_paths_own() {
+        let p = SourcePolicy::default();
+        let body = |path: &str| {
+            serde_json::to_vec(&serde_json::json!({
+                "msgType": "transfer", "isWrite": "write", "isP2p": false, "status": {"code": 0, "msg": ""},
+                "cellName": "pool-a", "cellDomain": "poolDomain", "transferPath": path, "pnfsid": "0000BEEF",
+                "session": "s1", "fileSize": 10,
+            }))
+            .expect("json")
+        };
+        let own = path_subject("/data/bob/in.dat");
+        assert!(matches!(decide(&own, None, &body("/data/bob/in.dat"), "s", &p), Ok(Decision::Fire(_))));
+        let e = decide(&own, None, &body("/data/alice/x.dat"), "s", &p).expect_err("lies about its directory");
+        assert_eq!(
+            e.to_string(),
+            "subject storage.dcache.billing.path.data.bob._ does not carry the directory of /data/alice/x.dat \
+             (its subject is storage.dcache.billing.path.data.alice._)"
+        );
+        // A deeper path under the subject's directory is a lie too: the subject names the file's own.
+        assert!(decide(&own, None, &body("/data/bob/sub/in.dat"), "s", &p).is_err());
+        // The plain subject speaks for any path (the default lane; bindings bound it).
+        assert!(matches!(decide(EVENTS_SUBJECT, None, &body("/data/alice/x.dat"), "s", &p), Ok(Decision::Fire(_))));
+        // A path subject is bound as the billing subject.
+        let rules = binding::Bindings::new(Some(vec![binding::SourcePaths {
+            subject: EVENTS_SUBJECT.into(),
+            paths: vec!["/data/".into()],
+        }]))
+        .expect("valid");
+        assert!(decide_bound(&own, None, &body("/data/bob/in.dat"), "s", &p, &rules).is_ok());
+        let outside = path_subject("/site/x");
+        assert!(matches!(
+            decide_bound(&outside, None, &body("/site/x"), "s", &p, &rules),
+            Err(EventError::OutOfBounds { .. })
+        ));
     }
 }

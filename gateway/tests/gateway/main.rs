@@ -1,7 +1,8 @@
 //! The gateway's integration tests, one binary: the admin proxies against a fake scheduler,
-//! the dCache SSE bridge against a fake frontend and a real nats-server, and the property
-//! tests of the exactly-once keys.
+//! the dCache SSE bridge against a fake frontend and a real nats-server, the owners' ingest
+//! lanes against a real nats-server, and the property tests of the exactly-once keys.
 
 mod admin_proxy;
 mod bridge_sse;
+mod lanes;
 mod prop_dedupe;

@@ -10,6 +10,10 @@
 //!   stack's `/data/` is refused by the gateway, counted (`events_out_of_bounds`,
 //!   `htfaas_gateway_events_total{outcome="out_of_bounds"}`) and starts no job, while the same
 //!   bridge's event inside `/data/` starts one.
+//! - A publisher that may publish billing messages routes one to the lane of another
+//!   directory (issue 20: a path subject carries its file's directory, and the gateway's owner
+//!   lanes read the subjects of their namespaces): the gateway finds the payload's path is not
+//!   the subject's, counts it malformed and fires nothing for it.
 //!
 //! Each test waits for a legitimate event's job after the attack: the gateway reads the stream
 //! in order, so by then it has decided whatever the attacker managed to put before it.
@@ -19,7 +23,7 @@ use htfaas::bench::e2e::transfer_write;
 use htfaas::stack::{USER, demo_manifest};
 use htfaas_functions::manifest::Trigger;
 use htfaas_functions::nats::{NatsCredential, connect_options};
-use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, JobState};
+use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, JobState, path_subject};
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use std::time::Duration;
 
@@ -152,5 +156,34 @@ async fn a_bridge_credential_cannot_publish_billing_and_its_event_outside_its_pa
         .await
         .expect("metrics");
     assert!(metrics.contains(r#"htfaas_gateway_events_total{outcome="out_of_bounds"} 1"#), "{metrics}");
+    stack.stop().await.expect("clean stop");
+}
+
+/// Issue 20: a billing message whose path subject is not its path's (routed to the lane of
+/// another directory) fires nothing, is counted malformed, and the lane goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_billing_message_on_another_directorys_path_subject_fires_nothing_and_is_counted_malformed() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    // Stored before the function exists: its own billing message fires nothing.
+    client.put_bytes(b"victim".to_vec(), "/data/raw/victim.dat").await.expect("put");
+    let digest = upload_checksum(&client).await;
+    client.register(&demo_manifest(digest)).await.expect("register");
+
+    // The operator may publish billing messages: one for /data/raw/victim.dat, on the subject
+    // of /data/raw/sub/ (the function's lane reads both directories; its trigger, /data/raw/**,
+    // would fire on the payload's path if the subject were believed).
+    let js = jetstream::new(stack.nats_client().await.expect("operator"));
+    let lie = transfer_write("/data/raw/victim.dat", 6, "lie", 1);
+    js.publish(path_subject("/data/raw/sub/x.dat"), lie.into()).await.expect("publish").await.expect("stored");
+    // Then a legitimate upload, whose storage message comes after it on the same lane.
+    client.put_bytes(b"after".to_vec(), "/data/raw/after.dat").await.expect("put");
+
+    completed(&client, "/data/raw/after.dat").await;
+    let stats = client.stats().await.expect("stats");
+    assert_eq!(stats.events_malformed, 1, "{stats:?}");
+    let jobs = client.jobs().await.expect("jobs");
+    let paths: Vec<&str> = jobs.iter().map(|j| j.event.path.as_str()).collect();
+    assert_eq!(paths, ["/data/raw/after.dat"], "the misrouted message started no job");
     stack.stop().await.expect("clean stop");
 }
