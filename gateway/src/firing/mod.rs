@@ -104,7 +104,7 @@ mod writer;
 pub use bucket::TokenBucket;
 pub use schema::SCHEMA_VERSION;
 pub use table::Firings;
-pub use writer::{FiringWriter, Outcome, WRITE_BATCH, WRITE_LINGER, Write, Written};
+pub use writer::{FiringWriter, OUTCOME_LINGER, Outcome, WRITE_BATCH, Write, Written};
 
 use crate::audit::Fired;
 use htfaas_functions::FunctionRecord;

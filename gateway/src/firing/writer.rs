@@ -7,7 +7,8 @@
 //! Each write of a batch runs in a savepoint of its own: a write that fails is undone alone
 //! and answered with its reason, the others commit. The caller is answered only after the
 //! commit, so what must be durable before the submit (provenance, `token.minted`,
-//! `macaroons.obtained`) is on disk when the submit starts, as with one transaction each.
+//! `macaroons.obtained`) is on disk when the submit starts, as with one transaction each. An
+//! outcome waits a little ([`OUTCOME_LINGER`]) for a provenance write to share its commit.
 //!
 //! Must not know: NATS, HTTP, the storage or the scheduler.
 
@@ -17,9 +18,12 @@ use std::sync::mpsc;
 
 /// Most writes one transaction takes.
 pub const WRITE_BATCH: usize = 64;
-/// How long the group commit waits for more writes after the first, when the last
-/// transaction held more than one (the dispatcher is busy; an idle one waits for nothing).
-pub const WRITE_LINGER: Duration = Duration::from_millis(2);
+/// How long an outcome waits for a provenance write to share its transaction. An outcome need
+/// not be on disk before anything (lost in a crash, its firing is submitted again at the next
+/// start and the scheduler's dedupe key drops the copy), a provenance must be before its
+/// submit: so outcomes ride along with the next provenance (the next firing's, mostly within
+/// milliseconds), and a firing costs one commit of the dispatcher's instead of two.
+pub const OUTCOME_LINGER: Duration = Duration::from_millis(10);
 
 /// One write of the dispatcher.
 #[derive(Debug, Clone)]
@@ -236,10 +240,10 @@ type Queued = (Write, tokio::sync::oneshot::Sender<Result<Written, FiringError>>
 
 /// The group commit of the dispatcher's writes: a thread of its own takes the writes queued by
 /// any number of tasks, up to [`WRITE_BATCH`] at a time (what queued while the last
-/// transaction ran; when that held more than one, it also waits up to [`WRITE_LINGER`] for
-/// more), applies them in one transaction ([`Firings::write_batch`]) and answers each. The
-/// thread ends once every handle is dropped and the queue is empty: dropping the writer loses
-/// no write that was queued.
+/// transaction ran), applies them in one transaction ([`Firings::write_batch`]) and answers
+/// each once committed. A provenance write is committed at once; outcomes are held up to
+/// [`OUTCOME_LINGER`] for one to ride along with. The thread ends once every handle is dropped,
+/// after committing what is queued and held: dropping the writer loses no write.
 #[derive(Debug, Clone)]
 pub struct FiringWriter {
     queue: mpsc::Sender<Queued>,
@@ -266,30 +270,56 @@ impl FiringWriter {
 
 /// The writer thread's loop (see [`FiringWriter`]).
 fn group_commit(firings: &Firings, rx: &mpsc::Receiver<Queued>) {
-    let mut busy = false;
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        let linger_until = std::time::Instant::now() + WRITE_LINGER;
-        while batch.len() < WRITE_BATCH {
-            let next = match rx.try_recv() {
-                Ok(q) => Some(q),
-                Err(mpsc::TryRecvError::Empty) if busy => {
-                    let left = linger_until.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() { None } else { rx.recv_timeout(left).ok() }
+    // Outcomes waiting for a provenance write, and since when the first of them waits.
+    let mut held: Vec<Queued> = Vec::new();
+    let mut held_since = std::time::Instant::now();
+    loop {
+        let first = if held.is_empty() {
+            match rx.recv() {
+                Ok(q) => q,
+                // Every handle is gone and nothing is held.
+                Err(mpsc::RecvError) => return,
+            }
+        } else {
+            let left = (held_since + OUTCOME_LINGER).saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(q) => q,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    commit(firings, std::mem::take(&mut held));
+                    continue;
                 }
-                Err(_) => None,
-            };
-            match next {
-                Some(q) => batch.push(q),
-                None => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    commit(firings, std::mem::take(&mut held));
+                    return;
+                }
+            }
+        };
+        if held.is_empty() {
+            held_since = std::time::Instant::now();
+        }
+        held.push(first);
+        while held.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(q) => held.push(q),
+                Err(_) => break,
             }
         }
-        busy = batch.len() > 1;
-        let (writes, answers): (Vec<Write>, Vec<_>) = batch.into_iter().unzip();
-        let results = firings.write_batch(writes, now_ms());
-        for (answer, result) in answers.into_iter().zip(results) {
-            // A task that went away (shutdown) no longer waits for its answer.
-            let _ = answer.send(result);
+        let urgent = held.iter().any(|(w, _)| matches!(w, Write::Provenance { .. }));
+        if urgent || held.len() >= WRITE_BATCH {
+            commit(firings, std::mem::take(&mut held));
         }
+    }
+}
+
+/// Applies `batch` in one transaction and answers each write.
+fn commit(firings: &Firings, batch: Vec<Queued>) {
+    if batch.is_empty() {
+        return;
+    }
+    let (writes, answers): (Vec<Write>, Vec<_>) = batch.into_iter().unzip();
+    let results = firings.write_batch(writes, now_ms());
+    for (answer, result) in answers.into_iter().zip(results) {
+        // A task that went away (shutdown) no longer waits for its answer.
+        let _ = answer.send(result);
     }
 }
