@@ -564,3 +564,64 @@ async fn the_group_commit_answers_each_write_once_committed() {
     }
     assert_eq!(f.pending(), 0);
 }
+
+/// Issue 20: what the dispatcher's writes cost per firing (provenance with its two credentials'
+/// records, then the outcome), one transaction each (as before the group commit) against
+/// `per_tx` firings' writes in one transaction, for each durability. Prints one JSON line:
+/// `cargo test -p htfaas-gateway --lib -- --ignored --nocapture dispatcher_writes_per_firing`.
+#[test]
+#[ignore = "a measurement, not a test"]
+fn dispatcher_writes_per_firing() {
+    use htfaas_functions::audit::{AuditKind, Subject};
+    let a = function("a", None, None);
+    let mut out = Vec::new();
+    for durability in [Durability::Log, Durability::Fsync] {
+        for per_tx in [1usize, 4, 16] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let f = Firings::open_with(&dir.path().join("firings.sqlite"), 3600, 16, durability).expect("open");
+            let n = 400;
+            for i in 0..n {
+                f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+            }
+            let claimed = f.claim(0, n).expect("claim").ready;
+            let record = |c: &Claimed, kind| {
+                let subject = Subject {
+                    token_jti: Some(format!("jti-{}", c.seq)),
+                    owner: Some("alice".into()),
+                    event_id: Some(c.event.id.clone()),
+                    paths: vec![c.event.path.clone()],
+                    ..Subject::default()
+                };
+                AuditDraft::new(kind, subject, serde_json::json!({"firing": c.seq, "cpus": 1, "memory_mb": 512}))
+            };
+            let t = std::time::Instant::now();
+            for chunk in claimed.chunks(per_tx) {
+                let provenance = chunk
+                    .iter()
+                    .map(|c| Write::Provenance {
+                        macaroon: format!("M{}", c.seq),
+                        cause: Cause {
+                            function: "a".into(),
+                            digest: a.manifest.module.clone(),
+                            event_id: c.event.id.clone(),
+                            chain: vec!["a".into()],
+                        },
+                        records: vec![record(c, AuditKind::TokenMinted), record(c, AuditKind::MacaroonsObtained)],
+                    })
+                    .collect();
+                assert!(f.write_batch(provenance, 1).iter().all(Result::is_ok));
+                let outcomes = chunk
+                    .iter()
+                    .map(|c| Write::Outcome {
+                        seq: c.seq,
+                        outcome: Outcome::Submitted { job_id: format!("j{}", c.seq) },
+                    })
+                    .collect();
+                assert!(f.write_batch(outcomes, 2).iter().all(Result::is_ok));
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            out.push(format!("\"{durability:?}_per_tx_{per_tx}_us\":{us:.0}"));
+        }
+    }
+    println!("{{{}}}", out.join(","));
+}
