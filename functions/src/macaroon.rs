@@ -102,14 +102,22 @@ pub fn attenuate(token: &str, caveats: &[&str]) -> Result<String, CodecError> {
 /// The first-party caveats of a token, without checking its signature (for diagnostics, audit
 /// and tests). A third-party caveat is shown as `<third-party LOCATION>`.
 pub fn inspect(token: &str) -> Result<Vec<String>, CodecError> {
+    describe(token).map(|(_, caveats)| caveats)
+}
+
+/// The identifier and first-party caveats of a token ([`identifier`] and [`inspect`] from one
+/// parse), without checking its signature.
+pub fn describe(token: &str) -> Result<(String, Vec<String>), CodecError> {
     let m = parse(token)?;
-    Ok(m.caveats()
+    let caveats = m
+        .caveats()
         .into_iter()
         .map(|c| match c {
             Caveat::FirstParty(fp) => String::from_utf8_lossy(&fp.predicate().0).into_owned(),
             Caveat::ThirdParty(tp) => format!("<third-party {}>", tp.location()),
         })
-        .collect())
+        .collect();
+    Ok((String::from_utf8_lossy(&m.identifier().0).into_owned(), caveats))
 }
 
 /// The identifier of a token, without checking its signature (safe to log: it is not a secret).

@@ -11,7 +11,7 @@
 //! Must not know: NATS (the events come through the table), HTTP routes.
 
 use crate::audit::Auditing;
-use crate::firing::{Claimed, Firings, now_ms};
+use crate::firing::{Claimed, FiringWriter, Firings, Outcome, Write, now_ms};
 use crate::jobs::{JobContext, JobError, event_ref, prepare, scheduler_dedupe_key};
 use crate::state::Shared;
 use crate::stats::Stats;
@@ -51,6 +51,12 @@ pub fn firing_subject(c: &Claimed, jti: Option<&str>) -> Subject {
 /// claims (never the token) and its macaroons' identifiers and caveats (never the macaroons).
 /// A macaroon whose identifier cannot be read is named by its role under `unreadable`.
 pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitRequest) -> [AuditDraft; 2] {
+    credentials(c, claims, request).0
+}
+
+/// [`job_credentials`], and the write macaroon's identifier when it could be read (each
+/// macaroon parsed once).
+fn credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitRequest) -> ([AuditDraft; 2], Option<String>) {
     let subject = firing_subject(c, Some(&claims.jti));
     let minted = AuditDraft::token_minted(claims, subject.clone())
         .with_detail("firing", c.seq.into())
@@ -58,9 +64,15 @@ pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitReque
         .with_detail("replay", json!(c.replay));
     let mut facts = Vec::new();
     let mut unreadable = Vec::new();
+    let mut write_id = None;
     for (role, bearer) in [("read", &request.input.macaroon), ("write", &request.output.macaroon)] {
         match MacaroonFacts::from_bearer(role, bearer) {
-            Ok(f) => facts.push(f),
+            Ok(f) => {
+                if role == "write" {
+                    write_id = Some(f.identifier.clone());
+                }
+                facts.push(f);
+            }
             Err(e) => {
                 tracing::warn!(role, "a macaroon's identifier could not be read for the audit trail: {e}");
                 unreadable.push(role);
@@ -71,12 +83,12 @@ pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitReque
     if !unreadable.is_empty() {
         obtained = obtained.with_detail("unreadable", json!(unreadable));
     }
-    [minted, obtained]
+    ([minted, obtained], write_id)
 }
 
 /// What submitting one claimed firing uses of the gateway (`fire_one`), borrowed by its task
-/// ([`Dispatcher::of`]): what building its job reads, the submitter, the firing table its
-/// outcome is recorded in, the counters.
+/// ([`Dispatcher::of`]): what building its job reads, the submitter, the firing table and the
+/// group commit its provenance and outcome are recorded through, the counters.
 #[derive(Clone, Copy)]
 pub struct Dispatcher<'a> {
     /// What building a job reads ([`prepare`]).
@@ -85,14 +97,22 @@ pub struct Dispatcher<'a> {
     pub submitter: &'a Submitter,
     /// The durable firing table.
     pub firings: &'a Firings,
+    /// The group commit of the firings' writes (one per dispatcher).
+    pub writer: &'a FiringWriter,
     /// Counters.
     pub stats: &'a Stats,
 }
 
 impl<'a> Dispatcher<'a> {
-    /// The parts of `shared` the dispatcher's steps use.
-    pub fn of(shared: &'a Shared) -> Dispatcher<'a> {
-        Dispatcher { jobs: shared.jobs(), submitter: &shared.submitter, firings: &shared.firings, stats: &shared.stats }
+    /// The parts of `shared` the dispatcher's steps use, writing through `writer`.
+    pub fn of(shared: &'a Shared, writer: &'a FiringWriter) -> Dispatcher<'a> {
+        Dispatcher {
+            jobs: shared.jobs(),
+            submitter: &shared.submitter,
+            firings: &shared.firings,
+            writer,
+            stats: &shared.stats,
+        }
     }
 }
 
@@ -102,6 +122,8 @@ impl<'a> Dispatcher<'a> {
 /// returns; any left `submitting` are pending again at the next start.
 pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyhow::Result<()> {
     let firings = shared.firings.clone();
+    // Dropped when this returns; its thread commits what is queued, then ends.
+    let writer = FiringWriter::start(firings.clone())?;
     let max = firings.max_in_flight();
     let mut tasks = tokio::task::JoinSet::new();
     let mut last_prune: Option<Instant> = None;
@@ -115,8 +137,8 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
                     shared.stats.firings_rate_delayed.fetch_add(claim.rate_delayed, Ordering::Relaxed);
                     shared.stats.jobs_refused.fetch_add(claim.unreadable, Ordering::Relaxed);
                     for c in claim.ready {
-                        let shared = shared.clone();
-                        tasks.spawn(async move { fire_one(Dispatcher::of(&shared), c).await });
+                        let (shared, writer) = (shared.clone(), writer.clone());
+                        tasks.spawn(async move { fire_one(Dispatcher::of(&shared, &writer), c).await });
                     }
                 }
                 Err(e) => {
@@ -180,25 +202,33 @@ async fn checkpoint(firings: &Firings, audit: &Auditing, force: bool) {
     }
 }
 
-/// Records the job's write macaroon with the job's cause (this function appended to its
-/// event's chain), so an event about a file it writes is recognised, together with the audit
-/// records of its credentials (`records`). A macaroon whose identifier cannot be read is
-/// refused (the guard could not work); a failed write is transient.
+/// Records the job's write macaroon (its identifier, `write_id` when already read) with the job's cause (this
+/// function appended to its event's chain), so an event about a file it writes is recognised,
+/// together with the audit records of its credentials (`records`), through the group commit;
+/// returns once committed. A macaroon whose identifier cannot be read is refused (the guard
+/// could not work); a failed write is transient.
 async fn record_provenance(
-    firings: &Firings,
+    writer: &FiringWriter,
     c: &Claimed,
     write_macaroon: &str,
+    write_id: Option<String>,
     records: Vec<AuditDraft>,
 ) -> Result<(), JobError> {
-    let id = htfaas_functions::macaroon::identifier(write_macaroon)
-        .map_err(|e| JobError::Permanent(format!("the storage's write macaroon has no readable identifier: {e}")))?;
+    let macaroon = match write_id {
+        Some(id) => id,
+        // Its facts were not kept (unreadable, or refused as secret-looking): read it alone.
+        None => htfaas_functions::macaroon::identifier(write_macaroon).map_err(|e| {
+            JobError::Permanent(format!("the storage's write macaroon has no readable identifier: {e}"))
+        })?,
+    };
     let m = &c.function.manifest;
     let mut chain = c.cause.as_ref().map(|cause| cause.chain.clone()).unwrap_or_default();
     chain.push(m.name.clone());
     let cause = Cause { function: m.name.clone(), digest: m.module.clone(), event_id: c.event.id.clone(), chain };
-    firings
-        .call(move |f| f.record_provenance_with(&id, &cause, now_ms(), records))
+    writer
+        .write(Write::Provenance { macaroon, cause, records })
         .await
+        .map(|_| ())
         .map_err(|e| JobError::Transient(format!("record the write macaroon's provenance: {e}")))
 }
 
@@ -211,8 +241,8 @@ async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
         Ok(request) => match d.submitter.mint(&c.function.manifest.owner, &request) {
             Err(e) => Err(JobError::Permanent(e.to_string())),
             Ok((claims, token)) => {
-                let records = job_credentials(&c, &claims, &request).to_vec();
-                match record_provenance(d.firings, &c, &request.output.macaroon, records).await {
+                let (records, write_id) = credentials(&c, &claims, &request);
+                match record_provenance(d.writer, &c, &request.output.macaroon, write_id, records.to_vec()).await {
                     Err(e) => Err(e),
                     Ok(()) => match d.submitter.submit_with_token(&token, &request).await {
                         Ok(reply) => {
@@ -229,24 +259,24 @@ async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
         },
         Err(e) => Err(e),
     };
-    let (seq, firings) = (c.seq, d.firings);
-    let recorded = match outcome {
+    let seq = c.seq;
+    let outcome = match outcome {
         Ok(reply) => {
             Stats::bump(if reply.created { &d.stats.jobs_submitted } else { &d.stats.jobs_deduplicated });
-            firings.call(move |f| f.mark_submitted(seq, &reply.job_id, now_ms())).await
+            Outcome::Submitted { job_id: reply.job_id }
         }
-        Err(JobError::Transient(e)) => {
-            tracing::warn!(function = %name, seq, "transient failure, will retry: {e}");
+        Err(JobError::Transient(reason)) => {
+            tracing::warn!(function = %name, seq, "transient failure, will retry: {reason}");
             Stats::bump(&d.stats.transient_failures);
-            firings.call(move |f| f.retry_later(seq, &e, now_ms()).map(|_| ())).await
+            Outcome::RetryLater { reason }
         }
-        Err(JobError::Permanent(e)) => {
-            tracing::error!(function = %name, path = %c.event.path, "job refused: {e}");
+        Err(JobError::Permanent(reason)) => {
+            tracing::error!(function = %name, path = %c.event.path, "job refused: {reason}");
             Stats::bump(&d.stats.jobs_refused);
-            firings.call(move |f| f.mark_refused(seq, &e, now_ms())).await
+            Outcome::Refused { reason }
         }
     };
-    if let Err(e) = recorded {
+    if let Err(e) = d.writer.write(Write::Outcome { seq, outcome }).await {
         // The row stays `submitting` until the next start re-submits it (the scheduler dedupes).
         tracing::error!(function = %name, seq, "could not record a firing's outcome: {e}");
     }
@@ -336,7 +366,8 @@ mod tests {
             let mut claim = shared.firings.claim(now_ms(), 10).expect("claim");
             let claimed = claim.ready.pop().expect("one ready");
             let before = now_ms();
-            fire_one(Dispatcher::of(&shared), claimed).await;
+            let writer = FiringWriter::start(shared.firings.clone()).expect("writer");
+            fire_one(Dispatcher::of(&shared, &writer), claimed).await;
 
             let rows = shared.firings.list(0, 10).expect("list");
             let row = &rows[0];

@@ -35,8 +35,9 @@ pub struct MacaroonFacts {
 impl MacaroonFacts {
     /// Keeps the identifier and caveats of the serialized macaroon `bearer`, and nothing else.
     pub fn from_bearer(role: &str, bearer: &str) -> Result<MacaroonFacts, AuditError> {
-        let identifier = crate::macaroon::identifier(bearer).map_err(|e| AuditError::Macaroon(e.to_string()))?;
-        let caveats = crate::macaroon::inspect(bearer).map_err(|e| AuditError::Macaroon(e.to_string()))?;
+        // One parse for both (issue 20: a job's two macaroons were each parsed twice here).
+        let (identifier, caveats) =
+            crate::macaroon::describe(bearer).map_err(|e| AuditError::Macaroon(e.to_string()))?;
         MacaroonFacts::new(role, &identifier, caveats)
     }
 

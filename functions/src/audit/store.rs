@@ -9,9 +9,9 @@ use super::draft::AuditDraft;
 use super::record::{AuditRecord, canonical_json, encode_record};
 use super::sign::{AuditSigner, Checkpoint, CheckpointPolicy};
 use super::{AuditError, GENESIS_HASH, RECORD_FORMAT};
-use crate::store::{db_int as to_db, from_db};
+use crate::store::{begin_immediate, db_int as to_db, from_db};
 use crate::time::now_ms;
-use rusqlite::{Connection, OpenFlags, OptionalExtension as _, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,18 +98,11 @@ fn in_transaction<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T,
     if !conn.is_autocommit() {
         return f(conn);
     }
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    match f(conn) {
-        Ok(v) => {
-            conn.execute_batch("COMMIT")?;
-            Ok(v)
-        }
-        Err(e) => {
-            // The error that matters is `e`; a failed rollback leaves nothing committed either.
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
+    // Through the statement cache; dropped on an error, which rolls back.
+    let tx = begin_immediate(conn)?;
+    let v = f(&tx)?;
+    tx.commit()?;
+    Ok(v)
 }
 
 /// The audit schema version of the database: `None` when it has no `audit_meta` table.
@@ -177,11 +170,16 @@ fn writer_of(conn: &Connection) -> Result<Option<String>, AuditError> {
 
 /// Appends `draft` as the next record of the chain in `tx`'s database (see [`install`]):
 /// redacts bearer credentials, reads the head, numbers, times and chains the record, all inside
-/// `tx`, so the record commits (or rolls back) with whatever else `tx` does. Signs no
-/// checkpoint: the owner of the key calls [`checkpoint_in`] (e.g. on a timer).
-pub fn append_in(tx: &rusqlite::Transaction<'_>, draft: AuditDraft) -> Result<AuditRecord, AuditError> {
-    let writer = writer_of(tx)?.ok_or_else(|| AuditError::NotALog("no writer in audit_meta (not installed)".into()))?;
-    append_to(tx, &writer, draft, None)
+/// the transaction open on `tx` (a `rusqlite::Transaction`, a [`crate::store::CachedTx`]), so
+/// the record commits (or rolls back) with whatever else it does; on a connection outside any
+/// transaction, in one of its own. Signs no checkpoint: the owner of the key calls
+/// [`checkpoint_in`] (e.g. on a timer).
+pub fn append_in(tx: &Connection, draft: AuditDraft) -> Result<AuditRecord, AuditError> {
+    in_transaction(tx, |tx| {
+        let writer =
+            writer_of(tx)?.ok_or_else(|| AuditError::NotALog("no writer in audit_meta (not installed)".into()))?;
+        append_to(tx, &writer, draft, None)
+    })
 }
 
 /// The one append: inside the open transaction on `tx`; with `signer`, signs a checkpoint of
@@ -394,8 +392,8 @@ impl AuditLog {
     /// (the head is read inside it), signs a checkpoint when one is due, and returns the record
     /// once it is on disk. Bearer credentials in the draft are redacted first.
     pub fn append(&self, draft: AuditDraft) -> Result<AuditRecord, AuditError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let conn = self.conn();
+        let tx = begin_immediate(&conn)?;
         let signer = self.inner.signer.as_ref().map(|s| (s, self.inner.policy));
         let record = append_to(&tx, &self.inner.writer, draft, signer)?;
         tx.commit()?;
@@ -415,8 +413,8 @@ impl AuditLog {
 
     fn checkpoint(&self, force: bool) -> Result<Option<Checkpoint>, AuditError> {
         let Some(signer) = &self.inner.signer else { return Ok(None) };
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let conn = self.conn();
+        let tx = begin_immediate(&conn)?;
         let cp = checkpoint_head(&tx, signer, &self.inner.writer, self.inner.policy, force)?;
         tx.commit()?;
         Ok(cp)

@@ -69,22 +69,29 @@
 //! # Audit trail
 //!
 //! The gateway's audit trail ([`crate::audit`]) lives in this database, in its own `audit_*`
-//! tables, installed at open. Each decision here is recorded in its own transaction: an
-//! event's firings with its `event.matched` record ([`Firings::insert_batch`]), a job's
+//! tables, installed at open. Each decision here is recorded in the decision's transaction:
+//! an event's firings with its `event.matched` record ([`Firings::insert_batch`]), a job's
 //! write-macaroon provenance with its `token.minted` and `macaroons.obtained` records
-//! ([`Firings::record_provenance_with`]), a firing refused for good with its `job.refused`. The
-//! dispatcher signs a checkpoint of the trail when one is due (checked every second) and at
-//! shutdown.
+//! ([`Write::Provenance`]), a firing refused for good with its `job.refused`
+//! ([`Outcome::Refused`]). The dispatcher signs a checkpoint of the trail when one is due
+//! (checked every second) and at shutdown.
 //!
 //! # Concurrency
 //!
-//! One connection behind a mutex, used from `spawn_blocking`. The dispatcher claims ready
-//! firings (`pending`, `not_before_ms` ≤ now, oldest first) up to `max_in_flight`, runs each
-//! as its own task (so one slow storage answer does not hold back the others) and is woken by
-//! every insert, every finished task and a periodic tick.
+//! One connection behind a mutex, used from `spawn_blocking` and the writer thread. The
+//! dispatcher claims ready firings (`pending`, `not_before_ms` ≤ now; in turn by owner, then by
+//! function within an owner, each function's oldest first) up to `max_in_flight`, runs each as
+//! its own task (so one slow storage answer does not hold back the others) and is woken by
+//! every insert, every finished task and a periodic tick. The tasks' writes (provenance before
+//! the submit, the outcome after it) go through one group commit ([`FiringWriter`]): many
+//! firings' writes in one transaction, each in a savepoint of its own, each task answered once
+//! its write is committed (issue 20).
+//!
+//! Every transaction begins and ends through the statement cache
+//! ([`htfaas_functions::store::begin_immediate`]), as every hot statement runs.
 //!
 //! This module is the table: [`Firings`] (`table`), its schema and migrations (`schema`), the
-//! rate buckets (`bucket`). Must not know: NATS, HTTP, the storage or the scheduler (the
+//! rate buckets (`bucket`), the dispatcher's batched writes and their group commit (`writer`). Must not know: NATS, HTTP, the storage or the scheduler (the
 //! dispatcher, [`crate::dispatch`], turns claimed firings into jobs).
 
 mod bucket;
@@ -92,17 +99,19 @@ mod schema;
 mod table;
 #[cfg(test)]
 mod tests;
+mod writer;
 
 pub use bucket::TokenBucket;
 pub use schema::SCHEMA_VERSION;
 pub use table::Firings;
+pub use writer::{FiringWriter, OUTCOME_LINGER, Outcome, WRITE_BATCH, Write, Written};
 
 use crate::audit::Fired;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::audit::{self, AuditDraft, AuditError, AuditSigner, Checkpoint, CheckpointPolicy};
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::Cause;
-use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension as _, params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,10 +5,10 @@
 use super::*;
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub(super) const MIGRATIONS: [&str; 3] = [SCHEMA_1, SCHEMA_2, SCHEMA_3];
+pub(super) const MIGRATIONS: [&str; 4] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4];
 
 pub(super) const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS firings (
@@ -54,6 +54,18 @@ CREATE INDEX IF NOT EXISTS provenance_expiry ON provenance (expires_ms);
 /// ([`ready_rows`]).
 pub(super) const SCHEMA_3: &str = "
 CREATE INDEX IF NOT EXISTS firings_ready_by_function ON firings (function, not_before_ms, seq) WHERE state = 'pending';
+";
+
+/// Version 4: a firing's owner (the function's, from its record), and ready firings by owner
+/// then function, for the claim's round robin over owners, then over each owner's functions
+/// ([`ready_rows`], issue 20); the index by function alone is no longer read. A firing
+/// whose record does not say has the owner `''` (it is refused when claimed anyway).
+pub(super) const SCHEMA_4: &str = "
+ALTER TABLE firings ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+UPDATE firings SET owner = COALESCE(json_extract(record, '$.manifest.owner'), '')
+    WHERE state IN ('pending', 'submitting') AND json_valid(record);
+DROP INDEX IF EXISTS firings_ready_by_function;
+CREATE INDEX IF NOT EXISTS firings_ready_by_owner ON firings (owner, function, not_before_ms, seq) WHERE state = 'pending';
 ";
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.

@@ -5,6 +5,7 @@
 
 use super::schema::migrate;
 use super::*;
+use htfaas_functions::store::begin_immediate;
 
 /// The durable firing table; cheap to clone.
 #[derive(Clone)]
@@ -12,10 +13,10 @@ pub struct Firings {
     conn: Arc<Mutex<Connection>>,
     /// The file, for read-only audit queries and verification on connections of their own.
     path: Arc<PathBuf>,
-    window_ms: u64,
+    pub(super) window_ms: u64,
     max_in_flight: usize,
     /// Firings pending or submitting: a gauge, kept in step with every write.
-    pending: Arc<AtomicU64>,
+    pub(super) pending: Arc<AtomicU64>,
     /// Rate buckets per function name.
     buckets: Arc<Mutex<HashMap<String, TokenBucket>>>,
     /// Wakes the dispatcher after an insert.
@@ -34,62 +35,90 @@ impl std::fmt::Debug for Firings {
 type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>);
 
 /// Up to `limit` ready firings (`pending`, `not_before_ms` ≤ `now_ms`), taken in turn from each
-/// function that has some, each function's oldest first, and returned oldest first: one
-/// function's backlog (an owner's flood) does not keep another function's firing waiting
-/// behind it. The functions are found
-/// by walking the `firings_ready_by_function` index from name to name, so the cost grows with
-/// the number of functions with pending firings, not with the firings.
-/// Claim number `turn` starts its round with the `turn`-th function (modulo their number), so
-/// that claims of one firing each still go round every function.
-fn ready_rows(tx: &rusqlite::Transaction<'_>, now_ms: u64, limit: usize, turn: u64) -> rusqlite::Result<Vec<ClaimRow>> {
-    let functions: Vec<String> = {
-        let mut stmt = tx.prepare_cached(
-            "WITH RECURSIVE f(name) AS ( \
-               SELECT MIN(function) FROM firings WHERE state = 'pending' \
-               UNION ALL \
-               SELECT (SELECT MIN(function) FROM firings WHERE state = 'pending' AND function > f.name) \
-               FROM f WHERE f.name IS NOT NULL) \
-             SELECT name FROM f WHERE name IS NOT NULL",
-        )?;
-        stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
+/// owner that has some, and within an owner in turn from each of its functions, each
+/// function's oldest first; returned oldest first. One owner's backlog (a flood, or many
+/// functions with a backlog each) does not keep another owner's firing waiting behind it, nor
+/// one function's another function's of the same owner (issue 20). Owners and their
+/// functions are found by walking the `firings_ready_by_owner` index from name to name, so
+/// the cost grows with the number of owners and functions with pending firings, not with the
+/// firings. Claim number `turn` starts its round with the `turn`-th owner (and each owner's
+/// round with its `turn`-th function), so that claims of one firing each still go round.
+fn ready_rows(tx: &Connection, now_ms: u64, limit: usize, turn: u64) -> rusqlite::Result<Vec<ClaimRow>> {
+    let rotate = |names: &mut Vec<String>| {
+        if !names.is_empty() {
+            let start = usize::try_from(turn % names.len() as u64).unwrap_or(0);
+            names.rotate_left(start);
+        }
     };
-    let mut functions = functions;
-    if !functions.is_empty() {
-        let start = usize::try_from(turn % functions.len() as u64).unwrap_or(0);
-        functions.rotate_left(start);
-    }
-    let per_function = limit.div_ceil(functions.len().max(1));
-    let mut queues = Vec::with_capacity(functions.len());
-    for function in &functions {
-        let mut stmt = tx.prepare_cached(
-            "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause FROM firings \
-             WHERE state = 'pending' AND function = ?1 AND not_before_ms <= ?2 ORDER BY not_before_ms, seq LIMIT ?3",
-        )?;
-        let rows: Vec<(i64, ClaimRow)> = stmt
-            .query_map(params![function, db_int(now_ms), db_int(per_function as u64)], |r| {
-                Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
-            })?
+    let mut owners: Vec<String> = tx
+        .prepare_cached(
+            "WITH RECURSIVE o(name) AS ( \
+               SELECT MIN(owner) FROM firings WHERE state = 'pending' \
+               UNION ALL \
+               SELECT (SELECT MIN(owner) FROM firings WHERE state = 'pending' AND owner > o.name) \
+               FROM o WHERE o.name IS NOT NULL) \
+             SELECT name FROM o WHERE name IS NOT NULL",
+        )?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    rotate(&mut owners);
+    let per_owner = limit.div_ceil(owners.len().max(1));
+    // Per owner: its functions' queues, taken from in turn.
+    let mut by_owner = Vec::with_capacity(owners.len());
+    for owner in &owners {
+        let mut functions: Vec<String> = tx
+            .prepare_cached(
+                "WITH RECURSIVE f(name) AS ( \
+                   SELECT MIN(function) FROM firings WHERE state = 'pending' AND owner = ?1 \
+                   UNION ALL \
+                   SELECT (SELECT MIN(function) FROM firings WHERE state = 'pending' AND owner = ?1 \
+                           AND function > f.name) \
+                   FROM f WHERE f.name IS NOT NULL) \
+                 SELECT name FROM f WHERE name IS NOT NULL",
+            )?
+            .query_map(params![owner], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
-        queues.push(rows.into_iter());
+        rotate(&mut functions);
+        let per_function = per_owner.div_ceil(functions.len().max(1));
+        let mut queues = Vec::with_capacity(functions.len());
+        for function in &functions {
+            let mut stmt = tx.prepare_cached(
+                "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause FROM firings \
+                 WHERE state = 'pending' AND owner = ?1 AND function = ?2 AND not_before_ms <= ?3 \
+                 ORDER BY not_before_ms, seq LIMIT ?4",
+            )?;
+            let rows: Vec<(i64, ClaimRow)> = stmt
+                .query_map(params![owner, function, db_int(now_ms), db_int(per_function as u64)], |r| {
+                    Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+                })?
+                .collect::<Result<_, _>>()?;
+            queues.push(rows.into_iter());
+        }
+        by_owner.push(round_robin(queues, per_owner).into_iter());
     }
-    // Round robin: the first of each function, then the second of each, …
+    let mut out = round_robin(by_owner, limit);
+    // Those taken, in the order they became ready.
+    out.sort_by_key(|(not_before, row)| (*not_before, row.0));
+    Ok(out.into_iter().map(|(_, row)| row).collect())
+}
+
+/// Up to `limit` items: the first of each queue, then the second of each, …
+fn round_robin<T>(mut queues: Vec<impl Iterator<Item = T>>, limit: usize) -> Vec<T> {
     let mut out = Vec::with_capacity(limit);
     while out.len() < limit {
         let before = out.len();
         for q in &mut queues {
             if out.len() < limit
-                && let Some(row) = q.next()
+                && let Some(item) = q.next()
             {
-                out.push(row);
+                out.push(item);
             }
         }
         if out.len() == before {
             break;
         }
     }
-    // Those taken, in the order they became ready.
-    out.sort_by_key(|(not_before, row)| (*not_before, row.0));
-    Ok(out.into_iter().map(|(_, row)| row).collect())
+    out
 }
 
 impl Firings {
@@ -202,7 +231,7 @@ impl Firings {
         now_ms: u64,
     ) -> Result<Inserted, FiringError> {
         let done = self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = begin_immediate(conn)?;
             let done = insert_event(&tx, event, functions, replay, now_ms, self.window_ms)?;
             tx.commit()?;
             Ok(done)
@@ -222,7 +251,7 @@ impl Firings {
             return Ok(Vec::new());
         }
         let done = self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = begin_immediate(conn)?;
             let done = batch
                 .iter()
                 .map(|b| insert_event(&tx, &b.event, &b.functions, b.replay.as_deref(), now_ms, self.window_ms))
@@ -272,7 +301,7 @@ impl Firings {
         }
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = begin_immediate(conn)?;
             let mut scanned = 0;
             while claim.ready.len() < max && scanned < CLAIM_SCAN {
                 let turn = self.claims.fetch_add(1, Ordering::Relaxed);
@@ -339,62 +368,6 @@ impl Firings {
         Ok(claim)
     }
 
-    /// Ends a claimed firing: `submitted` with `job_id`.
-    pub fn mark_submitted(&self, seq: i64, job_id: &str, now_ms: u64) -> Result<(), FiringError> {
-        self.finish(seq, FiringState::Submitted, Some(job_id), None, now_ms)
-    }
-
-    /// Ends a claimed firing: `refused` for `reason`.
-    pub fn mark_refused(&self, seq: i64, reason: &str, now_ms: u64) -> Result<(), FiringError> {
-        self.finish(seq, FiringState::Refused, None, Some(reason), now_ms)
-    }
-
-    fn finish(
-        &self,
-        seq: i64,
-        state: FiringState,
-        job_id: Option<&str>,
-        reason: Option<&str>,
-        now_ms: u64,
-    ) -> Result<(), FiringError> {
-        let changed = self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let changed = exec(
-                &tx,
-                "UPDATE firings SET state = ?2, job_id = ?3, reason = ?4, updated_ms = ?5 \
-                 WHERE seq = ?1 AND state = 'submitting'",
-                params![seq, state.as_str(), job_id, reason, db_int(now_ms)],
-            )?;
-            if changed > 0 && state == FiringState::Refused {
-                audit::append_in(&tx, refusal_record(&tx, seq, reason.unwrap_or_default())?)?;
-            }
-            tx.commit()?;
-            Ok(changed)
-        })?;
-        if changed > 0 {
-            self.pending.fetch_sub(1u64.min(self.pending()), Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Puts a claimed firing that failed transiently back to `pending`, after a backoff that
-    /// grows with its attempts; returns when it may run again.
-    pub fn retry_later(&self, seq: i64, reason: &str, now_ms: u64) -> Result<u64, FiringError> {
-        self.with(|conn| {
-            let attempts: Option<i64> =
-                row(conn, "SELECT attempts FROM firings WHERE seq = ?1", params![seq], |r| r.get(0)).optional()?;
-            let attempts = u32::try_from(attempts.unwrap_or(1)).unwrap_or(u32::MAX);
-            let at = now_ms.saturating_add(backoff_ms(attempts));
-            exec(
-                conn,
-                "UPDATE firings SET state = 'pending', reason = ?2, not_before_ms = ?3, rate_reserved = 1, \
-                 updated_ms = ?4 WHERE seq = ?1 AND state = 'submitting'",
-                params![seq, reason, db_int(at), db_int(now_ms)],
-            )?;
-            Ok(at)
-        })
-    }
-
     /// The earliest time a pending firing may run, if any is pending.
     pub fn next_due_ms(&self) -> Result<Option<u64>, FiringError> {
         self.with(|conn| {
@@ -423,44 +396,11 @@ impl Firings {
         })
     }
 
-    /// Records that the write macaroon `macaroon` (its identifier) was obtained for a job of
-    /// `cause.function`: files written with it are that job's outputs. Kept as long as firing
-    /// keys. Must be committed before the job is submitted, so no output can come first.
-    pub fn record_provenance(&self, macaroon: &str, cause: &Cause, now_ms: u64) -> Result<(), FiringError> {
-        self.record_provenance_with(macaroon, cause, now_ms, Vec::new())
-    }
-
-    /// [`Firings::record_provenance`] and the audit records of the job's credentials
-    /// (`token.minted`, `macaroons.obtained`: [`crate::dispatch::job_credentials`]), in one
-    /// transaction.
-    pub fn record_provenance_with(
-        &self,
-        macaroon: &str,
-        cause: &Cause,
-        now_ms: u64,
-        records: Vec<AuditDraft>,
-    ) -> Result<(), FiringError> {
-        let json = serde_json::to_string(cause)?;
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            exec(
-                &tx,
-                "INSERT OR REPLACE INTO provenance (macaroon, cause, expires_ms) VALUES (?1, ?2, ?3)",
-                params![macaroon, json, db_int(now_ms.saturating_add(self.window_ms))],
-            )?;
-            for r in records {
-                audit::append_in(&tx, r)?;
-            }
-            tx.commit()?;
-            Ok(())
-        })
-    }
-
     /// Appends one audit record in a transaction of its own (an admin action, which changed
     /// another database).
     pub fn append(&self, draft: AuditDraft) -> Result<audit::AuditRecord, FiringError> {
         self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = begin_immediate(conn)?;
             let record = audit::append_in(&tx, draft)?;
             tx.commit()?;
             Ok(record)
@@ -524,7 +464,7 @@ impl Firings {
 /// One event's firings inside the caller's transaction (see [`Firings::insert`]); sees
 /// what earlier events of the same transaction wrote.
 fn insert_event(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     event: &StorageEvent,
     functions: &[FunctionRecord],
     replay: Option<&str>,
@@ -556,8 +496,8 @@ fn insert_event(
         let inserted = tx
             .prepare_cached(
                 "INSERT OR IGNORE INTO firings (event_key, function, digest, version, path, replay, record, \
-                 event, state, not_before_ms, created_ms, updated_ms, expires_ms, cause) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11, ?12)",
+                 event, state, not_before_ms, created_ms, updated_ms, expires_ms, cause, owner) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9, ?10, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 key,
@@ -572,6 +512,7 @@ fn insert_event(
                 db_int(now_ms),
                 db_int(now_ms.saturating_add(window_ms)),
                 cause_json,
+                m.owner,
             ])?;
         if inserted == 0 {
             done.deduplicated += 1;
@@ -599,9 +540,9 @@ fn insert_event(
 
 /// The `job.refused` record of firing `seq`, refused for good for `reason` (read inside the
 /// refusing transaction).
-fn refusal_record(tx: &rusqlite::Transaction<'_>, seq: i64, reason: &str) -> Result<AuditDraft, FiringError> {
-    let row: Option<(String, String, String, Option<String>)> = tx
-        .query_row("SELECT function, digest, event, replay FROM firings WHERE seq = ?1", params![seq], |r| {
+pub(super) fn refusal_record(tx: &Connection, seq: i64, reason: &str) -> Result<AuditDraft, FiringError> {
+    let row: Option<(String, String, String, Option<String>)> =
+        row(tx, "SELECT function, digest, event, replay FROM firings WHERE seq = ?1", params![seq], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .optional()?;
@@ -625,9 +566,8 @@ fn refusal_record(tx: &rusqlite::Transaction<'_>, seq: i64, reason: &str) -> Res
 /// The cause recorded for the write macaroon `macaroon`; an unreadable entry counts as none
 /// (logged): the worst that does is one more run, which the chain's own guard then stops.
 fn lookup_cause(conn: &Connection, macaroon: &str) -> Result<Option<Cause>, FiringError> {
-    let json: Option<String> = conn
-        .query_row("SELECT cause FROM provenance WHERE macaroon = ?1", params![macaroon], |r| r.get(0))
-        .optional()?;
+    let json: Option<String> =
+        row(conn, "SELECT cause FROM provenance WHERE macaroon = ?1", params![macaroon], |r| r.get(0)).optional()?;
     Ok(json.and_then(|j| match serde_json::from_str(&j) {
         Ok(c) => Some(c),
         Err(e) => {

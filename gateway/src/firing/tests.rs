@@ -409,3 +409,219 @@ fn a_version_1_file_is_migrated_keeping_its_firings() {
     assert_eq!(claim.ready[0].cause, None);
     assert_eq!(f.cause_of("M").expect("provenance table exists"), None);
 }
+
+/// Function `name` of `owner` (otherwise [`function`]'s).
+fn owned(name: &str, owner: &str) -> FunctionRecord {
+    let mut f = function(name, None, None);
+    f.manifest.owner = owner.into();
+    f
+}
+
+/// Issue 20: claims go round owners first, then round each owner's functions. Owner A has five
+/// functions with a backlog each, owner B one function with one firing, the newest of all: a
+/// claim of two (a round robin over functions alone would take two of A's six functions'
+/// oldest) takes B's firing, and claims of one each alternate between the owners.
+#[test]
+fn one_owners_many_functions_do_not_crowd_out_another_owners_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    for i in 0..5 {
+        let a = owned(&format!("a{i}"), "owner-a");
+        for j in 0..20 {
+            f.insert(&event(&format!("a{i}-{j}"), "/data/a"), std::slice::from_ref(&a), None, 0).expect("insert");
+        }
+    }
+    // Named to sort among A's functions, and arriving last.
+    let b = owned("a2b", "owner-b");
+    f.insert(&event("b0", "/data/b"), std::slice::from_ref(&b), None, 5).expect("insert");
+    let claim = f.claim(10, 2).expect("claim");
+    let ids: Vec<&str> = claim.ready.iter().map(|c| c.event.id.as_str()).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&"b0"), "owner B's firing waits behind owner A's functions: {ids:?}");
+    // A's functions take turns among themselves: with B's firing gone, claims of one each go
+    // round A's five functions before any takes a second.
+    let mut functions: Vec<String> =
+        (0..5).map(|_| f.claim(10, 1).expect("claim").ready[0].function.manifest.name.clone()).collect();
+    functions.sort();
+    functions.dedup();
+    assert_eq!(functions.len(), 5, "{functions:?}");
+    // B's next firing is in the very next claim of two, however long A's backlog.
+    f.insert(&event("b1", "/data/b"), std::slice::from_ref(&b), None, 20).expect("insert");
+    let ids: Vec<String> = f.claim(30, 2).expect("claim").ready.iter().map(|c| c.event.id.clone()).collect();
+    assert!(ids.contains(&"b1".to_owned()), "{ids:?}");
+}
+
+/// Issue 20: the dispatcher's writes of many firings commit in one transaction, each in a
+/// savepoint of its own: a write that fails is undone alone (its provenance too, though it was
+/// written before its audit record failed) and answered with its reason; the others commit,
+/// their outcomes and audit records with them, and the chain still verifies.
+#[test]
+fn a_failed_write_in_a_batch_fails_alone_with_its_reason() {
+    use htfaas_functions::audit::{AuditKind, Subject};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let a = function("a", None, None);
+    for i in 0..3 {
+        f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+    }
+    let seqs: Vec<i64> = f.claim(0, 3).expect("claim").ready.iter().map(|c| c.seq).collect();
+    assert_eq!((seqs.len(), f.pending()), (3, 3));
+    // Any audit record about owner "mallory" is refused (a stand-in for a write that fails).
+    f.with(|c| {
+        Ok(c.execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON audit_records WHEN NEW.owner = 'mallory' \
+             BEGIN SELECT RAISE(ABORT, 'poisoned record'); END",
+        )?)
+    })
+    .expect("trigger");
+    let cause = |id: &str| Cause {
+        function: "a".into(),
+        digest: a.manifest.module.clone(),
+        event_id: id.into(),
+        chain: vec!["a".into()],
+    };
+    let record = |owner: &str| {
+        AuditDraft::new(
+            AuditKind::TokenMinted,
+            Subject { owner: Some(owner.into()), ..Subject::default() },
+            serde_json::json!({}),
+        )
+    };
+    let writes = vec![
+        Write::Provenance { macaroon: "M1".into(), cause: cause("e0"), records: vec![record("alice")] },
+        Write::Provenance { macaroon: "M2".into(), cause: cause("e1"), records: vec![record("mallory")] },
+        Write::Outcome { seq: seqs[0], outcome: Outcome::Submitted { job_id: "job-0".into() } },
+        Write::Outcome { seq: seqs[1], outcome: Outcome::Refused { reason: "no".into() } },
+        Write::Outcome { seq: seqs[2], outcome: Outcome::RetryLater { reason: "down".into() } },
+    ];
+    let done = f.write_batch(writes, 100);
+    assert_eq!(done.len(), 5);
+    let err = done[1].as_ref().expect_err("the poisoned write fails");
+    assert!(err.to_string().contains("poisoned record"), "{err}");
+    for i in [0, 2, 3, 4] {
+        assert!(done[i].is_ok(), "write {i}: {:?}", done[i]);
+    }
+    assert!(done[2].as_ref().expect("ok").finished);
+    assert_eq!(done[4].as_ref().expect("ok").retry_at_ms, Some(100 + backoff_ms(1)));
+    assert_eq!(f.cause_of("M1").expect("lookup"), Some(cause("e0")));
+    assert_eq!(f.cause_of("M2").expect("lookup"), None, "the failed write's provenance was undone with it");
+    let rows = f.list(0, 10).expect("list");
+    let got: Vec<(FiringState, Option<&str>)> = rows.iter().map(|r| (r.state, r.job_id.as_deref())).collect();
+    assert_eq!(
+        got,
+        [(FiringState::Submitted, Some("job-0")), (FiringState::Refused, None), (FiringState::Pending, None)]
+    );
+    // Two finished, one pending again.
+    assert_eq!(f.pending(), 1);
+    let records = htfaas_functions::audit::query(f.path(), &Default::default()).expect("query");
+    let kinds: Vec<&str> = records.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, ["event.matched", "event.matched", "event.matched", "token.minted", "job.refused"]);
+    let (signer, _) = htfaas_functions::audit::AuditSigner::generate("k").expect("keygen");
+    f.checkpoint(&signer, Default::default(), true).expect("checkpoint");
+    let report = htfaas_functions::audit::verify(f.path(), &signer.keys()).expect("verify");
+    assert!(report.ok() && report.records == 5, "{report:?}");
+}
+
+/// Issue 20: the group commit answers each write only once it is committed (what a task
+/// awaited is in the table), whatever the number of tasks writing at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_commit_answers_each_write_once_committed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let a = function("a", None, None);
+    let n = 200;
+    for i in 0..n {
+        f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+    }
+    let claimed = f.claim(0, n).expect("claim").ready;
+    assert_eq!(claimed.len(), n);
+    let writer = FiringWriter::start(f.clone()).expect("writer");
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in claimed {
+        let (f, writer) = (f.clone(), writer.clone());
+        tasks.spawn(async move {
+            let id = format!("M{}", c.seq);
+            let cause = Cause {
+                function: "a".into(),
+                digest: c.function.manifest.module.clone(),
+                event_id: c.event.id.clone(),
+                chain: vec!["a".into()],
+            };
+            writer
+                .write(Write::Provenance { macaroon: id.clone(), cause: cause.clone(), records: vec![] })
+                .await
+                .expect("provenance");
+            // Committed before the answer: the next step (the submit) may rely on it.
+            assert_eq!(f.cause_of(&id).expect("lookup"), Some(cause));
+            let outcome = Outcome::Submitted { job_id: format!("job-{}", c.seq) };
+            writer.write(Write::Outcome { seq: c.seq, outcome }).await.expect("outcome");
+            let row = f.list(c.seq - 1, 1).expect("list").pop().expect("row");
+            assert_eq!(row.state, FiringState::Submitted);
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("task");
+    }
+    assert_eq!(f.pending(), 0);
+}
+
+/// Issue 20: what the dispatcher's writes cost per firing (provenance with its two credentials'
+/// records, then the outcome), one transaction each (as before the group commit) against
+/// `per_tx` firings' writes in one transaction, for each durability. Prints one JSON line:
+/// `cargo test -p htfaas-gateway --lib -- --ignored --nocapture dispatcher_writes_per_firing`.
+#[test]
+#[ignore = "a measurement, not a test"]
+fn dispatcher_writes_per_firing() {
+    use htfaas_functions::audit::{AuditKind, Subject};
+    let a = function("a", None, None);
+    let mut out = Vec::new();
+    for durability in [Durability::Log, Durability::Fsync] {
+        for per_tx in [1usize, 4, 16] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let f = Firings::open_with(&dir.path().join("firings.sqlite"), 3600, 16, durability).expect("open");
+            let n = 400;
+            for i in 0..n {
+                f.insert(&event(&format!("e{i}"), "/data/x"), std::slice::from_ref(&a), None, 0).expect("insert");
+            }
+            let claimed = f.claim(0, n).expect("claim").ready;
+            let record = |c: &Claimed, kind| {
+                let subject = Subject {
+                    token_jti: Some(format!("jti-{}", c.seq)),
+                    owner: Some("alice".into()),
+                    event_id: Some(c.event.id.clone()),
+                    paths: vec![c.event.path.clone()],
+                    ..Subject::default()
+                };
+                AuditDraft::new(kind, subject, serde_json::json!({"firing": c.seq, "cpus": 1, "memory_mb": 512}))
+            };
+            let t = std::time::Instant::now();
+            for chunk in claimed.chunks(per_tx) {
+                let provenance = chunk
+                    .iter()
+                    .map(|c| Write::Provenance {
+                        macaroon: format!("M{}", c.seq),
+                        cause: Cause {
+                            function: "a".into(),
+                            digest: a.manifest.module.clone(),
+                            event_id: c.event.id.clone(),
+                            chain: vec!["a".into()],
+                        },
+                        records: vec![record(c, AuditKind::TokenMinted), record(c, AuditKind::MacaroonsObtained)],
+                    })
+                    .collect();
+                assert!(f.write_batch(provenance, 1).iter().all(Result::is_ok));
+                let outcomes = chunk
+                    .iter()
+                    .map(|c| Write::Outcome {
+                        seq: c.seq,
+                        outcome: Outcome::Submitted { job_id: format!("j{}", c.seq) },
+                    })
+                    .collect();
+                assert!(f.write_batch(outcomes, 2).iter().all(Result::is_ok));
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            out.push(format!("\"{durability:?}_per_tx_{per_tx}_us\":{us:.0}"));
+        }
+    }
+    println!("{{{}}}", out.join(","));
+}
