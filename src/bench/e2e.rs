@@ -14,7 +14,7 @@
 //! - **Throughput** ([`throughput`]): events published as fast as the stack completes them
 //!   (at most about a second of work ahead, [`MIN_BACKLOG`]..[`MAX_BACKLOG`]), for a fixed
 //!   window; completions counted by the scheduler (committed `completed` jobs) at the window's
-//!   ends; queue depths (JetStream consumer, gateway firings, scheduler idle and running)
+//!   ends; queue depths (the gateway's unacked events over its lanes, its firings, scheduler idle and running)
 //!   sampled every [`SAMPLE_EVERY`].
 //!
 //! Every token and macaroon is checked as in production: the gateway mints a submit token and
@@ -29,9 +29,7 @@ use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use htfaas_functions::manifest::{Outputs, Trigger};
-use htfaas_functions::proto::{
-    BILLING_SUBSCRIPTION, EVENTS_STREAM, EVENTS_SUBJECT, JobLog, JobRecord, JobState, TransferMessage,
-};
+use htfaas_functions::proto::{BILLING_SUBSCRIPTION, JobLog, JobRecord, JobState, TransferMessage, path_subject};
 use htfaas_functions::store::Durability;
 use htfaas_functions::{Digest, FunctionManifest, Resources};
 use std::collections::HashMap;
@@ -197,9 +195,10 @@ impl Bench {
         transfer_write(path, size, &self.run_id, n)
     }
 
-    /// Publishes one event and waits for JetStream's ack.
-    async fn publish(&self, payload: Vec<u8>) -> anyhow::Result<()> {
-        self.js.publish(EVENTS_SUBJECT, payload.into()).await.context("publish")?.await.context("JetStream ack")?;
+    /// Publishes the event of `path` on its path subject, as the storage does, and waits for
+    /// JetStream's ack.
+    async fn publish(&self, path: &str, payload: Vec<u8>) -> anyhow::Result<()> {
+        self.js.publish(path_subject(path), payload.into()).await.context("publish")?.await.context("JetStream ack")?;
         Ok(())
     }
 
@@ -326,7 +325,7 @@ pub async fn latency(
         let payload = bench.event(&input, size, bench.next);
         let t0 = Instant::now();
         let t0_ns = unix_ns();
-        bench.publish(payload).await?;
+        bench.publish(&input, payload).await?;
         let done = bench.wait_output(&output).await?;
         if i >= warmup {
             samples.push((input.clone(), done - t0));
@@ -532,14 +531,6 @@ pub async fn throughput(
     let completed0 = before.get("completed").copied().unwrap_or(0);
     let failed0 = before.get("failed").copied().unwrap_or(0);
     let outputs0 = bench.outputs_seen.load(Ordering::Relaxed);
-    let mut consumer = bench
-        .js
-        .get_stream(EVENTS_STREAM)
-        .await
-        .context("the events stream")?
-        .get_consumer::<async_nats::jetstream::consumer::pull::Config>("gateway")
-        .await
-        .map_err(|e| anyhow::anyhow!("the gateway's consumer: {e}"))?;
 
     let start = Instant::now();
     let measure_from = start + warmup;
@@ -571,10 +562,8 @@ pub async fn throughput(
                 depths.samples += 1;
                 depths.scheduler_idle.push(states.get("idle").copied().unwrap_or(0) as f64);
                 depths.scheduler_running.push(states.get("running").copied().unwrap_or(0) as f64);
-                if let Ok(info) = consumer.info().await {
-                    depths.jetstream_pending.push((info.num_pending + info.num_ack_pending as u64) as f64);
-                }
                 if let Ok(s) = bench.client.stats().await {
+                    depths.jetstream_pending.push(s.events_pending as f64);
                     depths.gateway_firings.push(s.firings_pending as f64);
                 }
             }
@@ -586,7 +575,7 @@ pub async fn throughput(
         while published < completed + backlog && acks.len() < 256 && burst < 64 {
             let input = bench.new_input(dir, "tp", size)?;
             let payload = bench.event(&input, size, bench.next);
-            acks.push(bench.js.publish(EVENTS_SUBJECT, payload.into()).await.context("publish")?.into_future());
+            acks.push(bench.js.publish(path_subject(&input), payload.into()).await.context("publish")?.into_future());
             published += 1;
             burst += 1;
         }
