@@ -5,7 +5,6 @@ mod accounting;
 mod annex;
 mod attacks;
 mod audit;
-mod bench;
 mod bridges;
 mod configs;
 mod console;

@@ -2,12 +2,24 @@
 //! at a time through the checksum function, then a short throughput run of the no-op. The
 //! figures must be the ones the bench promises (names, counts, units), consistent with each
 //! other (a function starts before its output is stored), and every published event must have
-//! completed (the run drains, nothing lost).
+//! completed (the run drains, nothing lost). An integration test of the root package, like the
+//! crash harness's: the bench runs each component as a process of the `htfaas` binary
+//! (`CARGO_BIN_EXE_htfaas`). The test command builds the example guests first.
 
 use htfaas::bench::{Figure, e2e};
 use htfaas_functions::store::Durability;
-use htfaas_tests::guest_wasm;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The example guests built for wasm32-wasip1 (by the test command, before the tests).
+fn wasm_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release")
+}
+
+/// The `htfaas` binary whose subcommands run the components.
+fn htfaas() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_htfaas"))
+}
 
 fn get<'a>(figures: &'a [Figure], metric: &str) -> &'a Figure {
     figures.iter().find(|f| f.metric == metric).unwrap_or_else(|| panic!("no {metric} in {figures:#?}"))
@@ -15,9 +27,8 @@ fn get<'a>(figures: &'a [Figure], metric: &str) -> &'a Figure {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_bench_measures_latency_and_throughput_on_a_real_stack() {
-    let wasm = guest_wasm("checksum");
-    let modules = e2e::Modules::load(wasm.parent().expect("dir")).expect("modules");
-    let mut bench = e2e::Bench::start(&modules, 2, Durability::Log, None).await.expect("start");
+    let modules = e2e::Modules::load(&wasm_dir()).expect("modules");
+    let mut bench = e2e::Bench::start(&modules, htfaas(), &[2], Durability::Log, None).await.expect("start");
     let mut figures = Vec::new();
     let lat = e2e::latency(&mut bench, 10, 2, 1024, "", &mut |f| figures.push(f)).await.expect("latency");
     let rate =
@@ -47,15 +58,21 @@ async fn the_bench_measures_latency_and_throughput_on_a_real_stack() {
     assert!(rate > 0.0, "{tp:?}");
     assert!(tp.n > 0);
     assert!(tp.extra["published"].as_u64().expect("published") >= tp.n, "{tp:?}");
+    // CPU per event, per process, and their sum over the htfaas processes.
+    let cpu = |who: &str| get(&figures, &format!("throughput_noop.cpu_ms_per_event.{who}")).value;
+    let parts: f64 = e2e::HTFAAS_PROCESSES.iter().map(|p| cpu(p)).sum();
+    assert!((cpu("htfaas") - parts).abs() < 1e-9, "htfaas is the sum of {:?}: {figures:#?}", e2e::HTFAAS_PROCESSES);
+    assert!(cpu("scheduler") > 0.0 && cpu("gateway") > 0.0 && cpu("ep") > 0.0, "{figures:#?}");
+    get(&figures, "throughput_noop.cpu_ms_per_event.nats_server");
+    get(&figures, "throughput_noop.cpu_ms_per_event.publisher");
     let depth = get(&figures, "throughput_noop.queue.scheduler_idle_max");
     assert!(depth.n >= 2, "sampled through the window: {depth:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_fsync_stack_starts_and_a_bench_of_an_unknown_function_is_refused() {
-    let wasm = guest_wasm("checksum");
-    let modules = e2e::Modules::load(wasm.parent().expect("dir")).expect("modules");
-    let mut bench = e2e::Bench::start(&modules, 1, Durability::Fsync, None).await.expect("start");
+    let modules = e2e::Modules::load(&wasm_dir()).expect("modules");
+    let mut bench = e2e::Bench::start(&modules, htfaas(), &[1, 1], Durability::Fsync, None).await.expect("start");
     let e = e2e::throughput(&mut bench, "nope", 10, "", Duration::ZERO, Duration::from_secs(1), &mut |_| {})
         .await
         .expect_err("refused");
