@@ -284,7 +284,7 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
     let data_dir = dir.join("storage/data");
     for n in 0..opts.events {
         let path = format!("{INPUT_DIR}{}", input_name(&run_id, n));
-        crate::bench::e2e::write_input(&data_dir, &path, INPUT_BYTES, n)?;
+        crate::traffic::write_input(&data_dir, &path, INPUT_BYTES, n)?;
     }
 
     println!(
@@ -389,7 +389,7 @@ async fn publish(
     for n in 0..events {
         tokio::time::sleep_until(start + every.mul_f64(n as f64)).await;
         let path = format!("{INPUT_DIR}{}", input_name(&run_id, n));
-        let payload = crate::bench::e2e::transfer_write(&path, INPUT_BYTES, &run_id, n);
+        let payload = crate::traffic::transfer_write(&path, INPUT_BYTES, &run_id, n);
         if let Some(slot) = landed.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.get_mut(usize::try_from(n)?) {
             *slot = unix_ms();
         }
@@ -546,9 +546,9 @@ async fn check(
         .iter()
         .filter_map(|(n, end)| Some(end.saturating_sub(*landed.get(usize::try_from(*n).ok()?)?) as f64))
         .collect();
-    let p50 = crate::bench::percentile(&mut latencies, 0.5);
-    let p99 = crate::bench::percentile(&mut latencies, 0.99);
-    let max = crate::bench::percentile(&mut latencies, 1.0);
+    let p50 = crate::traffic::percentile(&mut latencies, 0.5);
+    let p99 = crate::traffic::percentile(&mut latencies, 0.99);
+    let max = crate::traffic::percentile(&mut latencies, 1.0);
     report.event_latency_ms = (p50 as u64, p99 as u64, max as u64);
 
     // Recovery per kill: the first job of an event that landed after the kill to end.

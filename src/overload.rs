@@ -71,9 +71,9 @@ pub struct Spread {
 impl Spread {
     fn of(mut v: Vec<f64>) -> Spread {
         let n = v.len();
-        let p50 = crate::bench::percentile(&mut v, 0.5);
-        let p99 = crate::bench::percentile(&mut v, 0.99);
-        let max = crate::bench::percentile(&mut v, 1.0);
+        let p50 = crate::traffic::percentile(&mut v, 0.5);
+        let p99 = crate::traffic::percentile(&mut v, 0.99);
+        let max = crate::traffic::percentile(&mut v, 1.0);
         Spread { p50, p99, max, n }
     }
 }
@@ -236,8 +236,8 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
     }
     client.register(&noop("bobs", "bob", module, "/data/bob/")).await?;
     let data = dir.join("storage/data");
-    crate::bench::e2e::write_input(&data, ALICE_INPUT, 1024, 1)?;
-    crate::bench::e2e::write_input(&data, BOB_INPUT, 1024, 2)?;
+    crate::traffic::write_input(&data, ALICE_INPUT, 1024, 1)?;
+    crate::traffic::write_input(&data, BOB_INPUT, 1024, 2)?;
 
     let mut report = OverloadReport { flood: opts.flood, slots: opts.workers, ..Default::default() };
     let pids: Vec<(Component, u32)> = Component::ALL.iter().filter_map(|&c| procs.pid(c).map(|p| (c, p))).collect();
@@ -286,7 +286,7 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
                     && let Ok(r) = http.get(format!("{scheduler}/metrics")).bearer_auth(&token).send().await
                     && let Ok(text) = r.text().await
                 {
-                    let states = crate::bench::e2e::parse_job_states(&text);
+                    let states = crate::traffic::parse_job_states(&text);
                     idle_peak = idle_peak.max(states.get("idle").copied().unwrap_or(0));
                 }
             }
@@ -303,7 +303,7 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
     // As the built-in storage publishes them: on the file's path subject.
     let alice_subject = path_subject(ALICE_INPUT);
     for n in 0..opts.flood {
-        let payload = crate::bench::e2e::transfer_write(ALICE_INPUT, 1024, &run_id, n);
+        let payload = crate::traffic::transfer_write(ALICE_INPUT, 1024, &run_id, n);
         acks.push(js.publish(alice_subject.clone(), payload.into()).await.context("publish")?.into_future());
         while acks.len() >= PUBLISH_WINDOW {
             if let Some(ack) = acks.next().await {
@@ -318,7 +318,7 @@ async fn measure(opts: &OverloadOptions, procs: &ProcStack, dir: &std::path::Pat
 
     // bob's one event.
     let bob_published = unix_ms();
-    let bob = crate::bench::e2e::transfer_write(BOB_INPUT, 1024, &format!("b{run_id}"), 0);
+    let bob = crate::traffic::transfer_write(BOB_INPUT, 1024, &format!("b{run_id}"), 0);
     js.publish(path_subject(BOB_INPUT), bob.into()).await?.await.context("JetStream ack of bob's event")?;
     let db = dir.join("scheduler/jobs.sqlite");
     let deadline = Instant::now() + Duration::from_secs(600);

@@ -348,7 +348,7 @@ impl ProcStack {
             .error_for_status()?
             .text()
             .await?;
-        Ok(crate::bench::e2e::parse_job_states(&text))
+        Ok(crate::traffic::parse_job_states(&text))
     }
 
     /// SIGTERM to every process, SIGKILL after 20 s; NATS last.

@@ -48,16 +48,6 @@ impl Figure {
     }
 }
 
-/// Nearest-rank percentile (`q` in 0..=1) of `v` (sorted in place); 0 for an empty slice.
-pub fn percentile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let rank = (q * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
-}
-
 /// What `htfaas bench` runs.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -361,18 +351,6 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
-        assert_eq!(percentile(&mut v, 0.5), 50.0);
-        assert_eq!(percentile(&mut v, 0.99), 99.0);
-        assert_eq!(percentile(&mut v, 1.0), 100.0);
-        assert_eq!(percentile(&mut v, 0.0), 1.0);
-        let mut one = vec![7.0];
-        assert_eq!(percentile(&mut one, 0.99), 7.0);
-        assert_eq!(percentile(&mut [], 0.5), 0.0);
-    }
 
     #[test]
     fn ratios_pair_each_figure_with_the_peer_and_judge_the_target() {

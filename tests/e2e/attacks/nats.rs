@@ -19,8 +19,8 @@
 //! in order, so by then it has decided whatever the attacker managed to put before it.
 
 use async_nats::jetstream;
-use htfaas::bench::e2e::transfer_write;
 use htfaas::stack::{USER, demo_manifest};
+use htfaas::traffic::transfer_write;
 use htfaas_functions::manifest::Trigger;
 use htfaas_functions::nats::{NatsCredential, connect_options};
 use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, JobState, path_subject};

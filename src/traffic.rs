@@ -1,0 +1,159 @@
+//! What the measuring harnesses (`bench`, `crash`, `overload`) share to make and read traffic:
+//! input files written into the storage's data directory, dCache `transfer` messages as a pool
+//! publishes them, the scheduler's job gauges read back, a process's CPU time, percentiles.
+//!
+//! Must not know: the stack, its processes, commands.
+
+use anyhow::Context as _;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Nearest-rank percentile (`q` in 0..=1) of `v` (sorted in place); 0 for an empty slice.
+pub fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = (q * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+/// Writes `size` bytes of a pattern seeded by `seed` at `data_dir` + `path`.
+pub fn write_input(data_dir: &Path, path: &str, size: usize, seed: u64) -> anyhow::Result<()> {
+    let file = data_dir.join(path.trim_start_matches('/'));
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+    }
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let bytes: Vec<u8> = (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&file, bytes).with_context(|| format!("write {}", file.display()))
+}
+
+/// A pool's successful `transfer` write of `path`, as dCache publishes it.
+pub fn transfer_write(path: &str, size: usize, run_id: &str, n: u64) -> Vec<u8> {
+    let pnfsid = format!("0000{run_id}{n:016X}");
+    let now_ms = u64::try_from(unix_ns() / 1_000_000).unwrap_or(0);
+    let body = serde_json::json!({
+        "version": "1.0", "msgType": "transfer", "isWrite": "write", "isP2p": false,
+        "status": {"code": 0, "msg": ""}, "cellName": "pool-bench", "cellType": "pool",
+        "cellDomain": "poolBenchDomain",
+        "session": format!("pool:pool-bench@poolBenchDomain:{now_ms}-{n}"),
+        "initiator": format!("door:bench@benchDomain:{run_id}-{n}"),
+        "transferPath": path, "billingPath": path, "pnfsid": pnfsid,
+        "fileSize": size, "transferSize": size, "transferTime": 1,
+        "subject": ["UserNamePrincipal[alice]", "Origin[127.0.0.1]"],
+        "protocolInfo": {"protocol": "Http", "versionMajor": 1, "versionMinor": 1, "host": "127.0.0.1", "port": 0},
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// Nanoseconds since the Unix epoch (0 before it).
+pub fn unix_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+/// `htfaas_scheduler_jobs{state="X"} N` lines of a Prometheus text.
+pub fn parse_job_states(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("htfaas_scheduler_jobs{state=\"")?;
+            let (state, rest) = rest.split_once("\"}")?;
+            let n = rest.trim().parse::<f64>().ok()?;
+            Some((state.to_owned(), n as u64))
+        })
+        .collect()
+}
+
+/// CPU time (user + system) of process `pid` so far (`/proc/<pid>/stat`), or `None` where
+/// there is no procfs.
+pub fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), from its closing parenthesis.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / USER_HZ))
+}
+
+/// The unit of `/proc/<pid>/stat` times: `USER_HZ`, 100 per second in Linux's user ABI.
+const USER_HZ: f64 = 100.0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::proto::TransferMessage;
+
+    #[test]
+    fn job_states_come_from_the_gauge_lines_only() {
+        let text = "# TYPE htfaas_scheduler_jobs gauge\n\
+                    htfaas_scheduler_jobs{state=\"idle\"} 12\n\
+                    htfaas_scheduler_jobs{state=\"completed\"} 3456\n\
+                    htfaas_scheduler_jobs_other{state=\"idle\"} 99\n\
+                    htfaas_scheduler_jobs{state=\"running\"} x\n";
+        let s = parse_job_states(text);
+        assert_eq!(s.get("idle"), Some(&12));
+        assert_eq!(s.get("completed"), Some(&3456));
+        assert_eq!(s.get("running"), None, "an unparsable value is no figure");
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn a_transfer_message_parses_as_the_gateway_reads_it() {
+        let bytes = transfer_write("/data/bench/sum/a.dat", 1024, "abcd", 7);
+        let m: TransferMessage = serde_json::from_slice(&bytes).expect("parses");
+        assert_eq!(m.transfer_path.as_deref(), Some("/data/bench/sum/a.dat"));
+        assert_eq!(m.file_size, Some(1024));
+        let other = transfer_write("/data/bench/sum/a.dat", 1024, "abcd", 8);
+        let o: TransferMessage = serde_json::from_slice(&other).expect("parses");
+        assert_ne!(m.pnfsid, o.pnfsid, "each event is a new file");
+        let d = htfaas_gateway::event::dcache::decide(&bytes, "m1", &Default::default()).expect("decides");
+        match d {
+            htfaas_gateway::event::Decision::Fire(ev) => assert_eq!(ev.path, "/data/bench/sum/a.dat"),
+            other => panic!("the gateway does not fire on it: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn this_process_has_cpu_time() {
+        let a = cpu_time("self").expect("procfs");
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time("self").expect("procfs") >= a);
+        assert!(cpu_time("no-such-pid").is_none());
+    }
+
+    #[test]
+    fn inputs_are_deterministic_per_seed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        write_input(dir.path(), "/a/b.dat", 100, 1).expect("write");
+        write_input(dir.path(), "/a/c.dat", 100, 2).expect("write");
+        let b = std::fs::read(dir.path().join("a/b.dat")).expect("read");
+        let c = std::fs::read(dir.path().join("a/c.dat")).expect("read");
+        assert_eq!(b.len(), 100);
+        assert_ne!(b, c);
+        write_input(dir.path(), "/a/d.dat", 100, 1).expect("write");
+        assert_eq!(b, std::fs::read(dir.path().join("a/d.dat")).expect("read"));
+    }
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.5), 50.0);
+        assert_eq!(percentile(&mut v, 0.99), 99.0);
+        assert_eq!(percentile(&mut v, 1.0), 100.0);
+        assert_eq!(percentile(&mut v, 0.0), 1.0);
+        let mut one = vec![7.0];
+        assert_eq!(percentile(&mut one, 0.99), 7.0);
+        assert_eq!(percentile(&mut [], 0.5), 0.0);
+    }
+}
