@@ -151,18 +151,7 @@ pub fn ratios(figures: &[Figure]) -> Vec<Figure> {
     let mut out = Vec::new();
     for (metric, ours, theirs, target, upper) in RATIOS {
         let (Some(a), Some(b)) = (find(figures, "htfaas", ours), find(figures, "parsl-htex", theirs)) else { continue };
-        if b <= 0.0 {
-            continue;
-        }
-        let r = a / b;
-        let met = if upper { r <= target } else { r >= target };
-        out.push(
-            Figure::new("ratio", metric, (r * 1000.0).round() / 1000.0, "ratio", 1)
-                .with("htfaas", a)
-                .with("peer", b)
-                .with("target", format!("{} {target}", if upper { "<=" } else { ">=" }))
-                .with("met", met),
-        );
+        out.extend(ratio(metric, ("htfaas", a), ("peer", b), target, upper));
     }
     out.extend(targets(figures));
     out
@@ -174,29 +163,30 @@ pub fn targets(figures: &[Figure]) -> Vec<Figure> {
     let mut out = Vec::new();
     for (metric, ours, base, target, upper) in SELF_RATIOS {
         let (Some(a), Some(b)) = (find(figures, "htfaas", ours), find(figures, "htfaas", base)) else { continue };
-        if b <= 0.0 {
-            continue;
-        }
-        let r = a / b;
-        let met = if upper { r <= target } else { r >= target };
-        out.push(
-            Figure::new("ratio", metric, (r * 1000.0).round() / 1000.0, "ratio", 1)
-                .with(ours, a)
-                .with(base, b)
-                .with("target", format!("{} {target}", if upper { "<=" } else { ">=" }))
-                .with("met", met),
-        );
+        out.extend(ratio(metric, (ours, a), (base, b), target, upper));
     }
     for (metric, figure, target, upper, unit) in ABSOLUTE {
         let Some(v) = find(figures, "htfaas", figure) else { continue };
-        let met = if upper { v <= target } else { v >= target };
-        out.push(
-            Figure::new("target", metric, v, unit, 1)
-                .with("target", format!("{} {target}", if upper { "<=" } else { ">=" }))
-                .with("met", met),
-        );
+        out.push(judged(Figure::new("target", metric, v, unit, 1), target, upper));
     }
     out
+}
+
+/// The ratio `a ÷ b` as the figure `metric` (both operands named in it), judged against
+/// `target`; none when `b` is not positive.
+fn ratio(metric: &str, (a_name, a): (&str, f64), (b_name, b): (&str, f64), target: f64, upper: bool) -> Option<Figure> {
+    if b <= 0.0 {
+        return None;
+    }
+    let r = (a / b * 1000.0).round() / 1000.0;
+    Some(judged(Figure::new("ratio", metric, r, "ratio", 1).with(a_name, a).with(b_name, b), target, upper))
+}
+
+/// `f` with its `target` (an upper bound when `upper`, else a lower one) and whether its value
+/// `met` it.
+fn judged(f: Figure, target: f64, upper: bool) -> Figure {
+    let met = if upper { f.value <= target } else { f.value >= target };
+    f.with("target", format!("{} {target}", if upper { "<=" } else { ">=" })).with("met", met)
 }
 
 /// Runs everything `opts` asks for, emitting each figure as it is measured; returns them all.
