@@ -9,7 +9,7 @@ use super::trail::job_subject;
 use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft};
 use htfaas_functions::store::{db_int, exec, now_ms};
-use rusqlite::{OptionalExtension as _, params};
+use rusqlite::params;
 
 /// What [`Queue::hand_back`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,15 +27,9 @@ impl Queue {
     /// `why`, recorded as `attempt.lost` (detail `not_started`, then `requeued`).
     pub async fn hand_back(&self, ep_session: String, job_id: String, why: String) -> Result<HandedBack, QueueError> {
         self.write(move |tx| {
-            let row: Option<(u32, String)> = tx
-                .query_row(
-                    "SELECT attempts, COALESCE(ep, '') FROM jobs WHERE id = ?1 AND state = 'running' \
-                     AND ep_session = ?2",
-                    params![job_id, ep_session],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let Some((attempt, ep)) = row else { return Ok(HandedBack::NotRunning) };
+            let Some((attempt, ep)) = super::runs::running_attempt(tx, &job_id, &ep_session)? else {
+                return Ok(HandedBack::NotRunning);
+            };
             let now = db_int(now_ms());
             exec(
                 tx,

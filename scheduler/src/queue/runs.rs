@@ -524,14 +524,7 @@ impl Queue {
         self.write(move |tx| {
             let mut n = 0;
             for id in job_ids {
-                let attempt: Option<(u32, String)> = tx
-                    .query_row(
-                        "SELECT attempts, COALESCE(ep, '') FROM jobs WHERE id = ?1 AND state = 'running' \
-                         AND ep_session = ?2",
-                        params![id, ep_session],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
+                let attempt = running_attempt(tx, &id, &ep_session)?;
                 // Never sent: the attempt did not happen.
                 exec(
                     tx,
@@ -764,4 +757,19 @@ impl Queue {
         })
         .await
     }
+}
+
+/// The attempt number and EP name of `job_id` while it runs on `ep_session`; `None` when it
+/// does not (it ended, or runs on another session).
+pub(super) fn running_attempt(
+    tx: &Transaction<'_>,
+    job_id: &str,
+    ep_session: &str,
+) -> Result<Option<(u32, String)>, rusqlite::Error> {
+    tx.query_row(
+        "SELECT attempts, COALESCE(ep, '') FROM jobs WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
+        params![job_id, ep_session],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
 }
