@@ -72,6 +72,14 @@ pub fn parse_job_states(text: &str) -> HashMap<String, u64> {
         .collect()
 }
 
+/// The value of the unlabelled counter `name` (its `_total` sample) in a Prometheus text.
+pub fn parse_counter(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix("_total ")?;
+        Some(rest.trim().parse::<f64>().ok()? as u64)
+    })
+}
+
 /// CPU time (user + system) of process `pid` so far (`/proc/<pid>/stat`), or `None` where
 /// there is no procfs.
 pub fn cpu_time(pid: &str) -> Option<Duration> {
@@ -90,6 +98,16 @@ const USER_HZ: f64 = 100.0;
 mod tests {
     use super::*;
     use htfaas_functions::proto::TransferMessage;
+
+    #[test]
+    fn a_counter_is_read_from_its_total_line_only() {
+        let text = "# TYPE htfaas_scheduler_store_writes counter\n\
+                    htfaas_scheduler_store_writes_total 1234\n\
+                    htfaas_scheduler_store_write_batches_total 99\n";
+        assert_eq!(parse_counter(text, "htfaas_scheduler_store_writes"), Some(1234));
+        assert_eq!(parse_counter(text, "htfaas_scheduler_store_write_batches"), Some(99));
+        assert_eq!(parse_counter(text, "htfaas_scheduler_store"), None);
+    }
 
     #[test]
     fn job_states_come_from_the_gauge_lines_only() {

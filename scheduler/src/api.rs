@@ -690,7 +690,8 @@ async fn audit_keys(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Re
 async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiFailure> {
     require_admin(&shared, &headers)?;
     let path = shared.queue.path().to_owned();
-    crate::metrics::render(&shared.metrics, path, || crate::metrics::EpFigures::of(&shared.eps())).await
+    let store = (shared.queue.writes(), shared.queue.write_batches());
+    crate::metrics::render(&shared.metrics, path, store, || crate::metrics::EpFigures::of(&shared.eps())).await
 }
 
 async fn accounting(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<Vec<Account>>, ApiFailure> {

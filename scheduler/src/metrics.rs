@@ -11,6 +11,7 @@
 //! | `htfaas_scheduler_ep_gpus`, `…_ep_busy_gpus` | gauge | | the same for GPUs |
 //! | `htfaas_scheduler_token_refusals_total` | counter | `token` (`submit`, `attach`, `admin`), `reason` | credentials refused, by the check that failed ([`Reason`]) |
 //! | `htfaas_scheduler_audit_records_total` | counter | | records appended to the audit trail (its last sequence number) |
+//! | `htfaas_scheduler_store_writes_total`, `…_store_write_batches_total` | counter | | writes to the job store, and the transactions (group commits) they were run in: their ratio is the writes per commit |
 //! | `htfaas_scheduler_ep_bad_frames_total` | counter | | frames from EPs that were not understood |
 //! | `htfaas_scheduler_ignored_reports_total` | counter | | `Finished` reports for jobs not running on the reporting session |
 //!
@@ -296,7 +297,13 @@ const JOBS_BY_STATE: &str = "SELECT state, COUNT(*) FROM jobs INDEXED BY jobs_by
 
 /// The answer of `GET /metrics`, once the caller's admin token is checked: the store at `path`
 /// counted, then the EP table read (`eps`, under its lock) and `metrics`' counters.
-pub async fn render(metrics: &Metrics, path: PathBuf, eps: impl FnOnce() -> EpFigures) -> Result<Response, ApiFailure> {
+/// `writes` and `batches` are the store writer's counts ([`crate::queue::Queue::writes`]).
+pub async fn render(
+    metrics: &Metrics,
+    path: PathBuf,
+    (writes, batches): (u64, u64),
+    eps: impl FnOnce() -> EpFigures,
+) -> Result<Response, ApiFailure> {
     let stored = tokio::task::spawn_blocking(move || read_store(&path))
         .await
         .map_err(|e| ApiFailure::internal("count jobs for the metrics", &e))?
@@ -308,6 +315,8 @@ pub async fn render(metrics: &Metrics, path: PathBuf, eps: impl FnOnce() -> EpFi
         latency: metrics.dispatch_latency.clone(),
         bad_frames: metrics.bad_frames.load(Ordering::Relaxed),
         ignored_reports: metrics.ignored_reports.load(Ordering::Relaxed),
+        store_writes: writes,
+        store_batches: batches,
     };
     let text =
         htfaas_functions::metrics::encode(snapshot).map_err(|e| ApiFailure::internal("encode the metrics", &e))?;
@@ -352,6 +361,8 @@ struct Snapshot {
     latency: Histogram,
     bad_frames: u64,
     ignored_reports: u64,
+    store_writes: u64,
+    store_batches: u64,
 }
 
 const STATES: [JobState; 6] =
@@ -408,6 +419,12 @@ impl Collector for Snapshot {
                 "Finished reports for jobs not running on the reporting session.",
                 self.ignored_reports,
             ),
+            ("htfaas_scheduler_store_writes", "Writes to the job store.", self.store_writes),
+            (
+                "htfaas_scheduler_store_write_batches",
+                "Transactions (group commits) the job store's writes ran in.",
+                self.store_batches,
+            ),
         ] {
             e.encode_descriptor(name, help, None, MetricType::Counter)?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
@@ -451,6 +468,8 @@ mod tests {
             latency: h,
             bad_frames: 0,
             ignored_reports: 0,
+            store_writes: 0,
+            store_batches: 0,
         }));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");

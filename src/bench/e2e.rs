@@ -25,7 +25,7 @@ use super::Figure;
 use crate::client::Client;
 use crate::procs::{Component, ProcOptions, ProcStack};
 use crate::stack::USER;
-use crate::traffic::{cpu_time, parse_job_states, percentile, transfer_write, unix_ns, write_input};
+use crate::traffic::{cpu_time, parse_counter, parse_job_states, percentile, transfer_write, unix_ns, write_input};
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
@@ -431,6 +431,18 @@ struct Depths {
 
 /// The scheduler's committed jobs by state, from its `/metrics`.
 async fn scheduler_states(http: &reqwest::Client, bench: &Bench) -> anyhow::Result<HashMap<String, u64>> {
+    Ok(parse_job_states(&scheduler_metrics(http, bench).await?))
+}
+
+/// The scheduler's store writes and their transactions so far, from its `/metrics`.
+async fn scheduler_writes(http: &reqwest::Client, bench: &Bench) -> anyhow::Result<(u64, u64)> {
+    let text = scheduler_metrics(http, bench).await?;
+    let count = |name| parse_counter(&text, name).with_context(|| format!("no {name} in the scheduler's metrics"));
+    Ok((count("htfaas_scheduler_store_writes")?, count("htfaas_scheduler_store_write_batches")?))
+}
+
+/// The scheduler's `/metrics` text.
+async fn scheduler_metrics(http: &reqwest::Client, bench: &Bench) -> anyhow::Result<String> {
     let token = bench.stack.layout().scheduler_admin_token();
     let text = http
         .get(format!("{}/metrics", bench.stack.scheduler_url()))
@@ -440,7 +452,7 @@ async fn scheduler_states(http: &reqwest::Client, bench: &Bench) -> anyhow::Resu
         .error_for_status()?
         .text()
         .await?;
-    Ok(parse_job_states(&text))
+    Ok(text)
 }
 
 /// Sustained throughput of `function` (`noop` or `checksum`) on inputs of `size` bytes over
@@ -477,6 +489,7 @@ pub async fn throughput(
     let mut at_window_start: Option<(u64, Instant)> = None;
     let mut at_window_end: Option<(u64, Instant)> = None;
     let (mut cpu_start, mut cpu_end) = (StackCpu::default(), StackCpu::default());
+    let (mut writes_start, mut writes_end) = ((0, 0), (0, 0));
     while at_window_end.is_none() {
         let now = Instant::now();
         if now >= next_sample {
@@ -487,10 +500,12 @@ pub async fn throughput(
             if at >= measure_from && at_window_start.is_none() {
                 at_window_start = Some((completed, at));
                 cpu_start = bench.cpu();
+                writes_start = scheduler_writes(&http, bench).await?;
             }
             if at >= end {
                 at_window_end = Some((completed, at));
                 cpu_end = bench.cpu();
+                writes_end = scheduler_writes(&http, bench).await?;
             }
             if at >= measure_from {
                 depths.samples += 1;
@@ -575,6 +590,31 @@ pub async fn throughput(
     for (who, per) in cpu_start.per_event_ms(&cpu_end, c1 - c0) {
         emit(
             Figure::new("htfaas", format!("{metric}.cpu_ms_per_event.{who}"), per, "ms", c1 - c0).with("durability", d),
+        );
+    }
+    // The scheduler's store: writes per event, and per transaction (how much its group commit
+    // groups).
+    let (writes, batches) = (writes_end.0 - writes_start.0, writes_end.1 - writes_start.1);
+    if c1 > c0 && batches > 0 {
+        emit(
+            Figure::new(
+                "htfaas",
+                format!("{metric}.scheduler_writes_per_event"),
+                writes as f64 / (c1 - c0) as f64,
+                "writes",
+                c1 - c0,
+            )
+            .with("durability", d),
+        );
+        emit(
+            Figure::new(
+                "htfaas",
+                format!("{metric}.scheduler_writes_per_commit"),
+                writes as f64 / batches as f64,
+                "writes",
+                batches,
+            )
+            .with("durability", d),
         );
     }
     for (name, mut v) in [

@@ -280,7 +280,12 @@ impl Queue {
 
     /// How many batches of writes the writer has run (committed or not) since the queue was opened.
     pub fn write_batches(&self) -> u64 {
-        self.writer.batches.load(std::sync::atomic::Ordering::Relaxed)
+        self.writer.counts.batches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many writes the writer has run (committed or not) since the queue was opened.
+    pub fn writes(&self) -> u64 {
+        self.writer.counts.writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Runs `f` on the connection in a blocking task.
