@@ -243,6 +243,10 @@ async fn each_component_counts_a_processed_upload_and_a_forged_token() {
     assert_eq!(delta(&s0, &s1, "htfaas_scheduler_token_refusals_total", &refusal("admin", "wrong_token")), 1.0);
     assert_eq!(delta(&s0, &s1, "htfaas_scheduler_token_refusals_total", &refusal("submit", "used_up")), 0.0);
     assert!(delta(&s0, &s1, "htfaas_scheduler_audit_records_total", &[]) >= 3.0, "refused, accepted, dispatched…");
+    // Submit, dispatch and finish are writes at least; never more commits than writes.
+    let writes = delta(&s0, &s1, "htfaas_scheduler_store_writes_total", &[]);
+    let commits = delta(&s0, &s1, "htfaas_scheduler_store_write_batches_total", &[]);
+    assert!(writes >= 3.0 && commits >= 1.0 && commits <= writes, "{writes} writes in {commits} commits");
     assert_eq!(s1.get("htfaas_scheduler_eps_attached", &[]), 1.0);
     assert_eq!(s1.get("htfaas_scheduler_ep_cpus", &[]), 2.0);
     assert_eq!(s1.get("htfaas_scheduler_ep_busy_cpus", &[]), 0.0);
