@@ -474,7 +474,7 @@ impl Client {
             .transpose()
             .context("the stack's NATS seed")?;
         htfaas_functions::nats::connect_options("htfaas-cli", credential.as_ref())
-            .connect(&self.info.nats_url)
+            .connect(htfaas_functions::nats::servers(&self.info.nats_url)?)
             .await
             .with_context(|| format!("connect to NATS at {}", self.info.nats_url))
     }

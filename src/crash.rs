@@ -380,7 +380,7 @@ async fn publish(
 ) -> anyhow::Result<u64> {
     let nats = htfaas_functions::nats::connect_options("htfaas-crash-test", Some(&operator))
         .retry_on_initial_connect()
-        .connect(&nats_url)
+        .connect(htfaas_functions::nats::servers(&nats_url)?)
         .await
         .context("connect to NATS")?;
     let js = async_nats::jetstream::new(nats);

@@ -105,9 +105,44 @@ pub fn connect_options(name: &str, credential: Option<&NatsCredential>) -> async
     }
 }
 
+/// The servers of a `nats_url` setting: one URL, or several separated by commas (the members
+/// of a NATS cluster, e.g. `nats://10.0.0.1:4222,nats://10.0.0.2:4222`). A client connects to
+/// any of them and, when that one goes, to another (and to those the cluster advertises).
+pub fn servers(nats_url: &str) -> Result<Vec<async_nats::ServerAddr>, NatsUrlError> {
+    let urls: Vec<&str> = nats_url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    if urls.is_empty() {
+        return Err(NatsUrlError { url: nats_url.to_owned(), why: "no server named".into() });
+    }
+    urls.into_iter()
+        .map(|u| u.parse().map_err(|e: std::io::Error| NatsUrlError { url: u.to_owned(), why: e.to_string() }))
+        .collect()
+}
+
+/// A `nats_url` setting that names no usable server.
+#[derive(Debug, thiserror::Error)]
+#[error("NATS URL {url:?}: {why}")]
+pub struct NatsUrlError {
+    /// The URL (or the list) as given.
+    pub url: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nats_url_names_one_server_or_a_comma_separated_cluster() {
+        assert_eq!(servers("nats://127.0.0.1:4222").expect("one").len(), 1);
+        let three = servers("nats://10.0.0.1:4222, nats://10.0.0.2:4222,nats://10.0.0.3:4222").expect("three");
+        assert_eq!(three.len(), 3);
+        assert_eq!(three[1].host(), "10.0.0.2");
+        assert!(servers("").is_err());
+        assert!(servers(" , ").is_err());
+        let e = servers("nats://a:1,http://b:2").expect_err("wrong scheme").to_string();
+        assert!(e.contains("http://b:2"), "{e}");
+    }
 
     #[test]
     fn a_generated_seed_reads_back_and_debug_hides_it() {

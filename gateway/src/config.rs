@@ -93,6 +93,11 @@ pub struct Config {
     /// Lifetime of a submit token, seconds: it is used at once. Default: 300.
     #[serde(default = "default_token_ttl_s")]
     pub token_ttl_s: u64,
+    /// Replicas of the events stream when the gateway makes it, or widens one with fewer (a
+    /// NATS cluster keeps each message on this many servers; 3 survives the loss of one).
+    /// Default: 1 (one server).
+    #[serde(default = "default_events_stream_replicas")]
+    pub events_stream_replicas: usize,
     /// Deliveries of one event before JetStream gives up on it. Default: 20.
     #[serde(default = "default_max_deliver")]
     pub max_deliver: i64,
@@ -183,6 +188,10 @@ pub(crate) fn default_write_validity() -> String {
 pub(crate) fn default_token_ttl_s() -> u64 {
     300
 }
+pub(crate) fn default_events_stream_replicas() -> usize {
+    1
+}
+
 pub(crate) fn default_max_deliver() -> i64 {
     20
 }

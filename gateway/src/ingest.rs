@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 /// Connects to NATS, ensures the events stream covers every source's subjects and the durable
 /// consumer of the default lane reads [`DEFAULT_LANE_SUBJECTS`].
 pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow::Result<PullConsumer> {
-    Ok(connect_with(nats_url, None, consumer, max_deliver, None).await?.0)
+    Ok(connect_with(nats_url, None, consumer, max_deliver, 1, None).await?.0)
 }
 
 /// [`connect`] as `credential` (see [`htfaas_functions::nats`]), counting the connection's
@@ -81,6 +81,7 @@ pub async fn connect_with(
     credential: Option<&htfaas_functions::nats::NatsCredential>,
     consumer: &str,
     max_deliver: i64,
+    replicas: usize,
     shared: Option<Arc<Shared>>,
 ) -> anyhow::Result<(PullConsumer, jetstream::stream::Stream)> {
     let client = htfaas_functions::nats::connect_options("htfaas-gateway", credential)
@@ -88,11 +89,11 @@ pub async fn connect_with(
             let shared = shared.clone();
             async move { connection_event(shared.as_deref().map(|s| &s.stats), &event) }
         })
-        .connect(nats_url)
+        .connect(htfaas_functions::nats::servers(nats_url)?)
         .await
         .with_context(|| format!("connect to NATS at {nats_url}"))?;
     let js = jetstream::new(client);
-    let stream = ensure_events_stream(&js).await?;
+    let stream = ensure_events_stream(&js, replicas).await?;
     let consumer = durable_lane(&stream, default_lane_config(consumer, max_deliver)).await?;
     Ok((consumer, stream))
 }
@@ -178,10 +179,14 @@ pub fn lane_config(
     }
 }
 
-/// Creates the events stream, or widens an existing one (made by the storage, or by a gateway
-/// that read only dCache billing messages) to every subject of [`EVENTS_SUBJECTS`], keeping
-/// its other subjects and its messages.
-pub async fn ensure_events_stream(js: &jetstream::Context) -> anyhow::Result<jetstream::stream::Stream> {
+/// Creates the events stream with `replicas` copies of each message, or widens an existing one
+/// (made by the storage, or by a gateway that read only dCache billing messages) to every
+/// subject of [`EVENTS_SUBJECTS`] and to at least `replicas`, keeping its other subjects and
+/// its messages.
+pub async fn ensure_events_stream(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> anyhow::Result<jetstream::stream::Stream> {
     let stream = match js.get_stream(EVENTS_STREAM).await {
         Ok(stream) => stream,
         Err(e)
@@ -189,7 +194,7 @@ pub async fn ensure_events_stream(js: &jetstream::Context) -> anyhow::Result<jet
                 if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
         {
             return js
-                .get_or_create_stream(events_stream_config())
+                .get_or_create_stream(jetstream::stream::Config { num_replicas: replicas, ..events_stream_config() })
                 .await
                 .with_context(|| format!("create the JetStream stream {EVENTS_STREAM}"));
         }
@@ -201,12 +206,18 @@ pub async fn ensure_events_stream(js: &jetstream::Context) -> anyhow::Result<jet
         .filter(|s| !config.subjects.iter().any(|have| have == *s))
         .map(|s| s.to_string())
         .collect();
-    if missing.is_empty() {
+    if missing.is_empty() && config.num_replicas >= replicas {
         return Ok(stream);
     }
-    tracing::info!(stream = EVENTS_STREAM, ?missing, "adding event subjects to the existing stream");
+    tracing::info!(
+        stream = EVENTS_STREAM,
+        ?missing,
+        replicas = replicas.max(config.num_replicas),
+        "widening the existing events stream"
+    );
     config.subjects.extend(missing);
-    js.update_stream(&config).await.with_context(|| format!("add the event subjects to the stream {EVENTS_STREAM}"))?;
+    config.num_replicas = config.num_replicas.max(replicas);
+    js.update_stream(&config).await.with_context(|| format!("widen the stream {EVENTS_STREAM}"))?;
     js.get_stream(EVENTS_STREAM).await.with_context(|| format!("look up the JetStream stream {EVENTS_STREAM}"))
 }
 

@@ -66,10 +66,18 @@ use tokio_util::sync::CancellationToken;
 /// and its messages acked, or they are left for redelivery), stop the API, let the submissions in flight
 /// finish (pending firings stay in the table for the next start), return.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, shared, nats_url, nats_credential, consumer, max_deliver, http } = settings;
+    let Settings { listener, shared, nats_url, nats_credential, consumer, max_deliver, events_stream_replicas, http } =
+        settings;
     let credential = nats_credential.as_ref();
-    let (default_lane, stream) =
-        ingest::connect_with(&nats_url, credential, &consumer, max_deliver, Some(shared.clone())).await?;
+    let (default_lane, stream) = ingest::connect_with(
+        &nats_url,
+        credential,
+        &consumer,
+        max_deliver,
+        events_stream_replicas,
+        Some(shared.clone()),
+    )
+    .await?;
     let lanes = lanes::Lanes::start(stream, &consumer, max_deliver, shared.clone(), shutdown.child_token()).await?;
     tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(default_lane, shared.clone(), shutdown.child_token()));

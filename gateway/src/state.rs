@@ -24,6 +24,8 @@ pub struct Settings {
     pub(crate) nats_credential: Option<htfaas_functions::nats::NatsCredential>,
     pub(crate) consumer: String,
     pub(crate) max_deliver: i64,
+    /// Replicas of the events stream ([`crate::config::Config::events_stream_replicas`]).
+    pub(crate) events_stream_replicas: usize,
     /// The API listener's limits ([`Config::http`]).
     pub(crate) http: htfaas_functions::serve::Limits,
 }
@@ -256,6 +258,7 @@ impl Config {
             nats_credential: self.nats_nkey_seed,
             consumer: self.consumer,
             max_deliver: self.max_deliver,
+            events_stream_replicas: self.events_stream_replicas,
             http: self.http,
         })
     }
@@ -305,6 +308,7 @@ mod tests {
             write_validity: default_write_validity(),
             token_ttl_s: default_token_ttl_s(),
             max_deliver: default_max_deliver(),
+            events_stream_replicas: crate::config::default_events_stream_replicas(),
             bind_macaroons_to_ep,
             sources: Default::default(),
             state_dir: None,

@@ -39,6 +39,10 @@ pub struct Config {
     /// server without authorization).
     #[serde(default)]
     pub nats_nkey_seed: Option<htfaas_functions::nats::NatsCredential>,
+    /// Replicas of the events stream when the storage is the first to make it (a NATS cluster
+    /// keeps each message on this many servers). Default: 1.
+    #[serde(default = "default_replicas")]
+    pub events_stream_replicas: usize,
     /// Base URL put in macaroon responses' `uri`. Default: `http://<bound address>`.
     #[serde(default)]
     pub public_url: Option<String>,
@@ -69,6 +73,10 @@ fn default_listen() -> SocketAddr {
 
 fn default_true() -> bool {
     true
+}
+
+fn default_replicas() -> usize {
+    1
 }
 
 fn default_cell_name() -> String {
@@ -121,7 +129,9 @@ impl Config {
         let (jetstream, billing_path_subjects) = match &self.nats_url {
             None => (None, self.billing_path_subjects),
             Some(url) => {
-                let (js, stream_has_paths) = connect_nats(url, self.nats_nkey_seed.as_ref(), &self.cell_name).await?;
+                let (js, stream_has_paths) =
+                    connect_nats(url, self.nats_nkey_seed.as_ref(), &self.cell_name, self.events_stream_replicas)
+                        .await?;
                 if self.billing_path_subjects && !stream_has_paths {
                     tracing::warn!(
                         stream = EVENTS_STREAM,
@@ -164,9 +174,10 @@ async fn connect_nats(
     url: &str,
     credential: Option<&htfaas_functions::nats::NatsCredential>,
     cell_name: &str,
+    replicas: usize,
 ) -> anyhow::Result<(jetstream::Context, bool)> {
     let client = htfaas_functions::nats::connect_options(cell_name, credential)
-        .connect(url)
+        .connect(htfaas_functions::nats::servers(url)?)
         .await
         .with_context(|| format!("connect to NATS at {url}"))?;
     let js = jetstream::new(client);
@@ -176,6 +187,7 @@ async fn connect_nats(
             subjects: EVENTS_SUBJECTS.iter().map(|s| (*s).to_owned()).collect(),
             storage: jetstream::stream::StorageType::File,
             max_age: Duration::from_secs(EVENTS_MAX_AGE_S),
+            num_replicas: replicas,
             ..Default::default()
         })
         .await

@@ -91,6 +91,7 @@ fn config(dir: &Path, nats_url: Option<String>) -> Config {
         users_file: dir.join("users.json"),
         nats_url,
         nats_nkey_seed: None,
+        events_stream_replicas: 1,
         public_url: None,
         billing_path_subjects: true,
         cell_name: "htfaas-storage".into(),

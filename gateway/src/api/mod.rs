@@ -535,7 +535,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             };
             let js = async_nats::jetstream::new(client);
-            crate::ingest::ensure_events_stream(&js).await.expect("events stream");
+            crate::ingest::ensure_events_stream(&js, 1).await.expect("events stream");
             (nats, js)
         }
 

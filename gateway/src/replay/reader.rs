@@ -181,7 +181,7 @@ impl Events {
     ) -> anyhow::Result<Events> {
         use anyhow::Context as _;
         let client = htfaas_functions::nats::connect_options("htfaas-gateway-replay", credential)
-            .connect(nats_url)
+            .connect(htfaas_functions::nats::servers(nats_url)?)
             .await
             .with_context(|| format!("connect to NATS at {nats_url} (replay)"))?;
         Ok(Events(jetstream::new(client)))

@@ -73,7 +73,7 @@ pub async fn run(mut settings: Settings, shutdown: CancellationToken) -> anyhow:
     let http = builder.build().context("build the HTTP client")?;
     let nats = htfaas_functions::nats::connect_options("htfaas-bridge-dcache-sse", settings.nats_credential.as_ref())
         .retry_on_initial_connect()
-        .connect(&settings.nats_url)
+        .connect(htfaas_functions::nats::servers(&settings.nats_url)?)
         .await
         .with_context(|| format!("connect to NATS at {}", settings.nats_url))?;
     let js = jetstream::new(nats);

@@ -208,7 +208,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
                     other => tracing::debug!("NATS: {other}"),
                 }
             })
-            .connect(settings.nats_url.as_str())
+            .connect(htfaas_functions::nats::servers(&settings.nats_url)?)
             .await
             .with_context(|| format!("connect to NATS at {}", settings.nats_url))?;
     let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
