@@ -20,6 +20,7 @@ pub mod bench;
 pub mod client;
 pub mod crash;
 pub mod nats;
+pub mod netns;
 pub mod overload;
 pub mod procs;
 pub mod stack;
