@@ -9,6 +9,9 @@
 //! - [`bench`] is `htfaas bench`: the whole path against the peer, side by side;
 //! - [`crash`] is `htfaas crash-test`: every component killed at random under a stream of
 //!   events, then the checks that nothing was lost, run twice or charged twice;
+//! - [`cluster`] is `htfaas cluster-test`: the crash harness's stream and checks on a site of
+//!   network namespaces ([`netns`]): a NATS cluster, the components on hosts of their own, EPs
+//!   over TLS, a NATS node killed, a link cut, the service host restarted;
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
 //! - [`traffic`] is what the harnesses share: input files, `transfer` messages, job gauges,
 //!   CPU time, percentiles.
@@ -18,6 +21,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod cluster;
 pub mod crash;
 pub mod nats;
 pub mod netns;

@@ -76,6 +76,26 @@ pub struct CrashTestArgs {
     pub nats_server: Option<PathBuf>,
 }
 
+// The flags of `htfaas cluster-test`.
+#[derive(clap::Args)]
+pub struct ClusterTestArgs {
+    /// Events in the stream.
+    #[arg(long, default_value_t = 2_000)]
+    pub events: u64,
+    /// Events published per second.
+    #[arg(long, default_value_t = 40)]
+    pub rate: u32,
+    /// Seconds the stream may take to drain after the last event.
+    #[arg(long, default_value_t = 180)]
+    pub drain_timeout_s: u64,
+    /// Keep the state in this directory (default: a temporary one, kept only on failure).
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
+    #[arg(long)]
+    pub nats_server: Option<PathBuf>,
+}
+
 // The flags of `htfaas overload`.
 #[derive(clap::Args)]
 pub struct OverloadArgs {
@@ -145,6 +165,24 @@ pub async fn crash_test(args: CrashTestArgs) -> anyhow::Result<()> {
     let report = htfaas::crash::run(opts).await?;
     output::report(&report);
     anyhow::ensure!(report.passed(), "the crash harness found a problem (above)");
+    Ok(())
+}
+
+/// `htfaas cluster-test`.
+pub async fn cluster_test(args: ClusterTestArgs) -> anyhow::Result<()> {
+    let ClusterTestArgs { events, rate, drain_timeout_s, keep, nats_server } = args;
+    let opts = htfaas::cluster::ClusterOptions {
+        htfaas: std::env::current_exe().context("find this binary")?,
+        nats_binary: nats_server,
+        wasm_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release"),
+        events,
+        rate,
+        dir: keep,
+        drain_timeout: Duration::from_secs(drain_timeout_s),
+    };
+    let report = tokio::task::spawn_blocking(move || htfaas::cluster::run(opts)).await??;
+    output::report(&report);
+    anyhow::ensure!(report.passed(), "the multi-host harness found a problem (above)");
     Ok(())
 }
 
