@@ -323,18 +323,10 @@ async fn supervise(
 async fn connect(settings: Settings, js: jetstream::Context, stats: Arc<Stats>) -> partition::Shared {
     let mut backoff = Duration::from_millis(100);
     let mut failures = 0u64;
-    let mut wait = async |what: &str, e: &dyn std::fmt::Display| {
-        failures += 1;
-        if failures <= 1 || failures.is_power_of_two() {
-            tracing::warn!("cannot {what}: {e}; retrying");
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    };
     let offsets = loop {
         match offsets::open_bucket(&js, KAFKA_OFFSETS_BUCKET, settings.offsets_replicas).await {
             Ok(b) => break b,
-            Err(e) => wait("open the offsets bucket", &e).await,
+            Err(e) => pause(&mut failures, &mut backoff, "open the offsets bucket", e.to_string()).await,
         }
     };
     let kafka = loop {
@@ -350,11 +342,25 @@ async fn connect(settings: Settings, js: jetstream::Context, stats: Arc<Stats>) 
             .await;
         match built {
             Ok(c) => break c,
-            Err(e) => wait(&format!("reach the Kafka brokers {}", settings.brokers.join(",")), &e).await,
+            Err(e) => {
+                let what = format!("reach the Kafka brokers {}", settings.brokers.join(","));
+                pause(&mut failures, &mut backoff, &what, e.to_string()).await
+            }
         }
     };
     tracing::info!("connected to Kafka and to the offsets bucket {KAFKA_OFFSETS_BUCKET}");
     partition::Shared { settings, kafka, js, offsets, stats }
+}
+
+/// Logs a failure to `what` (the first, then at powers of two) and sleeps `backoff`, doubling it
+/// up to 5 s.
+async fn pause(failures: &mut u64, backoff: &mut Duration, what: &str, e: String) {
+    *failures += 1;
+    if *failures <= 1 || failures.is_power_of_two() {
+        tracing::warn!("cannot {what}: {e}; retrying");
+    }
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(5));
 }
 
 /// The topic's partitions the bridge should read: all of them, or those asked for that exist.

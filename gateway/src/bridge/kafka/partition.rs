@@ -208,10 +208,9 @@ pub(super) async fn run(shared: Arc<Shared>, partition: i32, shutdown: Cancellat
         };
         backoff = BACKOFF.0;
         stepped_over = 0;
-        let Some(last) = records.iter().map(|r| r.offset).max() else {
-            shared.stats.set_lag(partition, high_watermark, next);
-            continue;
-        };
+        // Behind by what was fetched too, until its commit.
+        shared.stats.set_lag(partition, high_watermark, next);
+        let Some(last) = records.iter().map(|r| r.offset).max() else { continue };
         let mut batch = Vec::with_capacity(records.len());
         for r in records {
             bump(&stats.received);
