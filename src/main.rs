@@ -99,7 +99,7 @@ enum Command {
         #[command(subcommand)]
         command: events::EventsCommand,
     },
-    /// Bridge a storage system's own event channel to CloudEvents on NATS.
+    /// Bridge a storage system's own event channel to NATS (XRootD notify, dCache SSE, dCache Kafka).
     Bridge {
         #[command(subcommand)]
         command: bridge::BridgeCommand,

@@ -9,7 +9,8 @@
 use htfaas_functions::nats::NatsCredential;
 pub use htfaas_functions::nats_server::{NatsServer, NatsServerError, NatsUser, find_binary, free_port};
 use htfaas_functions::proto::{
-    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, PATH_SUBJECTS,
+    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, KAFKA_OFFSETS_BUCKET,
+    PATH_SUBJECTS,
 };
 
 /// A role in the local stack, with what its NATS credential may do.
@@ -25,6 +26,11 @@ pub enum Role {
     Gateway,
     /// A bridge whose events go on `storage.cloudevents.<source>`: that subject only.
     Bridge(String),
+    /// The dCache Kafka bridge (`htfaas bridge dcache-kafka`): dCache's own billing messages, so
+    /// it publishes where the storage does ([`EVENTS_SUBJECT`], [`PATH_SUBJECTS`]), and it
+    /// keeps its offsets bucket ([`KAFKA_OFFSETS_BUCKET`]: make it, read and write its keys);
+    /// nothing else of JetStream.
+    KafkaBridge,
     /// The site's operator (`htfaas` tools, the tests, the crash harness, the bench): publishes
     /// on every events subject, as any source would, subscribes to them, and reads the stream
     /// and its consumers; it changes no stream or consumer.
@@ -46,6 +52,23 @@ pub fn stack_user(role: &Role, credential: &NatsCredential) -> NatsUser {
         ),
         Role::Gateway => (s(&["$JS.API.>", "$JS.ACK.>"]), vec![]),
         Role::Bridge(source) => (vec![format!("{CLOUDEVENTS_SUBJECT_PREFIX}.{source}")], vec![]),
+        Role::KafkaBridge => {
+            let kv = format!("KV_{KAFKA_OFFSETS_BUCKET}");
+            (
+                vec![
+                    EVENTS_SUBJECT.to_owned(),
+                    PATH_SUBJECTS.to_owned(),
+                    format!("$KV.{KAFKA_OFFSETS_BUCKET}.>"),
+                    // Making the bucket asks for the account's limits first.
+                    "$JS.API.INFO".to_owned(),
+                    format!("$JS.API.STREAM.INFO.{kv}"),
+                    format!("$JS.API.STREAM.CREATE.{kv}"),
+                    format!("$JS.API.STREAM.MSG.GET.{kv}"),
+                    format!("$JS.API.DIRECT.GET.{kv}.>"),
+                ],
+                vec![],
+            )
+        }
         Role::Operator => {
             let cloudevents = format!("{CLOUDEVENTS_SUBJECT_PREFIX}.>");
             let mut publish = vec![

@@ -72,7 +72,8 @@ struct Secrets {
 
 /// The local stack's NATS credentials: each name, and the role whose permissions the server
 /// gives it ([`crate::nats::stack_user`]).
-pub const NATS_CREDENTIALS: [&str; 5] = ["storage", "gateway", "operator", "bridge-xrootd-notify", "bridge-dcache-sse"];
+pub const NATS_CREDENTIALS: [&str; 6] =
+    ["storage", "gateway", "operator", "bridge-xrootd-notify", "bridge-dcache-sse", "bridge-dcache-kafka"];
 
 /// The role of the NATS credential `name` ([`NATS_CREDENTIALS`]).
 fn nats_role(name: &str) -> Option<crate::nats::Role> {
@@ -81,6 +82,7 @@ fn nats_role(name: &str) -> Option<crate::nats::Role> {
         "storage" => Role::Storage,
         "gateway" => Role::Gateway,
         "operator" => Role::Operator,
+        "bridge-dcache-kafka" => Role::KafkaBridge,
         _ => Role::Bridge(name.strip_prefix("bridge-")?.to_owned()),
     })
 }

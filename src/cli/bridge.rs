@@ -1,5 +1,5 @@
-//! `htfaas bridge xrootd-notify|dcache-sse`: a storage system's own event channel to CloudEvents
-//! on NATS ([`htfaas_gateway::bridge`]). Must not know: the stack (a bridge runs at the site).
+//! `htfaas bridge xrootd-notify|dcache-sse|dcache-kafka`: a storage system's own event channel
+//! to NATS ([`htfaas_gateway::bridge`]). Must not know: the stack (a bridge runs at the site).
 
 use super::signals::on_signals;
 use clap::Subcommand;
@@ -73,6 +73,44 @@ pub enum BridgeCommand {
         #[arg(long)]
         nats_nkey_seed_file: Option<PathBuf>,
     },
+    /// Read dCache's billing messages from its Kafka topic and publish each, unchanged, on NATS
+    /// JetStream where the gateway reads dCache billing: on the file's path subject
+    /// (`storage.dcache.billing.path.<dir>._`), or on `storage.dcache.billing` when it names no
+    /// usable path; malformed records are counted and skipped.
+    ///
+    /// Point dCache's Kafka producer at the brokers (`dcache.enable.kafka=true`, or since 11.2
+    /// `dcache.billing.enable.kafka=true`; `dcache.kafka.bootstrap-servers`, topic
+    /// `dcache.kafka.topic`, default `billing`). Offsets are committed to the JetStream bucket
+    /// HTFAAS_KAFKA_OFFSETS after JetStream acknowledged the records: a restart resumes there.
+    DcacheKafka {
+        /// Kafka bootstrap brokers, host:port, comma-separated (plaintext listener).
+        #[arg(long, value_delimiter = ',', required = true)]
+        brokers: Vec<String>,
+        /// The billing topic (dCache's `dcache.kafka.topic`).
+        #[arg(long, default_value = "billing")]
+        topic: String,
+        /// Read only this partition (repeatable). Default: every partition, and new ones.
+        #[arg(long = "partition")]
+        partitions: Vec<i32>,
+        /// Name the offsets are committed under ([A-Za-z0-9_-]); a second bridge with another
+        /// name reads the whole topic again.
+        #[arg(long, default_value = "htfaas")]
+        consumer: String,
+        /// Where a partition with no committed offset starts: `latest` (events from now on)
+        /// or `earliest` (everything Kafka still keeps).
+        #[arg(long, default_value = "latest", value_parser = ["latest", "earliest"])]
+        start: String,
+        /// NATS server URL.
+        #[arg(long = "nats", default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+        /// File holding the bridge's NATS nkey user seed (`SU…`); the server lets it publish
+        /// billing messages and keep its offsets bucket. Default: connect without a credential.
+        #[arg(long)]
+        nats_nkey_seed_file: Option<PathBuf>,
+        /// Replicas of the offsets bucket when the bridge creates it (as the events stream's).
+        #[arg(long, default_value_t = 1)]
+        offsets_replicas: usize,
+    },
 }
 
 /// `htfaas bridge …`.
@@ -115,6 +153,26 @@ pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
             settings.ca_file = ca;
             settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
             sse::run(settings, on_signals()).await
+        }
+        BridgeCommand::DcacheKafka {
+            brokers,
+            topic,
+            partitions,
+            consumer,
+            start,
+            nats,
+            nats_nkey_seed_file,
+            offsets_replicas,
+        } => {
+            use htfaas_gateway::bridge::kafka::{Settings, StartAt, run};
+            let mut settings = Settings::new(brokers, nats);
+            settings.topic = topic;
+            settings.partitions = partitions;
+            settings.consumer = consumer;
+            settings.start = if start == "earliest" { StartAt::Earliest } else { StartAt::Latest };
+            settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
+            settings.offsets_replicas = offsets_replicas;
+            run(settings, on_signals()).await.map(|_| ())
         }
     }
 }

@@ -12,6 +12,8 @@ mod exactly_once;
 mod examples;
 mod faults;
 mod jobs;
+mod kafka;
+mod kafka_support;
 mod lineage;
 mod loop_guard;
 mod metrics;

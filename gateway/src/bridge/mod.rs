@@ -1,7 +1,8 @@
 //! Bridges: small processes that read a storage system's own event channel and publish each
-//! event as a CloudEvent on NATS JetStream (subject
-//! `storage.cloudevents.<source>`, see [`htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX`]),
-//! where the gateway's ingest reads it like any other source.
+//! event on NATS JetStream, where the gateway's ingest reads it like any other source: as a
+//! CloudEvent (subject `storage.cloudevents.<source>`, see
+//! [`htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX`]), or, dCache's billing messages, as
+//! they are.
 //!
 //! - [`xrootd`]: XRootD `ofs.notify` lines (`closew`, `create`, `rm`, `mv`, …), from the notify
 //!   program's stdin or a FIFO: `htfaas bridge xrootd-notify`. Each event gets its CloudEvent id
@@ -9,8 +10,13 @@
 //!   acknowledges it (at least once from then on); xrootd itself drops events when its bounded
 //!   notify queue is full, so a bridge that stops reading loses events upstream;
 //! - [`sse`]: dCache's frontend storage events (SSE `inotify` channel), resuming with
-//!   `Last-Event-ID` and reporting event loss: `htfaas bridge dcache-sse`.
+//!   `Last-Event-ID` and reporting event loss: `htfaas bridge dcache-sse`;
+//! - [`kafka`]: dCache's billing messages from its Kafka topic, published unchanged as billing
+//!   messages (not CloudEvents: on the file's path subject, `storage.dcache.billing.path.…`, or
+//!   on `storage.dcache.billing`), offsets committed to JetStream after the PubAck:
+//!   `htfaas bridge dcache-kafka`.
 
+pub mod kafka;
 pub mod sse;
 pub mod xrootd;
 

@@ -3,6 +3,7 @@
 //! nothing lost. SECURITY.md names the test behind each refusal. One module per party.
 mod files;
 mod guests;
+mod kafka;
 mod nats;
 mod scheduler;
 mod servers;
