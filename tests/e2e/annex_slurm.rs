@@ -169,6 +169,8 @@ async fn a_function_fired_by_an_upload_runs_on_a_slurm_annex_ep_that_leaves_when
     .await;
     let first_done = t_create.elapsed();
     assert_eq!((first.ep.as_deref(), first.annex.as_deref()), (Some(ep_name.as_str()), Some(ANNEX)));
+    let attempt = client.job_history(&first.id).await.expect("history").into_iter().next().expect("an attempt");
+    let first_started_ms = attempt.started_at_ms.saturating_sub(created.annex.created_ms);
 
     // Upload → output on the warm annex EP (its idle shutdown is 20 s; the job is dispatched in
     // milliseconds).
@@ -231,11 +233,12 @@ async fn a_function_fired_by_an_upload_runs_on_a_slurm_annex_ep_that_leaves_when
     assert!(format!("{refused:#}").contains("revoked"), "{refused:#}");
 
     eprintln!(
-        "MEASURE annex (Slurm 22.05, 1 EP): create returned {} ms; create → EP attached {} ms; create → first \
-         (queued) job done {} ms; upload → output on the annex EP {} ms; last job → Slurm job ended {} ms \
-         (idle shutdown 20 s)",
+        "MEASURE annex (Slurm 22.05, 1 EP): create returned {} ms; create → EP attached {} ms; annex recorded → \
+         first (queued) job started on it {} ms, done (seen) {} ms; upload → output on the annex EP {} ms; last job \
+         → Slurm job ended {} ms (idle shutdown 20 s)",
         create_returned.as_millis(),
         attached.as_millis(),
+        first_started_ms,
         first_done.as_millis(),
         upload_to_output.as_millis(),
         idle_to_end.as_millis()

@@ -51,7 +51,8 @@ pub fn htfaas_binary() -> PathBuf {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
         if let Some(bin) = std::env::var_os("HTFAAS_BIN") {
-            return Ok(PathBuf::from(bin));
+            let bin = PathBuf::from(bin);
+            return if bin.is_file() { Ok(bin) } else { Err(format!("HTFAAS_BIN={} is no file", bin.display())) };
         }
         // …/target/debug/deps/e2e-<hash> → …/target
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
