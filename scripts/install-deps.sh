@@ -12,6 +12,9 @@
 #     headless), when neither HTFAAS_CHROMIUM nor chromium/chromium-browser is there
 #   - tansu 0.6.0, a Kafka-protocol broker (crates.io), for the dCache Kafka bridge's test
 #     (tests/e2e/kafka.rs), into ~/.cargo/bin once per machine, when `tansu` is missing
+#   - a private Slurm (apt: slurmctld slurmd slurm-client munge), for the annex test
+#     (tests/e2e/annex_slurm.rs, scripts/slurm/slurm-cluster.sh), when sbatch, slurmctld, slurmd or
+#     munged is missing
 # Prints the nats-server path on its last line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -106,6 +109,30 @@ if [[ -z ${HTFAAS_TANSU:-} ]] && ! command -v tansu >/dev/null 2>&1 && [[ ! -x $
 fi
 if command -v tansu >/dev/null 2>&1 || [[ -x $HOME/.cargo/bin/tansu ]]; then
   echo "install-deps: tansu at $(command -v tansu || echo "$HOME/.cargo/bin/tansu")" >&2
+fi
+
+# The same apt rule for Slurm (the annex test starts a private one-node cluster on loopback:
+# scripts/slurm/slurm-cluster.sh); Debian 12 ships 22.05.8; ~10 s with apt-get update.
+if ! command -v sbatch >/dev/null 2>&1 || ! command -v slurmctld >/dev/null 2>&1 \
+  || ! command -v slurmd >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  APT=(apt-get)
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
+    echo "install-deps: Slurm is missing and cannot be installed here (needs apt-get as root);" \
+      "the Slurm annex test will be skipped (or fail under CI)" >&2
+  else
+    echo "install-deps: installing slurmctld slurmd slurm-client munge (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    "${APT[@]}" update -qq >&2
+    "${APT[@]}" install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+  fi
+fi
+if command -v sbatch >/dev/null 2>&1; then
+  # (`sbatch --version` wants a cluster's configuration; the package says the version.)
+  echo "install-deps: slurm-client $(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null || true)" \
+    "at $(command -v sbatch)" >&2
 fi
 
 if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (wasm targets, nats-server, pymacaroons, xrootd, clang),
+# The test command: installs what the tests need (wasm targets, nats-server, pymacaroons, xrootd, clang, slurm),
 # then runs every test of the workspace. `.ci/run` calls exactly this.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,4 +15,11 @@ echo "== example guests (Rust as wasm32-wasip1 modules and wasm32-wasip2 compone
 cargo build --release --target wasm32-wasip1 --target wasm32-wasip2 --manifest-path examples/Cargo.toml
 examples/c/build.sh
 echo "== tests" >&2
+# The Slurm annex test's batch jobs run the htfaas binary: the whole workspace's test build
+# (re)builds it first (the root package's integration tests need it), so point the test at it
+# rather than have it build its own (tests/src/lib.rs `htfaas_binary`).
+if [[ $# -eq 0 && -z ${HTFAAS_BIN:-} ]]; then
+  TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  export HTFAAS_BIN=$TARGET/debug/htfaas
+fi
 cargo test --workspace --no-fail-fast "$@"

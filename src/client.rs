@@ -1,5 +1,5 @@
-//! Talking to a running local stack: what `htfaas put|get|fn|jobs|ep|accounting|events` do
-//! (`events replay`, `fn test` and `fn register --dry-run` included).
+//! Talking to a running local stack: what `htfaas put|get|fn|jobs|ep|accounting|events|annex`
+//! do (`events replay`, `fn test` and `fn register --dry-run` included).
 //!
 //! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
 //! command reads it through [`StackInfo::load`].
@@ -12,6 +12,7 @@ use htfaas_functions::proto::{
     PriorityReport, RegisterQuery, ReplayRequest, Report, RunRequest, StatsSnapshot, TestReport, TestRequest,
 };
 use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, AuditTrail, Lineage};
+use htfaas_functions::proto::{AnnexCreated, AnnexDeleted, AnnexRecord, AnnexView};
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -371,6 +372,46 @@ impl Client {
     pub async fn ep_action(&self, name: &str, verb: &str, action: &EpAction) -> anyhow::Result<EpInfo> {
         let path = format!("/v1/eps/{}/{verb}", segment(name)?);
         self.admin_post(&path, verb, action).await
+    }
+
+    /// Creates an annex (admin; issue 21): the owner must hold the annex right. The answer
+    /// holds the annex's attach token, shown this once.
+    pub async fn annex_create(&self, request: &htfaas_functions::proto::AnnexRequest) -> anyhow::Result<AnnexCreated> {
+        self.admin_post("/v1/annexes", "create annex", request).await
+    }
+
+    /// Every annex with its attached EPs.
+    pub async fn annexes(&self) -> anyhow::Result<Vec<AnnexView>> {
+        self.admin_get("/v1/annexes").await
+    }
+
+    /// One annex with its attached EPs.
+    pub async fn annex(&self, name: &str) -> anyhow::Result<AnnexView> {
+        self.admin_get(&format!("/v1/annexes/{}", segment(name)?)).await
+    }
+
+    /// Records batch jobs started for an annex.
+    pub async fn annex_jobs(&self, name: &str, jobs: Vec<String>) -> anyhow::Result<AnnexRecord> {
+        let path = format!("/v1/annexes/{}/jobs", segment(name)?);
+        self.admin_post(&path, "record annex jobs", &htfaas_functions::proto::AnnexJobs { jobs }).await
+    }
+
+    /// The annex now ends `lifetime_s` from now; its EPs are told.
+    pub async fn annex_extend(&self, name: &str, lifetime_s: u64) -> anyhow::Result<AnnexRecord> {
+        let path = format!("/v1/annexes/{}/extend", segment(name)?);
+        self.admin_post(&path, "extend annex", &htfaas_functions::proto::AnnexExtend { lifetime_s }).await
+    }
+
+    /// Tells the annex's EPs to leave now (after their running jobs).
+    pub async fn annex_drain(&self, name: &str) -> anyhow::Result<AnnexView> {
+        let path = format!("/v1/annexes/{}/drain", segment(name)?);
+        self.admin_post(&path, "drain annex", &serde_json::json!({})).await
+    }
+
+    /// Revokes the annex's attach token and removes its record.
+    pub async fn annex_delete(&self, name: &str) -> anyhow::Result<AnnexDeleted> {
+        let path = format!("/v1/annexes/{}/delete", segment(name)?);
+        self.admin_post(&path, "delete annex", &serde_json::json!({})).await
     }
 
     /// Fair-share standing of owners and groups (`condor_userprio`).

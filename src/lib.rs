@@ -13,12 +13,15 @@
 //!   network namespaces ([`netns`]): a NATS cluster, the components on hosts of their own, EPs
 //!   over TLS, a NATS node killed, a link cut, the service host restarted;
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
+//! - [`annex`] is `htfaas annex`: EPs provisioned through a batch system (Slurm first) behind a
+//!   provider interface.
 //! - [`traffic`] is what the harnesses share: input files, `transfer` messages, job gauges,
 //!   CPU time, percentiles.
 //!
 //! The binary's command line (`src/main.rs`: parsing and dispatch; `src/cli/`: one module per
 //! command group, and everything printed) uses this library and is not part of it.
 
+pub mod annex;
 pub mod bench;
 pub mod client;
 pub mod cluster;

@@ -2,7 +2,7 @@
 //!
 //! `up` runs the whole local stack; `storage`, `scheduler`, `gateway` and `ep` run one
 //! component from a JSON config file; `put`, `get`, `fn`, `jobs`, `ep list|drain|…`,
-//! `accounting`, `events` and `audit` talk to a stack started with `up` (found through `--dir`
+//! `accounting`, `events`, `annex` and `audit` talk to a stack started with `up` (found through `--dir`
 //! or `HTFAAS_DIR`); `audit verify --file F --keys K` checks a copied trail without one.
 //!
 //! This file is the command line and the dispatch: each command group's arguments and what it
@@ -11,7 +11,7 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
-use cli::{accounting, audit, bridge, ep, events, files, fn_cmd, harness, jobs, ns, serve, submit, token, up};
+use cli::{accounting, annex, audit, bridge, ep, events, files, fn_cmd, harness, jobs, ns, serve, submit, token, up};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -86,6 +86,13 @@ enum Command {
     /// --usage; a report per owner, group or function (and period) with --by; or set an
     /// owner's priority factor.
     Accounting(accounting::AccountingArgs),
+    /// Annexes (admin): EPs provisioned through Slurm for an owner and a lifetime, attaching
+    /// back with a token bound to the annex and the owner (after HTCondor's `condor_annex`);
+    /// create, list, show, extend, delete.
+    Annex {
+        #[command(subcommand)]
+        command: annex::AnnexCommand,
+    },
     /// Mint tokens with the local stack's keys (admin).
     Token {
         #[command(subcommand)]
@@ -148,6 +155,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Ns { command } => ns::run(command).await,
         Command::Jobs(args) => jobs::run(args).await,
         Command::Accounting(args) => accounting::run(args).await,
+        Command::Annex { command } => annex::run(command).await,
         Command::Token { command } => token::run(command).await,
         Command::Submit(args) => submit::run(args).await,
         Command::Events { command } => events::run(command).await,

@@ -179,6 +179,7 @@ async fn start_storage(root: &Path, shutdown: CancellationToken) -> (String, Str
         users_file: users,
         nats_url: None,
         nats_nkey_seed: None,
+        events_stream_replicas: 1,
         public_url: None,
         billing_path_subjects: true,
         cell_name: "htfaas-storage".into(),

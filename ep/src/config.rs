@@ -5,7 +5,7 @@
 //! Above the runtime (it builds one) and below the job and the link (which read settings);
 //! must not know about the attach protocol or a job's steps.
 
-use crate::lifecycle::Activity;
+use crate::lifecycle::{Activity, Lease};
 use crate::runtime::{Runtime, RuntimeOptions};
 use anyhow::{Context as _, anyhow, bail};
 use htfaas_functions::Resources;
@@ -26,7 +26,10 @@ pub struct Config {
     /// Scheduler base URL, e.g. `http://127.0.0.1:8081`; the EP dials `ws(s)://…/v1/ep/attach`
     /// (`http` becomes `ws`, `https` becomes `wss`). Required.
     pub scheduler_url: String,
-    /// Attach token (JWT), sent as `Authorization: Bearer` on the upgrade request. Required.
+    /// Attach token (JWT), sent as `Authorization: Bearer` on the upgrade request. Required;
+    /// `htfaas ep` takes it from the environment variable `HTFAAS_ATTACH_TOKEN` instead when
+    /// that is set (so that a batch job's EP has it in no file and no argument).
+    #[serde(default)]
     pub attach_token: String,
     /// Total resources advertised: `cpus`, `memory_mb`, `disk_mb` (scratch), `gpus`; and
     /// `runtime_s`, the longest job accepted (default 3600). A field left out is detected at
@@ -229,6 +232,8 @@ pub struct Settings {
     pub origins: Arc<crate::origins::Origins>,
     /// Running-job count and the moment the EP last became idle, kept by the link.
     pub(crate) activity: Arc<Activity>,
+    /// When the EP leaves: its lifetime from start, or the scheduler's word since.
+    pub(crate) lease: Arc<Lease>,
     /// Counters served on the metrics listener.
     pub(crate) metrics: crate::counters::Metrics,
     /// The metrics listener ([`Config::metrics_listen`]), bound at resolve; [`run_with`]
@@ -410,6 +415,7 @@ impl Config {
             fuel: self.fuel,
             origins,
             activity: Arc::new(Activity::new()),
+            lease: Arc::new(Lease::new()),
             metrics: crate::counters::Metrics::default(),
             metrics_listener,
             attach_tls,

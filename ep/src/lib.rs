@@ -21,8 +21,9 @@
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
 //! - [`metrics`]: the optional Prometheus listener ([`Config::metrics_listen`]);
-//! - the lifecycle watcher: leaves at the end of [`Settings::lifetime`], or after
-//!   [`Settings::idle_shutdown`] without a running job (a running job holds it off).
+//! - the lifecycle watcher: leaves at the end of [`Settings::lifetime`] (or of the lifetime the
+//!   scheduler set since: `SchedulerMsg::Lifetime`, an annex's end, longer or shorter), or
+//!   after [`Settings::idle_shutdown`] without a running job (a running job holds it off).
 //!
 //! Invariants: the EP knows nothing about NATS or users; a guest failure is an
 //! [`Outcome`](htfaas_functions::proto::Outcome), never an `Err`; macaroons and the attach
@@ -90,6 +91,9 @@ pub async fn run_with(mut settings: Settings, drain: CancellationToken, stop: Ca
         tokio::spawn(metrics::serve(l, settings.clone(), metrics_stop.clone()))
     });
     // The EP's own reasons to leave (lifetime, idle) end it the same way a drain does.
+    if let Some(lifetime) = settings.lifetime {
+        settings.lease.start(lifetime);
+    }
     let leave = drain.child_token();
     let watcher = tokio::spawn(watch_lifecycle(settings.clone(), leave.clone()));
     let result = link::run(settings, leave, stop).await;
@@ -101,19 +105,16 @@ pub async fn run_with(mut settings: Settings, drain: CancellationToken, stop: Ca
     result
 }
 
-/// Cancels `leave` when the lifetime is over or the EP has been idle too long.
+/// Cancels `leave` when the lifetime is over or the EP has been idle too long. Watches even
+/// without a lifetime of its own: the scheduler may set one (an annex's end).
 async fn watch_lifecycle(settings: Arc<Settings>, leave: CancellationToken) {
-    if settings.lifetime.is_none() && settings.idle_shutdown.is_none() {
-        return;
-    }
-    let started = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
             _ = leave.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if settings.lifetime.is_some_and(|l| started.elapsed() >= l) {
+        if settings.lease.over() {
             tracing::info!(lifetime = ?settings.lifetime, "lifetime reached; leaving");
             break;
         }

@@ -7,7 +7,8 @@
 //!
 //! `Hello` carries the settings' annex, the operator's intent only: the scheduler decides from
 //! the attach token. `Cancel` fires the named job's signal (the job ends as `Cancelled` and
-//! reports like any other); a cancel for a job not running here is ignored.
+//! reports like any other); a cancel for a job not running here is ignored. `Lifetime` (an
+//! annex's end, issue 21) replaces the EP's lease; the lifecycle watcher leaves by it.
 //!
 //! Prefetch (issue 20; the extension of [`htfaas_functions::proto`]'s attach conversation):
 //! `Hello` asks for [`Settings::prefetch`] jobs beyond the free resources; when the `Welcome`
@@ -523,6 +524,7 @@ impl Link {
                     Ok(SchedulerMsg::Cancel { job_id, .. }) => {
                         bail!("scheduler cancelled job {job_id} before welcome")
                     }
+                    Ok(SchedulerMsg::Lifetime { .. }) => bail!("scheduler set a lifetime before welcome"),
                     Err(e) => {
                         self.bad_frames += 1;
                         tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
@@ -562,6 +564,10 @@ impl Link {
                 }
             }
             SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
+            SchedulerMsg::Lifetime { leave_in_ms } => {
+                tracing::info!(leave_in_ms, "the scheduler set this EP's lifetime");
+                self.settings.lease.end_in(Duration::from_millis(leave_in_ms));
+            }
             SchedulerMsg::Cancel { job_id, reason } => {
                 if let Some(signal) = self.running.get(&job_id) {
                     tracing::info!(job.id = %job_id, %reason, "cancelling job");

@@ -24,6 +24,7 @@
 //! | `GET /v1/audit/verify` | admin | `VerifyReport` of the whole trail, under the scheduler's audit key |
 //! | `GET /v1/audit/keys` | admin | the audit key's JWKS (for verifying a copy of the trail offline) |
 //! | `GET /metrics` | admin | Prometheus metrics, OpenMetrics text ([`crate::metrics`]) |
+//! | `/v1/annexes…` | admin | annexes (issue 21): [`crate::annex_api`] |
 //! | `GET /healthz` | none | `ok` |
 //!
 //! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
@@ -134,6 +135,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audit/keys", get(audit_keys))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .merge(crate::annex_api::routes(require_admin))
         .fallback(|| async { ApiFailure::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)

@@ -8,6 +8,7 @@
 //! [`Config::max_running_jobs_per_owner`] keeps matching from starting more of one owner's jobs
 //! while other owners' jobs are still dispatched. Both default to none (unlimited).
 
+use crate::annex_store::AnnexStore;
 use crate::policy::{GroupConfig, JobClass, PolicyConfig, SitePolicy};
 use crate::queue::Queue;
 use crate::requirements::RequirementConfig;
@@ -28,6 +29,8 @@ pub const ATTACH_KID: &str = "attach-1";
 pub const AUDIT_KID: &str = "scheduler-audit-1";
 /// File name of the audit key beside the store when [`Config::audit_key_file`] is not set.
 pub const DEFAULT_AUDIT_KEY_FILE: &str = "audit-key.pem";
+/// File name of the annexes' records in the directory of `db_path` when `annex_file` is not set.
+pub const DEFAULT_ANNEX_FILE: &str = "annexes.json";
 /// Shortest admin token accepted, bytes.
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
 
@@ -152,6 +155,10 @@ pub struct Config {
     /// usable macaroon. Default: `<db_path>.seal.key`.
     #[serde(default)]
     pub seal_key_file: Option<PathBuf>,
+    /// The annexes' records (issue 21; [`crate::annex_store`]): a JSON file, 0600, rewritten
+    /// on every change. Default: `annexes.json` in the directory of `db_path`.
+    #[serde(default)]
+    pub annex_file: Option<PathBuf>,
 }
 
 fn default_audit_checkpoint_records() -> u64 {
@@ -236,6 +243,8 @@ pub struct Settings {
     pub(crate) audit_policy: CheckpointPolicy,
     /// The listener's limits ([`Config::http`]).
     pub(crate) http: htfaas_functions::serve::Limits,
+    /// The annexes' records ([`Config::annex_file`]).
+    pub(crate) annexes: AnnexStore,
 }
 
 impl std::fmt::Debug for Settings {
@@ -328,6 +337,7 @@ impl Config {
             module_stores: Vec::new(),
             http: Default::default(),
             seal_key_file: None,
+            annex_file: None,
         }
     }
 
@@ -408,6 +418,11 @@ impl Config {
         if submit_verifiers.is_empty() {
             tracing::warn!("no submit issuer is trusted: every submit will be refused");
         }
+        let annex_file = self.annex_file.clone().unwrap_or_else(|| {
+            let dir = self.db_path.parent().filter(|d| !d.as_os_str().is_empty());
+            dir.map_or_else(|| PathBuf::from(DEFAULT_ANNEX_FILE), |d| d.join(DEFAULT_ANNEX_FILE))
+        });
+        let annexes = AnnexStore::open(&annex_file).context("read the annexes' records")?;
         let (db_path, durability) = (self.db_path.clone(), self.durability);
         let seal_key_file = self.seal_key_file.clone().unwrap_or_else(|| crate::seal::default_key_file(&self.db_path));
         let mut queue = tokio::task::spawn_blocking(move || Queue::open_sealed(&db_path, durability, &seal_key_file))
@@ -438,6 +453,7 @@ impl Config {
             audit_signer: Arc::new(audit_signer),
             audit_policy,
             http: self.http,
+            annexes,
         })
     }
 }

@@ -13,7 +13,9 @@
 //! scheduler saw, outputs only under the job's output directory, else the report is refused;
 //! a job it turns away unrun counts as a lost attempt, with the backoff. A Hello naming another
 //! annex than the token's is refused (close [`CLOSE_FORBIDDEN`]) so that an operator's mistake
-//! shows at once. The session is closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
+//! shows at once. An EP of an annex the scheduler keeps a record of is told the annex's end
+//! ([`SchedulerMsg::Lifetime`], [`crate::annex`]) right after its Welcome. The session is
+//! closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
 //! itself, without leeway) or is revoked ([`CLOSE_FORBIDDEN`]). A bad frame is logged and
 //! counted, and the session goes on (up to [`MAX_BAD_FRAMES`]). A `Finished` for a job that is
 //! not running on this session is ignored. Every frame from the EP renews the session's lease
@@ -207,6 +209,11 @@ pub async fn serve(
     span.record("ep.id", ep_id.as_str());
     span.record("ep.name", hello.name.as_str());
     let (tx, rx) = mpsc::unbounded_channel();
+    // An annex's EP learns the annex's end right after its Welcome (the session sends what
+    // waits in `rx` once welcomed).
+    if let Some(lifetime) = crate::annex::on_attach(&shared, claims.annex.as_deref()) {
+        let _ = tx.send(ToEp::Send(lifetime));
+    }
     let pool = Pool { annex: claims.annex.clone(), owner: claims.owner.clone() };
     let credential = Credential::of_attach(&claims);
     let mut slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);

@@ -17,6 +17,9 @@
 //!   requirements, leases and retries.
 //! - [`requirements`]: ClassAd-like requirement expressions (submit and hold requirements).
 //! - [`admin`]: EP drain, disable, enable and group pause; `analyze`; priorities and factors.
+//! - [`annex`]: annexes (issue 21): an annex's attach token minted, its record kept
+//!   ([`annex_store`], a file of its own), its batch jobs recorded, its end extended or brought
+//!   forward and told to its EPs (`SchedulerMsg::Lifetime`), its token revoked on delete.
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
 //! - [`revocation`]: what a revocation names and the in-memory revoked set; [`revoke`] applies
@@ -67,6 +70,9 @@
 
 pub mod actions;
 pub mod admin;
+pub mod annex;
+pub mod annex_api;
+pub mod annex_store;
 pub mod api;
 pub mod attach;
 pub mod config;
@@ -115,7 +121,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         local_addr: _,
         queue,
         name,
-        attach_key: _,
+        attach_key,
         attach_verifier,
         submit_verifiers,
         admin_token,
@@ -126,7 +132,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         audit_signer,
         audit_policy,
         http,
+        annexes,
     } = settings;
+    tracing::info!(annexes = annexes.list().len(), "annex records read");
     let shared = Arc::new(Shared {
         queue,
         eps: EpLock::default(),
@@ -142,6 +150,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         audit_signer,
         audit_policy,
         metrics: metrics::Metrics::new(),
+        attach_key,
+        name: name.clone(),
+        annexes,
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;

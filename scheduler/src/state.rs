@@ -1,9 +1,11 @@
 //! [`Shared`]: the state the HTTP handlers, the EP sessions and the dispatcher share (the
-//! store, the EP table, verifiers, site policy, URL trust, the audit signer and the counters),
+//! store, the EP table, verifiers, site policy, URL trust, the audit signer, the counters, the
+//! attach key and the annexes' records),
 //! built once by [`crate::run`].
 //!
 //! Must not know: what is done with it (handlers, sessions, dispatch are above it).
 
+use crate::annex_store::AnnexStore;
 use crate::config::OwnerLimits;
 use crate::matching::EpTable;
 use crate::metrics::Metrics;
@@ -11,7 +13,7 @@ use crate::policy::SitePolicy;
 use crate::queue::Queue;
 use crate::trust::UrlTrust;
 use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
-use htfaas_functions::token::Verifier;
+use htfaas_functions::token::{SigningKey, Verifier};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
@@ -48,6 +50,12 @@ pub struct Shared {
     pub(crate) audit_policy: CheckpointPolicy,
     /// Refusal counters and the dispatch latency of `GET /metrics` ([`metrics`]).
     pub(crate) metrics: Metrics,
+    /// Signs attach tokens: an annex's ([`crate::annex`]).
+    pub(crate) attach_key: SigningKey,
+    /// The issuer of attach tokens ([`crate::Config::name`]).
+    pub(crate) name: String,
+    /// The annexes' records ([`crate::annex_store`]).
+    pub(crate) annexes: AnnexStore,
 }
 
 impl Shared {

@@ -4,6 +4,7 @@
 //! components' insides (only their libraries' `run` and the client).
 
 pub mod accounting;
+pub mod annex;
 pub mod args;
 pub mod audit;
 pub mod bridge;

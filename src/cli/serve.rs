@@ -29,6 +29,10 @@ pub async fn gateway(config: &Path) -> anyhow::Result<()> {
     htfaas_gateway::run(settings, on_signals()).await
 }
 
+/// The environment variable `htfaas ep` takes its attach token from, over the config file's
+/// `attach_token`: an annex's batch job passes the token so, in no file and no argument.
+pub const ATTACH_TOKEN_ENV: &str = "HTFAAS_ATTACH_TOKEN";
+
 /// `htfaas ep --config F`: run an execution point.
 pub async fn ep(
     config: Option<PathBuf>,
@@ -42,6 +46,11 @@ pub async fn ep(
     config.annex = annex.or(config.annex);
     config.lifetime_s = lifetime.or(config.lifetime_s);
     config.idle_shutdown_s = idle_shutdown.or(config.idle_shutdown_s);
+    if let Ok(token) = std::env::var(ATTACH_TOKEN_ENV)
+        && !token.trim().is_empty()
+    {
+        config.attach_token = token.trim().to_owned();
+    }
     let mut settings = config.resolve().await?;
     settings.drain_timeout = Duration::from_secs(drain_timeout);
     let (drain, stop) = on_ep_signals();

@@ -135,3 +135,70 @@ async fn an_ep_declaring_another_annex_than_its_token_is_refused_and_exits() {
     eps.cancel();
     stack.stop().await.expect("clean stop");
 }
+
+/// An annex through the API (as `htfaas annex create` makes it, without a batch system): the
+/// record and its token, for alice.
+async fn api_annex(
+    client: &htfaas::client::Client,
+    name: &str,
+    lifetime_s: u64,
+) -> htfaas_functions::proto::AnnexCreated {
+    client.grant("alice", htfaas_functions::namespace::Right::Annex, name).await.expect("grant");
+    let request = htfaas_functions::proto::AnnexRequest {
+        name: name.into(),
+        owner: "alice".into(),
+        provider: "slurm".into(),
+        count: 1,
+        cpus: 1,
+        memory_mb: 512,
+        lifetime_s,
+        idle_shutdown_s: None,
+        partition: None,
+        token_ttl_s: None,
+    };
+    client.annex_create(&request).await.expect("annex create")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annex_ep_learns_the_annexs_end_when_it_attaches_and_when_it_moves() {
+    let (dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let scheduler = stack.info().scheduler_url.clone();
+    let created = api_annex(&client, "alice-moving", 3600).await;
+    assert_eq!(created.annex.owner, "alice");
+    assert_eq!(created.annex.drain_s, 360);
+    assert!(created.annex.token_exp_ms > created.annex.ends_ms, "the token outlives the annex");
+    // The token is bound to the annex and the owner: an EP attached with it shows both.
+    let eps = CancellationToken::new();
+    let ep = start_ep(dir.path(), &scheduler, "moving-1", created.attach_token, Some("alice-moving"), &eps).await;
+    let view = wait_for("the annex EP to attach", Duration::from_secs(20), || async {
+        client.annex("alice-moving").await.ok().filter(|v| v.eps.len() == 1)
+    })
+    .await;
+    assert_eq!((view.eps[0].annex.as_deref(), view.eps[0].owner.as_deref()), (Some("alice-moving"), Some("alice")));
+    // Batch job ids are recorded with it; a malformed one is refused.
+    let record = client.annex_jobs("alice-moving", vec!["17".into()]).await.expect("record jobs");
+    assert_eq!(record.jobs, vec!["17".to_owned()]);
+    let bad = client.annex_jobs("alice-moving", vec!["17; scancel -u root".into()]).await.expect_err("refused");
+    assert!(bad.to_string().contains("400"), "{bad}");
+    // Extended past its token: refused, nothing changes.
+    let e = client.annex_extend("alice-moving", 3 * 24 * 3600).await.expect_err("past the token");
+    assert!(e.to_string().contains("cannot outlive its attach token"), "{e}");
+    // Brought forward to a minute from now (less than its drain window): the EP is told and
+    // leaves by itself, without any signal of ours.
+    let moved = client.annex_extend("alice-moving", 60).await.expect("extend");
+    assert!(moved.ends_ms < created.annex.ends_ms);
+    tokio::time::timeout(Duration::from_secs(30), ep)
+        .await
+        .expect("the EP left when told its lifetime was over")
+        .expect("join")
+        .expect("it left cleanly (a drain, not a refusal)");
+    // An EP attaching now is told at once, and leaves too.
+    let again = mint_ep_token(dir.path(), Some("alice".into()), Some("alice-moving".into()), 600).expect("mint");
+    let late = start_ep(dir.path(), &scheduler, "moving-2", again, Some("alice-moving"), &eps).await;
+    tokio::time::timeout(Duration::from_secs(30), late).await.expect("left").expect("join").expect("cleanly");
+    let deleted = client.annex_delete("alice-moving").await.expect("delete");
+    assert_eq!(deleted.revocation.target, htfaas_functions::proto::RevocationTarget::Jti(created.annex.token_jti));
+    eps.cancel();
+    stack.stop().await.expect("clean stop");
+}

@@ -3,6 +3,7 @@
 
 mod accounting;
 mod annex;
+mod annex_slurm;
 mod attacks;
 mod audit;
 mod bridges;
@@ -23,6 +24,7 @@ mod replay;
 mod revoke;
 mod scopes;
 mod security;
+mod slurm_support;
 mod sources;
 mod tokens;
 mod triggers;

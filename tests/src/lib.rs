@@ -43,6 +43,48 @@ fn examples_built() -> PathBuf {
     examples.join("target")
 }
 
+/// The `htfaas` binary, for what must run it as a process (a Slurm annex's batch job runs
+/// `htfaas ep`): `HTFAAS_BIN` when set, else built once per test binary with these tests'
+/// profile into their own target directory (`cargo build -p htfaas --bin htfaas`), so it is
+/// never older than the code under test.
+pub fn htfaas_binary() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("HTFAAS_BIN") {
+            let bin = PathBuf::from(bin);
+            return if bin.is_file() { Ok(bin) } else { Err(format!("HTFAAS_BIN={} is no file", bin.display())) };
+        }
+        // …/target/debug/deps/e2e-<hash> → …/target
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let profile_dir = exe.parent().and_then(|d| d.parent()).ok_or("no target directory")?;
+        let target = profile_dir.parent().ok_or("no target directory")?;
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cargo.args(["build", "-p", "htfaas", "--bin", "htfaas", "--manifest-path"]).arg(root.join("Cargo.toml"));
+        cargo.arg("--target-dir").arg(target);
+        // What `cargo test` set for this test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …) would reach
+        // the build scripts (ring's reads CARGO_MANIFEST_DIR) and make cargo rebuild everything.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("CARGO_") && !matches!(key.as_ref(), "CARGO_HOME" | "CARGO_TARGET_DIR") {
+                cargo.env_remove(key.as_ref());
+            }
+        }
+        if profile_dir.ends_with("release") {
+            cargo.arg("--release");
+        }
+        let out = cargo.output().map_err(|e| format!("run cargo: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(profile_dir.join("htfaas"))
+    });
+    match built {
+        Ok(bin) => bin.clone(),
+        Err(e) => panic!("building the htfaas binary failed:\n{e}"),
+    }
+}
+
 /// A stack in a fresh temporary directory, deleted when the returned guard drops.
 pub async fn start_stack() -> (tempfile::TempDir, htfaas::stack::Stack) {
     let dir = tempfile::tempdir().expect("create a temp dir");

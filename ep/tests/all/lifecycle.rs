@@ -1,5 +1,6 @@
 //! An EP leaves by itself at the end of its lifetime, or after running nothing for its idle
-//! time, the way an annex's EP gives its machine back (HTCondor `STARTD_NOCLAIM_SHUTDOWN`).
+//! time, the way an annex's EP gives its machine back (HTCondor `STARTD_NOCLAIM_SHUTDOWN`); the
+//! scheduler's `Lifetime` (an annex extended or deleted) replaces its own lifetime.
 
 use crate::fake::Harness;
 use htfaas_ep::Config;
@@ -84,4 +85,23 @@ async fn a_running_job_holds_off_idle_shutdown() {
     h.ended().await.expect("left cleanly");
     let idle = reported.elapsed();
     assert!(idle >= Duration::from_millis(1800) && idle < Duration::from_secs(6), "left {idle:?} after the report");
+}
+
+#[tokio::test]
+async fn the_schedulers_lifetime_replaces_the_eps_own_longer_or_shorter() {
+    // Started with 2 s to live; the scheduler (an annex extended) says an hour: it stays past 2 s.
+    let mut h = Harness::start_with(|c| c.lifetime_s = Some(2)).await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.send(&SchedulerMsg::Lifetime { leave_in_ms: 3_600_000 });
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(!h.ep.is_finished(), "the EP left at its own lifetime although the scheduler extended it");
+    // Then the annex is deleted: leave now. The running job finishes and is reported first.
+    c.send(&SchedulerMsg::Assign(h.job_of("last", "sleep-2s", "wiki.txt")));
+    c.send(&SchedulerMsg::Lifetime { leave_in_ms: 0 });
+    let draining = c.recv().await;
+    assert!(matches!(draining, htfaas_functions::proto::EpMsg::Draining), "{draining:?}");
+    let r = c.finished().await;
+    assert_eq!(r.outcome, Outcome::Exited { exit_code: 0 }, "log: {}", r.log);
+    h.ended().await.expect("left cleanly");
 }

@@ -233,6 +233,16 @@ pub enum SchedulerMsg {
         /// Why, for the job's record.
         reason: String,
     },
+    /// The EP's lifetime ends this many ms from now: it then leaves as at the end of its own
+    /// lifetime (drains: running jobs finish, no new one starts), at once for 0. Replaces the
+    /// lifetime the EP started with, longer or shorter. Sent (issue 21) to the EPs of an annex
+    /// the scheduler keeps a record of ([`super::AnnexRecord`]): right after `Welcome`, and
+    /// whenever the annex is extended or deleted. No answer. An EP before issue 21 ignores it
+    /// as an unparsable frame.
+    Lifetime {
+        /// Milliseconds from receipt.
+        leave_in_ms: u64,
+    },
 }
 
 /// A job as the EP sees it: no owner, no token, only what it needs to run.

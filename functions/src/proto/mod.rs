@@ -14,6 +14,7 @@
 //!
 //! One submodule per conversation: [`events`] (storage events), [`submit`] (gateway to
 //! scheduler), [`attach`] (EP to scheduler), [`jobs`] and [`admin`] (the scheduler's API),
+//! [`annex`] (annexes: EPs provisioned through a batch system),
 //! [`api`] (the gateway's API) and [`lineage`] (the gateway's audit routes). Every item is
 //! re-exported here: callers name `proto::X`.
 //!
@@ -21,6 +22,7 @@
 //! knows nothing of their chain or store.
 
 pub mod admin;
+pub mod annex;
 pub mod api;
 pub mod attach;
 pub mod events;
@@ -32,6 +34,7 @@ mod tests;
 
 pub use crate::resources::JobLimits;
 pub use admin::*;
+pub use annex::*;
 pub use api::*;
 pub use attach::*;
 pub use events::*;

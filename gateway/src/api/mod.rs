@@ -54,6 +54,9 @@
 //! | `GET /v1/audit[?job&token&owner&file&function&event&since&until&limit]` | developer (own) | the scheduler's audit records (`functions::audit::AuditRecord`s) |
 //! | `GET /v1/audit/verify` | admin | the scheduler's `functions::audit::VerifyReport` of its trail |
 //! | `GET /v1/audit/keys[?trail=gateway\|scheduler]` | admin | the JWKS of both audit keys (or of one trail's) |
+//! | `POST /v1/annexes` | admin | body `AnnexRequest` → 201 `AnnexCreated` (403 unless the owner holds the annex right: [`annexes`]) |
+//! | `GET /v1/annexes[/{name}]` | admin | `AnnexView`s: each annex's record and its attached EPs |
+//! | `POST /v1/annexes/{name}/jobs\|extend\|drain\|delete` | admin | `AnnexJobs` → `AnnexRecord`; `AnnexExtend` → `AnnexRecord`; → `AnnexView`; → `AnnexDeleted` |
 //! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`audit::lineage`]) |
 //!
 //! Every audit route takes `?trail=gateway` for the gateway's own trail ([`crate::audit`]:
@@ -99,6 +102,7 @@ use htfaas_functions::token::ApiClaims;
 use htfaas_functions::{Digest, FunctionManifest, RegistryError};
 use std::sync::Arc;
 
+mod annexes;
 pub mod audit;
 mod events;
 pub mod metrics;
@@ -205,6 +209,13 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/namespaces", "/v1/namespaces", Access::Developer),
     op("POST", "/v1/namespaces", "/v1/namespaces", Access::Admin),
     op("POST", "/v1/namespaces/revoke", "/v1/namespaces/revoke", Access::Admin),
+    op("POST", "/v1/annexes", "/v1/annexes", Access::Admin),
+    op("GET", "/v1/annexes", "/v1/annexes", Access::Admin),
+    op("GET", "/v1/annexes/{name}", "/v1/annexes/{name}", Access::Admin),
+    op("POST", "/v1/annexes/{name}/jobs", "/v1/annexes/{name}/{action}", Access::Admin),
+    op("POST", "/v1/annexes/{name}/extend", "/v1/annexes/{name}/{action}", Access::Admin),
+    op("POST", "/v1/annexes/{name}/drain", "/v1/annexes/{name}/{action}", Access::Admin),
+    op("POST", "/v1/annexes/{name}/delete", "/v1/annexes/{name}/{action}", Access::Admin),
     op("GET", "/metrics", "/metrics", Access::Admin),
     // The console's static pages (`crate::console::routes`, merged): the page asks for a token
     // and calls the routes above with it.
@@ -243,6 +254,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/lineage", get(audit::get_lineage))
         .route("/v1/namespaces", get(namespaces::list).post(namespaces::grant))
         .route("/v1/namespaces/revoke", post(namespaces::revoke))
+        .route("/v1/annexes", post(annexes::create).get(annexes::list))
+        .route("/v1/annexes/{name}", get(annexes::show))
+        .route("/v1/annexes/{name}/{action}", post(annexes::act))
         .route("/metrics", get(metrics::serve))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
         .merge(crate::console::routes())

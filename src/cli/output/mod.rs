@@ -1,9 +1,12 @@
 //! Everything `htfaas` prints: the tables, the records as lines, the reports, and the same as
-//! JSON with `--json`; the audit trails' records, lineages and verify reports in [`audit`]. Must
+//! JSON with `--json`; the audit trails' records, lineages and verify reports in [`audit`];
+//! annexes in [`annex`]. Must
 //! not know: where the data comes from (the client, the stack, clap).
 
+mod annex;
 mod audit;
 
+pub use annex::{annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended};
 pub use audit::{audit_records, head, lineage, verify, verify_reports};
 use htfaas::client::StackInfo;
 use htfaas_functions::FunctionRecord;
