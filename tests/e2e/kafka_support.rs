@@ -161,12 +161,7 @@ pub async fn produce_record(partition: &PartitionClient, record: Record) -> i64 
 
 /// A record with `value`, no key, no headers, as dCache sends.
 pub fn record(value: &[u8]) -> Record {
-    Record {
-        key: None,
-        value: Some(value.to_vec()),
-        headers: Default::default(),
-        timestamp: now(),
-    }
+    Record { key: None, value: Some(value.to_vec()), headers: Default::default(), timestamp: now() }
 }
 
 /// Now, as a record's timestamp (milliseconds).
