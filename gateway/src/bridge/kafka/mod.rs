@@ -31,8 +31,8 @@
 //! Offsets are committed to a JetStream key-value bucket
 //! ([`htfaas_functions::proto::KAFKA_OFFSETS_BUCKET`]), key `<consumer>.<topic>.<partition>`,
 //! each write a compare-and-set on the last revision (a second bridge with the same consumer
-//! name is fenced off and stops with an error instead of racing). Why not Kafka's consumer
-//! groups: the Rust clients that have them wrap librdkafka (`rdkafka`), which must be built from
+//! name that finds the key moved to a value it did not write stops with an error instead of
+//! racing). Why not Kafka's consumer groups: the Rust clients that have them wrap librdkafka (`rdkafka`), which must be built from
 //! its bundled C sources (Debian's 2.0.2 cannot talk to current brokers such as tansu; ≥ 2.3
 //! is needed): a C build of ~100 k lines plus its own TLS/SASL/compression C libraries, on every
 //! clean build of the workspace, and two dependency stacks to keep patched. The pure-Rust
@@ -87,12 +87,12 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-mod offsets;
+pub mod offsets;
 mod partition;
 mod route;
 mod stats;
 
-pub use offsets::{Committed, key as offset_key};
+pub use offsets::{Committed, OffsetError, PartitionOffset, key as offset_key, open_bucket};
 pub use route::{MAX_RECORD_BYTES, RecordError, Routed, message_id, route};
 pub use stats::*;
 
