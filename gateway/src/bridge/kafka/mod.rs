@@ -349,7 +349,8 @@ async fn connect(settings: Settings, js: jetstream::Context, stats: Arc<Stats>) 
         }
     };
     tracing::info!("connected to Kafka and to the offsets bucket {KAFKA_OFFSETS_BUCKET}");
-    partition::Shared { settings, kafka, js, offsets, stats }
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(partition::MAX_IN_FLIGHT));
+    partition::Shared { settings, kafka, js, offsets, stats, in_flight }
 }
 
 /// Logs a failure to `what` (the first, then at powers of two) and sleeps `backoff`, doubling it
