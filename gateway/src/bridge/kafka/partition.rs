@@ -160,6 +160,15 @@ pub(super) async fn run(shared: Arc<Shared>, partition: i32, shutdown: Cancellat
                 let Some(earliest) = offset_at(&client, OffsetAt::Earliest, stats, &shutdown).await else {
                     return Ok(());
                 };
+                if next == earliest {
+                    // Out of range at the start itself: the broker's view is moving (a leader
+                    // change, a topic being made); try again after a pause, never in a spin.
+                    bump(&stats.fetch_failures);
+                    if !pause(&mut backoff, &shutdown).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 if next < earliest {
                     tracing::warn!(
                         partition,
