@@ -95,7 +95,8 @@ fi
 # real clients work against it (shared/reference/kafka-recipe). Its clean build is ~500 s on 2
 # cores (~400 crates), so it goes once per machine into ~/.cargo/bin, not into .tools/ (a fresh
 # clone of the repo, as CI makes, then finds it); its build directory is removed afterwards.
-# `libsql` is the SQLite engine (the default features give only a dummy storage).
+# `libsql` is the SQLite engine (the default features give only a dummy storage); its bindgen
+# needs libclang, which the clang step above brings (clang-14 depends on libclang1-14).
 if [[ -z ${HTFAAS_TANSU:-} ]] && ! command -v tansu >/dev/null 2>&1 && [[ ! -x $HOME/.cargo/bin/tansu ]]; then
   echo "install-deps: building tansu 0.6.0 (Kafka-protocol broker) into $HOME/.cargo/bin (~500 s, once)" >&2
   TANSU_BUILD=$(mktemp -d)

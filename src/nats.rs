@@ -125,4 +125,23 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn the_kafka_bridge_publishes_billing_and_keeps_its_offsets_bucket_and_nothing_else() {
+        let kafka = stack_user(&Role::KafkaBridge, &NatsCredential::generate());
+        assert_eq!(
+            kafka.publish,
+            [
+                "storage.dcache.billing",
+                "storage.dcache.billing.path.>",
+                "$KV.HTFAAS_KAFKA_OFFSETS.>",
+                "$JS.API.INFO",
+                "$JS.API.STREAM.INFO.KV_HTFAAS_KAFKA_OFFSETS",
+                "$JS.API.STREAM.CREATE.KV_HTFAAS_KAFKA_OFFSETS",
+                "$JS.API.STREAM.MSG.GET.KV_HTFAAS_KAFKA_OFFSETS",
+                "$JS.API.DIRECT.GET.KV_HTFAAS_KAFKA_OFFSETS.>",
+            ]
+        );
+        assert!(kafka.subscribe.is_empty(), "only its inbox");
+    }
 }

@@ -13,7 +13,7 @@ use async_nats::jetstream;
 use htfaas::stack::{Stack, demo_manifest};
 use htfaas_functions::proto::{EVENTS_SUBJECT, JobState, KAFKA_OFFSETS_BUCKET, path_subject};
 use htfaas_gateway::bridge::kafka::{Settings, StartAt, Stats, StatsSnapshot, offset_key, run_with_stats};
-use htfaas_tests::{events_settled, start_stack, upload_checksum, wait_for};
+use htfaas_tests::{events_settled, start_stack, start_stack_with, upload_checksum, wait_for};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -210,13 +210,18 @@ async fn dcache_kafka_bridge_puts_a_record_without_a_path_on_the_plain_subject_a
 /// The bridge's rate into JetStream: N records on 4 partitions produced first, then the time
 /// from the bridge's start to their last commit. A measurement, not a check:
 /// `cargo test -p htfaas-tests --test e2e kafka::dcache_kafka_bridge_rate -- --ignored --nocapture`
-/// (`HTFAAS_KAFKA_BENCH_RECORDS`, default 20000).
+/// (`HTFAAS_KAFKA_BENCH_RECORDS`, default 20000; `HTFAAS_KAFKA_BENCH_DURABILITY=log` for
+/// JetStream without an fsync behind every PubAck, the stack's default being `fsync`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run it by name with --ignored"]
 async fn dcache_kafka_bridge_rate() {
     let Some(tansu) = tansu_installed("the Kafka bridge bench") else { return };
     let n: usize = std::env::var("HTFAAS_KAFKA_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
-    let (dir, stack) = start_stack().await;
+    let durability = match std::env::var("HTFAAS_KAFKA_BENCH_DURABILITY").as_deref() {
+        Ok("log") => htfaas_functions::store::Durability::Log,
+        _ => htfaas_functions::store::Durability::Fsync,
+    };
+    let (dir, stack) = start_stack_with(|o| o.durability = durability).await;
     let broker = tokio::task::block_in_place(|| Tansu::start(&tansu, &dir.path().join("kafka")));
     let kafka = client_for(&broker).await;
     let partitions = create_topic(&kafka, TOPIC, 4).await;
@@ -245,7 +250,8 @@ async fn dcache_kafka_bridge_rate() {
     .await;
     let took = started.elapsed();
     eprintln!(
-        "{{\"bench\":\"dcache-kafka bridge\",\"records\":{n},\"partitions\":4,\"seconds\":{:.3},\"records_per_s\":{:.0},\"commits\":{}}}",
+        "{{\"bench\":\"dcache-kafka bridge\",\"durability\":\"{}\",\"records\":{n},\"partitions\":4,\"seconds\":{:.3},\"records_per_s\":{:.0},\"commits\":{}}}",
+        durability.as_str(),
         took.as_secs_f64(),
         n as f64 / took.as_secs_f64(),
         s.commits

@@ -2,12 +2,14 @@
 //! ([`htfaas_functions::proto::KAFKA_OFFSETS_BUCKET`]): one key per consumer name, topic and
 //! partition, `<consumer>.<topic>.<partition>`, holding [`Committed`] (versioned JSON).
 //!
-//! Every write is a compare-and-set on the revision this bridge last read or wrote, so two
-//! bridges started with the same consumer name on the same partition cannot both go on: the
-//! second one's commit fails ([`OffsetError::Fenced`]) and that partition's reader stops with an
-//! error instead of racing the other. A commit whose acknowledgement was lost (NATS went away
-//! after storing it) is recognised on the retry: the key then holds exactly what this bridge
-//! wrote.
+//! Every write is a compare-and-set on the revision this bridge last read or wrote. A commit
+//! that finds the key changed since, to a value other than its own, fails
+//! ([`OffsetError::Fenced`]: another bridge with the same consumer name reads this partition)
+//! and that bridge stops with an error instead of racing the other; so the committed offset only
+//! ever moves by the writer of its latest revision. A commit that finds exactly its own value
+//! is taken as done: its acknowledgement was lost (NATS went away after storing it), or another
+//! bridge in lockstep committed the same offset (harmless: both published the same records
+//! under the same ids).
 //!
 //! Must not know: Kafka, records, subjects.
 

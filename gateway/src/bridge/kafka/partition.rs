@@ -30,6 +30,14 @@ const UNDECODABLE_ATTEMPTS: u32 = 3;
 /// the broker's answers do not fit, and skipping on would drop the topic.
 const MAX_STEPPED_OVER: u64 = 10_000;
 
+/// Records one reader publishes before it awaits their PubAcks.
+const PUBLISH_WINDOW: usize = 256;
+/// PubAcks awaited at once over all readers, at most: fewer than the JetStream context's own
+/// limit (5,000, after which a publish waits for a permit that only an awaited ack gives back,
+/// so that readers each holding unawaited publishes would wait on each other for ever). A
+/// reader takes its whole window's permits at once, so it can always finish it.
+pub(super) const MAX_IN_FLIGHT: usize = 4096;
+
 /// What every partition's reader shares.
 pub(super) struct Shared {
     pub settings: Settings,
@@ -37,6 +45,8 @@ pub(super) struct Shared {
     pub js: jetstream::Context,
     pub offsets: async_nats::jetstream::kv::Store,
     pub stats: Arc<Stats>,
+    /// Permits for PubAcks awaited at once ([`MAX_IN_FLIGHT`]).
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why a partition's reader stopped before shutdown: the bridge stops.
@@ -150,6 +160,15 @@ pub(super) async fn run(shared: Arc<Shared>, partition: i32, shutdown: Cancellat
                 let Some(earliest) = offset_at(&client, OffsetAt::Earliest, stats, &shutdown).await else {
                     return Ok(());
                 };
+                if next == earliest {
+                    // Out of range at the start itself: the broker's view is moving (a leader
+                    // change, a topic being made); try again after a pause, never in a spin.
+                    bump(&stats.fetch_failures);
+                    if !pause(&mut backoff, &shutdown).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 if next < earliest {
                     tracing::warn!(
                         partition,
@@ -228,8 +247,18 @@ pub(super) async fn run(shared: Arc<Shared>, partition: i32, shutdown: Cancellat
                 }
             }
         }
-        if !publish_all(&shared.js, batch, stats, &shutdown).await {
-            return Ok(());
+        for window in batch.chunks(PUBLISH_WINDOW) {
+            let permits = u32::try_from(window.len()).unwrap_or(u32::MAX);
+            let _permits = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                p = shared.in_flight.acquire_many(permits) => match p {
+                    Ok(p) => p,
+                    Err(_closed) => return Ok(()),
+                },
+            };
+            if !publish_all(&shared.js, window, stats, &shutdown).await {
+                return Ok(());
+            }
         }
         next = last + 1;
         if !commit(&mut committed, next, stats, &shutdown).await.map_err(fatal)? {
@@ -249,16 +278,11 @@ struct Outgoing {
 
 /// Publishes `batch`, pipelined, and waits until JetStream acknowledged each one (retrying a
 /// failed one, same id, with backoff). `false`: shutdown came first.
-async fn publish_all(
-    js: &jetstream::Context,
-    batch: Vec<Outgoing>,
-    stats: &Stats,
-    shutdown: &CancellationToken,
-) -> bool {
+async fn publish_all(js: &jetstream::Context, batch: &[Outgoing], stats: &Stats, shutdown: &CancellationToken) -> bool {
     let message = |o: &Outgoing| PublishMessage::build().payload(o.payload.clone()).message_id(&o.id);
     // Sent back to back; acks awaited after (at most a fetch's worth in flight).
     let mut sent = Vec::with_capacity(batch.len());
-    for o in &batch {
+    for o in batch {
         let r = tokio::select! {
             _ = shutdown.cancelled() => return false,
             r = js.send_publish(o.subject.clone(), message(o)) => r,
