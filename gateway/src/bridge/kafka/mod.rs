@@ -84,7 +84,6 @@
 //! record's subject `route`, the offsets bucket `offsets`, the counts `stats`. Must not know:
 //! the gateway beyond its billing parser (it only publishes on NATS).
 
-use anyhow::Context as _;
 use async_nats::jetstream;
 use htfaas_functions::proto::KAFKA_OFFSETS_BUCKET;
 use std::collections::BTreeSet;
@@ -210,21 +209,8 @@ pub async fn run_with_stats(
 ) -> anyhow::Result<StatsSnapshot> {
     settings.validate()?;
     let client =
-        htfaas_functions::nats::connect_options("htfaas-bridge-dcache-kafka", settings.nats_credential.as_ref())
-            .retry_on_initial_connect()
-            .reconnect_delay_callback(|attempts| {
-                Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5))).min(Duration::from_secs(2))
-            })
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
-                    async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
-                    other => tracing::debug!("NATS: {other}"),
-                }
-            })
-            .connect(settings.nats_url.as_str())
-            .await
-            .with_context(|| format!("connect to NATS at {}", settings.nats_url))?;
+        super::connect_nats("htfaas-bridge-dcache-kafka", settings.nats_credential.as_ref(), &settings.nats_url)
+            .await?;
     let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
     tracing::info!(
         brokers = %settings.brokers.join(","),

@@ -194,23 +194,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let prefix = normalize_prefix(&settings.path_prefix)?;
     anyhow::ensure!(valid_host(&settings.source_host), "bad source host {:?}", settings.source_host);
     anyhow::ensure!(settings.max_pending > 0, "max_pending must be at least 1");
+    // Starts (and keeps reading, up to the buffer) while NATS is down.
     let client =
-        htfaas_functions::nats::connect_options("htfaas-bridge-xrootd-notify", settings.nats_credential.as_ref())
-            // Start (and keep reading, up to the buffer) while NATS is down.
-            .retry_on_initial_connect()
-            .reconnect_delay_callback(|attempts| {
-                Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5))).min(Duration::from_secs(2))
-            })
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
-                    async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
-                    other => tracing::debug!("NATS: {other}"),
-                }
-            })
-            .connect(htfaas_functions::nats::servers(&settings.nats_url)?)
-            .await
-            .with_context(|| format!("connect to NATS at {}", settings.nats_url))?;
+        super::connect_nats("htfaas-bridge-xrootd-notify", settings.nats_credential.as_ref(), &settings.nats_url)
+            .await?;
     let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
     let subject = subject();
     tracing::info!(
