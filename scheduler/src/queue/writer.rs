@@ -320,19 +320,38 @@ mod tests {
         conn.query_row("SELECT COUNT(*) FROM audit_records", [], |r| r.get(0)).expect("count")
     }
 
+    /// A write that uses token `jti` and records it in the trail; returns `jti`.
+    fn note(jti: &'static str) -> impl FnOnce(&Transaction<'_>) -> Result<&'static str, QueueError> + Send + 'static {
+        move |tx: &Transaction<'_>| -> Result<&'static str, QueueError> {
+            tx.execute("INSERT INTO token_uses (jti, uses, exp) VALUES (?1, 1, 0)", params![jti])?;
+            let subject = Subject { token_jti: Some(jti.into()), ..Subject::default() };
+            audit::append_in(tx, AuditDraft::job_refused(subject, 400, "test"))?;
+            Ok(jti)
+        }
+    }
+
+    /// The token ids the store holds, sorted.
+    async fn stored_jtis(q: &Queue) -> Vec<String> {
+        q.call(|c| {
+            let mut stmt = c.prepare("SELECT jti FROM token_uses ORDER BY jti")?;
+            Ok(stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
+        })
+        .await
+        .expect("read")
+    }
+
+    /// The store's audit trail verifies (chained without a gap).
+    fn assert_trail_verifies(q: &Queue) {
+        let (signer, _) = AuditSigner::generate("k").expect("key");
+        let report = audit::verify(q.path(), &signer.keys()).expect("verify");
+        assert!(report.ok(), "{:?}", report.first_problem);
+    }
+
     #[tokio::test]
     async fn a_batch_commits_every_write_but_the_failing_ones_which_leave_nothing_behind() {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
         let before = q.call(|c| Ok(audit_records(c))).await.expect("count");
-        let note = |jti: &'static str| {
-            move |tx: &Transaction<'_>| -> Result<&'static str, QueueError> {
-                tx.execute("INSERT INTO token_uses (jti, uses, exp) VALUES (?1, 1, 0)", params![jti])?;
-                let subject = Subject { token_jti: Some(jti.into()), ..Subject::default() };
-                audit::append_in(tx, AuditDraft::job_refused(subject, 400, "test"))?;
-                Ok(jti)
-            }
-        };
         let mut pending = std::collections::VecDeque::new();
         let (w, first) = write_request(note("a"));
         pending.push_back(w);
@@ -366,19 +385,11 @@ mod tests {
         assert_eq!(e.to_string(), "database task failed: a write to the store panicked");
         assert_eq!(last.await.expect("answered").expect("committed"), "c");
 
-        let jtis: Vec<String> = q
-            .call(|c| {
-                let mut stmt = c.prepare("SELECT jti FROM token_uses ORDER BY jti")?;
-                Ok(stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
-            })
-            .await
-            .expect("read");
+        let jtis = stored_jtis(&q).await;
         assert_eq!(jtis, vec!["a", "c"]);
         // Two records, one per committed write, chained without a gap.
         assert_eq!(q.call(|c| Ok(audit_records(c))).await.expect("count"), before + 2);
-        let (signer, _) = AuditSigner::generate("k").expect("key");
-        let report = audit::verify(q.path(), &signer.keys()).expect("verify");
-        assert!(report.ok(), "{:?}", report.first_problem);
+        assert_trail_verifies(&q);
     }
 
     #[tokio::test]
@@ -465,14 +476,6 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = Queue::open(&dir.path().join("q.db")).expect("open");
         let before = q.call(|c| Ok(audit_records(c))).await.expect("count");
-        let note = |jti: &'static str| {
-            move |tx: &Transaction<'_>| -> Result<&'static str, QueueError> {
-                tx.execute("INSERT INTO token_uses (jti, uses, exp) VALUES (?1, 1, 0)", params![jti])?;
-                let subject = Subject { token_jti: Some(jti.into()), ..Subject::default() };
-                audit::append_in(tx, AuditDraft::job_refused(subject, 400, "test"))?;
-                Ok(jti)
-            }
-        };
         let mut pending = std::collections::VecDeque::new();
         // Writes, and records, then refuses.
         let (w, refused) = write_request(move |tx: &Transaction<'_>| -> Result<(), QueueError> {
@@ -495,18 +498,10 @@ mod tests {
             ("a", "b")
         );
         assert_eq!(writes.into_inner(), 3);
-        let jtis: Vec<String> = q
-            .call(|c| {
-                let mut stmt = c.prepare("SELECT jti FROM token_uses ORDER BY jti")?;
-                Ok(stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
-            })
-            .await
-            .expect("read");
+        let jtis = stored_jtis(&q).await;
         assert_eq!(jtis, vec!["a", "b"], "nothing of the refused write is left");
         assert_eq!(q.call(|c| Ok(audit_records(c))).await.expect("count"), before + 2);
-        let (signer, _) = AuditSigner::generate("k").expect("key");
-        let report = audit::verify(q.path(), &signer.keys()).expect("verify");
-        assert!(report.ok(), "{:?}", report.first_problem);
+        assert_trail_verifies(&q);
     }
 
     #[tokio::test]
