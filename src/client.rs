@@ -39,6 +39,10 @@ pub struct StackInfo {
     pub user: String,
     /// That user's secret.
     pub user_secret: String,
+    /// Extra CA certificate(s), PEM, trusted for the gateway's, scheduler's and storage's TLS
+    /// besides the system's: a site's own CA. `None`: the system's roots only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl StackInfo {
@@ -57,18 +61,9 @@ impl StackInfo {
 
     /// Writes it, readable by the owner only.
     pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         let path = Self::path(dir);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .with_context(|| format!("write {}", path.display()))?;
-        f.write_all(&serde_json::to_vec_pretty(self)?)?;
-        Ok(())
+        htfaas_functions::store::write_private(&path, &serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("write {}", path.display()))
     }
 }
 
@@ -101,7 +96,7 @@ fn segment(name: &str) -> anyhow::Result<String> {
 impl Client {
     /// A client for `info`.
     pub fn new(info: StackInfo) -> anyhow::Result<Client> {
-        Ok(Client { http: htfaas_gateway::http_client()?, info })
+        Ok(Client { http: htfaas_gateway::http_client_trusting(info.ca_file.as_deref(), "ca_file")?, info })
     }
 
     /// The same client, calling the gateway's API with `token` (an API token from `htfaas token

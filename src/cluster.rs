@@ -4,11 +4,15 @@
 //! | host | address | runs |
 //! |---|---|---|
 //! | `n1`, `n2`, `n3` | 10.213.7.11–13 | a 3-node NATS cluster; the events stream at 3 replicas |
-//! | `storage` | 10.213.7.20 | `htfaas storage` |
-//! | `svc` | 10.213.7.30 | `htfaas scheduler` (HTTPS and WSS, a certificate of the harness's CA) and `htfaas gateway` |
+//! | `storage` | 10.213.7.20 | `htfaas storage` (HTTPS) |
+//! | `svc` | 10.213.7.30 | `htfaas scheduler` (HTTPS and WSS) and `htfaas gateway` (HTTPS), a certificate of the harness's CA |
 //! | `ep1`, `ep2` | 10.213.7.41–42 | `htfaas ep`, attached over TLS, reaching the storage at its address |
 //! | `ep3` | 10.213.7.43 (and .143 toward the storage) | `htfaas ep` behind a "NAT" (below) |
 //! | `client` | 10.213.7.5 | the harness: publisher, API calls, checks |
+//!
+//! Each process runs from its file of the example site (`examples/site/`, [`SITE_FILES`]) as
+//! it is, in the state directory; the harness writes what those files name: the secrets, the
+//! NATS nodes' authorization, the CA and certificate, the state directories.
 //!
 //! Under a steady stream of dCache `transfer` events (the crash harness's two functions and
 //! publisher, [`crate::crash`]), it kills one NATS node (the stream keeps accepting, nothing is
@@ -34,7 +38,6 @@ use crate::netns::Site;
 use crate::procs::Component;
 use crate::stack::Layout;
 use anyhow::{Context as _, bail};
-use htfaas_functions::Resources;
 use htfaas_functions::proto::{JobState, path_subject};
 use htfaas_functions::store::Durability;
 use std::collections::{BTreeMap, HashMap};
@@ -149,6 +152,8 @@ const HOSTS: [(&str, u8); 9] = [
     ("ep3", 43),
 ];
 const NATS_PORT: u16 = 4222;
+/// The NATS nodes' route port, as the example configs have it.
+#[cfg(test)]
 const ROUTE_PORT: u16 = 6222;
 const STORAGE_PORT: u16 = 9000;
 const SCHEDULER_PORT: u16 = 7443;
@@ -214,7 +219,7 @@ impl Procs {
             .open(self.dir.join(format!("logs/{name}.log")))
             .with_context(|| format!("open the log of {name}"))?;
         let conf = self.dir.join(format!("config/{name}.conf"));
-        let mut cmd = if name.starts_with('n') {
+        let mut cmd = if name.starts_with('n') && name.len() == 2 {
             let mut c = self.site.command(host, &self.nats)?;
             c.arg("-c").arg(&conf);
             c
@@ -228,7 +233,9 @@ impl Procs {
             c.env("RUST_LOG", "info");
             c
         };
+        // Every path in the site's configs is relative to the state directory.
         let child = cmd
+            .current_dir(&self.dir)
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -262,72 +269,38 @@ impl Procs {
     }
 }
 
-/// The configuration files of every process.
+/// The example site's configuration files (`examples/site/`), which the harness runs as they
+/// are: each host's processes run in the state directory, where the relative paths the files
+/// name (state, `pki/`, `secrets/`) are made.
+pub const SITE_FILES: [(&str, &str); 9] = [
+    ("n1.conf", include_str!("../examples/site/n1.conf")),
+    ("n2.conf", include_str!("../examples/site/n2.conf")),
+    ("n3.conf", include_str!("../examples/site/n3.conf")),
+    ("storage.json", include_str!("../examples/site/storage.json")),
+    ("scheduler.json", include_str!("../examples/site/scheduler.json")),
+    ("gateway.json", include_str!("../examples/site/gateway.json")),
+    ("ep1.json", include_str!("../examples/site/ep1.json")),
+    ("ep2.json", include_str!("../examples/site/ep2.json")),
+    ("ep3.json", include_str!("../examples/site/ep3.json")),
+];
+
+/// The site's files in `dir`: the example configs under `config/`, the NATS nodes' shared
+/// authorization (`config/nats-auth.conf`, public keys only), the secrets the configs name
+/// (`secrets/`), the CA and the one server certificate for the storage and service hosts
+/// (`pki/`), and the state directories.
 fn write_configs(site: &Site, layout: &Layout, dir: &Path) -> anyhow::Result<()> {
-    let nats_urls = nats_urls(site)?;
-    let storage_url = url("http", site, "storage", STORAGE_PORT)?;
-    let scheduler_url = url("https", site, "svc", SCHEDULER_PORT)?;
-    let gateway_url = url("http", site, "svc", GATEWAY_PORT)?;
-    let write = |name: &str, v: serde_json::Value| -> anyhow::Result<()> {
-        let p = dir.join(format!("config/{name}.json"));
-        std::fs::write(&p, serde_json::to_vec_pretty(&v)?).with_context(|| format!("write {}", p.display()))
-    };
-    let ca_file = dir.join("pki/ca.pem");
-
-    // NATS: three nodes, each routing to the others, JetStream and the stack's users.
-    let users = layout.nats_users()?;
-    for n in ["n1", "n2", "n3"] {
-        let addr = site.host(n)?.addr;
-        let routes: Vec<String> = ["n1", "n2", "n3"]
-            .into_iter()
-            .filter(|m| *m != n)
-            .map(|m| Ok(format!("\"nats://{}:{ROUTE_PORT}\"", site.host(m)?.addr)))
-            .collect::<anyhow::Result<_>>()?;
-        let store = dir.join(format!("nats/{n}"));
-        std::fs::create_dir_all(&store)?;
-        let store = serde_json::Value::String(store.to_str().context("the NATS store path must be UTF-8")?.into());
-        let text = format!(
-            "server_name: {n}\nlisten: \"{addr}:{NATS_PORT}\"\n\
-             jetstream {{\n  store_dir: {store}\n}}\n\
-             cluster {{\n  name: htfaas\n  listen: \"{addr}:{ROUTE_PORT}\"\n  routes: [{}]\n}}\n{}",
-            routes.join(", "),
-            htfaas_functions::nats_server::authorization(&users),
-        );
-        std::fs::write(dir.join(format!("config/{n}.conf")), text)?;
+    for (name, text) in SITE_FILES {
+        std::fs::write(dir.join("config").join(name), text).with_context(|| format!("write config/{name}"))?;
     }
-
-    let mut storage = layout.storage(format!("{}:{STORAGE_PORT}", site.host("storage")?.addr).parse()?, &nats_urls);
-    storage["events_stream_replicas"] = 3.into();
-    storage["public_url"] = storage_url.clone().into();
-    write("storage", storage)?;
-
-    let mut scheduler =
-        layout.scheduler(format!("{}:{SCHEDULER_PORT}", site.host("svc")?.addr).parse()?, &storage_url, &gateway_url);
-    scheduler["tls_cert_file"] = dir.join("pki/scheduler-cert.pem").to_str().context("UTF-8")?.into();
-    scheduler["tls_key_file"] = dir.join("pki/scheduler-key.pem").to_str().context("UTF-8")?.into();
-    scheduler["lease_s"] = LEASE_S.into();
-    scheduler["max_retries"] = 20.into();
-    write("scheduler", scheduler)?;
-
-    let mut gateway = layout.gateway(
-        format!("{}:{GATEWAY_PORT}", site.host("svc")?.addr).parse()?,
-        &nats_urls,
-        &storage_url,
-        &scheduler_url,
-    );
-    gateway["scheduler_ca_file"] = ca_file.to_str().context("UTF-8")?.into();
-    gateway["events_stream_replicas"] = 3.into();
-    gateway["public_url"] = gateway_url.clone().into();
-    write("gateway", gateway)?;
-
-    for ep in ["ep1", "ep2", "ep3"] {
-        let mut config = layout.ep(ep, &scheduler_url, Resources::new(2, 2048, 3600), None)?;
-        config["tls_ca_file"] = ca_file.to_str().context("UTF-8")?.into();
-        config["allowed_origins"] = serde_json::json!([storage_url, gateway_url]);
-        let work = dir.join(format!("ep/{ep}"));
-        std::fs::create_dir_all(&work)?;
-        config["work_dir"] = work.to_str().context("UTF-8")?.into();
-        write(ep, config)?;
+    let users = layout.nats_users()?;
+    std::fs::write(dir.join("config/nats-auth.conf"), htfaas_functions::nats_server::authorization(&users))
+        .context("write config/nats-auth.conf")?;
+    layout.write_secret_files(&["ep1", "ep2", "ep3"])?;
+    let servers: Vec<String> =
+        ["storage", "svc"].iter().map(|h| Ok(site.host(h)?.addr.to_string())).collect::<anyhow::Result<_>>()?;
+    crate::pki::make(dir, "htfaas cluster-test CA", &servers)?;
+    for sub in ["nats/n1", "nats/n2", "nats/n3", "ep/ep1", "ep/ep2", "ep/ep3"] {
+        htfaas_functions::store::create_private_dir(&dir.join(sub)).with_context(|| format!("create {sub}"))?;
     }
     Ok(())
 }
@@ -339,24 +312,6 @@ fn nats_urls(site: &Site) -> anyhow::Result<String> {
         .map(|n| url("nats", site, n, NATS_PORT))
         .collect::<anyhow::Result<Vec<_>>>()?
         .join(","))
-}
-
-/// The harness's CA and the scheduler's certificate (for its address), under `dir/pki/`.
-fn write_pki(dir: &Path, scheduler_addr: std::net::Ipv4Addr) -> anyhow::Result<()> {
-    let pki = dir.join("pki");
-    std::fs::create_dir_all(&pki)?;
-    let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(rcgen::DnType::CommonName, "htfaas cluster-test CA");
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = rcgen::KeyPair::generate()?;
-    let cert = rcgen::CertificateParams::new(vec![scheduler_addr.to_string()])?.signed_by(&key, &issuer)?;
-    std::fs::write(pki.join("ca.pem"), ca_cert.pem())?;
-    std::fs::write(pki.join("scheduler-cert.pem"), cert.pem())?;
-    crate::stack::write_private(&pki.join("scheduler-key.pem"), key.serialize_pem().as_bytes())?;
-    Ok(())
 }
 
 /// Until `check` holds (tried every 200 ms), or `what` failed after `limit`.
@@ -393,8 +348,7 @@ async fn harness(site: Arc<Site>, opts: ClusterOptions, dir: PathBuf) -> anyhow:
     for sub in ["config", "logs"] {
         std::fs::create_dir_all(dir.join(sub))?;
     }
-    let layout = Layout::prepare(&dir, Durability::Log)?;
-    write_pki(&dir, site.host("svc")?.addr)?;
+    let layout = Layout::prepare(&dir, Durability::Fsync)?;
     write_configs(&site, &layout, &dir)?;
     let nats = match &opts.nats_binary {
         Some(p) => p.clone(),
@@ -405,7 +359,7 @@ async fn harness(site: Arc<Site>, opts: ClusterOptions, dir: PathBuf) -> anyhow:
     let result = drive(&site, &opts, &dir, &layout, &mut procs).await;
     procs.stop_all().await;
     let (mut report, published, landed, mut kills) = result?;
-    let mut checks = crate::crash::check(&dir, Durability::Log, published, &landed, &mut kills, &[NAT_FN]).await?;
+    let mut checks = crate::crash::check(&dir, Durability::Fsync, published, &landed, &mut kills, &[NAT_FN]).await?;
     checks.kills = kills;
     checks.drained = report.drain_error.is_none();
     checks.elapsed = report.checks.elapsed;
@@ -446,7 +400,8 @@ async fn drive(
     procs: &mut Procs,
 ) -> anyhow::Result<Driven> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.join("pki/ca.pem"))?)?;
+    let ca_file = crate::pki::paths(dir).ca_file;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca_file)?)?;
     let http = reqwest::Client::builder().tls_certs_only([ca]).build()?;
     let nats_urls = nats_urls(site)?;
     let operator = layout.nats_credential("operator")?;
@@ -466,9 +421,9 @@ async fn drive(
     })
     .await?;
 
-    let storage_url = url("http", site, "storage", STORAGE_PORT)?;
+    let storage_url = url("https", site, "storage", STORAGE_PORT)?;
     let scheduler_url = url("https", site, "svc", SCHEDULER_PORT)?;
-    let gateway_url = url("http", site, "svc", GATEWAY_PORT)?;
+    let gateway_url = url("https", site, "svc", GATEWAY_PORT)?;
     procs.start("storage", "storage")?;
     until("the storage answers", Duration::from_secs(60), || answers(&http, format!("{storage_url}/healthz"))).await?;
     procs.start("scheduler", "svc")?;
@@ -479,12 +434,10 @@ async fn drive(
     let stream = js.get_stream(htfaas_functions::proto::EVENTS_STREAM).await?;
     let stream_replicas = stream.cached_info().config.num_replicas;
 
-    let client = crate::client::Client::new(layout.info(
-        gateway_url.clone(),
-        scheduler_url.clone(),
-        storage_url.clone(),
-        nats_urls.clone(),
-    ))?;
+    let client = crate::client::Client::new(crate::client::StackInfo {
+        ca_file: Some(ca_file.clone()),
+        ..layout.info(gateway_url.clone(), scheduler_url.clone(), storage_url.clone(), nats_urls.clone())
+    })?;
     for ep in ["ep1", "ep2"] {
         procs.start(ep, ep)?;
     }
@@ -661,4 +614,67 @@ async fn nat_probe(
     .await?;
     let got = outcome.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.take();
     Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `value` with each `{"secret_file": …}` replaced by `secret`; the files named, in order.
+    fn without_secrets(value: &mut serde_json::Value, secret: &str, named: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) if map.len() == 1 && map.contains_key("secret_file") => {
+                named.push(map["secret_file"].as_str().unwrap_or_default().to_owned());
+                *value = secret.into();
+            }
+            serde_json::Value::Object(map) => map.values_mut().for_each(|v| without_secrets(v, secret, named)),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| without_secrets(v, secret, named)),
+            _ => {}
+        }
+    }
+
+    /// Each example config is its component's config (secrets aside), listens at its host's
+    /// address in the harness's plan, and names only secrets the harness writes.
+    #[test]
+    fn the_example_site_is_the_harness_site() {
+        let seed = htfaas_functions::nats::NatsCredential::generate().seed().to_owned();
+        let addr = |host: &str| {
+            let last = HOSTS.iter().find(|(h, _)| *h == host).map(|(_, a)| *a).expect("a host of the plan");
+            format!("10.213.7.{last}")
+        };
+        let mut named = Vec::new();
+        let mut parse = |file: &str| {
+            let text = SITE_FILES.iter().find(|(f, _)| *f == file).map(|(_, t)| *t).expect("an example file");
+            let mut v: serde_json::Value = serde_json::from_str(text).expect("JSON");
+            without_secrets(&mut v, &seed, &mut named);
+            v
+        };
+        let storage: htfaas_storage::Config = serde_json::from_value(parse("storage.json")).expect("storage");
+        assert_eq!(storage.listen.to_string(), format!("{}:{STORAGE_PORT}", addr("storage")));
+        let scheduler: htfaas_scheduler::Config = serde_json::from_value(parse("scheduler.json")).expect("scheduler");
+        assert_eq!(scheduler.listen.to_string(), format!("{}:{SCHEDULER_PORT}", addr("svc")));
+        assert_eq!(scheduler.lease_s, LEASE_S);
+        let gateway: htfaas_gateway::Config = serde_json::from_value(parse("gateway.json")).expect("gateway");
+        assert_eq!(gateway.listen.to_string(), format!("{}:{GATEWAY_PORT}", addr("svc")));
+        for ep in ["ep1", "ep2", "ep3"] {
+            let config: htfaas_ep::Config = serde_json::from_value(parse(&format!("{ep}.json"))).expect("EP");
+            assert_eq!(config.name, ep);
+            assert_eq!(config.scheduler_url, format!("https://{}:{SCHEDULER_PORT}", addr("svc")));
+        }
+        for n in ["n1", "n2", "n3"] {
+            let text = SITE_FILES.iter().find(|(f, _)| *f == format!("{n}.conf")).map(|(_, t)| *t).expect("conf");
+            assert!(text.contains(&format!("listen: \"{}:{NATS_PORT}\"", addr(n))), "{n}");
+            assert!(text.contains(&format!("listen: \"{}:{ROUTE_PORT}\"", addr(n))), "{n}");
+            assert!(text.contains("include \"nats-auth.conf\""), "{n}");
+        }
+
+        // The secrets they name are the ones `Layout::write_secret_files` writes.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = Layout::prepare(dir.path(), Durability::Fsync).expect("layout");
+        layout.write_secret_files(&["ep1", "ep2", "ep3"]).expect("secrets");
+        assert!(!named.is_empty());
+        for file in named {
+            assert!(dir.path().join(&file).is_file(), "{file} is named but not written");
+        }
+    }
 }

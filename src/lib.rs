@@ -15,6 +15,8 @@
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
 //! - [`annex`] is `htfaas annex`: EPs provisioned through a batch system (Slurm first) behind a
 //!   provider interface.
+//! - [`pki`] makes a private CA and a server certificate (the local stack with TLS, the
+//!   multi-host harness).
 //! - [`traffic`] is what the harnesses share: input files, `transfer` messages, job gauges,
 //!   CPU time, percentiles.
 //!
@@ -29,6 +31,7 @@ pub mod crash;
 pub mod nats;
 pub mod netns;
 pub mod overload;
+pub mod pki;
 pub mod procs;
 pub mod stack;
 pub mod traffic;

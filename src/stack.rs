@@ -41,6 +41,10 @@ pub struct StackOptions {
     pub trusted_storage: Vec<String>,
     /// Every HTTP listener's header and body timeouts and connection cap.
     pub http: htfaas_functions::serve::Limits,
+    /// Whether the storage, scheduler and gateway serve HTTPS (and the scheduler WSS), with a
+    /// certificate for 127.0.0.1 from a CA of the stack's own (`pki/`, [`crate::pki`]); every
+    /// client of the stack trusts that CA. Default: false (plain HTTP on loopback).
+    pub tls: bool,
 }
 
 impl StackOptions {
@@ -53,6 +57,7 @@ impl StackOptions {
             durability: Durability::default(),
             trusted_storage: Vec::new(),
             http: Default::default(),
+            tls: false,
         }
     }
 }
@@ -116,17 +121,7 @@ fn load_or_create_secrets(dir: &Path) -> anyhow::Result<Secrets> {
 }
 
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("write {}", path.display()))?;
-    f.write_all(bytes)?;
-    Ok(())
+    htfaas_functions::store::write_private(path, bytes).with_context(|| format!("write {}", path.display()))
 }
 
 /// The storage user the CLI acts as.
@@ -215,6 +210,38 @@ impl Layout {
         self.secrets.nats_seeds.get(name).map(String::as_str)
     }
 
+    /// Writes the secrets a site's config files name with `{"secret_file": …}`
+    /// (`examples/site/`, read by `htfaas <component> --config`) under `<dir>/secrets/` (0700,
+    /// each file 0600): the storage's and gateway's NATS seeds (`storage.nkey`, `gateway.nkey`),
+    /// the gateway's storage password (`gateway-storage-secret`), both admin tokens
+    /// (`scheduler-admin-token`, `gateway-admin-token`) and an attach token for each EP of
+    /// `eps` (`<ep>.attach-token`).
+    pub fn write_secret_files(&self, eps: &[&str]) -> anyhow::Result<()> {
+        let dir = self.path("secrets");
+        htfaas_functions::store::create_private_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let seed = |name: &str| self.nats_seed(name).map(str::to_owned).with_context(|| format!("no NATS seed {name}"));
+        let mut files = vec![
+            ("storage.nkey".to_owned(), seed("storage")?),
+            ("gateway.nkey".to_owned(), seed("gateway")?),
+            ("gateway-storage-secret".to_owned(), self.secrets.gateway_storage_secret.clone()),
+            ("scheduler-admin-token".to_owned(), self.secrets.scheduler_admin_token.clone()),
+            ("gateway-admin-token".to_owned(), self.secrets.admin_token.clone()),
+        ];
+        for ep in eps {
+            files.push((format!("{ep}.attach-token"), self.site_attach_token()?));
+        }
+        for (name, secret) in files {
+            write_private(&dir.join(name), format!("{secret}\n").as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// An attach token for the site's pool (30 days), minted with the scheduler's key.
+    fn site_attach_token(&self) -> anyhow::Result<String> {
+        let attach_key = SigningKey::load_or_create(&self.path("scheduler/attach.pem"), "attach-1")?;
+        Ok(htfaas_scheduler::mint_attach_token(&attach_key, SCHEDULER_NAME, "site", None, None, 30 * 24 * 3600)?)
+    }
+
     /// The stack's nats-server users: every credential of [`NATS_CREDENTIALS`] with its role's
     /// permissions; nothing else may connect.
     pub fn nats_users(&self) -> anyhow::Result<Vec<crate::nats::NatsUser>> {
@@ -238,6 +265,7 @@ impl Layout {
             user: USER.into(),
             user_secret: self.secrets.user_secret.clone(),
             nats_nkey_seed: self.nats_seed("operator").map(str::to_owned),
+            ca_file: None,
         }
     }
 
@@ -341,9 +369,7 @@ impl Layout {
         slots: Resources,
         metrics_listen: Option<SocketAddr>,
     ) -> anyhow::Result<serde_json::Value> {
-        let attach_key = SigningKey::load_or_create(&self.path("scheduler/attach.pem"), "attach-1")?;
-        let attach_token =
-            htfaas_scheduler::mint_attach_token(&attach_key, SCHEDULER_NAME, "site", None, None, 30 * 24 * 3600)?;
+        let attach_token = self.site_attach_token()?;
         Ok(serde_json::json!({
             "name": name,
             "scheduler_url": scheduler_url,
@@ -384,12 +410,23 @@ impl Stack {
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         let any_port: SocketAddr = "127.0.0.1:0".parse()?;
+        let pki =
+            if opts.tls { Some(crate::pki::make(dir, "htfaas local stack CA", &["127.0.0.1".into()])?) } else { None };
+        let scheme = if opts.tls { "https" } else { "http" };
+        // The server side: each listener's certificate and key; the client side: the CA.
+        let serve_tls = |mut json: serde_json::Value| {
+            if let Some(pki) = &pki {
+                json["tls_cert_file"] = serde_json::json!(pki.cert_file);
+                json["tls_key_file"] = serde_json::json!(pki.key_file);
+            }
+            json
+        };
 
-        let storage = config::<htfaas_storage::Config>("storage", layout.storage(any_port, &nats.url()))?
+        let storage = config::<htfaas_storage::Config>("storage", serve_tls(layout.storage(any_port, &nats.url())))?
             .resolve()
             .await
             .context("start the storage")?;
-        let storage_url = format!("http://{}", storage.local_addr());
+        let storage_url = format!("{scheme}://{}", storage.local_addr());
         tasks.push(("storage", tokio::spawn(htfaas_storage::run(storage, shutdown.child_token()))));
 
         // The scheduler trusts the gateway's module URLs and the gateway submits to the
@@ -397,14 +434,18 @@ impl Stack {
         // the gateway's address is known.
         let scheduler_listener = tokio::net::TcpListener::bind(any_port).await.context("bind the scheduler")?;
         let scheduler_addr = scheduler_listener.local_addr().context("the scheduler's address")?;
-        let scheduler_url = format!("http://{scheduler_addr}");
+        let scheduler_url = format!("{scheme}://{scheduler_addr}");
 
-        let gateway_config: htfaas_gateway::Config =
-            config("gateway", layout.gateway(any_port, &nats.url(), &storage_url, &scheduler_url))?;
+        let mut gateway_json = serve_tls(layout.gateway(any_port, &nats.url(), &storage_url, &scheduler_url));
+        if let Some(pki) = &pki {
+            gateway_json["scheduler_ca_file"] = serde_json::json!(pki.ca_file);
+            gateway_json["storage_ca_file"] = serde_json::json!(pki.ca_file);
+        }
+        let gateway_config: htfaas_gateway::Config = config("gateway", gateway_json)?;
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
-        let gateway_url = format!("http://{}", gateway.local_addr());
+        let gateway_url = gateway.url();
 
-        let mut scheduler_json = layout.scheduler(scheduler_addr, &storage_url, &gateway_url);
+        let mut scheduler_json = serve_tls(layout.scheduler(scheduler_addr, &storage_url, &gateway_url));
         if let Some(origins) = scheduler_json["storage_origins"].as_array_mut() {
             origins.extend(opts.trusted_storage.iter().map(|o| serde_json::Value::from(o.as_str())));
         }
@@ -418,12 +459,18 @@ impl Stack {
         let gateway_shutdown = shutdown.child_token();
         tasks.push(("gateway", tokio::spawn(htfaas_gateway::run(gateway, gateway_shutdown.clone()))));
 
-        let ep = layout.ep("ep-local-1", &scheduler_url, opts.ep_slots, Some(any_port))?;
+        let mut ep = layout.ep("ep-local-1", &scheduler_url, opts.ep_slots, Some(any_port))?;
+        if let Some(pki) = &pki {
+            ep["tls_ca_file"] = serde_json::json!(pki.ca_file);
+        }
         let ep = config::<htfaas_ep::Config>("EP", ep)?.resolve().await.context("start the EP")?;
         let ep_metrics = ep.metrics_addr();
         tasks.push(("ep", tokio::spawn(htfaas_ep::run(ep, shutdown.child_token()))));
 
-        let info = layout.info(gateway_url, scheduler_url, storage_url, nats.url());
+        let info = StackInfo {
+            ca_file: pki.map(|p| p.ca_file),
+            ..layout.info(gateway_url, scheduler_url, storage_url, nats.url())
+        };
         info.save(dir)?;
         let nats_credentials = NATS_CREDENTIALS
             .into_iter()
@@ -446,7 +493,7 @@ impl Stack {
     }
 
     async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
-        let http = htfaas_gateway::http_client()?;
+        let http = htfaas_gateway::http_client_trusting(self.info.ca_file.as_deref(), "the stack's CA")?;
         let deadline = Instant::now() + limit;
         for base in [&self.info.storage_url, &self.info.scheduler_url, &self.info.gateway_url] {
             loop {

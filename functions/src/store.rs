@@ -74,6 +74,15 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
+/// Writes `bytes` to `path` (created or truncated) readable by its owner only (mode 0600 on
+/// creation): a key, a token, a secret.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(bytes)
+}
+
 /// Sets `path`'s mode to 0700 for a directory, 0600 for anything else.
 pub fn make_private(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;

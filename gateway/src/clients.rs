@@ -14,10 +14,16 @@ pub fn http_client() -> anyhow::Result<reqwest::Client> {
 
 /// [`http_client`], also trusting the CA certificate(s) in `ca_file` (the scheduler's).
 pub fn scheduler_http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+    http_client_trusting(ca_file, "scheduler_ca_file")
+}
+
+/// [`http_client`], also trusting the CA certificate(s) in `ca_file`, which errors call `what`
+/// (the config field or option it came from).
+pub fn http_client_trusting(ca_file: Option<&Path>, what: &str) -> anyhow::Result<reqwest::Client> {
     // Installing twice is harmless: a second install reports the first one.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).timeout(Duration::from_secs(30));
-    trust(builder, ca_file, "scheduler_ca_file")?.build().context("build the HTTP client")
+    trust(builder, ca_file, what)?.build().context("build the HTTP client")
 }
 
 /// Adds the PEM certificates of `ca_file` (the config field `what`) as trusted roots.

@@ -15,9 +15,18 @@ use crate::{event, storage_client};
 pub struct Config {
     /// HTTP API address. Tests use `127.0.0.1:0`.
     pub listen: SocketAddr,
-    /// URL under which EPs reach this API (module downloads). Default: `http://<bound address>`.
+    /// URL under which EPs reach this API (module downloads). Default: `http://<bound
+    /// address>`, `https://…` with TLS.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// TLS certificate chain of the API, PEM (leaf first, then intermediates). With
+    /// `tls_key_file`, the API is served over HTTPS only: API tokens, module uploads and
+    /// module downloads travel over it. Default: none (plain HTTP, for one host's loopback).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1). Default: none.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
     /// NATS server with JetStream, e.g. `nats://127.0.0.1:14222`.
     pub nats_url: String,
     /// The gateway's NATS credential: an nkey user seed (`SU…`), a secret. It needs the

@@ -51,12 +51,11 @@ pub mod submit;
 mod testing;
 pub mod triggers;
 
-pub use clients::{http_client, scheduler_http_client, storage_http_client};
+pub use clients::{http_client, http_client_trusting, scheduler_http_client, storage_http_client};
 pub use config::{Config, default_audit_checkpoint_records, default_audit_checkpoint_s};
 pub use state::{Settings, Shared};
 
 use anyhow::Context as _;
-use axum::serve::ListenerExt as _;
 use tokio_util::sync::CancellationToken;
 
 /// Runs the gateway until `shutdown` is cancelled: the ingest loop, the firing dispatcher
@@ -66,8 +65,17 @@ use tokio_util::sync::CancellationToken;
 /// and its messages acked, or they are left for redelivery), stop the API, let the submissions in flight
 /// finish (pending firings stay in the table for the next start), return.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Settings { listener, shared, nats_url, nats_credential, consumer, max_deliver, events_stream_replicas, http } =
-        settings;
+    let Settings {
+        listener,
+        shared,
+        nats_url,
+        nats_credential,
+        consumer,
+        max_deliver,
+        events_stream_replicas,
+        http,
+        tls,
+    } = settings;
     let credential = nats_credential.as_ref();
     let (default_lane, stream) = ingest::connect_with(
         &nats_url,
@@ -79,7 +87,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     )
     .await?;
     let lanes = lanes::Lanes::start(stream, &consumer, max_deliver, shared.clone(), shutdown.child_token()).await?;
-    tracing::info!(addr = %listener.local_addr()?, nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
+    tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(default_lane, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
@@ -88,16 +96,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         .layer(axum::middleware::from_fn_with_state(shared, api::metrics::count_refusals))
         .layer(axum::Extension(events))
         .layer(axum::Extension(lanes.clone()));
-    // TCP_NODELAY: without it a response whose headers and body go out in two writes waits
-    // for the client's delayed ACK (40 ms on Linux) before the body leaves.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("failed to set TCP_NODELAY: {e}");
-        }
-    });
-    // Slow heads, stalled bodies and connection floods: `http`'s limits.
-    let served =
-        htfaas_functions::serve::serve(listener, app, http, shutdown.clone()).await.context("serve the gateway API");
+    // Slow heads, stalled bodies and connection floods: `http`'s limits; HTTPS when configured.
+    let served = htfaas_functions::serve::serve_tcp(listener, tls, app, http, shutdown.clone())
+        .await
+        .context("serve the gateway API");
     shutdown.cancel();
     let ingested = ingest.await.context("join the ingest loop")?;
     lanes.stop().await;

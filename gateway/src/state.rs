@@ -28,6 +28,8 @@ pub struct Settings {
     pub(crate) events_stream_replicas: usize,
     /// The API listener's limits ([`Config::http`]).
     pub(crate) http: htfaas_functions::serve::Limits,
+    /// Set when the API serves HTTPS ([`Config::tls_cert_file`]).
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// What the ingest loop and the API share.
@@ -136,6 +138,10 @@ impl Config {
         );
         self.sources.validate().map_err(anyhow::Error::msg)?;
         self.http.check()?;
+        let tls = htfaas_functions::serve::tls::optional_server_config(
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+        )?;
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .with_context(|| format!("bind the gateway API on {}", self.listen))?;
@@ -205,7 +211,8 @@ impl Config {
                 every_ms: self.audit_checkpoint_s.saturating_mul(1000),
             },
         };
-        let public_url = self.public_url.clone().unwrap_or_else(|| format!("http://{addr}"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let public_url = self.public_url.clone().unwrap_or_else(|| format!("{scheme}://{addr}"));
         let namespaces =
             namespaces::Namespaces::load(self.namespaces, &registry).context("load the namespace grants")?;
         if namespaces.is_empty() {
@@ -260,6 +267,7 @@ impl Config {
             max_deliver: self.max_deliver,
             events_stream_replicas: self.events_stream_replicas,
             http: self.http,
+            tls,
         })
     }
 }
@@ -268,6 +276,16 @@ impl Settings {
     /// The API's bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Whether the API serves HTTPS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The API's base URL at its bound address (`http://` or `https://`).
+    pub fn url(&self) -> String {
+        format!("{}://{}", if self.tls() { "https" } else { "http" }, self.local_addr())
     }
 
     /// State shared by the API and the ingest loop (tests read counters from it).
@@ -285,6 +303,8 @@ mod tests {
         Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
             public_url: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             nats_url: "nats://127.0.0.1:1".into(),
             nats_nkey_seed: None,
             source_paths: None,
@@ -321,6 +341,21 @@ mod tests {
             durability: Default::default(),
             http: Default::default(),
             module_quota: Default::default(),
+        }
+    }
+
+    /// A certificate without its key (or the reverse) is a clear error at start, never a
+    /// silent fall back to plain HTTP.
+    #[tokio::test]
+    async fn tls_needs_both_the_certificate_and_its_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (cert, key) in [(Some(dir.path().join("cert.pem")), None), (None, Some(dir.path().join("key.pem")))] {
+            let mut c = config(dir.path(), storage_client::StorageKind::Dcache, false);
+            (c.tls_cert_file, c.tls_key_file) = (cert, key);
+            match c.resolve().await {
+                Ok(_) => panic!("a gateway with half a TLS pair started"),
+                Err(e) => assert!(format!("{e:#}").contains("must be set together"), "{e:#}"),
+            }
         }
     }
 

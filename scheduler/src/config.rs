@@ -385,11 +385,10 @@ impl Config {
         .resolve()?;
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;
         self.http.check()?;
-        let tls = match (&self.tls_cert_file, &self.tls_key_file) {
-            (None, None) => None,
-            (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
-            _ => anyhow::bail!("tls_cert_file and tls_key_file must be set together"),
-        };
+        let tls = htfaas_functions::serve::tls::optional_server_config(
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+        )?;
         let attach_key = SigningKey::load_or_create(&self.attach_key_file, ATTACH_KID)
             .with_context(|| format!("load attach key {}", self.attach_key_file.display()))?;
         anyhow::ensure!(self.audit_checkpoint_records >= 1, "audit_checkpoint_records must be at least 1");

@@ -26,8 +26,6 @@
 //!   one everywhere at once.
 //! - [`actions`]: an admin's hold, release and remove of one job (`condor_hold`,
 //!   `condor_release`, `condor_rm`); a held job is never matched until released.
-//! - [`tls`]: HTTPS/WSS on the same listener when a certificate and key are configured
-//!   (handshakes done concurrently, each under a time limit); plain HTTP otherwise.
 //! - [`config`]: [`Config`] → [`Settings`], including the per-owner limits ([`OwnerLimits`]).
 //! - [`state`]: [`state::Shared`], what the handlers, sessions and the dispatcher share.
 //! - [`attach`]: the attach protocol's version, close codes and bounds, and
@@ -93,7 +91,6 @@ pub mod seal;
 pub mod state;
 #[cfg(test)]
 mod testing;
-pub mod tls;
 pub mod trust;
 
 pub use attach::mint_attach_token;
@@ -102,7 +99,6 @@ pub use error::QueueError;
 pub use failure::ApiFailure;
 
 use anyhow::Context as _;
-use axum::serve::ListenerExt as _;
 use state::{EpLock, Shared};
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,20 +172,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     // the TLS listener (after its own handshake limits) as on the plain one.
     let app = api::router(shared.clone());
     let stop = shutdown.clone();
-    let served = match tls {
-        None => {
-            // TCP_NODELAY: without it a response (or an Assign) split in two writes waits for
-            // the peer's delayed ACK (40 ms on Linux).
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!("failed to set TCP_NODELAY: {e}");
-                }
-            });
-            htfaas_functions::serve::serve(listener, app, http, stop).await
-        }
-        Some(config) => htfaas_functions::serve::serve(tls::TlsListener::new(listener, config), app, http, stop).await,
-    }
-    .context("serve HTTP");
+    let served = htfaas_functions::serve::serve_tcp(listener, tls, app, http, stop).await.context("serve HTTP");
     tracing::info!("HTTP stopped; closing EP sessions");
     // Whatever ended serving, end everything else too.
     shutdown.cancel();

@@ -43,9 +43,18 @@ pub struct Config {
     /// keeps each message on this many servers). Default: 1.
     #[serde(default = "default_replicas")]
     pub events_stream_replicas: usize,
-    /// Base URL put in macaroon responses' `uri`. Default: `http://<bound address>`.
+    /// Base URL put in macaroon responses' `uri`. Default: `http://<bound address>`
+    /// (`https://…` with TLS).
     #[serde(default)]
     pub public_url: Option<String>,
+    /// TLS certificate chain, PEM (leaf first, then intermediates). With `tls_key_file`, the
+    /// storage serves HTTPS only: passwords, macaroons and files travel over it, as with a
+    /// dCache WebDAV door on `https://`. Default: none (plain HTTP, for one host's loopback).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1). Default: none.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
     /// Whether billing messages go on their file's path subject
     /// (`storage.dcache.billing.path.<dir>._`: the gateway reads each owner's on a lane of its
     /// own, issue 20) rather than on `storage.dcache.billing` (as dCache's). The storage's NATS
@@ -101,6 +110,8 @@ pub struct Settings {
     pub(crate) billing_path_subjects: bool,
     pub(crate) durability: Durability,
     pub(crate) http: htfaas_functions::serve::Limits,
+    /// Set when the storage serves HTTPS ([`Config::tls_cert_file`]).
+    pub(crate) tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl Settings {
@@ -118,6 +129,10 @@ impl Config {
             anyhow::bail!("cell_name {:?} must be non-empty without whitespace", self.cell_name);
         }
         self.http.check()?;
+        let tls = htfaas_functions::serve::tls::optional_server_config(
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+        )?;
         htfaas_functions::store::create_private_dir(&self.data_dir)
             .with_context(|| format!("create data_dir {}", self.data_dir.display()))?;
         let data_dir = std::fs::canonicalize(&self.data_dir)
@@ -149,8 +164,14 @@ impl Config {
         let public_url = self
             .public_url
             .map(|u| u.trim_end_matches('/').to_owned())
-            .unwrap_or_else(|| format!("http://{local_addr}"));
-        tracing::info!(%local_addr, data_dir = %data_dir.display(), nats = self.nats_url.is_some(), "storage configured");
+            .unwrap_or_else(|| format!("{}://{local_addr}", if tls.is_some() { "https" } else { "http" }));
+        tracing::info!(
+            %local_addr,
+            tls = tls.is_some(),
+            data_dir = %data_dir.display(),
+            nats = self.nats_url.is_some(),
+            "storage configured"
+        );
         Ok(Settings {
             listener,
             local_addr,
@@ -163,6 +184,7 @@ impl Config {
             billing_path_subjects,
             durability: self.durability,
             http: self.http,
+            tls,
         })
     }
 }

@@ -31,7 +31,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::serve::ListenerExt as _;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Settings};
@@ -54,6 +53,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         billing_path_subjects,
         durability,
         http,
+        tls,
     } = settings;
     let state = Arc::new(routes::AppState {
         data_dir,
@@ -65,15 +65,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         durability,
     });
     let app = routes::router(state.clone());
-    // TCP_NODELAY: without it a response whose headers and body go out in two writes waits
-    // for the client's delayed ACK (40 ms on Linux) before the body leaves.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("failed to set TCP_NODELAY: {e}");
-        }
-    });
-    // Slow heads, stalled uploads and connection floods: `http`'s limits.
-    let serve = htfaas_functions::serve::serve(listener, app, http, shutdown.clone());
+    // Slow heads, stalled uploads and connection floods: `http`'s limits; HTTPS when configured.
+    let serve = htfaas_functions::serve::serve_tcp(listener, tls, app, http, shutdown.clone());
     let mut server = tokio::spawn(serve);
     tracing::info!(%local_addr, "storage serving");
     let deadline = async {

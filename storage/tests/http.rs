@@ -93,6 +93,8 @@ fn config(dir: &Path, nats_url: Option<String>) -> Config {
         nats_nkey_seed: None,
         events_stream_replicas: 1,
         public_url: None,
+        tls_cert_file: None,
+        tls_key_file: None,
         billing_path_subjects: true,
         cell_name: "htfaas-storage".into(),
         durability: Default::default(),

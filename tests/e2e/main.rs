@@ -26,6 +26,7 @@ mod scopes;
 mod security;
 mod slurm_support;
 mod sources;
+mod tls;
 mod tokens;
 mod triggers;
 mod xrootd;

@@ -15,9 +15,9 @@ use htfaas_functions::macaroon::{RootKey, mint};
 use htfaas_functions::proto::{
     EventRef, FunctionRef, InputSpec, JobRecord, JobState, OutputSpec, SubmitRequest, SubmitResponse,
 };
+use htfaas_functions::serve::tls::{TlsListener, server_config};
 use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s, write_jwks};
 use htfaas_functions::{Digest, Resources};
-use htfaas_scheduler::tls::{TlsListener, server_config};
 use htfaas_scheduler::{TrustedIssuer, mint_attach_token};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

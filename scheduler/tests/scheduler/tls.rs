@@ -8,9 +8,9 @@ use htfaas_functions::proto::{
     EpMsg, EventRef, FunctionRef, Hello, InputSpec, JobRecord, JobReport, JobState, Outcome, OutputSpec, SchedulerMsg,
     SubmitRequest, SubmitResponse, Usage,
 };
+use htfaas_functions::serve::tls::HANDSHAKE_TIMEOUT;
 use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, new_jti, now_s, write_jwks};
 use htfaas_functions::{Digest, Resources};
-use htfaas_scheduler::tls::HANDSHAKE_TIMEOUT;
 use htfaas_scheduler::{Config, TrustedIssuer, mint_attach_token};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;

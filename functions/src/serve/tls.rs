@@ -1,9 +1,9 @@
-//! TLS on the scheduler's one listener (HTTPS for the API, WSS for `/v1/ep/attach`), when the
-//! config names `tls_cert_file` and `tls_key_file`.
+//! TLS on a component's listener (the scheduler's HTTPS and WSS, the gateway's HTTPS API), when
+//! its config names `tls_cert_file` and `tls_key_file`.
 //!
 //! - [`server_config`]: reads the PEM certificate chain and private key into a rustls
-//!   [`ServerConfig`] (ring, TLS 1.2 and 1.3, ALPN `http/1.1` only: attach is an HTTP/1.1
-//!   upgrade, and the axum build here serves HTTP/1 only).
+//!   [`ServerConfig`] (ring, TLS 1.2 and 1.3, ALPN `http/1.1` only: the EP's attach is an
+//!   HTTP/1.1 upgrade, and the axum build here serves HTTP/1 only).
 //! - [`TlsListener`]: an [`axum::serve::Listener`] over a `TcpListener` that hands axum only
 //!   connections whose handshake finished. Each handshake runs in its own task under
 //!   [`HANDSHAKE_TIMEOUT`], so a client that opens TCP and never speaks TLS (or speaks plain
@@ -11,14 +11,14 @@
 //!   At most [`MAX_PENDING_HANDSHAKES`] run at once; past that, new connections wait in the
 //!   kernel's backlog until one ends.
 //!
-//! Without TLS configured, none of this runs: the scheduler serves its plain `TcpListener`.
+//! Without TLS configured, none of this runs: the component serves its plain `TcpListener`.
+//! Must not know: routes, credentials, or which component serves.
 
-use anyhow::{Context as _, anyhow};
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -31,30 +31,94 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most TLS handshakes in progress at once.
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
 
+/// Why a certificate and key cannot be served; each names the config field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// `tls_cert_file` or `tls_key_file` could not be read.
+    #[error("read {field} {}: {source}", path.display())]
+    Read {
+        /// The config field.
+        field: &'static str,
+        /// Its value.
+        path: PathBuf,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
+    /// The file is not PEM of the expected kind.
+    #[error("parse {field} {}: {reason}", path.display())]
+    Parse {
+        /// The config field.
+        field: &'static str,
+        /// Its value.
+        path: PathBuf,
+        /// What the PEM parser said.
+        reason: String,
+    },
+    /// `tls_cert_file` holds no certificate.
+    #[error("tls_cert_file {} holds no PEM certificate", .0.display())]
+    NoCertificate(PathBuf),
+    /// `tls_key_file` holds no private key.
+    #[error("tls_key_file {} holds no PEM private key", .0.display())]
+    NoKey(PathBuf),
+    /// Only one of the pair is set.
+    #[error("tls_cert_file and tls_key_file must be set together")]
+    Unpaired,
+    /// rustls refused the pair (the key is not the certificate's, an unsupported key type).
+    #[error("use tls_cert_file {} with tls_key_file {}: {source}", cert.display(), key.display())]
+    Refused {
+        /// `tls_cert_file`.
+        cert: PathBuf,
+        /// `tls_key_file`.
+        key: PathBuf,
+        /// What rustls said.
+        source: rustls::Error,
+    },
+}
+
+/// The server configuration for a config's optional `tls_cert_file` and `tls_key_file`: none
+/// when neither is set, an error when only one is.
+pub fn optional_server_config(
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+) -> Result<Option<Arc<ServerConfig>>, TlsConfigError> {
+    match (cert_file, key_file) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => server_config(cert, key).map(Some),
+        _ => Err(TlsConfigError::Unpaired),
+    }
+}
+
 /// The rustls server configuration for `cert_file` (PEM, leaf first, then any intermediates)
 /// and `key_file` (PEM, PKCS#8, PKCS#1 or SEC1), with the ring provider. Fails if either file
 /// cannot be read or holds nothing usable, or if the key does not belong to the certificate.
-pub fn server_config(cert_file: &Path, key_file: &Path) -> anyhow::Result<Arc<ServerConfig>> {
-    let pem = std::fs::read(cert_file).with_context(|| format!("read tls_cert_file {}", cert_file.display()))?;
+pub fn server_config(cert_file: &Path, key_file: &Path) -> Result<Arc<ServerConfig>, TlsConfigError> {
+    let read = |field, path: &Path| {
+        std::fs::read(path).map_err(|source| TlsConfigError::Read { field, path: path.to_owned(), source })
+    };
+    let parse = |field, path: &Path, e: rustls::pki_types::pem::Error| TlsConfigError::Parse {
+        field,
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
+    let pem = read("tls_cert_file", cert_file)?;
     let chain = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow!("parse tls_cert_file {}: {e}", cert_file.display()))?;
-    anyhow::ensure!(!chain.is_empty(), "tls_cert_file {} holds no PEM certificate", cert_file.display());
-    let pem = std::fs::read(key_file).with_context(|| format!("read tls_key_file {}", key_file.display()))?;
+        .map_err(|e| parse("tls_cert_file", cert_file, e))?;
+    if chain.is_empty() {
+        return Err(TlsConfigError::NoCertificate(cert_file.to_owned()));
+    }
+    let pem = read("tls_key_file", key_file)?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => {
-            anyhow!("tls_key_file {} holds no PEM private key", key_file.display())
-        }
-        e => anyhow!("parse tls_key_file {}: {e}", key_file.display()),
+        rustls::pki_types::pem::Error::NoItemsFound => TlsConfigError::NoKey(key_file.to_owned()),
+        e => parse("tls_key_file", key_file, e),
     })?;
+    let refused = |source| TlsConfigError::Refused { cert: cert_file.to_owned(), key: key_file.to_owned(), source };
     let mut config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
+        .map_err(refused)?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .with_context(|| {
-            format!("use tls_cert_file {} with tls_key_file {}", cert_file.display(), key_file.display())
-        })?;
+        .map_err(refused)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -187,7 +251,7 @@ mod tests {
         let (_, cert, key) = certs(dir.path());
         assert!(server_config(&cert, &key).is_ok());
         let missing = dir.path().join("missing.pem");
-        let err = |c: &Path, k: &Path| format!("{:#}", server_config(c, k).expect_err("fails"));
+        let err = |c: &Path, k: &Path| server_config(c, k).expect_err("fails").to_string();
         assert!(err(&missing, &key).starts_with("read tls_cert_file"), "{}", err(&missing, &key));
         assert!(err(&cert, &missing).starts_with("read tls_key_file"), "{}", err(&cert, &missing));
         // Each file holds the other's kind only.
@@ -199,6 +263,10 @@ mod tests {
         let (_, _, other_key) = certs(&other);
         let e = err(&cert, &other_key);
         assert!(e.starts_with("use tls_cert_file") && e.contains("key"), "{e}");
+        // One of the pair alone; neither.
+        assert!(matches!(optional_server_config(Some(&cert), None), Err(TlsConfigError::Unpaired)));
+        assert!(matches!(optional_server_config(None, Some(&key)), Err(TlsConfigError::Unpaired)));
+        assert!(matches!(optional_server_config(None, None), Ok(None)));
     }
 
     /// A client that never sends a ClientHello is dropped after the handshake limit, and does
