@@ -13,6 +13,7 @@ use htfaas_functions::proto::{
 };
 use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, AuditTrail, Lineage};
 use htfaas_functions::proto::{AnnexCreated, AnnexDeleted, AnnexRecord, AnnexView};
+use htfaas_functions::registry::FunctionStatus;
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -239,9 +240,44 @@ impl Client {
         Ok(check(resp, path).await?.json().await?)
     }
 
-    /// Registered functions.
+    /// Registered functions: the live version of each (deleted ones not).
     pub async fn functions(&self) -> anyhow::Result<Vec<FunctionRecord>> {
         self.admin_get("/v1/functions").await
+    }
+
+    /// Registered functions as each stands: live version, latest version, enabled, pinned.
+    pub async fn function_statuses(&self) -> anyhow::Result<Vec<FunctionStatus>> {
+        self.admin_get("/v1/functions").await
+    }
+
+    /// One function as it stands.
+    pub async fn function(&self, name: &str) -> anyhow::Result<FunctionStatus> {
+        self.admin_get(&format!("/v1/functions/{}", segment(name)?)).await
+    }
+
+    /// Every version of a function, oldest first.
+    pub async fn function_versions(&self, name: &str) -> anyhow::Result<Vec<FunctionRecord>> {
+        self.admin_get(&format!("/v1/functions/{}/versions", segment(name)?)).await
+    }
+
+    /// Makes `version` of a function the one that fires (a rollback); `None`: the latest again.
+    pub async fn pin_function(&self, name: &str, version: Option<u32>) -> anyhow::Result<FunctionStatus> {
+        let path = format!("/v1/functions/{}/pin", segment(name)?);
+        self.admin_post(&path, "pin the function", &htfaas_functions::proto::PinRequest { version }).await
+    }
+
+    /// Disables (`false`) or enables (`true`) a function.
+    pub async fn set_function_enabled(&self, name: &str, enabled: bool) -> anyhow::Result<FunctionStatus> {
+        let action = if enabled { "enable" } else { "disable" };
+        let path = format!("/v1/functions/{}/{action}", segment(name)?);
+        self.admin_post(&path, &format!("{action} the function"), &serde_json::json!({})).await
+    }
+
+    /// Deletes a function (its versions stay); returns the version that was live.
+    pub async fn delete_function(&self, name: &str) -> anyhow::Result<FunctionRecord> {
+        let url = self.gateway(&format!("/v1/functions/{}", segment(name)?));
+        let resp = self.http.delete(url).bearer_auth(&self.info.admin_token).send().await?;
+        Ok(check(resp, "delete the function").await?.json().await?)
     }
 
     /// Jobs, newest first.

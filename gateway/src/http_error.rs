@@ -34,7 +34,7 @@ impl From<RegistryError> for HttpError {
                 StatusCode::BAD_REQUEST
             }
             RegistryError::Grant(_) => StatusCode::BAD_REQUEST,
-            RegistryError::NotFound(_) => StatusCode::NOT_FOUND,
+            RegistryError::NotFound(_) | RegistryError::NoSuchVersion(..) => StatusCode::NOT_FOUND,
             RegistryError::QuotaExceeded(_) => StatusCode::FORBIDDEN,
             RegistryError::Db(_) | RegistryError::Io(_) | RegistryError::Corrupt(_) => {
                 tracing::error!("registry failure: {e}");

@@ -262,6 +262,8 @@ pub enum Skip {
     OutOfBounds,
     /// An event no trigger matches.
     Unmatched,
+    /// An event only disabled functions match: how many.
+    Disabled(u32),
 }
 
 /// What deciding and matching made of one message, before anything is written.
@@ -269,8 +271,9 @@ pub enum Skip {
 pub enum Plan {
     /// Nothing to write: acked with its batch.
     Skip(Skip),
-    /// Firings to insert: the event and the functions it fires.
-    Fire(Box<StorageEvent>, Vec<FunctionRecord>),
+    /// Firings to insert: the event, the functions it fires, and how many disabled functions
+    /// it matched besides (counted, not fired).
+    Fire(Box<StorageEvent>, Vec<FunctionRecord>, u32),
 }
 
 /// What deciding and matching a message reads ([`plan`]): the site's source policy, which
@@ -465,20 +468,22 @@ pub fn plan(
             return Plan::Skip(Skip::Malformed);
         }
     };
-    let functions: Vec<FunctionRecord> = matcher
-        .triggers
-        .matching(&event)
-        .into_iter()
-        // An owner's lane fires its owner's functions only (other lanes fire the others').
-        .filter(|f| matcher.owner.is_none_or(|o| f.manifest.owner == o))
-        // A function never fires on its own outputs (the simplest loop guard).
-        .filter(|f| !event.path.starts_with(&f.manifest.outputs.dir))
-        .collect();
+    // An owner's lane fires its owner's functions only (other lanes fire the others'); a
+    // function never fires on its own outputs (the simplest loop guard).
+    let keep = |f: &FunctionRecord| {
+        matcher.owner.is_none_or(|o| f.manifest.owner == o) && !event.path.starts_with(&f.manifest.outputs.dir)
+    };
+    let functions: Vec<FunctionRecord> = matcher.triggers.matching(&event).into_iter().filter(|f| keep(f)).collect();
+    let disabled = u32::try_from(matcher.triggers.disabled_matching(&event, keep)).unwrap_or(u32::MAX);
     if functions.is_empty() {
+        if disabled > 0 {
+            tracing::debug!(path = %event.path, disabled, "only disabled functions match");
+            return Plan::Skip(Skip::Disabled(disabled));
+        }
         tracing::debug!(path = %event.path, "no trigger matches");
         return Plan::Skip(Skip::Unmatched);
     }
-    Plan::Fire(event, functions)
+    Plan::Fire(event, functions, disabled)
 }
 
 /// Decides and acts on one message: a batch of one.
@@ -501,21 +506,31 @@ pub async fn handle(
 pub async fn handle_batch(firings: &Firings, stats: &Stats, plans: Vec<Plan>) -> Verdict {
     let mut skipped = Vec::new();
     let mut batch = Vec::new();
+    let mut disabled = 0u64;
     for p in plans {
         match p {
             Plan::Skip(why) => skipped.push(why),
-            Plan::Fire(event, functions) => batch.push(NewFirings { event: *event, functions, replay: None }),
+            Plan::Fire(event, functions, n) => {
+                disabled += u64::from(n);
+                batch.push(NewFirings { event: *event, functions, replay: None })
+            }
         }
     }
     let verdict = fire_batch(firings, stats, batch).await;
     if verdict == Verdict::Ack {
+        stats.firings_disabled.fetch_add(disabled, std::sync::atomic::Ordering::Relaxed);
         for why in skipped {
+            if let Skip::Disabled(n) = why {
+                stats.firings_disabled.fetch_add(u64::from(n), std::sync::atomic::Ordering::Relaxed);
+                Stats::bump(&stats.events_disabled);
+                continue;
+            }
             Stats::bump(match why {
                 Skip::Ignored => &stats.events_ignored,
                 Skip::NotEnabled => &stats.events_not_enabled,
                 Skip::Malformed => &stats.events_malformed,
                 Skip::OutOfBounds => &stats.events_out_of_bounds,
-                Skip::Unmatched => &stats.events_unmatched,
+                Skip::Unmatched | Skip::Disabled(_) => &stats.events_unmatched,
             });
         }
     }
@@ -720,7 +735,7 @@ mod tests {
         let many: Vec<NewFirings> = plans(&shared, &batch)
             .into_iter()
             .map(|p| match p {
-                Plan::Fire(event, functions) => NewFirings { event: *event, functions, replay: None },
+                Plan::Fire(event, functions, _) => NewFirings { event: *event, functions, replay: None },
                 Plan::Skip(why) => panic!("{why:?}"),
             })
             .collect();

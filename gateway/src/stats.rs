@@ -26,6 +26,10 @@ pub struct Stats {
     pub events_unmatched: AtomicU64,
     /// See [`StatsSnapshot::events_duplicate`].
     pub events_duplicate: AtomicU64,
+    /// See [`StatsSnapshot::events_disabled`].
+    pub events_disabled: AtomicU64,
+    /// See [`StatsSnapshot::firings_disabled`].
+    pub firings_disabled: AtomicU64,
     /// See [`StatsSnapshot::jobs_submitted`].
     pub jobs_submitted: AtomicU64,
     /// See [`StatsSnapshot::jobs_deduplicated`].
@@ -85,6 +89,8 @@ impl Stats {
             events_not_enabled: r(&self.events_not_enabled),
             events_unmatched: r(&self.events_unmatched),
             events_duplicate: r(&self.events_duplicate),
+            events_disabled: r(&self.events_disabled),
+            firings_disabled: r(&self.firings_disabled),
             jobs_submitted: r(&self.jobs_submitted),
             jobs_deduplicated: r(&self.jobs_deduplicated),
             jobs_refused: r(&self.jobs_refused),

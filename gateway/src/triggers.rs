@@ -13,26 +13,30 @@ use std::sync::{Arc, RwLock};
 
 /// A function with its compiled trigger.
 pub struct Compiled {
-    /// The registered function (latest version).
+    /// The registered function (its live version: pinned, or the latest).
     pub record: FunctionRecord,
     /// Its trigger as one rule.
     rule: Rule,
+    /// Whether it fires: a disabled function's matches are only counted.
+    enabled: bool,
 }
 
-/// The latest version of every function, compiled, in name order; swapped whole on reload.
+/// The live version of every function not deleted, compiled, in name order; swapped whole
+/// on reload.
 #[derive(Default)]
 pub struct TriggerCache {
     compiled: RwLock<Arc<Vec<Compiled>>>,
 }
 
 impl TriggerCache {
-    /// Recompiles from the registry. Called at start and after each registration.
+    /// Recompiles from the registry. Called at start and after each change to a function.
     pub fn reload(&self, registry: &Registry) -> Result<(), RegistryError> {
         let mut compiled = Vec::new();
-        // `list` is in name order, and so is the cache.
-        for record in registry.list()? {
+        // `statuses` is in name order, and so is the cache.
+        for status in registry.statuses()? {
+            let (record, enabled) = (status.record, status.enabled);
             match record.manifest.trigger.compile() {
-                Ok(rule) => compiled.push(Compiled { record, rule }),
+                Ok(rule) => compiled.push(Compiled { record, rule, enabled }),
                 // Manifests are validated on registration; a stored bad trigger is a bug, not fatal.
                 Err(e) => tracing::error!(function = %record.manifest.name, "stored trigger does not compile: {e}"),
             }
@@ -60,11 +64,18 @@ impl TriggerCache {
         owners
     }
 
-    /// Every function whose trigger is true for `event`, in name order: all of them, however
-    /// their rules overlap.
+    /// Every enabled function whose trigger is true for `event`, in name order: all of them,
+    /// however their rules overlap.
     pub fn matching(&self, event: &StorageEvent) -> Vec<FunctionRecord> {
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
-        all.iter().filter(|c| c.rule.matches(event)).map(|c| c.record.clone()).collect()
+        all.iter().filter(|c| c.enabled && c.rule.matches(event)).map(|c| c.record.clone()).collect()
+    }
+
+    /// The disabled functions whose trigger is true for `event` (and which `keep` keeps): what
+    /// would have fired. Only disabled functions' rules are evaluated.
+    pub fn disabled_matching(&self, event: &StorageEvent, keep: impl Fn(&FunctionRecord) -> bool) -> usize {
+        let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
+        all.iter().filter(|c| !c.enabled && keep(&c.record) && c.rule.matches(event)).count()
     }
 }
 

@@ -1,5 +1,6 @@
-//! `htfaas fn register|list|test`: functions, their manifests and their triggers. Must not know:
-//! how reports and functions are printed ([`super::output`]).
+//! `htfaas fn register|list|show|versions|rollback|pin|disable|enable|delete|test`: functions,
+//! their manifests, their versions and their triggers. Must not know: how reports and
+//! functions are printed ([`super::output`]).
 
 use super::args::{DirArg, client, parse_header, parse_time_arg};
 use super::output;
@@ -98,13 +99,67 @@ pub enum FnCommand {
         #[arg(long, requires = "dry_run")]
         json: bool,
     },
-    /// List functions.
+    /// List functions: the version of each that fires, its latest, whether it is enabled or pinned.
     List {
         #[command(flatten)]
         dir: DirArg,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Every version of a function, oldest first, and which one fires.
+    Versions {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Roll a function back: make an earlier version the one that fires (pinned until the next
+    /// registration or `fn pin NAME latest`). Jobs already made keep the version they were
+    /// fired with.
+    Rollback {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+        /// The version to go to (default: the one before the version that fires now).
+        #[arg(long)]
+        to: Option<u32>,
+    },
+    /// Pin the version that fires (a number), or follow the latest again (`latest`).
+    Pin {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+        /// A version number, or `latest`.
+        version: String,
+    },
+    /// Disable a function: it fires nothing; its matching events are counted
+    /// (`events_disabled`, `firings_disabled` in `htfaas events stats`).
+    Disable {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+    },
+    /// Enable a disabled function (events missed meanwhile: `htfaas events replay`).
+    Enable {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+    },
+    /// Delete a function: it fires nothing and is listed nowhere; its versions stay in the
+    /// audit trail and lineage, and its modules are kept.
+    Delete {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
     },
     /// Show how one event parses and whether the function's trigger is true, false or undefined
     /// on it (and each part: path glob, rule).
@@ -213,8 +268,50 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             output::fn_test(&report, json)
         }
         FnCommand::List { dir, json } => {
-            let functions = client(&dir)?.functions().await?;
+            let functions = client(&dir)?.function_statuses().await?;
             output::functions(&functions, json)
+        }
+        FnCommand::Versions { dir, name, json } => {
+            let client = client(&dir)?;
+            let status = client.function(&name).await?;
+            let versions = client.function_versions(&name).await?;
+            output::function_versions(&status, &versions, json)
+        }
+        FnCommand::Rollback { dir, name, to } => {
+            let client = client(&dir)?;
+            let to = match to {
+                Some(v) => v,
+                None => {
+                    let live = client.function(&name).await?.record.version;
+                    let versions = client.function_versions(&name).await?;
+                    versions.iter().map(|r| r.version).filter(|v| *v < live).max().with_context(|| {
+                        format!("{name} v{live} is its first version: there is nothing to roll back to")
+                    })?
+                }
+            };
+            output::function_changed("rolled back", &client.pin_function(&name, Some(to)).await?);
+            Ok(())
+        }
+        FnCommand::Pin { dir, name, version } => {
+            let version = match version.as_str() {
+                "latest" => None,
+                v => Some(v.parse::<u32>().map_err(|_| anyhow::anyhow!("{v:?}: a version number or `latest`"))?),
+            };
+            output::function_changed("pinned", &client(&dir)?.pin_function(&name, version).await?);
+            Ok(())
+        }
+        FnCommand::Disable { dir, name } => {
+            output::function_changed("disabled", &client(&dir)?.set_function_enabled(&name, false).await?);
+            Ok(())
+        }
+        FnCommand::Enable { dir, name } => {
+            output::function_changed("enabled", &client(&dir)?.set_function_enabled(&name, true).await?);
+            Ok(())
+        }
+        FnCommand::Delete { dir, name } => {
+            let record = client(&dir)?.delete_function(&name).await?;
+            println!("deleted {} (v{} was live; its versions stay)", record.manifest.name, record.version);
+            Ok(())
         }
     }
 }

@@ -15,6 +15,7 @@ mod faults;
 mod jobs;
 mod kafka;
 mod kafka_support;
+mod lifecycle;
 mod lineage;
 mod loop_guard;
 mod metrics;

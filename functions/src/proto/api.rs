@@ -65,6 +65,15 @@ pub struct ReplayRequest {
     pub replay_id: Option<String>,
 }
 
+/// Body of `POST /v1/functions/{name}/pin`: the version that fires from now on (a rollback),
+/// or `null` for the latest again. Answer: the function's status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinRequest {
+    /// The version to pin; `None`: follow the latest.
+    pub version: Option<u32>,
+}
+
 /// Query of a dry-run registration: `POST /v1/functions?dry_run=true[&since=T][&until=T][&limit=N]`
 /// (admin; the body is the `FunctionManifest`). Answer: [`Report`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -250,6 +259,9 @@ pub struct StatsSnapshot {
     pub events_not_enabled: u64,
     /// Events that matched no trigger.
     pub events_unmatched: u64,
+    /// Events that matched only disabled functions: nothing fired (`htfaas fn disable`).
+    #[serde(default)]
+    pub events_disabled: u64,
     /// Events all of whose firings were already queued (a redelivery or a duplicate message):
     /// dropped before any macaroon request.
     #[serde(default)]
@@ -278,6 +290,9 @@ pub struct StatsSnapshot {
     /// theirs or of a function up the same chain (the loop guard).
     #[serde(default)]
     pub firings_loop_guarded: u64,
+    /// Functions an event matched that were disabled: counted, not fired.
+    #[serde(default)]
+    pub firings_disabled: u64,
     /// Times a firing found no rate token and was given a later time (waits, not dropped).
     #[serde(default)]
     pub firings_rate_delayed: u64,

@@ -96,6 +96,7 @@ impl Collector for GatewayCollector {
             ("duplicate", r(&s.events_duplicate)),
             ("loop_guarded", r(&s.events_loop_guarded)),
             ("unmatched", r(&s.events_unmatched)),
+            ("disabled", r(&s.events_disabled)),
             ("ignored", r(&s.events_ignored)),
             ("not_enabled", r(&s.events_not_enabled)),
             ("malformed", r(&s.events_malformed)),
@@ -107,6 +108,7 @@ impl Collector for GatewayCollector {
             ("deduplicated", r(&s.firings_deduplicated)),
             ("superseded", r(&s.firings_superseded)),
             ("loop_guarded", r(&s.firings_loop_guarded)),
+            ("disabled", r(&s.firings_disabled)),
             ("rate_delayed", r(&s.firings_rate_delayed)),
         ];
         family(&mut e, "htfaas_gateway_firings", "Firings (event x function) by outcome.", "outcome", &firings)?;

@@ -33,7 +33,12 @@
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
 //! | `POST /v1/functions` | developer (own) | body = `FunctionManifest` → `FunctionRecord` |
 //! | `POST /v1/functions?dry_run=true[&since&until&limit]` | developer (own) | manifest, checked, not kept → `Report` |
-//! | `GET /v1/functions` | developer (own) | `Vec<FunctionRecord>` |
+//! | `GET /v1/functions` | developer (own) | `Vec<FunctionStatus>` (the live version of each, with `latest_version`, `enabled`, `pinned`) |
+//! | `GET /v1/functions/{name}` | developer (own) | `FunctionStatus` |
+//! | `DELETE /v1/functions/{name}` | developer (own) | the live `FunctionRecord`; its versions stay |
+//! | `GET /v1/functions/{name}/versions` | developer (own) | `Vec<FunctionRecord>`, oldest first |
+//! | `POST /v1/functions/{name}/pin` | developer (own) | `PinRequest` → `FunctionStatus` (a rollback) |
+//! | `POST /v1/functions/{name}/disable`, `…/enable` | developer (own) | `FunctionStatus` |
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
@@ -105,6 +110,7 @@ use std::sync::Arc;
 mod annexes;
 pub mod audit;
 mod events;
+mod lifecycle;
 pub mod metrics;
 pub mod namespaces;
 mod proxy;
@@ -178,6 +184,12 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/modules/{digest}", "/v1/modules/{digest}", Access::Public),
     op("POST", "/v1/functions", "/v1/functions", Access::Developer),
     op("GET", "/v1/functions", "/v1/functions", Access::Developer),
+    op("GET", "/v1/functions/{name}", "/v1/functions/{name}", Access::Developer),
+    op("DELETE", "/v1/functions/{name}", "/v1/functions/{name}", Access::Developer),
+    op("GET", "/v1/functions/{name}/versions", "/v1/functions/{name}/versions", Access::Developer),
+    op("POST", "/v1/functions/{name}/pin", "/v1/functions/{name}/pin", Access::Developer),
+    op("POST", "/v1/functions/{name}/disable", "/v1/functions/{name}/disable", Access::Developer),
+    op("POST", "/v1/functions/{name}/enable", "/v1/functions/{name}/enable", Access::Developer),
     op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
     op("POST", "/v1/functions/{name}/test", "/v1/functions/{name}/test", Access::Developer),
     op("POST", "/v1/events/replay", "/v1/events/replay", Access::Admin),
@@ -234,6 +246,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/modules", post(registry::put_module).layer(DefaultBodyLimit::max(MAX_MODULE_BYTES)))
         .route("/v1/modules/{digest}", get(registry::get_module))
         .route("/v1/functions", post(registry::register).get(registry::list_functions))
+        .route("/v1/functions/{name}", get(lifecycle::show).delete(lifecycle::delete))
+        .route("/v1/functions/{name}/versions", get(lifecycle::versions))
+        .route("/v1/functions/{name}/pin", post(lifecycle::pin))
+        .route("/v1/functions/{name}/disable", post(lifecycle::disable))
+        .route("/v1/functions/{name}/enable", post(lifecycle::enable))
         .route("/v1/functions/{name}/runs", post(runs::run_function))
         .route("/v1/functions/{name}/test", post(events::test_function))
         .route("/v1/events/replay", post(events::replay_events))

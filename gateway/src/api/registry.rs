@@ -127,14 +127,15 @@ pub(super) async fn dry_run_registration(
     Ok((StatusCode::OK, Json(report)).into_response())
 }
 
-/// `GET /v1/functions`: every function for an admin, a developer's own otherwise.
+/// `GET /v1/functions`: every function for an admin, a developer's own otherwise, as each
+/// stands (its live version, latest version, enabled, pinned); deleted ones not.
 pub(super) async fn list_functions(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, HttpError> {
     let caller = shared.require_caller(&headers)?;
     let s = shared.clone();
-    let mut records = blocking(move || s.registry.list()).await?;
-    records.retain(|r| caller.owns(&r.manifest.owner));
-    Ok(Json(records))
+    let mut statuses = blocking(move || s.registry.statuses()).await?;
+    statuses.retain(|r| caller.owns(&r.record.manifest.owner));
+    Ok(Json(statuses))
 }

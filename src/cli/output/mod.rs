@@ -15,6 +15,7 @@ use htfaas_functions::proto::{
     Account, AccountingReport, Attempt, EpInfo, JobAnalysis, JobLog, JobRecord, OwnerPriority, PriorityReport, Report,
     Revocation, SubmitResponse, TestReport,
 };
+use htfaas_functions::registry::FunctionStatus;
 use std::path::Path;
 use std::time::Duration;
 
@@ -192,18 +193,72 @@ pub fn fn_test(report: &TestReport, json: bool) -> anyhow::Result<()> {
 }
 
 /// `htfaas fn list`.
-pub fn functions(functions: &[FunctionRecord], json: bool) -> anyhow::Result<()> {
+pub fn functions(functions: &[FunctionStatus], json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&functions)?);
     } else {
         // The trigger last: a rule can be long.
-        println!("{:<20} {:>4} {:<24} {:<16} TRIGGER", "NAME", "VER", "OUTPUTS", "MODULE");
+        println!(
+            "{:<20} {:>4} {:>6} {:<8} {:<24} {:<16} TRIGGER",
+            "NAME", "VER", "LATEST", "STATE", "OUTPUTS", "MODULE"
+        );
         for f in functions {
-            let m = &f.manifest;
-            println!("{:<20} {:>4} {:<24} {:<16} {}", m.name, f.version, m.outputs.dir, m.module.short(), m.trigger);
+            let m = &f.record.manifest;
+            println!(
+                "{:<20} {:>4} {:>6} {:<8} {:<24} {:<16} {}",
+                m.name,
+                f.record.version,
+                f.latest_version,
+                state(f),
+                m.outputs.dir,
+                m.module.short(),
+                m.trigger
+            );
         }
     }
     Ok(())
+}
+
+/// `enabled`, `disabled`, `pinned` (enabled, pinned), `disabled,pinned`.
+fn state(f: &FunctionStatus) -> String {
+    let base = if f.enabled { "enabled" } else { "disabled" };
+    match (f.enabled, f.pinned) {
+        (true, Some(_)) => "pinned".into(),
+        (false, Some(_)) => format!("{base},pinned"),
+        _ => base.into(),
+    }
+}
+
+/// Every version of one function; the live one marked.
+pub fn function_versions(status: &FunctionStatus, versions: &[FunctionRecord], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&versions)?);
+        return Ok(());
+    }
+    println!("{} ({}): v{} fires", status.record.manifest.name, state(status), status.record.version);
+    println!("  {:>4} {:<20} {:<16} TRIGGER", "VER", "REGISTERED", "MODULE");
+    for r in versions {
+        let mark = if r.version == status.record.version { "*" } else { " " };
+        println!(
+            "{mark} {:>4} {:<20} {:<16} {}",
+            r.version,
+            htfaas_functions::time::utc_timestamp(r.registered_at),
+            r.manifest.module.short(),
+            r.manifest.trigger
+        );
+    }
+    Ok(())
+}
+
+/// A function after a change: what was done and what fires now.
+pub fn function_changed(what: &str, status: &FunctionStatus) {
+    println!(
+        "{what} {}: v{} fires (latest v{}; {})",
+        status.record.manifest.name,
+        status.record.version,
+        status.latest_version,
+        state(status)
+    );
 }
 
 // ---- ns

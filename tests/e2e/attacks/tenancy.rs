@@ -280,3 +280,30 @@ async fn a_revoked_namespace_refuses_the_next_firing_and_a_write_macaroon_replac
     assert_eq!(put("/data/carol/out/users.txt", &replace).await.expect("put").status(), 200);
     stack.stop().await.expect("stop");
 }
+
+/// Issue 22: a developer may not see the versions of, roll back, disable, enable or delete
+/// another owner's function (403, and the function is unchanged); its own it may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_developer_cannot_change_or_read_the_life_of_anothers_function() {
+    let (dir, stack) = start_stack().await;
+    let admin = stack.client().expect("client");
+    let digest = upload_checksum(&admin).await;
+    admin.register(&htfaas::stack::demo_manifest(digest.clone())).await.expect("alice's function");
+    let mallory = admin.clone().with_token(api_token(dir.path(), "mallory", Scope::Developer));
+    let refused = |what: &str, r: anyhow::Result<()>| {
+        let e = format!("{:#}", r.expect_err(what));
+        assert!(e.contains("403") && e.contains("another owner"), "{what}: {e}");
+    };
+    refused("versions", mallory.function_versions("checksum").await.map(|_| ()));
+    refused("show", mallory.function("checksum").await.map(|_| ()));
+    refused("rollback", mallory.pin_function("checksum", Some(1)).await.map(|_| ()));
+    refused("disable", mallory.set_function_enabled("checksum", false).await.map(|_| ()));
+    refused("enable", mallory.set_function_enabled("checksum", true).await.map(|_| ()));
+    refused("delete", mallory.delete_function("checksum").await.map(|_| ()));
+    let status = admin.function("checksum").await.expect("unchanged");
+    assert!(status.enabled && status.pinned.is_none(), "{status:?}");
+    // Its owner may.
+    let alice = admin.clone().with_token(api_token(dir.path(), "alice", Scope::Developer));
+    assert!(!alice.set_function_enabled("checksum", false).await.expect("alice disables hers").enabled);
+    stack.stop().await.expect("stop");
+}
