@@ -233,6 +233,7 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
         annex: None,
         class: None,
         limits: Default::default(),
+        group: None,
     }
 }
 

@@ -169,6 +169,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         annex: None,
         class: None,
         limits: Default::default(),
+        group: None,
     }
 }
 

@@ -640,6 +640,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         annex: None,
         class: None,
         limits: Default::default(),
+        group: None,
     }
 }
 

@@ -54,6 +54,11 @@ pub struct FunctionManifest {
     /// here widens what an EP allows. Default: none (the EP's own).
     #[serde(default, skip_serializing_if = "crate::resources::JobLimits::is_unset")]
     pub limits: crate::resources::JobLimits,
+    /// The accounting group its runs are charged to (within the owner): they take part in the
+    /// group's quota, oversubscription and pauses, and reach what `group:<name>` is granted.
+    /// The owner needs a `group` grant for it. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Checks a name of the `[a-z0-9][a-z0-9_-]{0,62}` form (function and annex names).
@@ -278,6 +283,9 @@ impl FunctionManifest {
         if r.disk_mb > MAX_DISK_MB {
             return Err(bad("resources.disk_mb", format!("must be 0..={MAX_DISK_MB}")));
         }
+        if let Some(group) = &self.group {
+            check_name(group).map_err(|e| bad("group", e))?;
+        }
         if let Some(class) = &self.class {
             check_name(class).map_err(|e| bad("class", e))?;
         }
@@ -313,6 +321,7 @@ mod tests {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         }
     }
 

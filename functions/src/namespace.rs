@@ -38,22 +38,26 @@ pub enum Right {
     Replace,
     /// Ask for an annex (EPs whose attach token names it).
     Annex,
+    /// Charge runs to an accounting group (a manifest's `group`), taking part in its quota and
+    /// reaching what `group:<name>` is granted. Only an owner's own grant counts.
+    Group,
 }
 
 impl Right {
-    /// The lowercase name (`read`, `write`, `replace`, `annex`).
+    /// The lowercase name (`read`, `write`, `replace`, `annex`, `group`).
     pub fn as_str(self) -> &'static str {
         match self {
             Right::Read => "read",
             Right::Write => "write",
             Right::Replace => "replace",
             Right::Annex => "annex",
+            Right::Group => "group",
         }
     }
 
     /// Parses [`Right::as_str`]'s form.
     pub fn parse(s: &str) -> Option<Right> {
-        [Right::Read, Right::Write, Right::Replace, Right::Annex].into_iter().find(|r| r.as_str() == s)
+        [Right::Read, Right::Write, Right::Replace, Right::Annex, Right::Group].into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -128,6 +132,7 @@ impl Grant {
         }
         match self.right {
             Right::Annex => check_name(v).map_err(|e| refuse(format!("annex {e}"))),
+            Right::Group => check_name(v).map_err(|e| refuse(format!("group {e}"))),
             Right::Read | Right::Write | Right::Replace => {
                 if is_clean_abs_path(v) && v.ends_with('/') {
                     Ok(())
@@ -155,6 +160,8 @@ pub struct Namespace {
     write: Vec<String>,
     replace: Vec<String>,
     annexes: Vec<String>,
+    /// Accounting groups the owner may charge (its own `group` grants only).
+    groups: Vec<String>,
 }
 
 /// Whether `path` (a clean absolute path) lies under one of `dirs` (each ending in `/`).
@@ -176,6 +183,9 @@ impl Namespace {
                 Right::Write => &mut ns.write,
                 Right::Replace => &mut ns.replace,
                 Right::Annex => &mut ns.annexes,
+                // A group grants no membership in another group.
+                Right::Group if g.principal != owner => continue,
+                Right::Group => &mut ns.groups,
             };
             list.push(g.value.clone());
         }
@@ -184,7 +194,11 @@ impl Namespace {
 
     /// Whether nothing is granted.
     pub fn is_empty(&self) -> bool {
-        self.read.is_empty() && self.write.is_empty() && self.replace.is_empty() && self.annexes.is_empty()
+        self.read.is_empty()
+            && self.write.is_empty()
+            && self.replace.is_empty()
+            && self.annexes.is_empty()
+            && self.groups.is_empty()
     }
 
     /// Whether the file `path` may trigger a function and be read.
@@ -205,6 +219,11 @@ impl Namespace {
     /// Whether jobs may ask for `annex`.
     pub fn may_use_annex(&self, annex: &str) -> bool {
         self.annexes.iter().any(|a| a == annex)
+    }
+
+    /// Whether runs may be charged to the accounting group `group`.
+    pub fn may_charge_group(&self, group: &str) -> bool {
+        self.groups.iter().any(|g| g == group)
     }
 
     /// The read directories (each ending in `/`): where the owner's functions may fire, so
@@ -305,6 +324,7 @@ mod tests {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         }
     }
 

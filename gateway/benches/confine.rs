@@ -54,6 +54,7 @@ fn function(i: usize) -> FunctionRecord {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         },
     }
 }

@@ -83,6 +83,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         })?;
     }
     Ok(registry)

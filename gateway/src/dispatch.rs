@@ -238,25 +238,27 @@ async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
     let outcome = match prepare(d.jobs, &c.function, event_ref(&c.event, c.cause.clone()), key).await {
         // The token is minted, and recorded with the macaroons, before the submit.
-        Ok(request) => match d.submitter.mint(&c.function.manifest.owner, &request) {
-            Err(e) => Err(JobError::Permanent(e.to_string())),
-            Ok((claims, token)) => {
-                let (records, write_id) = credentials(&c, &claims, &request);
-                match record_provenance(d.writer, &c, &request.output.macaroon, write_id, records.to_vec()).await {
-                    Err(e) => Err(e),
-                    Ok(()) => match d.submitter.submit_with_token(&token, &request).await {
-                        Ok(reply) => {
-                            tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
-                            Ok(reply)
-                        }
-                        Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => {
-                            Err(JobError::Transient(e.to_string()))
-                        }
-                        Err(e) => Err(JobError::Permanent(e.to_string())),
-                    },
+        Ok(request) => {
+            match d.submitter.mint(&c.function.manifest.owner, c.function.manifest.group.as_deref(), &request) {
+                Err(e) => Err(JobError::Permanent(e.to_string())),
+                Ok((claims, token)) => {
+                    let (records, write_id) = credentials(&c, &claims, &request);
+                    match record_provenance(d.writer, &c, &request.output.macaroon, write_id, records.to_vec()).await {
+                        Err(e) => Err(e),
+                        Ok(()) => match d.submitter.submit_with_token(&token, &request).await {
+                            Ok(reply) => {
+                                tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
+                                Ok(reply)
+                            }
+                            Err(e @ (SubmitError::Unavailable(_) | SubmitError::Busy(_))) => {
+                                Err(JobError::Transient(e.to_string()))
+                            }
+                            Err(e) => Err(JobError::Permanent(e.to_string())),
+                        },
+                    }
                 }
             }
-        },
+        }
         Err(e) => Err(e),
     };
     let seq = c.seq;

@@ -636,6 +636,7 @@ mod tests {
                     annex: None,
                     class: None,
                     limits: Default::default(),
+                    group: None,
                 })
                 .expect("register");
         }

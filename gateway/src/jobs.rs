@@ -102,7 +102,9 @@ pub async fn prepare(
     dedupe_key: String,
 ) -> Result<SubmitRequest, JobError> {
     let m = &function.manifest;
-    let replace = confine(&cx.namespaces.of(&m.owner, None), function, &event.path)?;
+    // A group revoked since the registration refuses the run, as a revoked path does.
+    let ns = cx.namespaces.for_manifest(m).map_err(|e| JobError::Permanent(e.to_string()))?;
+    let replace = confine(&ns, function, &event.path)?;
     let storage_err = |e: StorageError| {
         if e.is_transient() { JobError::Transient(e.to_string()) } else { JobError::Permanent(e.to_string()) }
     };

@@ -8,7 +8,7 @@
 //! keeps the grants. Must not know: events, jobs, HTTP.
 
 use htfaas_functions::Registry;
-use htfaas_functions::namespace::{Grant, GrantEntry, GrantSource, Namespace};
+use htfaas_functions::namespace::{Grant, GrantEntry, GrantSource, Namespace, NamespaceError};
 use htfaas_functions::registry::RegistryError;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -63,6 +63,20 @@ impl Namespaces {
         let principals = [Some(owner), group_key.as_deref()];
         let grants = principals.into_iter().flatten().filter_map(|p| index.by_principal.get(p)).flatten();
         Namespace::of(grants, owner, group)
+    }
+
+    /// The namespace a function's runs have: its owner's, widened by its manifest's accounting
+    /// group's grants when it names one, which the owner must be granted (`group` right, the
+    /// owner's own grant). The error names the group.
+    pub fn for_manifest(&self, m: &htfaas_functions::FunctionManifest) -> Result<Namespace, NamespaceError> {
+        match &m.group {
+            None => Ok(self.of(&m.owner, None)),
+            Some(group) if self.of(&m.owner, None).may_charge_group(group) => Ok(self.of(&m.owner, Some(group))),
+            Some(group) => Err(NamespaceError(format!(
+                "{} may not charge runs to the accounting group {group:?} (no group grant)",
+                m.owner
+            ))),
+        }
     }
 
     /// Whether nothing at all is granted (every function would be refused).

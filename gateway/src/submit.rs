@@ -78,8 +78,9 @@ impl Submitter {
         &self.scheduler_url
     }
 
-    /// Claims allowing exactly `req` for `owner`: one job, its resources, its function.
-    pub fn claims_for(&self, owner: &str, req: &SubmitRequest) -> SubmitClaims {
+    /// Claims allowing exactly `req` for `owner` (charged to `group`, if any): one job, its
+    /// resources, its function.
+    pub fn claims_for(&self, owner: &str, group: Option<&str>, req: &SubmitRequest) -> SubmitClaims {
         let now = now_s();
         SubmitClaims {
             iss: self.issuer.clone(),
@@ -98,24 +99,34 @@ impl Submitter {
                 r => r,
             },
             function: Some(req.function.digest.clone()),
-            group: None,
+            group: group.map(str::to_owned),
         }
     }
 
     /// Submits `req` on behalf of `owner` with a token minted for exactly this job. `Ok` means
     /// the scheduler has the job durably.
     #[tracing::instrument(name = "gateway.submit", skip_all, fields(function = %req.function.name, event = %req.event.id))]
-    pub async fn submit(&self, owner: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
-        let (claims, token) = self.mint(owner, req)?;
+    pub async fn submit(
+        &self,
+        owner: &str,
+        group: Option<&str>,
+        req: &SubmitRequest,
+    ) -> Result<SubmitResponse, SubmitError> {
+        let (claims, token) = self.mint(owner, group, req)?;
         let reply = self.submit_with_token(&token, req).await?;
         tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
         Ok(reply)
     }
 
-    /// Mints the token allowing exactly `req` for `owner`: its claims (what the audit trail
-    /// records) and the signed token (what only the scheduler sees).
-    pub fn mint(&self, owner: &str, req: &SubmitRequest) -> Result<(SubmitClaims, String), SubmitError> {
-        let claims = self.claims_for(owner, req);
+    /// Mints the token allowing exactly `req` for `owner` (charged to `group`): its claims
+    /// (what the audit trail records) and the signed token (what only the scheduler sees).
+    pub fn mint(
+        &self,
+        owner: &str,
+        group: Option<&str>,
+        req: &SubmitRequest,
+    ) -> Result<(SubmitClaims, String), SubmitError> {
+        let claims = self.claims_for(owner, group, req);
         let token = self.key.sign(&claims)?;
         Ok((claims, token))
     }
@@ -244,9 +255,11 @@ mod tests {
             class: None,
             limits: Default::default(),
         };
-        let c = s.claims_for("alice", &req(60));
+        let c = s.claims_for("alice", None, &req(60));
         assert_eq!((c.sub.as_str(), c.jobs, c.cpus, c.memory_mb, c.runtime_s), ("alice", 1, 2, 512, 60));
-        assert_eq!(c.function, Some(htfaas_functions::Digest::of(b"m")));
-        assert_eq!(s.claims_for("alice", &req(0)).runtime_s, htfaas_functions::manifest::MAX_RUNTIME_S);
+        assert_eq!((c.function, c.group), (Some(htfaas_functions::Digest::of(b"m")), None));
+        assert_eq!(s.claims_for("alice", None, &req(0)).runtime_s, htfaas_functions::manifest::MAX_RUNTIME_S);
+        // A manifest's accounting group goes into its job's token: the scheduler charges it.
+        assert_eq!(s.claims_for("alice", Some("physics"), &req(60)).group.as_deref(), Some("physics"));
     }
 }

@@ -23,6 +23,7 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         },
     }
 }

@@ -99,6 +99,7 @@ mod tests {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         }
     }
 

@@ -115,6 +115,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         annex: None,
         class: None,
         limits: Default::default(),
+        group: None,
     }
 }
 

@@ -72,6 +72,10 @@ pub enum FnCommand {
         /// Job class of its runs (e.g. lite, short, long; default: the scheduler's default class).
         #[arg(long)]
         class: Option<String>,
+        /// Accounting group its runs are charged to (group quotas, pauses and grants apply);
+        /// the owner needs a `group` grant for it (`htfaas ns grant OWNER group G`).
+        #[arg(long)]
+        group: Option<String>,
         /// Most output bytes one run may store (narrows the EPs' own bound, never widens it).
         #[arg(long)]
         max_output_bytes: Option<u64>,
@@ -220,6 +224,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             gpus,
             disk_mb,
             class,
+            group,
             max_output_bytes,
             max_output_files,
             instructions,
@@ -244,6 +249,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 annex,
                 class,
                 limits: htfaas_functions::proto::JobLimits { max_output_bytes, max_output_files, instructions },
+                group,
             };
             if dry_run {
                 let query = htfaas_functions::proto::RegisterQuery { dry_run, since, until, limit };

@@ -35,15 +35,16 @@ pub enum NsCommand {
 pub struct GrantArgs {
     /// An owner, or group:NAME for an accounting group.
     pub principal: String,
-    /// read (trigger on and read), write (new outputs), replace (replace outputs) or annex.
+    /// read (trigger on and read), write (new outputs), replace (replace outputs), annex, or group (charge runs to an accounting group).
     #[arg(value_parser = parse_right)]
     pub right: htfaas_functions::namespace::Right,
-    /// A directory ending in '/' (read, write, replace) or an annex name.
+    /// A directory ending in '/' (read, write, replace), an annex name or an accounting group name.
     pub value: String,
 }
 
 pub fn parse_right(s: &str) -> Result<htfaas_functions::namespace::Right, String> {
-    htfaas_functions::namespace::Right::parse(s).ok_or_else(|| format!("{s:?} is not read, write, replace or annex"))
+    htfaas_functions::namespace::Right::parse(s)
+        .ok_or_else(|| format!("{s:?} is not read, write, replace, annex or group"))
 }
 
 /// `htfaas ns …`.

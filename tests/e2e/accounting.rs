@@ -243,3 +243,48 @@ async fn reports_by_owner_group_and_function_equal_the_sums_of_the_job_records()
     assert!(format!("{err:#}").contains("at most 10000"), "{err:#}");
     stack.stop().await.expect("clean stop");
 }
+
+/// Issue 22: a manifest may name an accounting group (`fn register --group`), with a `group`
+/// grant of its owner's: its triggered jobs are then charged to the group (the scheduler's
+/// group quotas and pauses apply to them). Without the grant the registration is refused;
+/// with it revoked, the next firing is refused when it would become a job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifests_accounting_group_charges_its_triggered_jobs_only_with_a_group_grant() {
+    use htfaas_functions::namespace::Right;
+    let (_dir, stack) = htfaas_tests::start_stack().await;
+    let client = stack.client().expect("client");
+    let digest = htfaas_tests::upload_checksum(&client).await;
+    let mut manifest = htfaas::stack::demo_manifest(digest);
+    manifest.group = Some("physics".into());
+    let e = format!("{:#}", client.register(&manifest).await.expect_err("no group grant"));
+    assert!(e.contains("403") && e.contains("accounting group \"physics\""), "{e}");
+
+    client.grant("alice", Right::Group, "physics").await.expect("grant");
+    client.register(&manifest).await.expect("registered with its group");
+    client.put_bytes(b"physics".to_vec(), "/data/raw/physics.dat").await.expect("upload");
+    let job = htfaas_tests::wait_for("the group's job", Duration::from_secs(60), || async {
+        client
+            .jobs()
+            .await
+            .ok()?
+            .into_iter()
+            .find(|j| j.event.path == "/data/raw/physics.dat" && j.state == JobState::Completed)
+    })
+    .await;
+    assert_eq!(job.group.as_deref(), Some("physics"), "{job:#?}");
+    let by_group = report(&client, AccountingBy::Group, None, None).await;
+    let physics: u64 = by_group.rows.iter().filter(|r| r.key == "physics").flat_map(|r| r.jobs.values()).sum();
+    assert_eq!(physics, 1, "{by_group:#?}");
+
+    // Revoked: the next firing is refused, counted, and makes no job.
+    client.revoke_grant("alice", Right::Group, "physics").await.expect("revoke");
+    let refused = client.stats().await.expect("stats").jobs_refused;
+    client.put_bytes(b"no group".to_vec(), "/data/raw/nogroup.dat").await.expect("upload");
+    htfaas_tests::wait_for("the firing to be refused", Duration::from_secs(60), || async {
+        (client.stats().await.ok()?.jobs_refused > refused).then_some(())
+    })
+    .await;
+    let jobs = client.jobs().await.expect("jobs");
+    assert!(jobs.iter().all(|j| j.event.path != "/data/raw/nogroup.dat"), "{jobs:#?}");
+    stack.stop().await.expect("stop");
+}

@@ -238,7 +238,7 @@ async fn a_developer_sees_and_changes_only_its_own_and_answers_match_the_schemas
     assert_eq!((s, names(&body)), (200, vec!["alice-fn".to_owned()]), "a developer's list");
     let (s, body) = send(base, "GET", "/v1/functions", Some(&admin), None).await;
     assert_eq!((s, names(&body)), (200, vec!["alice-fn".to_owned(), "bob-fn".to_owned()]), "the admin's list");
-    validate(&doc, list_of("FunctionRecord"), &json_of(&body), "GET /v1/functions");
+    validate(&doc, list_of("FunctionStatus"), &json_of(&body), "GET /v1/functions");
 
     // One job each, fired by uploads.
     client.put_bytes(b"a".to_vec(), "/data/alice-fn/a.dat").await.expect("put");

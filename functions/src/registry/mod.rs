@@ -342,6 +342,7 @@ mod tests {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         }
     }
 

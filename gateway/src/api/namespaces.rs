@@ -6,6 +6,7 @@
 
 use super::*;
 use htfaas_functions::Registry;
+use htfaas_functions::namespace::Right;
 use htfaas_functions::namespace::{Grant, GrantEntry, GrantSource};
 
 pub(super) fn grant_of(body: &Bytes) -> Result<Grant, HttpError> {
@@ -18,11 +19,8 @@ pub(super) fn grant_of(body: &Bytes) -> Result<Grant, HttpError> {
 pub(super) fn audit_subject(grant: &Grant) -> htfaas_functions::audit::Subject {
     htfaas_functions::audit::Subject {
         owner: Some(grant.principal.clone()),
-        paths: if grant.right == htfaas_functions::namespace::Right::Annex {
-            vec![]
-        } else {
-            vec![grant.value.clone()]
-        },
+        // Annex and group grants name no path.
+        paths: if matches!(grant.right, Right::Annex | Right::Group) { vec![] } else { vec![grant.value.clone()] },
         ..Default::default()
     }
 }

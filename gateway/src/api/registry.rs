@@ -65,7 +65,7 @@ pub(super) async fn register(
     // Confined to its owner's namespace: where it may fire, write and run (a dry run too), once
     // it is known to be a manifest at all.
     manifest.validate().map_err(RegistryError::from)?;
-    if let Err(e) = shared.namespaces.of(&manifest.owner, None).confine(&manifest) {
+    if let Err(e) = shared.namespaces.for_manifest(&manifest).and_then(|ns| ns.confine(&manifest)) {
         tracing::info!(function = %manifest.name, owner = %manifest.owner, "registration refused: {e}");
         return Err(HttpError(StatusCode::FORBIDDEN, format!("function {}: {e}", manifest.name)));
     }

@@ -525,6 +525,7 @@ mod tests {
                 annex: None,
                 class: None,
                 limits: Default::default(),
+                group: None,
             },
         }
     }

@@ -65,6 +65,7 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
         annex: None,
         class: None,
         limits: Default::default(),
+        group: None,
     }
 }
 

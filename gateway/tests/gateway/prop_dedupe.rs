@@ -62,6 +62,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             annex: None,
             class: None,
             limits: Default::default(),
+            group: None,
         },
     }
 }

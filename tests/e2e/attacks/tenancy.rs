@@ -49,6 +49,7 @@ fn manifest(
         annex: None,
         class: None,
         limits: Default::default(),
+        group: None,
     }
 }
 
