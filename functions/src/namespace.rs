@@ -362,6 +362,22 @@ mod tests {
         assert!(alice.may_use_annex("alice-hpc") && !bob.may_use_annex("alice-hpc"));
     }
 
+    /// Membership of an accounting group is the owner's own `group` grant; a group's grant of
+    /// another group makes no one a member of it.
+    #[test]
+    fn only_an_owners_own_group_grant_lets_it_charge_a_group() {
+        let mut g = grants();
+        g.push(Grant::new("alice", Right::Group, "atlas").expect("grant"));
+        g.push(Grant::new("group:atlas", Right::Group, "cms").expect("grant"));
+        let alice = Namespace::of(&g, "alice", None);
+        assert!(alice.may_charge_group("atlas") && !alice.may_charge_group("cms"));
+        let with_group = Namespace::of(&g, "alice", Some("atlas"));
+        assert!(!with_group.may_charge_group("cms"), "a group's group grant counts for no one");
+        assert!(!Namespace::of(&g, "bob", None).may_charge_group("atlas"));
+        assert!(Grant::new("alice", Right::Group, "Not A Name").is_err());
+        assert_eq!(Right::parse("group"), Some(Right::Group));
+    }
+
     #[test]
     fn triggers_must_be_bounded_inside_the_read_namespace() {
         let g = grants();
