@@ -273,6 +273,24 @@ impl Client {
         self.admin_post(&path, &format!("{action} the function"), &serde_json::json!({})).await
     }
 
+    /// Replaces every secret of a function with `values` (name → value); returns the names.
+    pub async fn set_function_secrets(
+        &self,
+        name: &str,
+        values: &std::collections::BTreeMap<String, String>,
+    ) -> anyhow::Result<Vec<String>> {
+        let url = self.gateway(&format!("/v1/functions/{}/secrets", segment(name)?));
+        let resp = self.http.put(url).bearer_auth(&self.info.admin_token).json(values).send().await?;
+        Ok(check(resp, "set the function's secrets").await?.json::<htfaas_functions::proto::SecretNames>().await?.names)
+    }
+
+    /// The names of a function's secrets.
+    pub async fn function_secret_names(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let names: htfaas_functions::proto::SecretNames =
+            self.admin_get(&format!("/v1/functions/{}/secrets", segment(name)?)).await?;
+        Ok(names.names)
+    }
+
     /// Deletes a function (its versions stay); returns the version that was live.
     pub async fn delete_function(&self, name: &str) -> anyhow::Result<FunctionRecord> {
         let url = self.gateway(&format!("/v1/functions/{}", segment(name)?));

@@ -234,6 +234,7 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
         class: None,
         limits: Default::default(),
         group: None,
+        secrets: Default::default(),
     }
 }
 

@@ -170,6 +170,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         class: None,
         limits: Default::default(),
         group: None,
+        secrets: Default::default(),
     }
 }
 

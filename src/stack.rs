@@ -641,6 +641,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         class: None,
         limits: Default::default(),
         group: None,
+        secrets: Default::default(),
     }
 }
 

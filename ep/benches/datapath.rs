@@ -341,6 +341,7 @@ async fn main() {
             args: vec![],
             env: vec![],
             limits: Default::default(),
+            secrets: Default::default(),
         };
         let reset = reset_peak();
         let (rss_before, _) = memory();

@@ -187,7 +187,8 @@ impl Jobs {
         argv.extend(job.args.iter().cloned());
         let gj = GuestJob {
             argv,
-            env: job.env.clone(),
+            // The secrets join the guest's environment here and nowhere else.
+            env: job.env.iter().chain(job.secrets.0.iter()).cloned().collect(),
             input_dir,
             output_dir: output_dir.clone(),
             resources: job.resources,

@@ -49,6 +49,7 @@ pub mod proto;
 #[cfg(feature = "db")]
 pub mod registry;
 pub mod resources;
+pub mod seal;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod store;

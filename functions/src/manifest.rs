@@ -59,6 +59,17 @@ pub struct FunctionManifest {
     /// The owner needs a `group` grant for it. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Names of the secrets its runs get in their environment (values set apart, sealed:
+    /// `PUT /v1/functions/{name}/secrets`, `fn register --secret K=@file`); a run waits until
+    /// every one has a value. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+}
+
+/// Whether `name` may name an environment variable (or a secret): 1-128 bytes, no `=`, NUL or
+/// control character.
+pub fn is_env_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 128 && !name.contains('=') && !name.chars().any(char::is_control)
 }
 
 /// Checks a name of the `[a-z0-9][a-z0-9_-]{0,62}` form (function and annex names).
@@ -283,6 +294,18 @@ impl FunctionManifest {
         if r.disk_mb > MAX_DISK_MB {
             return Err(bad("resources.disk_mb", format!("must be 0..={MAX_DISK_MB}")));
         }
+        if self.secrets.len() > 64
+            || self
+                .secrets
+                .iter()
+                .enumerate()
+                .any(|(i, k)| !is_env_name(k) || self.secrets[..i].contains(k) || self.env.iter().any(|(e, _)| e == k))
+        {
+            return Err(bad(
+                "secrets",
+                "at most 64 distinct names, each non-empty without '=' or NUL and not also in env",
+            ));
+        }
         if let Some(group) = &self.group {
             check_name(group).map_err(|e| bad("group", e))?;
         }
@@ -322,6 +345,7 @@ mod tests {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         }
     }
 

@@ -325,6 +325,7 @@ mod tests {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         }
     }
 

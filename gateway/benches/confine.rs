@@ -55,6 +55,7 @@ fn function(i: usize) -> FunctionRecord {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         },
     }
 }

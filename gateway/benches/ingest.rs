@@ -84,6 +84,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         })?;
     }
     Ok(registry)

@@ -162,6 +162,11 @@ pub struct Config {
     /// crash of the process, not of the machine). Either way a batch of events is one commit.
     #[serde(default)]
     pub durability: htfaas_functions::store::Durability,
+    /// Key file sealing the functions' secrets in the registry (64 hex digits; created, 0600,
+    /// when missing). Keep it apart from the registry's backups. Default:
+    /// `<state_dir>/secrets.key`.
+    #[serde(default)]
+    pub secrets_key_file: Option<PathBuf>,
     /// The API listener's header and body idle timeouts and connection cap. Default: see
     /// [`htfaas_functions::serve::Limits`].
     #[serde(default)]

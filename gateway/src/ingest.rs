@@ -637,6 +637,7 @@ mod tests {
                     class: None,
                     limits: Default::default(),
                     group: None,
+                    secrets: Default::default(),
                 })
                 .expect("register");
         }

@@ -20,6 +20,10 @@ use htfaas_functions::proto::{Cause, EventRef, FunctionRef, InputSpec, OutputSpe
 pub struct JobContext<'a> {
     /// Namespace grants ([`crate::namespaces`]).
     pub namespaces: &'a Namespaces,
+    /// The registry, for the function's sealed secrets.
+    pub registry: &'a htfaas_functions::Registry,
+    /// Opens them ([`crate::secrets`]).
+    pub secrets: &'a crate::secrets::Secrets,
     /// Talks to the storage.
     pub storage: &'a StorageClient,
     /// Base URL of the API as EPs see it (module downloads).
@@ -105,6 +109,14 @@ pub async fn prepare(
     // A group revoked since the registration refuses the run, as a revoked path does.
     let ns = cx.namespaces.for_manifest(m).map_err(|e| JobError::Permanent(e.to_string()))?;
     let replace = confine(&ns, function, &event.path)?;
+    // A secret not set yet holds the firing back (it is tried again); one that does not open
+    // (another key, an altered row) is refused for good. Values are never in the error.
+    let secrets = cx.secrets.for_job(cx.registry, m).map_err(|e| match e {
+        crate::secrets::SecretError::Missing { .. } | crate::secrets::SecretError::Registry(_) => {
+            JobError::Transient(e.to_string())
+        }
+        e => JobError::Permanent(e.to_string()),
+    })?;
     let storage_err = |e: StorageError| {
         if e.is_transient() { JobError::Transient(e.to_string()) } else { JobError::Permanent(e.to_string()) }
     };
@@ -131,5 +143,6 @@ pub async fn prepare(
         bind_ep_address: cx.bind_macaroons_to_ep,
         class: m.class.clone(),
         limits: m.limits,
+        secrets,
     })
 }

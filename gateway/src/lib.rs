@@ -18,12 +18,12 @@
 //!
 //! Layers, bottom up (a module imports only from its own layer or below): decoding (`event`,
 //! `bridge`), the leaves (`stats`, `triggers`, `storage_client`, `clients`, `http_error`, ...),
-//! records and grants (`audit`, `namespaces`, `submit`, `auth`, `config`), the firing table
+//! records and grants (`audit`, `namespaces`, `submit`, `auth`, `config`, `secrets`), the firing table
 //! (`firing`) and job building (`jobs`), `state`, then the steps that take it (`ingest`,
 //! `dispatch`, `replay`), and `api` on top; nothing imports `api`.
 //!
-//! Invariants: the gateway never runs wasm and never talks to an EP; it never logs a macaroon or
-//! a token, only their ids.
+//! Invariants: the gateway never runs wasm and never talks to an EP; it never logs a macaroon, a
+//! token or a function secret, only their ids or names.
 
 pub mod api;
 pub mod audit;
@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod namespaces;
 pub mod openapi;
 pub mod replay;
+pub mod secrets;
 pub mod state;
 pub mod stats;
 pub mod storage_client;

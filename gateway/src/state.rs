@@ -42,6 +42,8 @@ pub struct Shared {
     pub triggers: triggers::TriggerCache,
     /// Namespace grants: who may trigger on, read and write where ([`namespaces`]).
     pub namespaces: namespaces::Namespaces,
+    /// Seals and opens the functions' secrets ([`crate::secrets`]).
+    pub secrets: crate::secrets::Secrets,
     /// Talks to the storage.
     pub storage: storage_client::StorageClient,
     /// Mints tokens and submits to the scheduler.
@@ -89,6 +91,8 @@ impl Shared {
     pub fn jobs(&self) -> crate::jobs::JobContext<'_> {
         crate::jobs::JobContext {
             namespaces: &self.namespaces,
+            registry: &self.registry,
+            secrets: &self.secrets,
             storage: &self.storage,
             public_url: &self.public_url,
             bind_macaroons_to_ep: self.bind_macaroons_to_ep,
@@ -228,8 +232,13 @@ impl Config {
                  subject to the paths of its storage where several sources publish"
             );
         }
+        let secrets_key_file = self.secrets_key_file.clone().unwrap_or_else(|| state_dir.join("secrets.key"));
+        let secrets = crate::secrets::Secrets::new(
+            htfaas_functions::seal::Sealer::load_or_create(&secrets_key_file).context("the secrets key")?,
+        );
         let shared = Shared {
             source_paths: Arc::new(source_paths),
+            secrets,
             triggers: triggers::TriggerCache::default(),
             namespaces,
             storage: storage_client::StorageClient::new(
@@ -341,6 +350,7 @@ mod tests {
             durability: Default::default(),
             http: Default::default(),
             module_quota: Default::default(),
+            secrets_key_file: None,
         }
     }
 

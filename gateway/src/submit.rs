@@ -254,6 +254,7 @@ mod tests {
             bind_ep_address: false,
             class: None,
             limits: Default::default(),
+            secrets: Default::default(),
         };
         let c = s.claims_for("alice", None, &req(60));
         assert_eq!((c.sub.as_str(), c.jobs, c.cpus, c.memory_mb, c.runtime_s), ("alice", 1, 2, 512, 60));

@@ -24,6 +24,7 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         },
     }
 }

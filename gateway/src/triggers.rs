@@ -100,6 +100,7 @@ mod tests {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         }
     }
 

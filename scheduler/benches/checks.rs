@@ -3,7 +3,7 @@
 //!
 //! - `trust`: [`UrlTrust::check`] of a submitted job's module, input and output URLs (at submit);
 //! - `seal_open`: sealing both macaroons (at submit) and opening them (at dispatch)
-//!   ([`Sealer::seal_request`], [`Sealer::open_request`]);
+//!   (`SealRequest::seal_request`, `SealRequest::open_request`);
 //! - `doubt`: [`doubt::doubt`] of a completed report with 4 outputs (at finish).
 //!
 //! Without `--bench` (as `cargo test --benches` runs it) every case runs a few times, untimed.
@@ -13,7 +13,7 @@ use htfaas_functions::proto::{
 };
 use htfaas_functions::{Digest, Resources};
 use htfaas_scheduler::doubt::{self, Observed};
-use htfaas_scheduler::seal::Sealer;
+use htfaas_scheduler::seal::{SealRequest as _, Sealer};
 use htfaas_scheduler::trust::UrlTrust;
 use std::hint::black_box;
 use std::time::Instant;
@@ -47,6 +47,7 @@ fn request() -> SubmitRequest {
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     }
 }
 

@@ -339,6 +339,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     }
 }
 

@@ -285,6 +285,11 @@ pub enum SubmitInvalid {
     /// Too many environment variables, or a bad name or value.
     #[error("env: at most 64 variables; names non-empty without '=' or NUL; values at most 4096 bytes")]
     Env,
+    /// More than 64 secrets, a bad name or value (as `env`), or a name also in `env`.
+    #[error(
+        "secrets: at most 64; names non-empty without '=' or NUL, none also in env; values under 4 KiB without NUL"
+    )]
+    Secrets,
     /// An event field is over [`MAX_FIELD_BYTES`] or holds a NUL.
     #[error("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL")]
     EventFields,
@@ -345,6 +350,18 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
         || req.env.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0'))
     {
         return Err(Env);
+    }
+    let secrets = &req.secrets.0;
+    if secrets.len() > 64
+        || secrets.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.contains(['=', '\0'])
+                || v.len() > 4096
+                || v.contains('\0')
+                || req.env.iter().any(|(e, _)| e == k)
+        })
+    {
+        return Err(Secrets);
     }
     let e = &req.event;
     if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {

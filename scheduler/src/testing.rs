@@ -36,6 +36,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     }
 }
 

@@ -116,6 +116,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         class: None,
         limits: Default::default(),
         group: None,
+        secrets: Default::default(),
     }
 }
 

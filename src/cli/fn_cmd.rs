@@ -60,6 +60,15 @@ pub enum FnCommand {
         /// Extra argument after the input path (repeatable).
         #[arg(long = "arg")]
         args: Vec<String>,
+        /// An environment variable of its runs, KEY=VALUE (repeatable); part of the manifest,
+        /// shown by the API.
+        #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_header)]
+        env: Vec<(String, String)>,
+        /// A secret of its runs, KEY=@FILE (repeatable): the file's contents (trailing newline
+        /// dropped) become KEY in their environment. Sealed at rest, shown nowhere but there, never
+        /// logged; registering again with new files rotates them.
+        #[arg(long = "secret", value_name = "KEY=@FILE", value_parser = parse_secret)]
+        secrets: Vec<(String, PathBuf)>,
         /// Run only on EPs attached with an attach token for this annex.
         #[arg(long)]
         annex: Option<String>,
@@ -157,6 +166,13 @@ pub enum FnCommand {
         /// Function name.
         name: String,
     },
+    /// The names of a function's secrets (never their values).
+    Secrets {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+    },
     /// Delete a function: it fires nothing and is listed nowhere; its versions stay in the
     /// audit trail and lineage, and its modules are kept.
     Delete {
@@ -191,6 +207,15 @@ pub enum FnCommand {
     },
 }
 
+/// `--secret KEY=@FILE`: a value on the command line would be in the shell's history and the
+/// process list, so only a file is taken.
+pub fn parse_secret(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once("=@") {
+        Some((key, file)) if !key.is_empty() && !file.is_empty() => Ok((key.to_owned(), PathBuf::from(file))),
+        _ => Err("give a secret as KEY=@FILE (a value is never taken on the command line)".into()),
+    }
+}
+
 /// `--rate RATE[/BURST]`: runs per second, burst 1 unless given.
 pub fn parse_rate(s: &str) -> Result<htfaas_functions::manifest::RateLimit, String> {
     let (per_s, burst) = s.split_once('/').unwrap_or((s, "1"));
@@ -220,6 +245,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             memory_mb,
             runtime_s,
             args,
+            env,
+            secrets,
             annex,
             gpus,
             disk_mb,
@@ -245,12 +272,20 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
                 outputs: Outputs { dir: outputs, replace },
                 args,
-                env: vec![],
+                env,
                 annex,
                 class,
                 limits: htfaas_functions::proto::JobLimits { max_output_bytes, max_output_files, instructions },
                 group,
+                secrets: secrets.iter().map(|(k, _)| k.clone()).collect(),
             };
+            // Read before anything is registered: a missing file changes nothing.
+            let mut values = std::collections::BTreeMap::new();
+            for (key, file) in &secrets {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("read the secret file {}", file.display()))?;
+                values.insert(key.clone(), text.trim_end_matches(['\n', '\r']).to_owned());
+            }
             if dry_run {
                 let query = htfaas_functions::proto::RegisterQuery { dry_run, since, until, limit };
                 let report = client.register_dry_run(&manifest, &query).await?;
@@ -258,6 +293,11 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             }
             let record = client.register(&manifest).await?;
             output::registered(&record);
+            // Its runs wait for the values (a job is made only once every named secret has one).
+            if !values.is_empty() {
+                let names = client.set_function_secrets(&record.manifest.name, &values).await?;
+                println!("secrets set: {}", names.join(", "));
+            }
             Ok(())
         }
         FnCommand::Test { dir, name, event, seq, subject, headers, json } => {
@@ -312,6 +352,12 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
         }
         FnCommand::Enable { dir, name } => {
             output::function_changed("enabled", &client(&dir)?.set_function_enabled(&name, true).await?);
+            Ok(())
+        }
+        FnCommand::Secrets { dir, name } => {
+            for n in client(&dir)?.function_secret_names(&name).await? {
+                println!("{n}");
+            }
             Ok(())
         }
         FnCommand::Delete { dir, name } => {

@@ -24,6 +24,7 @@ mod path;
 mod replay;
 mod revoke;
 mod scopes;
+mod secrets;
 mod security;
 mod slurm_support;
 mod sources;

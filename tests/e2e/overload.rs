@@ -68,6 +68,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     };
     let requests: Vec<SubmitRequest> = (0..FLOOD).map(request).collect();
     let http = htfaas_gateway::http_client().expect("client");

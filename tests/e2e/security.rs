@@ -101,6 +101,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     }
 }
 

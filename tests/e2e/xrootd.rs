@@ -313,6 +313,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     };
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/jobs", stack.info().scheduler_url))

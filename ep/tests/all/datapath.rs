@@ -164,6 +164,7 @@ impl Flaky {
             args: args.iter().map(|a| a.to_string()).collect(),
             env: vec![],
             limits: Default::default(),
+            secrets: Default::default(),
         }
     }
 }

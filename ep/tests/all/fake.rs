@@ -375,6 +375,7 @@ impl Harness {
             args: vec![],
             env: vec![],
             limits: Default::default(),
+            secrets: Default::default(),
         }
     }
 

@@ -179,6 +179,7 @@ impl Scheduler {
             bind_ep_address: false,
             class: None,
             limits: Default::default(),
+            secrets: Default::default(),
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit over https");

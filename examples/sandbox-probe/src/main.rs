@@ -83,6 +83,15 @@ fn main() {
         "tcp bind 127.0.0.1:0",
         std::net::TcpListener::bind("127.0.0.1:0").map(|_| "bound".to_owned()).map_err(|e| e.to_string()),
     );
+    // `env:NAME` arguments: NAME's value as the guest sees it, into /output/env-NAME.txt (what
+    // a function's env and secrets reach).
+    for name in std::env::args().skip(2).filter_map(|a| a.strip_prefix("env:").map(str::to_owned)) {
+        let value = std::env::var(&name).unwrap_or_else(|_| "<unset>".to_owned());
+        report(
+            &format!("write env {name}"),
+            std::fs::write(format!("/output/env-{name}.txt"), value).map(|()| "written".to_owned()).map_err(|e| e.to_string()),
+        );
+    }
     // Last, so the escapes above cannot have been helped by it.
     report("create /output/ok.txt", create("/output/ok.txt"));
 }

@@ -65,6 +65,15 @@ pub struct ReplayRequest {
     pub replay_id: Option<String>,
 }
 
+/// Answer of `PUT` and `GET /v1/functions/{name}/secrets`: the names of the function's secrets,
+/// never their values. (The `PUT` body is a JSON object, name to value.)
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretNames {
+    /// Names, sorted.
+    pub names: Vec<String>,
+}
+
 /// Body of `POST /v1/functions/{name}/pin`: the version that fires from now on (a rollback),
 /// or `null` for the latest again. Answer: the function's status.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@
 //! Must not know: users and owners (an assignment carries no identity), admin routes, the
 //! audit trail.
 
-use super::submit::{FunctionRef, InputSpec, OutputSpec};
+use super::submit::{FunctionRef, InputSpec, OutputSpec, SecretEnv};
 use crate::resources::{JobLimits, Resources};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -262,6 +262,10 @@ pub struct JobAssignment {
     pub args: Vec<String>,
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
+    /// Secret variables added to the guest's environment (never logged: names only in
+    /// `Debug`); absent on the wire when none.
+    #[serde(default, skip_serializing_if = "SecretEnv::is_empty")]
+    pub secrets: SecretEnv,
     /// Limits the function asks for below the EP's own (its manifest's); absent on the wire
     /// when none is set, and ignored by EPs that predate it.
     #[serde(default, skip_serializing_if = "JobLimits::is_unset")]

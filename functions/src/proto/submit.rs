@@ -9,6 +9,31 @@ use crate::digest::Digest;
 use crate::resources::{JobLimits, Resources};
 use serde::{Deserialize, Serialize};
 
+/// Secret environment variables of a job (name, value): serialized as a list of pairs like
+/// `env`, but its `Debug` shows the names only, so a request or an assignment logged with `?`
+/// shows no value.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretEnv(pub Vec<(String, String)>);
+
+impl SecretEnv {
+    /// No secret.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.0.iter().map(|(n, _)| n.as_str()).collect()
+    }
+}
+
+impl std::fmt::Debug for SecretEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|(n, _)| format!("{n}=<secret>"))).finish()
+    }
+}
+
 /// The function a job runs. The EP fetches `module_url` and refuses bytes whose digest differs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionRef {
@@ -62,6 +87,10 @@ pub struct SubmitRequest {
     /// The guest's whole environment.
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// The function's secrets, added to the guest's environment only: sealed in the scheduler's
+    /// store, never shown by an API, never logged ([`SecretEnv`]'s `Debug` names them only).
+    #[serde(default, skip_serializing_if = "SecretEnv::is_empty")]
+    pub secrets: SecretEnv,
     /// What fired it.
     pub event: EventRef,
     /// One job per key: a resubmission with the same key returns the first job.

@@ -59,6 +59,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     };
     // Absent when false: a request (or a stored one) without the field means false, and a
     // scheduler that predates it still accepts requests that do not ask for it.
@@ -94,4 +95,16 @@ fn gateway_api_types_read_what_clients_send_and_round_trip() {
         "jobs_submitted":1,"jobs_deduplicated":0,"jobs_refused":0,"transient_failures":0}"#;
     let snapshot: StatsSnapshot = serde_json::from_str(old).expect("parses");
     assert_eq!((snapshot.jobs_submitted, snapshot.firings_pending), (1, 0));
+}
+
+/// A request or assignment logged with `?` shows its secrets' names, never a value; on the wire
+/// they are pairs like `env`, and absent when there are none.
+#[test]
+fn secrets_show_their_names_only_when_debugged() {
+    let secrets = SecretEnv(vec![("DB_PASSWORD".into(), "hunter2".into())]);
+    let shown = format!("{secrets:?}");
+    assert!(shown.contains("DB_PASSWORD") && !shown.contains("hunter2"), "{shown}");
+    assert_eq!(serde_json::to_value(&secrets).expect("json"), serde_json::json!([["DB_PASSWORD", "hunter2"]]));
+    assert_eq!(secrets.names(), ["DB_PASSWORD"]);
+    assert!(SecretEnv::default().is_empty());
 }

@@ -6,11 +6,13 @@
 //! never sees a partial module.
 //!
 //! What an owner does with a function besides registering versions (pin one, disable, delete)
-//! is [`lifecycle`]: a row per function beside its immutable versions.
+//! is [`lifecycle`]: a row per function beside its immutable versions; its sealed secrets are
+//! [`secrets`].
 //!
 //! Calls block on disk; async callers use `spawn_blocking`.
 
 pub mod lifecycle;
+pub mod secrets;
 
 pub use lifecycle::FunctionStatus;
 
@@ -122,6 +124,7 @@ impl Registry {
                  PRIMARY KEY (name, version));",
         )?;
         lifecycle::create_table(&conn)?;
+        secrets::create_table(&conn)?;
         // Namespace grants ([`crate::namespace`]): who may trigger on, read and write where.
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS grants (
@@ -343,6 +346,7 @@ mod tests {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         }
     }
 

@@ -7,7 +7,7 @@
 
 use super::*;
 use htfaas_functions::FunctionRecord;
-use htfaas_functions::proto::PinRequest;
+use htfaas_functions::proto::{PinRequest, SecretNames};
 use htfaas_functions::registry::FunctionStatus;
 
 /// `name`'s latest record if the caller may act on it: 404 when there is no such function,
@@ -135,4 +135,58 @@ pub(super) async fn delete(
     changed(&shared, &headers, lanes, "function.delete", &record, serde_json::json!({"version": record.version}))
         .await?;
     Ok(Json(record))
+}
+
+/// `PUT /v1/functions/{name}/secrets`: `{"NAME": "value", …}` replaces every secret of the
+/// function (a rotation), sealed; the answer and the audit record name them, never a value.
+pub(super) async fn set_secrets(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<SecretNames>, HttpError> {
+    // The body holds the values: an error must not quote it.
+    let values: std::collections::BTreeMap<String, String> = serde_json::from_slice(&body).map_err(|e| {
+        HttpError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the body must be a JSON object of names to string values (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
+        )
+    })?;
+    let latest = owned(&shared, &headers, name.clone()).await?;
+    let s = shared.clone();
+    let names = tokio::task::spawn_blocking(move || s.secrets.set(&s.registry, &name, &values))
+        .await
+        .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("secrets task: {e}")))?
+        .map_err(|e| match e {
+            crate::secrets::SecretError::Invalid(_) => HttpError(StatusCode::BAD_REQUEST, e.to_string()),
+            e => {
+                tracing::error!("setting secrets failed: {e}");
+                HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+            }
+        })?;
+    tracing::info!(function = %latest.manifest.name, secrets = names.len(), "function secrets set");
+    super::audit::record_admin(
+        &shared,
+        &headers,
+        "function.secrets",
+        audit_function(&latest),
+        serde_json::json!({"names": names}),
+    )
+    .await;
+    Ok(Json(SecretNames { names }))
+}
+
+/// `GET /v1/functions/{name}/secrets`: the names of the function's secrets.
+pub(super) async fn secret_names(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<SecretNames>, HttpError> {
+    owned(&shared, &headers, name.clone()).await?;
+    let s = shared.clone();
+    Ok(Json(SecretNames { names: blocking(move || s.registry.secret_names(&name)).await? }))
 }

@@ -39,6 +39,8 @@
 //! | `GET /v1/functions/{name}/versions` | developer (own) | `Vec<FunctionRecord>`, oldest first |
 //! | `POST /v1/functions/{name}/pin` | developer (own) | `PinRequest` → `FunctionStatus` (a rollback) |
 //! | `POST /v1/functions/{name}/disable`, `…/enable` | developer (own) | `FunctionStatus` |
+//! | `PUT /v1/functions/{name}/secrets` | developer (own) | `{"NAME": "value", …}` (replaces all) → `SecretNames` |
+//! | `GET /v1/functions/{name}/secrets` | developer (own) | `SecretNames` (never a value) |
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
@@ -98,7 +100,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use htfaas_functions::proto::{Account, AccountingBy, AccountingQuery, AuditTrail, JobRecord, RevocationTarget};
 use htfaas_functions::proto::{ApiError, ModuleUploaded, RegisterQuery, ReplayRequest, RunRequest, TestRequest};
@@ -190,6 +192,8 @@ pub const ROUTES: &[Route] = &[
     op("POST", "/v1/functions/{name}/pin", "/v1/functions/{name}/pin", Access::Developer),
     op("POST", "/v1/functions/{name}/disable", "/v1/functions/{name}/disable", Access::Developer),
     op("POST", "/v1/functions/{name}/enable", "/v1/functions/{name}/enable", Access::Developer),
+    op("PUT", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
+    op("GET", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
     op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
     op("POST", "/v1/functions/{name}/test", "/v1/functions/{name}/test", Access::Developer),
     op("POST", "/v1/events/replay", "/v1/events/replay", Access::Admin),
@@ -251,6 +255,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/functions/{name}/pin", post(lifecycle::pin))
         .route("/v1/functions/{name}/disable", post(lifecycle::disable))
         .route("/v1/functions/{name}/enable", post(lifecycle::enable))
+        .route("/v1/functions/{name}/secrets", put(lifecycle::set_secrets).get(lifecycle::secret_names))
         .route("/v1/functions/{name}/runs", post(runs::run_function))
         .route("/v1/functions/{name}/test", post(events::test_function))
         .route("/v1/events/replay", post(events::replay_events))

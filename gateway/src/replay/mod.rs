@@ -526,6 +526,7 @@ mod tests {
                 class: None,
                 limits: Default::default(),
                 group: None,
+                secrets: Default::default(),
             },
         }
     }

@@ -66,6 +66,7 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
         class: None,
         limits: Default::default(),
         group: None,
+        secrets: Default::default(),
     }
 }
 

@@ -63,6 +63,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             class: None,
             limits: Default::default(),
             group: None,
+            secrets: Default::default(),
         },
     }
 }

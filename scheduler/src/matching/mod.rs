@@ -346,6 +346,7 @@ mod tests {
             args: vec![],
             env: vec![],
             limits: Default::default(),
+            secrets: Default::default(),
         };
         assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
         assert!(!t.is_running("a", "j1"));

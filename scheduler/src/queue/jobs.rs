@@ -8,6 +8,7 @@ use super::Queue;
 use super::trail::{job_subject, url_path};
 use crate::error::QueueError;
 use crate::revocation::Credential;
+use crate::seal::SealRequest as _;
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::{Attempt, HOLD_CODE_BY_ADMIN, JobRecord, JobState, OutputFile, SubmitRequest, Usage};

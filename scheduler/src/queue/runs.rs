@@ -10,6 +10,7 @@ use super::jobs::bounded_log;
 use super::trail::{job_subject, url_path};
 use crate::doubt::{Observed, Violation, doubt};
 use crate::error::QueueError;
+use crate::seal::SealRequest as _;
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::{
@@ -342,6 +343,7 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
         output: r.output,
         args: r.args,
         env: r.env,
+        secrets: r.secrets,
         limits: r.limits,
     }
 }

@@ -4,6 +4,7 @@
 //! Must not know: the writer, jobs' states or any caller of the store.
 
 use crate::error::QueueError;
+use crate::seal::SealRequest as _;
 use htfaas_functions::proto::SubmitRequest;
 use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};

@@ -285,6 +285,7 @@ impl Fixture {
             bind_ep_address: false,
             class: None,
             limits: Default::default(),
+            secrets: Default::default(),
         }
     }
 

@@ -173,6 +173,7 @@ impl Server {
             bind_ep_address: true,
             class: None,
             limits: Default::default(),
+            secrets: Default::default(),
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit answered");

@@ -67,6 +67,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         bind_ep_address: false,
         class: None,
         limits: Default::default(),
+        secrets: Default::default(),
     }
 }
 

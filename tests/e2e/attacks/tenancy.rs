@@ -50,6 +50,7 @@ fn manifest(
         class: None,
         limits: Default::default(),
         group: None,
+        secrets: Default::default(),
     }
 }
 
@@ -306,5 +307,28 @@ async fn a_developer_cannot_change_or_read_the_life_of_anothers_function() {
     // Its owner may.
     let alice = admin.clone().with_token(api_token(dir.path(), "alice", Scope::Developer));
     assert!(!alice.set_function_enabled("checksum", false).await.expect("alice disables hers").enabled);
+    stack.stop().await.expect("stop");
+}
+
+/// Issue 22: another owner's developer can neither read the names of a function's secrets nor
+/// set (replace) them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_developer_cannot_read_or_set_anothers_function_secrets() {
+    let (dir, stack) = start_stack().await;
+    let admin = stack.client().expect("client");
+    let digest = upload_checksum(&admin).await;
+    admin.register(&htfaas::stack::demo_manifest(digest)).await.expect("alice's function");
+    let values = std::collections::BTreeMap::from([("K".to_owned(), "v".to_owned())]);
+    admin.set_function_secrets("checksum", &values).await.expect("alice's secret");
+    let mallory = admin.clone().with_token(api_token(dir.path(), "mallory", Scope::Developer));
+    let mine = std::collections::BTreeMap::from([("K".to_owned(), "mallory's".to_owned())]);
+    for e in [
+        mallory.function_secret_names("checksum").await.map(|_| ()),
+        mallory.set_function_secrets("checksum", &mine).await.map(|_| ()),
+    ] {
+        let e = format!("{:#}", e.expect_err("refused"));
+        assert!(e.contains("403") && e.contains("another owner"), "{e}");
+    }
+    assert_eq!(admin.function_secret_names("checksum").await.expect("names"), ["K"]);
     stack.stop().await.expect("stop");
 }
