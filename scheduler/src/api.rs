@@ -81,9 +81,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use htfaas_functions::audit::{self, AuditFilter, AuditRecord, Subject, VerifyReport};
-use htfaas_functions::manifest::{
-    MAX_CPUS, MAX_DISK_MB, MAX_GPUS, MAX_MEMORY_MB, MAX_RUNTIME_S, NameError, check_name, is_clean_abs_path,
-};
 use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
     JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
@@ -101,14 +98,14 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// Largest `?limit=` of `GET /v1/jobs`.
 pub const MAX_LIST_LIMIT: usize = 10_000;
-/// Longest URL, macaroon, event field or dedupe key accepted, bytes.
-pub const MAX_FIELD_BYTES: usize = 8192;
 /// Who a revocation is recorded as made by: the one admin credential.
 pub const ADMIN_NAME: &str = "admin";
 /// Default `?limit=` of `GET /v1/audit`.
 pub const DEFAULT_AUDIT_LIMIT: u64 = 1000;
 /// Largest `?limit=` of `GET /v1/audit`.
 pub const MAX_AUDIT_LIMIT: u64 = 100_000;
+
+pub use crate::validate::{MAX_FIELD_BYTES, SubmitInvalid, bounded, validate};
 
 /// The router, with `shared` as state.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -225,153 +222,6 @@ fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure>
         && *d != req.function.digest
     {
         return Err(ApiFailure::forbidden(format!("function digest {} is not the token's {}", req.function.digest, d)));
-    }
-    Ok(())
-}
-
-fn http_url(u: &str) -> bool {
-    let rest = u.strip_prefix("https://").or_else(|| u.strip_prefix("http://"));
-    rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
-        && u.len() <= MAX_FIELD_BYTES
-        && !u.chars().any(|c| c.is_control() || c.is_whitespace())
-}
-
-fn bounded(s: &str) -> bool {
-    s.len() <= MAX_FIELD_BYTES && !s.contains('\0')
-}
-
-/// Why a submit request is refused on its own ([`validate`], 400): the rule it breaks.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitInvalid {
-    /// `function.name` is empty, over 128 bytes or holds a control character.
-    #[error("function.name must be 1-128 printable characters")]
-    FunctionName,
-    /// `function.module_url` is not an http(s) URL.
-    #[error("function.module_url must be an http or https URL")]
-    ModuleUrl,
-    /// `resources.cpus` is 0 or over [`MAX_CPUS`].
-    #[error("resources.cpus must be 1..={MAX_CPUS}")]
-    Cpus,
-    /// `resources.memory_mb` is 0 or over [`MAX_MEMORY_MB`].
-    #[error("resources.memory_mb must be 1..={MAX_MEMORY_MB}")]
-    MemoryMb,
-    /// `resources.runtime_s` is over [`MAX_RUNTIME_S`].
-    #[error("resources.runtime_s must be 0..={MAX_RUNTIME_S} (0: the job class's default)")]
-    RuntimeS,
-    /// `resources.gpus` is over [`MAX_GPUS`].
-    #[error("resources.gpus must be 0..={MAX_GPUS}")]
-    Gpus,
-    /// `resources.disk_mb` is over [`MAX_DISK_MB`].
-    #[error("resources.disk_mb must be 0..={MAX_DISK_MB}")]
-    DiskMb,
-    /// `class` is not a name.
-    #[error("class {0}")]
-    Class(NameError),
-    /// `input.name` is not one path segment (the name).
-    #[error("input.name {0:?} must be one path segment, not . or ..")]
-    InputName(String),
-    /// `input.url` is not an http(s) URL.
-    #[error("input.url must be an http or https URL")]
-    InputUrl,
-    /// `output.url` is not an http(s) URL ending in `/`.
-    #[error("output.url must be an http or https URL ending in '/'")]
-    OutputUrl,
-    /// A macaroon is over [`MAX_FIELD_BYTES`] or holds a NUL.
-    #[error("macaroons must be at most {MAX_FIELD_BYTES} bytes without NUL")]
-    Macaroons,
-    /// Too many or too long arguments, or one with a NUL.
-    #[error("args: at most 64 arguments of at most 4096 bytes, no NUL")]
-    Args,
-    /// Too many environment variables, or a bad name or value.
-    #[error("env: at most 64 variables; names non-empty without '=' or NUL; values at most 4096 bytes")]
-    Env,
-    /// More than 64 secrets, a bad name or value (as `env`), or a name also in `env`.
-    #[error(
-        "secrets: at most 64; names non-empty without '=' or NUL, none also in env; values under 4 KiB without NUL"
-    )]
-    Secrets,
-    /// An event field is over [`MAX_FIELD_BYTES`] or holds a NUL.
-    #[error("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL")]
-    EventFields,
-    /// `dedupe_key` is empty, over 1024 bytes or holds a NUL.
-    #[error("dedupe_key must be 1-1024 bytes without NUL")]
-    DedupeKey,
-    /// `annex` is not a name.
-    #[error("annex {0}")]
-    Annex(NameError),
-}
-
-/// The request on its own (400).
-pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
-    use SubmitInvalid::*;
-    let f = &req.function;
-    if f.name.is_empty() || f.name.len() > 128 || f.name.chars().any(char::is_control) {
-        return Err(FunctionName);
-    }
-    if !http_url(&f.module_url) {
-        return Err(ModuleUrl);
-    }
-    let r = &req.resources;
-    if r.cpus == 0 || r.cpus > MAX_CPUS {
-        return Err(Cpus);
-    }
-    if r.memory_mb == 0 || r.memory_mb > MAX_MEMORY_MB {
-        return Err(MemoryMb);
-    }
-    if r.runtime_s > MAX_RUNTIME_S {
-        return Err(RuntimeS);
-    }
-    if r.gpus > MAX_GPUS {
-        return Err(Gpus);
-    }
-    if r.disk_mb > MAX_DISK_MB {
-        return Err(DiskMb);
-    }
-    if let Some(class) = &req.class {
-        check_name(class).map_err(Class)?;
-    }
-    let name = &req.input.name;
-    if name.is_empty() || name.len() > 255 || name.contains('/') || !is_clean_abs_path(&format!("/{name}")) {
-        return Err(InputName(name.clone()));
-    }
-    if !http_url(&req.input.url) {
-        return Err(InputUrl);
-    }
-    if !http_url(&req.output.url) || !req.output.url.ends_with('/') {
-        return Err(OutputUrl);
-    }
-    if !bounded(&req.input.macaroon) || !bounded(&req.output.macaroon) {
-        return Err(Macaroons);
-    }
-    if req.args.len() > 64 || req.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
-        return Err(Args);
-    }
-    if req.env.len() > 64
-        || req.env.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0'))
-    {
-        return Err(Env);
-    }
-    let secrets = &req.secrets.0;
-    if secrets.len() > 64
-        || secrets.iter().any(|(k, v)| {
-            k.is_empty()
-                || k.contains(['=', '\0'])
-                || v.len() > 4096
-                || v.contains('\0')
-                || req.env.iter().any(|(e, _)| e == k)
-        })
-    {
-        return Err(Secrets);
-    }
-    let e = &req.event;
-    if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {
-        return Err(EventFields);
-    }
-    if req.dedupe_key.is_empty() || req.dedupe_key.len() > 1024 || req.dedupe_key.contains('\0') {
-        return Err(DedupeKey);
-    }
-    if let Some(annex) = &req.annex {
-        check_name(annex).map_err(Annex)?;
     }
     Ok(())
 }

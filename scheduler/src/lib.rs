@@ -92,6 +92,7 @@ pub mod state;
 #[cfg(test)]
 mod testing;
 pub mod trust;
+pub mod validate;
 
 pub use attach::mint_attach_token;
 pub use config::{ATTACH_KID, Config, OwnerLimits, Settings, TrustedIssuer};
