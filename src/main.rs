@@ -11,7 +11,10 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
-use cli::{accounting, annex, audit, bridge, ep, events, files, fn_cmd, harness, jobs, ns, serve, submit, token, up};
+use cli::{
+    accounting, annex, args, audit, bridge, ep, events, files, fn_cmd, harness, jobs, login, ns, serve, submit, token,
+    up,
+};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -65,9 +68,19 @@ enum Command {
     // its subcommands, and `--config` is required only when no subcommand is given.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Ep(ep::EpArgs),
-    /// Upload a local file to storage as the stack's user.
+    /// Save a remote site as a profile: its gateway's URL, an API token, its CA (checked first);
+    /// every command then works against it with `--profile` (or alone, as `default`).
+    Login(login::LoginArgs),
+    /// Who the credential acts as (owner and scope), and where.
+    Whoami {
+        #[command(flatten)]
+        dir: args::DirArg,
+    },
+    /// Upload a local file to storage: as the stack's user, or, with a profile, through a
+    /// credential the gateway gives for the file's directory in the caller's write namespace.
     Put(files::PutArgs),
-    /// Write a storage file to stdout.
+    /// Write a storage file to stdout (with a profile: a credential for that file in the
+    /// caller's read namespace).
     Get(files::GetArgs),
     /// Manage functions.
     Fn {
@@ -149,6 +162,8 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Scheduler { config } => serve::scheduler(&config).await,
         Command::Gateway { config } => serve::gateway(&config).await,
         Command::Ep(args) => ep::run(args).await,
+        Command::Login(args) => login::login(args).await,
+        Command::Whoami { dir } => login::whoami(dir).await,
         Command::Put(args) => files::put(args).await,
         Command::Get(args) => files::get(args).await,
         Command::Fn { command } => fn_cmd::run(command).await,

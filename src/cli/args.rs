@@ -1,6 +1,7 @@
-//! What many commands share: `--dir` (the local stack's state directory), the stack client it
-//! leads to (with `HTFAAS_API_TOKEN` when set), and the value parsers of durations, times and
-//! NATS headers. Must not know: any one command, or how anything is printed.
+//! What many commands share: `--dir` (the local stack's state directory) or `--profile` (a
+//! remote site `htfaas login` saved), the client they lead to (with `HTFAAS_API_TOKEN` when
+//! set), and the value parsers of durations, times and NATS headers. Must not know: any one
+//! command, or how anything is printed.
 
 use htfaas::client::{Client, StackInfo};
 use std::path::PathBuf;
@@ -12,12 +13,30 @@ pub struct DirArg {
     // also be given after them.
     #[arg(long, env = "HTFAAS_DIR", default_value = ".htfaas", global = true)]
     pub dir: PathBuf,
+    /// A remote site saved by `htfaas login` (its gateway's URL, an API token, its CA) instead of
+    /// the local stack. Without it: the local stack when `--dir` holds one, else the profile
+    /// `default` if there is one.
+    #[arg(long, env = "HTFAAS_PROFILE", global = true)]
+    pub profile: Option<String>,
 }
 
-/// The stack's client: with the stack's admin token, or with the API token in
-/// `HTFAAS_API_TOKEN` (from `htfaas token api`) when it is set.
+/// The name of the profile `htfaas login` saves when none is given.
+pub const DEFAULT_PROFILE: &str = "default";
+
+/// The client of the local stack or the profile ([`DirArg`]): with the stack's admin token or
+/// the profile's API token, or with the API token in `HTFAAS_API_TOKEN` (from `htfaas token
+/// api`) when it is set.
 pub fn client(dir: &DirArg) -> anyhow::Result<Client> {
-    let client = Client::new(StackInfo::load(&dir.dir)?)?;
+    let info = match &dir.profile {
+        Some(name) => StackInfo::load_profile(name)?,
+        None if !StackInfo::path(&dir.dir).exists()
+            && StackInfo::profile_path(DEFAULT_PROFILE).is_ok_and(|p| p.exists()) =>
+        {
+            StackInfo::load_profile(DEFAULT_PROFILE)?
+        }
+        None => StackInfo::load(&dir.dir)?,
+    };
+    let client = Client::new(info)?;
     Ok(match std::env::var(API_TOKEN_ENV) {
         Ok(token) if !token.trim().is_empty() => client.with_token(token.trim()),
         _ => client,

@@ -45,7 +45,7 @@ pub enum FnCommand {
         /// namespace must grant `replace` there); without it they only create new files.
         #[arg(long)]
         replace: bool,
-        /// Owner accounted for its runs (default: the stack's user).
+        /// Owner accounted for its runs (default: the stack's user; with a profile, its token's).
         #[arg(long)]
         owner: Option<String>,
         /// Cores per run.
@@ -264,9 +264,15 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             let client = client(&dir)?;
             let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
             let module = client.upload_module(bytes).await?;
+            // The default owner: the stack's user, or, with a profile, whom its token acts as.
+            let owner = match owner {
+                Some(owner) => owner,
+                None if client.info().is_remote() => client.whoami().await?.name,
+                None => client.info().user.clone(),
+            };
             let manifest = FunctionManifest {
                 name,
-                owner: owner.unwrap_or_else(|| client.info().user.clone()),
+                owner,
                 module,
                 trigger: Trigger { rule, rate, debounce_s, ..Trigger::on_path(trigger.unwrap_or_default()) },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },

@@ -14,6 +14,7 @@ pub mod files;
 pub mod fn_cmd;
 pub mod harness;
 pub mod jobs;
+pub mod login;
 pub mod ns;
 pub mod output;
 pub mod serve;

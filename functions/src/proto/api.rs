@@ -65,6 +65,55 @@ pub struct ReplayRequest {
     pub replay_id: Option<String>,
 }
 
+/// Answer of `GET /v1/whoami`: who the request's credential acts as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WhoAmI {
+    /// The owner an API token acts as (its `sub`), or `admin` for the admin token.
+    pub name: String,
+    /// `developer` or `admin`.
+    pub scope: String,
+}
+
+/// What a file credential is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileAccess {
+    /// Download the file.
+    Read,
+    /// Upload new files into the file's directory.
+    Write,
+}
+
+/// Body of `POST /v1/files/credential`: a storage credential for one file of the caller's
+/// namespace, for a client that holds an API token and no storage password.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCredentialRequest {
+    /// The storage path (clean, absolute).
+    pub path: String,
+    /// Read or write.
+    pub access: FileAccess,
+}
+
+/// Answer of `POST /v1/files/credential`: the file's URL on the storage and a macaroon limited
+/// to that file (read) or to new files in its directory (write), sent as `Authorization:
+/// Bearer <macaroon>`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCredential {
+    /// The file's URL on the storage.
+    pub url: String,
+    /// The macaroon (a secret).
+    pub macaroon: String,
+}
+
+impl std::fmt::Debug for FileCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileCredential").field("url", &self.url).finish_non_exhaustive()
+    }
+}
+
 /// Answer of `PUT` and `GET /v1/functions/{name}/secrets`: the names of the function's secrets,
 /// never their values. (The `PUT` body is a JSON object, name to value.)
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

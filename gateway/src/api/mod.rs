@@ -39,6 +39,8 @@
 //! | `GET /v1/functions/{name}/versions` | developer (own) | `Vec<FunctionRecord>`, oldest first |
 //! | `POST /v1/functions/{name}/pin` | developer (own) | `PinRequest` → `FunctionStatus` (a rollback) |
 //! | `POST /v1/functions/{name}/disable`, `…/enable` | developer (own) | `FunctionStatus` |
+//! | `GET /v1/whoami` | developer | `WhoAmI`: the credential's owner and scope |
+//! | `POST /v1/files/credential` | developer (own namespace) | `FileCredentialRequest` → `FileCredential`: a macaroon for one file (read) or new files in its directory (write) |
 //! | `PUT /v1/functions/{name}/secrets` | developer (own) | `{"NAME": "value", …}` (replaces all) → `SecretNames` |
 //! | `GET /v1/functions/{name}/secrets` | developer (own) | `SecretNames` (never a value) |
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
@@ -112,6 +114,7 @@ use std::sync::Arc;
 mod annexes;
 pub mod audit;
 mod events;
+mod files;
 mod lifecycle;
 pub mod metrics;
 pub mod namespaces;
@@ -192,6 +195,8 @@ pub const ROUTES: &[Route] = &[
     op("POST", "/v1/functions/{name}/pin", "/v1/functions/{name}/pin", Access::Developer),
     op("POST", "/v1/functions/{name}/disable", "/v1/functions/{name}/disable", Access::Developer),
     op("POST", "/v1/functions/{name}/enable", "/v1/functions/{name}/enable", Access::Developer),
+    op("GET", "/v1/whoami", "/v1/whoami", Access::Developer),
+    op("POST", "/v1/files/credential", "/v1/files/credential", Access::Developer),
     op("PUT", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
     op("GET", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
     op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
@@ -255,6 +260,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/functions/{name}/pin", post(lifecycle::pin))
         .route("/v1/functions/{name}/disable", post(lifecycle::disable))
         .route("/v1/functions/{name}/enable", post(lifecycle::enable))
+        .route("/v1/whoami", get(files::whoami))
+        .route("/v1/files/credential", post(files::credential))
         .route("/v1/functions/{name}/secrets", put(lifecycle::set_secrets).get(lifecycle::secret_names))
         .route("/v1/functions/{name}/runs", post(runs::run_function))
         .route("/v1/functions/{name}/test", post(events::test_function))

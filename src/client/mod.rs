@@ -2,7 +2,12 @@
 //! do (`events replay`, `fn test` and `fn register --dry-run` included).
 //!
 //! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
-//! command reads it through [`StackInfo::load`].
+//! command reads it through [`StackInfo::load`], or a profile `htfaas login` saved for a remote
+//! site ([`StackInfo::load_profile`]); where and how: [`info`].
+
+mod info;
+
+pub use info::StackInfo;
 
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
@@ -13,60 +18,11 @@ use htfaas_functions::proto::{
 };
 use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, AuditTrail, Lineage};
 use htfaas_functions::proto::{AnnexCreated, AnnexDeleted, AnnexRecord, AnnexView};
+use htfaas_functions::proto::{FileAccess, FileCredential, FileCredentialRequest, WhoAmI};
 use htfaas_functions::registry::FunctionStatus;
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-
-/// Where a running stack listens and how to authenticate to it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StackInfo {
-    /// Gateway API.
-    pub gateway_url: String,
-    /// Scheduler (EPs attach here).
-    pub scheduler_url: String,
-    /// Built-in storage.
-    pub storage_url: String,
-    /// NATS.
-    pub nats_url: String,
-    /// The site operator's NATS credential, an nkey user seed (a secret): it may publish on
-    /// every events subject and read the events stream (`crate::nats::Role::Operator`).
-    /// `None`: connect without one (a server without authorization).
-    #[serde(default)]
-    pub nats_nkey_seed: Option<String>,
-    /// Admin token of the gateway API.
-    pub admin_token: String,
-    /// Storage user for `put`/`get`.
-    pub user: String,
-    /// That user's secret.
-    pub user_secret: String,
-    /// Extra CA certificate(s), PEM, trusted for the gateway's, scheduler's and storage's TLS
-    /// besides the system's: a site's own CA. `None`: the system's roots only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-}
-
-impl StackInfo {
-    /// `<dir>/stack.json`.
-    pub fn path(dir: &Path) -> PathBuf {
-        dir.join("stack.json")
-    }
-
-    /// Reads the stack description written by `htfaas up`.
-    pub fn load(dir: &Path) -> anyhow::Result<StackInfo> {
-        let path = Self::path(dir);
-        let text = std::fs::read(&path)
-            .with_context(|| format!("read {} (is `htfaas up --dir {}` running?)", path.display(), dir.display()))?;
-        serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))
-    }
-
-    /// Writes it, readable by the owner only.
-    pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
-        let path = Self::path(dir);
-        htfaas_functions::store::write_private(&path, &serde_json::to_vec_pretty(self)?)
-            .with_context(|| format!("write {}", path.display()))
-    }
-}
+use serde::Serialize;
+use std::path::Path;
 
 /// A client of one stack.
 #[derive(Clone)]
@@ -135,11 +91,7 @@ impl Client {
     }
 
     async fn put_body(&self, body: reqwest::Body, len: Option<u64>, storage_path: &str) -> anyhow::Result<()> {
-        let mut req = self
-            .http
-            .put(self.storage_url(storage_path)?)
-            .basic_auth(&self.info.user, Some(&self.info.user_secret))
-            .body(body);
+        let mut req = self.storage_request(reqwest::Method::PUT, storage_path).await?.body(body);
         if let Some(len) = len {
             req = req.header(reqwest::header::CONTENT_LENGTH, len);
         }
@@ -148,12 +100,30 @@ impl Client {
     }
 
     async fn get(&self, storage_path: &str) -> anyhow::Result<reqwest::Response> {
-        self.http
-            .get(self.storage_url(storage_path)?)
-            .basic_auth(&self.info.user, Some(&self.info.user_secret))
-            .send()
-            .await
-            .context("download")
+        self.storage_request(reqwest::Method::GET, storage_path).await?.send().await.context("download")
+    }
+
+    /// A request to the storage for `storage_path`: with the stack's storage user, or, in a
+    /// remote profile, to the URL and with the macaroon the gateway gives for that one file.
+    async fn storage_request(
+        &self,
+        method: reqwest::Method,
+        storage_path: &str,
+    ) -> anyhow::Result<reqwest::RequestBuilder> {
+        if !self.info.is_remote() {
+            let url = self.storage_url(storage_path)?;
+            return Ok(self.http.request(method, url).basic_auth(&self.info.user, Some(&self.info.user_secret)));
+        }
+        let access = if method == reqwest::Method::GET { FileAccess::Read } else { FileAccess::Write };
+        let request = FileCredentialRequest { path: storage_path.to_owned(), access };
+        let credential: FileCredential =
+            self.admin_post("/v1/files/credential", &format!("a credential for {storage_path}"), &request).await?;
+        Ok(self.http.request(method, credential.url).bearer_auth(credential.macaroon))
+    }
+
+    /// Who the credential acts as.
+    pub async fn whoami(&self) -> anyhow::Result<WhoAmI> {
+        self.admin_get("/v1/whoami").await
     }
 
     /// Downloads `storage_path`, or `None` if it does not exist.

@@ -1,0 +1,59 @@
+//! `htfaas login` and `htfaas whoami`: a remote site as a profile (its gateway's URL, an API
+//! token, the CA that signed the gateway's certificate), checked against the gateway before it
+//! is saved, and who a credential acts as. Must not know: the local stack's layout.
+
+use super::args::{DEFAULT_PROFILE, DirArg, client};
+use anyhow::Context as _;
+use htfaas::client::{Client, StackInfo};
+use std::path::PathBuf;
+
+/// The arguments of `htfaas login`.
+#[derive(clap::Args)]
+pub struct LoginArgs {
+    /// The site's gateway, e.g. https://htfaas.example.org:8000.
+    #[arg(long)]
+    pub gateway: String,
+    /// A file holding the API token (from the site's admin: `htfaas token api`); default: the
+    /// `HTFAAS_API_TOKEN` environment variable.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// The CA certificate(s), PEM, that signed the gateway's certificate, when not a system root.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Save as this profile.
+    #[arg(long, default_value = DEFAULT_PROFILE)]
+    pub profile: String,
+}
+
+/// `htfaas login --gateway URL [--token-file F] [--ca-file F] [--profile NAME]`.
+pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
+    let token = match &args.token_file {
+        Some(file) => std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?,
+        None => std::env::var(super::args::API_TOKEN_ENV)
+            .context("give the API token with --token-file FILE or in HTFAAS_API_TOKEN")?,
+    };
+    let token = token.trim();
+    anyhow::ensure!(!token.is_empty(), "the API token is empty");
+    let ca_file = args.ca_file.map(|f| std::path::absolute(&f).unwrap_or(f));
+    let info = StackInfo::remote(&args.gateway, token, ca_file);
+    // Checked before it is saved: a wrong URL, CA or token is an error now, not at the next command.
+    let me = Client::new(info.clone())?.whoami().await.with_context(|| format!("log in to {}", args.gateway))?;
+    let path = info.save_profile(&args.profile)?;
+    println!(
+        "logged in to {} as {} ({}); profile {} in {}",
+        info.gateway_url,
+        me.name,
+        me.scope,
+        args.profile,
+        path.display()
+    );
+    Ok(())
+}
+
+/// `htfaas whoami`.
+pub async fn whoami(dir: DirArg) -> anyhow::Result<()> {
+    let client = client(&dir)?;
+    let me = client.whoami().await?;
+    println!("{} ({}) at {}", me.name, me.scope, client.info().gateway_url);
+    Ok(())
+}
