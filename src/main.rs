@@ -12,8 +12,8 @@ mod cli;
 
 use clap::{Parser, Subcommand};
 use cli::{
-    accounting, annex, args, audit, bridge, ep, events, files, fn_cmd, harness, jobs, login, ns, serve, submit, token,
-    up,
+    accounting, annex, args, audit, bridge, ep, events, files, fn_cmd, harness, jobs, login, logs, ns, serve, submit,
+    token, up,
 };
 use std::path::PathBuf;
 
@@ -71,6 +71,9 @@ enum Command {
     /// Save a remote site as a profile: its gateway's URL, an API token, its CA (checked first);
     /// every command then works against it with `--profile` (or alone, as `default`).
     Login(login::LoginArgs),
+    /// The local stack's logs (each component's file under <dir>/logs), or one component's;
+    /// -f follows them.
+    Logs(logs::LogsArgs),
     /// Who the credential acts as (owner and scope), and where.
     Whoami {
         #[command(flatten)]
@@ -134,14 +137,18 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new("info,async_nats=warn,wasmtime=warn,cranelift=warn")
-        }))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match execute(Cli::parse().command).await {
+    let cli = Cli::parse();
+    // A quiet `htfaas up` writes each component's log to a file; everything else logs to stderr.
+    match &cli.command {
+        Command::Up(up) if !up.verbose => {
+            if let Err(e) = logs::init_files(&up.dir.dir) {
+                eprintln!("error: {e:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+        _ => logs::init_stderr(),
+    }
+    match execute(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // The reason and its causes on one line; no backtrace, even with RUST_BACKTRACE set.
@@ -163,6 +170,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Gateway { config } => serve::gateway(&config).await,
         Command::Ep(args) => ep::run(args).await,
         Command::Login(args) => login::login(args).await,
+        Command::Logs(args) => logs::run(args).await,
         Command::Whoami { dir } => login::whoami(dir).await,
         Command::Put(args) => files::put(args).await,
         Command::Get(args) => files::get(args).await,

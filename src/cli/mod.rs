@@ -15,6 +15,7 @@ pub mod fn_cmd;
 pub mod harness;
 pub mod jobs;
 pub mod login;
+pub mod logs;
 pub mod ns;
 pub mod output;
 pub mod serve;

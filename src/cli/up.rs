@@ -22,16 +22,22 @@ pub struct UpArgs {
     /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
     #[arg(long)]
     pub nats_server: Option<PathBuf>,
+    /// Print every component's log lines here too, instead of only into <dir>/logs/.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 /// `htfaas up`.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    let UpArgs { dir, demo, demo_wasm, nats_server } = args;
+    let UpArgs { dir, demo, demo_wasm, nats_server, verbose } = args;
     let mut opts = StackOptions::new(&dir.dir);
     opts.nats_binary = nats_server;
     let shutdown = on_signals();
     let mut stack = Stack::start(opts).await?;
     output::stack_ready(stack.info(), &dir.dir);
+    if !verbose {
+        output::logs_at(&dir.dir.join("logs"));
+    }
     if demo {
         let wasm = demo_wasm.unwrap_or_else(htfaas::stack::default_demo_wasm);
         let client = stack.client()?;

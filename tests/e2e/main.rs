@@ -21,6 +21,7 @@ mod loop_guard;
 mod metrics;
 mod overload;
 mod path;
+mod quiet_up;
 mod remote_cli;
 mod replay;
 mod revoke;

@@ -60,6 +60,11 @@ pub fn stack_ready(info: &StackInfo, dir: &Path) {
     );
 }
 
+/// Where a quiet `htfaas up` writes its logs.
+pub fn logs_at(dir: &Path) {
+    println!("logs in {} (htfaas logs [COMPONENT] [-f]; htfaas up -v prints them here)", dir.display());
+}
+
 /// The demo's output and how long it took.
 pub fn demo_output(output: &str, elapsed: Duration) {
     println!("output after {:.1} ms:", elapsed.as_secs_f64() * 1e3);
