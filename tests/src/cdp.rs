@@ -18,6 +18,7 @@ use anyhow::{Context as _, bail};
 use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -112,6 +113,11 @@ impl Browser {
             .arg("--proxy-server=http://127.0.0.1:9")
             .arg("--proxy-bypass-list=127.0.0.1")
             .arg("about:blank")
+            // Its helpers (zygote, renderer, GPU) are killed with it as one process group, and
+            // its scratch directories (`org.chromium.Chromium.*`) go into the profile, removed
+            // after: nothing of it is left in /tmp.
+            .env("TMPDIR", profile.path())
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
@@ -311,6 +317,8 @@ impl Browser {
         for t in &self.tasks {
             t.abort();
         }
+        // The whole group: chromium's helpers outlive a kill of chromium alone.
+        let _ = Command::new("kill").arg("-KILL").arg(format!("-{}", self.child.id())).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(dir) = self.profile.take() {
