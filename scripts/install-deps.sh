@@ -10,6 +10,9 @@
 #     wasi-libc libclang-rt-14-dev-wasm32), when /usr/lib/wasm32-wasi/libc.a or wasm-ld is missing
 #   - Debian's chromium, for the web console's end-to-end test (tests/e2e/console.rs drives it
 #     headless), when neither HTFAAS_CHROMIUM nor chromium/chromium-browser is there
+#   - the C toolchain and headers the dCache Kafka bridge's librdkafka is built with (the
+#     `rdkafka` crate's bundled sources; apt: build-essential pkg-config libssl-dev zlib1g-dev
+#     libzstd-dev), when cc, make, pkg-config or one of the headers is missing
 #   - tansu 0.6.0, a Kafka-protocol broker (crates.io), for the dCache Kafka bridge's test
 #     (tests/e2e/kafka.rs), into ~/.cargo/bin once per machine, when `tansu` is missing
 #   - a private Slurm (apt: slurmctld slurmd slurm-client munge), for the annex test
@@ -89,6 +92,28 @@ if [[ -z ${HTFAAS_CHROMIUM:-} ]] && ! command -v chromium >/dev/null 2>&1 \
 fi
 if command -v chromium >/dev/null 2>&1; then
   echo "install-deps: $(chromium --version 2>/dev/null | head -n 1 || true) at $(command -v chromium)" >&2
+fi
+
+# The same apt rule for librdkafka's build (rdkafka-sys runs its ./configure and make, linking the
+# system OpenSSL for TLS and SASL SCRAM, zlib for gzip and libzstd for zstd): without these the
+# workspace does not build.
+if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1 \
+  || ! command -v pkg-config >/dev/null 2>&1 || [[ ! -f /usr/include/openssl/ssl.h ]] \
+  || [[ ! -f /usr/include/zlib.h ]] || [[ ! -f /usr/include/zstd.h ]]; then
+  APT=(apt-get)
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
+    echo "install-deps: a C toolchain or the OpenSSL/zlib/zstd headers are missing and cannot be" \
+      "installed here (needs apt-get as root); the workspace (librdkafka) will not build" >&2
+  else
+    echo "install-deps: installing build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    "${APT[@]}" update -qq >&2
+    "${APT[@]}" install -y -qq --no-install-recommends \
+      build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev >/dev/null
+  fi
 fi
 
 # tansu: Apache Kafka itself cannot be had here (no Java); tansu speaks the Kafka protocol and

@@ -9,8 +9,7 @@
 use htfaas_functions::nats::NatsCredential;
 pub use htfaas_functions::nats_server::{NatsServer, NatsServerError, NatsUser, find_binary, free_port};
 use htfaas_functions::proto::{
-    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, KAFKA_OFFSETS_BUCKET,
-    PATH_SUBJECTS,
+    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, PATH_SUBJECTS,
 };
 
 /// A role in the local stack, with what its NATS credential may do.
@@ -27,9 +26,9 @@ pub enum Role {
     /// A bridge whose events go on `storage.cloudevents.<source>`: that subject only.
     Bridge(String),
     /// The dCache Kafka bridge (`htfaas bridge dcache-kafka`): dCache's own billing messages, so
-    /// it publishes where the storage does ([`EVENTS_SUBJECT`], [`PATH_SUBJECTS`]), and it
-    /// keeps its offsets bucket ([`KAFKA_OFFSETS_BUCKET`]: make it, read and write its keys);
-    /// nothing else of JetStream.
+    /// it publishes where the storage does ([`EVENTS_SUBJECT`], [`PATH_SUBJECTS`], waiting for
+    /// the PubAck); nothing of the JetStream API (its offsets are committed to Kafka's consumer
+    /// group).
     KafkaBridge,
     /// The site's operator (`htfaas` tools, the tests, the crash harness, the bench): publishes
     /// on every events subject, as any source would, subscribes to them, and reads the stream
@@ -52,23 +51,7 @@ pub fn stack_user(role: &Role, credential: &NatsCredential) -> NatsUser {
         ),
         Role::Gateway => (s(&["$JS.API.>", "$JS.ACK.>"]), vec![]),
         Role::Bridge(source) => (vec![format!("{CLOUDEVENTS_SUBJECT_PREFIX}.{source}")], vec![]),
-        Role::KafkaBridge => {
-            let kv = format!("KV_{KAFKA_OFFSETS_BUCKET}");
-            (
-                vec![
-                    EVENTS_SUBJECT.to_owned(),
-                    PATH_SUBJECTS.to_owned(),
-                    format!("$KV.{KAFKA_OFFSETS_BUCKET}.>"),
-                    // Making the bucket asks for the account's limits first.
-                    "$JS.API.INFO".to_owned(),
-                    format!("$JS.API.STREAM.INFO.{kv}"),
-                    format!("$JS.API.STREAM.CREATE.{kv}"),
-                    format!("$JS.API.STREAM.MSG.GET.{kv}"),
-                    format!("$JS.API.DIRECT.GET.{kv}.>"),
-                ],
-                vec![],
-            )
-        }
+        Role::KafkaBridge => (vec![EVENTS_SUBJECT.to_owned(), PATH_SUBJECTS.to_owned()], vec![]),
         Role::Operator => {
             let cloudevents = format!("{CLOUDEVENTS_SUBJECT_PREFIX}.>");
             let mut publish = vec![
@@ -127,21 +110,9 @@ mod tests {
     }
 
     #[test]
-    fn the_kafka_bridge_publishes_billing_and_keeps_its_offsets_bucket_and_nothing_else() {
+    fn the_kafka_bridge_publishes_billing_and_nothing_else() {
         let kafka = stack_user(&Role::KafkaBridge, &NatsCredential::generate());
-        assert_eq!(
-            kafka.publish,
-            [
-                "storage.dcache.billing",
-                "storage.dcache.billing.path.>",
-                "$KV.HTFAAS_KAFKA_OFFSETS.>",
-                "$JS.API.INFO",
-                "$JS.API.STREAM.INFO.KV_HTFAAS_KAFKA_OFFSETS",
-                "$JS.API.STREAM.CREATE.KV_HTFAAS_KAFKA_OFFSETS",
-                "$JS.API.STREAM.MSG.GET.KV_HTFAAS_KAFKA_OFFSETS",
-                "$JS.API.DIRECT.GET.KV_HTFAAS_KAFKA_OFFSETS.>",
-            ]
-        );
+        assert_eq!(kafka.publish, ["storage.dcache.billing", "storage.dcache.billing.path.>"]);
         assert!(kafka.subscribe.is_empty(), "only its inbox");
     }
 }

@@ -80,36 +80,47 @@ pub enum BridgeCommand {
     ///
     /// Point dCache's Kafka producer at the brokers (`dcache.enable.kafka=true`, or since 11.2
     /// `dcache.billing.enable.kafka=true`; `dcache.kafka.bootstrap-servers`, topic
-    /// `dcache.kafka.topic`, default `billing`). Offsets are committed to the JetStream bucket
-    /// HTFAAS_KAFKA_OFFSETS after JetStream acknowledged the records: a restart resumes there.
+    /// `dcache.kafka.topic`, default `billing`). The bridge is a member of the Kafka consumer
+    /// group --group and commits each partition's offset to it after JetStream acknowledged the
+    /// records before it: a restart resumes there, and bridges in one group share the partitions.
     DcacheKafka {
-        /// Kafka bootstrap brokers, host:port, comma-separated (plaintext listener).
+        /// Kafka bootstrap brokers, host:port, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         brokers: Vec<String>,
         /// The billing topic (dCache's `dcache.kafka.topic`).
         #[arg(long, default_value = "billing")]
         topic: String,
-        /// Read only this partition (repeatable). Default: every partition, and new ones.
-        #[arg(long = "partition")]
-        partitions: Vec<i32>,
-        /// Name the offsets are committed under ([A-Za-z0-9_-]); a second bridge with another
-        /// name reads the whole topic again.
-        #[arg(long, default_value = "htfaas")]
-        consumer: String,
-        /// Where a partition with no committed offset starts: `latest` (events from now on)
+        /// The Kafka consumer group ([A-Za-z0-9._-]): bridges in one group share the partitions;
+        /// a bridge in another group reads the whole topic again.
+        #[arg(long, alias = "consumer", default_value = "htfaas")]
+        group: String,
+        /// Where a partition the group has no offset for starts: `latest` (events from now on)
         /// or `earliest` (everything Kafka still keeps).
         #[arg(long, default_value = "latest", value_parser = ["latest", "earliest"])]
         start: String,
+        /// How to reach the brokers.
+        #[arg(long, default_value = "plaintext", value_parser = ["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"])]
+        security_protocol: String,
+        /// CA certificate(s), PEM, that signed the brokers' certificates (ssl, sasl_ssl).
+        /// Default: the system's CAs.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// SASL mechanism (sasl_plaintext, sasl_ssl).
+        #[arg(long, value_parser = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])]
+        sasl_mechanism: Option<String>,
+        /// SASL user name (sasl_plaintext, sasl_ssl).
+        #[arg(long)]
+        sasl_username: Option<String>,
+        /// File holding the SASL password, one line, read at start (sasl_plaintext, sasl_ssl).
+        #[arg(long)]
+        sasl_password_file: Option<PathBuf>,
         /// NATS server URL.
         #[arg(long = "nats", default_value = "nats://127.0.0.1:4222")]
         nats: String,
         /// File holding the bridge's NATS nkey user seed (`SU…`); the server lets it publish
-        /// billing messages and keep its offsets bucket. Default: connect without a credential.
+        /// billing messages only. Default: connect without a credential.
         #[arg(long)]
         nats_nkey_seed_file: Option<PathBuf>,
-        /// Replicas of the offsets bucket when the bridge creates it (as the events stream's).
-        #[arg(long, default_value_t = 1)]
-        offsets_replicas: usize,
     },
 }
 
@@ -157,21 +168,29 @@ pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
         BridgeCommand::DcacheKafka {
             brokers,
             topic,
-            partitions,
-            consumer,
+            group,
             start,
+            security_protocol,
+            ca_file,
+            sasl_mechanism,
+            sasl_username,
+            sasl_password_file,
             nats,
             nats_nkey_seed_file,
-            offsets_replicas,
         } => {
-            use htfaas_gateway::bridge::kafka::{Settings, StartAt, run};
+            use htfaas_gateway::bridge::kafka::{Security, Settings, StartAt, run};
             let mut settings = Settings::new(brokers, nats);
             settings.topic = topic;
-            settings.partitions = partitions;
-            settings.consumer = consumer;
+            settings.group = group;
             settings.start = if start == "earliest" { StartAt::Earliest } else { StartAt::Latest };
+            settings.security = Security {
+                protocol: security_protocol.parse()?,
+                ca_file,
+                sasl_mechanism: sasl_mechanism.as_deref().map(str::parse).transpose()?,
+                sasl_username,
+                sasl_password_file,
+            };
             settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
-            settings.offsets_replicas = offsets_replicas;
             run(settings, on_signals()).await.map(|_| ())
         }
     }

@@ -1,18 +1,22 @@
 //! `htfaas bridge dcache-kafka` against a real Kafka-protocol broker (tansu, `kafka_support`)
 //! and the real stack: dCache billing records produced to the topic fire the registered
-//! function once each, across a restart of the bridge that re-reads from its last commit (as
+//! function once each, across a restart of the bridge that re-reads from the group's commit (as
 //! after a crash between the PubAck and the commit) and across a restart of the broker; the
-//! malformed records between them are counted and skipped. Plus the bridge's rate into
-//! JetStream (ignored: a measurement).
+//! malformed records between them are counted and skipped; compressed batches decode; a new
+//! group's start is committed at once; two bridges in one group split the partitions and one
+//! takes the other's over. The group's offsets are read from Kafka itself. Plus the bridge's
+//! rate into JetStream (ignored: a measurement).
 //!
 //! The files are put in the built-in storage before the function exists (its own billing
 //! messages fire nothing), so every job comes from a Kafka record. Every address is 127.0.0.1.
 
-use crate::kafka_support::{Tansu, client, create_topic, produce, tansu_installed, transfer};
+use crate::kafka_support::{
+    Access, Producer, Tansu, committed, create_topic, set_committed, tansu_installed, transfer,
+};
 use async_nats::jetstream;
 use htfaas::stack::{Stack, demo_manifest};
-use htfaas_functions::proto::{EVENTS_SUBJECT, JobState, KAFKA_OFFSETS_BUCKET, path_subject};
-use htfaas_gateway::bridge::kafka::{Settings, StartAt, Stats, StatsSnapshot, offset_key, run_with_stats};
+use htfaas_functions::proto::{EVENTS_SUBJECT, JobState, path_subject};
+use htfaas_gateway::bridge::kafka::{Settings, StartAt, Stats, StatsSnapshot, run_with_stats};
 use htfaas_tests::{events_settled, start_stack, start_stack_with, upload_checksum, wait_for};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,15 +25,19 @@ use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const TOPIC: &str = "billing";
+const GROUP: &str = "htfaas";
 
-/// The bridge's settings for the stack and the broker: its own NATS credential, every
-/// partition from the earliest offset, short fetch waits (tansu holds an empty fetch that long).
+/// The bridge's settings for the stack and the broker: its own NATS credential, the group
+/// [`GROUP`], partitions without an offset from the earliest, short fetch waits (tansu holds an
+/// empty fetch that long) and frequent statistics (the lag).
 pub fn settings(stack: &Stack, bootstrap: &str) -> Settings {
     let mut s = Settings::new(vec![bootstrap.to_owned()], stack.nats_url());
     s.topic = TOPIC.into();
+    s.group = GROUP.into();
     s.start = StartAt::Earliest;
     s.nats_credential = stack.nats_credential("bridge-dcache-kafka").cloned();
     s.fetch_wait = Duration::from_millis(50);
+    s.lag_interval = Duration::from_millis(100);
     s
 }
 
@@ -50,22 +58,43 @@ impl Bridge {
 
     /// Waits until the counts satisfy `done`; returns them.
     pub async fn wait(&self, what: &str, done: impl Fn(&StatsSnapshot) -> bool) -> StatsSnapshot {
-        wait_for(what, LIMIT, || async {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        loop {
             let s = self.stats.snapshot();
-            done(&s).then_some(s)
-        })
-        .await
+            if done(&s) {
+                return s;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out after {LIMIT:?} waiting for {what}: {s:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Stops it and returns its final counts.
     pub async fn stop(self) -> StatsSnapshot {
         self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
+        tokio::time::timeout(Duration::from_secs(30), self.task)
             .await
-            .expect("the bridge stops within 10 s of shutdown")
+            .expect("the bridge stops within 30 s of shutdown")
             .expect("join")
             .expect("the bridge ends without error")
     }
+}
+
+/// Waits until the group's offsets, read from Kafka, are `want` (partition → next offset).
+pub async fn wait_committed(access: &Access, group: &str, partitions: i32, want: &[(i32, i64)]) {
+    let want: BTreeMap<i32, i64> = want.iter().copied().collect();
+    let mut last = BTreeMap::new();
+    let found = tokio::time::timeout(LIMIT, async {
+        loop {
+            last = committed(access, group, TOPIC, partitions).await;
+            if last == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "the group {group}'s committed offsets in Kafka: want {want:?}, found {last:?}");
 }
 
 /// Jobs by event path, completed ones only, with how many each path has.
@@ -99,6 +128,16 @@ async fn files_then_function(client: &htfaas::client::Client, paths: &[String]) 
     client.register(&demo_manifest(digest)).await.expect("register");
 }
 
+/// Asserts that each of `paths` has exactly one job, completed, and that there is no other.
+async fn each_fired_once(client: &htfaas::client::Client, paths: &[String]) {
+    events_settled(client).await;
+    let jobs = completed_jobs(client).await;
+    let want: BTreeMap<String, usize> = paths.iter().map(|p| (p.clone(), 1)).collect();
+    assert_eq!(jobs, want, "one job per record, none twice, none for a malformed record");
+    let all = client.jobs().await.expect("jobs");
+    assert_eq!(all.len(), paths.len(), "no other job: {all:?}");
+}
+
 // See: issue 21 (dCache's Kafka stream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dcache_kafka_bridge_fires_each_record_once_across_a_restart_from_its_commit_and_skips_malformed_ones() {
@@ -106,26 +145,27 @@ async fn dcache_kafka_bridge_fires_each_record_once_across_a_restart_from_its_co
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
     let mut broker = tokio::task::block_in_place(|| Tansu::start(&tansu, &dir.path().join("kafka")));
-    let kafka = client_for(&broker).await;
-    let partitions = create_topic(&kafka, TOPIC, 2).await;
-    let paths: Vec<String> = (0..6).map(|i| format!("/data/raw/kafka-{i}.dat")).collect();
+    let access = Access::plain(&broker);
+    let producer = create_topic(&access, TOPIC, 2).await;
+    let paths: Vec<String> = (0..7).map(|i| format!("/data/raw/kafka-{i}.dat")).collect();
     files_then_function(&client, &paths).await;
 
     // 1. Three uploads over two partitions, a malformed record and one with a path that is
     // not clean between them.
     let bridge = Bridge::start(settings(&stack, &broker.bootstrap()));
-    produce(&partitions[0], &transfer(&paths[0], 0)).await;
-    produce(&partitions[0], b"this is not a billing message").await;
-    produce(&partitions[1], &transfer(&paths[1], 1)).await;
-    produce(&partitions[1], &transfer("/data/raw/../../etc/passwd", 99)).await;
-    produce(&partitions[0], &transfer(&paths[2], 2)).await;
+    producer.produce(0, &transfer(&paths[0], 0)).await;
+    producer.produce(0, b"this is not a billing message").await;
+    producer.produce(1, &transfer(&paths[1], 1)).await;
+    producer.produce(1, &transfer("/data/raw/../../etc/passwd", 99)).await;
+    producer.produce(0, &transfer(&paths[2], 2)).await;
     wait_completed(&client, &paths[..3]).await;
+    // Committed in Kafka: every record, the skipped ones too.
+    wait_committed(&access, GROUP, 2, &[(0, 3), (1, 2)]).await;
     let first =
         bridge.wait("the first records committed", |s| s.received == 5 && s.partitions == 2 && s.lag == 0).await;
     assert_eq!((first.published, first.malformed, first.duplicates), (3, 2, 0), "{first:?}");
-    assert_eq!(first.partitions, 2);
     let first = bridge.stop().await;
-    assert_eq!(first.publish_failures, 0, "{first:?}");
+    assert_eq!((first.publish_failures, first.partitions), (0, 0), "{first:?}");
 
     // Each record on its file's directory subject, with the record's place as its id.
     let js = jetstream::new(stack.nats_client().await.expect("operator"));
@@ -138,58 +178,59 @@ async fn dcache_kafka_bridge_fires_each_record_once_across_a_restart_from_its_co
     assert_eq!(stored.get("kafka:billing:1:0").map(String::as_str), Some(path_subject(&paths[1]).as_str()));
     assert!(!stored.contains_key("kafka:billing:0:1") && !stored.contains_key("kafka:billing:1:1"), "no malformed one");
 
-    // 2. A crash between the PubAck and the commit: the committed offsets go back to 0 (written
-    // with the bridge's own credential, as the crashed bridge had left them), so the restarted
-    // bridge re-reads and re-publishes every record; JetStream drops the copies by their ids.
-    rewind(&stack, &[0, 1]).await;
+    // 2. A crash between the PubAck and the commit: the group's offsets go back to 0 (through
+    // Kafka, while the group has no member), so the restarted bridge re-reads and re-publishes
+    // every record; JetStream drops the copies by their ids.
+    set_committed(&access, GROUP, TOPIC, &[0, 1], 0).await;
+    wait_committed(&access, GROUP, 2, &[(0, 0), (1, 0)]).await;
     let bridge = Bridge::start(settings(&stack, &broker.bootstrap()));
+    wait_committed(&access, GROUP, 2, &[(0, 3), (1, 2)]).await;
     let again = bridge.wait("the re-read records", |s| s.received == 5 && s.partitions == 2 && s.lag == 0).await;
     assert_eq!((again.published, again.duplicates, again.malformed), (3, 3, 2), "{again:?}");
 
     // 3. The broker dies and comes back on the same port and data; the bridge reconnects.
+    // Compressed batches (gzip, zstd, lz4, snappy: dCache's Java producer may use any) decode.
     tokio::task::block_in_place(|| broker.restart());
-    let kafka = client_for(&broker).await;
-    let p0 =
-        kafka.partition_client(TOPIC, 0, rskafka::client::partition::UnknownTopicHandling::Retry).await.expect("p0");
-    let p1 =
-        kafka.partition_client(TOPIC, 1, rskafka::client::partition::UnknownTopicHandling::Retry).await.expect("p1");
-    produce(&p0, &transfer(&paths[3], 3)).await;
-    produce(&p1, &transfer(&paths[4], 4)).await;
-    produce(&p1, b"{\"msgType\":\"transfer\"").await;
-    produce(&p0, &transfer(&paths[5], 5)).await;
+    let plain = Producer::new(&access, TOPIC, "none");
+    plain.produce(0, &transfer(&paths[3], 3)).await;
+    Producer::new(&access, TOPIC, "gzip").produce(1, &transfer(&paths[4], 4)).await;
+    plain.produce(1, b"{\"msgType\":\"transfer\"").await;
+    Producer::new(&access, TOPIC, "zstd").produce(0, &transfer(&paths[5], 5)).await;
+    let lz4 = Producer::new(&access, TOPIC, "lz4");
+    lz4.produce(1, &transfer(&paths[6], 6)).await;
+    Producer::new(&access, TOPIC, "snappy").produce(1, b"\"snappy, but no billing message\"").await;
     wait_completed(&client, &paths).await;
-    let end = bridge.wait("every record committed", |s| s.received == 9 && s.lag == 0).await;
-    assert_eq!((end.published, end.duplicates, end.malformed), (6, 3, 3), "{end:?}");
+    wait_committed(&access, GROUP, 2, &[(0, 5), (1, 6)]).await;
+    let end = bridge.wait("every record committed", |s| s.received == 11 && s.lag == 0).await;
+    assert_eq!((end.published, end.duplicates, end.malformed), (7, 3, 4), "{end:?}");
+    assert!(end.commits >= 2, "{end:?}");
     bridge.stop().await;
 
-    events_settled(&client).await;
-    let jobs = completed_jobs(&client).await;
-    let want: BTreeMap<String, usize> = paths.iter().map(|p| (p.clone(), 1)).collect();
-    assert_eq!(jobs, want, "one job per record, none twice, none for a malformed record");
-    let all = client.jobs().await.expect("jobs");
-    assert_eq!(all.len(), paths.len(), "no other job: {all:?}");
+    each_fired_once(&client, &paths).await;
     stack.stop().await.expect("clean stop");
 }
 
 /// A record without a usable path goes on the plain billing subject; a restart without a
-/// rewind re-reads nothing.
+/// rewind re-reads nothing; a new group starting at `latest` commits its start at once, so a
+/// restart before any record resumes there (the record produced meanwhile is read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dcache_kafka_bridge_puts_a_record_without_a_path_on_the_plain_subject_and_resumes_at_its_commit() {
     let Some(tansu) = tansu_installed("the Kafka bridge test") else { return };
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
     let broker = tokio::task::block_in_place(|| Tansu::start(&tansu, &dir.path().join("kafka")));
-    let kafka = client_for(&broker).await;
-    let partitions = create_topic(&kafka, TOPIC, 1).await;
+    let access = Access::plain(&broker);
+    let producer = create_topic(&access, TOPIC, 1).await;
     let paths = vec!["/data/raw/plain-0.dat".to_owned(), "/data/raw/plain-1.dat".to_owned()];
     files_then_function(&client, &paths).await;
 
     let bridge = Bridge::start(settings(&stack, &broker.bootstrap()));
     // NFS's remove (the 11.2 billing producer): its only path is parent:[<pnfsid>]/<name>.
     let nfs = br#"{"VERSION":"1.0","msgType":"remove","cellType":"door","cellName":"nfs-1","cellDomain":"nfsDomain","date":"2026-03-14T11:00:00.000+01:00","queuingTime":0,"status":{"code":0,"msg":""},"session":"door:nfs-1@nfsDomain:1773483600001","billingPath":"parent:[0000AB12CD34EF56AB12CD34EF56AB12CD34]/run42.h5","pnfsid":"0000C9B4E7A1F2D34E5C8B1A9F0E7D6C5B4A","fileSize":0,"subject":["UidPrincipal[1000]"],"mappedUID":1000,"mappedGID":1000}"#;
-    produce(&partitions[0], nfs).await;
-    produce(&partitions[0], &transfer(&paths[0], 10)).await;
+    producer.produce(0, nfs).await;
+    producer.produce(0, &transfer(&paths[0], 10)).await;
     wait_completed(&client, &paths[..1]).await;
+    wait_committed(&access, GROUP, 1, &[(0, 2)]).await;
     let s = bridge.wait("both records committed", |s| s.received == 2 && s.lag == 0).await;
     assert_eq!((s.published, s.published_plain, s.malformed), (2, 1, 0), "{s:?}");
     bridge.stop().await;
@@ -197,13 +238,79 @@ async fn dcache_kafka_bridge_puts_a_record_without_a_path_on_the_plain_subject_a
     assert_eq!(stored_ids(&js).await.get("kafka:billing:0:0").map(String::as_str), Some(EVENTS_SUBJECT));
 
     let bridge = Bridge::start(settings(&stack, &broker.bootstrap()));
-    produce(&partitions[0], &transfer(&paths[1], 11)).await;
+    producer.produce(0, &transfer(&paths[1], 11)).await;
     wait_completed(&client, &paths).await;
+    wait_committed(&access, GROUP, 1, &[(0, 3)]).await;
     let s = bridge.wait("the new record committed", |s| s.received == 1 && s.lag == 0).await;
     assert_eq!((s.published, s.duplicates), (1, 0), "resumed after its commit: {s:?}");
     bridge.stop().await;
+
+    // A new group from `latest`: its start (3) is committed before any record comes.
+    let late = |stack: &Stack| {
+        let mut s = settings(stack, &broker.bootstrap());
+        s.group = "late-comer".into();
+        s.start = StartAt::Latest;
+        s
+    };
+    let bridge = Bridge::start(late(&stack));
+    wait_committed(&access, "late-comer", 1, &[(0, 3)]).await;
+    let s = bridge.stop().await;
+    assert_eq!(s.received, 0, "nothing before its start: {s:?}");
+    producer.produce(0, nfs).await;
+    let bridge = Bridge::start(late(&stack));
+    wait_committed(&access, "late-comer", 1, &[(0, 4)]).await;
+    let s = bridge.wait("the record produced while it was down", |s| s.received == 1).await;
+    assert_eq!((s.published, s.published_plain), (1, 1), "{s:?}");
+    bridge.stop().await;
+
     let jobs = completed_jobs(&client).await;
     assert_eq!(jobs, paths.iter().map(|p| (p.clone(), 1)).collect::<BTreeMap<_, _>>());
+    stack.stop().await.expect("clean stop");
+}
+
+/// Two bridges in one group over a 4-partition topic: each reads two partitions; when one
+/// stops, the other takes its partitions over from its commits, and every record fires once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dcache_kafka_bridges_in_one_group_split_the_partitions_and_one_takes_over_when_the_other_stops() {
+    let Some(tansu) = tansu_installed("the Kafka bridge test") else { return };
+    let (dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let broker = tokio::task::block_in_place(|| Tansu::start(&tansu, &dir.path().join("kafka")));
+    let access = Access::plain(&broker);
+    let producer = create_topic(&access, TOPIC, 4).await;
+    let paths: Vec<String> = (0..16).map(|i| format!("/data/raw/group-{i}.dat")).collect();
+    files_then_function(&client, &paths).await;
+
+    let a = Bridge::start(settings(&stack, &broker.bootstrap()));
+    a.wait("the first bridge to hold every partition", |s| s.partitions == 4).await;
+    let b = Bridge::start(settings(&stack, &broker.bootstrap()));
+    b.wait("the second bridge to hold two partitions", |s| s.partitions == 2).await;
+    a.wait("the first bridge to hold two partitions", |s| s.partitions == 2).await;
+
+    // Two records on each partition.
+    for (i, path) in paths[..8].iter().enumerate() {
+        producer.produce(i as i32 % 4, &transfer(path, i as u64)).await;
+    }
+    wait_completed(&client, &paths[..8]).await;
+    wait_committed(&access, GROUP, 4, &[(0, 2), (1, 2), (2, 2), (3, 2)]).await;
+    let sa = a.wait("the first bridge's records", |s| s.published == 4).await;
+    let sb = b.wait("the second bridge's records", |s| s.published == 4).await;
+    assert_eq!((sa.received, sb.received, sa.duplicates, sb.duplicates), (4, 4, 0, 0), "{sa:?} {sb:?}");
+
+    // The first one stops (and leaves the group): the second takes every partition over.
+    let sa = a.stop().await;
+    assert_eq!(sa.published, 4, "{sa:?}");
+    b.wait("the second bridge to hold every partition", |s| s.partitions == 4).await;
+    for (i, path) in paths[8..].iter().enumerate() {
+        producer.produce(i as i32 % 4, &transfer(path, 8 + i as u64)).await;
+    }
+    wait_completed(&client, &paths).await;
+    wait_committed(&access, GROUP, 4, &[(0, 4), (1, 4), (2, 4), (3, 4)]).await;
+    let sb = b.wait("every record committed", |s| s.published == 12 && s.lag == 0).await;
+    assert_eq!((sb.received, sb.duplicates, sb.malformed), (12, 0, 0), "from the first one's commits: {sb:?}");
+    b.stop().await;
+
+    each_fired_once(&client, &paths).await;
     stack.stop().await.expect("clean stop");
 }
 
@@ -223,21 +330,14 @@ async fn dcache_kafka_bridge_rate() {
     };
     let (dir, stack) = start_stack_with(|o| o.durability = durability).await;
     let broker = tokio::task::block_in_place(|| Tansu::start(&tansu, &dir.path().join("kafka")));
-    let kafka = client_for(&broker).await;
-    let partitions = create_topic(&kafka, TOPIC, 4).await;
+    let access = Access::plain(&broker);
+    let producer = create_topic(&access, TOPIC, 4).await;
     let started = std::time::Instant::now();
-    for (p, client) in partitions.iter().enumerate() {
-        let mut i = p;
-        while i < n {
-            let batch: Vec<_> = (i..n)
-                .step_by(partitions.len())
-                .take(500)
-                .map(|k| {
-                    crate::kafka_support::record(&transfer(&format!("/data/bench/d{}/f{k}.dat", k % 50), k as u64))
-                })
-                .collect();
-            i += batch.len() * partitions.len();
-            client.produce(batch, rskafka::client::partition::Compression::NoCompression).await.expect("produce");
+    for p in 0..4 {
+        let values: Vec<Vec<u8>> =
+            (p..n).step_by(4).map(|k| transfer(&format!("/data/bench/d{}/f{k}.dat", k % 50), k as u64)).collect();
+        for chunk in values.chunks(500) {
+            producer.produce_many(p as i32, chunk).await;
         }
     }
     eprintln!("produced {n} records to 4 partitions in {:?}", started.elapsed());
@@ -261,11 +361,6 @@ async fn dcache_kafka_bridge_rate() {
     stack.stop().await.expect("clean stop");
 }
 
-/// A producer's client for `broker`.
-async fn client_for(broker: &Tansu) -> rskafka::client::Client {
-    client(&broker.bootstrap()).await
-}
-
 /// `Nats-Msg-Id` → subject of every message in the events stream.
 async fn stored_ids(js: &jetstream::Context) -> BTreeMap<String, String> {
     let mut stream = js.get_stream(htfaas_functions::proto::EVENTS_STREAM).await.expect("the events stream");
@@ -278,18 +373,4 @@ async fn stored_ids(js: &jetstream::Context) -> BTreeMap<String, String> {
         }
     }
     out
-}
-
-/// Sets the committed offset of each of `partitions` back to 0, with the bridge's credential.
-async fn rewind(stack: &Stack, partitions: &[i32]) {
-    let nats = htfaas_functions::nats::connect_options("test-rewind", stack.nats_credential("bridge-dcache-kafka"))
-        .connect(stack.nats_url())
-        .await
-        .expect("connect as the bridge");
-    let kv = jetstream::new(nats).get_key_value(KAFKA_OFFSETS_BUCKET).await.expect("the offsets bucket");
-    for p in partitions {
-        let value =
-            serde_json::to_vec(&htfaas_gateway::bridge::kafka::Committed { version: 1, next_offset: 0 }).expect("json");
-        kv.put(offset_key("htfaas", TOPIC, *p), value.into()).await.expect("rewind");
-    }
 }

@@ -55,10 +55,6 @@ pub const BILLING_SUBSCRIPTION: &str = "storage.dcache.>";
 pub const EVENTS_STREAM: &str = "DCACHE_BILLING";
 /// How long the stream keeps events.
 pub const EVENTS_MAX_AGE_S: u64 = 7 * 24 * 3600;
-/// JetStream key-value bucket where `htfaas bridge dcache-kafka` keeps, per consumer name,
-/// topic and partition, the next Kafka offset to read: written only after JetStream
-/// acknowledged every record before it (the bridge's commit). Its stream is `KV_<bucket>`.
-pub const KAFKA_OFFSETS_BUCKET: &str = "HTFAAS_KAFKA_OFFSETS";
 
 /// One path component as one NATS token: ASCII letters, digits and the printable ASCII
 /// punctuation other than `.`, `*`, `>` and `%` stand for themselves; every other byte of its

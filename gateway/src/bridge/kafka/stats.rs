@@ -26,11 +26,21 @@ pub struct Stats {
     pub malformed: AtomicU64,
     /// Failed publish attempts (each retried).
     pub publish_failures: AtomicU64,
-    /// Failed fetches (broker down, leader moving, …; each retried after a backoff).
-    pub fetch_failures: AtomicU64,
-    /// Offset commits written to the offsets bucket.
+    /// Errors from Kafka: a broker unreachable, a refused TLS handshake or SASL login, a failed
+    /// offset lookup or commit (each retried, by librdkafka or at the next commit).
+    pub kafka_failures: AtomicU64,
+    /// Of those, TLS handshakes that failed (above all: a broker certificate the CA did not
+    /// sign, or one for another name): check `--ca-file` and the broker's address.
+    pub tls_refused: AtomicU64,
+    /// Of those, SASL logins that failed (above all: a wrong user name or password): check the
+    /// credential. librdkafka reports an error that repeats on one connection once in 30 s.
+    pub login_refused: AtomicU64,
+    /// Commits the group confirmed (each of one or more partitions' offsets).
     pub commits: AtomicU64,
-    /// Records the partitions' high watermarks are ahead of what was committed, by partition.
+    /// Partitions the group assigned to this bridge now.
+    partitions: AtomicU64,
+    /// Records the assigned partitions' high watermarks are ahead of what was committed, by
+    /// partition (known once librdkafka's statistics gave the watermark).
     lag: Mutex<BTreeMap<i32, u64>>,
 }
 
@@ -49,14 +59,18 @@ pub struct StatsSnapshot {
     pub malformed: u64,
     /// See [`Stats::publish_failures`].
     pub publish_failures: u64,
-    /// See [`Stats::fetch_failures`].
-    pub fetch_failures: u64,
+    /// See [`Stats::kafka_failures`].
+    pub kafka_failures: u64,
+    /// See [`Stats::tls_refused`].
+    pub tls_refused: u64,
+    /// See [`Stats::login_refused`].
+    pub login_refused: u64,
     /// See [`Stats::commits`].
     pub commits: u64,
-    /// Records behind the high watermarks, summed over the partitions (as of each one's last
-    /// fetch or commit).
+    /// Records behind the high watermarks, summed over the assigned partitions (as of the last
+    /// statistics or commit).
     pub lag: u64,
-    /// Partitions being read.
+    /// Partitions assigned to this bridge.
     pub partitions: u64,
 }
 
@@ -72,17 +86,33 @@ impl Stats {
             duplicates: get(&self.duplicates),
             malformed: get(&self.malformed),
             publish_failures: get(&self.publish_failures),
-            fetch_failures: get(&self.fetch_failures),
+            kafka_failures: get(&self.kafka_failures),
+            tls_refused: get(&self.tls_refused),
+            login_refused: get(&self.login_refused),
             commits: get(&self.commits),
             lag: lag.values().sum(),
-            partitions: lag.len() as u64,
+            partitions: get(&self.partitions),
         }
     }
 
-    /// Records `partition`'s lag: its high watermark less its next offset.
-    pub(super) fn set_lag(&self, partition: i32, high_watermark: i64, next: i64) {
-        let lag = u64::try_from(high_watermark.saturating_sub(next)).unwrap_or(0);
+    /// Records `partition`'s lag: its high watermark less its committed offset.
+    pub(super) fn set_lag(&self, partition: i32, high_watermark: i64, committed: i64) {
+        let lag = u64::try_from(high_watermark.saturating_sub(committed)).unwrap_or(0);
         self.lag.lock().unwrap_or_else(|p| p.into_inner()).insert(partition, lag);
+    }
+
+    /// `n` partitions are assigned now.
+    pub(super) fn assigned(&self, n: usize) {
+        self.partitions.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// `partitions` were revoked; `remaining` are still assigned.
+    pub(super) fn revoked(&self, partitions: &[i32], remaining: usize) {
+        let mut lag = self.lag.lock().unwrap_or_else(|p| p.into_inner());
+        for p in partitions {
+            lag.remove(p);
+        }
+        self.partitions.store(remaining as u64, Ordering::Relaxed);
     }
 }
 
@@ -101,7 +131,9 @@ pub(super) fn log_stats(what: &str, s: &StatsSnapshot) {
         partitions = s.partitions,
         commits = s.commits,
         publish_failures = s.publish_failures,
-        fetch_failures = s.fetch_failures,
+        kafka_failures = s.kafka_failures,
+        tls_refused = s.tls_refused,
+        login_refused = s.login_refused,
         "dcache-kafka bridge: {what}"
     );
 }
@@ -116,9 +148,14 @@ mod tests {
         s.set_lag(0, 10, 4);
         s.set_lag(1, 7, 7);
         s.set_lag(2, 3, 5);
+        s.assigned(3);
         let snap = s.snapshot();
         assert_eq!((snap.lag, snap.partitions), (6, 3));
         s.set_lag(0, 10, 10);
         assert_eq!(s.snapshot().lag, 0);
+        s.set_lag(0, 12, 10);
+        s.revoked(&[0, 1], 1);
+        let snap = s.snapshot();
+        assert_eq!((snap.lag, snap.partitions), (0, 1), "a revoked partition's lag is no longer this bridge's");
     }
 }
