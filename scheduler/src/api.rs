@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `POST /v1/jobs` | submit token | `SubmitRequest` → 201 `SubmitResponse` (200 when the dedupe key already had a job; 429 when the owner is at the idle limit) |
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
+//! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
 //! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first |
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
@@ -87,6 +88,7 @@ use htfaas_functions::manifest::{
 use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
     JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
+    WarmRequest, WarmResponse,
 };
 use htfaas_functions::token::constant_time_eq;
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
@@ -115,6 +117,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/preflight", post(preflight))
+        .route("/v1/modules/warm", post(warm))
         .route("/v1/revocations", post(revoke).get(list_revocations))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/hold", post(hold))
@@ -489,6 +492,25 @@ async fn preflight(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
         return Err(QueueError::TokenUsed { uses, jobs: claims.jobs }.into());
     }
     Ok(Json(serde_json::json!({ "remaining": u64::from(claims.jobs) - uses })).into_response())
+}
+
+/// `POST /v1/modules/warm` (issue 22): a verified, unrevoked submit token of the function's
+/// owner whose `function` claim is the module's digest; counts no use.
+async fn warm(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<WarmResponse>, ApiFailure> {
+    let claims = authorize_submit(&shared, &headers).inspect_err(|e| tracing::info!("warm refused: {}", e.message))?;
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: WarmRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid warm request: {e}")))?;
+    if req.module_url.len() > MAX_FIELD_BYTES {
+        return Err(ApiFailure::bad_request(format!("module_url is longer than {MAX_FIELD_BYTES} bytes")));
+    }
+    crate::warm::announce(&shared, &claims.sub, claims.function.as_ref(), req)
+        .map(Json)
+        .map_err(|e| ApiFailure::forbidden(e.to_string()))
 }
 
 /// `POST /v1/revocations`: applies a revocation everywhere and answers once it is recorded.

@@ -1,6 +1,6 @@
 //! [`Shared`]: the state the HTTP handlers, the EP sessions and the dispatcher share (the
 //! store, the EP table, verifiers, site policy, URL trust, the audit signer, the counters, the
-//! attach key and the annexes' records),
+//! attach key, the annexes' records and the warm list),
 //! built once by [`crate::run`].
 //!
 //! Must not know: what is done with it (handlers, sessions, dispatch are above it).
@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::policy::SitePolicy;
 use crate::queue::Queue;
 use crate::trust::UrlTrust;
+use crate::warm::WarmList;
 use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
 use htfaas_functions::token::{SigningKey, Verifier};
 use std::collections::HashMap;
@@ -56,6 +57,8 @@ pub struct Shared {
     pub(crate) name: String,
     /// The annexes' records ([`crate::annex_store`]).
     pub(crate) annexes: AnnexStore,
+    /// The modules attached EPs compile ahead of their first job ([`crate::warm`]).
+    pub(crate) warm: WarmList,
 }
 
 impl Shared {

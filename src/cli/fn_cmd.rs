@@ -130,6 +130,9 @@ pub enum FnCommand {
         #[arg(long)]
         json: bool,
     },
+    // issue 22: `fn new|build|run`, a developer's commands without a stack (`super::fn_dev`).
+    #[command(flatten)]
+    Dev(super::fn_dev::DevCommand),
 }
 
 /// `--rate RATE[/BURST]`: runs per second, burst 1 unless given.
@@ -216,5 +219,6 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             let functions = client(&dir)?.functions().await?;
             output::functions(&functions, json)
         }
+        FnCommand::Dev(command) => super::fn_dev::run(command).await,
     }
 }

@@ -20,6 +20,7 @@ mod loop_guard;
 mod metrics;
 mod overload;
 mod path;
+mod python;
 mod replay;
 mod revoke;
 mod scopes;
