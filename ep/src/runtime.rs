@@ -1,10 +1,9 @@
 //! The wasm host: one [`Engine`] per EP, one [`Linker`] built at start, compiled modules cached
 //! by digest (in memory, and optionally on disk), and [`Runtime::run_job`], which runs one guest
-//! in a fresh [`Store`].
+//! in a fresh [`Store`]. Long because one run's bounds are enforced together in its one `call`.
 //!
 //! No network here: callers hand in verified bytes and prepared directories, so this module is
-//! testable alone. (Over 800 lines: long because one run's bounds, below, are all enforced in
-//! its one `call`; the pieces that stand alone are in `options`, `compile`, `artifacts`, `slots`.) A guest failing is an [`Outcome`], never an `Err`.
+//! testable alone. A guest failing is an [`Outcome`], never an `Err`.
 //!
 //! Two kinds of guest, told apart by the binary's header ([`GuestKind::of`]): a core module run
 //! as a WASI preview 1 command (`_start`; Rust `wasm32-wasip1`, C with wasi-libc, Go, Zig), and

@@ -88,7 +88,6 @@ use htfaas_functions::manifest::{
 use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
     JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
-    WarmRequest, WarmResponse,
 };
 use htfaas_functions::token::constant_time_eq;
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
@@ -494,23 +493,13 @@ async fn preflight(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
     Ok(Json(serde_json::json!({ "remaining": u64::from(claims.jobs) - uses })).into_response())
 }
 
-/// `POST /v1/modules/warm` (issue 22): a verified, unrevoked submit token of the function's
-/// owner whose `function` claim is the module's digest; counts no use.
 async fn warm(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<WarmResponse>, ApiFailure> {
+) -> Result<Json<htfaas_functions::proto::WarmResponse>, ApiFailure> {
     let claims = authorize_submit(&shared, &headers).inspect_err(|e| tracing::info!("warm refused: {}", e.message))?;
-    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
-    let req: WarmRequest =
-        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid warm request: {e}")))?;
-    if req.module_url.len() > MAX_FIELD_BYTES {
-        return Err(ApiFailure::bad_request(format!("module_url is longer than {MAX_FIELD_BYTES} bytes")));
-    }
-    crate::warm::announce(&shared, &claims.sub, claims.function.as_ref(), req)
-        .map(Json)
-        .map_err(|e| ApiFailure::forbidden(e.to_string()))
+    crate::warm::request(&shared, &claims, body).map(Json)
 }
 
 /// `POST /v1/revocations`: applies a revocation everywhere and answers once it is recorded.

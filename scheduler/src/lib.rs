@@ -152,7 +152,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         attach_key,
         name: name.clone(),
         annexes,
-        warm: warm::WarmList::default(),
+        warm: state::WarmList::default(),
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;

@@ -15,16 +15,20 @@
 //!
 //! Must not know: HTTP routing, how an EP compiles.
 
+use crate::failure::ApiFailure;
 use crate::matching::ToEp;
-use crate::state::Shared;
+use crate::state::{Shared, WarmEntry as Entry};
 use crate::trust::UrlRefusal;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use htfaas_functions::Digest;
 use htfaas_functions::proto::{SchedulerMsg, WarmRequest, WarmResponse};
-use std::collections::VecDeque;
-use std::sync::Mutex;
+use htfaas_functions::token::SubmitClaims;
 
-/// Most modules on the warm list.
-pub const MAX_WARM: usize = 1024;
+pub use crate::state::MAX_WARM;
+
+/// Longest module URL taken, bytes.
+const MAX_URL_BYTES: usize = 8192;
 
 /// Why a warm request is refused (after its token verified).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,48 +46,6 @@ pub enum WarmRefusal {
     Url(#[from] UrlRefusal),
 }
 
-/// One module on the warm list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    digest: Digest,
-    module_url: String,
-    /// The function's owner: only EPs that may run its jobs are told.
-    owner: String,
-}
-
-/// The warm list, oldest first.
-#[derive(Debug, Default)]
-pub struct WarmList(Mutex<VecDeque<Entry>>);
-
-impl WarmList {
-    /// Adds `entry` unless its digest is there; whether it was new.
-    fn add(&self, entry: Entry) -> bool {
-        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if list.iter().any(|e| e.digest == entry.digest) {
-            return false;
-        }
-        if list.len() >= MAX_WARM {
-            list.pop_front();
-        }
-        list.push_back(entry);
-        true
-    }
-
-    fn snapshot(&self) -> Vec<Entry> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
-    }
-
-    /// Modules on the list.
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Whether an EP bound to `ep_owner` (none: the site's pool) may run `owner`'s jobs.
 fn may_run(ep_owner: Option<&str>, owner: &str) -> bool {
     ep_owner.is_none_or(|o| o == owner)
@@ -91,6 +53,22 @@ fn may_run(ep_owner: Option<&str>, owner: &str) -> bool {
 
 fn message(e: &Entry) -> SchedulerMsg {
     SchedulerMsg::Warm { digest: e.digest.clone(), module_url: e.module_url.clone() }
+}
+
+/// The route's work (`POST /v1/modules/warm`, [`crate::api`]), for a verified, unrevoked
+/// submit token's `claims`: 400 for a body that is not a [`WarmRequest`], 403 for a refusal.
+pub(crate) fn request(
+    shared: &Shared,
+    claims: &SubmitClaims,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<WarmResponse, ApiFailure> {
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let req: WarmRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid warm request: {e}")))?;
+    if req.module_url.len() > MAX_URL_BYTES {
+        return Err(ApiFailure::bad_request(format!("module_url is longer than {MAX_URL_BYTES} bytes")));
+    }
+    announce(shared, &claims.sub, claims.function.as_ref(), req).map_err(|e| ApiFailure::forbidden(e.to_string()))
 }
 
 /// Checks `req` for `owner`, whose verified token names `token_digest`; adds the module to the
@@ -146,7 +124,7 @@ mod tests {
 
     #[test]
     fn the_list_keeps_each_module_once_and_drops_the_oldest_past_its_bound() {
-        let list = WarmList::default();
+        let list = crate::state::WarmList::default();
         assert!(list.add(entry(0)));
         assert!(!list.add(entry(0)), "a module already there is not new");
         for n in 1..=MAX_WARM {
