@@ -3,7 +3,7 @@
 //! - Rust: `cargo build --release --target wasm32-wasip1` with the project's own target
 //!   directory (whatever `CARGO_TARGET_DIR` says), then the binary copied out;
 //! - C: `clang --target=wasm32-wasi -O2 -std=c11 … -lm -Wl,--strip-all` (as `examples/c`);
-//! - Python: `componentize-py -d <wit> -w function componentize <entry> -p <project>`, the
+//! - Python: `componentize-py -d <wit> -w function componentize <entry> -p .` in the project, the
 //!   vendored WASI WIT written to a temporary directory first;
 //! - JavaScript: `componentize-js --wit <wit> -n function -d http -d fetch-event <entry>.js`
 //!   (the EP links no `wasi:http`).
@@ -183,8 +183,8 @@ fn python(project: &Project, out: &Path, tools: &Tools) -> Result<(), DevError> 
         .arg("-q")
         .arg("-d")
         .arg(wit.path())
-        .args(["-w", WORLD, "componentize", entry, "-p"])
-        .arg(&project.dir)
+        // Run in the project's directory: `-p .` is the project (its modules, pure-Python packages).
+        .args(["-w", WORLD, "componentize", entry, "-p", "."])
         .arg("-o")
         .arg(out);
     run("componentize-py", cmd, hint)

@@ -13,6 +13,7 @@ mod exactly_once;
 mod examples;
 mod faults;
 mod jobs;
+mod js;
 mod kafka;
 mod kafka_support;
 mod lineage;

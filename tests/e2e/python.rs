@@ -17,7 +17,7 @@ use htfaas::client::Client;
 use htfaas::stack::demo_manifest;
 use htfaas_functions::proto::{JobRecord, JobState};
 use htfaas_functions::{Digest, Resources};
-use htfaas_tests::{dev_tools, htfaas_binary, metric, python_component, run_guest_alone, start_stack, wait_for};
+use htfaas_tests::{built_function, dev_tools, htfaas_binary, metric, run_guest_alone, start_stack, wait_for};
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -106,7 +106,7 @@ fn check_stats(got: &[u8], name: &str, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_function_is_compiled_ahead_then_fires_on_an_upload_and_its_stats_match() {
-    let wasm = python_component("examples/python/csvstats");
+    let wasm = built_function("examples/python/csvstats");
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
     let metrics = stack.ep_metrics_url().expect("the EP serves metrics");
@@ -265,7 +265,7 @@ fn hold_runs(
 
 #[test]
 fn more_python_runs_at_once_than_the_old_pool_held_all_complete() {
-    let wasm = python_component("tests/python/hold");
+    let wasm = built_function("tests/python/hold");
     let bytes = std::fs::read(&wasm).expect("read");
     // 6 slots: the pool used to hold 6 core instances (not one Python run); now 16 per slot.
     let options = htfaas_ep::RuntimeOptions { max_instances: 6, ..htfaas_ep::RuntimeOptions::default() };
@@ -291,7 +291,7 @@ fn more_python_runs_at_once_than_the_old_pool_held_all_complete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: prints numbers, asserts only that everything ran"]
 async fn measure_python_against_rust() {
-    let python = python_component("examples/python/csvstats");
+    let python = built_function("examples/python/csvstats");
     let rust = htfaas_tests::guest_wasm("checksum");
     for (name, wasm) in [("csvstats (Python)", &python), ("checksum (Rust)", &rust)] {
         let bytes = std::fs::read(wasm).expect("read");

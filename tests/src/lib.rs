@@ -267,21 +267,25 @@ fn target_dir() -> PathBuf {
 }
 
 /// The toolchains `htfaas fn build` would find for `project` ([`htfaas::devkit::Tools::from_env`]),
-/// with componentize-py taken from the project's venv (`scripts/install-deps.sh`) when neither
-/// `HTFAAS_COMPONENTIZE_PY` nor `PATH` has it.
+/// with componentize-py and componentize-js taken from `.tools/` (`scripts/install-deps.sh`)
+/// when neither their variable nor `PATH` has them.
 pub fn dev_tools(project: &std::path::Path) -> htfaas::devkit::Tools {
     let mut tools = htfaas::devkit::Tools::from_env(project);
+    let tools_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools");
     if tools.componentize_py.is_none() {
-        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/componentize-py");
-        assert!(venv.is_file(), "componentize-py is not installed: run scripts/install-deps.sh");
-        tools.componentize_py = Some(venv);
+        let venv = tools_dir.join("venv/bin/componentize-py");
+        tools.componentize_py = venv.is_file().then_some(venv);
+    }
+    if tools.componentize_js.is_none() {
+        let node = tools_dir.join("node/node_modules/.bin/componentize-js");
+        tools.componentize_js = node.is_file().then_some(node);
     }
     tools
 }
 
-/// The Python project at `dir` (relative to the repository) built once per test binary with
-/// `htfaas fn build`'s code, into `<target>/htfaas-tests-python/<name>.wasm`.
-pub fn python_component(dir: &str) -> PathBuf {
+/// The Python or JavaScript project at `dir` (relative to the repository) built once per test
+/// binary with `htfaas fn build`'s code, into `<target>/htfaas-tests-python/<name>.wasm`.
+pub fn built_function(dir: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, path)) = built.iter().find(|(d, _)| d == dir) {
@@ -293,7 +297,7 @@ pub fn python_component(dir: &str) -> PathBuf {
     std::fs::create_dir_all(&out_dir).expect("mkdir the Python guests' directory");
     let out = out_dir.join(format!("{}.wasm", project.name));
     htfaas::devkit::build(&project, Some(&out), &dev_tools(&project_dir))
-        .unwrap_or_else(|e| panic!("building {dir} failed: {e}"));
+        .unwrap_or_else(|e| panic!("building {dir} failed (scripts/install-deps.sh installs the toolchains): {e}"));
     built.push((dir.to_owned(), out.clone()));
     out
 }
