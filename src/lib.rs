@@ -12,6 +12,8 @@
 //! - [`cluster`] is `htfaas cluster-test`: the crash harness's stream and checks on a site of
 //!   network namespaces ([`netns`]): a NATS cluster, the components on hosts of their own, EPs
 //!   over TLS, a NATS node killed, a link cut, the service host restarted;
+//! - [`devkit`] is `htfaas fn new|build`: project templates per language and the toolchain
+//!   runs that turn a project into wasm (`fn run` is `htfaas_ep::local`);
 //! - [`client`] is what `htfaas put|get|fn|jobs|accounting|events` use.
 //! - [`annex`] is `htfaas annex`: EPs provisioned through a batch system (Slurm first) behind a
 //!   provider interface.
@@ -28,6 +30,7 @@ pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod crash;
+pub mod devkit;
 pub mod nats;
 pub mod netns;
 pub mod overload;

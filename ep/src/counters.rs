@@ -1,5 +1,5 @@
 //! The EP's counters ([`Metrics`]): jobs ended by outcome, their durations, guest
-//! instantiations. Every counter is an atomic: a job's end costs a few relaxed additions.
+//! instantiations, and modules compiled ahead (issue 22) or refused for it. Every counter is an atomic: a job's end costs a few relaxed additions.
 //!
 //! Bottom of the EP: the job tasks count here and [`crate::metrics`] serves them; must not
 //! know about HTTP or the config.
@@ -54,6 +54,14 @@ pub struct Metrics {
     pub(crate) runs: [AtomicU64; OUTCOMES.len()],
     pub(crate) instantiations: AtomicU64,
     pub(crate) duration: Histogram,
+    /// Modules compiled ahead of their first job (`SchedulerMsg::Warm`).
+    pub(crate) warmed: AtomicU64,
+    /// Warm messages refused: a module URL outside the allowed origins.
+    pub(crate) warm_refused_origin: AtomicU64,
+    /// Warm messages refused: the fetched bytes do not hash to the digest named.
+    pub(crate) warm_refused_digest: AtomicU64,
+    /// Warm messages that failed otherwise (fetch, compile) or were dropped (queue full).
+    pub(crate) warm_failed: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -62,6 +70,10 @@ impl Default for Metrics {
             runs: Default::default(),
             instantiations: AtomicU64::new(0),
             duration: Histogram::new(&DURATION_BUCKETS),
+            warmed: AtomicU64::new(0),
+            warm_refused_origin: AtomicU64::new(0),
+            warm_refused_digest: AtomicU64::new(0),
+            warm_failed: AtomicU64::new(0),
         }
     }
 }
@@ -76,6 +88,16 @@ impl Metrics {
     /// A guest run is about to instantiate its module.
     pub fn instantiating(&self) {
         self.instantiations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Modules compiled ahead of their first job.
+    pub fn warmed(&self) -> u64 {
+        self.warmed.load(Ordering::Relaxed)
+    }
+
+    /// Warm messages refused: (module URL outside the allowed origins, digest mismatch).
+    pub fn warm_refused(&self) -> (u64, u64) {
+        (self.warm_refused_origin.load(Ordering::Relaxed), self.warm_refused_digest.load(Ordering::Relaxed))
     }
 
     /// Jobs ended with an outcome labelled `label`.

@@ -48,7 +48,7 @@
 use crate::config::Settings;
 use crate::report_log::LogText;
 use crate::runtime::millis;
-use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, RunLimits, Runtime};
+use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, Prepared, RunLimits, Runtime};
 use crate::scratch::{ScratchLimits, SpareDirs, watch_scratch};
 use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
 use crate::transfer::{Stored, Transfer, download, fetch_module, upload_outputs};
@@ -293,50 +293,19 @@ impl Jobs {
 
     /// The compiled module for `f`: memory, then `work_dir/modules/<hex>.wasm`, then `module_url`.
     /// Fails with [`Outcome::ModuleFailed`], or [`Outcome::StorageUnavailable`] when its server
-    /// stayed unavailable through every try.
+    /// stayed unavailable through every try. Waits for a compile of the same module already
+    /// under way (a job's or a warm's) instead of starting another.
     async fn module(&self, f: &FunctionRef, retries: &mut u32) -> Result<Guest, Outcome> {
         let rt = &self.settings.runtime;
         if let Some(g) = rt.cached(&f.digest) {
             return Ok(g);
         }
-        let lock = self.loading.lock().expect("loading lock poisoned").entry(f.digest.clone()).or_default().clone();
+        let lock = self.lock_of(&f.digest);
         let _held = lock.lock().await;
         if let Some(g) = rt.cached(&f.digest) {
             return Ok(g);
         }
-        let path = self.settings.modules_dir.join(format!("{}.wasm", f.digest.hex()));
-        let from_disk = match tokio::fs::read(&path).await {
-            Ok(bytes) if Digest::of(&bytes) == f.digest => Some(bytes),
-            Ok(_) => {
-                tracing::warn!("cached module {} does not match its digest; fetching again", path.display());
-                None
-            }
-            Err(_) => None,
-        };
-        let bytes = match from_disk {
-            Some(b) => b,
-            None => {
-                let bytes = fetch_module(&self.settings.http, &f.module_url, retries)
-                    .await
-                    .map_err(|e| e.outcome(|reason| Outcome::ModuleFailed { reason }))?;
-                let actual = Digest::of(&bytes);
-                if actual != f.digest {
-                    let reason = ModuleError::DigestMismatch { expected: f.digest.clone(), actual }.to_string();
-                    return Err(Outcome::ModuleFailed { reason });
-                }
-                let tmp = path.with_extension(format!("wasm.tmp{}", std::process::id()));
-                let stored = async {
-                    tokio::fs::write(&tmp, &bytes).await?;
-                    tokio::fs::rename(&tmp, &path).await
-                }
-                .await;
-                if let Err(e) = stored {
-                    tracing::warn!("failed to cache module at {}: {e}", path.display());
-                    let _ = tokio::fs::remove_file(&tmp).await;
-                }
-                bytes
-            }
-        };
+        let bytes = self.module_bytes(f, retries).await.map_err(ModuleMiss::outcome)?;
         let rt = rt.clone();
         let digest = f.digest.clone();
         let started = Instant::now();
@@ -344,8 +313,87 @@ impl Jobs {
             .await
             .map_err(|e| Outcome::ModuleFailed { reason: format!("compile task failed: {e}") })?
             .map_err(|e| Outcome::ModuleFailed { reason: e.to_string() })?;
-        tracing::info!(compile_ms = millis(started.elapsed()), "module compiled");
+        tracing::info!(compile_ms = millis(started.elapsed()), "module ready");
         Ok(guest)
+    }
+
+    /// Compiles `digest` ahead of its first job (issue 22): fetched and verified as a job's
+    /// module ([`Jobs::module_bytes`]; the caller checked `module_url`'s origin), compiled and
+    /// written to the disk cache ([`Runtime::prepare`]), under the same per-module lock as a
+    /// job, so that a job needing it meanwhile waits for this compile.
+    pub(crate) async fn warm(&self, digest: &Digest, module_url: &str) -> Result<Prepared, ModuleMiss> {
+        let f = FunctionRef { name: String::new(), version: 0, digest: digest.clone(), module_url: module_url.into() };
+        let rt = &self.settings.runtime;
+        if rt.cached(digest).is_some() {
+            return Ok(Prepared::Ready);
+        }
+        let lock = self.lock_of(digest);
+        let _held = lock.lock().await;
+        let bytes = self.module_bytes(&f, &mut 0).await?;
+        let rt = rt.clone();
+        let digest = digest.clone();
+        tokio::task::spawn_blocking(move || rt.prepare(&digest, &bytes))
+            .await
+            .map_err(|e| ModuleMiss::Failed(Outcome::ModuleFailed { reason: format!("compile task failed: {e}") }))?
+            .map_err(|e| match e {
+                ModuleError::DigestMismatch { .. } => ModuleMiss::Digest(e.to_string()),
+                other => ModuleMiss::Failed(Outcome::ModuleFailed { reason: other.to_string() }),
+            })
+    }
+
+    /// The per-module lock: one fetch and compile of a module at a time.
+    fn lock_of(&self, digest: &Digest) -> Arc<tokio::sync::Mutex<()>> {
+        self.loading.lock().expect("loading lock poisoned").entry(digest.clone()).or_default().clone()
+    }
+
+    /// The bytes of `f`'s module, verified against its digest: `work_dir/modules/<hex>.wasm`,
+    /// else fetched from `module_url` (and kept there). Call with the module's lock held.
+    async fn module_bytes(&self, f: &FunctionRef, retries: &mut u32) -> Result<Vec<u8>, ModuleMiss> {
+        let path = self.settings.modules_dir.join(format!("{}.wasm", f.digest.hex()));
+        match tokio::fs::read(&path).await {
+            Ok(bytes) if Digest::of(&bytes) == f.digest => return Ok(bytes),
+            Ok(_) => tracing::warn!("cached module {} does not match its digest; fetching again", path.display()),
+            Err(_) => {}
+        }
+        let bytes = fetch_module(&self.settings.http, &f.module_url, retries)
+            .await
+            .map_err(|e| ModuleMiss::Failed(e.outcome(|reason| Outcome::ModuleFailed { reason })))?;
+        let actual = Digest::of(&bytes);
+        if actual != f.digest {
+            return Err(ModuleMiss::Digest(
+                ModuleError::DigestMismatch { expected: f.digest.clone(), actual }.to_string(),
+            ));
+        }
+        let tmp = path.with_extension(format!("wasm.tmp{}", std::process::id()));
+        let stored = async {
+            tokio::fs::write(&tmp, &bytes).await?;
+            tokio::fs::rename(&tmp, &path).await
+        }
+        .await;
+        if let Err(e) = stored {
+            tracing::warn!("failed to cache module at {}: {e}", path.display());
+            let _ = tokio::fs::remove_file(&tmp).await;
+        }
+        Ok(bytes)
+    }
+}
+
+/// Why a module could not be had.
+#[derive(Debug)]
+pub(crate) enum ModuleMiss {
+    /// The bytes do not hash to the digest named (the message says both).
+    Digest(String),
+    /// Anything else, as the job's outcome.
+    Failed(Outcome),
+}
+
+impl ModuleMiss {
+    /// The job's outcome.
+    pub(crate) fn outcome(self) -> Outcome {
+        match self {
+            ModuleMiss::Digest(reason) => Outcome::ModuleFailed { reason },
+            ModuleMiss::Failed(o) => o,
+        }
     }
 }
 

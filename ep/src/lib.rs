@@ -18,8 +18,11 @@
 //!   stored to ([`Config::allowed_origins`]), checked before any transfer and on every redirect;
 //! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store, stopped by
 //!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
+//! - `warm`: modules compiled ahead of their first job, as the scheduler names them (issue 22);
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
+//! - [`local`]: one run on a local file with no stack (`htfaas fn run`), in the same runtime
+//!   and limits as a job;
 //! - [`metrics`]: the optional Prometheus listener ([`Config::metrics_listen`]);
 //! - the lifecycle watcher: leaves at the end of [`Settings::lifetime`] (or of the lifetime the
 //!   scheduler set since: `SchedulerMsg::Lifetime`, an annex's end, longer or shorter), or
@@ -39,6 +42,7 @@ mod guest_log;
 mod job;
 mod lifecycle;
 mod link;
+pub mod local;
 pub mod metrics;
 mod options;
 pub mod origins;
@@ -49,6 +53,7 @@ mod sleep;
 mod slots;
 mod tls;
 mod transfer;
+mod warm;
 
 use std::sync::Arc;
 use std::time::Duration;

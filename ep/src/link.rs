@@ -8,7 +8,9 @@
 //! `Hello` carries the settings' annex, the operator's intent only: the scheduler decides from
 //! the attach token. `Cancel` fires the named job's signal (the job ends as `Cancelled` and
 //! reports like any other); a cancel for a job not running here is ignored. `Lifetime` (an
-//! annex's end, issue 21) replaces the EP's lease; the lifecycle watcher leaves by it.
+//! annex's end, issue 21) replaces the EP's lease; the lifecycle watcher leaves by it. `Warm`
+//! (issue 22) queues a module to compile ahead of its first job ([`crate::warm`]), never waited
+//! for.
 //!
 //! Prefetch (issue 20; the extension of [`htfaas_functions::proto`]'s attach conversation):
 //! `Hello` asks for [`Settings::prefetch`] jobs beyond the free resources; when the `Welcome`
@@ -56,6 +58,7 @@
 use crate::config::{STOP_GRACE, Settings};
 use crate::job::Jobs;
 use crate::runtime::CancelSignal;
+use crate::warm::Warmer;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
 use htfaas_functions::Resources;
@@ -98,6 +101,8 @@ type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 struct Link {
     settings: Arc<Settings>,
     jobs: Arc<Jobs>,
+    /// Compiles the modules the scheduler names ahead of their first job (`Warm`).
+    warmer: Warmer,
     tracker: TaskTracker,
     report_tx: mpsc::UnboundedSender<JobReport>,
     report_rx: mpsc::UnboundedReceiver<JobReport>,
@@ -147,8 +152,10 @@ pub(crate) async fn run(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let (report_tx, report_rx) = mpsc::unbounded_channel();
+    let jobs = Arc::new(Jobs::new(settings.clone()));
     let mut link = Link {
-        jobs: Arc::new(Jobs::new(settings.clone())),
+        warmer: Warmer::start(settings.clone(), jobs.clone()),
+        jobs,
         settings,
         tracker: TaskTracker::new(),
         report_tx,
@@ -525,6 +532,7 @@ impl Link {
                         bail!("scheduler cancelled job {job_id} before welcome")
                     }
                     Ok(SchedulerMsg::Lifetime { .. }) => bail!("scheduler set a lifetime before welcome"),
+                    Ok(SchedulerMsg::Warm { .. }) => bail!("scheduler named a module to warm before welcome"),
                     Err(e) => {
                         self.bad_frames += 1;
                         tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
@@ -564,6 +572,7 @@ impl Link {
                 }
             }
             SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
+            SchedulerMsg::Warm { digest, module_url } => self.warmer.warm(digest, module_url),
             SchedulerMsg::Lifetime { leave_in_ms } => {
                 tracing::info!(leave_in_ms, "the scheduler set this EP's lifetime");
                 self.settings.lease.end_in(Duration::from_millis(leave_in_ms));

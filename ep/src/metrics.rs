@@ -20,6 +20,9 @@
 //! | `htfaas_ep_modules_loaded_from_disk_total` | counter | | modules deserialized from verified artifacts |
 //! | `htfaas_ep_modules_rejected_from_disk_total` | counter | | artifacts on disk refused (and compiled again) |
 //! | `htfaas_ep_modules_cached` | gauge | | compiled modules held in memory |
+//! | `htfaas_ep_modules_warmed_total` | counter | | modules compiled ahead of their first job (issue 22) |
+//! | `htfaas_ep_warm_refused_total` | counter | `reason` (`origin`, `digest`) | warm messages refused: a module URL outside the allowed origins, bytes that do not hash to the digest |
+//! | `htfaas_ep_warm_failed_total` | counter | | warm messages that failed otherwise (fetch, compile) or were dropped (queue full) |
 //!
 //! Every counter is an atomic: a job's end costs a few relaxed additions, no lock.
 
@@ -113,9 +116,25 @@ impl Collector for EpCollector {
                 "Artifacts on disk refused and compiled again.",
                 rt.rejected_from_disk_count(),
             ),
+            ("htfaas_ep_modules_warmed", "Modules compiled ahead of their first job.", m.warmed()),
+            (
+                "htfaas_ep_warm_failed",
+                "Warm messages that failed (fetch, compile) or were dropped.",
+                m.warm_failed.load(Ordering::Relaxed),
+            ),
         ] {
             e.encode_descriptor(name, help, None, MetricType::Counter)?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+        let (origin, digest) = m.warm_refused();
+        let mut refused = e.encode_descriptor(
+            "htfaas_ep_warm_refused",
+            "Warm messages refused, by reason.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in [("origin", origin), ("digest", digest)] {
+            refused.encode_family(&[("reason", reason)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
         Ok(())
     }

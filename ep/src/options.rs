@@ -44,10 +44,20 @@ pub struct RuntimeOptions {
     /// Whether to take instances from wasmtime's pooling allocator (falls back to on-demand with
     /// a warning when the pool cannot be reserved). Default: true.
     pub pooling: bool,
-    /// Pool slots: instances (so runs) alive at once; a run past it ends as
-    /// [`Outcome::ModuleFailed`]. Should cover the EP's job slots plus guests left behind in a
-    /// blocking sleep. Each slot reserves about 4 GiB of address space (not memory). Default: 64.
+    /// Pool slots: instances (so runs) alive at once; a run that finds no free slot never
+    /// starts ([`GuestRun::no_free_slot`](crate::runtime::GuestRun::no_free_slot)), and its job
+    /// waits for one or is handed back to the scheduler, never failed. Should cover the EP's job
+    /// slots plus guests left behind in a blocking sleep. Each slot reserves about 4 GiB of
+    /// address space (not memory) for its linear memory. Default: 64.
     pub max_instances: u32,
+    /// Core instances in the pool per slot. A core module is one; a component is several (a
+    /// Python function built by componentize-py is 14: the interpreter, libc, the WASI adapter
+    /// and shims), so the pool holds `max_instances × core_instances_per_slot`, shared by all
+    /// runs. Cheap (a `VMContext` each). Default: [`DEFAULT_CORE_INSTANCES_PER_SLOT`].
+    pub core_instances_per_slot: u32,
+    /// Tables in the pool per slot (a core module has at most one; a Python component 2).
+    /// Default: [`DEFAULT_TABLES_PER_SLOT`].
+    pub tables_per_slot: u32,
     /// Largest linear memory of any run, bytes: the largest job memory the EP accepts. Runs asking
     /// for more are capped here. At most 4 GiB (wasm32). Default: 4 GiB.
     pub max_memory_bytes: u64,
@@ -68,6 +78,11 @@ pub struct RuntimeOptions {
     pub compile_timeout: Option<Duration>,
 }
 
+/// Default of [`RuntimeOptions::core_instances_per_slot`]: a Python component (14) with room.
+pub const DEFAULT_CORE_INSTANCES_PER_SLOT: u32 = 16;
+/// Default of [`RuntimeOptions::tables_per_slot`]: a Python component's 2.
+pub const DEFAULT_TABLES_PER_SLOT: u32 = 2;
+
 /// Default of [`RuntimeOptions::max_open_resources`].
 pub const DEFAULT_MAX_OPEN_RESOURCES: usize = 256;
 /// Default of [`RuntimeOptions::compile_timeout`]: 5 minutes. Compiling takes about 1 s per MB
@@ -87,6 +102,8 @@ impl Default for RuntimeOptions {
             fuel: None,
             pooling: true,
             max_instances: 64,
+            core_instances_per_slot: DEFAULT_CORE_INSTANCES_PER_SLOT,
+            tables_per_slot: DEFAULT_TABLES_PER_SLOT,
             max_memory_bytes: WASM32_MAX_MEMORY,
             max_cached_modules: DEFAULT_MAX_CACHED_MODULES,
             max_disk_artifacts: DEFAULT_MAX_DISK_ARTIFACTS,
@@ -107,9 +124,11 @@ pub(crate) fn build_engine(options: &RuntimeOptions, max_memory_bytes: u64) -> a
     if options.pooling {
         let slots = options.max_instances.max(1);
         let mut pool = PoolingAllocationConfig::new();
-        pool.total_core_instances(slots)
+        // Components hold several core instances and tables each: sized per slot, so that
+        // `slots` runs of a Python component fit at once (see `core_instances_per_slot`).
+        pool.total_core_instances(slots.saturating_mul(options.core_instances_per_slot.max(1)))
             .total_memories(slots)
-            .total_tables(slots)
+            .total_tables(slots.saturating_mul(options.tables_per_slot.max(1)))
             .total_stacks(slots)
             .total_component_instances(slots)
             .max_memory_size(usize::try_from(max_memory_bytes).unwrap_or(usize::MAX))

@@ -1,6 +1,6 @@
 //! The wasm host: one [`Engine`] per EP, one [`Linker`] built at start, compiled modules cached
 //! by digest (in memory, and optionally on disk), and [`Runtime::run_job`], which runs one guest
-//! in a fresh [`Store`].
+//! in a fresh [`Store`]. Long because one run's bounds are enforced together in its one `call`.
 //!
 //! No network here: callers hand in verified bytes and prepared directories, so this module is
 //! testable alone. A guest failing is an [`Outcome`], never an `Err`.
@@ -15,7 +15,9 @@
 //!
 //! How a run starts fast:
 //! - instances, linear memories, tables and the fiber stacks guests run on come from wasmtime's
-//!   pooling allocator: [`RuntimeOptions::max_instances`] slots, each memory reserved up to
+//!   pooling allocator: [`RuntimeOptions::max_instances`] slots (with
+//!   [`RuntimeOptions::core_instances_per_slot`] core instances and
+//!   [`RuntimeOptions::tables_per_slot`] tables each, as a component needs several), each memory reserved up to
 //!   [`RuntimeOptions::max_memory_bytes`] (with the usual 4 GiB reservation, so bounds checks stay
 //!   elided). Reserving the pool needs a lot of address space (about 4 GiB per slot); where that
 //!   is refused (`ulimit -v`, as some batch systems set) the runtime warns and allocates on demand;
@@ -79,8 +81,8 @@ use crate::code::Code;
 pub use crate::code::{GuestKind, ModuleError};
 use crate::guest_log::{LogBuffer, Stream};
 pub use crate::options::{
-    DEFAULT_COMPILE_TIMEOUT, DEFAULT_MAX_CACHED_MODULES, DEFAULT_MAX_DISK_ARTIFACTS, DEFAULT_MAX_OPEN_RESOURCES,
-    EPOCH_TICK, MAX_WASM_STACK, RuntimeOptions, WASM32_MAX_MEMORY,
+    DEFAULT_COMPILE_TIMEOUT, DEFAULT_CORE_INSTANCES_PER_SLOT, DEFAULT_MAX_CACHED_MODULES, DEFAULT_MAX_DISK_ARTIFACTS,
+    DEFAULT_MAX_OPEN_RESOURCES, DEFAULT_TABLES_PER_SLOT, EPOCH_TICK, MAX_WASM_STACK, RuntimeOptions, WASM32_MAX_MEMORY,
 };
 use crate::options::{HOST_CALL_GRACE, MAX_CANCEL_REASON, MAX_TABLE_ELEMENTS, MAX_TRAP_MESSAGE, build_engine};
 use htfaas_functions::proto::Outcome;
@@ -209,6 +211,15 @@ pub struct GuestRun {
     /// The pool had no free instance slot, so the guest never started (the outcome is then
     /// [`Outcome::ModuleFailed`] saying so). Not the job's fault: see [`crate::slots`].
     pub no_free_slot: bool,
+}
+
+/// What [`Runtime::prepare`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prepared {
+    /// Nothing to do: the code was in memory, or its artifact on disk.
+    Ready,
+    /// Compiled now (and its artifact written).
+    Compiled,
 }
 
 /// Limits of one run narrower than the runtime's own (a function asking for less).
@@ -436,7 +447,46 @@ impl Runtime {
                 (code, true)
             }
         };
-        let linked = match &code {
+        let linked = self.link(&code)?;
+        if compiled {
+            self.store(digest, &code);
+        }
+        let guest = Guest { digest: digest.clone(), linked };
+        self.modules.lock().expect("module cache lock poisoned").insert(digest.clone(), guest.clone());
+        Ok(guest)
+    }
+
+    /// Makes `digest`'s compiled code ready for its first run, ahead of it (issue 22): compiles
+    /// it unless it is in memory or its artifact is on disk, checks that it is a WASI command,
+    /// and writes the artifact, without keeping the code in memory (a job loads it from disk in
+    /// milliseconds; a Python component's code is ~36 MB). Without a disk cache it is kept in
+    /// memory instead. Blocking, like [`load`](Self::load), under the same compile time limit.
+    pub fn prepare(&self, digest: &Digest, bytes: &[u8]) -> Result<Prepared, ModuleError> {
+        if self.cached(digest).is_some() {
+            return Ok(Prepared::Ready);
+        }
+        let Some(disk) = &self.disk else {
+            self.load(digest, bytes)?;
+            return Ok(Prepared::Compiled);
+        };
+        if disk.path(digest).is_file() {
+            return Ok(Prepared::Ready);
+        }
+        let actual = Digest::of(bytes);
+        if &actual != digest {
+            return Err(ModuleError::DigestMismatch { expected: digest.clone(), actual });
+        }
+        let code = self.compiler.compile(&self.engine, digest, bytes, GuestKind::of(bytes))?;
+        self.compiled.fetch_add(1, Ordering::Relaxed);
+        self.link(&code)?;
+        self.store(digest, &code);
+        Ok(Prepared::Compiled)
+    }
+
+    /// Links compiled code: a module must export `_start`, a component `wasi:cli/run`, and
+    /// import only what the linkers offer.
+    fn link(&self, code: &Code) -> Result<Linked, ModuleError> {
+        Ok(match code {
             Code::Module(module) => {
                 let has_start = module.exports().any(|e| e.name() == "_start" && e.ty().func().is_some());
                 if !has_start {
@@ -455,20 +505,21 @@ impl Runtime {
                     .map_err(|e| ModuleError::NotACommand(format!("no export `wasi:cli/run`: {e:#}")))?;
                 Linked::Component(pre)
             }
-        };
-        if compiled && let Some(disk) = &self.disk {
-            match code.serialize() {
-                Ok(artifact) => {
-                    if let Err(e) = disk.write(digest, &artifact) {
-                        tracing::warn!(digest = %digest.short(), "failed to store the compiled artifact: {e}");
-                    }
+        })
+    }
+
+    /// Writes the artifact of freshly compiled `code` to the disk cache, if there is one; a
+    /// failure only costs a compile after the next restart, so it is logged.
+    fn store(&self, digest: &Digest, code: &Code) {
+        let Some(disk) = &self.disk else { return };
+        match code.serialize() {
+            Ok(artifact) => {
+                if let Err(e) = disk.write(digest, &artifact) {
+                    tracing::warn!(digest = %digest.short(), "failed to store the compiled artifact: {e}");
                 }
-                Err(e) => tracing::warn!(digest = %digest.short(), "failed to serialize the compiled module: {e:#}"),
             }
+            Err(e) => tracing::warn!(digest = %digest.short(), "failed to serialize the compiled module: {e:#}"),
         }
-        let guest = Guest { digest: digest.clone(), linked };
-        self.modules.lock().expect("module cache lock poisoned").insert(digest.clone(), guest.clone());
-        Ok(guest)
     }
 
     /// The compiled code from `disk`, if a verified artifact for `digest` is there and wasmtime

@@ -13,6 +13,8 @@
 //! - [`api`] serves the registry (modules and functions) and proxies job and accounting queries
 //!   to the scheduler; its credentials are checked by [`auth`], its errors are
 //!   [`http_error::HttpError`].
+//! - [`warm`] tells the scheduler which modules registered functions use, for EPs to compile
+//!   ahead of their first event (issue 22).
 //! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
 //!   share ([`Shared`]), with the HTTP clients of [`clients`].
 //!
@@ -51,6 +53,7 @@ pub mod submit;
 #[cfg(test)]
 mod testing;
 pub mod triggers;
+pub mod warm;
 
 pub use clients::{http_client, http_client_trusting, scheduler_http_client, storage_http_client};
 pub use config::{Config, default_audit_checkpoint_records, default_audit_checkpoint_s};
@@ -91,6 +94,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(default_lane, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
+    // Issue 22: EPs compile registered functions' modules ahead of their first event.
+    let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
     let events = replay::Events::connect(&nats_url, credential).await?;
     let app = api::router(shared.clone())
@@ -105,6 +110,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let ingested = ingest.await.context("join the ingest loop")?;
     lanes.stop().await;
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
+    let _ = warm.await;
     tracing::info!("gateway stopped");
     served?;
     ingested?;

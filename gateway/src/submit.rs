@@ -2,7 +2,7 @@
 //! submit token that allows exactly this job and posts the [`SubmitRequest`].
 
 use crate::storage_client::snippet;
-use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse};
+use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse, WarmRequest, WarmResponse};
 use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s};
 
 /// Why a submission did not go through.
@@ -160,6 +160,37 @@ impl Submitter {
             remaining: u32,
         }
         Ok(answer::<Preflight>(resp).await?.remaining)
+    }
+
+    /// Tells the scheduler (issue 22) that `req`'s module belongs to a registered function of
+    /// `owner`, for EPs to compile ahead of its first job (`POST /v1/modules/warm`), with a
+    /// token of `owner` naming the digest and allowing no job (the route counts no use).
+    pub async fn warm(&self, owner: &str, req: &WarmRequest) -> Result<WarmResponse, SubmitError> {
+        let now = now_s();
+        let claims = SubmitClaims {
+            iss: self.issuer.clone(),
+            sub: owner.to_owned(),
+            aud: SUBMIT_AUDIENCE.to_owned(),
+            exp: now + self.token_ttl_s,
+            iat: now,
+            jti: new_jti(),
+            jobs: 0,
+            cpus: 0,
+            memory_mb: 0,
+            runtime_s: 0,
+            function: Some(req.digest.clone()),
+            group: None,
+        };
+        let token = self.key.sign(&claims)?;
+        let resp = self
+            .http
+            .post(format!("{}/v1/modules/warm", self.scheduler_url))
+            .bearer_auth(&token)
+            .json(req)
+            .send()
+            .await
+            .map_err(|e| SubmitError::Unavailable(e.to_string()))?;
+        answer(resp).await
     }
 }
 

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `POST /v1/jobs` | submit token | `SubmitRequest` → 201 `SubmitResponse` (200 when the dedupe key already had a job; 429 when the owner is at the idle limit) |
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
+//! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
 //! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first |
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
@@ -112,6 +113,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/preflight", post(preflight))
+        .route("/v1/modules/warm", post(warm))
         .route("/v1/revocations", post(revoke).get(list_revocations))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/hold", post(hold))
@@ -356,6 +358,15 @@ async fn preflight(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Res
         return Err(QueueError::TokenUsed { uses, jobs: claims.jobs }.into());
     }
     Ok(Json(serde_json::json!({ "remaining": u64::from(claims.jobs) - uses })).into_response())
+}
+
+async fn warm(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<htfaas_functions::proto::WarmResponse>, ApiFailure> {
+    let claims = authorize_submit(&shared, &headers).inspect_err(|e| tracing::info!("warm refused: {}", e.message))?;
+    crate::warm::request(&shared, &claims, body).map(Json)
 }
 
 /// `POST /v1/revocations`: applies a revocation everywhere and answers once it is recorded.

@@ -14,7 +14,8 @@
 //! a job it turns away unrun counts as a lost attempt, with the backoff. A Hello naming another
 //! annex than the token's is refused (close [`CLOSE_FORBIDDEN`]) so that an operator's mistake
 //! shows at once. An EP of an annex the scheduler keeps a record of is told the annex's end
-//! ([`SchedulerMsg::Lifetime`], [`crate::annex`]) right after its Welcome. The session is
+//! ([`SchedulerMsg::Lifetime`], [`crate::annex`]) right after its Welcome, and every EP the
+//! modules on the warm list that it may run ([`SchedulerMsg::Warm`], [`crate::warm`]). The session is
 //! closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
 //! itself, without leeway) or is revoked ([`CLOSE_FORBIDDEN`]). A bad frame is logged and
 //! counted, and the session goes on (up to [`MAX_BAD_FRAMES`]). A `Finished` for a job that is
@@ -214,6 +215,7 @@ pub async fn serve(
     if let Some(lifetime) = crate::annex::on_attach(&shared, claims.annex.as_deref()) {
         let _ = tx.send(ToEp::Send(lifetime));
     }
+    let warm_tx = tx.clone();
     let pool = Pool { annex: claims.annex.clone(), owner: claims.owner.clone() };
     let credential = Credential::of_attach(&claims);
     let mut slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
@@ -226,6 +228,13 @@ pub async fn serve(
         tracing::info!("attach token revoked meanwhile: {reason}");
         return close(ws, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}")).await;
     }
+    // The modules on the warm list it may run, to compile ahead (issue 22); read once it is in
+    // the table, so a module announced meanwhile reaches it one way or the other (twice at
+    // worst, which the EP ignores).
+    for warm in crate::warm::on_attach(&shared, claims.owner.as_deref()) {
+        let _ = warm_tx.send(ToEp::Send(warm));
+    }
+    drop(warm_tx);
     tracing::info!(
         cpus = hello.slots.cpus,
         memory_mb = hello.slots.memory_mb,

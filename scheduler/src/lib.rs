@@ -36,6 +36,8 @@
 //!   observed, outputs only under the job's output directory and bounded, else refused.
 //! - [`trust`]: which URLs a job may name: input and output on the site's storages, the module
 //!   at a module store's URL for the job's digest; no other URL reaches an EP.
+//! - [`warm`]: compile ahead (issue 22): the modules of registered functions, which attached
+//!   EPs are told to compile before their first job (`SchedulerMsg::Warm`).
 //! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
 //!   refused credentials by reason, audit records.
 //! - [`report`]: accounting reports over the job records, on a connection of their own.
@@ -93,6 +95,7 @@ pub mod state;
 mod testing;
 pub mod trust;
 pub mod validate;
+pub mod warm;
 
 pub use attach::mint_attach_token;
 pub use config::{ATTACH_KID, Config, OwnerLimits, Settings, TrustedIssuer};
@@ -150,6 +153,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         attach_key,
         name: name.clone(),
         annexes,
+        warm: state::WarmList::default(),
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;

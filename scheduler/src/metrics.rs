@@ -14,6 +14,7 @@
 //! | `htfaas_scheduler_store_writes_total`, `…_store_write_batches_total` | counter | | writes to the job store, and the transactions (group commits) they were run in: their ratio is the writes per commit |
 //! | `htfaas_scheduler_ep_bad_frames_total` | counter | | frames from EPs that were not understood |
 //! | `htfaas_scheduler_ignored_reports_total` | counter | | `Finished` reports for jobs not running on the reporting session |
+//! | `htfaas_scheduler_warm_refused_total` | counter | | warm requests (issue 22) refused after their token verified: a digest the token does not name, a module URL no module store has |
 //!
 //! Cost: counters and the latency histogram are atomics (no lock on the submit or dispatch
 //! path). Jobs by state are counted at scrape time with one query on a read-only connection of
@@ -180,6 +181,8 @@ pub struct Metrics {
     bad_frames: AtomicU64,
     /// Finished reports for jobs not running on the reporting session.
     ignored_reports: AtomicU64,
+    /// Warm requests refused after their token verified ([`crate::warm`]).
+    warm_refused: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -199,6 +202,7 @@ impl Metrics {
             waiting: Mutex::new(Some(Waiting { rx, since: HashMap::new() })),
             bad_frames: AtomicU64::new(0),
             ignored_reports: AtomicU64::new(0),
+            warm_refused: AtomicU64::new(0),
         }
     }
 
@@ -226,6 +230,16 @@ impl Metrics {
     /// Counts a Finished report for a job not running on the reporting session.
     pub fn ignored_report(&self) {
         self.ignored_reports.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a warm request refused after its token verified.
+    pub fn warm_refused(&self) {
+        self.warm_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Warm requests refused so far.
+    pub fn warm_refusals(&self) -> u64 {
+        self.warm_refused.load(Ordering::Relaxed)
     }
 
     /// The dispatcher's side; `None` once taken.
@@ -315,6 +329,7 @@ pub async fn render(
         latency: metrics.dispatch_latency.clone(),
         bad_frames: metrics.bad_frames.load(Ordering::Relaxed),
         ignored_reports: metrics.ignored_reports.load(Ordering::Relaxed),
+        warm_refused: metrics.warm_refusals(),
         store_writes: writes,
         store_batches: batches,
     };
@@ -361,6 +376,7 @@ struct Snapshot {
     latency: Histogram,
     bad_frames: u64,
     ignored_reports: u64,
+    warm_refused: u64,
     store_writes: u64,
     store_batches: u64,
 }
@@ -419,6 +435,11 @@ impl Collector for Snapshot {
                 "Finished reports for jobs not running on the reporting session.",
                 self.ignored_reports,
             ),
+            (
+                "htfaas_scheduler_warm_refused",
+                "Warm requests refused after their token verified (digest or module URL).",
+                self.warm_refused,
+            ),
             ("htfaas_scheduler_store_writes", "Writes to the job store.", self.store_writes),
             (
                 "htfaas_scheduler_store_write_batches",
@@ -468,6 +489,7 @@ mod tests {
             latency: h,
             bad_frames: 0,
             ignored_reports: 0,
+            warm_refused: 0,
             store_writes: 0,
             store_batches: 0,
         }));

@@ -1,6 +1,6 @@
 //! [`Shared`]: the state the HTTP handlers, the EP sessions and the dispatcher share (the
 //! store, the EP table, verifiers, site policy, URL trust, the audit signer, the counters, the
-//! attach key and the annexes' records),
+//! attach key, the annexes' records and the warm list),
 //! built once by [`crate::run`].
 //!
 //! Must not know: what is done with it (handlers, sessions, dispatch are above it).
@@ -12,9 +12,10 @@ use crate::metrics::Metrics;
 use crate::policy::SitePolicy;
 use crate::queue::Queue;
 use crate::trust::UrlTrust;
+use htfaas_functions::Digest;
 use htfaas_functions::audit::{AuditSigner, CheckpointPolicy};
 use htfaas_functions::token::{SigningKey, Verifier};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +57,8 @@ pub struct Shared {
     pub(crate) name: String,
     /// The annexes' records ([`crate::annex_store`]).
     pub(crate) annexes: AnnexStore,
+    /// The modules attached EPs compile ahead of their first job ([`crate::warm`]).
+    pub(crate) warm: WarmList,
 }
 
 impl Shared {
@@ -69,3 +72,49 @@ impl Shared {
 /// The EP table's lock, taken through [`Shared::eps`] only.
 #[derive(Debug, Default)]
 pub(crate) struct EpLock(Mutex<EpTable>);
+
+/// Most modules on the warm list.
+pub const MAX_WARM: usize = 1024;
+
+/// One module on the warm list ([`crate::warm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WarmEntry {
+    pub(crate) digest: Digest,
+    pub(crate) module_url: String,
+    /// The function's owner: only EPs that may run its jobs are told.
+    pub(crate) owner: String,
+}
+
+/// The warm list ([`crate::warm`]): modules EPs compile ahead of their first job, oldest first,
+/// at most [`MAX_WARM`].
+#[derive(Debug, Default)]
+pub struct WarmList(Mutex<VecDeque<WarmEntry>>);
+
+impl WarmList {
+    /// Adds `entry` unless its digest is there; whether it was new.
+    pub(crate) fn add(&self, entry: WarmEntry) -> bool {
+        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if list.iter().any(|e| e.digest == entry.digest) {
+            return false;
+        }
+        if list.len() >= MAX_WARM {
+            list.pop_front();
+        }
+        list.push_back(entry);
+        true
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<WarmEntry> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// Modules on the list.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -15,6 +15,7 @@
 //!
 //! Pure: knows no HTTP server, store, EP or token.
 
+use htfaas_functions::Digest;
 use htfaas_functions::proto::SubmitRequest;
 use std::fmt;
 use url::Url;
@@ -246,15 +247,15 @@ impl UrlTrust {
         }
     }
 
-    /// Every URL of `req` (see the module docs).
-    pub fn check(&self, req: &SubmitRequest) -> Result<(), UrlRefusal> {
-        let module = &req.function.module_url;
+    /// A module URL: exactly a module store's URL for `digest` (a job's, and a warm request's,
+    /// issue 22).
+    pub fn check_module(&self, digest: &Digest, module: &str) -> Result<(), UrlRefusal> {
         let u = parse_clean(module).map_err(|why| UrlRefusal::Malformed {
             field: "function.module_url",
             url: shown(module),
             why,
         })?;
-        let tail = format!("/v1/modules/{}", req.function.digest);
+        let tail = format!("/v1/modules/{digest}");
         let origin = Origin::of(&u);
         let at_store = self.module_stores.iter().any(|s| {
             Some(&s.origin) == origin.as_ref() && u.path().strip_prefix(s.prefix.as_str()) == Some(tail.as_str())
@@ -263,6 +264,12 @@ impl UrlTrust {
             let expected = self.module_stores.iter().map(|s| format!("{s}{tail}")).collect::<Vec<_>>().join(" or ");
             return Err(UrlRefusal::UntrustedModule { url: shown(module), expected });
         }
+        Ok(())
+    }
+
+    /// Every URL of `req` (see the module docs).
+    pub fn check(&self, req: &SubmitRequest) -> Result<(), UrlRefusal> {
+        self.check_module(&req.function.digest, &req.function.module_url)?;
         self.check_storage("input.url", &req.input.url)?;
         self.check_storage("output.url", &req.output.url)?;
         if !names_file(&req.input.url, &req.event.path) {

@@ -205,6 +205,9 @@ pub enum FnCommand {
         #[arg(long)]
         json: bool,
     },
+    // issue 22: `fn new|build|run`, a developer's commands without a stack (`super::fn_dev`).
+    #[command(flatten)]
+    Dev(super::fn_dev::DevCommand),
 }
 
 /// `--secret KEY=@FILE`: a value on the command line would be in the shell's history and the
@@ -371,5 +374,6 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             println!("deleted {} (v{} was live; its versions stay)", record.manifest.name, record.version);
             Ok(())
         }
+        FnCommand::Dev(command) => super::fn_dev::run(command).await,
     }
 }

@@ -12,6 +12,7 @@ pub mod ep;
 pub mod events;
 pub mod files;
 pub mod fn_cmd;
+pub mod fn_dev;
 pub mod harness;
 pub mod jobs;
 pub mod login;

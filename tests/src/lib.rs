@@ -259,3 +259,55 @@ pub fn run_guest_alone(
         .collect();
     (run, outputs)
 }
+
+/// The test binary's target directory (`…/target`, from `…/target/debug/deps/e2e-<hash>`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(|d| d.parent()).and_then(|d| d.parent()).expect("a target directory").to_owned()
+}
+
+/// The toolchains `htfaas fn build` would find for `project` ([`htfaas::devkit::Tools::from_env`]),
+/// with componentize-py and componentize-js taken from `.tools/` (`scripts/install-deps.sh`)
+/// when neither their variable nor `PATH` has them.
+pub fn dev_tools(project: &std::path::Path) -> htfaas::devkit::Tools {
+    let mut tools = htfaas::devkit::Tools::from_env(project);
+    let tools_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools");
+    if tools.componentize_py.is_none() {
+        let venv = tools_dir.join("venv/bin/componentize-py");
+        tools.componentize_py = venv.is_file().then_some(venv);
+    }
+    if tools.componentize_js.is_none() {
+        let node = tools_dir.join("node/node_modules/.bin/componentize-js");
+        tools.componentize_js = node.is_file().then_some(node);
+    }
+    tools
+}
+
+/// The Python or JavaScript project at `dir` (relative to the repository) built once per test
+/// binary with `htfaas fn build`'s code, into `<target>/htfaas-tests-python/<name>.wasm`.
+pub fn built_function(dir: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = built.iter().find(|(d, _)| d == dir) {
+        return path.clone();
+    }
+    let project_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
+    let project = htfaas::devkit::Project::detect(&project_dir).expect("a Python project");
+    let out_dir = target_dir().join("htfaas-tests-python");
+    std::fs::create_dir_all(&out_dir).expect("mkdir the Python guests' directory");
+    let out = out_dir.join(format!("{}.wasm", project.name));
+    htfaas::devkit::build(&project, Some(&out), &dev_tools(&project_dir))
+        .unwrap_or_else(|e| panic!("building {dir} failed (scripts/install-deps.sh installs the toolchains): {e}"));
+    built.push((dir.to_owned(), out.clone()));
+    out
+}
+
+/// A counter or gauge's value in a Prometheus text page: the first sample named `name` whose
+/// labels contain `labels` (e.g. `reason="origin"`; empty for none).
+pub fn metric(page: &str, name: &str, labels: &str) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (key, value) = l.rsplit_once(' ')?;
+        let (metric, rest) = key.split_once('{').map_or((key, ""), |(m, r)| (m, r));
+        (metric == name && rest.contains(labels)).then(|| value.parse().ok()).flatten()
+    })
+}

@@ -273,6 +273,8 @@ pub struct Harness {
     pub ep: tokio::task::JoinHandle<anyhow::Result<()>>,
     pub work: tempfile::TempDir,
     digests: HashMap<String, Digest>,
+    /// The EP's metrics listener, when the config asked for one.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Harness {
@@ -340,9 +342,10 @@ impl Harness {
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");
         settings.drain_timeout = Duration::from_secs(10);
+        let metrics = settings.metrics_addr();
         let (shutdown, stop_now) = (CancellationToken::new(), CancellationToken::new());
         let ep = tokio::spawn(htfaas_ep::run_with(settings, shutdown.clone(), stop_now.clone()));
-        Harness { base, conns, seen, slow_dropped, shutdown, stop_now, ep, work, digests }
+        Harness { base, conns, seen, slow_dropped, shutdown, stop_now, ep, work, digests, metrics }
     }
 
     pub async fn conn(&mut self) -> Conn {
@@ -377,6 +380,22 @@ impl Harness {
             limits: Default::default(),
             secrets: Default::default(),
         }
+    }
+
+    /// The digest of a served module.
+    pub fn digest_of(&self, module: &str) -> Digest {
+        self.digests.get(module).expect("module served").clone()
+    }
+
+    /// The EP's metrics page (the config must have asked for a listener).
+    pub async fn metrics_page(&self) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let addr = self.metrics.expect("the EP serves metrics");
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the metrics");
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: ep\r\n\r\n").await.expect("request");
+        let mut page = String::new();
+        s.read_to_string(&mut page).await.expect("the page");
+        page
     }
 
     /// The EP's scratch directory of a running job's outputs.

@@ -15,3 +15,4 @@ mod prefetch;
 mod runtime;
 mod sandbox;
 mod tls;
+mod warm;

@@ -243,6 +243,20 @@ pub enum SchedulerMsg {
         /// Milliseconds from receipt.
         leave_in_ms: u64,
     },
+    /// Compile this module ahead of its first job (issue 22): a function using it was
+    /// registered. The EP fetches it as it fetches a job's module (its own allowed origins, the
+    /// digest checked), compiles it in the background, one at a time, never holding up a job,
+    /// and keeps it in its disk cache; a job needing it meanwhile waits for that compile rather
+    /// than starting another. Sent after `Welcome` for every module on the scheduler's warm list
+    /// that the EP may run, and to attached EPs as modules join the list
+    /// ([`super::WarmRequest`]). No answer. An EP before issue 22 ignores it as an unparsable
+    /// frame.
+    Warm {
+        /// The module's digest.
+        digest: crate::digest::Digest,
+        /// Where to fetch it (a module store's URL for the digest, checked by the scheduler).
+        module_url: String,
+    },
 }
 
 /// A job as the EP sees it: no owner, no token, only what it needs to run.

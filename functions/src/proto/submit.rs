@@ -122,3 +122,30 @@ pub struct SubmitResponse {
     /// False when the dedupe key already named a job.
     pub created: bool,
 }
+
+/// `POST /v1/modules/warm` on the scheduler (issue 22), with `Authorization: Bearer <submit
+/// token>` whose `function` claim is `digest` (no use of the token is counted): the module of a
+/// function just registered (or still registered, said again now and then), for the attached
+/// EPs to fetch and compile ahead of its first job. The scheduler checks `module_url` as it
+/// checks a job's (a module store's URL for `digest`), keeps the module in its warm list and
+/// sends each EP that may run the token's owner's jobs a
+/// [`SchedulerMsg::Warm`](super::SchedulerMsg::Warm), now and when an EP attaches later.
+/// Response: [`WarmResponse`], or an [`ApiError`](super::ApiError) with 401 (token), 403
+/// (revoked token, a digest the token does not name, a URL no module store has) or 400.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmRequest {
+    /// The module's digest.
+    pub digest: Digest,
+    /// Where EPs fetch it (the registry's `GET /v1/modules/{digest}`).
+    pub module_url: String,
+}
+
+/// Answer to [`WarmRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmResponse {
+    /// EPs told now (0 when the module was already on the warm list: they were told before).
+    pub eps: u32,
+    /// Whether the module was new to the warm list.
+    pub new: bool,
+}

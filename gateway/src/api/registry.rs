@@ -95,6 +95,8 @@ pub(super) async fn register(
     })
     .await?;
     tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
+    // Issue 22: EPs compile its module ahead of its first event.
+    crate::warm::announce(&shared, &record);
     // A new owner's lane reads before the registration is answered.
     crate::lanes::after_change(lanes.as_deref(), "a registration").await;
     super::audit::record_admin(&shared, &headers, "function.register", audit_function(&record), audit_args(&record))

@@ -7,7 +7,7 @@
 
 use htfaas::stack::{SubmitGrant, demo_manifest, mint_submit_token};
 use htfaas_functions::audit::AuditFilter;
-use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, JobState, OutputSpec, SubmitRequest};
+use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, JobState, OutputSpec, SubmitRequest, WarmRequest};
 use htfaas_functions::{Digest, Resources};
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use std::sync::Arc;
@@ -189,5 +189,78 @@ async fn a_job_posted_to_the_scheduler_with_foreign_urls_is_refused_and_no_ep_ev
         assert!(late.await.is_err(), "{} was called", listener.url);
         assert_eq!(listener.accepted(), 0, "{} was called", listener.url);
     }
+    stack.stop().await.expect("clean stop");
+}
+
+/// Compile ahead (issue 22): a submit-token holder asks the scheduler to have every EP fetch a
+/// module from an internal address (`POST /v1/modules/warm`), or uses a token minted for one
+/// module to warm another. Both are refused with 403 naming the check, and counted
+/// (`htfaas_scheduler_warm_refused_total`); the internal address never hears from an EP, which
+/// has compiled the registered function's module ahead since (the gateway's own warm).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_request_naming_a_foreign_url_or_another_module_is_refused_counted_and_never_fetched() {
+    let (dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let info = stack.info().clone();
+    let digest = upload_checksum(&client).await;
+    let other = client.upload_module(wat::parse_str(htfaas_tests::SPIN_WAT).expect("wat")).await.expect("upload");
+    let internal = Listener::start().await;
+    let grant = SubmitGrant {
+        owner: "mallory".into(),
+        jobs: 1,
+        limits: Resources::new(1, 256, 60),
+        function: Some(digest.clone()),
+        group: None,
+        ttl_s: 300,
+    };
+    let token = mint_submit_token(dir.path(), &grant).expect("a plain submit token");
+    let http = reqwest::Client::new();
+    let warm = |digest: &Digest, module_url: String| {
+        let req = WarmRequest { digest: digest.clone(), module_url };
+        http.post(format!("{}/v1/modules/warm", info.scheduler_url)).bearer_auth(&token).json(&req).send()
+    };
+    let cases = [
+        (
+            warm(&digest, format!("{}/v1/modules/{digest}", internal.url)).await,
+            format!(
+                "function.module_url \"{}/v1/modules/{digest}\" is not the module store's URL for the job's \
+                 digest: expected {}/v1/modules/{digest}",
+                internal.url, info.gateway_url
+            ),
+        ),
+        (
+            warm(&other, format!("{}/v1/modules/{other}", info.gateway_url)).await,
+            format!("the submit token is for module {digest}, not for module {other}"),
+        ),
+    ];
+    for (resp, expected) in cases {
+        let resp = resp.expect("the scheduler answers");
+        assert_eq!(resp.status(), reqwest::StatusCode::FORBIDDEN, "{expected}");
+        let body: serde_json::Value = resp.json().await.expect("an ApiError");
+        assert_eq!(body["error"].as_str(), Some(expected.as_str()));
+    }
+    let scheduler_metrics = || async {
+        let page = http
+            .get(format!("{}/metrics", info.scheduler_url))
+            .bearer_auth(stack.scheduler_admin_token())
+            .send()
+            .await
+            .expect("the scheduler's metrics")
+            .text()
+            .await
+            .expect("text");
+        htfaas_tests::metric(&page, "htfaas_scheduler_warm_refused_total", "")
+    };
+    assert_eq!(scheduler_metrics().await, Some(2.0));
+
+    // A registration: the gateway warms its module, and the EP compiles it ahead.
+    client.register(&demo_manifest(digest.clone())).await.expect("register");
+    let metrics = stack.ep_metrics_url().expect("the EP's metrics");
+    wait_for("the EP to compile the registered module ahead", LIMIT, || async {
+        let page = reqwest::get(&metrics).await.ok()?.text().await.ok()?;
+        (htfaas_tests::metric(&page, "htfaas_ep_modules_warmed_total", "")? >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(internal.accepted(), 0, "{} was called", internal.url);
     stack.stop().await.expect("clean stop");
 }

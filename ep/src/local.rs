@@ -1,0 +1,186 @@
+//! One run of a function on a local file, without a stack (`htfaas fn run`): the same runtime,
+//! sandbox and limits as a job on an EP ([`Runtime`]: the pool, the memory and wall-time caps,
+//! fuel when asked, `/input` read-only, `/output` read-write, no network, nothing inherited),
+//! with the input staged as `/input/<name>` and the outputs that a job would store (the
+//! top-level regular files of `/output`) listed with their size and SHA-256 and copied out.
+//!
+//! Knows the runtime and the local filesystem; nothing of the scheduler, storage or network.
+
+use crate::runtime::{CancelSignal, GuestJob, GuestRun, ModuleError, RunLimits, Runtime, RuntimeOptions};
+use htfaas_functions::{Digest, Resources};
+use sha2::{Digest as _, Sha256};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What a local run takes besides the module and the input.
+#[derive(Debug, Clone)]
+pub struct LocalRunOptions {
+    /// Memory cap of the run, MiB (a job's `resources.memory_mb`).
+    pub memory_mb: u64,
+    /// Wall-time cap of the run, s (a job's `resources.runtime_s`).
+    pub runtime_s: u64,
+    /// The guest's whole environment (a manifest's `env`).
+    pub env: Vec<(String, String)>,
+    /// Arguments after the input's path (a manifest's `args`).
+    pub args: Vec<String>,
+    /// argv\[0\] (a job's function name).
+    pub name: String,
+    /// Instruction budget (fuel); `None`: not metered, as on an EP without `fuel`.
+    pub fuel: Option<u64>,
+    /// Bytes of stdout + stderr kept (an EP's `log_limit_bytes`).
+    pub log_limit_bytes: usize,
+    /// Where compiled artifacts are kept between runs (an EP's `cache_dir`); `None`: compile
+    /// every time.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// One output a job would store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalOutput {
+    /// File name (the storage path's last segment).
+    pub name: String,
+    /// Bytes.
+    pub size: u64,
+    /// SHA-256, hex.
+    pub sha256: String,
+}
+
+/// What a local run did.
+#[derive(Debug, Clone)]
+pub struct LocalRun {
+    /// The run: outcome, stdout, stderr, usage.
+    pub run: GuestRun,
+    /// The module's digest.
+    pub digest: Digest,
+    /// Whether it is a preview 1 module or a preview 2 component.
+    pub kind: crate::runtime::GuestKind,
+    /// Time to make the module ready (compile, or load the cached artifact), ms.
+    pub load_ms: u64,
+    /// Whether the module was compiled (false: loaded from `cache_dir`).
+    pub compiled: bool,
+    /// The outputs a job would store, by name, copied to the output directory.
+    pub outputs: Vec<LocalOutput>,
+    /// What a job would not store (subdirectories, symbolic links, other files), one line each.
+    pub skipped: Vec<String>,
+}
+
+/// Why a local run could not happen (a guest's failure is a [`LocalRun`] outcome instead).
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The wasm or the input could not be read, or the directories made.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The input's file name cannot be one path segment under `/input`.
+    #[error("input name {0:?} is not one clean path segment")]
+    InputName(String),
+    /// The runtime could not be built.
+    #[error("start the runtime: {0}")]
+    Runtime(String),
+    /// The module could not be made ready (not wasm, not a WASI command, …).
+    #[error(transparent)]
+    Module(#[from] ModuleError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalError {
+    let what = what.into();
+    move |source| LocalError::Io { what, source }
+}
+
+/// Runs the module at `wasm` on the file at `input` (staged as `/input/<its name>` under
+/// `scratch`, an empty directory the caller owns and removes) and copies the outputs a job
+/// would store into `out_dir` (created if missing; a file of the same name is replaced). Blocks
+/// the calling thread for the compile and the run.
+pub fn run_local(
+    wasm: &Path,
+    input: &Path,
+    scratch: &Path,
+    out_dir: &Path,
+    opts: &LocalRunOptions,
+) -> Result<LocalRun, LocalError> {
+    let bytes = std::fs::read(wasm).map_err(io(format!("read {}", wasm.display())))?;
+    let name = input.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+    if !crate::job::is_clean_segment(&name) {
+        return Err(LocalError::InputName(name));
+    }
+    let options = RuntimeOptions {
+        cache_dir: opts.cache_dir.clone(),
+        fuel: opts.fuel,
+        // One run: a pool of a few slots reserves little address space.
+        max_instances: 2,
+        ..RuntimeOptions::default()
+    };
+    let rt = Runtime::with_options(options).map_err(|e| LocalError::Runtime(format!("{e:#}")))?;
+    let digest = Digest::of(&bytes);
+    let started = Instant::now();
+    let guest = rt.load(&digest, &bytes)?;
+    let load_ms = crate::runtime::millis(started.elapsed());
+
+    let (input_dir, output_dir) = (scratch.join("input"), scratch.join("output"));
+    std::fs::create_dir(&input_dir).map_err(io("create the input directory"))?;
+    std::fs::create_dir(&output_dir).map_err(io("create the output directory"))?;
+    std::fs::copy(input, input_dir.join(&name)).map_err(io(format!("copy {}", input.display())))?;
+    let mut argv = vec![opts.name.clone(), format!("/input/{name}")];
+    argv.extend(opts.args.iter().cloned());
+    let job = GuestJob {
+        argv,
+        env: opts.env.clone(),
+        input_dir,
+        output_dir: output_dir.clone(),
+        resources: Resources::new(1, opts.memory_mb, opts.runtime_s),
+        log_limit_bytes: opts.log_limit_bytes,
+    };
+    let run = rt.run_job_limited(&guest, &job, &CancelSignal::new(), RunLimits::default());
+
+    std::fs::create_dir_all(out_dir).map_err(io(format!("create {}", out_dir.display())))?;
+    let (mut outputs, mut skipped) = (Vec::new(), Vec::new());
+    let mut entries: Vec<_> = std::fs::read_dir(&output_dir)
+        .map_err(io("list the outputs"))?
+        .collect::<Result<_, _>>()
+        .map_err(io("list the outputs"))?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let raw = entry.file_name();
+        let Some(file) = raw.to_str().map(str::to_owned) else {
+            skipped.push(format!("{raw:?}: name is not UTF-8"));
+            continue;
+        };
+        let meta = std::fs::symlink_metadata(entry.path()).map_err(io(format!("stat output {file}")))?;
+        if meta.file_type().is_symlink() {
+            skipped.push(format!("{file}: symlink"));
+        } else if meta.is_dir() {
+            skipped.push(format!("{file}/: directory (only top-level files are stored)"));
+        } else if !meta.is_file() {
+            skipped.push(format!("{file}: not a regular file"));
+        } else {
+            let to = out_dir.join(&file);
+            let (size, sha256) =
+                copy_hashing(&entry.path(), &to).map_err(io(format!("copy output {file} to {}", to.display())))?;
+            outputs.push(LocalOutput { name: file, size, sha256 });
+        }
+    }
+    Ok(LocalRun { kind: guest.kind(), run, digest, load_ms, compiled: rt.compiled_count() > 0, outputs, skipped })
+}
+
+/// Copies `from` to `to` (replacing it), streaming; returns the size and SHA-256 (hex).
+fn copy_hashing(from: &Path, to: &Path) -> std::io::Result<(u64, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut src = std::fs::File::open(from)?;
+    let mut dst = std::fs::File::create(to)?;
+    let (mut hash, mut size, mut buf) = (Sha256::new(), 0u64, vec![0u8; 1 << 16]);
+    loop {
+        let n = src.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        dst.write_all(&buf[..n])?;
+        size += n as u64;
+    }
+    dst.flush()?;
+    Ok((size, hex::encode(hash.finalize())))
+}
