@@ -41,9 +41,12 @@ async fn register(client: &Client, wasm: &Path, name: &str, trigger: &str, outpu
     module
 }
 
+/// One column's stats: name, numbers, min, max, mean.
+type ColumnStats = (String, u64, f64, f64, f64);
+
 /// The stats `csvstats` writes for `text`, computed here: (bytes, lines, rows, per column
-/// (name, numbers, min, max, mean)).
-fn expected(text: &str) -> (usize, usize, usize, Vec<(String, u64, f64, f64, f64)>) {
+/// stats).
+fn expected(text: &str) -> (usize, usize, usize, Vec<ColumnStats>) {
     let mut lines = text.lines().filter(|l| !l.is_empty());
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let mut cols: Vec<Vec<f64>> = vec![Vec::new(); header.len()];
