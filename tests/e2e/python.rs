@@ -44,7 +44,8 @@ async fn register(client: &Client, wasm: &Path, name: &str, trigger: &str, outpu
 /// One column's stats: name, numbers, min, max, mean.
 type ColumnStats = (String, u64, f64, f64, f64);
 
-/// The stats `csvstats` writes for `text`, computed here: (bytes, lines, rows, per column).
+/// The stats `csvstats` writes for `text`, computed here: (bytes, lines, rows, per column
+/// stats).
 fn expected(text: &str) -> (usize, usize, usize, Vec<ColumnStats>) {
     let mut lines = text.lines().filter(|l| !l.is_empty());
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
