@@ -37,6 +37,11 @@ async fn changed(
     let s = shared.clone();
     blocking(move || s.triggers.reload(&s.registry)).await?;
     crate::lanes::after_change(lanes.as_deref(), action).await;
+    // A version that fires again (a rollback, an enable) is compiled ahead on the EPs, as a
+    // registration's is, rather than at its first event.
+    if action != "function.delete" && action != "function.disable" {
+        crate::warm::announce(shared, record);
+    }
     tracing::info!(function = %record.manifest.name, action, %args, "function changed");
     super::audit::record_admin(shared, headers, action, audit_function(record), args).await;
     Ok(())
