@@ -78,9 +78,10 @@ pub(super) async fn pin(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<FunctionStatus>, HttpError> {
+    // Credentials first: an unauthenticated request is 401 whatever its body.
+    owned(&shared, &headers, name.clone()).await?;
     let request: PinRequest = serde_json::from_slice(&body)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid pin request: {e}")))?;
-    owned(&shared, &headers, name.clone()).await?;
     let s = shared.clone();
     let status = blocking(move || s.registry.pin(&name, request.version)).await?;
     let args = serde_json::json!({"version": status.record.version, "pinned": status.pinned});
@@ -150,6 +151,8 @@ pub(super) async fn set_secrets(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<SecretNames>, HttpError> {
+    // Credentials first: an unauthenticated request is 401 whatever its body.
+    let latest = owned(&shared, &headers, name.clone()).await?;
     // The body holds the values: an error must not quote it.
     let values: std::collections::BTreeMap<String, String> = serde_json::from_slice(&body).map_err(|e| {
         HttpError(
@@ -161,7 +164,6 @@ pub(super) async fn set_secrets(
             ),
         )
     })?;
-    let latest = owned(&shared, &headers, name.clone()).await?;
     let s = shared.clone();
     let names = tokio::task::spawn_blocking(move || s.secrets.set(&s.registry, &name, &values))
         .await
