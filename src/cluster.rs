@@ -163,6 +163,9 @@ const LEASE_S: u64 = 6;
 /// The NAT probe's function and its trigger directory.
 const NAT_FN: &str = "cluster-nat-probe";
 const NAT_DIR: &str = "/data/cluster/nat/";
+/// A job that sleeps: `ep1` is surely running it when its link is cut.
+const SLOW_FN: &str = "cluster-slow";
+const SLOW_DIR: &str = "/data/cluster/slow/";
 
 /// Runs the harness (blocking: the site's work runs on a thread in the `client` host).
 pub fn run(opts: ClusterOptions) -> anyhow::Result<ClusterReport> {
@@ -359,7 +362,8 @@ async fn harness(site: Arc<Site>, opts: ClusterOptions, dir: PathBuf) -> anyhow:
     let result = drive(&site, &opts, &dir, &layout, &mut procs).await;
     procs.stop_all().await;
     let (mut report, published, landed, mut kills) = result?;
-    let mut checks = crate::crash::check(&dir, Durability::Fsync, published, &landed, &mut kills, &[NAT_FN]).await?;
+    let mut checks =
+        crate::crash::check(&dir, Durability::Fsync, published, &landed, &mut kills, &[NAT_FN, SLOW_FN]).await?;
     checks.kills = kills;
     checks.drained = report.drain_error.is_none();
     checks.elapsed = report.checks.elapsed;
@@ -461,6 +465,11 @@ async fn drive(
     let mut nat = crate::crash::manifest(NAT_FN, sum, "/data/cluster/nat-out/");
     nat.trigger = htfaas_functions::manifest::Trigger::on_path(format!("{NAT_DIR}*"));
     client.register(&nat).await?;
+    let mut slow =
+        crate::crash::manifest(SLOW_FN, client.upload_module(read("hostile")?).await?, "/data/cluster/slow-out/");
+    slow.trigger = htfaas_functions::manifest::Trigger::on_path(format!("{SLOW_DIR}*"));
+    slow.args = vec!["sleep".into(), "3".into()];
+    client.register(&slow).await?;
 
     // The stream, with its faults.
     let run_id = format!("{:08x}", rand::random::<u32>());
@@ -494,16 +503,31 @@ async fn drive(
     faults.push(Fault { what: "killed NATS node n2 (SIGKILL)".into(), at: t0 - started, lasted: t0.elapsed() });
 
     // ep1's link is cut while it runs jobs: they run elsewhere after the lease; then it is
-    // mended (its session is gone by then; the EP attaches again).
+    // mended (its session is gone by then; the EP attaches again). The stream's jobs take
+    // milliseconds, so with ep2 disabled for a moment ep1 takes a job that sleeps, and the link
+    // is cut while it runs.
     tokio::time::sleep_until(at(0.35)).await;
-    let busy = until("ep1 runs a job", Duration::from_secs(5), || async {
-        Ok(client.eps().await?.iter().any(|e| e.name == "ep1" && !e.running.is_empty()))
+    let hold = htfaas_functions::proto::EpAction {
+        reason: "cluster-test: ep1 takes the slow job".into(),
+        deadline_s: None,
+        group: None,
+    };
+    client.ep_action("ep2", "disable", &hold).await?;
+    let slow_path = format!("{SLOW_DIR}slow-{run_id}.dat");
+    crate::traffic::write_input(&dir.join("storage/data"), &slow_path, crate::crash::INPUT_BYTES, 0)?;
+    let payload = crate::traffic::transfer_write(&slow_path, crate::crash::INPUT_BYTES, &run_id, 0);
+    js.publish(path_subject(&slow_path), payload.into()).await?.await?;
+    let busy = until("ep1 runs the slow job", Duration::from_secs(20), || async {
+        let slow_jobs: Vec<String> =
+            client.jobs().await?.into_iter().filter(|j| j.function == SLOW_FN).map(|j| j.id).collect();
+        Ok(client.eps().await?.iter().any(|e| e.name == "ep1" && e.running.iter().any(|id| slow_jobs.contains(id))))
     })
     .await
     .is_ok();
     let t0 = Instant::now();
     site.cut("ep1")?;
     kills.push(fault_kill(Component::Ep, t0 - started));
+    client.ep_action("ep2", "enable", &hold).await?;
     tokio::time::sleep(window.mul_f64(0.2).max(Duration::from_secs(3 * LEASE_S))).await;
     site.mend("ep1")?;
     faults.push(Fault { what: "cut the link of host ep1".into(), at: t0 - started, lasted: t0.elapsed() });
