@@ -20,6 +20,7 @@ const state = {
   timers: [],
   generation: 0, // bumped on sign-out: answers of an older session are dropped
   stats: [], // [{t, received, fired, ignored, raw}]
+  jobs: [], // the last answer of /v1/jobs, for the functions' last runs
   selectedJob: null,
 };
 
@@ -158,7 +159,8 @@ function start(token) {
   $("logout").hidden = false;
   $("who").textContent = "signed in with a token ending in …" + token.slice(-4);
   every(JOBS_EVERY_MS, refreshJobs);
-  every(STATS_EVERY_MS, pollStats);
+  every(JOBS_EVERY_MS, refreshEps);
+  seedFlow().finally(() => every(STATS_EVERY_MS, pollStats));
   every(USAGE_EVERY_MS, refreshUsage);
 }
 
@@ -232,6 +234,86 @@ async function refreshJobs() {
   }
   $("jobs-count").textContent = "(" + jobs.length + ")";
   setStatus("jobs-status", jobs.length ? "updated " + fmtTime(Date.now()) : "no jobs yet");
+  state.jobs = jobs;
+  await refreshFunctions();
+}
+
+// ---------- functions ----------
+
+const LAST_RUNS = 5;
+
+async function refreshFunctions() {
+  let fns;
+  try {
+    fns = await api("/v1/functions");
+  } catch (e) {
+    setStatus("functions-status", describe(e), true);
+    return;
+  }
+  const tbody = $("functions").tBodies[0];
+  clear(tbody);
+  for (const f of fns) {
+    const m = f.manifest || {};
+    const tr = el("tr", null, { "data-function": m.name, "data-enabled": String(f.enabled) });
+    tr.appendChild(el("td", m.name, { class: "function" }));
+    tr.appendChild(el("td", m.owner, { class: "owner" }));
+    const version = "v" + f.version + (f.latest_version !== f.version ? " of " + f.latest_version : "");
+    const vcell = el("td", version, { class: "version" });
+    if (f.pinned != null) vcell.appendChild(el("span", "pinned", { class: "badge", title: "rolled back to v" + f.pinned }));
+    tr.appendChild(vcell);
+    const fstate = el("td");
+    fstate.appendChild(el("span", f.enabled ? "enabled" : "disabled", { class: "state state-" + (f.enabled ? "enabled" : "disabled") }));
+    tr.appendChild(fstate);
+    const t = m.trigger || {};
+    const trigger = [t.path, t.rule].filter(Boolean).join(" and ");
+    tr.appendChild(el("td", trigger, { class: "path" }));
+    const runs = el("td", null, { class: "runs" });
+    const mine = state.jobs.filter((j) => j.function === m.name && j.owner === m.owner).slice(0, LAST_RUNS);
+    for (const j of mine) {
+      runs.appendChild(el("span", j.state, {
+        class: "state state-" + j.state,
+        title: "v" + j.version + " " + fmtTime(j.finished_at_ms || j.submitted_at_ms) + (j.reason ? ": " + j.reason : ""),
+      }));
+    }
+    if (!mine.length) runs.appendChild(el("span", "none yet", { class: "muted" }));
+    tr.appendChild(runs);
+    tbody.appendChild(tr);
+  }
+  $("functions-count").textContent = "(" + fns.length + ")";
+  setStatus("functions-status", fns.length ? "" : "no function registered");
+}
+
+// ---------- execution points ----------
+
+async function refreshEps() {
+  let eps;
+  try {
+    eps = await api("/v1/eps");
+  } catch (e) {
+    setStatus("eps-status", describe(e), true);
+    return;
+  }
+  const tbody = $("eps").tBodies[0];
+  clear(tbody);
+  for (const ep of eps) {
+    const attached = ep.session != null;
+    const tr = el("tr", null, { "data-ep": ep.name, "data-state": ep.state, "data-attached": String(attached) });
+    tr.appendChild(el("td", ep.name, { class: "ep" }));
+    tr.appendChild(el("td", attached ? ep.address || "" : "not attached", { class: attached ? "" : "muted" }));
+    const scope = [ep.owner ? "owner " + ep.owner : "", ep.annex ? "annex " + ep.annex : ""].filter(Boolean).join(", ");
+    tr.appendChild(el("td", scope || "any owner"));
+    const total = ep.total || {};
+    const free = ep.free || {};
+    tr.appendChild(el("td", (free.cpus ?? 0) + " / " + (total.cpus ?? 0), { class: "num" }));
+    tr.appendChild(el("td", fmtBytes((free.memory_mb ?? 0) * 1048576) + " / " + fmtBytes((total.memory_mb ?? 0) * 1048576), { class: "num" }));
+    tr.appendChild(el("td", String((ep.running || []).length), { class: "num running", title: (ep.running || []).join(" ") }));
+    const estate = el("td");
+    estate.appendChild(el("span", ep.state, { class: "state state-" + ep.state, title: ep.reason || null }));
+    tr.appendChild(estate);
+    tbody.appendChild(tr);
+  }
+  $("eps-count").textContent = "(" + eps.length + ")";
+  setStatus("eps-status", eps.length ? "" : "no EP attached");
 }
 
 async function showHistory(id) {
@@ -269,6 +351,27 @@ const FLOW_SERIES = [
   { key: "fired", label: "fired (firings queued)", cls: "s-fired" },
   { key: "ignored", label: "ignored (no event, not enabled, unmatched, malformed, duplicate)", cls: "s-ignored" },
 ];
+
+/** Starts the chart from the gateway's own history, its clock shifted onto this page's. */
+async function seedFlow() {
+  let h;
+  try {
+    h = await api("/v1/stats/history");
+  } catch (e) {
+    return; // the live samples still come
+  }
+  const samples = (h.samples || []).slice(-(FLOW_SAMPLES + 1));
+  if (!samples.length) return;
+  const skew = Date.now() - samples[samples.length - 1].at_ms;
+  state.stats = samples.map((x) => ({
+    t: x.at_ms + skew,
+    received: x.events_received,
+    fired: x.firings_queued,
+    ignored: x.events_ignored,
+  }));
+  $("flow-chart").dataset.history = String(samples.length);
+  drawFlow();
+}
 
 async function pollStats() {
   let s;

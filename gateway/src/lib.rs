@@ -62,6 +62,19 @@ pub use state::{Settings, Shared};
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
+/// Samples the counters into [`Shared::history`] every [`stats::HISTORY_INTERVAL`] until
+/// `shutdown`.
+async fn sample_stats(shared: std::sync::Arc<Shared>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(stats::HISTORY_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => shared.history.record(htfaas_functions::time::now_ms(), &shared.stats.snapshot()),
+        }
+    }
+}
+
 /// Runs the gateway until `shutdown` is cancelled: the ingest loop, the firing dispatcher
 /// ([`dispatch`]) and the API.
 ///
@@ -96,6 +109,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
     // Issue 22: EPs compile registered functions' modules ahead of their first event.
     let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
+    // The counters' history, for the console's event-flow chart.
+    let sampler = tokio::spawn(sample_stats(shared.clone(), shutdown.child_token()));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
     let events = replay::Events::connect(&nats_url, credential).await?;
     let app = api::router(shared.clone())
@@ -111,6 +126,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     lanes.stop().await;
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
     let _ = warm.await;
+    let _ = sampler.await;
     tracing::info!("gateway stopped");
     served?;
     ingested?;

@@ -50,6 +50,8 @@ pub struct Shared {
     pub submitter: submit::Submitter,
     /// Counters.
     pub stats: stats::Stats,
+    /// The counters sampled over the last hour (`GET /v1/stats/history`).
+    pub history: stats::History,
     /// Counters of `/metrics` that `stats` does not hold (refused bearer tokens).
     pub metrics: metrics::Metrics,
     /// The durable firing table: events queued to become jobs, exactly once (and the audit
@@ -252,6 +254,7 @@ impl Config {
             submitter: submit::Submitter::new(http.clone(), &self.scheduler_url, key, &self.issuer, self.token_ttl_s)
                 .context("build the submit-token verifier")?,
             stats: stats::Stats::default(),
+            history: stats::History::default(),
             metrics: metrics::Metrics::default(),
             firings,
             audit,

@@ -1,8 +1,44 @@
 //! Counters of what the gateway did, served at `GET /v1/stats` as a [`StatsSnapshot`] (a wire
-//! type of [`htfaas_functions::proto`], where each counter's meaning is documented).
+//! type of [`htfaas_functions::proto`], where each counter's meaning is documented), and their
+//! [`History`]: a sample every [`HISTORY_INTERVAL`] for the last hour (`GET /v1/stats/history`),
+//! so the console's event-flow chart starts full.
+//!
+//! Must not know: the firing table, NATS, routes.
 
-use htfaas_functions::proto::StatsSnapshot;
+use htfaas_functions::proto::{StatsHistory, StatsSample, StatsSnapshot};
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Time between two samples of the [`History`].
+pub const HISTORY_INTERVAL: Duration = Duration::from_secs(2);
+/// Samples kept: one hour of them.
+pub const HISTORY_SAMPLES: usize = 1800;
+
+/// The last [`HISTORY_SAMPLES`] samples of the counters, oldest first; in memory only.
+#[derive(Debug, Default)]
+pub struct History {
+    samples: Mutex<VecDeque<StatsSample>>,
+}
+
+impl History {
+    /// Adds a sample of `snapshot` taken at `at_ms`, dropping the oldest past the bound.
+    pub fn record(&self, at_ms: u64, snapshot: &StatsSnapshot) {
+        // A poisoned lock only means a panic elsewhere mid-push: the deque is still whole.
+        let mut samples = self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if samples.len() >= HISTORY_SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(StatsSample::of(at_ms, snapshot));
+    }
+
+    /// The samples, oldest first.
+    pub fn history(&self) -> StatsHistory {
+        let samples = self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        StatsHistory { interval_ms: HISTORY_INTERVAL.as_millis() as u64, samples: samples.iter().copied().collect() }
+    }
+}
 
 /// Monotonic counters (and one gauge), one per field of [`StatsSnapshot`], plus two that only
 /// `GET /metrics` shows ([`crate::metrics`]); relaxed ordering is enough for reporting.
@@ -105,5 +141,33 @@ impl Stats {
             // JetStream's to say (`crate::lanes::Lanes::pending`), not a counter here.
             events_pending: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_keeps_the_last_hour_oldest_first_and_sums_what_fired_nothing() {
+        let stats = Stats::default();
+        let history = History::default();
+        for i in 0..(HISTORY_SAMPLES as u64 + 5) {
+            Stats::bump(&stats.events_received);
+            if i % 2 == 0 {
+                Stats::bump(&stats.events_unmatched);
+            } else {
+                Stats::bump(&stats.events_malformed);
+            }
+            history.record(1_000 + i, &stats.snapshot());
+        }
+        let h = history.history();
+        assert_eq!(h.interval_ms, 2000);
+        assert_eq!(h.samples.len(), HISTORY_SAMPLES);
+        let (first, last) = (h.samples[0], h.samples[HISTORY_SAMPLES - 1]);
+        assert_eq!(first.at_ms, 1_005, "the five oldest were dropped");
+        assert_eq!(last.events_received, HISTORY_SAMPLES as u64 + 5);
+        assert_eq!(last.events_ignored, last.events_received, "unmatched and malformed both count");
+        assert!(h.samples.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! A real stack processes an upload; the console (served by the gateway) is opened in Debian's
 //! chromium ([`htfaas_tests::cdp::Browser`]), a wrong token is refused plainly, then the admin
-//! token is pasted and the DOM must show: the job, completed, with its input and output; a
-//! history; the event-flow chart with points; the owner's usage chart (or, on a gateway without
+//! token is pasted and the DOM must show: the event-flow chart started from the gateway's own
+//! history (`GET /v1/stats/history`); the function with its version, state (following a
+//! disable), trigger and last run; the attached EP with its slots; the job, completed, with its
+//! input and output; a history; the event-flow chart with points; the owner's usage chart (or, on a gateway without
 //! the report, a plain "not available"); and the audit search's lineage of the file, from the
 //! input and back from the output. A file whose name is markup (`<img src=x onerror=…>`) is
 //! shown as text and runs nothing. No CSP violation or exception is logged. The screenshot is
@@ -97,6 +99,26 @@ async fn the_console_shows_jobs_flow_usage_and_a_files_lineage_in_headless_chrom
     let usage_report = has_usage_report(&base, &info.admin_token).await;
     println!("GET /v1/accounting/report is {}", if usage_report { "there" } else { "not there yet" });
 
+    // The gateway's own history of its counters holds the demo's event before the page opens.
+    let history = wait_for("two samples of the stats history after the event", WAIT, || async {
+        let h: htfaas_functions::proto::StatsHistory = http
+            .get(format!("{base}/v1/stats/history"))
+            .bearer_auth(&info.admin_token)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let counted = h.samples.iter().filter(|x| x.events_received >= 1).count();
+        (counted >= 2).then_some(h)
+    })
+    .await;
+    assert_eq!(history.interval_ms, 2000);
+    assert!(history.samples.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "oldest first");
+    let refused = http.get(format!("{base}/v1/stats/history")).send().await.expect("GET without a token");
+    assert_eq!(refused.status(), 401, "the history needs the admin token");
+
     let launched = Instant::now();
     let browser = Browser::launch().await.expect("start headless chromium");
     browser.navigate(&format!("{base}/console")).await.expect("open the console");
@@ -119,6 +141,52 @@ async fn the_console_shows_jobs_flow_usage_and_a_files_lineage_in_headless_chrom
 
     sign_in(&browser, &info.admin_token).await;
     browser.wait_for("the error cleared", "document.getElementById('error').hidden", WAIT).await.expect("signed in");
+
+    // Event flow from the gateway's history: the chart starts with the samples it kept, not
+    // empty; its received line already rose.
+    let seeded = browser
+        .wait_for(
+            "the chart seeded from the history",
+            "(() => { const n = Number(document.getElementById('flow-chart').dataset.history); return n >= 2 && n; })()",
+            WAIT,
+        )
+        .await
+        .expect("the event-flow chart starts from the gateway's history");
+    println!("event-flow chart seeded with {seeded} samples");
+
+    // Functions: the demo's function, its live version, enabled, its trigger and last run.
+    let fn_row = "document.querySelector('#functions tbody tr[data-function=\"checksum\"]')";
+    browser
+        .wait_for(
+            "the function's row with its completed run",
+            &format!(
+                "{fn_row}?.dataset.enabled === 'true' && {fn_row}.querySelector('td.runs .state-completed') !== null"
+            ),
+            WAIT,
+        )
+        .await
+        .expect("the functions panel shows the function and its last run");
+    let text = browser.evaluate(&format!("{fn_row}.textContent")).await.expect("row text");
+    let text = text.as_str().unwrap_or_default();
+    for want in ["alice", "v1", "enabled", "/data/raw/"] {
+        assert!(text.contains(want), "{want:?} not in the function row {text:?}");
+    }
+    // Disabled through the API: the panel follows.
+    client.set_function_enabled("checksum", false).await.expect("disable");
+    browser
+        .wait_for("the function shown disabled", &format!("{fn_row}?.dataset.enabled === 'false'"), WAIT)
+        .await
+        .expect("the functions panel shows it disabled");
+    client.set_function_enabled("checksum", true).await.expect("enable again");
+
+    // EPs: the stack's EP, attached, enabled, with its CPUs.
+    let ep_row = "document.querySelector('#eps tbody tr[data-attached=\"true\"]')";
+    browser
+        .wait_for("an attached EP", &format!("{ep_row}?.dataset.state === 'enabled'"), WAIT)
+        .await
+        .expect("the EPs panel shows the attached EP");
+    let text = browser.evaluate(&format!("{ep_row}.textContent")).await.expect("row text");
+    assert!(text.as_str().unwrap_or_default().contains(" / "), "slots shown: {text}");
 
     // Jobs: the processed file's job, completed, with its input and output.
     let row = job_row(&job.id);

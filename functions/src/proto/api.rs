@@ -289,6 +289,51 @@ pub struct TestReport {
     pub fires: bool,
 }
 
+/// `GET /v1/stats/history` (admin): the gateway's ingest counters as it sampled them every
+/// `interval_ms` for up to an hour (kept in memory: a restarted gateway starts a new history),
+/// oldest first, so a chart of the event flow starts full rather than from when it was opened.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatsHistory {
+    /// Milliseconds between samples.
+    pub interval_ms: u64,
+    /// The samples, oldest first.
+    pub samples: Vec<StatsSample>,
+}
+
+/// One sample of [`StatsHistory`]: counters as in [`StatsSnapshot`], monotonic since the
+/// gateway started.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatsSample {
+    /// When, Unix ms.
+    pub at_ms: u64,
+    /// [`StatsSnapshot::events_received`].
+    pub events_received: u64,
+    /// [`StatsSnapshot::firings_queued`].
+    pub firings_queued: u64,
+    /// Events that fired nothing: [`StatsSnapshot::events_ignored`], `events_not_enabled`,
+    /// `events_unmatched`, `events_malformed` and `events_duplicate` together.
+    pub events_ignored: u64,
+    /// [`StatsSnapshot::jobs_submitted`].
+    pub jobs_submitted: u64,
+}
+
+impl StatsSample {
+    /// The sample of `s` at `at_ms`.
+    pub fn of(at_ms: u64, s: &StatsSnapshot) -> StatsSample {
+        StatsSample {
+            at_ms,
+            events_received: s.events_received,
+            firings_queued: s.firings_queued,
+            events_ignored: s.events_ignored
+                + s.events_not_enabled
+                + s.events_unmatched
+                + s.events_malformed
+                + s.events_duplicate,
+            jobs_submitted: s.jobs_submitted,
+        }
+    }
+}
+
 /// `GET /v1/stats` (admin): the gateway's counters at one moment (its `stats::Stats`). Counts
 /// are monotonic since the gateway started, except the gauge `firings_pending`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! `GET /v1/stats` (JSON) and `GET /metrics` (OpenMetrics, [`crate::metrics`]), and the
+//! `GET /v1/stats` (JSON) and its history, and `GET /metrics` (OpenMetrics, [`crate::metrics`]), and the
 //! middleware that counts refused bearer tokens ([`count_refusals`]).
 //!
 //! Must not know: the JetStream consumer (the lanes' pending counts are [`crate::lanes`]'s),
@@ -27,6 +27,15 @@ pub(super) async fn stats(
         snapshot.events_pending = lanes.pending().await.iter().filter_map(|(_, pending)| *pending).sum();
     }
     Ok(Json(snapshot))
+}
+
+/// `GET /v1/stats/history` (admin): [`crate::stats::History`].
+pub(super) async fn stats_history(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, HttpError> {
+    shared.require_admin(&headers)?;
+    Ok(Json(shared.history.history()))
 }
 
 /// Middleware of the whole router: counts each 401 answer as a refused bearer token, checking

@@ -60,6 +60,7 @@
 //! | `POST /v1/revocations` | admin | body `RevokeRequest` → `Revocation` (the scheduler enforces it) |
 //! | `GET /v1/revocations` | admin | every recorded revocation |
 //! | `GET /v1/stats` | admin | `StatsSnapshot`: ingest counters |
+//! | `GET /v1/stats/history` | admin | `StatsHistory`: the counters every 2 s for the last hour |
 //! | `GET /v1/audit[?job&token&owner&file&function&event&since&until&limit]` | developer (own) | the scheduler's audit records (`functions::audit::AuditRecord`s) |
 //! | `GET /v1/audit/verify` | admin | the scheduler's `functions::audit::VerifyReport` of its trail |
 //! | `GET /v1/audit/keys[?trail=gateway\|scheduler]` | admin | the JWKS of both audit keys (or of one trail's) |
@@ -223,6 +224,7 @@ pub const ROUTES: &[Route] = &[
     op("POST", "/v1/revocations", "/v1/revocations", Access::Admin),
     op("GET", "/v1/revocations", "/v1/revocations", Access::Admin),
     op("GET", "/v1/stats", "/v1/stats", Access::Admin),
+    op("GET", "/v1/stats/history", "/v1/stats/history", Access::Admin),
     op("GET", "/v1/audit", "/v1/audit", Access::Developer),
     op("GET", "/v1/audit/verify", "/v1/audit/verify", Access::Admin),
     op("GET", "/v1/audit/keys", "/v1/audit/keys", Access::Admin),
@@ -277,6 +279,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/priorities", get(proxy::proxy_priorities))
         .route("/v1/revocations", post(proxy::proxy_revoke).get(proxy::proxy_revocations))
         .route("/v1/stats", get(metrics::stats))
+        .route("/v1/stats/history", get(metrics::stats_history))
         .route("/v1/audit", get(audit::proxy_audit))
         .route("/v1/audit/verify", get(audit::proxy_audit_verify))
         .route("/v1/audit/keys", get(audit::proxy_audit_keys))
