@@ -18,6 +18,7 @@
 //!   record kind the gateway and the scheduler write;
 //! - [`store`]: what the stores of the other crates share (private state files, durability;
 //!   with feature `db`, SQLite's stepwise migration); [`time`]: wall-clock time and UTC dates;
+//!   [`trace`]: the W3C `traceparent` of each event and hop;
 //! - [`macaroon`], [`metrics`]: the macaroon codec, the metrics encoding;
 //! - `nats` (feature `nats`): NATS nkey credentials and the connect options every NATS client
 //!   of htfaas is built from;
@@ -55,6 +56,7 @@ pub mod serve;
 pub mod store;
 pub mod time;
 pub mod token;
+pub mod trace;
 pub mod trigger;
 
 pub use digest::Digest;
