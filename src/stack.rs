@@ -571,8 +571,18 @@ impl Stack {
     /// Kills nats-server with SIGKILL, waits `down`, and starts it again on the same port with
     /// the same JetStream store: every client sees its connection drop and must reconnect.
     pub async fn kill_and_restart_nats(&mut self, down: Duration) -> anyhow::Result<()> {
-        tokio::task::block_in_place(|| self.nats.kill());
+        self.kill_nats();
         tokio::time::sleep(down).await;
+        self.restart_nats()
+    }
+
+    /// Kills nats-server with SIGKILL ([`Stack::restart_nats`] brings it back).
+    pub fn kill_nats(&mut self) {
+        tokio::task::block_in_place(|| self.nats.kill());
+    }
+
+    /// Starts the killed nats-server again on the same port with the same JetStream store.
+    pub fn restart_nats(&mut self) -> anyhow::Result<()> {
         Ok(tokio::task::block_in_place(|| self.nats.restart())?)
     }
 
