@@ -20,7 +20,7 @@ pub fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, args
     FunctionManifest {
         name: name.into(),
         owner: owner.into(),
-        trigger: Trigger::on_path(&format!("/data/{owner}/in/**")),
+        trigger: Trigger::on_path(format!("/data/{owner}/in/**")),
         outputs: Outputs { dir: format!("/data/{owner}/out/"), replace: false },
         resources: Resources::new(1, 256, 60),
         args: args.iter().map(|a| (*a).to_owned()).collect(),
