@@ -29,6 +29,12 @@ fn not_found(id: u64) -> HttpError {
     HttpError(StatusCode::NOT_FOUND, format!("dead-letter entry {id} not found"))
 }
 
+/// An entry number from its path segment, parsed after the credential is checked (a bad one
+/// without a token is 401, as any request without one).
+fn entry_id(segment: &str) -> Result<u64, HttpError> {
+    segment.parse().map_err(|_| HttpError(StatusCode::NOT_FOUND, format!("dead-letter entry {segment:?} not found")))
+}
+
 fn store_error(e: impl std::fmt::Display) -> HttpError {
     HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("dead-letter list: {e}"))
 }
@@ -80,9 +86,10 @@ async fn own_entry(shared: &Shared, caller: &Caller, id: u64) -> Result<DeadLett
 pub(super) async fn show(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Path(id): Path<u64>,
+    Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let caller = shared.require_caller(&headers)?;
+    let id = entry_id(&id)?;
     Ok(Json(own_entry(&shared, &caller, id).await?).into_response())
 }
 
@@ -102,10 +109,11 @@ fn subject(e: &DeadLetter) -> Subject {
 pub(super) async fn act(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Path((id, action)): Path<(u64, String)>,
+    Path((id, action)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, HttpError> {
     let caller = shared.require_caller(&headers)?;
+    let id = entry_id(&id)?;
     if !matches!(action.as_str(), "redrive" | "drop") {
         return Err(HttpError(StatusCode::NOT_FOUND, format!("no action {action:?} on a dead-letter entry")));
     }
