@@ -126,6 +126,10 @@ pub struct CrashReport {
     pub jobs_by_state: BTreeMap<String, u64>,
     /// (event, function) pairs with no job.
     pub missing: u64,
+    /// Of those, the pairs in the gateway's dead-letter list (issue 23): accounted for.
+    pub dead_lettered: u64,
+    /// (event, function) pairs with neither a job nor a dead-letter entry: left silently.
+    pub left_silently: u64,
     /// (event, function) pairs with more than one job.
     pub duplicate_jobs: u64,
     /// Jobs with other than exactly one completed run attempt.
@@ -158,6 +162,7 @@ impl CrashReport {
     /// Every check held.
     pub fn passed(&self) -> bool {
         self.drained
+            && self.left_silently == 0
             && self.missing == 0
             && self.duplicate_jobs == 0
             && self.not_once_completed == 0
@@ -194,6 +199,11 @@ impl fmt::Display for CrashReport {
         for bad in self.outputs_bad.iter().take(10) {
             writeln!(f, "  {bad}")?;
         }
+        writeln!(
+            f,
+            "pairs without a job: in the dead-letter list {}, left silently {}",
+            self.dead_lettered, self.left_silently
+        )?;
         writeln!(f, "accounting mismatches: {:?}", self.accounting_mismatches)?;
         for (trail, records, checkpoints) in &self.audit {
             writeln!(f, "audit {trail}: {records} records, {checkpoints} checkpoints, verified")?;
@@ -463,10 +473,19 @@ pub(crate) async fn check(
             *per_pair.entry((j.function.clone(), n)).or_default() += 1;
         }
     }
+    // Nothing left silently: a pair without a job is in the gateway's dead-letter list.
+    let dead = read_dead_letters(&dir.join("gateway/firings.sqlite"))?;
     for f in [SUM_FN, NOOP_FN] {
         for n in 0..published {
             match per_pair.get(&(f.to_owned(), n)).copied().unwrap_or(0) {
-                0 => report.missing += 1,
+                0 => {
+                    report.missing += 1;
+                    if dead.contains(&(f.to_owned(), n)) {
+                        report.dead_lettered += 1;
+                    } else {
+                        report.left_silently += 1;
+                    }
+                }
                 1 => {}
                 _ => report.duplicate_jobs += 1,
             }
@@ -632,6 +651,32 @@ fn read_jobs(db: &Path) -> anyhow::Result<Vec<JobRow>> {
     Ok(out)
 }
 
+/// The (function, event index) pairs of the gateway's dead-letter list (none in a store made
+/// before it had one).
+fn read_dead_letters(db: &Path) -> anyhow::Result<std::collections::HashSet<(String, u64)>> {
+    let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let exists: i64 =
+        conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'", [], |r| {
+            r.get(0)
+        })?;
+    let mut out = std::collections::HashSet::new();
+    if exists == 0 {
+        return Ok(out);
+    }
+    let mut stmt = conn.prepare(
+        "SELECT function, CASE WHEN json_valid(event_ref) THEN json_extract(event_ref, '$.path') END FROM dead_letters",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))?;
+    for row in rows {
+        let (function, path) = row?;
+        let name = path.as_deref().and_then(|p| p.rsplit('/').next()).unwrap_or_default();
+        if let Some(n) = event_index(name) {
+            out.insert((function, n));
+        }
+    }
+    Ok(out)
+}
+
 fn read_attempts(db: &Path) -> anyhow::Result<u64> {
     let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     let n: i64 = conn.query_row("SELECT COUNT(*) FROM attempts", [], |r| r.get(0))?;
@@ -667,6 +712,7 @@ mod tests {
         };
         assert!(!held.passed());
         assert!(!CrashReport { duplicate_jobs: 1, ..good.clone() }.passed());
+        assert!(!CrashReport { left_silently: 1, ..good.clone() }.passed());
         assert!(!CrashReport { outputs_extra: 1, ..good.clone() }.passed());
         assert!(!CrashReport { audit: vec![("scheduler".into(), 1, 1)], ..good.clone() }.passed());
         assert!(!CrashReport { accounting_mismatches: vec!["alice".into()], ..good.clone() }.passed());

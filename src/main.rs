@@ -12,8 +12,8 @@ mod cli;
 
 use clap::{Parser, Subcommand};
 use cli::{
-    accounting, annex, args, audit, bridge, ep, events, files, fn_cmd, harness, jobs, login, logs, ns, serve, submit,
-    token, up,
+    accounting, annex, args, audit, bridge, dlq, ep, events, files, fn_cmd, harness, jobs, login, logs, ns, serve,
+    submit, token, up,
 };
 use std::path::PathBuf;
 
@@ -98,6 +98,9 @@ enum Command {
     },
     /// List jobs, newest first; or show one's history or analysis; or hold, release or remove one.
     Jobs(jobs::JobsArgs),
+    /// The dead-letter list: firings that could not become jobs and jobs that failed; list,
+    /// show, re-drive or drop entries.
+    Dlq(dlq::DlqArgs),
     /// Fair-share priorities of owners and groups (`condor_userprio`); usage per owner with
     /// --usage; a report per owner, group or function (and period) with --by; or set an
     /// owner's priority factor.
@@ -177,6 +180,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Fn { command } => fn_cmd::run(command).await,
         Command::Ns { command } => ns::run(command).await,
         Command::Jobs(args) => jobs::run(args).await,
+        Command::Dlq(args) => dlq::run(args).await,
         Command::Accounting(args) => accounting::run(args).await,
         Command::Annex { command } => annex::run(command).await,
         Command::Token { command } => token::run(command).await,

@@ -9,7 +9,8 @@
 use htfaas_functions::nats::NatsCredential;
 pub use htfaas_functions::nats_server::{NatsServer, NatsServerError, NatsUser, find_binary, free_port};
 use htfaas_functions::proto::{
-    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, PATH_SUBJECTS,
+    BILLING_SUBSCRIPTION, CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_STREAM, EVENTS_SUBJECT, JOBS_STREAM, JOBS_SUBJECTS,
+    PATH_SUBJECTS,
 };
 
 /// A role in the local stack, with what its NATS credential may do.
@@ -20,6 +21,10 @@ pub enum Role {
     /// the PubAck) and makes sure the events stream exists (JetStream `STREAM.INFO` and
     /// `STREAM.CREATE` of [`EVENTS_STREAM`] only).
     Storage,
+    /// The scheduler: publishes job-end notifications on [`JOBS_SUBJECTS`] (waiting for the
+    /// PubAck) and makes sure their stream exists (`STREAM.INFO` and `STREAM.CREATE` of
+    /// [`JOBS_STREAM`] only); it reads nothing.
+    Scheduler,
     /// The gateway: the JetStream API (stream and consumer set-up, its durable and its replays'
     /// ephemeral consumers, pulls, message reads) and acks; it publishes no event.
     Gateway,
@@ -31,8 +36,9 @@ pub enum Role {
     /// group).
     KafkaBridge,
     /// The site's operator (`htfaas` tools, the tests, the crash harness, the bench): publishes
-    /// on every events subject, as any source would, subscribes to them, and reads the stream
-    /// and its consumers; it changes no stream or consumer.
+    /// on every events subject, as any source would, subscribes to them and to the job-end
+    /// notifications, and reads both streams and their consumers; it changes no stream or
+    /// consumer.
     Operator,
 }
 
@@ -49,6 +55,14 @@ pub fn stack_user(role: &Role, credential: &NatsCredential) -> NatsUser {
             ],
             vec![],
         ),
+        Role::Scheduler => (
+            vec![
+                JOBS_SUBJECTS.to_owned(),
+                format!("$JS.API.STREAM.INFO.{JOBS_STREAM}"),
+                format!("$JS.API.STREAM.CREATE.{JOBS_STREAM}"),
+            ],
+            vec![],
+        ),
         Role::Gateway => (s(&["$JS.API.>", "$JS.ACK.>"]), vec![]),
         Role::Bridge(source) => (vec![format!("{CLOUDEVENTS_SUBJECT_PREFIX}.{source}")], vec![]),
         Role::KafkaBridge => (vec![EVENTS_SUBJECT.to_owned(), PATH_SUBJECTS.to_owned()], vec![]),
@@ -60,13 +74,15 @@ pub fn stack_user(role: &Role, credential: &NatsCredential) -> NatsUser {
                 cloudevents.clone(),
                 "$JS.API.INFO".to_owned(),
             ];
-            for read in ["STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET", "CONSUMER.INFO"] {
-                publish.push(format!("$JS.API.{read}.{EVENTS_STREAM}.>"));
-                publish.push(format!("$JS.API.{read}.{EVENTS_STREAM}"));
+            for stream in [EVENTS_STREAM, JOBS_STREAM] {
+                for read in ["STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET", "CONSUMER.INFO"] {
+                    publish.push(format!("$JS.API.{read}.{stream}.>"));
+                    publish.push(format!("$JS.API.{read}.{stream}"));
+                }
+                publish.push(format!("$JS.API.CONSUMER.NAMES.{stream}"));
             }
-            publish.push(format!("$JS.API.CONSUMER.NAMES.{EVENTS_STREAM}"));
             publish.push("$JS.API.STREAM.NAMES".to_owned());
-            (publish, vec![BILLING_SUBSCRIPTION.to_owned(), cloudevents])
+            (publish, vec![BILLING_SUBSCRIPTION.to_owned(), cloudevents, JOBS_SUBJECTS.to_owned()])
         }
     };
     NatsUser {

@@ -117,7 +117,7 @@ impl ProcStack {
         };
         let (nats_url, storage_url, scheduler_url) = (procs.nats.url(), procs.storage_url(), procs.scheduler_url());
         let layout = &procs.layout;
-        let mut scheduler = layout.scheduler(procs.scheduler, &storage_url, &procs.gateway_url());
+        let mut scheduler = layout.scheduler(procs.scheduler, &nats_url, &storage_url, &procs.gateway_url());
         if let Some(map) = scheduler.as_object_mut() {
             map.extend(opts.scheduler_overrides.clone());
         }

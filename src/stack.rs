@@ -77,8 +77,8 @@ struct Secrets {
 
 /// The local stack's NATS credentials: each name, and the role whose permissions the server
 /// gives it ([`crate::nats::stack_user`]).
-pub const NATS_CREDENTIALS: [&str; 6] =
-    ["storage", "gateway", "operator", "bridge-xrootd-notify", "bridge-dcache-sse", "bridge-dcache-kafka"];
+pub const NATS_CREDENTIALS: [&str; 7] =
+    ["storage", "gateway", "scheduler", "operator", "bridge-xrootd-notify", "bridge-dcache-sse", "bridge-dcache-kafka"];
 
 /// The role of the NATS credential `name` ([`NATS_CREDENTIALS`]).
 fn nats_role(name: &str) -> Option<crate::nats::Role> {
@@ -86,6 +86,7 @@ fn nats_role(name: &str) -> Option<crate::nats::Role> {
     Some(match name {
         "storage" => Role::Storage,
         "gateway" => Role::Gateway,
+        "scheduler" => Role::Scheduler,
         "operator" => Role::Operator,
         "bridge-dcache-kafka" => Role::KafkaBridge,
         _ => Role::Bridge(name.strip_prefix("bridge-")?.to_owned()),
@@ -212,7 +213,8 @@ impl Layout {
 
     /// Writes the secrets a site's config files name with `{"secret_file": …}`
     /// (`examples/site/`, read by `htfaas <component> --config`) under `<dir>/secrets/` (0700,
-    /// each file 0600): the storage's and gateway's NATS seeds (`storage.nkey`, `gateway.nkey`),
+    /// each file 0600): the storage's, gateway's and scheduler's NATS seeds (`storage.nkey`,
+    /// `gateway.nkey`, `scheduler.nkey`),
     /// the gateway's storage password (`gateway-storage-secret`), both admin tokens
     /// (`scheduler-admin-token`, `gateway-admin-token`) and an attach token for each EP of
     /// `eps` (`<ep>.attach-token`).
@@ -223,6 +225,7 @@ impl Layout {
         let mut files = vec![
             ("storage.nkey".to_owned(), seed("storage")?),
             ("gateway.nkey".to_owned(), seed("gateway")?),
+            ("scheduler.nkey".to_owned(), seed("scheduler")?),
             ("gateway-storage-secret".to_owned(), self.secrets.gateway_storage_secret.clone()),
             ("scheduler-admin-token".to_owned(), self.secrets.scheduler_admin_token.clone()),
             ("gateway-admin-token".to_owned(), self.secrets.admin_token.clone()),
@@ -290,8 +293,14 @@ impl Layout {
 
     /// The scheduler ([`htfaas_scheduler::Config`]); it trusts the gateway's submit-token key,
     /// jobs' input and output only on the storage at `storage_url` and modules only from the
-    /// gateway at `gateway_url`.
-    pub fn scheduler(&self, listen: SocketAddr, storage_url: &str, gateway_url: &str) -> serde_json::Value {
+    /// gateway at `gateway_url`, and publishes job-end notifications on the NATS at `nats_url`.
+    pub fn scheduler(
+        &self,
+        listen: SocketAddr,
+        nats_url: &str,
+        storage_url: &str,
+        gateway_url: &str,
+    ) -> serde_json::Value {
         serde_json::json!({
             "listen": listen,
             "db_path": self.path("scheduler/jobs.sqlite"),
@@ -305,6 +314,8 @@ impl Layout {
             "http": self.http,
             "storage_origins": [storage_url],
             "module_stores": [gateway_url],
+            "nats_url": nats_url,
+            "nats_nkey_seed": self.nats_seed("scheduler"),
         })
     }
 
@@ -445,7 +456,7 @@ impl Stack {
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = gateway.url();
 
-        let mut scheduler_json = serve_tls(layout.scheduler(scheduler_addr, &storage_url, &gateway_url));
+        let mut scheduler_json = serve_tls(layout.scheduler(scheduler_addr, &nats.url(), &storage_url, &gateway_url));
         if let Some(origins) = scheduler_json["storage_origins"].as_array_mut() {
             origins.extend(opts.trusted_storage.iter().map(|o| serde_json::Value::from(o.as_str())));
         }
@@ -560,8 +571,18 @@ impl Stack {
     /// Kills nats-server with SIGKILL, waits `down`, and starts it again on the same port with
     /// the same JetStream store: every client sees its connection drop and must reconnect.
     pub async fn kill_and_restart_nats(&mut self, down: Duration) -> anyhow::Result<()> {
-        tokio::task::block_in_place(|| self.nats.kill());
+        self.kill_nats();
         tokio::time::sleep(down).await;
+        self.restart_nats()
+    }
+
+    /// Kills nats-server with SIGKILL ([`Stack::restart_nats`] brings it back).
+    pub fn kill_nats(&mut self) {
+        tokio::task::block_in_place(|| self.nats.kill());
+    }
+
+    /// Starts the killed nats-server again on the same port with the same JetStream store.
+    pub fn restart_nats(&mut self) -> anyhow::Result<()> {
         Ok(tokio::task::block_in_place(|| self.nats.restart())?)
     }
 

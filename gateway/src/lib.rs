@@ -13,6 +13,9 @@
 //! - [`api`] serves the registry (modules and functions) and proxies job and accounting queries
 //!   to the scheduler; its credentials are checked by [`auth`], its errors are
 //!   [`http_error::HttpError`].
+//! - [`dead_letters`] feeds failed jobs (the scheduler's job-end notifications) into the
+//!   dead-letter list kept beside the firing table ([`firing`]; issue 23), where refused
+//!   firings enter in their refusal's transaction; [`api`] lists, shows, re-drives and drops.
 //! - [`warm`] tells the scheduler which modules registered functions use, for EPs to compile
 //!   ahead of their first event (issue 22).
 //! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
@@ -34,6 +37,7 @@ pub mod bridge;
 pub mod clients;
 pub mod config;
 pub mod console;
+pub mod dead_letters;
 pub mod dispatch;
 pub mod event;
 pub mod firing;
@@ -111,6 +115,19 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
     // The counters' history, for the console's event-flow chart.
     let sampler = tokio::spawn(sample_stats(shared.clone(), shutdown.child_token()));
+    // Issue 23: failed jobs into the dead-letter list, from the scheduler's notifications, on a
+    // connection of their own.
+    let dlq_client = htfaas_functions::nats::connect_options("htfaas-gateway-dlq", credential)
+        .retry_on_initial_connect()
+        .connect(htfaas_functions::nats::servers(&nats_url)?)
+        .await
+        .context("connect to NATS for the dead-letter feed")?;
+    let dead_letters = tokio::spawn(dead_letters::run(
+        async_nats::jetstream::new(dlq_client),
+        consumer.clone(),
+        shared.clone(),
+        shutdown.child_token(),
+    ));
     // Replays, dry runs and `fn test --seq` read the recorded events on a connection of their own.
     let events = replay::Events::connect(&nats_url, credential).await?;
     let app = api::router(shared.clone())
@@ -127,6 +144,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
     let _ = warm.await;
     let _ = sampler.await;
+    let _ = dead_letters.await;
     tracing::info!("gateway stopped");
     served?;
     ingested?;

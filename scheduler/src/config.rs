@@ -9,6 +9,7 @@
 //! while other owners' jobs are still dispatched. Both default to none (unlimited).
 
 use crate::annex_store::AnnexStore;
+use crate::notify::NotifySettings;
 use crate::policy::{GroupConfig, JobClass, PolicyConfig, SitePolicy};
 use crate::queue::Queue;
 use crate::requirements::RequirementConfig;
@@ -159,6 +160,26 @@ pub struct Config {
     /// on every change. Default: `annexes.json` in the directory of `db_path`.
     #[serde(default)]
     pub annex_file: Option<PathBuf>,
+    /// NATS server(s) with JetStream to publish job-end notifications on (issue 23; one URL,
+    /// or a cluster's separated by commas): each job that ends (completed, failed, held,
+    /// removed) is told on `htfaas.jobs.<owner>.<function>.<state>` in the stream
+    /// `HTFAAS_JOBS` ([`crate::notify`]). Default: none (no notifications; the outbox still
+    /// keeps them, and they are published once a URL is set).
+    #[serde(default)]
+    pub nats_url: Option<String>,
+    /// The scheduler's NATS credential: an nkey user seed (`SU…`), a secret. It needs to
+    /// publish on `htfaas.jobs.>`, the JetStream API of the stream `HTFAAS_JOBS` (info, create)
+    /// and its inbox (`_INBOX.<its public key>.>`). Default: none (a server without
+    /// authorization).
+    #[serde(default)]
+    pub nats_nkey_seed: Option<htfaas_functions::nats::NatsCredential>,
+    /// Replicas of the notification stream when the scheduler creates it. Default: 1.
+    #[serde(default = "default_jobs_stream_replicas")]
+    pub jobs_stream_replicas: usize,
+}
+
+fn default_jobs_stream_replicas() -> usize {
+    1
 }
 
 fn default_audit_checkpoint_records() -> u64 {
@@ -245,6 +266,8 @@ pub struct Settings {
     pub(crate) http: htfaas_functions::serve::Limits,
     /// The annexes' records ([`Config::annex_file`]).
     pub(crate) annexes: AnnexStore,
+    /// Where job-end notifications go ([`Config::nats_url`]); none: they wait in the outbox.
+    pub(crate) notify: Option<NotifySettings>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -338,6 +361,9 @@ impl Config {
             http: Default::default(),
             seal_key_file: None,
             annex_file: None,
+            nats_url: None,
+            nats_nkey_seed: None,
+            jobs_stream_replicas: default_jobs_stream_replicas(),
         }
     }
 
@@ -385,6 +411,18 @@ impl Config {
         .resolve()?;
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;
         self.http.check()?;
+        anyhow::ensure!(self.jobs_stream_replicas >= 1, "jobs_stream_replicas must be at least 1");
+        let notify = match &self.nats_url {
+            Some(url) => Some(NotifySettings {
+                servers: htfaas_functions::nats::servers(url)?,
+                credential: self.nats_nkey_seed.clone(),
+                replicas: self.jobs_stream_replicas,
+            }),
+            None => {
+                tracing::info!("no nats_url: job-end notifications wait in the store's outbox");
+                None
+            }
+        };
         let tls = htfaas_functions::serve::tls::optional_server_config(
             self.tls_cert_file.as_deref(),
             self.tls_key_file.as_deref(),
@@ -453,6 +491,7 @@ impl Config {
             audit_policy,
             http: self.http,
             annexes,
+            notify,
         })
     }
 }

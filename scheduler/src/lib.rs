@@ -38,6 +38,9 @@
 //!   at a module store's URL for the job's digest; no other URL reaches an EP.
 //! - [`warm`]: compile ahead (issue 22): the modules of registered functions, which attached
 //!   EPs are told to compile before their first job (`SchedulerMsg::Warm`).
+//! - [`notify`]: job-end notifications (issue 23): the outbox the store fills in the
+//!   transaction that ends a job, published on JetStream (`htfaas.jobs.<owner>.<function>.<state>`)
+//!   and deleted after the PubAck.
 //! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
 //!   refused credentials by reason, audit records.
 //! - [`report`]: accounting reports over the job records, on a connection of their own.
@@ -65,7 +68,7 @@
 //! ([`api`]) serve it.
 //!
 //! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
-//! running jobs return to idle), stop the dispatcher, wait for all of it (at most
+//! running jobs return to idle), stop the dispatcher and the notification publisher, wait for all of it (at most
 //! [`EXIT_DEADLINE`]), sign the audit trail's head, then close the store.
 
 pub mod actions;
@@ -83,6 +86,7 @@ pub mod error;
 pub mod failure;
 pub mod matching;
 pub mod metrics;
+pub mod notify;
 pub mod policy;
 pub mod queue;
 pub mod report;
@@ -133,6 +137,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         audit_policy,
         http,
         annexes,
+        notify,
     } = settings;
     tracing::info!(annexes = annexes.list().len(), "annex records read");
     let shared = Arc::new(Shared {
@@ -169,6 +174,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         }
     }
     let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.child_token()));
+    let publisher = notify.map(|n| tokio::spawn(notify::run(shared.queue.clone(), n, shutdown.child_token())));
     shared.wake.notify_one();
     tracing::info!(%url, name = %name, "scheduler listening");
 
@@ -191,6 +197,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         Err(_) => {
             tracing::warn!("dispatcher still running after {EXIT_DEADLINE:?}; exiting anyway")
         }
+    }
+    if let Some(publisher) = publisher
+        && tokio::time::timeout(EXIT_DEADLINE, publisher).await.is_err()
+    {
+        tracing::warn!("notification publisher still running after {EXIT_DEADLINE:?}; exiting anyway");
     }
     // Everything recorded by now (the sessions' lost attempts included) is signed.
     match shared.queue.audit_checkpoint(shared.audit_signer.clone(), shared.audit_policy, true).await {

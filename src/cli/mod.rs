@@ -8,6 +8,7 @@ pub mod annex;
 pub mod args;
 pub mod audit;
 pub mod bridge;
+pub mod dlq;
 pub mod ep;
 pub mod events;
 pub mod files;

@@ -5,6 +5,7 @@
 //! command reads it through [`StackInfo::load`], or a profile `htfaas login` saved for a remote
 //! site ([`StackInfo::load_profile`]); where and how: [`info`].
 
+mod dlq;
 mod info;
 
 pub use info::StackInfo;

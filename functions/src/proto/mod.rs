@@ -15,7 +15,8 @@
 //! One submodule per conversation: [`events`] (storage events), [`submit`] (gateway to
 //! scheduler), [`attach`] (EP to scheduler), [`jobs`] and [`admin`] (the scheduler's API),
 //! [`annex`] (annexes: EPs provisioned through a batch system),
-//! [`api`] (the gateway's API) and [`lineage`] (the gateway's audit routes). Every item is
+//! [`api`] (the gateway's API), [`lineage`] (the gateway's audit routes) , [`notify`]
+//! (job-end notifications on NATS) and [`dlq`] (the gateway's dead-letter list). Every item is
 //! re-exported here: callers name `proto::X`.
 //!
 //! Must not know: how anything is stored, decided or enforced; it carries audit records but
@@ -25,9 +26,11 @@ pub mod admin;
 pub mod annex;
 pub mod api;
 pub mod attach;
+pub mod dlq;
 pub mod events;
 pub mod jobs;
 pub mod lineage;
+pub mod notify;
 pub mod submit;
 #[cfg(test)]
 mod tests;
@@ -37,9 +40,11 @@ pub use admin::*;
 pub use annex::*;
 pub use api::*;
 pub use attach::*;
+pub use dlq::*;
 pub use events::*;
 pub use jobs::*;
 pub use lineage::*;
+pub use notify::*;
 pub use submit::*;
 
 use serde::{Deserialize, Serialize};

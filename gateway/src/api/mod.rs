@@ -67,6 +67,10 @@
 //! | `POST /v1/annexes` | admin | body `AnnexRequest` → 201 `AnnexCreated` (403 unless the owner holds the annex right: [`annexes`]) |
 //! | `GET /v1/annexes[/{name}]` | admin | `AnnexView`s: each annex's record and its attached EPs |
 //! | `POST /v1/annexes/{name}/jobs\|extend\|drain\|delete` | admin | `AnnexJobs` → `AnnexRecord`; `AnnexExtend` → `AnnexRecord`; → `AnnexView`; → `AnnexDeleted` |
+//! | `GET /v1/dlq[?function&since&dropped&limit]` | developer (own) | `Vec<DeadLetter>`: firings that could not become jobs and failed jobs, newest first ([`dlq`]) |
+//! | `GET /v1/dlq/{id}` | developer (own) | `DeadLetter`, with its re-drives and drop |
+//! | `POST /v1/dlq/{id}/redrive` | developer (own) | body `RedriveRequest` (`{"n"?: N}`) → 201 (or 200: re-drive `n` was there) `RedriveResponse` |
+//! | `POST /v1/dlq/{id}/drop` | developer (own) | body `DropRequest` (`{"reason": …}`) → `DeadLetter` |
 //! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`audit::lineage`]) |
 //!
 //! Every audit route takes `?trail=gateway` for the gateway's own trail ([`crate::audit`]:
@@ -114,6 +118,7 @@ use std::sync::Arc;
 
 mod annexes;
 pub mod audit;
+mod dlq;
 mod events;
 mod files;
 mod lifecycle;
@@ -239,6 +244,10 @@ pub const ROUTES: &[Route] = &[
     op("POST", "/v1/annexes/{name}/extend", "/v1/annexes/{name}/{action}", Access::Admin),
     op("POST", "/v1/annexes/{name}/drain", "/v1/annexes/{name}/{action}", Access::Admin),
     op("POST", "/v1/annexes/{name}/delete", "/v1/annexes/{name}/{action}", Access::Admin),
+    op("GET", "/v1/dlq", "/v1/dlq", Access::Developer),
+    op("GET", "/v1/dlq/{id}", "/v1/dlq/{id}", Access::Developer),
+    op("POST", "/v1/dlq/{id}/redrive", "/v1/dlq/{id}/{action}", Access::Developer),
+    op("POST", "/v1/dlq/{id}/drop", "/v1/dlq/{id}/{action}", Access::Developer),
     op("GET", "/metrics", "/metrics", Access::Admin),
     // The console's static pages (`crate::console::routes`, merged): the page asks for a token
     // and calls the routes above with it.
@@ -289,6 +298,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/annexes", post(annexes::create).get(annexes::list))
         .route("/v1/annexes/{name}", get(annexes::show))
         .route("/v1/annexes/{name}/{action}", post(annexes::act))
+        .route("/v1/dlq", get(dlq::list))
+        .route("/v1/dlq/{id}", get(dlq::show))
+        .route("/v1/dlq/{id}/{action}", post(dlq::act))
         .route("/metrics", get(metrics::serve))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
         .merge(crate::console::routes())

@@ -91,10 +91,13 @@
 //! ([`htfaas_functions::store::begin_immediate`]), as every hot statement runs.
 //!
 //! This module is the table: [`Firings`] (`table`), its schema and migrations (`schema`), the
-//! rate buckets (`bucket`), the dispatcher's batched writes and their group commit (`writer`). Must not know: NATS, HTTP, the storage or the scheduler (the
+//! rate buckets (`bucket`), the dispatcher's batched writes and their group commit (`writer`),
+//! the dead-letter list beside it (`dlq`, issue 23: refusals entered in their own transaction,
+//! failed jobs and undeliverable events, re-drives and drops). Must not know: NATS, HTTP, the storage or the scheduler (the
 //! dispatcher, [`crate::dispatch`], turns claimed firings into jobs).
 
 mod bucket;
+mod dlq;
 mod schema;
 mod table;
 #[cfg(test)]
@@ -102,6 +105,7 @@ mod tests;
 mod writer;
 
 pub use bucket::TokenBucket;
+pub use dlq::{DeadLetterFilter, DlqError, MAX_LIST};
 pub use schema::SCHEMA_VERSION;
 pub use table::Firings;
 pub use writer::{FiringWriter, OUTCOME_LINGER, Outcome, WRITE_BATCH, Write, Written};

@@ -154,6 +154,7 @@ impl Firings {
         conn.set_prepared_statement_cache_capacity(64);
         conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         migrate(&mut conn)?;
+        super::dlq::install(&conn)?;
         audit::install(&conn, crate::audit::AUDIT_WRITER)?;
         let requeued = exec(
             &conn,
@@ -281,7 +282,7 @@ impl Firings {
     }
 
     /// Keeps the pending gauge in step with committed inserts and wakes the dispatcher.
-    fn inserted(&self, done: &[Inserted]) {
+    pub(super) fn inserted(&self, done: &[Inserted]) {
         let queued: u64 = done.iter().map(|d| d.queued).sum();
         let superseded: u64 = done.iter().map(|d| d.superseded).sum();
         self.pending.fetch_add(queued, Ordering::Relaxed);
@@ -319,11 +320,13 @@ impl Firings {
                         Ok(p) => p,
                         Err(e) => {
                             tracing::error!(seq, "stored firing unreadable, refused: {e}");
+                            let reason = format!("stored firing unreadable: {e}");
                             exec(
                                 &tx,
                                 "UPDATE firings SET state = 'refused', reason = ?2, updated_ms = ?3 WHERE seq = ?1",
-                                params![seq, format!("stored firing unreadable: {e}"), db_int(now_ms)],
+                                params![seq, reason, db_int(now_ms)],
                             )?;
+                            super::dlq::record_refused(&tx, seq, &reason, now_ms)?;
                             claim.unreadable += 1;
                             continue;
                         }
@@ -463,7 +466,7 @@ impl Firings {
 
 /// One event's firings inside the caller's transaction (see [`Firings::insert`]); sees
 /// what earlier events of the same transaction wrote.
-fn insert_event(
+pub(super) fn insert_event(
     tx: &Connection,
     event: &StorageEvent,
     functions: &[FunctionRecord],

@@ -214,7 +214,7 @@ fn apply(tx: &Connection, write: Write, now_ms: u64, window_ms: u64) -> Result<W
 }
 
 /// Ends claimed firing `seq` in `state`, inside the caller's transaction; a refusal gets its
-/// `job.refused` record.
+/// `job.refused` record and its dead-letter entry.
 fn finish(
     tx: &Connection,
     seq: i64,
@@ -231,6 +231,7 @@ fn finish(
     )?;
     if changed > 0 && state == FiringState::Refused {
         audit::append_in(tx, super::table::refusal_record(tx, seq, reason.unwrap_or_default())?)?;
+        super::dlq::record_refused(tx, seq, reason.unwrap_or_default(), now_ms)?;
     }
     Ok(Written { retry_at_ms: None, finished: changed > 0 })
 }

@@ -46,7 +46,8 @@
 //! writer thread), `jobs.rs` (submit, admin actions and job records), `runs.rs` (the read model
 //! matching reads, dispatch, lost sessions and the EP's reports), `accounts.rs` (fair-share
 //! charging and usage), `revocations.rs`, `ep_admin.rs` and `trail.rs` (the audit trail's records
-//! and checkpoints). Every file adds its own `impl Queue` block.
+//! and checkpoints), `outbox.rs` (the job-end notifications waiting to be published, written
+//! by a trigger in the transaction that ends a job). Every file adds its own `impl Queue` block.
 //!
 //! Layer: the store and its read model. It must not know axum, HTTP, EP sessions, the EP table
 //! or the dispatcher: it takes and returns plain values ([`IdleJob`], [`PoolRoom`], [`Action`]).
@@ -59,6 +60,7 @@ mod accounts;
 mod ep_admin;
 mod handback;
 mod jobs;
+mod outbox;
 mod revocations;
 mod runs;
 mod schema;
@@ -164,6 +166,7 @@ impl Queue {
         conn.set_prepared_statement_cache_capacity(128);
         conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         migrate(&mut conn)?;
+        outbox::install(&conn)?;
         audit::install(&conn, AUDIT_WRITER)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let open: Vec<(String, u32, String, String)> = {

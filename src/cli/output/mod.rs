@@ -5,9 +5,11 @@
 
 mod annex;
 mod audit;
+mod dlq;
 
 pub use annex::{annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended};
 pub use audit::{audit_records, head, lineage, verify, verify_reports};
+pub use dlq::{dead_letter, dead_letters, redriven};
 use htfaas::client::StackInfo;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::namespace::GrantEntry;

@@ -14,6 +14,8 @@
 //!   directory (issue 20: a path subject carries its file's directory, and the gateway's owner
 //!   lanes read the subjects of their namespaces): the gateway finds the payload's path is not
 //!   the subject's, counts it malformed and fires nothing for it.
+//! - Job-end notifications (issue 23) are the scheduler's: a bridge cannot publish one on
+//!   `htfaas.jobs.…`, and the scheduler's credential publishes no storage event.
 //!
 //! Each test waits for a legitimate event's job after the attack: the gateway reads the stream
 //! in order, so by then it has decided whatever the attacker managed to put before it.
@@ -185,5 +187,56 @@ async fn a_billing_message_on_another_directorys_path_subject_fires_nothing_and_
     let jobs = client.jobs().await.expect("jobs");
     let paths: Vec<&str> = jobs.iter().map(|j| j.event.path.as_str()).collect();
     assert_eq!(paths, ["/data/raw/after.dat"], "the misrouted message started no job");
+    stack.stop().await.expect("clean stop");
+}
+
+/// Issue 23: job-end notifications are the scheduler's alone. A bridge cannot forge one (a
+/// failed job's, which would put an entry in its owner's dead-letter list), and the
+/// scheduler's credential, which publishes them, cannot publish a storage event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_scheduler_publishes_job_end_notifications_and_it_publishes_no_event() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let refusals = |name: &'static str| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let options = connect_options(name, stack.nats_credential(name)).event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    let _ = tx.send(e.to_string());
+                }
+            }
+        });
+        (options, rx)
+    };
+    let forged = serde_json::json!({"seq": 1, "job_id": "forged", "owner": USER, "function": "checksum",
+        "version": 1, "state": "failed", "event": {"source": "x", "id": "x", "path": "/data/raw/x"},
+        "attempts": 1, "finished_at_ms": 1});
+    let (options, mut errors) = refusals("bridge-xrootd-notify");
+    let bridge = options.connect(stack.nats_url()).await.expect("the bridge connects");
+    bridge.publish("htfaas.jobs.alice.checksum.failed", forged.to_string().into()).await.expect("queued");
+    bridge.flush().await.expect("flush");
+    let refusal = tokio::time::timeout(LIMIT, errors.recv()).await.expect("a refusal").expect("an error");
+    assert_eq!(refusal, r#"nats: Permissions Violation for Publish to "htfaas.jobs.alice.checksum.failed""#);
+
+    let (options, mut errors) = refusals("scheduler");
+    let scheduler = options.connect(stack.nats_url()).await.expect("the scheduler's credential connects");
+    scheduler.publish(EVENTS_SUBJECT, transfer_write("/data/raw/x", 7, "forged", 1).into()).await.expect("queued");
+    scheduler.flush().await.expect("flush");
+    let refusal = tokio::time::timeout(LIMIT, errors.recv()).await.expect("a refusal").expect("an error");
+    assert_eq!(refusal, r#"nats: Permissions Violation for Publish to "storage.dcache.billing""#);
+
+    // A real job's end still comes through, and the forged failure made no dead letter.
+    let digest = upload_checksum(&client).await;
+    client.register(&demo_manifest(digest)).await.expect("register");
+    client.put_bytes(b"legit".to_vec(), "/data/raw/legit.dat").await.expect("put");
+    completed(&client, "/data/raw/legit.dat").await;
+    let js = jetstream::new(stack.nats_client().await.expect("operator"));
+    wait_for("the real notification", LIMIT, || async {
+        let stream = js.get_stream(htfaas_functions::proto::JOBS_STREAM).await.ok()?;
+        stream.get_last_raw_message_by_subject("htfaas.jobs.alice.checksum.completed").await.ok()
+    })
+    .await;
+    assert!(client.dead_letters(None, None, true).await.expect("list").is_empty());
     stack.stop().await.expect("clean stop");
 }
