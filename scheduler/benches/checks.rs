@@ -49,6 +49,7 @@ fn request() -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
     }
+    renewal: None,
 }
 
 fn report() -> JobReport {

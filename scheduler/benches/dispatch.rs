@@ -341,6 +341,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
     }
+    renewal: None,
 }
 
 /// Inserts `rows` idle jobs as `Queue::submit` would, in one transaction (rollback journal

@@ -38,6 +38,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
     }
+    renewal: None,
 }
 
 pub(crate) fn new_job(key: &str, jti: &str, jobs: u32) -> NewJob {

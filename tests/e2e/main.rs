@@ -25,6 +25,7 @@ mod path;
 mod python;
 mod quiet_up;
 mod remote_cli;
+mod renew;
 mod replay;
 mod revoke;
 mod scopes;

@@ -103,6 +103,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
     }
+    renewal: None,
 }
 
 fn claims(digest: &Digest) -> SubmitClaims {

@@ -15,7 +15,8 @@
 //! One submodule per conversation: [`events`] (storage events), [`submit`] (gateway to
 //! scheduler), [`attach`] (EP to scheduler), [`jobs`] and [`admin`] (the scheduler's API),
 //! [`annex`] (annexes: EPs provisioned through a batch system),
-//! [`api`] (the gateway's API) and [`lineage`] (the gateway's audit routes). Every item is
+//! [`api`] (the gateway's API), [`lineage`] (the gateway's audit routes) and [`renew`]
+//! (renewing a running job's macaroons, scheduler to gateway). Every item is
 //! re-exported here: callers name `proto::X`.
 //!
 //! Must not know: how anything is stored, decided or enforced; it carries audit records but
@@ -28,6 +29,7 @@ pub mod attach;
 pub mod events;
 pub mod jobs;
 pub mod lineage;
+pub mod renew;
 pub mod submit;
 #[cfg(test)]
 mod tests;
@@ -40,6 +42,7 @@ pub use attach::*;
 pub use events::*;
 pub use jobs::*;
 pub use lineage::*;
+pub use renew::*;
 pub use submit::*;
 
 use serde::{Deserialize, Serialize};

@@ -45,8 +45,8 @@
 //! The store in files: `schema.rs` (stored format and migrations), `writer.rs` (the group-commit
 //! writer thread), `jobs.rs` (submit, admin actions and job records), `runs.rs` (the read model
 //! matching reads, dispatch, lost sessions and the EP's reports), `accounts.rs` (fair-share
-//! charging and usage), `revocations.rs`, `ep_admin.rs` and `trail.rs` (the audit trail's records
-//! and checkpoints). Every file adds its own `impl Queue` block.
+//! charging and usage), `revocations.rs`, `ep_admin.rs`, `renewals.rs` (what a renewal of a running job's macaroons
+//! reads, and its record) and `trail.rs` (the audit trail's records and checkpoints). Every file adds its own `impl Queue` block.
 //!
 //! Layer: the store and its read model. It must not know axum, HTTP, EP sessions, the EP table
 //! or the dispatcher: it takes and returns plain values ([`IdleJob`], [`PoolRoom`], [`Action`]).
@@ -59,6 +59,7 @@ mod accounts;
 mod ep_admin;
 mod handback;
 mod jobs;
+mod renewals;
 mod revocations;
 mod runs;
 mod schema;
@@ -73,6 +74,7 @@ pub use ep_admin::EpAdminRow;
 pub use handback::HandedBack;
 pub use htfaas_functions::store::now_ms;
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
+pub use renewals::RenewalFacts;
 pub use revocations::Recorded;
 #[cfg(test)]
 pub(crate) use runs::assignment;

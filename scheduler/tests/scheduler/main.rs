@@ -287,6 +287,7 @@ impl Fixture {
             limits: Default::default(),
             secrets: Default::default(),
         }
+        renewal: None,
     }
 
     fn attach_key(&self) -> SigningKey {
@@ -430,6 +431,7 @@ fn one_cpu(fx: &Fixture, key: &str) -> SubmitRequest {
     let mut r = fx.request(key);
     r.resources.cpus = 1;
     r
+    renewal: None,
 }
 
 fn cancel_msg(id: &str, reason: &str) -> Value {

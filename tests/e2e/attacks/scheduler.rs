@@ -69,6 +69,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         limits: Default::default(),
         secrets: Default::default(),
     }
+    renewal: None,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
