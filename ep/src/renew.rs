@@ -243,7 +243,11 @@ mod tests {
                     module_url: "http://m".into(),
                 },
                 resources: htfaas_functions::Resources::new(1, 1, 1),
-                input: htfaas_functions::proto::InputSpec { url: "http://s/i".into(), name: "i".into(), macaroon: input.into() },
+                input: htfaas_functions::proto::InputSpec {
+                    url: "http://s/i".into(),
+                    name: "i".into(),
+                    macaroon: input.into(),
+                },
                 output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: macaroon(&[]) },
                 args: vec![],
                 env: vec![],

@@ -3,8 +3,8 @@
 //! verifies) the job's renewal grant ([`Submitter::grant`], issue 23).
 
 use crate::storage_client::snippet;
-use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse, WarmRequest, WarmResponse};
 use htfaas_functions::proto::RenewalGrant;
+use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse, WarmRequest, WarmResponse};
 use htfaas_functions::token::{
     RENEW_AUDIENCE, RenewClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s,
 };

@@ -84,7 +84,8 @@ async fn issue(
     req: &RenewRequest,
 ) -> Result<(RenewResponse, Vec<MacaroonFacts>), HttpError> {
     let forbidden = |why: String| HttpError(StatusCode::FORBIDDEN, why);
-    if let Some(reason) = shared.api_revocations.reason_for(&shared.scheduler(), &claims.jti, &claims.sub, &claims.iss).await?
+    if let Some(reason) =
+        shared.api_revocations.reason_for(&shared.scheduler(), &claims.jti, &claims.sub, &claims.iss).await?
     {
         return Err(forbidden(format!("the job's token is revoked: {reason}")));
     }
@@ -106,15 +107,20 @@ async fn issue(
     if claims.sub != m.owner {
         let own = shared.namespaces.of(&claims.sub, None);
         if !own.may_read(&claims.input) || !own.may_write(&claims.output) {
-            return Err(forbidden(format!("{} may no longer read {} or write {}", claims.sub, claims.input, claims.output)));
+            return Err(forbidden(format!(
+                "{} may no longer read {} or write {}",
+                claims.sub, claims.input, claims.output
+            )));
         }
     }
     let storage_err = |e: crate::storage_client::StorageError| {
         let status = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
         HttpError(status, e.to_string())
     };
-    let (read, write) =
-        tokio::join!(shared.storage.read_macaroon(&claims.input), shared.storage.write_macaroon(&claims.output, replace));
+    let (read, write) = tokio::join!(
+        shared.storage.read_macaroon(&claims.input),
+        shared.storage.write_macaroon(&claims.output, replace)
+    );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     // What the trail keeps: identifiers and caveats; a macaroon that does not parse is kept
     // out of the record, not out of the answer (the storage issued it).
