@@ -48,8 +48,8 @@ fn request() -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
-    renewal: None,
 }
 
 fn report() -> JobReport {

@@ -340,8 +340,8 @@ fn request(dedupe_key: String) -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
-    renewal: None,
 }
 
 /// Inserts `rows` idle jobs as `Queue::submit` would, in one transaction (rollback journal

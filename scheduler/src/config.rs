@@ -400,7 +400,9 @@ impl Config {
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;
         let gateway = match &self.gateway_url {
             None => None,
-            Some(url) => Some(crate::gateway_client::Gateway::new(gateway_client(self.gateway_ca_file.as_deref())?, url)),
+            Some(url) => {
+                Some(crate::gateway_client::Gateway::new(gateway_client(self.gateway_ca_file.as_deref())?, url))
+            }
         };
         self.http.check()?;
         let tls = htfaas_functions::serve::tls::optional_server_config(

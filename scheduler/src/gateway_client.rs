@@ -46,4 +46,3 @@ impl Gateway {
         Err(format!("the gateway refused ({status}): {reason}"))
     }
 }
-

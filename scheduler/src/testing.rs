@@ -37,8 +37,8 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
-    renewal: None,
 }
 
 pub(crate) fn new_job(key: &str, jti: &str, jobs: u32) -> NewJob {

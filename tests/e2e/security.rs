@@ -102,8 +102,8 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
-    renewal: None,
 }
 
 fn claims(digest: &Digest) -> SubmitClaims {

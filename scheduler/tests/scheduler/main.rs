@@ -286,8 +286,8 @@ impl Fixture {
             class: None,
             limits: Default::default(),
             secrets: Default::default(),
+            renewal: None,
         }
-        renewal: None,
     }
 
     fn attach_key(&self) -> SigningKey {

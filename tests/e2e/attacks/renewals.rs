@@ -8,9 +8,7 @@ use htfaas::stack::{demo_manifest, mint_ep_token};
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{AuditFilter, AuditKind};
 use htfaas_functions::macaroon::inspect;
-use htfaas_functions::proto::{
-    EpMsg, Hello, JobAssignment, JobState, RevocationTarget, SchedulerMsg,
-};
+use htfaas_functions::proto::{EpMsg, Hello, JobAssignment, JobState, RevocationTarget, SchedulerMsg};
 use htfaas_tests::{guest_wasm, start_stack_with, upload_checksum, wait_for};
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;

@@ -68,8 +68,8 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
-    renewal: None,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
