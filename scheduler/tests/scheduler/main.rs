@@ -431,7 +431,6 @@ fn one_cpu(fx: &Fixture, key: &str) -> SubmitRequest {
     let mut r = fx.request(key);
     r.resources.cpus = 1;
     r
-    renewal: None,
 }
 
 fn cancel_msg(id: &str, reason: &str) -> Value {
