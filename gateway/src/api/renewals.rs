@@ -214,7 +214,8 @@ mod tests {
     fn a_request_whose_job_is_not_the_grants_is_refused() {
         let url_of = |p: &str| format!("http://s{p}");
         assert_eq!(check_facts(&claims(), &request(), url_of), Ok(()));
-        let cases: [(&str, fn(&mut RenewRequest)); 5] = [
+        type Change = fn(&mut RenewRequest);
+        let cases: [(&str, Change); 5] = [
             ("owner", |r| r.owner = "bob".into()),
             ("token", |r| r.token_jti = "j2".into()),
             ("function digest", |r| r.digest = htfaas_functions::Digest::of(b"other")),

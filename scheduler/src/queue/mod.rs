@@ -76,7 +76,6 @@ pub use htfaas_functions::store::now_ms;
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
 pub use renewals::RenewalFacts;
 pub use revocations::Recorded;
-#[cfg(test)]
 pub(crate) use runs::assignment;
 pub use runs::{
     BATCH, Finished, IdleJob, Loss, Lost, MAX_BACKOFF_MS, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Marked, Pool,
