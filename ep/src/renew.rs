@@ -155,12 +155,12 @@ impl Credentials {
 
     /// Renews when due now; `Err` is why it could not (the current ones stay).
     async fn renew_if_due(&self) -> Result<(), String> {
-        if !self.due_s().is_some_and(|due| due <= now_s()) {
+        if self.due_s().is_none_or(|due| due > now_s()) {
             return Ok(());
         }
         let _one = self.renewing.lock().await;
         // Another caller may have renewed while this one waited.
-        if !self.due_s().is_some_and(|due| due <= now_s()) {
+        if self.due_s().is_none_or(|due| due > now_s()) {
             return Ok(());
         }
         match self.renewer.ask(&self.job_id).await {
