@@ -45,6 +45,9 @@ pub struct StackOptions {
     /// certificate for 127.0.0.1 from a CA of the stack's own (`pki/`, [`crate::pki`]); every
     /// client of the stack trusts that CA. Default: false (plain HTTP on loopback).
     pub tls: bool,
+    /// Validities of the read and write macaroons the gateway asks for (ISO-8601, e.g. `PT5S`
+    /// in a test of their renewal). Default: `PT2H` and `PT4H`.
+    pub macaroon_validity: (String, String),
 }
 
 impl StackOptions {
@@ -58,6 +61,7 @@ impl StackOptions {
             trusted_storage: Vec::new(),
             http: Default::default(),
             tls: false,
+            macaroon_validity: ("PT2H".into(), "PT4H".into()),
         }
     }
 }
@@ -316,6 +320,8 @@ impl Layout {
             "module_stores": [gateway_url],
             "nats_url": nats_url,
             "nats_nkey_seed": self.nats_seed("scheduler"),
+            // Running jobs' macaroons are renewed there (issue 23).
+            "gateway_url": gateway_url,
         })
     }
 
@@ -452,11 +458,16 @@ impl Stack {
             gateway_json["scheduler_ca_file"] = serde_json::json!(pki.ca_file);
             gateway_json["storage_ca_file"] = serde_json::json!(pki.ca_file);
         }
+        gateway_json["read_validity"] = serde_json::json!(opts.macaroon_validity.0);
+        gateway_json["write_validity"] = serde_json::json!(opts.macaroon_validity.1);
         let gateway_config: htfaas_gateway::Config = config("gateway", gateway_json)?;
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = gateway.url();
 
         let mut scheduler_json = serve_tls(layout.scheduler(scheduler_addr, &nats.url(), &storage_url, &gateway_url));
+        if let Some(pki) = &pki {
+            scheduler_json["gateway_ca_file"] = serde_json::json!(pki.ca_file);
+        }
         if let Some(origins) = scheduler_json["storage_origins"].as_array_mut() {
             origins.extend(opts.trusted_storage.iter().map(|o| serde_json::Value::from(o.as_str())));
         }

@@ -342,6 +342,7 @@ async fn main() {
             env: vec![],
             limits: Default::default(),
             secrets: Default::default(),
+            renew_until: None,
         };
         let reset = reset_peak();
         let (rss_before, _) = memory();

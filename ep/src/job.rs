@@ -41,11 +41,16 @@
 //! uploads nothing. A guest outruns the watcher by at most one period of writes. A job's
 //! instruction budget (`limits.instructions`) lowers the EP's fuel for its run.
 //!
+//! Credentials (issue 23): the input fetch and the upload take the job's macaroons from its
+//! [`Credentials`], which renews them first when they are about to expire, and a keeper task
+//! renews them while the job runs ([`crate::renew`]).
+//!
 //! Pool slots: a guest that finds the instance pool full never started; the job tries again
 //! every [`SLOT_RETRY`] for [`SLOT_WAIT`], then is returned to the scheduler (see
 //! [`crate::slots`]), never failed.
 
 use crate::config::Settings;
+use crate::renew::{Credentials, Renewer};
 use crate::report_log::LogText;
 use crate::runtime::millis;
 use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, Prepared, RunLimits, Runtime};
@@ -60,6 +65,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// How long past its wall-time cap, or after a cancel, a job waits for its guest's thread before
 /// leaving it behind (only a guest stuck in a blocking host call takes that long; others stop
@@ -76,12 +90,14 @@ pub(crate) struct Jobs {
     abandoned: Abandoned,
     /// Emptied job directories, reused.
     spares: SpareDirs,
+    /// Asks the scheduler for fresh macaroons of a job (issue 23, [`crate::renew`]).
+    renewer: Renewer,
 }
 
 impl Jobs {
-    pub(crate) fn new(settings: Arc<Settings>) -> Jobs {
+    pub(crate) fn new(settings: Arc<Settings>, renewer: Renewer) -> Jobs {
         let spares = SpareDirs::new(settings.jobs_dir.clone());
-        Jobs { settings, loading: Mutex::new(HashMap::new()), abandoned: Abandoned::default(), spares }
+        Jobs { settings, loading: Mutex::new(HashMap::new()), abandoned: Abandoned::default(), spares, renewer }
     }
 
     /// Runs one assignment to its report; `cancel` stops it early ([`Outcome::Cancelled`]).
@@ -164,6 +180,10 @@ impl Jobs {
         s.origins.check("input url", &job.input.url).map_err(|e| Outcome::InputFailed { reason: e.to_string() })?;
         s.origins.check("output url", &job.output.url).map_err(|e| Outcome::OutputFailed { reason: e.to_string() })?;
         let mut limits = ScratchLimits::for_job(s, job);
+        // The job's macaroons, renewed while it needs them (issue 23); the keeper stops when the
+        // job is done with them (dropped with this function's frame).
+        let credentials = Credentials::new(job, &self.renewer);
+        let _keeper = AbortOnDrop(tokio::spawn(credentials.clone().keep()));
         let guest = unless_cancelled(cancel, self.module(&job.function, &mut tally.retries)).await??;
 
         let input_dir = dir.join("input");
@@ -171,7 +191,8 @@ impl Jobs {
         self.spares.take(dir).await.map_err(|e| Outcome::InputFailed { reason: format!("create job dir: {e}") })?;
         let input_path = input_dir.join(&job.input.name);
         let started = Instant::now();
-        let input = Transfer { http: &s.http, url: &job.input.url, macaroon: &job.input.macaroon };
+        let read = unless_cancelled(cancel, credentials.input()).await?;
+        let input = Transfer { http: &s.http, url: &job.input.url, macaroon: &read };
         let fetched =
             download(&input, &input_path, limits.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
         let fetched = unless_cancelled(cancel, fetched).await;
@@ -269,7 +290,15 @@ impl Jobs {
             }
             let mut stored = Stored { files: Vec::new(), bytes_out: 0, failure: None };
             let started = Instant::now();
-            let output = Transfer { http: &s.http, url: &job.output.url, macaroon: &job.output.macaroon };
+            let write = match unless_cancelled(cancel, credentials.output()).await {
+                Ok(write) => write,
+                Err(cancelled) => {
+                    log.note("cancelled before storing outputs; none stored");
+                    report.log = log.finish(s.log_limit_bytes);
+                    return Err(cancelled);
+                }
+            };
+            let output = Transfer { http: &s.http, url: &job.output.url, macaroon: &write };
             let upload = upload_outputs(&limits, &output, &output_dir, &mut stored, &mut log, &mut tally.retries);
             let finished = unless_cancelled(cancel, upload).await;
             tally.output_ms = millis(started.elapsed());

@@ -21,6 +21,8 @@
 //! - `warm`: modules compiled ahead of their first job, as the scheduler names them (issue 22);
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
+//! - `renew`: a job's macaroons kept valid while it needs them (issue 23): renewed through the
+//!   scheduler before a use and while the job runs, when they expire first;
 //! - [`local`]: one run on a local file with no stack (`htfaas fn run`), in the same runtime
 //!   and limits as a job;
 //! - [`metrics`]: the optional Prometheus listener ([`Config::metrics_listen`]);
@@ -46,6 +48,7 @@ pub mod local;
 pub mod metrics;
 mod options;
 pub mod origins;
+mod renew;
 mod report_log;
 pub mod runtime;
 mod scratch;

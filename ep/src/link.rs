@@ -12,6 +12,12 @@
 //! (issue 22) queues a module to compile ahead of its first job ([`crate::warm`]), never waited
 //! for.
 //!
+//! Renewal (issue 23): a job's request for fresh macaroons ([`crate::renew`]) goes out at
+//! once as `Renew` on the current session (never kept for a later one: that session's
+//! scheduler would not know the job as running there); `Renewed` and `RenewRefused` go back to
+//! the job that asked, and a session that ends drops the waiting requests (their jobs go on
+//! with the macaroons they have).
+//!
 //! Prefetch (issue 20; the extension of [`htfaas_functions::proto`]'s attach conversation):
 //! `Hello` asks for [`Settings::prefetch`] jobs beyond the free resources; when the `Welcome`
 //! grants the extension, every `Assign` goes into a local queue, and the queue's head starts as
@@ -57,6 +63,7 @@
 
 use crate::config::{STOP_GRACE, Settings};
 use crate::job::Jobs;
+use crate::renew::{Answer, Ask, Renewer};
 use crate::runtime::CancelSignal;
 use crate::warm::Warmer;
 use anyhow::{Context as _, anyhow, bail};
@@ -124,6 +131,11 @@ struct Link {
     drain_deadline: Option<Instant>,
     /// Set once a stop began: the running jobs were cancelled.
     stopping: bool,
+    /// Jobs' requests for fresh macaroons (issue 23), sent as `Renew` on the session.
+    renew_rx: mpsc::UnboundedReceiver<Ask>,
+    /// Who waits for the answer to each job's `Renew` on this session; dropped (the job goes on
+    /// without) when the session ends.
+    renewals: HashMap<String, tokio::sync::oneshot::Sender<Answer>>,
     /// Jobs cancelled by the stop, whose `Cancelled` report is dropped rather than sent.
     stopped: HashSet<String>,
 }
@@ -152,7 +164,8 @@ pub(crate) async fn run(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let (report_tx, report_rx) = mpsc::unbounded_channel();
-    let jobs = Arc::new(Jobs::new(settings.clone()));
+    let (renewer, renew_rx) = Renewer::channel();
+    let jobs = Arc::new(Jobs::new(settings.clone(), renewer));
     let mut link = Link {
         warmer: Warmer::start(settings.clone(), jobs.clone()),
         jobs,
@@ -169,6 +182,8 @@ pub(crate) async fn run(
         drain_deadline: None,
         stopping: false,
         stopped: HashSet::new(),
+        renew_rx,
+        renewals: HashMap::new(),
     };
     tracing::info!(name = %link.settings.name, url = %link.settings.attach_url, "ep starting");
     let mut backoff = MIN_BACKOFF;
@@ -426,6 +441,12 @@ impl Link {
             self.pending.retain(|m| !matches!(m, EpMsg::NotStarted { .. }));
         }
         self.ext = ext;
+        // Answers to an earlier session's renewals will not come, and requests made between
+        // sessions name jobs this session's scheduler does not run here.
+        self.renewals.clear();
+        while let Ok(stale) = self.renew_rx.try_recv() {
+            let _ = stale.reply.send(Err("the link to the scheduler was lost".into()));
+        }
         tracing::info!(%ep_id, pending_reports = self.pending.len(), prefetch = ?ext, "attached to scheduler");
 
         let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
@@ -474,6 +495,11 @@ impl Link {
                     if let Some(report) = report {
                         self.finished(report);
                     }
+                }
+                Some(ask) = self.renew_rx.recv() => {
+                    let text = serde_json::to_string(&EpMsg::Renew { job_id: ask.job_id.clone() })?;
+                    self.renewals.insert(ask.job_id, ask.reply);
+                    ws.send(Message::text(text)).await.context("send renew")?;
                 }
                 _ = ping.tick() => ws.send(Message::Ping(Default::default())).await.context("send ping")?,
                 _ = drain.cancelled(), if self.drain_deadline.is_none() => self.begin_drain(),
@@ -533,6 +559,9 @@ impl Link {
                     }
                     Ok(SchedulerMsg::Lifetime { .. }) => bail!("scheduler set a lifetime before welcome"),
                     Ok(SchedulerMsg::Warm { .. }) => bail!("scheduler named a module to warm before welcome"),
+                    Ok(SchedulerMsg::Renewed { job_id, .. } | SchedulerMsg::RenewRefused { job_id, .. }) => {
+                        bail!("scheduler answered a renewal of job {job_id} before welcome")
+                    }
                     Err(e) => {
                         self.bad_frames += 1;
                         tracing::warn!(total = self.bad_frames, "unparsable frame from the scheduler: {e}");
@@ -573,6 +602,10 @@ impl Link {
             }
             SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
             SchedulerMsg::Warm { digest, module_url } => self.warmer.warm(digest, module_url),
+            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon } => {
+                self.answer_renewal(&job_id, Ok((input_macaroon, output_macaroon)));
+            }
+            SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),
             SchedulerMsg::Lifetime { leave_in_ms } => {
                 tracing::info!(leave_in_ms, "the scheduler set this EP's lifetime");
                 self.settings.lease.end_in(Duration::from_millis(leave_in_ms));
@@ -596,6 +629,17 @@ impl Link {
                     tracing::debug!(job.id = %job_id, "cancel for a job not running here ignored");
                 }
             }
+        }
+    }
+
+    /// Hands the scheduler's answer to a `Renew` to the job that asked; an answer nobody waits
+    /// for (the job ended, or it never asked) is ignored.
+    fn answer_renewal(&mut self, job_id: &str, answer: Answer) {
+        match self.renewals.remove(job_id) {
+            Some(waiter) => {
+                let _ = waiter.send(answer);
+            }
+            None => tracing::debug!(job.id = %job_id, "renewal answer nobody waits for ignored"),
         }
     }
 
@@ -631,7 +675,7 @@ fn report_job(msg: &EpMsg) -> &str {
     match msg {
         EpMsg::Finished(r) => &r.job_id,
         EpMsg::NotStarted { job_id, .. } => job_id,
-        EpMsg::Hello(_) | EpMsg::Draining => "",
+        EpMsg::Hello(_) | EpMsg::Draining | EpMsg::Renew { .. } => "",
     }
 }
 

@@ -134,6 +134,22 @@ impl AuditDraft {
         AuditDraft::new(AuditKind::JobFinished, subject, detail).with_actor(ep)
     }
 
+    /// `macaroons.renewal` (issue 23), by `actor` (the scheduler records the EP that asked, the
+    /// gateway `scheduler`): the job's macaroons were renewed (`refused` null) or not (`refused`:
+    /// why). Subject: the job (with what else is known: owner, token, function, paths). Detail:
+    /// `{ep, refused, macaroons}`: the EP that asked, and, on the gateway, each new macaroon's
+    /// identifier and caveats ([`MacaroonFacts::from_bearer`]; the scheduler passes none).
+    pub fn macaroons_renewal(
+        subject: Subject,
+        actor: &str,
+        ep: &str,
+        refused: Option<&str>,
+        macaroons: &[MacaroonFacts],
+    ) -> AuditDraft {
+        let detail = serde_json::json!({ "ep": ep, "refused": refused, "macaroons": macaroons });
+        AuditDraft::new(AuditKind::MacaroonsRenewal, subject, detail).with_actor(actor)
+    }
+
     /// `token.revoked`: actor `by`. Subject: the `jti` or owner named. Detail: the
     /// [`Revocation`] (target, reason, jobs removed and stopped, EP sessions closed).
     pub fn token_revoked(revocation: &Revocation) -> AuditDraft {

@@ -1,6 +1,7 @@
 //! Wall-clock time, once for the workspace: Unix seconds and milliseconds now ([`now_s`],
 //! [`now_ms`]), and the proleptic Gregorian date of a day count ([`civil_from_days`]) with the
-//! two UTC renderings built on it ([`utc_timestamp`], [`utc_timestamp_ms`]).
+//! two UTC renderings built on it ([`utc_timestamp`], [`utc_timestamp_ms`]), and back
+//! ([`days_from_civil`], [`parse_utc_timestamp`]: a macaroon's `before:`).
 //!
 //! The date arithmetic is Howard Hinnant's `civil_from_days`, total on every `u64` day count:
 //! the `time` crate (in the tree) represents years up to 9999 only without its `large-dates`
@@ -50,10 +51,78 @@ pub fn utc_timestamp_ms(unix_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
 }
 
+/// Days from 1970-01-01 to year `y`, month `m` (1–12), day `d` (Howard Hinnant's
+/// `days_from_civil`); `None` before 1970.
+pub fn days_from_civil(y: u64, m: u64, d: u64) -> Option<u64> {
+    let y = if m <= 2 { y.checked_sub(1)? } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d.checked_sub(1)?;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    (era * 146_097 + doe).checked_sub(719_468)
+}
+
+/// Unix seconds of a UTC timestamp as macaroons' `before:` caveats write it:
+/// `YYYY-MM-DDTHH:MM:SS`, then optional fractional seconds (dropped), then `Z` or `+00:00`.
+/// `None` for anything else (another offset, a date out of range, trailing bytes).
+pub fn parse_utc_timestamp(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || !s.is_char_boundary(19) {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        let part = s.get(r)?;
+        if part.bytes().all(|c| c.is_ascii_digit()) { part.parse().ok() } else { None }
+    };
+    let seps = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if seps.iter().any(|&(i, c)| b[i] != c) {
+        return None;
+    }
+    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &frac[digits..];
+    }
+    if rest != "Z" && rest != "+00:00" {
+        return None;
+    }
+    Some(days_from_civil(y, mo, d)? * 86_400 + h * 3600 + mi * 60 + sec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn timestamps_parse_back() {
+        for t in [0, 951_782_400, 1_709_251_199, 4_102_444_800, 1_234_567_890] {
+            assert_eq!(parse_utc_timestamp(&utc_timestamp(t)), Some(t), "{t}");
+        }
+        assert_eq!(parse_utc_timestamp("2009-02-13T23:31:30.250Z"), Some(1_234_567_890));
+        assert_eq!(parse_utc_timestamp("2009-02-13T23:31:30+00:00"), Some(1_234_567_890));
+        for bad in [
+            "",
+            "2009-02-13T23:31:30",
+            "2009-02-13T23:31:30+01:00",
+            "2009-02-13 23:31:30Z",
+            "2009-13-13T23:31:30Z",
+            "1969-12-31T23:59:59Z",
+            "2009-02-13T23:31:30.Z",
+            "2009-02-13T23:31:30Zx",
+            "20é9-02-13T23:31:30Z",
+        ] {
+            assert_eq!(parse_utc_timestamp(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn timestamps_are_utc() {

@@ -10,6 +10,9 @@
 //!   (everything). The gateway mints and verifies it with its submit-token key; its audience
 //!   ([`API_AUDIENCE`]) differs from the submit audience, so neither kind passes for the other.
 //!
+//! - A **renewal grant** ([`RenewClaims`], issue 23) lets the scheduler ask the gateway for
+//!   fresh macaroons of one job; the gateway mints and verifies it with its submit-token key.
+//!
 //! The algorithm is taken from our key set, never from the token header.
 
 use crate::digest::Digest;
@@ -28,6 +31,9 @@ pub const ATTACH_AUDIENCE: &str = "htfaas-scheduler/attach";
 /// Audience of API tokens: the gateway's HTTP API. Distinct from [`SUBMIT_AUDIENCE`], so an API
 /// token is no submit token and a submit token no API token.
 pub const API_AUDIENCE: &str = "htfaas-api";
+/// Audience of renewal grants ([`RenewClaims`]): the gateway's renewal route. Distinct from
+/// every other audience, so a grant is no submit, attach or API token, and none of those a grant.
+pub const RENEW_AUDIENCE: &str = "htfaas-gateway/renew";
 /// Clock skew allowed between components, seconds: a token whose `exp` passed less than this
 /// long ago, or whose `nbf` or `iat` lies less than this far in the future (its issuer's clock
 /// runs ahead), is accepted; past it, refused as [`TokenError::Expired`] or
@@ -63,6 +69,37 @@ pub struct SubmitClaims {
     /// When set, the accounting group its jobs are charged to (within the owner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+}
+
+/// Claims of a renewal grant (issue 23): the gateway signs one per job, with its submit-token
+/// key, and only the gateway verifies it ([`RENEW_AUDIENCE`]). It lets its bearer (the
+/// scheduler, which keeps it sealed) ask the gateway for fresh macaroons for exactly this input
+/// file and output directory, as long as neither the token nor its owner is revoked and the
+/// owner's namespace still allows both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewClaims {
+    /// Issuer (the gateway's name).
+    pub iss: String,
+    /// The job's owner: its submit token's `sub`.
+    pub sub: String,
+    /// [`RENEW_AUDIENCE`].
+    pub aud: String,
+    /// Expiry, Unix seconds: past any time the job could still be running.
+    pub exp: u64,
+    /// Issued at, Unix seconds.
+    pub iat: u64,
+    /// The job's submit token's `jti`: a revocation of it revokes the grant.
+    pub jti: String,
+    /// The function's registered name.
+    pub function: String,
+    /// Its version.
+    pub version: u32,
+    /// Its module's digest.
+    pub digest: Digest,
+    /// The storage path of the input file.
+    pub input: String,
+    /// The storage path of the output directory.
+    pub output: String,
 }
 
 /// Claims of an attach token.

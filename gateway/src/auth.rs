@@ -1,7 +1,7 @@
 //! Credentials of the HTTP API: the bearer of a request ([`bearer`]), who it is
 //! ([`require_caller`]: the admin token or an API token), whether it is an admin
-//! ([`require_admin`]), and the scheduler's revocations as API-token checks read them
-//! ([`RevocationCache`]).
+//! ([`require_admin`]), and the scheduler's revocations as API-token and renewal-grant checks
+//! read them ([`RevocationCache`]).
 //!
 //! Must not know: routes and handlers ([`crate::api`]), the gateway's shared state (it takes
 //! the token, the verifier and the scheduler's address it needs).
@@ -110,6 +110,22 @@ impl RevocationCache {
     /// `Err` (401) when a revocation names the token's `jti`, its `sub` or its issuer.
     /// The scheduler is asked at `scheduler_url` with its admin token over `http`.
     pub async fn check(&self, scheduler: &Scheduler<'_>, claims: &ApiClaims) -> Result<(), HttpError> {
+        match self.reason_for(scheduler, &claims.jti, &claims.sub, &claims.iss).await? {
+            Some(reason) => Err(HttpError(StatusCode::UNAUTHORIZED, format!("API token revoked: {reason}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The reason of the first revocation naming `jti`, owner `sub` or issuer `iss` (any
+    /// credential: an API token, a job's renewal grant), `None` when none does; `Err` (503)
+    /// when the list is older than [`REVOCATIONS_STALE_S`] and the scheduler does not answer.
+    pub async fn reason_for(
+        &self,
+        scheduler: &Scheduler<'_>,
+        jti: &str,
+        sub: &str,
+        iss: &str,
+    ) -> Result<Option<String>, HttpError> {
         let mut state = self.state.lock().await;
         let fresh =
             state.fetched.as_ref().is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(REVOCATIONS_FRESH_S));
@@ -127,23 +143,26 @@ impl RevocationCache {
         let Some((_, list)) = usable else {
             return Err(HttpError(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "cannot check API-token revocations: the scheduler does not answer".into(),
+                "cannot check revocations: the scheduler does not answer".into(),
             ));
         };
-        match list.iter().find(|r| names_api_token(&r.target, claims)) {
-            Some(r) => Err(HttpError(StatusCode::UNAUTHORIZED, format!("API token revoked: {}", r.reason))),
-            None => Ok(()),
-        }
+        Ok(list.iter().find(|r| names(&r.target, jti, sub, iss)).map(|r| r.reason.clone()))
     }
 }
 
 /// Whether `target` revokes an API token: its `jti`, its owner (`sub`) or its issuer, as for
-/// submit tokens.
+/// submit tokens ([`RevocationCache::check`]'s rule, for tests).
+#[cfg(test)]
 pub(crate) fn names_api_token(target: &RevocationTarget, claims: &ApiClaims) -> bool {
+    names(target, &claims.jti, &claims.sub, &claims.iss)
+}
+
+/// Whether `target` names the credential `jti` of owner `sub` signed by `iss`.
+fn names(target: &RevocationTarget, jti: &str, sub: &str, iss: &str) -> bool {
     match target {
-        RevocationTarget::Jti(j) => *j == claims.jti,
-        RevocationTarget::Owner(o) => *o == claims.sub,
-        RevocationTarget::Issuer(i) => *i == claims.iss,
+        RevocationTarget::Jti(j) => j == jti,
+        RevocationTarget::Owner(o) => o == sub,
+        RevocationTarget::Issuer(i) => i == iss,
     }
 }
 

@@ -238,8 +238,14 @@ async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
     let outcome = match prepare(d.jobs, &c.function, event_ref(&c.event, c.cause.clone()), key).await {
         // The token is minted, and recorded with the macaroons, before the submit.
-        Ok(request) => {
-            match d.submitter.mint(&c.function.manifest.owner, c.function.manifest.group.as_deref(), &request) {
+        Ok(mut request) => {
+            let m = &c.function.manifest;
+            let minted = d.submitter.mint(&m.owner, m.group.as_deref(), &request).and_then(|(claims, token)| {
+                // The job's renewal grant names its submit token (issue 23).
+                request.renewal = Some(d.submitter.grant(&m.owner, &claims.jti, &m.outputs.dir, &request)?);
+                Ok((claims, token))
+            });
+            match minted {
                 Err(e) => Err(JobError::Permanent(e.to_string())),
                 Ok((claims, token)) => {
                     let (records, write_id) = credentials(&c, &claims, &request);

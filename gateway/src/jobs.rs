@@ -144,5 +144,7 @@ pub async fn prepare(
         class: m.class.clone(),
         limits: m.limits,
         secrets,
+        // Set once the submit token is minted ([`crate::submit::Submitter::grant`]).
+        renewal: None,
     })
 }

@@ -1,9 +1,19 @@
 //! Turns a fired (event, function) pair into a job at the scheduler: mints the single-use
-//! submit token that allows exactly this job and posts the [`SubmitRequest`].
+//! submit token that allows exactly this job and posts the [`SubmitRequest`]; mints (and
+//! verifies) the job's renewal grant ([`Submitter::grant`], issue 23).
 
 use crate::storage_client::snippet;
+use htfaas_functions::proto::RenewalGrant;
 use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse, WarmRequest, WarmResponse};
-use htfaas_functions::token::{SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s};
+use htfaas_functions::token::{
+    RENEW_AUDIENCE, RenewClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s,
+};
+
+/// How long a job may wait (queued or held) and still have its macaroons renewed, seconds: a
+/// renewal grant expires this long after its job was submitted, plus the job's run time. A
+/// week, as long as the events stream keeps an event
+/// ([`htfaas_functions::proto::EVENTS_MAX_AGE_S`]).
+pub const GRANT_QUEUE_S: u64 = htfaas_functions::proto::EVENTS_MAX_AGE_S;
 
 /// Why a submission did not go through.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +51,8 @@ pub struct Submitter {
     jobs_url: String,
     key: SigningKey,
     verifier: Verifier,
+    /// Verifies renewal grants (the same key, [`RENEW_AUDIENCE`]).
+    renew_verifier: Verifier,
     issuer: String,
     token_ttl_s: u64,
 }
@@ -55,7 +67,9 @@ impl Submitter {
         token_ttl_s: u64,
     ) -> Result<Submitter, htfaas_functions::token::TokenError> {
         let verifier = Verifier::new(issuer, SUBMIT_AUDIENCE, &key.jwks())?;
+        let renew_verifier = Verifier::new(issuer, RENEW_AUDIENCE, &key.jwks())?;
         Ok(Submitter {
+            renew_verifier,
             http,
             scheduler_url: scheduler_url.trim_end_matches('/').to_owned(),
             jobs_url: format!("{}/v1/jobs", scheduler_url.trim_end_matches('/')),
@@ -71,6 +85,43 @@ impl Submitter {
     /// stay with the scheduler.
     pub fn verify(&self, token: &str) -> Result<SubmitClaims, htfaas_functions::token::TokenError> {
         self.verifier.verify(token)
+    }
+
+    /// The renewal grant (issue 23) of `req`, a job of `owner` submitted with the token `jti`,
+    /// writing to `output` (its function's output directory): exactly its function version,
+    /// input file (`req.event.path`) and output directory, until [`GRANT_QUEUE_S`] plus its run
+    /// time from now.
+    pub fn grant(
+        &self,
+        owner: &str,
+        jti: &str,
+        output: &str,
+        req: &SubmitRequest,
+    ) -> Result<RenewalGrant, htfaas_functions::token::TokenError> {
+        let now = now_s();
+        let runtime_s = match req.resources.runtime_s {
+            0 => htfaas_functions::manifest::MAX_RUNTIME_S,
+            r => r,
+        };
+        let claims = RenewClaims {
+            iss: self.issuer.clone(),
+            sub: owner.to_owned(),
+            aud: RENEW_AUDIENCE.to_owned(),
+            exp: now.saturating_add(GRANT_QUEUE_S).saturating_add(runtime_s),
+            iat: now,
+            jti: jti.to_owned(),
+            function: req.function.name.clone(),
+            version: req.function.version,
+            digest: req.function.digest.clone(),
+            input: req.event.path.clone(),
+            output: output.to_owned(),
+        };
+        Ok(RenewalGrant(self.key.sign(&claims)?))
+    }
+
+    /// Checks a renewal grant (signature, issuer, audience [`RENEW_AUDIENCE`], expiry).
+    pub fn verify_grant(&self, token: &str) -> Result<RenewClaims, htfaas_functions::token::TokenError> {
+        self.renew_verifier.verify(token)
     }
 
     /// The scheduler's base URL.
@@ -286,6 +337,7 @@ mod tests {
             class: None,
             limits: Default::default(),
             secrets: Default::default(),
+            renewal: None,
         };
         let c = s.claims_for("alice", None, &req(60));
         assert_eq!((c.sub.as_str(), c.jobs, c.cpus, c.memory_mb, c.runtime_s), ("alice", 1, 2, 512, 60));

@@ -48,6 +48,7 @@ fn request() -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
 }
 

@@ -340,6 +340,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
 }
 

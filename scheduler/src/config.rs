@@ -146,6 +146,16 @@ pub struct Config {
     /// else it is refused (403). No default: the scheduler refuses to start without one.
     #[serde(default)]
     pub module_stores: Vec<String>,
+    /// The gateway's base URL, for renewing running jobs' macaroons (issue 23,
+    /// [`crate::renew`]): `POST <gateway_url>/v1/renewals` with each job's renewal grant (only
+    /// ever sent there). Default: none, and then no job's macaroons are renewed (jobs run with
+    /// what the gateway obtained when their event fired).
+    #[serde(default)]
+    pub gateway_url: Option<String>,
+    /// Extra trusted root certificate(s) for the gateway's TLS, PEM, in addition to the
+    /// system's. Default: none.
+    #[serde(default)]
+    pub gateway_ca_file: Option<PathBuf>,
     /// The listener's header and body idle timeouts and connection cap, TLS or not. Default:
     /// see [`htfaas_functions::serve::Limits`].
     #[serde(default)]
@@ -268,6 +278,8 @@ pub struct Settings {
     pub(crate) annexes: AnnexStore,
     /// Where job-end notifications go ([`Config::nats_url`]); none: they wait in the outbox.
     pub(crate) notify: Option<NotifySettings>,
+    /// Where running jobs' macaroons are renewed ([`Config::gateway_url`]).
+    pub(crate) gateway: Option<crate::gateway_client::Gateway>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -358,6 +370,8 @@ impl Config {
             audit_checkpoint_s: default_audit_checkpoint_s(),
             storage_origins: Vec::new(),
             module_stores: Vec::new(),
+            gateway_url: None,
+            gateway_ca_file: None,
             http: Default::default(),
             seal_key_file: None,
             annex_file: None,
@@ -410,6 +424,12 @@ impl Config {
         }
         .resolve()?;
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;
+        let gateway = match &self.gateway_url {
+            None => None,
+            Some(url) => {
+                Some(crate::gateway_client::Gateway::new(gateway_client(self.gateway_ca_file.as_deref())?, url))
+            }
+        };
         self.http.check()?;
         anyhow::ensure!(self.jobs_stream_replicas >= 1, "jobs_stream_replicas must be at least 1");
         let notify = match &self.nats_url {
@@ -492,8 +512,24 @@ impl Config {
             http: self.http,
             annexes,
             notify,
+            gateway,
         })
     }
+}
+
+/// The HTTP client renewals call the gateway with: the system's roots, plus those in `ca_file`.
+fn gateway_client(ca_file: Option<&std::path::Path>) -> anyhow::Result<reqwest::Client> {
+    // Installing twice is harmless: a second install reports the first one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut builder = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5));
+    if let Some(ca_file) = ca_file {
+        let pem = std::fs::read(ca_file).with_context(|| format!("read gateway_ca_file {}", ca_file.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("parse gateway_ca_file {}", ca_file.display()))?;
+        anyhow::ensure!(!certs.is_empty(), "gateway_ca_file {} holds no certificate", ca_file.display());
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder.build().context("build the gateway HTTP client")
 }
 
 #[cfg(test)]

@@ -236,10 +236,14 @@ pub enum RestrictError {
 
 /// The assignment as an EP may see it at `now_s`: both macaroons attenuated with
 /// `before:<now + runtime_s + grace>` and, with `bind_to`, then `ip:<bind_to>` (canonical, so
-/// an IPv4 EP seen over an IPv6 socket is named by its IPv4 address). Err is the reason the job
-/// fails.
+/// an IPv4 EP seen over an IPv6 socket is named by its IPv4 address); a renewable job's
+/// `renew_until` cut to the same instant. Err is the reason the job fails. Renewed macaroons
+/// (issue 23, [`crate::renew`]) go through this too, with the job's dispatch time as `now_s`,
+/// so they end at the same deadline and carry the same binding.
 pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Result<JobAssignment, RestrictError> {
     let until = now_s.saturating_add(a.resources.runtime_s).saturating_add(MACAROON_GRACE_S);
+    // A renewable job (issue 23) is renewable up to the same deadline.
+    a.renew_until = a.renew_until.map(|u| u.min(until));
     let mut caveats = vec![format!("before:{}", utc_timestamp(until))];
     if let Some(ip) = bind_to {
         caveats.push(format!("ip:{}", ip.to_canonical()));

@@ -48,6 +48,11 @@
 //! with it: they are `running` on it in the store, and run again elsewhere like its running
 //! ones (the EP drops its queue when the connection goes).
 //!
+//! Renewal (issue 23): a `Renew` for a job this session holds starts a renewal of its
+//! macaroons ([`crate::renew`]) in a task beside the reports (the session awaits it before
+//! its jobs lose it); one for a job it does not hold, or one already being renewed, is answered
+//! `RenewRefused`, recorded, and counted as a bad frame.
+//!
 //! Cancel safety: `WebSocket::recv`, `mpsc::recv`, `JoinSet::join_next` and a pinned `Sleep`
 //! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
 //! losing a message.
@@ -82,6 +87,9 @@ pub const MAX_REPORTS_IN_FLIGHT: usize = 256;
 pub const STORE_RETRY_FIRST: Duration = Duration::from_millis(200);
 /// Longest wait between two tries of such a write.
 pub const STORE_RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// Longest job id a `Renew` may name (ids are UUIDs); a longer one is a bad frame.
+pub const MAX_JOB_ID_BYTES: usize = 128;
 
 /// How long an EP has to say Hello after the upgrade.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -474,6 +482,24 @@ fn on_message(
             reports.spawn(not_started(shared.clone(), ep_id.to_owned(), job_id, reason, free));
         }
         EpMsg::NotStarted { .. } => bad_frame(shared, bad_frames, "not_started outside the prefetch extension"),
+        EpMsg::Renew { job_id } if job_id.len() > MAX_JOB_ID_BYTES => {
+            bad_frame(shared, bad_frames, "renew: job id too long");
+        }
+        EpMsg::Renew { job_id } => {
+            // Issue 23 ([`crate::renew`]): only for a job this session holds, one at a time; a
+            // refusal here counts as a bad frame, so asking for others' jobs ends the session.
+            let begun = shared.eps().begin_renewal(ep_id, &job_id);
+            match begun {
+                Ok((name, ip)) => {
+                    reports.spawn(crate::renew::renew(shared.clone(), ep_id.to_owned(), name, ip, job_id));
+                }
+                Err(why) => {
+                    bad_frame(shared, bad_frames, &format!("renew: {why}"));
+                    let name = shared.eps().get(ep_id).map(|e| e.name.clone()).unwrap_or_default();
+                    reports.spawn(crate::renew::refuse(shared.clone(), ep_id.to_owned(), name, job_id, why));
+                }
+            }
+        }
         EpMsg::Hello(_) => bad_frame(shared, bad_frames, "second hello"),
         EpMsg::Draining => {
             tracing::info!("the EP is draining: no new jobs for it");
@@ -598,6 +624,7 @@ fn kind(m: &EpMsg) -> &'static str {
         EpMsg::Finished(_) => "finished",
         EpMsg::Draining => "draining",
         EpMsg::NotStarted { .. } => "not_started",
+        EpMsg::Renew { .. } => "renew",
     }
 }
 

@@ -46,6 +46,9 @@
 //! - [`report`]: accounting reports over the job records, on a connection of their own.
 //! - [`seal`]: the macaroons a job keeps in the store, sealed so that a copy of the file cannot
 //!   use them.
+//! - [`renew`]: renewing a running job's macaroons (issue 23): an EP's `Renew`, checked (its
+//!   session runs the job, within its run time, not revoked), sent to the gateway with the
+//!   job's renewal grant, its answer attenuated as at dispatch.
 //!
 //! Invariants: an EP never learns a job's owner (a `JobAssignment` has none); an EP's owner
 //! restriction and annex come from its attach token, never from its word: an owner-bound EP
@@ -84,11 +87,13 @@ pub mod doubt;
 pub mod ep_link;
 pub mod error;
 pub mod failure;
+pub mod gateway_client;
 pub mod matching;
 pub mod metrics;
 pub mod notify;
 pub mod policy;
 pub mod queue;
+pub mod renew;
 pub mod report;
 pub mod requirements;
 pub mod revocation;
@@ -138,6 +143,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         http,
         annexes,
         notify,
+        gateway,
     } = settings;
     tracing::info!(annexes = annexes.list().len(), "annex records read");
     let shared = Arc::new(Shared {
@@ -159,6 +165,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         name: name.clone(),
         annexes,
         warm: state::WarmList::default(),
+        gateway,
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;

@@ -1,7 +1,7 @@
-//! The job store's sealed fields: a request's two macaroons and its secret environment are
-//! sealed ([`htfaas_functions::seal`]) before the store keeps them, and opened only to hand
-//! the job to its EP. The slots: `input`, `output`, `secret:<NAME>`, so no sealed value can be
-//! moved into another slot.
+//! The job store's sealed fields: a request's two macaroons, its renewal grant (issue 23) and
+//! its secret environment are sealed ([`htfaas_functions::seal`]) before the store keeps them,
+//! and opened only to hand the job to its EP or to renew its macaroons. The slots: `input`,
+//! `output`, `renewal`, `secret:<NAME>`, so no sealed value can be moved into another slot.
 //!
 //! This module knows nothing of SQL, jobs' states or the wire beyond the request.
 
@@ -21,6 +21,9 @@ impl SealRequest for Sealer {
         let mut r = r.clone();
         r.input.macaroon = self.seal("input", &r.input.macaroon)?;
         r.output.macaroon = self.seal("output", &r.output.macaroon)?;
+        if let Some(grant) = &mut r.renewal {
+            grant.0 = self.seal("renewal", &grant.0)?;
+        }
         for (name, value) in r.secrets.0.iter_mut() {
             *value = self.seal(&format!("secret:{name}"), value)?;
         }
@@ -30,6 +33,9 @@ impl SealRequest for Sealer {
     fn open_request(&self, mut r: SubmitRequest) -> Result<SubmitRequest, SealError> {
         r.input.macaroon = self.open("input", &r.input.macaroon)?;
         r.output.macaroon = self.open("output", &r.output.macaroon)?;
+        if let Some(grant) = &mut r.renewal {
+            grant.0 = self.open("renewal", &grant.0)?;
+        }
         for (name, value) in r.secrets.0.iter_mut() {
             *value = self.open(&format!("secret:{name}"), value)?;
         }

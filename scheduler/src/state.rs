@@ -1,6 +1,6 @@
 //! [`Shared`]: the state the HTTP handlers, the EP sessions and the dispatcher share (the
 //! store, the EP table, verifiers, site policy, URL trust, the audit signer, the counters, the
-//! attach key, the annexes' records and the warm list),
+//! attach key, the annexes' records, the warm list and the gateway renewals go to),
 //! built once by [`crate::run`].
 //!
 //! Must not know: what is done with it (handlers, sessions, dispatch are above it).
@@ -59,6 +59,8 @@ pub struct Shared {
     pub(crate) annexes: AnnexStore,
     /// The modules attached EPs compile ahead of their first job ([`crate::warm`]).
     pub(crate) warm: WarmList,
+    /// Where running jobs' macaroons are renewed ([`crate::renew`]); none: never.
+    pub(crate) gateway: Option<crate::gateway_client::Gateway>,
 }
 
 impl Shared {

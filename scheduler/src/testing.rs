@@ -37,6 +37,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
 }
 

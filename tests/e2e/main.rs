@@ -27,6 +27,7 @@ mod path;
 mod python;
 mod quiet_up;
 mod remote_cli;
+mod renew;
 mod replay;
 mod revoke;
 mod scopes;

@@ -69,6 +69,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     };
     let requests: Vec<SubmitRequest> = (0..FLOOD).map(request).collect();
     let http = htfaas_gateway::http_client().expect("client");

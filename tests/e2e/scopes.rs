@@ -160,6 +160,17 @@ async fn every_operation_refuses_what_its_scope_refuses() {
                 assert_eq!(s, 401, "{at} with an API token: {body}");
                 assert!(body.contains("an API token is not a submit token"), "{at}: {body}");
             }
+            "renewal" => {
+                // The scheduler's route (issue 23) takes a job's renewal grant only: neither an
+                // API token of any scope nor a submit token is one (another audience).
+                for (what, token) in
+                    [("an admin API token", &admin), ("a developer token", &developer), ("a submit token", &submit)]
+                {
+                    let (s, body) = send(base, &method, &path, Some(token), None).await;
+                    assert_eq!(s, 401, "{at} with {what}: {body}");
+                    assert!(body.contains("renewal grant refused"), "{at}: {body}");
+                }
+            }
             "developer" | "admin" => {
                 let (s, body) = send(base, &method, &path, Some(&submit), None).await;
                 assert_eq!(s, 401, "{at} with a submit token: {body}");

@@ -102,6 +102,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
 }
 

@@ -314,6 +314,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     };
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/jobs", stack.info().scheduler_url))

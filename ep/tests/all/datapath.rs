@@ -165,6 +165,7 @@ impl Flaky {
             env: vec![],
             limits: Default::default(),
             secrets: Default::default(),
+            renew_until: None,
         }
     }
 }

@@ -379,6 +379,7 @@ impl Harness {
             env: vec![],
             limits: Default::default(),
             secrets: Default::default(),
+            renew_until: None,
         }
     }
 

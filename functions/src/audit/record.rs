@@ -44,13 +44,16 @@ pub enum AuditKind {
     TokenRevoked,
     /// `admin.action`: any other admin action.
     AdminAction,
+    /// `macaroons.renewal`: a running job's macaroons were renewed, or a renewal was refused
+    /// (issue 23); the scheduler records the EP's request, the gateway the storage's answer.
+    MacaroonsRenewal,
     /// A kind this build does not know (written by a newer one).
     Other(String),
 }
 
 impl AuditKind {
     /// Every kind this build knows.
-    pub const KNOWN: [AuditKind; 13] = [
+    pub const KNOWN: [AuditKind; 14] = [
         AuditKind::EventMatched,
         AuditKind::TokenMinted,
         AuditKind::MacaroonsObtained,
@@ -64,6 +67,7 @@ impl AuditKind {
         AuditKind::AttemptLost,
         AuditKind::TokenRevoked,
         AuditKind::AdminAction,
+        AuditKind::MacaroonsRenewal,
     ];
 
     /// The stored name.
@@ -82,6 +86,7 @@ impl AuditKind {
             AuditKind::AttemptLost => "attempt.lost",
             AuditKind::TokenRevoked => "token.revoked",
             AuditKind::AdminAction => "admin.action",
+            AuditKind::MacaroonsRenewal => "macaroons.renewal",
             AuditKind::Other(s) => s,
         }
     }

@@ -10,6 +10,12 @@
 //! the EP queues and starts in order as its resources free; and the EP hands a queued job back
 //! unstarted with [`EpMsg::NotStarted`].
 //!
+//! Renewal (issue 23): an EP asks for fresh macaroons of a running job with [`EpMsg::Renew`],
+//! only for an assignment that carries [`JobAssignment::renew_until`] (so a scheduler that
+//! predates it, which would count the message as a bad frame, is never asked); the scheduler
+//! answers [`SchedulerMsg::Renewed`] or [`SchedulerMsg::RenewRefused`], which an EP that never
+//! asks never receives.
+//!
 //! Must not know: users and owners (an assignment carries no identity), admin routes, the
 //! audit trail.
 
@@ -205,6 +211,14 @@ pub enum EpMsg {
         /// Why, for the job's record.
         reason: String,
     },
+    /// Fresh macaroons for this running job, please (issue 23): its current ones expire before
+    /// the job is done. Sent only for a job whose assignment has
+    /// [`JobAssignment::renew_until`] (a scheduler that knows the message), at most one at a
+    /// time per job. Answer: [`SchedulerMsg::Renewed`] or [`SchedulerMsg::RenewRefused`].
+    Renew {
+        /// The job, running on this EP.
+        job_id: String,
+    },
 }
 
 /// Messages from the scheduler to an EP.
@@ -257,6 +271,26 @@ pub enum SchedulerMsg {
         /// Where to fetch it (a module store's URL for the digest, checked by the scheduler).
         module_url: String,
     },
+    /// Answers [`EpMsg::Renew`]: macaroons for the same input file and output directory, newly
+    /// issued by the storage and attenuated as the assignment's were (the job's deadline, and
+    /// the EP's address when the job asked for it). They replace the job's current ones.
+    Renewed {
+        /// The job.
+        job_id: String,
+        /// Read macaroon for the input file (bearer; never logged).
+        input_macaroon: String,
+        /// Write macaroon for the output directory (bearer; never logged).
+        output_macaroon: String,
+    },
+    /// Answers [`EpMsg::Renew`]: no fresh macaroons (the job is not running on this EP, is past
+    /// its run time, was revoked, or the gateway or storage refused). The EP keeps using the
+    /// ones it has.
+    RenewRefused {
+        /// The job.
+        job_id: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A job as the EP sees it: no owner, no token, only what it needs to run.
@@ -284,6 +318,12 @@ pub struct JobAssignment {
     /// when none is set, and ignored by EPs that predate it.
     #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
     pub limits: JobLimits,
+    /// Unix seconds until which the scheduler renews this job's macaroons on request
+    /// ([`EpMsg::Renew`], issue 23): the job's dispatch plus its run time and the macaroons'
+    /// grace, the `before:` the scheduler cut them to. Absent when it will not (no renewal
+    /// grant, or a scheduler before issue 23): the EP then never asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_until: Option<u64>,
 }
 
 /// How a job ended.

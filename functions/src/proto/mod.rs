@@ -15,8 +15,9 @@
 //! One submodule per conversation: [`events`] (storage events), [`submit`] (gateway to
 //! scheduler), [`attach`] (EP to scheduler), [`jobs`] and [`admin`] (the scheduler's API),
 //! [`annex`] (annexes: EPs provisioned through a batch system),
-//! [`api`] (the gateway's API), [`lineage`] (the gateway's audit routes) , [`notify`]
-//! (job-end notifications on NATS) and [`dlq`] (the gateway's dead-letter list). Every item is
+//! [`api`] (the gateway's API), [`lineage`] (the gateway's audit routes), [`notify`]
+//! (job-end notifications on NATS), [`dlq`] (the gateway's dead-letter list) and [`renew`]
+//! (renewing a running job's macaroons, scheduler to gateway). Every item is
 //! re-exported here: callers name `proto::X`.
 //!
 //! Must not know: how anything is stored, decided or enforced; it carries audit records but
@@ -31,6 +32,7 @@ pub mod events;
 pub mod jobs;
 pub mod lineage;
 pub mod notify;
+pub mod renew;
 pub mod submit;
 #[cfg(test)]
 mod tests;
@@ -45,6 +47,7 @@ pub use events::*;
 pub use jobs::*;
 pub use lineage::*;
 pub use notify::*;
+pub use renew::*;
 pub use submit::*;
 
 use serde::{Deserialize, Serialize};

@@ -112,6 +112,12 @@ pub struct SubmitRequest {
     /// The function's per-run ceilings ([`JobLimits`]), handed to the EP with the job.
     #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
     pub limits: JobLimits,
+    /// The gateway's grant to renew this job's macaroons while it runs (issue 23,
+    /// [`super::renew`]): sealed in the scheduler's store with the macaroons, presented only to
+    /// the gateway, never handed to an EP. Absent (a direct submitter, a gateway before issue
+    /// 23): the job's macaroons are never renewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal: Option<super::RenewalGrant>,
 }
 
 /// Answer to [`SubmitRequest`].

@@ -60,6 +60,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     };
     // Absent when false: a request (or a stored one) without the field means false, and a
     // scheduler that predates it still accepts requests that do not ask for it.

@@ -15,7 +15,9 @@
 //!   it acts as) and `scope`. A revocation naming its `jti`, its `sub` or its issuer refuses it
 //!   (401) within [`crate::auth::REVOCATIONS_FRESH_S`] seconds: the [`authenticate`] layer reads the
 //!   scheduler's revocations through [`crate::auth::RevocationCache`];
-//! - a **submit token**, only on `POST /v1/functions/{name}/runs` (and no API token there).
+//! - a **submit token**, only on `POST /v1/functions/{name}/runs` (and no API token there);
+//! - a job's **renewal grant**, only on `POST /v1/renewals` (the scheduler presents it; no
+//!   API or submit token passes there).
 //!
 //! No credential, or one that does not verify: 401. A developer on an admin route: 403. A
 //! developer sees and changes only what its `sub` owns: registering a function needs the
@@ -46,6 +48,7 @@
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
+//! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job ([`renewals`], issue 23) |
 //! | `GET /v1/jobs[/{id}]` | developer (own) | the scheduler's `JobRecord`s |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | developer (own) | body `JobAction` → the job (the scheduler acts) |
 //! | `GET /v1/jobs/{id}/history` | developer (own) | `Vec<Attempt>`, first attempt first |
@@ -126,6 +129,7 @@ pub mod metrics;
 pub mod namespaces;
 mod proxy;
 mod registry;
+mod renewals;
 mod runs;
 
 use self::{audit::*, events::*, proxy::*};
@@ -151,6 +155,9 @@ pub enum Access {
     Public,
     /// A submit token (never an API token).
     SubmitToken,
+    /// A job's renewal grant, which only the scheduler holds (issue 23; never an API or
+    /// submit token).
+    RenewalGrant,
     /// An API token of either scope (a developer only for what its `sub` owns) or the admin token.
     Developer,
     /// The admin scope: an admin API token or the admin token.
@@ -163,6 +170,7 @@ impl Access {
         match self {
             Access::Public => "none",
             Access::SubmitToken => "submit",
+            Access::RenewalGrant => "renewal",
             Access::Developer => "developer",
             Access::Admin => "admin",
         }
@@ -207,6 +215,7 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
     op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
     op("POST", "/v1/functions/{name}/test", "/v1/functions/{name}/test", Access::Developer),
+    op("POST", "/v1/renewals", "/v1/renewals", Access::RenewalGrant),
     op("POST", "/v1/events/replay", "/v1/events/replay", Access::Admin),
     op("GET", "/v1/jobs", "/v1/jobs", Access::Developer),
     op("GET", "/v1/jobs/{id}", "/v1/jobs/{id}", Access::Developer),
@@ -276,6 +285,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/functions/{name}/secrets", put(lifecycle::set_secrets).get(lifecycle::secret_names))
         .route("/v1/functions/{name}/runs", post(runs::run_function))
         .route("/v1/functions/{name}/test", post(events::test_function))
+        .route("/v1/renewals", post(renewals::renew))
         .route("/v1/events/replay", post(events::replay_events))
         .route("/v1/jobs", get(proxy::proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy::proxy_job))

@@ -87,6 +87,13 @@ pub(super) async fn run_function(
         },
     )?;
     request.annex = annex;
+    // The job's renewal grant names the bearer's token (issue 23).
+    request.renewal = Some(
+        shared
+            .submitter
+            .grant(&claims.sub, &claims.jti, &m.outputs.dir, &request)
+            .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("mint the renewal grant: {e}")))?,
+    );
     let reply = shared.submitter.submit_with_token(&token, &request).await.map_err(scheduler_failure)?;
     tracing::info!(job = %reply.job_id, jti = %claims.jti, function = %m.name, "job submitted by token bearer");
     Ok((StatusCode::CREATED, Json(reply)))

@@ -347,6 +347,7 @@ mod tests {
             env: vec![],
             limits: Default::default(),
             secrets: Default::default(),
+            renew_until: None,
         };
         assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
         assert!(!t.is_running("a", "j1"));

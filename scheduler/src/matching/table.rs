@@ -117,6 +117,8 @@ pub struct EpSlot {
     pub extension: bool,
     /// Running jobs told to stop; their reservation stays until the EP reports.
     pub cancelled: HashSet<String>,
+    /// Running jobs whose macaroons are being renewed (issue 23): one renewal at a time each.
+    pub renewing: HashSet<String>,
     /// Told to close: takes no more jobs.
     pub closing: bool,
     /// The EP said it is draining (`EpMsg::Draining`): takes no more jobs.
@@ -155,6 +157,7 @@ impl EpSlot {
             prefetch: 0,
             extension: false,
             cancelled: HashSet::new(),
+            renewing: HashSet::new(),
             closing: false,
             self_draining: false,
             admin: EpAdmin::default(),
@@ -592,6 +595,36 @@ impl EpTable {
             out.push(ep.ep_id.clone());
         }
         out
+    }
+
+    /// Starts a renewal of `job_id`'s macaroons for session `ep_id` (issue 23): its name and
+    /// address when the session holds the job, has not been told to stop it, and renews none of
+    /// it already; `Err` says why not. [`EpTable::end_renewal`] ends it.
+    pub fn begin_renewal(&mut self, ep_id: &str, job_id: &str) -> Result<(String, IpAddr), String> {
+        let ep = self
+            .eps
+            .get_mut(ep_id)
+            .filter(|e| e.running.contains_key(job_id) && !e.cancelled.contains(job_id))
+            .ok_or_else(|| format!("job {job_id} is not running on this EP"))?;
+        if !ep.renewing.insert(job_id.to_owned()) {
+            return Err(format!("a renewal of job {job_id} is already under way"));
+        }
+        Ok((ep.name.clone(), ep.ip))
+    }
+
+    /// Ends a renewal [`EpTable::begin_renewal`] started and sends `reply` to the session.
+    /// False if the session is gone.
+    pub fn end_renewal(&mut self, ep_id: &str, job_id: &str, reply: SchedulerMsg) -> bool {
+        let Some(ep) = self.eps.get_mut(ep_id) else {
+            return false;
+        };
+        ep.renewing.remove(job_id);
+        ep.tx.send(ToEp::Send(reply)).is_ok()
+    }
+
+    /// Sends `msg` to session `ep_id`. False if it is gone.
+    pub fn send(&self, ep_id: &str, msg: SchedulerMsg) -> bool {
+        self.eps.get(ep_id).is_some_and(|e| e.tx.send(ToEp::Send(msg)).is_ok())
     }
 
     /// Tells `ep_id` to close with `code` and `reason`. False if it is gone.

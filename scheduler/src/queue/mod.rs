@@ -45,7 +45,8 @@
 //! The store in files: `schema.rs` (stored format and migrations), `writer.rs` (the group-commit
 //! writer thread), `jobs.rs` (submit, admin actions and job records), `runs.rs` (the read model
 //! matching reads, dispatch, lost sessions and the EP's reports), `accounts.rs` (fair-share
-//! charging and usage), `revocations.rs`, `ep_admin.rs` and `trail.rs` (the audit trail's records
+//! charging and usage), `revocations.rs`, `ep_admin.rs`, `renewals.rs` (what a renewal of a
+//! running job's macaroons reads, and its record) and `trail.rs` (the audit trail's records
 //! and checkpoints), `outbox.rs` (the job-end notifications waiting to be published, written
 //! by a trigger in the transaction that ends a job). Every file adds its own `impl Queue` block.
 //!
@@ -61,6 +62,7 @@ mod ep_admin;
 mod handback;
 mod jobs;
 mod outbox;
+mod renewals;
 mod revocations;
 mod runs;
 mod schema;
@@ -75,8 +77,8 @@ pub use ep_admin::EpAdminRow;
 pub use handback::HandedBack;
 pub use htfaas_functions::store::now_ms;
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
+pub use renewals::RenewalFacts;
 pub use revocations::Recorded;
-#[cfg(test)]
 pub(crate) use runs::assignment;
 pub use runs::{
     BATCH, Finished, IdleJob, Loss, Lost, MAX_BACKOFF_MS, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Marked, Pool,

@@ -345,6 +345,9 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
         env: r.env,
         secrets: r.secrets,
         limits: r.limits,
+        // Renewable when the gateway granted it; [`crate::dispatch::restrict`] cuts this to the
+        // job's deadline.
+        renew_until: r.renewal.is_some().then_some(u64::MAX),
     }
 }
 

@@ -286,6 +286,7 @@ impl Fixture {
             class: None,
             limits: Default::default(),
             secrets: Default::default(),
+            renewal: None,
         }
     }
 

@@ -174,6 +174,7 @@ impl Server {
             class: None,
             limits: Default::default(),
             secrets: Default::default(),
+            renewal: None,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit answered");

@@ -7,6 +7,7 @@ mod files;
 mod guests;
 mod kafka;
 mod nats;
+mod renewals;
 mod scheduler;
 mod servers;
 mod tenancy;

@@ -68,6 +68,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         class: None,
         limits: Default::default(),
         secrets: Default::default(),
+        renewal: None,
     }
 }
 

@@ -1,0 +1,289 @@
+//! A job's macaroons, kept valid for as long as the job needs them (issue 23).
+//!
+//! The macaroons of an assignment were obtained when the job's event fired: a job that waited
+//! in the queue past their validity, or that runs longer than it, would fail on its input or
+//! its outputs. Their expiry is the earliest `before:` caveat of either ([`expiry`]); a job
+//! whose assignment has `renew_until` (the scheduler renews it, up to that instant: the job's
+//! run time plus grace) asks for fresh ones over the attach link ([`Renewer`], sent by
+//! [`crate::link`] as `EpMsg::Renew`, answered `Renewed` or `RenewRefused`):
+//!
+//! - before a use (the input fetch, the upload of the outputs: [`Credentials::input`],
+//!   [`Credentials::output`]) when they expire within the margin;
+//! - while the job runs ([`Credentials::keep`]), at the margin before each expiry, as long as
+//!   the expiry comes before `renew_until` (past it, no renewal can help: the scheduler cuts
+//!   every macaroon there).
+//!
+//! The margin is a third of the validity the macaroons had when they came (at least one second,
+//! at most [`MAX_MARGIN`]). One renewal at a time per job; a refusal or no answer within
+//! [`ANSWER_TIMEOUT`] leaves the current macaroons in place (the storage then decides), and the
+//! keeper tries again, backing off, until they expire. A job without `renew_until` (a scheduler
+//! before issue 23, a job without a renewal grant) never asks.
+//!
+//! Macaroons go from here into `Authorization` headers only, never into logs.
+//!
+//! Must not know: the WebSocket, the scheduler's checks, what a job does with the macaroons.
+
+use htfaas_functions::proto::JobAssignment;
+use htfaas_functions::time::{now_s, parse_utc_timestamp};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Longest margin before an expiry at which the macaroons are renewed.
+pub(crate) const MAX_MARGIN: Duration = Duration::from_secs(600);
+/// How long an answer to one `Renew` may take before the job goes on without it.
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// First wait before the keeper asks again after a refusal; doubled each time.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// Fresh macaroons (read, write), or why none came.
+pub(crate) type Answer = Result<(String, String), String>;
+
+/// One request for fresh macaroons, for the link to send.
+#[derive(Debug)]
+pub(crate) struct Ask {
+    /// The job.
+    pub(crate) job_id: String,
+    /// Where the answer goes (dropped when the link's session ends).
+    pub(crate) reply: oneshot::Sender<Answer>,
+}
+
+/// Asks the link for fresh macaroons of a job.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewer {
+    tx: mpsc::UnboundedSender<Ask>,
+}
+
+impl Renewer {
+    /// A renewer and the receiving end the link reads.
+    pub(crate) fn channel() -> (Renewer, mpsc::UnboundedReceiver<Ask>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Renewer { tx }, rx)
+    }
+
+    async fn ask(&self, job_id: &str) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(Ask { job_id: job_id.to_owned(), reply }).map_err(|_| "the link is gone".to_owned())?;
+        match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err("the link to the scheduler was lost".into()),
+            Err(_) => Err(format!("no answer within {ANSWER_TIMEOUT:?}")),
+        }
+    }
+}
+
+/// The earliest `before:` caveat of `macaroon`, Unix seconds; `None` when it has none that
+/// parses (or the token does not parse).
+pub(crate) fn expiry(macaroon: &str) -> Option<u64> {
+    let caveats = htfaas_functions::macaroon::inspect(macaroon).ok()?;
+    caveats.iter().filter_map(|c| c.strip_prefix("before:")).filter_map(parse_utc_timestamp).min()
+}
+
+/// The renewal margin for macaroons valid `validity_s` when they came.
+pub(crate) fn margin_s(validity_s: u64) -> u64 {
+    (validity_s / 3).clamp(1, MAX_MARGIN.as_secs())
+}
+
+/// A job's current macaroons.
+#[derive(Debug)]
+struct Current {
+    input: String,
+    output: String,
+    /// The earlier expiry of the two.
+    expires_s: Option<u64>,
+    /// The margin before it at which they are renewed.
+    margin_s: u64,
+}
+
+impl Current {
+    fn new(input: String, output: String, now_s: u64) -> Current {
+        let expires_s = [expiry(&input), expiry(&output)].into_iter().flatten().min();
+        let margin_s = margin_s(expires_s.map_or(0, |e| e.saturating_sub(now_s)));
+        Current { input, output, expires_s, margin_s }
+    }
+}
+
+/// One job's macaroons and their renewal.
+#[derive(Debug)]
+pub(crate) struct Credentials {
+    job_id: String,
+    renewer: Renewer,
+    /// Renewable up to this instant (Unix s), when the scheduler renews at all.
+    renew_until: Option<u64>,
+    current: Mutex<Current>,
+    /// One renewal at a time.
+    renewing: tokio::sync::Mutex<()>,
+}
+
+impl Credentials {
+    /// The macaroons of `job`, renewed through `renewer`.
+    pub(crate) fn new(job: &JobAssignment, renewer: &Renewer) -> Arc<Credentials> {
+        Arc::new(Credentials {
+            job_id: job.job_id.clone(),
+            renewer: renewer.clone(),
+            renew_until: job.renew_until,
+            current: Mutex::new(Current::new(job.input.macaroon.clone(), job.output.macaroon.clone(), now_s())),
+            renewing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When the current macaroons are due for renewal (Unix s): `None` when they never are
+    /// (not renewable, no expiry known, or they outlast what the scheduler renews to).
+    fn due_s(&self) -> Option<u64> {
+        let until = self.renew_until?;
+        let c = self.current();
+        let expires = c.expires_s?;
+        (expires < until).then(|| expires.saturating_sub(c.margin_s))
+    }
+
+    /// The read macaroon, renewed first when due.
+    pub(crate) async fn input(&self) -> String {
+        // A refusal is logged; the current ones are used, and the storage decides.
+        let _ = self.renew_if_due().await;
+        self.current().input.clone()
+    }
+
+    /// The write macaroon, renewed first when due.
+    pub(crate) async fn output(&self) -> String {
+        let _ = self.renew_if_due().await;
+        self.current().output.clone()
+    }
+
+    /// Renews when due now; `Err` is why it could not (the current ones stay).
+    async fn renew_if_due(&self) -> Result<(), String> {
+        if self.due_s().is_none_or(|due| due > now_s()) {
+            return Ok(());
+        }
+        let _one = self.renewing.lock().await;
+        // Another caller may have renewed while this one waited.
+        if self.due_s().is_none_or(|due| due > now_s()) {
+            return Ok(());
+        }
+        match self.renewer.ask(&self.job_id).await {
+            Ok((input, output)) => {
+                let fresh = Current::new(input, output, now_s());
+                tracing::info!(expires_s = ?fresh.expires_s, "macaroons renewed");
+                *self.current() = fresh;
+                Ok(())
+            }
+            Err(why) => {
+                tracing::warn!("macaroons not renewed: {why}");
+                Err(why)
+            }
+        }
+    }
+
+    /// Renews the macaroons at the margin before each expiry for as long as it is called
+    /// (the job drops it when it no longer needs them), or until they outlast what the
+    /// scheduler renews to; after a refusal it asks again, backing off, until they expire.
+    pub(crate) async fn keep(self: Arc<Self>) {
+        let mut retry = RETRY_FIRST;
+        while let Some(due) = self.due_s() {
+            let now = now_s();
+            if due > now {
+                tokio::time::sleep(Duration::from_secs(due - now)).await;
+                continue;
+            }
+            if self.renew_if_due().await.is_ok() {
+                retry = RETRY_FIRST;
+                continue;
+            }
+            let expired = self.current().expires_s.is_none_or(|e| e <= now_s());
+            if expired {
+                tracing::warn!("macaroons expired without renewal; the storage will refuse them");
+                return;
+            }
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(Duration::from_secs(60));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::macaroon::{RootKey, attenuate};
+
+    fn macaroon(caveats: &[&str]) -> String {
+        let key = RootKey::derive(b"k");
+        let m = htfaas_functions::macaroon::mint(&key, "loc", "id", &[]).expect("mint");
+        attenuate(&m, caveats).expect("attenuate")
+    }
+
+    #[test]
+    fn the_expiry_is_the_earliest_before_and_the_margin_a_third_of_the_validity() {
+        let m = macaroon(&["before:2030-01-01T00:00:10Z", "path:/x", "before:2030-01-01T00:00:05.5Z"]);
+        assert_eq!(expiry(&m), parse_utc_timestamp("2030-01-01T00:00:05Z"));
+        assert_eq!(expiry(&macaroon(&["path:/x"])), None);
+        assert_eq!(expiry("not a macaroon"), None);
+        assert_eq!(margin_s(0), 1);
+        assert_eq!(margin_s(6), 2);
+        assert_eq!(margin_s(7200), 600);
+    }
+
+    /// A job renews only when the macaroons expire before what the scheduler renews to, and
+    /// then asks over the link before the use; its answer replaces both.
+    #[tokio::test]
+    async fn renews_before_a_use_only_when_due_and_takes_the_answer() {
+        let (renewer, mut asks) = Renewer::channel();
+        let now = now_s();
+        let soon = htfaas_functions::time::utc_timestamp(now + 1);
+        let late = htfaas_functions::time::utc_timestamp(now + 3600);
+        let job = |input: &str, until: Option<u64>| {
+            let mut a = htfaas_functions::proto::JobAssignment {
+                job_id: "j".into(),
+                function: htfaas_functions::proto::FunctionRef {
+                    name: "f".into(),
+                    version: 1,
+                    digest: htfaas_functions::Digest::of(b"m"),
+                    module_url: "http://m".into(),
+                },
+                resources: htfaas_functions::Resources::new(1, 1, 1),
+                input: htfaas_functions::proto::InputSpec {
+                    url: "http://s/i".into(),
+                    name: "i".into(),
+                    macaroon: input.into(),
+                },
+                output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: macaroon(&[]) },
+                args: vec![],
+                env: vec![],
+                secrets: Default::default(),
+                limits: Default::default(),
+                renew_until: until,
+            };
+            a.output.macaroon = macaroon(&[&format!("before:{late}")]);
+            a
+        };
+        let expiring = macaroon(&[&format!("before:{soon}")]);
+        // Not renewable (an old scheduler): never asks.
+        let c = Credentials::new(&job(&expiring, None), &renewer);
+        assert_eq!(c.input().await, expiring);
+        // Renewable, but the scheduler's deadline comes first: no renewal can help.
+        let c = Credentials::new(&job(&expiring, Some(now)), &renewer);
+        assert_eq!(c.input().await, expiring);
+        assert!(asks.try_recv().is_err(), "nothing asked");
+        // Renewable and due: asks, and takes the answer.
+        let c = Credentials::new(&job(&expiring, Some(now + 7200)), &renewer);
+        let answering = tokio::spawn(async move {
+            let ask = asks.recv().await.expect("an ask");
+            assert_eq!(ask.job_id, "j");
+            let _ = ask.reply.send(Ok(("fresh-in".into(), "fresh-out".into())));
+            asks
+        });
+        assert_eq!(c.input().await, "fresh-in");
+        assert_eq!(c.output().await, "fresh-out");
+        let mut asks = answering.await.expect("answered");
+        // A refusal keeps the current ones.
+        let c = Credentials::new(&job(&expiring, Some(now + 7200)), &renewer);
+        let refusing = tokio::spawn(async move {
+            let ask = asks.recv().await.expect("an ask");
+            let _ = ask.reply.send(Err("revoked".into()));
+        });
+        assert_eq!(c.input().await, expiring);
+        refusing.await.expect("refused");
+    }
+}

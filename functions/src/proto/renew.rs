@@ -1,0 +1,72 @@
+//! Renewing a running job's macaroons (issue 23), the scheduler to the gateway:
+//! `POST /v1/renewals` with `Authorization: Bearer <renewal grant>` ([`RenewRequest`] →
+//! [`RenewResponse`]), and the grant itself ([`RenewalGrant`]), which the gateway hands the
+//! scheduler with each job ([`SubmitRequest::renewal`](super::SubmitRequest::renewal)) and the
+//! scheduler keeps sealed with the job.
+//!
+//! The EP's side of the same renewal is [`EpMsg::Renew`](super::EpMsg::Renew), answered by
+//! [`SchedulerMsg::Renewed`](super::SchedulerMsg::Renewed) or
+//! [`SchedulerMsg::RenewRefused`](super::SchedulerMsg::RenewRefused).
+//!
+//! Must not know: how the grant is checked, the storage's dialect, the audit trail.
+
+use crate::digest::Digest;
+use serde::{Deserialize, Serialize};
+
+/// The gateway's route for renewals.
+pub const RENEWALS_PATH: &str = "/v1/renewals";
+
+/// A renewal grant: a JWT the gateway signs for one job
+/// ([`RenewClaims`](crate::token::RenewClaims), audience
+/// [`RENEW_AUDIENCE`](crate::token::RENEW_AUDIENCE)), naming the owner, the submit token's
+/// `jti`, the function and the exact input file and output directory. A bearer credential: its
+/// `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RenewalGrant(pub String);
+
+impl std::fmt::Debug for RenewalGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RenewalGrant(<secret>)")
+    }
+}
+
+/// `POST /v1/renewals` on the gateway, with `Authorization: Bearer <renewal grant>`: the job as
+/// the scheduler knows it. The gateway refuses (403) a request whose facts differ from the
+/// grant's, so a grant moved to another job gets nothing. Response: [`RenewResponse`], or an
+/// [`ApiError`](super::ApiError) with 401 (grant), 403 (revoked, namespace, mismatch, unknown
+/// function version), 400 (body) or 503/502 (the storage or the scheduler's revocations).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    /// The job's id (for the audit trail).
+    pub job_id: String,
+    /// The EP running it, as it named itself (for the audit trail).
+    pub ep: String,
+    /// The job's owner (its submit token's `sub`).
+    pub owner: String,
+    /// Its submit token's `jti`.
+    pub token_jti: String,
+    /// Its function's digest.
+    pub digest: Digest,
+    /// Its input's storage URL.
+    pub input_url: String,
+    /// Its output directory's storage URL.
+    pub output_url: String,
+}
+
+/// Answer to [`RenewRequest`]: fresh macaroons for exactly the same input file and output
+/// directory (bearer; never logged), before the scheduler attenuates them for the EP.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewResponse {
+    /// Read macaroon for the input file.
+    pub input_macaroon: String,
+    /// Write macaroon for the output directory.
+    pub output_macaroon: String,
+}
+
+impl std::fmt::Debug for RenewResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RenewResponse(<macaroons>)")
+    }
+}
