@@ -11,6 +11,7 @@ mod configs;
 mod console;
 mod exactly_once;
 mod examples;
+mod failures;
 mod faults;
 mod jobs;
 mod js;
