@@ -104,7 +104,7 @@ async fn a_forged_event_naming_a_quarantine_path_fires_nothing_and_unbounded_ret
     let forged = "/data/watched/.quarantine/some-job/partial.txt";
     let billing = json!({"version":"1.0","msgType":"transfer","cellName":"pool-a-1","cellType":"pool",
         "cellDomain":"pool-aDomain","status":{"code":0,"msg":""},"session":"pool:forged-1",
-        "pnfsid":"0000FORGED","transferPath":forged,"fileSize":17,"isWrite":"write","isP2p":false});
+        "pnfsid":"0000F0AB","transferPath":forged,"fileSize":17,"isWrite":"write","isP2p":false});
     client.publish_event(EVENTS_SUBJECT, serde_json::to_vec(&billing).expect("json")).await.expect("publish");
     let ce = json!({"specversion":"1.0","id":"forged-2","source":"forger","type":"com.example.created",
         "subject":forged});
