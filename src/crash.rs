@@ -232,12 +232,13 @@ use htfaas_functions::time::now_ms as unix_ms;
 
 pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> FunctionManifest {
     FunctionManifest {
+        retry: None,
         name: name.into(),
         owner: USER.into(),
         module,
         trigger: Trigger::on_path(format!("{INPUT_DIR}**")),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: out.into(), replace: false },
+        outputs: Outputs::into_dir(out),
         args: vec![],
         env: vec![],
         annex: None,

@@ -25,6 +25,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: boxing `Fn` (its `register` has many flags) would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Benchmark the whole path on a fresh local stack against the peer (Parsl's
     /// HighThroughputExecutor) on this machine; one JSON line per figure (see BENCHMARKS.md).

@@ -158,12 +158,13 @@ fn rss_mib(pid: u32) -> Option<f64> {
 
 fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) -> FunctionManifest {
     FunctionManifest {
+        retry: None,
         name: name.into(),
         owner: owner.into(),
         module,
         trigger: Trigger::on_path(format!("{dir}**")),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: format!("{dir}out/"), replace: false },
+        outputs: Outputs::into_dir(format!("{dir}out/")),
         args: vec![],
         env: vec![],
         annex: None,

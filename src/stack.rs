@@ -661,12 +661,13 @@ impl Stack {
 /// `/data/checksums/`.
 pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
     FunctionManifest {
+        retry: None,
         name: "checksum".into(),
         owner: USER.into(),
         module,
         trigger: Trigger::on_path("/data/raw/**"),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: "/data/checksums/".into(), replace: false },
+        outputs: Outputs::into_dir("/data/checksums/"),
         args: vec![],
         env: vec![],
         annex: None,

@@ -337,7 +337,11 @@ async fn main() {
             },
             resources: Resources::new(1, 64, 3600),
             input: InputSpec { url: url.clone(), name: "in.dat".into(), macaroon: macaroon.clone() },
-            output: OutputSpec { url: format!("{storage}/bench/ep-{mib}-"), macaroon: macaroon.clone() },
+            output: OutputSpec {
+                url: format!("{storage}/bench/ep-{mib}-"),
+                macaroon: macaroon.clone(),
+                on_failure: Default::default(),
+            },
             args: vec![],
             env: vec![],
             limits: Default::default(),

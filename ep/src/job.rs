@@ -45,6 +45,13 @@
 //! [`Credentials`], which renews them first when they are about to expire, and a keeper task
 //! renews them while the job runs ([`crate::renew`]).
 //!
+//! Failed runs' outputs (issue 23): a success's outputs are stored in the output directory; a
+//! run that failed on its own (a non-zero exit, a trap, a time, memory or instruction limit)
+//! stores them as its assignment's `output.on_failure` says: nowhere (`discard`, the default),
+//! under `<output dir>.quarantine/<job id>/` (`quarantine`; a failure to store them is noted in
+//! the log and the run's own failure stays its outcome), or in the output directory for a
+//! non-zero exit (`upload`, the behaviour before).
+//!
 //! Pool slots: a guest that finds the instance pool full never started; the job tries again
 //! every [`SLOT_RETRY`] for [`SLOT_WAIT`], then is returned to the scheduler (see
 //! [`crate::slots`]), never failed.
@@ -58,6 +65,7 @@ use crate::scratch::{ScratchLimits, SpareDirs, watch_scratch};
 use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
 use crate::transfer::{Stored, Transfer, download, fetch_module, upload_outputs};
 use htfaas_functions::Digest;
+use htfaas_functions::on_failure::{FailedOutputs, quarantine_dir};
 use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, Outcome, Usage};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -281,11 +289,34 @@ impl Jobs {
             report.log = log.finish(s.log_limit_bytes);
             return Err(Outcome::OutputExceeded { reason });
         }
-        if matches!(outcome, Outcome::Exited { .. }) {
+        let keep = stored_where(&outcome, job.output.on_failure);
+        let store_to = match keep {
+            Keep::Outputs => Some(job.output.url.clone()),
+            Keep::Quarantine if job_dir_name(&job.job_id) == job.job_id => {
+                Some(format!("{}{}", job.output.url, quarantine_dir(&job.job_id)))
+            }
+            Keep::Quarantine => {
+                log.note("the run failed; its outputs are not quarantined: the job id is no plain path segment");
+                None
+            }
+            Keep::Nothing => {
+                if outcome.is_guest_failure() {
+                    log.note("the run failed; its outputs are discarded (outputs.on_failure: discard)");
+                }
+                None
+            }
+        };
+        let quarantine = keep == Keep::Quarantine;
+        if let Some(url) = store_to {
             // The guest may have passed a limit after the watcher's last look.
             if let Some(reason) = limits.check_now(&output_dir).await {
                 log.note(&format!("{reason}; outputs not stored"));
                 report.log = log.finish(s.log_limit_bytes);
+                if quarantine {
+                    // The run's own failure stays its outcome.
+                    report.outcome = outcome;
+                    return Ok(());
+                }
                 return Err(Outcome::OutputExceeded { reason });
             }
             let mut stored = Stored { files: Vec::new(), bytes_out: 0, failure: None };
@@ -298,7 +329,7 @@ impl Jobs {
                     return Err(cancelled);
                 }
             };
-            let output = Transfer { http: &s.http, url: &job.output.url, macaroon: &write };
+            let output = Transfer { http: &s.http, url: &url, macaroon: &write };
             let upload = upload_outputs(&limits, &output, &output_dir, &mut stored, &mut log, &mut tally.retries);
             let finished = unless_cancelled(cancel, upload).await;
             tally.output_ms = millis(started.elapsed());
@@ -309,13 +340,25 @@ impl Jobs {
                 report.log = log.finish(s.log_limit_bytes);
                 return Err(cancelled);
             }
-            report.log = log.finish(s.log_limit_bytes);
-            if let Some(failed) = stored.failure {
-                return Err(failed);
+            match (stored.failure, quarantine) {
+                (Some(failed), false) => {
+                    report.log = log.finish(s.log_limit_bytes);
+                    return Err(failed);
+                }
+                (Some(failed), true) => log.note(&format!(
+                    "the run failed; quarantining its outputs failed too ({}), {} stored before",
+                    failed.reason(),
+                    report.outputs.len()
+                )),
+                (None, true) => log.note(&format!(
+                    "the run failed; {} outputs quarantined under {}",
+                    report.outputs.len(),
+                    quarantine_dir(&job.job_id)
+                )),
+                (None, false) => {}
             }
-        } else {
-            report.log = log.finish(s.log_limit_bytes);
         }
+        report.log = log.finish(s.log_limit_bytes);
         report.outcome = outcome;
         Ok(())
     }
@@ -525,6 +568,30 @@ pub(crate) fn is_clean_segment(name: &str) -> bool {
     !name.is_empty() && name.len() <= 255 && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
+/// Where a run's outputs go ([`stored_where`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Into the output directory.
+    Outputs,
+    /// Into `<output dir>.quarantine/<job id>/`.
+    Quarantine,
+    /// Nowhere.
+    Nothing,
+}
+
+/// Where the outputs of a run that ended with `outcome` go, under the job's `on_failure`: a
+/// success's into the output directory; a failed run's (a non-zero exit, a trap, a limit)
+/// nowhere, into quarantine, or — `upload`, for a non-zero exit only, as before issue 23 —
+/// into the output directory; any other end's nowhere.
+fn stored_where(outcome: &Outcome, on_failure: FailedOutputs) -> Keep {
+    match (outcome, on_failure) {
+        (o, _) if o.is_success() => Keep::Outputs,
+        (o, FailedOutputs::Quarantine) if o.is_guest_failure() => Keep::Quarantine,
+        (Outcome::Exited { .. }, FailedOutputs::Upload) => Keep::Outputs,
+        _ => Keep::Nothing,
+    }
+}
+
 /// Directory name for a job: the id itself when it is plainly safe, its sha256 otherwise.
 pub(crate) fn job_dir_name(job_id: &str) -> String {
     let plain = !job_id.is_empty()
@@ -560,6 +627,30 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "/a", "a\\b", "a\0b", &"x".repeat(256)] {
             assert!(!is_clean_segment(bad), "{bad:?}");
         }
+    }
+
+    // Issue 23: a failed run's outputs go where its function asked, a success's always out.
+    #[test]
+    fn outputs_are_stored_where_the_outcome_and_policy_say() {
+        use FailedOutputs::{Discard, Quarantine, Upload};
+        let ok = Outcome::Exited { exit_code: 0 };
+        let exit = Outcome::Exited { exit_code: 3 };
+        let trap = Outcome::Trapped { message: "unreachable".into() };
+        let time = Outcome::TimeExceeded { limit_s: 1 };
+        let input = Outcome::InputFailed { reason: "403".into() };
+        for p in [Discard, Quarantine, Upload] {
+            assert_eq!(stored_where(&ok, p), Keep::Outputs);
+            assert_eq!(stored_where(&input, p), Keep::Nothing);
+        }
+        assert_eq!(
+            [stored_where(&exit, Discard), stored_where(&exit, Quarantine), stored_where(&exit, Upload)],
+            [Keep::Nothing, Keep::Quarantine, Keep::Outputs]
+        );
+        assert_eq!(
+            [stored_where(&trap, Discard), stored_where(&trap, Quarantine), stored_where(&trap, Upload)],
+            [Keep::Nothing, Keep::Quarantine, Keep::Nothing]
+        );
+        assert_eq!(stored_where(&time, Quarantine), Keep::Quarantine);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   [`glob`]: the one glob dialect of trigger paths;
 //! - [`digest`], [`resources`], [`manifest`], [`namespace`], `registry` (feature `db`):
 //!   functions as content-addressed wasm modules with versioned manifests, stored in SQLite
-//!   plus a blob directory;
+//!   plus a blob directory; [`on_failure`]: what a function asks for when a run fails (its
+//!   retry policy, what becomes of its outputs, the quarantine directory);
 //! - [`audit`]: the audit trail: record format, drafts and signed checkpoints; with feature
 //!   `db`, one hash-chained, append-only log per writer (SQLite), lineage queries and the
 //!   verifier that names the first tampered record; [`audit_kinds`]: the constructor of every
@@ -46,6 +47,7 @@ pub mod namespace;
 pub mod nats;
 #[cfg(feature = "nats-server")]
 pub mod nats_server;
+pub mod on_failure;
 pub mod proto;
 #[cfg(feature = "db")]
 pub mod registry;

@@ -2,6 +2,7 @@
 //! versioned record the registry keeps for it.
 
 use crate::digest::Digest;
+pub use crate::on_failure::{FailedOutputs, RetryOn, RetryPolicy};
 /// What one run may use; defined in [`crate::resources`], named here as it always was.
 pub use crate::resources::Resources;
 use crate::trigger::{Rule, RuleError};
@@ -64,6 +65,11 @@ pub struct FunctionManifest {
     /// every one has a value. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// Whether a failed run runs again ([`RetryPolicy`], issue 23): how many times, after which
+    /// outcomes, with which backoff. Default: none — storage outages are retried by the
+    /// scheduler's site-wide rule, guest failures (non-zero exit, trap, limits) are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
 }
 
 /// Whether `name` may name an environment variable (or a secret): 1-128 bytes, no `=`, NUL or
@@ -215,6 +221,18 @@ pub struct Outputs {
     /// wrote: see the storage). Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replace: bool,
+    /// What becomes of the outputs of a run that did not succeed ([`FailedOutputs`], issue 23):
+    /// `discard` (the default), `quarantine` (under `<dir>.quarantine/<job id>/`, never firing
+    /// a function) or `upload` (a non-zero exit's outputs stored as a success's).
+    #[serde(default, skip_serializing_if = "FailedOutputs::is_default")]
+    pub on_failure: FailedOutputs,
+}
+
+impl Outputs {
+    /// Outputs into `dir`, no replacing, failed runs' outputs discarded.
+    pub fn into_dir(dir: impl Into<String>) -> Outputs {
+        Outputs { dir: dir.into(), replace: false, on_failure: FailedOutputs::Discard }
+    }
 }
 
 /// A registered function version. Immutable once stored.
@@ -315,6 +333,9 @@ impl FunctionManifest {
         if !self.outputs.dir.ends_with('/') || !is_clean_abs_path(&self.outputs.dir) || self.outputs.dir == "/" {
             return Err(bad("outputs.dir", "must be an absolute directory below / ending in '/', without . or .."));
         }
+        if let Some(retry) = &self.retry {
+            retry.check().map_err(|e| bad(e.field, e.reason))?;
+        }
         if self.args.len() > 64 || self.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
             return Err(bad("args", "at most 64 arguments of at most 4096 bytes, no NUL"));
         }
@@ -333,12 +354,13 @@ mod tests {
 
     fn manifest() -> FunctionManifest {
         FunctionManifest {
+            retry: None,
             name: "checksum".into(),
             owner: "alice".into(),
             module: Digest::of(b"m"),
             trigger: Trigger::on_path("/data/raw/**"),
             resources: Resources::default(),
-            outputs: Outputs { dir: "/data/checksums/".into(), replace: false },
+            outputs: Outputs::into_dir("/data/checksums/"),
             args: vec![],
             env: vec![],
             annex: None,

@@ -313,12 +313,13 @@ mod tests {
 
     fn manifest(owner: &str, trigger: Trigger, out: &str) -> FunctionManifest {
         FunctionManifest {
+            retry: None,
             name: "f".into(),
             owner: owner.into(),
             module: Digest::of(b"m"),
             trigger,
             resources: Resources::default(),
-            outputs: Outputs { dir: out.into(), replace: false },
+            outputs: Outputs::into_dir(out),
             args: vec![],
             env: vec![],
             annex: None,

@@ -72,12 +72,13 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
         ("hdf5", Trigger::on_rule(r#"path suffix ".h5" and size > 1kB"#)),
     ] {
         registry.register(FunctionManifest {
+            retry: None,
             name: name.into(),
             owner: "alice".into(),
             module: module.clone(),
             trigger,
             resources: Resources::default(),
-            outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
+            outputs: Outputs::into_dir(format!("/out/{name}/")),
             args: vec![],
             env: vec![],
             annex: None,

@@ -625,12 +625,13 @@ mod tests {
             shared
                 .registry
                 .register(FunctionManifest {
+                    retry: None,
                     name: name.into(),
                     owner: "alice".into(),
                     module: module.clone(),
                     trigger: Trigger::on_path("/data/**"),
                     resources: Resources::default(),
-                    outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
+                    outputs: Outputs::into_dir(format!("/out/{name}/")),
                     args: vec![],
                     env: vec![],
                     annex: None,

@@ -1,7 +1,8 @@
 //! Job building: what a firing (or a manual run) becomes before it is submitted: the
 //! function's namespace checked ([`confine`]), a read macaroon for the input file and a write
 //! macaroon for the output directory from the storage, the scheduler's dedupe key, the event
-//! the job keeps ([`prepare`]). Shared by the dispatcher ([`crate::dispatch`]) and the API's
+//! the job keeps, the function's retry policy and what becomes of a failed run's outputs
+//! ([`prepare`]). Shared by the dispatcher ([`crate::dispatch`]) and the API's
 //! runs.
 //!
 //! Must not know: NATS, HTTP routes, the firing table or [`crate::state::Shared`] (it takes the
@@ -134,7 +135,11 @@ pub async fn prepare(
         },
         resources: m.resources,
         input: InputSpec { url: cx.storage.url_of(&event.path), name, macaroon: read },
-        output: OutputSpec { url: cx.storage.url_of(&m.outputs.dir), macaroon: write },
+        output: OutputSpec {
+            url: cx.storage.url_of(&m.outputs.dir),
+            macaroon: write,
+            on_failure: m.outputs.on_failure,
+        },
         args: m.args.clone(),
         env: m.env.clone(),
         event,
@@ -146,5 +151,6 @@ pub async fn prepare(
         secrets,
         // Set once the submit token is minted ([`crate::submit::Submitter::grant`]).
         renewal: None,
+        retry: m.retry.clone(),
     })
 }

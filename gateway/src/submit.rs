@@ -315,6 +315,7 @@ mod tests {
         let s = Submitter::new(crate::clients::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60)
             .expect("new");
         let req = |runtime_s| SubmitRequest {
+            retry: None,
             function: htfaas_functions::proto::FunctionRef {
                 name: "f".into(),
                 version: 1,
@@ -327,7 +328,11 @@ mod tests {
                 name: "a".into(),
                 macaroon: "m".into(),
             },
-            output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
+            output: htfaas_functions::proto::OutputSpec {
+                url: "http://s/o/".into(),
+                macaroon: "m".into(),
+                on_failure: Default::default(),
+            },
             args: vec![],
             env: vec![],
             event: htfaas_functions::proto::EventRef::new("s", "i", "/a"),

@@ -88,12 +88,13 @@ mod tests {
 
     fn manifest(name: &str, module: Digest, trigger: Trigger) -> FunctionManifest {
         FunctionManifest {
+            retry: None,
             name: name.into(),
             owner: "alice".into(),
             module,
             trigger,
             resources: Resources::default(),
-            outputs: Outputs { dir: format!("/out/{name}/"), replace: false },
+            outputs: Outputs::into_dir(format!("/out/{name}/")),
             args: vec![],
             env: vec![],
             annex: None,

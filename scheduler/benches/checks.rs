@@ -27,6 +27,7 @@ fn request() -> SubmitRequest {
     // Macaroons of a realistic length (the bytes are what sealing costs, not their meaning).
     let macaroon = |n: usize| "M".repeat(n);
     SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: "checksum".into(),
             version: 3,
@@ -38,6 +39,7 @@ fn request() -> SubmitRequest {
         output: OutputSpec {
             url: format!("{STORAGE}/data/experiment/derived/2025/06/run-004211/"),
             macaroon: macaroon(360),
+            on_failure: Default::default(),
         },
         args: vec![],
         env: vec![],
@@ -99,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         cpus: 1,
         memory_mb: 256,
         output_dir: "/data/experiment/derived/2025/06/run-004211/".into(),
+        on_failure: Default::default(),
     };
     let original = report();
     time("doubt", n, timed, || {

@@ -311,6 +311,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
     };
     let input = "/data/experiment/raw/2025/06/run-004211/detector-b/frame-000123.dat";
     SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: "checksum".into(),
             version: 3,
@@ -330,6 +331,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
                 "path:/data/experiment/derived/2025/06/run-004211",
                 "before:2030-01-01T00:00:00Z",
             ]),
+            on_failure: Default::default(),
         },
         args: vec!["--algorithm".into(), "sha256".into()],
         env: vec![("MODE".into(), "strict".into())],

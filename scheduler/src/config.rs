@@ -112,6 +112,11 @@ pub struct Config {
     /// loss (at most an hour). Default: 10.
     #[serde(default = "default_retry_backoff_s")]
     pub retry_backoff_s: u64,
+    /// Most times a job runs again after its guest failed, whatever its function's retry
+    /// policy (`retry.retries` in the manifest, itself at most 10) asks for; 0 retries no
+    /// guest failure. Default: 3.
+    #[serde(default = "default_max_guest_retries")]
+    pub max_guest_retries: u32,
     /// How long past its run time a job may still be running before the scheduler removes it,
     /// seconds. Default: 60.
     #[serde(default = "default_runtime_grace_s")]
@@ -210,6 +215,9 @@ fn default_max_retries() -> u32 {
 }
 fn default_retry_backoff_s() -> u64 {
     crate::policy::DEFAULT_RETRY_BACKOFF_S
+}
+fn default_max_guest_retries() -> u32 {
+    crate::queue::DEFAULT_MAX_GUEST_RETRIES
 }
 fn default_max_prefetch() -> u32 {
     crate::policy::DEFAULT_MAX_PREFETCH
@@ -363,6 +371,7 @@ impl Config {
             lease_s: default_lease_s(),
             max_retries: default_max_retries(),
             retry_backoff_s: default_retry_backoff_s(),
+            max_guest_retries: default_max_guest_retries(),
             runtime_grace_s: default_runtime_grace_s(),
             max_prefetch: default_max_prefetch(),
             audit_key_file: None,
@@ -419,6 +428,7 @@ impl Config {
             lease_s: self.lease_s,
             max_retries: self.max_retries,
             retry_backoff_s: self.retry_backoff_s,
+            max_guest_retries: self.max_guest_retries,
             runtime_grace_s: self.runtime_grace_s,
             max_prefetch: self.max_prefetch,
         }
@@ -487,6 +497,7 @@ impl Config {
             .context("open the job store")?
             .with_context(|| format!("open the job store {}", self.db_path.display()))?;
         queue.set_half_life(policy.half_life_s);
+        queue.set_max_guest_retries(policy.max_guest_retries);
         let listener = match listener {
             Some(l) => l,
             None => {

@@ -8,14 +8,17 @@
 //!   ([`Clamped`]), so the audit trail shows both the claim and the charge;
 //! - outputs must be files under the job's own output directory (the path of the `output.url`
 //!   it was submitted with), with a clean path of at most [`MAX_OUTPUT_PATH_BYTES`] bytes and a
-//!   sha256 of 64 hex digits, and at most [`MAX_REPORTED_OUTPUTS`] of them: a report that
+//!   sha256 of 64 hex digits, and at most [`MAX_REPORTED_OUTPUTS`] of them; a path in a
+//!   quarantine directory only as `<output dir>.quarantine/<its job id>/<name>`, for a job that
+//!   asked for quarantine (`outputs.on_failure`) and a run that failed: a report that
 //!   breaks this is a protocol violation ([`Violation`]). It is not believed at all — neither its
 //!   outcome, its outputs (nothing enters the lineage) nor its usage (nothing is charged) — and
 //!   the attempt counts as lost ([`crate::queue::Queue::finish`]).
 //!
 //! Pure: no SQL, no session, no HTTP; the queue calls [`doubt`] inside the report's transaction.
 
-use htfaas_functions::manifest::is_clean_abs_path;
+use htfaas_functions::manifest::{FailedOutputs, is_clean_abs_path};
+use htfaas_functions::on_failure::{is_quarantined, quarantine_dir};
 use htfaas_functions::proto::JobReport;
 
 /// What an EP's wall time may exceed the scheduler's own view of the attempt by, ms: the
@@ -42,6 +45,8 @@ pub struct Observed {
     pub memory_mb: u64,
     /// The job's output directory: the decoded path of its `output.url`, ending in `/`.
     pub output_dir: String,
+    /// What the job asked for its outputs after a failed run (`output.on_failure`).
+    pub on_failure: FailedOutputs,
 }
 
 /// The usage figures an EP claimed above what could be, each with its claim (the report now
@@ -114,6 +119,16 @@ fn shown(path: &str) -> String {
     }
 }
 
+/// Whether `path` (with a quarantine segment) is where this job's EP may quarantine an output:
+/// exactly `<output dir>.quarantine/<job id>/<name>`, for a job that asked for quarantine and a
+/// run that did not succeed.
+fn quarantine_ok(report: &JobReport, seen: &Observed, path: &str) -> bool {
+    let dir = format!("{}{}", seen.output_dir, quarantine_dir(&report.job_id));
+    seen.on_failure == FailedOutputs::Quarantine
+        && !report.outcome.is_success()
+        && path.strip_prefix(&dir).is_some_and(|name| !name.is_empty() && !name.contains('/'))
+}
+
 /// Checks `report` against what the scheduler `seen`: a [`Violation`] if its outputs are not
 /// the job's, else its usage clamped in place and what was clamped.
 pub fn doubt(report: &mut JobReport, seen: &Observed) -> Result<Clamped, Violation> {
@@ -125,7 +140,12 @@ pub fn doubt(report: &mut JobReport, seen: &Observed) -> Result<Clamped, Violati
             return Err(Violation::PathTooLong { bytes: o.path.len() });
         }
         let inside = o.path.strip_prefix(seen.output_dir.as_str()).is_some_and(|name| !name.is_empty());
-        if !inside || o.path.ends_with('/') || !is_clean_abs_path(&o.path) || o.path.chars().any(char::is_control) {
+        if !inside
+            || (is_quarantined(&o.path) && !quarantine_ok(report, seen, &o.path))
+            || o.path.ends_with('/')
+            || !is_clean_abs_path(&o.path)
+            || o.path.chars().any(char::is_control)
+        {
             return Err(Violation::ForeignOutput { path: shown(&o.path), dir: seen.output_dir.clone() });
         }
         if o.sha256.len() != 64 || !o.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -165,6 +185,7 @@ mod tests {
             cpus: 2,
             memory_mb: 256,
             output_dir: "/data/out/".into(),
+            on_failure: FailedOutputs::Discard,
         }
     }
 
@@ -233,6 +254,33 @@ mod tests {
         );
         let mut r = report(&["/data/out/sub/a.sum"], Usage::default());
         assert!(doubt(&mut r, &seen()).is_ok(), "a subdirectory of the output directory is the job's");
+    }
+
+    // Issue 23: quarantined outputs, and only the job's own, only for a failed run that asked.
+    #[test]
+    fn quarantine_paths_are_the_jobs_own_and_only_for_a_failed_run_that_asked() {
+        let quarantine = Observed { on_failure: FailedOutputs::Quarantine, ..seen() };
+        let failed = |outputs: &[&str]| JobReport {
+            outcome: Outcome::Exited { exit_code: 3 },
+            ..report(outputs, Usage::default())
+        };
+        let mut r = failed(&["/data/out/.quarantine/j/partial.txt"]);
+        assert_eq!(doubt(&mut r, &quarantine), Ok(Clamped::default()));
+        for bad in [
+            "/data/out/.quarantine/other-job/partial.txt",
+            "/data/out/.quarantine/j/sub/partial.txt",
+            "/data/out/.quarantine/j/",
+            "/data/out/.quarantine/partial.txt",
+            "/data/out/sub/.quarantine/j/partial.txt",
+        ] {
+            let mut r = failed(&[bad]);
+            assert!(matches!(doubt(&mut r, &quarantine), Err(Violation::ForeignOutput { .. })), "{bad}");
+        }
+        // A job that did not ask for quarantine, or a run that succeeded, has none.
+        let mut r = failed(&["/data/out/.quarantine/j/partial.txt"]);
+        assert!(matches!(doubt(&mut r, &seen()), Err(Violation::ForeignOutput { .. })));
+        let mut r = report(&["/data/out/.quarantine/j/partial.txt"], Usage::default());
+        assert!(matches!(doubt(&mut r, &quarantine), Err(Violation::ForeignOutput { .. })));
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - **Leases and retries**: an EP session silent for [`SitePolicy::lease_s`] is over; each of
 //!   its jobs runs again after a backoff, up to [`SitePolicy::max_retries`] times, then is held.
 //!   A job whose EP reports the storage unavailable loses its attempt under the same rule.
+//!   A job whose guest failed runs again only as its function's retry policy asks (issue 23),
+//!   at most [`SitePolicy::max_guest_retries`] times.
 //! - **Prefetch** (issue 20): an EP that asks for it is assigned up to
 //!   [`SitePolicy::max_prefetch`] jobs beyond its free resources ([`SitePolicy::prefetch`]),
 //!   each of which must start within [`MAX_PREFETCH_WAIT_S`] (at most half the run-time grace).
@@ -119,6 +121,8 @@ pub struct SitePolicy {
     pub max_retries: u32,
     /// Backoff before the first retry, seconds.
     pub retry_backoff_s: u64,
+    /// Most retries after guest failures a function's retry policy gets.
+    pub max_guest_retries: u32,
     /// Time a job may run past its run time before it is removed, seconds.
     pub runtime_grace_s: u64,
     /// Most jobs assigned to one EP beyond its free resources (its asked prefetch is capped to
@@ -138,6 +142,7 @@ impl Default for SitePolicy {
             lease_s: DEFAULT_LEASE_S,
             max_retries: DEFAULT_MAX_RETRIES,
             retry_backoff_s: DEFAULT_RETRY_BACKOFF_S,
+            max_guest_retries: crate::queue::DEFAULT_MAX_GUEST_RETRIES,
             runtime_grace_s: DEFAULT_RUNTIME_GRACE_S,
             max_prefetch: DEFAULT_MAX_PREFETCH,
         }
@@ -174,6 +179,8 @@ pub struct PolicyConfig {
     pub max_retries: u32,
     /// See [`crate::Config::retry_backoff_s`].
     pub retry_backoff_s: u64,
+    /// See [`crate::Config::max_guest_retries`].
+    pub max_guest_retries: u32,
     /// See [`crate::Config::runtime_grace_s`].
     pub runtime_grace_s: u64,
     /// See [`crate::Config::max_prefetch`].
@@ -189,6 +196,9 @@ pub enum PolicyError {
     /// `lease_s` is 0.
     #[error("lease_s must be at least 1")]
     Lease,
+    /// `max_guest_retries` is over what a manifest may ask for.
+    #[error("max_guest_retries must be 0..={}", htfaas_functions::on_failure::MAX_RETRIES)]
+    GuestRetries,
     /// A group's name is not a name.
     #[error("groups: {0}")]
     GroupName(NameError),
@@ -262,6 +272,9 @@ impl PolicyConfig {
         if self.lease_s == 0 {
             return Err(PolicyError::Lease);
         }
+        if self.max_guest_retries > htfaas_functions::on_failure::MAX_RETRIES {
+            return Err(PolicyError::GuestRetries);
+        }
         for (name, g) in &self.groups {
             check_name(name).map_err(PolicyError::GroupName)?;
             match (g.quota_cores, g.quota_share) {
@@ -305,6 +318,7 @@ impl PolicyConfig {
             lease_s: self.lease_s,
             max_retries: self.max_retries,
             retry_backoff_s: self.retry_backoff_s,
+            max_guest_retries: self.max_guest_retries,
             runtime_grace_s: self.runtime_grace_s,
             max_prefetch: self.max_prefetch,
         })

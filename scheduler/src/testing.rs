@@ -15,6 +15,7 @@ pub(crate) fn macaroon(activity: &str, path: &str) -> String {
 
 pub(crate) fn request(key: &str) -> SubmitRequest {
     SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: "checksum".into(),
             version: 1,
@@ -27,7 +28,11 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
             name: "a".into(),
             macaroon: macaroon("DOWNLOAD", "/data/raw/a"),
         },
-        output: OutputSpec { url: "http://storage/data/out/".into(), macaroon: macaroon("UPLOAD", "/data/out") },
+        output: OutputSpec {
+            url: "http://storage/data/out/".into(),
+            macaroon: macaroon("UPLOAD", "/data/out"),
+            on_failure: Default::default(),
+        },
         args: vec![],
         env: vec![],
         event: EventRef::new("dcache", key, "/data/raw/a"),

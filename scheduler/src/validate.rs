@@ -1,6 +1,6 @@
 //! A submit request checked on its own, before its URLs, its token's limits and the site
 //! policy ([`validate`], 400 [`SubmitInvalid`]): names, URLs and field sizes, arguments, the
-//! environment and the secrets.
+//! environment and the secrets, the retry policy's bounds.
 //!
 //! Must not know: tokens, the store, HTTP beyond the rule each refusal names.
 
@@ -83,6 +83,10 @@ pub enum SubmitInvalid {
     /// `annex` is not a name.
     #[error("annex {0}")]
     Annex(NameError),
+    /// `retry` asks for more retries or a longer backoff than a manifest may, or names no
+    /// outcome (issue 23).
+    #[error("{0}")]
+    Retry(htfaas_functions::on_failure::RetryPolicyError),
 }
 
 /// The request on its own (400).
@@ -156,6 +160,9 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     }
     if let Some(annex) = &req.annex {
         check_name(annex).map_err(Annex)?;
+    }
+    if let Some(retry) = &req.retry {
+        retry.check().map_err(Retry)?;
     }
     Ok(())
 }

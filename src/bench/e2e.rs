@@ -104,12 +104,13 @@ impl Modules {
 
 fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifest {
     FunctionManifest {
+        retry: None,
         name: name.into(),
         owner: USER.into(),
         module,
         trigger: Trigger::on_path(format!("{dir}**")),
         resources: Resources::new(1, 256, 60),
-        outputs: Outputs { dir: out.into(), replace: false },
+        outputs: Outputs::into_dir(out),
         args: vec![],
         env: vec![("HTFAAS_STAMP".into(), "1".into())],
         annex: None,

@@ -6,7 +6,7 @@ use super::args::{DirArg, client, parse_header, parse_time_arg};
 use super::output;
 use anyhow::Context as _;
 use clap::Subcommand;
-use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::manifest::{Outputs, RetryOn, Trigger};
 use htfaas_functions::{FunctionManifest, Resources};
 use std::path::PathBuf;
 
@@ -94,6 +94,23 @@ pub enum FnCommand {
         /// Instruction budget of one run, on EPs that meter fuel (narrows the EPs' own).
         #[arg(long)]
         instructions: Option<u64>,
+        /// Run a failed job again up to N times (at most 10; the scheduler's `max_guest_retries`
+        /// may allow fewer) when its outcome is one of --retry-on. Default: a guest failure is
+        /// final (storage outages are retried by the scheduler all the same).
+        #[arg(long, value_name = "N")]
+        retries: Option<u32>,
+        /// With --retries: the outcomes retried, comma-separated, of trap, time_exceeded,
+        /// memory_exceeded, exit_nonzero, fuel_exhausted, storage_unavailable (default: all).
+        #[arg(long, value_name = "KINDS", requires = "retries", value_delimiter = ',', value_parser = parse_retry_on)]
+        retry_on: Vec<htfaas_functions::manifest::RetryOn>,
+        /// With --retries: seconds before the first retry, doubled for each further one (default 10).
+        #[arg(long, value_name = "S", requires = "retries")]
+        retry_backoff: Option<u64>,
+        /// What becomes of the outputs of a run that failed (non-zero exit, trap, a limit):
+        /// `discard` (default), `quarantine` (stored under OUTPUTS.quarantine/JOB/, never firing
+        /// a function) or `upload` (a non-zero exit's outputs stored as a success's).
+        #[arg(long, value_name = "POLICY", value_parser = parse_on_failure)]
+        on_failure: Option<htfaas_functions::manifest::FailedOutputs>,
         /// Check the manifest and list the recorded events its trigger would fire on; register
         /// nothing (the module is uploaded: it is content-addressed).
         #[arg(long)]
@@ -219,6 +236,21 @@ pub fn parse_secret(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// One kind of `--retry-on`.
+pub fn parse_retry_on(s: &str) -> Result<htfaas_functions::manifest::RetryOn, String> {
+    use htfaas_functions::manifest::RetryOn;
+    RetryOn::parse(s.trim()).ok_or_else(|| {
+        let kinds: Vec<&str> = RetryOn::ALL.iter().map(|k| k.as_str()).collect();
+        format!("{s:?} is not one of {}", kinds.join(", "))
+    })
+}
+
+/// `--on-failure discard|quarantine|upload`.
+pub fn parse_on_failure(s: &str) -> Result<htfaas_functions::manifest::FailedOutputs, String> {
+    htfaas_functions::manifest::FailedOutputs::parse(s)
+        .ok_or_else(|| format!("{s:?} is not one of discard, quarantine, upload"))
+}
+
 /// `--rate RATE[/BURST]`: runs per second, burst 1 unless given.
 pub fn parse_rate(s: &str) -> Result<htfaas_functions::manifest::RateLimit, String> {
     let (per_s, burst) = s.split_once('/').unwrap_or((s, "1"));
@@ -258,6 +290,10 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             max_output_bytes,
             max_output_files,
             instructions,
+            retries,
+            retry_on,
+            retry_backoff,
+            on_failure,
             dry_run,
             since,
             until,
@@ -279,7 +315,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 module,
                 trigger: Trigger { rule, rate, debounce_s, ..Trigger::on_path(trigger.unwrap_or_default()) },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
-                outputs: Outputs { dir: outputs, replace },
+                outputs: Outputs { dir: outputs, replace, on_failure: on_failure.unwrap_or_default() },
                 args,
                 env,
                 annex,
@@ -287,6 +323,11 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 limits: htfaas_functions::proto::JobLimits { max_output_bytes, max_output_files, instructions },
                 group,
                 secrets: secrets.iter().map(|(k, _)| k.clone()).collect(),
+                retry: retries.map(|retries| htfaas_functions::manifest::RetryPolicy {
+                    retries,
+                    on: if retry_on.is_empty() { RetryOn::ALL.to_vec() } else { retry_on },
+                    backoff_s: retry_backoff.unwrap_or(htfaas_functions::on_failure::DEFAULT_RETRY_BACKOFF_S),
+                }),
             };
             // Read before anything is registered: a missing file changes nothing.
             let mut values = std::collections::BTreeMap::new();

@@ -12,6 +12,7 @@ mod console;
 mod dlq;
 mod exactly_once;
 mod examples;
+mod failures;
 mod faults;
 mod jobs;
 mod js;

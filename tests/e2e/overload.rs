@@ -51,6 +51,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
     };
     let token = mint_submit_token(dir.path(), &grant).expect("token");
     let request = |i: usize| SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: spin.manifest.name.clone(),
             version: spin.version,
@@ -59,7 +60,11 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         },
         resources: spin.manifest.resources,
         input: InputSpec { url: format!("{storage}/data/spin/in.dat"), name: "in.dat".into(), macaroon: read.clone() },
-        output: OutputSpec { url: format!("{storage}/data/spin-out/"), macaroon: write.clone() },
+        output: OutputSpec {
+            url: format!("{storage}/data/spin-out/"),
+            macaroon: write.clone(),
+            on_failure: Default::default(),
+        },
         args: vec![],
         env: vec![],
         event: EventRef::new("flood", format!("flood-{i}"), "/data/spin/in.dat"),

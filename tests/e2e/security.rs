@@ -84,6 +84,7 @@ async fn storage_refuses_tampered_misused_and_traversing_macaroons() {
 fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
     let (storage, gateway) = (&info.storage_url, &info.gateway_url);
     SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: "f".into(),
             version: 1,
@@ -92,7 +93,11 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         },
         resources: Resources::new(1, 64, 10),
         input: InputSpec { url: format!("{storage}/data/raw/a"), name: "a".into(), macaroon: "m".into() },
-        output: OutputSpec { url: format!("{storage}/data/out/"), macaroon: "m".into() },
+        output: OutputSpec {
+            url: format!("{storage}/data/out/"),
+            macaroon: "m".into(),
+            on_failure: Default::default(),
+        },
         args: vec![],
         env: vec![],
         event: EventRef::new("test", new_jti(), "/data/raw/a"),

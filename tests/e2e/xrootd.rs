@@ -291,6 +291,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
     };
     let submit = mint_submit_token(dir.path(), &grant).expect("mint");
     let request = SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: record.manifest.name.clone(),
             version: record.version,
@@ -303,7 +304,11 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
             name: "run17.dat".into(),
             macaroon: read,
         },
-        output: OutputSpec { url: issuer.storage.url_of("/store/out/"), macaroon: write },
+        output: OutputSpec {
+            url: issuer.storage.url_of("/store/out/"),
+            macaroon: write,
+            on_failure: Default::default(),
+        },
         args: vec![],
         env: vec![],
         event: EventRef::new("xrootd", "run17", "/store/in/run17.dat"),

@@ -160,7 +160,11 @@ impl Flaky {
                 name: "in.dat".into(),
                 macaroon: READ_MAC.into(),
             },
-            output: OutputSpec { url: format!("{}/out/{id}/", self.base), macaroon: WRITE_MAC.into() },
+            output: OutputSpec {
+                url: format!("{}/out/{id}/", self.base),
+                macaroon: WRITE_MAC.into(),
+                on_failure: Default::default(),
+            },
             args: args.iter().map(|a| a.to_string()).collect(),
             env: vec![],
             limits: Default::default(),

@@ -374,7 +374,11 @@ impl Harness {
                 name: name.into(),
                 macaroon: READ_MAC.into(),
             },
-            output: OutputSpec { url: format!("{}/storage/out/", self.base), macaroon: WRITE_MAC.into() },
+            output: OutputSpec {
+                url: format!("{}/storage/out/", self.base),
+                macaroon: WRITE_MAC.into(),
+                on_failure: Default::default(),
+            },
             args: vec![],
             env: vec![],
             limits: Default::default(),

@@ -158,6 +158,7 @@ impl Scheduler {
         let token = self.gw.sign(&claims).expect("sign");
         let mac = |c: &str| mint(&RootKey::derive(b"storage-secret"), "storage", "id", &[c.to_owned()]).expect("mint");
         let req = SubmitRequest {
+            retry: None,
             function: FunctionRef {
                 name: "checksum".into(),
                 version: 1,
@@ -170,7 +171,11 @@ impl Scheduler {
                 name: "wiki.txt".into(),
                 macaroon: mac("activity:DOWNLOAD"),
             },
-            output: OutputSpec { url: format!("{storage}/out/"), macaroon: mac("activity:UPLOAD") },
+            output: OutputSpec {
+                url: format!("{storage}/out/"),
+                macaroon: mac("activity:UPLOAD"),
+                on_failure: Default::default(),
+            },
             args: vec![],
             env: vec![],
             event: EventRef::new("test", "e1", "/in/wiki.txt"),

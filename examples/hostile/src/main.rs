@@ -6,7 +6,8 @@
 //! N files in `/output`), `write MB` (one output file of that size), `exit N` (exits with N),
 //! `clock` (prints the wall clock and a random number: both must be available), `sleep S` (creates
 //! `/output/sleeping`, then one sleep of S seconds, then prints `slept`), `fds N` (opens its input N times and keeps every
-//! handle open), `ok`.
+//! handle open), `write-then-exit N` (writes `/output/partial.txt`, then exits with N: a failed
+//! run that left an output), `ok`.
 
 use std::io::Write as _;
 
@@ -33,6 +34,12 @@ fn main() {
             println!("slept");
         }
         "fds" => open_many(n),
+        "write-then-exit" => {
+            if let Err(e) = std::fs::write("/output/partial.txt", b"half of a result\n") {
+                eprintln!("partial: {e}");
+            }
+            std::process::exit(i32::try_from(n).unwrap_or(1));
+        }
         _ => println!("ok"),
     }
 }

@@ -20,6 +20,7 @@
 //! audit trail.
 
 use super::submit::{FunctionRef, InputSpec, OutputSpec, SecretEnv};
+use crate::on_failure::RetryOn;
 use crate::resources::{JobLimits, Resources};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -402,6 +403,32 @@ impl Outcome {
     /// storage was unavailable): the job is to run again rather than fail.
     pub fn is_transient(&self) -> bool {
         matches!(self, Outcome::StorageUnavailable { .. })
+    }
+
+    /// The kind a retry policy names this outcome by ([`RetryOn`]); `None` for a success and
+    /// for the outcomes no policy retries (a refused input, module or output, an output past
+    /// its limit, a cancel).
+    pub fn retry_kind(&self) -> Option<RetryOn> {
+        Some(match self {
+            Outcome::Exited { exit_code: 0 } => return None,
+            Outcome::Exited { .. } => RetryOn::ExitNonzero,
+            Outcome::Trapped { .. } => RetryOn::Trap,
+            Outcome::MemoryExceeded { .. } => RetryOn::MemoryExceeded,
+            Outcome::TimeExceeded { .. } => RetryOn::TimeExceeded,
+            Outcome::FuelExhausted { .. } => RetryOn::FuelExhausted,
+            Outcome::StorageUnavailable { .. } => RetryOn::StorageUnavailable,
+            Outcome::InputFailed { .. }
+            | Outcome::OutputFailed { .. }
+            | Outcome::ModuleFailed { .. }
+            | Outcome::Cancelled { .. }
+            | Outcome::OutputExceeded { .. } => return None,
+        })
+    }
+
+    /// Whether the guest ran and failed on its own (a non-zero exit, a trap, a time, memory
+    /// or instruction limit passed): the outcomes whose outputs `outputs.on_failure` governs.
+    pub fn is_guest_failure(&self) -> bool {
+        self.retry_kind().is_some_and(|k| k != RetryOn::StorageUnavailable)
     }
 
     /// One line for job records: empty on success.

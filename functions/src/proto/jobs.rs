@@ -146,7 +146,8 @@ pub struct Attempt {
     pub started_at_ms: u64,
     /// Unix ms; none while it runs.
     pub ended_at_ms: Option<u64>,
-    /// `running`, `completed`, `failed`, `stopped` (held, removed or revoked while running),
+    /// `running`, `completed`, `failed` (the guest failed: the job's last attempt, or one its
+    /// function's retry policy ran again), `stopped` (held, removed or revoked while running),
     /// `lost` (its EP went away or fell silent past its lease), `storage-unavailable` (the EP
     /// reported [`Outcome::StorageUnavailable`]: counted like `lost`), `returned` (the EP turned
     /// it away unrun, e.g. while draining: counted like `lost`, with its backoff), `refused` (the

@@ -6,6 +6,7 @@
 
 use super::events::EventRef;
 use crate::digest::Digest;
+use crate::on_failure::{FailedOutputs, RetryPolicy};
 use crate::resources::{JobLimits, Resources};
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +66,19 @@ pub struct OutputSpec {
     pub url: String,
     /// Write macaroon for exactly this directory (bearer; never logged).
     pub macaroon: String,
+    /// What the EP does with the outputs of a run that did not succeed (the manifest's
+    /// `outputs.on_failure`): nothing stored, stored under `.quarantine/<job id>/`, or stored
+    /// as a success's. Absent on the wire for the default (discard); an EP before issue 23
+    /// ignores it and stores a non-zero exit's outputs.
+    #[serde(default, skip_serializing_if = "FailedOutputs::is_default")]
+    pub on_failure: FailedOutputs,
+}
+
+impl OutputSpec {
+    /// Outputs to `url` with `macaroon`, failed runs' outputs discarded.
+    pub fn new(url: impl Into<String>, macaroon: impl Into<String>) -> OutputSpec {
+        OutputSpec { url: url.into(), macaroon: macaroon.into(), on_failure: FailedOutputs::Discard }
+    }
 }
 
 /// `POST /v1/jobs` on the scheduler, with `Authorization: Bearer <submit token>`.
@@ -118,6 +132,11 @@ pub struct SubmitRequest {
     /// 23): the job's macaroons are never renewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewal: Option<super::RenewalGrant>,
+    /// The function's retry policy (its manifest's), which the scheduler caps to its site's
+    /// `max_guest_retries`. Absent (and from gateways before issue 23): guest failures are
+    /// final, storage outages are retried by the site's rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
 }
 
 /// Answer to [`SubmitRequest`].

@@ -42,6 +42,7 @@ fn storage_unavailable_is_transient_named_on_the_wire_and_not_a_success() {
 #[test]
 fn bind_ep_address_is_on_the_wire_only_when_true() {
     let mut req = SubmitRequest {
+        retry: None,
         function: FunctionRef {
             name: "f".into(),
             version: 1,
@@ -50,7 +51,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
         },
         resources: Resources::new(1, 1, 1),
         input: InputSpec { url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
-        output: OutputSpec { url: "http://s/data/out/".into(), macaroon: "w".into() },
+        output: OutputSpec { on_failure: Default::default(), url: "http://s/data/out/".into(), macaroon: "w".into() },
         args: vec![],
         env: vec![],
         event: EventRef::new("dcache", "e", "/data/a"),

@@ -334,12 +334,13 @@ mod tests {
 
     pub(super) fn manifest(module: Digest) -> FunctionManifest {
         FunctionManifest {
+            retry: None,
             name: "checksum".into(),
             owner: "alice".into(),
             module,
             trigger: Trigger::on_path("/data/raw/**"),
             resources: Resources::default(),
-            outputs: Outputs { dir: "/data/checksums/".into(), replace: false },
+            outputs: Outputs::into_dir("/data/checksums/"),
             args: vec![],
             env: vec![],
             annex: None,

@@ -16,7 +16,8 @@
 //!
 //! The site chooses which sources and which dCache types become events ([`SourcePolicy`]).
 //! Outcomes: *fire* (match triggers), *ignore* (well-formed, never an event: a failed
-//! operation, a pool-to-pool copy, no usable path, a type the site did not enable) or
+//! operation, a pool-to-pool copy, no usable path, a type the site did not enable, a path in a
+//! quarantine directory — `.quarantine`, where failed runs' outputs go, issue 23) or
 //! *malformed* ([`EventError`]). Ignored and malformed messages are acked and counted, never
 //! retried. Nothing here panics on bytes from the network.
 //!
@@ -29,6 +30,7 @@ pub mod dcache;
 
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::manifest::is_clean_abs_path;
+use htfaas_functions::on_failure::is_quarantined;
 use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_SUBJECT, is_path_subject, path_subject};
 use serde::Deserialize;
 
@@ -178,8 +180,27 @@ impl SubjectSource {
 
 /// Decides what a message means. `message_id` names where it was read from (the JetStream
 /// sequence, `nats-seq-<n>`): kept in the event's source for audit, and its identity of last
-/// resort when the message carries none.
+/// resort when the message carries none. An event whose path lies in a quarantine directory
+/// is ignored ([`is_quarantined`]).
 pub fn decide(
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+    message_id: &str,
+    policy: &SourcePolicy,
+) -> Result<Decision, EventError> {
+    let decision = decide_source(subject, headers, payload, message_id, policy)?;
+    // A failed run's quarantined outputs never fire a function, whoever speaks of them.
+    if let Decision::Fire(event) = &decision
+        && is_quarantined(&event.path)
+    {
+        return Ok(Decision::Ignore("a quarantined output (a failed run's)"));
+    }
+    Ok(decision)
+}
+
+/// [`decide`] by the subject's source, before the quarantine check.
+fn decide_source(
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
@@ -289,6 +310,36 @@ mod tests {
             assert!(e.starts_with(&format!("sources.dcache_msg_types: {bad:?} is not")), "{e}");
         }
         assert!(serde_json::from_str::<SourcePolicy>(r#"{"dcache_types":[]}"#).is_err(), "typo refused");
+    }
+
+    /// Issue 23: an event naming a path in a quarantine directory fires nothing, from any source
+    /// (a publisher may say anything); a name that only looks like it fires as usual.
+    #[test]
+    fn a_quarantined_path_is_ignored_whoever_publishes_it() {
+        let p = SourcePolicy::default();
+        let billing = |path: &str| {
+            serde_json::to_vec(&serde_json::json!({
+                "msgType": "transfer", "isWrite": "write", "isP2p": false, "status": {"code": 0, "msg": ""},
+                "cellName": "pool-a", "cellDomain": "poolDomain", "transferPath": path, "pnfsid": "0000BEEF",
+                "session": "s1", "fileSize": 10,
+            }))
+            .expect("json")
+        };
+        let quarantined = "/data/out/.quarantine/job-1/partial.txt";
+        for subject in [EVENTS_SUBJECT.to_owned(), path_subject(quarantined)] {
+            let d = decide(&subject, None, &billing(quarantined), "s", &p).expect("well-formed");
+            assert!(matches!(d, Decision::Ignore(_)), "{subject}: {d:?}");
+        }
+        let ce = serde_json::to_vec(&serde_json::json!({
+            "specversion": "1.0", "id": "e1", "source": "forger", "type": "com.example.created",
+            "subject": quarantined,
+        }))
+        .expect("json");
+        let d = decide("storage.cloudevents.forger", None, &ce, "s", &p);
+        assert!(matches!(d, Ok(Decision::Ignore(_))), "{d:?}");
+        let lookalike = "/data/out/.quarantined/partial.txt";
+        let d = decide(EVENTS_SUBJECT, None, &billing(lookalike), "s", &p).expect("well-formed");
+        assert!(matches!(d, Decision::Fire(_)), "{d:?}");
     }
 
     /// Issue 20: a billing message on a path subject fires only when the subject is its path's

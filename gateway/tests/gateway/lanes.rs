@@ -54,12 +54,13 @@ fn config(dir: &Path, nats_url: &str) -> htfaas_gateway::Config {
 
 fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &str) -> FunctionManifest {
     FunctionManifest {
+        retry: None,
         name: name.into(),
         owner: owner.into(),
         module: module.clone(),
         trigger: Trigger::on_path(glob),
         resources: Resources::default(),
-        outputs: Outputs { dir: format!("/data/{owner}/out/"), replace: false },
+        outputs: Outputs::into_dir(format!("/data/{owner}/out/")),
         args: vec![],
         env: vec![],
         annex: None,

@@ -342,7 +342,11 @@ mod tests {
                 name: "a".into(),
                 macaroon: "m".into(),
             },
-            output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: "m".into() },
+            output: htfaas_functions::proto::OutputSpec {
+                url: "http://s/o/".into(),
+                macaroon: "m".into(),
+                on_failure: Default::default(),
+            },
             args: vec![],
             env: vec![],
             limits: Default::default(),

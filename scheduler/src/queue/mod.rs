@@ -20,7 +20,8 @@
 //! attenuated copies) and its submit token's `jti`, issuer and accounting group.
 //!
 //! Job states (`state` column): `idle` → `running` (dispatch) → `completed` | `failed` (the EP's
-//! report); `running` → `idle` (its session ended, its EP reported the storage unavailable,
+//! report); `running` → `idle` (a guest failure its retry policy lists, with retries left: the
+//! attempt ends `failed`, the policy's backoff in `not_before_ms`); `running` → `idle` (its session ended, its EP reported the storage unavailable,
 //! turned the job away unrun, or sent a report [`crate::doubt`] refused: a loss, counted in
 //! `lost`, with the retry backoff in `not_before_ms`) or → `held` (past the
 //! retry limit, with [`HOLD_CODE_RETRIES`] or [`HOLD_CODE_STORAGE`]); `idle` | `running` → `held` (an admin's
@@ -44,7 +45,8 @@
 //!
 //! The store in files: `schema.rs` (stored format and migrations), `writer.rs` (the group-commit
 //! writer thread), `jobs.rs` (submit, admin actions and job records), `runs.rs` (the read model
-//! matching reads, dispatch, lost sessions and the EP's reports), `accounts.rs` (fair-share
+//! matching reads, dispatch, lost sessions and the EP's reports), `retry.rs` (a function's
+//! retry policy after a guest failure), `accounts.rs` (fair-share
 //! charging and usage), `revocations.rs`, `ep_admin.rs`, `renewals.rs` (what a renewal of a
 //! running job's macaroons reads, and its record) and `trail.rs` (the audit trail's records
 //! and checkpoints), `outbox.rs` (the job-end notifications waiting to be published, written
@@ -63,6 +65,7 @@ mod handback;
 mod jobs;
 mod outbox;
 mod renewals;
+mod retry;
 mod revocations;
 mod runs;
 mod schema;
@@ -78,6 +81,7 @@ pub use handback::HandedBack;
 pub use htfaas_functions::store::now_ms;
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
 pub use renewals::RenewalFacts;
+pub use retry::DEFAULT_MAX_GUEST_RETRIES;
 pub use revocations::Recorded;
 pub(crate) use runs::assignment;
 pub use runs::{
@@ -117,6 +121,9 @@ pub struct Queue {
     path: PathBuf,
     /// Half-life of decayed usage, seconds ([`Queue::set_half_life`]).
     half_life_s: f64,
+    /// Most retries after guest failures, whatever a job's policy asks for
+    /// ([`Queue::set_max_guest_retries`]).
+    max_guest_retries: u32,
     /// Revoked targets, loaded at open; checked inside submit transactions and by the API.
     revoked: Arc<RwLock<Revoked>>,
     /// Bounds the records of refusals whose token did not verify ([`Queue::record_refusal`]).
@@ -226,6 +233,7 @@ impl Queue {
             durability,
             path: path.to_owned(),
             half_life_s: 86_400.0,
+            max_guest_retries: DEFAULT_MAX_GUEST_RETRIES,
             revoked: Arc::new(RwLock::new(revoked)),
             unverified_refusals: Arc::new(Mutex::new(RefusalBudget::new())),
             sealer,
@@ -235,6 +243,12 @@ impl Queue {
     /// Sets the half-life with which usage decays (charged from now on).
     pub fn set_half_life(&mut self, half_life_s: u64) {
         self.half_life_s = half_life_s as f64;
+    }
+
+    /// Caps the retries after guest failures that a job's retry policy may have (the site's
+    /// `max_guest_retries`; [`DEFAULT_MAX_GUEST_RETRIES`] until set). 0 retries no guest failure.
+    pub fn set_max_guest_retries(&mut self, max: u32) {
+        self.max_guest_retries = max;
     }
 
     /// The half-life of decayed usage, seconds.

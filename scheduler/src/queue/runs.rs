@@ -7,6 +7,7 @@
 use super::Queue;
 use super::accounts::charge_owner;
 use super::jobs::bounded_log;
+use super::retry::{Failing, Retry, guest_retry, retries_storage_outages};
 use super::trail::{job_subject, url_path};
 use crate::doubt::{Observed, Violation, doubt};
 use crate::error::QueueError;
@@ -628,7 +629,13 @@ impl Queue {
     /// slot) without counting it completed or failed, and `loss` decides what follows, exactly
     /// as for a job whose EP went away ([`Queue::lose_session`]): idle again after the backoff,
     /// or held past the retry limit, with [`HOLD_CODE_STORAGE`] and a reason naming the
-    /// storage failure.
+    /// storage failure. A job whose retry policy leaves out `storage_unavailable` fails at once
+    /// instead.
+    ///
+    /// A running job whose guest failed with an outcome its retry policy lists, with retries
+    /// left (the policy's, at most [`Queue::set_max_guest_retries`]), runs again after the
+    /// policy's backoff: its attempt ends `failed`, charged, no job counted ([`super::retry`]).
+    /// Past its retries it fails, its reason saying how many attempts it had.
     pub async fn finish(
         &self,
         ep_session: String,
@@ -636,6 +643,7 @@ impl Queue {
         loss: Loss,
     ) -> Result<Option<Finished>, QueueError> {
         let self_half_life = self.half_life_s;
+        let max_guest_retries = self.max_guest_retries;
         self.write(move |tx| {
             // owner, cpus, state, group, EP name, losses so far, attempts, started, memory, request.
             type Row = (String, u32, String, Option<String>, Option<String>, u32, u32, Option<i64>, i64, String);
@@ -668,15 +676,15 @@ impl Queue {
             let subject = job_subject(tx, &report.job_id)?.unwrap_or_default();
             let job = Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session: &ep_session };
             // The EP's word is doubted before anything of it is recorded (crate::doubt).
-            let output_dir = serde_json::from_str::<SubmitRequest>(&request)
-                .map(|r| url_path(&r.output.url))
-                .unwrap_or_else(|_| "/nonexistent/".into());
+            let request = serde_json::from_str::<SubmitRequest>(&request).ok();
+            let output_dir = request.as_ref().map_or_else(|| "/nonexistent/".into(), |r| url_path(&r.output.url));
             let seen = Observed {
                 started_at_ms: started.map(from_db),
                 now_ms: now_ms(),
                 cpus,
                 memory_mb: from_db(memory_mb),
                 output_dir,
+                on_failure: request.as_ref().map(|r| r.output.on_failure).unwrap_or_default(),
             };
             let clamped = match doubt(&mut report, &seen) {
                 Ok(clamped) => clamped,
@@ -689,9 +697,20 @@ impl Queue {
                 let state = returned(tx, &job, attempt, &report, subject, loss)?;
                 return Ok(Some(Finished { owner, state }));
             }
-            if stored == "running" && report.outcome.is_transient() {
+            if stored == "running" && report.outcome.is_transient() && retries_storage_outages(request.as_ref()) {
                 let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
                 return Ok(Some(Finished { owner, state }));
+            }
+            // A guest failure its retry policy lists runs again while retries are left (issue 23).
+            let mut final_note = None;
+            if stored == "running" && !report.outcome.is_success() {
+                let failing =
+                    Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session: &ep_session, attempt };
+                match guest_retry(tx, &failing, request.as_ref(), &report, &subject, max_guest_retries, self_half_life)?
+                {
+                    Retry::Again => return Ok(Some(Finished { owner, state: JobState::Idle })),
+                    Retry::Final { note } => final_note = note,
+                }
             }
             let state = match (stored.as_str(), report.outcome.is_success()) {
                 ("removed", _) => JobState::Removed,
@@ -706,7 +725,7 @@ impl Queue {
             // A removed or held job keeps the reason and end time its removal or hold gave it.
             let (reason, finished_at) = match state {
                 JobState::Removed | JobState::Held => (None, None),
-                _ => (Some(report.outcome.reason()), Some(db_int(now_ms()))),
+                _ => (Some(report.outcome.reason() + final_note.as_deref().unwrap_or("")), Some(db_int(now_ms()))),
             };
             let u = report.usage;
             exec(

@@ -612,3 +612,154 @@ async fn a_full_disk_refuses_submissions_keeps_every_accepted_job_and_heals_when
     assert_eq!(marked.assigned.len(), accepted.len());
     assert!(marked.skipped.is_empty());
 }
+
+// Issue 23: a function's retry policy after guest failures.
+
+fn with_policy(key: &str, retry: Option<htfaas_functions::manifest::RetryPolicy>) -> NewJob {
+    let mut job = new_job(key, key, 1);
+    job.request.retry = retry;
+    job
+}
+
+fn policy(
+    retries: u32,
+    on: &[htfaas_functions::manifest::RetryOn],
+    backoff_s: u64,
+) -> htfaas_functions::manifest::RetryPolicy {
+    htfaas_functions::manifest::RetryPolicy { retries, on: on.to_vec(), backoff_s }
+}
+
+fn ended(id: &str, outcome: Outcome, wall_ms: u64) -> JobReport {
+    JobReport { outcome, ..unavailable(id, wall_ms) }
+}
+
+/// Runs `id` once on a fresh session and reports `outcome`; the job's state after.
+async fn run_once(q: &Queue, id: &str, n: u32, outcome: Outcome) -> JobState {
+    let session = format!("s-{id}-{n}");
+    q.mark_running(vec![id.to_owned()], format!("ep-{n}"), session.clone(), ok).await.expect("mark");
+    let f = q.finish(session, ended(id, outcome, 1000), LOSS).await.expect("finish").expect("was running");
+    f.state
+}
+
+#[tokio::test]
+async fn a_listed_guest_failure_runs_again_until_its_retries_are_used_then_fails_saying_how_often() {
+    use htfaas_functions::manifest::RetryOn;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    let id = q.submit(with_policy("k1", Some(policy(2, &[RetryOn::ExitNonzero], 10)))).await.expect("submit").job_id;
+    let exit = || Outcome::Exited { exit_code: 3 };
+
+    let before = now_ms();
+    assert_eq!(run_once(&q, &id, 1, exit()).await, JobState::Idle);
+    let (lost, not_before) = q.retry_state(id.clone()).await.expect("retry state");
+    assert_eq!(lost, 0, "a guest failure is no lost attempt");
+    assert!(not_before >= before + 10_000 && not_before <= now_ms() + 10_000, "first backoff: {not_before}");
+    let room = Resources::new(8, 4096, 3600);
+    let pools = || vec![pr(Pool { annex: None, owner: None }, room, 8)];
+    assert!(q.idle_candidates(pools(), vec![], HashMap::new(), now_ms()).await.expect("idle").is_empty(), "backoff");
+    let job = q.get(id.clone()).await.expect("get").expect("kept");
+    assert_eq!((job.state, job.exit_code, job.attempts), (JobState::Idle, Some(3), 1));
+
+    let before = now_ms();
+    assert_eq!(run_once(&q, &id, 2, exit()).await, JobState::Idle);
+    let (_, not_before) = q.retry_state(id.clone()).await.expect("retry state");
+    assert!(not_before >= before + 20_000, "the backoff doubles: {not_before}");
+    assert_eq!(run_once(&q, &id, 3, exit()).await, JobState::Failed);
+    let job = q.get(id.clone()).await.expect("get").expect("kept");
+    assert_eq!(job.reason, "exited with status 3 (after 3 attempts; its retry policy allows 2 retries)");
+    let history = q.history(id.clone()).await.expect("history");
+    let summary: Vec<(u32, &str, &str)> =
+        history.iter().map(|a| (a.n, a.outcome.as_str(), a.reason.as_str())).collect();
+    assert_eq!(
+        summary,
+        [
+            (1, "failed", "exited with status 3"),
+            (2, "failed", "exited with status 3"),
+            (3, "failed", "exited with status 3")
+        ]
+    );
+    assert!(history.iter().all(|a| a.usage.is_some() && a.ended_at_ms.is_some()));
+    // Every attempt charged, the job counted once, failed.
+    let acc = assert_accounts_match_records(&q).await;
+    assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 1));
+    assert!((acc[0].core_seconds - 3.0).abs() < 1e-9, "{acc:?}");
+    let finished = q
+        .call({
+            let id = id.clone();
+            move |c| Ok(audit_kinds(c, &id, "job.finished"))
+        })
+        .await
+        .expect("audit");
+    assert_eq!(finished, 3, "each attempt's report is recorded");
+    let report = audit::verify(q.path(), &AuditSigner::generate("k").expect("key").0.keys()).expect("verify");
+    assert!(report.ok(), "{:?}", report.first_problem);
+}
+
+#[tokio::test]
+async fn a_retry_that_succeeds_completes_the_job_counted_once() {
+    use htfaas_functions::manifest::RetryOn;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    let id = q.submit(with_policy("k1", Some(policy(2, &[RetryOn::Trap], 0)))).await.expect("submit").job_id;
+    assert_eq!(run_once(&q, &id, 1, Outcome::Trapped { message: "unreachable".into() }).await, JobState::Idle);
+    assert_eq!(run_once(&q, &id, 2, Outcome::Exited { exit_code: 0 }).await, JobState::Completed);
+    let outcomes: Vec<String> = q.history(id).await.expect("history").into_iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, ["failed", "completed"]);
+    let acc = assert_accounts_match_records(&q).await;
+    assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (1, 0));
+}
+
+#[tokio::test]
+async fn an_unlisted_outcome_and_a_job_without_policy_fail_at_once() {
+    use htfaas_functions::manifest::RetryOn;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    // Listed: exit_nonzero; the guest traps instead, and a refused input is never retried.
+    let trap = q.submit(with_policy("k1", Some(policy(3, &[RetryOn::ExitNonzero], 0)))).await.expect("s").job_id;
+    assert_eq!(run_once(&q, &trap, 1, Outcome::Trapped { message: "oob".into() }).await, JobState::Failed);
+    assert_eq!(q.get(trap.clone()).await.expect("get").expect("kept").reason, "trapped: oob");
+    let all = q.submit(with_policy("k2", Some(policy(3, &RetryOn::ALL, 0)))).await.expect("s").job_id;
+    let refused = Outcome::InputFailed { reason: "HTTP 403".into() };
+    assert_eq!(run_once(&q, &all, 1, refused).await, JobState::Failed);
+    // No policy: today's default, a guest failure is final...
+    let none = q.submit(with_policy("k3", None)).await.expect("s").job_id;
+    assert_eq!(run_once(&q, &none, 1, Outcome::Exited { exit_code: 1 }).await, JobState::Failed);
+    assert_eq!(q.get(none.clone()).await.expect("get").expect("kept").reason, "exited with status 1");
+    assert_eq!(q.history(none).await.expect("history").len(), 1);
+    // ... and a storage outage is retried by the site's rule (a lost attempt).
+    let outage = q.submit(with_policy("k4", None)).await.expect("s").job_id;
+    let down = Outcome::StorageUnavailable { reason: "HTTP 503".into() };
+    assert_eq!(run_once(&q, &outage, 1, down.clone()).await, JobState::Idle);
+    assert_eq!(q.retry_state(outage).await.expect("retry").0, 1);
+    // A policy that leaves storage_unavailable out fails at once on an outage; one that lists
+    // it keeps the site's rule.
+    let fast = q.submit(with_policy("k5", Some(policy(3, &[RetryOn::Trap], 0)))).await.expect("s").job_id;
+    assert_eq!(run_once(&q, &fast, 1, down.clone()).await, JobState::Failed);
+    assert_eq!(q.get(fast).await.expect("get").expect("kept").reason, "storage unavailable: HTTP 503");
+    let listed = q.submit(with_policy("k6", Some(policy(0, &[RetryOn::StorageUnavailable], 0)))).await.expect("s");
+    assert_eq!(run_once(&q, &listed.job_id, 1, down).await, JobState::Idle);
+    let acc = assert_accounts_match_records(&q).await;
+    assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 4));
+}
+
+#[tokio::test]
+async fn the_site_caps_the_retries_a_policy_asks_for() {
+    use htfaas_functions::manifest::RetryOn;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut q = Queue::open(&dir.path().join("q.db")).expect("open");
+    q.set_max_guest_retries(1);
+    let id = q.submit(with_policy("k1", Some(policy(5, &[RetryOn::TimeExceeded], 0)))).await.expect("s").job_id;
+    let slow = || Outcome::TimeExceeded { limit_s: 1 };
+    assert_eq!(run_once(&q, &id, 1, slow()).await, JobState::Idle);
+    assert_eq!(run_once(&q, &id, 2, slow()).await, JobState::Failed);
+    let job = q.get(id.clone()).await.expect("get").expect("kept");
+    assert_eq!(
+        job.reason,
+        "wall-time limit of 1 s exceeded (after 2 attempts; the site allows 1 of the 5 retries its policy asks for)"
+    );
+    // A site that allows none retries nothing.
+    q.set_max_guest_retries(0);
+    let none = q.submit(with_policy("k2", Some(policy(5, &[RetryOn::TimeExceeded], 0)))).await.expect("s").job_id;
+    assert_eq!(run_once(&q, &none, 1, slow()).await, JobState::Failed);
+    assert_accounts_match_records(&q).await;
+}

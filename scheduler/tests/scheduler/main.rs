@@ -261,6 +261,7 @@ impl Fixture {
 
     fn request(&self, key: &str) -> SubmitRequest {
         SubmitRequest {
+            retry: None,
             function: FunctionRef {
                 name: "checksum".into(),
                 version: 3,
@@ -276,6 +277,7 @@ impl Fixture {
             output: OutputSpec {
                 url: "http://storage.invalid/data/out/".into(),
                 macaroon: storage_macaroon(&["activity:UPLOAD,DELETE", "path:/data/out"]),
+                on_failure: Default::default(),
             },
             args: vec!["--fast".into()],
             env: vec![("MODE".into(), "x".into())],

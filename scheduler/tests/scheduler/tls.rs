@@ -152,6 +152,7 @@ impl Server {
         let token = self.gw.sign(&claims).expect("sign");
         let mac = |c: &str| mint(&RootKey::derive(b"storage-secret"), "storage", "id", &[c.to_owned()]).expect("mint");
         let req = SubmitRequest {
+            retry: None,
             function: FunctionRef {
                 name: "checksum".into(),
                 version: 1,
@@ -164,7 +165,11 @@ impl Server {
                 name: "a.dat".into(),
                 macaroon: mac("activity:DOWNLOAD"),
             },
-            output: OutputSpec { url: "https://storage.invalid/out/".into(), macaroon: mac("activity:UPLOAD") },
+            output: OutputSpec {
+                url: "https://storage.invalid/out/".into(),
+                macaroon: mac("activity:UPLOAD"),
+                on_failure: Default::default(),
+            },
             args: vec![],
             env: vec![],
             event: EventRef::new("test", key, "/in/a.dat"),

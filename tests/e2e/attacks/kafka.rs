@@ -63,7 +63,7 @@ async fn a_kafka_record_fires_only_what_its_directorys_rules_allow_and_chooses_n
         m.name = name.into();
         m.owner = owner.into();
         m.trigger = Trigger::on_path(trigger);
-        m.outputs = Outputs { dir: out.into(), replace: false };
+        m.outputs = Outputs::into_dir(out);
         m
     };
     client.register(&function("bobs", "bob", "/data/bob/**", "/data/bob-out/")).await.expect("bob's function");
