@@ -248,7 +248,7 @@ mod tests {
                     name: "i".into(),
                     macaroon: input.into(),
                 },
-                output: htfaas_functions::proto::OutputSpec { url: "http://s/o/".into(), macaroon: macaroon(&[]) },
+                output: htfaas_functions::proto::OutputSpec::new("http://s/o/", macaroon(&[])),
                 args: vec![],
                 env: vec![],
                 secrets: Default::default(),

@@ -21,7 +21,7 @@ pub fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, args
         name: name.into(),
         owner: owner.into(),
         trigger: Trigger::on_path(format!("/data/{owner}/in/**")),
-        outputs: Outputs { dir: format!("/data/{owner}/out/"), replace: false },
+        outputs: Outputs::into_dir(format!("/data/{owner}/out/")),
         resources: Resources::new(1, 256, 60),
         args: args.iter().map(|a| (*a).to_owned()).collect(),
         ..htfaas::stack::demo_manifest(module.clone())

@@ -56,7 +56,7 @@ async fn a_job_that_ends_while_nats_is_down_is_told_once_nats_is_back() {
         // NATS (the storage publishes its billing message first).
         args: vec!["spin".into()],
         trigger: Trigger::on_path("/data/slow/**"),
-        outputs: Outputs { dir: "/data/slow-out/".into(), replace: false },
+        outputs: Outputs::into_dir("/data/slow-out/"),
         resources: Resources::new(1, 256, 3),
         name: "slow".into(),
         ..htfaas::stack::demo_manifest(module)

@@ -118,7 +118,7 @@ async fn a_developer_cannot_register_outside_its_namespace_nor_fire_on_anothers_
     assert_eq!(status, 403, "{body}");
     assert!(error(&body).contains("the output directory /data/raw/ is outside mallory's write namespace"), "{body}");
     let replacing = FunctionManifest {
-        outputs: Outputs { on_failure: Default::default(), dir: "/data/mallory/out/".into(), replace: true },
+        outputs: Outputs { replace: true, ..Outputs::into_dir("/data/mallory/out/") },
         ..manifest("spy", "mallory", &module, Trigger::on_path("/data/mallory/**"), "/data/mallory/out/")
     };
     let (status, body) = post(&gw, "/v1/functions", &mallory, &json!(replacing)).await;
