@@ -515,10 +515,15 @@ async fn drive(
     client.ep_action("ep2", "disable", &hold).await?;
     let slow_path = format!("{SLOW_DIR}slow-{run_id}.dat");
     land_one(&js, dir, &slow_path, &run_id).await?;
-    let busy = until("ep1 runs the slow job", Duration::from_secs(20), || async {
-        let slow_jobs: Vec<String> =
-            client.jobs().await?.into_iter().filter(|j| j.function == SLOW_FN).map(|j| j.id).collect();
-        Ok(client.eps().await?.iter().any(|e| e.name == "ep1" && e.running.iter().any(|id| slow_jobs.contains(id))))
+    // Asked of ep1's own running jobs: the newest jobs' page moves on under the stream.
+    let busy = until("ep1 runs the slow job", Duration::from_secs(60), || async {
+        let running = client.eps().await?.into_iter().find(|e| e.name == "ep1").map(|e| e.running).unwrap_or_default();
+        for id in running {
+            if client.job(&id).await?.function == SLOW_FN {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     })
     .await
     .is_ok();
