@@ -514,13 +514,16 @@ async fn drive(
     };
     client.ep_action("ep2", "disable", &hold).await?;
     let slow_path = format!("{SLOW_DIR}slow-{run_id}.dat");
-    crate::traffic::write_input(&dir.join("storage/data"), &slow_path, crate::crash::INPUT_BYTES, 0)?;
-    let payload = crate::traffic::transfer_write(&slow_path, crate::crash::INPUT_BYTES, &run_id, 0);
-    js.publish(path_subject(&slow_path), payload.into()).await?.await?;
-    let busy = until("ep1 runs the slow job", Duration::from_secs(20), || async {
-        let slow_jobs: Vec<String> =
-            client.jobs().await?.into_iter().filter(|j| j.function == SLOW_FN).map(|j| j.id).collect();
-        Ok(client.eps().await?.iter().any(|e| e.name == "ep1" && e.running.iter().any(|id| slow_jobs.contains(id))))
+    land_one(&js, dir, &slow_path, &run_id).await?;
+    // Asked of ep1's own running jobs: the newest jobs' page moves on under the stream.
+    let busy = until("ep1 runs the slow job", Duration::from_secs(60), || async {
+        let running = client.eps().await?.into_iter().find(|e| e.name == "ep1").map(|e| e.running).unwrap_or_default();
+        for id in running {
+            if client.job(&id).await?.function == SLOW_FN {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     })
     .await
     .is_ok();
@@ -593,6 +596,15 @@ fn fault_kill(component: Component, at: Duration) -> Kill {
     Kill { component, at, at_unix_ms: htfaas_functions::time::now_ms(), down: Duration::ZERO, recovery: None }
 }
 
+/// Writes one input file at `path` in the storage's data and publishes its billing message,
+/// outside the stream (the slow job, the NAT probe).
+async fn land_one(js: &async_nats::jetstream::Context, dir: &Path, path: &str, run_id: &str) -> anyhow::Result<()> {
+    crate::traffic::write_input(&dir.join("storage/data"), path, crate::crash::INPUT_BYTES, 0)?;
+    let payload = crate::traffic::transfer_write(path, crate::crash::INPUT_BYTES, run_id, 0);
+    js.publish(path_subject(path), payload.into()).await?.await?;
+    Ok(())
+}
+
 /// Disables `ep1` and `ep2`, starts `ep3` behind its "NAT", fires the probe function on one
 /// file, and returns how its job ended.
 async fn nat_probe(
@@ -619,9 +631,7 @@ async fn nat_probe(
     })
     .await?;
     let path = format!("{NAT_DIR}probe-{run_id}.dat");
-    crate::traffic::write_input(&dir.join("storage/data"), &path, crate::crash::INPUT_BYTES, 0)?;
-    let payload = crate::traffic::transfer_write(&path, crate::crash::INPUT_BYTES, run_id, 0);
-    js.publish(path_subject(&path), payload.into()).await?.await?;
+    land_one(js, dir, &path, run_id).await?;
     let outcome = Arc::new(Mutex::new(None));
     until("the NAT probe's job ends", Duration::from_secs(60), || {
         let outcome = outcome.clone();

@@ -437,18 +437,43 @@ impl Verifier {
     }
 }
 
-/// Writes `jwks` as JSON to `path`.
+/// Writes `jwks` as JSON to `path`, atomically: a verifier reading the file meanwhile (a
+/// scheduler starting beside a gateway that starts too) reads the old keys or the new ones,
+/// never a truncated file.
 pub fn write_jwks(path: &Path, jwks: &JwkSet) -> std::io::Result<()> {
     let text = serde_json::to_vec_pretty(jwks).map_err(std::io::Error::other)?;
-    if let Some(dir) = path.parent() {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, text)
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(format!(".partial-{}", std::process::id()));
+    let partial = std::path::PathBuf::from(partial);
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jwks_file_is_replaced_whole_and_no_partial_file_is_left() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("keys/submit.jwks.json");
+        let (first, _) = SigningKey::generate("first").expect("key");
+        let (second, _) = SigningKey::generate("second").expect("key");
+        write_jwks(&path, &first.jwks()).expect("write");
+        write_jwks(&path, &second.jwks()).expect("write over");
+        let read: JwkSet = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("whole JSON");
+        assert_eq!(read, second.jwks());
+        let names: Vec<_> = std::fs::read_dir(path.parent().expect("dir"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("submit.jwks.json")], "only the file");
+    }
 
     #[test]
     fn bearer_headers_are_read_one_way() {

@@ -269,9 +269,14 @@ impl Client {
         Ok(check(resp, "delete the function").await?.json().await?)
     }
 
-    /// Jobs, newest first.
+    /// The newest jobs (the scheduler's default page: 100), newest first.
     pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
         self.admin_get("/v1/jobs").await
+    }
+
+    /// One job.
+    pub async fn job(&self, id: &str) -> anyhow::Result<JobRecord> {
+        self.admin_get(&format!("/v1/jobs/{}", segment(id)?)).await
     }
 
     /// Accounts per owner.

@@ -34,8 +34,13 @@ async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
     assert_eq!(out["sha256"], hex::encode(sha2::Sha256::digest(&input)));
     assert_eq!(out["adler32"], adler32_hex(&input));
 
-    // The run is recorded, with usage, and accounted to the function's owner.
-    let jobs = client.jobs().await.expect("jobs");
+    // The run is recorded, with usage, and accounted to the function's owner. The output is
+    // stored before the EP's report reaches the scheduler: wait for the job's end itself.
+    let jobs = wait_for("the job's end recorded", LIMIT, || async {
+        let jobs = client.jobs().await.expect("jobs");
+        jobs.iter().all(|j| !matches!(j.state, JobState::Idle | JobState::Running)).then_some(jobs)
+    })
+    .await;
     assert_eq!(jobs.len(), 1, "{jobs:#?}");
     let job = &jobs[0];
     assert_eq!(job.state, JobState::Completed, "{job:#?}");

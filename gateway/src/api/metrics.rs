@@ -1,5 +1,6 @@
-//! `GET /v1/stats` (JSON) and its history, and `GET /metrics` (OpenMetrics, [`crate::metrics`]), and the
-//! middleware that counts refused bearer tokens ([`count_refusals`]).
+//! `GET /v1/stats` (JSON) and `GET /v1/stats/history`, `GET /metrics` (OpenMetrics,
+//! [`crate::metrics`]), and the middleware that counts refused bearer tokens
+//! ([`count_refusals`]).
 //!
 //! Must not know: the JetStream consumer (the lanes' pending counts are [`crate::lanes`]'s),
 //! the firing table's SQL.
