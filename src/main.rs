@@ -13,7 +13,7 @@ mod cli;
 use clap::{Parser, Subcommand};
 use cli::{
     accounting, annex, args, audit, bridge, dlq, ep, events, files, fn_cmd, harness, jobs, login, logs, ns, serve,
-    submit, token, up,
+    submit, token, trace, up,
 };
 use std::path::PathBuf;
 
@@ -103,6 +103,9 @@ enum Command {
     /// The dead-letter list: firings that could not become jobs and jobs that failed; list,
     /// show, re-drive or drop entries.
     Dlq(dlq::DlqArgs),
+    /// One event's trace: each job's hops (gateway, queue, attempts on EPs) and each attempt's
+    /// phases, from a job id, an event id or a trace id.
+    Trace(trace::TraceArgs),
     /// Fair-share priorities of owners and groups (`condor_userprio`); usage per owner with
     /// --usage; a report per owner, group or function (and period) with --by; or set an
     /// owner's priority factor.
@@ -183,6 +186,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Ns { command } => ns::run(command).await,
         Command::Jobs(args) => jobs::run(args).await,
         Command::Dlq(args) => dlq::run(args).await,
+        Command::Trace(args) => trace::run(args).await,
         Command::Accounting(args) => accounting::run(args).await,
         Command::Annex { command } => annex::run(command).await,
         Command::Token { command } => token::run(command).await,

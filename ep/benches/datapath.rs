@@ -347,6 +347,7 @@ async fn main() {
             limits: Default::default(),
             secrets: Default::default(),
             renew_until: None,
+            traceparent: None,
         };
         let reset = reset_peak();
         let (rss_before, _) = memory();

@@ -110,8 +110,11 @@ impl Jobs {
 
     /// Runs one assignment to its report; `cancel` stops it early ([`Outcome::Cancelled`]).
     pub(crate) async fn execute(&self, job: JobAssignment, cancel: CancelSignal) -> JobReport {
+        // The attempt's span in the event's trace, when the scheduler sent one that parses.
+        let trace = job.traceparent.as_deref().and_then(|t| htfaas_functions::trace::TraceParent::parse(t).ok());
         let span = tracing::info_span!(
             "ep.invoke",
+            trace_id = trace.map(|t| t.trace_id_hex()),
             job.id = %job.job_id,
             function.name = %job.function.name,
             function.digest = %job.function.digest.short(),
@@ -122,6 +125,13 @@ impl Jobs {
             let (mut report, tally) = self.execute_inner(&job, &cancel).await;
             let took = started.elapsed();
             report.usage.wall_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+            report.usage.phases = htfaas_functions::proto::Phases {
+                module_ms: tally.module_ms,
+                compile_ms: tally.compile_ms,
+                input_ms: tally.input_ms,
+                run_ms: tally.run_ms,
+                output_ms: tally.output_ms,
+            };
             self.settings.metrics.job_finished(&report.outcome, took);
             tracing::Span::current().record("outcome", outcome_kind(&report.outcome));
             tracing::info!(
@@ -192,7 +202,7 @@ impl Jobs {
         // job is done with them (dropped with this function's frame).
         let credentials = Credentials::new(job, &self.renewer);
         let _keeper = AbortOnDrop(tokio::spawn(credentials.clone().keep()));
-        let guest = unless_cancelled(cancel, self.module(&job.function, &mut tally.retries)).await??;
+        let guest = unless_cancelled(cancel, self.module(&job.function, tally)).await??;
 
         let input_dir = dir.join("input");
         let output_dir = dir.join("output");
@@ -200,7 +210,8 @@ impl Jobs {
         let input_path = input_dir.join(&job.input.name);
         let started = Instant::now();
         let read = unless_cancelled(cancel, credentials.input()).await?;
-        let input = Transfer { http: &s.http, url: &job.input.url, macaroon: &read };
+        let input =
+            Transfer { http: &s.http, url: &job.input.url, macaroon: &read, traceparent: job.traceparent.as_deref() };
         let fetched =
             download(&input, &input_path, limits.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
         let fetched = unless_cancelled(cancel, fetched).await;
@@ -271,6 +282,7 @@ impl Jobs {
             }
             unless_cancelled(cancel, tokio::time::sleep(SLOT_RETRY)).await?;
         };
+        tally.run_ms = millis(waiting_since.elapsed());
         report.usage.cpu_ms = run.cpu_ms;
         report.usage.peak_memory_bytes = run.peak_memory_bytes;
         report.usage.instructions = run.instructions;
@@ -300,7 +312,9 @@ impl Jobs {
                 None
             }
             Keep::Nothing => {
-                if outcome.is_guest_failure() {
+                // Said only when there was something to discard: a failed run that wrote
+                // nothing keeps its log as the guest left it.
+                if outcome.is_guest_failure() && wrote_any(&output_dir).await {
                     log.note("the run failed; its outputs are discarded (outputs.on_failure: discard)");
                 }
                 None
@@ -329,7 +343,8 @@ impl Jobs {
                     return Err(cancelled);
                 }
             };
-            let output = Transfer { http: &s.http, url: &url, macaroon: &write };
+            let output =
+                Transfer { http: &s.http, url: &url, macaroon: &write, traceparent: job.traceparent.as_deref() };
             let upload = upload_outputs(&limits, &output, &output_dir, &mut stored, &mut log, &mut tally.retries);
             let finished = unless_cancelled(cancel, upload).await;
             tally.output_ms = millis(started.elapsed());
@@ -367,17 +382,23 @@ impl Jobs {
     /// Fails with [`Outcome::ModuleFailed`], or [`Outcome::StorageUnavailable`] when its server
     /// stayed unavailable through every try. Waits for a compile of the same module already
     /// under way (a job's or a warm's) instead of starting another.
-    async fn module(&self, f: &FunctionRef, retries: &mut u32) -> Result<Guest, Outcome> {
+    /// Its phases (`module_ms`, `compile_ms`) and retries go to `tally`; waiting for another
+    /// job's compile of the same module counts as compiling.
+    async fn module(&self, f: &FunctionRef, tally: &mut Tally) -> Result<Guest, Outcome> {
         let rt = &self.settings.runtime;
         if let Some(g) = rt.cached(&f.digest) {
             return Ok(g);
         }
+        let waited = Instant::now();
         let lock = self.lock_of(&f.digest);
         let _held = lock.lock().await;
         if let Some(g) = rt.cached(&f.digest) {
+            tally.compile_ms = millis(waited.elapsed());
             return Ok(g);
         }
-        let bytes = self.module_bytes(f, retries).await.map_err(ModuleMiss::outcome)?;
+        let fetching = Instant::now();
+        let bytes = self.module_bytes(f, &mut tally.retries).await.map_err(ModuleMiss::outcome)?;
+        tally.module_ms = millis(fetching.elapsed());
         let rt = rt.clone();
         let digest = f.digest.clone();
         let started = Instant::now();
@@ -385,7 +406,8 @@ impl Jobs {
             .await
             .map_err(|e| Outcome::ModuleFailed { reason: format!("compile task failed: {e}") })?
             .map_err(|e| Outcome::ModuleFailed { reason: e.to_string() })?;
-        tracing::info!(compile_ms = millis(started.elapsed()), "module ready");
+        tally.compile_ms = millis(started.elapsed());
+        tracing::info!(compile_ms = tally.compile_ms, "module ready");
         Ok(guest)
     }
 
@@ -601,6 +623,14 @@ pub(crate) fn job_dir_name(job_id: &str) -> String {
     if plain { job_id.to_owned() } else { format!("job-{}", hex::encode(Sha256::digest(job_id.as_bytes()))) }
 }
 
+/// Whether the guest left anything in its output directory.
+async fn wrote_any(output_dir: &Path) -> bool {
+    match tokio::fs::read_dir(output_dir).await {
+        Ok(mut entries) => matches!(entries.next_entry().await, Ok(Some(_))),
+        Err(_) => false,
+    }
+}
+
 /// What one job's transfers did, for its `job finished` log line (not for the report).
 #[derive(Debug, Default)]
 struct Tally {
@@ -610,6 +640,11 @@ struct Tally {
     input_ms: u64,
     /// Time spent uploading outputs, retries and backoff included.
     output_ms: u64,
+    /// Time spent fetching the module (gateway or disk cache), and compiling or loading it.
+    module_ms: u64,
+    compile_ms: u64,
+    /// The guest's run, waiting for a free instance included.
+    run_ms: u64,
     /// A guest thread was left behind: it may still hold the job's directory, which must
     /// then never serve another job.
     guest_left: bool,

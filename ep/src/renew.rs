@@ -254,6 +254,7 @@ mod tests {
                 secrets: Default::default(),
                 limits: Default::default(),
                 renew_until: until,
+                traceparent: None,
             };
             a.output.macaroon = macaroon(&[&format!("before:{late}")]);
             a

@@ -36,6 +36,17 @@ pub(crate) struct Transfer<'a> {
     pub(crate) http: &'a reqwest::Client,
     pub(crate) url: &'a str,
     pub(crate) macaroon: &'a str,
+    /// The job's `traceparent`, sent with each request so the storage's log lines join the
+    /// event's trace (issue 23).
+    pub(crate) traceparent: Option<&'a str>,
+}
+
+/// `req` with the job's `traceparent` header, when it has one.
+fn traced(req: reqwest::RequestBuilder, traceparent: Option<&str>) -> reqwest::RequestBuilder {
+    match traceparent {
+        Some(t) => req.header(htfaas_functions::trace::HEADER, t),
+        None => req,
+    }
 }
 
 /// Why one try of a transfer failed.
@@ -235,9 +246,7 @@ async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: 
     let too_big = |size: String, limit: u64| {
         Failed::permanent(format!("input of {size} bytes exceeds the scratch limit of {limit} bytes"))
     };
-    let resp = from
-        .http
-        .get(from.url)
+    let resp = traced(from.http.get(from.url), from.traceparent)
         .header(AUTHORIZATION, format!("Bearer {}", from.macaroon))
         .send()
         .await
@@ -307,7 +316,7 @@ pub(crate) async fn upload_outputs(
     }
     for (name, path, size) in files {
         let url = format!("{}{}", to.url, encode_segment(&name));
-        let one = Transfer { http: to.http, url: &url, macaroon: to.macaroon };
+        let one = Transfer { http: to.http, url: &url, macaroon: to.macaroon, traceparent: to.traceparent };
         match put_file(&one, &path, size, retries).await {
             Ok(sha256) => {
                 stored.bytes_out += size;
@@ -373,9 +382,7 @@ async fn put_file_once(to: &Transfer<'_>, path: &Path, size: u64) -> Result<Stri
         }
         chunk
     });
-    let resp = to
-        .http
-        .put(to.url)
+    let resp = traced(to.http.put(to.url), to.traceparent)
         .header(AUTHORIZATION, format!("Bearer {}", to.macaroon))
         .header(CONTENT_LENGTH, size)
         .body(reqwest::Body::wrap_stream(stream))

@@ -150,6 +150,22 @@ pub struct StorageEvent {
     /// When the producer says it happened (RFC 3339), when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<String>,
+    /// The W3C `traceparent` the producer sent (a CloudEvent's distributed-tracing extension,
+    /// or the NATS message's `traceparent` header), when it sent one that parses: the trace the
+    /// event's jobs join. Only a label for `htfaas trace` and the logs: it grants nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+impl StorageEvent {
+    /// The trace this event's jobs belong to: the producer's, or one derived from the
+    /// event's identity (the same for every copy and replay of it).
+    pub fn trace(&self) -> crate::trace::TraceParent {
+        self.traceparent
+            .as_deref()
+            .and_then(|t| crate::trace::TraceParent::parse(t).ok())
+            .unwrap_or_else(|| crate::trace::TraceParent::for_event(&self.id))
+    }
 }
 
 /// The `data` of a CloudEvent published by an htfaas bridge (type

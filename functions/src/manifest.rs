@@ -443,6 +443,7 @@ mod tests {
             macaroon: None,
             id: "x".into(),
             time: None,
+            traceparent: None,
         };
         let glob = Trigger::on_path("/data/raw/**").compile().expect("compiles");
         assert!(glob.matches(&event("/data/raw/a", 1)) && !glob.matches(&event("/data/b", 1)));

@@ -14,6 +14,16 @@ use sha2::{Digest as _, Sha256};
 /// The `traceparent` header's (and CloudEvents extension's) name.
 pub const HEADER: &str = "traceparent";
 
+/// The gateway's span for one function on an event: [`TraceParent::child`] of the event's
+/// trace named this prefix and the function's name.
+pub const GATEWAY_SPAN: &str = "gateway.fire:";
+/// The scheduler's span for a job: a child of the gateway's span named this prefix and the
+/// job's id (its time in the queue).
+pub const QUEUE_SPAN: &str = "scheduler.queue:";
+/// An attempt's span on its EP: a child of the queue's span named this prefix and the
+/// attempt's number (the `traceparent` of its Assign).
+pub const ATTEMPT_SPAN: &str = "ep.attempt:";
+
 /// A parsed `traceparent`: version 00, the trace id, the parent span id and the sampled flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TraceParent {
@@ -98,6 +108,16 @@ impl TraceParent {
         TraceParent { parent_id: nonzero(parent_id), ..*self }
     }
 
+    /// The scheduler's span for job `job_id` under this (the gateway's) span.
+    pub fn queue_span(&self, job_id: &str) -> TraceParent {
+        self.child(&format!("{QUEUE_SPAN}{job_id}"))
+    }
+
+    /// Attempt `n` of job `job_id` on its EP, under this (the gateway's) span.
+    pub fn attempt_span(&self, job_id: &str, n: u32) -> TraceParent {
+        self.queue_span(job_id).child(&format!("{ATTEMPT_SPAN}{n}"))
+    }
+
     /// The trace id in lower-case hex (what log lines and `htfaas trace` show).
     pub fn trace_id_hex(&self) -> String {
         hex::encode(self.trace_id)
@@ -107,6 +127,12 @@ impl TraceParent {
     pub fn span_id_hex(&self) -> String {
         hex::encode(self.parent_id)
     }
+}
+
+/// Whether `s` is a trace id as [`TraceParent::trace_id_hex`] writes it: 32 lower-case hex
+/// digits, not all zero.
+pub fn is_trace_id(s: &str) -> bool {
+    hex_field::<16>(s).is_ok_and(|id| id != [0; 16])
 }
 
 /// `bytes`, or the same with its last byte 1 when all are zero (a hash almost never is).
@@ -186,5 +212,18 @@ mod tests {
         assert_eq!(gateway, a.child("gateway"));
         assert_ne!(gateway.parent_id, a.child("scheduler").parent_id);
         assert_eq!(TraceParent::parse(&gateway.to_string()), Ok(gateway));
+        let attempt = gateway.attempt_span("j-1", 2);
+        assert_eq!(attempt, gateway.queue_span("j-1").child("ep.attempt:2"));
+        assert_ne!(attempt, gateway.attempt_span("j-1", 3));
+    }
+
+    #[test]
+    fn trace_ids_are_32_lower_case_hex_digits_not_all_zero() {
+        assert!(is_trace_id("4bf92f3577b34da6a3ce929d0e0e4736"));
+        for bad in
+            ["", "4BF92F3577B34DA6A3CE929D0E0E4736", "4bf92f3577b34da6a3ce929d0e0e473", &"0".repeat(32), "x' OR 1=1 --"]
+        {
+            assert!(!is_trace_id(bad), "{bad:?}");
+        }
     }
 }

@@ -256,6 +256,7 @@ fn event() -> impl Strategy<Value = StorageEvent> {
             macaroon: None,
             id: "dcache-billing:write:x".into(),
             time: None,
+            traceparent: None,
         })
 }
 
@@ -438,5 +439,6 @@ fn plain_write() -> StorageEvent {
         macaroon: None,
         id: "dcache-billing:write:x".into(),
         time: None,
+        traceparent: None,
     }
 }

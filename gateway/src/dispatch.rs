@@ -232,11 +232,25 @@ async fn record_provenance(
         .map_err(|e| JobError::Transient(format!("record the write macaroon's provenance: {e}")))
 }
 
-/// Prepares and submits one claimed firing, and records what came of it.
+/// Prepares and submits one claimed firing, and records what came of it, in the gateway's
+/// span of the event's trace (its trace id on every log line).
 async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
+    use tracing::Instrument as _;
+    let span = crate::jobs::gateway_span(&c.event, &c.function.manifest.name);
+    let span = tracing::info_span!(
+        "gateway.fire",
+        trace_id = %span.trace_id_hex(),
+        span_id = %span.span_id_hex(),
+        function = %c.function.manifest.name,
+    );
+    fire_one_traced(d, c).instrument(span).await
+}
+
+async fn fire_one_traced(d: Dispatcher<'_>, c: Claimed) {
     let name = c.function.manifest.name.clone();
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
-    let outcome = match prepare(d.jobs, &c.function, event_ref(&c.event, c.cause.clone()), key).await {
+    let event = event_ref(&c.event, c.cause.clone(), &name, c.created_ms);
+    let outcome = match prepare(d.jobs, &c.function, event, key).await {
         // The token is minted, and recorded with the macaroons, before the submit.
         Ok(mut request) => {
             let m = &c.function.manifest;

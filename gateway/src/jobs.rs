@@ -63,13 +63,21 @@ pub fn scheduler_dedupe_key(event: &StorageEvent, function: &FunctionRecord, rep
 }
 
 /// What a job keeps of its event: the source kind and producer (`dcache-billing:pool-a-1@pool-aDomain`,
-/// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path, and the job that
-/// wrote the file when one did (`cause`, from the firing).
-pub fn event_ref(event: &StorageEvent, cause: Option<Cause>) -> EventRef {
+/// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path, the job that
+/// wrote the file when one did (`cause`, from the firing), when the gateway took the event in,
+/// and the `traceparent` of the gateway's span for `function` on it (issue 23).
+pub fn event_ref(event: &StorageEvent, cause: Option<Cause>, function: &str, seen_at_ms: u64) -> EventRef {
     EventRef {
         caused_by: cause,
+        trace: Some(gateway_span(event, function).to_string()),
+        seen_at_ms: Some(seen_at_ms),
         ..EventRef::new(format!("{}:{}", event.source.kind.as_str(), event.source.producer), &event.id, &event.path)
     }
+}
+
+/// The gateway's span for firing `function` on `event`: a child of the event's trace.
+pub fn gateway_span(event: &StorageEvent, function: &str) -> htfaas_functions::trace::TraceParent {
+    event.trace().child(&format!("{}{function}", htfaas_functions::trace::GATEWAY_SPAN))
 }
 
 /// Checks, when a firing becomes a job, that the function's owner may still read `path` and

@@ -43,5 +43,6 @@ pub(crate) fn event(id: &str, path: &str) -> StorageEvent {
         id: id.into(),
         time: None,
         macaroon: None,
+        traceparent: None,
     }
 }

@@ -117,6 +117,7 @@ mod tests {
             macaroon: None,
             id: format!("dcache-billing:transfer:{path}"),
             time: None,
+            traceparent: None,
         }
     }
 

@@ -588,6 +588,7 @@ fn report(job_id: String) -> EpMsg {
             bytes_in: 4096,
             bytes_out: 64,
             instructions: None,
+            phases: Default::default(),
         },
         outputs: vec![OutputFile {
             path: "/data/experiment/derived/2025/06/run-004211/frame-000123.sha256".into(),

@@ -229,7 +229,7 @@ fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure>
 }
 
 #[tracing::instrument(name = "scheduler.submit", skip_all,
-    fields(owner = tracing::field::Empty, token.jti = tracing::field::Empty,
+    fields(owner = tracing::field::Empty, token.jti = tracing::field::Empty, trace_id = tracing::field::Empty,
            job.id = tracing::field::Empty, created = tracing::field::Empty))]
 async fn submit(
     State(shared): State<Arc<Shared>>,
@@ -294,6 +294,9 @@ async fn accept(
         known.digest = Some(req.function.digest.as_str().to_owned());
         known.event_id = Some(req.event.id.clone());
         known.paths = vec![req.event.path.clone()];
+    }
+    if let Some(t) = req.event.trace_parent() {
+        span.record("trace_id", t.trace_id_hex().as_str());
     }
     validate(&req).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     // No URL is trusted for being handed over: the module, input and output must be the site's.
@@ -394,6 +397,8 @@ async fn list_revocations(
 #[derive(Deserialize)]
 struct ListParams {
     limit: Option<usize>,
+    /// Only the jobs of this event trace (32 lower-case hex digits), oldest first.
+    trace: Option<String>,
 }
 
 async fn list_jobs(
@@ -404,6 +409,12 @@ async fn list_jobs(
     require_admin(&shared, &headers)?;
     let Query(params) = params.map_err(|e| ApiFailure::bad_request(format!("invalid query: {e}")))?;
     let limit = params.limit.unwrap_or(DEFAULT_LIST_LIMIT).min(MAX_LIST_LIMIT);
+    if let Some(trace) = params.trace {
+        if !htfaas_functions::trace::is_trace_id(&trace) {
+            return Err(ApiFailure::bad_request("trace must be 32 lower-case hex digits, not all zero"));
+        }
+        return Ok(Json(shared.queue.list_by_trace(trace, limit).await?));
+    }
     Ok(Json(shared.queue.list(limit).await?))
 }
 

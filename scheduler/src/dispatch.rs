@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn restrict_binds_both_macaroons_to_the_canonical_address_after_the_deadline() {
         use htfaas_functions::macaroon::inspect;
-        let a = crate::queue::assignment("j".into(), crate::testing::request("k"));
+        let a = crate::queue::assignment("j".into(), crate::testing::request("k"), 1);
         let before = format!("before:{}", utc_timestamp(1000 + a.resources.runtime_s + MACAROON_GRACE_S));
         let caveats_of = |bind_to: Option<IpAddr>| {
             let out = restrict(a.clone(), 1000, bind_to).expect("attenuates");

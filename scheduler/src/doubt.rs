@@ -170,6 +170,9 @@ pub fn doubt(report: &mut JobReport, seen: &Observed) -> Result<Clamped, Violati
         clamped.peak_memory_bytes = Some(u.peak_memory_bytes);
         u.peak_memory_bytes = max_memory;
     }
+    // The phases are a breakdown of the wall time: never more than it (not audited as a
+    // clamp: they are no charge).
+    u.phases = u.phases.clamped(u.wall_ms);
     Ok(clamped)
 }
 
@@ -221,6 +224,12 @@ mod tests {
             Clamped { wall_ms: Some(3_600_000_000), cpu_ms: Some(u64::MAX), peak_memory_bytes: Some(u64::MAX) }
         );
         assert_eq!(clamped.to_json()["wall_ms"], 3_600_000_000u64);
+
+        // Phases past the (clamped) wall time are cut to it.
+        let phases = htfaas_functions::proto::Phases { run_ms: u64::MAX, output_ms: 5, ..Default::default() };
+        let mut r = report(&[], Usage { wall_ms: 10_000, phases, ..Usage::default() });
+        doubt(&mut r, &seen()).expect("no violation");
+        assert_eq!((r.usage.phases.run_ms, r.usage.phases.output_ms), (10_000, 0));
 
         // Within the wall time, CPU time is still bounded by wall × cpus.
         let mut r = report(&[], Usage { wall_ms: 10_000, cpu_ms: 30_000, ..Usage::default() });

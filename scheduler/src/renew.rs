@@ -131,7 +131,8 @@ async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &
     if let Some(reason) = shared.queue.revoked_reason(&facts.credential) {
         return Err((subject, format!("the job's token is revoked: {reason}")));
     }
-    let mut a = crate::queue::assignment(job_id.to_owned(), facts.request.clone());
+    // Only its macaroons are read: the attempt (its trace span) does not matter here.
+    let mut a = crate::queue::assignment(job_id.to_owned(), facts.request.clone(), 0);
     a.input.macaroon = fresh.input_macaroon;
     a.output.macaroon = fresh.output_macaroon;
     let bind = facts.request.bind_ep_address.then_some(ip);

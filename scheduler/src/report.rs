@@ -275,7 +275,15 @@ mod tests {
     }
 
     fn usage(wall_ms: u64, bytes_in: u64, instructions: Option<u64>) -> Usage {
-        Usage { wall_ms, cpu_ms: wall_ms / 2, peak_memory_bytes: wall_ms * 10, bytes_in, bytes_out: 7, instructions }
+        Usage {
+            wall_ms,
+            cpu_ms: wall_ms / 2,
+            peak_memory_bytes: wall_ms * 10,
+            bytes_in,
+            bytes_out: 7,
+            instructions,
+            phases: Default::default(),
+        }
     }
 
     fn spec(owner: &'static str, function: &'static str, finished_at_ms: u64, wall_ms: u64) -> Spec {

@@ -77,6 +77,9 @@ pub enum SubmitInvalid {
     /// An event field is over [`MAX_FIELD_BYTES`] or holds a NUL.
     #[error("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL")]
     EventFields,
+    /// `event.trace` is not a W3C `traceparent`.
+    #[error("event.trace must be a W3C traceparent: {0}")]
+    Trace(htfaas_functions::trace::TraceError),
     /// `dedupe_key` is empty, over 1024 bytes or holds a NUL.
     #[error("dedupe_key must be 1-1024 bytes without NUL")]
     DedupeKey,
@@ -155,6 +158,9 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {
         return Err(EventFields);
     }
+    if let Some(t) = &e.trace {
+        htfaas_functions::trace::TraceParent::parse(t).map_err(Trace)?;
+    }
     if req.dedupe_key.is_empty() || req.dedupe_key.len() > 1024 || req.dedupe_key.contains('\0') {
         return Err(DedupeKey);
     }
@@ -165,4 +171,19 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
         retry.check().map_err(Retry)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_trace_that_is_no_traceparent_is_refused() {
+        let mut r = crate::testing::request("k");
+        assert!(validate(&r).is_ok());
+        r.event.trace = Some("00-not-a-trace".into());
+        assert!(matches!(validate(&r), Err(SubmitInvalid::Trace(_))));
+        r.event.trace = Some(htfaas_functions::trace::TraceParent::for_event("e").to_string());
+        assert!(validate(&r).is_ok());
+    }
 }

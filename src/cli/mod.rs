@@ -24,4 +24,5 @@ pub mod serve;
 pub mod signals;
 pub mod submit;
 pub mod token;
+pub mod trace;
 pub mod up;

@@ -7,8 +7,10 @@
 
 mod dlq;
 mod info;
+mod trace;
 
 pub use info::StackInfo;
+pub use trace::{Span, TraceView, job_spans};
 
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
@@ -272,6 +274,15 @@ impl Client {
     /// The newest jobs (the scheduler's default page: 100), newest first.
     pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
         self.admin_get("/v1/jobs").await
+    }
+
+    /// The jobs of one event trace (32 lower-case hex digits), oldest first (issue 23).
+    pub async fn jobs_of_trace(&self, trace_id: &str) -> anyhow::Result<Vec<JobRecord>> {
+        anyhow::ensure!(
+            htfaas_functions::trace::is_trace_id(trace_id),
+            "{trace_id:?} is no trace id (32 lower-case hex digits)"
+        );
+        self.admin_get(&format!("/v1/jobs?trace={trace_id}&limit=1000")).await
     }
 
     /// One job.

@@ -38,6 +38,7 @@ mod slurm_support;
 mod sources;
 mod tls;
 mod tokens;
+mod trace;
 mod triggers;
 mod xrootd;
 mod xrootd_support;

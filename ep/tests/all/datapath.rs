@@ -170,6 +170,7 @@ impl Flaky {
             limits: Default::default(),
             secrets: Default::default(),
             renew_until: None,
+            traceparent: None,
         }
     }
 }

@@ -384,6 +384,7 @@ impl Harness {
             limits: Default::default(),
             secrets: Default::default(),
             renew_until: None,
+            traceparent: None,
         }
     }
 

@@ -325,6 +325,11 @@ pub struct JobAssignment {
     /// grant, or a scheduler before issue 23): the EP then never asks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_until: Option<u64>,
+    /// The W3C `traceparent` of this attempt's span (issue 23): the EP continues the event's
+    /// trace under it (its log lines, the `traceparent` of its storage requests). Absent from
+    /// schedulers before it; an EP ignores one that does not parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// How a job ended.
@@ -466,6 +471,68 @@ pub struct Usage {
     /// Fuel the guest consumed (about one unit per wasm instruction), when the EP meters it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<u64>,
+    /// Where the wall time went on the EP (issue 23); absent from EPs before it.
+    #[serde(default, skip_serializing_if = "Phases::is_unset")]
+    pub phases: Phases,
+}
+
+/// A run's phases on the EP, ms each: fetching the module, compiling or loading it, fetching
+/// the input, the guest's run, storing the outputs. A phase that did not happen is 0 (a module
+/// already in memory, a run that failed before its input). The scheduler clamps each to the
+/// run's wall time ([`Phases::clamped`]): an EP's report is not believed beyond it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Phases {
+    /// Fetching the module (from the gateway or the EP's disk cache).
+    #[serde(default)]
+    pub module_ms: u64,
+    /// Compiling the module, or loading its compiled form from the disk cache.
+    #[serde(default)]
+    pub compile_ms: u64,
+    /// Downloading the input.
+    #[serde(default)]
+    pub input_ms: u64,
+    /// The guest's run, from instantiation to its exit (waiting for a free instance included).
+    #[serde(default)]
+    pub run_ms: u64,
+    /// Uploading the outputs.
+    #[serde(default)]
+    pub output_ms: u64,
+}
+
+impl Phases {
+    /// No phase recorded (an EP before issue 23, a run refused before it started).
+    pub fn is_unset(&self) -> bool {
+        *self == Phases::default()
+    }
+
+    /// Each phase at most `wall_ms`, and together at most `wall_ms`: what an EP reports beyond
+    /// its own run's wall time is cut, the later phases first.
+    pub fn clamped(self, wall_ms: u64) -> Phases {
+        let mut left = wall_ms;
+        let mut take = |ms: u64| {
+            let t = ms.min(left);
+            left -= t;
+            t
+        };
+        Phases {
+            module_ms: take(self.module_ms),
+            compile_ms: take(self.compile_ms),
+            input_ms: take(self.input_ms),
+            run_ms: take(self.run_ms),
+            output_ms: take(self.output_ms),
+        }
+    }
+
+    /// The phases in order, with their names (what `htfaas trace` prints).
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("fetch module", self.module_ms),
+            ("compile or load", self.compile_ms),
+            ("fetch input", self.input_ms),
+            ("run", self.run_ms),
+            ("upload outputs", self.output_ms),
+        ]
+    }
 }
 
 /// One stored output file.
@@ -511,6 +578,23 @@ mod tests {
         let flood = encode_frame(&vec![EpMsg::Draining; MAX_FRAME_MESSAGES + 1]).expect("encodes");
         assert!(matches!(decode_frame::<EpMsg>(&flood, true), Err(FrameError::TooMany(_))));
         assert!(matches!(decode_frame::<EpMsg>("[{\"type\":\"nope\"}]", true), Err(FrameError::Json(_))));
+    }
+
+    #[test]
+    fn phases_are_cut_to_the_wall_time_later_phases_first() {
+        let p = Phases { module_ms: 5, compile_ms: 10, input_ms: 20, run_ms: 1_000_000, output_ms: 7 };
+        assert_eq!(p.clamped(u64::MAX), p);
+        let c = p.clamped(100);
+        assert_eq!(c, Phases { module_ms: 5, compile_ms: 10, input_ms: 20, run_ms: 65, output_ms: 0 });
+        assert_eq!(c.named().iter().map(|(_, ms)| ms).sum::<u64>(), 100);
+        assert!(Phases::default().is_unset() && !c.is_unset());
+        // Absent on the wire when unset, and an old report reads as unset.
+        let u = Usage::default();
+        assert!(!serde_json::to_string(&u).expect("json").contains("phases"));
+        let old: Usage =
+            serde_json::from_str(r#"{"wall_ms":1,"cpu_ms":1,"peak_memory_bytes":1,"bytes_in":0,"bytes_out":0}"#)
+                .expect("old usage");
+        assert!(old.phases.is_unset());
     }
 
     #[test]

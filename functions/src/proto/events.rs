@@ -261,12 +261,34 @@ pub struct EventRef {
     /// When the file was written by an earlier job (the loop guard's provenance): which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caused_by: Option<Cause>,
+    /// The W3C `traceparent` of the gateway's firing span (issue 23): the event's own trace (a
+    /// CloudEvent's `traceparent`, a NATS header) or one derived from its id
+    /// (`trace::TraceParent::for_event`). The scheduler's and the EP's spans are its children.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
+    /// When the gateway took the event in (Unix ms): the job's wait in the gateway is its
+    /// submission minus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_at_ms: Option<u64>,
 }
 
 impl EventRef {
-    /// An event that no earlier job caused.
+    /// An event that no earlier job caused, with no trace.
     pub fn new(source: impl Into<String>, id: impl Into<String>, path: impl Into<String>) -> EventRef {
-        EventRef { source: source.into(), id: id.into(), path: path.into(), caused_by: None }
+        EventRef {
+            source: source.into(),
+            id: id.into(),
+            path: path.into(),
+            caused_by: None,
+            trace: None,
+            seen_at_ms: None,
+        }
+    }
+
+    /// The trace this job's event belongs to: its `trace`, parsed, or (for a job submitted
+    /// before issue 23, or by a token bearer) none.
+    pub fn trace_parent(&self) -> Option<crate::trace::TraceParent> {
+        self.trace.as_deref().and_then(|t| crate::trace::TraceParent::parse(t).ok())
     }
 }
 

@@ -16,6 +16,7 @@ fn write() -> StorageEvent {
         macaroon: None,
         id: "dcache-billing:transfer:0001/s".into(),
         time: None,
+        traceparent: None,
     }
 }
 

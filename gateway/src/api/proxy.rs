@@ -28,11 +28,21 @@ pub(super) async fn proxy_jobs(
     #[derive(serde::Deserialize)]
     struct ListQuery {
         limit: Option<usize>,
+        trace: Option<String>,
     }
     let Query(list) = Query::<ListQuery>::try_from_uri(&uri)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
+    // A trace's jobs (issue 23) are asked of the scheduler by the trace id alone, checked here
+    // to be one: nothing else of the caller's query reaches it.
+    let trace = match list.trace {
+        Some(t) if htfaas_functions::trace::is_trace_id(&t) => format!("&trace={t}"),
+        Some(_) => {
+            return Err(HttpError(StatusCode::BAD_REQUEST, "trace must be 32 lower-case hex digits".into()));
+        }
+        None => String::new(),
+    };
     let mut jobs: Vec<JobRecord> =
-        scheduler_json(&shared.scheduler(), &format!("/v1/jobs?limit={SCHEDULER_MAX_LIST}")).await?;
+        scheduler_json(&shared.scheduler(), &format!("/v1/jobs?limit={SCHEDULER_MAX_LIST}{trace}")).await?;
     jobs.retain(|j| j.owner == caller.name);
     jobs.truncate(list.limit.unwrap_or(DEFAULT_LIST).min(SCHEDULER_MAX_LIST));
     Ok(Json(jobs).into_response())

@@ -119,6 +119,7 @@ pub(super) fn manual_run_allowed(trigger: &htfaas_functions::Trigger, path: &str
         macaroon: None,
         id: "submit:manual".into(),
         time: None,
+        traceparent: None,
     };
     trigger.compile().is_ok_and(|rule| rule.evaluate(&event) == Truth::True)
 }

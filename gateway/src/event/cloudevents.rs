@@ -33,6 +33,9 @@ struct Attributes {
     subject: Option<String>,
     time: Option<String>,
     data: Option<Value>,
+    /// The distributed-tracing extension, when it parses (a malformed one is ignored: it is
+    /// only a label).
+    traceparent: Option<String>,
 }
 
 /// Decides what a CloudEvent means under `policy`.
@@ -60,7 +63,7 @@ fn bad(msg: impl Into<String>) -> EventError {
 }
 
 /// The value of header `name`, case-insensitively (NATS keeps header names as sent).
-fn header<'a>(headers: Option<&'a async_nats::HeaderMap>, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(headers: Option<&'a async_nats::HeaderMap>, name: &str) -> Option<&'a str> {
     let (_, values) = headers?.iter().find(|(k, _)| AsRef::<str>::as_ref(k).eq_ignore_ascii_case(name))?;
     values.first().map(|v| v.as_str())
 }
@@ -89,7 +92,8 @@ fn binary(headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Result<Att
         Some(ct) if !is_json(&ct) => None, // opaque bytes: nothing htfaas reads
         _ => Some(serde_json::from_slice(payload).map_err(|e| bad(format!("data is not JSON: {e}")))?),
     };
-    Ok(Attributes { id, source, ty, subject: get("ce-subject"), time: get("ce-time"), data })
+    let traceparent = valid_traceparent(get("ce-traceparent").as_deref());
+    Ok(Attributes { id, source, ty, subject: get("ce-subject"), time: get("ce-time"), data, traceparent })
 }
 
 fn structured(headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Result<Attributes, EventError> {
@@ -111,7 +115,13 @@ fn structured(headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Result
     };
     let (id, source, ty) = (required("id")?, required("source")?, required("type")?);
     let (subject, time) = (optional(&obj, "subject")?, optional(&obj, "time")?);
-    Ok(Attributes { id, source, ty, subject, time, data: obj.remove("data") })
+    let traceparent = valid_traceparent(optional(&obj, "traceparent").ok().flatten().as_deref());
+    Ok(Attributes { id, source, ty, subject, time, data: obj.remove("data"), traceparent })
+}
+
+/// `value` when it is a `traceparent` that parses, in its canonical form.
+pub(super) fn valid_traceparent(value: Option<&str>) -> Option<String> {
+    value.and_then(|v| htfaas_functions::trace::TraceParent::parse(v).ok()).map(|t| t.to_string())
 }
 
 /// A string attribute; absent or null is `None`, another type is malformed.
@@ -143,6 +153,7 @@ fn bridged(rest: &str, ce: Attributes, message_id: &str) -> Result<Decision, Eve
         owner: b.owner,
         macaroon: None,
         time: ce.time,
+        traceparent: ce.traceparent,
     })))
 }
 
@@ -179,6 +190,7 @@ fn generic(ce: Attributes, message_id: &str) -> Result<Decision, EventError> {
         owner: field("owner")?,
         macaroon: None,
         time: ce.time,
+        traceparent: ce.traceparent,
     })))
 }
 
@@ -241,6 +253,7 @@ mod tests {
                 macaroon: None,
                 id: "xrootd-notify:xrootd://data01.example.org:1094/7".into(),
                 time: Some("2026-03-14T10:15:30Z".into()),
+                traceparent: None,
             }
         );
         // The same with the content-type header.

@@ -185,6 +185,7 @@ pub fn decide(payload: &[u8], message_id: &str, policy: &SourcePolicy) -> Result
         owner,
         macaroon,
         time: m.date,
+        traceparent: None,
     })))
 }
 
@@ -333,6 +334,7 @@ mod tests {
                 macaroon: None,
                 id: format!("dcache-billing:write:{PNFSID}/{DOOR_SESSION}"),
                 time: Some("2026-03-14T10:15:30.123+01:00".into()),
+                traceparent: None,
             }
         );
     }

@@ -189,7 +189,14 @@ pub fn decide(
     message_id: &str,
     policy: &SourcePolicy,
 ) -> Result<Decision, EventError> {
-    let decision = decide_source(subject, headers, payload, message_id, policy)?;
+    let mut decision = decide_source(subject, headers, payload, message_id, policy)?;
+    // The message's own `traceparent` header, when the event does not bring one (issue 23).
+    if let Decision::Fire(event) = &mut decision
+        && event.traceparent.is_none()
+    {
+        event.traceparent =
+            cloudevents::valid_traceparent(cloudevents::header(headers, htfaas_functions::trace::HEADER));
+    }
     // A failed run's quarantined outputs never fire a function, whoever speaks of them.
     if let Decision::Fire(event) = &decision
         && is_quarantined(&event.path)

@@ -281,6 +281,9 @@ pub struct Claimed {
     pub replay: Option<String>,
     /// The job whose output the event is about, if one is (the loop guard's provenance).
     pub cause: Option<Cause>,
+    /// When the gateway stored the firing (Unix ms): the event's arrival, for the job's wait
+    /// in the gateway (issue 23).
+    pub created_ms: u64,
 }
 
 /// What inserting one event's firings did.

@@ -32,7 +32,7 @@ impl std::fmt::Debug for Firings {
 }
 
 /// A ready row as read by a claim: seq, record, event, rate_reserved, replay, cause.
-type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>);
+type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>, i64);
 
 /// Up to `limit` ready firings (`pending`, `not_before_ms` ≤ `now_ms`), taken in turn from each
 /// owner that has some, and within an owner in turn from each of its functions, each
@@ -83,13 +83,13 @@ fn ready_rows(tx: &Connection, now_ms: u64, limit: usize, turn: u64) -> rusqlite
         let mut queues = Vec::with_capacity(functions.len());
         for function in &functions {
             let mut stmt = tx.prepare_cached(
-                "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause FROM firings \
+                "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause, created_ms FROM firings \
                  WHERE state = 'pending' AND owner = ?1 AND function = ?2 AND not_before_ms <= ?3 \
                  ORDER BY not_before_ms, seq LIMIT ?4",
             )?;
             let rows: Vec<(i64, ClaimRow)> = stmt
                 .query_map(params![owner, function, db_int(now_ms), db_int(per_function as u64)], |r| {
-                    Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+                    Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)))
                 })?
                 .collect::<Result<_, _>>()?;
             queues.push(rows.into_iter());
@@ -311,7 +311,7 @@ impl Firings {
                     break;
                 }
                 scanned += rows.len();
-                for (seq, record, event, rate_reserved, replay, cause) in rows {
+                for (seq, record, event, rate_reserved, replay, cause, created_ms) in rows {
                     let parsed = serde_json::from_str::<FunctionRecord>(&record).and_then(|f| {
                         let cause = cause.as_deref().map(serde_json::from_str::<Cause>).transpose()?;
                         Ok((f, serde_json::from_str::<StorageEvent>(&event)?, cause))
@@ -361,7 +361,8 @@ impl Firings {
                          WHERE seq = ?1",
                         params![seq, db_int(now_ms)],
                     )?;
-                    claim.ready.push(Claimed { seq, function, event, replay, cause });
+                    let created_ms = u64::try_from(created_ms).unwrap_or(0);
+                    claim.ready.push(Claimed { seq, function, event, replay, cause, created_ms });
                 }
             }
             tx.commit()?;

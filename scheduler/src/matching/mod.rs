@@ -352,6 +352,7 @@ mod tests {
             limits: Default::default(),
             secrets: Default::default(),
             renew_until: None,
+            traceparent: None,
         };
         assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
         assert!(!t.is_running("a", "j1"));

@@ -427,6 +427,27 @@ impl Queue {
         .await
     }
 
+    /// The jobs of the event trace `trace_id` (32 lower-case hex digits), oldest first, at
+    /// most `limit` (issue 23, `htfaas trace`).
+    pub async fn list_by_trace(&self, trace_id: String, limit: usize) -> Result<Vec<JobRecord>, QueueError> {
+        use super::schema::TRACE_ID_OF_JOB;
+        self.call(move |conn| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM jobs WHERE {TRACE_ID_OF_JOB} = ?1 \
+                 AND json_valid(request) AND json_extract(request, '$.event.trace') IS NOT NULL \
+                 ORDER BY seq LIMIT ?2"
+            ))?;
+            let rows = stmt.query_map(params![trace_id, limit], raw_record)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row?.decode()?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// One job.
     pub async fn get(&self, id: String) -> Result<Option<JobRecord>, QueueError> {
         self.call(move |conn| {

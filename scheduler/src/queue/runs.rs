@@ -334,9 +334,10 @@ fn requeue_or_hold(
     }
 }
 
-/// What an EP is sent for a job: no owner, no token.
-pub(crate) fn assignment(job_id: String, r: SubmitRequest) -> JobAssignment {
+/// What an EP is sent for attempt `attempt` of a job: no owner, no token.
+pub(crate) fn assignment(job_id: String, r: SubmitRequest, attempt: u32) -> JobAssignment {
     JobAssignment {
+        traceparent: r.event.trace_parent().map(|t| t.attempt_span(&job_id, attempt).to_string()),
         job_id,
         function: r.function,
         resources: r.resources,
@@ -486,7 +487,7 @@ impl Queue {
                 }
                 let prepared = parsed.and_then(|r| {
                     let bind = r.bind_ep_address;
-                    prepare(assignment(id.clone(), r), bind)
+                    prepare(assignment(id.clone(), r, attempts.saturating_add(1)), bind)
                 });
                 match prepared {
                     Ok(a) => {

@@ -10,10 +10,11 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 5] = [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5];
+pub const MIGRATIONS: [&str; 6] =
+    [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5, MIGRATE_5_TO_6];
 
 /// Version 1: jobs, token uses, accounts.
 pub(super) const SCHEMA_1: &str = "
@@ -132,6 +133,18 @@ CREATE INDEX IF NOT EXISTS jobs_final_by_time ON jobs (finished_at_ms, owner, gr
     (CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END), state, cpus, usage)
     WHERE state IN ('completed', 'failed', 'removed');
 ";
+
+/// Version 6: jobs by the trace id of their event (issue 23, `htfaas trace`): the 32 hex
+/// digits of `event.trace` (`00-<trace id>-<span id>-<flags>`) in the stored request.
+/// [`TRACE_ID_OF_JOB`] is the same expression, for queries the index serves.
+pub(super) const MIGRATE_5_TO_6: &str = "
+CREATE INDEX IF NOT EXISTS jobs_by_trace ON jobs ((CASE WHEN json_valid(request) THEN substr(json_extract(request, '$.event.trace'), 4, 32) END))
+    WHERE json_valid(request) AND json_extract(request, '$.event.trace') IS NOT NULL;
+";
+
+/// A job's trace id, as [`MIGRATE_5_TO_6`] indexes it.
+pub const TRACE_ID_OF_JOB: &str =
+    "(CASE WHEN json_valid(request) THEN substr(json_extract(request, '$.event.trace'), 4, 32) END)";
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), QueueError> {

@@ -132,6 +132,7 @@ async fn finish_charges_the_owner_once_and_only_for_its_session() {
             bytes_in: 10,
             bytes_out: 20,
             instructions: None,
+            phases: Default::default(),
         },
         outputs: vec![],
         log: "x".repeat(MAX_LOG_BYTES + 10),

@@ -32,6 +32,7 @@ async fn a_jobs_decisions_are_recorded_in_order_linked_and_verifiable() {
         bytes_in: 1000,
         bytes_out: 64,
         instructions: None,
+        phases: Default::default(),
     };
     send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, usage)).await;
     server.wait_for_state(&job, JobState::Completed).await;

@@ -64,6 +64,7 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
         bytes_in: 1000,
         bytes_out: 64,
         instructions: None,
+        phases: Default::default(),
     };
     send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, usage)).await;
     let done = server.wait_for_state(&job, JobState::Completed).await;
@@ -81,8 +82,15 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
     // A second, failing job on the same session (which survived the noise).
     let job2 = server.submit(&fx.token("alice"), &fx.request("e2")).await.job_id;
     assert_eq!(expect_assign(&mut ep, "alice").await, job2);
-    let usage2 =
-        Usage { wall_ms: 1000, cpu_ms: 500, peak_memory_bytes: 0, bytes_in: 10, bytes_out: 0, instructions: None };
+    let usage2 = Usage {
+        wall_ms: 1000,
+        cpu_ms: 500,
+        peak_memory_bytes: 0,
+        bytes_in: 10,
+        bytes_out: 0,
+        instructions: None,
+        phases: Default::default(),
+    };
     send(&mut ep, &report(&job2, Outcome::Trapped { message: "unreachable".into() }, usage2)).await;
     let failed = server.wait_for_state(&job2, JobState::Failed).await;
     assert_eq!(failed.reason, "trapped: unreachable");

@@ -6,6 +6,7 @@
 mod annex;
 mod audit;
 mod dlq;
+mod trace;
 
 pub use annex::{annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended};
 pub use audit::{audit_records, head, lineage, verify, verify_reports};
@@ -20,6 +21,7 @@ use htfaas_functions::proto::{
 use htfaas_functions::registry::FunctionStatus;
 use std::path::Path;
 use std::time::Duration;
+pub use trace::trace;
 
 /// A value as pretty JSON, on a line of its own.
 pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {

@@ -51,6 +51,20 @@ async fn dispatch(
     ConnectInfo(client): ConnectInfo<SocketAddr>,
     req: Request<Body>,
 ) -> Response {
+    use tracing::Instrument as _;
+    // A job's requests carry its `traceparent` (issue 23): the trace id joins every log line
+    // of the request. A value that does not parse is ignored.
+    let trace_id = req
+        .headers()
+        .get(htfaas_functions::trace::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| htfaas_functions::trace::TraceParent::parse(v).ok())
+        .map(|t| t.trace_id_hex());
+    let span = tracing::info_span!("storage.request", trace_id, method = %req.method(), path = %req.uri().path());
+    handle(state, client, req).instrument(span).await
+}
+
+async fn handle(state: Arc<AppState>, client: SocketAddr, req: Request<Body>) -> Response {
     let result = match *req.method() {
         Method::GET | Method::HEAD => get::handle(&state, client, req).await,
         Method::PUT => put::handle(&state, client, req).await,

@@ -12,3 +12,4 @@ mod renewals;
 mod scheduler;
 mod servers;
 mod tenancy;
+mod traces;
