@@ -246,6 +246,7 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
         limits: Default::default(),
         group: None,
         secrets: Default::default(),
+        webhook: None,
     }
 }
 

@@ -172,6 +172,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         limits: Default::default(),
         group: None,
         secrets: Default::default(),
+        webhook: None,
     }
 }
 

@@ -48,6 +48,8 @@ pub struct StackOptions {
     /// Validities of the read and write macaroons the gateway asks for (ISO-8601, e.g. `PT5S`
     /// in a test of their renewal). Default: `PT2H` and `PT4H`.
     pub macaroon_validity: (String, String),
+    /// Further settings of the gateway's configuration, by field (tests: e.g. `webhook_hosts`).
+    pub gateway_settings: serde_json::Map<String, serde_json::Value>,
 }
 
 impl StackOptions {
@@ -62,6 +64,7 @@ impl StackOptions {
             http: Default::default(),
             tls: false,
             macaroon_validity: ("PT2H".into(), "PT4H".into()),
+            gateway_settings: serde_json::Map::new(),
         }
     }
 }
@@ -460,6 +463,9 @@ impl Stack {
         }
         gateway_json["read_validity"] = serde_json::json!(opts.macaroon_validity.0);
         gateway_json["write_validity"] = serde_json::json!(opts.macaroon_validity.1);
+        for (field, value) in &opts.gateway_settings {
+            gateway_json[field] = value.clone();
+        }
         let gateway_config: htfaas_gateway::Config = config("gateway", gateway_json)?;
         let gateway = gateway_config.clone().resolve().await.context("start the gateway")?;
         let gateway_url = gateway.url();
@@ -675,6 +681,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         limits: Default::default(),
         group: None,
         secrets: Default::default(),
+        webhook: None,
     }
 }
 

@@ -70,6 +70,57 @@ pub struct FunctionManifest {
     /// scheduler's site-wide rule, guest failures (non-zero exit, trap, limits) are not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Where the end of each failed job is POSTed, signed ([`Webhook`], issue 23). Default:
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<Webhook>,
+}
+
+/// A function's failure webhook: the gateway POSTs each of its failed jobs' notification
+/// (`proto::JobNotification`, JSON) to `url`, signed with HMAC-SHA256 under the function's
+/// secret named `key_secret` (`proto::webhook_signature`). The key is never in a run's
+/// environment: it is not one of `secrets`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Webhook {
+    /// `https://…` only; its host must be one the site allows (the gateway's `webhook_hosts`).
+    pub url: String,
+    /// The name of the function's secret that holds the signing key. Default: `WEBHOOK_KEY`.
+    #[serde(default = "Webhook::default_key_secret")]
+    pub key_secret: String,
+}
+
+impl Webhook {
+    /// The secret's name when the manifest does not say.
+    pub const DEFAULT_KEY_SECRET: &'static str = "WEBHOOK_KEY";
+
+    fn default_key_secret() -> String {
+        Webhook::DEFAULT_KEY_SECRET.to_owned()
+    }
+
+    /// Checks what can be checked without the site: an `https://` URL of at most 2048 bytes
+    /// with a host and no user part, no whitespace or control characters; a key name that is a
+    /// valid secret name and not one the runs get.
+    fn validate(&self, m: &FunctionManifest) -> Result<(), ManifestError> {
+        let url = &self.url;
+        let Some(rest) = url.strip_prefix("https://") else {
+            return Err(bad("webhook.url", "must be an https:// URL"));
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        if url.len() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(bad("webhook.url", "at most 2048 bytes, without spaces or control characters"));
+        }
+        if authority.is_empty() || authority.contains('@') {
+            return Err(bad("webhook.url", "must name a host, without a user part"));
+        }
+        if !is_env_name(&self.key_secret) || self.key_secret.len() > 128 {
+            return Err(bad("webhook.key_secret", "must be a secret name (1-128 bytes, no '=' or NUL)"));
+        }
+        if m.secrets.contains(&self.key_secret) || m.env.iter().any(|(k, _)| *k == self.key_secret) {
+            return Err(bad("webhook.key_secret", "must not be one of secrets or env: the runs never get the key"));
+        }
+        Ok(())
+    }
 }
 
 /// Whether `name` may name an environment variable (or a secret): 1-128 bytes, no `=`, NUL or
@@ -336,6 +387,9 @@ impl FunctionManifest {
         if let Some(retry) = &self.retry {
             retry.check().map_err(|e| bad(e.field, e.reason))?;
         }
+        if let Some(webhook) = &self.webhook {
+            webhook.validate(self)?;
+        }
         if self.args.len() > 64 || self.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
             return Err(bad("args", "at most 64 arguments of at most 4096 bytes, no NUL"));
         }
@@ -368,6 +422,7 @@ mod tests {
             limits: Default::default(),
             group: None,
             secrets: Default::default(),
+            webhook: None,
         }
     }
 

@@ -327,6 +327,7 @@ mod tests {
             limits: Default::default(),
             group: None,
             secrets: Default::default(),
+            webhook: None,
         }
     }
 

@@ -57,6 +57,7 @@ fn function(i: usize) -> FunctionRecord {
             limits: Default::default(),
             group: None,
             secrets: Default::default(),
+            webhook: None,
         },
     }
 }

@@ -86,6 +86,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             limits: Default::default(),
             group: None,
             secrets: Default::default(),
+            webhook: None,
         })?;
     }
     Ok(registry)

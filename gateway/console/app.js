@@ -160,6 +160,7 @@ function start(token) {
   $("who").textContent = "signed in with a token ending in …" + token.slice(-4);
   every(JOBS_EVERY_MS, refreshJobs);
   every(JOBS_EVERY_MS, refreshEps);
+  every(JOBS_EVERY_MS, refreshDlq);
   seedFlow().finally(() => every(STATS_EVERY_MS, pollStats));
   every(USAGE_EVERY_MS, refreshUsage);
 }
@@ -314,6 +315,36 @@ async function refreshEps() {
   }
   $("eps-count").textContent = "(" + eps.length + ")";
   setStatus("eps-status", eps.length ? "" : "no EP attached");
+}
+
+// ---------- dead letters ----------
+
+async function refreshDlq() {
+  let entries;
+  try {
+    entries = await api("/v1/dlq");
+  } catch (e) {
+    setStatus("dlq-status", describe(e), true);
+    return;
+  }
+  const tbody = $("dlq").tBodies[0];
+  clear(tbody);
+  for (const d of entries) {
+    const tr = el("tr", null, { "data-entry": String(d.id), "data-kind": d.kind, "data-function": d.function });
+    tr.appendChild(el("td", String(d.id), { class: "num" }));
+    const kind = el("td");
+    kind.appendChild(el("span", d.kind.replace("_", " "), { class: "state state-" + d.kind }));
+    tr.appendChild(kind);
+    tr.appendChild(el("td", d.function + (d.version != null ? " v" + d.version : ""), { class: "function" }));
+    tr.appendChild(el("td", d.owner));
+    tr.appendChild(el("td", (d.event && d.event.path) || "", { class: "path" }));
+    tr.appendChild(el("td", d.reason, { class: "reason" }));
+    tr.appendChild(el("td", fmtTime(d.created_ms), { class: "time" }));
+    tr.appendChild(el("td", String((d.redrives || []).length), { class: "num" }));
+    tbody.appendChild(tr);
+  }
+  $("dlq-count").textContent = "(" + entries.length + ")";
+  setStatus("dlq-status", entries.length ? "" : "nothing failed");
 }
 
 async function showHistory(id) {

@@ -81,6 +81,15 @@ pub struct Config {
     /// system's. Default: none.
     #[serde(default)]
     pub scheduler_ca_file: Option<PathBuf>,
+    /// Hosts a function's failure webhook may name (issue 23; exact, case-insensitive, e.g.
+    /// `hooks.example.org`): a manifest naming another is refused at registration, and a
+    /// delivery to one no longer listed is not sent. Default: none (no webhooks).
+    #[serde(default)]
+    pub webhook_hosts: Vec<String>,
+    /// Extra trusted root certificate(s) for webhook receivers' TLS, PEM, in addition to the
+    /// system's. Default: none.
+    #[serde(default)]
+    pub webhook_ca_file: Option<PathBuf>,
     /// Admin token of the scheduler, for proxying job and accounting queries.
     pub scheduler_admin_token: String,
     /// Ed25519 PKCS#8 PEM key that signs submit tokens; created if absent.

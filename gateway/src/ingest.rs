@@ -639,6 +639,7 @@ mod tests {
                     limits: Default::default(),
                     group: None,
                     secrets: Default::default(),
+                    webhook: None,
                 })
                 .expect("register");
         }

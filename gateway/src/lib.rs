@@ -58,6 +58,8 @@ pub mod submit;
 mod testing;
 pub mod triggers;
 pub mod warm;
+pub mod webhook_feed;
+pub mod webhooks;
 
 pub use clients::{http_client, http_client_trusting, scheduler_http_client, storage_http_client};
 pub use config::{Config, default_audit_checkpoint_records, default_audit_checkpoint_s};
@@ -123,6 +125,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         .await
         .context("connect to NATS for the dead-letter feed")?;
     let dead_letters = tokio::spawn(dead_letters::run(
+        async_nats::jetstream::new(dlq_client.clone()),
+        consumer.clone(),
+        shared.clone(),
+        shutdown.child_token(),
+    ));
+    // Issue 23: failed jobs to their functions' webhooks, on the same connection.
+    let webhooks = tokio::spawn(webhook_feed::run(
         async_nats::jetstream::new(dlq_client),
         consumer.clone(),
         shared.clone(),
@@ -145,6 +154,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let _ = warm.await;
     let _ = sampler.await;
     let _ = dead_letters.await;
+    let _ = webhooks.await;
     tracing::info!("gateway stopped");
     served?;
     ingested?;

@@ -81,6 +81,14 @@ impl Secrets {
         Ok(values.keys().cloned().collect())
     }
 
+    /// The value of `function`'s secret `name`, for the gateway's own use (a failure
+    /// webhook's key, issue 23): never a run's. `None` when it has no value.
+    pub fn open_one(&self, registry: &Registry, function: &str, name: &str) -> Result<Option<String>, SecretError> {
+        let stored = registry.sealed_secrets(function)?;
+        let Some((_, sealed)) = stored.iter().find(|(k, _)| k == name) else { return Ok(None) };
+        Ok(Some(self.sealer.open(&slot(function, name), sealed)?))
+    }
+
     /// The secret environment of a run of `m`: each name its manifest lists, opened. A name
     /// without a value is [`SecretError::Missing`] (the firing waits and is tried again).
     pub fn for_job(&self, registry: &Registry, m: &FunctionManifest) -> Result<SecretEnv, SecretError> {

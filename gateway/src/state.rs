@@ -81,6 +81,8 @@ pub struct Shared {
     pub(crate) source_policy: event::PolicyCell,
     /// Which paths each events subject may speak for ([`Config::source_paths`]).
     pub source_paths: Arc<event::binding::Bindings>,
+    /// Failure webhooks: the hosts allowed and their client (issue 23).
+    pub webhooks: crate::webhooks::Webhooks,
 }
 
 impl Shared {
@@ -268,6 +270,10 @@ impl Config {
             registry,
             module_quota: self.module_quota,
             source_policy: event::PolicyCell::new(self.sources),
+            webhooks: crate::webhooks::Webhooks::new(
+                self.webhook_hosts,
+                crate::clients::webhook_http_client(self.webhook_ca_file.as_deref())?,
+            ),
         };
         shared.triggers.reload(&shared.registry).context("load triggers")?;
         Ok(Settings {
@@ -331,6 +337,8 @@ mod tests {
             storage_client_key: None,
             scheduler_url: "http://127.0.0.1:1".into(),
             scheduler_ca_file: None,
+            webhook_hosts: Vec::new(),
+            webhook_ca_file: None,
             scheduler_admin_token: "a".into(),
             signing_key_file: dir.join("submit.pem"),
             jwks_file: None,

@@ -26,6 +26,7 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
             limits: Default::default(),
             group: None,
             secrets: Default::default(),
+            webhook: None,
         },
     }
 }

@@ -118,6 +118,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         limits: Default::default(),
         group: None,
         secrets: Default::default(),
+        webhook: None,
     }
 }
 

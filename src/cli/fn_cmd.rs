@@ -111,6 +111,15 @@ pub enum FnCommand {
         /// a function) or `upload` (a non-zero exit's outputs stored as a success's).
         #[arg(long, value_name = "POLICY", value_parser = parse_on_failure)]
         on_failure: Option<htfaas_functions::manifest::FailedOutputs>,
+        /// POST each failed job's notification to this https URL (its host must be one the
+        /// site allows), signed with HMAC-SHA256 under the function's secret --webhook-key-secret
+        /// (set it with --secret NAME=@file).
+        #[arg(long, value_name = "URL")]
+        webhook: Option<String>,
+        /// With --webhook: the name of the function's secret that holds the signing key
+        /// (default WEBHOOK_KEY; never given to the runs).
+        #[arg(long, value_name = "NAME", requires = "webhook")]
+        webhook_key_secret: Option<String>,
         /// Check the manifest and list the recorded events its trigger would fire on; register
         /// nothing (the module is uploaded: it is content-addressed).
         #[arg(long)]
@@ -294,6 +303,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             retry_on,
             retry_backoff,
             on_failure,
+            webhook,
+            webhook_key_secret,
             dry_run,
             since,
             until,
@@ -309,6 +320,14 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 None if client.info().is_remote() => client.whoami().await?.name,
                 None => client.info().user.clone(),
             };
+            // The webhook's key is a secret of the function, set with the others, but never one
+            // its runs get.
+            let webhook = webhook.map(|url| htfaas_functions::manifest::Webhook {
+                url,
+                key_secret: webhook_key_secret
+                    .unwrap_or_else(|| htfaas_functions::manifest::Webhook::DEFAULT_KEY_SECRET.to_owned()),
+            });
+            let key_secret = webhook.as_ref().map(|w| w.key_secret.clone());
             let manifest = FunctionManifest {
                 name,
                 owner,
@@ -322,12 +341,13 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 class,
                 limits: htfaas_functions::proto::JobLimits { max_output_bytes, max_output_files, instructions },
                 group,
-                secrets: secrets.iter().map(|(k, _)| k.clone()).collect(),
+                secrets: secrets.iter().map(|(k, _)| k.clone()).filter(|k| Some(k) != key_secret.as_ref()).collect(),
                 retry: retries.map(|retries| htfaas_functions::manifest::RetryPolicy {
                     retries,
                     on: if retry_on.is_empty() { RetryOn::ALL.to_vec() } else { retry_on },
                     backoff_s: retry_backoff.unwrap_or(htfaas_functions::on_failure::DEFAULT_RETRY_BACKOFF_S),
                 }),
+                webhook,
             };
             // Read before anything is registered: a missing file changes nothing.
             let mut values = std::collections::BTreeMap::new();

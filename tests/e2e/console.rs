@@ -4,7 +4,8 @@
 //! chromium ([`htfaas_tests::cdp::Browser`]), a wrong token is refused plainly, then the admin
 //! token is pasted and the DOM must show: the event-flow chart started from the gateway's own
 //! history (`GET /v1/stats/history`); the function with its version, state (following a
-//! disable), trigger and last run; the attached EP with its slots; the job, completed, with its
+//! disable), trigger and last run; the attached EP with its slots; a failed job's dead letter;
+//! the job, completed, with its
 //! input and output; a history; the event-flow chart with points; the owner's usage chart (or, on a gateway without
 //! the report, a plain "not available"); and the audit search's lineage of the file, from the
 //! input and back from the output. A file whose name is markup (`<img src=x onerror=…>`) is
@@ -272,10 +273,29 @@ async fn the_console_shows_jobs_flow_usage_and_a_files_lineage_in_headless_chrom
         assert_eq!(upload, true, "the input is shown as the upload");
     }
 
-    // A file named with markup: shown as text in the jobs table and the lineage, never run.
+    // A file named with markup: shown as text in the jobs table, the lineage and (a function
+    // that fails on it) the dead letters, never run.
+    let module = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("wasm")).await.expect("upload");
+    let fails = htfaas_functions::FunctionManifest {
+        name: "fails".into(),
+        args: vec!["exit".into(), "3".into()],
+        ..htfaas::stack::demo_manifest(module)
+    };
+    client.register(&fails).await.expect("register the failing function");
     client.put_bytes(b"xss".to_vec(), XSS_PATH).await.expect("upload the markup-named file");
+    let dlq_row = "document.querySelector('#dlq tbody tr[data-function=\"fails\"]')";
+    browser
+        .wait_for("the failed job's dead letter", &format!("{dlq_row}?.dataset.kind === 'failed'"), WAIT)
+        .await
+        .expect("the dead letters show the failed job");
+    let text = browser.evaluate(&format!("{dlq_row}.textContent")).await.expect("row text");
+    let text = text.as_str().unwrap_or_default();
+    for want in [XSS_PATH, "fails v1", "alice", "exit"] {
+        assert!(text.contains(want), "{want:?} not in the dead letter's row {text:?}");
+    }
     let xss_row = format!(
-        "[...document.querySelectorAll('#jobs tbody tr')].find(tr => tr.querySelector('td.input')?.textContent === {})",
+        "[...document.querySelectorAll('#jobs tbody tr')].find(tr => tr.querySelector('td.input')?.textContent === {} \
+         && tr.querySelector('td.function')?.textContent.startsWith('checksum'))",
         js(XSS_PATH)
     );
     browser

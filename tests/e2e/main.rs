@@ -40,5 +40,6 @@ mod tls;
 mod tokens;
 mod trace;
 mod triggers;
+mod webhook;
 mod xrootd;
 mod xrootd_support;

@@ -26,6 +26,38 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// How long the stream keeps a notification, seconds (7 days, as the events stream).
 pub const JOBS_MAX_AGE_S: u64 = 7 * 24 * 3600;
 
+/// A failure webhook's request (issue 23): the header holding `sha256=<hex>`, the HMAC-SHA256
+/// under the function's key of `<timestamp>.<body>` ([`webhook_signature`]).
+pub const WEBHOOK_SIGNATURE_HEADER: &str = "x-htfaas-signature";
+/// The Unix seconds the signature covers: a receiver refuses an old one (a replay).
+pub const WEBHOOK_TIMESTAMP_HEADER: &str = "x-htfaas-timestamp";
+/// The notification's identity ([`JobNotification::msg_id`]): the same for every try of one
+/// delivery, so a receiver can drop a repeat.
+pub const WEBHOOK_DELIVERY_HEADER: &str = "x-htfaas-delivery";
+
+/// The value of [`WEBHOOK_SIGNATURE_HEADER`] for `body` sent at `timestamp` under `key`.
+pub fn webhook_signature(key: &[u8], timestamp: u64, body: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(timestamp.to_string().as_bytes());
+    ctx.update(b".");
+    ctx.update(body);
+    format!("sha256={}", hex::encode(ctx.sign().as_ref()))
+}
+
+/// Whether `signature` (the header's value) signs `body` at `timestamp` under `key`, compared
+/// in constant time: what a receiver checks (besides the timestamp's age).
+pub fn verify_webhook(key: &[u8], timestamp: u64, body: &[u8], signature: &str) -> bool {
+    let Some(mac) = signature.strip_prefix("sha256=").and_then(|h| hex::decode(h).ok()) else {
+        return false;
+    };
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let mut signed = timestamp.to_string().into_bytes();
+    signed.push(b'.');
+    signed.extend_from_slice(body);
+    ring::hmac::verify(&key, &signed, &mac).is_ok()
+}
+
 /// One job's end, as published on [`notification_subject`]: JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobNotification {
@@ -107,6 +139,26 @@ pub fn subject_token(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_webhook_signature_verifies_only_for_its_key_time_and_body() {
+        let key = b"Jefe";
+        let sig = webhook_signature(key, 1_700_000_000, br#"{"job_id":"j"}"#);
+        assert!(sig.starts_with("sha256=") && sig.len() == 7 + 64, "{sig}");
+        assert!(verify_webhook(key, 1_700_000_000, br#"{"job_id":"j"}"#, &sig));
+        assert!(!verify_webhook(b"jefe", 1_700_000_000, br#"{"job_id":"j"}"#, &sig), "another key");
+        assert!(!verify_webhook(key, 1_700_000_001, br#"{"job_id":"j"}"#, &sig), "another time");
+        assert!(!verify_webhook(key, 1_700_000_000, br#"{"job_id":"k"}"#, &sig), "another body");
+        for bad in ["", "sha256=", "sha256=zz", "md5=00", &sig[..sig.len() - 2]] {
+            assert!(!verify_webhook(key, 1_700_000_000, br#"{"job_id":"j"}"#, bad), "{bad:?}");
+        }
+        // What is signed: `<timestamp>.<body>`, as a receiver in another language rebuilds it.
+        let data = b"what do ya want for nothing?";
+        let mut signed = b"7.".to_vec();
+        signed.extend_from_slice(data);
+        let mac = ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key), &signed);
+        assert_eq!(webhook_signature(key, 7, data), format!("sha256={}", hex::encode(mac.as_ref())));
+    }
 
     #[test]
     fn subject_tokens_escape_what_a_subject_would_split_on_and_stay_distinct() {

@@ -69,6 +69,13 @@ pub(super) async fn register(
         tracing::info!(function = %manifest.name, owner = %manifest.owner, "registration refused: {e}");
         return Err(HttpError(StatusCode::FORBIDDEN, format!("function {}: {e}", manifest.name)));
     }
+    // A failure webhook only to a host the site allows (issue 23).
+    if let Some(webhook) = &manifest.webhook
+        && let Err(e) = shared.webhooks.check(webhook)
+    {
+        tracing::info!(function = %manifest.name, owner = %manifest.owner, "registration refused: {e}");
+        return Err(HttpError(StatusCode::BAD_REQUEST, format!("function {}: {e}", manifest.name)));
+    }
     if query.dry_run {
         return dry_run_registration(&shared, events, &query, manifest).await;
     }

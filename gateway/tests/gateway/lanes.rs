@@ -68,6 +68,7 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
         limits: Default::default(),
         group: None,
         secrets: Default::default(),
+        webhook: None,
     }
 }
 

@@ -65,6 +65,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             limits: Default::default(),
             group: None,
             secrets: Default::default(),
+            webhook: None,
         },
     }
 }

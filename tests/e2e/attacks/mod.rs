@@ -13,3 +13,4 @@ mod scheduler;
 mod servers;
 mod tenancy;
 mod traces;
+mod webhooks;

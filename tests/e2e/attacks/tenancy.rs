@@ -52,6 +52,7 @@ fn manifest(
         limits: Default::default(),
         group: None,
         secrets: Default::default(),
+        webhook: None,
     }
 }
 
