@@ -50,6 +50,8 @@ pub struct StackOptions {
     pub macaroon_validity: (String, String),
     /// Further settings of the gateway's configuration, by field (tests: e.g. `webhook_hosts`).
     pub gateway_settings: serde_json::Map<String, serde_json::Value>,
+    /// Further settings of the scheduler's configuration, by field (tests: e.g. `otlp_endpoint`).
+    pub scheduler_settings: serde_json::Map<String, serde_json::Value>,
 }
 
 impl StackOptions {
@@ -65,6 +67,7 @@ impl StackOptions {
             tls: false,
             macaroon_validity: ("PT2H".into(), "PT4H".into()),
             gateway_settings: serde_json::Map::new(),
+            scheduler_settings: serde_json::Map::new(),
         }
     }
 }
@@ -473,6 +476,9 @@ impl Stack {
         let mut scheduler_json = serve_tls(layout.scheduler(scheduler_addr, &nats.url(), &storage_url, &gateway_url));
         if let Some(pki) = &pki {
             scheduler_json["gateway_ca_file"] = serde_json::json!(pki.ca_file);
+        }
+        for (field, value) in &opts.scheduler_settings {
+            scheduler_json[field] = value.clone();
         }
         if let Some(origins) = scheduler_json["storage_origins"].as_array_mut() {
             origins.extend(opts.trusted_storage.iter().map(|o| serde_json::Value::from(o.as_str())));

@@ -19,7 +19,8 @@
 //!   record kind the gateway and the scheduler write;
 //! - [`store`]: what the stores of the other crates share (private state files, durability;
 //!   with feature `db`, SQLite's stepwise migration); [`time`]: wall-clock time and UTC dates;
-//!   [`trace`]: the W3C `traceparent` of each event and hop;
+//!   [`trace`]: the W3C `traceparent` of each event and hop; [`spans`]: a job's span tree from
+//!   its records;
 //! - [`macaroon`], [`metrics`]: the macaroon codec, the metrics encoding;
 //! - `nats` (feature `nats`): NATS nkey credentials and the connect options every NATS client
 //!   of htfaas is built from;
@@ -55,6 +56,7 @@ pub mod resources;
 pub mod seal;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod spans;
 pub mod store;
 pub mod time;
 pub mod token;

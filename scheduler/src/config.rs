@@ -161,6 +161,11 @@ pub struct Config {
     /// system's. Default: none.
     #[serde(default)]
     pub gateway_ca_file: Option<PathBuf>,
+    /// An OpenTelemetry collector's OTLP/HTTP traces URL (e.g.
+    /// `http://127.0.0.1:4318/v1/traces`): each ended job's spans are exported there
+    /// ([`crate::otlp`], issue 23). Default: none (nothing exported).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
     /// The listener's header and body idle timeouts and connection cap, TLS or not. Default:
     /// see [`htfaas_functions::serve::Limits`].
     #[serde(default)]
@@ -288,6 +293,8 @@ pub struct Settings {
     pub(crate) notify: Option<NotifySettings>,
     /// Where running jobs' macaroons are renewed ([`Config::gateway_url`]).
     pub(crate) gateway: Option<crate::gateway_client::Gateway>,
+    /// Where ended jobs' spans are exported ([`Config::otlp_endpoint`]).
+    pub(crate) otlp: Option<crate::otlp::Otlp>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -381,6 +388,7 @@ impl Config {
             module_stores: Vec::new(),
             gateway_url: None,
             gateway_ca_file: None,
+            otlp_endpoint: None,
             http: Default::default(),
             seal_key_file: None,
             annex_file: None,
@@ -439,6 +447,10 @@ impl Config {
             Some(url) => {
                 Some(crate::gateway_client::Gateway::new(gateway_client(self.gateway_ca_file.as_deref())?, url))
             }
+        };
+        let otlp = match &self.otlp_endpoint {
+            None => None,
+            Some(url) => Some(crate::otlp::Otlp::new(url, gateway_client(None)?)?),
         };
         self.http.check()?;
         anyhow::ensure!(self.jobs_stream_replicas >= 1, "jobs_stream_replicas must be at least 1");
@@ -524,6 +536,7 @@ impl Config {
             annexes,
             notify,
             gateway,
+            otlp,
         })
     }
 }

@@ -569,6 +569,14 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
         Ok(Some(f)) => {
             tracing::Span::current().record("state", f.state.as_str());
             tracing::info!(owner = %f.owner, "job finished");
+            if let Some(otlp) = &shared.otlp
+                && matches!(
+                    f.state,
+                    htfaas_functions::proto::JobState::Completed | htfaas_functions::proto::JobState::Failed
+                )
+            {
+                otlp.job_ended(shared.queue.clone(), job_id.clone());
+            }
         }
         Ok(None) => {
             shared.metrics.ignored_report();

@@ -91,6 +91,7 @@ pub mod gateway_client;
 pub mod matching;
 pub mod metrics;
 pub mod notify;
+pub mod otlp;
 pub mod policy;
 pub mod queue;
 pub mod renew;
@@ -144,6 +145,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         annexes,
         notify,
         gateway,
+        otlp,
     } = settings;
     tracing::info!(annexes = annexes.list().len(), "annex records read");
     let shared = Arc::new(Shared {
@@ -166,6 +168,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         annexes,
         warm: state::WarmList::default(),
         gateway,
+        otlp,
     });
     {
         let rows = shared.queue.ep_admin().await.context("read the EPs' admin settings")?;

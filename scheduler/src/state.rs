@@ -61,6 +61,8 @@ pub struct Shared {
     pub(crate) warm: WarmList,
     /// Where running jobs' macaroons are renewed ([`crate::renew`]); none: never.
     pub(crate) gateway: Option<crate::gateway_client::Gateway>,
+    /// Where ended jobs' spans are exported (issue 23); none when not configured.
+    pub(crate) otlp: Option<crate::otlp::Otlp>,
 }
 
 impl Shared {

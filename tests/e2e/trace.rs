@@ -2,7 +2,9 @@
 //! gateway's span, the job record, the attempt's span on the EP, and `htfaas trace` rebuilds
 //! the tree from a job id, the trace id or (for an event that brought none) the event id,
 //! with the attempt's phases inside its wall time. A `traceparent` that does not parse is
-//! ignored: the event gets the trace derived from its id.
+//! ignored: the event gets the trace derived from its id. With `otlp_endpoint` set, the
+//! scheduler exports each ended job's spans to an OTLP/HTTP collector (here the test's own, on
+//! loopback) with the same ids.
 
 use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, JobRecord, JobState};
 use htfaas_functions::trace::{GATEWAY_SPAN, TraceParent};
@@ -100,5 +102,85 @@ async fn an_events_traceparent_reaches_every_hop_and_trace_rebuilds_the_tree_wit
         assert_eq!(view.trace_id, derived.trace_id_hex());
         assert_eq!(view.event.as_ref().map(|(_, p)| p.as_str()), Some(path));
     }
+    stack.stop().await.expect("stop");
+}
+
+/// A collector on loopback: every OTLP/HTTP JSON body POSTed to `/v1/traces`.
+async fn collector(got: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>) -> String {
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let got = got.clone();
+            async move {
+                if let Ok(v) = serde_json::from_slice(&body) {
+                    got.lock().expect("lock").push(v);
+                }
+                "{}"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1/traces")
+}
+
+/// (name, span id, parent span id) of each exported span of `trace_id`.
+fn exported(bodies: &[serde_json::Value], trace_id: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for body in bodies {
+        for rs in body["resourceSpans"].as_array().into_iter().flatten() {
+            for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+                for span in ss["spans"].as_array().into_iter().flatten() {
+                    if span["traceId"].as_str().is_some_and(|t| t.eq_ignore_ascii_case(trace_id)) {
+                        let field = |k: &str| span[k].as_str().unwrap_or_default().to_ascii_lowercase();
+                        out.push((field("name"), field("spanId"), field("parentSpanId")));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_exports_each_ended_jobs_spans_over_otlp_with_the_hops_ids() {
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let endpoint = collector(got.clone()).await;
+    let (_dir, stack) = htfaas_tests::start_stack_with(|o| {
+        o.scheduler_settings.insert("otlp_endpoint".into(), serde_json::json!(endpoint));
+    })
+    .await;
+    let client = stack.client().expect("client");
+    client.put_bytes(b"traced".to_vec(), "/data/raw/o.dat").await.expect("put");
+    htfaas_tests::events_settled(&client).await;
+    let digest = htfaas_tests::upload_checksum(&client).await;
+    client.register(&htfaas::stack::demo_manifest(digest)).await.expect("register");
+    let subject = format!("{CLOUDEVENTS_SUBJECT_PREFIX}.daq");
+    let body = serde_json::to_vec(&json!({"kind": "write"})).expect("json");
+    client
+        .publish_event_with_headers(&subject, &ce_headers("o-1", "/data/raw/o.dat", Some(SENT)), body)
+        .await
+        .expect("publish");
+    let job = finished_job(&client, "/data/raw/o.dat").await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let spans = wait_for("the job's spans at the collector", LIMIT, || async {
+        let spans = exported(&got.lock().expect("lock"), trace_id);
+        spans.iter().any(|(n, _, _)| n == "run").then_some(spans)
+    })
+    .await;
+    let gateway = TraceParent::parse(SENT).expect("sent").child(&format!("{GATEWAY_SPAN}checksum"));
+    let by_name = |name: &str| spans.iter().find(|(n, _, _)| n == name).cloned().unwrap_or_default();
+    let (queue, attempt, run) = (by_name("scheduler.queue"), by_name("ep.attempt"), by_name("run"));
+    assert_eq!(by_name("gateway.fire").1, gateway.span_id_hex(), "{spans:?}");
+    assert_eq!(queue.1, gateway.queue_span(&job.id).span_id_hex());
+    assert_eq!(queue.2, gateway.span_id_hex(), "the queue under the gateway");
+    assert_eq!(attempt.1, gateway.attempt_span(&job.id, 1).span_id_hex());
+    assert_eq!(attempt.2, queue.1, "the attempt under the queue");
+    assert_eq!(run.2, attempt.1, "the run under the attempt");
+    // The same ids `htfaas trace` draws.
+    let view = client.trace(&job.id).await.expect("trace");
+    let ids: Vec<String> = view.spans.iter().filter_map(|s| s.span_id.clone()).collect();
+    assert!(spans.iter().all(|(_, id, _)| ids.contains(id)), "{spans:?} vs {ids:?}");
     stack.stop().await.expect("stop");
 }
