@@ -114,7 +114,7 @@ impl Jobs {
         let trace = job.traceparent.as_deref().and_then(|t| htfaas_functions::trace::TraceParent::parse(t).ok());
         let span = tracing::info_span!(
             "ep.invoke",
-            trace_id = trace.map(|t| t.trace_id_hex()),
+            trace_id = trace.map(|t| tracing::field::display(t.trace_id_hex())),
             job.id = %job.job_id,
             function.name = %job.function.name,
             function.digest = %job.function.digest.short(),

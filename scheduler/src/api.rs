@@ -296,7 +296,7 @@ async fn accept(
         known.paths = vec![req.event.path.clone()];
     }
     if let Some(t) = req.event.trace_parent() {
-        span.record("trace_id", t.trace_id_hex().as_str());
+        span.record("trace_id", tracing::field::display(t.trace_id_hex()));
     }
     validate(&req).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     // No URL is trusted for being handed over: the module, input and output must be the site's.

@@ -59,7 +59,7 @@ async fn dispatch(
         .get(htfaas_functions::trace::HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| htfaas_functions::trace::TraceParent::parse(v).ok())
-        .map(|t| t.trace_id_hex());
+        .map(|t| tracing::field::display(t.trace_id_hex()));
     let span = tracing::info_span!("storage.request", trace_id, method = %req.method(), path = %req.uri().path());
     handle(state, client, req).instrument(span).await
 }
