@@ -25,6 +25,7 @@ mod metrics;
 mod notify;
 mod overload;
 mod path;
+mod probe_ep;
 mod python;
 mod quiet_up;
 mod remote_cli;

@@ -3,19 +3,18 @@
 //! macaroons bound to its EP's address (the stack's gateway asks for it), and what an EP is
 //! handed is checked from the EP's side of the link.
 
-use futures_util::{SinkExt as _, StreamExt as _};
-use htfaas::stack::{demo_manifest, mint_ep_token};
-use htfaas_functions::Resources;
+use crate::probe_ep::{attach_probe, next_msg};
+use futures_util::SinkExt as _;
+use htfaas::stack::demo_manifest;
 use htfaas_functions::macaroon::{attenuate, inspect};
 use htfaas_functions::proto::{
-    EVENTS_SUBJECT, EpMsg, Hello, JobAssignment, JobReport, JobState, Outcome, SchedulerMsg, Usage,
+    EVENTS_SUBJECT, EpMsg, JobAssignment, JobReport, JobState, Outcome, SchedulerMsg, Usage,
 };
 use htfaas_tests::{adler32_hex, guest_wasm, start_stack, upload_checksum, wait_for};
 use reqwest::StatusCode;
 use sha2::Digest as _;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -76,24 +75,6 @@ async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
     stack.stop().await.expect("clean stop");
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// The next message on `ws` (skipping pings), within `LIMIT`.
-async fn next_msg(ws: &mut Ws) -> SchedulerMsg {
-    loop {
-        let frame = tokio::time::timeout(LIMIT, ws.next()).await.expect("a message in time");
-        match frame.expect("link open").expect("frame") {
-            Message::Text(t) => match serde_json::from_str(t.as_str()).expect("SchedulerMsg") {
-                // Compile ahead (issue 22): a real EP's business; this one skips it.
-                SchedulerMsg::Warm { .. } => continue,
-                msg => return msg,
-            },
-            Message::Ping(_) | Message::Pong(_) => continue,
-            other => panic!("unexpected frame {other:?}"),
-        }
-    }
-}
-
 /// Through the real gateway, scheduler and storage, with this test as the EP (attached with an
 /// annex token, so the job comes here): the macaroons it is handed end with `ip:` naming the
 /// address it attached from; from there they read the input and write an output; the same
@@ -102,32 +83,7 @@ async fn next_msg(ws: &mut Ws) -> SchedulerMsg {
 async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
-    let mut probe = demo_manifest(upload_checksum(&client).await);
-    probe.name = "bound".into();
-    probe.trigger.path = "/data/bound/**".into();
-    probe.outputs.dir = "/data/bound-out/".into();
-    probe.annex = Some("probe".into());
-    client.grant("alice", htfaas_functions::namespace::Right::Annex, "probe").await.expect("grant the annex");
-    client.register(&probe).await.expect("register");
-
-    let token = mint_ep_token(dir.path(), None, Some("probe".into()), 600).expect("mint");
-    let url = stack.info().scheduler_url.replacen("http://", "ws://", 1) + "/v1/ep/attach";
-    let mut req = url.into_client_request().expect("request");
-    req.headers_mut().insert("authorization", format!("Bearer {token}").parse().expect("header"));
-    let (mut ws, _) = tokio::time::timeout(LIMIT, tokio_tungstenite::connect_async(req))
-        .await
-        .expect("attach in time")
-        .expect("attach");
-    let hello = EpMsg::Hello(Hello {
-        name: "probe-1".into(),
-        slots: Resources::new(1, 1024, 600),
-        protocol: 1,
-        annex: Some("probe".into()),
-        labels: Default::default(),
-        prefetch: None,
-    });
-    ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
-    assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));
+    let mut ws = attach_probe(&stack, dir.path(), "bound").await;
 
     client.put_bytes(b"bound input".to_vec(), "/data/bound/in.dat").await.expect("put");
     let a: JobAssignment = match next_msg(&mut ws).await {

@@ -3,35 +3,18 @@
 //! token was revoked. This test is the EP (attached with an annex token, so the annex's jobs
 //! come here); the stack's own EP runs the other job. The stack's macaroons last a few seconds.
 
-use futures_util::{SinkExt as _, StreamExt as _};
-use htfaas::stack::{demo_manifest, mint_ep_token};
+use crate::probe_ep::{Ws, attach_probe, next_msg};
+use futures_util::SinkExt as _;
+use htfaas::stack::demo_manifest;
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{AuditFilter, AuditKind};
 use htfaas_functions::macaroon::inspect;
-use htfaas_functions::proto::{EpMsg, Hello, JobAssignment, JobState, RevocationTarget, SchedulerMsg};
-use htfaas_tests::{guest_wasm, start_stack_with, upload_checksum, wait_for};
+use htfaas_functions::proto::{EpMsg, JobAssignment, JobState, RevocationTarget, SchedulerMsg};
+use htfaas_tests::{guest_wasm, start_stack_with, wait_for};
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// The next message on `ws` other than a Warm (skipping pings), within `LIMIT`.
-async fn next_msg(ws: &mut Ws) -> SchedulerMsg {
-    loop {
-        let frame = tokio::time::timeout(LIMIT, ws.next()).await.expect("a message in time");
-        match frame.expect("link open").expect("frame") {
-            Message::Text(t) => match serde_json::from_str(t.as_str()).expect("SchedulerMsg") {
-                SchedulerMsg::Warm { .. } => continue,
-                msg => return msg,
-            },
-            Message::Ping(_) | Message::Pong(_) => continue,
-            other => panic!("unexpected frame {other:?}"),
-        }
-    }
-}
 
 /// Sends Renew for `job_id` and returns the answer to it (a Cancel on the way is skipped).
 async fn renew(ws: &mut Ws, job_id: &str) -> SchedulerMsg {
@@ -59,32 +42,7 @@ async fn an_ep_gets_no_macaroons_for_a_job_it_does_not_run_nor_for_a_revoked_one
     sleeper.resources = Resources::new(1, 64, 120);
     client.register(&sleeper).await.expect("register the sleeper");
     // An annex function, whose jobs come to this test.
-    let mut probe = demo_manifest(upload_checksum(&client).await);
-    probe.name = "probe".into();
-    probe.trigger.path = "/data/probe/**".into();
-    probe.outputs.dir = "/data/probe-out/".into();
-    probe.annex = Some("probe".into());
-    client.grant("alice", htfaas_functions::namespace::Right::Annex, "probe").await.expect("grant the annex");
-    client.register(&probe).await.expect("register the probe");
-
-    let token = mint_ep_token(dir.path(), None, Some("probe".into()), 600).expect("mint");
-    let url = stack.info().scheduler_url.replacen("http://", "ws://", 1) + "/v1/ep/attach";
-    let mut req = url.into_client_request().expect("request");
-    req.headers_mut().insert("authorization", format!("Bearer {token}").parse().expect("header"));
-    let (mut ws, _) = tokio::time::timeout(LIMIT, tokio_tungstenite::connect_async(req))
-        .await
-        .expect("attach in time")
-        .expect("attach");
-    let hello = EpMsg::Hello(Hello {
-        name: "probe-1".into(),
-        slots: Resources::new(1, 1024, 600),
-        protocol: 1,
-        annex: Some("probe".into()),
-        labels: Default::default(),
-        prefetch: None,
-    });
-    ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
-    assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));
+    let mut ws = attach_probe(&stack, dir.path(), "probe").await;
 
     // 1. Another EP's job: refused, and no macaroons.
     client.put_bytes(b"long".to_vec(), "/data/long/in.dat").await.expect("put");
