@@ -47,13 +47,14 @@ pub fn advisory_subjects() -> String {
 /// Feeds failed jobs and undeliverable events into the dead-letter list until `shutdown`.
 pub async fn run(js: jetstream::Context, consumer: String, shared: Arc<Shared>, shutdown: CancellationToken) {
     tokio::join!(
-        retrying(&shutdown, || feed(&js, &consumer, &shared)),
-        retrying(&shutdown, || feed_max_deliveries(&js, &consumer, &shared)),
+        retrying(&shutdown, "the dead-letter feed", || feed(&js, &consumer, &shared)),
+        retrying(&shutdown, "the dead-letter feed", || feed_max_deliveries(&js, &consumer, &shared)),
     );
 }
 
-/// Runs `step` again after [`RETRY`] whenever it ends, until `shutdown`.
-async fn retrying<F, Fut>(shutdown: &CancellationToken, mut step: F)
+/// Runs `step` again after [`RETRY`] whenever it ends, until `shutdown`; `what` names it in the
+/// log (the dead-letter feeds, the webhook feed).
+pub(crate) async fn retrying<F, Fut>(shutdown: &CancellationToken, what: &str, mut step: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
@@ -64,7 +65,7 @@ where
             r = step() => r,
         };
         if let Err(e) = fed {
-            tracing::debug!("the dead-letter feed waits ({RETRY:?}): {e:#}");
+            tracing::debug!("{what} waits ({RETRY:?}): {e:#}");
         }
         tokio::select! {
             () = shutdown.cancelled() => break,

@@ -39,19 +39,7 @@ pub fn consumer_name(consumer: &str) -> String {
 
 /// Delivers failed jobs' notifications to their functions' webhooks until `shutdown`.
 pub async fn run(js: jetstream::Context, consumer: String, shared: Arc<Shared>, shutdown: CancellationToken) {
-    loop {
-        let fed = tokio::select! {
-            () = shutdown.cancelled() => break,
-            r = feed(&js, &consumer, &shared) => r,
-        };
-        if let Err(e) = fed {
-            tracing::debug!("the webhook feed waits: {e:#}");
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(BACKOFF[0]) => {}
-        }
-    }
+    crate::dead_letters::retrying(&shutdown, "the webhook feed", || feed(&js, &consumer, &shared)).await;
 }
 
 /// What became of one delivery.
