@@ -3,12 +3,12 @@
 //! and nothing of the entry changes; its owner's developer may.
 
 use crate::dlq::refused_entry;
-use htfaas_functions::token::{ApiClaims, Scope, SigningKey};
+use htfaas_functions::token::Scope;
 use htfaas_tests::start_stack;
 
+/// A developer token of `sub`.
 fn api_token(dir: &std::path::Path, sub: &str) -> String {
-    let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1").expect("the gateway's key");
-    key.sign(&ApiClaims::new("htfaas-gateway", sub, Scope::Developer, 600)).expect("sign")
+    super::api_token(dir, sub, Scope::Developer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

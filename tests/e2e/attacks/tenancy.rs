@@ -2,21 +2,17 @@
 //! registration, bearers at a manual run, every firing again when it becomes a job, and a job's
 //! write macaroon creates files only (issue 18, "cross-owner read and write").
 
+use super::api_token;
 use htfaas::stack::{SubmitGrant, mint_submit_token};
 use htfaas_functions::manifest::{Outputs, Trigger};
 use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::{JobState, TestRequest};
-use htfaas_functions::token::{ApiClaims, Scope, SigningKey};
+use htfaas_functions::token::Scope;
 use htfaas_functions::{FunctionManifest, Resources};
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
-
-fn api_token(dir: &Path, sub: &str, scope: Scope) -> String {
-    let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1").expect("the gateway's key");
-    key.sign(&ApiClaims::new("htfaas-gateway", sub, scope, 600)).expect("sign")
-}
 
 fn submit_token(dir: &Path, owner: &str) -> String {
     let grant = SubmitGrant {

@@ -4,15 +4,15 @@
 //! names another event's trace only labels its own jobs with it: each job keeps its owner.
 
 use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, JobState};
-use htfaas_functions::token::{ApiClaims, Scope, SigningKey};
+use htfaas_functions::token::Scope;
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use std::time::Duration;
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
+/// A developer token of `sub`.
 fn api_token(dir: &std::path::Path, sub: &str) -> String {
-    let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1").expect("the gateway's key");
-    key.sign(&ApiClaims::new("htfaas-gateway", sub, Scope::Developer, 600)).expect("sign")
+    super::api_token(dir, sub, Scope::Developer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
