@@ -579,8 +579,13 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
             }
         }
         Ok(None) => {
+            // Not this session's run (a stale report re-sent after a scheduler restart, or one
+            // already recorded): its reservation, if the table holds one now, is the
+            // dispatcher's new assignment of the job to this EP, which stays (releasing it
+            // left that attempt's own report ignored and the job running until its run time).
             shared.metrics.ignored_report();
             tracing::warn!("ignoring a report for a job the store does not have running on this EP");
+            return;
         }
         Err(e) => tracing::error!("failed to record a finished job: {e}"),
     }
