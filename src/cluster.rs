@@ -601,8 +601,20 @@ fn fault_kill(component: Component, at: Duration) -> Kill {
 async fn land_one(js: &async_nats::jetstream::Context, dir: &Path, path: &str, run_id: &str) -> anyhow::Result<()> {
     crate::traffic::write_input(&dir.join("storage/data"), path, crate::crash::INPUT_BYTES, 0)?;
     let payload = crate::traffic::transfer_write(path, crate::crash::INPUT_BYTES, run_id, 0);
-    js.publish(path_subject(path), payload.into()).await?.await?;
-    Ok(())
+    // Right after a NATS node came back the stream may have no leader for a moment ("no stream
+    // found"): publish again (a repeat is the same event, dropped by its firing key).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sent = async { js.publish(path_subject(path), payload.clone().into()).await?.await }.await;
+        match sent {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("publish {path} again: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Disables `ep1` and `ep2`, starts `ep3` behind its "NAT", fires the probe function on one
