@@ -336,7 +336,7 @@ async fn main() {
                 module_url: format!("{storage}/bench/pass-through.wasm?authz={macaroon}"),
             },
             resources: Resources::new(1, 64, 3600),
-            input: InputSpec { url: url.clone(), name: "in.dat".into(), macaroon: macaroon.clone() },
+            input: InputSpec { sha256: None, url: url.clone(), name: "in.dat".into(), macaroon: macaroon.clone() },
             output: OutputSpec {
                 url: format!("{storage}/bench/ep-{mib}-"),
                 macaroon: macaroon.clone(),

@@ -156,6 +156,7 @@ impl Jobs {
 
     async fn execute_inner(&self, job: &JobAssignment, cancel: &CancelSignal) -> (JobReport, Tally) {
         let mut report = JobReport {
+            input_sha256: None,
             job_id: job.job_id.clone(),
             outcome: Outcome::Exited { exit_code: 0 },
             usage: Usage::default(),
@@ -216,7 +217,15 @@ impl Jobs {
             download(&input, &input_path, limits.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
         let fetched = unless_cancelled(cancel, fetched).await;
         tally.input_ms = millis(started.elapsed());
-        fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
+        let sha256 = fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
+        // A re-run reads the bytes of the run it re-derives, or runs nothing (issue 23).
+        if let Some(expected) = &job.input.sha256
+            && !expected.eq_ignore_ascii_case(&sha256)
+        {
+            report.input_sha256 = Some(sha256.clone());
+            return Err(htfaas_functions::proto::rerun::input_changed(&sha256, expected));
+        }
+        report.input_sha256 = Some(sha256);
         if cancel.is_cancelled() {
             return Err(cancel.outcome());
         }

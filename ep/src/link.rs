@@ -266,6 +266,7 @@ impl Link {
             EpMsg::NotStarted { job_id, reason: reason.to_owned() }
         } else {
             EpMsg::Finished(JobReport {
+                input_sha256: None,
                 job_id,
                 outcome: Outcome::Cancelled { reason: reason.to_owned() },
                 usage: Usage::default(),
@@ -618,6 +619,7 @@ impl Link {
                     tracing::info!(job.id = %job_id, %reason, "cancelling a queued job: it never starts");
                     self.queued.remove(at);
                     self.pending.push_back(EpMsg::Finished(JobReport {
+                        input_sha256: None,
                         job_id,
                         outcome: Outcome::Cancelled { reason },
                         usage: Usage::default(),

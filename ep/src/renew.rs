@@ -244,6 +244,7 @@ mod tests {
                 },
                 resources: htfaas_functions::Resources::new(1, 1, 1),
                 input: htfaas_functions::proto::InputSpec {
+                    sha256: None,
                     url: "http://s/i".into(),
                     name: "i".into(),
                     macaroon: input.into(),

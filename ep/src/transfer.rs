@@ -220,28 +220,29 @@ async fn fetch_module_once(http: &reqwest::Client, url: &str) -> Result<Vec<u8>,
     Ok(bytes)
 }
 
-/// `GET` the input with the bearer macaroon, streamed to `dest`, with retries (each one starts
-/// again from an empty file). `n` counts the bytes written by the current try as they arrive,
-/// so a cancelled download still reports what it read. With `limit`, an input larger than it
-/// fails at once, checked against `Content-Length` first, then as it arrives.
+/// `GET` the input with the bearer macaroon, streamed to `dest` and hashed, with retries (each
+/// one starts again from an empty file). `n` counts the bytes written by the current try as
+/// they arrive, so a cancelled download still reports what it read. With `limit`, an input
+/// larger than it fails at once, checked against `Content-Length` first, then as it arrives.
+/// Returns the sha256 hex of the bytes written.
 pub(crate) async fn download(
     from: &Transfer<'_>,
     dest: &Path,
     limit: Option<u64>,
     n: &mut u64,
     retries: &mut u32,
-) -> Result<(), GaveUp> {
+) -> Result<String, GaveUp> {
     let mut retry = Retry::new(retries);
     loop {
         *n = 0;
         match download_once(from, dest, limit, n).await {
-            Ok(()) => return Ok(()),
+            Ok(sha256) => return Ok(sha256),
             Err(failed) => retry.after(failed).await?,
         }
     }
 }
 
-async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: &mut u64) -> Result<(), Failed> {
+async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: &mut u64) -> Result<String, Failed> {
     let what = format!("GET {}", shown(from.url));
     let too_big = |size: String, limit: u64| {
         Failed::permanent(format!("input of {size} bytes exceeds the scratch limit of {limit} bytes"))
@@ -263,6 +264,7 @@ async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: 
     let file = tokio::fs::File::create(dest).await.map_err(local)?;
     let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
     let mut body = resp.bytes_stream();
+    let mut hash = Sha256::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| Failed::request(&what, e))?;
         let after = *n + chunk.len() as u64;
@@ -272,9 +274,11 @@ async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: 
             return Err(too_big(format!("at least {after}"), limit));
         }
         file.write_all(&chunk).await.map_err(local)?;
+        hash.update(&chunk);
         *n = after;
     }
-    file.flush().await.map_err(local)
+    file.flush().await.map_err(local)?;
+    Ok(hex::encode(hash.finalize()))
 }
 
 /// What `upload_outputs` did.

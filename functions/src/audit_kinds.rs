@@ -112,12 +112,13 @@ impl AuditDraft {
 
     /// `job.finished`, as the EP `ep` reported it: one record for what the run did. Subject: the
     /// job (whose paths hold its input) and every output path, so a query by either file finds it.
-    /// Detail: `{outcome, reason, usage, input: {path, bytes} | null, outputs: [{path, size,
-    /// sha256}]}`. The guest's log is not recorded.
+    /// Detail: `{outcome, reason, usage, input: {path, bytes, sha256} | null, outputs: [{path,
+    /// size, sha256}]}` (the input's `sha256` as the EP read it, null when it did not read it
+    /// whole). The guest's log is not recorded.
     pub fn job_finished(
         mut subject: Subject,
         ep: &str,
-        input: Option<(&str, u64)>,
+        input: Option<(&str, u64, Option<&str>)>,
         outputs: &[OutputFile],
         outcome: &Outcome,
         usage: &Usage,
@@ -127,7 +128,8 @@ impl AuditDraft {
                 subject.paths.push(o.path.clone());
             }
         }
-        let input = input.map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes }));
+        let input =
+            input.map(|(path, bytes, sha256)| serde_json::json!({ "path": path, "bytes": bytes, "sha256": sha256 }));
         let detail = serde_json::json!({
             "outcome": outcome, "reason": outcome.reason(), "usage": usage, "input": input, "outputs": outputs,
         });

@@ -142,7 +142,7 @@ pub async fn prepare(
             module_url: format!("{}/v1/modules/{}", cx.public_url, m.module),
         },
         resources: m.resources,
-        input: InputSpec { url: cx.storage.url_of(&event.path), name, macaroon: read },
+        input: InputSpec { sha256: None, url: cx.storage.url_of(&event.path), name, macaroon: read },
         output: OutputSpec {
             url: cx.storage.url_of(&m.outputs.dir),
             macaroon: write,

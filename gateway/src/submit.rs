@@ -324,6 +324,7 @@ mod tests {
             },
             resources: htfaas_functions::Resources::new(2, 512, runtime_s),
             input: htfaas_functions::proto::InputSpec {
+                sha256: None,
                 url: "http://s/a".into(),
                 name: "a".into(),
                 macaroon: "m".into(),

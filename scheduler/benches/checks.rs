@@ -35,7 +35,12 @@ fn request() -> SubmitRequest {
             digest,
         },
         resources: Resources::new(1, 256, 60),
-        input: InputSpec { url: format!("{STORAGE}{input}"), name: "frame-000123.dat".into(), macaroon: macaroon(340) },
+        input: InputSpec {
+            sha256: None,
+            url: format!("{STORAGE}{input}"),
+            name: "frame-000123.dat".into(),
+            macaroon: macaroon(340),
+        },
         output: OutputSpec {
             url: format!("{STORAGE}/data/experiment/derived/2025/06/run-004211/"),
             macaroon: macaroon(360),
@@ -56,6 +61,7 @@ fn request() -> SubmitRequest {
 
 fn report() -> JobReport {
     JobReport {
+        input_sha256: None,
         job_id: "j".into(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage: Usage { wall_ms: 900, cpu_ms: 800, peak_memory_bytes: 1 << 20, ..Usage::default() },

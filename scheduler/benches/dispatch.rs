@@ -320,6 +320,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         },
         resources: Resources::new(1, 256, 60),
         input: InputSpec {
+            sha256: None,
             url: format!("https://dcache.example.org:2880{input}"),
             name: "frame-000123.dat".into(),
             macaroon: macaroon(&["activity:DOWNLOAD", &format!("path:{input}"), "before:2030-01-01T00:00:00Z"]),
@@ -579,6 +580,7 @@ async fn fake_ep(
 /// A small successful report, as an EP sends after a short checksum run.
 fn report(job_id: String) -> EpMsg {
     EpMsg::Finished(JobReport {
+        input_sha256: None,
         job_id,
         outcome: Outcome::Exited { exit_code: 0 },
         usage: Usage {

@@ -10,7 +10,9 @@
 //!   it was submitted with), with a clean path of at most [`MAX_OUTPUT_PATH_BYTES`] bytes and a
 //!   sha256 of 64 hex digits, and at most [`MAX_REPORTED_OUTPUTS`] of them; a path in a
 //!   quarantine directory only as `<output dir>.quarantine/<its job id>/<name>`, for a job that
-//!   asked for quarantine (`outputs.on_failure`) and a run that failed: a report that
+//!   asked for quarantine (`outputs.on_failure`) and a run that failed; a path in a re-run's
+//!   scratch directory only for a re-run (issue 23); an input sha256, when named, of 64 hex
+//!   digits: a report that
 //!   breaks this is a protocol violation ([`Violation`]). It is not believed at all — neither its
 //!   outcome, its outputs (nothing enters the lineage) nor its usage (nothing is charged) — and
 //!   the attempt counts as lost ([`crate::queue::Queue::finish`]).
@@ -20,6 +22,7 @@
 use htfaas_functions::manifest::{FailedOutputs, is_clean_abs_path};
 use htfaas_functions::on_failure::{is_quarantined, quarantine_dir};
 use htfaas_functions::proto::JobReport;
+use htfaas_functions::proto::rerun::in_scratch;
 
 /// What an EP's wall time may exceed the scheduler's own view of the attempt by, ms: the
 /// Assign's and the report's time on the wire and in the EP's queues (both ends of the view are
@@ -110,6 +113,13 @@ pub enum Violation {
         /// The path (cut to 200 characters).
         path: String,
     },
+    /// The input's sha256 is not 64 hex digits.
+    #[error("the report's input sha256 is not 64 hex digits")]
+    BadInputDigest,
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn shown(path: &str) -> String {
@@ -135,6 +145,9 @@ pub fn doubt(report: &mut JobReport, seen: &Observed) -> Result<Clamped, Violati
     if report.outputs.len() > MAX_REPORTED_OUTPUTS {
         return Err(Violation::TooManyOutputs { count: report.outputs.len() });
     }
+    if report.input_sha256.as_deref().is_some_and(|h| !is_sha256_hex(h)) {
+        return Err(Violation::BadInputDigest);
+    }
     for o in &report.outputs {
         if o.path.len() > MAX_OUTPUT_PATH_BYTES {
             return Err(Violation::PathTooLong { bytes: o.path.len() });
@@ -142,13 +155,15 @@ pub fn doubt(report: &mut JobReport, seen: &Observed) -> Result<Clamped, Violati
         let inside = o.path.strip_prefix(seen.output_dir.as_str()).is_some_and(|name| !name.is_empty());
         if !inside
             || (is_quarantined(&o.path) && !quarantine_ok(report, seen, &o.path))
+            // Only a re-run writes into a re-run's scratch directory (its output directory is one).
+            || (in_scratch(&o.path) && !in_scratch(&seen.output_dir))
             || o.path.ends_with('/')
             || !is_clean_abs_path(&o.path)
             || o.path.chars().any(char::is_control)
         {
             return Err(Violation::ForeignOutput { path: shown(&o.path), dir: seen.output_dir.clone() });
         }
-        if o.sha256.len() != 64 || !o.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_sha256_hex(&o.sha256) {
             return Err(Violation::BadDigest { path: shown(&o.path) });
         }
     }
@@ -194,6 +209,7 @@ mod tests {
 
     fn report(outputs: &[&str], usage: Usage) -> JobReport {
         JobReport {
+            input_sha256: None,
             job_id: "j".into(),
             outcome: Outcome::Exited { exit_code: 0 },
             usage,
@@ -304,5 +320,27 @@ mod tests {
         let mut r = report(&["/data/out/a"], Usage::default());
         r.outputs[0].sha256 = "zz".repeat(32);
         assert!(matches!(doubt(&mut r, &seen()), Err(Violation::BadDigest { .. })));
+    }
+
+    // Issue 23: the input's checksum is what a re-run is held to, so it must be one.
+    #[test]
+    fn an_input_sha256_must_be_64_hex_digits() {
+        for (bad, refused) in
+            [("ab".repeat(32), false), ("zz".repeat(32), true), ("ab".repeat(31), true), (String::new(), true)]
+        {
+            let mut r = report(&["/data/out/a"], Usage::default());
+            r.input_sha256 = Some(bad.clone());
+            assert_eq!(doubt(&mut r, &seen()) == Err(Violation::BadInputDigest), refused, "{bad:?}");
+        }
+    }
+
+    // Issue 23: a re-run's scratch directory is written by the re-run only.
+    #[test]
+    fn only_a_rerun_reports_outputs_in_a_rerun_scratch_directory() {
+        let mut r = report(&["/data/out/.rerun/r1/a.sum"], Usage::default());
+        assert!(matches!(doubt(&mut r, &seen()), Err(Violation::ForeignOutput { .. })));
+        let rerun = Observed { output_dir: "/data/out/.rerun/r1/".into(), ..seen() };
+        let mut r = report(&["/data/out/.rerun/r1/a.sum"], Usage::default());
+        assert_eq!(doubt(&mut r, &rerun), Ok(Clamped::default()));
     }
 }

@@ -538,6 +538,7 @@ async fn not_started(shared: Arc<Shared>, ep_id: String, job_id: String, reason:
         }
     }
     let report = JobReport {
+        input_sha256: None,
         job_id,
         outcome: Outcome::Cancelled { reason },
         usage: Usage::default(),

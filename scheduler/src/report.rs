@@ -329,6 +329,7 @@ mod tests {
                 Some(outcome) => {
                     q.mark_running(vec![id.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
                     let report = JobReport {
+                        input_sha256: None,
                         job_id: id.clone(),
                         outcome: outcome.clone(),
                         usage: s.usage,

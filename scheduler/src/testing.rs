@@ -24,6 +24,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         },
         resources: Resources::new(1, 64, 60),
         input: InputSpec {
+            sha256: None,
             url: "http://storage/data/raw/a".into(),
             name: "a".into(),
             macaroon: macaroon("DOWNLOAD", "/data/raw/a"),

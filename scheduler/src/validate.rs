@@ -57,6 +57,9 @@ pub enum SubmitInvalid {
     /// `input.url` is not an http(s) URL.
     #[error("input.url must be an http or https URL")]
     InputUrl,
+    /// The input's expected sha256 is not 64 hex digits.
+    #[error("input.sha256 must be 64 hex digits")]
+    InputSha256,
     /// `output.url` is not an http(s) URL ending in `/`.
     #[error("output.url must be an http or https URL ending in '/'")]
     OutputUrl,
@@ -128,6 +131,9 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     if !http_url(&req.input.url) {
         return Err(InputUrl);
     }
+    if req.input.sha256.as_deref().is_some_and(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(InputSha256);
+    }
     if !http_url(&req.output.url) || !req.output.url.ends_with('/') {
         return Err(OutputUrl);
     }
@@ -185,5 +191,14 @@ mod tests {
         assert!(matches!(validate(&r), Err(SubmitInvalid::Trace(_))));
         r.event.trace = Some(htfaas_functions::trace::TraceParent::for_event("e").to_string());
         assert!(validate(&r).is_ok());
+    }
+
+    #[test]
+    fn an_expected_input_sha256_must_be_64_hex_digits() {
+        let mut r = crate::testing::request("k");
+        for (h, ok) in [("ab".repeat(32), true), ("ab".repeat(33), false), ("g".repeat(64), false)] {
+            r.input.sha256 = Some(h.clone());
+            assert_eq!(validate(&r).is_ok(), ok, "{h}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! `htfaas audit`: the audit trails' records, a file's lineage, and `audit verify|head|keys`.
+//! `htfaas audit`: the audit trails' records, a file's lineage, `audit verify|head|keys`, and
+//! `audit rerun` (re-derive a file, issue 23).
 //! Must not know: how records, lineages and reports are printed ([`super::output`]).
 
 use super::args::{DirArg, client, parse_time_arg};
@@ -76,6 +77,31 @@ pub enum AuditCommand {
         #[arg(long, value_name = "DB")]
         file: PathBuf,
     },
+    /// Re-derive files (issue 23): run the function version that wrote each again, on the same
+    /// input bytes (by the sha256 its run recorded; nothing runs if the input changed), into a
+    /// scratch directory beside its outputs, and compare the output's sha256. Exits non-zero
+    /// unless every file came out identical.
+    Rerun {
+        /// The file to re-derive.
+        #[arg(long, value_name = "PATH", required_unless_present = "all", conflicts_with = "all")]
+        file: Option<String>,
+        /// Sample the outputs of jobs completed since --since instead (one per job, spread
+        /// evenly over them, at most --sample).
+        #[arg(long, requires = "since")]
+        all: bool,
+        /// With --all: from this time on: RFC 3339, Unix seconds, or before now (-2h).
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        since: Option<String>,
+        /// With --all: at most this many files.
+        #[arg(long, default_value_t = 10)]
+        sample: usize,
+        /// Longest wait for each re-run to end, seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the JWKS of both audit keys, the scheduler's and the gateway's (for `audit verify
     /// --file … --keys …` of either trail); keep a copy where the trails' hosts cannot change it.
     Keys,
@@ -84,6 +110,31 @@ pub enum AuditCommand {
 /// `htfaas audit …`.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
     match args {
+        AuditArgs { dir, action: Some(AuditCommand::Rerun { file, all: _, since, sample, timeout, json }), .. } => {
+            let c = client(&dir)?;
+            let files = match (file, since) {
+                (Some(file), _) => vec![file],
+                (None, Some(since)) => {
+                    let since = htfaas_gateway::replay::parse_time(&since, htfaas_gateway::replay::now_ms())
+                        .map_err(anyhow::Error::msg)?;
+                    c.recent_outputs(since, sample).await?
+                }
+                (None, None) => anyhow::bail!("--file PATH, or --all --since T"),
+            };
+            anyhow::ensure!(!files.is_empty(), "no completed job's output to re-derive since then");
+            // Submitted together, then waited for: the runs overlap.
+            let mut reruns = Vec::with_capacity(files.len());
+            for f in &files {
+                reruns.push(c.rerun(f).await.with_context(|| format!("re-derive {f}"))?);
+            }
+            let timeout = std::time::Duration::from_secs(timeout);
+            let mut checked = Vec::with_capacity(reruns.len());
+            for r in reruns {
+                let (verdict, _) = c.rerun_verdict(&r, timeout).await?;
+                checked.push((r, verdict));
+            }
+            output::reruns(&checked, json)
+        }
         AuditArgs { dir, action: Some(AuditCommand::Keys), .. } => output::json(&client(&dir)?.audit_keys().await?),
         AuditArgs { action: Some(AuditCommand::Head { file }), .. } => {
             match htfaas_functions::audit::anchor::head(&file).with_context(|| format!("read {}", file.display()))? {

@@ -7,6 +7,7 @@
 
 mod dlq;
 mod info;
+mod rerun;
 mod trace;
 
 pub use info::StackInfo;

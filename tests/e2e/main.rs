@@ -31,6 +31,7 @@ mod quiet_up;
 mod remote_cli;
 mod renew;
 mod replay;
+mod rerun;
 mod revoke;
 mod scopes;
 mod secrets;

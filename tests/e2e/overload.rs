@@ -59,7 +59,12 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
             module_url: format!("{}/v1/modules/{}", info.gateway_url, spin.manifest.module),
         },
         resources: spin.manifest.resources,
-        input: InputSpec { url: format!("{storage}/data/spin/in.dat"), name: "in.dat".into(), macaroon: read.clone() },
+        input: InputSpec {
+            sha256: None,
+            url: format!("{storage}/data/spin/in.dat"),
+            name: "in.dat".into(),
+            macaroon: read.clone(),
+        },
         output: OutputSpec {
             url: format!("{storage}/data/spin-out/"),
             macaroon: write.clone(),

@@ -118,6 +118,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
     assert_eq!(client.get_bytes("/data/bound-out/from-the-ep").await.expect("get").as_deref(), Some(&b"out"[..]));
 
     let report = EpMsg::Finished(JobReport {
+        input_sha256: None,
         job_id: a.job_id.clone(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage: Usage::default(),

@@ -92,7 +92,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
             digest,
         },
         resources: Resources::new(1, 64, 10),
-        input: InputSpec { url: format!("{storage}/data/raw/a"), name: "a".into(), macaroon: "m".into() },
+        input: InputSpec { sha256: None, url: format!("{storage}/data/raw/a"), name: "a".into(), macaroon: "m".into() },
         output: OutputSpec {
             url: format!("{storage}/data/out/"),
             macaroon: "m".into(),

@@ -300,6 +300,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         },
         resources: record.manifest.resources,
         input: InputSpec {
+            sha256: None,
             url: issuer.storage.url_of("/store/in/run17.dat"),
             name: "run17.dat".into(),
             macaroon: read,

@@ -156,6 +156,7 @@ impl Flaky {
             },
             resources: Resources::new(1, 64, 30),
             input: InputSpec {
+                sha256: None,
                 url: format!("{}{input_path}", self.base),
                 name: "in.dat".into(),
                 macaroon: READ_MAC.into(),

@@ -370,6 +370,7 @@ impl Harness {
             },
             resources: Resources::new(1, 64, 30),
             input: InputSpec {
+                sha256: None,
                 url: format!("{}/storage/{dir}/{name}", self.base),
                 name: name.into(),
                 macaroon: READ_MAC.into(),

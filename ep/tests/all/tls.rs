@@ -167,6 +167,7 @@ impl Scheduler {
             },
             resources: Resources::new(1, 256, 60),
             input: InputSpec {
+                sha256: None,
                 url: format!("{storage}/in/wiki.txt"),
                 name: "wiki.txt".into(),
                 macaroon: mac("activity:DOWNLOAD"),

@@ -7,7 +7,8 @@
 //! `clock` (prints the wall clock and a random number: both must be available), `sleep S` (creates
 //! `/output/sleeping`, then one sleep of S seconds, then prints `slept`), `fds N` (opens its input N times and keeps every
 //! handle open), `write-then-exit N` (writes `/output/partial.txt`, then exits with N: a failed
-//! run that left an output), `ok`.
+//! run that left an output), `stamp` (writes `/output/stamp.json` holding the wall clock and a
+//! random number: an output that differs on every run, for `htfaas audit rerun`), `ok`.
 
 use std::io::Write as _;
 
@@ -25,6 +26,12 @@ fn main() {
         "write" => write_big(n),
         "exit" => std::process::exit(i32::try_from(n).unwrap_or(1)),
         "clock" => clock(),
+        "stamp" => {
+            if let Err(e) = std::fs::write("/output/stamp.json", stamp()) {
+                eprintln!("stamp: {e}");
+                std::process::exit(1);
+            }
+        }
         "sleep" => {
             // The marker says "about to sleep" to a test watching the scratch directory.
             if let Err(e) = std::fs::write("/output/sleeping", b"") {
@@ -107,10 +114,15 @@ fn write_big(mb: u64) {
 }
 
 fn clock() {
+    println!("{}", stamp());
+}
+
+/// The wall clock and a random number, as JSON.
+fn stamp() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let mut seed = std::collections::hash_map::RandomState::new();
     let r = std::hash::BuildHasher::hash_one(&mut seed, 42u8);
-    println!("{{\"unix_s\":{now},\"random\":{r}}}");
+    format!("{{\"unix_s\":{now},\"random\":{r}}}")
 }
 
 fn open_many(n: u64) {

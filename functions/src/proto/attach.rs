@@ -559,6 +559,11 @@ pub struct JobReport {
     pub outputs: Vec<OutputFile>,
     /// The guest's stdout then stderr, bounded by the EP.
     pub log: String,
+    /// The sha256 (hex) of the input as the EP read it, once read whole: recorded with the run
+    /// (`job.finished`), so that the file's outputs can be re-derived from the same bytes
+    /// ([`super::rerun`]). Absent before the input was read (and from EPs before issue 23).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_sha256: Option<String>,
 }
 
 #[cfg(test)]

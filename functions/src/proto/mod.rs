@@ -16,8 +16,8 @@
 //! scheduler), [`attach`] (EP to scheduler), [`jobs`] and [`admin`] (the scheduler's API),
 //! [`annex`] (annexes: EPs provisioned through a batch system),
 //! [`api`] (the gateway's API), [`lineage`] (the gateway's audit routes), [`notify`]
-//! (job-end notifications on NATS), [`dlq`] (the gateway's dead-letter list) and [`renew`]
-//! (renewing a running job's macaroons, scheduler to gateway). Every item is
+//! (job-end notifications on NATS), [`dlq`] (the gateway's dead-letter list), [`renew`]
+//! (renewing a running job's macaroons, scheduler to gateway) and [`rerun`] (re-deriving a file). Every item is
 //! re-exported here: callers name `proto::X`.
 //!
 //! Must not know: how anything is stored, decided or enforced; it carries audit records but
@@ -33,6 +33,7 @@ pub mod jobs;
 pub mod lineage;
 pub mod notify;
 pub mod renew;
+pub mod rerun;
 pub mod submit;
 #[cfg(test)]
 mod tests;
@@ -48,6 +49,7 @@ pub use jobs::*;
 pub use lineage::*;
 pub use notify::*;
 pub use renew::*;
+pub use rerun::{Rerun, RerunRequest, RerunVerdict};
 pub use submit::*;
 
 use serde::{Deserialize, Serialize};

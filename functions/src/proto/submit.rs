@@ -57,6 +57,10 @@ pub struct InputSpec {
     pub name: String,
     /// Read macaroon for exactly this file (bearer; never logged).
     pub macaroon: String,
+    /// The sha256 (hex) the file's bytes must have: the EP runs nothing on other bytes
+    /// ([`super::rerun::input_changed`]). Set by a re-run ([`super::rerun`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// Where the job's outputs go.

@@ -18,6 +18,7 @@ fn transfer_message_parses_dcache_quirks() {
 #[test]
 fn ep_messages_round_trip() {
     let msg = EpMsg::Finished(JobReport {
+        input_sha256: None,
         job_id: "j1".into(),
         outcome: Outcome::TimeExceeded { limit_s: 3 },
         usage: Usage { wall_ms: 1, ..Usage::default() },
@@ -50,7 +51,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
             module_url: "http://gw/v1/modules/m".into(),
         },
         resources: Resources::new(1, 1, 1),
-        input: InputSpec { url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
+        input: InputSpec { sha256: None, url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
         output: OutputSpec { on_failure: Default::default(), url: "http://s/data/out/".into(), macaroon: "w".into() },
         args: vec![],
         env: vec![],

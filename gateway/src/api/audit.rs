@@ -281,7 +281,10 @@ impl From<AuditError> for LineageError {
 }
 
 /// The scheduler's records that `filter` selects, over its admin API.
-async fn scheduler_records(scheduler: &Scheduler<'_>, filter: &AuditFilter) -> Result<Vec<AuditRecord>, LineageError> {
+pub(super) async fn scheduler_records(
+    scheduler: &Scheduler<'_>,
+    filter: &AuditFilter,
+) -> Result<Vec<AuditRecord>, LineageError> {
     let base = format!("{}/v1/audit", scheduler.url);
     let mut url = reqwest::Url::parse(&base).map_err(|e| LineageError::Scheduler(format!("{base}: {e}")))?;
     {

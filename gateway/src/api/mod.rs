@@ -74,6 +74,7 @@
 //! | `GET /v1/dlq/{id}` | developer (own) | `DeadLetter`, with its re-drives and drop |
 //! | `POST /v1/dlq/{id}/redrive` | developer (own) | body `RedriveRequest` (`{"n"?: N}`) → 201 (or 200: re-drive `n` was there) `RedriveResponse` |
 //! | `POST /v1/dlq/{id}/drop` | developer (own) | body `DropRequest` (`{"reason": …}`) → `DeadLetter` |
+//! | `POST /v1/audit/rerun` | developer (own) | body `RerunRequest` (`{"file": …}`) → 201 `Rerun`: the function version that wrote the file runs again on the same input bytes into a scratch directory ([`rerun`], issue 23) |
 //! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`audit::lineage`]) |
 //!
 //! Every audit route takes `?trail=gateway` for the gateway's own trail ([`crate::audit`]:
@@ -130,6 +131,7 @@ pub mod namespaces;
 mod proxy;
 mod registry;
 mod renewals;
+mod rerun;
 mod runs;
 
 use self::{audit::*, events::*, proxy::*};
@@ -243,6 +245,7 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/audit/verify", "/v1/audit/verify", Access::Admin),
     op("GET", "/v1/audit/keys", "/v1/audit/keys", Access::Admin),
     op("GET", "/v1/lineage", "/v1/lineage", Access::Admin),
+    op("POST", "/v1/audit/rerun", "/v1/audit/rerun", Access::Developer),
     op("GET", "/v1/namespaces", "/v1/namespaces", Access::Developer),
     op("POST", "/v1/namespaces", "/v1/namespaces", Access::Admin),
     op("POST", "/v1/namespaces/revoke", "/v1/namespaces/revoke", Access::Admin),
@@ -303,6 +306,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audit/verify", get(audit::proxy_audit_verify))
         .route("/v1/audit/keys", get(audit::proxy_audit_keys))
         .route("/v1/lineage", get(audit::get_lineage))
+        .route("/v1/audit/rerun", post(rerun::rerun))
         .route("/v1/namespaces", get(namespaces::list).post(namespaces::grant))
         .route("/v1/namespaces/revoke", post(namespaces::revoke))
         .route("/v1/annexes", post(annexes::create).get(annexes::list))

@@ -181,7 +181,7 @@ impl SubjectSource {
 /// Decides what a message means. `message_id` names where it was read from (the JetStream
 /// sequence, `nats-seq-<n>`): kept in the event's source for audit, and its identity of last
 /// resort when the message carries none. An event whose path lies in a quarantine directory
-/// is ignored ([`is_quarantined`]).
+/// ([`is_quarantined`]) or a re-run's scratch directory is ignored.
 pub fn decide(
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
@@ -202,6 +202,12 @@ pub fn decide(
         && is_quarantined(&event.path)
     {
         return Ok(Decision::Ignore("a quarantined output (a failed run's)"));
+    }
+    // Nor does a re-run's output: it is a check of a file that fired its functions already.
+    if let Decision::Fire(event) = &decision
+        && htfaas_functions::proto::rerun::in_scratch(&event.path)
+    {
+        return Ok(Decision::Ignore("a re-run's output (a reproducibility check)"));
     }
     Ok(decision)
 }
@@ -319,8 +325,9 @@ mod tests {
         assert!(serde_json::from_str::<SourcePolicy>(r#"{"dcache_types":[]}"#).is_err(), "typo refused");
     }
 
-    /// Issue 23: an event naming a path in a quarantine directory fires nothing, from any source
-    /// (a publisher may say anything); a name that only looks like it fires as usual.
+    /// Issue 23: an event naming a path in a quarantine directory or a re-run's scratch
+    /// directory fires nothing, from any source (a publisher may say anything); a name that only
+    /// looks like one fires as usual.
     #[test]
     fn a_quarantined_path_is_ignored_whoever_publishes_it() {
         let p = SourcePolicy::default();
@@ -332,21 +339,24 @@ mod tests {
             }))
             .expect("json")
         };
-        let quarantined = "/data/out/.quarantine/job-1/partial.txt";
-        for subject in [EVENTS_SUBJECT.to_owned(), path_subject(quarantined)] {
-            let d = decide(&subject, None, &billing(quarantined), "s", &p).expect("well-formed");
-            assert!(matches!(d, Decision::Ignore(_)), "{subject}: {d:?}");
+        // And a re-run's scratch directory likewise.
+        for quarantined in ["/data/out/.quarantine/job-1/partial.txt", "/data/out/.rerun/job-1.ab/x.sum"] {
+            for subject in [EVENTS_SUBJECT.to_owned(), path_subject(quarantined)] {
+                let d = decide(&subject, None, &billing(quarantined), "s", &p).expect("well-formed");
+                assert!(matches!(d, Decision::Ignore(_)), "{subject}: {d:?}");
+            }
+            let ce = serde_json::to_vec(&serde_json::json!({
+                "specversion": "1.0", "id": "e1", "source": "forger", "type": "com.example.created",
+                "subject": quarantined,
+            }))
+            .expect("json");
+            let d = decide("storage.cloudevents.forger", None, &ce, "s", &p);
+            assert!(matches!(d, Ok(Decision::Ignore(_))), "{d:?}");
         }
-        let ce = serde_json::to_vec(&serde_json::json!({
-            "specversion": "1.0", "id": "e1", "source": "forger", "type": "com.example.created",
-            "subject": quarantined,
-        }))
-        .expect("json");
-        let d = decide("storage.cloudevents.forger", None, &ce, "s", &p);
-        assert!(matches!(d, Ok(Decision::Ignore(_))), "{d:?}");
-        let lookalike = "/data/out/.quarantined/partial.txt";
-        let d = decide(EVENTS_SUBJECT, None, &billing(lookalike), "s", &p).expect("well-formed");
-        assert!(matches!(d, Decision::Fire(_)), "{d:?}");
+        for lookalike in ["/data/out/.quarantined/partial.txt", "/data/out/.reruns/x.sum"] {
+            let d = decide(EVENTS_SUBJECT, None, &billing(lookalike), "s", &p).expect("well-formed");
+            assert!(matches!(d, Decision::Fire(_)), "{d:?}");
+        }
     }
 
     /// Issue 20: a billing message on a path subject fires only when the subject is its path's

@@ -338,6 +338,7 @@ mod tests {
             },
             resources: res(1, 1, 1),
             input: htfaas_functions::proto::InputSpec {
+                sha256: None,
                 url: "http://s/a".into(),
                 name: "a".into(),
                 macaroon: "m".into(),

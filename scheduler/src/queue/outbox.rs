@@ -137,6 +137,7 @@ mod tests {
 
     fn report(id: &str, outcome: Outcome) -> JobReport {
         JobReport {
+            input_sha256: None,
             job_id: id.into(),
             outcome,
             usage: Usage { wall_ms: 10, cpu_ms: 5, ..Usage::default() },

@@ -121,7 +121,7 @@ pub(super) fn guest_retry(
     )?;
     let core_s = charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?;
     let input = subject.paths.first().cloned();
-    let input = input.as_deref().map(|path| (path, u.bytes_in));
+    let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
     let record = AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.outcome, &u)
         .with_detail("state", JobState::Idle.as_str().into())
         .with_detail("then", "retry".into())

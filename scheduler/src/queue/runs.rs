@@ -157,7 +157,7 @@ fn storage_unavailable(
         AfterLoss::Held { .. } => (JobState::Held, "held"),
     };
     let input = subject.paths.first().filter(|_| u.bytes_in > 0).cloned();
-    let input = input.as_deref().map(|path| (path, u.bytes_in));
+    let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
     let finished = AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.outcome, &u)
         .with_detail("state", state.as_str().into())
         .with_detail("then", then.into())
@@ -768,7 +768,7 @@ impl Queue {
                     | Outcome::OutputFailed { .. }
             );
             let input = subject.paths.first().filter(|_| ran || u.bytes_in > 0).cloned();
-            let input = input.as_deref().map(|path| (path, u.bytes_in));
+            let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
             let mut finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
                 .with_detail("state", state.as_str().into())
                 .with_detail("exit_code", serde_json::json!(exit_code))

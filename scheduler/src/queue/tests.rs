@@ -123,6 +123,7 @@ async fn finish_charges_the_owner_once_and_only_for_its_session() {
     let marked = q.mark_running(vec![id.clone()], "ep1".into(), "s1".into(), ok).await.expect("mark");
     assert_eq!(marked.assigned.len(), 1);
     let report = JobReport {
+        input_sha256: None,
         job_id: id.clone(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage: Usage {
@@ -289,6 +290,7 @@ async fn a_revocation_removes_idle_and_running_jobs_and_refuses_the_token_durabl
 
     // The late report of the stopped job is charged once, without changing it.
     let report = JobReport {
+        input_sha256: None,
         job_id: running.clone(),
         outcome: Outcome::Cancelled { reason: "token revoked: leaked".into() },
         usage: Usage { wall_ms: 1000, ..Usage::default() },
@@ -372,6 +374,7 @@ async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
 
     // The stopped run's report is charged, once, and the job stays held.
     let report = JobReport {
+        input_sha256: None,
         job_id: running.clone(),
         outcome: Outcome::Cancelled { reason: "stop".into() },
         usage: Usage { wall_ms: 1000, ..Usage::default() },
@@ -452,6 +455,7 @@ async fn assert_accounts_match_records(q: &Queue) -> Vec<Account> {
 
 fn unavailable(id: &str, wall_ms: u64) -> JobReport {
     JobReport {
+        input_sha256: None,
         job_id: id.into(),
         outcome: Outcome::StorageUnavailable {
             reason: "GET http://storage/data/raw/a: HTTP 503 Service Unavailable: down (gave up after 4 attempts)"

@@ -443,6 +443,7 @@ mod tests {
         for id in ids.iter().cloned().chain(["unknown".to_owned()]) {
             let q = q.clone();
             let report = JobReport {
+                input_sha256: None,
                 job_id: id,
                 outcome: Outcome::Exited { exit_code: 0 },
                 usage: Usage { wall_ms: 1000, ..Usage::default() },

@@ -171,6 +171,7 @@ async fn a_report_with_foreign_or_too_many_outputs_is_refused_and_the_job_runs_a
     let output = |path: String| OutputFile { path, size: 64, sha256: "ab".repeat(32) };
     let usage = Usage { wall_ms: 1000, cpu_ms: 1000, ..Usage::default() };
     let forged = JobReport {
+        input_sha256: None,
         job_id: id.clone(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage,
@@ -181,6 +182,7 @@ async fn a_report_with_foreign_or_too_many_outputs_is_refused_and_the_job_runs_a
     // Refused, it runs again (the test scheduler has no backoff).
     assert_eq!(expect_assign(&mut ep, "alice").await, id);
     let flood = JobReport {
+        input_sha256: None,
         job_id: id.clone(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage,

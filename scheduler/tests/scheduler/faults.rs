@@ -163,6 +163,7 @@ async fn a_full_disk_refuses_submissions_with_507_keeps_every_job_and_report_and
     // A report that cannot be stored now (its log alone needs new pages) is kept, not lost.
     let usage = Usage { wall_ms: 2000, cpu_ms: 1000, ..Usage::default() };
     let big = JobReport {
+        input_sha256: None,
         job_id: first.clone(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage,

@@ -270,6 +270,7 @@ impl Fixture {
             },
             resources: Resources::new(2, 256, 60),
             input: InputSpec {
+                sha256: None,
                 url: "http://storage.invalid/data/raw/a.dat".into(),
                 name: "a.dat".into(),
                 macaroon: storage_macaroon(&["activity:DOWNLOAD", "path:/data/raw/a.dat"]),
@@ -411,6 +412,7 @@ async fn expect_close(ws: &mut Ws) -> (u16, String) {
 
 fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
     EpMsg::Finished(JobReport {
+        input_sha256: None,
         job_id: job_id.into(),
         outcome,
         usage,

@@ -161,6 +161,7 @@ impl Server {
             },
             resources: Resources::new(1, 256, 60),
             input: InputSpec {
+                sha256: None,
                 url: "https://storage.invalid/in/a.dat".into(),
                 name: "a.dat".into(),
                 macaroon: mac("activity:DOWNLOAD"),
@@ -248,6 +249,7 @@ async fn https_submit_and_wss_attach_run_a_job() {
         other => panic!("want assign, got {other:?}"),
     }
     let report = JobReport {
+        input_sha256: None,
         job_id: job.clone(),
         outcome: Outcome::Exited { exit_code: 0 },
         usage: Usage::default(),

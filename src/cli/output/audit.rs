@@ -3,7 +3,7 @@
 
 use super::fmt_unix_ms;
 use htfaas_functions::audit::{AuditRecord, VerifyReport};
-use htfaas_functions::proto::Lineage;
+use htfaas_functions::proto::{Lineage, Rerun, RerunVerdict};
 
 /// `htfaas audit --file F` alone: the file's lineage.
 pub fn lineage(lineage: &Lineage, json: bool) -> anyhow::Result<()> {
@@ -25,6 +25,37 @@ pub fn audit_records(records: &[AuditRecord], json: bool) -> anyhow::Result<()> 
         }
     }
     Ok(())
+}
+
+/// `htfaas audit rerun`: one line per re-derived file (or a JSON array of `{rerun, verdict}`);
+/// an error when any is not identical.
+pub fn reruns(checked: &[(Rerun, RerunVerdict)], json: bool) -> anyhow::Result<()> {
+    if json {
+        let list: Vec<_> = checked.iter().map(|(r, v)| serde_json::json!({ "rerun": r, "verdict": v })).collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        for (r, v) in checked {
+            println!("{}", rerun_line(r, v));
+        }
+    }
+    let bad = checked.iter().filter(|(_, v)| !v.is_identical()).count();
+    anyhow::ensure!(bad == 0, "{bad} of {} re-derived files are not identical", checked.len());
+    Ok(())
+}
+
+fn rerun_line(r: &Rerun, v: &RerunVerdict) -> String {
+    let what =
+        format!("{} ({} v{}, job {} on {}; re-run {})", r.file, r.function, r.version, r.job, r.input, r.rerun_job);
+    match v {
+        RerunVerdict::Identical => format!("identical  {what}: sha256 {}", r.sha256),
+        RerunVerdict::Differs { sha256 } => {
+            format!("DIFFERS    {what}: recorded sha256 {}, re-derived {sha256} ({})", r.sha256, r.expected)
+        }
+        RerunVerdict::Missing => format!("MISSING    {what}: the re-run did not write {}", r.expected),
+        RerunVerdict::InputChanged { reason } => format!("INPUT      {what}: nothing ran: {reason}"),
+        RerunVerdict::Failed { state, reason } => format!("FAILED     {what}: {}: {reason}", state.as_str()),
+        RerunVerdict::Pending { state } => format!("PENDING    {what}: still {} at the timeout", state.as_str()),
+    }
 }
 
 /// A trail's head, `SEQ:HASH`.

@@ -9,7 +9,7 @@ mod dlq;
 mod trace;
 
 pub use annex::{annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended};
-pub use audit::{audit_records, head, lineage, verify, verify_reports};
+pub use audit::{audit_records, head, lineage, reruns, verify, verify_reports};
 pub use dlq::{dead_letter, dead_letters, redriven};
 use htfaas::client::StackInfo;
 use htfaas_functions::FunctionRecord;

@@ -21,7 +21,7 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// Registers the checksum example as `name`, fired by everything under `dir`.
-async fn downstream(client: &Client, name: &str, dir: &str) {
+pub(super) async fn downstream(client: &Client, name: &str, dir: &str) {
     let mut m = demo_manifest(upload_checksum(client).await);
     m.name = name.into();
     m.trigger.path = format!("{dir}**");
@@ -31,7 +31,7 @@ async fn downstream(client: &Client, name: &str, dir: &str) {
 
 /// Puts a witness file into `dir` and waits until `function` has fired on it: every event
 /// of that directory published before it has been decided by then.
-async fn witness(client: &Client, function: &str, dir: &str) {
+pub(super) async fn witness(client: &Client, function: &str, dir: &str) {
     let path = format!("{dir}witness.txt");
     client.put_bytes(b"witness".to_vec(), &path).await.expect("put the witness");
     let job = final_job(client, function, &path).await;
@@ -39,7 +39,7 @@ async fn witness(client: &Client, function: &str, dir: &str) {
 }
 
 /// The paths `function` fired on.
-async fn fired_on(client: &Client, function: &str) -> Vec<String> {
+pub(super) async fn fired_on(client: &Client, function: &str) -> Vec<String> {
     let jobs = client.jobs().await.expect("jobs");
     jobs.into_iter().filter(|j| j.function == function).map(|j| j.event.path).collect()
 }

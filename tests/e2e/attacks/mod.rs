@@ -9,6 +9,7 @@ mod guests;
 mod kafka;
 mod nats;
 mod renewals;
+mod reruns;
 mod scheduler;
 mod servers;
 mod tenancy;

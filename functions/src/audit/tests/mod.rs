@@ -523,7 +523,7 @@ fn append_cost() {
             _ => AuditDraft::job_finished(
                 subject,
                 ep,
-                Some(("/data/raw/x.dat", 1024)),
+                Some(("/data/raw/x.dat", 1024, None)),
                 &[wire(
                     serde_json::json!({"path": format!("/data/out/{i}.sum"), "size": 32, "sha256": "ab".repeat(32)}),
                 )],
