@@ -2,7 +2,8 @@
 //! that wrote a file again on the same input bytes, into a scratch directory beside its outputs,
 //! and compares. The checksum example comes out identical; the `hostile` guest's `stamp` (clock
 //! and a random number) differs; after its input is overwritten, the re-run runs nothing and
-//! says the input changed. The `htfaas audit rerun` command exits 0 only for identical files.
+//! says the input changed. The `htfaas audit rerun` command exits 0 only for identical files;
+//! `--all --since` samples the outputs of recent jobs.
 //! Who may re-derive what, and that re-runs fire nothing: `attacks::reruns`.
 
 use crate::failures::{final_job, hostile};
@@ -89,4 +90,20 @@ async fn a_rerun_confirms_a_checksum_output_and_catches_a_nondeterministic_guest
         v => panic!("a re-run on a changed input: {v:?} {job:#?}"),
     }
     assert_eq!(job.exit_code, None, "the guest did not run");
+
+    // `--all --since`: both completed jobs' outputs, the re-runs' own left out; one is not
+    // identical any more, so the command fails.
+    let (ok, out, err) = cli(dir.path(), &["--all", "--since", "-1h", "--json"]).await;
+    assert!(!ok, "{out}\n{err}");
+    let checked: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let mut seen: Vec<(String, String)> = checked
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|c| {
+            (c["rerun"]["file"].as_str().unwrap_or("").into(), c["verdict"]["verdict"].as_str().unwrap_or("").into())
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, [(SUM.into(), "identical".into()), (STAMP.into(), "input_changed".into())], "{out}");
 }
