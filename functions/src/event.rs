@@ -28,6 +28,9 @@ pub enum SourceKind {
     XrootdNotify,
     /// Any other CloudEvents producer.
     Cloudevents,
+    /// The gateway itself: a file found in the storage's namespace that never fired the function
+    /// (`htfaas events backfill`, issue 23). Never read from the bus.
+    Backfill,
 }
 
 impl SourceKind {
@@ -38,6 +41,7 @@ impl SourceKind {
             SourceKind::DcacheSse => "dcache-sse",
             SourceKind::XrootdNotify => "xrootd-notify",
             SourceKind::Cloudevents => "cloudevents",
+            SourceKind::Backfill => "backfill",
         }
     }
 }

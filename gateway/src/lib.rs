@@ -33,6 +33,7 @@
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod backfill;
 pub mod bridge;
 pub mod clients;
 pub mod config;
@@ -45,6 +46,7 @@ pub mod http_error;
 pub mod ingest;
 pub mod jobs;
 pub mod lanes;
+pub mod listing;
 pub mod metrics;
 pub mod namespaces;
 pub mod openapi;

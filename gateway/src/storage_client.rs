@@ -1,4 +1,5 @@
-//! Asks the storage for macaroons, in the dialect of a dCache door or of an XRootD server.
+//! Asks the storage for macaroons, in the dialect of a dCache door or of an XRootD server, and
+//! for directory listings.
 //!
 //! Both take `POST` with `Content-Type: application/macaroon-request` (exactly; dCache compares
 //! the header verbatim) and a JSON body `{"caveats":[…],"validity":"PT2H"}`, and answer with
@@ -19,6 +20,9 @@
 //!   macaroon and refuses one that cannot do what was asked.
 //!
 //! The reply's `macaroon` is a bearer credential: it is passed on, never logged.
+//!
+//! It also lists a directory with WebDAV `PROPFIND` under a `LIST` macaroon ([`StorageClient::propfind`],
+//! issue 23), as both dCache's WebDAV door and XrdHttp answer it.
 
 use base64::Engine as _;
 use serde::Deserialize;
@@ -53,6 +57,8 @@ pub enum Access {
     /// Create and replace files within one directory (dCache: `UPLOAD,DELETE`): only for a
     /// function whose manifest asks for it and whose owner's namespace grants `replace` there.
     Replace,
+    /// List one directory tree (`LIST`): `events backfill` (issue 23), never handed to a job.
+    List,
 }
 
 /// How the gateway authenticates to the storage when it asks for macaroons.
@@ -85,7 +91,7 @@ pub enum StorageError {
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// The storage refused the request (4xx): retrying will not help.
-    #[error("storage refused the macaroon request ({status}): {body}")]
+    #[error("storage refused the request ({status}): {body}")]
     Refused {
         /// HTTP status.
         status: u16,
@@ -129,14 +135,15 @@ pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &st
                 Access::Read => "activity:DOWNLOAD",
                 Access::Write => "activity:UPLOAD",
                 Access::Replace => "activity:UPLOAD,DELETE",
+                Access::List => "activity:LIST",
             };
             (format!("{base}/"), vec![activity.into(), format!("path:{path}")])
         }
         StorageKind::Xrootd => {
             let target = match access {
                 Access::Read => path.to_owned(),
-                Access::Write | Access::Replace if path.ends_with('/') => path.to_owned(),
-                Access::Write | Access::Replace => format!("{path}/"),
+                Access::Write | Access::Replace | Access::List if path.ends_with('/') => path.to_owned(),
+                Access::Write | Access::Replace | Access::List => format!("{path}/"),
             };
             (format!("{base}{}", encode_path(&target)), vec![xrootd_activity(access).into()])
         }
@@ -152,6 +159,7 @@ fn xrootd_activity(access: Access) -> &'static str {
     match access {
         Access::Read => "activity:DOWNLOAD",
         Access::Write | Access::Replace => "activity:UPLOAD",
+        Access::List => "activity:LIST",
     }
 }
 
@@ -240,10 +248,57 @@ impl StorageClient {
         self.request(if replace { Access::Replace } else { Access::Write }, dir).await
     }
 
+    /// A macaroon that may only list the tree under directory `dir` (issue 23: `events
+    /// backfill`; the gateway keeps it).
+    pub async fn list_macaroon(&self, dir: &str) -> Result<String, StorageError> {
+        self.request(Access::List, dir).await
+    }
+
+    /// The `PROPFIND` (WebDAV, `Depth: 1`) answer of directory `dir` (ending in `/`), with the
+    /// bearer `macaroon`: the multistatus XML ([`crate::listing`] reads it), at most
+    /// `max_bytes` of it.
+    pub async fn propfind(&self, dir: &str, macaroon: &str, max_bytes: usize) -> Result<String, StorageError> {
+        let method = reqwest::Method::from_bytes(b"PROPFIND").map_err(|e| StorageError::Unavailable(e.to_string()))?;
+        let body = "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<d:propfind xmlns:d=\"DAV:\"><d:prop>\
+                    <d:resourcetype/><d:getcontentlength/><d:getlastmodified/></d:prop></d:propfind>";
+        let resp = self
+            .http
+            .request(method, self.url_of(dir))
+            .timeout(self.timeout)
+            .bearer_auth(macaroon)
+            .header("depth", "1")
+            .header(reqwest::header::CONTENT_TYPE, "application/xml")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| StorageError::Unavailable(error_chain(&e)))?;
+        let status = resp.status();
+        if resp.content_length().is_some_and(|n| n > max_bytes as u64) {
+            return Err(StorageError::Refused {
+                status: status.as_u16(),
+                body: format!("a listing over {max_bytes} bytes"),
+            });
+        }
+        let text = resp.text().await.map_err(|e| StorageError::Unavailable(error_chain(&e)))?;
+        if status.is_server_error() {
+            return Err(StorageError::Unavailable(format!("{status}: {}", snippet(&text))));
+        }
+        if status.as_u16() != 207 {
+            return Err(StorageError::Refused { status: status.as_u16(), body: snippet(&text) });
+        }
+        if text.len() > max_bytes {
+            return Err(StorageError::Refused {
+                status: status.as_u16(),
+                body: format!("a listing over {max_bytes} bytes"),
+            });
+        }
+        Ok(text)
+    }
+
     #[tracing::instrument(name = "gateway.request_macaroon", skip_all, fields(kind = ?self.kind, access = ?access, path = %path))]
     async fn request(&self, access: Access, path: &str) -> Result<String, StorageError> {
         let validity = match access {
-            Access::Read => &self.read_validity,
+            Access::Read | Access::List => &self.read_validity,
             Access::Write | Access::Replace => &self.write_validity,
         };
         let req = macaroon_request(self.kind, &self.base, access, path, validity);

@@ -7,6 +7,7 @@
 //! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
 //! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first |
+//! | `POST /v1/fired` | admin | `FiredQuery` → `FiredPaths`: which paths have a job of a function (issue 23, `events backfill`) |
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
 //! | `POST /v1/jobs/{id}/release` | admin | `JobAction` → 200 `JobRecord`: held → `idle`, dispatched again |
 //! | `POST /v1/jobs/{id}/remove` | admin | `JobAction` → 200 `JobRecord`: idle, running or held → `removed` (a running job is stopped) |
@@ -73,7 +74,7 @@ use crate::state::Shared;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
@@ -86,6 +87,7 @@ use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
     JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
+use htfaas_functions::proto::{FiredPaths, FiredQuery, MAX_FIRED_QUERY};
 use htfaas_functions::token::constant_time_eq;
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
 use jsonwebtoken::jwk::JwkSet;
@@ -115,6 +117,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/preflight", post(preflight))
         .route("/v1/modules/warm", post(warm))
         .route("/v1/revocations", post(revoke).get(list_revocations))
+        .route("/v1/fired", post(fired))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/hold", post(hold))
         .route("/v1/jobs/{id}/release", post(release))
@@ -416,6 +419,20 @@ async fn list_jobs(
         return Ok(Json(shared.queue.list_by_trace(trace, limit).await?));
     }
     Ok(Json(shared.queue.list(limit).await?))
+}
+
+/// `POST /v1/fired` (admin): which of the paths has a job of the function (issue 23).
+async fn fired(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Json<FiredQuery>, JsonRejection>,
+) -> Result<Json<FiredPaths>, ApiFailure> {
+    require_admin(&shared, &headers)?;
+    let Json(q) = body.map_err(|e| ApiFailure::bad_request(format!("invalid FiredQuery: {}", e.body_text())))?;
+    if q.paths.len() > MAX_FIRED_QUERY {
+        return Err(ApiFailure::bad_request(format!("at most {MAX_FIRED_QUERY} paths per query")));
+    }
+    Ok(Json(FiredPaths { paths: shared.queue.fired_paths(q.owner, q.function, q.paths).await? }))
 }
 
 async fn get_job(

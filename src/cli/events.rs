@@ -1,5 +1,5 @@
-//! `htfaas events publish|replay`: storage events into JetStream, and functions run again over
-//! the recorded ones. Must not know: how reports are printed ([`super::output`]).
+//! `htfaas events publish|replay|backfill`: storage events into JetStream, functions run again
+//! over the recorded ones, and fired on files whose events were lost. Must not know: how reports are printed ([`super::output`]).
 
 use super::args::{DirArg, client, parse_header, parse_time_arg};
 use super::output;
@@ -54,6 +54,30 @@ pub enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Fire a function (its live version), exactly once, on each file under a directory that
+    /// never fired it: for events lost before they reached the stream (a bridge that was down,
+    /// a stream past its retention). Lists the storage through WebDAV PROPFIND (the built-in
+    /// storage, dCache's WebDAV door, XrdHttp); files the trigger does not fire on, files with a
+    /// job or a firing of the function, and files changed in the last --min-age are left.
+    Backfill {
+        #[command(flatten)]
+        dir: DirArg,
+        /// The function.
+        #[arg(long)]
+        function: String,
+        /// The directory whose tree is listed (in the function's owner's read namespace).
+        #[arg(long, value_name = "DIR")]
+        prefix: String,
+        /// List what would fire; fire nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Leave files changed less than this many seconds ago (their event may be on the way).
+        #[arg(long, value_name = "SECONDS", default_value_t = htfaas_functions::proto::DEFAULT_BACKFILL_MIN_AGE_S)]
+        min_age: u64,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `htfaas events …`.
@@ -77,6 +101,12 @@ pub async fn run(command: EventsCommand) -> anyhow::Result<()> {
             };
             let report = client(&dir)?.replay(&request).await?;
             output::replay(&report, json)
+        }
+        EventsCommand::Backfill { dir, function, prefix, dry_run, min_age, json } => {
+            let request =
+                htfaas_functions::proto::BackfillRequest { function, prefix, dry_run, min_age_s: Some(min_age) };
+            let report = client(&dir)?.backfill(&request).await?;
+            output::backfill(&report, json)
         }
     }
 }

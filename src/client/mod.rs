@@ -209,6 +209,14 @@ impl Client {
         self.admin_post("/v1/events/replay", "replay", request).await
     }
 
+    /// Back-fills a function under a directory (issue 23): [`htfaas_functions::proto::BackfillReport`].
+    pub async fn backfill(
+        &self,
+        request: &htfaas_functions::proto::BackfillRequest,
+    ) -> anyhow::Result<htfaas_functions::proto::BackfillReport> {
+        self.admin_post("/v1/events/backfill", "backfill", request).await
+    }
+
     async fn admin_get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let resp = self.http.get(self.gateway(path)).bearer_auth(&self.info.admin_token).send().await?;
         Ok(check(resp, path).await?.json().await?)

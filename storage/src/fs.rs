@@ -116,6 +116,71 @@ pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targ
     Ok(Some(Target { dir, path, name: (*name).to_owned(), exists }))
 }
 
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its name (one segment).
+    pub name: String,
+    /// Whether it is a directory.
+    pub dir: bool,
+    /// Bytes (0 for a directory).
+    pub size: u64,
+    /// Last modification, Unix seconds.
+    pub mtime_s: u64,
+}
+
+/// Whether `name` is a PUT's temporary file (`.<name>.upload-<32 hex>`), not yet a file.
+fn is_upload_in_progress(name: &str) -> bool {
+    name.starts_with('.')
+        && name
+            .rsplit_once(".upload-")
+            .is_some_and(|(_, id)| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The directory at `p` and its entries: regular files and directories, not symlinks (a
+/// listing shows what is there, and a link's target may be anything) nor uploads in progress.
+/// At most `max` entries; `Ok(None)` when `p` is no directory.
+pub async fn list_dir(root: &Path, p: &NsPath, max: usize) -> Result<Option<(Entry, Vec<Entry>)>, HttpError> {
+    let real = match tokio::fs::canonicalize(lexical(root, p)).await {
+        Ok(r) => r,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Ok(None),
+        Err(e) => return Err(internal("resolve a path", e)),
+    };
+    if !real.starts_with(root) {
+        return Err(outside(p));
+    }
+    let entry = |name: String, m: &std::fs::Metadata| Entry {
+        name,
+        dir: m.is_dir(),
+        size: if m.is_dir() { 0 } else { m.len() },
+        mtime_s: m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs()),
+    };
+    let meta = tokio::fs::metadata(&real).await.map_err(|e| internal("stat a directory", e))?;
+    if !meta.is_dir() {
+        return Ok(None);
+    }
+    let this = entry(p.segments().last().unwrap_or_default().to_owned(), &meta);
+    let mut read = tokio::fs::read_dir(&real).await.map_err(|e| internal("read a directory", e))?;
+    let mut entries = Vec::new();
+    while let Some(e) = read.next_entry().await.map_err(|e| internal("read a directory", e))? {
+        let Ok(name) = e.file_name().into_string() else { continue };
+        let Ok(m) = tokio::fs::symlink_metadata(e.path()).await else { continue };
+        if !(m.is_file() || m.is_dir()) || is_upload_in_progress(&name) {
+            continue;
+        }
+        if entries.len() >= max {
+            return Err(HttpError::TooLarge(format!("{} holds more than {max} entries", p.as_str())));
+        }
+        entries.push(entry(name, &m));
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Some((this, entries)))
+}
+
 /// Whether a file (or symlink) exists at `p`, without creating anything.
 pub async fn exists(root: &Path, p: &NsPath) -> Result<bool, HttpError> {
     Ok(target(root, p, false).await?.is_some_and(|t| t.exists))

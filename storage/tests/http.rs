@@ -432,6 +432,63 @@ async fn upload_macaroon_for_a_directory() {
     s.stop().await;
 }
 
+/// Issue 23 (`events backfill`): `PROPFIND` lists a directory as dCache's WebDAV door does, under
+/// a LIST macaroon for the tree; a DOWNLOAD or UPLOAD macaroon, another tree, no credential and
+/// `Depth: infinity` are refused; uploads in progress and symlinks are not listed.
+#[tokio::test]
+async fn propfind_lists_a_directory_under_a_list_macaroon_only() {
+    let s = start().await;
+    let w = s.macaroon("/data/tree/", &["activity:UPLOAD"], "PT1H").await;
+    for (p, body) in [("/data/tree/a b.dat", "A"), ("/data/tree/sub/c.dat", "CC"), ("/data/other/x", "X")] {
+        assert_eq!(
+            s.put_bearer(p, &w, body).await.status(),
+            if p.starts_with("/data/tree/") { StatusCode::CREATED } else { StatusCode::FORBIDDEN }
+        );
+    }
+    std::fs::write(s.data().join("tree/.z.dat.upload-0123456789abcdef0123456789abcdef"), "partial").expect("tmp");
+    std::os::unix::fs::symlink("/etc", s.data().join("tree/link")).expect("symlink");
+    let propfind = |path: &str, m: &str, depth: &str| {
+        s.http
+            .request(reqwest::Method::from_bytes(b"PROPFIND").expect("method"), s.url(path))
+            .bearer_auth(m.to_owned())
+            .header("depth", depth)
+            .send()
+    };
+    let list = s.macaroon("/data/tree/", &["activity:LIST"], "PT1H").await;
+    let r = propfind("/data/tree/", &list, "1").await.expect("sent");
+    assert_eq!(r.status().as_u16(), 207);
+    let xml = r.text().await.expect("body");
+    for expected in [
+        "<d:href>/data/tree/</d:href>",
+        "<d:href>/data/tree/a%20b.dat</d:href>",
+        "<d:getcontentlength>1</d:getcontentlength>",
+        "<d:href>/data/tree/sub/</d:href><d:propstat><d:prop><d:resourcetype><d:collection/>",
+    ] {
+        assert!(xml.contains(expected), "{expected} in {xml}");
+    }
+    assert!(!xml.contains("upload-") && !xml.contains("link"), "{xml}");
+    let r = propfind("/data/tree/sub/", &list, "1").await.expect("sent");
+    assert!(r.text().await.expect("body").contains("<d:href>/data/tree/sub/c.dat</d:href>"));
+    let r = propfind("/data/tree/", &list, "0").await.expect("sent");
+    assert!(!r.text().await.expect("body").contains("a%20b.dat"), "Depth 0 is the directory alone");
+    // Refused: infinity, another tree, a macaroon for other activities, none at all.
+    assert_eq!(propfind("/data/tree/", &list, "infinity").await.expect("sent").status(), StatusCode::FORBIDDEN);
+    assert_eq!(propfind("/data/other/", &list, "1").await.expect("sent").status(), StatusCode::FORBIDDEN);
+    let down = s.macaroon("/data/tree/", &["activity:DOWNLOAD"], "PT1H").await;
+    assert_eq!(propfind("/data/tree/", &down, "1").await.expect("sent").status(), StatusCode::FORBIDDEN);
+    assert_eq!(propfind("/data/tree/", &w, "1").await.expect("sent").status(), StatusCode::FORBIDDEN);
+    let anonymous = s
+        .http
+        .request(reqwest::Method::from_bytes(b"PROPFIND").expect("method"), s.url("/data/tree/"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    // A file is no directory.
+    assert_eq!(propfind("/data/tree/a%20b.dat", &list, "1").await.expect("sent").status(), StatusCode::NOT_FOUND);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn shutdown_token_stops_run() {
     let s = start().await;

@@ -6,6 +6,7 @@ mod annex;
 mod annex_slurm;
 mod attacks;
 mod audit;
+mod backfill;
 mod bridges;
 mod configs;
 mod console;

@@ -17,7 +17,8 @@
 //! [`annex`] (annexes: EPs provisioned through a batch system),
 //! [`api`] (the gateway's API), [`lineage`] (the gateway's audit routes), [`notify`]
 //! (job-end notifications on NATS), [`dlq`] (the gateway's dead-letter list), [`renew`]
-//! (renewing a running job's macaroons, scheduler to gateway) and [`rerun`] (re-deriving a file). Every item is
+//! (renewing a running job's macaroons, scheduler to gateway), [`rerun`] (re-deriving a file) and
+//! [`backfill`] (firing on files whose events were lost). Every item is
 //! re-exported here: callers name `proto::X`.
 //!
 //! Must not know: how anything is stored, decided or enforced; it carries audit records but
@@ -27,6 +28,7 @@ pub mod admin;
 pub mod annex;
 pub mod api;
 pub mod attach;
+pub mod backfill;
 pub mod dlq;
 pub mod events;
 pub mod jobs;
@@ -43,6 +45,7 @@ pub use admin::*;
 pub use annex::*;
 pub use api::*;
 pub use attach::*;
+pub use backfill::*;
 pub use dlq::*;
 pub use events::*;
 pub use jobs::*;

@@ -97,8 +97,13 @@ pub const MAX_DEPTH: usize = 64;
 pub const MAX_LIST_ITEMS: usize = 256;
 
 /// Every source kind, for validating `source` literals.
-const SOURCES: [SourceKind; 4] =
-    [SourceKind::DcacheBilling, SourceKind::DcacheSse, SourceKind::XrootdNotify, SourceKind::Cloudevents];
+const SOURCES: [SourceKind; 5] = [
+    SourceKind::DcacheBilling,
+    SourceKind::DcacheSse,
+    SourceKind::XrootdNotify,
+    SourceKind::Cloudevents,
+    SourceKind::Backfill,
+];
 
 /// Why a rule was refused: where and what.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

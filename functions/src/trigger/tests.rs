@@ -389,10 +389,12 @@ fn no_input_panics() {
 #[test]
 fn sources_lists_every_source_kind() {
     let listed = |k: SourceKind| match k {
-        SourceKind::DcacheBilling | SourceKind::DcacheSse | SourceKind::XrootdNotify | SourceKind::Cloudevents => {
-            SOURCES.contains(&k)
-        }
+        SourceKind::DcacheBilling
+        | SourceKind::DcacheSse
+        | SourceKind::XrootdNotify
+        | SourceKind::Cloudevents
+        | SourceKind::Backfill => SOURCES.contains(&k),
     };
     assert!(SOURCES.into_iter().all(listed));
-    assert_eq!(SOURCES.len(), 4);
+    assert_eq!(SOURCES.len(), 5);
 }

@@ -1,5 +1,5 @@
 //! The routes that read recorded events: a function's test on one message, a replay
-//! ([`crate::replay`]).
+//! ([`crate::replay`]); and a back-fill from the storage's namespace ([`crate::backfill`]).
 //!
 //! Must not know: the JetStream consumer's loop, the firing table's SQL.
 
@@ -79,5 +79,72 @@ pub(super) async fn replay_events(
         replay::run(replay::ReplayContext::of(&shared), &events.0, &window, &replay::Target::all(records), &mode)
             .await?;
     super::audit::record_replay(&shared, &headers, &mode, &report).await;
+    Ok(Json(report))
+}
+
+/// `POST /v1/events/backfill` (issue 23): fires a function, once, on each file under a
+/// directory that never fired it ([`crate::backfill`]); a dry run lists them. A developer
+/// back-fills only its own functions, in its function's read namespace.
+pub(super) async fn backfill_events(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, HttpError> {
+    use htfaas_functions::proto::{BackfillRequest, DEFAULT_BACKFILL_MIN_AGE_S};
+    let caller = shared.require_caller(&headers)?;
+    let request: BackfillRequest = serde_json::from_slice(&body)
+        .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid BackfillRequest: {e}")))?;
+    let prefix = format!("{}/", request.prefix.trim_end_matches('/'));
+    if !htfaas_functions::manifest::is_clean_abs_path(&prefix) {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!("{:?} is not a clean absolute directory", request.prefix),
+        ));
+    }
+    let s = shared.clone();
+    let name = request.function.clone();
+    let status = blocking(move || s.registry.status(&name)).await?;
+    let m = &status.record.manifest;
+    if !caller.owns(&m.owner) {
+        return Err(HttpError(StatusCode::FORBIDDEN, format!("function {} belongs to another owner", m.name)));
+    }
+    if !status.enabled {
+        return Err(HttpError(StatusCode::CONFLICT, format!("function {} is disabled: enable it first", m.name)));
+    }
+    let ns = shared.namespaces.for_manifest(m).map_err(|e| HttpError(StatusCode::FORBIDDEN, e.to_string()))?;
+    if !ns.may_read(&prefix) {
+        return Err(HttpError(
+            StatusCode::FORBIDDEN,
+            format!("{prefix} is outside the read namespace of {} (the function's owner)", m.owner),
+        ));
+    }
+    let cx = crate::backfill::BackfillContext {
+        storage: &shared.storage,
+        firings: &shared.firings,
+        stats: &shared.stats,
+        scheduler: shared.scheduler(),
+    };
+    let min_age_s = request.min_age_s.unwrap_or(DEFAULT_BACKFILL_MIN_AGE_S);
+    let now_s = htfaas_functions::time::now_s();
+    let report = crate::backfill::run(cx, status.record.clone(), &prefix, request.dry_run, min_age_s, now_s)
+        .await
+        .map_err(|e| {
+            tracing::warn!(function = %m.name, prefix, "backfill: {e}");
+            HttpError(StatusCode::BAD_GATEWAY, format!("backfill of {} under {prefix}: {e}", m.name))
+        })?;
+    if !request.dry_run {
+        let subject = htfaas_functions::audit::Subject {
+            function: Some(m.name.clone()),
+            owner: Some(m.owner.clone()),
+            digest: Some(m.module.as_str().to_owned()),
+            paths: vec![prefix.clone()],
+            ..Default::default()
+        };
+        let args = serde_json::json!({ "version": report.version, "prefix": prefix, "listed": report.listed,
+            "matched": report.matched, "already": report.already, "too_recent": report.too_recent,
+            "fired": report.fired_count, "truncated": report.truncated });
+        super::audit::record_admin(&shared, &headers, "events.backfill", subject, args).await;
+        tracing::info!(function = %m.name, prefix, fired = report.fired_count, "backfill");
+    }
     Ok(Json(report))
 }

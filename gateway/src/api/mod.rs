@@ -1,5 +1,7 @@
 //! The gateway's HTTP API: the registry (modules and functions), runs by submit-token bearers,
 //! and views of jobs, accounting and revocations (proxied to the scheduler, which owns them).
+//! Long because it holds the route table three times, side by side so one review sees all three:
+//! the table below, [`ROUTES`] (with each route's scope) and [`router`].
 //!
 //! A bearer's run is checked twice before any macaroon is requested: the token locally
 //! (signature, issuer, audience, expiry), then by the scheduler's preflight (revocation, uses
@@ -47,6 +49,7 @@
 //! | `GET /v1/functions/{name}/secrets` | developer (own) | `SecretNames` (never a value) |
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
+//! | `POST /v1/events/backfill` | developer (own function) | body `BackfillRequest` → `BackfillReport`: the function fired once on each file under a directory that never fired it ([`crate::backfill`], issue 23) |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
 //! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job ([`renewals`], issue 23) |
 //! | `GET /v1/jobs[/{id}]` | developer (own) | the scheduler's `JobRecord`s |
@@ -218,6 +221,7 @@ pub const ROUTES: &[Route] = &[
     op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
     op("POST", "/v1/functions/{name}/test", "/v1/functions/{name}/test", Access::Developer),
     op("POST", "/v1/renewals", "/v1/renewals", Access::RenewalGrant),
+    op("POST", "/v1/events/backfill", "/v1/events/backfill", Access::Developer),
     op("POST", "/v1/events/replay", "/v1/events/replay", Access::Admin),
     op("GET", "/v1/jobs", "/v1/jobs", Access::Developer),
     op("GET", "/v1/jobs/{id}", "/v1/jobs/{id}", Access::Developer),
@@ -290,6 +294,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/functions/{name}/test", post(events::test_function))
         .route("/v1/renewals", post(renewals::renew))
         .route("/v1/events/replay", post(events::replay_events))
+        .route("/v1/events/backfill", post(events::backfill_events))
         .route("/v1/jobs", get(proxy::proxy_jobs))
         .route("/v1/jobs/{id}", get(proxy::proxy_job))
         .route("/v1/jobs/{id}/{action}", post(proxy::proxy_job_action).get(proxy::proxy_job_view))

@@ -5,10 +5,10 @@
 use super::*;
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub(super) const MIGRATIONS: [&str; 4] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4];
+pub(super) const MIGRATIONS: [&str; 5] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5];
 
 pub(super) const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS firings (
@@ -66,6 +66,12 @@ UPDATE firings SET owner = COALESCE(json_extract(record, '$.manifest.owner'), ''
     WHERE state IN ('pending', 'submitting') AND json_valid(record);
 DROP INDEX IF EXISTS firings_ready_by_function;
 CREATE INDEX IF NOT EXISTS firings_ready_by_owner ON firings (owner, function, not_before_ms, seq) WHERE state = 'pending';
+";
+
+/// Version 5: firings by function and path, whatever their state (issue 23, `events backfill`:
+/// which files a function has fired on while their rows are kept).
+pub(super) const SCHEMA_5: &str = "
+CREATE INDEX IF NOT EXISTS firings_by_function_path ON firings (function, path);
 ";
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.

@@ -411,6 +411,21 @@ impl Firings {
         })
     }
 
+    /// Which of `paths` has a firing of `function` in the table, in any state (issue 23, `events
+    /// backfill`; rows leave the table when they expire, after their job is in the scheduler).
+    pub fn fired_paths(&self, function: &str, paths: &[String]) -> Result<Vec<String>, FiringError> {
+        self.with(|conn| {
+            let mut stmt = conn.prepare_cached("SELECT 1 FROM firings WHERE function = ?1 AND path = ?2 LIMIT 1")?;
+            let mut out = Vec::new();
+            for p in paths {
+                if stmt.exists(params![function, p])? {
+                    out.push(p.clone());
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// [`Firings::append`] on a blocking thread.
     pub async fn append_async(&self, draft: AuditDraft) -> Result<audit::AuditRecord, FiringError> {
         self.call(move |f| f.append(draft)).await

@@ -427,6 +427,30 @@ impl Queue {
         .await
     }
 
+    /// Which of `paths` has a job of `function` of `owner`, whatever its state (issue 23,
+    /// `events backfill`), in the order given.
+    pub async fn fired_paths(
+        &self,
+        owner: String,
+        function: String,
+        paths: Vec<String>,
+    ) -> Result<Vec<String>, QueueError> {
+        use super::schema::{FUNCTION_OF_JOB, PATH_OF_JOB};
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT 1 FROM jobs WHERE owner = ?1 AND {FUNCTION_OF_JOB} = ?2 AND {PATH_OF_JOB} = ?3 LIMIT 1"
+            ))?;
+            let mut out = Vec::new();
+            for p in paths {
+                if stmt.exists(params![owner, function, p])? {
+                    out.push(p);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// The jobs of the event trace `trace_id` (32 lower-case hex digits), oldest first, at
     /// most `limit` (issue 23, `htfaas trace`).
     pub async fn list_by_trace(&self, trace_id: String, limit: usize) -> Result<Vec<JobRecord>, QueueError> {

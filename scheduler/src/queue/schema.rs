@@ -10,11 +10,11 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 6] =
-    [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5, MIGRATE_5_TO_6];
+pub const MIGRATIONS: [&str; 7] =
+    [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5, MIGRATE_5_TO_6, MIGRATE_6_TO_7];
 
 /// Version 1: jobs, token uses, accounts.
 pub(super) const SCHEMA_1: &str = "
@@ -141,6 +141,19 @@ pub(super) const MIGRATE_5_TO_6: &str = "
 CREATE INDEX IF NOT EXISTS jobs_by_trace ON jobs ((CASE WHEN json_valid(request) THEN substr(json_extract(request, '$.event.trace'), 4, 32) END))
     WHERE json_valid(request) AND json_extract(request, '$.event.trace') IS NOT NULL;
 ";
+
+/// Version 7: jobs by owner, function and input path (issue 23, `events backfill`: which files
+/// a function has fired on). [`FUNCTION_OF_JOB`] and [`PATH_OF_JOB`] are the same expressions.
+pub(super) const MIGRATE_6_TO_7: &str = "
+CREATE INDEX IF NOT EXISTS jobs_by_function_path ON jobs (owner,
+    (CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END),
+    (CASE WHEN json_valid(request) THEN json_extract(request, '$.event.path') END));
+";
+
+/// A job's function name, as [`MIGRATE_6_TO_7`] indexes it.
+pub const FUNCTION_OF_JOB: &str = "(CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END)";
+/// A job's input path (its event's), as [`MIGRATE_6_TO_7`] indexes it.
+pub const PATH_OF_JOB: &str = "(CASE WHEN json_valid(request) THEN json_extract(request, '$.event.path') END)";
 
 /// A job's trace id, as [`MIGRATE_5_TO_6`] indexes it.
 pub const TRACE_ID_OF_JOB: &str =

@@ -544,6 +544,33 @@ pub fn replay(report: &Report, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `htfaas events backfill`: each file fired (or that would be), then the counts.
+pub fn backfill(r: &htfaas_functions::proto::BackfillReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    let verb = if r.dry_run { "would fire" } else { "fired" };
+    for f in &r.fired {
+        println!("{verb} {}@{} {f}", r.function, r.version);
+    }
+    if r.fired_count > r.fired.len() as u64 {
+        println!("… and {} more", r.fired_count - r.fired.len() as u64);
+    }
+    println!(
+        "{} under {}: {} files listed{}, {} matched, {} fired already, {} too recent, {} {verb}",
+        r.function,
+        r.prefix,
+        r.listed,
+        if r.truncated { " (the listing stopped at its bound)" } else { "" },
+        r.matched,
+        r.already,
+        r.too_recent,
+        r.fired_count
+    );
+    Ok(())
+}
+
 /// One (event, function) pair of a replay report, as a line.
 fn pair_line(p: &htfaas_functions::proto::Pair) -> String {
     let fired = match p.fired {

@@ -2,6 +2,7 @@
 //! nats-server, storage, scheduler, gateway and EP), tried and refused with a clear error, and
 //! nothing lost. SECURITY.md names the test behind each refusal. One module per party.
 mod annexes;
+mod backfill;
 mod dlq;
 mod failures;
 mod files;
