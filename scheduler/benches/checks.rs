@@ -4,13 +4,17 @@
 //! - `trust`: [`UrlTrust::check`] of a submitted job's module, input and output URLs (at submit);
 //! - `seal_open`: sealing both macaroons (at submit) and opening them (at dispatch)
 //!   (`SealRequest::seal_request`, `SealRequest::open_request`);
-//! - `doubt`: [`doubt::doubt`] of a completed report with 4 outputs (at finish).
+//! - `doubt`: [`doubt::doubt`] of a completed report with 4 outputs (at finish);
+//! - `trace`: the trace work of one job across its hops (issue 23): the gateway derives the
+//!   event's trace and its firing span, the scheduler parses it (validation) and derives the
+//!   attempt's span at dispatch, the EP parses that once for its storage requests.
 //!
 //! Without `--bench` (as `cargo test --benches` runs it) every case runs a few times, untimed.
 
 use htfaas_functions::proto::{
     EventRef, FunctionRef, InputSpec, JobReport, Outcome, OutputFile, OutputSpec, SubmitRequest, Usage,
 };
+use htfaas_functions::trace::TraceParent;
 use htfaas_functions::{Digest, Resources};
 use htfaas_scheduler::doubt::{self, Observed};
 use htfaas_scheduler::seal::{SealRequest as _, Sealer};
@@ -113,6 +117,14 @@ fn main() -> anyhow::Result<()> {
     time("doubt", n, timed, || {
         let mut r = original.clone();
         black_box(doubt::doubt(&mut r, &seen).is_ok());
+    });
+    let event_id = "dcache-billing:write:0000A1B2C3D4E5F6/door:webdav-1@webdavDomain:1795705200123";
+    let job_id = "0b8f8a9e-6d3c-4f0e-9a51-3c2b7e1d5f20";
+    time("trace", n, timed, || {
+        let fired = TraceParent::for_event(black_box(event_id)).child("gateway.fire:checksum").to_string();
+        let submitted = TraceParent::parse(black_box(&fired)).expect("parse");
+        let assigned = submitted.attempt_span(black_box(job_id), 1).to_string();
+        black_box(TraceParent::parse(black_box(&assigned)).expect("parse"));
     });
     Ok(())
 }

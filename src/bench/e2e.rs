@@ -133,6 +133,19 @@ impl Bench {
         durability: Durability,
         nats_binary: Option<PathBuf>,
     ) -> anyhow::Result<Bench> {
+        Bench::start_with(modules, htfaas, eps, durability, nats_binary, Default::default()).await
+    }
+
+    /// [`Bench::start`] with `scheduler_overrides` merged into the scheduler's configuration
+    /// (a field set to null takes it out: `{"nats_url": null}`).
+    pub async fn start_with(
+        modules: &Modules,
+        htfaas: &Path,
+        eps: &[u32],
+        durability: Durability,
+        nats_binary: Option<PathBuf>,
+        scheduler_overrides: serde_json::Map<String, serde_json::Value>,
+    ) -> anyhow::Result<Bench> {
         let dir = tempfile::Builder::new().prefix("htfaas-bench-").tempdir().context("make a temporary directory")?;
         let (&first, more) = eps.split_first().context("no EP to start")?;
         let opts = ProcOptions {
@@ -141,7 +154,7 @@ impl Bench {
             dir: dir.path().to_owned(),
             durability,
             workers: first,
-            scheduler_overrides: Default::default(),
+            scheduler_overrides,
         };
         let mut stack = ProcStack::start(&opts).await.context("start the stack")?;
         for &cores in more {

@@ -5,6 +5,7 @@
 //! See `BENCHMARKS.md` for what each figure means and the last results.
 
 pub mod components;
+pub mod costs;
 pub mod e2e;
 pub mod peer;
 
@@ -69,6 +70,8 @@ pub struct BenchOptions {
     /// Throughput with other EP shapes of the same cores: 2 EPs of `workers` cores, and
     /// `2 × workers` EPs of 1 core (the scheduler and gateway must not be the wall).
     pub scaling: bool,
+    /// What a job's end costs: notifications and OTLP export, A/B on three stacks ([`costs`]).
+    pub end_costs: bool,
     /// The fair-ingest run ([`crate::overload`]): one owner's flood of this many events, then
     /// another owner's one event (default 100,000; quick 10,000; 0 skips it).
     pub flood: Option<u64>,
@@ -90,6 +93,7 @@ impl BenchOptions {
         BenchOptions {
             quick,
             scaling: true,
+            end_costs: true,
             flood: None,
             htfaas: htfaas.into(),
             peer: true,
@@ -271,6 +275,17 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
             result?;
             stopped?;
         }
+    }
+
+    if opts.end_costs {
+        let copts = costs::CostOptions {
+            htfaas: &opts.htfaas,
+            nats_binary: opts.nats_binary.clone(),
+            workers: opts.workers,
+            warmup,
+            window,
+        };
+        costs::run(&copts, &modules, &mut emit).await?;
     }
 
     let flood = opts.flood.unwrap_or(if opts.quick { 10_000 } else { 100_000 });

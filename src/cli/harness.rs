@@ -38,6 +38,9 @@ pub struct BenchArgs {
     /// Skip the throughput runs with other EP shapes (2 EPs; one EP per core, twice over).
     #[arg(long)]
     pub no_scaling: bool,
+    /// Skip what a job's end costs (notifications, OTLP export: three stacks, twice each).
+    #[arg(long)]
+    pub no_end_costs: bool,
     /// The fair-ingest run's flood: one owner's events before another owner's one (default
     /// 100000; --quick 10000; 0 skips it).
     #[arg(long)]
@@ -128,12 +131,14 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         events,
         window_s,
         no_scaling,
+        no_end_costs,
         flood,
         nats_server,
     } = args;
     let exe = std::env::current_exe().context("find this binary")?;
     let mut opts = htfaas::bench::BenchOptions::new(env!("CARGO_MANIFEST_DIR"), exe, quick);
     opts.scaling = !no_scaling;
+    opts.end_costs = !no_end_costs;
     opts.flood = flood;
     opts.peer = !no_peer;
     opts.fsync = !no_fsync;

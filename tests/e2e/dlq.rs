@@ -143,3 +143,54 @@ async fn refused_firings_and_failed_jobs_are_dead_letters_redriven_once_per_numb
     assert_eq!(actions, ["dlq.redrive", "dlq.redrive", "dlq.drop"], "{records:#?}");
     stack.stop().await.expect("stop");
 }
+
+/// An event whose firing cannot be committed (the firing table locked by another writer: each
+/// delivery waits out its busy timeout and is NAKed) until JetStream's `max_deliver` (2 here)
+/// gives up on it lands in the dead-letter list from the server's advisory, kind `max_deliver`,
+/// with its event and function version; its re-drive, once the table is free, makes the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_past_max_deliver_is_a_dead_letter_and_its_redrive_runs() {
+    let (dir, stack) = htfaas_tests::start_stack_with(|o| {
+        o.gateway_settings.insert("max_deliver".into(), serde_json::json!(2));
+    })
+    .await;
+    let client = stack.client().expect("client");
+    let mut m = htfaas::stack::demo_manifest(upload_checksum(&client).await);
+    m.name = "maxd".into();
+    client.register(&m).await.expect("register");
+    let path = "/data/raw/undeliverable.dat";
+
+    // Another writer holds the firing table: every commit of the event's firing times out.
+    let mut lock = rusqlite::Connection::open(dir.path().join("gateway/firings.sqlite")).expect("open the table");
+    let held = lock.transaction_with_behavior(rusqlite::TransactionBehavior::Exclusive).expect("lock");
+    client.put_bytes(b"late".to_vec(), path).await.expect("put");
+    let gave_up = wait_for("JetStream to give up on the event", LIMIT, || async {
+        let s = client.stats().await.ok()?;
+        (s.transient_failures >= 2).then_some(s.transient_failures)
+    })
+    .await;
+    assert!(gave_up >= 2, "both deliveries failed to commit");
+    held.rollback().expect("release");
+
+    let entry = wait_for("the event's dead-letter entry", LIMIT, || async {
+        let list = client.dead_letters(Some("maxd"), None, false).await.ok()?;
+        list.into_iter().find(|e| e.kind == DeadLetterKind::MaxDeliver && e.event.path == path)
+    })
+    .await;
+    assert!(
+        entry.reason.contains("JetStream gave up delivering it") && entry.reason.contains("(max_deliver)"),
+        "{entry:#?}"
+    );
+    assert_eq!((entry.version, entry.redrivable, entry.job_id.as_deref()), (Some(1), true, None), "{entry:#?}");
+    assert!(client.jobs().await.expect("jobs").iter().all(|j| j.event.path != path), "no job before the re-drive");
+    let done = client.redrive(entry.id, Some(1)).await.expect("re-drive");
+    assert!(done.created);
+    let job = wait_for("the re-driven job", LIMIT, || async {
+        let jobs = client.jobs().await.ok()?;
+        jobs.into_iter().find(|j| j.event.path == path && j.state == JobState::Completed)
+    })
+    .await;
+    assert_eq!(job.function, "maxd");
+    assert!(client.get_bytes("/data/checksums/undeliverable.dat.checksums.json").await.expect("get").is_some());
+    stack.stop().await.expect("stop");
+}
