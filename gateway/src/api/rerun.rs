@@ -53,23 +53,6 @@ fn last_writer(records: &[AuditRecord], file: &str) -> Option<Wrote> {
     })
 }
 
-/// The scheduler's record of job `id`.
-async fn job_record(scheduler: &Scheduler<'_>, id: &str) -> Result<JobRecord, HttpError> {
-    let url = format!("{}/v1/jobs/{id}", scheduler.url);
-    let unavailable = |e: String| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler: job {id}: {e}"));
-    let resp = scheduler
-        .http
-        .get(url)
-        .bearer_auth(scheduler.admin_token)
-        .send()
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
-    if !resp.status().is_success() {
-        return Err(unavailable(resp.status().to_string()));
-    }
-    resp.json().await.map_err(|e| unavailable(e.to_string()))
-}
-
 /// `POST /v1/audit/rerun`.
 pub(super) async fn rerun(
     State(shared): State<Arc<Shared>>,
@@ -89,7 +72,7 @@ pub(super) async fn rerun(
         .await
         .map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("the writer of {file}: {e}")))?;
     let wrote = last_writer(&records, &file).ok_or_else(|| not_written(&file))?;
-    let job = job_record(&scheduler, &wrote.job).await?;
+    let job: JobRecord = super::proxy::scheduler_json(&scheduler, &format!("/v1/jobs/{}", wrote.job)).await?;
     if !caller.owns(&job.owner) || job.state != JobState::Completed {
         return Err(not_written(&file));
     }

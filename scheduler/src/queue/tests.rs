@@ -768,3 +768,30 @@ async fn the_site_caps_the_retries_a_policy_asks_for() {
     assert_eq!(run_once(&q, &none, 1, slow()).await, JobState::Failed);
     assert_accounts_match_records(&q).await;
 }
+
+// Issue 23 (`events backfill`): which files a function has a job on, whatever its state.
+#[tokio::test]
+async fn fired_paths_are_the_owners_functions_inputs_in_any_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    let job = |key: &str, owner: &str, function: &str, path: &str| {
+        let mut j = new_job(key, key, 1);
+        j.owner = owner.into();
+        j.request.function.name = function.into();
+        j.request.event.path = path.into();
+        j
+    };
+    for j in [
+        job("k1", "alice", "sum", "/data/a"),
+        job("k2", "alice", "other", "/data/b"),
+        job("k3", "bob", "sum", "/data/c"),
+    ] {
+        assert!(q.submit(j).await.expect("submit").created);
+    }
+    let paths = ["/data/a", "/data/b", "/data/c", "/data/d"].map(String::from).to_vec();
+    let fired = q.fired_paths("alice".into(), "sum".into(), paths.clone()).await.expect("query");
+    assert_eq!(fired, ["/data/a"], "another function's and another owner's jobs are not this one's");
+    let id = q.list(10).await.expect("list").into_iter().find(|j| j.event.path == "/data/a").expect("a").id;
+    q.act(id, Action::Remove, "gone".into()).await.expect("remove");
+    assert_eq!(q.fired_paths("alice".into(), "sum".into(), paths).await.expect("query"), ["/data/a"], "any state");
+}

@@ -69,18 +69,13 @@ fn push_response(xml: &mut String, href: &str, e: &Entry) {
     ));
 }
 
-/// Percent-encodes every byte of `path` but unreserved characters and `/`: what is left needs
-/// no XML escaping.
+/// What an href keeps as it is: unreserved characters and `/`; every other byte is
+/// percent-encoded, so what is left needs no XML escaping.
+const HREF: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
+
 fn encode(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(path, HREF).to_string()
 }
 
 #[cfg(test)]
