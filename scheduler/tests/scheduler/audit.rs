@@ -60,7 +60,10 @@ async fn a_jobs_decisions_are_recorded_in_order_linked_and_verifiable() {
         (&Value::from("ep-1"), &Value::from(session.as_str()), &Value::from(1))
     );
     assert_eq!(finished.actor.as_deref(), Some("ep-1"));
-    assert_eq!(finished.detail["input"], serde_json::json!({ "path": "/data/raw/a.dat", "bytes": 1000 }));
+    assert_eq!(
+        finished.detail["input"],
+        serde_json::json!({ "path": "/data/raw/a.dat", "bytes": 1000, "sha256": "cd".repeat(32) })
+    );
     assert_eq!(finished.detail["outputs"][0]["sha256"], "ab".repeat(32));
     assert!(finished.subject.paths.contains(&"/data/out/a.sum".to_owned()));
     assert_eq!((&finished.detail["state"], &finished.detail["usage"]["wall_ms"]), (&"completed".into(), &3000.into()));
