@@ -11,6 +11,8 @@
 //! - The whole path with real producers: an XrdHttp PUT → `ofs.notify` FIFO → the
 //!   `xrootd-notify` bridge → the stack's nats-server → a gateway whose storage is the XRootD →
 //!   macaroons from the XRootD → a job on an EP reading and writing the XRootD.
+//! - A back-fill's listing (issue 23): a `LIST` macaroon from XrdMacaroons and XrdHttp's
+//!   `PROPFIND` answers, read by `gateway::listing`.
 //!
 //! Without `xrootd` installed the tests are skipped with a notice, unless `CI` is set. Every
 //! request goes to 127.0.0.1; as root, xrootd runs without DNS (`scripts/xrootd/nodns.sh`).
@@ -559,4 +561,38 @@ async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job
     eps.cancel();
     ep.await.expect("join").expect("EP stops cleanly");
     stack.stop().await.expect("clean stop");
+}
+
+/// Issue 23 (`events backfill`): the gateway lists a tree of a real XRootD the way it lists the
+/// built-in storage: a `LIST` macaroon from XrdMacaroons (the issuer's `l` right), then XrdHttp's
+/// `PROPFIND` answers, one directory at a time, parsed by `gateway::listing`.
+#[tokio::test]
+async fn the_gateway_lists_an_xrootd_tree_for_a_backfill() {
+    if !xrootd_installed("the XRootD listing test") {
+        return;
+    }
+    let x = tokio::task::spawn_blocking(|| {
+        Xrootd::start(|data| {
+            std::fs::create_dir_all(data.join("store/lost/sub")).expect("mkdir");
+            std::fs::write(data.join("store/lost/a.dat"), b"aaa").expect("a");
+            std::fs::write(data.join("store/lost/sub/b c.dat"), b"bbbbb").expect("b");
+            std::fs::create_dir_all(data.join("store/other")).expect("mkdir");
+            std::fs::write(data.join("store/other/x.dat"), b"x").expect("x");
+        })
+    })
+    .await
+    .expect("start xrootd");
+    let state = tempfile::tempdir().expect("gateway dir");
+    let settings = gateway_settings(&x, state.path()).await;
+    let shared = settings.shared();
+    let listing = htfaas_gateway::listing::list_tree(&shared.storage, "/store/lost/", 100).await.expect("list");
+    let mut files: Vec<(String, Option<u64>)> = listing.files.iter().map(|f| (f.path.clone(), f.size)).collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [("/store/lost/a.dat".to_owned(), Some(3)), ("/store/lost/sub/b c.dat".to_owned(), Some(5))],
+        "{listing:#?}"
+    );
+    assert!(!listing.truncated);
+    assert!(listing.files.iter().all(|f| f.modified_s.is_some()), "XrdHttp sends getlastmodified: {listing:#?}");
 }
