@@ -116,6 +116,24 @@ async fn a_failed_job_is_posted_signed_to_its_webhook_again_after_a_503_and_a_co
     })
     .await;
     assert!(all.iter().all(|p| p.starts_with("fails:")), "only failed jobs are posted: {all:?}");
+
+    // Both deliveries counted on the gateway's /metrics (the 503 was tried again, not given up).
+    let info = stack.info().clone();
+    let http = htfaas_gateway::http_client().expect("http");
+    let metrics = wait_for("both deliveries counted", LIMIT, || async {
+        let text = http
+            .get(format!("{}/metrics", info.gateway_url))
+            .bearer_auth(&info.admin_token)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.contains(r#"htfaas_gateway_webhook_deliveries_total{outcome="delivered"} 2"#).then_some(text)
+    })
+    .await;
+    assert!(metrics.contains(r#"htfaas_gateway_webhook_deliveries_total{outcome="given_up"} 0"#), "{metrics}");
     stop.cancel();
     stack.stop().await.expect("stop");
 }

@@ -171,6 +171,15 @@ impl Collector for GatewayCollector {
             MetricType::Counter,
         )?
         .encode_counter::<NoLabelSet, _, u64>(&r(&s.firings_store_full), None)?;
+        let w = &self.0.webhooks;
+        let webhooks = [("delivered", r(&w.delivered)), ("given_up", r(&w.failed))];
+        family(
+            &mut e,
+            "htfaas_gateway_webhook_deliveries",
+            "Failure webhook deliveries: taken by the receiver, or given up.",
+            "outcome",
+            &webhooks,
+        )?;
         let mut m = e.encode_descriptor(
             "htfaas_gateway_token_refusals",
             "Bearer tokens this API refused, by kind and reason.",
