@@ -18,8 +18,8 @@ pub struct Span {
     /// Span id (16 hex digits); none for a job from before traces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub span_id: Option<String>,
-    /// Its parent's span id; none for the gateway's span (its parent is the producer's, not
-    /// kept) and for a job from before traces.
+    /// Its parent's span id: for the gateway's span the producer's (when the event came with a
+    /// `traceparent`), else none; none for a job from before traces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<String>,
     /// Depth in the tree: 0 for a job's gateway span.
@@ -51,7 +51,11 @@ pub fn job_spans(job: &JobRecord, attempts: &[Attempt]) -> Vec<Span> {
         Span {
             name: "gateway.fire".into(),
             span_id: hex(gateway),
-            parent_id: None,
+            parent_id: job
+                .event
+                .producer_span
+                .clone()
+                .filter(|p| p.len() == 16 && p.bytes().all(|b| b.is_ascii_hexdigit())),
             depth: 0,
             start_ms: job.event.seen_at_ms,
             end_ms: Some(job.submitted_at_ms),
@@ -167,7 +171,14 @@ mod tests {
         assert_eq!(spans[1].parent_id, spans[0].span_id);
         assert_eq!(spans[2].parent_id, spans[1].span_id);
         assert!(spans[3..].iter().all(|s| s.parent_id == spans[2].span_id && s.span_id.is_some()));
-        assert_eq!(spans[0].parent_id, None);
+        assert_eq!(spans[0].parent_id, None, "no producer span: the gateway's span is a root");
+        // The producer's span, when the event came with one, is the gateway span's parent; a
+        // value that is no span id is not drawn.
+        for (producer, parent) in [("00f067aa0ba902b7", Some("00f067aa0ba902b7")), ("not hex at all!!", None)] {
+            let mut j = job(Some(gateway));
+            j.event.producer_span = Some(producer.into());
+            assert_eq!(job_spans(&j, &[]).first().and_then(|s| s.parent_id.clone()).as_deref(), parent);
+        }
         assert_eq!(spans[6].start_ms, Some(1_106), "run starts after module, compile and input");
         assert_eq!(spans[8].ms(), Some(20), "the attempt's end minus its wall time");
         // A job from before traces: its spans, without ids.

@@ -71,6 +71,11 @@ pub fn event_ref(event: &StorageEvent, cause: Option<Cause>, function: &str, see
         caused_by: cause,
         trace: Some(gateway_span(event, function).to_string()),
         seen_at_ms: Some(seen_at_ms),
+        producer_span: event
+            .traceparent
+            .as_deref()
+            .and_then(|t| htfaas_functions::trace::TraceParent::parse(t).ok())
+            .map(|t| t.span_id_hex()),
         ..EventRef::new(format!("{}:{}", event.source.kind.as_str(), event.source.producer), &event.id, &event.path)
     }
 }

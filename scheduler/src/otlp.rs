@@ -187,7 +187,8 @@ pub fn span_data(job: &JobRecord, spans: &[Span], scope: &InstrumentationScope) 
             Some(SpanData {
                 span_context: SpanContext::new(trace_id, span_id, TraceFlags::SAMPLED, false, TraceState::default()),
                 parent_span_id: id(&s.parent_id).unwrap_or(SpanId::INVALID),
-                parent_span_is_remote: false,
+                // The gateway span's parent is the producer's, in another process.
+                parent_span_is_remote: s.depth == 0 && s.parent_id.is_some(),
                 span_kind: if s.depth == 0 { SpanKind::Consumer } else { SpanKind::Internal },
                 name: s.name.clone().into(),
                 start_time: at(start),

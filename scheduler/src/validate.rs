@@ -80,6 +80,9 @@ pub enum SubmitInvalid {
     /// An event field is over [`MAX_FIELD_BYTES`] or holds a NUL.
     #[error("event fields must be at most {MAX_FIELD_BYTES} bytes without NUL")]
     EventFields,
+    /// `event.producer_span` is not a span id.
+    #[error("event.producer_span must be 16 hex digits")]
+    ProducerSpan,
     /// `event.trace` is not a W3C `traceparent`.
     #[error("event.trace must be a W3C traceparent: {0}")]
     Trace(htfaas_functions::trace::TraceError),
@@ -164,6 +167,9 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     if !bounded(&e.source) || !bounded(&e.id) || !bounded(&e.path) {
         return Err(EventFields);
     }
+    if e.producer_span.as_deref().is_some_and(|p| p.len() != 16 || !p.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(ProducerSpan);
+    }
     if let Some(t) = &e.trace {
         htfaas_functions::trace::TraceParent::parse(t).map_err(Trace)?;
     }
@@ -191,6 +197,15 @@ mod tests {
         assert!(matches!(validate(&r), Err(SubmitInvalid::Trace(_))));
         r.event.trace = Some(htfaas_functions::trace::TraceParent::for_event("e").to_string());
         assert!(validate(&r).is_ok());
+    }
+
+    #[test]
+    fn a_producer_span_must_be_a_span_id() {
+        let mut r = crate::testing::request("k");
+        for (p, ok) in [("00f067aa0ba902b7", true), ("00f067aa0ba902b", false), ("zzf067aa0ba902b7", false)] {
+            r.event.producer_span = Some(p.into());
+            assert_eq!(validate(&r).is_ok(), ok, "{p}");
+        }
     }
 
     #[test]

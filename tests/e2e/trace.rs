@@ -74,6 +74,7 @@ async fn an_events_traceparent_reaches_every_hop_and_trace_rebuilds_the_tree_wit
     let gateway = sent.child(&format!("{GATEWAY_SPAN}sleeper"));
     assert_eq!(job.event.trace.as_deref(), Some(gateway.to_string().as_str()));
     assert!(job.event.seen_at_ms.is_some_and(|s| s <= job.submitted_at_ms), "{:?}", job.event);
+    assert_eq!(job.event.producer_span, Some(sent.span_id_hex()), "the producer's span: the gateway span's parent");
 
     for what in [job.id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736"] {
         let view = client.trace(what).await.expect("the trace");
@@ -98,6 +99,7 @@ async fn an_events_traceparent_reaches_every_hop_and_trace_rebuilds_the_tree_wit
         let job = finished_job(&client, path).await;
         let derived = TraceParent::for_event(&job.event.id);
         assert_eq!(job.event.trace_parent().map(|t| t.trace_id), Some(derived.trace_id), "{:?}", job.event);
+        assert_eq!(job.event.producer_span, None, "no producer span to hang under");
         let view = client.trace(&job.event.id).await.expect("the trace by event id");
         assert_eq!(view.trace_id, derived.trace_id_hex());
         assert_eq!(view.event.as_ref().map(|(_, p)| p.as_str()), Some(path));
@@ -173,6 +175,8 @@ async fn the_scheduler_exports_each_ended_jobs_spans_over_otlp_with_the_hops_ids
     let by_name = |name: &str| spans.iter().find(|(n, _, _)| n == name).cloned().unwrap_or_default();
     let (queue, attempt, run) = (by_name("scheduler.queue"), by_name("ep.attempt"), by_name("run"));
     assert_eq!(by_name("gateway.fire").1, gateway.span_id_hex(), "{spans:?}");
+    let producer = TraceParent::parse(SENT).expect("sent").span_id_hex();
+    assert_eq!(by_name("gateway.fire").2, producer, "the gateway under the producer's span");
     assert_eq!(queue.1, gateway.queue_span(&job.id).span_id_hex());
     assert_eq!(queue.2, gateway.span_id_hex(), "the queue under the gateway");
     assert_eq!(attempt.1, gateway.attempt_span(&job.id, 1).span_id_hex());

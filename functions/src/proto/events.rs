@@ -270,6 +270,11 @@ pub struct EventRef {
     /// submission minus this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seen_at_ms: Option<u64>,
+    /// The span id (16 hex digits) of the producer's span the event came with, when it came
+    /// with a `traceparent` that parses: the gateway's span is its child, so a collector draws
+    /// htfaas's spans under the producer's. Only a label: it grants nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_span: Option<String>,
 }
 
 impl EventRef {
@@ -282,6 +287,7 @@ impl EventRef {
             caused_by: None,
             trace: None,
             seen_at_ms: None,
+            producer_span: None,
         }
     }
 
