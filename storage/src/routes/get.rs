@@ -6,10 +6,8 @@ use axum::response::Response;
 use tokio_util::io::ReaderStream;
 
 use super::AppState;
-use crate::auth;
 use crate::error::HttpError;
 use crate::macaroons::Activity;
-use crate::paths::NsPath;
 
 #[tracing::instrument(name = "storage.get", skip_all, fields(path = req.uri().path(), principal = tracing::field::Empty))]
 pub(super) async fn handle(
@@ -17,12 +15,9 @@ pub(super) async fn handle(
     client: std::net::SocketAddr,
     req: Request<Body>,
 ) -> Result<Response, HttpError> {
-    let path = NsPath::from_uri_path(req.uri().path())?;
-    let cred = auth::credential(req.headers(), req.uri().query())?;
-    let who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Download], client.ip())?;
-    tracing::Span::current().record("principal", who.principal.billing_subject());
+    let (path, _) = super::authorized(state, client, &req, Activity::Download)?;
     if path.is_dir() {
-        return Err(HttpError::NotFound(format!("{} is a directory; listing is not supported", path.as_str())));
+        return Err(HttpError::NotFound(format!("{} is a directory; list it with PROPFIND", path.as_str())));
     }
     let (file, len) = crate::fs::open_read(&state.data_dir, &path).await?;
     let body = if req.method() == axum::http::Method::HEAD {

@@ -65,6 +65,21 @@ async fn dispatch(
     handle(state, client, req).instrument(span).await
 }
 
+/// The request's path and who asks, allowed `activity` there; the principal is recorded on the
+/// operation's span (its `principal` field).
+fn authorized(
+    state: &AppState,
+    client: SocketAddr,
+    req: &Request<Body>,
+    activity: crate::macaroons::Activity,
+) -> Result<(crate::paths::NsPath, crate::auth::Authorized), HttpError> {
+    let path = crate::paths::NsPath::from_uri_path(req.uri().path())?;
+    let cred = crate::auth::credential(req.headers(), req.uri().query())?;
+    let who = crate::auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[activity], client.ip())?;
+    tracing::Span::current().record("principal", who.principal.billing_subject());
+    Ok((path, who))
+}
+
 async fn handle(state: Arc<AppState>, client: SocketAddr, req: Request<Body>) -> Response {
     let result = match *req.method() {
         Method::GET | Method::HEAD => get::handle(&state, client, req).await,

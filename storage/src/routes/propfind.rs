@@ -11,11 +11,9 @@ use axum::http::{Request, StatusCode, header};
 use axum::response::Response;
 
 use super::AppState;
-use crate::auth;
 use crate::error::HttpError;
 use crate::fs::Entry;
 use crate::macaroons::Activity;
-use crate::paths::NsPath;
 
 /// Most entries one directory's listing holds.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -26,10 +24,7 @@ pub(super) async fn handle(
     client: std::net::SocketAddr,
     req: Request<Body>,
 ) -> Result<Response, HttpError> {
-    let path = NsPath::from_uri_path(req.uri().path())?;
-    let cred = auth::credential(req.headers(), req.uri().query())?;
-    let who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::List], client.ip())?;
-    tracing::Span::current().record("principal", who.principal.billing_subject());
+    let (path, _) = super::authorized(state, client, &req, Activity::List)?;
     let depth = match req.headers().get("depth").map(|v| v.to_str().unwrap_or("?").trim()) {
         None | Some("1") => 1,
         Some("0") => 0,
