@@ -113,7 +113,8 @@ impl Otlp {
                 Some(tx) => tx.clone(),
                 None => {
                     let (tx, rx) = mpsc::channel(MAX_WAITING);
-                    tokio::spawn(self.clone().batches(rx));
+                    // The task holds no sender: it ends once this exporter (every clone) is dropped.
+                    tokio::spawn(batches(self.exporter.clone(), self.scope.clone(), rx));
                     *waiting = Some(tx.clone());
                     tx
                 }
@@ -123,42 +124,46 @@ impl Otlp {
             tracing::warn!(job.id = %job_id, "OTLP export skipped: {MAX_WAITING} ended jobs wait for theirs");
         }
     }
+}
 
-    /// Exports the ended jobs of `rx`, a batch at a time, until every sender is gone.
-    async fn batches(self, mut rx: mpsc::Receiver<(Queue, String)>) {
-        while let Some(first) = rx.recv().await {
-            let mut jobs = vec![first];
-            let deadline = tokio::time::Instant::now() + BATCH_WAIT;
-            while jobs.len() < MAX_BATCH_JOBS {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(job)) => jobs.push(job),
-                    _ => break,
-                }
-            }
-            let mut batch = Vec::new();
-            for (queue, job_id) in &jobs {
-                match self.spans(queue, job_id).await {
-                    Ok(spans) => batch.extend(spans),
-                    Err(e) => tracing::warn!(job.id = %job_id, "OTLP export skipped: {e}"),
-                }
-            }
-            if !batch.is_empty()
-                && let Err(e) = self.exporter.export(batch).await
-            {
-                tracing::warn!(jobs = jobs.len(), "OTLP export failed: {e}");
+/// Exports the ended jobs of `rx` with `exporter`, a batch at a time, until every sender is gone.
+async fn batches(
+    exporter: Arc<opentelemetry_otlp::SpanExporter>,
+    scope: InstrumentationScope,
+    mut rx: mpsc::Receiver<(Queue, String)>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+        while jobs.len() < MAX_BATCH_JOBS {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(job)) => jobs.push(job),
+                _ => break,
             }
         }
-    }
-
-    /// The spans of job `job_id`, once it has ended for good (none before).
-    async fn spans(&self, queue: &Queue, job_id: &str) -> Result<Vec<SpanData>, String> {
-        let job = queue.get(job_id.to_owned()).await.map_err(|e| e.to_string())?.ok_or("the job is gone")?;
-        if !matches!(job.state, JobState::Completed | JobState::Failed | JobState::Removed) {
-            return Ok(Vec::new());
+        let mut batch = Vec::new();
+        for (queue, job_id) in &jobs {
+            match spans(queue, job_id, &scope).await {
+                Ok(spans) => batch.extend(spans),
+                Err(e) => tracing::warn!(job.id = %job_id, "OTLP export skipped: {e}"),
+            }
         }
-        let attempts = queue.history(job_id.to_owned()).await.map_err(|e| e.to_string())?;
-        Ok(span_data(&job, &job_spans(&job, &attempts), &self.scope))
+        if !batch.is_empty()
+            && let Err(e) = exporter.export(batch).await
+        {
+            tracing::warn!(jobs = jobs.len(), "OTLP export failed: {e}");
+        }
     }
+}
+
+/// The spans of job `job_id`, once it has ended for good (none before).
+async fn spans(queue: &Queue, job_id: &str, scope: &InstrumentationScope) -> Result<Vec<SpanData>, String> {
+    let job = queue.get(job_id.to_owned()).await.map_err(|e| e.to_string())?.ok_or("the job is gone")?;
+    if !matches!(job.state, JobState::Completed | JobState::Failed | JobState::Removed) {
+        return Ok(Vec::new());
+    }
+    let attempts = queue.history(job_id.to_owned()).await.map_err(|e| e.to_string())?;
+    Ok(span_data(&job, &job_spans(&job, &attempts), scope))
 }
 
 /// The spans of `job` as OTLP span data: those with ids and both ends only (a job from before
