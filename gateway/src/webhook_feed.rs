@@ -9,13 +9,14 @@
 //! notification; 429, 5xx and connection trouble make it come again after a backoff, up to
 //! [`MAX_DELIVER`] tries; any other answer, a missing key or a host no longer allowed ends it
 //! (logged, never retried forever). Deliveries are at least once: the
-//! `x-htfaas-delivery` header lets a receiver drop a repeat.
+//! `x-htfaas-delivery` header lets a receiver drop a repeat. Up to [`MAX_CONCURRENT`] are under
+//! way at once, so a receiver that takes its time holds up no other.
 //!
 //! Must not know: the dead-letter list, the firing table, HTTP routes.
 
 use crate::state::Shared;
 use async_nats::jetstream::{self, consumer::pull};
-use futures_util::StreamExt as _;
+use futures_util::TryStreamExt as _;
 use htfaas_functions::proto::{
     JOBS_STREAM, JOBS_SUBJECT_PREFIX, JobNotification, WEBHOOK_DELIVERY_HEADER, WEBHOOK_SIGNATURE_HEADER,
     WEBHOOK_TIMESTAMP_HEADER, webhook_signature,
@@ -31,6 +32,8 @@ pub const MAX_DELIVER: i64 = 6;
 const BACKOFF: [Duration; 3] = [Duration::from_secs(1), Duration::from_secs(10), Duration::from_secs(60)];
 /// How long one POST may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// Deliveries under way at once.
+pub const MAX_CONCURRENT: usize = 16;
 
 /// The durable consumer's name for the gateway's `consumer`.
 pub fn consumer_name(consumer: &str) -> String {
@@ -66,32 +69,40 @@ async fn feed(js: &jetstream::Context, consumer: &str, shared: &Arc<Shared>) -> 
         ..Default::default()
     };
     let consumer = stream.get_or_create_consumer(&name, config).await.with_context(|| format!("make {name}"))?;
-    let mut messages = consumer.messages().await.context("pull notifications")?;
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(|e| anyhow::anyhow!("read a notification: {e}"))?;
-        let tries = message.info().map(|i| i.delivered).unwrap_or(1);
-        let outcome = match serde_json::from_slice::<JobNotification>(&message.payload) {
-            Ok(n) => deliver(shared, &n, &message.payload).await,
-            Err(e) => Delivery::Refused(format!("a notification that does not parse: {e}")),
-        };
-        let w = &shared.webhooks;
-        match outcome {
-            Delivery::Done => {
-                let _ = message.ack().await;
-            }
-            Delivery::Again(why) if tries < MAX_DELIVER => {
-                let wait = BACKOFF[usize::try_from(tries - 1).unwrap_or(0).min(BACKOFF.len() - 1)];
-                tracing::info!(subject = %message.subject, tries, "webhook delivery tried again in {wait:?}: {why}");
-                let _ = message.ack_with(jetstream::AckKind::Nak(Some(wait))).await;
-            }
-            Delivery::Again(why) | Delivery::Refused(why) => {
-                w.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(subject = %message.subject, tries, "webhook delivery given up: {why}");
-                let _ = message.ack_with(jetstream::AckKind::Term).await;
-            }
+    let messages = consumer.messages().await.context("pull notifications")?;
+    // At most MAX_CONCURRENT at once: a receiver slow up to the timeout holds up no other.
+    messages
+        .map_err(|e| anyhow::anyhow!("read a notification: {e}"))
+        .try_for_each_concurrent(MAX_CONCURRENT, |message| async move {
+            settle(shared, message).await;
+            Ok(())
+        })
+        .await?;
+    anyhow::bail!("the notifications' pull ended")
+}
+
+/// Delivers one notification and tells JetStream what became of it.
+async fn settle(shared: &Shared, message: jetstream::Message) {
+    let tries = message.info().map(|i| i.delivered).unwrap_or(1);
+    let outcome = match serde_json::from_slice::<JobNotification>(&message.payload) {
+        Ok(n) => deliver(shared, &n, &message.payload).await,
+        Err(e) => Delivery::Refused(format!("a notification that does not parse: {e}")),
+    };
+    match outcome {
+        Delivery::Done => {
+            let _ = message.ack().await;
+        }
+        Delivery::Again(why) if tries < MAX_DELIVER => {
+            let wait = BACKOFF[usize::try_from(tries - 1).unwrap_or(0).min(BACKOFF.len() - 1)];
+            tracing::info!(subject = %message.subject, tries, "webhook delivery tried again in {wait:?}: {why}");
+            let _ = message.ack_with(jetstream::AckKind::Nak(Some(wait))).await;
+        }
+        Delivery::Again(why) | Delivery::Refused(why) => {
+            shared.webhooks.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(subject = %message.subject, tries, "webhook delivery given up: {why}");
+            let _ = message.ack_with(jetstream::AckKind::Term).await;
         }
     }
-    anyhow::bail!("the notifications' pull ended")
 }
 
 /// POSTs `body` (the notification `n` as published) to its function version's webhook.

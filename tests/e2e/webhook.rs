@@ -137,3 +137,97 @@ async fn a_failed_job_is_posted_signed_to_its_webhook_again_after_a_503_and_a_co
     stop.cancel();
     stack.stop().await.expect("stop");
 }
+
+/// Sets the flag to false when dropped: a handler cancelled (its connection dropped) is no
+/// longer under way either.
+struct Reset(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Reset {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A receiver whose `/slow` answers only once `/fast` was called (or after 30 s), and whose
+/// `/fast` records whether a `/slow` was under way when it came. Returns its base URL, its CA
+/// file, whether a `/slow` is under way, and the records.
+async fn slow_and_fast(dir: &std::path::Path, stop: CancellationToken) -> Receiver {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pki = htfaas::pki::make(dir, "webhook receiver", &["127.0.0.1".into()]).expect("a CA");
+    let config = htfaas_functions::serve::tls::server_config(&pki.cert_file, &pki.key_file).expect("tls");
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = tcp.local_addr().expect("addr");
+    let slow_under_way = Arc::new(AtomicBool::new(false));
+    let fast_came = Arc::new(tokio::sync::Notify::new());
+    let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let (under_way, came) = (slow_under_way.clone(), fast_came.clone());
+    let slow = axum::routing::post(move || {
+        let (under_way, came) = (under_way.clone(), came.clone());
+        async move {
+            under_way.store(true, Ordering::SeqCst);
+            let _reset = Reset(under_way.clone());
+            let _ = tokio::time::timeout(Duration::from_secs(30), came.notified()).await;
+            StatusCode::NO_CONTENT
+        }
+    });
+    let (under_way, came, record) = (slow_under_way.clone(), fast_came.clone(), seen.clone());
+    let fast = axum::routing::post(move || {
+        let (under_way, came, record) = (under_way.clone(), came.clone(), record.clone());
+        async move {
+            record.lock().expect("lock").push(under_way.load(Ordering::SeqCst));
+            came.notify_one();
+            StatusCode::NO_CONTENT
+        }
+    });
+    let app = axum::Router::new().route("/slow", slow).route("/fast", fast);
+    let listener = htfaas_functions::serve::tls::TlsListener::new(tcp, config);
+    tokio::spawn(htfaas_functions::serve::serve(listener, app, Default::default(), stop));
+    (format!("https://{addr}"), pki.ca_file, slow_under_way, seen)
+}
+
+/// [`slow_and_fast`]'s base URL, CA file, `/slow` under way, and what `/fast` saw.
+type Receiver = (String, std::path::PathBuf, Arc<std::sync::atomic::AtomicBool>, Arc<Mutex<Vec<bool>>>);
+
+/// Deliveries go out side by side: while one receiver keeps a delivery waiting (up to the
+/// gateway's 10 s timeout), another function's failure is delivered to another receiver. One at
+/// a time, the second would come only after the first's timeout, when it is no longer under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_holds_up_no_other_functions_delivery() {
+    use std::sync::atomic::Ordering;
+    let hook_dir = tempfile::tempdir().expect("tempdir");
+    let stop = CancellationToken::new();
+    let (base, ca, slow_under_way, seen) = slow_and_fast(hook_dir.path(), stop.clone()).await;
+    let (_dir, stack) = start_stack_with(|o| {
+        o.gateway_settings.insert("webhook_hosts".into(), serde_json::json!(["127.0.0.1"]));
+        o.gateway_settings.insert("webhook_ca_file".into(), serde_json::json!(ca));
+    })
+    .await;
+    let client = stack.client().expect("client");
+    let module = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("wasm")).await.expect("upload");
+    let key = BTreeMap::from([(Webhook::DEFAULT_KEY_SECRET.to_owned(), KEY.to_owned())]);
+    for name in ["slow", "fast"] {
+        let m = htfaas_functions::FunctionManifest {
+            name: format!("{name}hook"),
+            args: vec!["exit".into(), "3".into()],
+            trigger: htfaas_functions::manifest::Trigger::on_path(format!("/data/{name}/**")),
+            webhook: Some(Webhook { url: format!("{base}/{name}"), key_secret: Webhook::DEFAULT_KEY_SECRET.into() }),
+            ..htfaas::stack::demo_manifest(module.clone())
+        };
+        client.register(&m).await.expect("register");
+        client.set_function_secrets(&m.name, &key).await.expect("the key");
+    }
+    // The slow receiver's delivery first, and under way...
+    client.put_bytes(b"x".to_vec(), "/data/slow/a.dat").await.expect("upload");
+    wait_for("the slow delivery under way", LIMIT, || async { slow_under_way.load(Ordering::SeqCst).then_some(()) })
+        .await;
+    // ... then the other function's failure: delivered while the first still waits.
+    client.put_bytes(b"x".to_vec(), "/data/fast/a.dat").await.expect("upload");
+    let seen = wait_for("the fast delivery", LIMIT, || async {
+        let seen = seen.lock().expect("lock");
+        (!seen.is_empty()).then(|| seen.clone())
+    })
+    .await;
+    assert!(seen[0], "the slow delivery was still under way when the fast one came");
+    stop.cancel();
+    stack.stop().await.expect("stop");
+}
