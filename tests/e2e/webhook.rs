@@ -25,10 +25,6 @@ type Received = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
 /// An HTTPS receiver on 127.0.0.1 with a certificate of a CA made under `dir`: it answers 503
 /// to its first request and 204 to the others. Returns its URL and its CA file.
 async fn receiver(dir: &std::path::Path, got: Received, stop: CancellationToken) -> (String, std::path::PathBuf) {
-    let pki = htfaas::pki::make(dir, "webhook receiver", &["127.0.0.1".into()]).expect("a CA");
-    let config = htfaas_functions::serve::tls::server_config(&pki.cert_file, &pki.key_file).expect("tls");
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = tcp.local_addr().expect("addr");
     let app = axum::Router::new().route(
         "/hook",
         axum::routing::post(move |headers: HeaderMap, body: Bytes| {
@@ -40,9 +36,33 @@ async fn receiver(dir: &std::path::Path, got: Received, stop: CancellationToken)
             }
         }),
     );
+    let (addr, ca) = serve_tls(dir, app, stop).await;
+    (format!("https://{addr}/hook"), ca)
+}
+
+/// Serves `app` over HTTPS on 127.0.0.1 with a certificate of a CA made under `dir`, until
+/// `stop`: its address and the CA file.
+async fn serve_tls(
+    dir: &std::path::Path,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> (std::net::SocketAddr, std::path::PathBuf) {
+    let pki = htfaas::pki::make(dir, "webhook receiver", &["127.0.0.1".into()]).expect("a CA");
+    let config = htfaas_functions::serve::tls::server_config(&pki.cert_file, &pki.key_file).expect("tls");
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = tcp.local_addr().expect("addr");
     let listener = htfaas_functions::serve::tls::TlsListener::new(tcp, config);
     tokio::spawn(htfaas_functions::serve::serve(listener, app, Default::default(), stop));
-    (format!("https://{addr}/hook"), pki.ca_file)
+    (addr, pki.ca_file)
+}
+
+/// A stack whose gateway may call webhooks on 127.0.0.1, trusting the CA `ca`.
+async fn stack_calling(ca: &std::path::Path) -> (tempfile::TempDir, htfaas::stack::Stack) {
+    start_stack_with(|o| {
+        o.gateway_settings.insert("webhook_hosts".into(), serde_json::json!(["127.0.0.1"]));
+        o.gateway_settings.insert("webhook_ca_file".into(), serde_json::json!(ca));
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,11 +71,7 @@ async fn a_failed_job_is_posted_signed_to_its_webhook_again_after_a_503_and_a_co
     let got: Received = Arc::default();
     let stop = CancellationToken::new();
     let (url, ca) = receiver(hook_dir.path(), got.clone(), stop.clone()).await;
-    let (_dir, stack) = start_stack_with(|o| {
-        o.gateway_settings.insert("webhook_hosts".into(), serde_json::json!(["127.0.0.1"]));
-        o.gateway_settings.insert("webhook_ca_file".into(), serde_json::json!(ca));
-    })
-    .await;
+    let (_dir, stack) = stack_calling(&ca).await;
     let client = stack.client().expect("client");
     let module = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("wasm")).await.expect("upload");
     // `exit N` fails with N for an input named `fail…`: here every run exits with its arg.
@@ -153,10 +169,6 @@ impl Drop for Reset {
 /// file, whether a `/slow` is under way, and the records.
 async fn slow_and_fast(dir: &std::path::Path, stop: CancellationToken) -> Receiver {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let pki = htfaas::pki::make(dir, "webhook receiver", &["127.0.0.1".into()]).expect("a CA");
-    let config = htfaas_functions::serve::tls::server_config(&pki.cert_file, &pki.key_file).expect("tls");
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = tcp.local_addr().expect("addr");
     let slow_under_way = Arc::new(AtomicBool::new(false));
     let fast_came = Arc::new(tokio::sync::Notify::new());
     let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
@@ -180,9 +192,8 @@ async fn slow_and_fast(dir: &std::path::Path, stop: CancellationToken) -> Receiv
         }
     });
     let app = axum::Router::new().route("/slow", slow).route("/fast", fast);
-    let listener = htfaas_functions::serve::tls::TlsListener::new(tcp, config);
-    tokio::spawn(htfaas_functions::serve::serve(listener, app, Default::default(), stop));
-    (format!("https://{addr}"), pki.ca_file, slow_under_way, seen)
+    let (addr, ca) = serve_tls(dir, app, stop).await;
+    (format!("https://{addr}"), ca, slow_under_way, seen)
 }
 
 /// [`slow_and_fast`]'s base URL, CA file, `/slow` under way, and what `/fast` saw.
@@ -197,11 +208,7 @@ async fn a_slow_receiver_holds_up_no_other_functions_delivery() {
     let hook_dir = tempfile::tempdir().expect("tempdir");
     let stop = CancellationToken::new();
     let (base, ca, slow_under_way, seen) = slow_and_fast(hook_dir.path(), stop.clone()).await;
-    let (_dir, stack) = start_stack_with(|o| {
-        o.gateway_settings.insert("webhook_hosts".into(), serde_json::json!(["127.0.0.1"]));
-        o.gateway_settings.insert("webhook_ca_file".into(), serde_json::json!(ca));
-    })
-    .await;
+    let (_dir, stack) = stack_calling(&ca).await;
     let client = stack.client().expect("client");
     let module = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("wasm")).await.expect("upload");
     let key = BTreeMap::from([(Webhook::DEFAULT_KEY_SECRET.to_owned(), KEY.to_owned())]);
