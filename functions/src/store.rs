@@ -74,12 +74,35 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
-/// Writes `bytes` to `path` (created or truncated) readable by its owner only (mode 0600 on
-/// creation): a key, a token, a secret.
+/// Writes `bytes` to `path` (created or truncated) readable by its owner only: a key, a token, a
+/// secret. The file is opened without following a symbolic link (`O_NOFOLLOW`: a link planted
+/// at `path` is an error, never a way to write elsewhere), must be a regular file, and is set
+/// to 0600 through the open descriptor before anything is written (an existing file that
+/// others could read is tightened first).
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::other(format!(
+                    "{} is a symbolic link: refusing to write a secret through it",
+                    path.display()
+                ))
+            } else {
+                e
+            }
+        })?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!("{} is not a regular file", path.display())));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.set_len(0)?;
     f.write_all(bytes)
 }
 
@@ -228,6 +251,27 @@ mod tests {
 
     fn version(conn: &Connection) -> i64 {
         conn.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version")
+    }
+
+    /// A private file is never written through a symbolic link planted at its path, and an
+    /// existing file others could read is 0600 once written.
+    #[test]
+    fn a_private_file_follows_no_link_and_ends_0600() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("profile.json");
+        std::fs::write(&path, "old").expect("a 0644 file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        write_private(&path, b"token").expect("write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"token");
+        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+        let victim = dir.path().join("elsewhere");
+        std::fs::write(&victim, "untouched").expect("victim");
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&victim, &link).expect("symlink");
+        let e = write_private(&link, b"token").expect_err("through a link");
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&victim).expect("read"), b"untouched");
     }
 
     /// Issue 20: a cached transaction commits what it did, rolls back what it did not commit

@@ -78,7 +78,8 @@ fn main() -> anyhow::Result<()> {
         let i = k % OWNERS;
         let f = &functions[i];
         let ns = namespaces.of(&f.manifest.owner, None);
-        let replace = htfaas_gateway::jobs::confine(&ns, f, &paths[i]).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let replace = htfaas_gateway::jobs::confine(&ns, &f.manifest.owner, f, &paths[i])
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         black_box(replace);
     }
     let firing = started.elapsed();

@@ -28,13 +28,13 @@ pub fn http_client_trusting(ca_file: Option<&Path>, what: &str) -> anyhow::Resul
 
 /// The client of failure webhooks (issue 23): [`http_client_trusting`] `ca_file`, and no
 /// redirect followed (a receiver cannot send the POST on to a host the site did not allow).
-pub fn webhook_http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+pub fn webhook_http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::ClientBuilder> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(30))
         .redirect(reqwest::redirect::Policy::none());
-    trust(builder, ca_file, "webhook_ca_file")?.build().context("build the webhook client")
+    trust(builder, ca_file, "webhook_ca_file")
 }
 
 /// Adds the PEM certificates of `ca_file` (the config field `what`) as trusted roots.

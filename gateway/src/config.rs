@@ -81,11 +81,18 @@ pub struct Config {
     /// system's. Default: none.
     #[serde(default)]
     pub scheduler_ca_file: Option<PathBuf>,
-    /// Hosts a function's failure webhook may name (issue 23; exact, case-insensitive, e.g.
-    /// `hooks.example.org`): a manifest naming another is refused at registration, and a
-    /// delivery to one no longer listed is not sent. Default: none (no webhooks).
+    /// Hosts a function's failure webhook may name (issue 23; exact, case-insensitive):
+    /// `hooks.example.org` for port 443 only, `hooks.example.org:8443` for that port. A manifest
+    /// naming another host or port is refused at registration, and a delivery to one no longer
+    /// listed is not sent. Default: none (no webhooks).
     #[serde(default)]
     pub webhook_hosts: Vec<String>,
+    /// Internal networks (CIDRs, e.g. `10.20.0.0/16`) a webhook receiver may lie in. A listed
+    /// host that resolves to a loopback, link-local, private or shared address outside them is
+    /// not called (an address listed as a host in `webhook_hosts` is allowed as such).
+    /// Default: none (public addresses only).
+    #[serde(default)]
+    pub webhook_private_networks: Vec<String>,
     /// Extra trusted root certificate(s) for webhook receivers' TLS, PEM, in addition to the
     /// system's. Default: none.
     #[serde(default)]

@@ -35,7 +35,7 @@ impl From<RegistryError> for HttpError {
             }
             RegistryError::Grant(_) => StatusCode::BAD_REQUEST,
             RegistryError::NotFound(_) | RegistryError::NoSuchVersion(..) => StatusCode::NOT_FOUND,
-            RegistryError::QuotaExceeded(_) => StatusCode::FORBIDDEN,
+            RegistryError::QuotaExceeded(_) | RegistryError::NotOwner(..) => StatusCode::FORBIDDEN,
             RegistryError::Db(_) | RegistryError::Io(_) | RegistryError::Corrupt(_) => {
                 tracing::error!("registry failure: {e}");
                 StatusCode::INTERNAL_SERVER_ERROR

@@ -85,58 +85,152 @@ pub fn gateway_span(event: &StorageEvent, function: &str) -> htfaas_functions::t
     event.trace().child(&format!("{}{function}", htfaas_functions::trace::GATEWAY_SPAN))
 }
 
-/// Checks, when a firing becomes a job, that the function's owner may still read `path` and
-/// write its output directory (a grant may have been revoked since the registration, and a
-/// replay or manual run names paths of its own), and may use its annex; returns whether its
+/// Who a job acts as: the function's owner (a firing, a replay, a back-fill, the owner's own
+/// manual run or re-run), or another principal that ran the owner's function with its own
+/// submit token (a bearer's manual run, and a re-run of such a run's output). The job's
+/// namespace, accounting and write macaroon are its principal's; a bearer's job never gets the
+/// owner's secrets (a function that has some is refused to other bearers: it could not run
+/// without them, and its log and outputs are the bearer's to read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunsAs<'a> {
+    /// The function's owner, in its manifest's accounting group.
+    Owner,
+    /// Another principal, in an accounting group it holds a `group` grant for.
+    Bearer {
+        /// The bearer's subject.
+        name: &'a str,
+        /// The accounting group of its token, if any.
+        group: Option<&'a str>,
+    },
+}
+
+impl<'a> RunsAs<'a> {
+    /// `name` (in `group`) running `m`: the owner when it is the owner in the manifest's group.
+    pub fn of(m: &htfaas_functions::FunctionManifest, name: &'a str, group: Option<&'a str>) -> RunsAs<'a> {
+        if name == m.owner && group == m.group.as_deref() { RunsAs::Owner } else { RunsAs::Bearer { name, group } }
+    }
+
+    /// The principal's name.
+    pub fn name(self, m: &'a htfaas_functions::FunctionManifest) -> &'a str {
+        match self {
+            RunsAs::Owner => &m.owner,
+            RunsAs::Bearer { name, .. } => name,
+        }
+    }
+}
+
+/// Checks, when a run becomes a job, that `who` may still read `path`, write the function's
+/// output directory and use its annex in the namespace `ns` (a grant may have been revoked since
+/// the registration, and a replay or manual run names paths of its own); returns whether its
 /// write macaroon may replace files (the manifest asks and the namespace allows). A refusal is
-/// permanent and names the namespace.
-pub fn confine(ns: &Namespace, function: &FunctionRecord, path: &str) -> Result<bool, JobError> {
+/// permanent and names the principal.
+pub fn confine(ns: &Namespace, who: &str, function: &FunctionRecord, path: &str) -> Result<bool, JobError> {
     let m = &function.manifest;
     if !ns.may_read(path) {
-        return Err(JobError::Permanent(format!("{path} is outside the read namespace of {}", m.owner)));
+        return Err(JobError::Permanent(format!("{path} is outside the read namespace of {who}")));
     }
     if !ns.may_write(&m.outputs.dir) {
         return Err(JobError::Permanent(format!(
-            "the output directory {} is outside the write namespace of {}",
-            m.outputs.dir, m.owner
+            "the output directory {} is outside the write namespace of {who}",
+            m.outputs.dir
         )));
     }
     if let Some(annex) = &m.annex
         && !ns.may_use_annex(annex)
     {
-        return Err(JobError::Permanent(format!("{} may not use annex {annex:?}", m.owner)));
+        return Err(JobError::Permanent(format!("{who} may not use annex {annex:?}")));
     }
     Ok(m.outputs.replace && ns.may_replace(&m.outputs.dir))
 }
 
-/// Builds the job for `function` on the file `event.path`: a read macaroon for exactly that
-/// file and a write macaroon for exactly the function's output directory, from the storage.
+/// The namespace checks of a job of `function` on `path` acting as `runs_as`: the owner's
+/// namespace always (the function is confined to it), and a bearer's own too; the write
+/// macaroon replaces only where both allow it.
+pub fn confine_run(
+    namespaces: &Namespaces,
+    function: &FunctionRecord,
+    runs_as: RunsAs<'_>,
+    path: &str,
+) -> Result<bool, JobError> {
+    let m = &function.manifest;
+    // A group revoked since the registration refuses the run, as a revoked path does.
+    let ns = namespaces.for_manifest(m).map_err(|e| JobError::Permanent(e.to_string()))?;
+    let replace = confine(&ns, &m.owner, function, path)?;
+    match runs_as {
+        RunsAs::Owner => Ok(replace),
+        RunsAs::Bearer { name, group } => {
+            let own = namespaces.for_principal(name, group).map_err(|e| JobError::Permanent(e.to_string()))?;
+            Ok(confine(&own, name, function, path)? && replace)
+        }
+    }
+}
+
+/// Whether the unfinished `job` of `function` (its version, if still registered) may still do
+/// what it was made to do, as its principal's namespace stands now ([`confine_run`]: read its
+/// input, write the function's output directory, use its annex, charge its group). `Err` says
+/// why not. A job whose version is gone is let be: there is nothing to check it against.
+pub fn still_allowed(
+    namespaces: &Namespaces,
+    function: Option<&FunctionRecord>,
+    job: &htfaas_functions::proto::JobRecord,
+) -> Result<(), String> {
+    let Some(function) = function else { return Ok(()) };
+    let runs_as = RunsAs::of(&function.manifest, &job.owner, job.group.as_deref());
+    match confine_run(namespaces, function, runs_as, &job.event.path) {
+        Ok(_) => Ok(()),
+        Err(JobError::Permanent(why) | JobError::Transient(why)) => Err(why),
+    }
+}
+
+/// Why a bearer other than the owner may not run `m`: it runs with its owner's secrets.
+pub fn bearer_secrets_refusal(m: &htfaas_functions::FunctionManifest, bearer: &str) -> String {
+    format!(
+        "function {} runs with secrets of its owner {} ({}): only {} runs it by hand, not {bearer}",
+        m.name,
+        m.owner,
+        m.secrets.join(", "),
+        m.owner
+    )
+}
+
+/// Builds the job for `function` on the file `event.path` acting as `runs_as`
+/// ([`confine_run`], [`RunsAs`]): a read macaroon for exactly that file and a write macaroon for
+/// exactly the function's output directory, issued for the run's writer, from the storage.
 /// The job asks the scheduler to bind both to its EP's address when the gateway is configured
 /// to ([`JobContext::bind_macaroons_to_ep`], only ever true for the dCache dialect).
 pub async fn prepare(
     cx: JobContext<'_>,
     function: &FunctionRecord,
+    runs_as: RunsAs<'_>,
     event: EventRef,
     dedupe_key: String,
 ) -> Result<SubmitRequest, JobError> {
     let m = &function.manifest;
-    // A group revoked since the registration refuses the run, as a revoked path does.
-    let ns = cx.namespaces.for_manifest(m).map_err(|e| JobError::Permanent(e.to_string()))?;
-    let replace = confine(&ns, function, &event.path)?;
+    let replace = confine_run(cx.namespaces, function, runs_as, &event.path)?;
     // A secret not set yet holds the firing back (it is tried again); one that does not open
-    // (another key, an altered row) is refused for good. Values are never in the error.
-    let secrets = cx.secrets.for_job(cx.registry, m).map_err(|e| match e {
-        crate::secrets::SecretError::Missing { .. } | crate::secrets::SecretError::Registry(_) => {
-            JobError::Transient(e.to_string())
+    // (another key, an altered row) is refused for good. Values are never in the error. A
+    // bearer's job gets none: the owner's secrets are the owner's runs'.
+    let secrets = match runs_as {
+        RunsAs::Owner => cx.secrets.for_job(cx.registry, m).map_err(|e| match e {
+            crate::secrets::SecretError::Missing { .. } | crate::secrets::SecretError::Registry(_) => {
+                JobError::Transient(e.to_string())
+            }
+            e => JobError::Permanent(e.to_string()),
+        })?,
+        RunsAs::Bearer { name, .. } if !m.secrets.is_empty() => {
+            return Err(JobError::Permanent(bearer_secrets_refusal(m, name)));
         }
-        e => JobError::Permanent(e.to_string()),
-    })?;
+        RunsAs::Bearer { .. } => Default::default(),
+    };
+    let writer = crate::storage_client::writer_of_run(runs_as.name(m), &m.name);
     let storage_err = |e: StorageError| {
         if e.is_transient() { JobError::Transient(e.to_string()) } else { JobError::Permanent(e.to_string()) }
     };
     // Both requests at once: they are independent, and each is a round trip to the storage.
-    let (read, write) =
-        tokio::join!(cx.storage.read_macaroon(&event.path), cx.storage.write_macaroon(&m.outputs.dir, replace));
+    let (read, write) = tokio::join!(
+        cx.storage.read_macaroon(&event.path),
+        cx.storage.write_macaroon(&m.outputs.dir, replace, &writer)
+    );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(SubmitRequest {
@@ -166,4 +260,61 @@ pub async fn prepare(
         renewal: None,
         retry: m.retry.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htfaas_functions::namespace::Right;
+
+    fn grant(principal: &str, right: Right, value: &str) -> htfaas_functions::namespace::Grant {
+        htfaas_functions::namespace::Grant { principal: principal.into(), right, value: value.into() }
+    }
+
+    /// A bearer's run needs the bearer's own namespace as well as the owner's (a token's group
+    /// widening it only with a group grant); the owner's run needs the owner's alone. A job made
+    /// before a grant was taken back is no longer allowed, naming the principal and the path.
+    #[test]
+    fn a_run_is_confined_to_its_principals_namespace_as_it_stands() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let registry = htfaas_functions::Registry::open(dir.path()).expect("registry");
+        let configured = vec![
+            grant("alice", Right::Read, "/data/"),
+            grant("alice", Right::Write, "/out/"),
+            grant("bob", Right::Write, "/out/"),
+            grant("group:atlas", Right::Read, "/data/"),
+        ];
+        let namespaces = Namespaces::load(configured, &registry).expect("namespaces");
+        let f = crate::testing::function("f", None, None);
+        let m = &f.manifest;
+        assert_eq!(RunsAs::of(m, "alice", None), RunsAs::Owner);
+        assert!(confine_run(&namespaces, &f, RunsAs::Owner, "/data/x").is_ok());
+        let bob = RunsAs::of(m, "bob", None);
+        assert_eq!(bob, RunsAs::Bearer { name: "bob", group: None });
+        let Err(JobError::Permanent(why)) = confine_run(&namespaces, &f, bob, "/data/x") else { panic!("bob read") };
+        assert_eq!(why, "/data/x is outside the read namespace of bob");
+        // The group's read grant counts for bob only with his group grant.
+        let grouped = RunsAs::Bearer { name: "bob", group: Some("atlas") };
+        let Err(JobError::Permanent(why)) = confine_run(&namespaces, &f, grouped, "/data/x") else { panic!("claim") };
+        assert!(why.contains("bob may not charge runs to the accounting group \"atlas\""), "{why}");
+        registry.grant(&grant("bob", Right::Group, "atlas")).expect("grant");
+        namespaces.reload(&registry).expect("reload");
+        assert!(confine_run(&namespaces, &f, grouped, "/data/x").is_ok());
+
+        // A job of bob's, made while allowed, is no longer once the group grant goes.
+        let job: htfaas_functions::proto::JobRecord = serde_json::from_value(serde_json::json!({
+            "id": "j", "owner": "bob", "group": "atlas", "function": "f", "version": 3,
+            "digest": m.module, "state": "held", "reason": "", "input": "http://s/data/x",
+            "event": {"source": "submit", "id": "e", "path": "/data/x"}, "token_jti": "t",
+            "resources": m.resources, "ep": null, "submitted_at_ms": 0, "started_at_ms": null,
+            "finished_at_ms": null, "exit_code": null, "usage": null, "outputs": []
+        }))
+        .expect("a job record");
+        assert_eq!(still_allowed(&namespaces, Some(&f), &job), Ok(()));
+        registry.revoke_grant(&grant("bob", Right::Group, "atlas")).expect("revoke");
+        namespaces.reload(&registry).expect("reload");
+        let why = still_allowed(&namespaces, Some(&f), &job).expect_err("revoked");
+        assert!(why.contains("no group grant"), "{why}");
+        assert_eq!(still_allowed(&namespaces, None, &job), Ok(()), "no version: nothing to check against");
+    }
 }

@@ -69,12 +69,18 @@ impl Namespaces {
     /// group's grants when it names one, which the owner must be granted (`group` right, the
     /// owner's own grant). The error names the group.
     pub fn for_manifest(&self, m: &htfaas_functions::FunctionManifest) -> Result<Namespace, NamespaceError> {
-        match &m.group {
-            None => Ok(self.of(&m.owner, None)),
-            Some(group) if self.of(&m.owner, None).may_charge_group(group) => Ok(self.of(&m.owner, Some(group))),
+        self.for_principal(&m.owner, m.group.as_deref())
+    }
+
+    /// The namespace `principal` acts in when it charges `group`: its own, widened by the
+    /// group's grants only when it holds a `group` grant for it (a submit token's `group`
+    /// claim or a manifest's `group` alone widens nothing). The error names the group.
+    pub fn for_principal(&self, principal: &str, group: Option<&str>) -> Result<Namespace, NamespaceError> {
+        match group {
+            None => Ok(self.of(principal, None)),
+            Some(group) if self.of(principal, None).may_charge_group(group) => Ok(self.of(principal, Some(group))),
             Some(group) => Err(NamespaceError(format!(
-                "{} may not charge runs to the accounting group {group:?} (no group grant)",
-                m.owner
+                "{principal} may not charge runs to the accounting group {group:?} (no group grant)"
             ))),
         }
     }

@@ -271,9 +271,10 @@ impl Config {
             module_quota: self.module_quota,
             source_policy: event::PolicyCell::new(self.sources),
             webhooks: crate::webhooks::Webhooks::new(
-                self.webhook_hosts,
+                &self.webhook_hosts,
+                &self.webhook_private_networks,
                 crate::clients::webhook_http_client(self.webhook_ca_file.as_deref())?,
-            ),
+            )?,
         };
         shared.triggers.reload(&shared.registry).context("load triggers")?;
         Ok(Settings {
@@ -338,6 +339,7 @@ mod tests {
             scheduler_url: "http://127.0.0.1:1".into(),
             scheduler_ca_file: None,
             webhook_hosts: Vec::new(),
+            webhook_private_networks: Vec::new(),
             webhook_ca_file: None,
             scheduler_admin_token: "a".into(),
             signing_key_file: dir.join("submit.pem"),

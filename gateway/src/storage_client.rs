@@ -27,6 +27,22 @@
 use base64::Engine as _;
 use serde::Deserialize;
 
+/// The header a macaroon request names its writer in (the built-in storage's
+/// `X-Htfaas-Writer`).
+pub const WRITER_HEADER: &str = "x-htfaas-writer";
+
+/// The writer of a run of `function` acting as `principal` (its owner, or the bearer who ran it
+/// by hand): what its write macaroon is issued for, so its outputs are rewritten only by runs of
+/// the same function as the same principal.
+pub fn writer_of_run(principal: &str, function: &str) -> String {
+    format!("run:{principal}/{function}")
+}
+
+/// The writer of a developer's file credential.
+pub fn writer_of_user(name: &str) -> String {
+    format!("user:{name}")
+}
+
 /// Exact media type of a macaroon request.
 pub const MACAROON_REQUEST: &str = "application/macaroon-request";
 /// How long one macaroon request may take, connection included, before it counts as the
@@ -239,19 +255,22 @@ impl StorageClient {
 
     /// A macaroon that may only download exactly `path`.
     pub async fn read_macaroon(&self, path: &str) -> Result<String, StorageError> {
-        self.request(Access::Read, path).await
+        self.request(Access::Read, path, None).await
     }
 
     /// A macaroon that may only create files within directory `dir`, and with `replace` also
-    /// replace existing ones (dCache; XRootD: new files only either way).
-    pub async fn write_macaroon(&self, dir: &str, replace: bool) -> Result<String, StorageError> {
-        self.request(if replace { Access::Replace } else { Access::Write }, dir).await
+    /// replace existing ones (dCache; XRootD: new files only either way), issued for `writer`
+    /// ([`writer_of_run`], [`writer_of_user`]): the built-in storage lets a macaroon rewrite
+    /// without `DELETE` only what a macaroon of the same writer and directory wrote (header
+    /// [`WRITER_HEADER`], which a dCache door ignores: there replacing always needs `DELETE`).
+    pub async fn write_macaroon(&self, dir: &str, replace: bool, writer: &str) -> Result<String, StorageError> {
+        self.request(if replace { Access::Replace } else { Access::Write }, dir, Some(writer)).await
     }
 
     /// A macaroon that may only list the tree under directory `dir` (issue 23: `events
     /// backfill`; the gateway keeps it).
     pub async fn list_macaroon(&self, dir: &str) -> Result<String, StorageError> {
-        self.request(Access::List, dir).await
+        self.request(Access::List, dir, None).await
     }
 
     /// The `PROPFIND` (WebDAV, `Depth: 1`) answer of directory `dir` (ending in `/`), with the
@@ -296,7 +315,7 @@ impl StorageClient {
     }
 
     #[tracing::instrument(name = "gateway.request_macaroon", skip_all, fields(kind = ?self.kind, access = ?access, path = %path))]
-    async fn request(&self, access: Access, path: &str) -> Result<String, StorageError> {
+    async fn request(&self, access: Access, path: &str, writer: Option<&str>) -> Result<String, StorageError> {
         let validity = match access {
             Access::Read | Access::List => &self.read_validity,
             Access::Write | Access::Replace => &self.write_validity,
@@ -310,6 +329,9 @@ impl StorageClient {
             .body(req.body.to_string());
         if let Some(authorization) = &self.authorization {
             post = post.header(reqwest::header::AUTHORIZATION, authorization);
+        }
+        if let Some(writer) = writer.filter(|_| self.kind == StorageKind::Dcache) {
+            post = post.header(WRITER_HEADER, writer);
         }
         let unavailable = |e: reqwest::Error| {
             if e.is_timeout() {
@@ -465,7 +487,7 @@ mod tests {
             let result = if access.starts_with("read") {
                 client.read_macaroon("/data/f").await
             } else {
-                client.write_macaroon("/out/", false).await
+                client.write_macaroon("/out/", false, "run:alice/f").await
             };
             let elapsed = started.elapsed();
             let e = result.expect_err(access);

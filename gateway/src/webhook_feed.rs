@@ -119,11 +119,12 @@ async fn deliver(shared: &Shared, n: &JobNotification, body: &[u8]) -> Delivery 
         Ok(url) => url,
         Err(e) => return Delivery::Refused(e.to_string()),
     };
-    let key = match shared.secrets.open_one(&shared.registry, &n.function, &webhook.key_secret) {
-        Ok(Some(key)) => key,
-        Ok(None) => return Delivery::Refused(format!("the function's secret {} has no value", webhook.key_secret)),
-        Err(e) => return Delivery::Refused(format!("open the key {}: {e}", webhook.key_secret)),
-    };
+    let key =
+        match shared.secrets.webhook_key(&shared.registry, &record.manifest.owner, &n.function, &webhook.key_secret) {
+            Ok(Some(key)) => key,
+            Ok(None) => return Delivery::Refused(format!("the function's secret {} has no value", webhook.key_secret)),
+            Err(e) => return Delivery::Refused(format!("open the key {}: {e}", webhook.key_secret)),
+        };
     let now = htfaas_functions::time::now_ms() / 1000;
     let sent = shared
         .webhooks
@@ -147,6 +148,10 @@ async fn deliver(shared: &Shared, n: &JobNotification, body: &[u8]) -> Delivery 
             Delivery::Again(format!("the receiver answered {}", resp.status()))
         }
         Ok(resp) => Delivery::Refused(format!("the receiver answered {}", resp.status())),
+        // The host resolved to an address the site does not allow: no try will change that.
+        Err(e) if crate::webhooks::refused_address(&e).is_some() => {
+            Delivery::Refused(crate::webhooks::refused_address(&e).map(ToString::to_string).unwrap_or_default())
+        }
         Err(e) => Delivery::Again(format!("POST: {e}")),
     }
 }

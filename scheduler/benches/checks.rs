@@ -102,8 +102,8 @@ fn main() -> anyhow::Result<()> {
     });
     let sealer = Sealer::from_key(&[7; 32]);
     time("seal_open", n, timed, || {
-        let sealed = sealer.seal_request(black_box(&req)).expect("seal");
-        black_box(sealer.open_request(sealed).expect("open"));
+        let sealed = sealer.seal_request("job", black_box(&req)).expect("seal");
+        black_box(sealer.open_request("job", sealed).expect("open"));
     });
     let seen = Observed {
         started_at_ms: Some(1_000),

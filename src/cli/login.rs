@@ -23,10 +23,15 @@ pub struct LoginArgs {
     /// Save as this profile.
     #[arg(long, default_value = DEFAULT_PROFILE)]
     pub profile: String,
+    /// Accept a plain `http://` gateway: the API token then crosses the network in clear (for a
+    /// gateway on this machine, or a network that is trusted end to end).
+    #[arg(long)]
+    pub insecure_http: bool,
 }
 
 /// `htfaas login --gateway URL [--token-file F] [--ca-file F] [--profile NAME]`.
 pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
+    check_gateway_url(&args.gateway, args.insecure_http)?;
     let token = match &args.token_file {
         Some(file) => std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?,
         None => std::env::var(super::args::API_TOKEN_ENV)
@@ -50,10 +55,38 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A gateway URL `login` sends a token to: `https://`, or `http://` only when asked for with
+/// `--insecure-http`.
+fn check_gateway_url(url: &str, insecure_http: bool) -> anyhow::Result<()> {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("https") => Ok(()),
+        Some("http") if insecure_http => Ok(()),
+        Some("http") => anyhow::bail!(
+            "{url} is plain http: the API token would cross the network in clear; use the gateway's https URL, or \
+             --insecure-http for a gateway on this machine"
+        ),
+        _ => anyhow::bail!("{url} is not an https:// URL"),
+    }
+}
+
 /// `htfaas whoami`.
 pub async fn whoami(dir: DirArg) -> anyhow::Result<()> {
     let client = client(&dir)?;
     let me = client.whoami().await?;
     println!("{} ({}) at {}", me.name, me.scope, client.info().gateway_url);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn login_refuses_plain_http_unless_asked() {
+        assert!(super::check_gateway_url("https://gw.example.org:8000", false).is_ok());
+        let e = super::check_gateway_url("http://gw.example.org:8000", false).expect_err("plain http");
+        assert!(e.to_string().contains("would cross the network in clear"), "{e}");
+        assert!(super::check_gateway_url("HTTP://127.0.0.1:8000", true).is_ok());
+        assert!(super::check_gateway_url("ftp://gw", true).is_err());
+        assert!(super::check_gateway_url("gw.example.org", true).is_err());
+    }
 }

@@ -40,6 +40,7 @@ fn main() {
         url_path: Some("/".into()),
         caveats: vec!["activity:DOWNLOAD".into(), format!("path:{FILE}")],
         validity: parse_duration("PT2H"),
+        writer: None,
     };
     let issued = issue(&key, "htfaas-storage", &req, OffsetDateTime::now_utc()).expect("issues");
     let token = issued.token;

@@ -201,8 +201,10 @@ pub struct Authorized {
     pub principal: Principal,
     /// Upload cap from `max-upload:` caveats.
     pub max_upload: Option<u64>,
-    /// A macaroon's path scope (its `path:` caveats folded); none for a Basic user.
-    pub scope: Option<String>,
+    /// A macaroon's writer and path scope (its issuer's `id:` and its `path:` caveats folded,
+    /// [`writer_identity`]): what a file written under it records, and what may rewrite that
+    /// file without `DELETE`. None for a Basic user and for a macaroon issued for no writer.
+    pub writer: Option<String>,
 }
 
 /// Checks `cred` for `activities` on `path`. Basic users need the path within their `paths`
@@ -222,19 +224,27 @@ pub fn authorize(
             if !u.may_access(path.as_str()) {
                 return Err(HttpError::Forbidden(format!("user {} may not access {}", u.name, path.as_str())));
             }
-            Ok(Authorized { principal: Principal::User(u.name.clone()), max_upload: None, scope: None })
+            Ok(Authorized { principal: Principal::User(u.name.clone()), max_upload: None, writer: None })
         }
         Some(Credential::Macaroon(token)) => {
             let now = time::OffsetDateTime::now_utc();
             let grant =
                 macaroons::verify(token, key, &Access { path: path.as_str(), activities, now, client: Some(client) })?;
+            let writer = grant.restrictions.writer.as_deref().map(|w| writer_identity(w, &grant.restrictions.path));
             Ok(Authorized {
                 principal: Principal::Macaroon(grant.identifier),
                 max_upload: grant.restrictions.max_upload,
-                scope: Some(grant.restrictions.path),
+                writer,
             })
         }
     }
+}
+
+/// What a file written under a macaroon records of it: its issuer's writer and its path scope,
+/// one per line. Equal scopes of different writers (a function's write macaroon and a
+/// developer's file credential for the same directory) are different identities.
+pub fn writer_identity(writer: &str, scope: &str) -> String {
+    format!("{writer}\n{scope}")
 }
 
 /// The Basic user, or 401.

@@ -186,11 +186,14 @@ pub async fn exists(root: &Path, p: &NsPath) -> Result<bool, HttpError> {
     Ok(target(root, p, false).await?.is_some_and(|t| t.exists))
 }
 
-/// The extended attribute that records the path scope of the macaroon that wrote a file (its
-/// `path:` caveats folded: a function's output directory). A macaroon of the same scope may
-/// rewrite the file with `UPLOAD` alone (a job's rerun, or a later run of the same function);
-/// any other replacement needs `DELETE` (see `routes::put`).
-pub const WRITER_SCOPE_XATTR: &str = "user.htfaas.writer-scope";
+/// The extended attribute that records the writer of a file: the issuer's writer of the
+/// macaroon that wrote it and that macaroon's path scope ([`crate::auth::writer_identity`]: a
+/// function's runs as one principal, and its output directory). A macaroon of the same writer
+/// and scope may rewrite the file with `UPLOAD` alone (a job's rerun, or a later run of the
+/// same function as the same principal); any other replacement needs `DELETE` (see
+/// `routes::put`). A file written before writers were recorded has only a scope (an older
+/// attribute) and needs `DELETE`.
+pub const WRITER_SCOPE_XATTR: &str = "user.htfaas.writer";
 
 /// The writer scope recorded on the file at `p`, if the file exists, is a regular file and has
 /// one.
@@ -199,7 +202,7 @@ pub async fn writer_scope(root: &Path, p: &NsPath) -> Result<Option<String>, Htt
     if !t.exists {
         return Ok(None);
     }
-    let mut buf = [0u8; 4096];
+    let mut buf = [0u8; 8192];
     // Not following a symlink: a link has no scope of its own, so replacing it needs DELETE.
     match rustix::fs::lgetxattr(&t.path, WRITER_SCOPE_XATTR, &mut buf[..]) {
         Ok(n) => Ok(std::str::from_utf8(buf.get(..n).unwrap_or_default()).ok().map(str::to_owned)),
@@ -207,7 +210,7 @@ pub async fn writer_scope(root: &Path, p: &NsPath) -> Result<Option<String>, Htt
     }
 }
 
-/// Records `scope` as the writer scope of the (not yet renamed) upload at `tmp`. A file system
+/// Records `scope` (a writer identity) as the writer of the (not yet renamed) upload at `tmp`. A file system
 /// without user extended attributes records nothing (the file then needs `DELETE` to be
 /// replaced, as in dCache).
 pub fn set_writer_scope(tmp: &Path, scope: &str) {

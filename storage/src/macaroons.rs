@@ -20,7 +20,7 @@
 //! | `max-upload:` | bytes, > 0; the smallest wins |
 //! | `ip:` | comma list of addresses or CIDRs; the client must match one (OR within a caveat) of every `ip:` caveat (AND across caveats) |
 //! | `iid:` | informational; only as the first caveat, at most once (dCache) |
-//! | `id:` | informational; at most once (dCache) |
+//! | `id:` | informational; at most once (dCache). As the second caveat, right after `iid:`, it can only have been put there by the issuer (a holder can only append): it is then the macaroon's *writer*, [`Restrictions::writer`], which names the principal and function a write macaroon was issued for; see [`issue`] |
 //! | `name:` | informational (XRootD) |
 //!
 //! Any other key (including dCache's `root:`, `home:`) invalidates the macaroon.
@@ -149,6 +149,9 @@ pub struct Restrictions {
     pub max_upload: Option<u64>,
     /// One entry per `ip:` caveat: the client must match a network of every entry.
     pub ips: Vec<Vec<IpNet>>,
+    /// The issuer's `id:` (the second caveat, right after `iid:`): who the macaroon was issued
+    /// for, e.g. `run:alice/checksum`. A caveat a holder appends can never be there.
+    pub writer: Option<String>,
     /// Caveats folded so far.
     count: usize,
     seen_iid: bool,
@@ -163,6 +166,7 @@ impl Default for Restrictions {
             before: None,
             max_upload: None,
             ips: Vec::new(),
+            writer: None,
             count: 0,
             seen_iid: false,
             seen_id: false,
@@ -233,6 +237,9 @@ impl Restrictions {
                     return Err(malformed(caveat, "id must be unique"));
                 }
                 self.seen_id = true;
+                if index == 1 && self.seen_iid {
+                    self.writer = Some(value.to_owned());
+                }
             }
             "name" => {}
             _ => return Err(CaveatError::Unknown(caveat.to_owned())),
@@ -466,6 +473,9 @@ pub enum IssueError {
     /// The expiry would not lie in the future.
     #[error("Bad requested caveat: the macaroon would already be expired")]
     Expired,
+    /// The writer name is empty, too long or has control characters.
+    #[error("Bad writer: {0}")]
+    Writer(String),
 }
 
 // Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
@@ -484,7 +494,15 @@ pub struct IssueRequest {
     pub caveats: Vec<String>,
     /// Requested validity; [`DEFAULT_VALIDITY`] when absent, capped at [`MAX_VALIDITY`].
     pub validity: Option<time::Duration>,
+    /// Who the macaroon is for, as its requester says (the gateway: `run:<principal>/<function>`
+    /// for a job, `user:<name>` for a developer's file credential): the `id:` caveat right after
+    /// `iid:`, so a holder cannot add or change it. A file written under the macaroon records it,
+    /// and only a macaroon of the same writer and path scope rewrites that file without `DELETE`.
+    pub writer: Option<String>,
 }
+
+/// Longest writer name ([`IssueRequest::writer`]), bytes.
+pub const MAX_WRITER_BYTES: usize = 512;
 
 /// A freshly issued macaroon.
 #[derive(Debug, Clone)]
@@ -498,7 +516,8 @@ pub struct Issued {
 }
 
 /// Issues a macaroon as dCache's `MacaroonRequestHandler` does. Caveat order:
-/// `iid:`, `before:` (the earliest of now+validity, body `before:`s and now+[`MAX_VALIDITY`]),
+/// `iid:`, `id:<writer>` (when the request names one; dCache puts the requester's identity
+/// there), `before:` (the earliest of now+validity, body `before:`s and now+[`MAX_VALIDITY`]),
 /// `path:<url path>` (unless `/`), then the body's other caveats in their order. Body `path:`
 /// caveats therefore chain *relative* to the URL path (`POST /data` + `path:/raw` = `/data/raw`).
 pub fn issue(key: &RootKey, location: &str, req: &IssueRequest, now: OffsetDateTime) -> Result<Issued, IssueError> {
@@ -522,6 +541,15 @@ pub fn issue(key: &RootKey, location: &str, req: &IssueRequest, now: OffsetDateT
         return Err(IssueError::Expired);
     }
     let mut caveats = vec![format!("iid:{}", URL_SAFE_NO_PAD.encode(rand::random::<[u8; 6]>()))];
+    if let Some(writer) = &req.writer {
+        if writer.is_empty() || writer.len() > MAX_WRITER_BYTES || writer.chars().any(char::is_control) {
+            return Err(IssueError::Writer(format!(
+                "1 to {MAX_WRITER_BYTES} bytes without control characters, got {} bytes",
+                writer.len()
+            )));
+        }
+        caveats.push(format!("id:{writer}"));
+    }
     caveats.push(format!("before:{}", format_instant(expiry)));
     if let Some(p) = req.url_path.as_deref().filter(|p| *p != "/") {
         caveats.push(format!("path:{p}"));

@@ -64,6 +64,24 @@ impl Server {
         v["macaroon"].as_str().expect("macaroon string").to_owned()
     }
 
+    /// An UPLOAD macaroon for the directory `path` issued for `writer` (the gateway's
+    /// `X-Htfaas-Writer`).
+    async fn writer_macaroon(&self, path: &str, writer: &str) -> String {
+        let r = self
+            .http
+            .post(self.url(path))
+            .basic_auth(GATEWAY.0, Some(GATEWAY.1))
+            .header("Content-Type", "application/macaroon-request")
+            .header("X-Htfaas-Writer", writer)
+            .body(serde_json::json!({"caveats": ["activity:UPLOAD"], "validity": "PT1H"}).to_string())
+            .send()
+            .await
+            .expect("request sent");
+        assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap_or_default());
+        let v: serde_json::Value = r.json().await.expect("JSON");
+        v["macaroon"].as_str().expect("macaroon string").to_owned()
+    }
+
     async fn get_bearer(&self, path: &str, m: &str) -> reqwest::Response {
         self.http.get(self.url(path)).bearer_auth(m).send().await.expect("sent")
     }
@@ -389,21 +407,34 @@ async fn upload_macaroon_for_a_directory() {
     assert_eq!(s.put_bearer("/data/out/sub/b", &m, "B").await.status(), StatusCode::CREATED);
     assert_eq!(s.put_bearer("/data/outside", &m, "X").await.status(), StatusCode::FORBIDDEN);
     assert!(!s.data().join("outside").exists());
-    // A macaroon of the same path scope rewrites what one of its scope wrote (a job's rerun, a
-    // later run of the same function), with UPLOAD alone.
+    // A macaroon of the same writer and path scope rewrites what one of them wrote (a job's
+    // rerun, a later run of the same function as the same principal), with UPLOAD alone.
+    let run = s.writer_macaroon("/data/out/", "run:alice/sums").await;
+    assert_eq!(s.put_bearer("/data/out/r", &run, "R").await.status(), StatusCode::CREATED);
+    let again = s.writer_macaroon("/data/out/", "run:alice/sums").await;
+    assert_eq!(s.put_bearer("/data/out/r", &again, "R1").await.status(), StatusCode::OK);
+    assert_eq!(std::fs::read_to_string(s.data().join("out/r")).expect("rewritten"), "R1");
+    // Any other overwrite needs DELETE as well (dCache's rule): another writer of the same scope
+    // (a developer's file credential, another principal's runs), no writer, a narrower or a
+    // wider scope, or a file a user wrote.
+    for other in ["user:mallory", "run:bob/sums"] {
+        let m = s.writer_macaroon("/data/out/", other).await;
+        let refused = s.put_bearer("/data/out/r", &m, "forged").await;
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{other}");
+        let text = refused.text().await.unwrap_or_default();
+        assert!(text.contains("was not written by this macaroon's writer: replacing it needs DELETE"), "{text}");
+    }
+    assert_eq!(s.put_bearer("/data/out/r", &m, "no writer").await.status(), StatusCode::FORBIDDEN);
+    assert_eq!(std::fs::read_to_string(s.data().join("out/r")).expect("kept"), "R1");
     let again = s.macaroon("/data/out/", &["activity:UPLOAD"], "PT1H").await;
-    assert_eq!(s.put_bearer("/data/out/a", &again, "A1").await.status(), StatusCode::OK);
-    assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("rewritten"), "A1");
-    // Any other overwrite needs DELETE as well (dCache's rule): a narrower or a wider scope, or a
-    // file a user wrote.
-    let narrower = s.macaroon("/data/out/sub/", &["activity:UPLOAD"], "PT1H").await;
-    assert_eq!(s.put_bearer("/data/out/sub/b", &narrower, "B2").await.status(), StatusCode::FORBIDDEN);
-    let wider = s.macaroon("/data/", &["activity:UPLOAD"], "PT1H").await;
-    let refused = s.put_bearer("/data/out/a", &wider, "A2").await;
-    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-    let text = refused.text().await.unwrap_or_default();
-    assert!(text.contains("was not written under this macaroon's path scope: replacing it needs DELETE"), "{text}");
-    assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("kept"), "A1");
+    assert_eq!(s.put_bearer("/data/out/a", &again, "A1").await.status(), StatusCode::FORBIDDEN, "no writer rewrites");
+    let narrower = s.writer_macaroon("/data/out/sub/", "run:alice/sums").await;
+    let r2 = s.writer_macaroon("/data/out/", "run:alice/sums").await;
+    assert_eq!(s.put_bearer("/data/out/sub/c", &r2, "C").await.status(), StatusCode::CREATED);
+    assert_eq!(s.put_bearer("/data/out/sub/c", &narrower, "C2").await.status(), StatusCode::FORBIDDEN);
+    let wider = s.writer_macaroon("/data/", "run:alice/sums").await;
+    assert_eq!(s.put_bearer("/data/out/r", &wider, "R2").await.status(), StatusCode::FORBIDDEN);
+    assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("kept"), "A");
     let m2 = s.macaroon("/data/out/", &["activity:UPLOAD,DELETE"], "PT1H").await;
     assert_eq!(s.put_bearer("/data/out/a", &m2, "A2").await.status(), StatusCode::OK);
     assert_eq!(std::fs::read_to_string(s.data().join("out/a")).expect("replaced"), "A2");

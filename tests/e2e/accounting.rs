@@ -10,6 +10,7 @@
 use htfaas::client::{Client, REPORT_CSV_COLUMNS, report_csv};
 use htfaas::stack::{SubmitGrant, USER, demo_manifest, mint_submit_token};
 use htfaas_functions::Resources;
+use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, AccountingRow, JobRecord, JobState};
 use htfaas_tests::{guest_wasm, start_stack, upload_checksum, wait_for};
 use std::collections::BTreeMap;
@@ -96,7 +97,9 @@ fn cores() -> u32 {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 { 2 } else { 1 }
 }
 
-/// Runs `function` on [`INPUT`] as `owner` (in `group`), with a token of its own.
+/// Runs `function` on [`INPUT`] as `owner` (in `group`, granted to it), with a token of its own.
+/// Its write macaroon is `owner`'s, so it may replace the output of the same input that another
+/// principal's run wrote only with a `replace` grant there (given).
 async fn run(client: &Client, dir: &Path, owner: &str, group: Option<&str>, function: &str) -> String {
     let grant = SubmitGrant {
         owner: owner.into(),
@@ -107,6 +110,10 @@ async fn run(client: &Client, dir: &Path, owner: &str, group: Option<&str>, func
         ttl_s: 600,
     };
     htfaas_tests::share_data(client, owner).await;
+    client.grant(owner, Right::Replace, "/data/acct-sums/").await.expect("grant replace");
+    if let Some(group) = group {
+        client.grant(owner, Right::Group, group).await.expect("grant the group");
+    }
     let token = mint_submit_token(dir, &grant).expect("mint");
     client.run_function(&token, function, INPUT).await.expect("submit").job_id
 }
@@ -129,6 +136,9 @@ async fn reports_by_owner_group_and_function_equal_the_sums_of_the_job_records()
     let mut checksum = demo_manifest(upload_checksum(&client).await);
     checksum.trigger.path = "/data/acct/**".into();
     checksum.outputs.dir = "/data/acct-sums/".into();
+    // Every principal's run writes the same output: each replaces the one before.
+    checksum.outputs.replace = true;
+    client.grant("alice", Right::Replace, "/data/acct-sums/").await.expect("grant replace");
     client.register(&checksum).await.expect("register checksum");
     let hostile = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("hostile.wasm")).await;
     let mut fail = demo_manifest(hostile.expect("upload hostile"));
@@ -250,7 +260,6 @@ async fn reports_by_owner_group_and_function_equal_the_sums_of_the_job_records()
 /// with it revoked, the next firing is refused when it would become a job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifests_accounting_group_charges_its_triggered_jobs_only_with_a_group_grant() {
-    use htfaas_functions::namespace::Right;
     let (_dir, stack) = htfaas_tests::start_stack().await;
     let client = stack.client().expect("client");
     let digest = htfaas_tests::upload_checksum(&client).await;

@@ -56,10 +56,13 @@ async fn serve_tls(
     (addr, pki.ca_file)
 }
 
-/// A stack whose gateway may call webhooks on 127.0.0.1, trusting the CA `ca`.
-async fn stack_calling(ca: &std::path::Path) -> (tempfile::TempDir, htfaas::stack::Stack) {
+/// A stack whose gateway may call webhooks at the host and port of `url` (127.0.0.1, listed as
+/// a host, so its loopback address is the site's word), trusting the CA `ca`.
+async fn stack_calling(url: &str, ca: &std::path::Path) -> (tempfile::TempDir, htfaas::stack::Stack) {
+    let url = reqwest::Url::parse(url).expect("receiver URL");
+    let host = format!("{}:{}", url.host_str().expect("host"), url.port().expect("port"));
     start_stack_with(|o| {
-        o.gateway_settings.insert("webhook_hosts".into(), serde_json::json!(["127.0.0.1"]));
+        o.gateway_settings.insert("webhook_hosts".into(), serde_json::json!([host]));
         o.gateway_settings.insert("webhook_ca_file".into(), serde_json::json!(ca));
     })
     .await
@@ -71,7 +74,7 @@ async fn a_failed_job_is_posted_signed_to_its_webhook_again_after_a_503_and_a_co
     let got: Received = Arc::default();
     let stop = CancellationToken::new();
     let (url, ca) = receiver(hook_dir.path(), got.clone(), stop.clone()).await;
-    let (_dir, stack) = stack_calling(&ca).await;
+    let (_dir, stack) = stack_calling(&url, &ca).await;
     let client = stack.client().expect("client");
     let module = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("wasm")).await.expect("upload");
     // `exit N` fails with N for an input named `fail…`: here every run exits with its arg.
@@ -135,17 +138,8 @@ async fn a_failed_job_is_posted_signed_to_its_webhook_again_after_a_503_and_a_co
 
     // Both deliveries counted on the gateway's /metrics (the 503 was tried again, not given up).
     let info = stack.info().clone();
-    let http = htfaas_gateway::http_client().expect("http");
     let metrics = wait_for("both deliveries counted", LIMIT, || async {
-        let text = http
-            .get(format!("{}/metrics", info.gateway_url))
-            .bearer_auth(&info.admin_token)
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = htfaas_tests::gateway_metrics(&info).await?;
         text.contains(r#"htfaas_gateway_webhook_deliveries_total{outcome="delivered"} 2"#).then_some(text)
     })
     .await;
@@ -208,7 +202,7 @@ async fn a_slow_receiver_holds_up_no_other_functions_delivery() {
     let hook_dir = tempfile::tempdir().expect("tempdir");
     let stop = CancellationToken::new();
     let (base, ca, slow_under_way, seen) = slow_and_fast(hook_dir.path(), stop.clone()).await;
-    let (_dir, stack) = stack_calling(&ca).await;
+    let (_dir, stack) = stack_calling(&base, &ca).await;
     let client = stack.client().expect("client");
     let module = client.upload_module(std::fs::read(guest_wasm("hostile")).expect("wasm")).await.expect("upload");
     let key = BTreeMap::from([(Webhook::DEFAULT_KEY_SECRET.to_owned(), KEY.to_owned())]);

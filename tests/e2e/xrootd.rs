@@ -163,7 +163,7 @@ async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_
     let read = storage.read_macaroon("/store/in/hello.txt").await.expect("read macaroon");
     let first = t.elapsed();
     let t = Instant::now();
-    let write = storage.write_macaroon("/store/out", false).await.expect("write macaroon");
+    let write = storage.write_macaroon("/store/out", false, "run:alice/f").await.expect("write macaroon");
     let second = t.elapsed();
     let caveats = htfaas_gateway::storage_client::v1_caveats(&read).expect("V1 macaroon");
     eprintln!("read macaroon caveats: {caveats:?}");
@@ -270,7 +270,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
     let state = tempfile::tempdir().expect("gateway dir");
     let issuer = gateway_settings(&x, state.path()).await.shared();
     let read = issuer.storage.read_macaroon("/store/in/run17.dat").await.expect("read macaroon");
-    let write = issuer.storage.write_macaroon("/store/out/", false).await.expect("write macaroon");
+    let write = issuer.storage.write_macaroon("/store/out/", false, "run:alice/f").await.expect("write macaroon");
 
     // The stack's scheduler lets jobs name this second storage too.
     let (dir, stack) = htfaas_tests::start_stack_with(|o| o.trusted_storage = vec![x.https_base()]).await;

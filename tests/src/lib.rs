@@ -311,3 +311,18 @@ pub fn metric(page: &str, name: &str, labels: &str) -> Option<f64> {
         (metric == name && rest.contains(labels)).then(|| value.parse().ok()).flatten()
     })
 }
+
+/// The gateway's `/metrics` page of the stack described by `info` (admin token), or `None`
+/// while it does not answer.
+pub async fn gateway_metrics(info: &htfaas::client::StackInfo) -> Option<String> {
+    htfaas_gateway::http_client()
+        .ok()?
+        .get(format!("{}/metrics", info.gateway_url))
+        .bearer_auth(&info.admin_token)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
+}

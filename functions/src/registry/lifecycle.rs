@@ -50,8 +50,8 @@ pub(super) fn on_register(conn: &Connection, name: &str) -> rusqlite::Result<()>
 /// The live versions with their state, `name` alone or every function, not deleted, by name.
 fn select(conn: &Connection, name: Option<&str>) -> Result<Vec<FunctionStatus>, RegistryError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT f.record, l.v, COALESCE(s.enabled, 1), s.pinned FROM functions f
-         JOIN (SELECT name, MAX(version) AS v FROM functions GROUP BY name) l ON f.name = l.name
+        "SELECT f.record, l.v, COALESCE(s.enabled, 1), s.pinned FROM owned_versions f
+         JOIN (SELECT name, MAX(version) AS v FROM owned_versions GROUP BY name) l ON f.name = l.name
          LEFT JOIN function_state s ON s.name = f.name
          WHERE f.version = COALESCE(s.pinned, l.v) AND COALESCE(s.deleted, 0) = 0
            AND (?1 IS NULL OR f.name = ?1)
@@ -99,7 +99,7 @@ impl Registry {
     /// Every version of `name`, oldest first, deleted or not.
     pub fn versions(&self, name: &str) -> Result<Vec<FunctionRecord>, RegistryError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT record FROM functions WHERE name = ?1 ORDER BY version")?;
+        let mut stmt = conn.prepare_cached("SELECT record FROM owned_versions WHERE name = ?1 ORDER BY version")?;
         let rows = stmt.query_map([name], |r| r.get::<_, String>(0))?;
         let versions = rows.map(|t| parse_record(&t?)).collect::<Result<Vec<_>, _>>()?;
         if versions.is_empty() {
@@ -118,9 +118,11 @@ impl Registry {
         }
         if let Some(v) = version {
             let exists: Option<u32> = tx
-                .query_row("SELECT version FROM functions WHERE name = ?1 AND version = ?2", params![name, v], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT version FROM owned_versions WHERE name = ?1 AND version = ?2",
+                    params![name, v],
+                    |r| r.get(0),
+                )
                 .optional()?;
             if exists.is_none() {
                 return Err(RegistryError::NoSuchVersion(name.to_owned(), v));
@@ -137,7 +139,7 @@ impl Registry {
         let live = self.status(name)?.record.version;
         let conn = self.conn();
         let previous: Option<u32> = conn.query_row(
-            "SELECT MAX(version) FROM functions WHERE name = ?1 AND version < ?2",
+            "SELECT MAX(version) FROM owned_versions WHERE name = ?1 AND version < ?2",
             params![name, live],
             |r| r.get(0),
         )?;

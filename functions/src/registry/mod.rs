@@ -5,6 +5,13 @@
 //! their digest, and a blob is written to a temporary file and renamed into place, so a reader
 //! never sees a partial module.
 //!
+//! A function name has one owner, for good: the first registration of a name claims it in
+//! `function_owners`, in the registration's own transaction, and every later registration of
+//! the name by another owner is refused ([`RegistryError::NotOwner`]) in that same transaction,
+//! so two owners registering one new name at the same moment cannot both succeed. Every read of
+//! versions goes through the `owned_versions` view (versions whose manifest names the name's
+//! owner), so a version another owner slipped in before the claim existed is never served.
+//!
 //! What an owner does with a function besides registering versions (pin one, disable, delete)
 //! is [`lifecycle`]: a row per function beside its immutable versions; its sealed secrets are
 //! [`secrets`].
@@ -42,6 +49,9 @@ pub enum RegistryError {
     /// No such function.
     #[error("function {0:?} not found")]
     NotFound(String),
+    /// The name is another owner's (the name, the owner who asked).
+    #[error("function {0} belongs to another owner")]
+    NotOwner(String, String),
     /// The function has no such version.
     #[error("function {0:?} has no version {1}")]
     NoSuchVersion(String, u32),
@@ -123,6 +133,7 @@ impl Registry {
                  name TEXT NOT NULL, version INTEGER NOT NULL, record TEXT NOT NULL,
                  PRIMARY KEY (name, version));",
         )?;
+        create_owners(&conn)?;
         lifecycle::create_table(&conn)?;
         secrets::create_table(&conn)?;
         // Namespace grants ([`crate::namespace`]): who may trigger on, read and write where.
@@ -241,6 +252,8 @@ impl Registry {
         }
         let mut conn = self.conn();
         let tx = conn.transaction()?;
+        claim(&tx, &manifest.name, &manifest.owner)?;
+        secrets::check_kinds(&tx, &manifest)?;
         lifecycle::on_register(&tx, &manifest.name)?;
         if let Some(latest) = latest_in(&tx, &manifest.name)?
             && latest.manifest == manifest
@@ -268,6 +281,11 @@ impl Registry {
     /// The latest version of `name`, deleted or not (whose the name is).
     pub fn latest(&self, name: &str) -> Result<FunctionRecord, RegistryError> {
         latest_in(&self.conn(), name)?.ok_or_else(|| RegistryError::NotFound(name.to_owned()))
+    }
+
+    /// The owner of the name `name`, if anyone ever registered it (deleted or not).
+    pub fn owner_of(&self, name: &str) -> Result<Option<String>, RegistryError> {
+        owner_in(&self.conn(), name)
     }
 
     /// Stores a namespace grant; whether it is new (granting twice changes nothing).
@@ -305,6 +323,53 @@ impl Registry {
     }
 }
 
+/// The owners' table and the view every read of versions goes through. A registry from before
+/// the table gets each name's owner from its first version; a name that holds versions of
+/// other owners too (registered in a race before the claim existed) is logged, and those
+/// versions are left out of every read.
+fn create_owners(conn: &Connection) -> Result<(), RegistryError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS function_owners (
+             name TEXT PRIMARY KEY, owner TEXT NOT NULL, claimed_at INTEGER NOT NULL);
+         INSERT OR IGNORE INTO function_owners (name, owner, claimed_at)
+             SELECT f.name, json_extract(f.record, '$.manifest.owner'), 0 FROM functions f
+             WHERE f.version = (SELECT MIN(version) FROM functions g WHERE g.name = f.name)
+               AND json_valid(f.record) AND json_extract(f.record, '$.manifest.owner') IS NOT NULL;
+         CREATE VIEW IF NOT EXISTS owned_versions AS
+             SELECT f.name, f.version, f.record FROM functions f JOIN function_owners o ON o.name = f.name
+             WHERE json_extract(f.record, '$.manifest.owner') = o.owner;",
+    )?;
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT f.name FROM functions f LEFT JOIN owned_versions v ON v.name = f.name AND v.version = f.version
+         WHERE v.name IS NULL",
+    )?;
+    let mixed = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+    if !mixed.is_empty() {
+        tracing::error!(
+            functions = ?mixed,
+            "these names hold versions of an owner other than the name's (registered in a race by an \
+             older build): those versions are never served; review them in the audit trail"
+        );
+    }
+    Ok(())
+}
+
+/// Claims `name` for `owner` in the registration's transaction, or refuses when it is another's.
+fn claim(tx: &Connection, name: &str, owner: &str) -> Result<(), RegistryError> {
+    tx.execute(
+        "INSERT OR IGNORE INTO function_owners (name, owner, claimed_at) VALUES (?1, ?2, ?3)",
+        params![name, owner, crate::time::now_s() as i64],
+    )?;
+    match owner_in(tx, name)? {
+        Some(o) if o == owner => Ok(()),
+        _ => Err(RegistryError::NotOwner(name.to_owned(), owner.to_owned())),
+    }
+}
+
+fn owner_in(conn: &Connection, name: &str) -> Result<Option<String>, RegistryError> {
+    Ok(conn.query_row("SELECT owner FROM function_owners WHERE name = ?1", [name], |r| r.get(0)).optional()?)
+}
+
 fn latest_version(conn: &Connection, name: &str) -> Result<u32, RegistryError> {
     let v: Option<u32> = conn.query_row("SELECT MAX(version) FROM functions WHERE name = ?1", [name], |r| r.get(0))?;
     Ok(v.unwrap_or(0))
@@ -312,7 +377,9 @@ fn latest_version(conn: &Connection, name: &str) -> Result<u32, RegistryError> {
 
 fn latest_in(conn: &Connection, name: &str) -> Result<Option<FunctionRecord>, RegistryError> {
     let text: Option<String> = conn
-        .query_row("SELECT record FROM functions WHERE name = ?1 ORDER BY version DESC LIMIT 1", [name], |r| r.get(0))
+        .query_row("SELECT record FROM owned_versions WHERE name = ?1 ORDER BY version DESC LIMIT 1", [name], |r| {
+            r.get(0)
+        })
         .optional()?;
     text.map(|t| parse_record(&t)).transpose()
 }
@@ -376,6 +443,77 @@ mod tests {
             "owner alice has uploaded 0 bytes of modules; 21 more would pass the quota of 20 bytes"
         );
         reg.put_module_for("alice", &module(3), quota).expect("alice's own quota");
+    }
+
+    /// A name is claimed by its first registration, in its transaction: of two owners
+    /// registering 100 new names side by side, exactly one gets each name, and no name ever
+    /// holds a version of the other.
+    #[test]
+    fn a_name_has_one_owner_even_when_two_register_it_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reg = std::sync::Arc::new(Registry::open(dir.path()).expect("open"));
+        let digest = reg.put_module(WASM).expect("put");
+        let racers: Vec<_> = ["alice", "mallory"]
+            .into_iter()
+            .map(|owner| {
+                let (reg, digest) = (reg.clone(), digest.clone());
+                std::thread::spawn(move || {
+                    (0..100)
+                        .map(|i| {
+                            let m = FunctionManifest {
+                                name: format!("f{i}"),
+                                owner: owner.into(),
+                                ..manifest(digest.clone())
+                            };
+                            reg.register(m).is_ok()
+                        })
+                        .collect::<Vec<bool>>()
+                })
+            })
+            .collect();
+        let won: Vec<Vec<bool>> = racers.into_iter().map(|t| t.join().expect("racer")).collect();
+        for (i, (alice, mallory)) in won[0].iter().zip(&won[1]).enumerate() {
+            assert!(alice ^ mallory, "f{i}: exactly one owner registers it");
+            let owners: std::collections::BTreeSet<String> =
+                reg.versions(&format!("f{i}")).expect("versions").into_iter().map(|v| v.manifest.owner).collect();
+            assert_eq!(owners.len(), 1, "f{i}: {owners:?}");
+        }
+        let e = reg.register(manifest(digest)).map(|_| ()).and_then(|()| {
+            reg.register(FunctionManifest { owner: "mallory".into(), ..manifest(Digest::of(WASM)) }).map(|_| ())
+        });
+        assert_eq!(e.expect_err("taken").to_string(), "function checksum belongs to another owner");
+    }
+
+    /// A registry written before names were claimed, holding a name with versions of two
+    /// owners (the race of an older build): the name is its first version's owner's, and the
+    /// other owner's versions are never served.
+    #[test]
+    fn a_name_raced_by_an_older_build_serves_only_its_first_owners_versions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let reg = Registry::open(dir.path()).expect("open");
+            let digest = reg.put_module(WASM).expect("put");
+            reg.register(manifest(digest.clone())).expect("alice's v1");
+            let conn = reg.conn();
+            // What the older build left: mallory's v2 of alice's name, and no claim.
+            let foreign = FunctionRecord {
+                schema: 1,
+                version: 2,
+                registered_at: 0,
+                manifest: FunctionManifest { owner: "mallory".into(), secrets: vec!["K".into()], ..manifest(digest) },
+            };
+            conn.execute(
+                "INSERT INTO functions (name, version, record) VALUES ('checksum', 2, ?1)",
+                [serde_json::to_string(&foreign).expect("json")],
+            )
+            .expect("insert");
+            conn.execute_batch("DROP VIEW owned_versions; DROP TABLE function_owners;").expect("as before");
+        }
+        let reg = Registry::open(dir.path()).expect("reopen");
+        assert_eq!(reg.owner_of("checksum").expect("owner").as_deref(), Some("alice"));
+        assert_eq!(reg.latest("checksum").expect("latest").version, 1);
+        assert_eq!(reg.live("checksum").expect("live").manifest.owner, "alice");
+        assert_eq!(reg.versions("checksum").expect("versions").len(), 1);
     }
 
     #[test]

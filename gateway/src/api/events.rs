@@ -67,11 +67,23 @@ pub(super) async fn replay_events(
     let events = recorded(events)?;
     let s = shared.clone();
     let function = request.function.clone();
+    // A function replays as it fires now: its live version, and not at all when disabled or
+    // deleted (a named one is refused; of all functions, the disabled ones are left out).
     let records = blocking(move || match function {
-        Some(name) => Ok(vec![s.registry.latest(&name)?]),
-        None => s.registry.list(),
+        Some(name) => Ok(vec![s.registry.status(&name)?]),
+        None => Ok(s.registry.statuses()?),
     })
     .await?;
+    if let [one] = records.as_slice()
+        && request.function.is_some()
+        && !one.enabled
+    {
+        return Err(HttpError(
+            StatusCode::CONFLICT,
+            format!("function {} is disabled: enable it before replaying its events", one.record.manifest.name),
+        ));
+    }
+    let records: Vec<_> = records.into_iter().filter(|s| s.enabled).map(|s| s.record).collect();
     if let replay::Mode::Replay(id) = &mode {
         tracing::info!(replay = %id, function = ?request.function, since = window.since_ms, "replay requested");
     }

@@ -46,7 +46,10 @@ pub(super) async fn credential(
     }
     let macaroon = match request.access {
         FileAccess::Read => shared.storage.read_macaroon(&path).await,
-        FileAccess::Write => shared.storage.write_macaroon(dir, false).await,
+        // Issued for the caller: it rewrites nothing a function's run (or anyone else) wrote.
+        FileAccess::Write => {
+            shared.storage.write_macaroon(dir, false, &crate::storage_client::writer_of_user(&caller.name)).await
+        }
     }
     .map_err(|e| {
         let status = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };

@@ -165,7 +165,8 @@ pub(super) async fn set_secrets(
         )
     })?;
     let s = shared.clone();
-    let names = tokio::task::spawn_blocking(move || s.secrets.set(&s.registry, &name, &values))
+    let owner = latest.manifest.owner.clone();
+    let names = tokio::task::spawn_blocking(move || s.secrets.set(&s.registry, &owner, &name, &values))
         .await
         .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("secrets task: {e}")))?
         .map_err(|e| match e {
@@ -193,7 +194,7 @@ pub(super) async fn secret_names(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<SecretNames>, HttpError> {
-    owned(&shared, &headers, name.clone()).await?;
+    let owner = owned(&shared, &headers, name.clone()).await?.manifest.owner;
     let s = shared.clone();
-    Ok(Json(SecretNames { names: blocking(move || s.registry.secret_names(&name)).await? }))
+    Ok(Json(SecretNames { names: blocking(move || s.registry.secret_names(&owner, &name)).await? }))
 }

@@ -2,7 +2,9 @@
 //! ([`crate::namespaces::Namespaces`]), each change audited.
 //!
 //! A change brings the ingest's owner lanes in step before it is answered
-//! ([`crate::lanes::after_change`]). Must not know: events, jobs.
+//! ([`crate::lanes::after_change`]); a revocation also removes the unfinished jobs that needed
+//! the grant ([`sweep`]), and a held job is released only while its namespace still allows it
+//! ([`still_allowed`]). Must not know: events.
 
 use super::*;
 use htfaas_functions::Registry;
@@ -77,7 +79,8 @@ pub(super) async fn grant(
 
 /// `POST /v1/namespaces/revoke`: takes one right back (404 when it was not granted; 409 for a
 /// grant of the site's configuration, which only the configuration can take back). Functions
-/// registered under it stay registered, and their firings are refused from now on.
+/// registered under it stay registered, and their firings are refused from now on; the
+/// principal's unfinished jobs that needed it are removed ([`sweep`]), before the answer.
 pub(super) async fn revoke(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -98,5 +101,71 @@ pub(super) async fn revoke(
     tracing::info!(%grant, "namespace revoked");
     crate::lanes::after_change(lanes.as_deref(), "a revocation").await;
     record(&shared, &headers, "namespace.revoke", &grant).await;
+    match sweep(&shared, &grant).await {
+        Ok(removed) if !removed.is_empty() => tracing::warn!(%grant, jobs = ?removed, "unfinished jobs removed"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(%grant, "the revocation's sweep of unfinished jobs failed: {}", e.1),
+    }
+    sweep_again(shared.clone(), grant.clone());
     Ok(Json(GrantEntry { grant, source: GrantSource::Admin }).into_response())
+}
+
+/// How long after a revocation its sweep runs once more: longer than a submission that had
+/// passed its namespace check before the grant went can take to reach the scheduler (each of
+/// its storage and scheduler requests is bounded by 10 s), so such a job is swept too.
+const SWEEP_AGAIN: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// Most unfinished jobs one sweep looks at.
+const SWEEP_MAX: usize = 10_000;
+
+/// Whether the unfinished `job` may still do what it was made to do, as its principal's
+/// namespace stands now ([`crate::jobs::still_allowed`]), its function version read from the
+/// registry. `Err` says why not.
+pub(super) async fn still_allowed(shared: &Arc<Shared>, job: &JobRecord) -> Result<(), String> {
+    let (s, name) = (shared.clone(), job.function.clone());
+    let versions = blocking(move || s.registry.versions(&name)).await.unwrap_or_default();
+    let function = versions.iter().find(|f| f.version == job.version && f.manifest.module == job.digest);
+    crate::jobs::still_allowed(&shared.namespaces, function, job)
+}
+
+/// After `grant` was taken back: every unfinished job of its principal (an owner's, or those
+/// charged to a group) that its namespace no longer allows is removed, with the reason; a held
+/// job is not left to be released, an idle one is not dispatched, a running one is stopped.
+/// Runs again after [`SWEEP_AGAIN`] for a job whose submission was under way. Returns the ids
+/// removed now.
+pub(super) async fn sweep(shared: &Arc<Shared>, grant: &Grant) -> Result<Vec<String>, HttpError> {
+    let who = match grant.principal.strip_prefix(htfaas_functions::namespace::GROUP_PREFIX) {
+        Some(group) => format!("group={}", crate::storage_client::encode_path(group)),
+        None => format!("owner={}", crate::storage_client::encode_path(&grant.principal)),
+    };
+    let jobs: Vec<JobRecord> =
+        super::proxy::scheduler_json(&shared.scheduler(), &format!("/v1/jobs?unfinished=true&{who}&limit={SWEEP_MAX}"))
+            .await?;
+    let mut removed = Vec::new();
+    for job in jobs {
+        let Err(why) = still_allowed(shared, &job).await else { continue };
+        let reason = format!("the grant {grant} was revoked: {why}");
+        let url = format!("{}/v1/jobs/{}/remove", shared.submitter_base(), job.id);
+        let action = htfaas_functions::proto::JobAction { reason: reason.clone() };
+        match shared.http.post(url).bearer_auth(&shared.scheduler_admin_token).json(&action).send().await {
+            Ok(r) if r.status().is_success() => {
+                tracing::warn!(job = %job.id, owner = %job.owner, "job removed: {reason}");
+                removed.push(job.id);
+            }
+            // Ended meanwhile (409), or the scheduler is away: the second sweep tries again.
+            Ok(r) => tracing::info!(job = %job.id, status = %r.status(), "sweep: job not removed"),
+            Err(e) => tracing::warn!(job = %job.id, "sweep: scheduler unreachable: {e}"),
+        }
+    }
+    Ok(removed)
+}
+
+/// [`sweep`] once more after [`SWEEP_AGAIN`], in the background.
+pub(super) fn sweep_again(shared: Arc<Shared>, grant: Grant) {
+    tokio::spawn(async move {
+        tokio::time::sleep(SWEEP_AGAIN).await;
+        if let Err(e) = sweep(&shared, &grant).await {
+            tracing::warn!(%grant, "the revocation's second sweep failed: {}", e.1);
+        }
+    });
 }

@@ -151,8 +151,24 @@ pub(super) async fn proxy_job_action(
     }
     let request: htfaas_functions::proto::JobAction = serde_json::from_slice(&body)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid job action: {e}")))?;
-    if !caller.is_admin() {
-        own_job(&shared.scheduler(), &caller, &id).await?;
+    let job = if caller.is_admin() { None } else { Some(own_job(&shared.scheduler(), &caller, &id).await?) };
+    // A held job runs again only if its principal may still do what it does: a grant taken
+    // back while it was held (its macaroons are still valid) stops it here.
+    if action == "release" {
+        let job = match job {
+            Some(job) => job,
+            None => scheduler_json(&shared.scheduler(), &format!("/v1/jobs/{id}")).await?,
+        };
+        let (s, name) = (shared.clone(), job.function.clone());
+        let versions = blocking(move || s.registry.versions(&name)).await.unwrap_or_default();
+        let function = versions.iter().find(|f| f.version == job.version && f.manifest.module == job.digest);
+        if let Err(why) = crate::jobs::still_allowed(&shared.namespaces, function, &job) {
+            tracing::info!(job = %id, caller = %caller.name, "release refused: {why}");
+            return Err(HttpError(
+                StatusCode::FORBIDDEN,
+                format!("job {id} cannot be released: {why} (a grant was taken back since it was made; remove it)"),
+            ));
+        }
     }
     tracing::info!(job = %id, %action, caller = %caller.name, reason = %request.reason, "job action requested");
     let url = format!("{}/v1/jobs/{id}/{action}", shared.submitter_base());

@@ -82,25 +82,22 @@ pub(super) async fn register(
     if query != RegisterQuery::default() {
         return Err(HttpError(StatusCode::BAD_REQUEST, "since, until and limit go with dry_run=true".into()));
     }
+    // Whose the name is, is decided in the registry's transaction that stores the version
+    // (`RegistryError::NotOwner`, 403): two owners registering one new name at once cannot
+    // both succeed.
     let s = shared.clone();
-    let name = manifest.name.clone();
-    let taken = blocking(move || match s.registry.latest(&name) {
-        Ok(existing) => Ok(Some(existing.manifest.owner)),
-        Err(RegistryError::NotFound(_)) => Ok(None),
-        Err(e) => Err(e),
-    })
-    .await?;
-    if let Some(owner) = taken.filter(|o| !caller.owns(o)) {
-        tracing::info!(function = %manifest.name, %owner, caller = %caller.name, "registration refused: not the owner");
-        return Err(HttpError(StatusCode::FORBIDDEN, format!("function {} belongs to another owner", manifest.name)));
-    }
-    let s = shared.clone();
+    let (name, asker) = (manifest.name.clone(), caller.name.clone());
     let record = blocking(move || {
         let record = s.registry.register(manifest)?;
         s.triggers.reload(&s.registry)?;
         Ok(record)
     })
-    .await?;
+    .await
+    .inspect_err(|e| {
+        if e.0 == StatusCode::FORBIDDEN {
+            tracing::info!(function = %name, caller = %asker, "registration refused: {}", e.1);
+        }
+    })?;
     tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
     // Issue 22: EPs compile its module ahead of its first event.
     crate::warm::announce(&shared, &record);

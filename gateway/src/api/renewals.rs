@@ -100,26 +100,25 @@ async fn issue(
     if m.module != claims.digest || m.outputs.dir != claims.output {
         return Err(forbidden(format!("version {version} of {} is not the grant's function", m.name)));
     }
-    let ns = shared.namespaces.for_manifest(m).map_err(|e| forbidden(e.to_string()))?;
-    let replace = crate::jobs::confine(&ns, &function, &claims.input).map_err(|e| match e {
-        crate::jobs::JobError::Permanent(why) | crate::jobs::JobError::Transient(why) => forbidden(why),
-    })?;
-    if claims.sub != m.owner {
-        let own = shared.namespaces.of(&claims.sub, None);
-        if !own.may_read(&claims.input) || !own.may_write(&claims.output) {
-            return Err(forbidden(format!(
-                "{} may no longer read {} or write {}",
-                claims.sub, claims.input, claims.output
-            )));
-        }
-    }
+    // The job acts as its owner (the grant's subject): the function's owner, or the bearer who
+    // ran it by hand, whose own namespace (without a group's) must allow it too.
+    let runs_as = if claims.sub == m.owner {
+        crate::jobs::RunsAs::Owner
+    } else {
+        crate::jobs::RunsAs::Bearer { name: &claims.sub, group: None }
+    };
+    let replace =
+        crate::jobs::confine_run(&shared.namespaces, &function, runs_as, &claims.input).map_err(|e| match e {
+            crate::jobs::JobError::Permanent(why) | crate::jobs::JobError::Transient(why) => forbidden(why),
+        })?;
+    let writer = crate::storage_client::writer_of_run(&claims.sub, &m.name);
     let storage_err = |e: crate::storage_client::StorageError| {
         let status = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
         HttpError(status, e.to_string())
     };
     let (read, write) = tokio::join!(
         shared.storage.read_macaroon(&claims.input),
-        shared.storage.write_macaroon(&claims.output, replace)
+        shared.storage.write_macaroon(&claims.output, replace, &writer)
     );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     // What the trail keeps: identifiers and caveats; a macaroon that does not parse is kept

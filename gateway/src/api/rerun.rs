@@ -6,7 +6,10 @@
 //! recorded bytes. The caller compares the outputs ([`htfaas_functions::proto::rerun::verdict`]).
 //!
 //! A developer re-derives only its own files: another owner's file answers 404 exactly as a file
-//! no job wrote. The re-run is recorded in the gateway's trail (`audit.rerun`, with its actor,
+//! no job wrote. The re-run acts as the original job's owner ([`crate::jobs::RunsAs`]), in that
+//! job's accounting group: a re-run of a bearer's manual run of another owner's function is the
+//! bearer's, in the bearer's namespace, without the function owner's secrets (refused when the
+//! function has some), never the function's owner's. The re-run is recorded in the gateway's trail (`audit.rerun`, with its actor,
 //! token `jti` and macaroon identifiers). Its outputs fire nothing (the gateway ignores events in
 //! scratch directories) and are ordinary outputs otherwise: the storage keeps them.
 //!
@@ -104,20 +107,22 @@ pub(super) async fn rerun(
     again.manifest.outputs.on_failure = htfaas_functions::manifest::FailedOutputs::Discard;
     again.manifest.retry = None;
     let event = EventRef::new("rerun", format!("rerun:{id}"), wrote.input.clone());
-    let mut submit =
-        crate::jobs::prepare(shared.jobs(), &again, event, format!("rerun:{id}")).await.map_err(|e| match e {
+    let runs_as = crate::jobs::RunsAs::of(m, &job.owner, job.group.as_deref());
+    let mut submit = crate::jobs::prepare(shared.jobs(), &again, runs_as, event, format!("rerun:{id}")).await.map_err(
+        |e| match e {
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::FORBIDDEN, e),
-        })?;
+        },
+    )?;
     submit.input.sha256 = Some(input_sha256.clone());
     let (claims, token) = shared
         .submitter
-        .mint(&m.owner, m.group.as_deref(), &submit)
+        .mint(&job.owner, job.group.as_deref(), &submit)
         .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("mint the re-run's token: {e}")))?;
     submit.renewal = Some(
         shared
             .submitter
-            .grant(&m.owner, &claims.jti, &scratch, &submit)
+            .grant(&job.owner, &claims.jti, &scratch, &submit)
             .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("mint the renewal grant: {e}")))?,
     );
     let reply = shared.submitter.submit_with_token(&token, &submit).await.map_err(runs::scheduler_failure)?;

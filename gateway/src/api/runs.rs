@@ -1,6 +1,13 @@
 //! `POST /v1/functions/{name}/runs`: the bearer of a submit token runs a registered function on
 //! a file, the way a triggered job runs ([`crate::jobs::prepare`], then the scheduler).
 //!
+//! The run acts as the bearer ([`crate::jobs::RunsAs`]): inside the bearer's namespace (and the
+//! function's owner's), accounted and audited to the bearer, with a write macaroon issued for
+//! the bearer's runs of the function. It runs the version that fires now: a disabled function
+//! is refused (409), a deleted one is not found, a pinned one runs its pinned version. Only the
+//! owner's own tokens run a function that has secrets: another bearer would read them in its
+//! job's log and outputs.
+//!
 //! Must not know: the JetStream consumer, the firing table.
 
 use super::*;
@@ -32,7 +39,14 @@ pub(super) async fn run_function(
         return Err(HttpError(StatusCode::BAD_REQUEST, format!("{:?} is not a clean absolute file path", run.path)));
     }
     let s = shared.clone();
-    let function = blocking(move || s.registry.latest(&name)).await?;
+    let status = blocking(move || s.registry.status(&name)).await?;
+    if !status.enabled {
+        return Err(HttpError(
+            StatusCode::CONFLICT,
+            format!("function {} is disabled: it runs nothing until its owner enables it", status.record.manifest.name),
+        ));
+    }
+    let function = status.record;
     let m = &function.manifest;
     if !manual_run_allowed(&m.trigger, &run.path) {
         return Err(HttpError(
@@ -44,8 +58,16 @@ pub(super) async fn run_function(
             ),
         ));
     }
-    // The bearer's own namespace: it reads the file and has the outputs written where it may.
-    let bearer_ns = shared.namespaces.of(&claims.sub, claims.group.as_deref());
+    let runs_as = crate::jobs::RunsAs::of(m, &claims.sub, claims.group.as_deref());
+    if matches!(runs_as, crate::jobs::RunsAs::Bearer { .. }) && !m.secrets.is_empty() {
+        return Err(HttpError(StatusCode::FORBIDDEN, crate::jobs::bearer_secrets_refusal(m, &claims.sub)));
+    }
+    // The bearer's own namespace: it reads the file and has the outputs written where it may. A
+    // token's group widens it only with the bearer's group grant.
+    let bearer_ns = shared
+        .namespaces
+        .for_principal(&claims.sub, claims.group.as_deref())
+        .map_err(|e| HttpError(StatusCode::FORBIDDEN, e.to_string()))?;
     if !bearer_ns.may_read(&run.path) {
         return Err(HttpError(
             StatusCode::FORBIDDEN,
@@ -80,12 +102,12 @@ pub(super) async fn run_function(
     shared.submitter.preflight(&token).await.map_err(scheduler_failure)?;
     let run_id = htfaas_functions::token::new_jti();
     let event = htfaas_functions::proto::EventRef::new("submit", format!("{}/{run_id}", claims.jti), run.path.clone());
-    let mut request = crate::jobs::prepare(shared.jobs(), &function, event, format!("submit:{run_id}")).await.map_err(
-        |e| match e {
+    let mut request = crate::jobs::prepare(shared.jobs(), &function, runs_as, event, format!("submit:{run_id}"))
+        .await
+        .map_err(|e| match e {
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::BAD_GATEWAY, e),
-        },
-    )?;
+        })?;
     request.annex = annex;
     // The job's renewal grant names the bearer's token (issue 23).
     request.renewal = Some(

@@ -215,8 +215,10 @@ impl Queue {
     /// the job as idle. Every refusal rolls the whole transaction back.
     pub async fn submit(&self, job: NewJob) -> Result<Submitted, QueueError> {
         let revoked = self.revoked.clone();
-        // What the file keeps: the request with its macaroons sealed.
-        let stored = serde_json::to_string(&self.sealer.seal_request(&job.request)?)?;
+        // What the file keeps: the request with its macaroons sealed for this job (its id is
+        // chosen here, so the sealing stays off the writer; a dedupe hit discards both).
+        let job_id = uuid::Uuid::new_v4().to_string();
+        let stored = serde_json::to_string(&self.sealer.seal_request(&job_id, &job.request)?)?;
         self.write(move |tx| {
             // Checked on the writer, which runs every write in turn: a revocation made meanwhile
             // either is seen here or is written after this job, and removes it.
@@ -260,7 +262,6 @@ impl Queue {
                  ON CONFLICT (jti) DO UPDATE SET uses = excluded.uses",
                 params![job.jti, db_int(uses + 1), db_int(job.exp)],
             )?;
-            let job_id = uuid::Uuid::new_v4().to_string();
             let r = job.request.resources;
             let (state, hold_code, reason) = match &job.hold {
                 Some((code, reason)) => ("held", Some(*code), reason.as_str()),
@@ -269,8 +270,9 @@ impl Queue {
             exec(
                 tx,
                 "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
-                 runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                 runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason, \
+                 sealed_for_job) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 1)",
                 params![
                     job_id,
                     job.owner,
@@ -418,6 +420,31 @@ impl Queue {
             let mut stmt =
                 conn.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM jobs ORDER BY seq DESC LIMIT ?1"))?;
             let rows = stmt.query_map(params![limit], raw_record)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row?.decode()?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The unfinished (idle, held, running) jobs of `owner`, or charged to `group`, oldest
+    /// first, at most `limit`: what a revoked namespace grant sweeps (the gateway checks each
+    /// against what its principal may still do).
+    pub async fn list_unfinished(
+        &self,
+        owner: Option<String>,
+        group: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>, QueueError> {
+        self.call(move |conn| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM jobs WHERE state IN ('idle', 'held', 'running') \
+                 AND (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR grp = ?2) ORDER BY seq LIMIT ?3"
+            ))?;
+            let rows = stmt.query_map(params![owner, group, limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
                 out.push(row?.decode()?);

@@ -73,6 +73,8 @@ mod trail;
 mod writer;
 
 #[cfg(test)]
+mod seal_tests;
+#[cfg(test)]
 mod tests;
 
 pub use accounts::{UsageRow, decay};
@@ -211,7 +213,7 @@ impl Queue {
             tracing::info!(jobs = requeued, "jobs left running by the previous process are idle again");
         }
         if sealed > 0 {
-            tracing::info!(jobs = sealed, "sealed the macaroons an older build stored in plain");
+            tracing::info!(jobs = sealed, "sealed for their jobs the macaroons and secrets an older build stored");
         }
         let mut revoked = Revoked::default();
         for r in read_revocations(&conn)? {

@@ -58,7 +58,7 @@ impl Queue {
             }
             let opened = serde_json::from_str::<SubmitRequest>(&request)
                 .map_err(|e| format!("stored request is corrupt: {e}"))
-                .and_then(|r| sealer.open_request(r).map_err(|e| e.to_string()));
+                .and_then(|r| sealer.open_request(&job_id, r).map_err(|e| e.to_string()));
             let request = match opened {
                 Ok(r) => r,
                 Err(why) => return Ok(Err(why)),

@@ -478,7 +478,7 @@ impl Queue {
                     Subject { job: Some(id.clone()), token_jti: Some(jti), owner: Some(owner), ..Subject::default() };
                 let parsed = serde_json::from_str::<SubmitRequest>(&request)
                     .map_err(|e| format!("stored request is corrupt: {e}"))
-                    .and_then(|r| sealer.open_request(r).map_err(|e| e.to_string()));
+                    .and_then(|r| sealer.open_request(&id, r).map_err(|e| e.to_string()));
                 if let Ok(r) = &parsed {
                     subject.function = Some(r.function.name.clone());
                     subject.digest = Some(r.function.digest.as_str().to_owned());

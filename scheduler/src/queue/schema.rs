@@ -10,11 +10,19 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 7] =
-    [SCHEMA_1, MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5, MIGRATE_5_TO_6, MIGRATE_6_TO_7];
+pub const MIGRATIONS: [&str; 8] = [
+    SCHEMA_1,
+    MIGRATE_1_TO_2,
+    MIGRATE_2_TO_3,
+    MIGRATE_3_TO_4,
+    MIGRATE_4_TO_5,
+    MIGRATE_5_TO_6,
+    MIGRATE_6_TO_7,
+    MIGRATE_7_TO_8,
+];
 
 /// Version 1: jobs, token uses, accounts.
 pub(super) const SCHEMA_1: &str = "
@@ -150,6 +158,13 @@ CREATE INDEX IF NOT EXISTS jobs_by_function_path ON jobs (owner,
     (CASE WHEN json_valid(request) THEN json_extract(request, '$.event.path') END));
 ";
 
+/// Version 8: whether a job's sealed fields are sealed for that job (`crate::seal`: the slots
+/// name the job). Rows of an older build are 0; [`seal_stored`] seals the unfinished ones
+/// again, bound, when the store opens.
+pub(super) const MIGRATE_7_TO_8: &str = "
+ALTER TABLE jobs ADD COLUMN sealed_for_job INTEGER NOT NULL DEFAULT 0;
+";
+
 /// A job's function name, as [`MIGRATE_6_TO_7`] indexes it.
 pub const FUNCTION_OF_JOB: &str = "(CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END)";
 /// A job's input path (its event's), as [`MIGRATE_6_TO_7`] indexes it.
@@ -166,21 +181,32 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
         .map_err(|found| QueueError::SchemaTooNew { found, supported: SCHEMA_VERSION })
 }
 
-/// Seals, in `tx`, the plain macaroons (stored by a build before [`crate::seal`]) of every job
-/// that may still run; returns how many jobs were sealed. Finished jobs keep theirs: never
-/// handed out again, they expire within hours.
+/// Seals, in `tx`, for its own job ([`crate::seal`]) every job that may still run whose
+/// request an older build stored sealed without its job, or plain (before sealing existed);
+/// returns how many jobs were sealed. Finished jobs keep theirs: never handed out again, their
+/// macaroons expire within hours.
 pub(super) fn seal_stored(tx: &Transaction<'_>, sealer: &crate::seal::Sealer) -> Result<usize, QueueError> {
-    let plain: Vec<(String, String)> = {
+    let unbound: Vec<(String, String)> = {
         let mut stmt = tx.prepare(
-            "SELECT id, request FROM jobs WHERE state IN ('idle', 'held', 'running') \
-             AND json_valid(request) AND json_extract(request, '$.input.macaroon') NOT LIKE 'sealed-v1:%'",
+            "SELECT id, request FROM jobs WHERE state IN ('idle', 'held', 'running') AND sealed_for_job = 0 \
+             AND json_valid(request)",
         )?;
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
     };
-    for (id, request) in &plain {
+    let mut sealed = 0;
+    for (id, request) in &unbound {
         let Ok(r) = serde_json::from_str::<SubmitRequest>(request) else { continue };
-        let sealed = serde_json::to_string(&sealer.seal_request(&r)?)?;
-        exec(tx, "UPDATE jobs SET request = ?2 WHERE id = ?1", params![id, sealed])?;
+        let r = match sealer.open_request_unbound(r) {
+            Ok(r) => r,
+            Err(e) => {
+                // Left as it is: it will not open at dispatch either, and is failed there.
+                tracing::warn!(job = %id, "a stored request does not open: {e}");
+                continue;
+            }
+        };
+        let bound = serde_json::to_string(&sealer.seal_request(id, &r)?)?;
+        exec(tx, "UPDATE jobs SET request = ?2, sealed_for_job = 1 WHERE id = ?1", params![id, bound])?;
+        sealed += 1;
     }
-    Ok(plain.len())
+    Ok(sealed)
 }

@@ -9,53 +9,8 @@ use crate::testing::{LOSS, new_job, ok, request};
 use htfaas_functions::Resources;
 use htfaas_functions::audit::{self, AuditSigner};
 use htfaas_functions::proto::{Account, HOLD_CODE_STORAGE, JobReport, JobState, Outcome, RevocationTarget, Usage};
-use htfaas_functions::store::Durability;
 use rusqlite::{Connection, params};
 use std::collections::HashMap;
-
-/// Issue 18: a reader of the job store's file finds no usable macaroon (each is sealed
-/// under the key beside it); dispatch still hands out the originals; a plain one written by
-/// an older build is read as it is and sealed when the store next opens.
-#[tokio::test]
-async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_at_open() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("q.db");
-    let q = Queue::open(&path).expect("open");
-    let job = new_job("k1", "t1", 2);
-    let (read, write) = (job.request.input.macaroon.clone(), job.request.output.macaroon.clone());
-    let first = q.submit(job).await.expect("submit").job_id;
-    let raw = || -> String {
-        Connection::open(&path)
-            .expect("a reader of the file")
-            .query_row("SELECT group_concat(request, ' ') FROM jobs", [], |r| r.get(0))
-            .expect("requests")
-    };
-    let stored = raw();
-    assert!(!stored.contains(&read) && !stored.contains(&write), "{stored}");
-    assert!(stored.contains(crate::seal::PREFIX), "{stored}");
-    let marked = q.mark_running(vec![first], "ep".into(), "s1".into(), |a, _| Ok(a)).await.expect("mark");
-    assert_eq!((&marked.assigned[0].input.macaroon, &marked.assigned[0].output.macaroon), (&read, &write));
-
-    // An older build's row: the same request in plain.
-    let second = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
-    let plain = serde_json::to_string(&request("k2")).expect("json");
-    Connection::open(&path)
-        .expect("open")
-        .execute("UPDATE jobs SET request = ?2 WHERE id = ?1", params![second, plain])
-        .expect("write a plain row");
-    assert!(raw().contains(&read), "the plain row is there");
-    let reopened = Queue::open(&path).expect("reopen");
-    assert!(!raw().contains(&read), "sealed at open: {}", raw());
-    let marked = reopened.mark_running(vec![second], "ep".into(), "s2".into(), |a, _| Ok(a)).await.expect("mark");
-    assert_eq!(marked.assigned[0].input.macaroon, read);
-
-    // Another key opens nothing: the job fails at dispatch, naming why.
-    let third = q.submit(new_job("k3", "t3", 1)).await.expect("submit").job_id;
-    std::fs::write(dir.path().join("other.key"), hex::encode([9u8; 32])).expect("key");
-    let wrong = Queue::open_sealed(&path, Durability::Fsync, &dir.path().join("other.key")).expect("open");
-    let marked = wrong.mark_running(vec![third], "ep".into(), "s3".into(), |a, _| Ok(a)).await.expect("mark");
-    assert!(marked.assigned.is_empty(), "{:?}", marked.assigned);
-}
 
 #[tokio::test]
 async fn the_idle_limit_refuses_new_jobs_without_using_the_token_and_holds_under_concurrency() {

@@ -16,6 +16,7 @@ fn issue_for(path: &str, caveats: &[&str], validity: &str) -> Issued {
         url_path: Some(path.into()),
         caveats: caveats.iter().map(|c| (*c).to_owned()).collect(),
         validity: parse_duration(validity),
+        writer: None,
     };
     issue(&key(), "htfaas-storage", &req, now()).expect("issues")
 }
@@ -231,6 +232,34 @@ fn max_upload_min_wins_and_iid_rules() {
     assert!(Restrictions::from_caveats(["activity:DOWNLOAD,FLY"]).is_err());
 }
 
+/// The writer is the issuer's `id:` right after `iid:`: a request names it, and a holder who
+/// appends an `id:` of its own (to pass for a function's runs) gets no writer, or an invalid
+/// macaroon when one is there already.
+#[test]
+fn only_the_issuer_names_a_macaroons_writer() {
+    let req = |writer: Option<&str>| IssueRequest {
+        url_path: Some("/data/out/".into()),
+        caveats: vec!["activity:UPLOAD".into()],
+        validity: parse_duration("PT1H"),
+        writer: writer.map(str::to_owned),
+    };
+    let issued = issue(&key(), "l", &req(Some("run:alice/checksum")), now()).expect("issues");
+    assert_eq!(issued.restrictions.writer.as_deref(), Some("run:alice/checksum"));
+    let grant = check(&issued.token, "/data/out/x", &[Activity::Upload]).expect("verifies");
+    assert_eq!(grant.restrictions.writer.as_deref(), Some("run:alice/checksum"));
+    let forged = htfaas_functions::macaroon::attenuate(&issued.token, &["id:run:mallory/spy"]).expect("append");
+    assert!(matches!(check(&forged, "/data/out/x", &[Activity::Upload]), Err(VerifyError::Invalid(_))));
+
+    let plain = issue(&key(), "l", &req(None), now()).expect("issues");
+    assert_eq!(plain.restrictions.writer, None);
+    let posing = htfaas_functions::macaroon::attenuate(&plain.token, &["id:run:alice/checksum"]).expect("append");
+    let grant = check(&posing, "/data/out/x", &[Activity::Upload]).expect("an informational id");
+    assert_eq!(grant.restrictions.writer, None, "an appended id: is no writer");
+    for bad in ["", "a\nb"] {
+        assert!(matches!(issue(&key(), "l", &req(Some(bad)), now()), Err(IssueError::Writer(_))), "{bad:?}");
+    }
+}
+
 #[test]
 fn issue_rules() {
     let k = key();
@@ -239,6 +268,7 @@ fn issue_rules() {
         url_path: Some("/data".into()),
         caveats: caveats.iter().map(|c| (*c).to_owned()).collect(),
         validity: validity.and_then(parse_duration),
+        writer: None,
     };
     assert!(issue(&k, "l", &mk(&["ip:1.2.3.4"], None), t0).is_ok(), "dCache accepts ip: in a request");
     assert!(matches!(issue(&k, "l", &mk(&["ip:1.2.3.400"], None), t0), Err(IssueError::BadCaveat(_))));
@@ -377,6 +407,7 @@ fn pymacaroons_interop() {
         url_path: Some("/data".into()),
         caveats: vec!["activity:DOWNLOAD,UPLOAD".into()],
         validity: parse_duration("PT1H"),
+        writer: None,
     };
     let m = issue(&k, "htfaas-storage", &req, now()).expect("issues");
     // (a) pymacaroons verifies our token with the secret, and not with another one.

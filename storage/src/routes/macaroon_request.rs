@@ -7,6 +7,10 @@
 //! - Body (optional, JSON): `{"caveats":["activity:DOWNLOAD","path:/x"],"validity":"PT2H"}`.
 //!   Allowed caveats: `activity:`, `path:`, `before:`, `max-upload:` (others 400). `validity`
 //!   is an ISO-8601 duration (`PT2H`, `P1DT12H`); default 1 day, capped at 7 days.
+//! - Header `X-Htfaas-Writer` (optional, an htfaas extension a dCache door ignores): who the
+//!   macaroon is for (`run:<principal>/<function>`, `user:<name>`), put as the `id:` caveat right
+//!   after `iid:` ([`macaroons::IssueRequest::writer`]); it decides which later macaroons may
+//!   rewrite a file written under this one.
 //! - A non-root URL path becomes the first `path:` caveat, and body `path:` caveats chain
 //!   *relative* to it (`POST /data` + `path:/raw` allows `/data/raw`), as in dCache.
 //! - The resulting path must lie within the issuer's `paths` (403 otherwise).
@@ -27,6 +31,8 @@ use crate::paths::{self, NsPath};
 
 /// The one media type dCache and XRootD accept.
 pub const CONTENT_TYPE: &str = "application/macaroon-request";
+/// The header naming who a macaroon is for.
+pub const WRITER_HEADER: &str = "x-htfaas-writer";
 const MAX_BODY: usize = 64 * 1024;
 
 #[derive(Debug, Default, Deserialize)]
@@ -49,6 +55,12 @@ pub(super) async fn handle(state: &AppState, req: Request<Body>) -> Result<Respo
         )));
     }
     let path = NsPath::from_uri_path(req.uri().path())?;
+    let writer = match req.headers().get(WRITER_HEADER) {
+        None => None,
+        Some(v) => Some(
+            v.to_str().map_err(|_| HttpError::BadRequest(format!("{WRITER_HEADER} must be visible ASCII")))?.to_owned(),
+        ),
+    };
     let user = match auth::credential(req.headers(), req.uri().query())? {
         None => return Err(HttpError::Unauthorized("macaroon requests need HTTP Basic authentication".into())),
         Some(Credential::Macaroon(_)) => {
@@ -79,7 +91,7 @@ pub(super) async fn handle(state: &AppState, req: Request<Body>) -> Result<Respo
                 .ok_or_else(|| HttpError::BadRequest(format!("Invalid ISO 8601 duration: {v:?}")))?,
         ),
     };
-    let issue_req = IssueRequest { url_path: Some(path.as_str().to_owned()), caveats: body.caveats, validity };
+    let issue_req = IssueRequest { url_path: Some(path.as_str().to_owned()), caveats: body.caveats, validity, writer };
     let issued = macaroons::issue(&state.key, &state.cell_name, &issue_req, time::OffsetDateTime::now_utc())
         .map_err(|e| HttpError::BadRequest(e.to_string()))?;
     if !user.may_access(&issued.restrictions.path) {

@@ -1,10 +1,11 @@
 //! `PUT /<path>`: store a file, then publish its billing `transfer` message.
 //!
 //! Authorization: a macaroon needs UPLOAD, and UPLOAD **and** DELETE when a file already exists
-//! there (dCache's rule), unless a macaroon of the same path scope wrote that file (recorded in
-//! the file's [`crate::fs::WRITER_SCOPE_XATTR`]): a function's job may rewrite what a run of
-//! that function wrote into its output directory (a rerun after a crash, a re-uploaded input),
-//! never a file anyone else wrote. A Basic user needs the path within their `paths` (overwrite
+//! there (dCache's rule), unless a macaroon of the same writer and path scope wrote that file
+//! (recorded in the file's [`crate::fs::WRITER_SCOPE_XATTR`]; the writer is the issuer's `id:`
+//! caveat, which no holder can add): a function's job may rewrite what a run of that function
+//! as the same principal wrote into its output directory (a rerun after a crash, a re-uploaded
+//! input), never a file anyone else wrote, even with a macaroon of the same directory. A Basic user needs the path within their `paths` (overwrite
 //! allowed).
 //! `max-upload:` caveats cap the size (413).
 //!
@@ -57,8 +58,8 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     // Authorize UPLOAD before touching the disk; then DELETE too if this overwrites.
     let mut who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload], client.ip())?;
     let existed = crate::fs::exists(&state.data_dir, &path).await?;
-    let own = match &who.scope {
-        Some(scope) if existed => crate::fs::writer_scope(&state.data_dir, &path).await?.is_some_and(|s| s == *scope),
+    let own = match &who.writer {
+        Some(writer) if existed => crate::fs::writer_scope(&state.data_dir, &path).await?.is_some_and(|s| s == *writer),
         _ => false,
     };
     if existed && !own {
@@ -72,7 +73,7 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
         )
         .map_err(|e| match e {
             HttpError::Forbidden(why) => HttpError::Forbidden(format!(
-                "{} exists and was not written under this macaroon's path scope: replacing it needs DELETE ({why})",
+                "{} exists and was not written by this macaroon's writer: replacing it needs DELETE ({why})",
                 path.as_str()
             )),
             e => e,
@@ -106,8 +107,8 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
         }
     };
     let elapsed = t0.elapsed();
-    if let Some(scope) = &who.scope {
-        crate::fs::set_writer_scope(&tmp, scope);
+    if let Some(writer) = &who.writer {
+        crate::fs::set_writer_scope(&tmp, writer);
     }
     if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
         let _ = tokio::fs::remove_file(&tmp).await;

@@ -9,6 +9,7 @@ mod files;
 mod guests;
 mod kafka;
 mod nats;
+mod principals;
 mod renewals;
 mod reruns;
 mod scheduler;
@@ -23,4 +24,19 @@ pub fn api_token(dir: &std::path::Path, sub: &str, scope: htfaas_functions::toke
     use htfaas_functions::token::{ApiClaims, SigningKey};
     let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1").expect("the gateway's key");
     key.sign(&ApiClaims::new("htfaas-gateway", sub, scope, 600)).expect("sign")
+}
+
+/// POSTs `body` to the gateway at `base`, route `path`, with the bearer `token`; (status, JSON
+/// body, `null` when it is none).
+pub async fn post(base: &str, path: &str, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let resp = htfaas_gateway::http_client()
+        .expect("client")
+        .post(format!("{base}{path}"))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(serde_json::Value::Null))
 }

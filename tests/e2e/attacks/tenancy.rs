@@ -2,7 +2,7 @@
 //! registration, bearers at a manual run, every firing again when it becomes a job, and a job's
 //! write macaroon creates files only (issue 18, "cross-owner read and write").
 
-use super::api_token;
+use super::{api_token, post};
 use htfaas::stack::{SubmitGrant, mint_submit_token};
 use htfaas_functions::manifest::{Outputs, Trigger};
 use htfaas_functions::namespace::Right;
@@ -50,20 +50,6 @@ fn manifest(
         secrets: Default::default(),
         webhook: None,
     }
-}
-
-/// POSTs `body` to the gateway's `path` with `token`; (status, body).
-async fn post(base: &str, path: &str, token: &str, body: &Value) -> (u16, Value) {
-    let resp = htfaas_gateway::http_client()
-        .expect("client")
-        .post(format!("{base}{path}"))
-        .bearer_auth(token)
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 fn seq_request(seq: u64) -> TestRequest {
@@ -260,9 +246,11 @@ async fn a_revoked_namespace_refuses_the_next_firing_and_a_write_macaroon_replac
     assert!(!jobs.iter().any(|j| j.event.path == "/data/carol/in/b.dat"), "no job for the refused firing");
 
     // A write macaroon as the gateway asks for it: UPLOAD only. It creates, and rewrites what a
-    // macaroon of its scope wrote (a rerun), but replaces no file that someone else wrote.
+    // macaroon of its writer and scope wrote (a rerun), but replaces no file that someone else
+    // wrote.
     let storage = stack.info().storage_url.clone();
-    let write = stack.gateway().storage.write_macaroon("/data/carol/out/", false).await.expect("write macaroon");
+    let write =
+        stack.gateway().storage.write_macaroon("/data/carol/out/", false, "run:carol/csums").await.expect("write");
     client.put_bytes(b"user's".to_vec(), "/data/carol/out/users.txt").await.expect("a user's own file");
     let http = htfaas_gateway::http_client().expect("client");
     let put = |path: &str, macaroon: &str| {
@@ -271,12 +259,13 @@ async fn a_revoked_namespace_refuses_the_next_firing_and_a_write_macaroon_replac
     let r = put("/data/carol/out/users.txt", &write).await.expect("put");
     assert_eq!(r.status(), 403);
     let text = r.text().await.unwrap_or_default();
-    assert!(text.contains("was not written under this macaroon's path scope: replacing it needs DELETE"), "{text}");
+    assert!(text.contains("was not written by this macaroon's writer: replacing it needs DELETE"), "{text}");
     assert_eq!(client.get_bytes("/data/carol/out/users.txt").await.expect("get"), Some(b"user's".to_vec()));
     assert_eq!(put("/data/carol/out/new.txt", &write).await.expect("put").status(), 201);
     assert_eq!(put("/data/carol/out/new.txt", &write).await.expect("put").status(), 200, "its own output again");
     // Replacing is what a `replace` macaroon is for.
-    let replace = stack.gateway().storage.write_macaroon("/data/carol/out/", true).await.expect("replace macaroon");
+    let replace =
+        stack.gateway().storage.write_macaroon("/data/carol/out/", true, "run:carol/csums").await.expect("replace");
     assert_eq!(put("/data/carol/out/users.txt", &replace).await.expect("put").status(), 200);
     stack.stop().await.expect("stop");
 }
