@@ -6,7 +6,7 @@
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
 //! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
-//! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first (`?unfinished=true&owner=o` or `&group=g`: the idle, held and running jobs of an owner or group, oldest first) |
+//! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first (`?unfinished=true&owner=o`, `&group=g` or `&function=f`: the idle, held and running jobs of an owner, a group or a function, oldest first) |
 //! | `POST /v1/fired` | admin | `FiredQuery` → `FiredPaths`: which paths have a job of a function (issue 23, `events backfill`) |
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
 //! | `POST /v1/jobs/{id}/release` | admin | `JobAction` → 200 `JobRecord`: held → `idle`, dispatched again |
@@ -400,12 +400,13 @@ async fn list_revocations(
 #[derive(Deserialize)]
 struct ListParams {
     limit: Option<usize>,
-    /// Only the unfinished jobs (idle, held, running), oldest first: of `owner`, or charged to
-    /// `group` (a revoked grant's sweep at the gateway).
+    /// Only the unfinished jobs (idle, held, running), oldest first: of `owner`, charged to
+    /// `group`, or of `function` (a revoked grant's sweep at the gateway).
     #[serde(default)]
     unfinished: bool,
     owner: Option<String>,
     group: Option<String>,
+    function: Option<String>,
     /// Only the jobs of this event trace (32 lower-case hex digits), oldest first.
     trace: Option<String>,
 }
@@ -425,13 +426,13 @@ async fn list_jobs(
         return Ok(Json(shared.queue.list_by_trace(trace, limit).await?));
     }
     if params.unfinished {
-        if params.owner.is_none() && params.group.is_none() {
-            return Err(ApiFailure::bad_request("unfinished goes with owner or group"));
+        if params.owner.is_none() && params.group.is_none() && params.function.is_none() {
+            return Err(ApiFailure::bad_request("unfinished goes with owner, group or function"));
         }
-        return Ok(Json(shared.queue.list_unfinished(params.owner, params.group, limit).await?));
+        return Ok(Json(shared.queue.list_unfinished(params.owner, params.group, params.function, limit).await?));
     }
-    if params.owner.is_some() || params.group.is_some() {
-        return Err(ApiFailure::bad_request("owner and group go with unfinished=true"));
+    if params.owner.is_some() || params.group.is_some() || params.function.is_some() {
+        return Err(ApiFailure::bad_request("owner, group and function go with unfinished=true"));
     }
     Ok(Json(shared.queue.list(limit).await?))
 }

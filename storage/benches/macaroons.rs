@@ -1,6 +1,8 @@
 //! Per-operation cost of dCache macaroons (`htfaas_storage::macaroons`): issuing one with the
 //! gateway's read caveats, verifying it for a GET of that file (the storage's hot path, once per
-//! request), refusals (wrong path; wrong root key), and a holder's attenuation.
+//! request), refusals (wrong path; wrong root key), a holder's attenuation, and a job's write
+//! macaroon verified for an output's PUT with and without the issuer's writer caveat (what naming
+//! the writer costs each upload).
 //!
 //! `cargo bench -p htfaas-storage [--bench macaroons] [-- FILTER]` prints one JSON line per
 //! figure: `{"bench":..,"unit":"us","p50":..,"p90":..,"p99":..,"n":..,"batch":..}`, the
@@ -65,6 +67,25 @@ fn main() {
     });
     h.run("macaroon.verify_wrong_key", || get(black_box(&token), &wrong_key, FILE).expect_err("forged"));
     h.run("macaroon.attenuate", || attenuate(black_box(&token), &holder_caveats).expect("attenuates"));
+    // A job's write macaroon (`StorageClient::write_macaroon`), verified for one output's PUT.
+    let write = |writer: Option<&str>| {
+        let req = IssueRequest {
+            url_path: Some("/".into()),
+            caveats: vec!["activity:UPLOAD".into(), "path:/data/out/".into()],
+            validity: parse_duration("PT4H"),
+            writer: writer.map(str::to_owned),
+        };
+        issue(&key, "htfaas-storage", &req, OffsetDateTime::now_utc()).expect("issues").token
+    };
+    let put = |token: &str| {
+        let now = OffsetDateTime::now_utc();
+        let access = Access { path: "/data/out/run42.h5.sums", activities: &[Activity::Upload], now, client: None };
+        verify(token, &key, &access).expect("verifies")
+    };
+    let (plain, named) = (write(None), write(Some("run:alice/checksum")));
+    assert_eq!(put(&named).restrictions.writer.as_deref(), Some("run:alice/checksum"));
+    h.run("macaroon.verify_upload", || put(black_box(&plain)));
+    h.run("macaroon.verify_upload_writer", || put(black_box(&named)));
     h.run("macaroon.attenuate_verify", || {
         let narrowed = attenuate(black_box(&token), &holder_caveats).expect("attenuates");
         get(&narrowed, &key, FILE).expect("verifies")

@@ -129,18 +129,33 @@ pub(super) async fn still_allowed(shared: &Arc<Shared>, job: &JobRecord) -> Resu
 }
 
 /// After `grant` was taken back: every unfinished job of its principal (an owner's, or those
-/// charged to a group) that its namespace no longer allows is removed, with the reason; a held
+/// charged to a group), and every other principal's unfinished job of a function the principal
+/// owns, that the namespaces no longer allow, is removed, with the reason; a held
 /// job is not left to be released, an idle one is not dispatched, a running one is stopped.
 /// Runs again after [`SWEEP_AGAIN`] for a job whose submission was under way. Returns the ids
 /// removed now.
 pub(super) async fn sweep(shared: &Arc<Shared>, grant: &Grant) -> Result<Vec<String>, HttpError> {
-    let who = match grant.principal.strip_prefix(htfaas_functions::namespace::GROUP_PREFIX) {
-        Some(group) => format!("group={}", crate::storage_client::encode_path(group)),
-        None => format!("owner={}", crate::storage_client::encode_path(&grant.principal)),
+    let encode = crate::storage_client::encode_path;
+    let mut selections = match grant.principal.strip_prefix(htfaas_functions::namespace::GROUP_PREFIX) {
+        Some(group) => vec![format!("group={}", encode(group))],
+        None => vec![format!("owner={}", encode(&grant.principal))],
     };
-    let jobs: Vec<JobRecord> =
-        super::proxy::scheduler_json(&shared.scheduler(), &format!("/v1/jobs?unfinished=true&{who}&limit={SWEEP_MAX}"))
-            .await?;
+    // Other principals' runs of the principal's functions (a bearer's manual run) need the
+    // function owner's namespace too.
+    let (s, owner) = (shared.clone(), grant.principal.clone());
+    let functions = blocking(move || s.registry.statuses()).await?;
+    selections.extend(
+        functions
+            .iter()
+            .filter(|f| f.record.manifest.owner == owner)
+            .map(|f| format!("function={}", encode(&f.record.manifest.name))),
+    );
+    let (mut jobs, mut seen) = (Vec::new(), std::collections::HashSet::new());
+    for selection in selections {
+        let path = format!("/v1/jobs?unfinished=true&{selection}&limit={SWEEP_MAX}");
+        let more: Vec<JobRecord> = super::proxy::scheduler_json(&shared.scheduler(), &path).await?;
+        jobs.extend(more.into_iter().filter(|j| seen.insert(j.id.clone())));
+    }
     let mut removed = Vec::new();
     for job in jobs {
         let Err(why) = still_allowed(shared, &job).await else { continue };

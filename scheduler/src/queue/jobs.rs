@@ -429,22 +429,26 @@ impl Queue {
         .await
     }
 
-    /// The unfinished (idle, held, running) jobs of `owner`, or charged to `group`, oldest
-    /// first, at most `limit`: what a revoked namespace grant sweeps (the gateway checks each
-    /// against what its principal may still do).
+    /// The unfinished (idle, held, running) jobs of `owner`, charged to `group`, or of the
+    /// function `function` (each filter that is given), oldest first, at most `limit`: what a
+    /// revoked namespace grant sweeps (the gateway checks each against what its principal may
+    /// still do).
     pub async fn list_unfinished(
         &self,
         owner: Option<String>,
         group: Option<String>,
+        function: Option<String>,
         limit: usize,
     ) -> Result<Vec<JobRecord>, QueueError> {
+        use super::schema::FUNCTION_OF_JOB;
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {RECORD_COLUMNS} FROM jobs WHERE state IN ('idle', 'held', 'running') \
-                 AND (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR grp = ?2) ORDER BY seq LIMIT ?3"
+                 AND (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR grp = ?2) \
+                 AND (?3 IS NULL OR {FUNCTION_OF_JOB} = ?3) ORDER BY seq LIMIT ?4"
             ))?;
-            let rows = stmt.query_map(params![owner, group, limit], raw_record)?;
+            let rows = stmt.query_map(params![owner, group, function, limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
                 out.push(row?.decode()?);

@@ -237,7 +237,8 @@ async fn a_file_credential_never_rewrites_a_functions_output() {
 
 /// Attack 6: bob's job is held, an admin revokes bob's read grant, bob releases the job, and it
 /// read the file (its read macaroon still valid). Revoking a grant now removes the unfinished
-/// jobs that needed it, naming the grant, so there is nothing left to release.
+/// jobs that needed it, naming the grant, so there is nothing left to release: bob's own, and
+/// bob's runs of a function whose owner's grant it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_grant_stops_a_held_job_from_being_released() {
     let (dir, stack) = start_stack().await;
@@ -262,6 +263,29 @@ async fn a_revoked_grant_stops_a_held_job_from_being_released() {
     let e = format!("{:#}", bob_dev.job_action(&id, "release", "now").await.expect_err("nothing to release"));
     assert!(e.contains("403") || e.contains("409"), "{e}");
     assert_eq!(admin.job(&id).await.expect("job").state, JobState::Removed);
+
+    // The function owner's grant counts too: bob's held run of carol's function goes when
+    // carol's read grant does.
+    admin.grant("bob", Right::Read, "/data/").await.expect("grant again");
+    for (right, dir) in [(Right::Read, "/data/spin/"), (Right::Write, "/data/cspin-out/")] {
+        admin.grant("carol", right, dir).await.expect("grant carol");
+    }
+    let spin = admin.function("spin").await.expect("spin").record.manifest;
+    let cspin = FunctionManifest {
+        name: "cspin".into(),
+        owner: "carol".into(),
+        outputs: Outputs::into_dir("/data/cspin-out/"),
+        ..spin
+    };
+    admin.register(&cspin).await.expect("carol's function");
+    let bob = submit_token(dir.path(), "bob", None);
+    let id = admin.run_function(&bob, "cspin", "/data/spin/in.dat").await.expect("submit").job_id;
+    wait_for("bob's run of carol's function", LIMIT, || job_in(&admin, &id, JobState::Running)).await;
+    bob_dev.job_action(&id, "hold", "later").await.expect("bob holds his job");
+    admin.revoke_grant("carol", Right::Read, "/data/spin/").await.expect("revoke carol's");
+    let job = admin.job(&id).await.expect("job");
+    assert_eq!(job.state, JobState::Removed, "{job:?}");
+    assert!(job.reason.contains("/data/spin/in.dat is outside the read namespace of carol"), "{}", job.reason);
     stack.stop().await.expect("stop");
 }
 
