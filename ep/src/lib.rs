@@ -46,6 +46,7 @@ mod lifecycle;
 mod link;
 pub mod local;
 pub mod metrics;
+pub mod native;
 mod options;
 pub mod origins;
 mod renew;

@@ -1,0 +1,265 @@
+//! Native guests (work in progress, not wired to jobs yet): one command in an unpacked image,
+//! confined by bubblewrap, limited and measured by a control group of its own.
+//!
+//! **Why bubblewrap.** It makes every namespace new (user, pid, network with `lo` only, ipc,
+//! uts, mount, cgroup), binds a read-only root and the job's two directories, sets
+//! `no_new_privs` and takes a seccomp program, in one small audited binary that Debian ships;
+//! crun refuses hybrid cgroup hosts such as ours, and a namespace builder of our own would
+//! repeat bubblewrap's careful ordering. It runs **unprivileged**: the EP (root or not) drops to
+//! a per-job anonymous uid/gid before it executes `bwrap`, so the guest is that uid outside the
+//! sandbox too (its files on the host are that uid's; it holds no capability there), and the
+//! kernel's user namespaces make the sandbox.
+//!
+//! **Limits.** [`cgroup`]: memory, pids, cpu quota = the job's cores, and usage read back (CPU
+//! time, peak memory, an OOM kill). The run time is the EP's: past it the whole group is
+//! killed, double-forked daemons in new sessions included, and whatever is left when the
+//! command exits is killed too.
+//!
+//! Must not know: jobs, the link, the network (but its absence inside).
+
+pub mod cgroup;
+
+use std::path::Path;
+#[cfg(test)]
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The bubblewrap binary, unless the EP's config names another.
+pub const BWRAP: &str = "/usr/bin/bwrap";
+/// Most bytes of a guest's stdout (and of its stderr) kept.
+pub const MAX_LOG_BYTES: usize = 64 * 1024;
+
+/// One native run.
+#[derive(Debug, Clone)]
+pub struct NativeRun<'a> {
+    /// The unpacked image: the sandbox's read-only `/`.
+    pub root: &'a Path,
+    /// The host directory bound read-only at `/input` (holding the job's one file).
+    pub input_dir: &'a Path,
+    /// The host directory bound writable at `/output`, owned by `uid`.
+    pub output_dir: &'a Path,
+    /// argv: the command, then its arguments.
+    pub argv: &'a [String],
+    /// The environment: only these (the manifest's `env` and secrets), and `PATH`.
+    pub env: &'a [(String, String)],
+    /// The per-job anonymous identity, inside and outside the sandbox: never 0.
+    pub uid: u32,
+    /// Size of the sandbox's `/tmp` (a tmpfs), bytes.
+    pub tmp_bytes: u64,
+    /// Limits of its control group.
+    pub limits: cgroup::Limits,
+    /// Wall time before the whole group is killed.
+    pub run_time: Duration,
+}
+
+/// How a native run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// The command exited with this status.
+    Exited(i32),
+    /// Killed by this signal, not by us.
+    Signalled(i32),
+    /// The kernel's OOM killer struck: the memory limit.
+    MemoryExceeded,
+    /// Killed at the run time.
+    TimeExceeded,
+}
+
+/// What a native run did.
+#[derive(Debug, Clone)]
+pub struct Ran {
+    /// How it ended.
+    pub end: End,
+    /// What its group used.
+    pub usage: cgroup::Usage,
+    /// Wall time, ms.
+    pub wall_ms: u64,
+    /// The first [`MAX_LOG_BYTES`] of its stdout and stderr.
+    pub stdout: Vec<u8>,
+    /// Likewise.
+    pub stderr: Vec<u8>,
+}
+
+/// Why a native run could not start (a guest's own failure is an [`End`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// The run asks for something the EP never does.
+    #[error("native run refused: {0}")]
+    Refused(String),
+    /// The control group or the process could not be made.
+    #[error("native run: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The `bwrap` arguments of `run` (without the program itself).
+pub fn bwrap_args(run: &NativeRun<'_>) -> Vec<String> {
+    let p = |path: &Path| path.display().to_string();
+    let mut a: Vec<String> = [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--ro-bind",
+        &p(run.root),
+        "/",
+        "--ro-bind",
+        &p(run.input_dir),
+        "/input",
+        "--bind",
+        &p(run.output_dir),
+        "/output",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        &run.tmp_bytes.to_string(),
+        "--tmpfs",
+        "/tmp",
+        "--uid",
+        &run.uid.to_string(),
+        "--gid",
+        &run.uid.to_string(),
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    for (k, v) in run.env {
+        a.extend(["--setenv".into(), k.clone(), v.clone()]);
+    }
+    a.push("--".into());
+    a.extend(run.argv.iter().cloned());
+    a
+}
+
+/// Runs `run` as job `name` under `backend`, with `bwrap`.
+pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &NativeRun<'_>) -> Result<Ran, NativeError> {
+    use std::os::unix::io::AsRawFd as _;
+    if run.uid == 0 {
+        return Err(NativeError::Refused("a native guest never runs as uid 0".into()));
+    }
+    if run.argv.is_empty() {
+        return Err(NativeError::Refused("no command".into()));
+    }
+    let group = backend.create(name, run.limits)?;
+    // Opened before the fork: the child only writes to them (async-signal-safe).
+    let procs: Vec<std::fs::File> = group
+        .procs_files()
+        .iter()
+        .map(|f| std::fs::OpenOptions::new().write(true).open(f))
+        .collect::<Result<_, _>>()?;
+    let fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let uid = run.uid;
+    let mut cmd = tokio::process::Command::new(bwrap);
+    cmd.args(bwrap_args(run))
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    join_and_drop_privileges(&mut cmd, fds, uid);
+    let started = std::time::Instant::now();
+    let mut child = cmd.spawn()?;
+    drop(procs);
+    let stdout_task = tokio::spawn(read_bounded(child.stdout.take()));
+    let stderr_task = tokio::spawn(read_bounded(child.stderr.take()));
+    let status = tokio::time::timeout(run.run_time, child.wait()).await;
+    // Whatever is left (a daemon the command left behind, or all of it past the run time).
+    group.kill_all();
+    let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let usage = group.usage();
+    let end = match status {
+        Err(_) => {
+            let _ = child.kill().await;
+            End::TimeExceeded
+        }
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt as _;
+            let status = status?;
+            if usage.oom_killed {
+                End::MemoryExceeded
+            } else if let Some(code) = status.code() {
+                End::Exited(code)
+            } else {
+                End::Signalled(status.signal().unwrap_or(0))
+            }
+        }
+    };
+    let stdout = stdout_task.await.unwrap_or_default();
+    let stderr = stderr_task.await.unwrap_or_default();
+    drop(group);
+    Ok(Ran { end, usage, wall_ms, stdout, stderr })
+}
+
+/// Between fork and exec, the child joins the job's control group (writes "0", itself, to each
+/// `cgroup.procs` in `fds`), drops every supplementary group and takes `uid` as its ids, and
+/// asks to be killed with its parent.
+#[allow(unsafe_code)]
+fn join_and_drop_privileges(cmd: &mut tokio::process::Command, fds: Vec<i32>, uid: u32) {
+    // SAFETY: only async-signal-safe calls (write, setgroups, setgid, setuid, prctl) on values
+    // prepared before the fork; no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &fds {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+                || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The first [`MAX_LOG_BYTES`] of what `pipe` gives until it ends; the rest is read and dropped,
+/// so a guest never blocks on a full pipe.
+async fn read_bounded(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let mut kept = Vec::new();
+    let Some(mut pipe) = pipe else { return kept };
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let room = MAX_LOG_BYTES.saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    kept
+}
+
+/// The images' root directories unpacked for tests: a static busybox and the mount points a
+/// read-only root needs.
+#[cfg(test)]
+pub(crate) fn busybox_image(dir: &Path) -> Option<PathBuf> {
+    let busybox = Path::new("/usr/bin/busybox");
+    if !busybox.is_file() || !Path::new(BWRAP).is_file() {
+        return None;
+    }
+    let root = dir.join("root");
+    for d in ["bin", "input", "output", "tmp", "proc", "dev"] {
+        std::fs::create_dir_all(root.join(d)).ok()?;
+    }
+    std::fs::copy(busybox, root.join("bin/busybox")).ok()?;
+    for applet in ["sh", "cat", "echo", "sleep", "id", "ls", "dd", "ifconfig", "yes", "head"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).ok()?;
+    }
+    Some(root)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! The native runner against the real kernel: bubblewrap, this host's cgroups, a static busybox
+//! image. They need root (to make control groups) and `bwrap`; the test command installs it.
+
+use super::*;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    input: PathBuf,
+    output: PathBuf,
+    backend: cgroup::Backend,
+}
+
+const UID: u32 = 61_001;
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = busybox_image(dir.path()).expect("bwrap and busybox-static are installed (scripts/install-deps.sh)");
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::create_dir(&input).expect("input dir");
+    std::fs::write(input.join("x.dat"), "hello").expect("input");
+    std::fs::create_dir(&output).expect("output dir");
+    std::os::unix::fs::chown(&output, Some(UID), Some(UID)).expect("chown: the tests run as root");
+    // The temp dir must be traversable by the guest's uid for the binds.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let backend = cgroup::Backend::detect(Path::new(cgroup::CGROUP_ROOT)).expect("a cgroup backend");
+    Fixture { _dir: dir, root, input, output, backend }
+}
+
+fn limits() -> cgroup::Limits {
+    cgroup::Limits { memory_bytes: 64 << 20, pids: 32, cpus: 1 }
+}
+
+async fn sh(f: &Fixture, name: &str, script: &str, limits: cgroup::Limits, run_time: Duration) -> Ran {
+    let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), script.to_owned()];
+    let env = vec![("MODE".to_owned(), "fast".to_owned())];
+    let native = NativeRun {
+        root: &f.root,
+        input_dir: &f.input,
+        output_dir: &f.output,
+        argv: &argv,
+        env: &env,
+        uid: UID,
+        tmp_bytes: 1 << 20,
+        limits,
+        run_time,
+    };
+    run(Path::new(BWRAP), &f.backend, name, &native).await.expect("the run starts")
+}
+
+/// Inside: the job's uid, no network but `lo`, only the manifest's environment, `/input`
+/// read-only, `/` read-only, `/output` writable (its files the job's uid on the host).
+#[tokio::test]
+async fn a_native_guest_is_confined() {
+    let f = fixture();
+    let script = "id -u; ifconfig -a | grep -c '^[a-z]'; env | sort; cat /input/x.dat; \
+                  (echo no > /input/y) 2>/dev/null || echo input-ro; (echo no > /etc-x) 2>/dev/null || echo root-ro; \
+                  echo out > /output/o.txt; grep NoNewPrivs /proc/self/status";
+    let ran = sh(&f, "confined", script, limits(), Duration::from_secs(20)).await;
+    assert_eq!(ran.end, End::Exited(0), "{}", String::from_utf8_lossy(&ran.stderr));
+    let out = String::from_utf8_lossy(&ran.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], UID.to_string());
+    assert_eq!(lines[1], "1", "only lo: {out}");
+    assert!(out.contains("MODE=fast") && !out.contains("HTFAAS"), "{out}");
+    assert!(out.contains("hello") && out.contains("input-ro") && out.contains("root-ro"), "{out}");
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(f.output.join("o.txt")).expect("the output");
+    assert_eq!((meta.uid(), meta.gid()), (UID, UID));
+}
+
+/// Past its memory the guest is killed by the kernel: `MemoryExceeded`, and the peak is the
+/// limit.
+#[tokio::test]
+async fn a_guest_past_its_memory_is_memory_exceeded() {
+    let f = fixture();
+    let script = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}";
+    let ran = sh(&f, "memory", script, limits(), Duration::from_secs(60)).await;
+    assert_eq!(ran.end, End::MemoryExceeded, "{ran:?}");
+    assert!(ran.usage.peak_memory_bytes <= 64 << 20, "{:?}", ran.usage);
+}
+
+/// Past its run time the whole group is killed; a daemon left behind (double fork, new
+/// session) is gone once the run is over, whether it ran out of time or exited.
+#[tokio::test]
+async fn no_process_of_a_guest_outlives_its_run() {
+    let f = fixture();
+    let ran = sh(&f, "time", "sleep 3001", limits(), Duration::from_millis(500)).await;
+    assert_eq!(ran.end, End::TimeExceeded);
+    let ran = sh(&f, "daemon", "(setsid sleep 3002 &) ; echo left", limits(), Duration::from_secs(20)).await;
+    assert_eq!(ran.end, End::Exited(0));
+    let alive: Vec<String> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("sleep 3001") || c.contains("sleep 3002"))
+        .collect();
+    assert!(alive.is_empty(), "{alive:?}");
+}
+
+/// A fork bomb meets its pids limit: the guest's shell cannot fork past it and says so, and
+/// every process it made is gone with the run.
+#[tokio::test]
+async fn a_fork_bomb_meets_its_pids_limit() {
+    let f = fixture();
+    let script = "i=0; while [ $i -lt 100 ]; do sleep 3003 & i=$((i+1)); done; echo all";
+    let ran = sh(&f, "forks", script, limits(), Duration::from_secs(20)).await;
+    let err = String::from_utf8_lossy(&ran.stderr);
+    assert!(matches!(ran.end, End::Exited(c) if c != 0) && err.contains("can't fork"), "{ran:?} {err}");
+    assert!(!String::from_utf8_lossy(&ran.stdout).contains("all"));
+}
