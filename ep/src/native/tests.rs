@@ -46,7 +46,9 @@ async fn sh(f: &Fixture, name: &str, script: &str, limits: cgroup::Limits, run_t
         limits,
         run_time,
     };
-    run(Path::new(BWRAP), &f.backend, name, &native).await.expect("the run starts")
+    // Unique on the host: another test process (or a crashed one's leftover) uses other names.
+    let name = format!("{name}-{}-{}", std::process::id(), rand::random::<u32>());
+    run(Path::new(BWRAP), &f.backend, &name, &native).await.expect("the run starts")
 }
 
 /// Inside: the job's uid, no network but `lo`, only the manifest's environment, `/input`
