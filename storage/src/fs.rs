@@ -137,6 +137,32 @@ fn is_upload_in_progress(name: &str) -> bool {
             .is_some_and(|(_, id)| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Removes, under `root`, every PUT's temporary file last written before `before`: an upload a
+/// killed storage process left behind (this process's own uploads are all newer). Symbolic
+/// links are not followed. Returns how many were removed; a file it cannot remove is logged.
+pub fn remove_stale_uploads(root: &Path, before: std::time::SystemTime) -> usize {
+    let mut removed = 0;
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else { continue };
+            if kind.is_dir() {
+                dirs.push(entry.path());
+                continue;
+            }
+            let stale = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < before);
+            if kind.is_file() && stale && is_upload_in_progress(&entry.file_name().to_string_lossy()) {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) => tracing::warn!(path = %entry.path().display(), "cannot remove a stale upload: {e}"),
+                }
+            }
+        }
+    }
+    removed
+}
+
 /// The directory at `p` and its entries: regular files and directories, not symlinks (a
 /// listing shows what is there, and a link's target may be anything) nor uploads in progress.
 /// At most `max` entries; `Ok(None)` when `p` is no directory.
@@ -223,4 +249,28 @@ pub fn set_writer_scope(tmp: &Path, scope: &str) {
 pub async fn sync_dir(dir: &Path) -> Result<(), HttpError> {
     let d = tokio::fs::File::open(dir).await.map_err(|e| internal("open a directory", e))?;
     d.sync_all().await.map_err(|e| internal("sync a directory", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upload a killed process left is removed at the next start; a file, an upload of the
+    /// running process (newer than its start) and a name that only looks alike are kept.
+    #[test]
+    fn stale_uploads_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sub = dir.path().join("data/out");
+        std::fs::create_dir_all(&sub).expect("dirs");
+        let stale = sub.join(format!(".a.dat.upload-{}", "0".repeat(32)));
+        std::fs::write(&stale, "partial").expect("stale");
+        std::fs::write(sub.join("a.dat"), "whole").expect("file");
+        std::fs::write(sub.join(".b.upload-short"), "kept").expect("look-alike");
+        let started = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+        assert_eq!(remove_stale_uploads(dir.path(), started), 1);
+        assert!(!stale.exists() && sub.join("a.dat").exists() && sub.join(".b.upload-short").exists());
+        std::fs::write(&stale, "this process's").expect("fresh");
+        assert_eq!(remove_stale_uploads(dir.path(), std::time::SystemTime::UNIX_EPOCH), 0, "newer than the start");
+        assert!(stale.exists());
+    }
 }

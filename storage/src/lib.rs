@@ -64,6 +64,15 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         cell_name,
         durability,
     });
+    // A killed predecessor's half-written uploads are no files: removed in the background (only
+    // those older than this start, so none of this process's own).
+    let (root, started) = (state.data_dir.clone(), std::time::SystemTime::now());
+    tokio::task::spawn_blocking(move || {
+        let removed = fs::remove_stale_uploads(&root, started);
+        if removed > 0 {
+            tracing::info!(removed, "removed uploads a previous process left unfinished");
+        }
+    });
     let app = routes::router(state.clone());
     // Slow heads, stalled uploads and connection floods: `http`'s limits; HTTPS when configured.
     let serve = htfaas_functions::serve::serve_tcp(listener, tls, app, http, shutdown.clone());
