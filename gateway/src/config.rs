@@ -81,7 +81,7 @@ pub struct Config {
     /// system's. Default: none.
     #[serde(default)]
     pub scheduler_ca_file: Option<PathBuf>,
-    /// Hosts a function's failure webhook may name (issue 23; exact, case-insensitive):
+    /// Hosts a function's failure webhook may name (exact, case-insensitive):
     /// `hooks.example.org` for port 443 only, `hooks.example.org:8443` for that port. A manifest
     /// naming another host or port is refused at registration, and a delivery to one no longer
     /// listed is not sent. Default: none (no webhooks).

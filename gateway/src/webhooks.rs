@@ -1,4 +1,4 @@
-//! Failure webhooks (issue 23): which may be called ([`Webhooks::check`]: `https`, a host and
+//! Failure webhooks: which may be called ([`Webhooks::check`]: `https`, a host and
 //! port the site lists in `webhook_hosts`, no user part), where the call may land (every address
 //! the host resolves to must be public, or in a network the site lists in
 //! `webhook_private_networks`, or be the very address listed as a host: [`AddressPolicy`],
