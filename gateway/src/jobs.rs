@@ -165,11 +165,23 @@ pub fn confine_run(
     }
 }
 
-/// Whether the unfinished `job` of `function` (its version, if still registered) may still do
-/// what it was made to do, as its principal's namespace stands now ([`confine_run`]: read its
-/// input, write the function's output directory, use its annex, charge its group). `Err` says
-/// why not. A job whose version is gone is let be: there is nothing to check it against.
+/// Whether the unfinished `job` may still do what it was made to do, as its principal's
+/// namespace stands now ([`confine_run`]: read its input, write the function's output
+/// directory, use its annex, charge its group), its function version read from `registry`.
+/// `Err` says why not. Blocks on the registry: async callers use `spawn_blocking`.
 pub fn still_allowed(
+    namespaces: &Namespaces,
+    registry: &htfaas_functions::Registry,
+    job: &htfaas_functions::proto::JobRecord,
+) -> Result<(), String> {
+    let versions = registry.versions(&job.function).unwrap_or_default();
+    let function = versions.iter().find(|f| f.version == job.version && f.manifest.module == job.digest);
+    allowed_for(namespaces, function, job)
+}
+
+/// [`still_allowed`] against `function`, the job's version if still registered: a job whose
+/// version is gone is let be (there is nothing to check it against).
+fn allowed_for(
     namespaces: &Namespaces,
     function: Option<&FunctionRecord>,
     job: &htfaas_functions::proto::JobRecord,
@@ -310,11 +322,11 @@ mod tests {
             "finished_at_ms": null, "exit_code": null, "usage": null, "outputs": []
         }))
         .expect("a job record");
-        assert_eq!(still_allowed(&namespaces, Some(&f), &job), Ok(()));
+        assert_eq!(allowed_for(&namespaces, Some(&f), &job), Ok(()));
         registry.revoke_grant(&grant("bob", Right::Group, "atlas")).expect("revoke");
         namespaces.reload(&registry).expect("reload");
-        let why = still_allowed(&namespaces, Some(&f), &job).expect_err("revoked");
+        let why = allowed_for(&namespaces, Some(&f), &job).expect_err("revoked");
         assert!(why.contains("no group grant"), "{why}");
-        assert_eq!(still_allowed(&namespaces, None, &job), Ok(()), "no version: nothing to check against");
+        assert_eq!(allowed_for(&namespaces, None, &job), Ok(()), "no version: nothing to check against");
     }
 }

@@ -148,10 +148,10 @@ async fn deliver(shared: &Shared, n: &JobNotification, body: &[u8]) -> Delivery 
             Delivery::Again(format!("the receiver answered {}", resp.status()))
         }
         Ok(resp) => Delivery::Refused(format!("the receiver answered {}", resp.status())),
-        // The host resolved to an address the site does not allow: no try will change that.
-        Err(e) if crate::webhooks::refused_address(&e).is_some() => {
-            Delivery::Refused(crate::webhooks::refused_address(&e).map(ToString::to_string).unwrap_or_default())
-        }
-        Err(e) => Delivery::Again(format!("POST: {e}")),
+        Err(e) => match crate::webhooks::refused_address(&e) {
+            // The host resolved to an address the site does not allow: no try will change that.
+            Some(refused) => Delivery::Refused(refused.to_string()),
+            None => Delivery::Again(format!("POST: {e}")),
+        },
     }
 }

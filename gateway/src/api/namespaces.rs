@@ -4,7 +4,7 @@
 //! A change brings the ingest's owner lanes in step before it is answered
 //! ([`crate::lanes::after_change`]); a revocation also removes the unfinished jobs that needed
 //! the grant ([`sweep`]), and a held job is released only while its namespace still allows it
-//! ([`still_allowed`]). Must not know: events.
+//! ([`crate::jobs::still_allowed`]). Must not know: events.
 
 use super::*;
 use htfaas_functions::Registry;
@@ -118,16 +118,6 @@ const SWEEP_AGAIN: std::time::Duration = std::time::Duration::from_secs(45);
 /// Most unfinished jobs one sweep looks at.
 const SWEEP_MAX: usize = 10_000;
 
-/// Whether the unfinished `job` may still do what it was made to do, as its principal's
-/// namespace stands now ([`crate::jobs::still_allowed`]), its function version read from the
-/// registry. `Err` says why not.
-pub(super) async fn still_allowed(shared: &Arc<Shared>, job: &JobRecord) -> Result<(), String> {
-    let (s, name) = (shared.clone(), job.function.clone());
-    let versions = blocking(move || s.registry.versions(&name)).await.unwrap_or_default();
-    let function = versions.iter().find(|f| f.version == job.version && f.manifest.module == job.digest);
-    crate::jobs::still_allowed(&shared.namespaces, function, job)
-}
-
 /// After `grant` was taken back: every unfinished job of its principal (an owner's, or those
 /// charged to a group), and every other principal's unfinished job of a function the principal
 /// owns, that the namespaces no longer allow, is removed, with the reason; a held
@@ -158,7 +148,9 @@ pub(super) async fn sweep(shared: &Arc<Shared>, grant: &Grant) -> Result<Vec<Str
     }
     let mut removed = Vec::new();
     for job in jobs {
-        let Err(why) = still_allowed(shared, &job).await else { continue };
+        let (s, checked) = (shared.clone(), job.clone());
+        let allowed = blocking(move || Ok(crate::jobs::still_allowed(&s.namespaces, &s.registry, &checked))).await?;
+        let Err(why) = allowed else { continue };
         let reason = format!("the grant {grant} was revoked: {why}");
         let url = format!("{}/v1/jobs/{}/remove", shared.submitter_base(), job.id);
         let action = htfaas_functions::proto::JobAction { reason: reason.clone() };

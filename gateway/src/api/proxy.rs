@@ -159,10 +159,9 @@ pub(super) async fn proxy_job_action(
             Some(job) => job,
             None => scheduler_json(&shared.scheduler(), &format!("/v1/jobs/{id}")).await?,
         };
-        let (s, name) = (shared.clone(), job.function.clone());
-        let versions = blocking(move || s.registry.versions(&name)).await.unwrap_or_default();
-        let function = versions.iter().find(|f| f.version == job.version && f.manifest.module == job.digest);
-        if let Err(why) = crate::jobs::still_allowed(&shared.namespaces, function, &job) {
+        let s = shared.clone();
+        let allowed = blocking(move || Ok(crate::jobs::still_allowed(&s.namespaces, &s.registry, &job))).await?;
+        if let Err(why) = allowed {
             tracing::info!(job = %id, caller = %caller.name, "release refused: {why}");
             return Err(HttpError(
                 StatusCode::FORBIDDEN,

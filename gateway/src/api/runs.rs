@@ -59,6 +59,8 @@ pub(super) async fn run_function(
         ));
     }
     let runs_as = crate::jobs::RunsAs::of(m, &claims.sub, claims.group.as_deref());
+    // `prepare` refuses it too (for a re-run); here it is a 403 before the scheduler's
+    // preflight or the storage is asked anything.
     if matches!(runs_as, crate::jobs::RunsAs::Bearer { .. }) && !m.secrets.is_empty() {
         return Err(HttpError(StatusCode::FORBIDDEN, crate::jobs::bearer_secrets_refusal(m, &claims.sub)));
     }

@@ -40,3 +40,17 @@ pub async fn post(base: &str, path: &str, token: &str, body: &serde_json::Value)
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(serde_json::Value::Null))
 }
+
+/// A submit token for `owner` (charging `group`, if given) of 10 jobs, signed with the stack's
+/// gateway key under `dir`.
+pub fn submit_token(dir: &std::path::Path, owner: &str, group: Option<&str>) -> String {
+    let grant = htfaas::stack::SubmitGrant {
+        owner: owner.into(),
+        jobs: 10,
+        limits: htfaas_functions::Resources::new(2, 4096, 3600),
+        function: None,
+        group: group.map(str::to_owned),
+        ttl_s: 600,
+    };
+    htfaas::stack::mint_submit_token(dir, &grant).expect("submit token")
+}

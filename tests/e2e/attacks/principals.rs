@@ -4,35 +4,21 @@
 //! and name stay the owner's. Each attack was seen to succeed against an earlier build; each is
 //! refused here with a clear message, and nothing of the victim's changes.
 
-use super::{api_token, post};
-use htfaas::stack::{SubmitGrant, mint_submit_token};
+use super::{api_token, post, submit_token};
 use htfaas_functions::manifest::{Outputs, Trigger, Webhook};
 use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::{JobRecord, JobState};
 use htfaas_functions::token::Scope;
-use htfaas_functions::{Digest, FunctionManifest, Resources};
+use htfaas_functions::{Digest, FunctionManifest};
 use htfaas_tests::{
     events_settled, gateway_metrics, guest_wasm, htfaas_binary, register_spin, share_data, start_stack,
     start_stack_with, upload_checksum, wait_for,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn submit_token(dir: &Path, owner: &str, group: Option<&str>) -> String {
-    let grant = SubmitGrant {
-        owner: owner.into(),
-        jobs: 10,
-        limits: Resources::new(2, 4096, 3600),
-        function: None,
-        group: group.map(str::to_owned),
-        ttl_s: 600,
-    };
-    mint_submit_token(dir, &grant).expect("submit token")
-}
 
 /// `owner`'s checksum function `name` on `/data/raw/**`, writing into `out`.
 fn sums(name: &str, owner: &str, module: &Digest, out: &str) -> FunctionManifest {

@@ -2,8 +2,7 @@
 //! registration, bearers at a manual run, every firing again when it becomes a job, and a job's
 //! write macaroon creates files only (issue 18, "cross-owner read and write").
 
-use super::{api_token, post};
-use htfaas::stack::{SubmitGrant, mint_submit_token};
+use super::{api_token, post, submit_token};
 use htfaas_functions::manifest::{Outputs, Trigger};
 use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::{JobState, TestRequest};
@@ -11,20 +10,7 @@ use htfaas_functions::token::Scope;
 use htfaas_functions::{FunctionManifest, Resources};
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use serde_json::{Value, json};
-use std::path::Path;
 use std::time::Duration;
-
-fn submit_token(dir: &Path, owner: &str) -> String {
-    let grant = SubmitGrant {
-        owner: owner.into(),
-        jobs: 10,
-        limits: Resources::new(2, 4096, 3600),
-        function: None,
-        group: None,
-        ttl_s: 600,
-    };
-    mint_submit_token(dir, &grant).expect("submit token")
-}
 
 fn manifest(
     name: &str,
@@ -169,7 +155,7 @@ async fn a_bearer_runs_only_inside_its_own_namespace_on_a_true_trigger_and_a_gra
     client.put_bytes(b"x".to_vec(), "/data/raw/x.dat").await.expect("upload");
 
     // bob, with a plain submit token, on alice's function and alice's file.
-    let bob = submit_token(dir.path(), "bob");
+    let bob = submit_token(dir.path(), "bob", None);
     let e = client.run_function(&bob, "sums", "/data/raw/x.dat").await.expect_err("bob is refused").to_string();
     assert!(e.contains("/data/raw/x.dat is outside the read namespace of bob"), "{e}");
     // Even with read granted, alice's function would write into alice's directory.
@@ -178,7 +164,7 @@ async fn a_bearer_runs_only_inside_its_own_namespace_on_a_true_trigger_and_a_gra
     assert!(e.contains("writes to /data/sums/, outside the write namespace of bob"), "{e}");
 
     // alice's own token: an undefined rule (a manual run knows no size) is not a true one.
-    let alice = submit_token(dir.path(), "alice");
+    let alice = submit_token(dir.path(), "alice", None);
     let e = client.run_function(&alice, "bigsums", "/data/raw/x.dat").await.expect_err("undefined").to_string();
     assert!(e.contains("does not match the trigger"), "{e}");
     // An annex alice was not granted.
