@@ -3,7 +3,8 @@
 //!
 //! **Why bubblewrap.** It makes every namespace new (user, pid, network with `lo` only, ipc,
 //! uts, mount, cgroup), binds a read-only root and the job's two directories, sets
-//! `no_new_privs` and takes a seccomp program, in one small audited binary that Debian ships;
+//! `no_new_privs` and installs a seccomp program ([`seccomp`]: the calls a batch job never
+//! needs fail), in one small audited binary that Debian ships;
 //! crun refuses hybrid cgroup hosts such as ours, and a namespace builder of our own would
 //! repeat bubblewrap's careful ordering. It runs **unprivileged**: the EP (root or not) drops to
 //! a per-job anonymous uid/gid before it executes `bwrap`, so the guest is that uid outside the
@@ -18,6 +19,7 @@
 //! Must not know: jobs, the link, the network (but its absence inside).
 
 pub mod cgroup;
+pub mod seccomp;
 
 use std::path::Path;
 #[cfg(test)]
@@ -91,8 +93,9 @@ pub enum NativeError {
     Io(#[from] std::io::Error),
 }
 
-/// The `bwrap` arguments of `run` (without the program itself).
-pub fn bwrap_args(run: &NativeRun<'_>) -> Vec<String> {
+/// The `bwrap` arguments of `run` (without the program itself); bwrap reads the
+/// [`seccomp::program`] from the inherited descriptor `seccomp_fd` and closes it.
+pub fn bwrap_args(run: &NativeRun<'_>, seccomp_fd: i32) -> Vec<String> {
     let p = |path: &Path| path.display().to_string();
     let mut a: Vec<String> = [
         "--unshare-all",
@@ -100,6 +103,8 @@ pub fn bwrap_args(run: &NativeRun<'_>) -> Vec<String> {
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
+        "--seccomp",
+        &seccomp_fd.to_string(),
         "--ro-bind",
         &p(run.root),
         "/",
@@ -158,17 +163,26 @@ pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &Nati
         .collect::<Result<_, _>>()?;
     let fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
     let uid = run.uid;
+    // The seccomp program goes through a pipe: it is far smaller than a pipe's buffer, so it
+    // is written whole and the writer closed before bwrap starts, and bwrap reads it to the
+    // end. Both ends are close-on-exec; only the child, between fork and exec, clears that
+    // flag on the reader, so no other process the EP starts inherits it.
+    let (seccomp_reader, mut seccomp_writer) = std::io::pipe()?;
+    std::io::Write::write_all(&mut seccomp_writer, &seccomp::program())?;
+    drop(seccomp_writer);
+    let seccomp_fd = seccomp_reader.as_raw_fd();
     let mut cmd = tokio::process::Command::new(bwrap);
-    cmd.args(bwrap_args(run))
+    cmd.args(bwrap_args(run, seccomp_fd))
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    join_and_drop_privileges(&mut cmd, fds, uid);
+    join_and_drop_privileges(&mut cmd, fds, uid, seccomp_fd);
     let started = std::time::Instant::now();
     let mut child = cmd.spawn()?;
     drop(procs);
+    drop(seccomp_reader);
     let stdout_task = tokio::spawn(read_bounded(child.stdout.take()));
     let stderr_task = tokio::spawn(read_bounded(child.stderr.take()));
     let status = tokio::time::timeout(run.run_time, child.wait()).await;
@@ -200,14 +214,25 @@ pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &Nati
 }
 
 /// Between fork and exec, the child joins the job's control group (writes "0", itself, to each
-/// `cgroup.procs` in `fds`), drops every supplementary group and takes `uid` as its ids, and
-/// asks to be killed with its parent.
+/// `cgroup.procs` in `fds`), lets no descriptor but stdio and `inherit` survive the exec,
+/// drops every supplementary group and takes `uid` as its ids, and asks to be killed with its
+/// parent.
+///
+/// bwrap hands the command every descriptor it got, so one the EP itself inherited without
+/// close-on-exec (from whatever started it) would otherwise reach the guest; marking them all
+/// close-on-exec, rather than closing them, keeps the one std uses to report a failed exec.
 #[allow(unsafe_code)]
-fn join_and_drop_privileges(cmd: &mut tokio::process::Command, fds: Vec<i32>, uid: u32) {
-    // SAFETY: only async-signal-safe calls (write, setgroups, setgid, setuid, prctl) on values
-    // prepared before the fork; no allocation.
+fn join_and_drop_privileges(cmd: &mut tokio::process::Command, fds: Vec<i32>, uid: u32, inherit: i32) {
+    // SAFETY: only async-signal-safe calls (write, close_range, fcntl, setgroups, setgid,
+    // setuid, prctl) on values prepared before the fork; no allocation.
     unsafe {
         cmd.pre_exec(move || {
+            let (first, last, cloexec) = (3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
+            if libc::syscall(libc::SYS_close_range, first, last, cloexec) != 0
+                || libc::fcntl(inherit, libc::F_SETFD, 0) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             for fd in &fds {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());

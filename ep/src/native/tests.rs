@@ -73,6 +73,39 @@ async fn a_native_guest_is_confined() {
     assert_eq!((meta.uid(), meta.gid()), (UID, UID));
 }
 
+/// The guest and the sandbox's init run under the seccomp filter, with `no_new_privs`; what the
+/// filter refuses fails inside with its `EPERM`: a user namespace (which `--disable-userns`
+/// alone refuses with `ENOSPC`), another execution domain (which nothing else refuses), the
+/// kernel log. No descriptor but the standard three reaches the guest: bwrap closed the
+/// program's, and none the test process inherited passes (`ls` lists its own, and the
+/// directory it reads, 3).
+#[tokio::test]
+async fn a_native_guest_runs_under_the_seccomp_filter() {
+    let f = fixture();
+    let script = "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; grep '^Seccomp:' /proc/1/status; \
+                  unshare -U true || echo userns-refused; linux32 true || echo linux32-refused; \
+                  dmesg >/dev/null || echo syslog-refused; echo fds $(busybox ls /proc/self/fd)";
+    let ran = sh(&f, "seccomp", script, limits(), Duration::from_secs(20)).await;
+    let (out, err) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    assert_eq!(ran.end, End::Exited(0), "{out} {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "NoNewPrivs:\t1",
+            "Seccomp:\t2",
+            "Seccomp:\t2",
+            "userns-refused",
+            "linux32-refused",
+            "syslog-refused",
+            "fds 0 1 2 3"
+        ],
+        "{err}"
+    );
+    let refusals = err.lines().filter(|l| l.contains("Operation not permitted")).count();
+    assert_eq!(refusals, 3, "{err}");
+}
+
 /// Past its memory the guest is killed by the kernel: `MemoryExceeded`, and the peak is the
 /// limit.
 #[tokio::test]
