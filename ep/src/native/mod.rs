@@ -19,6 +19,7 @@
 //! Must not know: jobs, the link, the network (but its absence inside).
 
 pub mod cgroup;
+pub mod image;
 pub mod seccomp;
 
 use std::path::Path;
