@@ -14,8 +14,8 @@
 #     wasi-libc libclang-rt-14-dev-wasm32), when /usr/lib/wasm32-wasi/libc.a or wasm-ld is missing
 #   - Debian's chromium, for the web console's end-to-end test (tests/e2e/console.rs drives it
 #     headless), when neither HTFAAS_CHROMIUM nor chromium/chromium-browser is there
-#   - bubblewrap and a static busybox, for the native guests' sandbox and its tests (apt:
-#     bubblewrap busybox-static), when bwrap or /usr/bin/busybox is missing
+#   - bubblewrap, a static busybox and mmdebstrap, for the native guests' sandbox, its tests
+#     and their images (apt: bubblewrap busybox-static mmdebstrap), when one is missing
 #   - the C toolchain and headers the dCache Kafka bridge's librdkafka is built with (the
 #     `rdkafka` crate's bundled sources; apt: build-essential pkg-config libssl-dev zlib1g-dev
 #     libzstd-dev), when cc, make, pkg-config or one of the headers is missing
@@ -58,21 +58,21 @@ if command -v xrootd >/dev/null 2>&1; then
   echo "install-deps: $(xrootd -v 2>&1 | head -n 1 || true) at $(command -v xrootd)" >&2
 fi
 
-# The same apt rule for native guests' sandbox (ep::native): bubblewrap, and a static busybox the
-# runner's tests build their one-binary image from.
-if ! command -v bwrap >/dev/null 2>&1 || [[ ! -x /usr/bin/busybox ]]; then
+# The same apt rule for native guests' sandbox (ep::native): bubblewrap, a static busybox the
+# runner's tests build their one-binary image from, and mmdebstrap for `htfaas image build`.
+if ! command -v bwrap >/dev/null 2>&1 || [[ ! -x /usr/bin/busybox ]] || ! command -v mmdebstrap >/dev/null 2>&1; then
   APT=(apt-get)
   if [[ $(id -u) -ne 0 ]]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
   fi
   if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
-    echo "install-deps: bubblewrap/busybox-static are missing and cannot be installed here (needs apt-get as root);" \
-      "the native runner's tests will fail" >&2
+    echo "install-deps: bubblewrap/busybox-static/mmdebstrap are missing and cannot be installed here (needs" \
+      "apt-get as root); the native runner's tests will fail" >&2
   else
-    echo "install-deps: installing bubblewrap busybox-static (apt)" >&2
+    echo "install-deps: installing bubblewrap busybox-static mmdebstrap (apt)" >&2
     export DEBIAN_FRONTEND=noninteractive
     "${APT[@]}" update -qq >&2
-    "${APT[@]}" install -y -qq --no-install-recommends bubblewrap busybox-static >/dev/null
+    "${APT[@]}" install -y -qq --no-install-recommends bubblewrap busybox-static mmdebstrap >/dev/null
   fi
 fi
 

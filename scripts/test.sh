@@ -14,6 +14,17 @@ fi
 echo "== example guests (Rust as wasm32-wasip1 modules and wasm32-wasip2 components, then C)" >&2
 cargo build --release --target wasm32-wasip1 --target wasm32-wasip2 --manifest-path examples/Cargo.toml
 examples/c/build.sh
+# The native guests' numpy image (tests/e2e/native.rs), built once per clone by the command a
+# user runs (`htfaas image build`: mmdebstrap, Debian's packages) and kept in .tools/images.
+NUMPY_IMAGE=$ROOT/.tools/images/python3-numpy.tar
+if [[ ! -s $NUMPY_IMAGE ]]; then
+  echo "== native image python3-numpy (htfaas image build, mmdebstrap)" >&2
+  mkdir -p "$(dirname "$NUMPY_IMAGE")"
+  cargo run -q --bin htfaas -- image build --no-push --packages python3-minimal,python3-numpy \
+    --out "$NUMPY_IMAGE.tmp" >&2
+  mv "$NUMPY_IMAGE.tmp" "$NUMPY_IMAGE"
+fi
+export HTFAAS_NUMPY_IMAGE=${HTFAAS_NUMPY_IMAGE:-$NUMPY_IMAGE}
 echo "== tests" >&2
 # The Slurm annex test's batch jobs run the htfaas binary: the whole workspace's test build
 # (re)builds it first (the root package's integration tests need it), so point the test at it

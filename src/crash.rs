@@ -232,6 +232,8 @@ use htfaas_functions::time::now_ms as unix_ms;
 
 pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) -> FunctionManifest {
     FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
         retry: None,
         name: name.into(),
         owner: USER.into(),

@@ -12,8 +12,8 @@ mod cli;
 
 use clap::{Parser, Subcommand};
 use cli::{
-    accounting, annex, args, audit, bridge, dlq, ep, events, files, fn_cmd, harness, jobs, login, logs, ns, serve,
-    submit, token, trace, up,
+    accounting, annex, args, audit, bridge, dlq, ep, events, files, fn_cmd, harness, image, jobs, login, logs, ns,
+    serve, submit, token, trace, up,
 };
 use std::path::PathBuf;
 
@@ -91,6 +91,11 @@ enum Command {
     Fn {
         #[command(subcommand)]
         command: fn_cmd::FnCommand,
+    },
+    /// Native functions' images: build (mmdebstrap), push, list, show, delete.
+    Image {
+        #[command(subcommand)]
+        command: image::ImageCommand,
     },
     /// Namespaces (admin): where each owner (or group:NAME) may trigger on and read files,
     /// write and replace outputs, and which annexes its jobs may ask for; grant, revoke, list.
@@ -183,6 +188,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Put(args) => files::put(args).await,
         Command::Get(args) => files::get(args).await,
         Command::Fn { command } => fn_cmd::run(command).await,
+        Command::Image { command } => image::run(command).await,
         Command::Ns { command } => ns::run(command).await,
         Command::Jobs(args) => jobs::run(args).await,
         Command::Dlq(args) => dlq::run(args).await,

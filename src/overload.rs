@@ -158,6 +158,8 @@ fn rss_mib(pid: u32) -> Option<f64> {
 
 fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) -> FunctionManifest {
     FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
         retry: None,
         name: name.into(),
         owner: owner.into(),

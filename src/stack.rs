@@ -52,6 +52,8 @@ pub struct StackOptions {
     pub gateway_settings: serde_json::Map<String, serde_json::Value>,
     /// Further settings of the scheduler's configuration, by field (tests: e.g. `otlp_endpoint`).
     pub scheduler_settings: serde_json::Map<String, serde_json::Value>,
+    /// Further settings of the EP's configuration, by field (tests: e.g. `native`).
+    pub ep_settings: serde_json::Map<String, serde_json::Value>,
 }
 
 impl StackOptions {
@@ -68,6 +70,7 @@ impl StackOptions {
             macaroon_validity: ("PT2H".into(), "PT4H".into()),
             gateway_settings: serde_json::Map::new(),
             scheduler_settings: serde_json::Map::new(),
+            ep_settings: serde_json::Map::new(),
         }
     }
 }
@@ -497,6 +500,9 @@ impl Stack {
         if let Some(pki) = &pki {
             ep["tls_ca_file"] = serde_json::json!(pki.ca_file);
         }
+        for (field, value) in &opts.ep_settings {
+            ep[field] = value.clone();
+        }
         let ep = config::<htfaas_ep::Config>("EP", ep)?.resolve().await.context("start the EP")?;
         let ep_metrics = ep.metrics_addr();
         tasks.push(("ep", tokio::spawn(htfaas_ep::run(ep, shutdown.child_token()))));
@@ -673,6 +679,8 @@ impl Stack {
 /// `/data/checksums/`.
 pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
     FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
         retry: None,
         name: "checksum".into(),
         owner: USER.into(),

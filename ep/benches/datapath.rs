@@ -334,6 +334,7 @@ async fn main() {
                 version: 1,
                 digest: Digest::of(&module),
                 module_url: format!("{storage}/bench/pass-through.wasm?authz={macaroon}"),
+                native: None,
             },
             resources: Resources::new(1, 64, 3600),
             input: InputSpec { sha256: None, url: url.clone(), name: "in.dat".into(), macaroon: macaroon.clone() },

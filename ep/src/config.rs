@@ -6,6 +6,7 @@
 //! must not know about the attach protocol or a job's steps.
 
 use crate::lifecycle::{Activity, Lease};
+use crate::native::host::NativeHost;
 use crate::runtime::{Runtime, RuntimeOptions};
 use anyhow::{Context as _, anyhow, bail};
 use htfaas_functions::Resources;
@@ -120,6 +121,46 @@ pub struct Config {
     /// 0 asks for none. Default: the EP's cpus.
     #[serde(default)]
     pub prefetch: Option<u32>,
+    /// Native guests (functions of `runtime: native`): whether and how this EP runs them.
+    #[serde(default)]
+    pub native: NativeConfig,
+}
+
+/// How an EP runs native guests ([`crate::native`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NativeConfig {
+    /// Offer the native runtime where this host can run it (the EP is root, bubblewrap is
+    /// installed, a cgroup backend works); where it cannot, the EP says why at start and offers
+    /// wasm only. Default: true.
+    pub enabled: bool,
+    /// The bubblewrap binary. Default: `/usr/bin/bwrap`.
+    pub bwrap: PathBuf,
+    /// Most MiB of unpacked images kept in `work_dir/images` (least recently used go first;
+    /// one in use is never removed). Default: 16384.
+    pub image_cache_mb: u64,
+    /// Site directories of unpacked images, `<dir>/<hex digest>/` each (as sites publish
+    /// images on a shared read-only file system): used as they are, never written, and the only
+    /// place besides the gateway an image comes from. Default: none.
+    pub site_images: Vec<PathBuf>,
+    /// The first of the anonymous uids (and gids) native jobs run as, one per job at a time.
+    /// Default: 900000.
+    pub uid_base: u32,
+    /// How many there are. Default: 1024.
+    pub uid_count: u32,
+}
+
+impl Default for NativeConfig {
+    fn default() -> NativeConfig {
+        NativeConfig {
+            enabled: true,
+            bwrap: PathBuf::from(crate::native::BWRAP),
+            image_cache_mb: 16 * 1024,
+            site_images: Vec::new(),
+            uid_base: 900_000,
+            uid_count: 1024,
+        }
+    }
 }
 
 /// `slots` when the config leaves it out: everything detected, the default run time.
@@ -243,6 +284,8 @@ pub struct Settings {
     pub(crate) attach_tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) http: reqwest::Client,
     pub(crate) runtime: Arc<Runtime>,
+    /// The native runtime, where this host runs it ([`NativeConfig`]).
+    pub(crate) native: Option<Arc<NativeHost>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -388,6 +431,7 @@ impl Config {
         };
         let runtime = tokio::task::spawn_blocking(move || Runtime::with_options(options));
         let runtime = Arc::new(runtime.await.context("start wasm runtime")??);
+        let native = native_host(&self.native, &self.work_dir).await;
         let metrics_listener = match self.metrics_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics_listen: bind {addr}"))?,
@@ -421,7 +465,40 @@ impl Config {
             attach_tls,
             http,
             runtime,
+            native,
         })
+    }
+}
+
+/// The native runtime `config` asks for, set up under `work_dir/images`; `None` (said in the
+/// log, with the reason) where it is off or this host cannot run it.
+async fn native_host(config: &NativeConfig, work_dir: &std::path::Path) -> Option<Arc<NativeHost>> {
+    if !config.enabled {
+        tracing::info!("native runtime off (native.enabled = false): wasm only");
+        return None;
+    }
+    let options = crate::native::host::HostOptions {
+        bwrap: config.bwrap.clone(),
+        cache_dir: work_dir.join("images"),
+        cache_bytes: config.image_cache_mb.saturating_mul(1 << 20),
+        site_images: config.site_images.clone(),
+        stage: std::path::PathBuf::from(crate::native::STAGE),
+        uid_base: config.uid_base,
+        uid_count: config.uid_count,
+    };
+    match tokio::task::spawn_blocking(move || NativeHost::start(options)).await {
+        Ok(Ok(host)) => {
+            tracing::info!(cgroups = %host.backend.describe(), bwrap = %host.bwrap.display(), "native runtime on");
+            Some(Arc::new(host))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("native runtime unavailable, wasm only: {e}");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("native runtime unavailable, wasm only: its start task failed: {e}");
+            None
+        }
     }
 }
 

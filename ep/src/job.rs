@@ -57,6 +57,9 @@
 //! [`crate::slots`]), never failed.
 
 use crate::config::Settings;
+use crate::native::host::NativeHost;
+use crate::native::image::ImageRoot;
+use crate::native_job;
 use crate::renew::{Credentials, Renewer};
 use crate::report_log::LogText;
 use crate::runtime::millis;
@@ -66,13 +69,19 @@ use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
 use crate::transfer::{Stored, Transfer, download, fetch_module, upload_outputs};
 use htfaas_functions::Digest;
 use htfaas_functions::on_failure::{FailedOutputs, quarantine_dir};
-use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, Outcome, Usage};
+use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, NativeCode, Outcome, Usage};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
+
+/// What a job runs: a compiled wasm module, or a native command in an unpacked image.
+enum Code<'a> {
+    Wasm(Guest),
+    Native(Arc<NativeHost>, &'a NativeCode, ImageRoot),
+}
 
 /// Aborts a spawned task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -203,7 +212,18 @@ impl Jobs {
         // job is done with them (dropped with this function's frame).
         let credentials = Credentials::new(job, &self.renewer);
         let _keeper = AbortOnDrop(tokio::spawn(credentials.clone().keep()));
-        let guest = unless_cancelled(cancel, self.module(&job.function, tally)).await??;
+        let code = match &job.function.native {
+            None => Code::Wasm(unless_cancelled(cancel, self.module(&job.function, tally)).await??),
+            Some(native) => {
+                let Some(host) = s.native.clone() else {
+                    return Err(Outcome::ModuleFailed {
+                        reason: "the job is native and this EP offers no native runtime".into(),
+                    });
+                };
+                let root = unless_cancelled(cancel, self.image(&host, &job.function, tally)).await??;
+                Code::Native(host, native, root)
+            }
+        };
 
         let input_dir = dir.join("input");
         let output_dir = dir.join("output");
@@ -247,20 +267,27 @@ impl Jobs {
         let run_limits = RunLimits { instructions: job.limits.instructions };
         let waiting_since = Instant::now();
         s.metrics.instantiating();
+        // The control group of a native run: one per job on this host.
+        let group = format!("job-{}", job_dir_name(&job.job_id));
         let (run, exceeded) = loop {
             // The guest's own stop signal: the job's cancel feeds it, and so does the watcher.
             let stop = CancelSignal::new();
             let mark = self.abandoned.mark();
             let watched = mark.clone();
-            let run = run_on_thread(
-                s.runtime.clone(),
-                guest.clone(),
-                gj.clone(),
-                &job.job_id,
-                stop.clone(),
-                run_limits,
-                mark,
-            );
+            let run = match &code {
+                Code::Wasm(guest) => futures_util::future::Either::Left(run_on_thread(
+                    s.runtime.clone(),
+                    guest.clone(),
+                    gj.clone(),
+                    &job.job_id,
+                    stop.clone(),
+                    run_limits,
+                    mark,
+                )),
+                Code::Native(host, native, root) => {
+                    futures_util::future::Either::Right(native_job::run(host, &group, native, root, &gj, &stop))
+                }
+            };
             let watch = watch_scratch(limits, output_dir.clone(), cancel, &stop);
             let mut run = std::pin::pin!(run);
             let mut watch = std::pin::pin!(watch);
@@ -387,6 +414,26 @@ impl Jobs {
         Ok(())
     }
 
+    /// The unpacked image of native `f`: the host's cache (or a site directory), else fetched,
+    /// checked and unpacked once ([`native_job::fetch_image`]) under the digest's lock, which
+    /// other jobs needing it wait for. Its fetch and unpacking count as `module_ms`.
+    async fn image(&self, host: &Arc<NativeHost>, f: &FunctionRef, tally: &mut Tally) -> Result<ImageRoot, Outcome> {
+        if let Some(root) = host.images.get(&f.digest) {
+            return Ok(root);
+        }
+        let started = Instant::now();
+        let lock = self.lock_of(&f.digest);
+        let _held = lock.lock().await;
+        if let Some(root) = host.images.get(&f.digest) {
+            tally.module_ms = millis(started.elapsed());
+            return Ok(root);
+        }
+        let s = &self.settings;
+        let root = native_job::fetch_image(host, &s.http, &s.work_dir, f, &mut tally.retries).await;
+        tally.module_ms = millis(started.elapsed());
+        root
+    }
+
     /// The compiled module for `f`: memory, then `work_dir/modules/<hex>.wasm`, then `module_url`.
     /// Fails with [`Outcome::ModuleFailed`], or [`Outcome::StorageUnavailable`] when its server
     /// stayed unavailable through every try. Waits for a compile of the same module already
@@ -425,7 +472,13 @@ impl Jobs {
     /// written to the disk cache ([`Runtime::prepare`]), under the same per-module lock as a
     /// job, so that a job needing it meanwhile waits for this compile.
     pub(crate) async fn warm(&self, digest: &Digest, module_url: &str) -> Result<Prepared, ModuleMiss> {
-        let f = FunctionRef { name: String::new(), version: 0, digest: digest.clone(), module_url: module_url.into() };
+        let f = FunctionRef {
+            name: String::new(),
+            version: 0,
+            digest: digest.clone(),
+            module_url: module_url.into(),
+            native: None,
+        };
         let rt = &self.settings.runtime;
         if rt.cached(digest).is_some() {
             return Ok(Prepared::Ready);

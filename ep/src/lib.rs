@@ -47,6 +47,7 @@ mod link;
 pub mod local;
 pub mod metrics;
 pub mod native;
+mod native_job;
 mod options;
 pub mod origins;
 mod renew;

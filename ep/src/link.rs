@@ -69,9 +69,10 @@ use crate::warm::Warmer;
 use anyhow::{Context as _, anyhow, bail};
 use futures_util::{SinkExt, StreamExt};
 use htfaas_functions::Resources;
+use htfaas_functions::manifest::RuntimeKind;
 use htfaas_functions::proto::{
-    EpMsg, FINAL_CLOSE_CODES, Hello, JobAssignment, JobReport, MAX_FRAME_MESSAGES, Outcome, PROTOCOL, Prefetch,
-    SchedulerMsg, Usage, decode_frame,
+    EpMsg, FINAL_CLOSE_CODES, Hello, JobAssignment, JobReport, MAX_FRAME_MESSAGES, MAX_HELLO_IMAGES, Outcome, PROTOCOL,
+    Prefetch, SchedulerMsg, Usage, decode_frame,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -432,6 +433,11 @@ impl Link {
             annex: self.settings.annex.clone(),
             labels: self.settings.labels.clone(),
             prefetch: Some(self.settings.prefetch),
+            runtimes: match &self.settings.native {
+                Some(_) => vec![RuntimeKind::Wasm, RuntimeKind::Native],
+                None => vec![RuntimeKind::Wasm],
+            },
+            images: self.settings.native.as_ref().map(|n| n.images.held(MAX_HELLO_IMAGES)).unwrap_or_default(),
         });
         ws.send(Message::text(serde_json::to_string(&hello)?)).await.context("send hello")?;
         let (ep_id, ext) =

@@ -241,6 +241,7 @@ mod tests {
                     version: 1,
                     digest: htfaas_functions::Digest::of(b"m"),
                     module_url: "http://m".into(),
+                    native: None,
                 },
                 resources: htfaas_functions::Resources::new(1, 1, 1),
                 input: htfaas_functions::proto::InputSpec {

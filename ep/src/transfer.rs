@@ -247,11 +247,12 @@ async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: 
     let too_big = |size: String, limit: u64| {
         Failed::permanent(format!("input of {size} bytes exceeds the scratch limit of {limit} bytes"))
     };
-    let resp = traced(from.http.get(from.url), from.traceparent)
-        .header(AUTHORIZATION, format!("Bearer {}", from.macaroon))
-        .send()
-        .await
-        .map_err(|e| Failed::request(&what, e))?;
+    let mut req = traced(from.http.get(from.url), from.traceparent);
+    // An empty macaroon: a public, content-addressed download (an image), no credential.
+    if !from.macaroon.is_empty() {
+        req = req.header(AUTHORIZATION, format!("Bearer {}", from.macaroon));
+    }
+    let resp = req.send().await.map_err(|e| Failed::request(&what, e))?;
     if !resp.status().is_success() {
         return Err(Failed::status(&what, resp).await);
     }

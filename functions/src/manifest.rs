@@ -27,8 +27,18 @@ pub struct FunctionManifest {
     pub name: String,
     /// Who is accounted for every run of this function.
     pub owner: String,
-    /// The wasm module, by content digest; upload the bytes first.
+    /// The function's code by content digest, uploaded first: its wasm module, or for
+    /// `runtime: native` its image (a root filesystem tar; `"image"` is accepted as the key).
+    #[serde(alias = "image")]
     pub module: Digest,
+    /// Which runtime runs it: `wasm` (default) or `native` (`command` in the image, in a
+    /// sandbox of namespaces, seccomp and a control group).
+    #[serde(default, skip_serializing_if = "RuntimeKind::is_wasm")]
+    pub runtime: RuntimeKind,
+    /// For `runtime: native`: the command (argv) run in the image; the input file's guest path
+    /// and `args` follow it, as for wasm. Empty for wasm.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
     /// Which storage events fire this function.
     pub trigger: Trigger,
     /// What one run may use.
@@ -75,6 +85,35 @@ pub struct FunctionManifest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<Webhook>,
 }
+
+/// Which runtime runs a function's code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    /// A WebAssembly module under the EP's wasmtime (µs starts).
+    #[default]
+    Wasm,
+    /// A command in an image, confined by the EP's native sandbox.
+    Native,
+}
+
+impl RuntimeKind {
+    /// Whether this is the default, `wasm`.
+    pub fn is_wasm(&self) -> bool {
+        *self == RuntimeKind::Wasm
+    }
+
+    /// Its name in manifests and EP hellos.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Wasm => "wasm",
+            RuntimeKind::Native => "native",
+        }
+    }
+}
+
+/// Most words of a native command.
+pub const MAX_COMMAND_WORDS: usize = 64;
 
 /// A function's failure webhook: the gateway POSTs each of its failed jobs' notification
 /// (`proto::JobNotification`, JSON) to `url`, signed with HMAC-SHA256 under the function's
@@ -390,6 +429,24 @@ impl FunctionManifest {
         if let Some(webhook) = &self.webhook {
             webhook.validate(self)?;
         }
+        match self.runtime {
+            RuntimeKind::Wasm if !self.command.is_empty() => {
+                return Err(bad("command", "only a native function has a command (runtime: native)"));
+            }
+            RuntimeKind::Native if self.command.is_empty() => {
+                return Err(bad("command", "a native function needs its command (argv in the image)"));
+            }
+            _ => {}
+        }
+        if self.command.len() > MAX_COMMAND_WORDS
+            || self.command.iter().any(|a| a.len() > 4096 || a.contains('\0'))
+            || self.command.first().is_some_and(String::is_empty)
+        {
+            return Err(bad(
+                "command",
+                format!("at most {MAX_COMMAND_WORDS} words of at most 4096 bytes, no NUL, the first not empty"),
+            ));
+        }
         if self.args.len() > 64 || self.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
             return Err(bad("args", "at most 64 arguments of at most 4096 bytes, no NUL"));
         }
@@ -408,6 +465,8 @@ mod tests {
 
     fn manifest() -> FunctionManifest {
         FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: "checksum".into(),
             owner: "alice".into(),

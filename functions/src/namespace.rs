@@ -313,6 +313,8 @@ mod tests {
 
     fn manifest(owner: &str, trigger: Trigger, out: &str) -> FunctionManifest {
         FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: "f".into(),
             owner: owner.into(),

@@ -63,7 +63,8 @@ pub struct SubmitClaims {
     pub memory_mb: u64,
     /// Longest run time one job may ask for, seconds.
     pub runtime_s: u64,
-    /// When set, the only function the token may run.
+    /// When set, the only function the token may run: its `FunctionRef::bound_digest` (the
+    /// module's digest; a native function's image and command together).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<Digest>,
     /// When set, the accounting group its jobs are charged to (within the owner).

@@ -43,6 +43,8 @@ fn function(i: usize) -> FunctionRecord {
         version: 1,
         registered_at: 0,
         manifest: FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: format!("f{i}"),
             owner: owner.clone(),

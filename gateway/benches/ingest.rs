@@ -72,6 +72,8 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
         ("hdf5", Trigger::on_rule(r#"path suffix ".h5" and size > 1kB"#)),
     ] {
         registry.register(FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: name.into(),
             owner: "alice".into(),

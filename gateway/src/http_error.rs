@@ -30,9 +30,11 @@ impl IntoResponse for HttpError {
 impl From<RegistryError> for HttpError {
     fn from(e: RegistryError) -> Self {
         let status = match &e {
-            RegistryError::Manifest(_) | RegistryError::NotWasm(_) | RegistryError::UnknownModule(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            RegistryError::Manifest(_)
+            | RegistryError::NotWasm(_)
+            | RegistryError::NotImage(_)
+            | RegistryError::UnknownModule(_) => StatusCode::BAD_REQUEST,
+            RegistryError::InUse(_) => StatusCode::CONFLICT,
             RegistryError::Grant(_) => StatusCode::BAD_REQUEST,
             RegistryError::NotFound(_) | RegistryError::NoSuchVersion(..) => StatusCode::NOT_FOUND,
             RegistryError::QuotaExceeded(_) | RegistryError::NotOwner(..) => StatusCode::FORBIDDEN,

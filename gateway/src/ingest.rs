@@ -625,6 +625,8 @@ mod tests {
             shared
                 .registry
                 .register(FunctionManifest {
+                    runtime: Default::default(),
+                    command: Vec::new(),
                     retry: None,
                     name: name.into(),
                     owner: "alice".into(),

@@ -12,8 +12,9 @@ use crate::namespaces::Namespaces;
 use crate::storage_client::{StorageClient, StorageError};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
+use htfaas_functions::manifest::RuntimeKind;
 use htfaas_functions::namespace::Namespace;
-use htfaas_functions::proto::{Cause, EventRef, FunctionRef, InputSpec, OutputSpec, SubmitRequest};
+use htfaas_functions::proto::{Cause, EventRef, FunctionRef, InputSpec, NativeCode, OutputSpec, SubmitRequest};
 
 /// What building a job reads: the namespaces, the storage, where EPs fetch modules, whether
 /// macaroons are bound to the EP.
@@ -205,6 +206,23 @@ pub fn bearer_secrets_refusal(m: &htfaas_functions::FunctionManifest, bearer: &s
     )
 }
 
+/// What a job of `function` runs, and where an EP fetches it from this gateway (`public_url`):
+/// its wasm module, or its image and command.
+pub fn function_ref(public_url: &str, function: &FunctionRecord) -> FunctionRef {
+    let m = &function.manifest;
+    let (store, native) = match m.runtime {
+        RuntimeKind::Wasm => ("modules", None),
+        RuntimeKind::Native => ("images", Some(NativeCode { command: m.command.clone() })),
+    };
+    FunctionRef {
+        name: m.name.clone(),
+        version: function.version,
+        digest: m.module.clone(),
+        module_url: format!("{public_url}/v1/{store}/{}", m.module),
+        native,
+    }
+}
+
 /// Builds the job for `function` on the file `event.path` acting as `runs_as`
 /// ([`confine_run`], [`RunsAs`]): a read macaroon for exactly that file and a write macaroon for
 /// exactly the function's output directory, issued for the run's writer, from the storage.
@@ -246,12 +264,7 @@ pub async fn prepare(
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(SubmitRequest {
-        function: FunctionRef {
-            name: m.name.clone(),
-            version: function.version,
-            digest: m.module.clone(),
-            module_url: format!("{}/v1/modules/{}", cx.public_url, m.module),
-        },
+        function: function_ref(cx.public_url, function),
         resources: m.resources,
         input: InputSpec { sha256: None, url: cx.storage.url_of(&event.path), name, macaroon: read },
         output: OutputSpec {

@@ -149,7 +149,7 @@ impl Submitter {
                 0 => htfaas_functions::manifest::MAX_RUNTIME_S,
                 r => r,
             },
-            function: Some(req.function.digest.clone()),
+            function: Some(req.function.bound_digest()),
             group: group.map(str::to_owned),
         }
     }
@@ -321,6 +321,7 @@ mod tests {
                 version: 1,
                 digest: htfaas_functions::Digest::of(b"m"),
                 module_url: "http://127.0.0.1:1/m".into(),
+                native: None,
             },
             resources: htfaas_functions::Resources::new(2, 512, runtime_s),
             input: htfaas_functions::proto::InputSpec {

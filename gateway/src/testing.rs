@@ -12,6 +12,8 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
         version: 3,
         registered_at: 0,
         manifest: FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: name.into(),
             owner: "alice".into(),

@@ -88,6 +88,8 @@ mod tests {
 
     fn manifest(name: &str, module: Digest, trigger: Trigger) -> FunctionManifest {
         FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: name.into(),
             owner: "alice".into(),

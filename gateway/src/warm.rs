@@ -24,6 +24,10 @@ fn request(shared: &Shared, record: &FunctionRecord) -> WarmRequest {
 }
 
 async fn tell(shared: &Shared, record: &FunctionRecord) {
+    // A native function's image is not compiled; its first job on an EP fetches and unpacks it.
+    if !record.manifest.runtime.is_wasm() {
+        return;
+    }
     let req = request(shared, record);
     match shared.submitter.warm(&record.manifest.owner, &req).await {
         Ok(r) => tracing::debug!(function = %record.manifest.name, digest = %req.digest.short(), eps = r.eps,

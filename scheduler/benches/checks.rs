@@ -37,6 +37,7 @@ fn request() -> SubmitRequest {
             version: 3,
             module_url: format!("{MODULES}/v1/modules/{digest}"),
             digest,
+            native: None,
         },
         resources: Resources::new(1, 256, 60),
         input: InputSpec {

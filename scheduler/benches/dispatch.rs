@@ -317,6 +317,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
             version: 3,
             digest: Digest::of(b"checksum.wasm"),
             module_url: format!("https://registry.example.org/v1/modules/{}", Digest::of(b"checksum.wasm")),
+            native: None,
         },
         resources: Resources::new(1, 256, 60),
         input: InputSpec {
@@ -536,6 +537,8 @@ async fn fake_ep(
         annex: None,
         labels: Default::default(),
         prefetch: None,
+        runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+        images: Vec::new(),
     });
     ws.send(Message::text(serde_json::to_string(&hello)?)).await?;
 

@@ -171,6 +171,7 @@ pub(crate) async fn analyze(shared: &Shared, id: String) -> Result<JobAnalysis, 
                 group: job.group.clone(),
                 annex: job.annex.clone(),
                 resources: job.resources,
+                image: job.native.as_ref().map(|_| job.digest.as_str().to_owned()),
             };
             let eps = shared.eps();
             let policy = shared.policy.round(&eps, &usage, max_running, now);

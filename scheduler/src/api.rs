@@ -224,9 +224,10 @@ fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure>
         )));
     }
     if let Some(d) = &c.function
-        && *d != req.function.digest
+        && *d != req.function.bound_digest()
     {
-        return Err(ApiFailure::forbidden(format!("function digest {} is not the token's {}", req.function.digest, d)));
+        let what = if req.function.native.is_some() { "function image and command" } else { "function digest" };
+        return Err(ApiFailure::forbidden(format!("{what} {} is not the token's {}", req.function.bound_digest(), d)));
     }
     Ok(())
 }

@@ -228,6 +228,9 @@ pub async fn serve(
     let credential = Credential::of_attach(&claims);
     let mut slot = EpSlot::new(ep_id.clone(), hello.name.clone(), peer, pool, credential, hello.slots, tx);
     slot.labels = hello.labels.clone();
+    slot.native = hello.runtimes.contains(&htfaas_functions::manifest::RuntimeKind::Native);
+    slot.images =
+        hello.images.iter().take(htfaas_functions::proto::MAX_HELLO_IMAGES).map(|d| d.as_str().to_owned()).collect();
     let prefetch = hello.prefetch.map(|asked| shared.policy.prefetch(asked));
     slot.prefetch = prefetch.map_or(0, |p| p.jobs);
     slot.extension = prefetch.is_some();
@@ -704,6 +707,8 @@ mod tests {
             annex: annex.map(str::to_owned),
             labels: Default::default(),
             prefetch: None,
+            runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+            images: Vec::new(),
         };
         assert_eq!(check_annex(&hello(None), &claims(Some("a"))), Ok(()));
         assert_eq!(check_annex(&hello(Some("a")), &claims(Some("a"))), Ok(()));
@@ -726,6 +731,8 @@ mod tests {
             annex: None,
             labels: labels.into_iter().collect(),
             prefetch: None,
+            runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+            images: Vec::new(),
         };
         assert_eq!(check_hello(&hello(vec![("site".into(), "desy".into())])), Ok(()));
         let many = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();

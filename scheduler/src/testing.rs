@@ -21,6 +21,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
             version: 1,
             digest: Digest::of(b"m"),
             module_url: "http://registry/v1/modules/x".into(),
+            native: None,
         },
         resources: Resources::new(1, 64, 60),
         input: InputSpec {

@@ -250,12 +250,17 @@ impl UrlTrust {
     /// A module URL: exactly a module store's URL for `digest` (a job's, and a warm request's,
     /// issue 22).
     pub fn check_module(&self, digest: &Digest, module: &str) -> Result<(), UrlRefusal> {
+        self.check_code("modules", digest, module)
+    }
+
+    /// A module or image URL: exactly a module store's URL for `digest` under `/v1/<store>/`.
+    fn check_code(&self, store: &str, digest: &Digest, module: &str) -> Result<(), UrlRefusal> {
         let u = parse_clean(module).map_err(|why| UrlRefusal::Malformed {
             field: "function.module_url",
             url: shown(module),
             why,
         })?;
-        let tail = format!("/v1/modules/{digest}");
+        let tail = format!("/v1/{store}/{digest}");
         let origin = Origin::of(&u);
         let at_store = self.module_stores.iter().any(|s| {
             Some(&s.origin) == origin.as_ref() && u.path().strip_prefix(s.prefix.as_str()) == Some(tail.as_str())
@@ -269,7 +274,8 @@ impl UrlTrust {
 
     /// Every URL of `req` (see the module docs).
     pub fn check(&self, req: &SubmitRequest) -> Result<(), UrlRefusal> {
-        self.check_module(&req.function.digest, &req.function.module_url)?;
+        let store = if req.function.native.is_some() { "images" } else { "modules" };
+        self.check_code(store, &req.function.digest, &req.function.module_url)?;
         self.check_storage("input.url", &req.input.url)?;
         self.check_storage("output.url", &req.output.url)?;
         if !names_file(&req.input.url, &req.event.path) {

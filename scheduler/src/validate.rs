@@ -33,6 +33,10 @@ pub enum SubmitInvalid {
     /// `function.module_url` is not an http(s) URL.
     #[error("function.module_url must be an http or https URL")]
     ModuleUrl,
+    /// `function.native.command` is empty, longer than 64 words, or has a word over 4096 bytes
+    /// or with NUL.
+    #[error("function.native.command must be 1-64 words of at most 4096 bytes, no NUL, the first not empty")]
+    Command,
     /// `resources.cpus` is 0 or over [`MAX_CPUS`].
     #[error("resources.cpus must be 1..={MAX_CPUS}")]
     Cpus,
@@ -145,6 +149,14 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     }
     if req.args.len() > 64 || req.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
         return Err(Args);
+    }
+    if let Some(n) = &req.function.native
+        && (n.command.is_empty()
+            || n.command.len() > 64
+            || n.command[0].is_empty()
+            || n.command.iter().any(|a| a.len() > 4096 || a.contains('\0')))
+    {
+        return Err(Command);
     }
     if req.env.len() > 64
         || req.env.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.len() > 4096 || v.contains('\0'))

@@ -104,6 +104,8 @@ impl Modules {
 
 fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifest {
     FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
         retry: None,
         name: name.into(),
         owner: USER.into(),

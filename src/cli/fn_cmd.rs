@@ -6,7 +6,7 @@ use super::args::{DirArg, client, parse_header, parse_time_arg};
 use super::output;
 use anyhow::Context as _;
 use clap::Subcommand;
-use htfaas_functions::manifest::{Outputs, RetryOn, Trigger};
+use htfaas_functions::manifest::{Outputs, RetryOn, RuntimeKind, Trigger};
 use htfaas_functions::{FunctionManifest, Resources};
 use std::path::PathBuf;
 
@@ -14,8 +14,9 @@ use std::path::PathBuf;
 // Parsed once per process: boxing `Register` would buy nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum FnCommand {
-    /// Register a function: upload its module and its manifest.
+    /// Register a function: upload its module (or name its image) and its manifest.
     #[command(group(clap::ArgGroup::new("fires").required(true).multiple(true).args(["trigger", "rule"])))]
+    #[command(group(clap::ArgGroup::new("code").required(true).args(["wasm", "image"])))]
     Register {
         #[command(flatten)]
         dir: DirArg,
@@ -23,7 +24,16 @@ pub enum FnCommand {
         name: String,
         /// The wasm binary: a WASI preview 1 module or a preview 2 component.
         #[arg(long)]
-        wasm: PathBuf,
+        wasm: Option<PathBuf>,
+        /// A native function: its image, by digest or tag (`htfaas image build|push`), run with
+        /// --command in the EP's sandbox.
+        #[arg(long, requires = "command")]
+        image: Option<String>,
+        /// With --image: the command run in the image, as words separated by spaces (e.g.
+        /// 'python3 /opt/app/calibrate.py'), or a JSON array of words; the input's path
+        /// (/input/NAME) and the --arg values follow.
+        #[arg(long, requires = "image", value_parser = parse_command)]
+        command: Option<Argv>,
         /// Trigger glob over the storage path, e.g. '/data/raw/**'. With --rule, both must hold.
         #[arg(long)]
         trigger: Option<String>,
@@ -271,6 +281,23 @@ pub fn parse_rate(s: &str) -> Result<htfaas_functions::manifest::RateLimit, Stri
     Ok(htfaas_functions::manifest::RateLimit { per_s, burst })
 }
 
+/// A native command's words.
+#[derive(Debug, Clone)]
+pub struct Argv(Vec<String>);
+
+/// A native command: a JSON array of words, or words separated by spaces.
+fn parse_command(s: &str) -> Result<Argv, String> {
+    let words: Vec<String> = if s.trim_start().starts_with('[') {
+        serde_json::from_str(s).map_err(|e| format!("a JSON array of strings: {e}"))?
+    } else {
+        s.split_whitespace().map(str::to_owned).collect()
+    };
+    if words.is_empty() {
+        return Err("an empty command".into());
+    }
+    Ok(Argv(words))
+}
+
 /// `htfaas fn …`.
 pub async fn run(command: FnCommand) -> anyhow::Result<()> {
     match command {
@@ -278,6 +305,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             dir,
             name,
             wasm,
+            image,
+            command,
             trigger,
             rule,
             rate,
@@ -312,8 +341,14 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             json,
         } => {
             let client = client(&dir)?;
-            let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
-            let module = client.upload_module(bytes).await?;
+            let (runtime, module) = match (wasm, image) {
+                (Some(wasm), _) => {
+                    let bytes = std::fs::read(&wasm).with_context(|| format!("read {}", wasm.display()))?;
+                    (RuntimeKind::Wasm, client.upload_module(bytes).await?)
+                }
+                (None, Some(image)) => (RuntimeKind::Native, client.resolve_image(&image).await?),
+                (None, None) => anyhow::bail!("--wasm or --image"),
+            };
             // The default owner: the stack's user, or, with a profile, whom its token acts as.
             let owner = match owner {
                 Some(owner) => owner,
@@ -329,6 +364,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             });
             let key_secret = webhook.as_ref().map(|w| w.key_secret.clone());
             let manifest = FunctionManifest {
+                runtime,
+                command: command.map(|c| c.0).unwrap_or_default(),
                 name,
                 owner,
                 module,

@@ -15,6 +15,7 @@ pub mod files;
 pub mod fn_cmd;
 pub mod fn_dev;
 pub mod harness;
+pub mod image;
 pub mod jobs;
 pub mod login;
 pub mod logs;

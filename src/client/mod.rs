@@ -6,6 +6,7 @@
 //! site ([`StackInfo::load_profile`]); where and how: [`info`].
 
 mod dlq;
+mod images;
 mod info;
 mod rerun;
 mod trace;

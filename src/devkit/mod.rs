@@ -3,15 +3,18 @@
 //! into the wasm an EP runs ([`build`]): Rust for `wasm32-wasip1` with cargo, C with clang and
 //! wasi-libc, Python with componentize-py and JavaScript with componentize-js (both into WASI
 //! preview 2 components, against the WASI WIT vendored in `wit/` and embedded here). A project
-//! says its language in `htfaas.toml` ([`Project::detect`]; without one, by its files).
+//! says its language in `htfaas.toml` ([`Project::detect`]; without one, by its files). A
+//! native function's image is built by mmdebstrap ([`build_image`]).
 //!
 //! Knows the toolchains' command lines and the templates; must not know: the stack, the
 //! gateway's API, the EP's runtime (`htfaas fn run` is `htfaas_ep::local`), commands.
 
 mod build;
+mod image;
 mod templates;
 
 pub use build::{Built, Tools, build};
+pub use image::{BuiltImage, ImageSpec, build_image, digest_of_file, parse_add};
 pub use templates::new_project;
 
 use std::fmt;

@@ -39,6 +39,7 @@ pub async fn start_ep(
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        native: Default::default(),
         prefetch: None,
     }
     .resolve()

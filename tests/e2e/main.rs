@@ -23,6 +23,7 @@ mod lifecycle;
 mod lineage;
 mod loop_guard;
 mod metrics;
+mod native;
 mod notify;
 mod overload;
 mod path;

@@ -57,6 +57,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
             version: spin.version,
             digest: spin.manifest.module.clone(),
             module_url: format!("{}/v1/modules/{}", info.gateway_url, spin.manifest.module),
+            native: None,
         },
         resources: spin.manifest.resources,
         input: InputSpec {

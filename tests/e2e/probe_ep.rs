@@ -60,6 +60,8 @@ pub async fn attach_probe(stack: &Stack, dir: &std::path::Path, name: &str) -> W
         annex: Some("probe".into()),
         labels: Default::default(),
         prefetch: None,
+        runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+        images: Vec::new(),
     });
     ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
     assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));

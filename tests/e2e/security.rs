@@ -90,6 +90,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
             version: 1,
             module_url: format!("{gateway}/v1/modules/{digest}"),
             digest,
+            native: None,
         },
         resources: Resources::new(1, 64, 10),
         input: InputSpec { sha256: None, url: format!("{storage}/data/raw/a"), name: "a".into(), macaroon: "m".into() },

@@ -117,6 +117,7 @@ async fn start_xrootd_ep(
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        native: Default::default(),
         prefetch: None,
     }
     .resolve()
@@ -299,6 +300,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
             version: record.version,
             digest: digest.clone(),
             module_url: format!("{}/v1/modules/{digest}", stack.info().gateway_url),
+            native: None,
         },
         resources: record.manifest.resources,
         input: InputSpec {

@@ -326,3 +326,35 @@ pub async fn gateway_metrics(info: &htfaas::client::StackInfo) -> Option<String>
         .await
         .ok()
 }
+
+/// A native image for tests, as a tar in `dir`: a static busybox (`/bin/sh` and its applets)
+/// and the mount points the sandbox needs; built here from the host's busybox-static, with no
+/// network (`scripts/install-deps.sh` installs it).
+pub fn busybox_image(dir: &std::path::Path) -> PathBuf {
+    let root = dir.join("busybox-root");
+    for d in ["bin", "input", "output", "tmp", "proc", "dev", "etc"] {
+        std::fs::create_dir_all(root.join(d)).expect("image directories");
+    }
+    std::fs::copy("/usr/bin/busybox", root.join("bin/busybox"))
+        .expect("/usr/bin/busybox (busybox-static; scripts/install-deps.sh installs it)");
+    for applet in BUSYBOX_APPLETS {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).expect("applet link");
+    }
+    let tar = dir.join("busybox.tar");
+    let out = Command::new("tar")
+        .args(["-cf"])
+        .arg(&tar)
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .arg(&root)
+        .arg(".")
+        .output()
+        .expect("run tar");
+    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
+    tar
+}
+
+/// The busybox applets [`busybox_image`] links.
+pub const BUSYBOX_APPLETS: &[&str] = &[
+    "sh", "cat", "echo", "sleep", "id", "ls", "dd", "wc", "head", "basename", "seq", "yes", "grep", "nproc", "env",
+    "ifconfig", "nc", "wget", "touch", "mkdir", "rm", "kill", "ps", "setsid", "chmod", "stat", "true", "false",
+];

@@ -261,6 +261,16 @@ impl ImageCache {
             .map(|path| ImageRoot { entry: Arc::new(Cached { path, bytes: 0, last_use: AtomicU64::new(0) }) })
     }
 
+    /// The digests of the cache's own images, most recently used first, at most `max` (an
+    /// EP's Hello lists them so the scheduler prefers it for their jobs).
+    pub fn held(&self, max: usize) -> Vec<Digest> {
+        let state = self.lock();
+        let mut all: Vec<(u64, &Digest)> =
+            state.entries.iter().map(|(d, e)| (e.last_use.load(Ordering::Relaxed), d)).collect();
+        all.sort_by(|a, b| b.cmp(a));
+        all.into_iter().take(max).map(|(_, d)| d.clone()).collect()
+    }
+
     /// Bytes of the cache's own images (the sites' not counted).
     pub fn cached_bytes(&self) -> u64 {
         self.lock().entries.values().map(|e| e.bytes).sum()

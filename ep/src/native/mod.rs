@@ -1,15 +1,18 @@
-//! Native guests (work in progress, not wired to jobs yet): one command in an unpacked image,
-//! confined by bubblewrap, limited and measured by a control group of its own.
+//! Native guests: one command in an unpacked image ([`image`]), confined by bubblewrap,
+//! limited and measured by a control group of its own; [`host`] is what the EP set up at start
+//! (`crate::native_job` runs a job's command here).
 //!
 //! **Why bubblewrap.** It makes every namespace new (user, pid, network with `lo` only, ipc,
 //! uts, mount, cgroup), binds a read-only root and the job's two directories, sets
 //! `no_new_privs` and installs a seccomp program ([`seccomp`]: the calls a batch job never
 //! needs fail), in one small audited binary that Debian ships;
 //! crun refuses hybrid cgroup hosts such as ours, and a namespace builder of our own would
-//! repeat bubblewrap's careful ordering. It runs **unprivileged**: the EP (root or not) drops to
-//! a per-job anonymous uid/gid before it executes `bwrap`, so the guest is that uid outside the
-//! sandbox too (its files on the host are that uid's; it holds no capability there), and the
-//! kernel's user namespaces make the sandbox.
+//! repeat bubblewrap's careful ordering. It runs **unprivileged**: the EP drops to a per-job
+//! anonymous uid/gid before it executes `bwrap`, so the guest is that uid outside the sandbox
+//! too (its files on the host are that uid's; it holds no capability there), and the kernel's
+//! user namespaces make the sandbox. The image, `/input` and `/output` reach bwrap through the
+//! [`STAGE`], bound there in a mount namespace of the job's own: the uid needs no right on the
+//! EP's own paths, and inside the sandbox no host path exists but those three.
 //!
 //! **Limits.** [`cgroup`]: memory, pids, cpu quota = the job's cores, and usage read back (CPU
 //! time, peak memory, an OOM kill). The run time is the EP's: past it the whole group is
@@ -19,6 +22,7 @@
 //! Must not know: jobs, the link, the network (but its absence inside).
 
 pub mod cgroup;
+pub mod host;
 pub mod image;
 pub mod seccomp;
 
@@ -66,6 +70,8 @@ pub enum End {
     MemoryExceeded,
     /// Killed at the run time.
     TimeExceeded,
+    /// Killed because the caller said stop (a cancel, an output past its bound).
+    Stopped,
 }
 
 /// What a native run did.
@@ -94,10 +100,18 @@ pub enum NativeError {
     Io(#[from] std::io::Error),
 }
 
-/// The `bwrap` arguments of `run` (without the program itself); bwrap reads the
-/// [`seccomp::program`] from the inherited descriptor `seccomp_fd` and closes it.
-pub fn bwrap_args(run: &NativeRun<'_>, seccomp_fd: i32) -> Vec<String> {
-    let p = |path: &Path| path.display().to_string();
+/// Where the job's three directories appear for bwrap: `<stage>/root`, `<stage>/input` and
+/// `<stage>/output`, empty directories (root's, 0755) that the EP binds the image and the
+/// job's directories onto in a mount namespace of the job's own, before it drops to the job's
+/// uid. So bwrap, running as that uid, reaches them whatever the rights on the EP's own paths
+/// (its work directory stays 0700), and no other process sees those binds.
+pub const STAGE: &str = "/run/htfaas-sandbox";
+
+/// The `bwrap` arguments of `run` (without the program itself): the sandbox built from the
+/// staged directories under `stage` ([`STAGE`]), the seccomp program read from the inherited
+/// descriptor `seccomp_fd`.
+pub fn bwrap_args(run: &NativeRun<'_>, stage: &Path, seccomp_fd: i32) -> Vec<String> {
+    let p = |name: &str| stage.join(name).display().to_string();
     let mut a: Vec<String> = [
         "--unshare-all",
         "--unshare-user",
@@ -107,13 +121,13 @@ pub fn bwrap_args(run: &NativeRun<'_>, seccomp_fd: i32) -> Vec<String> {
         "--seccomp",
         &seccomp_fd.to_string(),
         "--ro-bind",
-        &p(run.root),
+        &p("root"),
         "/",
         "--ro-bind",
-        &p(run.input_dir),
+        &p("input"),
         "/input",
         "--bind",
-        &p(run.output_dir),
+        &p("output"),
         "/output",
         "--proc",
         "/proc",
@@ -146,8 +160,34 @@ pub fn bwrap_args(run: &NativeRun<'_>, seccomp_fd: i32) -> Vec<String> {
     a
 }
 
-/// Runs `run` as job `name` under `backend`, with `bwrap`.
-pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &NativeRun<'_>) -> Result<Ran, NativeError> {
+/// Makes the empty stage directories under `stage` (root's, 0755), once per EP.
+pub fn make_stage(stage: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for d in [stage.to_owned(), stage.join("root"), stage.join("input"), stage.join("output")] {
+        std::fs::create_dir_all(&d)?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+/// `path` as a C string for a call between fork and exec.
+fn c_path(path: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt as _;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{}: NUL in path", path.display())))
+}
+
+/// Runs `run` as job `name` under `backend`, with `bwrap`, until it ends, its run time passes
+/// ([`End::TimeExceeded`]) or `stop` completes ([`End::Stopped`]); either way every process of
+/// its control group is killed before this returns.
+pub async fn run(
+    bwrap: &Path,
+    backend: &cgroup::Backend,
+    stage: &Path,
+    name: &str,
+    run: &NativeRun<'_>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Ran, NativeError> {
     use std::os::unix::io::AsRawFd as _;
     if run.uid == 0 {
         return Err(NativeError::Refused("a native guest never runs as uid 0".into()));
@@ -155,6 +195,11 @@ pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &Nati
     if run.argv.is_empty() {
         return Err(NativeError::Refused("no command".into()));
     }
+    let binds = Binds {
+        sources: [c_path(run.root)?, c_path(run.input_dir)?, c_path(run.output_dir)?],
+        targets: [c_path(&stage.join("root"))?, c_path(&stage.join("input"))?, c_path(&stage.join("output"))?],
+        slash: c_path(Path::new("/"))?,
+    };
     let group = backend.create(name, run.limits)?;
     // Opened before the fork: the child only writes to them (async-signal-safe).
     let procs: Vec<std::fs::File> = group
@@ -173,30 +218,46 @@ pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &Nati
     drop(seccomp_writer);
     let seccomp_fd = seccomp_reader.as_raw_fd();
     let mut cmd = tokio::process::Command::new(bwrap);
-    cmd.args(bwrap_args(run, seccomp_fd))
+    cmd.args(bwrap_args(run, stage, seccomp_fd))
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    join_and_drop_privileges(&mut cmd, fds, uid, seccomp_fd);
+    stage_and_drop_privileges(&mut cmd, binds, fds, uid, seccomp_fd);
     let started = std::time::Instant::now();
-    let mut child = cmd.spawn()?;
-    drop(procs);
-    drop(seccomp_reader);
+    let spawned = cmd.spawn();
+    drop((procs, seccomp_reader));
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = tokio::task::spawn_blocking(move || drop(group)).await;
+            return Err(e.into());
+        }
+    };
     let stdout_task = tokio::spawn(read_bounded(child.stdout.take()));
     let stderr_task = tokio::spawn(read_bounded(child.stderr.take()));
-    let status = tokio::time::timeout(run.run_time, child.wait()).await;
-    // Whatever is left (a daemon the command left behind, or all of it past the run time).
-    group.kill_all();
+    let waited = tokio::select! {
+        status = tokio::time::timeout(run.run_time, child.wait()) => match status {
+            Ok(status) => Waited::Exited(status),
+            Err(_) => Waited::TimeExceeded,
+        },
+        _ = stop => Waited::Stopped,
+    };
+    // Whatever is left (a daemon the command left behind, or all of it past the run time or
+    // on a stop), off the async threads: killing waits until the group is empty.
+    let (group, usage) = tokio::task::spawn_blocking(move || {
+        group.kill_all();
+        let usage = group.usage();
+        (group, usage)
+    })
+    .await
+    .map_err(std::io::Error::other)?;
     let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let usage = group.usage();
-    let end = match status {
-        Err(_) => {
-            let _ = child.kill().await;
-            End::TimeExceeded
-        }
-        Ok(status) => {
+    let end = match waited {
+        Waited::TimeExceeded => End::TimeExceeded,
+        Waited::Stopped => End::Stopped,
+        Waited::Exited(status) => {
             use std::os::unix::process::ExitStatusExt as _;
             let status = status?;
             if usage.oom_killed {
@@ -208,35 +269,74 @@ pub async fn run(bwrap: &Path, backend: &cgroup::Backend, name: &str, run: &Nati
             }
         }
     };
+    if !matches!(end, End::Exited(_) | End::Signalled(_) | End::MemoryExceeded) {
+        let _ = child.kill().await;
+    }
     let stdout = stdout_task.await.unwrap_or_default();
     let stderr = stderr_task.await.unwrap_or_default();
-    drop(group);
+    let _ = tokio::task::spawn_blocking(move || drop(group)).await;
     Ok(Ran { end, usage, wall_ms, stdout, stderr })
 }
 
-/// Between fork and exec, the child joins the job's control group (writes "0", itself, to each
-/// `cgroup.procs` in `fds`), lets no descriptor but stdio and `inherit` survive the exec,
-/// drops every supplementary group and takes `uid` as its ids, and asks to be killed with its
-/// parent.
+/// How the wait for the command ended.
+enum Waited {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimeExceeded,
+    Stopped,
+}
+
+/// The host paths bound onto the stage, prepared before the fork.
+struct Binds {
+    /// The image, the input and the output directory.
+    sources: [std::ffi::CString; 3],
+    /// `<stage>/root`, `<stage>/input`, `<stage>/output`.
+    targets: [std::ffi::CString; 3],
+    /// `/`.
+    slash: std::ffi::CString,
+}
+
+/// Between fork and exec, the child (still root) takes a mount namespace of its own, private
+/// (nothing it mounts reaches the host's), binds the image and the job's directories onto the
+/// stage, joins the job's control group (writes "0", itself, to each `cgroup.procs` in `fds`),
+/// lets no descriptor but stdio and `inherit` survive the exec, drops every supplementary
+/// group, takes `uid` as its ids, and asks to be killed with its parent.
 ///
 /// bwrap hands the command every descriptor it got, so one the EP itself inherited without
 /// close-on-exec (from whatever started it) would otherwise reach the guest; marking them all
 /// close-on-exec, rather than closing them, keeps the one std uses to report a failed exec.
 #[allow(unsafe_code)]
-fn join_and_drop_privileges(cmd: &mut tokio::process::Command, fds: Vec<i32>, uid: u32, inherit: i32) {
-    // SAFETY: only async-signal-safe calls (write, close_range, fcntl, setgroups, setgid,
-    // setuid, prctl) on values prepared before the fork; no allocation.
+fn stage_and_drop_privileges(cmd: &mut tokio::process::Command, binds: Binds, fds: Vec<i32>, uid: u32, inherit: i32) {
+    // SAFETY: only async-signal-safe calls (unshare, mount, write, close_range, fcntl,
+    // setgroups, setgid, setuid, prctl) on values prepared before the fork; no allocation.
     unsafe {
         cmd.pre_exec(move || {
+            let fail = || Err(std::io::Error::last_os_error());
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    binds.slash.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return fail();
+            }
+            for (source, target) in binds.sources.iter().zip(&binds.targets) {
+                let flags = libc::MS_BIND | libc::MS_REC;
+                if libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), flags, std::ptr::null()) != 0 {
+                    return fail();
+                }
+            }
             let (first, last, cloexec) = (3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
             if libc::syscall(libc::SYS_close_range, first, last, cloexec) != 0
                 || libc::fcntl(inherit, libc::F_SETFD, 0) != 0
             {
-                return Err(std::io::Error::last_os_error());
+                return fail();
             }
             for fd in &fds {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
+                    return fail();
                 }
             }
             if libc::setgroups(0, std::ptr::null()) != 0
@@ -244,7 +344,7 @@ fn join_and_drop_privileges(cmd: &mut tokio::process::Command, fds: Vec<i32>, ui
                 || libc::setuid(uid) != 0
                 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
             {
-                return Err(std::io::Error::last_os_error());
+                return fail();
             }
             Ok(())
         });

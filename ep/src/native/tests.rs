@@ -48,7 +48,10 @@ async fn sh(f: &Fixture, name: &str, script: &str, limits: cgroup::Limits, run_t
     };
     // Unique on the host: another test process (or a crashed one's leftover) uses other names.
     let name = format!("{name}-{}-{}", std::process::id(), rand::random::<u32>());
-    run(Path::new(BWRAP), &f.backend, &name, &native).await.expect("the run starts")
+    make_stage(Path::new(STAGE)).expect("the stage (the tests run as root)");
+    run(Path::new(BWRAP), &f.backend, Path::new(STAGE), &name, &native, std::future::pending())
+        .await
+        .expect("the run starts")
 }
 
 /// Inside: the job's uid, no network but `lo`, only the manifest's environment, `/input`

@@ -153,6 +153,7 @@ impl Flaky {
                 version: 1,
                 digest,
                 module_url: format!("{}/modules/{name}", self.base),
+                native: None,
             },
             resources: Resources::new(1, 64, 30),
             input: InputSpec {

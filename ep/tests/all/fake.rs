@@ -337,6 +337,7 @@ impl Harness {
             allowed_origins: None,
             max_open_files: 256,
             compile_timeout_s: 300,
+            native: Default::default(),
             prefetch: None,
         };
         tweak(&mut config);
@@ -367,6 +368,7 @@ impl Harness {
                 version: 1,
                 digest: self.digests.get(module).expect("module served").clone(),
                 module_url: format!("{}/modules/{module}", self.base),
+                native: None,
             },
             resources: Resources::new(1, 64, 30),
             input: InputSpec {

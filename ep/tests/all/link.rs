@@ -167,6 +167,7 @@ async fn start_ep(
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        native: Default::default(),
         prefetch: None,
     };
     let settings = config.resolve().await.expect("resolves");

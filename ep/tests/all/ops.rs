@@ -169,6 +169,7 @@ fn config(work: &Path, slots: Resources, labels: BTreeMap<String, String>) -> Co
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        native: Default::default(),
         prefetch: None,
     }
 }

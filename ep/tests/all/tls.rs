@@ -164,6 +164,7 @@ impl Scheduler {
                 version: 1,
                 module_url: format!("{storage}/v1/modules/{digest}"),
                 digest,
+                native: None,
             },
             resources: Resources::new(1, 256, 60),
             input: InputSpec {
@@ -227,6 +228,7 @@ fn ep_config(scheduler: &Scheduler, work: &Path, tls_ca_file: Option<PathBuf>) -
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        native: Default::default(),
         prefetch: None,
     }
 }
@@ -361,6 +363,7 @@ async fn a_bad_tls_ca_file_fails_resolve_clearly() {
         allowed_origins: None,
         max_open_files: 256,
         compile_timeout_s: 300,
+        native: Default::default(),
         prefetch: None,
     };
     let write = |name: &str, text: &str| {

@@ -14,6 +14,34 @@ pub struct ModuleUploaded {
     pub digest: Digest,
 }
 
+/// An image as `GET /v1/images` and `GET /v1/images/{digest}/info` tell it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// Its content digest.
+    pub digest: Digest,
+    /// Its size, bytes.
+    pub size: u64,
+    /// When it was first stored, Unix seconds.
+    pub stored_at: u64,
+    /// The asking owner's tags for it.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// The function versions that name it (`name@version`), every owner's: such an image is
+    /// kept.
+    #[serde(default)]
+    pub used_by: Vec<String>,
+}
+
+/// Query of `POST /v1/images`: the tag the uploader names the image by.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageQuery {
+    /// A name of the uploader's for it (a function name's syntax), moved to it from any
+    /// image it named before.
+    #[serde(default)]
+    pub tag: Option<String>,
+}
+
 /// Body of `POST /v1/functions/{name}/runs`, with `Authorization: Bearer <submit token>`.
 /// Answer: [`SubmitResponse`] (201).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

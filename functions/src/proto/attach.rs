@@ -20,6 +20,8 @@
 //! audit trail.
 
 use super::submit::{FunctionRef, InputSpec, OutputSpec, SecretEnv};
+use crate::digest::Digest;
+use crate::manifest::RuntimeKind;
 use crate::on_failure::RetryOn;
 use crate::resources::{JobLimits, Resources};
 use serde::{Deserialize, Serialize};
@@ -63,6 +65,25 @@ pub struct Hello {
     /// 20): one message per frame and no prefetch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
+    /// The runtimes it runs functions with. Absent (EPs before native guests): wasm only. An
+    /// EP offers `native` only where its sandbox and a cgroup backend work.
+    #[serde(default = "wasm_only", skip_serializing_if = "is_wasm_only")]
+    pub runtimes: Vec<RuntimeKind>,
+    /// Images it holds unpacked (at most [`MAX_HELLO_IMAGES`]): the scheduler prefers it for
+    /// their jobs. Self-asserted: a preference only, never a permission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<Digest>,
+}
+
+/// Most images a [`Hello`] lists.
+pub const MAX_HELLO_IMAGES: usize = 256;
+
+fn wasm_only() -> Vec<RuntimeKind> {
+    vec![RuntimeKind::Wasm]
+}
+
+fn is_wasm_only(r: &[RuntimeKind]) -> bool {
+    r == [RuntimeKind::Wasm]
 }
 
 /// What the scheduler grants an EP that asked for prefetch ([`Hello::prefetch`]), in its

@@ -66,8 +66,12 @@ pub struct JobRecord {
     pub function: String,
     /// Function version.
     pub version: u32,
-    /// Module digest.
+    /// Its code's digest: the wasm module's, or a native function's image's, exactly as it
+    /// was fired.
     pub digest: Digest,
+    /// A native function's command (then `digest` names its image); absent for wasm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<super::NativeCode>,
     /// Current state.
     pub state: JobState,
     /// Why it failed; empty otherwise.

@@ -44,8 +44,36 @@ pub struct FunctionRef {
     pub version: u32,
     /// Content digest of the module; bound into the submit token.
     pub digest: Digest,
-    /// Where the module bytes can be fetched (the registry's `GET /v1/modules/{digest}`).
+    /// Where the module bytes can be fetched (the registry's `GET /v1/modules/{digest}`, or
+    /// `GET /v1/images/{digest}` for a native function).
     pub module_url: String,
+    /// A native function's command; `digest` and `module_url` then name its image. Absent: a
+    /// wasm module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<NativeCode>,
+}
+
+/// What a native function runs in its image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeCode {
+    /// argv: the command and its first arguments; the input's guest path and the job's `args`
+    /// follow.
+    pub command: Vec<String>,
+}
+
+impl FunctionRef {
+    /// What a submit token's `function` claim binds ([`crate::token::SubmitClaims::function`]):
+    /// a wasm module's digest; for a native function the digest of its image's digest and its
+    /// command together, so a token for one command in an image runs no other command in it.
+    pub fn bound_digest(&self) -> Digest {
+        match &self.native {
+            None => self.digest.clone(),
+            Some(n) => {
+                let both = serde_json::json!({ "image": self.digest.as_str(), "command": n.command });
+                Digest::of(both.to_string().as_bytes())
+            }
+        }
+    }
 }
 
 /// The job's one input file.

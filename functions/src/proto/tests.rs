@@ -49,6 +49,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
             version: 1,
             digest: Digest::of(b"m"),
             module_url: "http://gw/v1/modules/m".into(),
+            native: None,
         },
         resources: Resources::new(1, 1, 1),
         input: InputSpec { sha256: None, url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },

@@ -18,6 +18,7 @@
 //!
 //! Calls block on disk; async callers use `spawn_blocking`.
 
+pub mod images;
 pub mod lifecycle;
 pub mod secrets;
 
@@ -43,8 +44,16 @@ pub enum RegistryError {
     /// The bytes are not a wasm module.
     #[error("not a WebAssembly module: {0}")]
     NotWasm(String),
-    /// The manifest names a module that was never uploaded.
-    #[error("module {0} is not in the registry; upload it first")]
+    /// The bytes are not an image (a tar, plain or gzip'd, within [`images::MAX_IMAGE_BYTES`]).
+    #[error("not an image: {0}")]
+    NotImage(String),
+    /// The image is named by function versions (the message names them) and is kept.
+    #[error("{0}; it is kept")]
+    InUse(String),
+    /// The manifest names a module (or, native, an image) that was never uploaded.
+    #[error(
+        "{0} is not in the registry; upload it first (`htfaas fn register` uploads a module; `htfaas image push` an image)"
+    )]
     UnknownModule(Digest),
     /// No such function.
     #[error("function {0:?} not found")]
@@ -86,7 +95,7 @@ impl From<std::io::Error> for RegistryError {
     }
 }
 
-/// How many distinct modules, and how many bytes of them, one owner may upload
+/// How many distinct modules and images, and how many bytes of them, one owner may upload
 /// ([`Registry::put_module_for`]); an admin's uploads count against none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -134,6 +143,7 @@ impl Registry {
                  PRIMARY KEY (name, version));",
         )?;
         create_owners(&conn)?;
+        images::create_tables(&conn)?;
         lifecycle::create_table(&conn)?;
         secrets::create_table(&conn)?;
         // Namespace grants ([`crate::namespace`]): who may trigger on, read and write where.
@@ -156,48 +166,61 @@ impl Registry {
     /// it would take the owner past `quota.max_modules` modules or `quota.max_bytes` bytes.
     pub fn put_module_for(&self, owner: &str, bytes: &[u8], quota: ModuleQuota) -> Result<Digest, RegistryError> {
         let digest = Digest::of(bytes);
-        let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
-        {
-            let conn = self.conn();
-            let (count, used): (i64, i64) = conn.query_row(
-                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM module_uploads WHERE owner = ?1",
-                [owner],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
-            let known: bool = conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM module_uploads WHERE owner = ?1 AND digest = ?2)",
-                params![owner, digest.as_str()],
-                |r| r.get(0),
-            )?;
-            if !known {
-                let (count, used) = (u64::try_from(count).unwrap_or(0), u64::try_from(used).unwrap_or(0));
-                if count >= quota.max_modules {
-                    return Err(RegistryError::QuotaExceeded(format!(
-                        "owner {owner} has uploaded {count} modules; the quota is {} (remove functions' old modules \
-                         or ask an admin)",
-                        quota.max_modules
-                    )));
-                }
-                if used.saturating_add(bytes.len() as u64) > quota.max_bytes {
-                    return Err(RegistryError::QuotaExceeded(format!(
-                        "owner {owner} has uploaded {used} bytes of modules; {} more would pass the quota of {} bytes",
-                        bytes.len(),
-                        quota.max_bytes
-                    )));
-                }
-                // Reserved under the lock, so that concurrent uploads cannot both pass the check.
-                conn.execute(
-                    "INSERT INTO module_uploads (owner, digest, size) VALUES (?1, ?2, ?3)",
-                    params![owner, digest.as_str(), size],
-                )?;
-            }
+        self.reserve(owner, &digest, bytes.len() as u64, quota, "modules")?;
+        self.put_module(bytes).inspect_err(|_| self.unreserve(owner, &digest))
+    }
+
+    /// Counts `size` bytes of `digest` against `owner`'s `quota` (`what` names the kind in the
+    /// refusal), under the lock so that concurrent uploads cannot both pass; a digest the owner
+    /// holds already costs nothing.
+    fn reserve(
+        &self,
+        owner: &str,
+        digest: &Digest,
+        size: u64,
+        quota: ModuleQuota,
+        what: &str,
+    ) -> Result<(), RegistryError> {
+        let conn = self.conn();
+        let (count, used): (i64, i64) = conn.query_row(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM module_uploads WHERE owner = ?1",
+            [owner],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let known: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM module_uploads WHERE owner = ?1 AND digest = ?2)",
+            params![owner, digest.as_str()],
+            |r| r.get(0),
+        )?;
+        if known {
+            return Ok(());
         }
-        self.put_module(bytes).inspect_err(|_| {
-            let _ = self.conn().execute(
-                "DELETE FROM module_uploads WHERE owner = ?1 AND digest = ?2",
-                params![owner, digest.as_str()],
-            );
-        })
+        let (count, used) = (u64::try_from(count).unwrap_or(0), u64::try_from(used).unwrap_or(0));
+        if count >= quota.max_modules {
+            return Err(RegistryError::QuotaExceeded(format!(
+                "owner {owner} has uploaded {count} {what}; the quota is {} (remove functions' old {what} \
+                 or ask an admin)",
+                quota.max_modules
+            )));
+        }
+        if used.saturating_add(size) > quota.max_bytes {
+            return Err(RegistryError::QuotaExceeded(format!(
+                "owner {owner} has uploaded {used} bytes of {what}; {size} more would pass the quota of {} bytes",
+                quota.max_bytes
+            )));
+        }
+        conn.execute(
+            "INSERT INTO module_uploads (owner, digest, size) VALUES (?1, ?2, ?3)",
+            params![owner, digest.as_str(), i64::try_from(size).unwrap_or(i64::MAX)],
+        )?;
+        Ok(())
+    }
+
+    /// Takes back a [`Registry::reserve`] whose upload failed.
+    fn unreserve(&self, owner: &str, digest: &Digest) {
+        let _ = self
+            .conn()
+            .execute("DELETE FROM module_uploads WHERE owner = ?1 AND digest = ?2", params![owner, digest.as_str()]);
     }
 
     pub(crate) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -242,14 +265,22 @@ impl Registry {
         Ok(known.map(|_| self.blob_path(digest)))
     }
 
+    /// Where `manifest`'s code is stored: its module, or for a native function its image;
+    /// [`RegistryError::UnknownModule`] when it was never uploaded.
+    pub fn code_path(&self, manifest: &FunctionManifest) -> Result<PathBuf, RegistryError> {
+        let stored = match manifest.runtime {
+            crate::manifest::RuntimeKind::Wasm => self.module_path(&manifest.module)?,
+            crate::manifest::RuntimeKind::Native => self.image_path(&manifest.module)?,
+        };
+        stored.ok_or_else(|| RegistryError::UnknownModule(manifest.module.clone()))
+    }
+
     /// Registers `manifest` as the next version of its name, which then fires: a pin is lifted
     /// and a deleted function lives again (a disabled one stays disabled). Registering the same
     /// manifest as the latest version again returns that version unchanged (and lifts the pin).
     pub fn register(&self, manifest: FunctionManifest) -> Result<FunctionRecord, RegistryError> {
         manifest.validate()?;
-        if self.module_path(&manifest.module)?.is_none() {
-            return Err(RegistryError::UnknownModule(manifest.module.clone()));
-        }
+        self.code_path(&manifest)?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         claim(&tx, &manifest.name, &manifest.owner)?;
@@ -401,6 +432,8 @@ mod tests {
 
     pub(super) fn manifest(module: Digest) -> FunctionManifest {
         FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: "checksum".into(),
             owner: "alice".into(),

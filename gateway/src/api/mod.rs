@@ -7,7 +7,7 @@
 //! (signature, issuer, audience, expiry), then by the scheduler's preflight (revocation, uses
 //! left), so a revoked or spent token never makes the storage issue credentials.
 //!
-//! Every route but `GET /healthz`, `GET /v1/openapi.json` and `GET /v1/modules/{digest}` needs a
+//! Every route but `GET /healthz`, `GET /v1/openapi.json`, `GET /v1/modules/{digest}` and `GET /v1/images/{digest}` needs a
 //! credential, checked here before anything else ([`crate::auth::require_caller`], [`crate::auth::require_admin`]):
 //!
 //! - the **admin token** of the config (the bootstrap credential, compared in constant time):
@@ -35,6 +35,11 @@
 //! | `GET /v1/openapi.json` | none | the OpenAPI 3.1 document of this API ([`crate::openapi`]) |
 //! | `POST /v1/modules` | developer | body = wasm bytes → `ModuleUploaded` (`{"digest":…}`) |
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
+//! | `POST /v1/images[?tag=NAME]` | developer | body = an image tar (plain or gzip'd), streamed → `ModuleUploaded` ([`images`]) |
+//! | `GET /v1/images` | developer (own) | `Vec<ImageInfo>` |
+//! | `GET /v1/images/{digest}` | none | image bytes (content-addressed; EPs verify the digest and every entry) |
+//! | `GET /v1/images/{digest}/info` | developer (own) | `ImageInfo` (with the versions that name it); a tag for `{digest}` too |
+//! | `DELETE /v1/images/{digest}` | developer (own) | 204; 409 while a function version names it |
 //! | `POST /v1/functions` | developer (own) | body = `FunctionManifest` → `FunctionRecord` |
 //! | `POST /v1/functions?dry_run=true[&since&until&limit]` | developer (own) | manifest, checked, not kept → `Report` |
 //! | `GET /v1/functions` | developer (own) | `Vec<FunctionStatus>` (the live version of each, with `latest_version`, `enabled`, `pinned`) |
@@ -128,6 +133,7 @@ pub mod audit;
 mod dlq;
 mod events;
 mod files;
+mod images;
 mod lifecycle;
 pub mod metrics;
 pub mod namespaces;
@@ -206,6 +212,11 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/openapi.json", "/v1/openapi.json", Access::Public),
     op("POST", "/v1/modules", "/v1/modules", Access::Developer),
     op("GET", "/v1/modules/{digest}", "/v1/modules/{digest}", Access::Public),
+    op("POST", "/v1/images", "/v1/images", Access::Developer),
+    op("GET", "/v1/images", "/v1/images", Access::Developer),
+    op("GET", "/v1/images/{digest}", "/v1/images/{digest}", Access::Public),
+    op("DELETE", "/v1/images/{digest}", "/v1/images/{digest}", Access::Developer),
+    op("GET", "/v1/images/{digest}/info", "/v1/images/{digest}/info", Access::Developer),
     op("POST", "/v1/functions", "/v1/functions", Access::Developer),
     op("GET", "/v1/functions", "/v1/functions", Access::Developer),
     op("GET", "/v1/functions/{name}", "/v1/functions/{name}", Access::Developer),
@@ -281,6 +292,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/modules", post(registry::put_module).layer(DefaultBodyLimit::max(MAX_MODULE_BYTES)))
         .route("/v1/modules/{digest}", get(registry::get_module))
+        .route("/v1/images", post(images::put_image).get(images::list_images).layer(DefaultBodyLimit::disable()))
+        .route("/v1/images/{digest}", get(images::get_image).delete(images::delete_image))
+        .route("/v1/images/{digest}/info", get(images::show_image))
         .route("/v1/functions", post(registry::register).get(registry::list_functions))
         .route("/v1/functions/{name}", get(lifecycle::show).delete(lifecycle::delete))
         .route("/v1/functions/{name}/versions", get(lifecycle::versions))

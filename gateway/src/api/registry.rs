@@ -120,9 +120,7 @@ pub(super) async fn dry_run_registration(
     let s = shared.clone();
     let manifest = blocking(move || {
         manifest.validate()?;
-        if s.registry.module_path(&manifest.module)?.is_none() {
-            return Err(RegistryError::UnknownModule(manifest.module.clone()));
-        }
+        s.registry.code_path(&manifest)?;
         Ok(manifest)
     })
     .await?;

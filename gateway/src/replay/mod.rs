@@ -514,6 +514,8 @@ mod tests {
             version: 3,
             registered_at: 0,
             manifest: FunctionManifest {
+                runtime: Default::default(),
+                command: Vec::new(),
                 retry: None,
                 name: "a".into(),
                 owner: "alice".into(),

@@ -54,6 +54,8 @@ fn config(dir: &Path, nats_url: &str) -> htfaas_gateway::Config {
 
 fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &str) -> FunctionManifest {
     FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
         retry: None,
         name: name.into(),
         owner: owner.into(),

@@ -51,6 +51,8 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
         version: 1,
         registered_at: 0,
         manifest: FunctionManifest {
+            runtime: Default::default(),
+            command: Vec::new(),
             retry: None,
             name: name.into(),
             owner: "alice".into(),

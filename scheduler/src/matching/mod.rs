@@ -7,10 +7,13 @@
 //! once as its resources allow), whose `runtime_s` is at least the job's, whose owner
 //! restriction is absent or equal to the job's owner, and whose annex equals the job's (both
 //! none, or the same name: an annex EP runs only its annex's jobs, and an annex job runs only
-//! there). Owner and annex come from the EP's attach token, never from the EP's own word.
+//! there), and that runs native code if the job is native. Owner and annex come from the EP's
+//! attach token, never from the EP's own word (whether it runs native code is its word: an EP
+//! that says so falsely only fails the native jobs it is given).
 //! [`EpSlot::refusal`] says why an EP does not take a job; `htfaas jobs analyze` shows it. Among
-//! the EPs that qualify, those dedicated to the owner come first, then the tightest fit (fewest
-//! free cpus left), so large holes stay open for large jobs.
+//! the EPs that qualify, those dedicated to the owner come first, then for a native job those
+//! that hold its image (no fetch, no unpacking), then the tightest fit (fewest free cpus left),
+//! so large holes stay open for large jobs.
 //!
 //! Which job gets a free slot: fair share, as HTCondor's negotiator does it. Each owner has a
 //! real priority, 0.5 + their decayed usage in cores (core-seconds × ln 2 / half-life: an owner
@@ -57,6 +60,8 @@ pub struct Match {
     pub owner: String,
     /// The job's accounting group.
     pub group: Option<String>,
+    /// A native job's image (the EP fetches it for the job, and holds it after).
+    pub image: Option<String>,
 }
 
 /// A group's quota for one round, in cores.
@@ -161,7 +166,12 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
                         let f = free.get(e.ep_id.as_str()).copied()?;
                         e.refusal_with(job, f, policy.now_ms).is_none().then(|| (e, f.minus(&job.resources)))
                     })
-                    .min_by_key(|(e, left)| (e.pool.owner.is_none(), left.cpus, left.memory_mb));
+                    // Dedicated EPs first, then (native jobs) those holding the image, then the
+                    // tightest fit.
+                    .min_by_key(|(e, left)| {
+                        let cold = job.image.as_ref().is_some_and(|i| !e.images.contains(i));
+                        (e.pool.owner.is_none(), cold, left.cpus, left.memory_mb)
+                    });
                 if let Some((ep, left)) = best {
                     chosen = Some((job, ep, left));
                     break;
@@ -192,6 +202,7 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
                 resources: job.resources,
                 owner: job.owner.clone(),
                 group: job.group.clone(),
+                image: job.image.clone(),
             });
         }
     }
@@ -224,7 +235,7 @@ mod tests {
     }
 
     fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
-        IdleJob { id: id.into(), owner: owner.into(), group: None, annex: None, resources: r }
+        IdleJob { id: id.into(), owner: owner.into(), group: None, annex: None, resources: r, image: None }
     }
 
     fn annex_job(id: &str, annex: &str) -> IdleJob {
@@ -335,6 +346,7 @@ mod tests {
                 version: 1,
                 digest: htfaas_functions::Digest::of(b"m"),
                 module_url: "http://r/m".into(),
+                native: None,
             },
             resources: res(1, 1, 1),
             input: htfaas_functions::proto::InputSpec {
@@ -427,5 +439,34 @@ mod tests {
         let m = select(&[job("j1", "alice", res(1, 1, 1)), job("j2", "bob", res(1, 1, 1))], &t, &Policy::default());
         assert_eq!(m[0].ep_id, "alices");
         assert_eq!(m[1].ep_id, "small");
+    }
+
+    /// A native job goes only to an EP that runs native code, first to one holding its image
+    /// (which it holds from then on); a wasm-only EP says why it refuses it.
+    #[test]
+    fn native_jobs_go_to_native_eps_that_hold_their_image_first() {
+        let mut t = EpTable::default();
+        t.insert(ep("wasm-only", None, res(8, 8000, 100)));
+        let native = IdleJob { image: Some("sha256:img".into()), ..job("n1", "alice", res(1, 1, 1)) };
+        assert_eq!(select(std::slice::from_ref(&native), &t, &Policy::default()), vec![]);
+        let why = t.eps["wasm-only"].refusal(&native, 0).expect("refused");
+        assert!(why.contains("no native runtime"), "{why}");
+        let mut cold = ep("cold", None, res(2, 8000, 100));
+        cold.native = true;
+        let mut warm = ep("warm", None, res(8, 8000, 100));
+        warm.native = true;
+        warm.images.insert("sha256:img".into());
+        t.insert(cold);
+        t.insert(warm);
+        let m = select(std::slice::from_ref(&native), &t, &Policy::default());
+        assert_eq!(placed(&m), vec![("n1", "warm")], "the EP with the image, though a looser fit");
+        // Without the image anywhere, the tightest native fit; it holds the image once assigned.
+        let other = IdleJob { image: Some("sha256:other".into()), ..job("n2", "alice", res(1, 1, 1)) };
+        let m = select(std::slice::from_ref(&other), &t, &Policy::default());
+        assert_eq!(placed(&m), vec![("n2", "cold")]);
+        assert!(t.reserve(&m[0]));
+        assert!(t.eps["cold"].images.contains("sha256:other"));
+        // A wasm job still goes anywhere.
+        assert_eq!(select(&[job("w", "bob", res(8, 1, 1))], &t, &Policy::default()).len(), 1);
     }
 }

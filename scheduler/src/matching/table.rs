@@ -127,6 +127,11 @@ pub struct EpSlot {
     pub admin: EpAdmin,
     /// Labels from its Hello (for admins; matching does not use them).
     pub labels: BTreeMap<String, String>,
+    /// It runs native functions (its Hello offers the `native` runtime).
+    pub native: bool,
+    /// Images it holds, as far as the scheduler knows: those its Hello listed and those of the
+    /// native jobs assigned to it since (it fetched them for those). A preference only.
+    pub images: HashSet<String>,
 }
 
 impl EpSlot {
@@ -162,6 +167,8 @@ impl EpSlot {
             self_draining: false,
             admin: EpAdmin::default(),
             labels: BTreeMap::new(),
+            native: false,
+            images: HashSet::new(),
         }
     }
 
@@ -236,6 +243,9 @@ impl EpSlot {
         }
         if let Some(o) = self.pool.owner.as_ref().filter(|o| **o != job.owner) {
             return Some(format!("the EP runs only {o}'s jobs"));
+        }
+        if job.image.is_some() && !self.native {
+            return Some("the job is native and the EP offers no native runtime (wasm only)".into());
         }
         if self.pool.annex != job.annex {
             let name = |a: &Option<String>| a.as_deref().map_or_else(|| "none".to_owned(), |a| format!("{a:?}"));
@@ -436,11 +446,14 @@ impl EpTable {
 
     /// Each pool with an EP that accepts work, with its room (see [`PoolRoom`]).
     pub fn pools_with_room(&self) -> Vec<PoolRoom> {
-        let mut pools: BTreeMap<&Pool, (Resources, u32)> = BTreeMap::new();
+        let mut pools: BTreeMap<&Pool, (Resources, u32, bool)> = BTreeMap::new();
         for e in self.eps.values().filter(|e| e.accepting()) {
-            let (r, free) = pools
-                .entry(&e.pool)
-                .or_insert((Resources { cpus: 0, memory_mb: 0, runtime_s: 0, gpus: 0, disk_mb: 0 }, 0));
+            let (r, free, native) = pools.entry(&e.pool).or_insert((
+                Resources { cpus: 0, memory_mb: 0, runtime_s: 0, gpus: 0, disk_mb: 0 },
+                0,
+                false,
+            ));
+            *native |= e.native;
             // With queue room, any job that fits the EP at all may be assigned there.
             let (room, slots) = if e.prefetch_room() > 0 {
                 (e.whole(), e.startable().cpus.saturating_add(e.prefetch_room()))
@@ -454,7 +467,10 @@ impl EpTable {
             r.disk_mb = r.disk_mb.max(room.disk_mb);
             *free = free.saturating_add(slots);
         }
-        pools.into_iter().map(|(p, (room, free_cpus))| PoolRoom { pool: p.clone(), room, free_cpus }).collect()
+        pools
+            .into_iter()
+            .map(|(p, (room, free_cpus, native))| PoolRoom { pool: p.clone(), room, free_cpus, native })
+            .collect()
     }
 
     /// Reserves `m.resources` on its EP for its job: in its free resources when nothing is
@@ -474,6 +490,9 @@ impl EpTable {
             ep.queued.push_back(m.job_id.clone());
         } else {
             return false;
+        }
+        if let Some(image) = &m.image {
+            ep.images.insert(image.clone());
         }
         let reservation = Reservation { resources: m.resources, owner: m.owner.clone(), group: m.group.clone() };
         ep.running.insert(m.job_id.clone(), reservation);

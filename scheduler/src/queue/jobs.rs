@@ -185,6 +185,7 @@ impl RawRecord {
             function: request.function.name,
             version: request.function.version,
             digest: request.function.digest,
+            native: request.function.native,
             state,
             reason: self.reason,
             input: request.input.url,
@@ -271,8 +272,8 @@ impl Queue {
                 tx,
                 "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
                  runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason, \
-                 sealed_for_job) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 1)",
+                 sealed_for_job, image) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 1, ?19)",
                 params![
                     job_id,
                     job.owner,
@@ -292,6 +293,7 @@ impl Queue {
                     db_int(r.disk_mb),
                     hold_code,
                     reason,
+                    job.request.function.native.as_ref().map(|_| job.request.function.digest.as_str()),
                 ],
             )?;
             let req = &job.request;

@@ -62,6 +62,7 @@
 mod accounts;
 mod ep_admin;
 mod handback;
+mod idle;
 mod jobs;
 mod outbox;
 mod renewals;
@@ -81,15 +82,13 @@ pub use accounts::{UsageRow, decay};
 pub use ep_admin::EpAdminRow;
 pub use handback::HandedBack;
 pub use htfaas_functions::store::now_ms;
+pub use idle::{BATCH, IdleJob, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Pool, PoolRoom};
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
 pub use renewals::RenewalFacts;
 pub use retry::DEFAULT_MAX_GUEST_RETRIES;
 pub use revocations::Recorded;
 pub(crate) use runs::assignment;
-pub use runs::{
-    BATCH, Finished, IdleJob, Loss, Lost, MAX_BACKOFF_MS, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Marked, Pool,
-    PoolRoom,
-};
+pub use runs::{Finished, Loss, Lost, MAX_BACKOFF_MS, Marked};
 pub use schema::{MIGRATIONS, SCHEMA_VERSION};
 pub use trail::{AUDIT_WRITER, UNVERIFIED_REFUSALS_BURST, UNVERIFIED_REFUSALS_PER_S, url_path};
 pub use writer::MAX_BATCH;

@@ -10,10 +10,10 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 8] = [
+pub const MIGRATIONS: [&str; 9] = [
     SCHEMA_1,
     MIGRATE_1_TO_2,
     MIGRATE_2_TO_3,
@@ -22,6 +22,7 @@ pub const MIGRATIONS: [&str; 8] = [
     MIGRATE_5_TO_6,
     MIGRATE_6_TO_7,
     MIGRATE_7_TO_8,
+    MIGRATE_8_TO_9,
 ];
 
 /// Version 1: jobs, token uses, accounts.
@@ -163,6 +164,14 @@ CREATE INDEX IF NOT EXISTS jobs_by_function_path ON jobs (owner,
 /// again, bound, when the store opens.
 pub(super) const MIGRATE_7_TO_8: &str = "
 ALTER TABLE jobs ADD COLUMN sealed_for_job INTEGER NOT NULL DEFAULT 0;
+";
+
+/// Version 9: a native job's image digest (NULL: a wasm job), which placement matches against
+/// the EPs that run native code.
+pub(super) const MIGRATE_8_TO_9: &str = "
+ALTER TABLE jobs ADD COLUMN image TEXT;
+UPDATE jobs SET image = json_extract(request, '$.function.digest')
+    WHERE json_valid(request) AND json_extract(request, '$.function.native') IS NOT NULL;
 ";
 
 /// A job's function name, as [`MIGRATE_6_TO_7`] indexes it.

@@ -53,7 +53,7 @@ async fn the_idle_limit_refuses_new_jobs_without_using_the_token_and_holds_under
 }
 
 fn pr(pool: Pool, room: Resources, free_cpus: u32) -> PoolRoom {
-    PoolRoom { pool, room, free_cpus }
+    PoolRoom { pool, room, free_cpus, native: false }
 }
 
 #[tokio::test]

@@ -53,6 +53,8 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
             annex: None,
             labels: Default::default(),
             prefetch: None,
+            runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+            images: Vec::new(),
         }),
     )
     .await;

@@ -267,6 +267,7 @@ impl Fixture {
                 version: 3,
                 digest: self.digest.clone(),
                 module_url: format!("{MODULES}/v1/modules/{}", self.digest),
+                native: None,
             },
             resources: Resources::new(2, 256, 60),
             input: InputSpec {
@@ -363,6 +364,8 @@ fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
         annex: annex.map(str::to_owned),
         labels: Default::default(),
         prefetch: None,
+        runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+        images: Vec::new(),
     })
 }
 

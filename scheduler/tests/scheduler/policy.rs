@@ -44,6 +44,8 @@ pub(super) async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: 
             annex: None,
             labels: Default::default(),
             prefetch: None,
+            runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+            images: Vec::new(),
         }),
     )
     .await;

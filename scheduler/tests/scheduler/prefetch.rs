@@ -22,6 +22,8 @@ async fn hello_prefetch(ws: &mut Ws, name: &str, cpus: u32, prefetch: u32) -> Pr
         annex: None,
         labels: Default::default(),
         prefetch: Some(prefetch),
+        runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+        images: Vec::new(),
     });
     send(ws, &hello).await;
     match serde_json::from_str::<SchedulerMsg>(&next_text(ws).await).expect("welcome") {

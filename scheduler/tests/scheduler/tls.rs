@@ -158,6 +158,7 @@ impl Server {
                 version: 1,
                 digest: Digest::of(b"module"),
                 module_url: format!("https://registry.invalid/v1/modules/{}", Digest::of(b"module")),
+                native: None,
             },
             resources: Resources::new(1, 256, 60),
             input: InputSpec {
@@ -221,6 +222,8 @@ async fn hello(ws: &mut Ws, name: &str) {
             annex: None,
             labels: Default::default(),
             prefetch: None,
+            runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
+            images: Vec::new(),
         }),
     )
     .await;

@@ -8,6 +8,7 @@ mod failures;
 mod files;
 mod guests;
 mod kafka;
+mod native;
 mod nats;
 mod principals;
 mod renewals;

@@ -56,7 +56,7 @@ impl Drop for Listener {
 fn request(digest: &Digest, module_url: String, input: String, output: String, key: &str) -> SubmitRequest {
     SubmitRequest {
         retry: None,
-        function: FunctionRef { name: "checksum".into(), version: 1, digest: digest.clone(), module_url },
+        function: FunctionRef { name: "checksum".into(), version: 1, digest: digest.clone(), module_url, native: None },
         resources: Resources::new(1, 256, 60),
         input: InputSpec { sha256: None, url: input, name: "a.dat".into(), macaroon: "m".into() },
         output: OutputSpec { on_failure: Default::default(), url: output, macaroon: "m".into() },

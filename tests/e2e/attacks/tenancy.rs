@@ -20,6 +20,8 @@ fn manifest(
     out: &str,
 ) -> FunctionManifest {
     FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
         retry: None,
         name: name.into(),
         owner: owner.into(),

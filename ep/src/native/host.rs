@@ -1,0 +1,152 @@
+//! The EP's native runtime as a whole, set up once at start: the bubblewrap binary, the cgroup
+//! backend, the image cache, and the pool of anonymous uids native jobs run as.
+//!
+//! Native jobs need the EP to run as root: it makes control groups and hands each job a uid of
+//! its own (never 0, never the EP's). An EP that is not root, has no bubblewrap, or finds no
+//! cgroup backend offers wasm only and says why at start ([`NativeHost::start`]).
+//!
+//! Must not know: jobs, the link, the network.
+
+use super::cgroup::{self, Backend};
+use super::image::ImageCache;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// How the EP's native runtime is set up.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// The bubblewrap binary.
+    pub bwrap: PathBuf,
+    /// Where unpacked images are cached.
+    pub cache_dir: PathBuf,
+    /// Most bytes of unpacked images kept (least recently used ones go first).
+    pub cache_bytes: u64,
+    /// Site directories of unpacked images (`<dir>/<hex digest>/`), read-only, trusted as the
+    /// site's.
+    pub site_images: Vec<PathBuf>,
+    /// The stage directory ([`super::STAGE`]).
+    pub stage: PathBuf,
+    /// The first anonymous uid (and gid) of native jobs.
+    pub uid_base: u32,
+    /// How many there are: the most native jobs at once.
+    pub uid_count: u32,
+}
+
+/// Why an EP offers no native runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Something the runtime needs is missing; the message says what.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The EP's native runtime.
+#[derive(Debug)]
+pub struct NativeHost {
+    /// The bubblewrap binary.
+    pub bwrap: PathBuf,
+    /// The cgroup backend.
+    pub backend: Backend,
+    /// Where a job's directories are bound for bwrap ([`super::STAGE`]).
+    pub stage: PathBuf,
+    /// Unpacked images.
+    pub images: ImageCache,
+    uids: UidPool,
+}
+
+/// The anonymous uids native jobs run as, each lent to one job at a time.
+#[derive(Debug, Clone)]
+pub struct UidPool(Arc<Mutex<BTreeSet<u32>>>);
+
+impl UidPool {
+    /// The pool of `base..base + count`.
+    pub fn new(base: u32, count: u32) -> UidPool {
+        UidPool(Arc::new(Mutex::new((base..base.saturating_add(count)).collect())))
+    }
+
+    /// The lowest free uid; `None` when every one is lent.
+    pub fn lease(&self) -> Option<UidLease> {
+        let uid = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop_first()?;
+        Some(UidLease { uid, pool: self.0.clone() })
+    }
+}
+
+/// A uid lent to one job; given back when dropped.
+#[derive(Debug)]
+pub struct UidLease {
+    uid: u32,
+    pool: Arc<Mutex<BTreeSet<u32>>>,
+}
+
+impl UidLease {
+    /// The uid (also the gid).
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).insert(self.uid);
+    }
+}
+
+impl NativeHost {
+    /// Sets the runtime up, or says why this host cannot run native jobs.
+    pub fn start(o: HostOptions) -> Result<NativeHost, HostError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let unavailable = |why: String| HostError::Unavailable(why);
+        let me =
+            std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(|e| unavailable(format!("/proc/self: {e}")))?;
+        if me != 0 {
+            return Err(unavailable(format!(
+                "the EP runs as uid {me}, not root: native jobs need it to make control groups and give each job \
+                 a uid of its own"
+            )));
+        }
+        if !is_executable(&o.bwrap) {
+            return Err(unavailable(format!("no bubblewrap at {} (install bubblewrap)", o.bwrap.display())));
+        }
+        if o.uid_base == 0 || o.uid_count == 0 || o.uid_base.checked_add(o.uid_count).is_none() {
+            return Err(unavailable("native.uid_base must be above 0 and uid_count at least 1".into()));
+        }
+        if (o.uid_base..o.uid_base + o.uid_count).contains(&me) {
+            return Err(unavailable(format!("native jobs' uids must not include the EP's own ({me})")));
+        }
+        let backend =
+            Backend::detect(Path::new(cgroup::CGROUP_ROOT)).map_err(|e| unavailable(format!("control groups: {e}")))?;
+        super::make_stage(&o.stage).map_err(|e| unavailable(format!("stage {}: {e}", o.stage.display())))?;
+        let images = ImageCache::open(o.cache_dir.clone(), o.cache_bytes, o.site_images.clone())
+            .map_err(|e| unavailable(format!("image cache at {}: {e}", o.cache_dir.display())))?;
+        let uids = UidPool::new(o.uid_base, o.uid_count);
+        Ok(NativeHost { bwrap: o.bwrap, backend, stage: o.stage, images, uids })
+    }
+
+    /// A free uid for one job; `None` when every one is lent (more native jobs at once than
+    /// `uid_count`).
+    pub fn lease_uid(&self) -> Option<UidLease> {
+        self.uids.lease()
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uids_are_lent_once_and_come_back() {
+        let pool = UidPool::new(70_000, 2);
+        let a = pool.lease().expect("first");
+        let b = pool.lease().expect("second");
+        assert_ne!(a.uid(), b.uid());
+        assert!(pool.lease().is_none(), "all lent");
+        drop(a);
+        assert_eq!(pool.lease().expect("back").uid(), 70_000);
+    }
+}

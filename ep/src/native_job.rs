@@ -1,0 +1,160 @@
+//! A native job's two steps of its own, between the input download and the output upload that
+//! every job shares ([`crate::job`]): its image (from the EP's cache, a site directory, or
+//! fetched from the job's `module_url`, its bytes checked against the digest the job names,
+//! then unpacked entry by entry, [`crate::native::image`]), and its run in the sandbox
+//! ([`crate::native::run`]) under a uid lent for the run, its usage read from its control group.
+//!
+//! The guest contract is the wasm one: argv is the manifest's `command`, then
+//! `/input/<name>`, then `args`; the environment is exactly the manifest's `env` and secrets;
+//! `/output` is where outputs go; a non-zero exit is a failure. A native guest also gets its
+//! cores (cpu quota = `resources.cpus`), `resources.memory_mb` of memory (its `/tmp` counts),
+//! and a `/tmp` of `resources.disk_mb` (1 GiB when the job names no disk).
+//!
+//! Must not know: the attach protocol, slots.
+
+use crate::native::host::NativeHost;
+use crate::native::image::ImageRoot;
+use crate::native::{End, NativeRun, cgroup};
+use crate::runtime::{CancelSignal, GuestJob, GuestRun, millis};
+use crate::transfer::{Transfer, download};
+use htfaas_functions::proto::{FunctionRef, NativeCode, Outcome};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most processes and threads of one native job.
+pub(crate) const MAX_PIDS: u64 = 1024;
+/// The sandbox's `/tmp` when the job names no disk.
+pub(crate) const DEFAULT_TMP_BYTES: u64 = 1 << 30;
+
+/// Fetches `f`'s image from its `module_url` into `work_dir/images`, checks its bytes against
+/// `f.digest` and unpacks it into the host's cache. Call with the digest's lock held, after the
+/// cache missed. Fails as the job's outcome: [`Outcome::ModuleFailed`] (refused, not the
+/// digest, unsafe entries), or [`Outcome::StorageUnavailable`] when the gateway stayed away.
+pub(crate) async fn fetch_image(
+    host: &Arc<NativeHost>,
+    http: &reqwest::Client,
+    work_dir: &Path,
+    f: &FunctionRef,
+    retries: &mut u32,
+) -> Result<ImageRoot, Outcome> {
+    let failed = |reason: String| Outcome::ModuleFailed { reason };
+    let path = work_dir.join("images").join(format!(".tmp-download-{:016x}", rand::random::<u64>()));
+    // Content-addressed and public like modules: no credential goes with the request.
+    let from = Transfer { http, url: &f.module_url, macaroon: "", traceparent: None };
+    let mut n = 0;
+    let fetched = download(&from, &path, None, &mut n, retries).await;
+    let sha256 = match fetched {
+        Ok(sha256) => sha256,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&path).await;
+            return Err(e.outcome(|reason| failed(format!("image: {reason}"))));
+        }
+    };
+    if sha256 != f.digest.hex() {
+        let _ = tokio::fs::remove_file(&path).await;
+        return Err(failed(format!("image: its bytes hash to sha256:{sha256}, not to the job's {}", f.digest)));
+    }
+    let (host, digest, tar) = (host.clone(), f.digest.clone(), path.clone());
+    let started = Instant::now();
+    let unpacked = tokio::task::spawn_blocking(move || host.images.unpack(&digest, &tar)).await;
+    let _ = tokio::fs::remove_file(&path).await;
+    let root = unpacked.map_err(|e| failed(format!("image unpacking task failed: {e}")))?;
+    let root = root.map_err(|e| failed(format!("image {}: {e}", f.digest.short())))?;
+    tracing::info!(bytes = n, unpack_ms = millis(started.elapsed()), image = %f.digest.short(), "image unpacked");
+    Ok(root)
+}
+
+/// Runs `job` natively in `root` as `code` says, in a control group named `group_name`,
+/// stopping it when `stop` fires (the job's cancel, or the scratch watcher). Never fails: a sandbox that cannot start is the outcome
+/// [`Outcome::ModuleFailed`], no free uid is a full pool ([`GuestRun::no_free_slot`]).
+pub(crate) async fn run(
+    host: &NativeHost,
+    group_name: &str,
+    code: &NativeCode,
+    root: &ImageRoot,
+    job: &GuestJob,
+    stop: &CancelSignal,
+) -> GuestRun {
+    let started = Instant::now();
+    let ended = |outcome: Outcome, no_free_slot: bool| GuestRun {
+        outcome,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        log_dropped: 0,
+        notes: Vec::new(),
+        wall_ms: millis(started.elapsed()),
+        cpu_ms: 0,
+        peak_memory_bytes: 0,
+        instructions: None,
+        no_free_slot,
+    };
+    let Some(uid) = host.lease_uid() else {
+        let why = "every anonymous uid of the EP's native runtime is in use (native.uid_count)";
+        return ended(Outcome::ModuleFailed { reason: why.into() }, true);
+    };
+    if let Err(e) = prepare_dirs(&job.input_dir, &job.output_dir, uid.uid()).await {
+        return ended(Outcome::ModuleFailed { reason: format!("prepare the sandbox's directories: {e}") }, false);
+    }
+    // The wasm argv's first word is the function's name; a native one's is its command.
+    let argv: Vec<String> = code.command.iter().chain(job.argv.iter().skip(1)).cloned().collect();
+    let r = job.resources;
+    let memory_bytes = r.memory_mb.saturating_mul(1 << 20);
+    let run = NativeRun {
+        root: root.path(),
+        input_dir: &job.input_dir,
+        output_dir: &job.output_dir,
+        argv: &argv,
+        env: &job.env,
+        uid: uid.uid(),
+        tmp_bytes: if r.disk_mb > 0 { r.disk_mb.saturating_mul(1 << 20) } else { DEFAULT_TMP_BYTES },
+        limits: cgroup::Limits { memory_bytes, pids: MAX_PIDS, cpus: r.cpus.max(1) },
+        run_time: Duration::from_secs(r.runtime_s),
+    };
+    let ran =
+        match crate::native::run(&host.bwrap, &host.backend, &host.stage, group_name, &run, stop.cancelled()).await {
+            Ok(ran) => ran,
+            Err(e) => return ended(Outcome::ModuleFailed { reason: e.to_string() }, false),
+        };
+    drop(uid);
+    let outcome = match ran.end {
+        End::Exited(code) => Outcome::Exited { exit_code: code },
+        End::Signalled(sig) => Outcome::Trapped { message: format!("killed by signal {sig}") },
+        End::MemoryExceeded => Outcome::MemoryExceeded { limit_bytes: memory_bytes },
+        End::TimeExceeded => Outcome::TimeExceeded { limit_s: r.runtime_s },
+        End::Stopped => stop.outcome(),
+    };
+    GuestRun {
+        outcome,
+        stdout: ran.stdout,
+        stderr: ran.stderr,
+        log_dropped: 0,
+        notes: Vec::new(),
+        wall_ms: ran.wall_ms,
+        cpu_ms: ran.usage.cpu_ms,
+        peak_memory_bytes: ran.usage.peak_memory_bytes,
+        instructions: None,
+        no_free_slot: false,
+    }
+}
+
+/// The sandbox reads `/input` and writes `/output` as `uid`: the input directory and its file
+/// readable by all (they are reached only through the job's private directory, which the
+/// sandbox gets by descriptor), the output directory the uid's alone.
+async fn prepare_dirs(input: &Path, output: &Path, uid: u32) -> std::io::Result<()> {
+    let (input, output) = (input.to_owned(), output.to_owned());
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o755))?;
+        for entry in std::fs::read_dir(&input)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o644))?;
+            }
+        }
+        std::os::unix::fs::chown(&output, Some(uid), Some(uid))?;
+        std::fs::set_permissions(&output, std::fs::Permissions::from_mode(0o700))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
