@@ -8,7 +8,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$ROOT/.tools/venv-parsl"
 PYTHON="${PYTHON:-python3}"
 
-# parsl and every package it pulls in, pinned exactly (pip freeze of a clean install).
+# parsl and every package it pulls in, pinned exactly (pip freeze of a clean install), and numpy
+# for the native guests' figures (the same Python function as htfaas's numpy image runs).
 PINS=(
   parsl==2026.10.26
   certifi==2026.10.18
@@ -16,6 +17,7 @@ PINS=(
   dill==0.4.1
   filelock==4.2.11
   idna==3.20
+  numpy==2.3.5
   psutil==7.2.2
   pyzmq==27.3.0
   requests==2.34.2

@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -65,6 +66,48 @@ def sha256_file(src: str, dst: str) -> None:
         digest = hashlib.sha256(f.read()).hexdigest()
     with open(dst, "w") as f:
         f.write(digest)
+
+
+@python_app
+def numpy_stats(src: str, dst: str) -> None:
+    # The same work as htfaas's native numpy function (src/bench/native.rs, NUMPY_APP).
+    import json
+    import numpy as np
+    a = np.fromfile(src, dtype="<f4")
+    out = {"n": int(a.size), "mean": float(a.astype(np.float64).mean()), "std": float(a.std())}
+    with open(dst, "w") as f:
+        json.dump(out, f)
+
+
+def run_numpy(args: argparse.Namespace, tmp: Path) -> None:
+    """The numpy task: the first one on fresh workers (numpy imported), then warm ones."""
+    n_lat = args.n_latency or (50 if args.quick else 200)
+    src, dst = tmp / "input.f32", tmp / "stats.json"
+    n = 1 << 18
+    src.write_bytes(struct.pack(f"<{n}f", *range(n)))
+    dfk = parsl.load(make_config(args.workers, tmp / "runinfo"))
+    try:
+        htex = dfk.executors["htex"]
+        connected = wait_for_workers(htex, args.workers, args.startup_timeout)
+        if connected != args.workers:
+            raise BenchError(f"expected {args.workers} workers, {connected} connected")
+        timed_sequential(noop, args.warmup, args.task_timeout)
+        t0 = time.perf_counter()
+        wait(numpy_stats(str(src), str(dst)), args.task_timeout, "first numpy task")
+        emit("numpy_task_first", round((time.perf_counter() - t0) * 1e3, 3), "ms", 1)
+        # Every worker imports numpy once before the warm samples.
+        for f in [numpy_stats(str(src), str(dst)) for _ in range(4 * args.workers)]:
+            wait(f, args.task_timeout, "numpy warm-up")
+        lat = timed_sequential(lambda: numpy_stats(str(src), str(dst)), n_lat, args.task_timeout)
+        emit("numpy_task_latency_p50", round(percentile(lat, 50), 3), "ms", n_lat,
+             p99=round(percentile(lat, 99), 3))
+    finally:
+        signal.alarm(CLEANUP_TIMEOUT)
+        try:
+            dfk.cleanup()
+        finally:
+            parsl.clear()
+            kill_leftovers(tmp / "runinfo")
 
 
 def make_config(workers: int, run_dir: Path) -> Config:
@@ -232,6 +275,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600, help="global timeout, s (default 600)")
     ap.add_argument("--task-timeout", type=float, default=30, help="per-task wait, s")
     ap.add_argument("--startup-timeout", type=float, default=60, help="wait for workers, s")
+    ap.add_argument("--numpy-only", action="store_true", help="only the numpy task's figures")
     args = ap.parse_args()
     if min(args.workers, args.n_latency or 1, args.n_throughput or 1) < 1:
         ap.error("--workers, --n-latency and --n-throughput must be >= 1")
@@ -249,7 +293,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="htfaas-parsl-bench-"))
     t0 = time.monotonic()
     try:
-        run(args, tmp)
+        (run_numpy if args.numpy_only else run)(args, tmp)
     except Exception as e:  # report any failure as one clear line
         log(f"FAILED: {type(e).__name__}: {e}")
         return 1

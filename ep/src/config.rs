@@ -148,6 +148,14 @@ pub struct NativeConfig {
     pub uid_base: u32,
     /// How many there are. Default: 1024.
     pub uid_count: u32,
+    /// The GPUs' device nodes, one per GPU (e.g. `/dev/nvidia0`, `/dev/nvidia1`): a native job
+    /// asking for `gpus` gets that many of them bound at their paths, named in
+    /// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES`, and nothing else of `/dev` but
+    /// `gpu_shared`. Advertise as many in `slots.gpus`. Default: none.
+    pub gpus: Vec<PathBuf>,
+    /// Device nodes every GPU job gets besides its GPUs (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+    /// ...). Default: none.
+    pub gpu_shared: Vec<PathBuf>,
 }
 
 impl Default for NativeConfig {
@@ -159,6 +167,8 @@ impl Default for NativeConfig {
             site_images: Vec::new(),
             uid_base: 900_000,
             uid_count: 1024,
+            gpus: Vec::new(),
+            gpu_shared: Vec::new(),
         }
     }
 }
@@ -485,6 +495,8 @@ async fn native_host(config: &NativeConfig, work_dir: &std::path::Path) -> Optio
         stage: std::path::PathBuf::from(crate::native::STAGE),
         uid_base: config.uid_base,
         uid_count: config.uid_count,
+        gpus: config.gpus.clone(),
+        gpu_shared: config.gpu_shared.clone(),
     };
     match tokio::task::spawn_blocking(move || NativeHost::start(options)).await {
         Ok(Ok(host)) => {

@@ -3,8 +3,11 @@
 //! fuel when asked, `/input` read-only, `/output` read-write, no network, nothing inherited),
 //! with the input staged as `/input/<name>` and the outputs that a job would store (the
 //! top-level regular files of `/output`) listed with their size and SHA-256 and copied out.
+//! A native function runs likewise in the EP's native sandbox ([`run_native_local`]: its image
+//! unpacked into a cache of the caller's, its command under bubblewrap, seccomp and a control
+//! group; root only).
 //!
-//! Knows the runtime and the local filesystem; nothing of the scheduler, storage or network.
+//! Knows the runtimes and the local filesystem; nothing of the scheduler, storage or network.
 
 use crate::runtime::{CancelSignal, GuestJob, GuestRun, ModuleError, RunLimits, Runtime, RuntimeOptions};
 use htfaas_functions::{Digest, Resources};
@@ -136,9 +139,16 @@ pub fn run_local(
     };
     let run = rt.run_job_limited(&guest, &job, &CancelSignal::new(), RunLimits::default());
 
+    let (outputs, skipped) = collect_outputs(&output_dir, out_dir)?;
+    Ok(LocalRun { kind: guest.kind(), run, digest, load_ms, compiled: rt.compiled_count() > 0, outputs, skipped })
+}
+
+/// Copies the outputs a job would store (the top-level regular files of `output_dir`) into
+/// `out_dir` (created if missing); those and what a job would not store.
+fn collect_outputs(output_dir: &Path, out_dir: &Path) -> Result<(Vec<LocalOutput>, Vec<String>), LocalError> {
     std::fs::create_dir_all(out_dir).map_err(io(format!("create {}", out_dir.display())))?;
     let (mut outputs, mut skipped) = (Vec::new(), Vec::new());
-    let mut entries: Vec<_> = std::fs::read_dir(&output_dir)
+    let mut entries: Vec<_> = std::fs::read_dir(output_dir)
         .map_err(io("list the outputs"))?
         .collect::<Result<_, _>>()
         .map_err(io("list the outputs"))?;
@@ -163,7 +173,105 @@ pub fn run_local(
             outputs.push(LocalOutput { name: file, size, sha256 });
         }
     }
-    Ok(LocalRun { kind: guest.kind(), run, digest, load_ms, compiled: rt.compiled_count() > 0, outputs, skipped })
+    Ok((outputs, skipped))
+}
+
+/// What a local native run takes besides the image, the command and the input.
+#[derive(Debug, Clone)]
+pub struct NativeLocalOptions {
+    /// Memory cap, MiB.
+    pub memory_mb: u64,
+    /// Wall-time cap, s.
+    pub runtime_s: u64,
+    /// Cores (the cpu quota).
+    pub cpus: u32,
+    /// The guest's whole environment.
+    pub env: Vec<(String, String)>,
+    /// Arguments after the input's path.
+    pub args: Vec<String>,
+    /// Where unpacked images are kept between runs.
+    pub cache_dir: PathBuf,
+}
+
+/// What a local native run did.
+#[derive(Debug, Clone)]
+pub struct NativeLocalRun {
+    /// The run: outcome, stdout, stderr, usage (from its control group).
+    pub run: GuestRun,
+    /// The image's digest.
+    pub digest: Digest,
+    /// Time to make the image ready (hash and unpack, or find it in the cache), ms.
+    pub image_ms: u64,
+    /// The outputs a job would store, copied to the output directory.
+    pub outputs: Vec<LocalOutput>,
+    /// What a job would not store.
+    pub skipped: Vec<String>,
+}
+
+/// Runs `command` in the image tar at `image` on the file at `input`, in the EP's own native
+/// sandbox (root, bubblewrap, cgroups: [`crate::native::host::NativeHost`]), and copies the
+/// outputs a job would store into `out_dir`. `scratch` is an empty directory the caller owns.
+pub async fn run_native_local(
+    image: &Path,
+    command: &[String],
+    input: &Path,
+    scratch: &Path,
+    out_dir: &Path,
+    opts: &NativeLocalOptions,
+) -> Result<NativeLocalRun, LocalError> {
+    use crate::native::host::{HostOptions, NativeHost};
+    let name = input.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+    if !crate::job::is_clean_segment(&name) {
+        return Err(LocalError::InputName(name));
+    }
+    let host_options = HostOptions {
+        bwrap: PathBuf::from(crate::native::BWRAP),
+        cache_dir: opts.cache_dir.clone(),
+        cache_bytes: 16 << 30,
+        site_images: Vec::new(),
+        stage: PathBuf::from(crate::native::STAGE),
+        uid_base: 900_000,
+        uid_count: 16,
+        gpus: Vec::new(),
+        gpu_shared: Vec::new(),
+    };
+    let host = tokio::task::spawn_blocking(move || NativeHost::start(host_options))
+        .await
+        .map_err(|e| LocalError::Runtime(e.to_string()))?
+        .map_err(|e| LocalError::Runtime(format!("native runtime: {e}")))?;
+    let started = Instant::now();
+    let (tar, host) = (image.to_owned(), std::sync::Arc::new(host));
+    let h = host.clone();
+    let (digest, root) = tokio::task::spawn_blocking(move || {
+        let mut f = std::fs::File::open(&tar).map_err(io(format!("open {}", tar.display())))?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut f, &mut hasher).map_err(io(format!("read {}", tar.display())))?;
+        let digest = Digest::from_hasher(hasher);
+        let root = h.images.unpack(&digest, &tar).map_err(|e| LocalError::Runtime(format!("image: {e}")))?;
+        Ok::<_, LocalError>((digest, root))
+    })
+    .await
+    .map_err(|e| LocalError::Runtime(e.to_string()))??;
+    let image_ms = crate::runtime::millis(started.elapsed());
+    let (input_dir, output_dir) = (scratch.join("input"), scratch.join("output"));
+    std::fs::create_dir(&input_dir).map_err(io("create the input directory"))?;
+    std::fs::create_dir(&output_dir).map_err(io("create the output directory"))?;
+    std::fs::copy(input, input_dir.join(&name)).map_err(io(format!("copy {}", input.display())))?;
+    let mut argv = vec![String::new(), format!("/input/{name}")];
+    argv.extend(opts.args.iter().cloned());
+    let job = GuestJob {
+        argv,
+        env: opts.env.clone(),
+        input_dir,
+        output_dir: output_dir.clone(),
+        resources: Resources { cpus: opts.cpus, ..Resources::new(opts.cpus, opts.memory_mb, opts.runtime_s) },
+        log_limit_bytes: 1 << 20,
+    };
+    let code = htfaas_functions::proto::NativeCode { command: command.to_vec() };
+    let group = format!("local-{}-{}", std::process::id(), rand::random::<u32>());
+    let run = crate::native_job::run(&host, &group, &code, &root, &job, &CancelSignal::new()).await;
+    let (outputs, skipped) = collect_outputs(&output_dir, out_dir)?;
+    Ok(NativeLocalRun { run, digest, image_ms, outputs, skipped })
 }
 
 /// Copies `from` to `to` (replacing it), streaming; returns the size and SHA-256 (hex).

@@ -93,6 +93,10 @@ pub(crate) async fn run(
         let why = "every anonymous uid of the EP's native runtime is in use (native.uid_count)";
         return ended(Outcome::ModuleFailed { reason: why.into() }, true);
     };
+    let Some(gpus) = host.lease_gpus(job.resources.gpus) else {
+        let why = format!("fewer than {} of the EP's GPUs are free", job.resources.gpus);
+        return ended(Outcome::ModuleFailed { reason: why }, true);
+    };
     if let Err(e) = prepare_dirs(&job.input_dir, &job.output_dir, uid.uid()).await {
         return ended(Outcome::ModuleFailed { reason: format!("prepare the sandbox's directories: {e}") }, false);
     }
@@ -100,23 +104,26 @@ pub(crate) async fn run(
     let argv: Vec<String> = code.command.iter().chain(job.argv.iter().skip(1)).cloned().collect();
     let r = job.resources;
     let memory_bytes = r.memory_mb.saturating_mul(1 << 20);
+    let devices = gpus.devices();
+    let env: Vec<(String, String)> = job.env.iter().cloned().chain(gpus.env()).collect();
     let run = NativeRun {
         root: root.path(),
         input_dir: &job.input_dir,
         output_dir: &job.output_dir,
         argv: &argv,
-        env: &job.env,
+        env: &env,
         uid: uid.uid(),
         tmp_bytes: if r.disk_mb > 0 { r.disk_mb.saturating_mul(1 << 20) } else { DEFAULT_TMP_BYTES },
         limits: cgroup::Limits { memory_bytes, pids: MAX_PIDS, cpus: r.cpus.max(1) },
         run_time: Duration::from_secs(r.runtime_s),
+        devices: &devices,
     };
     let ran =
         match crate::native::run(&host.bwrap, &host.backend, &host.stage, group_name, &run, stop.cancelled()).await {
             Ok(ran) => ran,
             Err(e) => return ended(Outcome::ModuleFailed { reason: e.to_string() }, false),
         };
-    drop(uid);
+    drop((uid, gpus));
     let outcome = match ran.end {
         End::Exited(code) => Outcome::Exited { exit_code: code },
         End::Signalled(sig) => Outcome::Trapped { message: format!("killed by signal {sig}") },

@@ -7,6 +7,7 @@
 pub mod components;
 pub mod costs;
 pub mod e2e;
+pub mod native;
 pub mod peer;
 
 use serde::{Deserialize, Serialize};
@@ -81,6 +82,10 @@ pub struct BenchOptions {
     pub root: std::path::PathBuf,
     /// nats-server binary (default: [`crate::nats::find_binary`]).
     pub nats_binary: Option<std::path::PathBuf>,
+    /// The native guests' figures ([`native`]) with this numpy base image; `None` skips them.
+    pub numpy_image: Option<std::path::PathBuf>,
+    /// Only the native guests' figures (and their peer).
+    pub native_only: bool,
 }
 
 impl BenchOptions {
@@ -104,6 +109,8 @@ impl BenchOptions {
             window: None,
             root: root.into(),
             nats_binary: None,
+            numpy_image: None,
+            native_only: false,
         }
     }
 }
@@ -149,6 +156,34 @@ const ABSOLUTE: [(&str, &str, f64, bool, &str); 5] = [
     ("api_p99_under_flood_le_50ms", "overload.api_registry_p99", 50.0, true, "ms"),
     ("api_proxied_p99_under_flood_le_50ms", "overload.api_accounting_p99", 50.0, true, "ms"),
 ];
+
+/// The native guests' numpy figures against the peer's same function (no target: what a
+/// sandbox per run costs, against workers that keep numpy imported).
+fn native_ratios(figures: &[Figure]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for (metric, ours, theirs) in [
+        (
+            "native.numpy_event_to_output_p50_vs_parsl_numpy_task_p50",
+            "native.numpy_event_to_output_p50",
+            "numpy_task_latency_p50",
+        ),
+        (
+            "native.numpy_event_to_output_cold_vs_parsl_numpy_task_first",
+            "native.numpy_event_to_output_cold",
+            "numpy_task_first",
+        ),
+    ] {
+        let (Some(a), Some(b)) = (find(figures, "htfaas", ours), find(figures, "parsl-htex", theirs)) else { continue };
+        if b > 0.0 {
+            out.push(
+                Figure::new("ratio", metric, (a / b * 1000.0).round() / 1000.0, "ratio", 1)
+                    .with("htfaas", a)
+                    .with("peer", b),
+            );
+        }
+    }
+    out
+}
 
 /// The ratios of `figures` (htfaas against the peer) and the absolute targets.
 pub fn ratios(figures: &[Figure]) -> Vec<Figure> {
@@ -203,6 +238,24 @@ pub async fn run(opts: &BenchOptions, out: &mut dyn FnMut(&Figure)) -> anyhow::R
     };
     let (load, cpus) = machine();
     emit(Figure::new("machine", "cpus", cpus as f64, "cores", 1).with("loadavg_1m_at_start", load));
+    if let Some(image) = &opts.numpy_image {
+        eprintln!("bench: native guests: sandbox start, 2 cores, numpy compute, numpy events");
+        let nopts = native::NativeOptions {
+            numpy_image: image.clone(),
+            events: opts.events.unwrap_or(if opts.quick { 20 } else { 100 }),
+            root: opts.root.clone(),
+            nats_binary: opts.nats_binary.clone(),
+            peer: opts.peer,
+        };
+        native::run(&nopts, &mut |f| emit(f)).await?;
+        let native = native_ratios(&figures.borrow());
+        for f in native {
+            emit(f);
+        }
+    }
+    if opts.native_only {
+        return Ok(figures.into_inner());
+    }
 
     let modules = e2e::Modules::load(&opts.root.join("examples/target/wasm32-wasip1/release"))?;
     let events = opts.events.unwrap_or(if opts.quick { 150 } else { 1000 });

@@ -9,6 +9,12 @@ use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+/// The peer's numpy figures ([`super::native`]): the same function as a Parsl task, `n` warm
+/// samples.
+pub fn run_numpy(root: &Path, n: usize, emit: &mut dyn FnMut(Figure)) -> anyhow::Result<Vec<Figure>> {
+    run_script(root, &["--numpy-only".into(), "--n-latency".into(), n.to_string()], emit)
+}
+
 /// Installs the peer (idempotent) and runs it; every JSON line it prints becomes a figure.
 /// `n_latency` and `n_throughput` override the script's sample counts.
 pub fn run(
@@ -19,6 +25,21 @@ pub fn run(
     n_throughput: Option<usize>,
     emit: &mut dyn FnMut(Figure),
 ) -> anyhow::Result<Vec<Figure>> {
+    let mut args = vec!["--workers".to_owned(), workers.to_string()];
+    if quick {
+        args.push("--quick".into());
+    }
+    if let Some(n) = n_latency {
+        args.extend(["--n-latency".into(), n.to_string()]);
+    }
+    if let Some(n) = n_throughput {
+        args.extend(["--n-throughput".into(), n.to_string()]);
+    }
+    run_script(root, &args, emit)
+}
+
+/// Installs the peer (idempotent) and runs its script with `args`.
+fn run_script(root: &Path, args: &[String], emit: &mut dyn FnMut(Figure)) -> anyhow::Result<Vec<Figure>> {
     let install = root.join("bench/peer/install.sh");
     let out = Command::new("bash")
         .arg(&install)
@@ -34,16 +55,7 @@ pub fn run(
         stdout.lines().last().map(str::trim).filter(|l| !l.is_empty()).context("install.sh printed no python")?;
     let script = root.join("bench/peer/parsl_bench.py");
     let mut cmd = Command::new(python);
-    cmd.arg(&script).arg("--workers").arg(workers.to_string());
-    if quick {
-        cmd.arg("--quick");
-    }
-    if let Some(n) = n_latency {
-        cmd.arg("--n-latency").arg(n.to_string());
-    }
-    if let Some(n) = n_throughput {
-        cmd.arg("--n-throughput").arg(n.to_string());
-    }
+    cmd.arg(&script).args(args);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -6,7 +6,7 @@
 use anyhow::Context as _;
 use clap::Subcommand;
 use htfaas::devkit::{self, Lang, Project, Tools};
-use htfaas_ep::local::{LocalRun, LocalRunOptions, run_local};
+use htfaas_ep::local::{LocalOutput, LocalRun, LocalRunOptions, run_local};
 use htfaas_functions::proto::Outcome;
 use std::path::PathBuf;
 
@@ -23,6 +23,10 @@ pub enum DevCommand {
         /// Directory to create (default: ./NAME).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// `native`: a Python + numpy function run in an image (with --lang python), instead of
+        /// wasm.
+        #[arg(long, default_value = "wasm", value_parser = ["wasm", "native"])]
+        runtime: String,
     },
     /// Build a function project into wasm (Rust, C: a WASI preview 1 module; Python, JavaScript:
     /// a preview 2 component). The language comes from htfaas.toml (or the project's files).
@@ -38,10 +42,20 @@ pub enum DevCommand {
     /// job), with no stack: prints what it wrote, its log, its usage and its outcome. Exits 1
     /// unless the run succeeded.
     Run {
-        /// The wasm file.
-        wasm: PathBuf,
-        /// The input file (staged as /input/<its name>).
-        input: PathBuf,
+        /// The wasm file, then the input file (staged as /input/<its name>); with --image,
+        /// only the input file.
+        #[arg(num_args = 1..=2, required = true, value_name = "WASM INPUT")]
+        files: Vec<PathBuf>,
+        /// A native function: its image tar (`htfaas image build --no-push`), run with --command
+        /// in the EP's native sandbox (as root: bubblewrap, cgroups).
+        #[arg(long, requires = "command")]
+        image: Option<PathBuf>,
+        /// With --image: the command in the image, words separated by spaces.
+        #[arg(long, requires = "image")]
+        command: Option<String>,
+        /// With --image: cores (the cpu quota).
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
         /// Where the outputs it leaves are copied.
         #[arg(long, default_value = "out")]
         out: PathBuf,
@@ -87,7 +101,23 @@ fn cache_dir() -> Option<PathBuf> {
 /// `htfaas fn new|build|run`.
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
     match command {
-        DevCommand::New { name, lang, dir } => {
+        DevCommand::New { name, lang, dir, runtime } if runtime == "native" => {
+            if lang != Lang::Python {
+                anyhow::bail!(
+                    "--runtime native has a template for --lang python (numpy); other native code \
+                               goes into an image with `htfaas image build --add`"
+                );
+            }
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let files = devkit::new_native_project(&name, &dir)?;
+            println!("created {} (python, native):", dir.display());
+            for f in files {
+                println!("  {}", f.display());
+            }
+            println!("next: cd {} && ./build-image.sh --no-push (then see README.md)", dir.display());
+            Ok(())
+        }
+        DevCommand::New { name, lang, dir, .. } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             let files = devkit::new_project(&name, lang, &dir)?;
             println!("created {} ({lang}):", dir.display());
@@ -107,7 +137,32 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
             println!("built {} ({} bytes) in {:.1} s", built.path.display(), built.bytes, built.took.as_secs_f64());
             Ok(())
         }
-        DevCommand::Run { wasm, input, out, memory_mb, timeout_s, env, args, fuel, no_cache } => {
+        DevCommand::Run { files, image: Some(image), command, cpus, out, memory_mb, timeout_s, env, args, .. } => {
+            let [input] = files.as_slice() else {
+                anyhow::bail!("with --image, give only the input file");
+            };
+            let command: Vec<String> = command.unwrap_or_default().split_whitespace().map(str::to_owned).collect();
+            let cache =
+                cache_dir().map(|d| d.with_file_name("images")).unwrap_or_else(|| PathBuf::from(".htfaas-images"));
+            let opts = htfaas_ep::local::NativeLocalOptions {
+                memory_mb,
+                runtime_s: timeout_s,
+                cpus,
+                env,
+                args,
+                cache_dir: cache,
+            };
+            let scratch = tempfile::tempdir().context("create a scratch directory")?;
+            let ran = htfaas_ep::local::run_native_local(&image, &command, input, scratch.path(), &out, &opts).await?;
+            println!("image    {}, ready in {} ms", ran.digest.short(), ran.image_ms);
+            print_outcome(&ran.run, &ran.outputs, &ran.skipped, &out);
+            if ran.run.outcome.is_success() { Ok(()) } else { anyhow::bail!("{}", ran.run.outcome.reason()) }
+        }
+        DevCommand::Run { files, image: None, out, memory_mb, timeout_s, env, args, fuel, no_cache, .. } => {
+            let [wasm, input] = files.as_slice() else {
+                anyhow::bail!("give the wasm file and the input file (or --image with the input file)");
+            };
+            let (wasm, input) = (wasm.clone(), input.clone());
             let name = wasm.file_stem().and_then(|s| s.to_str()).unwrap_or("function").to_owned();
             let opts = LocalRunOptions {
                 memory_mb,
@@ -131,17 +186,21 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
 }
 
 fn print_run(ran: &LocalRun, out: &std::path::Path) {
-    let r = &ran.run;
     let how = if ran.compiled { "compiled" } else { "loaded from the cache" };
     println!("module   {} ({:?}), {how} in {} ms", ran.digest.short(), ran.kind, ran.load_ms);
-    match ran.outputs.len() {
+    print_outcome(&ran.run, &ran.outputs, &ran.skipped, out);
+}
+
+/// A local run's outputs, log, usage and outcome (wasm or native alike).
+fn print_outcome(r: &htfaas_ep::runtime::GuestRun, outputs: &[LocalOutput], skipped: &[String], out: &std::path::Path) {
+    match outputs.len() {
         0 => println!("outputs  none"),
         n => println!("outputs  {n}, in {}:", out.display()),
     }
-    for o in &ran.outputs {
+    for o in outputs {
         println!("  {}  {} bytes  sha256 {}", o.name, o.size, o.sha256);
     }
-    for s in &ran.skipped {
+    for s in skipped {
         println!("  not stored: {s}");
     }
     for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {

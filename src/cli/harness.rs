@@ -48,6 +48,16 @@ pub struct BenchArgs {
     /// nats-server binary (default: $HTFAAS_NATS_SERVER, .tools/venv/bin, PATH, /usr/sbin).
     #[arg(long)]
     pub nats_server: Option<PathBuf>,
+    /// The native guests' numpy base image (default: .tools/images/python3-numpy.tar, which
+    /// the test command builds; the native figures are skipped without one, or with --no-native).
+    #[arg(long)]
+    pub numpy_image: Option<PathBuf>,
+    /// Skip the native guests' figures.
+    #[arg(long, conflicts_with = "native_only")]
+    pub no_native: bool,
+    /// Only the native guests' figures (as root: bubblewrap, cgroups) and the peer's numpy task.
+    #[arg(long)]
+    pub native_only: bool,
 }
 
 // The flags of `htfaas crash-test`.
@@ -134,9 +144,24 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         no_end_costs,
         flood,
         nats_server,
+        numpy_image,
+        no_native,
+        native_only,
     } = args;
     let exe = std::env::current_exe().context("find this binary")?;
     let mut opts = htfaas::bench::BenchOptions::new(env!("CARGO_MANIFEST_DIR"), exe, quick);
+    let default_image = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/images/python3-numpy.tar");
+    opts.numpy_image = match numpy_image {
+        Some(image) => Some(image),
+        None if no_native => None,
+        None if default_image.is_file() => Some(default_image),
+        None if native_only => anyhow::bail!("--native-only needs --numpy-image (or {})", default_image.display()),
+        None => {
+            eprintln!("bench: no numpy image at {}: native figures skipped", default_image.display());
+            None
+        }
+    };
+    opts.native_only = native_only;
     opts.scaling = !no_scaling;
     opts.end_costs = !no_end_costs;
     opts.flood = flood;

@@ -15,7 +15,7 @@ mod templates;
 
 pub use build::{Built, Tools, build};
 pub use image::{BuiltImage, ImageSpec, build_image, digest_of_file, parse_add};
-pub use templates::new_project;
+pub use templates::{new_native_project, new_project};
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -64,6 +64,44 @@ fn about(lang: Lang) -> (&'static str, &'static str, &'static str) {
     }
 }
 
+/// Writes a new native function project for `name` into `dir` (created; it must not exist or
+/// be empty): Python with numpy (`app/main.py`), its image recipe (`build-image.sh`), a README
+/// and a float32 sample. Returns the files written.
+pub fn new_native_project(name: &str, dir: &Path) -> Result<Vec<PathBuf>, DevError> {
+    check_name(name)?;
+    if let Ok(mut entries) = std::fs::read_dir(dir)
+        && entries.next().is_some()
+    {
+        return Err(DevError::Exists(dir.to_owned()));
+    }
+    let sample: Vec<u8> = (0..1024u32).flat_map(|i| ((i % 32) as f32 * 0.5).to_le_bytes()).collect();
+    let texts = [
+        ("app/main.py", include_str!("templates/native-python/main.py")),
+        ("build-image.sh", include_str!("templates/native-python/build-image.sh")),
+        ("README.md", include_str!("templates/native-python/README.md")),
+        (".gitignore", "*.tar\nout/\n__pycache__/\n"),
+    ];
+    let mut written = Vec::new();
+    for (rel, text) in texts {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(format!("create {}", parent.display())))?;
+        }
+        std::fs::write(&path, text.replace("__NAME__", name)).map_err(io(format!("write {}", path.display())))?;
+        written.push(path);
+    }
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let script = dir.join("build-image.sh");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .map_err(io(format!("chmod {}", script.display())))?;
+    }
+    let path = dir.join("sample.f32");
+    std::fs::write(&path, sample).map_err(io(format!("write {}", path.display())))?;
+    written.push(path);
+    Ok(written)
+}
+
 /// Writes a new `lang` project for function `name` into `dir` (created; it must not exist or
 /// be empty). Returns the files written.
 pub fn new_project(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, DevError> {

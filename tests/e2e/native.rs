@@ -213,3 +213,32 @@ out = {"n": int(a.size), "mean": float(a.astype(np.float64).mean()), "max": floa
 with open(os.path.join("/output", os.path.basename(path) + ".json"), "w") as f:
     json.dump(out, f)
 "#;
+
+/// A developer's native function with no stack: `fn new --runtime native` makes the numpy
+/// project, its app goes onto the numpy base image, and `fn run --image` runs it on the sample
+/// in the EP's sandbox, printing its outputs and usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fn_new_native_and_fn_run_work_without_a_stack() {
+    let base = std::env::var_os("HTFAAS_NUMPY_IMAGE").map(std::path::PathBuf::from).expect("HTFAAS_NUMPY_IMAGE");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str], cwd: &std::path::Path| {
+        let out = std::process::Command::new(htfaas_binary()).args(args).current_dir(cwd).output().expect("htfaas");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "htfaas {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    run(&["fn", "new", "stats", "--lang", "python", "--runtime", "native"], dir.path());
+    let project = dir.path().join("stats");
+    assert!(project.join("build-image.sh").is_file() && project.join("app/main.py").is_file());
+    let base = base.display().to_string();
+    run(&["image", "build", "--from", &base, "--add", "./app:/opt/app", "--no-push", "--out", "stats.tar"], &project);
+    let printed = run(
+        &["fn", "run", "--image", "stats.tar", "--command", "python3 /opt/app/main.py", "sample.f32", "--out", "out"],
+        &project,
+    );
+    assert!(printed.contains("outcome  exited 0") && printed.contains("sample.f32: 1024 samples"), "{printed}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(project.join("out/sample.f32.json")).expect("output")).expect("JSON");
+    assert_eq!(v["n"], 1024, "{v}");
+    assert!((v["mean"].as_f64().expect("mean") - 7.75).abs() < 1e-9, "{v}");
+}

@@ -31,6 +31,10 @@ pub struct HostOptions {
     pub uid_base: u32,
     /// How many there are: the most native jobs at once.
     pub uid_count: u32,
+    /// The GPUs' device nodes, one per GPU (e.g. `/dev/nvidia0`), given to jobs one by one.
+    pub gpus: Vec<PathBuf>,
+    /// Device nodes every GPU job gets besides its GPUs (e.g. `/dev/nvidiactl`, `/dev/nvidia-uvm`).
+    pub gpu_shared: Vec<PathBuf>,
 }
 
 /// Why an EP offers no native runtime.
@@ -53,6 +57,68 @@ pub struct NativeHost {
     /// Unpacked images.
     pub images: ImageCache,
     uids: UidPool,
+    gpus: GpuPool,
+}
+
+/// The EP's GPUs, each lent to one job at a time.
+#[derive(Debug, Clone)]
+pub struct GpuPool {
+    devices: Arc<Vec<PathBuf>>,
+    shared: Arc<Vec<PathBuf>>,
+    free: Arc<Mutex<BTreeSet<usize>>>,
+}
+
+/// GPUs lent to one job; given back when dropped.
+#[derive(Debug)]
+pub struct GpuLease {
+    indices: Vec<usize>,
+    pool: GpuPool,
+}
+
+impl GpuPool {
+    /// The pool of `devices` (GPU `i` is `devices[i]`), each job also given `shared`.
+    pub fn new(devices: Vec<PathBuf>, shared: Vec<PathBuf>) -> GpuPool {
+        let free = (0..devices.len()).collect();
+        GpuPool { devices: Arc::new(devices), shared: Arc::new(shared), free: Arc::new(Mutex::new(free)) }
+    }
+
+    /// `n` free GPUs (the lowest), or `None` when fewer are free; no GPU for `n` = 0.
+    pub fn lease(&self, n: u32) -> Option<GpuLease> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let n = usize::try_from(n).ok()?;
+        if free.len() < n {
+            return None;
+        }
+        let indices: Vec<usize> = (0..n).filter_map(|_| free.pop_first()).collect();
+        Some(GpuLease { indices, pool: self.clone() })
+    }
+}
+
+impl GpuLease {
+    /// The device nodes the job gets: its GPUs, then the shared ones (none without a GPU).
+    pub fn devices(&self) -> Vec<PathBuf> {
+        if self.indices.is_empty() {
+            return Vec::new();
+        }
+        let own = self.indices.iter().filter_map(|i| self.pool.devices.get(*i).cloned());
+        own.chain(self.pool.shared.iter().cloned()).collect()
+    }
+
+    /// The environment that names them to CUDA and NVIDIA's libraries: the GPUs' indices on
+    /// this EP (`CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`); none without a GPU.
+    pub fn env(&self) -> Vec<(String, String)> {
+        if self.indices.is_empty() {
+            return Vec::new();
+        }
+        let list = self.indices.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        vec![("CUDA_VISIBLE_DEVICES".into(), list.clone()), ("NVIDIA_VISIBLE_DEVICES".into(), list)]
+    }
+}
+
+impl Drop for GpuLease {
+    fn drop(&mut self) {
+        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).extend(self.indices.drain(..));
+    }
 }
 
 /// The anonymous uids native jobs run as, each lent to one job at a time.
@@ -119,8 +185,20 @@ impl NativeHost {
         super::make_stage(&o.stage).map_err(|e| unavailable(format!("stage {}: {e}", o.stage.display())))?;
         let images = ImageCache::open(o.cache_dir.clone(), o.cache_bytes, o.site_images.clone())
             .map_err(|e| unavailable(format!("image cache at {}: {e}", o.cache_dir.display())))?;
+        if o.gpus.len() + o.gpu_shared.len() > super::MAX_DEVICES {
+            return Err(unavailable(format!("at most {} GPU devices in all", super::MAX_DEVICES)));
+        }
+        if let Some(d) = o.gpus.iter().chain(&o.gpu_shared).find(|d| !d.is_absolute() || !d.exists()) {
+            return Err(unavailable(format!("GPU device {} is no absolute path that exists", d.display())));
+        }
         let uids = UidPool::new(o.uid_base, o.uid_count);
-        Ok(NativeHost { bwrap: o.bwrap, backend, stage: o.stage, images, uids })
+        let gpus = GpuPool::new(o.gpus, o.gpu_shared);
+        Ok(NativeHost { bwrap: o.bwrap, backend, stage: o.stage, images, uids, gpus })
+    }
+
+    /// `n` free GPUs for one job (none for 0); `None` when fewer are free.
+    pub fn lease_gpus(&self, n: u32) -> Option<GpuLease> {
+        self.gpus.lease(n)
     }
 
     /// A free uid for one job; `None` when every one is lent (more native jobs at once than
@@ -138,6 +216,24 @@ fn is_executable(p: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpus_are_lent_whole_named_to_cuda_and_come_back() {
+        let (a, b) = (PathBuf::from("/dev/nvidia0"), PathBuf::from("/dev/nvidia1"));
+        let ctl = PathBuf::from("/dev/nvidiactl");
+        let pool = GpuPool::new(vec![a.clone(), b.clone()], vec![ctl.clone()]);
+        let none = pool.lease(0).expect("no GPU is always there");
+        assert!(none.devices().is_empty() && none.env().is_empty(), "no device, no variable without a GPU");
+        let one = pool.lease(1).expect("one");
+        assert_eq!(one.devices(), vec![a.clone(), ctl.clone()]);
+        assert_eq!(one.env()[0], ("CUDA_VISIBLE_DEVICES".to_owned(), "0".to_owned()));
+        assert!(pool.lease(2).is_none(), "only one is free");
+        let two = pool.lease(1).expect("the other");
+        assert_eq!(two.devices(), vec![b, ctl]);
+        assert_eq!(two.env()[1], ("NVIDIA_VISIBLE_DEVICES".to_owned(), "1".to_owned()));
+        drop(one);
+        assert_eq!(pool.lease(1).expect("back").devices()[0], a);
+    }
 
     #[test]
     fn uids_are_lent_once_and_come_back() {

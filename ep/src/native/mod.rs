@@ -27,7 +27,6 @@ pub mod image;
 pub mod seccomp;
 
 use std::path::Path;
-#[cfg(test)]
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -57,7 +56,13 @@ pub struct NativeRun<'a> {
     pub limits: cgroup::Limits,
     /// Wall time before the whole group is killed.
     pub run_time: Duration,
+    /// Device nodes bound into the sandbox at their own paths (a GPU assigned to the job), at
+    /// most [`MAX_DEVICES`]; nothing else of the host's `/dev` is there.
+    pub devices: &'a [PathBuf],
 }
+
+/// Most devices one run is given.
+pub const MAX_DEVICES: usize = 64;
 
 /// How a native run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +157,9 @@ pub fn bwrap_args(run: &NativeRun<'_>, stage: &Path, seccomp_fd: i32) -> Vec<Str
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    for (i, device) in run.devices.iter().enumerate() {
+        a.extend(["--dev-bind".into(), p(&format!("dev-{i}")), device.display().to_string()]);
+    }
     for (k, v) in run.env {
         a.extend(["--setenv".into(), k.clone(), v.clone()]);
     }
@@ -160,12 +168,20 @@ pub fn bwrap_args(run: &NativeRun<'_>, stage: &Path, seccomp_fd: i32) -> Vec<Str
     a
 }
 
-/// Makes the empty stage directories under `stage` (root's, 0755), once per EP.
+/// Makes the empty stage under `stage` (root's, 0755), once per EP: the three directories and
+/// [`MAX_DEVICES`] empty files that devices are bound onto (`dev-<i>`).
 pub fn make_stage(stage: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     for d in [stage.to_owned(), stage.join("root"), stage.join("input"), stage.join("output")] {
         std::fs::create_dir_all(&d)?;
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+    }
+    for i in 0..MAX_DEVICES {
+        let f = stage.join(format!("dev-{i}"));
+        if !f.is_file() {
+            std::fs::write(&f, b"")?;
+        }
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644))?;
     }
     Ok(())
 }
@@ -195,11 +211,18 @@ pub async fn run(
     if run.argv.is_empty() {
         return Err(NativeError::Refused("no command".into()));
     }
-    let binds = Binds {
-        sources: [c_path(run.root)?, c_path(run.input_dir)?, c_path(run.output_dir)?],
-        targets: [c_path(&stage.join("root"))?, c_path(&stage.join("input"))?, c_path(&stage.join("output"))?],
-        slash: c_path(Path::new("/"))?,
-    };
+    if run.devices.len() > MAX_DEVICES {
+        return Err(NativeError::Refused(format!("more than {MAX_DEVICES} devices")));
+    }
+    let mut pairs = vec![
+        (c_path(run.root)?, c_path(&stage.join("root"))?),
+        (c_path(run.input_dir)?, c_path(&stage.join("input"))?),
+        (c_path(run.output_dir)?, c_path(&stage.join("output"))?),
+    ];
+    for (i, device) in run.devices.iter().enumerate() {
+        pairs.push((c_path(device)?, c_path(&stage.join(format!("dev-{i}")))?));
+    }
+    let binds = Binds { pairs, slash: c_path(Path::new("/"))? };
     let group = backend.create(name, run.limits)?;
     // Opened before the fork: the child only writes to them (async-signal-safe).
     let procs: Vec<std::fs::File> = group
@@ -287,10 +310,9 @@ enum Waited {
 
 /// The host paths bound onto the stage, prepared before the fork.
 struct Binds {
-    /// The image, the input and the output directory.
-    sources: [std::ffi::CString; 3],
-    /// `<stage>/root`, `<stage>/input`, `<stage>/output`.
-    targets: [std::ffi::CString; 3],
+    /// (host path, stage path): the image, the input and the output directory onto
+    /// `<stage>/root`, `<stage>/input`, `<stage>/output`, then each device onto `<stage>/dev-<i>`.
+    pairs: Vec<(std::ffi::CString, std::ffi::CString)>,
     /// `/`.
     slash: std::ffi::CString,
 }
@@ -322,7 +344,7 @@ fn stage_and_drop_privileges(cmd: &mut tokio::process::Command, binds: Binds, fd
             {
                 return fail();
             }
-            for (source, target) in binds.sources.iter().zip(&binds.targets) {
+            for (source, target) in &binds.pairs {
                 let flags = libc::MS_BIND | libc::MS_REC;
                 if libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), flags, std::ptr::null()) != 0 {
                     return fail();

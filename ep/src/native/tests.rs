@@ -33,6 +33,17 @@ fn limits() -> cgroup::Limits {
 }
 
 async fn sh(f: &Fixture, name: &str, script: &str, limits: cgroup::Limits, run_time: Duration) -> Ran {
+    sh_with(f, name, script, limits, run_time, &[]).await
+}
+
+async fn sh_with(
+    f: &Fixture,
+    name: &str,
+    script: &str,
+    limits: cgroup::Limits,
+    run_time: Duration,
+    devices: &[PathBuf],
+) -> Ran {
     let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), script.to_owned()];
     let env = vec![("MODE".to_owned(), "fast".to_owned())];
     let native = NativeRun {
@@ -45,6 +56,7 @@ async fn sh(f: &Fixture, name: &str, script: &str, limits: cgroup::Limits, run_t
         tmp_bytes: 1 << 20,
         limits,
         run_time,
+        devices,
     };
     // Unique on the host: another test process (or a crashed one's leftover) uses other names.
     let name = format!("{name}-{}-{}", std::process::id(), rand::random::<u32>());
@@ -149,4 +161,29 @@ async fn a_fork_bomb_meets_its_pids_limit() {
     let err = String::from_utf8_lossy(&ran.stderr);
     assert!(matches!(ran.end, End::Exited(c) if c != 0) && err.contains("can't fork"), "{ran:?} {err}");
     assert!(!String::from_utf8_lossy(&ran.stdout).contains("all"));
+}
+
+/// A job given one of two GPUs sees exactly that one's device node at its path, and nothing
+/// else of the host's `/dev` (stand-in files here: real GPUs are not tested on this machine).
+#[tokio::test]
+async fn a_guest_sees_only_the_devices_it_was_given() {
+    let f = fixture();
+    let dev = f.root.parent().expect("the fixture's dir").join("fake-dev");
+    std::fs::create_dir_all(&dev).expect("stand-in dir");
+    let (gpu0, gpu1) = (dev.join("fakegpu0"), dev.join("fakegpu1"));
+    std::fs::write(&gpu0, "gpu0").expect("stand-in 0");
+    std::fs::write(&gpu1, "gpu1").expect("stand-in 1");
+    let given = [gpu1.clone()];
+    let script = format!(
+        "cat {} > /output/seen; ls {} > /output/dir 2>&1; ls /dev > /output/dev",
+        gpu1.display(),
+        dev.display()
+    );
+    let ran = sh_with(&f, "gpu", &script, limits(), Duration::from_secs(10), &given).await;
+    assert_eq!(ran.end, End::Exited(0), "{}", String::from_utf8_lossy(&ran.stderr));
+    assert_eq!(std::fs::read_to_string(f.output.join("seen")).expect("seen"), "gpu1");
+    let dir = std::fs::read_to_string(f.output.join("dir")).expect("dir");
+    assert_eq!(dir.trim(), "fakegpu1", "only the given device, not its sibling: {dir}");
+    let devs = std::fs::read_to_string(f.output.join("dev")).expect("dev");
+    assert!(!devs.contains("sda") && !devs.contains("nvidia") && !devs.contains("kmsg"), "{devs}");
 }
