@@ -42,12 +42,13 @@ pub enum ImageCommand {
         #[arg(long)]
         no_push: bool,
     },
-    /// Push an image tar (plain or gzip'd; e.g. from `image build --no-push` or your own
-    /// mmdebstrap) into the gateway's store, counted against your module quota.
+    /// Push an image into the gateway's store, counted against your module quota: a tar (plain
+    /// or gzip'd; e.g. from `image build --no-push` or your own mmdebstrap), or an unpacked root
+    /// directory (tarred here, owned by root).
     Push {
         #[command(flatten)]
         dir: DirArg,
-        /// The tar.
+        /// The tar, or a root directory.
         file: PathBuf,
         /// A name of yours for it.
         #[arg(long)]
@@ -96,7 +97,10 @@ pub async fn run(command: ImageCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ImageCommand::Push { dir, file, tag } => {
-            let digest = client(&dir)?.push_image(&file, tag.as_deref()).await?;
+            let client = client(&dir)?;
+            let staged = tempfile::tempdir().context("a temporary directory")?;
+            let file = if file.is_dir() { tar_directory(&file, staged.path()).await? } else { file };
+            let digest = client.push_image(&file, tag.as_deref()).await?;
             println!("{digest}");
             Ok(())
         }
@@ -126,4 +130,22 @@ pub async fn run(command: ImageCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `root` as a tar in `into` (entries owned by root, relative to `root`).
+async fn tar_directory(root: &std::path::Path, into: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let tar = into.join("image.tar");
+    let out = tokio::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .arg(root)
+        .arg(".")
+        .output()
+        .await
+        .context("run tar")?;
+    if !out.status.success() {
+        anyhow::bail!("tar {}: {}", root.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(tar)
 }

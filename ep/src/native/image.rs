@@ -211,7 +211,9 @@ impl ImageCache {
     /// there (size, and last use from each root's modification time), and removes the least
     /// recently used ones past `max_bytes`.
     pub fn open(dir: PathBuf, max_bytes: u64, site_dirs: Vec<PathBuf>) -> io::Result<ImageCache> {
-        fs::create_dir_all(&dir)?;
+        // The EP's own (0700): the sandbox gets an image through the EP's binds, never by path.
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
         let mut found = Vec::new();
         for item in fs::read_dir(&dir)? {
             let item = item?;

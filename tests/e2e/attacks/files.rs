@@ -46,15 +46,17 @@ async fn a_fresh_state_directory_is_the_stack_users_alone_and_stored_macaroons_a
     walk(root, &mut entries);
     let data = root.join("storage/data");
     let nats = root.join("nats");
+    let images = root.join("ep/images");
     let mut wrong = Vec::new();
     let mut secrets = 0;
     for (path, is_dir, mode) in &entries {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let rel = path.strip_prefix(root).unwrap_or(path).display().to_string();
         // What users upload keeps its modes, behind the 0700 storage directories; nats-server
-        // makes its own files, behind the 0700 nats directory.
+        // makes its own files, behind the 0700 nats directory; unpacked images keep theirs,
+        // behind the EP's 0700 image cache.
         let inside = |dir: &std::path::PathBuf| path.starts_with(dir) && path != dir;
-        let ours = !inside(&data) && !inside(&nats);
+        let ours = !inside(&data) && !inside(&nats) && !inside(&images);
         if *is_dir && ours && *mode != 0o700 {
             wrong.push(format!("directory {rel} is {mode:o}, not 700"));
         }
