@@ -54,6 +54,16 @@ async fn a_native_function_runs_on_an_upload_with_the_wasm_guest_contract() {
     let image = busybox_image(dir.path());
     let digest = client.push_image(&image, Some("busybox")).await.expect("push the image");
     assert_eq!(client.resolve_image("busybox").await.expect("by tag"), digest);
+    // The same root pushed as a directory by the command: tarred the same way, the same image.
+    let out = std::process::Command::new(htfaas_binary())
+        .args(["image", "push", "--tag", "bbdir", "--dir"])
+        .arg(dir.path())
+        .arg(dir.path().join("busybox-root"))
+        .env_remove("HTFAAS_API_TOKEN")
+        .output()
+        .expect("htfaas image push");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), digest.as_str(), "a directory pushes as its tar");
 
     let script = r#"set -e; n=$(basename "$1"); wc -c < "$1" > /output/$n.size; id -u > /output/$n.uid;
         echo "$@" > /output/$n.argv; env | sort > /output/$n.env; echo done >&2"#;
