@@ -7,7 +7,8 @@
 //!   there; Python and numpy start per run), against the same code as a Parsl HTEX task
 //!   (whose workers keep numpy imported) in the same run;
 //! - **a compute-bound numpy loop** in the sandbox (1 core) against the same interpreter and
-//!   library run with `chroot` outside it (one BLAS thread each);
+//!   library run with `chroot` outside it (one BLAS thread each), by its CPU time (the ratio) and
+//!   its wall time (which also counts the neighbours of this VM);
 //! - **a 2-core job's speed-up**: two busy processes given 1 core, then 2.
 //!
 //! Must not know: the CLI.
@@ -206,17 +207,24 @@ async fn compute(
     work: &Path,
     emit: &mut dyn FnMut(Figure),
 ) -> anyhow::Result<()> {
+    // CPU time of the loop (what the sandbox could cost: the filter, the namespaces) and its
+    // wall time (which also counts this VM's neighbours and the cpu quota's throttling).
     let code = "import time, numpy as np\n\
                 a = np.random.default_rng(1).random((300, 300))\n\
-                t = time.perf_counter()\n\
+                t, c = time.perf_counter(), time.process_time()\n\
                 for _ in range(200): a = (a @ a) / 300.0\n\
-                print(time.perf_counter() - t)";
+                print(time.process_time() - c, time.perf_counter() - t)";
     let env = [("OPENBLAS_NUM_THREADS", "1"), ("OMP_NUM_THREADS", "1")];
-    let seconds = |out: &[u8]| -> anyhow::Result<f64> {
-        String::from_utf8_lossy(out).trim().parse::<f64>().context("the loop's time")
+    let seconds = |out: &[u8]| -> anyhow::Result<(f64, f64)> {
+        let text = String::from_utf8_lossy(out);
+        let mut it = text.split_whitespace().map(str::parse::<f64>);
+        match (it.next(), it.next()) {
+            (Some(Ok(cpu)), Some(Ok(wall))) => Ok((cpu, wall)),
+            _ => bail!("the loop printed {text:?}"),
+        }
     };
     let (mut inside, mut outside) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
+    for _ in 0..5 {
         let ran = native_run(backend, root, work, &["/usr/bin/python3", "-c", code], &env, 1).await?;
         inside.push(seconds(&ran.stdout)?);
         let out = tokio::process::Command::new("/usr/sbin/chroot")
@@ -231,12 +239,15 @@ async fn compute(
         }
         outside.push(seconds(&out.stdout)?);
     }
-    let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-    let (i, o) = (best(&inside), best(&outside));
-    emit(Figure::new("htfaas", "native.numpy_compute_in_sandbox_s", i, "s", 3));
-    emit(Figure::new("htfaas", "native.numpy_compute_outside_s", o, "s", 3));
-    let ratio = (i / o * 1000.0).round() / 1000.0;
-    emit(super::judged(Figure::new("ratio", "native.numpy_compute_sandbox_vs_outside", ratio, "ratio", 3), 1.05, true));
+    let best = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| v.iter().map(f).fold(f64::INFINITY, f64::min);
+    let (ic, iw, oc, ow) =
+        (best(&inside, |x| x.0), best(&inside, |x| x.1), best(&outside, |x| x.0), best(&outside, |x| x.1));
+    emit(Figure::new("htfaas", "native.numpy_compute_in_sandbox_s", ic, "s", 5).with("wall_s", iw));
+    emit(Figure::new("htfaas", "native.numpy_compute_outside_s", oc, "s", 5).with("wall_s", ow));
+    let ratio = (ic / oc * 1000.0).round() / 1000.0;
+    let wall = (iw / ow * 1000.0).round() / 1000.0;
+    let f = Figure::new("ratio", "native.numpy_compute_sandbox_vs_outside", ratio, "ratio", 5).with("wall_ratio", wall);
+    emit(super::judged(f, 1.05, true));
     Ok(())
 }
 
