@@ -593,16 +593,8 @@ async fn run_on_thread(
         let _ = tx.send(ran);
     });
     let failed = |outcome: Outcome, note: Option<String>| GuestRun {
-        outcome,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        log_dropped: 0,
         notes: note.into_iter().collect(),
-        wall_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        cpu_ms: 0,
-        peak_memory_bytes: 0,
-        instructions: None,
-        no_free_slot: false,
+        ..GuestRun::unrun(outcome, millis(started.elapsed()))
     };
     if let Err(e) = spawned {
         return failed(

@@ -123,10 +123,7 @@ pub fn run_local(
     let guest = rt.load(&digest, &bytes)?;
     let load_ms = crate::runtime::millis(started.elapsed());
 
-    let (input_dir, output_dir) = (scratch.join("input"), scratch.join("output"));
-    std::fs::create_dir(&input_dir).map_err(io("create the input directory"))?;
-    std::fs::create_dir(&output_dir).map_err(io("create the output directory"))?;
-    std::fs::copy(input, input_dir.join(&name)).map_err(io(format!("copy {}", input.display())))?;
+    let (input_dir, output_dir) = stage(scratch, input, &name)?;
     let mut argv = vec![opts.name.clone(), format!("/input/{name}")];
     argv.extend(opts.args.iter().cloned());
     let job = GuestJob {
@@ -141,6 +138,16 @@ pub fn run_local(
 
     let (outputs, skipped) = collect_outputs(&output_dir, out_dir)?;
     Ok(LocalRun { kind: guest.kind(), run, digest, load_ms, compiled: rt.compiled_count() > 0, outputs, skipped })
+}
+
+/// Makes `scratch/input` and `scratch/output` and stages the file at `input` as
+/// `input/<name>`: the directories a run sees at `/input` and `/output`.
+fn stage(scratch: &Path, input: &Path, name: &str) -> Result<(PathBuf, PathBuf), LocalError> {
+    let (input_dir, output_dir) = (scratch.join("input"), scratch.join("output"));
+    std::fs::create_dir(&input_dir).map_err(io("create the input directory"))?;
+    std::fs::create_dir(&output_dir).map_err(io("create the output directory"))?;
+    std::fs::copy(input, input_dir.join(name)).map_err(io(format!("copy {}", input.display())))?;
+    Ok((input_dir, output_dir))
 }
 
 /// Copies the outputs a job would store (the top-level regular files of `output_dir`) into
@@ -253,10 +260,7 @@ pub async fn run_native_local(
     .await
     .map_err(|e| LocalError::Runtime(e.to_string()))??;
     let image_ms = crate::runtime::millis(started.elapsed());
-    let (input_dir, output_dir) = (scratch.join("input"), scratch.join("output"));
-    std::fs::create_dir(&input_dir).map_err(io("create the input directory"))?;
-    std::fs::create_dir(&output_dir).map_err(io("create the output directory"))?;
-    std::fs::copy(input, input_dir.join(&name)).map_err(io(format!("copy {}", input.display())))?;
+    let (input_dir, output_dir) = stage(scratch, input, &name)?;
     let mut argv = vec![String::new(), format!("/input/{name}")];
     argv.extend(opts.args.iter().cloned());
     let job = GuestJob {
@@ -264,7 +268,7 @@ pub async fn run_native_local(
         env: opts.env.clone(),
         input_dir,
         output_dir: output_dir.clone(),
-        resources: Resources { cpus: opts.cpus, ..Resources::new(opts.cpus, opts.memory_mb, opts.runtime_s) },
+        resources: Resources::new(opts.cpus, opts.memory_mb, opts.runtime_s),
         log_limit_bytes: 1 << 20,
     };
     let code = htfaas_functions::proto::NativeCode { command: command.to_vec() };

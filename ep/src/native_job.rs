@@ -78,16 +78,8 @@ pub(crate) async fn run(
 ) -> GuestRun {
     let started = Instant::now();
     let ended = |outcome: Outcome, no_free_slot: bool| GuestRun {
-        outcome,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        log_dropped: 0,
-        notes: Vec::new(),
-        wall_ms: millis(started.elapsed()),
-        cpu_ms: 0,
-        peak_memory_bytes: 0,
-        instructions: None,
         no_free_slot,
+        ..GuestRun::unrun(outcome, millis(started.elapsed()))
     };
     let Some(uid) = host.lease_uid() else {
         let why = "every anonymous uid of the EP's native runtime is in use (native.uid_count)";

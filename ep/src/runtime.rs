@@ -213,6 +213,25 @@ pub struct GuestRun {
     pub no_free_slot: bool,
 }
 
+impl GuestRun {
+    /// A run that ended as `outcome` before the guest did anything, after `wall_ms`: no output,
+    /// no usage.
+    pub fn unrun(outcome: Outcome, wall_ms: u64) -> GuestRun {
+        GuestRun {
+            outcome,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            log_dropped: 0,
+            notes: Vec::new(),
+            wall_ms,
+            cpu_ms: 0,
+            peak_memory_bytes: 0,
+            instructions: None,
+            no_free_slot: false,
+        }
+    }
+}
+
 /// What [`Runtime::prepare`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prepared {

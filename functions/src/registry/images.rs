@@ -197,13 +197,17 @@ impl Registry {
             .collect()
     }
 
-    /// One image, with `owner`'s tags for it and every version that names it.
+    /// One image, with `owner`'s tags for it and every version that names it; `None` when it
+    /// is not stored, or `owner` (`None`: an admin, any image) never uploaded it.
     pub fn image(&self, owner: Option<&str>, digest: &Digest) -> Result<Option<ImageInfo>, RegistryError> {
         let conn = self.conn();
         let row: Option<(i64, i64)> = conn
-            .query_row("SELECT size, stored_at FROM images WHERE digest = ?1", [digest.as_str()], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT i.size, i.stored_at FROM images i WHERE i.digest = ?1 AND (?2 IS NULL OR EXISTS \
+                 (SELECT 1 FROM module_uploads u WHERE u.owner = ?2 AND u.digest = i.digest))",
+                params![digest.as_str(), owner],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .optional()?;
         let Some((size, stored_at)) = row else { return Ok(None) };
         let mut stmt = conn.prepare("SELECT tag FROM image_tags WHERE owner = ?1 AND digest = ?2 ORDER BY tag")?;
@@ -340,6 +344,7 @@ mod tests {
         let e = reg.delete_image(Some("alice"), &d).expect_err("in use");
         assert!(matches!(e, RegistryError::InUse(_)), "{e}");
         assert_eq!(reg.image(Some("alice"), &d).expect("show").expect("kept").used_by, vec!["checksum@1"]);
+        assert!(reg.image(Some("bob"), &d).expect("show").is_none(), "not bob's to see");
 
         let other = tar_of(&[("x", b"y")]);
         let d2 = reg.put_image(Some("alice"), upload(&reg, &other), quota, None).expect("stored");

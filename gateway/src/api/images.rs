@@ -125,12 +125,7 @@ pub(super) async fn show_image(
             Err(_) => s.registry.image_by_tag(owner.as_deref().unwrap_or(""), &digest)?,
         };
         let Some(digest) = digest else { return Ok(None) };
-        // A developer sees only an image it uploaded itself.
-        if let Some(o) = &owner
-            && !s.registry.images(Some(o))?.iter().any(|i| i.digest == digest)
-        {
-            return Ok(None);
-        }
+        // A developer sees only an image it uploaded itself (the registry's rule).
         s.registry.image(owner.as_deref(), &digest)
     })
     .await?;
