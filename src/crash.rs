@@ -234,6 +234,7 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
     FunctionManifest {
         runtime: Default::default(),
         command: Vec::new(),
+        handler: false,
         retry: None,
         name: name.into(),
         owner: USER.into(),

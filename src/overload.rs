@@ -160,6 +160,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
     FunctionManifest {
         runtime: Default::default(),
         command: Vec::new(),
+        handler: false,
         retry: None,
         name: name.into(),
         owner: owner.into(),

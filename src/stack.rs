@@ -681,6 +681,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
     FunctionManifest {
         runtime: Default::default(),
         command: Vec::new(),
+        handler: false,
         retry: None,
         name: "checksum".into(),
         owner: USER.into(),

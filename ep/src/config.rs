@@ -156,6 +156,12 @@ pub struct NativeConfig {
     /// Device nodes every GPU job gets besides its GPUs (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
     /// ...). Default: none.
     pub gpu_shared: Vec<PathBuf>,
+    /// Seconds an idle handler (a native function's warm worker) is kept for the next run of
+    /// its function version. Default: 120.
+    pub handler_idle_s: u64,
+    /// Most idle handlers kept at once (each holds its memory). 0: none, every run of a handler
+    /// function starts one. Default: 8.
+    pub handler_max_idle: usize,
 }
 
 impl Default for NativeConfig {
@@ -169,6 +175,8 @@ impl Default for NativeConfig {
             uid_count: 1024,
             gpus: Vec::new(),
             gpu_shared: Vec::new(),
+            handler_idle_s: 120,
+            handler_max_idle: 8,
         }
     }
 }
@@ -497,6 +505,11 @@ async fn native_host(config: &NativeConfig, work_dir: &std::path::Path) -> Optio
         uid_count: config.uid_count,
         gpus: config.gpus.clone(),
         gpu_shared: config.gpu_shared.clone(),
+        handlers_dir: work_dir.join("handlers"),
+        handlers: crate::native::handlers::HandlerOptions {
+            idle_for: std::time::Duration::from_secs(config.handler_idle_s),
+            max_idle: config.handler_max_idle,
+        },
     };
     match tokio::task::spawn_blocking(move || NativeHost::start(options)).await {
         Ok(Ok(host)) => {

@@ -274,20 +274,26 @@ impl Jobs {
             let stop = CancelSignal::new();
             let mark = self.abandoned.mark();
             let watched = mark.clone();
-            let run = match &code {
-                Code::Wasm(guest) => futures_util::future::Either::Left(run_on_thread(
-                    s.runtime.clone(),
-                    guest.clone(),
-                    gj.clone(),
-                    &job.job_id,
-                    stop.clone(),
-                    run_limits,
-                    mark,
-                )),
-                Code::Native(host, native, root) => {
-                    futures_util::future::Either::Right(native_job::run(host, &group, native, root, &gj, &stop))
-                }
-            };
+            let run =
+                match &code {
+                    Code::Wasm(guest) => futures_util::future::Either::Left(run_on_thread(
+                        s.runtime.clone(),
+                        guest.clone(),
+                        gj.clone(),
+                        &job.job_id,
+                        stop.clone(),
+                        run_limits,
+                        mark,
+                    )),
+                    Code::Native(host, native, root) if native.handler => {
+                        futures_util::future::Either::Right(futures_util::future::Either::Left(
+                            native_job::run_handler(host, &job.function, native, root, &gj, limits, cancel, &stop),
+                        ))
+                    }
+                    Code::Native(host, native, root) => futures_util::future::Either::Right(
+                        futures_util::future::Either::Right(native_job::run(host, &group, native, root, &gj, &stop)),
+                    ),
+                };
             let watch = watch_scratch(limits, output_dir.clone(), cancel, &stop);
             let mut run = std::pin::pin!(run);
             let mut watch = std::pin::pin!(watch);
@@ -303,6 +309,10 @@ impl Jobs {
                 }
             };
             tally.guest_left |= watched.is_left();
+            // A handler watches its own `/output` and says so in its outcome.
+            if let Outcome::OutputExceeded { reason } = &ran.outcome {
+                exceeded.get_or_insert_with(|| reason.clone());
+            }
             if !ran.no_free_slot || cancel.is_cancelled() {
                 break (ran, exceeded);
             }

@@ -106,13 +106,33 @@ pub async fn run_with(mut settings: Settings, drain: CancellationToken, stop: Ca
     }
     let leave = drain.child_token();
     let watcher = tokio::spawn(watch_lifecycle(settings.clone(), leave.clone()));
+    let native = settings.native.clone();
+    let sweeper = native.clone().map(|host| tokio::spawn(sweep_handlers(host)));
     let result = link::run(settings, leave, stop).await;
     watcher.abort();
+    if let (Some(host), Some(sweeper)) = (native, sweeper) {
+        sweeper.abort();
+        native::handlers::retire(host.handlers.retire_all()).await;
+    }
     metrics_stop.cancel();
     if let Some(m) = metrics {
         let _ = m.await;
     }
     result
+}
+
+/// Retires idle handlers past their idle time, until aborted.
+async fn sweep_handlers(host: Arc<native::host::NativeHost>) {
+    let mut tick = tokio::time::interval(host.handlers.sweep_every());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let expired = host.handlers.sweep(std::time::Instant::now());
+        if !expired.is_empty() {
+            tracing::debug!(count = expired.len(), "idle handlers retired");
+            native::handlers::retire(expired).await;
+        }
+    }
 }
 
 /// Cancels `leave` when the lifetime is over or the EP has been idle too long. Watches even

@@ -566,6 +566,7 @@ impl Link {
                     }
                     Ok(SchedulerMsg::Lifetime { .. }) => bail!("scheduler set a lifetime before welcome"),
                     Ok(SchedulerMsg::Warm { .. }) => bail!("scheduler named a module to warm before welcome"),
+                    Ok(SchedulerMsg::Retire { .. }) => bail!("scheduler retired handlers before welcome"),
                     Ok(SchedulerMsg::Renewed { job_id, .. } | SchedulerMsg::RenewRefused { job_id, .. }) => {
                         bail!("scheduler answered a renewal of job {job_id} before welcome")
                     }
@@ -613,6 +614,13 @@ impl Link {
                 self.answer_renewal(&job_id, Ok((input_macaroon, output_macaroon)));
             }
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),
+            SchedulerMsg::Retire { reason } => {
+                if let Some(host) = &self.settings.native {
+                    let retired = host.handlers.retire_all();
+                    tracing::info!(idle = retired.len(), %reason, "retiring every handler");
+                    tokio::spawn(crate::native::handlers::retire(retired));
+                }
+            }
             SchedulerMsg::Lifetime { leave_in_ms } => {
                 tracing::info!(leave_in_ms, "the scheduler set this EP's lifetime");
                 self.settings.lease.end_in(Duration::from_millis(leave_in_ms));

@@ -198,6 +198,9 @@ pub struct NativeLocalOptions {
     pub args: Vec<String>,
     /// Where unpacked images are kept between runs.
     pub cache_dir: PathBuf,
+    /// The command is a handler: the input is served to it as one request (README, "The
+    /// handler form"), as an EP's warm worker would get it.
+    pub handler: bool,
 }
 
 /// What a local native run did.
@@ -241,6 +244,8 @@ pub async fn run_native_local(
         uid_count: 16,
         gpus: Vec::new(),
         gpu_shared: Vec::new(),
+        handlers_dir: scratch.join("handlers"),
+        handlers: crate::native::handlers::HandlerOptions { idle_for: std::time::Duration::ZERO, max_idle: 0 },
     };
     let host = tokio::task::spawn_blocking(move || NativeHost::start(host_options))
         .await
@@ -271,9 +276,28 @@ pub async fn run_native_local(
         resources: Resources::new(opts.cpus, opts.memory_mb, opts.runtime_s),
         log_limit_bytes: 1 << 20,
     };
-    let code = htfaas_functions::proto::NativeCode { command: command.to_vec() };
-    let group = format!("local-{}-{}", std::process::id(), rand::random::<u32>());
-    let run = crate::native_job::run(&host, &group, &code, &root, &job, &CancelSignal::new()).await;
+    let code = htfaas_functions::proto::NativeCode { command: command.to_vec(), handler: opts.handler };
+    let run = if opts.handler {
+        let f = htfaas_functions::proto::FunctionRef {
+            name: "local".into(),
+            version: 1,
+            digest: digest.clone(),
+            module_url: String::new(),
+            native: Some(code.clone()),
+        };
+        // A run's usual bounds of `/output` (the EP's defaults); the host keeps no worker.
+        let limits = crate::scratch::ScratchLimits {
+            max_files: 64,
+            max_output_bytes: 16 << 30,
+            max_scratch_bytes: None,
+            input_bytes: 0,
+        };
+        let cancel = CancelSignal::new();
+        crate::native_job::run_handler(&host, &f, &code, &root, &job, limits, &cancel, &CancelSignal::new()).await
+    } else {
+        let group = format!("local-{}-{}", std::process::id(), rand::random::<u32>());
+        crate::native_job::run(&host, &group, &code, &root, &job, &CancelSignal::new()).await
+    };
     let (outputs, skipped) = collect_outputs(&output_dir, out_dir)?;
     Ok(NativeLocalRun { run, digest, image_ms, outputs, skipped })
 }

@@ -10,12 +10,17 @@
 //! cores (cpu quota = `resources.cpus`), `resources.memory_mb` of memory (its `/tmp` counts),
 //! and a `/tmp` of `resources.disk_mb` (1 GiB when the job names no disk).
 //!
+//! A **handler** function ([`run_handler`]) is served by a warm worker instead
+//! ([`crate::native::worker`] says its contract; [`crate::native::handlers`] keeps them).
+//!
 //! Must not know: the attach protocol, slots.
 
-use crate::native::host::NativeHost;
+use crate::native::host::{GpuLease, NativeHost, UidLease};
 use crate::native::image::ImageRoot;
+use crate::native::worker::{Request, Worker, WorkerSpec};
 use crate::native::{End, NativeRun, cgroup};
 use crate::runtime::{CancelSignal, GuestJob, GuestRun, millis};
+use crate::scratch::ScratchLimits;
 use crate::transfer::{Transfer, download};
 use htfaas_functions::proto::{FunctionRef, NativeCode, Outcome};
 use std::path::Path;
@@ -81,13 +86,9 @@ pub(crate) async fn run(
         no_free_slot,
         ..GuestRun::unrun(outcome, millis(started.elapsed()))
     };
-    let Some(uid) = host.lease_uid() else {
-        let why = "every anonymous uid of the EP's native runtime is in use (native.uid_count)";
-        return ended(Outcome::ModuleFailed { reason: why.into() }, true);
-    };
-    let Some(gpus) = host.lease_gpus(job.resources.gpus) else {
-        let why = format!("fewer than {} of the EP's GPUs are free", job.resources.gpus);
-        return ended(Outcome::ModuleFailed { reason: why }, true);
+    let (uid, gpus) = match leases(host, job.resources.gpus) {
+        Ok(leases) => leases,
+        Err(why) => return ended(Outcome::ModuleFailed { reason: why }, true),
     };
     if let Err(e) = prepare_dirs(&job.input_dir, &job.output_dir, uid.uid()).await {
         return ended(Outcome::ModuleFailed { reason: format!("prepare the sandbox's directories: {e}") }, false);
@@ -116,13 +117,7 @@ pub(crate) async fn run(
             Err(e) => return ended(Outcome::ModuleFailed { reason: e.to_string() }, false),
         };
     drop((uid, gpus));
-    let outcome = match ran.end {
-        End::Exited(code) => Outcome::Exited { exit_code: code },
-        End::Signalled(sig) => Outcome::Trapped { message: format!("killed by signal {sig}") },
-        End::MemoryExceeded => Outcome::MemoryExceeded { limit_bytes: memory_bytes },
-        End::TimeExceeded => Outcome::TimeExceeded { limit_s: r.runtime_s },
-        End::Stopped => stop.outcome(),
-    };
+    let outcome = outcome_of(ran.end, memory_bytes, r.runtime_s, stop);
     GuestRun {
         outcome,
         stdout: ran.stdout,
@@ -135,6 +130,14 @@ pub(crate) async fn run(
         instructions: None,
         no_free_slot: false,
     }
+}
+
+/// A uid and `gpus` GPUs lent for one sandbox; `Err` says which the EP has none of now (a
+/// full pool: the job waits for a slot, [`GuestRun::no_free_slot`]).
+fn leases(host: &NativeHost, gpus: u32) -> Result<(UidLease, GpuLease), String> {
+    let uid = host.lease_uid().ok_or("every anonymous uid of the EP's native runtime is in use (native.uid_count)")?;
+    let gpus = host.lease_gpus(gpus).ok_or_else(|| format!("fewer than {gpus} of the EP's GPUs are free"))?;
+    Ok((uid, gpus))
 }
 
 /// The sandbox reads `/input` and writes `/output` as `uid`: the input directory and its file
@@ -156,4 +159,143 @@ async fn prepare_dirs(input: &Path, output: &Path, uid: u32) -> std::io::Result<
     })
     .await
     .map_err(std::io::Error::other)?
+}
+
+/// The outcome of a native run that ended as `end` (`memory_bytes` and `runtime_s` its limits,
+/// `stop` its stop signal).
+fn outcome_of(end: End, memory_bytes: u64, runtime_s: u64, stop: &CancelSignal) -> Outcome {
+    match end {
+        End::Exited(code) => Outcome::Exited { exit_code: code },
+        End::Signalled(sig) => Outcome::Trapped { message: format!("killed by signal {sig}") },
+        End::MemoryExceeded => Outcome::MemoryExceeded { limit_bytes: memory_bytes },
+        End::TimeExceeded => Outcome::TimeExceeded { limit_s: runtime_s },
+        End::Stopped => stop.outcome(),
+        End::Broken(message) => Outcome::Trapped { message },
+    }
+}
+
+/// The key a handler of `f` is kept under for `job` ([`crate::native::handlers`]): everything
+/// its process was started with or bound to. The function's name names one owner for good
+/// (the registry never gives a name to another), so a key is never shared between owners.
+fn handler_key(f: &FunctionRef, code: &NativeCode, job: &GuestJob) -> String {
+    let r = job.resources;
+    let all = serde_json::json!({
+        "function": f.name, "version": f.version, "image": f.digest.as_str(), "command": code.command,
+        "env": job.env, "cpus": r.cpus, "memory_mb": r.memory_mb, "disk_mb": r.disk_mb,
+    });
+    htfaas_functions::digest::Digest::of(all.to_string().as_bytes()).hex().to_owned()
+}
+
+/// One run of a handler function: `job` is served by a warm worker of its key, or by one
+/// started for it ([`crate::native::worker`]), whose `/output` is watched against `limits`
+/// (an excess is the outcome [`Outcome::OutputExceeded`]); its outputs are then moved into
+/// the job's output directory, and the worker kept for the next run when it answered (and
+/// holds no GPU). Never fails, as [`run`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_handler(
+    host: &NativeHost,
+    f: &FunctionRef,
+    code: &NativeCode,
+    root: &ImageRoot,
+    job: &GuestJob,
+    limits: ScratchLimits,
+    cancel: &CancelSignal,
+    stop: &CancelSignal,
+) -> GuestRun {
+    use crate::native::handlers::retire;
+    let started = Instant::now();
+    let ended = |outcome: Outcome, no_free_slot: bool| GuestRun {
+        no_free_slot,
+        ..GuestRun::unrun(outcome, millis(started.elapsed()))
+    };
+    // argv is [function, /input/<name>, args…] (crate::job).
+    let name = job.argv.get(1).and_then(|p| p.strip_prefix("/input/")).unwrap_or_default();
+    let args = job.argv.get(2..).unwrap_or_default();
+    let r = job.resources;
+    let memory_bytes = r.memory_mb.saturating_mul(1 << 20);
+    let key = handler_key(f, code, job);
+    let (found, ticket, stale) = host.handlers.take(&key, &f.name, f.version);
+    tokio::spawn(retire(stale));
+    let mut gpus = None;
+    let mut worker = match found {
+        Some(worker) => worker,
+        None => {
+            let (uid, lease) = match leases(host, r.gpus) {
+                Ok(leases) => leases,
+                Err(why) => return ended(Outcome::ModuleFailed { reason: why }, true),
+            };
+            let devices = lease.devices();
+            let env: Vec<(String, String)> = job.env.iter().cloned().chain(lease.env()).collect();
+            let spec = WorkerSpec {
+                root: root.path(),
+                argv: &code.command,
+                env: &env,
+                tmp_bytes: if r.disk_mb > 0 { r.disk_mb.saturating_mul(1 << 20) } else { DEFAULT_TMP_BYTES },
+                limits: cgroup::Limits { memory_bytes, pids: MAX_PIDS, cpus: r.cpus.max(1) },
+                devices: &devices,
+            };
+            let id = format!("handler-{:016x}", rand::random::<u64>());
+            match Worker::start(host, &id, host.handlers_dir.join(&id), uid, &spec) {
+                Ok(worker) => {
+                    gpus = Some(lease);
+                    worker
+                }
+                Err(e) => return ended(Outcome::ModuleFailed { reason: format!("handler: {e}") }, false),
+            }
+        }
+    };
+    let warm = worker.served() > 0;
+    let req = Request { input: &job.input_dir.join(name), name, args, run_time: Duration::from_secs(r.runtime_s) };
+    let watch = crate::scratch::watch_scratch(limits, worker.output_dir(), cancel, stop);
+    let served = {
+        let serve = worker.serve(&req, stop.cancelled());
+        let (mut serve, mut watch) = (std::pin::pin!(serve), std::pin::pin!(watch));
+        let mut exceeded = None;
+        let served = loop {
+            tokio::select! {
+                served = &mut serve => break served,
+                fired = &mut watch, if exceeded.is_none() => exceeded = Some(fired),
+            }
+        };
+        served.map(|s| (s, exceeded.flatten()))
+    };
+    let (served, exceeded) = match served {
+        Ok(served) => served,
+        Err(e) => {
+            tokio::spawn(retire(host.handlers.give_back(worker, ticket)));
+            return ended(Outcome::ModuleFailed { reason: format!("stage the handler's input: {e}") }, false);
+        }
+    };
+    let mut notes = vec![match warm {
+        true => format!("served by a warm handler (its run {})", worker.served()),
+        false => "served by a handler started for this run".to_owned(),
+    }];
+    let mut outcome = match &exceeded {
+        Some(reason) => Outcome::OutputExceeded { reason: reason.clone() },
+        None => outcome_of(served.end.clone(), memory_bytes, r.runtime_s, stop),
+    };
+    // A worker holding GPUs is not kept: idle, it would keep them from other jobs.
+    let mut keep = served.healthy && r.gpus == 0 && exceeded.is_none();
+    if exceeded.is_none()
+        && let Err(e) = worker.take_outputs(&job.output_dir).await
+    {
+        notes.push(format!("moving the handler's outputs failed: {e}"));
+        outcome = Outcome::OutputFailed { reason: format!("the handler's outputs: {e}") };
+        keep = false;
+    }
+    let done = if keep { host.handlers.give_back(worker, ticket) } else { vec![worker] };
+    tokio::spawn(retire(done));
+    drop(gpus);
+    GuestRun {
+        outcome,
+        stdout: served.stdout,
+        stderr: served.stderr,
+        log_dropped: 0,
+        notes,
+        wall_ms: served.wall_ms,
+        cpu_ms: served.usage.cpu_ms,
+        peak_memory_bytes: served.usage.peak_memory_bytes,
+        instructions: None,
+        no_free_slot: false,
+    }
 }

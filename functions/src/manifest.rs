@@ -39,6 +39,12 @@ pub struct FunctionManifest {
     /// and `args` follow it, as for wasm. Empty for wasm.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// For `runtime: native`: `command` is a **handler**, a worker started once and then given
+    /// one run after another (a request line on its stdin, its answer on descriptor 3), kept
+    /// warm per function version on each EP; its argv is `command` and `args` alone. False: the
+    /// command is started for each run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handler: bool,
     /// Which storage events fire this function.
     pub trigger: Trigger,
     /// What one run may use.
@@ -436,6 +442,9 @@ impl FunctionManifest {
             RuntimeKind::Native if self.command.is_empty() => {
                 return Err(bad("command", "a native function needs its command (argv in the image)"));
             }
+            RuntimeKind::Wasm if self.handler => {
+                return Err(bad("handler", "only a native function has the handler form (runtime: native)"));
+            }
             _ => {}
         }
         if self.command.len() > MAX_COMMAND_WORDS
@@ -467,6 +476,7 @@ mod tests {
         FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: "checksum".into(),
             owner: "alice".into(),

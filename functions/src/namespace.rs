@@ -315,6 +315,7 @@ mod tests {
         FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: "f".into(),
             owner: owner.into(),

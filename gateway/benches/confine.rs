@@ -45,6 +45,7 @@ fn function(i: usize) -> FunctionRecord {
         manifest: FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: format!("f{i}"),
             owner: owner.clone(),

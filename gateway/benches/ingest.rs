@@ -74,6 +74,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
         registry.register(FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: name.into(),
             owner: "alice".into(),

@@ -627,6 +627,7 @@ mod tests {
                 .register(FunctionManifest {
                     runtime: Default::default(),
                     command: Vec::new(),
+                    handler: false,
                     retry: None,
                     name: name.into(),
                     owner: "alice".into(),

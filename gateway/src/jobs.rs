@@ -212,7 +212,7 @@ pub fn function_ref(public_url: &str, function: &FunctionRecord) -> FunctionRef 
     let m = &function.manifest;
     let (store, native) = match m.runtime {
         RuntimeKind::Wasm => ("modules", None),
-        RuntimeKind::Native => ("images", Some(NativeCode { command: m.command.clone() })),
+        RuntimeKind::Native => ("images", Some(NativeCode { command: m.command.clone(), handler: m.handler })),
     };
     FunctionRef {
         name: m.name.clone(),

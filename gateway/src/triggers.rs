@@ -90,6 +90,7 @@ mod tests {
         FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: name.into(),
             owner: "alice".into(),

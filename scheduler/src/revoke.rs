@@ -7,7 +7,7 @@
 //! the same lock, after checking the set); then one transaction removes the matching jobs and
 //! records the revocation (a submit checks the set inside its own transaction, so a job either
 //! is refused or is committed before, and then removed by, this one); then the Cancel and Close
-//! messages go out. If the store fails, the target stays revoked in memory until a restart.
+//! messages go out, and every native EP drops its warm handlers. If the store fails, the target stays revoked in memory until a restart.
 //!
 //! Must not know: HTTP (the API validates the request, then calls `revoke`).
 
@@ -36,6 +36,9 @@ pub(crate) async fn revoke(shared: &Shared, req: RevokeRequest, by: &str) -> Res
         for ep_id in &closing {
             eps.close(ep_id, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}"));
         }
+        // A warm handler holds its function's secrets in memory and would serve the next run
+        // at once: none outlives a revocation, whoever's it was (an EP cannot tell owners).
+        eps.retire_handlers(&format!("revoked: {reason}"));
     }
     shared.wake.notify_one();
     let revocation = recorded?.revocation;

@@ -106,6 +106,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
     FunctionManifest {
         runtime: Default::default(),
         command: Vec::new(),
+        handler: false,
         retry: None,
         name: name.into(),
         owner: USER.into(),

@@ -168,6 +168,11 @@ fn native_ratios(figures: &[Figure]) -> Vec<Figure> {
             "numpy_task_latency_p50",
         ),
         (
+            "native.numpy_handler_event_to_output_p50_vs_parsl_numpy_task_p50",
+            "native.numpy_handler_event_to_output_p50",
+            "numpy_task_latency_p50",
+        ),
+        (
             "native.numpy_event_to_output_cold_vs_parsl_numpy_task_first",
             "native.numpy_event_to_output_cold",
             "numpy_task_first",

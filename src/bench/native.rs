@@ -4,8 +4,9 @@
 //!   (control group made and removed, bubblewrap, seccomp), against a plain spawn of it;
 //! - **event → output of a Python + numpy function** on the stack (in process): the first event
 //!   (cold: the EP fetches, checks and unpacks the image) and the next ones (warm: the image is
-//!   there; Python and numpy start per run), against the same code as a Parsl HTEX task
-//!   (whose workers keep numpy imported) in the same run;
+//!   there; Python and numpy start per run), and the same function in the handler form (the
+//!   first event starts its worker, the next are served warm), against the same code as a
+//!   Parsl HTEX task (whose workers keep numpy imported) in the same run;
 //! - **a compute-bound numpy loop** in the sandbox (1 core) against the same interpreter and
 //!   library run with `chroot` outside it (one BLAS thread each), by its CPU time (the ratio) and
 //!   its wall time (which also counts the neighbours of this VM);
@@ -44,6 +45,22 @@ a = np.fromfile(path, dtype="<f4")
 out = {"n": int(a.size), "mean": float(a.astype(np.float64).mean()), "std": float(a.std())}
 with open(os.path.join("/output", os.path.basename(path) + ".json"), "w") as f:
     json.dump(out, f)
+"#;
+
+/// The same function in the handler form: one process, numpy imported once, serving request
+/// after request (stdin in, descriptor 3 out).
+pub const NUMPY_HANDLER_APP: &str = r#"import json, os, sys
+import numpy as np
+
+answers = os.fdopen(3, "w", buffering=1)
+for line in sys.stdin:
+    req = json.loads(line)
+    path = req["input"]
+    a = np.fromfile(path, dtype="<f4")
+    out = {"n": int(a.size), "mean": float(a.astype(np.float64).mean()), "std": float(a.std())}
+    with open(os.path.join(req["output"], os.path.basename(path) + ".json"), "w") as f:
+        json.dump(out, f)
+    answers.write('{"exit_code": 0}\n')
 "#;
 
 /// Every native figure, emitted as measured.
@@ -261,6 +278,7 @@ async fn numpy_events(opts: &NativeOptions, work: &Path, emit: &mut dyn FnMut(Fi
         let app = work.join("app");
         std::fs::create_dir_all(&app)?;
         std::fs::write(app.join("stats.py"), NUMPY_APP)?;
+        std::fs::write(app.join("stats_handler.py"), NUMPY_HANDLER_APP)?;
         let spec = crate::devkit::ImageSpec {
             suite: String::new(),
             packages: Vec::new(),
@@ -281,17 +299,44 @@ async fn numpy_events(opts: &NativeOptions, work: &Path, emit: &mut dyn FnMut(Fi
         m.outputs.dir = "/data/np-out/".into();
         m.resources = htfaas_functions::Resources::new(1, 1024, 60);
         client.register(&m).await?;
+        let mut h = m.clone();
+        h.name = "stats-handler".into();
+        h.command = vec!["python3".into(), "/opt/app/stats_handler.py".into()];
+        h.handler = true;
+        h.trigger.path = "/data/nph/**".into();
+        h.outputs.dir = "/data/nph-out/".into();
+        client.register(&h).await?;
         let data: Vec<u8> = (0..(1 << 18)).flat_map(|i: u32| (i as f32).to_le_bytes()).collect();
-        let cold = event_to_output(&client, &data, 0).await?;
+        let cold = event_to_output(&client, "np", &data, 0).await?;
         emit(Figure::new("htfaas", "native.numpy_event_to_output_cold", cold, "ms", 1).with("image_bytes", built.size));
         let mut warm = Vec::with_capacity(opts.events);
         for i in 1..=opts.events {
-            warm.push(event_to_output(&client, &data, i).await?);
+            warm.push(event_to_output(&client, "np", &data, i).await?);
         }
         let n = warm.len() as u64;
         let p50 = crate::traffic::percentile(&mut warm, 0.5);
         let p99 = crate::traffic::percentile(&mut warm, 0.99);
-        emit(Figure::new("htfaas", "native.numpy_event_to_output_p50", p50, "ms", n).with("p99", p99));
+        let cpu = job_cpu_ms(&client, "/data/np/").await?;
+        emit(
+            Figure::new("htfaas", "native.numpy_event_to_output_p50", p50, "ms", n)
+                .with("p99", p99)
+                .with("job_cpu_ms_p50", cpu),
+        );
+        // The handler form: the first event starts the worker (the image is unpacked by now).
+        let first = event_to_output(&client, "nph", &data, 0).await?;
+        emit(Figure::new("htfaas", "native.numpy_handler_event_to_output_first", first, "ms", 1));
+        let mut warm = Vec::with_capacity(opts.events);
+        for i in 1..=opts.events {
+            warm.push(event_to_output(&client, "nph", &data, i).await?);
+        }
+        let p50 = crate::traffic::percentile(&mut warm, 0.5);
+        let p99 = crate::traffic::percentile(&mut warm, 0.99);
+        let cpu = job_cpu_ms(&client, "/data/nph/").await?;
+        emit(
+            Figure::new("htfaas", "native.numpy_handler_event_to_output_p50", p50, "ms", n)
+                .with("p99", p99)
+                .with("job_cpu_ms_p50", cpu),
+        );
         anyhow::Ok(())
     }
     .await;
@@ -300,9 +345,21 @@ async fn numpy_events(opts: &NativeOptions, work: &Path, emit: &mut dyn FnMut(Fi
     stopped
 }
 
-/// Uploads `data` as event `i` and waits for its output: ms.
-async fn event_to_output(client: &Client, data: &[u8], i: usize) -> anyhow::Result<f64> {
-    let (path, out) = (format!("/data/np/e{i}.f32"), format!("/data/np-out/e{i}.f32.json"));
+/// The median CPU time of the runs of the completed jobs on files under `prefix`, as their
+/// control groups measured it, ms.
+async fn job_cpu_ms(client: &Client, prefix: &str) -> anyhow::Result<f64> {
+    let jobs = client.jobs().await?;
+    let mut cpu: Vec<f64> = jobs
+        .iter()
+        .filter(|j| j.event.path.starts_with(prefix))
+        .filter_map(|j| j.usage.as_ref().map(|u| u.cpu_ms as f64))
+        .collect();
+    Ok(crate::traffic::percentile(&mut cpu, 0.5))
+}
+
+/// Uploads `data` as event `i` under `/data/<dir>/` and waits for its output: ms.
+async fn event_to_output(client: &Client, dir: &str, data: &[u8], i: usize) -> anyhow::Result<f64> {
+    let (path, out) = (format!("/data/{dir}/e{i}.f32"), format!("/data/{dir}-out/e{i}.f32.json"));
     let t = Instant::now();
     client.put_bytes(data.to_vec(), &path).await?;
     loop {

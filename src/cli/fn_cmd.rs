@@ -34,6 +34,11 @@ pub enum FnCommand {
         /// (/input/NAME) and the --arg values follow.
         #[arg(long, requires = "image", value_parser = parse_command)]
         command: Option<Argv>,
+        /// With --image: the command is a handler, a worker each EP keeps warm for this
+        /// version and hands one run after another (a JSON request line on its stdin, its
+        /// answer on descriptor 3; README, "The handler form"); no input path follows it.
+        #[arg(long, requires = "image")]
+        handler: bool,
         /// Trigger glob over the storage path, e.g. '/data/raw/**'. With --rule, both must hold.
         #[arg(long)]
         trigger: Option<String>,
@@ -307,6 +312,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             wasm,
             image,
             command,
+            handler,
             trigger,
             rule,
             rate,
@@ -366,6 +372,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             let manifest = FunctionManifest {
                 runtime,
                 command: command.map(|c| c.0).unwrap_or_default(),
+                handler,
                 name,
                 owner,
                 module,

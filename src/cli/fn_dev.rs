@@ -53,6 +53,10 @@ pub enum DevCommand {
         /// With --image: the command in the image, words separated by spaces.
         #[arg(long, requires = "image")]
         command: Option<String>,
+        /// With --image: the command is a handler (`fn register --handler`); the input is
+        /// served to it as one request on its stdin, its answer read from descriptor 3.
+        #[arg(long, requires = "image")]
+        handler: bool,
         /// With --image: cores (the cpu quota).
         #[arg(long, default_value_t = 1)]
         cpus: u32,
@@ -137,7 +141,19 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
             println!("built {} ({} bytes) in {:.1} s", built.path.display(), built.bytes, built.took.as_secs_f64());
             Ok(())
         }
-        DevCommand::Run { files, image: Some(image), command, cpus, out, memory_mb, timeout_s, env, args, .. } => {
+        DevCommand::Run {
+            files,
+            image: Some(image),
+            command,
+            handler,
+            cpus,
+            out,
+            memory_mb,
+            timeout_s,
+            env,
+            args,
+            ..
+        } => {
             let [input] = files.as_slice() else {
                 anyhow::bail!("with --image, give only the input file");
             };
@@ -151,6 +167,7 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
                 env,
                 args,
                 cache_dir: cache,
+                handler,
             };
             let scratch = tempfile::tempdir().context("create a scratch directory")?;
             let ran = htfaas_ep::local::run_native_local(&image, &command, input, scratch.path(), &out, &opts).await?;

@@ -65,7 +65,8 @@ fn about(lang: Lang) -> (&'static str, &'static str, &'static str) {
 }
 
 /// Writes a new native function project for `name` into `dir` (created; it must not exist or
-/// be empty): Python with numpy (`app/main.py`), its image recipe (`build-image.sh`), a README
+/// be empty): Python with numpy (`app/main.py`, which also serves as a handler with the loop of
+/// `app/htfaas_handler.py`), its image recipe (`build-image.sh`), a README
 /// and a float32 sample. Returns the files written.
 pub fn new_native_project(name: &str, dir: &Path) -> Result<Vec<PathBuf>, DevError> {
     check_name(name)?;
@@ -77,6 +78,7 @@ pub fn new_native_project(name: &str, dir: &Path) -> Result<Vec<PathBuf>, DevErr
     let sample: Vec<u8> = (0..1024u32).flat_map(|i| ((i % 32) as f32 * 0.5).to_le_bytes()).collect();
     let texts = [
         ("app/main.py", include_str!("templates/native-python/main.py")),
+        ("app/htfaas_handler.py", include_str!("templates/native-python/htfaas_handler.py")),
         ("build-image.sh", include_str!("templates/native-python/build-image.sh")),
         ("README.md", include_str!("templates/native-python/README.md")),
         (".gitignore", "*.tar\nout/\n__pycache__/\n"),

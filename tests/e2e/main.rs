@@ -15,6 +15,7 @@ mod exactly_once;
 mod examples;
 mod failures;
 mod faults;
+mod handlers;
 mod jobs;
 mod js;
 mod kafka;

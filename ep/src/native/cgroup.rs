@@ -186,6 +186,17 @@ impl Group {
         }
     }
 
+    /// Starts the peak memory anew, so that [`Group::usage`] gives the peak since now (one run
+    /// of a handler that served others before). v1 only: a v2 kernel resets `memory.peak` just
+    /// for the descriptor that wrote it, so there the peak stays the group's since its start.
+    pub fn reset_peak(&self) {
+        if !self.v2
+            && let Some(memory) = self.dirs.first()
+        {
+            let _ = std::fs::write(memory.join("memory.max_usage_in_bytes"), "0");
+        }
+    }
+
     /// What the group used so far.
     pub fn usage(&self) -> Usage {
         let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();

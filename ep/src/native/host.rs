@@ -1,5 +1,5 @@
 //! The EP's native runtime as a whole, set up once at start: the bubblewrap binary, the cgroup
-//! backend, the image cache, and the pool of anonymous uids native jobs run as.
+//! backend, the image cache, the idle handlers, and the pool of anonymous uids native jobs run as.
 //!
 //! Native jobs need the EP to run as root: it makes control groups and hands each job a uid of
 //! its own (never 0, never the EP's). An EP that is not root, has no bubblewrap, or finds no
@@ -8,6 +8,7 @@
 //! Must not know: jobs, the link, the network.
 
 use super::cgroup::{self, Backend};
+use super::handlers::{HandlerOptions, Handlers};
 use super::image::ImageCache;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,10 @@ pub struct HostOptions {
     pub gpus: Vec<PathBuf>,
     /// Device nodes every GPU job gets besides its GPUs (e.g. `/dev/nvidiactl`, `/dev/nvidia-uvm`).
     pub gpu_shared: Vec<PathBuf>,
+    /// Where handlers' directories are made (emptied at start).
+    pub handlers_dir: PathBuf,
+    /// How long and how many idle handlers are kept.
+    pub handlers: HandlerOptions,
 }
 
 /// Why an EP offers no native runtime.
@@ -56,6 +61,10 @@ pub struct NativeHost {
     pub stage: PathBuf,
     /// Unpacked images.
     pub images: ImageCache,
+    /// Idle handlers ([`super::worker`]).
+    pub handlers: Handlers,
+    /// Where handlers' directories are made.
+    pub handlers_dir: PathBuf,
     uids: UidPool,
     gpus: GpuPool,
 }
@@ -191,9 +200,23 @@ impl NativeHost {
         if let Some(d) = o.gpus.iter().chain(&o.gpu_shared).find(|d| !d.is_absolute() || !d.exists()) {
             return Err(unavailable(format!("GPU device {} is no absolute path that exists", d.display())));
         }
+        // Handlers of an EP before this one are gone: their directories are left-overs.
+        let _ = std::fs::remove_dir_all(&o.handlers_dir);
+        std::fs::create_dir_all(&o.handlers_dir)
+            .map_err(|e| unavailable(format!("handlers' directory {}: {e}", o.handlers_dir.display())))?;
         let uids = UidPool::new(o.uid_base, o.uid_count);
         let gpus = GpuPool::new(o.gpus, o.gpu_shared);
-        Ok(NativeHost { bwrap: o.bwrap, backend, stage: o.stage, images, uids, gpus })
+        let handlers = Handlers::new(o.handlers);
+        Ok(NativeHost {
+            bwrap: o.bwrap,
+            backend,
+            stage: o.stage,
+            images,
+            handlers,
+            handlers_dir: o.handlers_dir,
+            uids,
+            gpus,
+        })
     }
 
     /// `n` free GPUs for one job (none for 0); `None` when fewer are free.

@@ -22,9 +22,11 @@
 //! Must not know: jobs, the link, the network (but its absence inside).
 
 pub mod cgroup;
+pub mod handlers;
 pub mod host;
 pub mod image;
 pub mod seccomp;
+pub mod worker;
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -77,6 +79,9 @@ pub enum End {
     TimeExceeded,
     /// Killed because the caller said stop (a cancel, an output past its bound).
     Stopped,
+    /// A handler ([`worker`]) broke its contract: it answered what is no answer, or ended
+    /// without one; the message says which.
+    Broken(String),
 }
 
 /// What a native run did.
@@ -193,17 +198,30 @@ fn c_path(path: &Path) -> std::io::Result<std::ffi::CString> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{}: NUL in path", path.display())))
 }
 
-/// Runs `run` as job `name` under `backend`, with `bwrap`, until it ends, its run time passes
-/// ([`End::TimeExceeded`]) or `stop` completes ([`End::Stopped`]); either way every process of
-/// its control group is killed before this returns.
-pub async fn run(
+/// A sandbox started by [`spawn`]: bwrap's process (its stdout and stderr piped, its stdin
+/// piped for a handler and empty otherwise), its control group, and for a handler the reading
+/// end of the pipe that is its descriptor 3.
+pub(crate) struct Spawned {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) group: cgroup::Group,
+    pub(crate) replies: Option<std::io::PipeReader>,
+}
+
+/// The guest's descriptor that a handler answers on.
+pub const REPLY_FD: i32 = 3;
+
+/// Starts `run` as group `name` under `backend`, with `bwrap`: the checks, the group, the
+/// seccomp program, the stage binds and the drop to the run's uid (see
+/// [`stage_and_drop_privileges`]). A `handler` also gets a pipe on stdin and one at
+/// [`REPLY_FD`].
+pub(crate) fn spawn(
     bwrap: &Path,
     backend: &cgroup::Backend,
     stage: &Path,
     name: &str,
     run: &NativeRun<'_>,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<Ran, NativeError> {
+    handler: bool,
+) -> Result<Spawned, NativeError> {
     use std::os::unix::io::AsRawFd as _;
     if run.uid == 0 {
         return Err(NativeError::Refused("a native guest never runs as uid 0".into()));
@@ -239,25 +257,63 @@ pub async fn run(
     let (seccomp_reader, mut seccomp_writer) = std::io::pipe()?;
     std::io::Write::write_all(&mut seccomp_writer, &seccomp::program())?;
     drop(seccomp_writer);
+    // Both inherited descriptors sit at 10 or above, so moving the reply pipe's writer to
+    // REPLY_FD in the child never lands on the seccomp program's.
+    let seccomp_reader = above_ten(seccomp_reader)?;
     let seccomp_fd = seccomp_reader.as_raw_fd();
+    let replies = if handler { Some(std::io::pipe()?) } else { None };
+    let (replies, reply_writer) = match replies {
+        Some((reader, writer)) => (Some(reader), Some(above_ten(writer)?)),
+        None => (None, None),
+    };
+    let reply_fd = reply_writer.as_ref().map(|w| w.as_raw_fd());
     let mut cmd = tokio::process::Command::new(bwrap);
     cmd.args(bwrap_args(run, stage, seccomp_fd))
         .env_clear()
-        .stdin(std::process::Stdio::null())
+        .stdin(if handler { std::process::Stdio::piped() } else { std::process::Stdio::null() })
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    stage_and_drop_privileges(&mut cmd, binds, fds, uid, seccomp_fd);
-    let started = std::time::Instant::now();
+    stage_and_drop_privileges(&mut cmd, binds, fds, uid, seccomp_fd, reply_fd);
     let spawned = cmd.spawn();
-    drop((procs, seccomp_reader));
-    let mut child = match spawned {
-        Ok(child) => child,
+    drop((procs, seccomp_reader, reply_writer));
+    match spawned {
+        Ok(child) => Ok(Spawned { child, group, replies }),
         Err(e) => {
-            let _ = tokio::task::spawn_blocking(move || drop(group)).await;
-            return Err(e.into());
+            drop(group);
+            Err(e.into())
         }
-    };
+    }
+}
+
+/// `fd` moved to a descriptor numbered 10 or above (close-on-exec, as it was).
+fn above_ten<F: std::os::fd::AsRawFd + From<std::os::fd::OwnedFd>>(fd: F) -> std::io::Result<F> {
+    use std::os::fd::FromRawFd as _;
+    #[allow(unsafe_code)]
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor `fd` owns; the new one is owned here.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: `moved` is a fresh descriptor nothing else owns.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) };
+    Ok(F::from(owned))
+}
+
+/// Runs `run` as job `name` under `backend`, with `bwrap`, until it ends, its run time passes
+/// ([`End::TimeExceeded`]) or `stop` completes ([`End::Stopped`]); either way every process of
+/// its control group is killed before this returns.
+pub async fn run(
+    bwrap: &Path,
+    backend: &cgroup::Backend,
+    stage: &Path,
+    name: &str,
+    run: &NativeRun<'_>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Ran, NativeError> {
+    let started = std::time::Instant::now();
+    let Spawned { mut child, group, .. } = spawn(bwrap, backend, stage, name, run, false)?;
     let stdout_task = tokio::spawn(read_bounded(child.stdout.take()));
     let stderr_task = tokio::spawn(read_bounded(child.stderr.take()));
     let waited = tokio::select! {
@@ -320,14 +376,22 @@ struct Binds {
 /// Between fork and exec, the child (still root) takes a mount namespace of its own, private
 /// (nothing it mounts reaches the host's), binds the image and the job's directories onto the
 /// stage, joins the job's control group (writes "0", itself, to each `cgroup.procs` in `fds`),
-/// lets no descriptor but stdio and `inherit` survive the exec, drops every supplementary
+/// lets no descriptor but stdio, `inherit` and (for a handler) `reply` as [`REPLY_FD`] survive
+/// the exec, drops every supplementary
 /// group, takes `uid` as its ids, and asks to be killed with its parent.
 ///
 /// bwrap hands the command every descriptor it got, so one the EP itself inherited without
 /// close-on-exec (from whatever started it) would otherwise reach the guest; marking them all
 /// close-on-exec, rather than closing them, keeps the one std uses to report a failed exec.
 #[allow(unsafe_code)]
-fn stage_and_drop_privileges(cmd: &mut tokio::process::Command, binds: Binds, fds: Vec<i32>, uid: u32, inherit: i32) {
+fn stage_and_drop_privileges(
+    cmd: &mut tokio::process::Command,
+    binds: Binds,
+    fds: Vec<i32>,
+    uid: u32,
+    inherit: i32,
+    reply: Option<i32>,
+) {
     // SAFETY: only async-signal-safe calls (unshare, mount, write, close_range, fcntl,
     // setgroups, setgid, setuid, prctl) on values prepared before the fork; no allocation.
     unsafe {
@@ -353,6 +417,12 @@ fn stage_and_drop_privileges(cmd: &mut tokio::process::Command, binds: Binds, fd
             let (first, last, cloexec) = (3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
             if libc::syscall(libc::SYS_close_range, first, last, cloexec) != 0
                 || libc::fcntl(inherit, libc::F_SETFD, 0) != 0
+            {
+                return fail();
+            }
+            // dup2 leaves the copy without close-on-exec: the handler's answer pipe survives.
+            if let Some(reply) = reply
+                && libc::dup2(reply, REPLY_FD) != REPLY_FD
             {
                 return fail();
             }

@@ -260,6 +260,13 @@ pub enum SchedulerMsg {
     },
     /// Run this job. Answer: [`EpMsg::Finished`] with the same `job_id`.
     Assign(JobAssignment),
+    /// Drop every idle handler (native functions' warm workers) now, and keep none that is
+    /// serving after its run: sent on a revocation, to EPs offering the native runtime (an EP
+    /// before handlers never gets it). No answer.
+    Retire {
+        /// Why, for the EP's log.
+        reason: String,
+    },
     /// Stop this job now (its token was revoked, or an admin removed it). Answer:
     /// [`EpMsg::Finished`] with [`Outcome::Cancelled`] (also for a job still queued, which is
     /// then never started); unknown ids are ignored.

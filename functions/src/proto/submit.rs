@@ -59,15 +59,24 @@ pub struct NativeCode {
     /// argv: the command and its first arguments; the input's guest path and the job's `args`
     /// follow.
     pub command: Vec<String>,
+    /// The command is a handler: one warm worker serves run after run over its stdin and
+    /// descriptor 3 (the manifest's `handler`); its argv then holds no input path.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handler: bool,
 }
 
 impl FunctionRef {
     /// What a submit token's `function` claim binds ([`crate::token::SubmitClaims::function`]):
     /// a wasm module's digest; for a native function the digest of its image's digest and its
-    /// command together, so a token for one command in an image runs no other command in it.
+    /// command together (and the handler form, when it is one), so a token for one command in
+    /// an image runs no other command in it, nor the same command in the other form.
     pub fn bound_digest(&self) -> Digest {
         match &self.native {
             None => self.digest.clone(),
+            Some(n) if n.handler => {
+                let all = serde_json::json!({ "image": self.digest.as_str(), "command": n.command, "handler": true });
+                Digest::of(all.to_string().as_bytes())
+            }
             Some(n) => {
                 let both = serde_json::json!({ "image": self.digest.as_str(), "command": n.command });
                 Digest::of(both.to_string().as_bytes())

@@ -434,6 +434,7 @@ mod tests {
         FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: "checksum".into(),
             owner: "alice".into(),

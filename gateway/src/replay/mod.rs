@@ -516,6 +516,7 @@ mod tests {
             manifest: FunctionManifest {
                 runtime: Default::default(),
                 command: Vec::new(),
+                handler: false,
                 retry: None,
                 name: "a".into(),
                 owner: "alice".into(),

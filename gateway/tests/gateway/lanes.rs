@@ -56,6 +56,7 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
     FunctionManifest {
         runtime: Default::default(),
         command: Vec::new(),
+        handler: false,
         retry: None,
         name: name.into(),
         owner: owner.into(),

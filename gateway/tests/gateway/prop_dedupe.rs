@@ -53,6 +53,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
         manifest: FunctionManifest {
             runtime: Default::default(),
             command: Vec::new(),
+            handler: false,
             retry: None,
             name: name.into(),
             owner: "alice".into(),

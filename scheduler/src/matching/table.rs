@@ -641,6 +641,14 @@ impl EpTable {
         ep.tx.send(ToEp::Send(reply)).is_ok()
     }
 
+    /// Tells every session offering the native runtime to drop its idle handlers (native
+    /// functions' warm workers) and keep none that serves now ([`SchedulerMsg::Retire`]);
+    /// how many were told.
+    pub fn retire_handlers(&self, reason: &str) -> usize {
+        let msg = SchedulerMsg::Retire { reason: reason.to_owned() };
+        self.eps.values().filter(|e| e.native && e.tx.send(ToEp::Send(msg.clone())).is_ok()).count()
+    }
+
     /// Sends `msg` to session `ep_id`. False if it is gone.
     pub fn send(&self, ep_id: &str, msg: SchedulerMsg) -> bool {
         self.eps.get(ep_id).is_some_and(|e| e.tx.send(ToEp::Send(msg)).is_ok())

@@ -2,12 +2,14 @@
 //! upload → gateway → scheduler → EP's sandbox): a guest reaching for the host (a listener on
 //! its loopback, its files, writes outside `/output`, a setuid binary), a guest past its limits
 //! (a fork bomb, memory, `/tmp`, `/output`, run time, a daemon left behind), hostile images
-//! (an entry outside the root, bytes that are not the digest), and a native job with no EP to
-//! run it. Each ends with its own outcome, nothing of the host is touched, and the EP runs the
+//! (an entry outside the root, bytes that are not the digest), a native job with no EP to
+//! run it, and one owner's function hoping for another's warm handler. Each ends with its own outcome, nothing of the host is touched, and the EP runs the
 //! next job as if nothing happened.
 
+use crate::handlers::{handler_function, who};
 use crate::native::{busybox_function, ended_job};
 use htfaas::client::Client;
+use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::JobState;
 use htfaas_functions::{Digest, Resources};
 use htfaas_tests::{busybox_image, start_stack, start_stack_with, wait_for};
@@ -251,4 +253,28 @@ async fn a_native_job_never_goes_to_an_ep_without_native() {
     assert_eq!(analysis.state, JobState::Idle, "{analysis:#?}");
     let job = client.job(&job.id).await.expect("job");
     assert_eq!(job.state, JobState::Idle, "never sent to the wasm-only EP: {job:#?}");
+}
+
+/// The attack: one owner's function hopes to be served by another's warm worker (same image,
+/// same command, same environment) and so read what the other's runs left in `/tmp`. Each
+/// function gets a worker of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_is_never_shared_between_functions_of_two_owners() {
+    let (dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    let image = client.push_image(&busybox_image(dir.path()), None).await.expect("push");
+    let owner = stack.info().user.clone();
+    client.register(&handler_function(image.clone(), "alices", &owner, "same")).await.expect("register");
+    for right in [Right::Read, Right::Write] {
+        for dir in ["/data/mallorys/", "/data/mallorys-out/"] {
+            client.grant("mallory", right, dir).await.expect("grant");
+        }
+    }
+    client.register(&handler_function(image.clone(), "mallorys", "mallory", "same")).await.expect("register");
+    let (alice_pid, _, _) = who(&client, "alices", "a.dat").await;
+    let (alice_pid2, run, _) = who(&client, "alices", "b.dat").await;
+    assert_eq!((alice_pid2, run), (alice_pid.clone(), 2), "alice's worker is warm");
+    let (mallory_pid, mallory_run, _) = who(&client, "mallorys", "a.dat").await;
+    assert_ne!(mallory_pid, alice_pid, "mallory's function got a worker of its own");
+    assert_eq!(mallory_run, 1);
 }

@@ -22,6 +22,7 @@ fn manifest(
     FunctionManifest {
         runtime: Default::default(),
         command: Vec::new(),
+        handler: false,
         retry: None,
         name: name.into(),
         owner: owner.into(),
