@@ -316,12 +316,8 @@ async fn numpy_events(opts: &NativeOptions, work: &Path, emit: &mut dyn FnMut(Fi
         let n = warm.len() as u64;
         let p50 = crate::traffic::percentile(&mut warm, 0.5);
         let p99 = crate::traffic::percentile(&mut warm, 0.99);
-        let cpu = job_cpu_ms(&client, "/data/np/").await?;
-        emit(
-            Figure::new("htfaas", "native.numpy_event_to_output_p50", p50, "ms", n)
-                .with("p99", p99)
-                .with("job_cpu_ms_p50", cpu),
-        );
+        let figure = Figure::new("htfaas", "native.numpy_event_to_output_p50", p50, "ms", n).with("p99", p99);
+        emit(with_job_medians(&client, "/data/np/", figure).await?);
         // The handler form: the first event starts the worker (the image is unpacked by now).
         let first = event_to_output(&client, "nph", &data, 0).await?;
         emit(Figure::new("htfaas", "native.numpy_handler_event_to_output_first", first, "ms", 1));
@@ -331,12 +327,8 @@ async fn numpy_events(opts: &NativeOptions, work: &Path, emit: &mut dyn FnMut(Fi
         }
         let p50 = crate::traffic::percentile(&mut warm, 0.5);
         let p99 = crate::traffic::percentile(&mut warm, 0.99);
-        let cpu = job_cpu_ms(&client, "/data/nph/").await?;
-        emit(
-            Figure::new("htfaas", "native.numpy_handler_event_to_output_p50", p50, "ms", n)
-                .with("p99", p99)
-                .with("job_cpu_ms_p50", cpu),
-        );
+        let figure = Figure::new("htfaas", "native.numpy_handler_event_to_output_p50", p50, "ms", n).with("p99", p99);
+        emit(with_job_medians(&client, "/data/nph/", figure).await?);
         anyhow::Ok(())
     }
     .await;
@@ -345,16 +337,21 @@ async fn numpy_events(opts: &NativeOptions, work: &Path, emit: &mut dyn FnMut(Fi
     stopped
 }
 
-/// The median CPU time of the runs of the completed jobs on files under `prefix`, as their
-/// control groups measured it, ms.
-async fn job_cpu_ms(client: &Client, prefix: &str) -> anyhow::Result<f64> {
+/// `figure` with the medians, over the jobs on files under `prefix`, of what the EP measured of
+/// each: the run's CPU time (its control group's) and the job's phases, ms.
+async fn with_job_medians(client: &Client, prefix: &str, figure: Figure) -> anyhow::Result<Figure> {
     let jobs = client.jobs().await?;
-    let mut cpu: Vec<f64> = jobs
-        .iter()
-        .filter(|j| j.event.path.starts_with(prefix))
-        .filter_map(|j| j.usage.as_ref().map(|u| u.cpu_ms as f64))
-        .collect();
-    Ok(crate::traffic::percentile(&mut cpu, 0.5))
+    let usages: Vec<_> = jobs.iter().filter(|j| j.event.path.starts_with(prefix)).filter_map(|j| j.usage).collect();
+    let median = |f: &dyn Fn(&htfaas_functions::proto::Usage) -> u64| {
+        let mut v: Vec<f64> = usages.iter().map(|u| f(u) as f64).collect();
+        crate::traffic::percentile(&mut v, 0.5)
+    };
+    Ok(figure
+        .with("job_cpu_ms_p50", median(&|u| u.cpu_ms))
+        .with("job_wall_ms_p50", median(&|u| u.wall_ms))
+        .with("job_input_ms_p50", median(&|u| u.phases.input_ms))
+        .with("job_run_ms_p50", median(&|u| u.phases.run_ms))
+        .with("job_output_ms_p50", median(&|u| u.phases.output_ms)))
 }
 
 /// Uploads `data` as event `i` under `/data/<dir>/` and waits for its output: ms.
