@@ -15,8 +15,9 @@
 //!
 //! Must not know: the attach protocol, slots.
 
-use crate::native::host::{GpuLease, NativeHost, UidLease};
+use crate::native::host::{GpuLease, NativeHost};
 use crate::native::image::ImageRoot;
+use crate::native::uids::UidLease;
 use crate::native::worker::{Request, Worker, WorkerSpec};
 use crate::native::{End, NativeRun, cgroup};
 use crate::runtime::{CancelSignal, GuestJob, GuestRun, millis};
@@ -71,8 +72,9 @@ pub(crate) async fn fetch_image(
 }
 
 /// Runs `job` natively in `root` as `code` says, in a control group named `group_name`,
-/// stopping it when `stop` fires (the job's cancel, or the scratch watcher). Never fails: a sandbox that cannot start is the outcome
-/// [`Outcome::ModuleFailed`], no free uid is a full pool ([`GuestRun::no_free_slot`]).
+/// stopping it when `stop` fires (the job's cancel, or the scratch watcher). Never fails: a
+/// sandbox that cannot start is the outcome [`Outcome::ModuleFailed`], no free uid is a full
+/// pool ([`GuestRun::no_free_slot`]).
 pub(crate) async fn run(
     host: &NativeHost,
     group_name: &str,
@@ -235,7 +237,8 @@ pub(crate) async fn run_handler(
                 devices: &devices,
             };
             let id = format!("handler-{:016x}", rand::random::<u64>());
-            match Worker::start(host, &id, host.handlers_dir.join(&id), uid, &spec) {
+            let dir = host.handlers_dir.join(&id);
+            match Worker::start(&host.bwrap, &host.backend, &host.stage, &id, dir, uid, &spec) {
                 Ok(worker) => {
                     gpus = Some(lease);
                     worker

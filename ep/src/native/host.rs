@@ -10,6 +10,7 @@
 use super::cgroup::{self, Backend};
 use super::handlers::{HandlerOptions, Handlers};
 use super::image::ImageCache;
+use super::uids::{UidLease, UidPool};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -130,43 +131,6 @@ impl Drop for GpuLease {
     }
 }
 
-/// The anonymous uids native jobs run as, each lent to one job at a time.
-#[derive(Debug, Clone)]
-pub struct UidPool(Arc<Mutex<BTreeSet<u32>>>);
-
-impl UidPool {
-    /// The pool of `base..base + count`.
-    pub fn new(base: u32, count: u32) -> UidPool {
-        UidPool(Arc::new(Mutex::new((base..base.saturating_add(count)).collect())))
-    }
-
-    /// The lowest free uid; `None` when every one is lent.
-    pub fn lease(&self) -> Option<UidLease> {
-        let uid = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop_first()?;
-        Some(UidLease { uid, pool: self.0.clone() })
-    }
-}
-
-/// A uid lent to one job; given back when dropped.
-#[derive(Debug)]
-pub struct UidLease {
-    uid: u32,
-    pool: Arc<Mutex<BTreeSet<u32>>>,
-}
-
-impl UidLease {
-    /// The uid (also the gid).
-    pub fn uid(&self) -> u32 {
-        self.uid
-    }
-}
-
-impl Drop for UidLease {
-    fn drop(&mut self) {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).insert(self.uid);
-    }
-}
-
 impl NativeHost {
     /// Sets the runtime up, or says why this host cannot run native jobs.
     pub fn start(o: HostOptions) -> Result<NativeHost, HostError> {
@@ -200,9 +164,14 @@ impl NativeHost {
         if let Some(d) = o.gpus.iter().chain(&o.gpu_shared).find(|d| !d.is_absolute() || !d.exists()) {
             return Err(unavailable(format!("GPU device {} is no absolute path that exists", d.display())));
         }
-        // Handlers of an EP before this one are gone: their directories are left-overs.
+        // Handlers of an EP before this one are gone: their directories are left-overs. The
+        // directory is the EP's alone (0700), as its whole work directory is.
         let _ = std::fs::remove_dir_all(&o.handlers_dir);
         std::fs::create_dir_all(&o.handlers_dir)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&o.handlers_dir, std::fs::Permissions::from_mode(0o700))
+            })
             .map_err(|e| unavailable(format!("handlers' directory {}: {e}", o.handlers_dir.display())))?;
         let uids = UidPool::new(o.uid_base, o.uid_count);
         let gpus = GpuPool::new(o.gpus, o.gpu_shared);
@@ -256,16 +225,5 @@ mod tests {
         assert_eq!(two.env()[1], ("NVIDIA_VISIBLE_DEVICES".to_owned(), "1".to_owned()));
         drop(one);
         assert_eq!(pool.lease(1).expect("back").devices()[0], a);
-    }
-
-    #[test]
-    fn uids_are_lent_once_and_come_back() {
-        let pool = UidPool::new(70_000, 2);
-        let a = pool.lease().expect("first");
-        let b = pool.lease().expect("second");
-        assert_ne!(a.uid(), b.uid());
-        assert!(pool.lease().is_none(), "all lent");
-        drop(a);
-        assert_eq!(pool.lease().expect("back").uid(), 70_000);
     }
 }

@@ -26,6 +26,7 @@ pub mod handlers;
 pub mod host;
 pub mod image;
 pub mod seccomp;
+pub mod uids;
 pub mod worker;
 
 use std::path::Path;

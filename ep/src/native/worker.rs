@@ -6,9 +6,9 @@
 //! **The contract.** argv is the function's command alone. For each run the worker reads one
 //! request, a line of JSON on its stdin:
 //! `{"input": "/input/NAME", "args": [..], "output": "/output"}`; `/input` then holds that one
-//! file and `/output` is empty. It answers with one line of JSON on descriptor 3 ([`super::REPLY_FD`]):
-//! `{"exit_code": N}`, 0 for success, as a run's exit status. What it writes to stdout and
-//! stderr between the request and the answer is that run's log. Anything else (no answer
+//! file and `/output` is empty. It answers with one line of JSON on descriptor 3
+//! ([`super::REPLY_FD`]): `{"exit_code": N}`, 0 for success, as a run's exit status. What it
+//! writes to stdout and stderr between the request and the answer is that run's log. Anything else (no answer
 //! within the run time, an answer that is not that line, an exit) ends the worker; the run's
 //! outcome says which.
 //!
@@ -18,7 +18,7 @@
 //! Must not know: jobs, the pool, the link, the network.
 
 use super::cgroup::{Group, Usage};
-use super::host::UidLease;
+use super::uids::UidLease;
 use super::{End, MAX_LOG_BYTES, NativeError, NativeRun, Spawned};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -112,10 +112,13 @@ fn parts(
 }
 
 impl Worker {
-    /// Starts a worker as `uid` in group `name`, its directories made under `dir` (which must
-    /// not exist): `input` (root's, 0755) and `output` (the uid's, 0700).
+    /// Starts a worker with `bwrap` as `uid` in group `name` under `backend` (its directories
+    /// bound through `stage`, [`super::STAGE`]), its own made under `dir` (which must not
+    /// exist): `input` (root's, 0755) and `output` (the uid's, 0700).
     pub fn start(
-        host: &super::host::NativeHost,
+        bwrap: &Path,
+        backend: &super::cgroup::Backend,
+        stage: &Path,
         name: &str,
         dir: PathBuf,
         uid: UidLease,
@@ -144,9 +147,8 @@ impl Worker {
             run_time: Duration::MAX,
             devices: spec.devices,
         };
-        let started = made
-            .map_err(NativeError::from)
-            .and_then(|()| super::spawn(&host.bwrap, &host.backend, &host.stage, name, &run, true));
+        let started =
+            made.map_err(NativeError::from).and_then(|()| super::spawn(bwrap, backend, stage, name, &run, true));
         let spawned = match started.and_then(|s| parts(s).map_err(NativeError::from)) {
             Ok(parts) => parts,
             Err(e) => {

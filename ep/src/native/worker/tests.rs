@@ -66,7 +66,8 @@ fn start(f: &Fixture) -> Worker {
     };
     let uid = f.host.lease_uid().expect("a free uid");
     let id = format!("handler-test-{}-{:08x}", std::process::id(), rand::random::<u32>());
-    Worker::start(&f.host, &id, f.host.handlers_dir.join(&id), uid, &spec).expect("the worker starts")
+    let h = &f.host;
+    Worker::start(&h.bwrap, &h.backend, &h.stage, &id, h.handlers_dir.join(&id), uid, &spec).expect("the worker starts")
 }
 
 /// An input file named `name` holding `text`, in a directory of its own.
