@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target of fuzz/ (issue 9, "Hostile input") for FUZZ_SECONDS each
+# Runs every cargo-fuzz target of fuzz/ for FUZZ_SECONDS each
 # (default 600), one after the other, and fails if any target crashes.
 #   - installs the nightly toolchain and cargo-fuzz when missing
 #   - each target starts from its kept corpus (fuzz/corpus/<target>) plus the seeds

@@ -1,4 +1,4 @@
-//! `htfaas cluster-test`: the multi-host harness (issue 21). A small site built out of network
+//! `htfaas cluster-test`: the multi-host harness. A small site built out of network
 //! namespaces ([`crate::netns`]), each component on a host of its own as a site runs it:
 //!
 //! | host | address | runs |

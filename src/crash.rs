@@ -126,7 +126,7 @@ pub struct CrashReport {
     pub jobs_by_state: BTreeMap<String, u64>,
     /// (event, function) pairs with no job.
     pub missing: u64,
-    /// Of those, the pairs in the gateway's dead-letter list (issue 23): accounted for.
+    /// Of those, the pairs in the gateway's dead-letter list: accounted for.
     pub dead_lettered: u64,
     /// (event, function) pairs with neither a job nor a dead-letter entry: left silently.
     pub left_silently: u64,

@@ -329,7 +329,7 @@ impl Layout {
             "module_stores": [gateway_url],
             "nats_url": nats_url,
             "nats_nkey_seed": self.nats_seed("scheduler"),
-            // Running jobs' macaroons are renewed there (issue 23).
+            // Running jobs' macaroons are renewed there.
             "gateway_url": gateway_url,
         })
     }

@@ -1,4 +1,4 @@
-//! A compute-bound guest against the same code compiled natively (the target: within
+//! A compute-bound guest against the same code compiled natively (the target: within
 //! 1.5×).
 //!
 //! `calibrate`: the kernel of `examples/calibrate` (`src/kernel.rs`, included here by path, so

@@ -115,7 +115,7 @@ pub struct Config {
     /// digest on this EP, without compiling again. Default: 300.
     #[serde(default = "default_compile_timeout_s")]
     pub compile_timeout_s: u64,
-    /// Prefetch (issue 20): how many assigned jobs beyond its free resources the EP asks the
+    /// Prefetch: how many assigned jobs beyond its free resources the EP asks the
     /// scheduler for, held in a local queue and started the moment resources free (so a slot
     /// does not idle for a dispatch round trip after each job); the scheduler may grant fewer.
     /// 0 asks for none. Default: the EP's cpus.

@@ -1,5 +1,5 @@
 //! The EP's counters ([`Metrics`]): jobs ended by outcome, their durations, guest
-//! instantiations, and modules compiled ahead (issue 22) or refused for it. Every counter is an atomic: a job's end costs a few relaxed additions.
+//! instantiations, and modules compiled ahead or refused for it. Every counter is an atomic: a job's end costs a few relaxed additions.
 //!
 //! Bottom of the EP: the job tasks count here and [`crate::metrics`] serves them; must not
 //! know about HTTP or the config.

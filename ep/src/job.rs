@@ -41,11 +41,11 @@
 //! uploads nothing. A guest outruns the watcher by at most one period of writes. A job's
 //! instruction budget (`limits.instructions`) lowers the EP's fuel for its run.
 //!
-//! Credentials (issue 23): the input fetch and the upload take the job's macaroons from its
+//! Credentials: the input fetch and the upload take the job's macaroons from its
 //! [`Credentials`], which renews them first when they are about to expire, and a keeper task
 //! renews them while the job runs ([`crate::renew`]).
 //!
-//! Failed runs' outputs (issue 23): a success's outputs are stored in the output directory; a
+//! Failed runs' outputs: a success's outputs are stored in the output directory; a
 //! run that failed on its own (a non-zero exit, a trap, a time, memory or instruction limit)
 //! stores them as its assignment's `output.on_failure` says: nowhere (`discard`, the default),
 //! under `<output dir>.quarantine/<job id>/` (`quarantine`; a failure to store them is noted in
@@ -107,7 +107,7 @@ pub(crate) struct Jobs {
     abandoned: Abandoned,
     /// Emptied job directories, reused.
     spares: SpareDirs,
-    /// Asks the scheduler for fresh macaroons of a job (issue 23, [`crate::renew`]).
+    /// Asks the scheduler for fresh macaroons of a job ([`crate::renew`]).
     renewer: Renewer,
 }
 
@@ -208,7 +208,7 @@ impl Jobs {
         s.origins.check("input url", &job.input.url).map_err(|e| Outcome::InputFailed { reason: e.to_string() })?;
         s.origins.check("output url", &job.output.url).map_err(|e| Outcome::OutputFailed { reason: e.to_string() })?;
         let mut limits = ScratchLimits::for_job(s, job);
-        // The job's macaroons, renewed while it needs them (issue 23); the keeper stops when the
+        // The job's macaroons, renewed while it needs them; the keeper stops when the
         // job is done with them (dropped with this function's frame).
         let credentials = Credentials::new(job, &self.renewer);
         let _keeper = AbortOnDrop(tokio::spawn(credentials.clone().keep()));
@@ -238,7 +238,7 @@ impl Jobs {
         let fetched = unless_cancelled(cancel, fetched).await;
         tally.input_ms = millis(started.elapsed());
         let sha256 = fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
-        // A re-run reads the bytes of the run it re-derives, or runs nothing (issue 23).
+        // A re-run reads the bytes of the run it re-derives, or runs nothing.
         if let Some(expected) = &job.input.sha256
             && !expected.eq_ignore_ascii_case(&sha256)
         {
@@ -477,7 +477,7 @@ impl Jobs {
         Ok(guest)
     }
 
-    /// Compiles `digest` ahead of its first job (issue 22): fetched and verified as a job's
+    /// Compiles `digest` ahead of its first job: fetched and verified as a job's
     /// module ([`Jobs::module_bytes`]; the caller checked `module_url`'s origin), compiled and
     /// written to the disk cache ([`Runtime::prepare`]), under the same per-module lock as a
     /// job, so that a job needing it meanwhile waits for this compile.
@@ -667,7 +667,7 @@ enum Keep {
 
 /// Where the outputs of a run that ended with `outcome` go, under the job's `on_failure`: a
 /// success's into the output directory; a failed run's (a non-zero exit, a trap, a limit)
-/// nowhere, into quarantine, or — `upload`, for a non-zero exit only, as before issue 23 —
+/// nowhere, into quarantine, or — `upload`, for a non-zero exit only, the old default —
 /// into the output directory; any other end's nowhere.
 fn stored_where(outcome: &Outcome, on_failure: FailedOutputs) -> Keep {
     match (outcome, on_failure) {
@@ -728,7 +728,7 @@ mod tests {
         }
     }
 
-    // Issue 23: a failed run's outputs go where its function asked, a success's always out.
+    // A failed run's outputs go where its function asked, a success's always out.
     #[test]
     fn outputs_are_stored_where_the_outcome_and_policy_say() {
         use FailedOutputs::{Discard, Quarantine, Upload};

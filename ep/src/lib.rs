@@ -18,10 +18,10 @@
 //!   stored to ([`Config::allowed_origins`]), checked before any transfer and on every redirect;
 //! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store, stopped by
 //!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
-//! - `warm`: modules compiled ahead of their first job, as the scheduler names them (issue 22);
+//! - `warm`: modules compiled ahead of their first job, as the scheduler names them;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
-//! - `renew`: a job's macaroons kept valid while it needs them (issue 23): renewed through the
+//! - `renew`: a job's macaroons kept valid while it needs them: renewed through the
 //!   scheduler before a use and while the job runs, when they expire first;
 //! - [`local`]: one run on a local file with no stack (`htfaas fn run`), in the same runtime
 //!   and limits as a job;

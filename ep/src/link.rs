@@ -8,17 +8,17 @@
 //! `Hello` carries the settings' annex, the operator's intent only: the scheduler decides from
 //! the attach token. `Cancel` fires the named job's signal (the job ends as `Cancelled` and
 //! reports like any other); a cancel for a job not running here is ignored. `Lifetime` (an
-//! annex's end, issue 21) replaces the EP's lease; the lifecycle watcher leaves by it. `Warm`
-//! (issue 22) queues a module to compile ahead of its first job ([`crate::warm`]), never waited
+//! annex's end) replaces the EP's lease; the lifecycle watcher leaves by it. `Warm`
+//! queues a module to compile ahead of its first job ([`crate::warm`]), never waited
 //! for.
 //!
-//! Renewal (issue 23): a job's request for fresh macaroons ([`crate::renew`]) goes out at
+//! Renewal: a job's request for fresh macaroons ([`crate::renew`]) goes out at
 //! once as `Renew` on the current session (never kept for a later one: that session's
 //! scheduler would not know the job as running there); `Renewed` and `RenewRefused` go back to
 //! the job that asked, and a session that ends drops the waiting requests (their jobs go on
 //! with the macaroons they have).
 //!
-//! Prefetch (issue 20; the extension of [`htfaas_functions::proto`]'s attach conversation):
+//! Prefetch (the extension of [`htfaas_functions::proto`]'s attach conversation):
 //! `Hello` asks for [`Settings::prefetch`] jobs beyond the free resources; when the `Welcome`
 //! grants the extension, every `Assign` goes into a local queue, and the queue's head starts as
 //! soon as the cpus and memory of the running jobs' assignments leave room for it (or nothing
@@ -27,8 +27,8 @@
 //! queued job when a drain or stop begins. A `Cancel` of a queued job removes it unstarted and
 //! answers `Finished` with `Cancelled`. The queue belongs to its session: when the connection
 //! goes, the scheduler requeues what it assigned there, so the queue is dropped unstarted.
-//! Within the extension, reports waiting together go out in one array frame. Without it (a
-//! scheduler before issue 20), every assignment starts at once, one message per frame, as
+//! Within the extension, reports waiting together go out in one array frame. Without it (an
+//! older scheduler), every assignment starts at once, one message per frame, as
 //! before.
 //!
 //! Leaving, in two speeds ([`crate::run_with`]):
@@ -132,7 +132,7 @@ struct Link {
     drain_deadline: Option<Instant>,
     /// Set once a stop began: the running jobs were cancelled.
     stopping: bool,
-    /// Jobs' requests for fresh macaroons (issue 23), sent as `Renew` on the session.
+    /// Jobs' requests for fresh macaroons, sent as `Renew` on the session.
     renew_rx: mpsc::UnboundedReceiver<Ask>,
     /// Who waits for the answer to each job's `Renew` on this session; dropped (the job goes on
     /// without) when the session ends.

@@ -20,7 +20,7 @@
 //! | `htfaas_ep_modules_loaded_from_disk_total` | counter | | modules deserialized from verified artifacts |
 //! | `htfaas_ep_modules_rejected_from_disk_total` | counter | | artifacts on disk refused (and compiled again) |
 //! | `htfaas_ep_modules_cached` | gauge | | compiled modules held in memory |
-//! | `htfaas_ep_modules_warmed_total` | counter | | modules compiled ahead of their first job (issue 22) |
+//! | `htfaas_ep_modules_warmed_total` | counter | | modules compiled ahead of their first job |
 //! | `htfaas_ep_warm_refused_total` | counter | `reason` (`origin`, `digest`) | warm messages refused: a module URL outside the allowed origins, bytes that do not hash to the digest |
 //! | `htfaas_ep_warm_failed_total` | counter | | warm messages that failed otherwise (fetch, compile) or were dropped (queue full) |
 //!

@@ -1,4 +1,4 @@
-//! A job's macaroons, kept valid for as long as the job needs them (issue 23).
+//! A job's macaroons, kept valid for as long as the job needs them.
 //!
 //! The macaroons of an assignment were obtained when the job's event fired: a job that waited
 //! in the queue past their validity, or that runs longer than it, would fail on its input or
@@ -17,7 +17,7 @@
 //! at most [`MAX_MARGIN`]). One renewal at a time per job; a refusal or no answer within
 //! [`ANSWER_TIMEOUT`] leaves the current macaroons in place (the storage then decides), and the
 //! keeper tries again, backing off, until they expire. A job without `renew_until` (a scheduler
-//! before issue 23, a job without a renewal grant) never asks.
+//! that does not renew, a job without a renewal grant) never asks.
 //!
 //! Macaroons go from here into `Authorization` headers only, never into logs.
 //!

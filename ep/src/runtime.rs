@@ -475,7 +475,7 @@ impl Runtime {
         Ok(guest)
     }
 
-    /// Makes `digest`'s compiled code ready for its first run, ahead of it (issue 22): compiles
+    /// Makes `digest`'s compiled code ready for its first run, ahead of it: compiles
     /// it unless it is in memory or its artifact is on disk, checks that it is a WASI command,
     /// and writes the artifact, without keeping the code in memory (a job loads it from disk in
     /// milliseconds; a Python component's code is ~36 MB). Without a disk cache it is kept in

@@ -164,7 +164,7 @@ const MAX_SPARE_DIRS: usize = 16;
 
 /// Job directories (`<jobs_dir>/<job>/{input,output}`) emptied after their job and kept, so the
 /// next job renames one into place instead of making three directories and removing them
-/// again: `ext4_mkdir` alone was 6 % of the whole path's CPU (BENCHMARKS.md, issue 20).
+/// again: `ext4_mkdir` alone was 6 % of the whole path's CPU (BENCHMARKS.md).
 ///
 /// A directory is kept only if, once emptied, it holds exactly an empty `input/` and an empty
 /// `output/` (real directories, not links); anything else, or any error, and it is removed

@@ -37,7 +37,7 @@ pub(crate) struct Transfer<'a> {
     pub(crate) url: &'a str,
     pub(crate) macaroon: &'a str,
     /// The job's `traceparent`, sent with each request so the storage's log lines join the
-    /// event's trace (issue 23).
+    /// event's trace.
     pub(crate) traceparent: Option<&'a str>,
 }
 

@@ -1,4 +1,4 @@
-//! Compile ahead (issue 22): the scheduler's [`SchedulerMsg::Warm`] names a module of a
+//! Compile ahead: the scheduler's [`SchedulerMsg::Warm`] names a module of a
 //! registered function; the EP fetches it as it fetches a job's module (the URL's origin must be
 //! one of [`Settings::origins`], checked here before anything is fetched; the bytes must hash
 //! to the digest), compiles it and writes the artifact to its disk cache

@@ -136,7 +136,7 @@ impl AuditDraft {
         AuditDraft::new(AuditKind::JobFinished, subject, detail).with_actor(ep)
     }
 
-    /// `macaroons.renewal` (issue 23), by `actor` (the scheduler records the EP that asked, the
+    /// `macaroons.renewal`, by `actor` (the scheduler records the EP that asked, the
     /// gateway `scheduler`): the job's macaroons were renewed (`refused` null) or not (`refused`:
     /// why). Subject: the job (with what else is known: owner, token, function, paths). Detail:
     /// `{ep, refused, macaroons}`: the EP that asked, and, on the gateway, each new macaroon's

@@ -29,7 +29,7 @@ pub enum SourceKind {
     /// Any other CloudEvents producer.
     Cloudevents,
     /// The gateway itself: a file found in the storage's namespace that never fired the function
-    /// (`htfaas events backfill`, issue 23). Never read from the bus.
+    /// (`htfaas events backfill`). Never read from the bus.
     Backfill,
 }
 

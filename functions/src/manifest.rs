@@ -81,12 +81,12 @@ pub struct FunctionManifest {
     /// every one has a value. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
-    /// Whether a failed run runs again ([`RetryPolicy`], issue 23): how many times, after which
+    /// Whether a failed run runs again ([`RetryPolicy`]): how many times, after which
     /// outcomes, with which backoff. Default: none — storage outages are retried by the
     /// scheduler's site-wide rule, guest failures (non-zero exit, trap, limits) are not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
-    /// Where the end of each failed job is POSTed, signed ([`Webhook`], issue 23). Default:
+    /// Where the end of each failed job is POSTed, signed ([`Webhook`]). Default:
     /// none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<Webhook>,
@@ -317,7 +317,7 @@ pub struct Outputs {
     /// wrote: see the storage). Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replace: bool,
-    /// What becomes of the outputs of a run that did not succeed ([`FailedOutputs`], issue 23):
+    /// What becomes of the outputs of a run that did not succeed ([`FailedOutputs`]):
     /// `discard` (the default), `quarantine` (under `<dir>.quarantine/<job id>/`, never firing
     /// a function) or `upload` (a non-zero exit's outputs stored as a success's).
     #[serde(default, skip_serializing_if = "FailedOutputs::is_default")]

@@ -1,4 +1,4 @@
-//! What a function asks for when one of its runs fails (issue 23): whether to run it again
+//! What a function asks for when one of its runs fails: whether to run it again
 //! ([`RetryPolicy`]: how many times, after which outcomes, with which backoff) and what becomes
 //! of the outputs it wrote ([`FailedOutputs`]: discarded, quarantined under
 //! [`QUARANTINE_SEGMENT`], or uploaded as a success's). Carried by the manifest, the submit
@@ -174,7 +174,7 @@ pub enum FailedOutputs {
     /// be looked at but never fire a function.
     Quarantine,
     /// The outputs of a run that exited with a non-zero status are uploaded as a success's (and
-    /// may fire downstream functions): the behaviour before issue 23, asked for explicitly.
+    /// may fire downstream functions): the old default, asked for explicitly.
     Upload,
 }
 

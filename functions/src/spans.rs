@@ -1,4 +1,4 @@
-//! One job's span tree, rebuilt from its records (issue 23): the gateway's span (carried in the
+//! One job's span tree, rebuilt from its records: the gateway's span (carried in the
 //! job's event with the time the gateway took the event in), the scheduler's queue span, each
 //! attempt's span on its EP and that attempt's phases as the EP reported them. Every span's id
 //! is the one its hop derived ([`TraceParent::child`]), so `htfaas trace` and the scheduler's
@@ -24,7 +24,7 @@ pub struct Span {
     pub parent_id: Option<String>,
     /// Depth in the tree: 0 for a job's gateway span.
     pub depth: usize,
-    /// Unix ms; none when the record does not say (a job from before issue 23).
+    /// Unix ms; none when the record does not say (a job recorded by an older release).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_ms: Option<u64>,
     /// Unix ms; none while it lasts.

@@ -162,8 +162,8 @@ pub fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rus
 #[cfg(feature = "db")]
 /// An `IMMEDIATE` transaction whose `BEGIN`, `COMMIT` and `ROLLBACK` go through the
 /// connection's statement cache ([`begin_immediate`]). rusqlite's `Transaction` parses its
-/// `BEGIN …`/`COMMIT` with `execute_batch` each time, which was 3 % of the gateway's CPU
-/// (issue 20). Derefs to the connection; rolled back when dropped without [`CachedTx::commit`].
+/// `BEGIN …`/`COMMIT` with `execute_batch` each time, which was 3 % of the gateway's CPU.
+/// Derefs to the connection; rolled back when dropped without [`CachedTx::commit`].
 pub struct CachedTx<'c> {
     conn: &'c Connection,
     open: bool,
@@ -274,7 +274,7 @@ mod tests {
         assert_eq!(std::fs::read(&victim).expect("read"), b"untouched");
     }
 
-    /// Issue 20: a cached transaction commits what it did, rolls back what it did not commit
+    /// A cached transaction commits what it did, rolls back what it did not commit
     /// (dropped), and its statements are parsed once (the cache holds them).
     #[test]
     fn a_cached_transaction_commits_or_rolls_back() {

@@ -10,7 +10,7 @@
 //!   (everything). The gateway mints and verifies it with its submit-token key; its audience
 //!   ([`API_AUDIENCE`]) differs from the submit audience, so neither kind passes for the other.
 //!
-//! - A **renewal grant** ([`RenewClaims`], issue 23) lets the scheduler ask the gateway for
+//! - A **renewal grant** ([`RenewClaims`]) lets the scheduler ask the gateway for
 //!   fresh macaroons of one job; the gateway mints and verifies it with its submit-token key.
 //!
 //! The algorithm is taken from our key set, never from the token header.
@@ -72,7 +72,7 @@ pub struct SubmitClaims {
     pub group: Option<String>,
 }
 
-/// Claims of a renewal grant (issue 23): the gateway signs one per job, with its submit-token
+/// Claims of a renewal grant: the gateway signs one per job, with its submit-token
 /// key, and only the gateway verifies it ([`RENEW_AUDIENCE`]). It lets its bearer (the
 /// scheduler, which keeps it sealed) ask the gateway for fresh macaroons for exactly this input
 /// file and output directory, as long as neither the token nor its owner is revoked and the
@@ -641,7 +641,7 @@ mod tests {
         assert!(verifier.verify::<SubmitClaims>(&ready).is_ok());
     }
 
-    /// Issue 9 (faults without a crash): clocks differ by a few seconds between components. A
+    /// Clocks differ by a few seconds between components. A
     /// token minted by a clock up to [`LEEWAY_S`] ahead (its `iat`, or its `nbf`, in the
     /// verifier's future) or checked by a clock up to [`LEEWAY_S`] ahead (its `exp` just past) is
     /// accepted; beyond the bound it is refused, naming why. Margins of 2 s keep the test off

@@ -1,5 +1,5 @@
-//! Property tests of the trigger-rule matcher (`htfaas_functions::trigger`), issue 9
-//! ("Hostile input"): random rules built from every kind of test, with `and`, `or`, `not`
+//! Property tests of the trigger-rule matcher (`htfaas_functions::trigger`)
+//! against hostile input: random rules built from every kind of test, with `and`, `or`, `not`
 //! and parentheses, are evaluated against an independent model of the documented semantics
 //! (three-valued, Kleene: `false and undefined` is false, `true or undefined` true, otherwise
 //! undefined propagates; a rule naming neither `kind` nor `type` fires only on writes), and

@@ -1,4 +1,4 @@
-//! What the namespace checks cost a firing (issue 18): `cargo bench -p htfaas-gateway --bench
+//! What the namespace checks cost a firing: `cargo bench -p htfaas-gateway --bench
 //! confine` prints one JSON line per case, `{"bench":"confine","case":..,"owners":O,
 //! "grants":G,"ns_per_call":..}`:
 //!

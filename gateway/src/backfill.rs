@@ -1,4 +1,4 @@
-//! Back-fill (issue 23): a function fired, exactly once, on each file of a storage directory
+//! Back-fill: a function fired, exactly once, on each file of a storage directory
 //! tree that never fired it — for events lost before they reached the stream (a bridge that was
 //! down, a stream past its retention).
 //!

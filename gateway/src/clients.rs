@@ -26,7 +26,7 @@ pub fn http_client_trusting(ca_file: Option<&Path>, what: &str) -> anyhow::Resul
     trust(builder, ca_file, what)?.build().context("build the HTTP client")
 }
 
-/// The client of failure webhooks (issue 23): [`http_client_trusting`] `ca_file`, and no
+/// The client of failure webhooks: [`http_client_trusting`] `ca_file`, and no
 /// redirect followed (a receiver cannot send the POST on to a host the site did not allow).
 pub fn webhook_http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::ClientBuilder> {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -1,4 +1,4 @@
-//! The feeds of the dead-letter list (issue 23) from NATS:
+//! The feeds of the dead-letter list from NATS:
 //!
 //! - failed jobs: a durable consumer (`<consumer>-dlq`) of the scheduler's job-end
 //!   notifications ([`JOBS_STREAM`], only the subjects of failed jobs), each notification

@@ -255,7 +255,7 @@ async fn fire_one_traced(d: Dispatcher<'_>, c: Claimed) {
         Ok(mut request) => {
             let m = &c.function.manifest;
             let minted = d.submitter.mint(&m.owner, m.group.as_deref(), &request).and_then(|(claims, token)| {
-                // The job's renewal grant names its submit token (issue 23).
+                // The job's renewal grant names its submit token.
                 request.renewal = Some(d.submitter.grant(&m.owner, &claims.jti, &m.outputs.dir, &request)?);
                 Ok((claims, token))
             });
@@ -351,7 +351,7 @@ mod tests {
         settings.shared()
     }
 
-    /// Issue 9: a scheduler whose disk is full answers 507, and a storage that accepts the
+    /// A scheduler whose disk is full answers 507, and a storage that accepts the
     /// connection and then never answers costs a macaroon request its timeout; either way the
     /// firing stays pending with the reason and a backoff, is counted as a transient failure,
     /// and is neither refused nor dropped.

@@ -9,7 +9,7 @@
 //! event it is ([`DEFAULT_LANE_SUBJECTS`]) and fires every owner's functions; each owner's lane
 //! ([`crate::lanes`]) reads the path subjects of its owner's read namespace and fires only that
 //! owner's functions ([`Matcher::owner`]), so one owner's backlog never sits in front of
-//! another's events (issue 20).
+//! another's events.
 //!
 //! Delivery contract: a message is acked only after one firing per matching function is
 //! committed to the gateway's firing table (durable before ack); from there the dispatcher
@@ -32,7 +32,7 @@
 //! times; a crash between commit and ack redelivers the batch, whose keys are then taken.
 //! Nothing is acked before it is durable, and nothing is lost.
 //!
-//! Faults (issue 9): a lost NATS connection (nats-server killed and restarted) is retried by
+//! Faults: a lost NATS connection (nats-server killed and restarted) is retried by
 //! the client for ever with backoff, counted ([`connect_with`]: `nats_disconnects`,
 //! `nats_reconnects`), and the loop goes on: the consumer is durable, so it resumes where its
 //! acks left it; an ack lost with the connection makes JetStream redeliver that message after
@@ -720,7 +720,7 @@ mod tests {
         assert_eq!(shared.stats.snapshot().firings_queued, 6);
     }
 
-    /// Issue 9: the firing table's disk is full (`SQLITE_FULL`, here by capping the file's size
+    /// The firing table's disk is full (`SQLITE_FULL`, here by capping the file's size
     /// with `PRAGMA max_page_count` at what it holds). The batch is not written, its messages are
     /// not acked but NAKed for redelivery, the full disk is counted and nothing crashes; once
     /// there is room the redelivered batch goes through whole.

@@ -66,7 +66,7 @@ pub fn scheduler_dedupe_key(event: &StorageEvent, function: &FunctionRecord, rep
 /// What a job keeps of its event: the source kind and producer (`dcache-billing:pool-a-1@pool-aDomain`,
 /// `xrootd-notify:xrootd://host:1094`), the occurrence's id and the path, the job that
 /// wrote the file when one did (`cause`, from the firing), when the gateway took the event in,
-/// and the `traceparent` of the gateway's span for `function` on it (issue 23).
+/// and the `traceparent` of the gateway's span for `function` on it.
 pub fn event_ref(event: &StorageEvent, cause: Option<Cause>, function: &str, seen_at_ms: u64) -> EventRef {
     EventRef {
         caused_by: cause,

@@ -1,4 +1,4 @@
-//! The owners' lanes (issue 20, fair ingest): one durable JetStream consumer per owner with a
+//! The owners' lanes (fair ingest): one durable JetStream consumer per owner with a
 //! registered function, reading the path subjects (`storage.dcache.billing.path.<dir>._`,
 //! [`htfaas_functions::proto::path_subject`]) of its owner's read namespace and firing only
 //! that owner's functions, each in the ingest's batch loop ([`ingest::run_lane`]: group

@@ -14,10 +14,10 @@
 //!   to the scheduler; its credentials are checked by [`auth`], its errors are
 //!   [`http_error::HttpError`].
 //! - [`dead_letters`] feeds failed jobs (the scheduler's job-end notifications) into the
-//!   dead-letter list kept beside the firing table ([`firing`]; issue 23), where refused
+//!   dead-letter list kept beside the firing table ([`firing`]), where refused
 //!   firings enter in their refusal's transaction; [`api`] lists, shows, re-drives and drops.
 //! - [`warm`] tells the scheduler which modules registered functions use, for EPs to compile
-//!   ahead of their first event (issue 22).
+//!   ahead of their first event.
 //! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
 //!   share ([`Shared`]), with the HTTP clients of [`clients`].
 //!
@@ -115,11 +115,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(default_lane, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
-    // Issue 22: EPs compile registered functions' modules ahead of their first event.
+    // EPs compile registered functions' modules ahead of their first event.
     let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
     // The counters' history, for the console's event-flow chart.
     let sampler = tokio::spawn(sample_stats(shared.clone(), shutdown.child_token()));
-    // Issue 23: failed jobs into the dead-letter list, from the scheduler's notifications, on a
+    // Failed jobs into the dead-letter list, from the scheduler's notifications, on a
     // connection of their own.
     let dlq_client = htfaas_functions::nats::connect_options("htfaas-gateway-dlq", credential)
         .retry_on_initial_connect()
@@ -132,7 +132,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         shared.clone(),
         shutdown.child_token(),
     ));
-    // Issue 23: failed jobs to their functions' webhooks, on the same connection.
+    // Failed jobs to their functions' webhooks, on the same connection.
     let webhooks = tokio::spawn(webhook_feed::run(
         async_nats::jetstream::new(dlq_client),
         consumer.clone(),

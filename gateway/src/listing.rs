@@ -1,6 +1,6 @@
 //! A storage directory tree's files, read through WebDAV `PROPFIND` (`Depth: 1`, one directory
 //! at a time, as dCache's WebDAV door, XrdHttp and the built-in storage answer it) under one
-//! `LIST` macaroon for the tree (issue 23: `events backfill`).
+//! `LIST` macaroon for the tree (`events backfill`).
 //!
 //! The storage's answer is not trusted more than an event is: an href that does not decode to a
 //! clean absolute path inside the directory asked about is skipped, and the walk is bounded in

@@ -81,7 +81,7 @@ pub struct Shared {
     pub(crate) source_policy: event::PolicyCell,
     /// Which paths each events subject may speak for ([`Config::source_paths`]).
     pub source_paths: Arc<event::binding::Bindings>,
-    /// Failure webhooks: the hosts allowed and their client (issue 23).
+    /// Failure webhooks: the hosts allowed and their client.
     pub webhooks: crate::webhooks::Webhooks,
 }
 

@@ -21,8 +21,8 @@
 //!
 //! The reply's `macaroon` is a bearer credential: it is passed on, never logged.
 //!
-//! It also lists a directory with WebDAV `PROPFIND` under a `LIST` macaroon ([`StorageClient::propfind`],
-//! issue 23), as both dCache's WebDAV door and XrdHttp answer it.
+//! It also lists a directory with WebDAV `PROPFIND` under a `LIST` macaroon ([`StorageClient::propfind`]),
+//! as both dCache's WebDAV door and XrdHttp answer it.
 
 use base64::Engine as _;
 use serde::Deserialize;
@@ -73,7 +73,7 @@ pub enum Access {
     /// Create and replace files within one directory (dCache: `UPLOAD,DELETE`): only for a
     /// function whose manifest asks for it and whose owner's namespace grants `replace` there.
     Replace,
-    /// List one directory tree (`LIST`): `events backfill` (issue 23), never handed to a job.
+    /// List one directory tree (`LIST`): `events backfill`, never handed to a job.
     List,
 }
 
@@ -267,7 +267,7 @@ impl StorageClient {
         self.request(if replace { Access::Replace } else { Access::Write }, dir, Some(writer)).await
     }
 
-    /// A macaroon that may only list the tree under directory `dir` (issue 23: `events
+    /// A macaroon that may only list the tree under directory `dir` (`events
     /// backfill`; the gateway keeps it).
     pub async fn list_macaroon(&self, dir: &str) -> Result<String, StorageError> {
         self.request(Access::List, dir, None).await
@@ -452,7 +452,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// Issue 9: a storage that accepts the connection and never answers (or stops halfway
+    /// A storage that accepts the connection and never answers (or stops halfway
     /// through its answer) costs a macaroon request its timeout, then counts as unavailable,
     /// which the dispatcher retries with backoff ([`StorageError::is_transient`]); no request
     /// hangs. The stand-in listens on 127.0.0.1 only.

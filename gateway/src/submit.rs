@@ -1,6 +1,6 @@
 //! Turns a fired (event, function) pair into a job at the scheduler: mints the single-use
 //! submit token that allows exactly this job and posts the [`SubmitRequest`]; mints (and
-//! verifies) the job's renewal grant ([`Submitter::grant`], issue 23).
+//! verifies) the job's renewal grant ([`Submitter::grant`]).
 
 use crate::storage_client::snippet;
 use htfaas_functions::proto::RenewalGrant;
@@ -87,7 +87,7 @@ impl Submitter {
         self.verifier.verify(token)
     }
 
-    /// The renewal grant (issue 23) of `req`, a job of `owner` submitted with the token `jti`,
+    /// The renewal grant of `req`, a job of `owner` submitted with the token `jti`,
     /// writing to `output` (its function's output directory): exactly its function version,
     /// input file (`req.event.path`) and output directory, until [`GRANT_QUEUE_S`] plus its run
     /// time from now.
@@ -213,7 +213,7 @@ impl Submitter {
         Ok(answer::<Preflight>(resp).await?.remaining)
     }
 
-    /// Tells the scheduler (issue 22) that `req`'s module belongs to a registered function of
+    /// Tells the scheduler that `req`'s module belongs to a registered function of
     /// `owner`, for EPs to compile ahead of its first job (`POST /v1/modules/warm`), with a
     /// token of `owner` naming the digest and allowing no job (the route counts no use).
     pub async fn warm(&self, owner: &str, req: &WarmRequest) -> Result<WarmResponse, SubmitError> {
@@ -279,7 +279,7 @@ mod tests {
     }
 
     /// What the ingest loop does with an answer depends on this mapping: 5xx and 429 are retried
-    /// later (the owner is at a queue limit), other 4xx are final. 507 (issue 9: the
+    /// later (the owner is at a queue limit), other 4xx are final. 507 (the
     /// scheduler's disk is full, nothing was stored) is a 5xx like the others: retried with
     /// backoff, never dropped.
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Compile ahead (issue 22): the gateway tells the scheduler which modules registered
+//! Compile ahead: the gateway tells the scheduler which modules registered
 //! functions use (`POST /v1/modules/warm`, [`crate::submit::Submitter::warm`]), so that EPs
 //! compile a new version before its first event rather than on its path. Said for a function
 //! when it is registered ([`announce`]), and for every registered function when the gateway

@@ -1,4 +1,4 @@
-//! Failure webhooks' deliveries (issue 23): a durable consumer (`<consumer>-webhook`) of the
+//! Failure webhooks' deliveries: a durable consumer (`<consumer>-webhook`) of the
 //! scheduler's notifications of failed jobs; for each whose function version names a
 //! [`Webhook`](htfaas_functions::manifest::Webhook), a POST of the notification (as published)
 //! to its URL, signed with the function's key ([`webhook_signature`]: `x-htfaas-signature`,

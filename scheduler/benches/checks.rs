@@ -1,11 +1,11 @@
-//! What the checks of issue 18 cost one job at the scheduler: `cargo bench -p htfaas-scheduler
+//! What the security checks cost one job at the scheduler: `cargo bench -p htfaas-scheduler
 //! --bench checks` prints one JSON line per case, `{"bench":"checks","case":..,"ns_per_job":..}`:
 //!
 //! - `trust`: [`UrlTrust::check`] of a submitted job's module, input and output URLs (at submit);
 //! - `seal_open`: sealing both macaroons (at submit) and opening them (at dispatch)
 //!   (`SealRequest::seal_request`, `SealRequest::open_request`);
 //! - `doubt`: [`doubt::doubt`] of a completed report with 4 outputs (at finish);
-//! - `trace`: the trace work of one job across its hops (issue 23): the gateway derives the
+//! - `trace`: the trace work of one job across its hops: the gateway derives the
 //!   event's trace and its firing span, the scheduler parses it (validation) and derives the
 //!   attempt's span at dispatch, the EP parses that once for its storage requests.
 //!

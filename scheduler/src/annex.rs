@@ -1,4 +1,4 @@
-//! Annexes over [`Shared`] (issue 21, HTCondor's `condor_annex`): minting an annex's attach
+//! Annexes over [`Shared`] (HTCondor's `condor_annex`): minting an annex's attach
 //! token and keeping its record ([`crate::annex_store`]), recording the batch jobs started for
 //! it, extending it, draining and deleting it, and telling its EPs when they must leave.
 //!

@@ -1,4 +1,4 @@
-//! The annexes' HTTP routes (issue 21), merged into [`crate::api`]'s router; every one needs
+//! The annexes' HTTP routes, merged into [`crate::api`]'s router; every one needs
 //! the admin token, checked first by the function [`crate::api`] passes in (so this module
 //! needs nothing of it), then the body, then [`crate::annex`] does the work.
 //!

@@ -1,4 +1,4 @@
-//! The annexes' records (issue 21): one small JSON file next to the job store
+//! The annexes' records: one small JSON file next to the job store
 //! ([`crate::Config::annex_file`]), read once at start and rewritten whole on every change —
 //! written to a temporary file, fsynced, renamed over the old one, and the directory fsynced —
 //! before the change is visible or answered. Mode 0600, though it holds no credential (an

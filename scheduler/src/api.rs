@@ -7,7 +7,7 @@
 //! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
 //! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first (`?unfinished=true&owner=o`, `&group=g` or `&function=f`: the idle, held and running jobs of an owner, a group or a function, oldest first) |
-//! | `POST /v1/fired` | admin | `FiredQuery` → `FiredPaths`: which paths have a job of a function (issue 23, `events backfill`) |
+//! | `POST /v1/fired` | admin | `FiredQuery` → `FiredPaths`: which paths have a job of a function (`events backfill`) |
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
 //! | `POST /v1/jobs/{id}/release` | admin | `JobAction` → 200 `JobRecord`: held → `idle`, dispatched again |
 //! | `POST /v1/jobs/{id}/remove` | admin | `JobAction` → 200 `JobRecord`: idle, running or held → `removed` (a running job is stopped) |
@@ -26,7 +26,7 @@
 //! | `GET /v1/audit/verify` | admin | `VerifyReport` of the whole trail, under the scheduler's audit key |
 //! | `GET /v1/audit/keys` | admin | the audit key's JWKS (for verifying a copy of the trail offline) |
 //! | `GET /metrics` | admin | Prometheus metrics, OpenMetrics text ([`crate::metrics`]) |
-//! | `/v1/annexes…` | admin | annexes (issue 21): [`crate::annex_api`] |
+//! | `/v1/annexes…` | admin | annexes: [`crate::annex_api`] |
 //! | `GET /healthz` | none | `ok` |
 //!
 //! Order of checks on submit: token (401: signature, `kid`, issuer, audience, expiry), then
@@ -438,7 +438,7 @@ async fn list_jobs(
     Ok(Json(shared.queue.list(limit).await?))
 }
 
-/// `POST /v1/fired` (admin): which of the paths has a job of the function (issue 23).
+/// `POST /v1/fired` (admin): which of the paths has a job of the function.
 async fn fired(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,

@@ -121,7 +121,7 @@ pub struct Config {
     /// seconds. Default: 60.
     #[serde(default = "default_runtime_grace_s")]
     pub runtime_grace_s: u64,
-    /// Most jobs assigned to one EP beyond its free resources (prefetch, issue 20): an EP asks
+    /// Most jobs assigned to one EP beyond its free resources (prefetch): an EP asks
     /// for a number in its Hello (by default its cpus) and gets at most this many; each must
     /// start on the EP within 10 s (or half `runtime_grace_s`), else the EP hands it back. 0
     /// turns prefetch off. Default: 16.
@@ -151,8 +151,8 @@ pub struct Config {
     /// else it is refused (403). No default: the scheduler refuses to start without one.
     #[serde(default)]
     pub module_stores: Vec<String>,
-    /// The gateway's base URL, for renewing running jobs' macaroons (issue 23,
-    /// [`crate::renew`]): `POST <gateway_url>/v1/renewals` with each job's renewal grant (only
+    /// The gateway's base URL, for renewing running jobs' macaroons
+    /// ([`crate::renew`]): `POST <gateway_url>/v1/renewals` with each job's renewal grant (only
     /// ever sent there). Default: none, and then no job's macaroons are renewed (jobs run with
     /// what the gateway obtained when their event fired).
     #[serde(default)]
@@ -163,7 +163,7 @@ pub struct Config {
     pub gateway_ca_file: Option<PathBuf>,
     /// An OpenTelemetry collector's OTLP/HTTP traces URL (e.g.
     /// `http://127.0.0.1:4318/v1/traces`): each ended job's spans are exported there
-    /// ([`crate::otlp`], issue 23). Default: none (nothing exported).
+    /// ([`crate::otlp`]). Default: none (nothing exported).
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
     /// The listener's header and body idle timeouts and connection cap, TLS or not. Default:
@@ -176,11 +176,11 @@ pub struct Config {
     /// usable macaroon. Default: `<db_path>.seal.key`.
     #[serde(default)]
     pub seal_key_file: Option<PathBuf>,
-    /// The annexes' records (issue 21; [`crate::annex_store`]): a JSON file, 0600, rewritten
+    /// The annexes' records ([`crate::annex_store`]): a JSON file, 0600, rewritten
     /// on every change. Default: `annexes.json` in the directory of `db_path`.
     #[serde(default)]
     pub annex_file: Option<PathBuf>,
-    /// NATS server(s) with JetStream to publish job-end notifications on (issue 23; one URL,
+    /// NATS server(s) with JetStream to publish job-end notifications on (one URL,
     /// or a cluster's separated by commas): each job that ends (completed, failed, held,
     /// removed) is told on `htfaas.jobs.<owner>.<function>.<state>` in the stream
     /// `HTFAAS_JOBS` ([`crate::notify`]). Default: none (no notifications; the outbox still
@@ -613,7 +613,7 @@ mod tests {
         }
     }
 
-    /// Issue 18: without the site's storages and module stores the scheduler does not start
+    /// Without the site's storages and module stores the scheduler does not start
     /// (it would otherwise have to refuse every job, or trust every URL).
     #[tokio::test]
     async fn a_scheduler_without_storage_origins_or_module_stores_refuses_to_start() {

@@ -23,7 +23,7 @@
 //! the address of the EP it runs on next). A macaroon that cannot be attenuated fails its job
 //! at once, unsent and not retried.
 //!
-//! Prefetch (issue 20): an EP granted a prefetch window is assigned, once no job fits free
+//! Prefetch: an EP granted a prefetch window is assigned, once no job fits free
 //! resources anywhere, up to that many more jobs, which it queues ([`crate::matching`]). Such a
 //! job is marked running (its `started_at_ms`: the job record's dispatched stamp, where the
 //! bench's `hop.submitted_to_dispatched` ends and `hop.dispatched_to_finished` begins) when it
@@ -238,11 +238,11 @@ pub enum RestrictError {
 /// `before:<now + runtime_s + grace>` and, with `bind_to`, then `ip:<bind_to>` (canonical, so
 /// an IPv4 EP seen over an IPv6 socket is named by its IPv4 address); a renewable job's
 /// `renew_until` cut to the same instant. Err is the reason the job fails. Renewed macaroons
-/// (issue 23, [`crate::renew`]) go through this too, with the job's dispatch time as `now_s`,
+/// ([`crate::renew`]) go through this too, with the job's dispatch time as `now_s`,
 /// so they end at the same deadline and carry the same binding.
 pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Result<JobAssignment, RestrictError> {
     let until = now_s.saturating_add(a.resources.runtime_s).saturating_add(MACAROON_GRACE_S);
-    // A renewable job (issue 23) is renewable up to the same deadline.
+    // A renewable job is renewable up to the same deadline.
     a.renew_until = a.renew_until.map(|u| u.min(until));
     let mut caveats = vec![format!("before:{}", utc_timestamp(until))];
     if let Some(ip) = bind_to {

@@ -1,4 +1,4 @@
-//! The scheduler doubts what an EP reports (issue 18). Any holder of a valid attach token can
+//! The scheduler doubts what an EP reports. Any holder of a valid attach token can
 //! run an EP, so its word about a job is checked against what the scheduler knows before any of
 //! it is recorded or charged:
 //!
@@ -11,7 +11,7 @@
 //!   sha256 of 64 hex digits, and at most [`MAX_REPORTED_OUTPUTS`] of them; a path in a
 //!   quarantine directory only as `<output dir>.quarantine/<its job id>/<name>`, for a job that
 //!   asked for quarantine (`outputs.on_failure`) and a run that failed; a path in a re-run's
-//!   scratch directory only for a re-run (issue 23); an input sha256, when named, of 64 hex
+//!   scratch directory only for a re-run; an input sha256, when named, of 64 hex
 //!   digits: a report that
 //!   breaks this is a protocol violation ([`Violation`]). It is not believed at all — neither its
 //!   outcome, its outputs (nothing enters the lineage) nor its usage (nothing is charged) — and
@@ -281,7 +281,7 @@ mod tests {
         assert!(doubt(&mut r, &seen()).is_ok(), "a subdirectory of the output directory is the job's");
     }
 
-    // Issue 23: quarantined outputs, and only the job's own, only for a failed run that asked.
+    // Quarantined outputs, and only the job's own, only for a failed run that asked.
     #[test]
     fn quarantine_paths_are_the_jobs_own_and_only_for_a_failed_run_that_asked() {
         let quarantine = Observed { on_failure: FailedOutputs::Quarantine, ..seen() };
@@ -322,7 +322,7 @@ mod tests {
         assert!(matches!(doubt(&mut r, &seen()), Err(Violation::BadDigest { .. })));
     }
 
-    // Issue 23: the input's checksum is what a re-run is held to, so it must be one.
+    // The input's checksum is what a re-run is held to, so it must be one.
     #[test]
     fn an_input_sha256_must_be_64_hex_digits() {
         for (bad, refused) in
@@ -334,7 +334,7 @@ mod tests {
         }
     }
 
-    // Issue 23: a re-run's scratch directory is written by the re-run only.
+    // A re-run's scratch directory is written by the re-run only.
     #[test]
     fn only_a_rerun_reports_outputs_in_a_rerun_scratch_directory() {
         let mut r = report(&["/data/out/.rerun/r1/a.sum"], Usage::default());

@@ -34,7 +34,7 @@
 //! `running` on a session that is gone, until their run time removed them). A report of [`htfaas_functions::proto::Outcome::StorageUnavailable`] counts
 //! as a lost attempt ([`crate::queue::Queue::finish`]), with the same retry rule.
 //!
-//! Prefetch (issue 20): an EP whose Hello asks for it ([`Hello::prefetch`]) is granted
+//! Prefetch: an EP whose Hello asks for it ([`Hello::prefetch`]) is granted
 //! [`crate::policy::SitePolicy::prefetch`] in its Welcome: the dispatcher then assigns it up to
 //! that many jobs beyond its free resources (see [`crate::matching`]), the session sends the
 //! Assigns waiting for it in one array frame, and takes array frames from it. Such an EP may hand
@@ -48,7 +48,7 @@
 //! with it: they are `running` on it in the store, and run again elsewhere like its running
 //! ones (the EP drops its queue when the connection goes).
 //!
-//! Renewal (issue 23): a `Renew` for a job this session holds starts a renewal of its
+//! Renewal: a `Renew` for a job this session holds starts a renewal of its
 //! macaroons ([`crate::renew`]) in a task beside the reports (the session awaits it before
 //! its jobs lose it); one for a job it does not hold, or one already being renewed, is answered
 //! `RenewRefused`, recorded, and counted as a bad frame.
@@ -239,7 +239,7 @@ pub async fn serve(
         tracing::info!("attach token revoked meanwhile: {reason}");
         return close(ws, CLOSE_FORBIDDEN, &format!("attach token revoked: {reason}")).await;
     }
-    // The modules on the warm list it may run, to compile ahead (issue 22); read once it is in
+    // The modules on the warm list it may run, to compile ahead; read once it is in
     // the table, so a module announced meanwhile reaches it one way or the other (twice at
     // worst, which the EP ignores).
     for warm in crate::warm::on_attach(&shared, claims.owner.as_deref()) {
@@ -489,7 +489,7 @@ fn on_message(
             bad_frame(shared, bad_frames, "renew: job id too long");
         }
         EpMsg::Renew { job_id } => {
-            // Issue 23 ([`crate::renew`]): only for a job this session holds, one at a time; a
+            // [`crate::renew`]: only for a job this session holds, one at a time; a
             // refusal here counts as a bad frame, so asking for others' jobs ends the session.
             let begun = shared.eps().begin_renewal(ep_id, &job_id);
             match begun {

@@ -1,4 +1,4 @@
-//! The gateway's renewal route (`POST /v1/renewals`, issue 23), and the client the scheduler
+//! The gateway's renewal route (`POST /v1/renewals`), and the client the scheduler
 //! calls it with: a job's renewal grant as the bearer, the job's facts as the body
 //! ([`RenewRequest`]), fresh macaroons back ([`RenewResponse`]).
 //!

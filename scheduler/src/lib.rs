@@ -17,7 +17,7 @@
 //!   requirements, leases and retries.
 //! - [`requirements`]: ClassAd-like requirement expressions (submit and hold requirements).
 //! - [`admin`]: EP drain, disable, enable and group pause; `analyze`; priorities and factors.
-//! - [`annex`]: annexes (issue 21): an annex's attach token minted, its record kept
+//! - [`annex`]: annexes: an annex's attach token minted, its record kept
 //!   ([`annex_store`], a file of its own), its batch jobs recorded, its end extended or brought
 //!   forward and told to its EPs (`SchedulerMsg::Lifetime`), its token revoked on delete.
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
@@ -36,9 +36,9 @@
 //!   observed, outputs only under the job's output directory and bounded, else refused.
 //! - [`trust`]: which URLs a job may name: input and output on the site's storages, the module
 //!   at a module store's URL for the job's digest; no other URL reaches an EP.
-//! - [`warm`]: compile ahead (issue 22): the modules of registered functions, which attached
+//! - [`warm`]: compile ahead: the modules of registered functions, which attached
 //!   EPs are told to compile before their first job (`SchedulerMsg::Warm`).
-//! - [`notify`]: job-end notifications (issue 23): the outbox the store fills in the
+//! - [`notify`]: job-end notifications: the outbox the store fills in the
 //!   transaction that ends a job, published on JetStream (`htfaas.jobs.<owner>.<function>.<state>`)
 //!   and deleted after the PubAck.
 //! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
@@ -46,7 +46,7 @@
 //! - [`report`]: accounting reports over the job records, on a connection of their own.
 //! - [`seal`]: the macaroons a job keeps in the store, sealed so that a copy of the file cannot
 //!   use them.
-//! - [`renew`]: renewing a running job's macaroons (issue 23): an EP's `Renew`, checked (its
+//! - [`renew`]: renewing a running job's macaroons: an EP's `Renew`, checked (its
 //!   session runs the job, within its run time, not revoked), sent to the gateway with the
 //!   job's renewal grant, its answer attenuated as at dispatch.
 //!

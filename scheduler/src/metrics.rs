@@ -14,7 +14,7 @@
 //! | `htfaas_scheduler_store_writes_total`, `…_store_write_batches_total` | counter | | writes to the job store, and the transactions (group commits) they were run in: their ratio is the writes per commit |
 //! | `htfaas_scheduler_ep_bad_frames_total` | counter | | frames from EPs that were not understood |
 //! | `htfaas_scheduler_ignored_reports_total` | counter | | `Finished` reports for jobs not running on the reporting session |
-//! | `htfaas_scheduler_warm_refused_total` | counter | | warm requests (issue 22) refused after their token verified: a digest the token does not name, a module URL no module store has |
+//! | `htfaas_scheduler_warm_refused_total` | counter | | warm requests refused after their token verified: a digest the token does not name, a module URL no module store has |
 //!
 //! Cost: counters and the latency histogram are atomics (no lock on the submit or dispatch
 //! path). Jobs by state are counted at scrape time with one query on a read-only connection of

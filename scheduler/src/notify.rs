@@ -1,4 +1,4 @@
-//! The job-end notification publisher (issue 23): it takes the outbox's entries
+//! The job-end notification publisher: it takes the outbox's entries
 //! ([`Queue::outbox`], written in the transaction that ended each job) oldest first, publishes
 //! each on JetStream ([`JOBS_STREAM`], subject `htfaas.jobs.<owner>.<function>.<state>`, header
 //! `Nats-Msg-Id` = `<job id>.<seq>`), and deletes an entry only once its PubAck came

@@ -1,4 +1,4 @@
-//! OTLP export of each ended job's spans (issue 23): when `otlp_endpoint` is set, the scheduler
+//! OTLP export of each ended job's spans: when `otlp_endpoint` is set, the scheduler
 //! sends, once a job has ended for good, its span tree ([`htfaas_functions::spans::job_spans`]:
 //! the gateway's span, the queue, each attempt and its phases) to an OpenTelemetry collector
 //! over OTLP/HTTP (JSON), with the trace and span ids every hop derived and logged — so the

@@ -18,9 +18,9 @@
 //! - **Leases and retries**: an EP session silent for [`SitePolicy::lease_s`] is over; each of
 //!   its jobs runs again after a backoff, up to [`SitePolicy::max_retries`] times, then is held.
 //!   A job whose EP reports the storage unavailable loses its attempt under the same rule.
-//!   A job whose guest failed runs again only as its function's retry policy asks (issue 23),
+//!   A job whose guest failed runs again only as its function's retry policy asks,
 //!   at most [`SitePolicy::max_guest_retries`] times.
-//! - **Prefetch** (issue 20): an EP that asks for it is assigned up to
+//! - **Prefetch**: an EP that asks for it is assigned up to
 //!   [`SitePolicy::max_prefetch`] jobs beyond its free resources ([`SitePolicy::prefetch`]),
 //!   each of which must start within [`MAX_PREFETCH_WAIT_S`] (at most half the run-time grace).
 

@@ -1,4 +1,4 @@
-//! The job store's sealed fields: a request's two macaroons, its renewal grant (issue 23) and
+//! The job store's sealed fields: a request's two macaroons, its renewal grant and
 //! its secret environment are sealed ([`htfaas_functions::seal`]) before the store keeps them,
 //! and opened only to hand the job to its EP or to renew its macaroons. The slots name the job
 //! and the field: `job:<id>/input`, `job:<id>/output`, `job:<id>/renewal`,

@@ -61,7 +61,7 @@ pub struct Shared {
     pub(crate) warm: WarmList,
     /// Where running jobs' macaroons are renewed ([`crate::renew`]); none: never.
     pub(crate) gateway: Option<crate::gateway_client::Gateway>,
-    /// Where ended jobs' spans are exported (issue 23); none when not configured.
+    /// Where ended jobs' spans are exported; none when not configured.
     pub(crate) otlp: Option<crate::otlp::Otlp>,
 }
 

@@ -1,4 +1,4 @@
-//! Which URLs a submitted job may name (issue 18). The scheduler trusts no URL it is handed: a
+//! Which URLs a submitted job may name. The scheduler trusts no URL it is handed: a
 //! job's input and output must lie under one of the site's storage origins
 //! ([`crate::Config::storage_origins`]), and its module must be exactly a module store's
 //! `<store>/v1/modules/<the job's digest>` ([`crate::Config::module_stores`]). Without this the
@@ -247,8 +247,7 @@ impl UrlTrust {
         }
     }
 
-    /// A module URL: exactly a module store's URL for `digest` (a job's, and a warm request's,
-    /// issue 22).
+    /// A module URL: exactly a module store's URL for `digest` (a job's, and a warm request's).
     pub fn check_module(&self, digest: &Digest, module: &str) -> Result<(), UrlRefusal> {
         self.check_code("modules", digest, module)
     }

@@ -97,7 +97,7 @@ pub enum SubmitInvalid {
     #[error("annex {0}")]
     Annex(NameError),
     /// `retry` asks for more retries or a longer backoff than a manifest may, or names no
-    /// outcome (issue 23).
+    /// outcome.
     #[error("{0}")]
     Retry(htfaas_functions::on_failure::RetryPolicyError),
 }

@@ -1,4 +1,4 @@
-//! Compile ahead (issue 22): the modules of registered functions, which attached EPs are told
+//! Compile ahead: the modules of registered functions, which attached EPs are told
 //! to fetch and compile before their first job ([`SchedulerMsg::Warm`]), so that compiling a
 //! new version (a Python component: 5-13 s of cranelift) never sits on an event's path.
 //!

@@ -1,4 +1,4 @@
-//! Annexes (issue 21, after HTCondor's `condor_annex`): `htfaas annex create|list|show|extend|
+//! Annexes (after HTCondor's `condor_annex`): `htfaas annex create|list|show|extend|
 //! delete`, through the gateway's API (which checks the owner's annex right; the scheduler mints
 //! the token and keeps the record) and a batch system ([`provider::Provider`]; Slurm first,
 //! [`slurm`]).

@@ -1,4 +1,4 @@
-//! Part of `htfaas bench` (issue 23): what a job's end costs the stack beyond running it — the
+//! Part of `htfaas bench`: what a job's end costs the stack beyond running it — the
 //! job-end notification published on JetStream, and the job's spans exported over OTLP.
 //!
 //! The same no-op throughput run ([`super::e2e::throughput`]) on three stacks, one after the

@@ -1,4 +1,4 @@
-//! `htfaas annex create|list|show|extend|delete` (admin; issue 21): EPs provisioned through a
+//! `htfaas annex create|list|show|extend|delete` (admin): EPs provisioned through a
 //! batch system (`--slurm`) for an owner and a lifetime, attaching back with one token bound to
 //! the annex and the owner. The work is [`htfaas::annex`]'s; this module reads the flags (and
 //! `SLURM_CONF` from the environment) and prints through [`super::output`].

@@ -1,5 +1,5 @@
 //! `htfaas audit`: the audit trails' records, a file's lineage, `audit verify|head|keys`, and
-//! `audit rerun` (re-derive a file, issue 23).
+//! `audit rerun` (re-derive a file).
 //! Must not know: how records, lineages and reports are printed ([`super::output`]).
 
 use super::args::{DirArg, client, parse_time_arg};
@@ -77,7 +77,7 @@ pub enum AuditCommand {
         #[arg(long, value_name = "DB")]
         file: PathBuf,
     },
-    /// Re-derive files (issue 23): run the function version that wrote each again, on the same
+    /// Re-derive files: run the function version that wrote each again, on the same
     /// input bytes (by the sha256 its run recorded; nothing runs if the input changed), into a
     /// scratch directory beside its outputs, and compare the output's sha256. Exits non-zero
     /// unless every file came out identical.

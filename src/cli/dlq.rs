@@ -1,4 +1,4 @@
-//! `htfaas dlq`: the dead-letter list (issue 23): list, show, re-drive or drop entries.
+//! `htfaas dlq`: the dead-letter list: list, show, re-drive or drop entries.
 //! Must not know: how entries are printed ([`super::output`]).
 
 use super::args::{DirArg, client};

@@ -246,7 +246,7 @@ pub enum FnCommand {
         #[arg(long)]
         json: bool,
     },
-    // issue 22: `fn new|build|run`, a developer's commands without a stack (`super::fn_dev`).
+    // `fn new|build|run`: a developer's commands without a stack (`super::fn_dev`).
     #[command(flatten)]
     Dev(super::fn_dev::DevCommand),
 }

@@ -1,4 +1,4 @@
-//! `htfaas trace JOB|EVENT|TRACE-ID` (issue 23): one event's span tree from the components'
+//! `htfaas trace JOB|EVENT|TRACE-ID`: one event's span tree from the components'
 //! records. Must not know: how spans are rebuilt ([`htfaas::client`]), how they are printed
 //! ([`super::output`]).
 

@@ -1,11 +1,11 @@
-//! The dead-letter list's calls (issue 23): list, show, re-drive, drop, with the profile's
+//! The dead-letter list's calls: list, show, re-drive, drop, with the profile's
 //! token (a developer's own entries, an admin's all). Must not know: how they are printed.
 
 use super::{Client, check};
 use anyhow::Context as _;
 
 impl Client {
-    /// The dead-letter list (issue 23), newest first: the caller's own entries (an admin's:
+    /// The dead-letter list, newest first: the caller's own entries (an admin's:
     /// all), of `function` only and made since `since` (RFC 3339, Unix seconds, `-2h`) when
     /// given, dropped ones too with `dropped`.
     pub async fn dead_letters(

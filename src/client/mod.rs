@@ -210,7 +210,7 @@ impl Client {
         self.admin_post("/v1/events/replay", "replay", request).await
     }
 
-    /// Back-fills a function under a directory (issue 23): [`htfaas_functions::proto::BackfillReport`].
+    /// Back-fills a function under a directory: [`htfaas_functions::proto::BackfillReport`].
     pub async fn backfill(
         &self,
         request: &htfaas_functions::proto::BackfillRequest,
@@ -286,7 +286,7 @@ impl Client {
         self.admin_get("/v1/jobs").await
     }
 
-    /// The jobs of one event trace (32 lower-case hex digits), oldest first (issue 23).
+    /// The jobs of one event trace (32 lower-case hex digits), oldest first.
     pub async fn jobs_of_trace(&self, trace_id: &str) -> anyhow::Result<Vec<JobRecord>> {
         anyhow::ensure!(
             htfaas_functions::trace::is_trace_id(trace_id),
@@ -420,7 +420,7 @@ impl Client {
         self.admin_post(&path, verb, action).await
     }
 
-    /// Creates an annex (admin; issue 21): the owner must hold the annex right. The answer
+    /// Creates an annex (admin): the owner must hold the annex right. The answer
     /// holds the annex's attach token, shown this once.
     pub async fn annex_create(&self, request: &htfaas_functions::proto::AnnexRequest) -> anyhow::Result<AnnexCreated> {
         self.admin_post("/v1/annexes", "create annex", request).await

@@ -1,4 +1,4 @@
-//! "Re-derive this file" (issue 23): a re-run submitted, waited for and judged
+//! "Re-derive this file": a re-run submitted, waited for and judged
 //! ([`htfaas_functions::proto::rerun::verdict`]), and the recent outputs `audit rerun --all`
 //! samples. Must not know: how verdicts are printed.
 

@@ -1,4 +1,4 @@
-//! `htfaas trace JOB|EVENT|TRACE-ID` (issue 23): one event's span tree, rebuilt from the
+//! `htfaas trace JOB|EVENT|TRACE-ID`: one event's span tree, rebuilt from the
 //! components' own records — the jobs of the trace and each one's attempts
 //! ([`htfaas_functions::spans::job_spans`]).
 //!

@@ -7,7 +7,7 @@
 //!
 //! Subject: by default the file's path subject (`storage.dcache.billing.path.<dir>._`,
 //! [`path_subject`]), so the gateway reads each owner's events on a lane of its own and one
-//! owner's flood does not delay another's event (issue 20); with `billing_path_subjects =
+//! owner's flood does not delay another's event; with `billing_path_subjects =
 //! false` (or a stream that lacks the path subjects), the plain [`EVENTS_SUBJECT`], as dCache.
 
 use std::net::SocketAddr;

@@ -57,7 +57,7 @@ pub struct Config {
     pub tls_key_file: Option<PathBuf>,
     /// Whether billing messages go on their file's path subject
     /// (`storage.dcache.billing.path.<dir>._`: the gateway reads each owner's on a lane of its
-    /// own, issue 20) rather than on `storage.dcache.billing` (as dCache's). The storage's NATS
+    /// own) rather than on `storage.dcache.billing` (as dCache's). The storage's NATS
     /// credential must be allowed to publish `storage.dcache.billing.path.>`. Default: true.
     #[serde(default = "default_true")]
     pub billing_path_subjects: bool,

@@ -126,7 +126,7 @@ impl IntoResponse for HttpError {
 mod tests {
     use super::*;
 
-    /// Issue 9: a full disk, an exhausted quota or a file size limit answers 507 with a message
+    /// A full disk, an exhausted quota or a file size limit answers 507 with a message
     /// naming the path and the cause; any other I/O failure stays a 500 that says nothing more.
     #[test]
     fn out_of_space_is_507_with_a_clear_message_and_other_io_errors_are_500() {

@@ -463,7 +463,7 @@ async fn upload_macaroon_for_a_directory() {
     s.stop().await;
 }
 
-/// Issue 23 (`events backfill`): `PROPFIND` lists a directory as dCache's WebDAV door does, under
+/// For `events backfill`: `PROPFIND` lists a directory as dCache's WebDAV door does, under
 /// a LIST macaroon for the tree; a DOWNLOAD or UPLOAD macaroon, another tree, no credential and
 /// `Depth: infinity` are refused; uploads in progress and symlinks are not listed.
 #[tokio::test]
@@ -581,7 +581,7 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
         got.push(serde_json::from_slice::<TransferMessage>(&msg.payload).expect("TransferMessage JSON"));
     }
     assert_eq!(got.len(), 2);
-    // Issue 20: each on its file's path subject, which the gateway's owner lanes read.
+    // Each on its file's path subject, which the gateway's owner lanes read.
     assert_eq!(subjects, ["storage.dcache.billing.path.data.out._", "storage.dcache.billing.path.data._"]);
     let first = &got[0];
     assert_eq!(first.msg_type.as_deref(), Some("transfer"));
@@ -605,7 +605,7 @@ async fn upload_publishes_a_transfer_message_then_503_when_nats_is_gone() {
 /// Set in the child process of [`a_put_past_the_file_size_limit_is_507_and_leaves_nothing_behind`].
 const FSIZE_CHILD: &str = "HTFAAS_STORAGE_TEST_FSIZE_CHILD";
 
-/// Issue 9: a PUT the disk cannot hold. A full filesystem needs root to make; a file size
+/// A PUT the disk cannot hold. A full filesystem needs root to make; a file size
 /// limit (`RLIMIT_FSIZE`, set by `ulimit -f` on a child process running this one test, with
 /// `SIGXFSZ` ignored) makes writes past it fail with `EFBIG` through the same path as `ENOSPC`.
 /// The answer is 507 naming the path and the cause, the temporary file is removed, nothing is
@@ -657,7 +657,7 @@ async fn a_put_past_the_file_size_limit_is_507_and_leaves_nothing_behind() {
     s.stop().await;
 }
 
-/// Issue 18: a client that sends part of a request head and holds it, or starts an upload
+/// A client that sends part of a request head and holds it, or starts an upload
 /// and then sends nothing, is cut off by the server (its header and body idle timeouts);
 /// meanwhile another client's upload goes through.
 #[tokio::test]

@@ -254,7 +254,7 @@ async fn reports_by_owner_group_and_function_equal_the_sums_of_the_job_records()
     stack.stop().await.expect("clean stop");
 }
 
-/// Issue 22: a manifest may name an accounting group (`fn register --group`), with a `group`
+/// A manifest may name an accounting group (`fn register --group`), with a `group`
 /// grant of its owner's: its triggered jobs are then charged to the group (the scheduler's
 /// group quotas and pauses apply to them). Without the grant the registration is refused;
 /// with it revoked, the next firing is refused when it would become a job.

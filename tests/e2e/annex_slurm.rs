@@ -1,4 +1,4 @@
-//! Annexes on a real Slurm (issue 21): `htfaas annex create --slurm` against a private one-node
+//! Annexes on a real Slurm: `htfaas annex create --slurm` against a private one-node
 //! cluster on loopback ([`crate::slurm_support`]) and the real stack. A function fired by an
 //! upload runs on the EP Slurm started; the EP leaves when idle and its Slurm job ends; the
 //! annex is extended (Slurm's time limit and the record) and deleted (no Slurm job left, its

@@ -64,7 +64,7 @@ async fn a_processed_files_lineage_is_in_the_trail_and_a_tampered_copy_is_caught
     assert!(clean.ok(), "{clean:?}");
     assert_eq!(clean.last_checkpoint_seq, Some(clean.last_seq), "{clean:?}");
 
-    // The tail cut off together with its checkpoints (issue 18): every record and checkpoint
+    // The tail cut off together with its checkpoints: every record and checkpoint
     // left is valid, so the copy verifies on its own; the head recorded elsewhere catches it.
     let head = htfaas_functions::audit::anchor::head(&copy).expect("head").expect("a record");
     let cut = dir.path().join("cut.sqlite");

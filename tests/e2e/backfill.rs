@@ -1,4 +1,4 @@
-//! Back-fill on the real stack (issue 23): files that landed while no function was there to
+//! Back-fill on the real stack: files that landed while no function was there to
 //! fire (their events never read by the owner's lane: lost to the function) are found by listing the
 //! storage (WebDAV `PROPFIND`, the built-in storage) and fired once each. A dry run lists them
 //! and starts nothing; files younger than the minimum age are left; a file the function already

@@ -94,7 +94,7 @@ fn mkfifo(path: &Path) {
     assert!(status.success(), "mkfifo {}", path.display());
 }
 
-// See: issue 6 (`htfaas bridge xrootd-notify`).
+// `htfaas bridge xrootd-notify` against a real xrootd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xrootd_notify_bridge_publishes_a_real_xrootds_closew_and_rm_as_cloudevents() {
     if !xrootd_installed("the XRootD bridge test") {

@@ -1,4 +1,4 @@
-//! The dead-letter list (issue 23) on the real stack: a firing refused (its owner's namespace
+//! The dead-letter list on the real stack: a firing refused (its owner's namespace
 //! revoked) and a job that failed land in it with their reasons; a re-drive asked twice at once
 //! with one number makes one job, which succeeds once the cause is mended; another number makes
 //! another; a drop leaves the list with who and why recorded; re-drives and drops are audited

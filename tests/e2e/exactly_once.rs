@@ -1,4 +1,4 @@
-//! Exactly-once effect, rate and debounce (issue 6), on the real stack: every event delivered
+//! Exactly-once effect, rate and debounce, on the real stack: every event delivered
 //! twice, in a shuffled order, with a gateway restart in the middle, starts exactly one job per
 //! (event, function), and the copies are dropped by the gateway's firing table before any
 //! macaroon is asked for; a rate-limited function's excess waits instead of being dropped; a

@@ -1,4 +1,4 @@
-//! When a run fails (issue 23), on the real stack: a function's retry policy runs the `hostile`
+//! When a run fails, on the real stack: a function's retry policy runs the `hostile`
 //! guest (`exit 3`) again as often as it asks, each attempt in `jobs history` with its outcome
 //! and reason, and the job then fails saying how many attempts it had; a function without a
 //! policy fails after one attempt. What becomes of a failed run's outputs (discard,

@@ -1,4 +1,4 @@
-//! Faults without a crash (issue 9), on the real stack: nats-server SIGKILLed and restarted
+//! Faults without a crash, on the real stack: nats-server SIGKILLed and restarted
 //! while events are in flight. The gateway's client reconnects, its durable consumer resumes
 //! where its acks left it, and every uploaded file fires exactly one job; an upload made while
 //! NATS is down waits for the event's PubAck at most the storage's bound (5 s): within it (a

@@ -1,4 +1,4 @@
-//! JavaScript functions (issue 22), built by componentize-js 0.23.0 (`scripts/install-deps.sh`
+//! JavaScript functions, built by componentize-js 0.23.0 (`scripts/install-deps.sh`
 //! installs it in `.tools/node`) through `htfaas fn build`'s code into WASI preview 2
 //! components, run in the EP's runtime:
 //!

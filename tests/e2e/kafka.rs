@@ -138,7 +138,7 @@ async fn each_fired_once(client: &htfaas::client::Client, paths: &[String]) {
     assert_eq!(all.len(), paths.len(), "no other job: {all:?}");
 }
 
-// See: issue 21 (dCache's Kafka stream).
+// dCache's Kafka stream, through `htfaas bridge dcache-kafka`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dcache_kafka_bridge_fires_each_record_once_across_a_restart_from_its_commit_and_skips_malformed_ones() {
     let Some(tansu) = tansu_installed("the Kafka bridge test") else { return };

@@ -1,4 +1,4 @@
-//! A function's life after registration (issue 22), on the real stack: versions listed, a
+//! A function's life after registration, on the real stack: versions listed, a
 //! rollback that changes what fires (and never a job already made), disable (nothing fires, the
 //! events are counted), enable, delete (nothing fires; its versions stay), each change audited
 //! with its actor. Another owner may do none of it: `attacks::tenancy`.

@@ -1,4 +1,4 @@
-//! Lineage through both audit trails on the real stack (issue 7): `a` runs on uploads, `b` on
+//! Lineage through both audit trails on the real stack: `a` runs on uploads, `b` on
 //! `a`'s outputs. The lineage of `b`'s output leads back: `b`'s job ← the event about `a`'s
 //! output (caused by `a`'s job) ← `a`'s job ← the upload event and the rule that matched it,
 //! with both jobs' token `jti`s, module digests and macaroon identifiers. A token's records

@@ -1,4 +1,4 @@
-//! The loop guard through the whole stack (issue 6): a file written by a job carries its
+//! The loop guard through the whole stack: a file written by a job carries its
 //! provenance (the storage names the write macaroon in the billing `subject`, and the gateway
 //! knows which job it obtained that macaroon for), so it never fires a function of its own chain
 //! again, while a chain to another function runs and is recorded in the job's event.

@@ -1,7 +1,6 @@
 //! Prometheus metrics of each component, scraped from a running stack: the gateway's and the
 //! scheduler's `/metrics` ask for the admin token; the EP's loopback listener asks for none. A
 //! processed upload and a forged submit token move exactly the counters they should.
-//! See: issue 7.
 
 use htfaas::stack::demo_manifest;
 use htfaas_tests::{stack_secret, start_stack, upload_checksum, wait_for};

@@ -1,4 +1,4 @@
-//! Job-end notifications (issue 23) on the real stack: a subscriber of `htfaas.jobs.<owner>.>`
+//! Job-end notifications on the real stack: a subscriber of `htfaas.jobs.<owner>.>`
 //! receives the end of a job fired by an upload, with its output's checksum, after the job's
 //! end is committed; a job that ends while NATS is down is told once NATS is back (the
 //! scheduler's outbox kept it).

@@ -125,7 +125,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
     assert_eq!(job.attempts, 1);
     // The EP's cores now run two of Alice's jobs (one from the first round, beside Bob's, and one
     // that took Bob's core when his job ended), and it may hold up to two more of hers queued
-    // (prefetch, issue 20: dispatched in the first round, started only as cores free). None of
+    // (prefetch: dispatched in the first round, started only as cores free). None of
     // hers was dispatched ahead of his: he had a core in the first round (and one attempt: a
     // job of his queued behind 120 s spinners would have been handed back and run again).
     let bob = &client.job_history(&bobs).await.expect("history")[0];

@@ -70,7 +70,7 @@ async fn an_upload_runs_the_function_and_its_output_lands_in_storage() {
     assert_eq!(stats.jobs_submitted, 1, "{stats:?}");
     assert_eq!(stats.events_malformed, 0, "{stats:?}");
     // Its billing message went on /data/checksums/'s path subject, which no lane reads (no
-    // trigger is bounded there, issue 20): never read, so not even unmatched.
+    // trigger is bounded there): never read, so not even unmatched.
     assert_eq!((stats.events_received, stats.events_pending), (1, 0), "{stats:?}");
     stack.stop().await.expect("clean stop");
 }

@@ -1,4 +1,4 @@
-//! Python functions (issue 22), built by componentize-py (`scripts/install-deps.sh` installs it
+//! Python functions, built by componentize-py (`scripts/install-deps.sh` installs it
 //! in `.tools/venv`) through `htfaas fn build`'s code:
 //!
 //! - the `csvstats` example on the real stack: registered, compiled ahead of its first event by
@@ -287,7 +287,7 @@ fn more_python_runs_at_once_than_the_old_pool_held_all_complete() {
     assert!(full.len() == 1 && full[0].no_free_slot, "{full:?}");
 }
 
-/// Issue 22's note: the Python component's size and compile time, and event → output on the
+/// Measures the Python component's size and compile time, and event → output on the
 /// stack for its first event after compile-ahead and a warm event, against the Rust checksum
 /// example, same machine, same run:
 /// `cargo test -p htfaas-tests --test e2e python::measure -- --ignored --nocapture`.

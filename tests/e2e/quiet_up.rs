@@ -1,4 +1,4 @@
-//! `htfaas up` as a new developer first runs it (issue 22): the real binary prints a short
+//! `htfaas up` as a new developer first runs it: the real binary prints a short
 //! status — `ready`, where, where the logs are, the demo's output, `running` — and no log line;
 //! each component's log is in a file of its own under the stack directory, which `htfaas logs`
 //! shows.

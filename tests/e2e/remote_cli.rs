@@ -1,4 +1,4 @@
-//! The CLI against a remote site (issue 22), as the real `htfaas` binary runs it: `login` with
+//! The CLI against a remote site, as the real `htfaas` binary runs it: `login` with
 //! a gateway URL, an API token and the site's CA saves a profile (after checking it); `whoami`,
 //! `fn register`, `put` and `get` then work with no stack directory at all. Files go through
 //! macaroons the gateway obtains for the caller's namespace (no storage password on the

@@ -1,4 +1,4 @@
-//! Issue 23: credentials that last as long as the job. On the real stack with macaroons valid
+//! Credentials that last as long as the job. On the real stack with macaroons valid
 //! a few seconds: a job that waited in the queue past its first macaroons still runs (its EP
 //! renews them before its input fetch), and a job that runs across several validities still
 //! writes its output (its EP renews them while it runs). Each renewal is in both trails.

@@ -1,4 +1,4 @@
-//! Replay and dry-run over recorded events (issue 6), through the whole stack and its HTTP API
+//! Replay and dry-run over recorded events, through the whole stack and its HTTP API
 //! (`htfaas::client::Client`, as `htfaas events replay`, `htfaas fn test` and `htfaas fn
 //! register --dry-run` use it): function `a` on `/data/raw/**` runs on some dCache transfer
 //! writes (others do not match, one is malformed); then a dry run over the recorded events lists

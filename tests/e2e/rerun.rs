@@ -1,4 +1,4 @@
-//! "Re-derive this file" on the real stack (issue 23): `audit rerun` runs the function version
+//! "Re-derive this file" on the real stack: `audit rerun` runs the function version
 //! that wrote a file again on the same input bytes, into a scratch directory beside its outputs,
 //! and compares. The checksum example comes out identical; the `hostile` guest's `stamp` (clock
 //! and a random number) differs; after its input is overwritten, the re-run runs nothing and

@@ -29,7 +29,7 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     let client = stack.client().expect("client");
     register_spin(&client).await;
 
-    // Bob may run five jobs; the stack's EP has two cores and prefetches two more (issue 20):
+    // Bob may run five jobs; the stack's EP has two cores and prefetches two more:
     // two run, two wait on the EP (`running` in the store), one waits in the queue.
     let grant = SubmitGrant {
         owner: "bob".into(),

@@ -161,7 +161,7 @@ async fn every_operation_refuses_what_its_scope_refuses() {
                 assert!(body.contains("an API token is not a submit token"), "{at}: {body}");
             }
             "renewal" => {
-                // The scheduler's route (issue 23) takes a job's renewal grant only: neither an
+                // The scheduler's route takes a job's renewal grant only: neither an
                 // API token of any scope nor a submit token is one (another audience).
                 for (what, token) in
                     [("an admin API token", &admin), ("a developer token", &developer), ("a submit token", &submit)]

@@ -1,4 +1,4 @@
-//! Function configuration and secrets (issue 22), on the real stack: an env value is part of
+//! Function configuration and secrets, on the real stack: an env value is part of
 //! the manifest; a secret's value reaches the guest's environment and nothing else — not the
 //! API's answers, not either audit trail, not the registry's or the scheduler's or the firing
 //! table's database files; a run waits until its secrets have values; setting them again

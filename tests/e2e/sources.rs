@@ -1,4 +1,4 @@
-//! Every storage event source becomes one event (issue 6, "Sources"): dCache billing messages
+//! Every storage event source becomes one event: dCache billing messages
 //! of the types the site enabled, CloudEvents in binary and structured mode; the pool's
 //! `transfer` and the door's `request` of one upload start one job; a type the site did not
 //! enable starts nothing and is counted; an events stream made before CloudEvents existed is
@@ -83,7 +83,7 @@ async fn the_transfer_and_the_request_of_one_upload_start_one_job_and_a_type_not
     .await;
     assert_eq!((stats.jobs_submitted, stats.jobs_deduplicated, stats.events_malformed), (1, 1, 0), "{stats:?}");
     // The transfer, the request, the remove. The put's own and the job's output's went on path
-    // subjects no lane reads (no trigger is bounded to their directories then, issue 20).
+    // subjects no lane reads (no trigger is bounded to their directories then).
     assert_eq!((stats.events_dcache_billing, stats.events_unmatched), (3, 0), "{stats:?}");
     let jobs = client.jobs().await.expect("jobs");
     assert_eq!(jobs.len(), 1, "one upload, one job: {jobs:#?}");

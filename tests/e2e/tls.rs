@@ -1,4 +1,4 @@
-//! A stack whose every HTTP hop is TLS (issue 21: tokens travel over the gateway's API, so it
+//! A stack whose every HTTP hop is TLS (tokens travel over the gateway's API, so it
 //! serves HTTPS like the scheduler; the built-in storage too, as a dCache door on `https://`):
 //! the CLI's client, the gateway's calls to the storage and the scheduler, the EP's attach
 //! (WSS), its module download from the gateway and its file transfers all verify the stack's

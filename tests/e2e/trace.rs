@@ -1,4 +1,4 @@
-//! Traces (issue 23) on the real stack: a CloudEvent's `traceparent` follows its event to the
+//! Traces on the real stack: a CloudEvent's `traceparent` follows its event to the
 //! gateway's span, the job record, the attempt's span on the EP, and `htfaas trace` rebuilds
 //! the tree from a job id, the trace id or (for an event that brought none) the event id,
 //! with the attempt's phases inside its wall time. A `traceparent` that does not parse is

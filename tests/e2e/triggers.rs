@@ -1,4 +1,4 @@
-//! Trigger rules through the whole stack (issue 6): overlapping rules each fire once on one
+//! Trigger rules through the whole stack: overlapping rules each fire once on one
 //! dCache `transfer` write (fan-out: one job per function); rules with `size >`, `path suffix`
 //! and `not` start nothing for an event they refuse, nor when the size they test is unknown;
 //! a bad rule is refused at registration over the HTTP API, pointing at its column.

@@ -1,4 +1,4 @@
-//! Failure webhooks (issue 23) on the real stack, to an HTTPS receiver of the test's own (its
+//! Failure webhooks on the real stack, to an HTTPS receiver of the test's own (its
 //! own CA, on loopback): a failed job's notification is POSTed signed with the function's key,
 //! tried again after the receiver's 503, and a completed job posts nothing. The key is a
 //! secret of the function that its runs never get.

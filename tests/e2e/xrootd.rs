@@ -11,7 +11,7 @@
 //! - The whole path with real producers: an XrdHttp PUT → `ofs.notify` FIFO → the
 //!   `xrootd-notify` bridge → the stack's nats-server → a gateway whose storage is the XRootD →
 //!   macaroons from the XRootD → a job on an EP reading and writing the XRootD.
-//! - A back-fill's listing (issue 23): a `LIST` macaroon from XrdMacaroons and XrdHttp's
+//! - A back-fill's listing: a `LIST` macaroon from XrdMacaroons and XrdHttp's
 //!   `PROPFIND` answers, read by `gateway::listing`.
 //!
 //! Without `xrootd` installed the tests are skipped with a notice, unless `CI` is set. Every
@@ -387,7 +387,7 @@ async fn wait_decided(js: &jetstream::Context, consumer: &str, path: &str) {
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// XRootD as a storage-event source, end to end with real producers (issue 6): a real xrootd
+/// XRootD as a storage-event source, end to end with real producers: a real xrootd
 /// with `ofs.notify closew … >FIFO` and `ofs.notifymsg closew $TID closew $LFN $FSIZE`; the
 /// bridge (`htfaas bridge xrootd-notify`, in-process) reading its FIFO and publishing to the
 /// stack's nats-server; a gateway whose storage is that XRootD (`storage_kind: xrootd`, the
@@ -405,7 +405,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 ///
 /// The stack's own gateway (built-in storage, no functions) reads the same stream and fires
 /// nothing; this gateway has a consumer, registry and firing table of its own.
-// See: issue 6 ("tested with real producers where they can run here").
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job_reads_and_writes_xrootd() {
     use htfaas::stack::demo_manifest;
@@ -565,7 +564,7 @@ async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job
     stack.stop().await.expect("clean stop");
 }
 
-/// Issue 23 (`events backfill`): the gateway lists a tree of a real XRootD the way it lists the
+/// `events backfill`: the gateway lists a tree of a real XRootD the way it lists the
 /// built-in storage: a `LIST` macaroon from XrdMacaroons (the issuer's `l` right), then XrdHttp's
 /// `PROPFIND` answers, one directory at a time, parsed by `gateway::listing`.
 #[tokio::test]

@@ -173,7 +173,7 @@ pub fn adler32_hex(bytes: &[u8]) -> String {
 pub const SPIN_WAT: &str = r#"(module (memory (export "memory") 1) (func (export "_start") (loop br 0)))"#;
 
 /// Waits until every event published so far that any of the gateway's ingest lanes reads has
-/// been decided (`events_pending` 0: JetStream holds nothing unacked for any lane; issue 20).
+/// been decided (`events_pending` 0: JetStream holds nothing unacked for any lane).
 /// An event on a path subject no owner's lane reads (no function of an owner whose namespace
 /// covers it) is never read, and so never fires a function registered later.
 pub async fn events_settled(client: &htfaas::client::Client) {

@@ -3,9 +3,13 @@
 //! source file of each crate named there, and fails with the file and the path when:
 //! - a module uses a module of a higher layer, or two modules form an import circle;
 //! - a top-level module has no layer, or a layer names a module that does not exist;
+//! - files form an import circle at any depth (`a/x.rs` ↔ `a/y.rs`; a child using its parent
+//!   is the module tree, not a circle), or a production file says `use super::*`;
 //! - a module uses an item of the crate root (`lib.rs`/`main.rs` are tables of contents);
 //! - a file is over [`LONG`] lines without a line at its top saying why;
-//! - a file does not open with a `//!` comment saying its role.
+//! - a file does not open with a `//!` comment saying its role;
+//! - ARCHITECTURE.md is longer than [`MAP_LINES`] lines (it is the map; design notes go to
+//!   `docs/`).
 //!
 //! Imports are read as text: every `crate::` path outside comments and outside
 //! `#[cfg(test)]` modules (a module's unit tests may use any layer). Paths written with
@@ -14,6 +18,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+/// Most lines of ARCHITECTURE.md.
+const MAP_LINES: usize = 150;
 
 /// Lines above which a file must say, at its top, why it is kept whole.
 const LONG: usize = 800;
@@ -95,8 +102,8 @@ fn top_module(src: &Path, file: &Path) -> Option<String> {
     }
 }
 
-/// `text` without `//` comments and without the bodies of `#[cfg(test)]` modules and
-/// `#[cfg(test)]` items that end at their `;`. Returns the stripped text and the names of
+/// `text` without `//` comments and without the bodies of test-only modules and items
+/// (`#[cfg(test)]`, `#[cfg(all(test, …))]`) that end at their `;`. Returns the stripped text and the names of
 /// out-of-line `#[cfg(test)] mod name;` modules.
 fn production_code(text: &str) -> (String, Vec<String>) {
     let no_comments: String = text
@@ -111,9 +118,9 @@ fn production_code(text: &str) -> (String, Vec<String>) {
     let mut out = String::new();
     let mut test_files = Vec::new();
     let mut rest = no_comments.as_str();
-    while let Some(at) = rest.find("#[cfg(test)]") {
+    while let Some((at, attr)) = test_attribute(rest) {
         out.push_str(&rest[..at]);
-        let after = &rest[at + "#[cfg(test)]".len()..];
+        let after = &rest[at + attr..];
         let open = after.find('{');
         // An item ending at `;` before any `{`, or a block.
         let semi = after.find(';').filter(|s| open.is_none_or(|o| *s < o));
@@ -128,30 +135,69 @@ fn production_code(text: &str) -> (String, Vec<String>) {
                 }
                 s + 1
             }
-            (None, Some(o)) => {
-                let mut depth = 0usize;
-                let mut end = after.len();
-                for (i, ch) in after[o..].char_indices() {
-                    match ch {
-                        '{' => depth += 1,
-                        '}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                end = o + i + 1;
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                end
-            }
+            (None, Some(o)) => block_end(after, o),
             (None, None) => after.len(),
         };
         rest = &after[header_end..];
     }
     out.push_str(rest);
     (out, test_files)
+}
+
+/// Where the block opening at `text[open]` (a `{`) ends: just past its `}`, counting braces
+/// outside string and character literals (`"}"`, `r#"{"#`, `'{'`); the end of `text` if it
+/// never closes.
+fn block_end(text: &str, open: usize) -> usize {
+    let b = text.as_bytes();
+    let (mut depth, mut i) = (0usize, open);
+    while i < b.len() {
+        match b[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b'r' if matches!(b.get(i + 1), Some(b'"' | b'#'))
+                && !b[..i].last().is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_') =>
+            {
+                let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+                if b.get(i + 1 + hashes) == Some(&b'"') {
+                    let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+                    let body = i + 2 + hashes;
+                    i = text[body..].find(&close).map_or(b.len(), |e| body + e + close.len());
+                    continue;
+                }
+            }
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'\'' => {
+                // A character literal ('{', '\'', '\u{7d}'); a lifetime has no closing quote near.
+                let len = if b.get(i + 1) == Some(&b'\\') { text[i + 2..].find('\'').map(|e| e + 2) } else { Some(2) };
+                if let Some(len) = len
+                    && b.get(i + len) == Some(&b'\'')
+                {
+                    i += len;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    b.len()
+}
+
+/// The first test-only attribute in `text` (`#[cfg(test)]`, or `#[cfg(all(test, …))]`): where
+/// it starts and how long it is.
+fn test_attribute(text: &str) -> Option<(usize, usize)> {
+    let plain = text.find("#[cfg(test)]").map(|at| (at, "#[cfg(test)]".len()));
+    let all = text.find("#[cfg(all(test").and_then(|at| Some((at, text[at..].find(")]")? + 2)));
+    [plain, all].into_iter().flatten().min()
 }
 
 /// The first segment of every `crate::` path in `code` (`crate::{a, b::c}` gives `a`, `b`).
@@ -260,6 +306,9 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
         if production.contains("super::super::") {
             problems.push(format!("{}: write `crate::` paths, not `super::super::`", file.display()));
         }
+        if production.contains("use super::*") {
+            problems.push(format!("{}: `use super::*` outside tests; name what it uses", file.display()));
+        }
         for used in crate_paths(production) {
             if used == *from || test_only.contains(&used) {
                 continue;
@@ -293,6 +342,154 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
             .collect();
         problems.push(format!("{dir}: import circle: {}", shown.join(", ")));
     }
+    let files: Vec<(PathBuf, String)> = code.iter().map(|(file, _, text)| (file.clone(), text.clone())).collect();
+    for circle in file_circles(&src, &files) {
+        problems.push(format!("{dir}: import circle between files: {circle}"));
+    }
+}
+
+/// A file's module path in its crate: `a/b.rs` and `a/b/mod.rs` are `["a", "b"]`, the crate
+/// root is `[]`.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("file under src");
+    let mut parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let last = parts.pop().unwrap_or_default();
+    let stem = last.strip_suffix(".rs").unwrap_or(&last).to_string();
+    let root_file = parts.is_empty() && (stem == "lib" || stem == "main");
+    if stem != "mod" && !root_file {
+        parts.push(stem);
+    }
+    parts
+}
+
+/// Every path in `code` that starts with `start` (`crate::`, `super::` or `self::`), as its
+/// segments after it: `crate::a::{b::C, d}` gives `[a, b, C]` and `[a, d]`.
+fn paths_after(code: &str, start: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = code[from..].find(start) {
+        let at = from + i;
+        from = at + start.len();
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c == '$' || c == '_' || c == ':' || c.is_alphanumeric()) {
+            continue;
+        }
+        tree(&code[from..], Vec::new(), &mut out);
+    }
+    out
+}
+
+/// Reads one use-tree at the start of `text` (segments joined by `::`, `{…}` groups of
+/// comma-separated trees), pushing each leaf's full path (`prefix` then its segments); returns
+/// the bytes read.
+fn tree(text: &str, prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+    let skip = |at: usize| at + (text[at..].len() - text[at..].trim_start().len());
+    let mut path = prefix;
+    let mut at = skip(0);
+    loop {
+        if text[at..].starts_with('{') {
+            at += 1;
+            loop {
+                at = skip(at);
+                if text[at..].starts_with('}') {
+                    return at + 1;
+                }
+                at += tree(&text[at..], path.clone(), out);
+                at = skip(at);
+                if text[at..].starts_with(',') {
+                    at += 1;
+                } else {
+                    // `}` or malformed: the group ends here.
+                    return if text[at..].starts_with('}') { at + 1 } else { at };
+                }
+            }
+        }
+        let ident: String = text[at..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if ident.is_empty() {
+            break;
+        }
+        at += ident.len();
+        if ident != "self" {
+            path.push(ident);
+        }
+        if !text[at..].starts_with("::") {
+            break;
+        }
+        at = skip(at + 2);
+    }
+    if !path.is_empty() {
+        out.push(path);
+    }
+    at
+}
+
+/// The longest prefix of `path` that is a module in `known`.
+fn longest_module(path: &[String], known: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| known.contains(p))
+}
+
+/// The modules a file's production `code` uses: its `crate::`, `super::` and `self::` paths
+/// and the paths through the child modules it declares (`mod x;` … `x::f()`), each resolved
+/// to the longest module path of the crate it names. `here` is the file's module.
+fn used_modules(code: &str, here: &[String], known: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let mut used = BTreeSet::new();
+    let mut resolve = |full: Vec<String>| {
+        if let Some(m) = longest_module(&full, known) {
+            used.insert(m);
+        }
+    };
+    for p in paths_after(code, "crate::") {
+        resolve(p);
+    }
+    let parent: Vec<String> = here[..here.len().saturating_sub(1)].to_vec();
+    for p in paths_after(code, "super::") {
+        resolve(parent.iter().cloned().chain(p).collect());
+    }
+    for p in paths_after(code, "self::") {
+        resolve(here.iter().cloned().chain(p).collect());
+    }
+    let children: Vec<&Vec<String>> =
+        known.iter().filter(|k| k.len() == here.len() + 1 && k.starts_with(here)).collect();
+    for child in children {
+        let name = child.last().expect("a child has a name");
+        for p in paths_after(code, &format!("{name}::")) {
+            resolve(child.iter().cloned().chain(p).collect());
+        }
+    }
+    used
+}
+
+/// Import circles between files of the crate at `src` whose production code is `code`
+/// (`(file, text)`), at any depth: an edge for every module a file uses, except its own
+/// ancestors (a child using what its parent defines is the module tree, not a circle).
+fn file_circles(src: &Path, code: &[(PathBuf, String)]) -> Vec<String> {
+    let known: BTreeSet<Vec<String>> = code.iter().map(|(f, _)| module_path(src, f)).collect();
+    let name = |m: &[String]| if m.is_empty() { "crate".to_string() } else { m.join("::") };
+    let mut edges: Edges = BTreeMap::new();
+    let mut modules: BTreeSet<String> = BTreeSet::new();
+    for (file, text) in code {
+        let here = module_path(src, file);
+        modules.insert(name(&here));
+        for used in used_modules(text, &here, &known) {
+            if used == here || here.starts_with(&used) {
+                continue;
+            }
+            edges.entry((name(&here), name(&used))).or_insert_with(|| file.clone());
+        }
+    }
+    circles(&modules, &edges)
+        .into_iter()
+        .map(|circle| {
+            let shown: Vec<String> = circle
+                .windows(2)
+                .map(|w| {
+                    let file = &edges[&(w[0].clone(), w[1].clone())];
+                    format!("{} → {} ({})", w[0], w[1], file.display())
+                })
+                .collect();
+            shown.join(", ")
+        })
+        .collect()
 }
 
 /// One cycle per strongly connected component of more than one module, as a closed walk.
@@ -344,6 +541,8 @@ fn workspace_root() -> PathBuf {
 fn layers_in_architecture_md_hold_in_the_code() {
     let root = workspace_root();
     let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let lines = architecture.lines().count();
+    assert!(lines <= MAP_LINES, "ARCHITECTURE.md has {lines} lines, more than {MAP_LINES}: move design notes to docs/");
     let crates = declared(&architecture);
     for dir in ["functions/src", "gateway/src", "scheduler/src", "ep/src", "storage/src", "src"] {
         assert!(crates.contains_key(dir), "ARCHITECTURE.md's Layers section has no `### {dir}`");
@@ -377,17 +576,21 @@ fn every_source_file_says_its_role_and_long_ones_say_why() {
 }
 
 /// The checker itself refuses what it should: a fixture crate with an upward import,
-/// a circle, a root item, and an undeclared module.
+/// a circle of modules and one of files, `use super::*`, a root item, and an undeclared module.
 #[test]
-fn the_checker_catches_upward_imports_circles_root_items_and_unplaced_modules() {
+fn the_checker_catches_upward_imports_circles_at_any_depth_root_items_and_unplaced_modules() {
     let dir = tempfile::tempdir().expect("temp dir");
     let src = dir.path().join("fix/src");
     std::fs::create_dir_all(src.join("store")).expect("mkdir");
     let write = |p: &str, t: &str| std::fs::write(src.join(p), t).expect("write");
     write("lib.rs", "//! root\npub struct Shared;\nmod store; mod api; mod extra;\n#[cfg(test)]\nmod testing;\n");
     write("testing.rs", "//! fixtures\nuse crate::api;\n");
-    write("store/mod.rs", "//! store\nuse crate::api::Handler;\n#[cfg(test)]\nmod tests { use crate::extra::X; }\n");
-    write("store/rows.rs", "//! rows\nuse crate::{store::Row, Shared};\n");
+    // A brace in a test's string literal does not end the test module early.
+    let store = "//! store\nuse crate::api::Handler;\n#[cfg(test)]\nmod tests { const C: &str = \"}\"; use crate::extra::X; use super::super::Z; }\n";
+    write("store/mod.rs", store);
+    write("store/rows.rs", "//! rows\nuse crate::{store::Row, Shared};\nuse crate::store::keys::Key;\n");
+    // A circle one level down, which the modules' graph cannot see.
+    write("store/keys.rs", "//! keys\nuse super::{rows::Rows, Row};\nuse super::*;\n");
     write("api.rs", "//! api\nuse crate::store;\n// use crate::nowhere;\n");
     write("extra.rs", "//! extra\n");
     let layers = declared(
@@ -402,7 +605,14 @@ fn the_checker_catches_upward_imports_circles_root_items_and_unplaced_modules() 
     assert!(all.contains("uses `crate::Shared` from the crate root"), "{all}");
     assert!(all.contains("module `extra` has no layer"), "{all}");
     assert!(all.contains("places `gone`, which does not exist"), "{all}");
+    assert!(all.contains("import circle between files: store::keys → store::rows"), "{all}");
+    assert!(
+        all.contains("import circle between files: api → store"),
+        "the modules' circle, seen from the files: {all}"
+    );
+    assert!(all.contains("store/keys.rs: `use super::*` outside tests"), "{all}");
     assert!(!all.contains("nowhere"), "comments are not code: {all}");
+    assert!(!all.contains("super::super"), "a test module's string does not end it: {all}");
     assert!(!all.contains("`store` (layer 1) uses `extra`"), "unit tests are exempt: {all}");
-    assert_eq!(problems.len(), 5, "{all}");
+    assert_eq!(problems.len(), 8, "{all}");
 }

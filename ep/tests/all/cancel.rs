@@ -1,7 +1,7 @@
 //! `SchedulerMsg::Cancel` through the EP: a running guest is stopped long before its wall-time
 //! cap, a transfer in progress is aborted, nothing is uploaded after the cancel, the report is
 //! `Cancelled` with the reason and the usage so far, and the EP serves on. A guest in a long
-//! sleep is stopped by its cancel or at its cap like any other (issue 18).
+//! sleep is stopped by its cancel or at its cap like any other.
 
 use crate::fake::{Harness, SLOW_FIRST_CHUNK, until};
 use htfaas_functions::proto::{JobReport, Outcome, SchedulerMsg};

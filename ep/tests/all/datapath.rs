@@ -273,7 +273,7 @@ async fn input_403_fails_at_once_naming_the_status_and_path_not_the_macaroon() {
     h.stop().await;
 }
 
-// Issue 9: a storage that stays away through every try is reported as unavailable (the
+// A storage that stays away through every try is reported as unavailable (the
 // scheduler runs the job again later), not as a failure of the job.
 #[tokio::test]
 async fn input_always_503_reports_the_storage_unavailable_after_four_attempts() {

@@ -1,4 +1,4 @@
-//! An EP survives its guests (issue 18): a guest sleeping far past its deadline is stopped and
+//! An EP survives its guests: a guest sleeping far past its deadline is stopped and
 //! gives its pool slot back; a full pool returns the job to the scheduler instead of failing
 //! it; open descriptors and compile time are bounded; a job's own, narrower limits hold; and
 //! nothing is fetched from, or stored to, an origin the EP does not trust.
@@ -28,7 +28,7 @@ async fn reports(c: &mut crate::fake::Conn, ids: &[String]) -> HashMap<String, J
     got
 }
 
-/// The regression of issue 18: a WASI sleep used to block its thread, which the EP abandoned at
+/// A regression test: a WASI sleep used to block its thread, which the EP abandoned at
 /// the deadline with its pool slot still taken, so after `cpus + 16` such guests every job on
 /// the EP failed. Waves of `cpus + 2` guests each sleeping a day under a 1 s cap, more in all
 /// than the pool has slots; then a normal job runs on the same EP.

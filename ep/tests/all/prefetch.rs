@@ -1,4 +1,4 @@
-//! Issue 20, the EP's side of prefetch: assigned jobs beyond its free resources wait in a local
+//! The EP's side of prefetch: assigned jobs beyond its free resources wait in a local
 //! queue and start as its resources free; a queued job cancelled never starts; one that waits
 //! past the granted wait, and every queued job at a drain, is handed back unstarted.
 

@@ -1,4 +1,4 @@
-//! Compile ahead (issue 22) at the EP, against the fake scheduler: a `Warm` message makes the
+//! Compile ahead at the EP, against the fake scheduler: a `Warm` message makes the
 //! EP fetch and compile a module before any job needs it, so the first job loads it instead of
 //! compiling it; a `Warm` naming a URL outside the EP's allowed origins is refused unfetched,
 //! and one whose bytes do not hash to the digest is refused; both are counted

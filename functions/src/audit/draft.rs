@@ -35,7 +35,7 @@ pub struct MacaroonFacts {
 impl MacaroonFacts {
     /// Keeps the identifier and caveats of the serialized macaroon `bearer`, and nothing else.
     pub fn from_bearer(role: &str, bearer: &str) -> Result<MacaroonFacts, AuditError> {
-        // One parse for both (issue 20: a job's two macaroons were each parsed twice here).
+        // One parse for both (a job's two macaroons were each parsed twice here).
         let (identifier, caveats) =
             crate::macaroon::describe(bearer).map_err(|e| AuditError::Macaroon(e.to_string()))?;
         MacaroonFacts::new(role, &identifier, caveats)

@@ -44,8 +44,8 @@ pub enum AuditKind {
     TokenRevoked,
     /// `admin.action`: any other admin action.
     AdminAction,
-    /// `macaroons.renewal`: a running job's macaroons were renewed, or a renewal was refused
-    /// (issue 23); the scheduler records the EP's request, the gateway the storage's answer.
+    /// `macaroons.renewal`: a running job's macaroons were renewed, or a renewal was refused;
+    /// the scheduler records the EP's request, the gateway the storage's answer.
     MacaroonsRenewal,
     /// A kind this build does not know (written by a newer one).
     Other(String),

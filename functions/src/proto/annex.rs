@@ -1,4 +1,4 @@
-//! Annexes (issue 21, after HTCondor's `condor_annex`): EPs an owner asks a batch system for, for
+//! Annexes (after HTCondor's `condor_annex`): EPs an owner asks a batch system for, for
 //! a lifetime, that attach back with one attach token bound to the annex and the owner. The
 //! scheduler keeps one [`AnnexRecord`] per annex (the token's `jti`, when the annex ends, the
 //! batch jobs it was given); the gateway's API is the front door (`/v1/annexes`, admin), which

@@ -2,7 +2,7 @@
 //! attach token): the protocol version and close codes, the EP's [`Hello`] and its labels,
 //! [`EpMsg`] and [`SchedulerMsg`], the [`JobAssignment`] and the EP's [`JobReport`].
 //!
-//! Frames: one JSON text frame per message. The prefetch extension (issue 20), which both
+//! Frames: one JSON text frame per message. The prefetch extension, which both
 //! sides opt into — the EP with [`Hello::prefetch`], the scheduler with
 //! [`SchedulerMsg::Welcome`]'s `prefetch` — adds three things, all compatible with protocol 1
 //! peers that do not opt in: a text frame may hold a JSON array of messages ([`decode_frame`]);
@@ -10,7 +10,7 @@
 //! the EP queues and starts in order as its resources free; and the EP hands a queued job back
 //! unstarted with [`EpMsg::NotStarted`].
 //!
-//! Renewal (issue 23): an EP asks for fresh macaroons of a running job with [`EpMsg::Renew`],
+//! Renewal: an EP asks for fresh macaroons of a running job with [`EpMsg::Renew`],
 //! only for an assignment that carries [`JobAssignment::renew_until`] (so a scheduler that
 //! predates it, which would count the message as a bad frame, is never asked); the scheduler
 //! answers [`SchedulerMsg::Renewed`] or [`SchedulerMsg::RenewRefused`], which an EP that never
@@ -61,8 +61,8 @@ pub struct Hello {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The prefetch extension: present, the EP speaks it (array frames, a local queue,
     /// [`EpMsg::NotStarted`]) and would hold up to this many assigned jobs beyond its free
-    /// resources; the scheduler grants at most this ([`Prefetch`]). Absent (EPs before issue
-    /// 20): one message per frame and no prefetch.
+    /// resources; the scheduler grants at most this ([`Prefetch`]). Absent (older EPs): one
+    /// message per frame and no prefetch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
     /// The runtimes it runs functions with. Absent (EPs before native guests): wasm only. An
@@ -233,7 +233,7 @@ pub enum EpMsg {
         /// Why, for the job's record.
         reason: String,
     },
-    /// Fresh macaroons for this running job, please (issue 23): its current ones expire before
+    /// Fresh macaroons for this running job, please: its current ones expire before
     /// the job is done. Sent only for a job whose assignment has
     /// [`JobAssignment::renew_until`] (a scheduler that knows the message), at most one at a
     /// time per job. Answer: [`SchedulerMsg::Renewed`] or [`SchedulerMsg::RenewRefused`].
@@ -254,7 +254,7 @@ pub enum SchedulerMsg {
         /// Session id the scheduler gave this EP.
         ep_id: String,
         /// The prefetch extension granted, for an EP that asked ([`Hello::prefetch`]); absent
-        /// otherwise (and from schedulers before issue 20).
+        /// otherwise (and from older schedulers).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prefetch: Option<Prefetch>,
     },
@@ -278,21 +278,21 @@ pub enum SchedulerMsg {
     },
     /// The EP's lifetime ends this many ms from now: it then leaves as at the end of its own
     /// lifetime (drains: running jobs finish, no new one starts), at once for 0. Replaces the
-    /// lifetime the EP started with, longer or shorter. Sent (issue 21) to the EPs of an annex
+    /// lifetime the EP started with, longer or shorter. Sent to the EPs of an annex
     /// the scheduler keeps a record of ([`super::AnnexRecord`]): right after `Welcome`, and
-    /// whenever the annex is extended or deleted. No answer. An EP before issue 21 ignores it
+    /// whenever the annex is extended or deleted. No answer. An older EP ignores it
     /// as an unparsable frame.
     Lifetime {
         /// Milliseconds from receipt.
         leave_in_ms: u64,
     },
-    /// Compile this module ahead of its first job (issue 22): a function using it was
+    /// Compile this module ahead of its first job: a function using it was
     /// registered. The EP fetches it as it fetches a job's module (its own allowed origins, the
     /// digest checked), compiles it in the background, one at a time, never holding up a job,
     /// and keeps it in its disk cache; a job needing it meanwhile waits for that compile rather
     /// than starting another. Sent after `Welcome` for every module on the scheduler's warm list
     /// that the EP may run, and to attached EPs as modules join the list
-    /// ([`super::WarmRequest`]). No answer. An EP before issue 22 ignores it as an unparsable
+    /// ([`super::WarmRequest`]). No answer. An older EP ignores it as an unparsable
     /// frame.
     Warm {
         /// The module's digest.
@@ -348,12 +348,12 @@ pub struct JobAssignment {
     #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
     pub limits: JobLimits,
     /// Unix seconds until which the scheduler renews this job's macaroons on request
-    /// ([`EpMsg::Renew`], issue 23): the job's dispatch plus its run time and the macaroons'
+    /// ([`EpMsg::Renew`]): the job's dispatch plus its run time and the macaroons'
     /// grace, the `before:` the scheduler cut them to. Absent when it will not (no renewal
-    /// grant, or a scheduler before issue 23): the EP then never asks.
+    /// grant, or an older scheduler): the EP then never asks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_until: Option<u64>,
-    /// The W3C `traceparent` of this attempt's span (issue 23): the EP continues the event's
+    /// The W3C `traceparent` of this attempt's span: the EP continues the event's
     /// trace under it (its log lines, the `traceparent` of its storage requests). Absent from
     /// schedulers before it; an EP ignores one that does not parse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -499,7 +499,7 @@ pub struct Usage {
     /// Fuel the guest consumed (about one unit per wasm instruction), when the EP meters it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<u64>,
-    /// Where the wall time went on the EP (issue 23); absent from EPs before it.
+    /// Where the wall time went on the EP; absent from older EPs.
     #[serde(default, skip_serializing_if = "Phases::is_unset")]
     pub phases: Phases,
 }
@@ -528,7 +528,7 @@ pub struct Phases {
 }
 
 impl Phases {
-    /// No phase recorded (an EP before issue 23, a run refused before it started).
+    /// No phase recorded (an older EP, a run refused before it started).
     pub fn is_unset(&self) -> bool {
         *self == Phases::default()
     }
@@ -589,7 +589,7 @@ pub struct JobReport {
     pub log: String,
     /// The sha256 (hex) of the input as the EP read it, once read whole: recorded with the run
     /// (`job.finished`), so that the file's outputs can be re-derived from the same bytes
-    /// ([`super::rerun`]). Absent before the input was read (and from EPs before issue 23).
+    /// ([`super::rerun`]). Absent before the input was read (and from older EPs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_sha256: Option<String>,
 }

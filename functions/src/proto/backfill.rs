@@ -1,4 +1,4 @@
-//! Back-fill (issue 23): firing a function on the files of a storage directory that never fired
+//! Back-fill: firing a function on the files of a storage directory that never fired
 //! it — for events lost before they reached the stream (a bridge that was down, a stream past
 //! its retention). `POST /v1/events/backfill` on the gateway ([`BackfillRequest`] →
 //! [`BackfillReport`]); the gateway asks the scheduler which files already have a job of the

@@ -1,4 +1,4 @@
-//! The dead-letter list (issue 23), as the gateway's API shows it: every firing that could not
+//! The dead-letter list, as the gateway's API shows it: every firing that could not
 //! become a job and every job that ended failed ([`DeadLetter`]), its re-drives and its drop.
 //!
 //! `GET /v1/dlq[?function&since&dropped]` → `Vec<DeadLetter>`; `GET /v1/dlq/{id}` →

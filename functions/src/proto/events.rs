@@ -2,7 +2,7 @@
 //! dCache's billing message ([`TransferMessage`]), and how a job names the event that caused it
 //! ([`EventRef`], [`Cause`]).
 //!
-//! Path subjects (issue 20, fair ingest): a publisher that knows the file's path publishes its
+//! Path subjects (fair ingest): a publisher that knows the file's path publishes its
 //! billing message on [`path_subject`]`(path)`, `storage.dcache.billing.path.<c1>.….<cn>._`,
 //! which carries the file's directory (each component one NATS token, [`encode_token`]) and
 //! ends in the terminator token `_`. A namespace directory's filter ([`path_filter`]) is then
@@ -261,7 +261,7 @@ pub struct EventRef {
     /// When the file was written by an earlier job (the loop guard's provenance): which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caused_by: Option<Cause>,
-    /// The W3C `traceparent` of the gateway's firing span (issue 23): the event's own trace (a
+    /// The W3C `traceparent` of the gateway's firing span: the event's own trace (a
     /// CloudEvent's `traceparent`, a NATS header) or one derived from its id
     /// (`trace::TraceParent::for_event`). The scheduler's and the EP's spans are its children.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,7 +292,7 @@ impl EventRef {
     }
 
     /// The trace this job's event belongs to: its `trace`, parsed, or (for a job submitted
-    /// before issue 23, or by a token bearer) none.
+    /// by an older release, or by a token bearer) none.
     pub fn trace_parent(&self) -> Option<crate::trace::TraceParent> {
         self.trace.as_deref().and_then(|t| crate::trace::TraceParent::parse(t).ok())
     }

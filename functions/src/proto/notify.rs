@@ -1,4 +1,4 @@
-//! Job-end notifications (issue 23): what the scheduler publishes on NATS when a job ends for
+//! Job-end notifications: what the scheduler publishes on NATS when a job ends for
 //! good ([`JobNotification`]), on which stream ([`JOBS_STREAM`]) and subject
 //! ([`notification_subject`]: `htfaas.jobs.<owner>.<function>.<outcome>`).
 //!
@@ -26,7 +26,7 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// How long the stream keeps a notification, seconds (7 days, as the events stream).
 pub const JOBS_MAX_AGE_S: u64 = 7 * 24 * 3600;
 
-/// A failure webhook's request (issue 23): the header holding `sha256=<hex>`, the HMAC-SHA256
+/// A failure webhook's request: the header holding `sha256=<hex>`, the HMAC-SHA256
 /// under the function's key of `<timestamp>.<body>` ([`webhook_signature`]).
 pub const WEBHOOK_SIGNATURE_HEADER: &str = "x-htfaas-signature";
 /// The Unix seconds the signature covers: a receiver refuses an old one (a replay).

@@ -1,4 +1,4 @@
-//! Renewing a running job's macaroons (issue 23), the scheduler to the gateway:
+//! Renewing a running job's macaroons, the scheduler to the gateway:
 //! `POST /v1/renewals` with `Authorization: Bearer <renewal grant>` ([`RenewRequest`] →
 //! [`RenewResponse`]), and the grant itself ([`RenewalGrant`]), which the gateway hands the
 //! scheduler with each job ([`SubmitRequest::renewal`](super::SubmitRequest::renewal)) and the

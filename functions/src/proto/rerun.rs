@@ -1,4 +1,4 @@
-//! "Re-derive this file" (issue 23): `POST /v1/audit/rerun` on the gateway runs the function
+//! "Re-derive this file": `POST /v1/audit/rerun` on the gateway runs the function
 //! version that wrote a file again, on the same input (the bytes its run recorded: the EP refuses
 //! other bytes, [`super::InputSpec::sha256`]), into a scratch directory of the function's output
 //! directory ([`RERUN_SEGMENT`]); [`verdict`] then says whether the output came out identical.

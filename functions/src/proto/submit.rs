@@ -109,7 +109,7 @@ pub struct OutputSpec {
     pub macaroon: String,
     /// What the EP does with the outputs of a run that did not succeed (the manifest's
     /// `outputs.on_failure`): nothing stored, stored under `.quarantine/<job id>/`, or stored
-    /// as a success's. Absent on the wire for the default (discard); an EP before issue 23
+    /// as a success's. Absent on the wire for the default (discard); an older EP
     /// ignores it and stores a non-zero exit's outputs.
     #[serde(default, skip_serializing_if = "FailedOutputs::is_default")]
     pub on_failure: FailedOutputs,
@@ -167,14 +167,14 @@ pub struct SubmitRequest {
     /// The function's per-run ceilings ([`JobLimits`]), handed to the EP with the job.
     #[serde(default, skip_serializing_if = "JobLimits::is_unset")]
     pub limits: JobLimits,
-    /// The gateway's grant to renew this job's macaroons while it runs (issue 23,
-    /// [`super::renew`]): sealed in the scheduler's store with the macaroons, presented only to
-    /// the gateway, never handed to an EP. Absent (a direct submitter, a gateway before issue
-    /// 23): the job's macaroons are never renewed.
+    /// The gateway's grant to renew this job's macaroons while it runs
+    /// ([`super::renew`]): sealed in the scheduler's store with the macaroons, presented only to
+    /// the gateway, never handed to an EP. Absent (a direct submitter, an older gateway):
+    /// the job's macaroons are never renewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewal: Option<super::RenewalGrant>,
     /// The function's retry policy (its manifest's), which the scheduler caps to its site's
-    /// `max_guest_retries`. Absent (and from gateways before issue 23): guest failures are
+    /// `max_guest_retries`. Absent (and from older gateways): guest failures are
     /// final, storage outages are retried by the site's rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
@@ -189,7 +189,7 @@ pub struct SubmitResponse {
     pub created: bool,
 }
 
-/// `POST /v1/modules/warm` on the scheduler (issue 22), with `Authorization: Bearer <submit
+/// `POST /v1/modules/warm` on the scheduler, with `Authorization: Bearer <submit
 /// token>` whose `function` claim is `digest` (no use of the token is counted): the module of a
 /// function just registered (or still registered, said again now and then), for the attached
 /// EPs to fetch and compile ahead of its first job. The scheduler checks `module_url` as it

@@ -453,7 +453,7 @@ mod tests {
         }
     }
 
-    /// Issue 18: one owner cannot fill the registry's disk: past its quota of modules or
+    /// One owner cannot fill the registry's disk: past its quota of modules or
     /// bytes a new upload is refused, naming the quota; a module it uploaded before is
     /// answered again at no cost; another owner's quota is its own.
     #[test]

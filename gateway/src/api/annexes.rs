@@ -1,4 +1,4 @@
-//! `/v1/annexes` (issue 21, admin): the front door of annexes, whose records and tokens the
+//! `/v1/annexes` (admin): the front door of annexes, whose records and tokens the
 //! scheduler keeps ([`htfaas_functions::proto::AnnexRecord`]).
 //!
 //! Creating one is where the namespace is checked: the request is parsed and checked
@@ -11,10 +11,17 @@
 //!
 //! Must not know: events, jobs, how the scheduler keeps annexes.
 
-use super::*;
+use super::forward::{forward, forward_get, proxy};
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use htfaas_functions::audit::Subject;
 use htfaas_functions::manifest::check_name;
 use htfaas_functions::proto::{AnnexCreated, AnnexExtend, AnnexJobs, AnnexRequest};
+use std::sync::Arc;
 
 /// The annex actions the scheduler knows.
 pub(super) const ANNEX_ACTIONS: [&str; 4] = ["jobs", "extend", "drain", "delete"];

@@ -6,16 +6,26 @@
 //! Must not know: the firing table's SQL (it reads the trail through the library), the
 //! JetStream consumer.
 
-use super::*;
+use super::forward::{forward, forward_get, scheduler_json};
 use crate::audit::{AUDIT_WRITER, EVENT_MATCHED};
+use crate::auth::Scheduler;
 use crate::firing::Firings;
+use crate::http_error::HttpError;
+use crate::replay;
+use crate::state::Shared;
+use axum::Json;
+use axum::extract::{Query, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use htfaas_functions::Digest;
 use htfaas_functions::audit::{
     self, AuditError, AuditFilter, AuditKind, AuditRecord, AuditSigner, Subject, VerifyReport,
 };
-use htfaas_functions::proto::{Cause, Lineage, LineageRelation, LineageStep};
+use htfaas_functions::proto::{AuditTrail, Cause, Lineage, LineageRelation, LineageStep};
 use htfaas_functions::token::Verifier;
 use serde_json::{Value, json};
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 /// `GET /v1/audit`: an admin's query goes to the scheduler as it came (the scheduler parses it
 /// and refuses unknown parameters); a developer's is parsed here and gets `owner=<sub>`.

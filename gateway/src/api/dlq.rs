@@ -1,4 +1,4 @@
-//! The dead-letter list's routes (issue 23): `GET /v1/dlq[?function&since&dropped&limit]`,
+//! The dead-letter list's routes: `GET /v1/dlq[?function&since&dropped&limit]`,
 //! `GET /v1/dlq/{id}`, `POST /v1/dlq/{id}/redrive` and `POST /v1/dlq/{id}/drop`.
 //!
 //! Owner-scoped as jobs are: a developer lists only its own entries and another owner's entry
@@ -8,10 +8,19 @@
 //!
 //! Must not know: the firing table's SQL, NATS.
 
-use super::*;
+use crate::auth::Caller;
 use crate::firing::{DeadLetterFilter, DlqError, MAX_LIST};
+use crate::http_error::HttpError;
+use crate::replay;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use htfaas_functions::audit::Subject;
 use htfaas_functions::proto::{DeadLetter, DropRequest, MAX_DROP_REASON_CHARS, RedriveRequest};
+use std::sync::Arc;
 
 /// A list's length when the query names none.
 const DEFAULT_LIST: usize = 100;

@@ -3,7 +3,17 @@
 //!
 //! Must not know: the JetStream consumer's loop, the firing table's SQL.
 
-use super::*;
+use super::blocking;
+use crate::http_error::HttpError;
+use crate::replay;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use htfaas_functions::proto::{ReplayRequest, TestRequest};
+use std::sync::Arc;
 
 /// The recorded events, or 503 when the router was built without them.
 pub(super) fn recorded(events: Option<Extension<replay::Events>>) -> Result<replay::Events, HttpError> {
@@ -94,7 +104,7 @@ pub(super) async fn replay_events(
     Ok(Json(report))
 }
 
-/// `POST /v1/events/backfill` (issue 23): fires a function, once, on each file under a
+/// `POST /v1/events/backfill`: fires a function, once, on each file under a
 /// directory that never fired it ([`crate::backfill`]); a dry run lists them. A developer
 /// back-fills only its own functions, in its function's read namespace.
 pub(super) async fn backfill_events(

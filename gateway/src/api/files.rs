@@ -6,10 +6,16 @@
 //!
 //! Must not know: the JetStream consumer, the firing table, jobs.
 
-use super::*;
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
 use htfaas_functions::audit::Subject;
 use htfaas_functions::manifest::is_clean_abs_path;
 use htfaas_functions::proto::{FileAccess, FileCredential, FileCredentialRequest, WhoAmI};
+use std::sync::Arc;
 
 /// `GET /v1/whoami`.
 pub(super) async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<WhoAmI>, HttpError> {

@@ -5,9 +5,18 @@
 //!
 //! Must not know: the JetStream consumer, the firing table, how an image is unpacked or run.
 
-use super::*;
-use htfaas_functions::proto::{ImageInfo, ImageQuery};
+use super::audit::audit_digest;
+use super::blocking;
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use htfaas_functions::proto::{ImageInfo, ImageQuery, ModuleUploaded};
 use htfaas_functions::registry::images::ImageUpload;
+use htfaas_functions::{Digest, RegistryError};
+use std::sync::Arc;
 
 /// Chunks of the body in flight between the request and the file's writer.
 const CHUNKS_IN_FLIGHT: usize = 8;

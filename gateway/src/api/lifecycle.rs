@@ -5,10 +5,18 @@
 //! Must not know: the JetStream consumer, the firing table, jobs (a job carries the digest it
 //! was fired with, whatever happens to its function afterwards).
 
-use super::*;
+use super::audit::audit_function;
+use super::blocking;
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::proto::{PinRequest, SecretNames};
 use htfaas_functions::registry::FunctionStatus;
+use std::sync::Arc;
 
 /// `name`'s latest record if the caller may act on it: 404 when there is no such function,
 /// 403 when it is another owner's.

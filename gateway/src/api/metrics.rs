@@ -5,16 +5,21 @@
 //! Must not know: the JetStream consumer (the lanes' pending counts are [`crate::lanes`]'s),
 //! the firing table's SQL.
 
-use super::*;
+use crate::http_error::HttpError;
 use crate::metrics::{REASONS, TOKENS, reason_of};
+use crate::state::Shared;
 use crate::stats::Stats;
-use axum::extract::Request;
-use axum::http::header;
+use axum::Json;
+use axum::extract::{Extension, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use htfaas_functions::metrics::CONTENT_TYPE;
+use htfaas_functions::token::ApiClaims;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(super) async fn stats(

@@ -54,9 +54,9 @@
 //! | `GET /v1/functions/{name}/secrets` | developer (own) | `SecretNames` (never a value) |
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
-//! | `POST /v1/events/backfill` | developer (own function) | body `BackfillRequest` → `BackfillReport`: the function fired once on each file under a directory that never fired it ([`crate::backfill`], issue 23) |
+//! | `POST /v1/events/backfill` | developer (own function) | body `BackfillRequest` → `BackfillReport`: the function fired once on each file under a directory that never fired it ([`crate::backfill`]) |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
-//! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job ([`renewals`], issue 23) |
+//! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job ([`renewals`]) |
 //! | `GET /v1/jobs[/{id}]` | developer (own) | the scheduler's `JobRecord`s |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | developer (own) | body `JobAction` → the job (the scheduler acts) |
 //! | `GET /v1/jobs/{id}/history` | developer (own) | `Vec<Attempt>`, first attempt first |
@@ -82,7 +82,7 @@
 //! | `GET /v1/dlq/{id}` | developer (own) | `DeadLetter`, with its re-drives and drop |
 //! | `POST /v1/dlq/{id}/redrive` | developer (own) | body `RedriveRequest` (`{"n"?: N}`) → 201 (or 200: re-drive `n` was there) `RedriveResponse` |
 //! | `POST /v1/dlq/{id}/drop` | developer (own) | body `DropRequest` (`{"reason": …}`) → `DeadLetter` |
-//! | `POST /v1/audit/rerun` | developer (own) | body `RerunRequest` (`{"file": …}`) → 201 `Rerun`: the function version that wrote the file runs again on the same input bytes into a scratch directory ([`rerun`], issue 23) |
+//! | `POST /v1/audit/rerun` | developer (own) | body `RerunRequest` (`{"file": …}`) → 201 `Rerun`: the function version that wrote the file runs again on the same input bytes into a scratch directory ([`rerun`]) |
 //! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`audit::lineage`]) |
 //!
 //! Every audit route takes `?trail=gateway` for the gateway's own trail ([`crate::audit`]:
@@ -111,21 +111,17 @@
 //! what crosses a process boundary), except the registry's own `FunctionManifest` and
 //! `FunctionRecord`.
 
-use crate::auth::{Caller, Scheduler, bearer};
+use crate::auth::bearer;
 use crate::http_error::HttpError;
-use crate::replay::{self, ReplayError};
+use crate::replay::ReplayError;
 use crate::state::Shared;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Extension, Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
-use htfaas_functions::proto::{Account, AccountingBy, AccountingQuery, AuditTrail, JobRecord, RevocationTarget};
-use htfaas_functions::proto::{ApiError, ModuleUploaded, RegisterQuery, ReplayRequest, RunRequest, TestRequest};
+use htfaas_functions::RegistryError;
 use htfaas_functions::registry::MAX_MODULE_BYTES;
-use htfaas_functions::token::ApiClaims;
-use htfaas_functions::{Digest, FunctionManifest, RegistryError};
 use std::sync::Arc;
 
 mod annexes;
@@ -133,6 +129,7 @@ pub mod audit;
 mod dlq;
 mod events;
 mod files;
+mod forward;
 mod images;
 mod lifecycle;
 pub mod metrics;
@@ -142,8 +139,6 @@ mod registry;
 mod renewals;
 mod rerun;
 mod runs;
-
-use self::{audit::*, events::*, proxy::*};
 
 impl From<ReplayError> for HttpError {
     fn from(e: ReplayError) -> Self {
@@ -166,7 +161,7 @@ pub enum Access {
     Public,
     /// A submit token (never an API token).
     SubmitToken,
-    /// A job's renewal grant, which only the scheduler holds (issue 23; never an API or
+    /// A job's renewal grant, which only the scheduler holds (never an API or
     /// submit token).
     RenewalGrant,
     /// An API token of either scope (a developer only for what its `sub` owns) or the admin token.
@@ -373,10 +368,16 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 #[cfg(test)]
 mod tests {
+    use super::proxy::path_name;
     use super::runs::*;
     use super::*;
     use crate::auth::*;
-    use htfaas_functions::token::Scope;
+    use crate::replay;
+    use axum::extract::Extension;
+    use axum::http::HeaderMap;
+    use htfaas_functions::Digest;
+    use htfaas_functions::proto::RevocationTarget;
+    use htfaas_functions::token::{ApiClaims, Scope};
     use std::time::{Duration, Instant};
 
     /// The (method, router path) pairs of the `.route(…)` calls in [`router`]'s source, and in
@@ -565,7 +566,7 @@ mod tests {
         let glob = Trigger::on_path("/data/raw/**");
         assert!(manual_run_allowed(&glob, "/data/raw/a.h5"));
         assert!(!manual_run_allowed(&glob, "/data/other/a.h5"));
-        // Unknown size or owner: undefined, so refused (issue 18: an undefined rule let a
+        // Unknown size or owner: undefined, so refused (an undefined rule let a
         // bearer run the function on any path).
         let rule = Trigger::on_rule(r#"path suffix ".h5" and size > 1MB"#);
         assert!(!manual_run_allowed(&rule, "/data/x/a.h5"));
@@ -756,7 +757,7 @@ mod tests {
             assert_eq!(status, 400, "{t}");
 
             // A dry-run registration: the recorded events its trigger fires on; not stored.
-            // One that could fire anywhere is refused as its registration would be (issue 18).
+            // One that could fire anywhere is refused as its registration would be.
             let anywhere = manifest(&module, "b", json!({"rule": "name suffix \".h5\""}));
             let (status, report) = post(&base, "/v1/functions?dry_run=true&since=-1h", &anywhere).await;
             assert_eq!(status, 403, "{report}");

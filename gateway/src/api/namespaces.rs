@@ -6,10 +6,19 @@
 //! the grant ([`sweep`]), and a held job is released only while its namespace still allows it
 //! ([`crate::jobs::still_allowed`]). Must not know: events.
 
-use super::*;
-use htfaas_functions::Registry;
+use super::blocking;
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use htfaas_functions::namespace::Right;
 use htfaas_functions::namespace::{Grant, GrantEntry, GrantSource};
+use htfaas_functions::proto::JobRecord;
+use htfaas_functions::{Registry, RegistryError};
+use std::sync::Arc;
 
 pub(super) fn grant_of(body: &Bytes) -> Result<Grant, HttpError> {
     let grant: Grant = serde_json::from_slice(body)
@@ -143,7 +152,7 @@ pub(super) async fn sweep(shared: &Arc<Shared>, grant: &Grant) -> Result<Vec<Str
     let (mut jobs, mut seen) = (Vec::new(), std::collections::HashSet::new());
     for selection in selections {
         let path = format!("/v1/jobs?unfinished=true&{selection}&limit={SWEEP_MAX}");
-        let more: Vec<JobRecord> = super::proxy::scheduler_json(&shared.scheduler(), &path).await?;
+        let more: Vec<JobRecord> = super::forward::scheduler_json(&shared.scheduler(), &path).await?;
         jobs.extend(more.into_iter().filter(|j| seen.insert(j.id.clone())));
     }
     let mut removed = Vec::new();

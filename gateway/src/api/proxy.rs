@@ -3,7 +3,18 @@
 //!
 //! Must not know: the firing table, the JetStream consumer.
 
-use super::*;
+use super::blocking;
+use super::forward::{forward, forward_get, proxy, scheduler_json};
+use crate::auth::{Caller, Scheduler};
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use htfaas_functions::proto::{Account, AccountingBy, AccountingQuery, JobRecord, RevocationTarget};
+use std::sync::Arc;
 
 /// Most jobs the scheduler lists in one answer (its `MAX_LIST_LIMIT`): what a developer's
 /// list is filtered from.
@@ -32,7 +43,7 @@ pub(super) async fn proxy_jobs(
     }
     let Query(list) = Query::<ListQuery>::try_from_uri(&uri)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
-    // A trace's jobs (issue 23) are asked of the scheduler by the trace id alone, checked here
+    // A trace's jobs are asked of the scheduler by the trace id alone, checked here
     // to be one: nothing else of the caller's query reaches it.
     let trace = match list.trace {
         Some(t) if htfaas_functions::trace::is_trace_id(&t) => format!("&trace={t}"),
@@ -69,31 +80,6 @@ pub(super) async fn own_job(scheduler: &Scheduler<'_>, caller: &Caller, id: &str
         return Err(HttpError(StatusCode::NOT_FOUND, format!("job {id:?} not found")));
     }
     Ok(job)
-}
-
-/// GETs `path` from the scheduler (admin token) and parses its JSON answer; a refusal keeps
-/// the scheduler's status and reason.
-pub(super) async fn scheduler_json<T: serde::de::DeserializeOwned>(
-    scheduler: &Scheduler<'_>,
-    path: &str,
-) -> Result<T, HttpError> {
-    let url = format!("{}{path}", scheduler.url);
-    let resp = scheduler
-        .http
-        .get(url)
-        .bearer_auth(scheduler.admin_token)
-        .send()
-        .await
-        .map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let body = resp.bytes().await.map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
-    if !status.is_success() {
-        let reason = serde_json::from_slice::<ApiError>(&body)
-            .map(|e| e.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
-        return Err(HttpError(status, reason));
-    }
-    serde_json::from_slice(&body).map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))
 }
 
 /// Job ids are `[A-Za-z0-9-]+` (uuids), so they go into the scheduler's URL as they are.
@@ -300,25 +286,4 @@ pub(super) async fn proxy_revoke(
     let subject = audit_revocation(&request.target);
     let args = serde_json::json!({ "target": request.target, "reason": request.reason });
     Ok(super::audit::record_forwarded(&shared, &headers, "token.revoke", subject, args, done).await)
-}
-
-/// An admin route's GET, relayed to the scheduler.
-pub(super) async fn proxy(shared: &Shared, headers: &HeaderMap, path: &str) -> Result<Response, HttpError> {
-    shared.require_admin(headers)?;
-    forward_get(&shared.scheduler(), path).await
-}
-
-/// Relays a GET of `path` to the scheduler (the caller's scope already checked).
-pub(super) async fn forward_get(scheduler: &Scheduler<'_>, path: &str) -> Result<Response, HttpError> {
-    let url = format!("{}{path}", scheduler.url);
-    forward(scheduler.http.get(url).bearer_auth(scheduler.admin_token)).await
-}
-
-/// Sends a request to the scheduler and relays its status and JSON body.
-pub(super) async fn forward(request: reqwest::RequestBuilder) -> Result<Response, HttpError> {
-    let resp =
-        request.send().await.map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler unreachable: {e}")))?;
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let body = resp.bytes().await.map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("scheduler answer: {e}")))?;
-    Ok((status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }

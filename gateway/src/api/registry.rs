@@ -3,7 +3,20 @@
 //!
 //! Must not know: the JetStream consumer, the firing table.
 
-use super::*;
+use super::audit::{audit_args, audit_digest, audit_function};
+use super::blocking;
+use super::events::recorded;
+use crate::http_error::HttpError;
+use crate::replay;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use htfaas_functions::proto::{ModuleUploaded, RegisterQuery};
+use htfaas_functions::{Digest, FunctionManifest, RegistryError};
+use std::sync::Arc;
 
 pub(super) async fn put_module(
     State(shared): State<Arc<Shared>>,
@@ -69,7 +82,7 @@ pub(super) async fn register(
         tracing::info!(function = %manifest.name, owner = %manifest.owner, "registration refused: {e}");
         return Err(HttpError(StatusCode::FORBIDDEN, format!("function {}: {e}", manifest.name)));
     }
-    // A failure webhook only to a host the site allows (issue 23).
+    // A failure webhook only to a host the site allows.
     if let Some(webhook) = &manifest.webhook
         && let Err(e) = shared.webhooks.check(webhook)
     {
@@ -99,7 +112,7 @@ pub(super) async fn register(
         }
     })?;
     tracing::info!(function = %record.manifest.name, version = record.version, "function registered");
-    // Issue 22: EPs compile its module ahead of its first event.
+    // EPs compile its module ahead of its first event.
     crate::warm::announce(&shared, &record);
     // A new owner's lane reads before the registration is answered.
     crate::lanes::after_change(lanes.as_deref(), "a registration").await;

@@ -1,4 +1,4 @@
-//! `POST /v1/renewals` (issue 23): the scheduler renews a running job's macaroons with the
+//! `POST /v1/renewals`: the scheduler renews a running job's macaroons with the
 //! job's renewal grant ([`htfaas_functions::token::RenewClaims`], minted by this gateway with
 //! the job, kept sealed by the scheduler, never seen by an EP).
 //!

@@ -1,4 +1,4 @@
-//! `POST /v1/audit/rerun`: "re-derive this file" (issue 23). The scheduler's trail names the
+//! `POST /v1/audit/rerun`: "re-derive this file". The scheduler's trail names the
 //! completed job that last wrote the file, with the sha256 it wrote and the sha256 of the input
 //! it read; that job's function version runs again on the same input, into a scratch directory
 //! of its output directory ([`htfaas_functions::proto::rerun`]), as a job of the same owner
@@ -15,11 +15,19 @@
 //!
 //! Must not know: the firing table, the JetStream consumer.
 
-use super::*;
+use super::{audit, blocking, runs};
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use htfaas_functions::audit::{AuditFilter, AuditRecord, MacaroonFacts, Subject};
 use htfaas_functions::proto::rerun::scratch_dir;
-use htfaas_functions::proto::{EventRef, JobState, Rerun, RerunRequest};
+use htfaas_functions::proto::{EventRef, JobRecord, JobState, Rerun, RerunRequest};
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// What the trail says of the run that last wrote a file.
 #[derive(Debug)]
@@ -75,7 +83,7 @@ pub(super) async fn rerun(
         .await
         .map_err(|e| HttpError(StatusCode::BAD_GATEWAY, format!("the writer of {file}: {e}")))?;
     let wrote = last_writer(&records, &file).ok_or_else(|| not_written(&file))?;
-    let job: JobRecord = super::proxy::scheduler_json(&scheduler, &format!("/v1/jobs/{}", wrote.job)).await?;
+    let job: JobRecord = super::forward::scheduler_json(&scheduler, &format!("/v1/jobs/{}", wrote.job)).await?;
     if !caller.owns(&job.owner) || job.state != JobState::Completed {
         return Err(not_written(&file));
     }

@@ -10,7 +10,17 @@
 //!
 //! Must not know: the JetStream consumer, the firing table.
 
-use super::*;
+use super::blocking;
+use crate::auth::bearer;
+use crate::http_error::HttpError;
+use crate::state::Shared;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use htfaas_functions::proto::RunRequest;
+use std::sync::Arc;
 
 /// The bearer of a submit token runs a registered function on a file: the same path a
 /// triggered job takes (macaroons, scheduler, EP), accounted to the token's subject.
@@ -111,7 +121,7 @@ pub(super) async fn run_function(
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::BAD_GATEWAY, e),
         })?;
     request.annex = annex;
-    // The job's renewal grant names the bearer's token (issue 23).
+    // The job's renewal grant names the bearer's token.
     request.renewal = Some(
         shared
             .submitter

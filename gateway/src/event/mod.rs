@@ -17,7 +17,7 @@
 //! The site chooses which sources and which dCache types become events ([`SourcePolicy`]).
 //! Outcomes: *fire* (match triggers), *ignore* (well-formed, never an event: a failed
 //! operation, a pool-to-pool copy, no usable path, a type the site did not enable, a path in a
-//! quarantine directory — `.quarantine`, where failed runs' outputs go, issue 23) or
+//! quarantine directory — `.quarantine`, where failed runs' outputs go) or
 //! *malformed* ([`EventError`]). Ignored and malformed messages are acked and counted, never
 //! retried. Nothing here panics on bytes from the network.
 //!
@@ -190,7 +190,7 @@ pub fn decide(
     policy: &SourcePolicy,
 ) -> Result<Decision, EventError> {
     let mut decision = decide_source(subject, headers, payload, message_id, policy)?;
-    // The message's own `traceparent` header, when the event does not bring one (issue 23).
+    // The message's own `traceparent` header, when the event does not bring one.
     if let Decision::Fire(event) = &mut decision
         && event.traceparent.is_none()
     {
@@ -325,7 +325,7 @@ mod tests {
         assert!(serde_json::from_str::<SourcePolicy>(r#"{"dcache_types":[]}"#).is_err(), "typo refused");
     }
 
-    /// Issue 23: an event naming a path in a quarantine directory or a re-run's scratch
+    /// An event naming a path in a quarantine directory or a re-run's scratch
     /// directory fires nothing, from any source (a publisher may say anything); a name that only
     /// looks like one fires as usual.
     #[test]
@@ -359,7 +359,7 @@ mod tests {
         }
     }
 
-    /// Issue 20: a billing message on a path subject fires only when the subject is its path's
+    /// A billing message on a path subject fires only when the subject is its path's
     /// own; one routed to another directory's lane is malformed, whatever its bytes say.
     #[test]
     fn a_path_subject_must_be_its_paths_own() {

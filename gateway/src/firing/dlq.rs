@@ -1,4 +1,4 @@
-//! The dead-letter list (issue 23), in the firing table's database: every firing that could
+//! The dead-letter list, in the firing table's database: every firing that could
 //! not become a job, and every job that ended failed, with the reason, the event and the
 //! function version; its re-drives and its drop.
 //!
@@ -28,11 +28,16 @@
 //!
 //! Must not know: NATS, HTTP, who may see an entry.
 
-use super::*;
+use super::{FiringError, Firings, Inserted, event_key};
+use htfaas_functions::FunctionRecord;
+use htfaas_functions::audit::{self, AuditDraft};
+use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{
     DeadLetter, DeadLetterKind, Dropped, EventRef, JobNotification, JobState, Redrive, RedriveResponse,
 };
 use htfaas_functions::store::begin_immediate;
+use htfaas_functions::store::{db_int, exec, from_db, row};
+use rusqlite::{Connection, OptionalExtension as _, params};
 
 const INSTALL: &str = "
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -454,7 +459,7 @@ fn redrive_in(
         };
     let replay = format!("redrive-{id}.{n}");
     let inserted =
-        super::table::insert_event(tx, &event, std::slice::from_ref(&function), Some(&replay), now_ms, window_ms)?;
+        super::rows::insert_event(tx, &event, std::slice::from_ref(&function), Some(&replay), now_ms, window_ms)?;
     let key = event_key(&event, Some(&replay));
     let seq: Option<i64> = row(
         tx,
@@ -484,6 +489,7 @@ mod tests {
     use super::*;
     use crate::testing::{event, function};
     use htfaas_functions::proto::JobNotification;
+    use std::path::Path;
 
     fn open(dir: &Path) -> Firings {
         Firings::open(&dir.join("firings.sqlite"), 3600, 16).expect("open")

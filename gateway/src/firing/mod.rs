@@ -85,19 +85,20 @@
 //! every insert, every finished task and a periodic tick. The tasks' writes (provenance before
 //! the submit, the outcome after it) go through one group commit ([`FiringWriter`]): many
 //! firings' writes in one transaction, each in a savepoint of its own, each task answered once
-//! its write is committed (issue 20).
+//! its write is committed.
 //!
 //! Every transaction begins and ends through the statement cache
 //! ([`htfaas_functions::store::begin_immediate`]), as every hot statement runs.
 //!
 //! This module is the table: [`Firings`] (`table`), its schema and migrations (`schema`), the
 //! rate buckets (`bucket`), the dispatcher's batched writes and their group commit (`writer`),
-//! the dead-letter list beside it (`dlq`, issue 23: refusals entered in their own transaction,
+//! the dead-letter list beside it (`dlq`: refusals entered in their own transaction,
 //! failed jobs and undeliverable events, re-drives and drops). Must not know: NATS, HTTP, the storage or the scheduler (the
 //! dispatcher, [`crate::dispatch`], turns claimed firings into jobs).
 
 mod bucket;
 mod dlq;
+mod rows;
 mod schema;
 mod table;
 #[cfg(test)]
@@ -110,18 +111,10 @@ pub use schema::SCHEMA_VERSION;
 pub use table::Firings;
 pub use writer::{FiringWriter, OUTCOME_LINGER, Outcome, WRITE_BATCH, Write, Written};
 
-use crate::audit::Fired;
 use htfaas_functions::FunctionRecord;
-use htfaas_functions::audit::{self, AuditDraft, AuditError, AuditSigner, Checkpoint, CheckpointPolicy};
+use htfaas_functions::audit::AuditError;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::Cause;
-use rusqlite::{Connection, OptionalExtension as _, params};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::sync::Notify;
 
 pub use htfaas_functions::store::now_ms;
 
@@ -282,7 +275,7 @@ pub struct Claimed {
     /// The job whose output the event is about, if one is (the loop guard's provenance).
     pub cause: Option<Cause>,
     /// When the gateway stored the firing (Unix ms): the event's arrival, for the job's wait
-    /// in the gateway (issue 23).
+    /// in the gateway.
     pub created_ms: u64,
 }
 
@@ -321,8 +314,6 @@ pub struct Claim {
     /// Rows that could not be read back (refused).
     pub unreadable: u64,
 }
-
-use htfaas_functions::store::{Durability, db_int, exec, from_db, row};
 
 /// Retry delay after the `attempts`-th transient failure.
 pub fn backoff_ms(attempts: u32) -> u64 {

@@ -2,7 +2,8 @@
 //!
 //! Must not know: what the rows mean (the table, [`super::table`]).
 
-use super::*;
+use super::FiringError;
+use rusqlite::Connection;
 
 /// Version of the stored format written by this build.
 pub const SCHEMA_VERSION: i64 = 5;
@@ -58,7 +59,7 @@ CREATE INDEX IF NOT EXISTS firings_ready_by_function ON firings (function, not_b
 
 /// Version 4: a firing's owner (the function's, from its record), and ready firings by owner
 /// then function, for the claim's round robin over owners, then over each owner's functions
-/// ([`ready_rows`], issue 20); the index by function alone is no longer read. A firing
+/// ([`ready_rows`]); the index by function alone is no longer read. A firing
 /// whose record does not say has the owner `''` (it is refused when claimed anyway).
 pub(super) const SCHEMA_4: &str = "
 ALTER TABLE firings ADD COLUMN owner TEXT NOT NULL DEFAULT '';
@@ -68,7 +69,7 @@ DROP INDEX IF EXISTS firings_ready_by_function;
 CREATE INDEX IF NOT EXISTS firings_ready_by_owner ON firings (owner, function, not_before_ms, seq) WHERE state = 'pending';
 ";
 
-/// Version 5: firings by function and path, whatever their state (issue 23, `events backfill`:
+/// Version 5: firings by function and path, whatever their state (`events backfill`:
 /// which files a function has fired on while their rows are kept).
 pub(super) const SCHEMA_5: &str = "
 CREATE INDEX IF NOT EXISTS firings_by_function_path ON firings (function, path);

@@ -3,7 +3,11 @@
 use super::schema::*;
 use super::*;
 use crate::testing::{event, function};
+use htfaas_functions::audit::AuditDraft;
 use htfaas_functions::manifest::RateLimit;
+use htfaas_functions::store::Durability;
+use rusqlite::{Connection, params};
+use std::path::Path;
 
 fn open(dir: &Path) -> Firings {
     Firings::open(&dir.join("firings.sqlite"), 3600, 16).expect("open")
@@ -417,7 +421,7 @@ fn owned(name: &str, owner: &str) -> FunctionRecord {
     f
 }
 
-/// Issue 20: claims go round owners first, then round each owner's functions. Owner A has five
+/// Claims go round owners first, then round each owner's functions. Owner A has five
 /// functions with a backlog each, owner B one function with one firing, the newest of all: a
 /// claim of two (a round robin over functions alone would take two of A's six functions'
 /// oldest) takes B's firing, and claims of one each alternate between the owners.
@@ -451,7 +455,7 @@ fn one_owners_many_functions_do_not_crowd_out_another_owners_one() {
     assert!(ids.contains(&"b1".to_owned()), "{ids:?}");
 }
 
-/// Issue 20: the dispatcher's writes of many firings commit in one transaction, each in a
+/// The dispatcher's writes of many firings commit in one transaction, each in a
 /// savepoint of its own: a write that fails is undone alone (its provenance too, though it was
 /// written before its audit record failed) and answered with its reason; the others commit,
 /// their outcomes and audit records with them, and the chain still verifies.
@@ -522,7 +526,7 @@ fn a_failed_write_in_a_batch_fails_alone_with_its_reason() {
     assert!(report.ok() && report.records == 5, "{report:?}");
 }
 
-/// Issue 20: the group commit answers each write only once it is committed (what a task
+/// The group commit answers each write only once it is committed (what a task
 /// awaited is in the table), whatever the number of tasks writing at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_group_commit_answers_each_write_once_committed() {
@@ -565,7 +569,7 @@ async fn the_group_commit_answers_each_write_once_committed() {
     assert_eq!(f.pending(), 0);
 }
 
-/// Issue 20: what the dispatcher's writes cost per firing (provenance with its two credentials'
+/// What the dispatcher's writes cost per firing (provenance with its two credentials'
 /// records, then the outcome), one transaction each (as before the group commit) against
 /// `per_tx` firings' writes in one transaction, for each durability. Prints one JSON line:
 /// `cargo test -p htfaas-gateway --lib -- --ignored --nocapture dispatcher_writes_per_firing`.

@@ -2,7 +2,7 @@
 //! write-macaroon provenance with its credentials' audit records (before the submit), and a
 //! claimed firing's outcome (after it) — [`Write`], applied in batches by
 //! [`Firings::write_batch`]; [`FiringWriter`] is the group commit that gathers them from the
-//! dispatcher's tasks (issue 20: each firing made three transactions of its own).
+//! dispatcher's tasks (each firing made three transactions of its own).
 //!
 //! Each write of a batch runs in a savepoint of its own: a write that fails is undone alone
 //! and answered with its reason, the others commit. The caller is answered only after the
@@ -12,9 +12,15 @@
 //!
 //! Must not know: NATS, HTTP, the storage or the scheduler.
 
-use super::*;
+use super::{FiringError, FiringState, Firings, backoff_ms, now_ms};
+use htfaas_functions::audit::{self, AuditDraft, AuditError};
+use htfaas_functions::proto::Cause;
+use htfaas_functions::store::db_int;
 use htfaas_functions::store::{begin_immediate, exec, row};
+use rusqlite::{Connection, OptionalExtension as _, params};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
+use std::time::Duration;
 
 /// Most writes one transaction takes.
 pub const WRITE_BATCH: usize = 64;

@@ -33,23 +33,18 @@
 //! HTTP (the API's routes call it), the JetStream consumer of the ingest loop, the firing
 //! table's SQL (a replay fires through [`crate::ingest::fire_all`]).
 
-use crate::event::{self, Decision, EventError, SourcePolicy};
+use crate::event::Decision;
 use crate::state::Shared;
-use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::PullConsumer};
-use futures_util::StreamExt as _;
+use async_nats::jetstream;
+use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
-use htfaas_functions::proto::{
-    EVENTS_STREAM, EVENTS_SUBJECTS, Pair, PartVerdict, RegisterQuery, ReplayRequest, Report, TestReport, TestRequest,
-    TimeArg,
-};
-use htfaas_functions::trigger::{Rule, RuleError, Truth};
-use htfaas_functions::{FunctionRecord, Trigger};
+use htfaas_functions::proto::{Pair, RegisterQuery, ReplayRequest, Report, TimeArg};
+use htfaas_functions::trigger::{Rule, RuleError};
 use std::time::{Duration, Instant};
 
 mod reader;
 mod test;
 
-use reader::unavailable;
 pub use reader::{Events, Reader, Recorded};
 pub use test::{test_event, test_request, truth_str};
 
@@ -428,7 +423,10 @@ pub fn candidate(manifest: htfaas_functions::FunctionManifest) -> Result<Target,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{self, SourcePolicy};
+    use htfaas_functions::Trigger;
     use htfaas_functions::manifest::{Outputs, Resources};
+    use htfaas_functions::proto::TestReport;
     use htfaas_functions::{Digest, FunctionManifest};
 
     const NOW: u64 = 1_795_000_000_000;

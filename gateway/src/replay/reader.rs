@@ -3,7 +3,12 @@
 //!
 //! Must not know: triggers, firings, HTTP.
 
-use super::*;
+use super::{BATCH, ReplayError, Window};
+use crate::event::{self, Decision, EventError, SourcePolicy};
+use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::PullConsumer};
+use futures_util::StreamExt as _;
+use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECTS};
+use std::time::Duration;
 
 /// One recorded message, parsed.
 #[derive(Debug)]

@@ -3,7 +3,13 @@
 //!
 //! Must not know: firings, HTTP.
 
-use super::*;
+use super::ReplayError;
+use super::reader::{Events, unavailable};
+use crate::event::{self, Decision, SourcePolicy};
+use async_nats::jetstream;
+use htfaas_functions::proto::{EVENTS_STREAM, PartVerdict, TestReport, TestRequest};
+use htfaas_functions::trigger::{Rule, Truth};
+use htfaas_functions::{FunctionRecord, Trigger};
 
 /// Most headers a test request may give.
 const MAX_TEST_HEADERS: usize = 64;

@@ -432,7 +432,7 @@ fn state(dir: &std::path::Path) -> sse::State {
 // Tests
 // ---------------------------------------------------------------------------------------------
 
-/// Issue 6: publish, resume with `Last-Event-ID` without duplicates, EVENT_LOSS, restart from
+/// Publish, resume with `Last-Event-ID` without duplicates, EVENT_LOSS, restart from
 /// the state file on the same channel, COMPETING_CLIENT.
 #[tokio::test]
 async fn dcache_sse_publishes_resumes_reports_loss_and_restarts_from_state() {

@@ -1,4 +1,4 @@
-//! Issue 20, fair ingest: the owners' lanes on a real nats-server and a real gateway
+//! Fair ingest: the owners' lanes on a real nats-server and a real gateway
 //! (`htfaas_gateway::run`; the storage and the scheduler are unreachable, so every firing stays
 //! pending in the firing table, whose `seq` is the order firings were committed in).
 //!

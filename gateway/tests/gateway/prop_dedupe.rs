@@ -1,4 +1,4 @@
-//! Property tests of the exactly-once keys, issue 9 ("Hostile input").
+//! Property tests of the exactly-once keys against hostile input.
 //!
 //! Three keys stand between one storage event and a second job:
 //! - the event's identity, [`StorageEvent::id`], derived by the gateway's parsers

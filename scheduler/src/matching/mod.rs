@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
     }
 
-    /// Issue 20: free resources first, then the prefetch queue; a queued job holds no free
+    /// Free resources first, then the prefetch queue; a queued job holds no free
     /// resources, moves into them when they free (oldest first), and a later job never jumps
     /// the queue even where it would fit.
     #[test]

@@ -3,7 +3,7 @@
 //! does not take a job ([`EpSlot::refusal`]), pools with room, and what the rest of the scheduler
 //! says to a session ([`ToEp`]).
 //!
-//! Prefetch (issue 20): an EP granted `prefetch` jobs holds, besides the jobs its free resources
+//! Prefetch: an EP granted `prefetch` jobs holds, besides the jobs its free resources
 //! hold, up to that many more in a queue ([`EpSlot::queued`]), each fitting its total resources.
 //! A queued job is assigned (in [`EpSlot::running`], counted for its owner and group like a
 //! running one) but reserves no free resources; the table mirrors the EP's rule: a job starts
@@ -117,7 +117,7 @@ pub struct EpSlot {
     pub extension: bool,
     /// Running jobs told to stop; their reservation stays until the EP reports.
     pub cancelled: HashSet<String>,
-    /// Running jobs whose macaroons are being renewed (issue 23): one renewal at a time each.
+    /// Running jobs whose macaroons are being renewed: one renewal at a time each.
     pub renewing: HashSet<String>,
     /// Told to close: takes no more jobs.
     pub closing: bool,
@@ -616,7 +616,7 @@ impl EpTable {
         out
     }
 
-    /// Starts a renewal of `job_id`'s macaroons for session `ep_id` (issue 23): its name and
+    /// Starts a renewal of `job_id`'s macaroons for session `ep_id`: its name and
     /// address when the session holds the job, has not been told to stop it, and renews none of
     /// it already; `Err` says why not. [`EpTable::end_renewal`] ends it.
     pub fn begin_renewal(&mut self, ep_id: &str, job_id: &str) -> Result<(String, IpAddr), String> {

@@ -1,4 +1,4 @@
-//! Jobs an EP hands back unstarted (the prefetch extension's `NotStarted`, issue 20): a job it
+//! Jobs an EP hands back unstarted (the prefetch extension's `NotStarted`): a job it
 //! held queued and never started goes back to idle at once, no loss counted.
 //!
 //! Must not know: the EP table, whether the hand-back is free (the session decides that and

@@ -460,7 +460,7 @@ impl Queue {
         .await
     }
 
-    /// Which of `paths` has a job of `function` of `owner`, whatever its state (issue 23,
+    /// Which of `paths` has a job of `function` of `owner`, whatever its state (for
     /// `events backfill`), in the order given.
     pub async fn fired_paths(
         &self,
@@ -485,7 +485,7 @@ impl Queue {
     }
 
     /// The jobs of the event trace `trace_id` (32 lower-case hex digits), oldest first, at
-    /// most `limit` (issue 23, `htfaas trace`).
+    /// most `limit` (`htfaas trace`).
     pub async fn list_by_trace(&self, trace_id: String, limit: usize) -> Result<Vec<JobRecord>, QueueError> {
         use super::schema::TRACE_ID_OF_JOB;
         self.call(move |conn| {

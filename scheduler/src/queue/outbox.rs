@@ -1,4 +1,4 @@
-//! The job-end outbox (issue 23): a row per job that ended — `completed`, `failed`, `held` or
+//! The job-end outbox: a row per job that ended — `completed`, `failed`, `held` or
 //! `removed` — written in the very transaction that ended it, kept until the notification
 //! publisher ([`crate::notify`]) has its JetStream PubAck, then deleted.
 //!

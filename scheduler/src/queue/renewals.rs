@@ -1,4 +1,4 @@
-//! A running job as a renewal of its macaroons reads it (issue 23, [`crate::renew`]): whether
+//! A running job as a renewal of its macaroons reads it ([`crate::renew`]): whether
 //! it runs on the asking EP's session, since when and for how long, whose token it has, and its
 //! request opened (the renewal grant, the input and output URLs, `bind_ep_address`); and the
 //! renewal's record in the trail.

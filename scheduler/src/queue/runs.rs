@@ -567,7 +567,7 @@ impl Queue {
                 let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
                 return Ok(Some(Finished { owner, state }));
             }
-            // A guest failure its retry policy lists runs again while retries are left (issue 23).
+            // A guest failure its retry policy lists runs again while retries are left.
             let mut final_note = None;
             if stored == "running" && !report.outcome.is_success() {
                 let failing =

@@ -143,7 +143,7 @@ CREATE INDEX IF NOT EXISTS jobs_final_by_time ON jobs (finished_at_ms, owner, gr
     WHERE state IN ('completed', 'failed', 'removed');
 ";
 
-/// Version 6: jobs by the trace id of their event (issue 23, `htfaas trace`): the 32 hex
+/// Version 6: jobs by the trace id of their event (`htfaas trace`): the 32 hex
 /// digits of `event.trace` (`00-<trace id>-<span id>-<flags>`) in the stored request.
 /// [`TRACE_ID_OF_JOB`] is the same expression, for queries the index serves.
 pub(super) const MIGRATE_5_TO_6: &str = "
@@ -151,7 +151,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_trace ON jobs ((CASE WHEN json_valid(request)
     WHERE json_valid(request) AND json_extract(request, '$.event.trace') IS NOT NULL;
 ";
 
-/// Version 7: jobs by owner, function and input path (issue 23, `events backfill`: which files
+/// Version 7: jobs by owner, function and input path (`events backfill`: which files
 /// a function has fired on). [`FUNCTION_OF_JOB`] and [`PATH_OF_JOB`] are the same expressions.
 pub(super) const MIGRATE_6_TO_7: &str = "
 CREATE INDEX IF NOT EXISTS jobs_by_function_path ON jobs (owner,

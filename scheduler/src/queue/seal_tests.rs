@@ -8,7 +8,7 @@ use crate::testing::{new_job, request};
 use htfaas_functions::store::Durability;
 use rusqlite::{Connection, params};
 
-/// Issue 18: a reader of the job store's file finds no usable macaroon (each is sealed
+/// A reader of the job store's file finds no usable macaroon (each is sealed
 /// under the key beside it); dispatch still hands out the originals; a plain one written by
 /// an older build is read as it is and sealed when the store next opens.
 #[tokio::test]

@@ -427,7 +427,7 @@ fn audit_kinds(conn: &Connection, job: &str, kind: &str) -> i64 {
         .expect("count")
 }
 
-// Issue 9: a storage outage costs the job an attempt, not its life.
+// A storage outage costs the job an attempt, not its life.
 #[tokio::test]
 async fn a_storage_outage_requeues_the_job_with_backoff_then_holds_it_and_a_release_runs_it_again() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -536,7 +536,7 @@ async fn a_storage_refusal_still_fails_the_job_at_once_and_a_shutdown_counts_no_
     assert_eq!((acc[0].jobs_completed, acc[0].jobs_failed), (0, 1));
 }
 
-// Issue 9: a full disk refuses new work with a clear error and loses nothing accepted.
+// A full disk refuses new work with a clear error and loses nothing accepted.
 #[tokio::test]
 async fn a_full_disk_refuses_submissions_keeps_every_accepted_job_and_heals_when_space_is_freed() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -573,7 +573,7 @@ async fn a_full_disk_refuses_submissions_keeps_every_accepted_job_and_heals_when
     assert!(marked.skipped.is_empty());
 }
 
-// Issue 23: a function's retry policy after guest failures.
+// A function's retry policy after guest failures.
 
 fn with_policy(key: &str, retry: Option<htfaas_functions::manifest::RetryPolicy>) -> NewJob {
     let mut job = new_job(key, key, 1);
@@ -724,7 +724,7 @@ async fn the_site_caps_the_retries_a_policy_asks_for() {
     assert_accounts_match_records(&q).await;
 }
 
-// Issue 23 (`events backfill`): which files a function has a job on, whatever its state.
+// `events backfill`: which files a function has a job on, whatever its state.
 #[tokio::test]
 async fn fired_paths_are_the_owners_functions_inputs_in_any_state() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,4 +1,4 @@
-//! Issue 18, the scheduler's side: a submit-token holder who names URLs of its choosing, and a
+//! The scheduler's side of the attack suite: a submit-token holder who names URLs of its choosing, and a
 //! malicious EP (a protocol-level EP, written here) that inflates its usage, reports outputs
 //! that are not its job's and bounces jobs. Each attack is refused, and each test shows the
 //! refusal.
@@ -262,7 +262,7 @@ async fn an_ep_that_bounces_a_job_costs_it_an_attempt_and_the_backoff_until_it_i
     server.stop().await;
 }
 
-/// Issue 20: the prefetch extension's hand-back (`NotStarted`) is believed only from the
+/// The prefetch extension's hand-back (`NotStarted`) is believed only from the
 /// session the job is assigned to, and free of a loss only for as many jobs as the EP was
 /// granted to prefetch (outside a drain): another session's hand-back is ignored and counted,
 /// and a hand-back past the budget counts as a return (a lost attempt), so an EP cannot bounce

@@ -1,4 +1,4 @@
-//! Faults without a crash (issue 9), on a real scheduler with EPs over WebSocket: the storage
+//! Faults without a crash, on a real scheduler with EPs over WebSocket: the storage
 //! away for longer than an EP's retries (the job runs again, then is held with the reason), an
 //! EP gone silent mid-job whose late report comes after the job ran elsewhere (ignored), and a
 //! full disk (submissions refused with 507, nothing accepted lost, a report kept until it can be
@@ -41,8 +41,8 @@ fn unavailable(reason: &str) -> Outcome {
     Outcome::StorageUnavailable { reason: reason.into() }
 }
 
-// Issue 9: "an EP's connection drops mid-job (the lease expires, the job runs elsewhere, the
-// late result of the first attempt is ignored)".
+// An EP's connection drops mid-job (the lease expires, the job runs elsewhere, the
+// late result of the first attempt is ignored).
 #[tokio::test]
 async fn a_silent_eps_late_report_after_its_job_ran_elsewhere_is_ignored_and_charged_nothing() {
     let fx = Fixture::new();
@@ -88,8 +88,8 @@ async fn a_silent_eps_late_report_after_its_job_ran_elsewhere_is_ignored_and_cha
     server.stop().await;
 }
 
-// Issue 9: "the storage refuses or stalls (retries with backoff, then the job is held with the
-// reason)", through the protocol: the EP's report of its give-up is a lost attempt.
+// The storage refuses or stalls (retries with backoff, then the job is held with the
+// reason), through the protocol: the EP's report of its give-up is a lost attempt.
 #[tokio::test]
 async fn a_storage_outage_reported_by_eps_requeues_the_job_then_holds_it_and_a_release_runs_it() {
     let fx = Fixture::new();
@@ -129,8 +129,8 @@ async fn a_storage_outage_reported_by_eps_requeues_the_job_then_holds_it_and_a_r
     server.stop().await;
 }
 
-// Issue 9: "the disk fills (submissions are refused with a clear error, nothing accepted is
-// lost)". The store's file is capped for real (SQLite's max_page_count), then uncapped.
+// The disk fills (submissions are refused with a clear error, nothing accepted is
+// lost). The store's file is capped for real (SQLite's max_page_count), then uncapped.
 #[tokio::test]
 async fn a_full_disk_refuses_submissions_with_507_keeps_every_job_and_report_and_heals() {
     let fx = Fixture::new();

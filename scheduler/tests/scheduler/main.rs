@@ -40,17 +40,17 @@ const MODULES: &str = "http://registry.invalid";
 
 /// Admin job actions: hold, release, remove.
 mod actions;
-/// Issue 18: URLs a submitter chose, and a malicious EP's reports, refused.
+/// Attacks: URLs a submitter chose, and a malicious EP's reports, refused.
 mod attacks;
 /// The audit trail: what each decision records, queries, verification.
 mod audit;
 /// Attached EPs running jobs: restrictions, annexes, slots, macaroons, expiry.
 mod eps;
-/// Faults without a crash (issue 9): the storage away, an EP gone mid-job, a full disk.
+/// Faults without a crash: the storage away, an EP gone mid-job, a full disk.
 mod faults;
 /// Fair share, quotas, classes, requirements, leases, retries, drains: the site policy.
 mod policy;
-/// Issue 20: the prefetch window and its hand-backs.
+/// The prefetch window and its hand-backs.
 mod prefetch;
 /// Revocations of submit tokens, owners and attach tokens.
 mod revocations;
@@ -415,7 +415,7 @@ async fn expect_close(ws: &mut Ws) -> (u16, String) {
 
 fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
     EpMsg::Finished(JobReport {
-        // What the EP read (issue 23), recorded with the run.
+        // What the EP read, recorded with the run.
         input_sha256: Some("cd".repeat(32)),
         job_id: job_id.into(),
         outcome,

@@ -1,4 +1,4 @@
-//! Issue 20: the prefetch window. An EP that asks for it holds jobs beyond its free resources
+//! The prefetch window. An EP that asks for it holds jobs beyond its free resources
 //! (queued on it, `running` in the store), and everything that holds for running jobs holds
 //! for those: a departed EP's queued jobs run elsewhere, once; a cancelled one is told to its
 //! EP; a drain hands them back and they run elsewhere at once, no loss counted; an EP can hand

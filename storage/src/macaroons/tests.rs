@@ -99,7 +99,7 @@ fn expired_is_denied() {
     assert!(matches!(e, VerifyError::Denied(ref m) if m.contains("expired")), "{e}");
 }
 
-/// Issue 9: the scheduler computes `before:` by its clock, this storage checks it by its
+/// The scheduler computes `before:` by its clock, this storage checks it by its
 /// own. A request up to [`CLOCK_SKEW`] past the instant still passes; past the bound it is
 /// denied, and the answer says which instant, which clock reading and which bound.
 #[test]

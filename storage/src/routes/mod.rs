@@ -53,7 +53,7 @@ async fn dispatch(
     req: Request<Body>,
 ) -> Response {
     use tracing::Instrument as _;
-    // A job's requests carry its `traceparent` (issue 23): the trace id joins every log line
+    // A job's requests carry its `traceparent`: the trace id joins every log line
     // of the request. A value that does not parse is ignored.
     let trace_id = req
         .headers()

@@ -3,7 +3,7 @@
 //! the default here); `Depth: infinity` is refused (dCache's default too). Each response holds
 //! `href` (percent-encoded, a directory's ending in `/`), `resourcetype`, `getcontentlength`
 //! and `getlastmodified` (RFC 1123), whatever properties the body asks for. Needs a LIST
-//! macaroon or a Basic user within their paths (issue 23: `htfaas events backfill` lists the
+//! macaroon or a Basic user within their paths (`htfaas events backfill` lists the
 //! namespace it fires on).
 
 use axum::body::Body;

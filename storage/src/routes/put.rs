@@ -16,7 +16,7 @@
 //! message is published and its PubAck awaited *before* answering; if that fails the file is
 //! kept and the answer is 503 (the client may retry the PUT, which then overwrites).
 //!
-//! Faults (issue 9):
+//! Faults:
 //! - **NATS down.** The PubAck is awaited at most the JetStream context's 5 s (and
 //!   `billing::PUBLISH_TIMEOUT`): an outage shorter than that only delays the answer (201);
 //!   past it the answer is 503, "`<path>` was stored, but its storage event could not be
@@ -187,7 +187,7 @@ async fn copy_body(
 mod tests {
     use super::*;
 
-    /// Issue 9: writing an upload onto a full disk answers 507 naming the path (`/dev/full`
+    /// Writing an upload onto a full disk answers 507 naming the path (`/dev/full`
     /// fails every write with `ENOSPC`, as a full filesystem does); the handler then removes
     /// its temporary file and publishes nothing, since it returns before either.
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Annexes (issue 21): an annex's token is minted only for an owner the namespace allows, its EP
+//! Annexes: an annex's token is minted only for an owner the namespace allows, its EP
 //! runs only that owner's jobs of that annex, and a deleted annex's token never attaches again.
 
 use crate::annex::start_ep;

@@ -1,4 +1,4 @@
-//! Back-fill (issue 23) against its abusers: another owner's developer cannot back-fill a
+//! Back-fill against its abusers: another owner's developer cannot back-fill a
 //! function (403), nor can its owner list outside the function's read namespace (403, before the
 //! storage is asked anything) or name a directory that is not clean (400); an unknown function
 //! is 404 and a disabled one 409. None of these fires anything. The storage's own refusals of a

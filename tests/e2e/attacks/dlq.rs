@@ -1,4 +1,4 @@
-//! The dead-letter list's tenancy (issue 23): another owner's developer neither lists, shows,
+//! The dead-letter list's tenancy: another owner's developer neither lists, shows,
 //! re-drives nor drops an entry (404, as for an entry that does not exist: ids reveal nothing),
 //! and nothing of the entry changes; its owner's developer may.
 

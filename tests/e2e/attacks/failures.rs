@@ -1,4 +1,4 @@
-//! Failed runs against downstream functions (issue 23): the `hostile` guest writes
+//! Failed runs against downstream functions: the `hostile` guest writes
 //! `/output/partial.txt` and exits 3. With `outputs.on_failure` left at `discard` nothing is
 //! stored; with `quarantine` the file lands under `<output dir>.quarantine/<job id>/` and a
 //! downstream function whose trigger covers the whole output directory fires nothing on it;

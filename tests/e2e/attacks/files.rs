@@ -1,4 +1,4 @@
-//! Secrets at rest (issue 18): another user of the stack's machine can read nothing of a
+//! Secrets at rest: another user of the stack's machine can read nothing of a
 //! fresh state directory — every directory of it 0700, every key, token and database file
 //! (with SQLite's `-wal` and `-shm`) 0600 — and a reader of the scheduler's database finds no
 //! macaroon it could use: each is sealed under a key kept in a file of its own.

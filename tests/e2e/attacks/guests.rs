@@ -1,7 +1,7 @@
 //! Function code against its EP, through the whole path (upload → event → gateway → scheduler →
 //! EP): a guest that sleeps far past its deadline, again and again, more times than the EP's
 //! pool has slots, and a guest that opens files without end. Each ends with its own reason, and
-//! the EP runs the next function as if nothing happened (issue 18, "An EP survives its guests").
+//! the EP runs the next function as if nothing happened.
 
 use htfaas::client::Client;
 use htfaas::stack::demo_manifest;

@@ -1,4 +1,4 @@
-//! Attacks through dCache's Kafka topic (issue 21): whoever may produce to the billing topic
+//! Attacks through dCache's Kafka topic: whoever may produce to the billing topic
 //! speaks, through `htfaas bridge dcache-kafka`, as the storage does, and may lie. What a
 //! lying record gets, on the real stack with a real broker (tansu):
 //!

@@ -1,4 +1,4 @@
-//! The attack suite (issue 18): each attack a party could try on the real stack (real
+//! The attack suite: each attack a party could try on the real stack (real
 //! nats-server, storage, scheduler, gateway and EP), tried and refused with a clear error, and
 //! nothing lost. SECURITY.md names the test behind each refusal. One module per party.
 mod annexes;

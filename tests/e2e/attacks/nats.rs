@@ -1,4 +1,4 @@
-//! Attacks on the events bus (issue 18): the stack's nats-server admits only the stack's nkey
+//! Attacks on the events bus: the stack's nats-server admits only the stack's nkey
 //! credentials, each with the subjects of its role (`htfaas::nats::stack_user`), and the
 //! gateway binds each events subject to the paths it may speak for (`source_paths`).
 //!
@@ -11,10 +11,10 @@
 //!   `htfaas_gateway_events_total{outcome="out_of_bounds"}`) and starts no job, while the same
 //!   bridge's event inside `/data/` starts one.
 //! - A publisher that may publish billing messages routes one to the lane of another
-//!   directory (issue 20: a path subject carries its file's directory, and the gateway's owner
+//!   directory (a path subject carries its file's directory, and the gateway's owner
 //!   lanes read the subjects of their namespaces): the gateway finds the payload's path is not
 //!   the subject's, counts it malformed and fires nothing for it.
-//! - Job-end notifications (issue 23) are the scheduler's: a bridge cannot publish one on
+//! - Job-end notifications are the scheduler's: a bridge cannot publish one on
 //!   `htfaas.jobs.…`, and the scheduler's credential publishes no storage event.
 //!
 //! Each test waits for a legitimate event's job after the attack: the gateway reads the stream
@@ -161,7 +161,7 @@ async fn a_bridge_credential_cannot_publish_billing_and_its_event_outside_its_pa
     stack.stop().await.expect("clean stop");
 }
 
-/// Issue 20: a billing message whose path subject is not its path's (routed to the lane of
+/// A billing message whose path subject is not its path's (routed to the lane of
 /// another directory) fires nothing, is counted malformed, and the lane goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_billing_message_on_another_directorys_path_subject_fires_nothing_and_is_counted_malformed() {
@@ -190,7 +190,7 @@ async fn a_billing_message_on_another_directorys_path_subject_fires_nothing_and_
     stack.stop().await.expect("clean stop");
 }
 
-/// Issue 23: job-end notifications are the scheduler's alone. A bridge cannot forge one (a
+/// Job-end notifications are the scheduler's alone. A bridge cannot forge one (a
 /// failed job's, which would put an entry in its owner's dead-letter list), and the
 /// scheduler's credential, which publishes them, cannot publish a storage event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Attacks on the renewal of a running job's macaroons (issue 23), by an EP: asking for the
+//! Attacks on the renewal of a running job's macaroons, by an EP: asking for the
 //! macaroons of a job that runs on another EP (or of no job), and for those of a job whose
 //! token was revoked. This test is the EP (attached with an annex token, so the annex's jobs
 //! come here); the stack's own EP runs the other job. The stack's macaroons last a few seconds.

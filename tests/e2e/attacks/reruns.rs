@@ -1,4 +1,4 @@
-//! "Re-derive this file" (issue 23) against its abusers. Another owner's developer cannot
+//! "Re-derive this file" against its abusers. Another owner's developer cannot
 //! re-derive a file: 404, worded as for a file no job wrote, so paths of others reveal nothing.
 //! A file a job only read is no output, and a path that is not clean is refused before anything
 //! is looked up. A re-run's outputs land in a scratch directory and fire nothing, even for a

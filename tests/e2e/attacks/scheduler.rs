@@ -1,4 +1,4 @@
-//! A submit-token holder against the scheduler (issue 18): a job posted straight to the
+//! A submit-token holder against the scheduler: a job posted straight to the
 //! scheduler's `POST /v1/jobs`, skipping the gateway, whose input is an internal HTTP service
 //! and whose output (or module) is a server of the attacker's, is refused with 403 naming the
 //! field, the URL and the storage the scheduler trusts; and neither server ever hears from an
@@ -194,7 +194,7 @@ async fn a_job_posted_to_the_scheduler_with_foreign_urls_is_refused_and_no_ep_ev
     stack.stop().await.expect("clean stop");
 }
 
-/// Compile ahead (issue 22): a submit-token holder asks the scheduler to have every EP fetch a
+/// Compile ahead: a submit-token holder asks the scheduler to have every EP fetch a
 /// module from an internal address (`POST /v1/modules/warm`), or uses a token minted for one
 /// module to warm another. Both are refused with 403 naming the check, and counted
 /// (`htfaas_scheduler_warm_refused_total`); the internal address never hears from an EP, which

@@ -1,4 +1,4 @@
-//! Slow and greedy clients against every HTTP listener of the real stack (issue 18): hundreds
+//! Slow and greedy clients against every HTTP listener of the real stack: hundreds
 //! of connections that send part of a request head and hold it (slowloris) are cut off by the
 //! listeners' header timeout, while an EP still attaches, an upload still fires and its job
 //! still runs. The listeners' limits (`functions::serve::Limits`, each config's `http`) are

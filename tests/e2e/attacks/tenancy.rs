@@ -1,6 +1,6 @@
 //! Tenancy: no owner reaches another's files. Developers are confined to their namespace at
 //! registration, bearers at a manual run, every firing again when it becomes a job, and a job's
-//! write macaroon creates files only (issue 18, "cross-owner read and write").
+//! write macaroon creates files only.
 
 use super::{api_token, post, submit_token};
 use htfaas_functions::manifest::{Outputs, Trigger};
@@ -57,7 +57,7 @@ async fn a_developer_cannot_register_outside_its_namespace_nor_fire_on_anothers_
     let module = upload_checksum(&client).await;
     let mallory = api_token(dir.path(), "mallory", Scope::Developer);
 
-    // The attack of the issue: mallory's function on every file, writing into alice's directory.
+    // A cross-owner registration: mallory's function on every file, writing into alice's directory.
     let spy = manifest("spy", "mallory", &module, Trigger::on_path("/data/**"), "/data/raw/");
     let (status, body) = post(&gw, "/v1/functions", &mallory, &json!(spy)).await;
     assert_eq!(status, 403, "{body}");
@@ -259,7 +259,7 @@ async fn a_revoked_namespace_refuses_the_next_firing_and_a_write_macaroon_replac
     stack.stop().await.expect("stop");
 }
 
-/// Issue 22: a developer may not see the versions of, roll back, disable, enable or delete
+/// A developer may not see the versions of, roll back, disable, enable or delete
 /// another owner's function (403, and the function is unchanged); its own it may.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_developer_cannot_change_or_read_the_life_of_anothers_function() {
@@ -286,7 +286,7 @@ async fn a_developer_cannot_change_or_read_the_life_of_anothers_function() {
     stack.stop().await.expect("stop");
 }
 
-/// Issue 22: another owner's developer can neither read the names of a function's secrets nor
+/// Another owner's developer can neither read the names of a function's secrets nor
 /// set (replace) them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_developer_cannot_read_or_set_anothers_function_secrets() {

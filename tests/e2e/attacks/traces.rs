@@ -1,4 +1,4 @@
-//! Traces' tenancy and inputs (issue 23): another owner's developer who knows (or guesses) a
+//! Traces' tenancy and inputs: another owner's developer who knows (or guesses) a
 //! trace id gets none of its jobs, the scheduler reads nothing but a well-formed trace id from a
 //! query (a crafted one is a 400, at the gateway and at the scheduler), and a producer that
 //! names another event's trace only labels its own jobs with it: each job keeps its owner.

@@ -1,4 +1,4 @@
-//! Failure webhooks' URLs and keys (issue 23): a developer's manifest cannot make the gateway
+//! Failure webhooks' URLs and keys: a developer's manifest cannot make the gateway
 //! POST anywhere the site did not allow (not over plain HTTP, not to a host outside
 //! `webhook_hosts`, not behind a user part, nowhere at all on a site that lists none), and
 //! cannot hand the signing key to its own runs. Each is refused at registration (400, naming

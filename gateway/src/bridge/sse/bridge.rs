@@ -3,7 +3,20 @@
 //!
 //! Must not know: the gateway.
 
-use super::*;
+use super::inotify::{
+    Action, InotifyData, ce_type, channel_id, cloud_event, loss_marker, map_inotify, now_ms, subject,
+};
+use super::parse::{SseItem, SseParser};
+use super::state::State;
+use super::{Auth, PUBLISH_TIMEOUT, REQUEST_TIMEOUT, Settings, is_below};
+use anyhow::Context as _;
+use async_nats::jetstream::{self, message::PublishMessage};
+use futures_util::StreamExt as _;
+use htfaas_functions::event::CloudEvent;
+use serde::Deserialize;
+use std::path::Path;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// Counters, logged at shutdown.
 #[derive(Debug, Default)]

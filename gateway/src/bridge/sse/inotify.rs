@@ -2,7 +2,13 @@
 //!
 //! Must not know: HTTP, NATS, the state file.
 
-use super::*;
+use super::{LOSS_TYPE_SUFFIX, join};
+use crate::bridge::rfc3339;
+use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, CloudEvent, EventKind, SourceKind};
+use htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::SystemTime;
 
 /// The `data` of an `inotify` or `SYSTEM` SSE event: `{"event":…,"subscription":…}`.
 #[derive(Debug, Deserialize)]

@@ -44,17 +44,9 @@
 //! CloudEvents `inotify`, the resume state file `state`, the bridge's loop `bridge`. Must not
 //! know: the gateway (it only publishes on NATS).
 
-use super::rfc3339;
 use anyhow::Context as _;
-use async_nats::jetstream::{self, message::PublishMessage};
-use futures_util::StreamExt as _;
-use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, CloudEvent, EventKind, SourceKind};
-use htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
-use tokio_util::sync::CancellationToken;
+use std::path::PathBuf;
+use std::time::Duration;
 
 mod bridge;
 mod inotify;
@@ -254,6 +246,7 @@ fn join(dir: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htfaas_functions::event::{BridgedEvent, EventKind};
 
     fn parse(chunks: &[&[u8]]) -> Vec<SseItem> {
         let mut p = SseParser::new(64, 256);

@@ -2,7 +2,7 @@
 //!
 //! Must not know: dCache, inotify, NATS.
 
-use super::*;
+use super::{MAX_EVENT_BYTES, MAX_LINE_BYTES};
 
 /// One event of the stream, dispatched at a blank line (WHATWG "server-sent events").
 #[derive(Debug, Clone, PartialEq, Eq)]

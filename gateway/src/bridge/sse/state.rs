@@ -2,7 +2,11 @@
 //!
 //! Must not know: HTTP, NATS.
 
-use super::*;
+use super::STATE_VERSION;
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 /// What the bridge keeps across restarts, as JSON in the state file (written to a temporary
 /// file, synced, renamed):

@@ -80,14 +80,11 @@ use super::rfc3339;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
-use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, CloudEvent, EventKind, SourceKind};
-use htfaas_functions::manifest::is_clean_abs_path;
+use htfaas_functions::event::SourceKind;
 use htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -466,6 +463,7 @@ async fn publish_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htfaas_functions::event::{BridgedEvent, EventKind};
 
     fn ev(kind: EventKind, msg_type: &str, path: &str, size: Option<u64>, owner: Option<&str>) -> BridgedEvent {
         BridgedEvent { kind, msg_type: msg_type.into(), path: path.into(), size, owner: owner.map(Into::into) }

@@ -3,7 +3,9 @@
 //!
 //! Must not know: where lines come from, NATS.
 
-use super::*;
+use super::MAX_LINE_BYTES;
+use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, CloudEvent, EventKind, SourceKind};
+use htfaas_functions::manifest::is_clean_abs_path;
 
 /// Why a line was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

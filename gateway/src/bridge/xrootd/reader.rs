@@ -3,7 +3,12 @@
 //!
 //! Must not know: the line format, NATS.
 
-use super::*;
+use super::parse::LineError;
+use super::{FIFO_CHECK, MAX_LINE_BYTES};
+use anyhow::Context as _;
+use std::path::Path;
+use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tokio_util::sync::CancellationToken;
 
 /// Reads lines of at most [`MAX_LINE_BYTES`] from a byte stream; a longer line is consumed
 /// and reported as [`LineError::TooLong`] without being kept.

@@ -2,7 +2,7 @@
 //!
 //! Must not know: lines, NATS.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What the bridge counted. Logged every [`Settings::stats_interval`] and at the end.
 #[derive(Debug, Default)]
