@@ -33,4 +33,5 @@ if [[ $# -eq 0 && -z ${HTFAAS_BIN:-} ]]; then
   TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
   export HTFAAS_BIN=$TARGET/debug/htfaas
 fi
-cargo test --workspace --no-fail-fast "$@"
+# `kafka`: the binary's dCache Kafka bridge (librdkafka), which the bridge tests drive.
+cargo test --workspace --features htfaas/kafka --no-fail-fast "$@"

@@ -132,9 +132,9 @@ mod tests {
         let other = transfer_write("/data/bench/sum/a.dat", 1024, "abcd", 8);
         let o: TransferMessage = serde_json::from_slice(&other).expect("parses");
         assert_ne!(m.pnfsid, o.pnfsid, "each event is a new file");
-        let d = htfaas_gateway::event::dcache::decide(&bytes, "m1", &Default::default()).expect("decides");
+        let d = htfaas_functions::sources::dcache::decide(&bytes, "m1", &Default::default()).expect("decides");
         match d {
-            htfaas_gateway::event::Decision::Fire(ev) => assert_eq!(ev.path, "/data/bench/sum/a.dat"),
+            htfaas_functions::sources::Decision::Fire(ev) => assert_eq!(ev.path, "/data/bench/sum/a.dat"),
             other => panic!("the gateway does not fire on it: {other:?}"),
         }
     }

@@ -56,6 +56,7 @@ pub mod resources;
 pub mod seal;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod sources;
 pub mod spans;
 pub mod store;
 pub mod time;

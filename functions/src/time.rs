@@ -135,6 +135,17 @@ mod tests {
         assert_eq!(civil_from_days(59), (1970, 3, 1));
     }
 
+    /// The CloudEvents `time` the bridges stamp: milliseconds, fixed width, so it sorts as text.
+    #[test]
+    fn millisecond_timestamps_are_fixed_width_and_sort_as_text() {
+        assert_eq!(utc_timestamp_ms(1_795_300_515_630), "2026-11-21T22:35:15.630Z");
+        assert_eq!(utc_timestamp_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(utc_timestamp_ms(1_795_300_515_007), "2026-11-21T22:35:15.007Z");
+        let times: Vec<String> = [9, 10, 999, 1000, 86_399_999].into_iter().map(utc_timestamp_ms).collect();
+        assert!(times.iter().all(|t| t.len() == 24), "{times:?}");
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+    }
+
     #[test]
     fn now_is_after_2020() {
         assert!(now_s() > 1_577_836_800);

@@ -11,8 +11,8 @@
 #![no_main]
 
 use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, CloudEvent, SourceKind};
-use htfaas_gateway::bridge::{sse, xrootd};
-use htfaas_gateway::event::{Decision, SourcePolicy, decide};
+use htfaas_bridges::{sse, xrootd};
+use htfaas_functions::sources::{Decision, SourcePolicy, decide};
 use libfuzzer_sys::fuzz_target;
 
 /// The gateway must fire the CloudEvent a bridge publishes for `event`.

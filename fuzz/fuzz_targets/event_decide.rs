@@ -1,4 +1,4 @@
-//! Fuzz target: the gateway's event decoding, `htfaas_gateway::event::decide` (subject +
+//! Fuzz target: the gateway's event decoding, `htfaas_functions::sources::decide` (subject +
 //! headers + payload → fire / ignore / not enabled / malformed), for dCache billing JSON (every
 //! `msgType`) and CloudEvents in structured and binary mode.
 //!
@@ -11,7 +11,7 @@
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::manifest::is_clean_abs_path;
-use htfaas_gateway::event::{Decision, SourcePolicy, dcache::MSG_TYPES, decide};
+use htfaas_functions::sources::{Decision, SourcePolicy, dcache::MSG_TYPES, decide};
 use libfuzzer_sys::fuzz_target;
 use std::str::FromStr;
 

@@ -29,8 +29,8 @@
 use htfaas_functions::manifest::{Outputs, Resources, Trigger};
 use htfaas_functions::nats_server::{NatsServer, find_binary};
 use htfaas_functions::proto::EVENTS_SUBJECT;
+use htfaas_functions::sources::{self, Decision, SourcePolicy};
 use htfaas_functions::{FunctionManifest, Registry};
-use htfaas_gateway::event::{self, Decision, SourcePolicy};
 use htfaas_gateway::firing::{Firings, NewFirings, now_ms};
 use htfaas_gateway::ingest::BATCH_MAX;
 use htfaas_gateway::triggers::TriggerCache;
@@ -118,7 +118,7 @@ fn in_process(n: usize, batched: bool, timed: bool) -> anyhow::Result<()> {
         let mut batch = Vec::with_capacity(chunk.len());
         for (j, m) in chunk.iter().enumerate() {
             let i = c * chunk.len() + j;
-            let Decision::Fire(e) = event::decide(EVENTS_SUBJECT, None, m, &format!("nats-seq-{i}"), &policy)? else {
+            let Decision::Fire(e) = sources::decide(EVENTS_SUBJECT, None, m, &format!("nats-seq-{i}"), &policy)? else {
                 anyhow::bail!("message {i} is no event");
             };
             let functions = triggers.matching(&e);

@@ -7,7 +7,8 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::{event, storage_client};
+use crate::storage_client;
+use htfaas_functions::sources;
 
 /// Gateway configuration (a TOML/JSON file or the `htfaas up` defaults).
 #[derive(Debug, Clone, Deserialize)]
@@ -40,9 +41,9 @@ pub struct Config {
     /// ["/data/"]}, {"subject": "storage.cloudevents.xrootd-notify", "paths": ["/store/"]}]`.
     /// An event outside its subject's paths, or on a subject no rule names, is refused,
     /// counted (`events_out_of_bounds`) and acked. Default: none, and then every subject speaks
-    /// for every path (one trusted storage; logged at start). See [`event::binding`].
+    /// for every path (one trusted storage; logged at start). See [`sources::binding`].
     #[serde(default)]
-    pub source_paths: Option<Vec<event::binding::SourcePaths>>,
+    pub source_paths: Option<Vec<sources::binding::SourcePaths>>,
     /// Durable consumer name on the events stream. Default: `gateway`.
     #[serde(default = "default_consumer")]
     pub consumer: String,
@@ -136,9 +137,9 @@ pub struct Config {
     /// Which event sources and types become events, e.g.
     /// `{"dcache_msg_types": ["transfer", "request", "remove"], "cloudevents": true}`; an
     /// unknown type name is refused at start. Default: dCache `transfer` messages and every
-    /// CloudEvent (see [`event::SourcePolicy`]).
+    /// CloudEvent (see [`sources::SourcePolicy`]).
     #[serde(default)]
-    pub sources: event::SourcePolicy,
+    pub sources: sources::SourcePolicy,
     /// Directory of the gateway's own state: the durable firing table `firings.sqlite`
     /// ([`crate::firing`]: events queued to become jobs, and the keys that make each (event,
     /// function) start one job). Default: the parent of `registry_dir` (the stack's `gateway/`).

@@ -1,10 +1,10 @@
-//! The ingest loop: JetStream durable consumer → [`event::decide`] → triggers → durable
+//! The ingest loop: JetStream durable consumer → [`sources::decide`] → triggers → durable
 //! firings ([`crate::firing`]), which the dispatcher turns into jobs.
 //!
 //! One stream ([`EVENTS_STREAM`]) holds every source's subjects ([`EVENTS_SUBJECTS`]: dCache
 //! billing messages, plain and on path subjects, and `storage.cloudevents.>`). Durable
 //! consumers read it in *lanes* ([`run_lane`], each in stream order, each handing a message's
-//! subject and headers to [`event::decide`]): the default lane (the consumer named in the
+//! subject and headers to [`sources::decide`]): the default lane (the consumer named in the
 //! configuration, made here by [`connect_with`]) reads the subjects that do not say whose
 //! event it is ([`DEFAULT_LANE_SUBJECTS`]) and fires every owner's functions; each owner's lane
 //! ([`crate::lanes`]) reads the path subjects of its owner's read namespace and fires only that
@@ -46,8 +46,6 @@
 //!
 //! Must not know: HTTP, the firing table's SQL, jobs and the scheduler (the dispatcher's).
 
-use crate::event::binding::Bindings;
-use crate::event::{self, Decision, PolicyCell, SubjectSource};
 use crate::firing::{Firings, NewFirings};
 use crate::state::Shared;
 use crate::stats::Stats;
@@ -58,6 +56,8 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{DEFAULT_LANE_SUBJECTS, EVENTS_MAX_AGE_S, EVENTS_STREAM, EVENTS_SUBJECTS};
+use htfaas_functions::sources::binding::Bindings;
+use htfaas_functions::sources::{self, Decision, PolicyCell, SubjectSource};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -258,7 +258,7 @@ pub enum Skip {
     NotEnabled,
     /// Not an event of its source.
     Malformed,
-    /// An event whose subject may not speak for its path ([`event::binding`]).
+    /// An event whose subject may not speak for its path ([`sources::binding`]).
     OutOfBounds,
     /// An event no trigger matches.
     Unmatched,
@@ -285,7 +285,7 @@ pub struct Matcher<'a> {
     pub owner: Option<&'a str>,
     /// Which sources and types become events (read once per message).
     pub sources: &'a PolicyCell,
-    /// Which paths each events subject may speak for ([`event::binding`]).
+    /// Which paths each events subject may speak for ([`sources::binding`]).
     pub source_paths: &'a Bindings,
     /// The registered functions' compiled triggers.
     pub triggers: &'a TriggerCache,
@@ -449,7 +449,7 @@ pub fn plan(
     message_id: &str,
 ) -> Plan {
     let policy = matcher.sources.current();
-    let event = match event::decide_bound(subject, headers, payload, message_id, &policy, matcher.source_paths) {
+    let event = match sources::decide_bound(subject, headers, payload, message_id, &policy, matcher.source_paths) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             tracing::debug!("ignored: {why}");
@@ -459,7 +459,7 @@ pub fn plan(
             tracing::debug!("ignored: type {ty} not enabled by the site");
             return Plan::Skip(Skip::NotEnabled);
         }
-        Err(e @ event::EventError::OutOfBounds { .. }) => {
+        Err(e @ sources::EventError::OutOfBounds { .. }) => {
             tracing::warn!("event refused: {e}");
             return Plan::Skip(Skip::OutOfBounds);
         }

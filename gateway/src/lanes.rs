@@ -17,7 +17,7 @@
 //! has one owner). The default lane ([`ingest::run`]) reads what names no directory (the plain
 //! billing subject of a dCache bridge, CloudEvents) and fires every owner's functions, as
 //! before lanes. The subject of a message in a lane is checked against its path
-//! ([`crate::event::EventError::SubjectPath`]): a lying publisher fires nothing it routed.
+//! ([`htfaas_functions::sources::EventError::SubjectPath`]): a lying publisher fires nothing it routed.
 //!
 //! When: [`Lanes::sync`] at start, after each registration and grant change (before the API
 //! answers), and every [`RESYNC`] (a lane whose loop failed is started again; a failed sync is

@@ -3,7 +3,7 @@
 //! - [`ingest`] reads storage events (dCache billing messages, CloudEvents from htfaas's
 //!   bridges and other producers) from durable JetStream consumers (the default lane, and one
 //!   lane per owner with a function: [`lanes`]), normalizes those the site
-//!   enabled ([`event`], [`event::SourcePolicy`]), finds the functions whose trigger matches
+//!   enabled ([`htfaas_functions::sources`], [`htfaas_functions::sources::SourcePolicy`]), finds the functions whose trigger matches
 //!   ([`triggers`]) and queues one durable firing per function ([`firing`]: exactly once per
 //!   (event, function, digest)); it acks the message once the firings are on disk.
 //! - [`dispatch`] turns firings into jobs, within each trigger's rate and debounce: builds each
@@ -21,8 +21,9 @@
 //! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
 //!   share ([`Shared`]), with the HTTP clients of [`clients`].
 //!
-//! Layers, bottom up (a module imports only from its own layer or below): decoding (`event`,
-//! `bridge`), the leaves (`stats`, `triggers`, `storage_client`, `clients`, `http_error`, ...),
+//! Layers, bottom up (a module imports only from its own layer or below): the leaves (`stats`,
+//! `triggers`, `storage_client`, `clients`, `http_error`, ...; events are decoded by
+//! [`htfaas_functions::sources`], and the bridges are the crate `htfaas-bridges`),
 //! records and grants (`audit`, `namespaces`, `submit`, `auth`, `config`, `secrets`), the firing table
 //! (`firing`) and job building (`jobs`), `state`, then the steps that take it (`ingest`,
 //! `dispatch`, `replay`), and `api` on top; nothing imports `api`.
@@ -34,13 +35,11 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod backfill;
-pub mod bridge;
 pub mod clients;
 pub mod config;
 pub mod console;
 pub mod dead_letters;
 pub mod dispatch;
-pub mod event;
 pub mod firing;
 pub mod http_error;
 pub mod ingest;

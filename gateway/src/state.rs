@@ -8,9 +8,10 @@
 use crate::clients::{scheduler_http_client, storage_http_client};
 use crate::config::Config;
 use crate::http_error::HttpError;
-use crate::{audit, auth, event, firing, metrics, namespaces, stats, storage_client, submit, triggers};
+use crate::{audit, auth, firing, metrics, namespaces, stats, storage_client, submit, triggers};
 use anyhow::Context as _;
 use htfaas_functions::Registry;
+use htfaas_functions::sources;
 use htfaas_functions::token::SigningKey;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -78,16 +79,16 @@ pub struct Shared {
     pub http: reqwest::Client,
     /// Which sources and types become events; read once per message, replaced whole
     /// ([`Shared::sources`], [`Shared::set_sources`]).
-    pub(crate) source_policy: event::PolicyCell,
+    pub(crate) source_policy: sources::PolicyCell,
     /// Which paths each events subject may speak for ([`Config::source_paths`]).
-    pub source_paths: Arc<event::binding::Bindings>,
+    pub source_paths: Arc<sources::binding::Bindings>,
     /// Failure webhooks: the hosts allowed and their client.
     pub webhooks: crate::webhooks::Webhooks,
 }
 
 impl Shared {
     /// The site's source policy now.
-    pub fn sources(&self) -> Arc<event::SourcePolicy> {
+    pub fn sources(&self) -> Arc<sources::SourcePolicy> {
         self.source_policy.current()
     }
 
@@ -130,7 +131,7 @@ impl Shared {
     }
 
     /// Replaces the source policy for the messages that follow (tests; an admin route later).
-    pub fn set_sources(&self, policy: event::SourcePolicy) -> Result<(), String> {
+    pub fn set_sources(&self, policy: sources::SourcePolicy) -> Result<(), String> {
         self.source_policy.replace(policy)
     }
 }
@@ -229,7 +230,7 @@ impl Config {
                  (`htfaas ns grant`, or `namespaces` in the gateway's configuration)"
             );
         }
-        let source_paths = event::binding::Bindings::new(self.source_paths)?;
+        let source_paths = sources::binding::Bindings::new(self.source_paths)?;
         if source_paths.is_open() {
             tracing::warn!(
                 "no source_paths: every publisher on the events subjects speaks for every path; bind each \
@@ -269,7 +270,7 @@ impl Config {
             http,
             registry,
             module_quota: self.module_quota,
-            source_policy: event::PolicyCell::new(self.sources),
+            source_policy: sources::PolicyCell::new(self.sources),
             webhooks: crate::webhooks::Webhooks::new(
                 &self.webhook_hosts,
                 &self.webhook_private_networks,
@@ -423,7 +424,7 @@ mod tests {
         assert!(shared.sources().cloudevents, "default");
         assert!(
             shared
-                .set_sources(event::SourcePolicy { dcache_msg_types: vec!["nope".into()], cloudevents: true })
+                .set_sources(sources::SourcePolicy { dcache_msg_types: vec!["nope".into()], cloudevents: true })
                 .is_err()
         );
     }

@@ -1,5 +1,6 @@
 //! `htfaas bridge xrootd-notify|dcache-sse|dcache-kafka`: a storage system's own event channel
-//! to NATS ([`htfaas_gateway::bridge`]). Must not know: the stack (a bridge runs at the site).
+//! to NATS ([`htfaas_bridges`]); `dcache-kafka` needs the binary's `kafka` feature. Must not
+//! know: the stack (a bridge runs at the site).
 
 use super::signals::on_signals;
 use clap::Subcommand;
@@ -128,7 +129,7 @@ pub enum BridgeCommand {
 pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
     match command {
         BridgeCommand::XrootdNotify { nats, nats_nkey_seed_file, fifo, path_prefix, source_host } => {
-            use htfaas_gateway::bridge::xrootd::{Input, Settings, run};
+            use htfaas_bridges::xrootd::{Input, Settings, run};
             let mut settings = Settings::new(nats, fifo.map_or(Input::Stdin, Input::Fifo));
             settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
             settings.path_prefix = path_prefix;
@@ -150,7 +151,7 @@ pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
             nats,
             nats_nkey_seed_file,
         } => {
-            use htfaas_gateway::bridge::sse;
+            use htfaas_bridges::sse;
             let auth = match (token_file, user, secret_file) {
                 (Some(token_file), None, None) => sse::Auth::Bearer { token_file },
                 (None, Some(user), Some(secret_file)) => sse::Auth::Basic { user, secret_file },
@@ -165,6 +166,12 @@ pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
             settings.nats_credential = nats_seed(nats_nkey_seed_file.as_deref())?;
             sse::run(settings, on_signals()).await
         }
+        #[cfg(not(feature = "kafka"))]
+        BridgeCommand::DcacheKafka { .. } => anyhow::bail!(
+            "this htfaas was built without the dCache Kafka bridge (librdkafka): build it with \
+             `cargo build --features kafka`"
+        ),
+        #[cfg(feature = "kafka")]
         BridgeCommand::DcacheKafka {
             brokers,
             topic,
@@ -178,7 +185,7 @@ pub async fn run(command: BridgeCommand) -> anyhow::Result<()> {
             nats,
             nats_nkey_seed_file,
         } => {
-            use htfaas_gateway::bridge::kafka::{Security, Settings, StartAt, run};
+            use htfaas_bridges::kafka::{Security, Settings, StartAt, run};
             let mut settings = Settings::new(brokers, nats);
             settings.topic = topic;
             settings.group = group;

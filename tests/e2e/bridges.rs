@@ -1,6 +1,6 @@
 //! The storage-event bridges against real producers and a real nats-server.
 //!
-//! `htfaas bridge xrootd-notify` (in-process: `htfaas_gateway::bridge::xrootd::run`) reads the
+//! `htfaas bridge xrootd-notify` (in-process: `htfaas_bridges::xrootd::run`) reads the
 //! FIFO of a real XRootD (Debian `xrootd-server` 5.5.x, started by `scripts/xrootd/start.sh`
 //! with `scripts/xrootd/notify-fifo.cfg`) while a client writes and removes a file through
 //! XrdHttp, and publishes CloudEvents to a JetStream stream the test creates on
@@ -11,7 +11,7 @@
 use crate::xrootd_support::{Xrootd, xrootd_installed};
 use async_nats::jetstream;
 use htfaas::nats::NatsServer;
-use htfaas_gateway::bridge::xrootd::{Input, Settings, StatsSnapshot, run};
+use htfaas_bridges::xrootd::{Input, Settings, StatsSnapshot, run};
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;

@@ -15,8 +15,8 @@ use crate::kafka_support::{
 };
 use async_nats::jetstream;
 use htfaas::stack::{Stack, demo_manifest};
+use htfaas_bridges::kafka::{Settings, StartAt, Stats, StatsSnapshot, run_with_stats};
 use htfaas_functions::proto::{EVENTS_SUBJECT, JobState, path_subject};
-use htfaas_gateway::bridge::kafka::{Settings, StartAt, Stats, StatsSnapshot, run_with_stats};
 use htfaas_tests::{events_settled, start_stack, start_stack_with, upload_checksum, wait_for};
 use std::collections::BTreeMap;
 use std::sync::Arc;

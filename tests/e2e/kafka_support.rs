@@ -10,7 +10,7 @@
 //! Recipe and pitfalls: `shared/reference/kafka-recipe/` (start in an empty directory, no
 //! auto-created topics, `sqlite://` rather than `memory://`).
 
-use htfaas_gateway::bridge::kafka::{SaslMechanism, Security, SecurityProtocol, Settings};
+use htfaas_bridges::kafka::{SaslMechanism, Security, SecurityProtocol, Settings};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;

@@ -8,7 +8,7 @@ use htfaas::stack::demo_manifest;
 use htfaas_functions::proto::{
     CLOUDEVENTS_SUBJECT_PREFIX, DEFAULT_LANE_SUBJECTS, EVENTS_STREAM, EVENTS_SUBJECT, EVENTS_SUBJECTS,
 };
-use htfaas_gateway::event::SourcePolicy;
+use htfaas_functions::sources::SourcePolicy;
 use htfaas_tests::{adler32_hex, start_stack, upload_checksum, wait_for};
 use serde_json::json;
 use std::time::Duration;

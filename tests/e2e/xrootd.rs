@@ -408,9 +408,9 @@ const LIMIT: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_xrootd_upload_fires_a_function_through_the_notify_bridge_and_its_job_reads_and_writes_xrootd() {
     use htfaas::stack::demo_manifest;
+    use htfaas_bridges::xrootd as bridge;
     use htfaas_functions::manifest::Trigger;
     use htfaas_functions::proto::{JobRecord, JobState};
-    use htfaas_gateway::bridge::xrootd as bridge;
 
     if !xrootd_installed("the XRootD notify-to-job test") {
         return;

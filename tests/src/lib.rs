@@ -45,7 +45,8 @@ fn examples_built() -> PathBuf {
 
 /// The `htfaas` binary, for what must run it as a process (a Slurm annex's batch job runs
 /// `htfaas ep`): `HTFAAS_BIN` when set, else built once per test binary with these tests'
-/// profile into their own target directory (`cargo build -p htfaas --bin htfaas`), so it is
+/// profile into their own target directory (`cargo build -p htfaas --bin htfaas --features
+/// kafka`, as the test command builds it), so it is
 /// never older than the code under test.
 pub fn htfaas_binary() -> PathBuf {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -60,7 +61,8 @@ pub fn htfaas_binary() -> PathBuf {
         let target = profile_dir.parent().ok_or("no target directory")?;
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cargo.args(["build", "-p", "htfaas", "--bin", "htfaas", "--manifest-path"]).arg(root.join("Cargo.toml"));
+        cargo.args(["build", "-p", "htfaas", "--bin", "htfaas", "--features", "kafka", "--manifest-path"]);
+        cargo.arg(root.join("Cargo.toml"));
         cargo.arg("--target-dir").arg(target);
         // What `cargo test` set for this test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …) would reach
         // the build scripts (ring's reads CARGO_MANIFEST_DIR) and make cargo rebuild everything.

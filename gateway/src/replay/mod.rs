@@ -6,7 +6,7 @@
 //! window of it, from `since` to `until` or to the stream's last sequence when the request
 //! began (so it ends), through an ephemeral pull
 //! consumer that acks nothing: the gateway's durable consumer is not touched. Each message is
-//! parsed by the same [`event::decide`] as the ingest loop (message id `nats-seq-<seq>`);
+//! parsed by the same [`sources::decide`] as the ingest loop (message id `nats-seq-<seq>`);
 //! ignored, not-enabled and malformed messages are counted, never fatal. [`run`] then
 //! evaluates the [`Target`]s' triggers on each event, with the ingest's loop guard (a function
 //! never fires on a file in its own output directory):
@@ -33,12 +33,12 @@
 //! HTTP (the API's routes call it), the JetStream consumer of the ingest loop, the firing
 //! table's SQL (a replay fires through [`crate::ingest::fire_all`]).
 
-use crate::event::Decision;
 use crate::state::Shared;
 use async_nats::jetstream;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::{Pair, RegisterQuery, ReplayRequest, Report, TimeArg};
+use htfaas_functions::sources::Decision;
 use htfaas_functions::trigger::{Rule, RuleError};
 use std::time::{Duration, Instant};
 
@@ -249,9 +249,9 @@ pub enum Mode {
 #[derive(Clone, Copy)]
 pub struct ReplayContext<'a> {
     /// The site's source policy (read once, when the run starts).
-    pub sources: &'a crate::event::PolicyCell,
+    pub sources: &'a htfaas_functions::sources::PolicyCell,
     /// Which paths each events subject may speak for.
-    pub source_paths: &'a std::sync::Arc<crate::event::binding::Bindings>,
+    pub source_paths: &'a std::sync::Arc<htfaas_functions::sources::binding::Bindings>,
     /// The durable firing table.
     pub firings: &'a crate::firing::Firings,
     /// Counters.
@@ -423,10 +423,10 @@ pub fn candidate(manifest: htfaas_functions::FunctionManifest) -> Result<Target,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{self, SourcePolicy};
     use htfaas_functions::Trigger;
     use htfaas_functions::manifest::{Outputs, Resources};
     use htfaas_functions::proto::TestReport;
+    use htfaas_functions::sources::{self, SourcePolicy};
     use htfaas_functions::{Digest, FunctionManifest};
 
     const NOW: u64 = 1_795_000_000_000;
@@ -555,13 +555,13 @@ mod tests {
             payload,
             "nats-seq-7",
             &SourcePolicy::default(),
-            &crate::event::binding::Bindings::default(),
+            &htfaas_functions::sources::binding::Bindings::default(),
         )
     }
 
     #[test]
     fn a_test_holds_the_event_to_the_paths_its_subject_may_speak_for() {
-        use crate::event::binding::{Bindings, SourcePaths};
+        use htfaas_functions::sources::binding::{Bindings, SourcePaths};
         let subject = htfaas_functions::proto::EVENTS_SUBJECT;
         let bound = Bindings::new(Some(vec![SourcePaths { subject: subject.into(), paths: vec!["/data/".into()] }]))
             .expect("bindings");
@@ -617,7 +617,7 @@ mod tests {
     fn targets_fire_on_true_triggers_outside_their_own_outputs() {
         let t = Target::new(record(Trigger::on_path("/data/raw/**"))).expect("compiles");
         let event = |path: &str| {
-            let d = event::decide(
+            let d = sources::decide(
                 htfaas_functions::proto::EVENTS_SUBJECT,
                 None,
                 &transfer(path, Some(1)),

@@ -4,10 +4,10 @@
 //! Must not know: triggers, firings, HTTP.
 
 use super::{BATCH, ReplayError, Window};
-use crate::event::{self, Decision, EventError, SourcePolicy};
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::PullConsumer};
 use futures_util::StreamExt as _;
 use htfaas_functions::proto::{EVENTS_STREAM, EVENTS_SUBJECTS};
+use htfaas_functions::sources::{self, Decision, EventError, SourcePolicy};
 use std::time::Duration;
 
 /// One recorded message, parsed.
@@ -17,7 +17,7 @@ pub struct Recorded {
     pub seq: u64,
     /// When the stream stored it, Unix ms.
     pub recorded_ms: u64,
-    /// What [`event::decide`] made of it.
+    /// What [`sources::decide`] made of it.
     pub decision: Result<Decision, EventError>,
 }
 
@@ -41,7 +41,7 @@ pub struct Reader {
     policy: std::sync::Arc<SourcePolicy>,
     /// Which paths each subject may speak for: a recorded event outside them replays as it
     /// was ingested, refused.
-    bindings: std::sync::Arc<crate::event::binding::Bindings>,
+    bindings: std::sync::Arc<htfaas_functions::sources::binding::Bindings>,
 }
 
 pub(super) fn unavailable(what: &str) -> impl FnOnce(String) -> ReplayError + '_ {
@@ -56,7 +56,7 @@ impl Reader {
         js: &jetstream::Context,
         window: &Window,
         policy: std::sync::Arc<SourcePolicy>,
-        bindings: std::sync::Arc<crate::event::binding::Bindings>,
+        bindings: std::sync::Arc<htfaas_functions::sources::binding::Bindings>,
     ) -> Result<Reader, ReplayError> {
         let mut reader = Reader {
             source: None,
@@ -139,7 +139,7 @@ impl Reader {
                 self.done = true;
                 break;
             }
-            let decision = event::decide_bound(
+            let decision = sources::decide_bound(
                 &message.subject,
                 message.headers.as_ref(),
                 &message.payload,

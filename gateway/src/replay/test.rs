@@ -5,9 +5,9 @@
 
 use super::ReplayError;
 use super::reader::{Events, unavailable};
-use crate::event::{self, Decision, SourcePolicy};
 use async_nats::jetstream;
 use htfaas_functions::proto::{EVENTS_STREAM, PartVerdict, TestReport, TestRequest};
+use htfaas_functions::sources::{self, Decision, SourcePolicy};
 use htfaas_functions::trigger::{Rule, Truth};
 use htfaas_functions::{FunctionRecord, Trigger};
 
@@ -22,7 +22,7 @@ pub async fn test_request(
     record: &FunctionRecord,
     request: &TestRequest,
     policy: &SourcePolicy,
-    bindings: &crate::event::binding::Bindings,
+    bindings: &htfaas_functions::sources::binding::Bindings,
 ) -> Result<TestReport, ReplayError> {
     match (&request.event, request.seq) {
         (Some(event), None) => {
@@ -84,7 +84,7 @@ pub fn test_event(
     payload: &[u8],
     message_id: &str,
     policy: &SourcePolicy,
-    bindings: &crate::event::binding::Bindings,
+    bindings: &htfaas_functions::sources::binding::Bindings,
 ) -> TestReport {
     let trigger: &Trigger = &record.manifest.trigger;
     let mut report = TestReport {
@@ -99,7 +99,7 @@ pub fn test_event(
         own_output: false,
         fires: false,
     };
-    let event = match event::decide_bound(subject, headers, payload, message_id, policy, bindings) {
+    let event = match sources::decide_bound(subject, headers, payload, message_id, policy, bindings) {
         Ok(Decision::Fire(e)) => e,
         Ok(Decision::Ignore(why)) => {
             report.outcome = "ignored".into();
@@ -111,7 +111,7 @@ pub fn test_event(
             report.reason = Some(format!("type {ty} is not enabled by the site"));
             return report;
         }
-        Err(e @ event::EventError::OutOfBounds { .. }) => {
+        Err(e @ sources::EventError::OutOfBounds { .. }) => {
             report.outcome = "out-of-bounds".into();
             report.reason = Some(e.to_string());
             return report;

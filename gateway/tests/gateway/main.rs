@@ -3,6 +3,5 @@
 //! lanes against a real nats-server, and the property tests of the exactly-once keys.
 
 mod admin_proxy;
-mod bridge_sse;
 mod lanes;
 mod prop_dedupe;

@@ -2,7 +2,7 @@
 //!
 //! Three keys stand between one storage event and a second job:
 //! - the event's identity, [`StorageEvent::id`], derived by the gateway's parsers
-//!   (`event::dcache::decide`, `event::cloudevents::decide`);
+//!   (`sources::dcache::decide`, `sources::cloudevents::decide`);
 //! - the firing table's key `(event_key, function, digest)` (`firing::event_key`: the id, with
 //!   `#replay:<id>` for a replay);
 //! - the scheduler's `<event id>#<function>@<digest>[#replay:<id>]`
@@ -21,8 +21,8 @@
 
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::manifest::{FunctionManifest, Outputs, Resources, Trigger};
+use htfaas_functions::sources::{Decision, SourcePolicy, decide};
 use htfaas_functions::{Digest, FunctionRecord};
-use htfaas_gateway::event::{Decision, SourcePolicy, decide};
 use htfaas_gateway::firing::{Firings, event_key};
 use htfaas_gateway::jobs::scheduler_dedupe_key;
 use proptest::prelude::*;

@@ -29,11 +29,11 @@
 use crate::kafka::{Bridge, settings, wait_committed};
 use crate::kafka_support::{Access, Pki, Tansu, TlsProxy, apply, create_topic, tansu_installed, transfer};
 use htfaas::stack::{USER, demo_manifest};
+use htfaas_bridges::kafka::{SaslMechanism, Security, SecurityProtocol, message_id};
 use htfaas_functions::manifest::{Outputs, Trigger};
 use htfaas_functions::namespace::Right;
 use htfaas_functions::nats::connect_options;
 use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, JobState};
-use htfaas_gateway::bridge::kafka::{SaslMechanism, Security, SecurityProtocol, message_id};
 use htfaas_tests::{events_settled, start_stack, upload_checksum, wait_for};
 use std::sync::atomic::Ordering;
 use std::time::Duration;

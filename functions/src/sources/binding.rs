@@ -13,7 +13,7 @@
 //!
 //! This module knows subjects and clean paths; nothing of credentials, NATS or triggers.
 
-use htfaas_functions::manifest::is_clean_abs_path;
+use crate::manifest::is_clean_abs_path;
 use serde::Deserialize;
 
 /// One rule: the subjects of `subject` speak only for paths under `paths`.

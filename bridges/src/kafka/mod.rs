@@ -434,7 +434,7 @@ pub async fn run_with_stats(
         tracing::warn!("SASL PLAIN over plaintext: the password crosses the network in the clear; use sasl_ssl");
     }
     let client =
-        super::connect_nats("htfaas-bridge-dcache-kafka", settings.nats_credential.as_ref(), &settings.nats_url)
+        crate::nats::connect_nats("htfaas-bridge-dcache-kafka", settings.nats_credential.as_ref(), &settings.nats_url)
             .await?;
     let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
     let progress = Arc::new(group::Progress::default());

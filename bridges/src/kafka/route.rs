@@ -1,6 +1,6 @@
 //! One Kafka record → the NATS message the bridge publishes, or why it is malformed.
 //!
-//! The subject is decided by the gateway's own billing parser ([`crate::event::dcache::decide`],
+//! The subject is decided by the gateway's own billing parser ([`htfaas_functions::sources::dcache::decide`],
 //! with every `msgType` enabled so that the path is found whatever the site fires on): a
 //! message that names its file's path goes on that path's subject
 //! ([`htfaas_functions::proto::path_subject`]), exactly the subject the gateway checks the
@@ -13,9 +13,9 @@
 //!
 //! Must not know: the Kafka client, NATS connections, offsets.
 
-use crate::event::dcache::{self, MSG_TYPES};
-use crate::event::{Decision, EventError, SourcePolicy};
 use htfaas_functions::proto::{EVENTS_SUBJECT, path_subject};
+use htfaas_functions::sources::dcache::{self, MSG_TYPES};
+use htfaas_functions::sources::{Decision, EventError, SourcePolicy};
 
 /// The largest record value the bridge publishes. A dCache billing message is ~1–2 KiB; a
 /// NATS server's default payload limit is 1 MiB.

@@ -3,12 +3,10 @@
 //! Must not know: HTTP, NATS, the state file.
 
 use super::{LOSS_TYPE_SUFFIX, join};
-use crate::bridge::rfc3339;
 use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, CloudEvent, EventKind, SourceKind};
 use htfaas_functions::proto::CLOUDEVENTS_SUBJECT_PREFIX;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::time::SystemTime;
 
 /// The `data` of an `inotify` or `SYSTEM` SSE event: `{"event":…,"subscription":…}`.
 #[derive(Debug, Deserialize)]
@@ -121,7 +119,7 @@ pub(super) fn cloud_event(channel: &str, id: String, ty: String, data: BridgedEv
         source: channel.to_owned(),
         ty,
         subject: Some(data.path.clone()),
-        time: Some(rfc3339(SystemTime::now())),
+        time: Some(htfaas_functions::time::utc_timestamp_ms(htfaas_functions::time::now_ms())),
         datacontenttype: Some("application/json".to_owned()),
         data: Some(serde_json::to_value(&data).unwrap_or(serde_json::Value::Null)),
         extensions: BTreeMap::new(),

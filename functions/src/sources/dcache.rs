@@ -28,14 +28,14 @@
 //! write and a later remove of one file are two occurrences.
 
 use super::{Decision, EventError, SourcePolicy, checked_path};
-use htfaas_functions::event::{EventKind, EventSource, SourceKind, StorageEvent};
+use crate::event::{EventKind, EventSource, SourceKind, StorageEvent};
 use serde::Deserialize;
 
 /// The `msgType`s a site can enable ([`SourcePolicy::dcache_msg_types`]).
 pub const MSG_TYPES: [&str; 6] = ["transfer", "request", "remove", "store", "restore", "hit"];
 
 /// What the gateway reads of any billing message. Every key is optional (dCache omits nulls);
-/// unknown keys are ignored. Deserialize-only: `htfaas_functions::proto::TransferMessage` is
+/// unknown keys are ignored. Deserialize-only: `crate::proto::TransferMessage` is
 /// what the built-in storage writes.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -76,7 +76,6 @@
 //! bounded line reader and the inputs (stdin, FIFO) `reader`, the counts `stats`. Must not
 //! know: the gateway (it only publishes on NATS).
 
-use super::rfc3339;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
@@ -193,7 +192,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     anyhow::ensure!(settings.max_pending > 0, "max_pending must be at least 1");
     // Starts (and keeps reading, up to the buffer) while NATS is down.
     let client =
-        super::connect_nats("htfaas-bridge-xrootd-notify", settings.nats_credential.as_ref(), &settings.nats_url)
+        crate::nats::connect_nats("htfaas-bridge-xrootd-notify", settings.nats_credential.as_ref(), &settings.nats_url)
             .await?;
     let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
     let subject = subject();
@@ -356,7 +355,7 @@ async fn read_loop(
             bump(&stats.ignored);
             continue;
         }
-        let time = rfc3339(SystemTime::now());
+        let time = htfaas_functions::time::utc_timestamp_ms(htfaas_functions::time::now_ms());
         let many = events.len() > 1;
         for (k, mut event) in events.into_iter().enumerate() {
             event.path = format!("{prefix}{}", event.path);

@@ -1,11 +1,12 @@
-//! Storage events: a message's subject, headers and bytes in, a decision out.
+//! Storage events as their sources send them: a message's subject, headers and bytes in, a
+//! decision out. The gateway's ingest decides with it, and the bridges route with it.
 //!
-//! Every source is normalized into one [`StorageEvent`] (see `htfaas_functions::event`), with
+//! Every source is normalized into one [`StorageEvent`] (see `crate::event`), with
 //! the producer's identity kept for audit:
 //!
 //! - [`dcache`]: dCache billing messages (Kafka → NATS, or the built-in storage) on
 //!   [`EVENTS_SUBJECT`] or on a path subject (`storage.dcache.billing.path.<dir>._`,
-//!   [`htfaas_functions::proto::path_subject`]), whose directory must be its path's
+//!   [`crate::proto::path_subject`]), whose directory must be its path's
 //!   ([`EventError::SubjectPath`]: a publisher cannot route an event to another directory's
 //!   readers): every `msgType` (`transfer`, `request`, `remove`, `store`, `restore`,
 //!   `hit`; `warning` is never an event) with its quirks (`shared/reference/dcache.md` §1);
@@ -28,10 +29,10 @@ pub mod binding;
 pub mod cloudevents;
 pub mod dcache;
 
-use htfaas_functions::event::StorageEvent;
-use htfaas_functions::manifest::is_clean_abs_path;
-use htfaas_functions::on_failure::is_quarantined;
-use htfaas_functions::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_SUBJECT, is_path_subject, path_subject};
+use crate::event::StorageEvent;
+use crate::manifest::is_clean_abs_path;
+use crate::on_failure::is_quarantined;
+use crate::proto::{CLOUDEVENTS_SUBJECT_PREFIX, EVENTS_SUBJECT, is_path_subject, path_subject};
 use serde::Deserialize;
 
 /// What to do with a message.
@@ -194,8 +195,7 @@ pub fn decide(
     if let Decision::Fire(event) = &mut decision
         && event.traceparent.is_none()
     {
-        event.traceparent =
-            cloudevents::valid_traceparent(cloudevents::header(headers, htfaas_functions::trace::HEADER));
+        event.traceparent = cloudevents::valid_traceparent(cloudevents::header(headers, crate::trace::HEADER));
     }
     // A failed run's quarantined outputs never fire a function, whoever speaks of them.
     if let Decision::Fire(event) = &decision
@@ -205,7 +205,7 @@ pub fn decide(
     }
     // Nor does a re-run's output: it is a check of a file that fired its functions already.
     if let Decision::Fire(event) = &decision
-        && htfaas_functions::proto::rerun::in_scratch(&event.path)
+        && crate::proto::rerun::in_scratch(&event.path)
     {
         return Ok(Decision::Ignore("a re-run's output (a reproducibility check)"));
     }

@@ -21,7 +21,7 @@
 //! unique per occurrence); the producer is the CloudEvent `source`, the time its `time`.
 
 use super::{Decision, EventError, SourcePolicy, checked_path, id_part};
-use htfaas_functions::event::{BridgedEvent, CE_TYPE_PREFIX, EventKind, EventSource, SourceKind, StorageEvent};
+use crate::event::{BridgedEvent, CE_TYPE_PREFIX, EventKind, EventSource, SourceKind, StorageEvent};
 use serde_json::{Map, Value};
 
 /// A CloudEvent's context attributes and data, whichever mode it came in.
@@ -121,7 +121,7 @@ fn structured(headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Result
 
 /// `value` when it is a `traceparent` that parses, in its canonical form.
 pub(super) fn valid_traceparent(value: Option<&str>) -> Option<String> {
-    value.and_then(|v| htfaas_functions::trace::TraceParent::parse(v).ok()).map(|t| t.to_string())
+    value.and_then(|v| crate::trace::TraceParent::parse(v).ok()).map(|t| t.to_string())
 }
 
 /// A string attribute; absent or null is `None`, another type is malformed.
