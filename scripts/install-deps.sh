@@ -16,16 +16,16 @@
 #     headless), when neither HTFAAS_CHROMIUM nor chromium/chromium-browser is there
 #   - bubblewrap, a static busybox and mmdebstrap, for the native guests' sandbox, its tests
 #     and their images (apt: bubblewrap busybox-static mmdebstrap), when one is missing
-#   - the C toolchain and headers the dCache Kafka bridge's librdkafka is built with (the
-#     `rdkafka` crate's bundled sources; apt: build-essential pkg-config libssl-dev zlib1g-dev
-#     libzstd-dev), when cc, make, pkg-config or one of the headers is missing
+#   - a C toolchain (apt: build-essential), and for the tests the headers the dCache Kafka
+#     bridge's librdkafka is built with (the `rdkafka` crate's bundled sources; apt: pkg-config
+#     libssl-dev zlib1g-dev libzstd-dev), when cc, make, pkg-config or one of the headers is missing
 #   - tansu 0.6.0, a Kafka-protocol broker (crates.io), for the dCache Kafka bridge's test
 #     (tests/e2e/kafka.rs), into ~/.cargo/bin once per machine, when `tansu` is missing
 #   - a private Slurm (apt: slurmctld slurmd slurm-client munge), for the annex test
 #     (tests/e2e/annex_slurm.rs, scripts/slurm/slurm-cluster.sh), when sbatch, slurmctld, slurmd or
 #     munged is missing
-# `--demo` installs only what the run command's demo needs (the Rust targets, the C toolchain
-# librdkafka builds with, nats-server); the test command installs everything.
+# `--demo` installs only what the run command's demo needs (the Rust targets, a C compiler,
+# nats-server); the test command installs everything.
 # Prints the nats-server path on its last line.
 set -euo pipefail
 DEMO=0
@@ -41,25 +41,32 @@ for target in wasm32-wasip1 wasm32-wasip2; do
   fi
 done
 
-# librdkafka's build (rdkafka-sys runs its ./configure and make, linking the system OpenSSL for
-# TLS and SASL SCRAM, zlib for gzip and libzstd for zstd): without these the workspace does not
-# build. Installed with apt-get as root (or sudo without a password), as every part below.
-if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1 \
-  || ! command -v pkg-config >/dev/null 2>&1 || [[ ! -f /usr/include/openssl/ssl.h ]] \
-  || [[ ! -f /usr/include/zlib.h ]] || [[ ! -f /usr/include/zstd.h ]]; then
+# A C toolchain: ring, SQLite and wasmtime's bits compile C for every build. The test command
+# also builds librdkafka (the Kafka bridge, the binary's `kafka` feature: rdkafka-sys runs its
+# ./configure and make, linking the system OpenSSL for TLS and SASL SCRAM, zlib for gzip and
+# libzstd for zstd), which needs pkg-config and those headers besides. Installed with apt-get as
+# root (or sudo without a password), as every part below.
+C_PACKAGES=(build-essential)
+C_MISSING=0
+if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then C_MISSING=1; fi
+if [[ $DEMO -eq 0 ]]; then
+  C_PACKAGES+=(pkg-config libssl-dev zlib1g-dev libzstd-dev)
+  if ! command -v pkg-config >/dev/null 2>&1 || [[ ! -f /usr/include/openssl/ssl.h ]] \
+    || [[ ! -f /usr/include/zlib.h ]] || [[ ! -f /usr/include/zstd.h ]]; then C_MISSING=1; fi
+fi
+if [[ $C_MISSING -eq 1 ]]; then
   APT=(apt-get)
   if [[ $(id -u) -ne 0 ]]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
   fi
   if ! command -v apt-get >/dev/null 2>&1 || [[ ${#APT[@]} -eq 0 ]]; then
-    echo "install-deps: a C toolchain or the OpenSSL/zlib/zstd headers are missing and cannot be" \
-      "installed here (needs apt-get as root); the workspace (librdkafka) will not build" >&2
+    echo "install-deps: a C toolchain (${C_PACKAGES[*]}) is missing and cannot be installed here" \
+      "(needs apt-get as root); the workspace will not build" >&2
   else
-    echo "install-deps: installing build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev (apt)" >&2
+    echo "install-deps: installing ${C_PACKAGES[*]} (apt)" >&2
     export DEBIAN_FRONTEND=noninteractive
     "${APT[@]}" update -qq >&2
-    "${APT[@]}" install -y -qq --no-install-recommends \
-      build-essential pkg-config libssl-dev zlib1g-dev libzstd-dev >/dev/null
+    "${APT[@]}" install -y -qq --no-install-recommends "${C_PACKAGES[@]}" >/dev/null
   fi
 fi
 

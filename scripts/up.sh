@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The run command: installs what the demo needs and is missing (scripts/install-deps.sh --demo:
-# the wasm targets, the C toolchain librdkafka builds with, nats-server; none of the test-only
-# parts), builds htfaas and the demo's function, and runs the local stack in the foreground
+# the wasm targets, a C compiler, nats-server; none of the test-only parts), builds htfaas
+# (without the Kafka bridge: no librdkafka) and the demo's function, and runs the local stack in the foreground
 # with the demo (registers `checksum`, uploads a sample, prints its output).
 # Ctrl-C stops everything. Extra arguments go to `htfaas up` (e.g. --dir /tmp/stack).
 set -euo pipefail
