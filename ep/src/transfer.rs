@@ -320,7 +320,7 @@ pub(crate) async fn upload_outputs(
         return;
     }
     for (name, path, size) in files {
-        let url = format!("{}{}", to.url, encode_segment(&name));
+        let url = format!("{}{}", to.url, htfaas_functions::percent::segment(&name));
         let one = Transfer { http: to.http, url: &url, macaroon: to.macaroon, traceparent: to.traceparent };
         match put_file(&one, &path, size, retries).await {
             Ok(sha256) => {
@@ -401,19 +401,6 @@ async fn put_file_once(to: &Transfer<'_>, path: &Path, size: u64) -> Result<Stri
     Ok(hex::encode(digest))
 }
 
-/// Percent-encodes a file name for use as one URL path segment.
-fn encode_segment(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// The storage path of a URL: its path part, percent-decoded.
 fn storage_path(url: &str) -> String {
     let path = reqwest::Url::parse(url).map(|u| u.path().to_owned()).unwrap_or_else(|_| url.to_owned());
@@ -443,7 +430,7 @@ mod tests {
 
     #[test]
     fn output_names_are_encoded_and_paths_decoded() {
-        assert_eq!(encode_segment("a b#?.txt"), "a%20b%23%3F.txt");
+        assert_eq!(htfaas_functions::percent::segment("a b#?.txt"), "a%20b%23%3F.txt");
         assert_eq!(storage_path("http://h:1/data/out/a%20b%23%3F.txt"), "/data/out/a b#?.txt");
         assert_eq!(storage_path("http://h/d/x%2"), "/d/x%2");
     }

@@ -49,6 +49,7 @@ pub mod nats;
 #[cfg(feature = "nats-server")]
 pub mod nats_server;
 pub mod on_failure;
+pub mod percent;
 pub mod proto;
 #[cfg(feature = "db")]
 pub mod registry;

@@ -188,10 +188,7 @@ fn href_path(href: &str) -> Result<String, String> {
         after_scheme.find('/').map(|i| &after_scheme[i..]).unwrap_or("/")
     };
     let raw = raw.split(['?', '#']).next().unwrap_or_default();
-    percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .map(|p| p.into_owned())
-        .map_err(|_| format!("href {href:?} is not UTF-8"))
+    htfaas_functions::percent::decode_utf8(raw).ok_or_else(|| format!("href {href:?} is not UTF-8"))
 }
 
 #[cfg(test)]

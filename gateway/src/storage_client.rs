@@ -161,7 +161,7 @@ pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &st
                 Access::Write | Access::Replace | Access::List if path.ends_with('/') => path.to_owned(),
                 Access::Write | Access::Replace | Access::List => format!("{path}/"),
             };
-            (format!("{base}{}", encode_path(&target)), vec![xrootd_activity(access).into()])
+            (format!("{base}{}", htfaas_functions::percent::path(&target)), vec![xrootd_activity(access).into()])
         }
     };
     MacaroonRequest { url, body: serde_json::json!({ "caveats": caveats, "validity": validity }) }
@@ -250,7 +250,7 @@ impl StorageClient {
 
     /// Full URL of a storage path.
     pub fn url_of(&self, path: &str) -> String {
-        format!("{}{}", self.base, encode_path(path))
+        format!("{}{}", self.base, htfaas_functions::percent::path(path))
     }
 
     /// A macaroon that may only download exactly `path`.
@@ -434,19 +434,6 @@ pub fn snippet(text: &str) -> String {
     text.chars().take(200).collect()
 }
 
-/// Percent-encodes a storage path, keeping `/` and RFC 3986 unreserved characters.
-pub fn encode_path(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,8 +487,8 @@ mod tests {
 
     #[test]
     fn paths_are_encoded_but_slashes_kept() {
-        assert_eq!(encode_path("/data/raw/a b#?.dat"), "/data/raw/a%20b%23%3F.dat");
-        assert_eq!(encode_path("/data/é"), "/data/%C3%A9");
+        assert_eq!(htfaas_functions::percent::path("/data/raw/a b#?.dat"), "/data/raw/a%20b%23%3F.dat");
+        assert_eq!(htfaas_functions::percent::path("/data/é"), "/data/%C3%A9");
     }
 
     #[test]

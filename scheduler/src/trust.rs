@@ -196,7 +196,7 @@ fn names_file(url: &str, path: &str) -> bool {
         return false;
     }
     let Ok(u) = Url::parse(url) else { return false };
-    percent_encoding::percent_decode_str(u.path()).decode_utf8().is_ok_and(|decoded| decoded.ends_with(path))
+    htfaas_functions::percent::decode_utf8(u.path()).is_some_and(|decoded| decoded.ends_with(path))
 }
 
 impl UrlTrust {

@@ -52,7 +52,7 @@ fn segment(name: &str) -> anyhow::Result<String> {
     if name.is_empty() || name == "." || name == ".." {
         bail!("{name:?} cannot be used as a name");
     }
-    Ok(htfaas_gateway::storage_client::encode_path(name).replace('/', "%2F"))
+    Ok(htfaas_functions::percent::segment(name))
 }
 
 impl Client {
@@ -78,7 +78,7 @@ impl Client {
         if !htfaas_functions::manifest::is_clean_abs_path(path) || path.ends_with('/') {
             bail!("{path:?} is not a clean absolute file path");
         }
-        Ok(format!("{}{}", self.info.storage_url, htfaas_gateway::storage_client::encode_path(path)))
+        Ok(format!("{}{}", self.info.storage_url, htfaas_functions::percent::path(path)))
     }
 
     /// Uploads `local` to `storage_path` as the stack's user, streaming.
@@ -748,9 +748,7 @@ impl Client {
     ) -> anyhow::Result<htfaas_functions::proto::SubmitResponse> {
         let resp = self
             .http
-            .post(
-                self.gateway(&format!("/v1/functions/{}/runs", htfaas_gateway::storage_client::encode_path(function))),
-            )
+            .post(self.gateway(&format!("/v1/functions/{}/runs", htfaas_functions::percent::path(function))))
             .bearer_auth(token.trim())
             .json(&RunRequest { path: storage_path.to_owned(), annex: annex.map(str::to_owned) })
             .send()

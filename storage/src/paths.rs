@@ -107,36 +107,10 @@ pub fn chain(base: &str, rel: &str) -> Result<String, PathError> {
     })
 }
 
-/// Decodes `%XX` escapes; anything else passes through (`+` stays `+`).
+/// Decodes `%XX` escapes strictly ([`htfaas_functions::percent::decode_strict`]); anything else
+/// passes through (`+` stays `+`).
 pub fn percent_decode(s: &str) -> Result<Vec<u8>, PathError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3).ok_or(PathError::BadEscape)?;
-            let hex = std::str::from_utf8(hex).map_err(|_| PathError::BadEscape)?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| PathError::BadEscape)?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Ok(out)
-}
-
-/// Percent-encodes a clean path for use in a URL: unreserved characters and `/` stay.
-pub fn percent_encode_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for &c in p.as_bytes() {
-        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(char::from(c));
-        } else {
-            out.push_str(&format!("%{c:02X}"));
-        }
-    }
-    out
+    htfaas_functions::percent::decode_strict(s).map_err(|_| PathError::BadEscape)
 }
 
 #[cfg(test)]
@@ -192,7 +166,7 @@ mod tests {
     #[test]
     fn percent_encoding_round_trips() {
         let p = "/data/a b/ü%";
-        let enc = percent_encode_path(p);
+        let enc = htfaas_functions::percent::path(p);
         assert_eq!(enc, "/data/a%20b/%C3%BC%25");
         assert_eq!(percent_decode(&enc).expect("valid"), p.as_bytes());
     }

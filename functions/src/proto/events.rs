@@ -62,18 +62,7 @@ pub const EVENTS_MAX_AGE_S: u64 = 7 * 24 * 3600;
 /// hex). The empty component is `%` alone, which no other component encodes to. Injective, and
 /// never empty, so a token is always valid and two directories never share a subject.
 pub fn encode_token(component: &str) -> String {
-    if component.is_empty() {
-        return "%".into();
-    }
-    let mut out = String::with_capacity(component.len());
-    for b in component.bytes() {
-        if b.is_ascii_graphic() && !matches!(b, b'.' | b'*' | b'>' | b'%') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::percent::directory_token(component)
 }
 
 /// The encoded tokens of the directory components of `dir` (`/a/b/` or `/a/b`: every

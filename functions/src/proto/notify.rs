@@ -122,18 +122,7 @@ pub fn notification_subject(owner: &str, function: &str, state: JobState) -> Str
 /// the subject and two names never share a token. An empty name is `%`. A function name
 /// (`[a-z0-9][a-z0-9_-]*`) and a plain owner name (`alice`) are unchanged.
 pub fn subject_token(name: &str) -> String {
-    if name.is_empty() {
-        return "%".into();
-    }
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::percent::name_token(name)
 }
 
 #[cfg(test)]

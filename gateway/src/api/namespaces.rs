@@ -134,7 +134,7 @@ const SWEEP_MAX: usize = 10_000;
 /// Runs again after [`SWEEP_AGAIN`] for a job whose submission was under way. Returns the ids
 /// removed now.
 pub(super) async fn sweep(shared: &Arc<Shared>, grant: &Grant) -> Result<Vec<String>, HttpError> {
-    let encode = crate::storage_client::encode_path;
+    let encode = htfaas_functions::percent::path;
     let mut selections = match grant.principal.strip_prefix(htfaas_functions::namespace::GROUP_PREFIX) {
         Some(group) => vec![format!("group={}", encode(group))],
         None => vec![format!("owner={}", encode(&grant.principal))],

@@ -104,7 +104,7 @@ pub(super) fn path_name(what: &str, name: &str) -> Result<String, HttpError> {
             format!("bad {what} {name:?}: want 1 to 128 printable characters, no '/', not '.' or '..'"),
         ));
     }
-    Ok(crate::storage_client::encode_path(name))
+    Ok(htfaas_functions::percent::path(name))
 }
 
 /// `GET /v1/jobs/{id}/history|analyze|log`: shares its path with the job actions, not its method.

@@ -27,7 +27,7 @@ use super::AppState;
 use crate::auth::{self, Credential};
 use crate::error::HttpError;
 use crate::macaroons::{self, IssueRequest};
-use crate::paths::{self, NsPath};
+use crate::paths::NsPath;
 
 /// The one media type dCache and XRootD accept.
 pub const CONTENT_TYPE: &str = "application/macaroon-request";
@@ -110,7 +110,7 @@ pub(super) async fn handle(state: &AppState, req: Request<Body>) -> Result<Respo
     );
 
     let base = format!("{}/", state.public_url);
-    let mut target = format!("{}{}", state.public_url, paths::percent_encode_path(path.as_str()));
+    let mut target = format!("{}{}", state.public_url, htfaas_functions::percent::path(path.as_str()));
     if path.is_dir() && !path.is_root() {
         target.push('/');
     }

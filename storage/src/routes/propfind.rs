@@ -64,13 +64,10 @@ fn push_response(xml: &mut String, href: &str, e: &Entry) {
     ));
 }
 
-/// What an href keeps as it is: unreserved characters and `/`; every other byte is
-/// percent-encoded, so what is left needs no XML escaping.
-const HREF: &percent_encoding::AsciiSet =
-    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
-
+/// An href: unreserved characters and `/` kept, every other byte percent-encoded, so what is
+/// left needs no XML escaping.
 fn encode(path: &str) -> String {
-    percent_encoding::utf8_percent_encode(path, HREF).to_string()
+    htfaas_functions::percent::path(path)
 }
 
 #[cfg(test)]
