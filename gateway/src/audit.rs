@@ -36,7 +36,7 @@
 //!
 //! This module holds the records and the trail's key; the API's side (admin actions' records,
 //! queries, verification, lineage) is [`crate::api::audit`]; a job's credentials' records are
-//! the dispatcher's ([`crate::dispatch::job_credentials`]).
+//! the dispatcher's ([`crate::dispatch::credentials`]).
 //!
 //! Must not know: the firing table's SQL or its types, HTTP, the gateway's shared state.
 
@@ -152,7 +152,7 @@ pub fn admin_action(actor: &str, action: &str, subject: Subject, args: Value) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::job_credentials;
+    use crate::dispatch::credentials;
     use crate::firing::{Firings, NewFirings};
     use crate::testing::event;
     use htfaas_functions::audit::{self, AuditFilter, AuditRecord};
@@ -278,7 +278,7 @@ mod tests {
             "dedupe_key": "k",
         }))
         .expect("request");
-        let drafts = job_credentials(&claimed, &claims, &request);
+        let drafts = credentials(&claimed, &claims, &request).0;
         let cause = Cause {
             function: "a".into(),
             digest: a.manifest.module.clone(),

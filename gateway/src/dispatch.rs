@@ -1,6 +1,6 @@
 //! The dispatcher: claims ready firings from the table ([`crate::firing`]), turns each into a
 //! job ([`crate::jobs::prepare`]: namespace, macaroons), mints its submit token, records its
-//! credentials and write macaroon's provenance ([`job_credentials`], in the table's audit
+//! credentials and write macaroon's provenance ([`credentials`], in the table's audit
 //! trail), submits it to the scheduler ([`crate::submit`]) and records what came of it; signs
 //! the audit trail's checkpoints; prunes expired keys.
 //!
@@ -48,15 +48,14 @@ pub fn firing_subject(c: &Claimed, jti: Option<&str>) -> Subject {
 }
 
 /// The `token.minted` and `macaroons.obtained` records of a claimed firing's job: the token's
-/// claims (never the token) and its macaroons' identifiers and caveats (never the macaroons).
-/// A macaroon whose identifier cannot be read is named by its role under `unreadable`.
-pub fn job_credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitRequest) -> [AuditDraft; 2] {
-    credentials(c, claims, request).0
-}
-
-/// [`job_credentials`], and the write macaroon's identifier when it could be read (each
-/// macaroon parsed once).
-fn credentials(c: &Claimed, claims: &SubmitClaims, request: &SubmitRequest) -> ([AuditDraft; 2], Option<String>) {
+/// claims (never the token) and its macaroons' identifiers and caveats (never the macaroons);
+/// a macaroon whose identifier cannot be read is named by its role under `unreadable`. And the
+/// write macaroon's identifier when it could be read (each macaroon parsed once).
+pub(crate) fn credentials(
+    c: &Claimed,
+    claims: &SubmitClaims,
+    request: &SubmitRequest,
+) -> ([AuditDraft; 2], Option<String>) {
     let subject = firing_subject(c, Some(&claims.jti));
     let minted = AuditDraft::token_minted(claims, subject.clone())
         .with_detail("firing", c.seq.into())

@@ -108,7 +108,7 @@ pub const DEFAULT_AUDIT_LIMIT: u64 = 1000;
 /// Largest `?limit=` of `GET /v1/audit`.
 pub const MAX_AUDIT_LIMIT: u64 = 100_000;
 
-pub use crate::validate::{MAX_FIELD_BYTES, SubmitInvalid, bounded, validate};
+pub use crate::validate::{bounded, validate};
 
 /// The router, with `shared` as state.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -677,6 +677,7 @@ async fn attach(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::SubmitInvalid;
 
     #[test]
     fn input_names_must_be_one_clean_segment() {

@@ -74,38 +74,38 @@
 //! running jobs return to idle), stop the dispatcher and the notification publisher, wait for all of it (at most
 //! [`EXIT_DEADLINE`]), sign the audit trail's head, then close the store.
 
-pub mod actions;
-pub mod admin;
-pub mod annex;
-pub mod annex_api;
-pub mod annex_store;
-pub mod api;
-pub mod attach;
+mod actions;
+mod admin;
+mod annex;
+mod annex_api;
+mod annex_store;
+mod api;
+mod attach;
 pub mod config;
 pub mod dispatch;
 pub mod doubt;
 pub mod ep_link;
-pub mod error;
-pub mod failure;
-pub mod gateway_client;
-pub mod matching;
-pub mod metrics;
-pub mod notify;
-pub mod otlp;
+mod error;
+mod failure;
+mod gateway_client;
+mod matching;
+mod metrics;
+mod notify;
+mod otlp;
 pub mod policy;
 pub mod queue;
-pub mod renew;
-pub mod report;
+mod renew;
+mod report;
 pub mod requirements;
-pub mod revocation;
-pub mod revoke;
+mod revocation;
+mod revoke;
 pub mod seal;
-pub mod state;
+mod state;
 #[cfg(test)]
 mod testing;
 pub mod trust;
-pub mod validate;
-pub mod warm;
+mod validate;
+mod warm;
 
 pub use attach::mint_attach_token;
 pub use config::{ATTACH_KID, Config, OwnerLimits, Settings, TrustedIssuer};

@@ -113,12 +113,8 @@ impl WarmList {
     }
 
     /// Modules on the list.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

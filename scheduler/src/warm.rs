@@ -7,7 +7,7 @@
 //! at registration and again now and then. The request is checked as a job's module is: its URL
 //! must be a module store's URL for its digest ([`crate::trust::UrlTrust::check_module`]); a
 //! refusal is counted (`htfaas_scheduler_warm_refused_total`). An accepted module joins the
-//! warm list (in memory, at most [`MAX_WARM`], the oldest dropped first; the gateway's repeats
+//! warm list (in memory, at most [`MAX_WARM`](crate::state::MAX_WARM), the oldest dropped first; the gateway's repeats
 //! refill it after a restart) and each attached EP that may run the owner's jobs (an EP bound to
 //! another owner may not) is sent the message; an EP that attaches later is sent every module
 //! on the list that it may run, right after its `Welcome`. A module already on the list is not
@@ -24,8 +24,6 @@ use axum::extract::rejection::BytesRejection;
 use htfaas_functions::Digest;
 use htfaas_functions::proto::{SchedulerMsg, WarmRequest, WarmResponse};
 use htfaas_functions::token::SubmitClaims;
-
-pub use crate::state::MAX_WARM;
 
 /// Longest module URL taken, bytes.
 const MAX_URL_BYTES: usize = 8192;
@@ -117,6 +115,7 @@ pub(crate) fn on_attach(shared: &Shared, ep_owner: Option<&str>) -> Vec<Schedule
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::MAX_WARM;
 
     fn entry(n: usize) -> Entry {
         Entry { digest: Digest::of(&n.to_le_bytes()), module_url: format!("http://m/{n}"), owner: "o".into() }

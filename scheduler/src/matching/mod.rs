@@ -44,8 +44,8 @@ use table::Free;
 
 mod table;
 
-pub use crate::queue::{IdleJob, Pool, PoolRoom};
-pub use table::{Delivery, EpAdmin, EpSlot, EpTable, Reservation, ToEp};
+pub use crate::queue::{IdleJob, Pool};
+pub use table::{Delivery, EpAdmin, EpSlot, EpTable, ToEp};
 
 /// A decision of [`select`]: run `job_id` on `ep_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
