@@ -104,7 +104,7 @@ pub async fn list_tree(storage: &StorageClient, dir: &str, max_files: usize) -> 
 }
 
 /// The `response`s of a WebDAV multistatus document (namespace-aware: any prefix of `DAV:`).
-pub fn parse_multistatus(xml: &str) -> Result<Vec<Entry>, String> {
+pub(crate) fn parse_multistatus(xml: &str) -> Result<Vec<Entry>, String> {
     let mut reader = quick_xml::NsReader::from_str(xml);
     let mut entries = Vec::new();
     let mut current: Option<Entry> = None;

@@ -131,7 +131,7 @@ impl Shared {
     }
 
     /// Replaces the source policy for the messages that follow (tests; an admin route later).
-    pub fn set_sources(&self, policy: sources::SourcePolicy) -> Result<(), String> {
+    pub fn set_sources(&self, policy: sources::SourcePolicy) -> Result<(), sources::PolicyInvalid> {
         self.source_policy.replace(policy)
     }
 }
@@ -145,7 +145,7 @@ impl Config {
             "bind_macaroons_to_ep needs a storage that knows dCache's ip: caveat; \
              storage_kind xrootd refuses every macaroon carrying one"
         );
-        self.sources.validate().map_err(anyhow::Error::msg)?;
+        self.sources.validate()?;
         self.http.check()?;
         let tls = htfaas_functions::serve::tls::optional_server_config(
             self.tls_cert_file.as_deref(),

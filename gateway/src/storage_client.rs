@@ -382,7 +382,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// First-party caveats (`cid`) of a V1 macaroon (libmacaroons serialization, base64url or
 /// standard base64, padded or not): packets of 4 hex digits of length, then `key value\n`.
-pub fn v1_caveats(token: &str) -> Result<Vec<String>, String> {
+pub fn v1_caveats(token: &str) -> Result<Vec<String>, V1Unreadable> {
     use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
     let config = GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
     let normalized: String = token
@@ -396,7 +396,7 @@ pub fn v1_caveats(token: &str) -> Result<Vec<String>, String> {
         .collect();
     let raw = GeneralPurpose::new(&base64::alphabet::URL_SAFE, config)
         .decode(normalized)
-        .map_err(|e| format!("not base64: {e}"))?;
+        .map_err(|e| V1Unreadable(format!("not base64: {e}")))?;
     let mut caveats = Vec::new();
     let mut rest = raw.as_slice();
     while !rest.is_empty() {
@@ -404,8 +404,8 @@ pub fn v1_caveats(token: &str) -> Result<Vec<String>, String> {
             .get(..4)
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|h| usize::from_str_radix(h, 16).ok())
-            .ok_or("bad packet header")?;
-        let packet = rest.get(4..len).filter(|_| len > 4).ok_or("truncated packet")?;
+            .ok_or_else(|| V1Unreadable("bad packet header".into()))?;
+        let packet = rest.get(4..len).filter(|_| len > 4).ok_or_else(|| V1Unreadable("truncated packet".into()))?;
         rest = &rest[len..];
         let packet = packet.strip_suffix(b"\n").unwrap_or(packet);
         if let Some(cid) = packet.strip_prefix(b"cid ") {
@@ -415,10 +415,15 @@ pub fn v1_caveats(token: &str) -> Result<Vec<String>, String> {
     Ok(caveats)
 }
 
+/// Why [`v1_caveats`] could not read a token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("V1 macaroon unreadable: {0}")]
+pub struct V1Unreadable(String);
+
 /// Checks that every `activity:` caveat of `token` allows `wanted` (XRootD caveats are
 /// conjunctive). XRootD puts the requester's own rights in the first one.
 fn check_activities(token: &str, wanted: &str) -> Result<(), String> {
-    let caveats = v1_caveats(token)?;
+    let caveats = v1_caveats(token).map_err(|e| e.to_string())?;
     let mut seen = false;
     for list in caveats.iter().filter_map(|c| c.strip_prefix("activity:")) {
         seen = true;

@@ -60,7 +60,7 @@ pub struct AddressPolicy {
 
 impl AddressPolicy {
     /// Whether a receiver may be reached at `ip`; `Err` says why not.
-    pub fn allows(&self, ip: IpAddr) -> Result<(), String> {
+    pub(crate) fn allows(&self, ip: IpAddr) -> Result<(), String> {
         let ip = ip.to_canonical();
         if !is_internal(ip) || self.literals.contains(&ip) || self.networks.iter().any(|n| n.contains(&ip)) {
             return Ok(());

@@ -50,7 +50,7 @@ fn missing(name: &str) -> ApiFailure {
 /// Mints annex `req.name`'s attach token and keeps its record (see the module docs).
 #[tracing::instrument(name = "scheduler.annex_create", skip_all, fields(annex = %req.name, owner = %req.owner))]
 pub(crate) async fn create(shared: &Shared, req: AnnexRequest) -> Result<AnnexCreated, ApiFailure> {
-    req.check().map_err(ApiFailure::bad_request)?;
+    req.check().map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     let now = now_ms();
     let ttl_s = req.token_ttl();
     let created = shared
@@ -109,7 +109,7 @@ fn jti_of(token: &str) -> Option<String> {
 pub(crate) async fn add_jobs(shared: &Shared, name: String, jobs: AnnexJobs) -> Result<AnnexRecord, ApiFailure> {
     checked_name(&name)?;
     for id in &jobs.jobs {
-        check_annex_job_id(id).map_err(ApiFailure::bad_request)?;
+        check_annex_job_id(id).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
     }
     shared
         .annexes

@@ -86,7 +86,7 @@ fn config_template(spec: &EpSpec) -> Result<String, String> {
 }
 
 /// The job script for `spec`.
-pub fn job_script(spec: &EpSpec) -> Result<String, String> {
+pub(crate) fn job_script(spec: &EpSpec) -> Result<String, String> {
     if !spec.htfaas.is_absolute() {
         return Err(format!("the htfaas binary must be an absolute path, not {}", spec.htfaas.display()));
     }

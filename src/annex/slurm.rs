@@ -107,10 +107,10 @@ pub fn minutes(d: Duration) -> u64 {
 }
 
 /// The job id `sbatch --parsable` printed (`ID` or `ID;CLUSTER`).
-pub fn parse_sbatch(out: &str) -> Result<String, String> {
+pub(crate) fn parse_sbatch(out: &str) -> Result<String, String> {
     let line = out.lines().map(str::trim).find(|l| !l.is_empty()).ok_or("no job id")?;
     let id = line.split(';').next().unwrap_or_default().trim();
-    htfaas_functions::proto::check_annex_job_id(id)?;
+    htfaas_functions::proto::check_annex_job_id(id).map_err(|e| e.to_string())?;
     if !id.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("job id {id:?} is not a number"));
     }
@@ -139,14 +139,14 @@ pub fn parse_slurm_duration(s: &str) -> Option<u64> {
 }
 
 /// The lines of `squeue -h -o '%i|%T|%M|%l|%r'`, by id; a line that does not parse is an error.
-pub fn parse_squeue(out: &str) -> Result<BTreeMap<String, BatchJob>, String> {
+pub(crate) fn parse_squeue(out: &str) -> Result<BTreeMap<String, BatchJob>, String> {
     let mut jobs = BTreeMap::new();
     for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let fields: Vec<&str> = line.split('|').collect();
         let [id, state, elapsed, limit, reason] = fields.as_slice() else {
             return Err(format!("line {line:?}: want 5 fields"));
         };
-        htfaas_functions::proto::check_annex_job_id(id)?;
+        htfaas_functions::proto::check_annex_job_id(id).map_err(|e| e.to_string())?;
         let state = match *state {
             "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "CONFIGURING" | "RESV_DEL_HOLD" => {
                 BatchState::Pending(reason.to_string())

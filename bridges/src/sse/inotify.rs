@@ -55,9 +55,9 @@ pub(super) const MODIFIERS: [&str; 1] = ["IN_ISDIR"];
 
 /// Maps a parsed inotify event of a subscription watching `watched`. An error is a malformed
 /// event (no flag, a child event without a usable name).
-pub fn map_inotify(ev: &InotifyEvent, watched: &str) -> Result<Action, String> {
+pub fn map_inotify(ev: &InotifyEvent, watched: &str) -> Result<Action, InotifyRefused> {
     let Some(flag) = ev.mask.iter().find(|f| !MODIFIERS.contains(&f.as_str())) else {
-        return Err(format!("no event flag in mask {:?}", ev.mask));
+        return Err(InotifyRefused(format!("no event flag in mask {:?}", ev.mask)));
     };
     let is_dir = ev.mask.iter().any(|f| f == "IN_ISDIR");
     match flag.as_str() {
@@ -68,15 +68,15 @@ pub fn map_inotify(ev: &InotifyEvent, watched: &str) -> Result<Action, String> {
         _ => {}
     }
     let Some(name) = ev.name.as_deref() else {
-        return Err(format!("{flag} without a name"));
+        return Err(InotifyRefused(format!("{flag} without a name")));
     };
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
-        return Err(format!("{flag} with an unusable name {name:?}"));
+        return Err(InotifyRefused(format!("{flag} with an unusable name {name:?}")));
     }
     let path = join(watched, name);
     // What the gateway would refuse (a backslash, say) is refused here, at its source.
     if !htfaas_functions::manifest::is_clean_abs_path(&path) {
-        return Err(format!("{flag} with an unusable name {name:?}"));
+        return Err(InotifyRefused(format!("{flag} with an unusable name {name:?}")));
     }
     if is_dir {
         return Ok(Action::Directory { flag: flag.clone(), path });
@@ -89,6 +89,11 @@ pub fn map_inotify(ev: &InotifyEvent, watched: &str) -> Result<Action, String> {
     };
     Ok(Action::Publish(BridgedEvent { kind, msg_type: flag.clone(), path, size: None, owner: None }))
 }
+
+/// Why [`map_inotify`] refused an event: no event flag, or a name that is no file name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InotifyRefused(String);
 
 /// The CloudEvent type of a published event or loss marker.
 pub fn ce_type(suffix: &str) -> String {

@@ -79,37 +79,38 @@ impl AnnexRequest {
     /// MiB, a lifetime within [`MIN_ANNEX_LIFETIME_S`]..=[`MAX_ANNEX_LIFETIME_S`], an idle
     /// shutdown within 1..=lifetime, a partition like a job id, and a token life within
     /// lifetime..=[`MAX_ANNEX_TOKEN_TTL_S`]. The message names the field.
-    pub fn check(&self) -> Result<(), String> {
-        check_name(&self.name).map_err(|e| format!("name: annex {e}"))?;
+    pub fn check(&self) -> Result<(), AnnexInvalid> {
+        check_name(&self.name).map_err(|e| AnnexInvalid(format!("name: annex {e}")))?;
         let owner_chars = self.owner.chars().count();
         if owner_chars == 0 || owner_chars > MAX_ANNEX_OWNER_CHARS || self.owner.chars().any(char::is_control) {
-            return Err(format!("owner: want 1-{MAX_ANNEX_OWNER_CHARS} printable characters"));
+            return Err(AnnexInvalid(format!("owner: want 1-{MAX_ANNEX_OWNER_CHARS} printable characters")));
         }
-        check_name(&self.provider).map_err(|e| format!("provider: {e}"))?;
+        check_name(&self.provider).map_err(|e| AnnexInvalid(format!("provider: {e}")))?;
         if self.count == 0 || self.count > MAX_ANNEX_COUNT {
-            return Err(format!("count: must be 1..={MAX_ANNEX_COUNT}"));
+            return Err(AnnexInvalid(format!("count: must be 1..={MAX_ANNEX_COUNT}")));
         }
         if self.cpus == 0 || self.cpus > MAX_CPUS {
-            return Err(format!("cpus: must be 1..={MAX_CPUS}"));
+            return Err(AnnexInvalid(format!("cpus: must be 1..={MAX_CPUS}")));
         }
         if self.memory_mb == 0 || self.memory_mb > MAX_MEMORY_MB {
-            return Err(format!("memory_mb: must be 1..={MAX_MEMORY_MB}"));
+            return Err(AnnexInvalid(format!("memory_mb: must be 1..={MAX_MEMORY_MB}")));
         }
         if !(MIN_ANNEX_LIFETIME_S..=MAX_ANNEX_LIFETIME_S).contains(&self.lifetime_s) {
-            return Err(format!("lifetime_s: must be {MIN_ANNEX_LIFETIME_S}..={MAX_ANNEX_LIFETIME_S}"));
+            return Err(AnnexInvalid(format!("lifetime_s: must be {MIN_ANNEX_LIFETIME_S}..={MAX_ANNEX_LIFETIME_S}")));
         }
         if let Some(idle) = self.idle_shutdown_s
             && (idle == 0 || idle > self.lifetime_s)
         {
-            return Err("idle_shutdown_s: must be 1..=lifetime_s".into());
+            return Err(AnnexInvalid("idle_shutdown_s: must be 1..=lifetime_s".into()));
         }
         if let Some(p) = &self.partition {
-            check_annex_job_id(p).map_err(|e| format!("partition: {}", e.replacen("job id", "name", 1)))?;
+            check_annex_job_id(p)
+                .map_err(|e| AnnexInvalid(format!("partition: {}", e.0.replacen("job id", "name", 1))))?;
         }
         if let Some(ttl) = self.token_ttl_s
             && !(self.lifetime_s..=MAX_ANNEX_TOKEN_TTL_S).contains(&ttl)
         {
-            return Err(format!("token_ttl_s: must be lifetime_s..={MAX_ANNEX_TOKEN_TTL_S}"));
+            return Err(AnnexInvalid(format!("token_ttl_s: must be lifetime_s..={MAX_ANNEX_TOKEN_TTL_S}")));
         }
         Ok(())
     }
@@ -239,15 +240,21 @@ pub struct AnnexDeleted {
 
 /// Why a job id is refused: empty, longer than [`MAX_ANNEX_JOB_ID_BYTES`], or a character
 /// outside `[A-Za-z0-9._-]` (what Slurm's, HTCondor's and Kubernetes' ids are made of).
-pub fn check_annex_job_id(id: &str) -> Result<(), String> {
+pub fn check_annex_job_id(id: &str) -> Result<(), AnnexInvalid> {
     if id.is_empty() || id.len() > MAX_ANNEX_JOB_ID_BYTES {
-        return Err(format!("job id {id:?}: want 1-{MAX_ANNEX_JOB_ID_BYTES} bytes"));
+        return Err(AnnexInvalid(format!("job id {id:?}: want 1-{MAX_ANNEX_JOB_ID_BYTES} bytes")));
     }
     if !id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
-        return Err(format!("job id {id:?}: want [A-Za-z0-9._-]"));
+        return Err(AnnexInvalid(format!("job id {id:?}: want [A-Za-z0-9._-]")));
     }
     Ok(())
 }
+
+/// Why an annex request ([`AnnexRequest::check`]) or a batch system's job id
+/// ([`check_annex_job_id`]) is refused; the message names the field and what it wants.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AnnexInvalid(String);
 
 #[cfg(test)]
 mod tests {
@@ -320,7 +327,7 @@ mod tests {
             let mut r = request();
             spoil(&mut r);
             let e = r.check().expect_err(field);
-            assert!(e.starts_with(&format!("{field}:")), "{field}: {e}");
+            assert!(e.to_string().starts_with(&format!("{field}:")), "{field}: {e}");
         }
     }
 

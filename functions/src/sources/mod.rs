@@ -116,22 +116,25 @@ impl Default for SourcePolicy {
 
 impl SourcePolicy {
     /// Refuses type names no source knows (a typo would silently fire nothing).
-    pub fn validate(&self) -> Result<(), String> {
-        for t in &self.dcache_msg_types {
-            if !dcache::MSG_TYPES.contains(&t.as_str()) {
-                return Err(format!(
-                    "sources.dcache_msg_types: {t:?} is not a dCache billing type that can fire (one of {})",
-                    dcache::MSG_TYPES.join(", ")
-                ));
-            }
+    pub fn validate(&self) -> Result<(), PolicyInvalid> {
+        match self.dcache_msg_types.iter().find(|t| !dcache::MSG_TYPES.contains(&t.as_str())) {
+            Some(t) => Err(PolicyInvalid::UnknownDcacheType(t.clone())),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Whether the dCache billing `msgType` `t` becomes an event.
     pub fn enables_dcache(&self, t: &str) -> bool {
         self.dcache_msg_types.iter().any(|e| e == t)
     }
+}
+
+/// Why a [`SourcePolicy`] is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyInvalid {
+    /// A dCache billing type that never fires (a typo would silently fire nothing).
+    #[error("sources.dcache_msg_types: {0:?} is not a dCache billing type that can fire (one of {types})", types = dcache::MSG_TYPES.join(", "))]
+    UnknownDcacheType(String),
 }
 
 /// The site's [`SourcePolicy`] now: read once per message ([`PolicyCell::current`]), replaced
@@ -152,7 +155,7 @@ impl PolicyCell {
     }
 
     /// Replaces the policy for the messages that follow, once it is valid.
-    pub fn replace(&self, policy: SourcePolicy) -> Result<(), String> {
+    pub fn replace(&self, policy: SourcePolicy) -> Result<(), PolicyInvalid> {
         policy.validate()?;
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::new(policy);
         Ok(())
@@ -320,7 +323,7 @@ mod tests {
         for bad in ["warning", "Transfer", "delete", ""] {
             let p = SourcePolicy { dcache_msg_types: vec![bad.into()], cloudevents: true };
             let e = p.validate().expect_err("refused");
-            assert!(e.starts_with(&format!("sources.dcache_msg_types: {bad:?} is not")), "{e}");
+            assert!(e.to_string().starts_with(&format!("sources.dcache_msg_types: {bad:?} is not")), "{e}");
         }
         assert!(serde_json::from_str::<SourcePolicy>(r#"{"dcache_types":[]}"#).is_err(), "typo refused");
     }
