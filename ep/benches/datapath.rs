@@ -337,7 +337,7 @@ async fn main() {
                 native: None,
             },
             resources: Resources::new(1, 64, 3600),
-            input: InputSpec { sha256: None, url: url.clone(), name: "in.dat".into(), macaroon: macaroon.clone() },
+            input: InputSpec::new(url.clone(), "in.dat", macaroon.clone()),
             output: OutputSpec {
                 url: format!("{storage}/bench/ep-{mib}-"),
                 macaroon: macaroon.clone(),

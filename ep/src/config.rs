@@ -341,6 +341,42 @@ impl Settings {
 }
 
 impl Config {
+    /// The defaults an in-process EP starts with in tests and the local stack: the config
+    /// file's defaults for every field but the four required ones given here, except `slots`,
+    /// fixed at [`Resources::default`] instead of detected so that a test's EP advertises the
+    /// same on every host. A test states only what it changes:
+    /// `Config { slots, ..Config::for_test(name, url, token, dir) }`.
+    pub fn for_test(
+        name: impl Into<String>,
+        scheduler_url: impl Into<String>,
+        attach_token: impl Into<String>,
+        work_dir: impl Into<PathBuf>,
+    ) -> Config {
+        Config {
+            name: name.into(),
+            scheduler_url: scheduler_url.into(),
+            attach_token: attach_token.into(),
+            slots: Resources::default(),
+            work_dir: work_dir.into(),
+            log_limit_bytes: default_log_limit_bytes(),
+            max_output_files: default_max_output_files(),
+            max_output_bytes: default_max_output_bytes(),
+            lifetime_s: None,
+            idle_shutdown_s: None,
+            annex: None,
+            tls_ca_file: None,
+            labels: BTreeMap::new(),
+            max_scratch_mb: None,
+            fuel: None,
+            metrics_listen: None,
+            allowed_origins: None,
+            max_open_files: default_max_open_files(),
+            compile_timeout_s: default_compile_timeout_s(),
+            prefetch: None,
+            native: NativeConfig::default(),
+        }
+    }
+
     /// Detects the host's resources ([`detect::detect`], blocking work off the async threads),
     /// then [`Config::resolve_with`] them.
     pub async fn resolve(self) -> anyhow::Result<Settings> {
@@ -578,6 +614,19 @@ mod tests {
             r#"{"name":"ep1","scheduler_url":"u","attach_token":"t","work_dir":"/x","typo":1}"#,
         );
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn for_test_has_the_file_defaults_but_fixed_slots() {
+        let file: Config = serde_json::from_str(
+            r#"{"name":"ep1","scheduler_url":"http://127.0.0.1:1","attach_token":"t","work_dir":"/tmp/x"}"#,
+        )
+        .expect("parses");
+        let built = Config::for_test("ep1", "http://127.0.0.1:1", "t", "/tmp/x");
+        assert_eq!(built.slots, Resources::default());
+        // Everything else as the file leaves it; `Debug` covers every field.
+        let same_slots = Config { slots: Resources::default(), ..file };
+        assert_eq!(format!("{built:?}"), format!("{same_slots:?}"));
     }
 
     #[tokio::test]

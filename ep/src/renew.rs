@@ -244,12 +244,7 @@ mod tests {
                     native: None,
                 },
                 resources: htfaas_functions::Resources::new(1, 1, 1),
-                input: htfaas_functions::proto::InputSpec {
-                    sha256: None,
-                    url: "http://s/i".into(),
-                    name: "i".into(),
-                    macaroon: input.into(),
-                },
+                input: htfaas_functions::proto::InputSpec::new("http://s/i", "i", input),
                 output: htfaas_functions::proto::OutputSpec::new("http://s/o/", macaroon(&[])),
                 args: vec![],
                 env: vec![],

@@ -324,12 +324,7 @@ mod tests {
                 native: None,
             },
             resources: htfaas_functions::Resources::new(2, 512, runtime_s),
-            input: htfaas_functions::proto::InputSpec {
-                sha256: None,
-                url: "http://s/a".into(),
-                name: "a".into(),
-                macaroon: "m".into(),
-            },
+            input: htfaas_functions::proto::InputSpec::new("http://s/a", "a", "m"),
             output: htfaas_functions::proto::OutputSpec {
                 url: "http://s/o/".into(),
                 macaroon: "m".into(),

@@ -320,12 +320,11 @@ fn request(dedupe_key: String) -> SubmitRequest {
             native: None,
         },
         resources: Resources::new(1, 256, 60),
-        input: InputSpec {
-            sha256: None,
-            url: format!("https://dcache.example.org:2880{input}"),
-            name: "frame-000123.dat".into(),
-            macaroon: macaroon(&["activity:DOWNLOAD", &format!("path:{input}"), "before:2030-01-01T00:00:00Z"]),
-        },
+        input: InputSpec::new(
+            format!("https://dcache.example.org:2880{input}"),
+            "frame-000123.dat",
+            macaroon(&["activity:DOWNLOAD", &format!("path:{input}"), "before:2030-01-01T00:00:00Z"]),
+        ),
         output: OutputSpec {
             url: "https://dcache.example.org:2880/data/experiment/derived/2025/06/run-004211/".into(),
             macaroon: macaroon(&[

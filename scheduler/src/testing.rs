@@ -24,12 +24,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
             native: None,
         },
         resources: Resources::new(1, 64, 60),
-        input: InputSpec {
-            sha256: None,
-            url: "http://storage/data/raw/a".into(),
-            name: "a".into(),
-            macaroon: macaroon("DOWNLOAD", "/data/raw/a"),
-        },
+        input: InputSpec::new("http://storage/data/raw/a", "a", macaroon("DOWNLOAD", "/data/raw/a")),
         output: OutputSpec {
             url: "http://storage/data/out/".into(),
             macaroon: macaroon("UPLOAD", "/data/out"),

@@ -20,27 +20,11 @@ pub async fn start_ep(
 ) -> JoinHandle<anyhow::Result<()>> {
     let work = dir.join(format!("ep-{name}"));
     let settings = htfaas_ep::Config {
-        name: name.into(),
-        scheduler_url: scheduler_url.into(),
-        attach_token: token,
         slots: htfaas_functions::Resources::new(2, 2048, 600),
-        work_dir: work,
-        log_limit_bytes: 64 * 1024,
         max_output_files: 16,
         max_output_bytes: 1 << 30,
-        lifetime_s: None,
-        idle_shutdown_s: None,
         annex: annex.map(str::to_owned),
-        tls_ca_file: None,
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..htfaas_ep::Config::for_test(name, scheduler_url, token, work)
     }
     .resolve()
     .await

@@ -60,12 +60,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
             native: None,
         },
         resources: spin.manifest.resources,
-        input: InputSpec {
-            sha256: None,
-            url: format!("{storage}/data/spin/in.dat"),
-            name: "in.dat".into(),
-            macaroon: read.clone(),
-        },
+        input: InputSpec::new(format!("{storage}/data/spin/in.dat"), "in.dat", read.clone()),
         output: OutputSpec {
             url: format!("{storage}/data/spin-out/"),
             macaroon: write.clone(),

@@ -98,27 +98,12 @@ async fn start_xrootd_ep(
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let token = htfaas::stack::mint_ep_token(dir, None, Some(ANNEX.into()), 600).expect("mint");
     let ep = htfaas_ep::Config {
-        name: "ep-xrootd".into(),
-        scheduler_url: stack.info().scheduler_url.clone(),
-        attach_token: token,
         slots: htfaas_functions::Resources::new(1, 1024, 600),
-        work_dir: dir.join("ep-xrootd"),
-        log_limit_bytes: 64 * 1024,
         max_output_files: 16,
         max_output_bytes: 1 << 30,
-        lifetime_s: None,
-        idle_shutdown_s: None,
         annex: Some(ANNEX.into()),
         tls_ca_file: Some(x.etc.join("ca.pem")),
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..htfaas_ep::Config::for_test("ep-xrootd", stack.info().scheduler_url.clone(), token, dir.join("ep-xrootd"))
     }
     .resolve()
     .await
@@ -303,12 +288,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
             native: None,
         },
         resources: record.manifest.resources,
-        input: InputSpec {
-            sha256: None,
-            url: issuer.storage.url_of("/store/in/run17.dat"),
-            name: "run17.dat".into(),
-            macaroon: read,
-        },
+        input: InputSpec::new(issuer.storage.url_of("/store/in/run17.dat"), "run17.dat", read),
         output: OutputSpec {
             url: issuer.storage.url_of("/store/out/"),
             macaroon: write,

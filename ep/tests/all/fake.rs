@@ -318,27 +318,9 @@ impl Harness {
 
         let work = tempfile::tempdir().expect("tempdir");
         let mut config = Config {
-            name: "ep-test".into(),
-            scheduler_url: base.clone(),
-            attach_token: ATTACH.into(),
             slots: Resources::new(2, 512, 60),
-            work_dir: work.path().to_owned(),
-            log_limit_bytes: 64 * 1024,
-            max_output_files: 64,
             max_output_bytes: 1 << 30,
-            lifetime_s: None,
-            idle_shutdown_s: None,
-            annex: None,
-            tls_ca_file: None,
-            labels: Default::default(),
-            max_scratch_mb: None,
-            fuel: None,
-            metrics_listen: None,
-            allowed_origins: None,
-            max_open_files: 256,
-            compile_timeout_s: 300,
-            native: Default::default(),
-            prefetch: None,
+            ..Config::for_test("ep-test", base.clone(), ATTACH, work.path())
         };
         tweak(&mut config);
         let mut settings = config.resolve().await.expect("resolves");
@@ -371,12 +353,7 @@ impl Harness {
                 native: None,
             },
             resources: Resources::new(1, 64, 30),
-            input: InputSpec {
-                sha256: None,
-                url: format!("{}/storage/{dir}/{name}", self.base),
-                name: name.into(),
-                macaroon: READ_MAC.into(),
-            },
+            input: InputSpec::new(format!("{}/storage/{dir}/{name}", self.base), name, READ_MAC),
             output: OutputSpec {
                 url: format!("{}/storage/out/", self.base),
                 macaroon: WRITE_MAC.into(),

@@ -17,27 +17,13 @@ async fn start(
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let work = tempfile::tempdir().expect("tempdir");
     let config = Config {
-        name: "ep-lifecycle".into(),
-        scheduler_url: format!("http://127.0.0.1:{closed}"),
-        attach_token: "t".into(),
         slots: Resources::new(1, 256, 60),
-        work_dir: work.path().to_owned(),
         log_limit_bytes: 1024,
         max_output_files: 1,
         max_output_bytes: 1,
         lifetime_s,
         idle_shutdown_s,
-        annex: None,
-        tls_ca_file: None,
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..Config::for_test("ep-lifecycle", format!("http://127.0.0.1:{closed}"), "t", work.path())
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

@@ -7,7 +7,6 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::any;
 use htfaas_ep::Config;
-use htfaas_functions::Resources;
 use htfaas_functions::proto::{Outcome, SchedulerMsg};
 use sha2::Digest as _;
 use std::sync::{Arc, Mutex};
@@ -148,27 +147,10 @@ async fn start_ep(
     work: &tempfile::TempDir,
 ) -> (tokio::task::JoinHandle<anyhow::Result<()>>, CancellationToken) {
     let config = Config {
-        name: "ep-test".into(),
-        scheduler_url: base,
-        attach_token: "some-token".into(),
-        slots: Resources::default(),
-        work_dir: work.path().to_owned(),
         log_limit_bytes: 1024,
         max_output_files: 1,
         max_output_bytes: 1,
-        lifetime_s: None,
-        idle_shutdown_s: None,
-        annex: None,
-        tls_ca_file: None,
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..Config::for_test("ep-test", base, "some-token", work.path())
     };
     let settings = config.resolve().await.expect("resolves");
     let shutdown = CancellationToken::new();

@@ -150,27 +150,12 @@ echo "NVIDIA A100-SXM4-40GB""#,
 /// A config (as the tests' EP) with `slots` and `labels`, its work dir in `work`.
 fn config(work: &Path, slots: Resources, labels: BTreeMap<String, String>) -> Config {
     Config {
-        name: "ep-ops".into(),
-        scheduler_url: "http://127.0.0.1:1".into(),
-        attach_token: "t".into(),
         slots,
-        work_dir: work.to_owned(),
+        labels,
         log_limit_bytes: 1024,
         max_output_files: 1,
         max_output_bytes: 1,
-        lifetime_s: None,
-        idle_shutdown_s: None,
-        annex: None,
-        tls_ca_file: None,
-        labels,
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..Config::for_test("ep-ops", "http://127.0.0.1:1", "t", work)
     }
 }
 

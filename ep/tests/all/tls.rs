@@ -167,12 +167,7 @@ impl Scheduler {
                 native: None,
             },
             resources: Resources::new(1, 256, 60),
-            input: InputSpec {
-                sha256: None,
-                url: format!("{storage}/in/wiki.txt"),
-                name: "wiki.txt".into(),
-                macaroon: mac("activity:DOWNLOAD"),
-            },
+            input: InputSpec::new(format!("{storage}/in/wiki.txt"), "wiki.txt", mac("activity:DOWNLOAD")),
             output: OutputSpec {
                 url: format!("{storage}/out/"),
                 macaroon: mac("activity:UPLOAD"),
@@ -209,27 +204,10 @@ impl Scheduler {
 
 fn ep_config(scheduler: &Scheduler, work: &Path, tls_ca_file: Option<PathBuf>) -> Config {
     Config {
-        name: "ep-tls".into(),
-        scheduler_url: scheduler.url.clone(),
-        attach_token: scheduler.attach_token.clone(),
-        slots: Resources::default(),
-        work_dir: work.to_owned(),
-        log_limit_bytes: 64 * 1024,
         max_output_files: 8,
         max_output_bytes: 1 << 20,
-        lifetime_s: None,
-        idle_shutdown_s: None,
-        annex: None,
         tls_ca_file,
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..Config::for_test("ep-tls", scheduler.url.clone(), scheduler.attach_token.clone(), work)
     }
 }
 
@@ -344,27 +322,11 @@ async fn a_bad_tls_ca_file_fails_resolve_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(dir.path());
     let config = |ca: Option<PathBuf>| Config {
-        name: "ep".into(),
-        scheduler_url: "https://127.0.0.1:1".into(),
-        attach_token: "t".into(),
-        slots: Resources::default(),
-        work_dir: dir.path().join("work"),
         log_limit_bytes: 1024,
         max_output_files: 1,
         max_output_bytes: 1,
-        lifetime_s: None,
-        idle_shutdown_s: None,
-        annex: None,
         tls_ca_file: ca,
-        labels: Default::default(),
-        max_scratch_mb: None,
-        fuel: None,
-        metrics_listen: None,
-        allowed_origins: None,
-        max_open_files: 256,
-        compile_timeout_s: 300,
-        native: Default::default(),
-        prefetch: None,
+        ..Config::for_test("ep", "https://127.0.0.1:1", "t", dir.path().join("work"))
     };
     let write = |name: &str, text: &str| {
         let p = dir.path().join(name);

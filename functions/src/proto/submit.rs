@@ -100,6 +100,14 @@ pub struct InputSpec {
     pub sha256: Option<String>,
 }
 
+impl InputSpec {
+    /// The file at `url`, seen by the guest as `/input/<name>`, read with `macaroon`; no
+    /// sha256 pinned (what every job but a re-run has).
+    pub fn new(url: impl Into<String>, name: impl Into<String>, macaroon: impl Into<String>) -> InputSpec {
+        InputSpec { url: url.into(), name: name.into(), macaroon: macaroon.into(), sha256: None }
+    }
+}
+
 /// Where the job's outputs go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputSpec {

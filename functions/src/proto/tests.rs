@@ -52,7 +52,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
             native: None,
         },
         resources: Resources::new(1, 1, 1),
-        input: InputSpec { sha256: None, url: "http://s/data/a".into(), name: "a".into(), macaroon: "r".into() },
+        input: InputSpec::new("http://s/data/a", "a", "r"),
         output: OutputSpec { on_failure: Default::default(), url: "http://s/data/out/".into(), macaroon: "w".into() },
         args: vec![],
         env: vec![],

@@ -349,12 +349,7 @@ mod tests {
                 native: None,
             },
             resources: res(1, 1, 1),
-            input: htfaas_functions::proto::InputSpec {
-                sha256: None,
-                url: "http://s/a".into(),
-                name: "a".into(),
-                macaroon: "m".into(),
-            },
+            input: htfaas_functions::proto::InputSpec::new("http://s/a", "a", "m"),
             output: htfaas_functions::proto::OutputSpec {
                 url: "http://s/o/".into(),
                 macaroon: "m".into(),

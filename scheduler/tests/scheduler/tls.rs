@@ -161,12 +161,7 @@ impl Server {
                 native: None,
             },
             resources: Resources::new(1, 256, 60),
-            input: InputSpec {
-                sha256: None,
-                url: "https://storage.invalid/in/a.dat".into(),
-                name: "a.dat".into(),
-                macaroon: mac("activity:DOWNLOAD"),
-            },
+            input: InputSpec::new("https://storage.invalid/in/a.dat", "a.dat", mac("activity:DOWNLOAD")),
             output: OutputSpec {
                 url: "https://storage.invalid/out/".into(),
                 macaroon: mac("activity:UPLOAD"),

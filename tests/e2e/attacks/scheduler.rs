@@ -58,7 +58,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         retry: None,
         function: FunctionRef { name: "checksum".into(), version: 1, digest: digest.clone(), module_url, native: None },
         resources: Resources::new(1, 256, 60),
-        input: InputSpec { sha256: None, url: input, name: "a.dat".into(), macaroon: "m".into() },
+        input: InputSpec::new(input, "a.dat", "m"),
         output: OutputSpec { on_failure: Default::default(), url: output, macaroon: "m".into() },
         args: vec![],
         env: vec![],
