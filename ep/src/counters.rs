@@ -28,7 +28,8 @@ pub(crate) const OUTCOMES: [&str; 11] = [
 ];
 
 /// The label of `o`'s kind.
-pub fn outcome_label(o: &Outcome) -> &'static str {
+#[cfg(test)]
+pub(crate) fn outcome_label(o: &Outcome) -> &'static str {
     OUTCOMES[outcome_index(o)]
 }
 

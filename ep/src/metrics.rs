@@ -28,7 +28,6 @@
 
 use crate::config::Settings;
 use crate::counters::OUTCOMES;
-pub use crate::counters::{DURATION_BUCKETS, Metrics, outcome_label};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use htfaas_functions::metrics::CONTENT_TYPE;
@@ -142,7 +141,7 @@ impl Collector for EpCollector {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::counters::{DURATION_BUCKETS, Metrics, outcome_label};
     use htfaas_functions::proto::Outcome;
     use std::time::Duration;
 

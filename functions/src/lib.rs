@@ -36,7 +36,7 @@
 //! without a database (the EP) leave it off.
 
 pub mod audit;
-pub mod audit_kinds;
+mod audit_kinds;
 pub mod digest;
 pub mod event;
 pub mod glob;
@@ -53,7 +53,7 @@ pub mod percent;
 pub mod proto;
 #[cfg(feature = "db")]
 pub mod registry;
-pub mod resources;
+mod resources;
 pub mod seal;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -18,13 +18,13 @@
 //! with NATS configured, its event acknowledged (else 503, after at most a few seconds); a
 //! `PUT` the disk cannot hold answers 507 and leaves neither a file nor an event behind.
 
-pub mod auth;
-pub mod billing;
+mod auth;
+mod billing;
 mod config;
-pub mod error;
-pub mod fs;
+mod error;
+mod fs;
 pub mod macaroons;
-pub mod paths;
+mod paths;
 mod routes;
 
 use std::sync::Arc;
