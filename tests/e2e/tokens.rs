@@ -3,6 +3,7 @@
 
 use htfaas::stack::{SubmitGrant, demo_manifest, mint_submit_token};
 use htfaas_functions::Resources;
+use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::JobState;
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use std::time::Duration;
@@ -26,9 +27,21 @@ async fn a_submit_token_runs_one_job_accounted_to_its_owner_and_is_refused_beyon
     // The upload fires it once for alice (the function's owner); bob's token runs it again.
     let mut m = demo_manifest(digest);
     m.trigger.path = "/data/manual/**".into();
+    // Both runs write the same output, the second replacing the first's (without `replace`, the
+    // storage refuses a file another writer wrote). Each run acts as its own principal: both
+    // need the grant.
+    m.outputs.replace = true;
+    for owner in [htfaas::stack::USER, "bob"] {
+        client.grant(owner, Right::Replace, "/data/checksums/").await.expect("grant replace");
+    }
     client.register(&m).await.expect("register");
     client.put_bytes(b"by hand".to_vec(), "/data/manual/x.dat").await.expect("put");
 
+    // Alice's run ends first, always: bob's then replaces its output.
+    wait_for("alice's output", Duration::from_secs(60), || async {
+        client.get_bytes("/data/checksums/x.dat.checksums.json").await.ok().flatten()
+    })
+    .await;
     htfaas_tests::share_data(&client, "bob").await;
     let token = mint_submit_token(dir.path(), &grant("bob")).expect("mint");
     let reply = client.run_function(&token, "checksum", "/data/manual/x.dat").await.expect("submit");
