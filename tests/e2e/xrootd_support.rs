@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 pub struct Xrootd {
     /// xrootd's own pid (start.sh execs it).
     pub pid: u32,
+    /// When that process started ([`start_time`]): the drop signals only that very process.
+    started: Option<u64>,
     /// One port for xroot://, http:// and https:// on 127.0.0.1.
     pub port: u16,
     /// The served namespace root (`oss.localroot`).
@@ -72,7 +74,8 @@ impl Xrootd {
                 eprintln!("xrootd: pid {pid} on 127.0.0.1:{port}, answered after {:?}", started.elapsed());
                 let state = dir.path().join("data.state");
                 let etc = state.join("etc");
-                return Xrootd { pid, port, data, state, etc, _dir: dir };
+                let started = start_time(pid);
+                return Xrootd { pid, started, port, data, state, etc, _dir: dir };
             }
             last_err = stderr.into_owned();
         }
@@ -113,16 +116,32 @@ impl Xrootd {
 
 impl Drop for Xrootd {
     fn drop(&mut self) {
+        // xrootd is not our child: once it exited, init reaped it and its pid may be another
+        // process's by now (pids wrap on a busy machine). Only the very process started here,
+        // told by its start time, is signalled.
+        let ours = || self.started.is_some() && start_time(self.pid) == self.started && alive(self.pid);
+        if !ours() {
+            return;
+        }
         let pid = self.pid.to_string();
         let _ = Command::new("kill").arg(&pid).status();
         let deadline = Instant::now() + Duration::from_secs(3);
-        while alive(self.pid) && Instant::now() < deadline {
+        while ours() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if alive(self.pid) {
+        if ours() {
             let _ = Command::new("kill").args(["-KILL", &pid]).status();
         }
     }
+}
+
+/// When process `pid` started (clock ticks after boot: field 22 of `/proc/<pid>/stat`), which
+/// tells it from a later process that got the same pid; `None` when there is no such process.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // `rest` starts at field 3 (the state).
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 fn scripts() -> PathBuf {
