@@ -84,10 +84,7 @@ pub(crate) async fn run(
     stop: &CancelSignal,
 ) -> GuestRun {
     let started = Instant::now();
-    let ended = |outcome: Outcome, no_free_slot: bool| GuestRun {
-        no_free_slot,
-        ..GuestRun::unrun(outcome, millis(started.elapsed()))
-    };
+    let ended = |outcome, no_free_slot| unrun(started, outcome, no_free_slot);
     let (uid, gpus) = match leases(host, job.resources.gpus) {
         Ok(leases) => leases,
         Err(why) => return ended(Outcome::ModuleFailed { reason: why }, true),
@@ -132,6 +129,12 @@ pub(crate) async fn run(
         instructions: None,
         no_free_slot: false,
     }
+}
+
+/// A run that ended as `outcome` before its command ran, `started` when it was asked for;
+/// `no_free_slot` when a pool of the EP was full (not the job's fault).
+fn unrun(started: Instant, outcome: Outcome, no_free_slot: bool) -> GuestRun {
+    GuestRun { no_free_slot, ..GuestRun::unrun(outcome, millis(started.elapsed())) }
 }
 
 /// A uid and `gpus` GPUs lent for one sandbox; `Err` says which the EP has none of now (a
@@ -206,10 +209,7 @@ pub(crate) async fn run_handler(
 ) -> GuestRun {
     use crate::native::handlers::retire;
     let started = Instant::now();
-    let ended = |outcome: Outcome, no_free_slot: bool| GuestRun {
-        no_free_slot,
-        ..GuestRun::unrun(outcome, millis(started.elapsed()))
-    };
+    let ended = |outcome, no_free_slot| unrun(started, outcome, no_free_slot);
     // argv is [function, /input/<name>, args…] (crate::job).
     let name = job.argv.get(1).and_then(|p| p.strip_prefix("/input/")).unwrap_or_default();
     let args = job.argv.get(2..).unwrap_or_default();

@@ -11,7 +11,8 @@
 //! - on [`Handlers::retire_all`] (a revocation at the scheduler), and any worker serving then is
 //!   not kept after;
 //! - when more than [`HandlerOptions::max_idle`] are kept (the longest idle first);
-//! - when it died, or burned CPU while idle (that time would be charged to nobody).
+//! - when it died, or burned CPU while idle (that time would be charged to nobody): found
+//!   when a run would take it, or by the sweep.
 //!
 //! The pool only sorts workers; the caller drops the ones it returns with [`Worker::retire`].
 //!
@@ -59,6 +60,18 @@ struct Idle {
     cpu_ms: u64,
 }
 
+impl Idle {
+    /// Whether it may serve: alive, and quiet since it went idle (CPU it used then would be
+    /// charged to nobody).
+    fn fit(&mut self) -> bool {
+        if self.worker.usage().cpu_ms.saturating_sub(self.cpu_ms) > IDLE_CPU_MS {
+            tracing::warn!(function = %self.ticket.function, "a handler burned CPU while idle; dropped");
+            return false;
+        }
+        self.worker.is_alive()
+    }
+}
+
 /// What a worker is kept under; [`Handlers::take`] gives one, [`Handlers::give_back`] takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ticket {
@@ -81,7 +94,7 @@ impl Handlers {
     /// For a run of `function` at `version` whose workers go under `key`: an idle worker of
     /// that key, alive and quiet, if one is kept (the most recently used); the ticket to give
     /// it (or a new one) back with; and the workers to retire now (of older versions of
-    /// `function`, dead, or busy while idle).
+    /// `function`, or of this key but dead or busy while idle).
     pub fn take(&self, key: &str, function: &str, version: u32) -> (Option<Worker>, Ticket, Vec<Worker>) {
         let mut state = self.state();
         let newest = state.newest.entry(function.to_owned()).or_insert(version);
@@ -91,14 +104,12 @@ impl Handlers {
         let mut retired = Vec::new();
         let mut found = None;
         let idle = std::mem::take(&mut state.idle);
-        // Newest last: the search from the end finds the most recently used.
+        // Newest last: the search from the end finds the most recently used. Only a worker of
+        // this key is looked at closely (its group's files, its process); the others wait for
+        // the sweep.
         for mut kept in idle.into_iter().rev() {
             let stale = kept.ticket.function == function && kept.ticket.version < newest;
-            let busy = kept.worker.usage().cpu_ms.saturating_sub(kept.cpu_ms) > IDLE_CPU_MS;
-            if stale || busy || !kept.worker.is_alive() {
-                if busy {
-                    tracing::warn!(function = %kept.ticket.function, "a handler burned CPU while idle; dropped");
-                }
+            if stale || (found.is_none() && kept.ticket.key == key && !kept.fit()) {
                 retired.push(kept.worker);
             } else if found.is_none() && kept.ticket.key == key {
                 found = Some(kept.worker);
@@ -125,14 +136,20 @@ impl Handlers {
         state.idle.drain(..over).map(|i| i.worker).collect()
     }
 
-    /// The workers idle for longer than `idle_for` at `now`, taken out to retire.
+    /// The workers idle for longer than `idle_for` at `now`, dead, or busy while idle, taken
+    /// out to retire.
     pub fn sweep(&self, now: Instant) -> Vec<Worker> {
         let mut state = self.state();
         let idle = std::mem::take(&mut state.idle);
-        let (expired, kept): (Vec<Idle>, Vec<Idle>) =
-            idle.into_iter().partition(|i| now.saturating_duration_since(i.since) >= self.options.idle_for);
-        state.idle = kept;
-        expired.into_iter().map(|i| i.worker).collect()
+        let mut expired = Vec::new();
+        for mut i in idle {
+            if now.saturating_duration_since(i.since) >= self.options.idle_for || !i.fit() {
+                expired.push(i.worker);
+            } else {
+                state.idle.push(i);
+            }
+        }
+        expired
     }
 
     /// Every idle worker, taken out to retire; the ones serving now are not kept after.
