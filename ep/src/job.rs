@@ -294,7 +294,15 @@ impl Jobs {
                         futures_util::future::Either::Right(native_job::run(host, &group, native, root, &gj, &stop)),
                     ),
                 };
-            let watch = watch_scratch(limits, output_dir.clone(), cancel, &stop);
+            // A handler watches its own `/output`, and forwards the cancel itself.
+            let handler = matches!(&code, Code::Native(_, native, _) if native.handler);
+            let watch = async {
+                if handler {
+                    std::future::pending().await
+                } else {
+                    watch_scratch(limits, output_dir.clone(), cancel, &stop).await
+                }
+            };
             let mut run = std::pin::pin!(run);
             let mut watch = std::pin::pin!(watch);
             let mut exceeded = None;
