@@ -6,6 +6,10 @@
 //! - files form an import circle at any depth (`a/x.rs` ↔ `a/y.rs`; a child using its parent
 //!   is the module tree, not a circle), or a production file says `use super::*`;
 //! - a module uses an item of the crate root (`lib.rs`/`main.rs` are tables of contents);
+//! - a module of a layer that says "leaves" uses any other module of its crate, or a module
+//!   uses what its layer's "must not know:" names in backticks: a module of its crate, or an
+//!   external crate (`axum`, `rusqlite`: a dependency in the crate's `Cargo.toml`, found by its
+//!   `name::` paths); a backticked name that is neither fails too, so the prose stays true;
 //! - a file is over [`LONG`] lines without a line at its top saying why;
 //! - a file does not open with a `//!` comment saying its role;
 //! - ARCHITECTURE.md is longer than [`MAP_LINES`] lines (it is the map; design notes go to
@@ -28,14 +32,19 @@ const LONG: usize = 800;
 /// Phrases that count as saying why a long file is kept whole.
 const LONG_REASONS: [&str; 3] = ["long because", "kept whole", "why this file"];
 
-/// One crate's declared layers: module → layer number (1 = bottom).
+/// One crate's declared layers: module → layer number (1 = bottom), the layers of leaves, and
+/// each layer's backticked "must not know" names.
 #[derive(Debug, Default)]
 struct Layers {
     of: BTreeMap<String, usize>,
+    leaves: BTreeSet<usize>,
+    not_known: BTreeMap<usize, BTreeSet<String>>,
 }
 
 /// The *Layers* section of ARCHITECTURE.md: `### <src dir>` headings, each followed by
-/// numbered lines whose backticked names before the first ` — ` are that layer's modules.
+/// numbered lines whose backticked names before the first ` — ` are that layer's modules. A
+/// line whose description says "leaves" makes them leaves; the backticked lower-case names
+/// after its "must not know:" are what they must not use.
 fn declared(architecture: &str) -> BTreeMap<String, Layers> {
     let mut crates: BTreeMap<String, Layers> = BTreeMap::new();
     let mut in_section = false;
@@ -59,15 +68,64 @@ fn declared(architecture: &str) -> BTreeMap<String, Layers> {
         let trimmed = line.trim_start();
         let Some((number, rest)) = trimmed.split_once(". ") else { continue };
         let Ok(layer) = number.parse::<usize>() else { continue };
-        let names = rest.split(" — ").next().unwrap_or_default();
+        let (names, description) = rest.split_once(" — ").unwrap_or((rest, ""));
         let layers = crates.get_mut(dir).expect("entry made at its heading");
         for (i, piece) in names.split('`').enumerate() {
             if i % 2 == 1 {
                 layers.of.insert(piece.to_string(), layer);
             }
         }
+        if description.split(|c: char| !c.is_alphanumeric()).any(|w| w == "leaves") {
+            layers.leaves.insert(layer);
+        }
+        if let Some((_, not_known)) = description.split_once("must not know:") {
+            let names = not_known.split('`').skip(1).step_by(2);
+            let names = names.filter(|n| {
+                n.starts_with(|c: char| c.is_ascii_lowercase())
+                    && n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            });
+            layers.not_known.entry(layer).or_default().extend(names.map(str::to_string));
+        }
     }
     crates
+}
+
+/// The names of a crate's dependencies (`[dependencies]`, `[dependencies.name]` and
+/// per-target tables; not dev-dependencies) as code writes them (`-` read as `_`).
+fn dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut in_deps = false;
+    for line in manifest.lines().map(str::trim) {
+        if let Some(table) = line.strip_prefix('[') {
+            let table = table.trim_end_matches(']');
+            let last = table.rsplit('.').next().unwrap_or_default();
+            in_deps = !table.starts_with("workspace") && (table == "dependencies" || table.ends_with(".dependencies"));
+            if table.starts_with("dependencies.") || (table.contains("target.") && table.contains(".dependencies.")) {
+                names.insert(last.replace('-', "_"));
+            }
+            continue;
+        }
+        if in_deps && let Some(key) = line.split(['=', '.']).next().map(str::trim).filter(|k| !k.is_empty()) {
+            names.insert(key.trim_matches('"').replace('-', "_"));
+        }
+    }
+    names
+}
+
+/// Whether `code` uses the external crate `name`: a path `name::…` that is not the tail of a
+/// longer path (`crate::name::`, `other_name::`), or `use name;` / `use name as …`.
+fn uses_crate(code: &str, name: &str) -> bool {
+    let path = format!("{name}::");
+    let mut from = 0;
+    while let Some(i) = code[from..].find(&path) {
+        let at = from + i;
+        from = at + path.len();
+        let before = code[..at].chars().next_back();
+        if !before.is_some_and(|c| c == '_' || c == ':' || c == '$' || c.is_alphanumeric()) {
+            return true;
+        }
+    }
+    code.contains(&format!("use {name};")) || code.contains(&format!("use {name} as "))
 }
 
 /// Every `.rs` file under `dir`, sorted.
@@ -300,9 +358,26 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
             problems.push(format!("{dir}: ARCHITECTURE.md places `{module}`, which does not exist"));
         }
     }
+    let manifest = src.parent().map(|c| c.join("Cargo.toml")).and_then(|m| std::fs::read_to_string(m).ok());
+    let deps = dependencies(manifest.as_deref().unwrap_or_default());
+    for (layer, names) in &layers.not_known {
+        for name in names.iter().filter(|n| !modules.contains(*n) && !deps.contains(*n)) {
+            problems.push(format!(
+                "{dir}: layer {layer} must not know `{name}`, which is neither a module nor a dependency of the crate"
+            ));
+        }
+    }
     let mut edges: Edges = BTreeMap::new();
     for (file, top, production) in &code {
         let Some(from) = top else { continue };
+        let layer = layers.of.get(from).copied().unwrap_or_default();
+        let not_known = layers.not_known.get(&layer);
+        for name in not_known.into_iter().flatten().filter(|n| deps.contains(*n) && !modules.contains(*n)) {
+            if uses_crate(production, name) {
+                problems
+                    .push(format!("{}: `{from}` (layer {layer}) must not know `{name}`, but uses it", file.display()));
+            }
+        }
         if production.contains("super::super::") {
             problems.push(format!("{}: write `crate::` paths, not `super::super::`", file.display()));
         }
@@ -319,6 +394,12 @@ fn check_crate(root: &Path, dir: &str, layers: &Layers, problems: &mut Vec<Strin
                     file.display()
                 ));
                 continue;
+            }
+            if layers.leaves.contains(&layer) {
+                problems.push(format!("{}: `{from}` is a leaf (layer {layer}) but uses `{used}`", file.display()));
+            } else if not_known.is_some_and(|n| n.contains(&used)) {
+                problems
+                    .push(format!("{}: `{from}` (layer {layer}) must not know `{used}`, but uses it", file.display()));
             }
             let (a, b) = (layers.of.get(from), layers.of.get(&used));
             if let (Some(a), Some(b)) = (a, b)
@@ -578,31 +659,48 @@ fn every_source_file_says_its_role_and_long_ones_say_why() {
 }
 
 /// The checker itself refuses what it should: a fixture crate with an upward import,
-/// a circle of modules and one of files, `use super::*`, a root item, and an undeclared module.
+/// a circle of modules and one of files, `use super::*`, a root item, an undeclared module, a
+/// leaf that uses a module, and a module that uses a module or crate its layer must not know.
 #[test]
 fn the_checker_catches_upward_imports_circles_at_any_depth_root_items_and_unplaced_modules() {
     let dir = tempfile::tempdir().expect("temp dir");
     let src = dir.path().join("fix/src");
     std::fs::create_dir_all(src.join("store")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("fix/Cargo.toml"),
+        "[dependencies]\naxum.workspace = true\n[dev-dependencies]\nrusqlite = \"1\"\n",
+    )
+    .expect("write");
     let write = |p: &str, t: &str| std::fs::write(src.join(p), t).expect("write");
-    write("lib.rs", "//! root\npub struct Shared;\nmod store; mod api; mod extra;\n#[cfg(test)]\nmod testing;\n");
+    write(
+        "lib.rs",
+        "//! root\npub struct Shared;\nmod store; mod api; mod extra; mod util;\n#[cfg(test)]\nmod testing;\n",
+    );
     write("testing.rs", "//! fixtures\nuse crate::api;\n");
     // A brace in a test's string literal does not end the test module early.
-    let store = "//! store\nuse crate::api::Handler;\n#[cfg(test)]\nmod tests { const C: &str = \"}\"; use crate::extra::X; use super::super::Z; }\n";
+    let store = "//! store\nuse crate::api::Handler;\nfn router() -> axum::Router { todo!() }\n#[cfg(test)]\nmod tests { const C: &str = \"}\"; use crate::extra::X; use super::super::Z; }\n";
     write("store/mod.rs", store);
-    write("store/rows.rs", "//! rows\nuse crate::{store::Row, Shared};\nuse crate::store::keys::Key;\n");
-    // A circle one level down, which the modules' graph cannot see.
-    write("store/keys.rs", "//! keys\nuse super::{rows::Rows, Row};\nuse super::*;\n");
-    write("api.rs", "//! api\nuse crate::store;\n// use crate::nowhere;\n");
+    write(
+        "store/rows.rs",
+        "//! rows\nuse crate::{store::Row, Shared};\nuse crate::store::keys::Key;\nuse crate::extra::Y;\n",
+    );
+    // A circle one level down, which the modules' graph cannot see; paths that only end in a
+    // forbidden crate's name are not that crate.
+    write(
+        "store/keys.rs",
+        "//! keys\nuse super::{rows::Rows, Row};\nuse super::*;\ntype T = (not_axum::X, other::axum::Y);\n",
+    );
+    write("api.rs", "//! api\nuse crate::store;\n// use crate::nowhere;\nuse rusqlite::Connection;\n");
     write("extra.rs", "//! extra\n");
+    write("util.rs", "//! util\nuse crate::extra::Z;\n");
     let layers = declared(
-        "## Layers\n### fix/src\n1. `store` — the store\n2. `api`, `gone` — the api\n## Next\n1. `extra` — not in the section\n",
+        "## Layers\n### fix/src\n1. `util` — leaves\n2. `store` — the store; must not know: `axum`, `extra`, `nowhere_crate`, `Shared`\n3. `api`, `gone` — the api; must not know: `rusqlite`\n## Next\n1. `extra` — not in the section\n",
     );
     let mut problems = Vec::new();
     assert_eq!(layers.len(), 1, "only the Layers section counts");
     check_crate(dir.path(), "fix/src", &layers["fix/src"], &mut problems);
     let all = problems.join("\n");
-    assert!(all.contains("`store` (layer 1) uses `api` (layer 2)"), "{all}");
+    assert!(all.contains("`store` (layer 2) uses `api` (layer 3)"), "{all}");
     assert!(all.contains("import circle: "), "{all}");
     assert!(all.contains("uses `crate::Shared` from the crate root"), "{all}");
     assert!(all.contains("module `extra` has no layer"), "{all}");
@@ -613,8 +711,17 @@ fn the_checker_catches_upward_imports_circles_at_any_depth_root_items_and_unplac
         "the modules' circle, seen from the files: {all}"
     );
     assert!(all.contains("store/keys.rs: `use super::*` outside tests"), "{all}");
-    assert!(!all.contains("nowhere"), "comments are not code: {all}");
+    assert!(all.contains("util.rs: `util` is a leaf (layer 1) but uses `extra`"), "{all}");
+    assert!(all.contains("rows.rs: `store` (layer 2) must not know `extra`, but uses it"), "{all}");
+    assert!(all.contains("store/mod.rs: `store` (layer 2) must not know `axum`, but uses it"), "{all}");
+    assert!(all.contains("must not know `nowhere_crate`, which is neither a module nor a dependency"), "{all}");
+    assert!(
+        all.contains("must not know `rusqlite`, which is neither"),
+        "a dev-dependency is not the crate's dependency: {all}"
+    );
+    assert!(!all.contains("keys.rs: `store` (layer 2) must not know `axum`"), "`not_axum::` is not axum: {all}");
+    assert!(!all.contains("nowhere`"), "comments are not code: {all}");
     assert!(!all.contains("super::super"), "a test module's string does not end it: {all}");
-    assert!(!all.contains("`store` (layer 1) uses `extra`"), "unit tests are exempt: {all}");
-    assert_eq!(problems.len(), 8, "{all}");
+    assert!(!all.contains("`store` (layer 2) uses `extra`"), "unit tests are exempt: {all}");
+    assert_eq!(problems.len(), 13, "{all}");
 }
