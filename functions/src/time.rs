@@ -1,7 +1,8 @@
 //! Wall-clock time, once for the workspace: Unix seconds and milliseconds now ([`now_s`],
 //! [`now_ms`]), and the proleptic Gregorian date of a day count ([`civil_from_days`]) with the
-//! two UTC renderings built on it ([`utc_timestamp`], [`utc_timestamp_ms`]), and back
-//! ([`days_from_civil`], [`parse_utc_timestamp`]: a macaroon's `before:`).
+//! UTC renderings built on it ([`utc_timestamp`], [`utc_timestamp_ms`],
+//! [`utc_timestamp_ms_offset`]), and back ([`days_from_civil`], [`parse_rfc3339_ms`]: every
+//! RFC 3339 time read anywhere in the workspace, such as a macaroon's `before:`).
 //!
 //! The date arithmetic is Howard Hinnant's `civil_from_days`, total on every `u64` day count:
 //! the `time` crate (in the tree) represents years up to 9999 only without its `large-dates`
@@ -63,10 +64,12 @@ pub fn days_from_civil(y: u64, m: u64, d: u64) -> Option<u64> {
     (era * 146_097 + doe).checked_sub(719_468)
 }
 
-/// Unix seconds of a UTC timestamp as macaroons' `before:` caveats write it:
-/// `YYYY-MM-DDTHH:MM:SS`, then optional fractional seconds (dropped), then `Z` or `+00:00`.
-/// `None` for anything else (another offset, a date out of range, trailing bytes).
-pub fn parse_utc_timestamp(s: &str) -> Option<u64> {
+/// Unix milliseconds of an RFC 3339 date-time: `YYYY-MM-DDTHH:MM:SS` (`T` or `t`), optional
+/// fractional seconds (beyond milliseconds dropped), then `Z`, `z` or an offset `±HH:MM`.
+/// `None` for anything else (a date or offset out of range, a time before 1970, trailing bytes).
+/// Every RFC 3339 time the workspace reads goes through here: macaroons' `before:` caveats
+/// (whoever added them), `--since`/`--until`, events' times.
+pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
     let b = s.as_bytes();
     if b.len() < 20 || !s.is_char_boundary(19) {
         return None;
@@ -75,8 +78,8 @@ pub fn parse_utc_timestamp(s: &str) -> Option<u64> {
         let part = s.get(r)?;
         if part.bytes().all(|c| c.is_ascii_digit()) { part.parse().ok() } else { None }
     };
-    let seps = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
-    if seps.iter().any(|&(i, c)| b[i] != c) {
+    let seps = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if seps.iter().any(|&(i, c)| b[i] != c) || !matches!(b[10], b'T' | b't') {
         return None;
     }
     let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
@@ -84,17 +87,48 @@ pub fn parse_utc_timestamp(s: &str) -> Option<u64> {
         return None;
     }
     let mut rest = &s[19..];
+    let mut milli = 0;
     if let Some(frac) = rest.strip_prefix('.') {
         let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
             return None;
         }
+        let first3 = format!("{:0<3}", &frac[..digits.min(3)]);
+        milli = first3.parse::<u64>().ok()?;
         rest = &frac[digits..];
     }
-    if rest != "Z" && rest != "+00:00" {
+    let local_ms = (days_from_civil(y, mo, d)? * 86_400 + h * 3600 + mi * 60 + sec) * 1000 + milli;
+    if rest == "Z" || rest == "z" {
+        return Some(local_ms);
+    }
+    let ob = rest.as_bytes();
+    if ob.len() != 6 || ob[3] != b':' || !ob.iter().enumerate().all(|(i, c)| i == 0 || i == 3 || c.is_ascii_digit()) {
         return None;
     }
-    Some(days_from_civil(y, mo, d)? * 86_400 + h * 3600 + mi * 60 + sec)
+    let (oh, om) = (rest[1..3].parse::<u64>().ok()?, rest[4..6].parse::<u64>().ok()?);
+    if oh > 23 || om > 59 {
+        return None;
+    }
+    let offset_ms = (oh * 60 + om) * 60_000;
+    match ob[0] {
+        b'+' => local_ms.checked_sub(offset_ms),
+        b'-' => local_ms.checked_add(offset_ms),
+        _ => None,
+    }
+}
+
+/// Unix seconds of an RFC 3339 date-time ([`parse_rfc3339_ms`], fractions dropped).
+pub fn parse_utc_timestamp(s: &str) -> Option<u64> {
+    parse_rfc3339_ms(s).map(|ms| ms / 1000)
+}
+
+/// Unix milliseconds as dCache's billing writes a date (Java's `ISO_OFFSET_DATE_TIME`), in
+/// UTC: `2026-11-22T10:00:00.250+00:00`.
+pub fn utc_timestamp_ms_offset(unix_ms: u64) -> String {
+    let mut t = utc_timestamp_ms(unix_ms);
+    t.pop();
+    t.push_str("+00:00");
+    t
 }
 
 #[cfg(test)]
@@ -109,10 +143,20 @@ mod tests {
         }
         assert_eq!(parse_utc_timestamp("2009-02-13T23:31:30.250Z"), Some(1_234_567_890));
         assert_eq!(parse_utc_timestamp("2009-02-13T23:31:30+00:00"), Some(1_234_567_890));
+        assert_eq!(parse_utc_timestamp("2009-02-14T00:31:30+01:00"), Some(1_234_567_890));
+        assert_eq!(parse_utc_timestamp("2009-02-13t22:01:30-01:30"), Some(1_234_567_890));
+        assert_eq!(parse_rfc3339_ms("2009-02-13T23:31:30.25z"), Some(1_234_567_890_250));
+        assert_eq!(parse_rfc3339_ms("2009-02-13T23:31:30.123999Z"), Some(1_234_567_890_123));
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:30:00+00:30"), Some(0));
+        assert_eq!(utc_timestamp_ms_offset(1_234_567_890_250), "2009-02-13T23:31:30.250+00:00");
         for bad in [
             "",
             "2009-02-13T23:31:30",
-            "2009-02-13T23:31:30+01:00",
+            "1970-01-01T00:00:00+01:00",
+            "2009-02-13T23:31:30+24:00",
+            "2009-02-13T23:31:30+0100",
+            "2009-02-13T23:31:30 01:00",
+            "2009-02-13T23:31:30+01:0x",
             "2009-02-13 23:31:30Z",
             "2009-13-13T23:31:30Z",
             "1969-12-31T23:59:59Z",
@@ -153,6 +197,18 @@ mod tests {
     }
 
     proptest! {
+        /// Any offset and fraction reads as the `time` crate reads it.
+        #[test]
+        fn rfc3339_parses_as_the_time_crate_does(ms in 200_000_000u64..4_102_444_800_000, offset_min in -1439i32..1439) {
+            use time::format_description::well_known::Rfc3339;
+            let offset = time::UtcOffset::from_whole_seconds(offset_min * 60).expect("in range");
+            let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).expect("in range").to_offset(offset);
+            let text = t.format(&Rfc3339).expect("formats");
+            let back = time::OffsetDateTime::parse(&text, &Rfc3339).expect("the time crate parses it");
+            let expected = u64::try_from(back.unix_timestamp_nanos() / 1_000_000).expect("after 1970");
+            prop_assert_eq!(parse_rfc3339_ms(&text), Some(expected), "{}", text);
+        }
+
         /// The arithmetic agrees with the `time` crate on every day it represents.
         #[test]
         fn civil_from_days_matches_the_time_crate(days in 0u64..2_932_897) {

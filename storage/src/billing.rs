@@ -155,17 +155,8 @@ impl Billing {
 
 /// ISO-8601 with offset and milliseconds, like dCache's `ISO_OFFSET_DATE_TIME` (in UTC).
 fn format_date(now: OffsetDateTime) -> String {
-    let t = now.to_offset(time::UtcOffset::UTC);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}+00:00",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-        t.millisecond()
-    )
+    let ms = u64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+    htfaas_functions::time::utc_timestamp_ms_offset(ms)
 }
 
 /// 36 upper-case hex digits, fresh per upload.

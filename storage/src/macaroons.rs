@@ -36,7 +36,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use htfaas_functions::macaroon as codec;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use crate::paths;
 
@@ -193,7 +192,9 @@ impl Restrictions {
         self.count += 1;
         match key {
             "before" => {
-                let t = OffsetDateTime::parse(value, &Rfc3339).map_err(|e| malformed(caveat, e.to_string()))?;
+                let t = htfaas_functions::time::parse_rfc3339_ms(value)
+                    .and_then(|ms| OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok())
+                    .ok_or_else(|| malformed(caveat, "not an RFC 3339 time after 1970".to_owned()))?;
                 self.before = Some(self.before.map_or(t, |b| b.min(t)));
             }
             "activity" => {
@@ -384,16 +385,7 @@ pub(crate) fn mint(key: &RootKey, location: &str, identifier: &str, caveats: &[S
 
 /// `YYYY-MM-DDTHH:MM:SSZ`, the second-precision form both dCache and XRootD parse.
 pub fn format_instant(t: OffsetDateTime) -> String {
-    let t = t.to_offset(time::UtcOffset::UTC);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    htfaas_functions::time::utc_timestamp(u64::try_from(t.unix_timestamp()).unwrap_or(0))
 }
 
 /// Parses an ISO-8601 duration as Java's `Duration.parse` and dCache accept it, without sign:

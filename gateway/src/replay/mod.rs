@@ -138,10 +138,10 @@ pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, TimeError> {
         let s: u64 = t.parse().map_err(|_| TimeError::OutOfRange(text.to_owned()))?;
         return s.checked_mul(1000).ok_or_else(|| TimeError::OutOfRange(text.to_owned()));
     }
-    let parsed = async_nats::datetime::parse_rfc3339(t)
-        .map_err(|e| TimeError::Unparsable { text: text.to_owned(), why: e.to_string() })?;
-    let ms = parsed.unix_timestamp_nanos() / 1_000_000;
-    u64::try_from(ms).map_err(|_| TimeError::BeforeEpoch(text.to_owned()))
+    htfaas_functions::time::parse_rfc3339_ms(t).ok_or_else(|| TimeError::Unparsable {
+        text: text.to_owned(),
+        why: "not YYYY-MM-DDTHH:MM:SS[.frac] then Z or ±HH:MM, or before 1970".to_owned(),
+    })
 }
 
 pub use htfaas_functions::time::{now_ms, utc_timestamp_ms as fmt_time};
