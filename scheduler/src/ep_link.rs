@@ -59,7 +59,7 @@
 
 use crate::error::QueueError;
 use crate::matching::{EpSlot, Pool, ToEp};
-use crate::metrics::{Reason, Token};
+use crate::metrics::{Metrics, Reason, Token};
 use crate::queue::{HandedBack, Loss, now_ms};
 use crate::revocation::Credential;
 use crate::state::Shared;
@@ -274,7 +274,7 @@ pub async fn serve(
     // running here.
     shared.eps().remove(&ep_id);
     let loss = if shutdown.is_cancelled() { Loss::Shutdown } else { shared.policy.loss() };
-    let lost = until_stored(&shared.shutdown, "requeue the departed EP's jobs", || {
+    let lost = until_stored(&shared.shutdown, &shared.metrics, "requeue the departed EP's jobs", || {
         shared.queue.lose_session(ep_id.clone(), loss, why.clone())
     });
     match lost.await {
@@ -523,7 +523,7 @@ async fn not_started(shared: Arc<Shared>, ep_id: String, job_id: String, reason:
     }
     let reason: String = reason.chars().take(1024).collect();
     if free {
-        let handed = until_stored(&shared.shutdown, "requeue a job handed back", || {
+        let handed = until_stored(&shared.shutdown, &shared.metrics, "requeue a job handed back", || {
             shared.queue.hand_back(ep_id.clone(), job_id.clone(), reason.clone())
         });
         match handed.await {
@@ -566,7 +566,7 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
         tracing::warn!("ignoring a report for a job not running on this EP");
         return;
     }
-    let recorded = until_stored(&shared.shutdown, "record a finished job", || {
+    let recorded = until_stored(&shared.shutdown, &shared.metrics, "record a finished job", || {
         shared.queue.finish(ep_id.clone(), report.clone(), shared.policy.loss())
     });
     match recorded.await {
@@ -601,7 +601,12 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
 /// for now ([`QueueError::DiskFull`], or [`QueueError::Batch`]: its batch was not committed),
 /// after [`STORE_RETRY_FIRST`] doubling to [`STORE_RETRY_CAP`], until the scheduler shuts down
 /// (then the last error is returned: a restart puts the jobs left running back to idle).
-async fn until_stored<T, F, Fut>(shutdown: &CancellationToken, what: &str, mut write: F) -> Result<T, QueueError>
+async fn until_stored<T, F, Fut>(
+    shutdown: &CancellationToken,
+    metrics: &Metrics,
+    what: &str,
+    mut write: F,
+) -> Result<T, QueueError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, QueueError>>,
@@ -611,6 +616,7 @@ where
         match write().await {
             Err(e @ (QueueError::DiskFull(_) | QueueError::Batch(_))) if !shutdown.is_cancelled() => {
                 tracing::error!(retry_in_ms = wait.as_millis(), "failed to {what}, trying again: {e}");
+                metrics.store_retry();
                 tokio::select! {
                     _ = shutdown.cancelled() => return Err(e),
                     _ = tokio::time::sleep(wait) => {}
@@ -745,12 +751,13 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_write_the_full_store_refused_is_tried_again_until_it_passes_or_the_scheduler_stops() {
-        let shutdown = CancellationToken::new();
+        // On tokio's paused clock: the backoff's sleeps pass at once, and are measured on it.
+        let (shutdown, metrics) = (CancellationToken::new(), Metrics::new());
         let tries = std::sync::atomic::AtomicU32::new(0);
-        let started = std::time::Instant::now();
-        let answer = until_stored(&shutdown, "test", || async {
+        let started = tokio::time::Instant::now();
+        let answer = until_stored(&shutdown, &metrics, "test", || async {
             match tries.fetch_add(1, Ordering::Relaxed) {
                 0 => Err(QueueError::DiskFull("full".into())),
                 1 => Err(QueueError::Batch("a neighbour filled the disk".into())),
@@ -758,12 +765,14 @@ mod tests {
             }
         });
         assert_eq!(answer.await.expect("stored at last"), 2);
-        assert!(started.elapsed() >= STORE_RETRY_FIRST * 3, "two waits, 200 + 400 ms: {:?}", started.elapsed());
+        assert_eq!(started.elapsed(), STORE_RETRY_FIRST * 3, "two waits, 200 + 400 ms");
+        assert_eq!(metrics.store_retries(), 2, "each kept write counted");
         // Other errors are answered at once, and a shutdown stops the tries.
-        let other = until_stored(&shutdown, "test", || async { Err::<(), _>(QueueError::Poisoned) });
+        let other = until_stored(&shutdown, &metrics, "test", || async { Err::<(), _>(QueueError::Poisoned) });
         assert!(matches!(other.await, Err(QueueError::Poisoned)));
         shutdown.cancel();
-        let full = until_stored(&shutdown, "test", || async { Err::<(), _>(QueueError::DiskFull("full".into())) });
+        let full =
+            until_stored(&shutdown, &metrics, "test", || async { Err::<(), _>(QueueError::DiskFull("full".into())) });
         assert!(matches!(full.await, Err(QueueError::DiskFull(_))));
     }
 

@@ -14,6 +14,7 @@
 //! | `htfaas_scheduler_store_writes_total`, `…_store_write_batches_total` | counter | | writes to the job store, and the transactions (group commits) they were run in: their ratio is the writes per commit |
 //! | `htfaas_scheduler_ep_bad_frames_total` | counter | | frames from EPs that were not understood |
 //! | `htfaas_scheduler_ignored_reports_total` | counter | | `Finished` reports for jobs not running on the reporting session |
+//! | `htfaas_scheduler_store_retries_total` | counter | | writes the store could not take for now (a full disk), kept and tried again: reports waiting for room |
 //! | `htfaas_scheduler_warm_refused_total` | counter | | warm requests refused after their token verified: a digest the token does not name, a module URL no module store has |
 //!
 //! Cost: counters and the latency histogram are atomics (no lock on the submit or dispatch
@@ -183,6 +184,8 @@ pub struct Metrics {
     ignored_reports: AtomicU64,
     /// Warm requests refused after their token verified ([`crate::warm`]).
     warm_refused: AtomicU64,
+    /// Store writes kept and tried again because the store could not take them for now.
+    store_retries: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -203,6 +206,7 @@ impl Metrics {
             bad_frames: AtomicU64::new(0),
             ignored_reports: AtomicU64::new(0),
             warm_refused: AtomicU64::new(0),
+            store_retries: AtomicU64::new(0),
         }
     }
 
@@ -235,6 +239,16 @@ impl Metrics {
     /// Counts a warm request refused after its token verified.
     pub fn warm_refused(&self) {
         self.warm_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a store write kept to be tried again (the store could not take it for now).
+    pub fn store_retry(&self) {
+        self.store_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Store writes kept to be tried again so far.
+    pub fn store_retries(&self) -> u64 {
+        self.store_retries.load(Ordering::Relaxed)
     }
 
     /// Warm requests refused so far.
@@ -330,6 +344,7 @@ pub async fn render(
         bad_frames: metrics.bad_frames.load(Ordering::Relaxed),
         ignored_reports: metrics.ignored_reports.load(Ordering::Relaxed),
         warm_refused: metrics.warm_refusals(),
+        store_retries: metrics.store_retries(),
         store_writes: writes,
         store_batches: batches,
     };
@@ -377,6 +392,7 @@ struct Snapshot {
     bad_frames: u64,
     ignored_reports: u64,
     warm_refused: u64,
+    store_retries: u64,
     store_writes: u64,
     store_batches: u64,
 }
@@ -436,6 +452,11 @@ impl Collector for Snapshot {
                 self.ignored_reports,
             ),
             (
+                "htfaas_scheduler_store_retries",
+                "Store writes the store could not take for now (a full disk), kept and tried again.",
+                self.store_retries,
+            ),
+            (
                 "htfaas_scheduler_warm_refused",
                 "Warm requests refused after their token verified (digest or module URL).",
                 self.warm_refused,
@@ -490,6 +511,7 @@ mod tests {
             bad_frames: 0,
             ignored_reports: 0,
             warm_refused: 0,
+            store_retries: 0,
             store_writes: 0,
             store_batches: 0,
         }));

@@ -36,6 +36,11 @@ async fn job_for(client: &htfaas::client::Client, path: &str) -> Option<JobRecor
     client.jobs().await.ok()?.into_iter().find(|j| j.event.path == path)
 }
 
+/// `Some` once the EP `name` is attached.
+pub async fn attached(client: &htfaas::client::Client, name: &str) -> Option<()> {
+    client.eps().await.ok()?.iter().any(|e| e.name == name && e.session.is_some()).then_some(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annex_ep_runs_only_its_annex_jobs_and_they_run_nowhere_else() {
     let (dir, stack) = start_stack().await;
@@ -58,10 +63,16 @@ async fn an_annex_ep_runs_only_its_annex_jobs_and_they_run_nowhere_else() {
     // Another annex's EP is attached, and the site EP is free: neither takes the job.
     let bobs = mint_ep_token(dir.path(), Some("bob".into()), Some("bob-box".into()), 600).expect("mint");
     let bob_ep = start_ep(dir.path(), &scheduler, "bob-box-1", bobs, Some("bob-box"), &eps).await;
+    wait_for("bob's EP attached", Duration::from_secs(20), || attached(&client, "bob-box-1")).await;
     client.put_bytes(b"annex input".to_vec(), "/data/annex/a.dat").await.expect("put");
     let job = wait_for("the annex job", Duration::from_secs(10), || job_for(&client, "/data/annex/a.dat")).await;
     assert_eq!(job.annex.as_deref(), Some("alice-laptop"));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A site job queued behind it runs to its end: the scheduler dispatched past the annex job.
+    client.put_bytes(b"behind".to_vec(), "/data/raw/behind.dat").await.expect("put");
+    wait_for("the site job behind it", Duration::from_secs(30), || async {
+        job_for(&client, "/data/raw/behind.dat").await.filter(|j| j.state == JobState::Completed)
+    })
+    .await;
     let job = job_for(&client, "/data/annex/a.dat").await.expect("job");
     assert_eq!(job.state, JobState::Idle, "no EP but alice-laptop's may take it: {job:?}");
 

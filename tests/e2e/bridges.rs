@@ -15,6 +15,7 @@ use htfaas_bridges::xrootd::{Input, Settings, StatsSnapshot, run};
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -187,7 +188,12 @@ async fn xrootd_notify_bridge_publishes_a_line_read_while_nats_was_down_once_it_
     mkfifo(&fifo);
 
     let shutdown = CancellationToken::new();
-    let bridge = tokio::spawn(run(Settings::new(url.clone(), Input::Fifo(fifo.clone())), shutdown.child_token()));
+    let settings = Settings {
+        publish_timeout: Duration::from_millis(500),
+        ..Settings::new(url.clone(), Input::Fifo(fifo.clone()))
+    };
+    let live = settings.stats.clone();
+    let bridge = tokio::spawn(run(settings, shutdown.child_token()));
     let mut w = fifo_writer(&fifo);
     writeln!(w, "alice.1:2@[::1] closew /store/before.dat 1").expect("write");
     wait_stored(&js, "the first event", |m| m.ce["subject"] == "/store/before.dat").await;
@@ -195,9 +201,10 @@ async fn xrootd_notify_bridge_publishes_a_line_read_while_nats_was_down_once_it_
     tokio::task::block_in_place(|| nats.stop());
     writeln!(w, "alice.1:2@[::1] closew /store/during.dat 2").expect("write");
     writeln!(w, "alice.1:2@[::1] rm /store/during.dat").expect("write");
-    // Longer than a publish waits for its PubAck (5 s): the bridge's own retry runs, not just
+    // Until a publish timed out waiting for its PubAck: the bridge's own retry runs, not just
     // the NATS client's buffering across the reconnect.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let failed = || async { (live.publish_failures.load(Ordering::Relaxed) >= 1).then_some(()) };
+    htfaas_tests::wait_for("a failed publish while NATS is down", Duration::from_secs(30), failed).await;
     let _nats = tokio::task::block_in_place(|| start_nats(&store, port));
     let js = jetstream::new(async_nats::connect(&url).await.expect("reconnect"));
     wait_stored(&js, "the rm read while NATS was down", |m| m.ce["type"] == "org.htfaas.storage.xrootd-notify.rm")
@@ -223,12 +230,16 @@ async fn xrootd_notify_bridge_waits_for_the_stream_instead_of_creating_one() {
     let fifo = dir.path().join("notify.fifo");
     mkfifo(&fifo);
     let shutdown = CancellationToken::new();
-    let bridge = tokio::spawn(run(Settings::new(nats.url(), Input::Fifo(fifo.clone())), shutdown.child_token()));
+    let settings = Settings::new(nats.url(), Input::Fifo(fifo.clone()));
+    let live = settings.stats.clone();
+    let bridge = tokio::spawn(run(settings, shutdown.child_token()));
     // Kept open: a pipe's content is gone once nobody has it open, and the bridge may not
     // have opened it yet.
     let mut w = fifo_writer(&fifo);
     writeln!(w, "bob.7:9@host create 644 /store/early.dat").expect("write");
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Until it tried to publish and found no stream.
+    let refused = || async { (live.publish_failures.load(Ordering::Relaxed) >= 1).then_some(()) };
+    htfaas_tests::wait_for("a publish refused for want of a stream", Duration::from_secs(30), refused).await;
     let mut names = js.stream_names();
     let mut streams = Vec::new();
     while let Some(name) = futures_util::StreamExt::next(&mut names).await {

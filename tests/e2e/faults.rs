@@ -140,12 +140,8 @@ async fn nats_killed_with_events_in_flight_loses_none_and_the_gateway_resumes() 
     })
     .await;
     eprintln!("every upload processed {:?} after the last one", resumed.elapsed());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let jobs = {
-        let again = client.jobs().await.expect("jobs");
-        assert_eq!(again.len(), jobs.len(), "no job appeared after the queue drained");
-        again
-    };
+    // Nothing is left in flight (every message delivered and acked, every firing submitted, and
+    // a submit answers only once the job is stored): a duplicate would be among these jobs now.
     let mut got = per_path(&jobs);
     let long_outage_jobs = got.remove("/data/raw/during-long.dat").unwrap_or(0);
     let short_outage_jobs = got.get("/data/raw/during-short.dat").copied();

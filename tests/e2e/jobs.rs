@@ -37,7 +37,13 @@ async fn an_admin_holds_releases_and_removes_a_running_job() {
     assert!(held.reason.contains("calibration constants are wrong"), "{held:?}");
     let err = client.job_action(&id, "hold", "again").await.expect_err("already held");
     assert!(format!("{err:#}").contains("409"), "{err:#}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The EP's report of the stopped run (its reservation freed with it) is where a held job
+    // could wrongly go back to the queue: after it, the EP is free and the job still held.
+    wait_for("the EP's report of the stopped run", wait, || async {
+        let eps = client.eps().await.ok()?;
+        eps.iter().all(|e| !e.running.contains(&id)).then_some(())
+    })
+    .await;
     let still = client.jobs().await.expect("jobs").into_iter().find(|j| j.id == id).expect("job");
     assert_eq!(still.state, JobState::Held, "a free EP must not take a held job");
 

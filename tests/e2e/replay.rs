@@ -110,6 +110,7 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
         limit: None,
         replay_id: None,
     };
+    let stats_before = client.stats().await.expect("stats");
     let dry = client.replay(&request).await.expect("dry run");
     assert_eq!(pairs(&dry), a_pairs, "{dry:#?}");
     assert_eq!((dry.scanned, dry.parsed, dry.malformed, dry.matched, dry.fired), (5, 4, 1, 3, 0), "{dry:#?}");
@@ -130,7 +131,13 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
     for left_out in &a_pairs[1..] {
         assert!(pairs(&rest).contains(left_out), "{left_out:?} after the resume point: {rest:#?}");
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A dry run queues no firing (the only way a job starts), so none can start later either.
+    let stats = client.stats().await.expect("stats");
+    assert_eq!(
+        (stats.firings_queued, stats.jobs_submitted),
+        (stats_before.firings_queued, stats_before.jobs_submitted),
+        "a dry run queues nothing"
+    );
     assert_eq!(client.jobs().await.expect("jobs").len(), 3, "a dry run starts no job");
 
     // (2) `fn test` of a with a matching and a non-matching event: given (the bytes that were
@@ -220,7 +227,8 @@ async fn recorded_events_are_dry_run_tested_and_replayed() {
         deduplicated + 3,
         "the same replay id finds its firings taken"
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The replay answers once its submits are answered: all three were found taken, so no job
+    // can come of it later.
     let jobs = client.jobs().await.expect("jobs");
     assert_eq!(jobs.len(), 9, "re-issuing a replay starts nothing twice: {jobs:#?}");
     for job in &original {

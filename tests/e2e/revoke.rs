@@ -84,8 +84,8 @@ async fn revoking_an_owner_disconnects_their_ep_for_good_and_a_revoked_issuer_fi
     let eps = CancellationToken::new();
     let token = mint_ep_token(dir.path(), Some("bob".into()), None, 600).expect("mint");
     let ep = start_ep(dir.path(), &scheduler, "bob-1", token.clone(), None, &eps).await;
-    // Give it time to attach; then revoke every token of bob.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once it is attached, every token of bob is revoked.
+    wait_for("bob's EP attached", Duration::from_secs(20), || crate::annex::attached(&client, "bob-1")).await;
     let r = client.revoke(RevocationTarget::Owner("bob".into()), "left the experiment").await.expect("revoke");
     assert_eq!(r.closed_eps.len(), 1, "{r:?}");
     let err = tokio::time::timeout(Duration::from_secs(20), ep).await.expect("exits").expect("join").expect_err("x");

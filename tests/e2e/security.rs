@@ -186,9 +186,20 @@ async fn eps_cannot_attach_without_a_valid_attach_token() {
     let mut c = claims(&Digest::of(b"m"));
     c.iss = "htfaas-scheduler".into();
     assert_eq!(status(upgrade().bearer_auth(attach_key.sign(&c).expect("sign"))).await, StatusCode::UNAUTHORIZED);
-    let expired =
-        htfaas_scheduler::mint_attach_token(&attach_key, "htfaas-scheduler", "site", None, None, 0).expect("mint");
-    tokio::time::sleep(std::time::Duration::from_secs(htfaas_functions::token::LEEWAY_S + 2)).await;
+    // Issued two minutes ago for a minute: expired by more than the clock-skew leeway.
+    let now = htfaas_functions::token::now_s();
+    let expired = htfaas_functions::token::AttachClaims {
+        iss: "htfaas-scheduler".into(),
+        sub: "site".into(),
+        aud: htfaas_functions::token::ATTACH_AUDIENCE.into(),
+        iat: now - 120,
+        exp: now - 60,
+        jti: htfaas_functions::token::new_jti(),
+        owner: None,
+        annex: None,
+    };
+    const { assert!(60 > htfaas_functions::token::LEEWAY_S, "past the leeway") };
+    let expired = attach_key.sign(&expired).expect("sign");
     assert_eq!(status(upgrade().bearer_auth(expired)).await, StatusCode::UNAUTHORIZED);
     stack.stop().await.expect("clean stop");
 }

@@ -101,8 +101,8 @@ pub const MAX_LINE_BYTES: usize = 16 * 1024;
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// Backoff between publish attempts: from the first value, doubling, up to the second.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
-/// How long one publish may wait for the server's PubAck.
-const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one publish may wait for the server's PubAck, by default.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a FIFO path is checked for having been replaced, and a missing FIFO looked for.
 const FIFO_CHECK: Duration = Duration::from_millis(500);
 /// Media type of a structured-mode CloudEvent in JSON.
@@ -138,6 +138,11 @@ pub struct Settings {
     pub max_pending: usize,
     /// How often the counts are logged (only when they changed). Default: 60 s.
     pub stats_interval: Duration,
+    /// How long one publish waits for its PubAck before the bridge retries it. Default:
+    /// [`PUBLISH_TIMEOUT`].
+    pub publish_timeout: Duration,
+    /// The counts, shared: whoever holds a clone reads them live. Default: fresh ones.
+    pub stats: Arc<Stats>,
 }
 
 impl Settings {
@@ -151,6 +156,8 @@ impl Settings {
             source_host: default_source_host(),
             max_pending: 1024,
             stats_interval: Duration::from_secs(60),
+            publish_timeout: PUBLISH_TIMEOUT,
+            stats: Arc::default(),
         }
     }
 }
@@ -194,7 +201,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let client =
         crate::nats::connect_nats("htfaas-bridge-xrootd-notify", settings.nats_credential.as_ref(), &settings.nats_url)
             .await?;
-    let js = jetstream::ContextBuilder::new().timeout(PUBLISH_TIMEOUT).build(client);
+    let js = jetstream::ContextBuilder::new().timeout(settings.publish_timeout).build(client);
     let subject = subject();
     tracing::info!(
         nats = %settings.nats_url,
@@ -205,7 +212,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         "xrootd-notify bridge starting"
     );
 
-    let stats = Arc::new(Stats::default());
+    let stats = settings.stats.clone();
     let (tx, rx) = mpsc::channel::<Pending>(settings.max_pending);
     let give_up = CancellationToken::new();
     let mut publisher = tokio::spawn(publish_loop(js, subject, rx, stats.clone(), give_up.clone()));

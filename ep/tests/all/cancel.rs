@@ -23,6 +23,7 @@ async fn cancel_stops_a_running_guest_long_before_its_cap_and_the_ep_serves_on()
     c.send(&SchedulerMsg::Assign(h.job_of("sleep-1", "sleep-2s", "wiki.txt")));
     let partial = h.output_dir("spin-1").join("partial.txt");
     until("the spinning guest to write its output", || partial.exists()).await;
+    // Let it spin a while, so that the usage so far has CPU time to show.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     c.send(&cancel("no-such-job", "never assigned here")); // ignored
@@ -61,6 +62,8 @@ async fn cancel_during_the_input_download_aborts_it() {
     c.hello_welcome().await;
     c.send(&SchedulerMsg::Assign(h.job_of("slow-in", "checksum", "slow/big.dat")));
     until("the input download to start", || h.seen.lock().expect("lock").slow_gets == 1).await;
+    // Until the first chunk is read: it sits in the EP's write buffer, where nothing outside
+    // shows it, and the report must count it.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let sent = Instant::now();
     c.send(&cancel("slow-in", "input deleted"));
@@ -128,6 +131,8 @@ async fn a_guest_in_a_long_sleep_is_stopped_by_its_cancel_or_at_its_cap() {
     capped.resources.runtime_s = 1;
     let assigned = Instant::now();
     c.send(&SchedulerMsg::Assign(capped));
+    // Into its sleep (nothing outside shows when a guest enters a host call), so that the cancel
+    // finds it there.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let sent = Instant::now();
     c.send(&cancel("sleeper", "too slow"));

@@ -9,6 +9,33 @@ use htfaas_functions::proto::{Outcome, SchedulerMsg};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// The EP's timers run on tokio's clock, which these tests pause: an hour passes at once, and when
+/// the EP leaves is read on the same clock.
+#[tokio::test(start_paused = true)]
+async fn an_idle_ep_leaves_after_its_idle_time() {
+    let started = tokio::time::Instant::now();
+    let (ep, _shutdown, _work) = start(None, Some(HOUR)).await;
+    tokio::time::timeout(Duration::from_secs(2 * HOUR), ep).await.expect("left by itself").expect("join").expect("ok");
+    assert_left_at(started.elapsed(), HOUR);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ep_leaves_at_the_end_of_its_lifetime() {
+    let started = tokio::time::Instant::now();
+    let (ep, _shutdown, _work) = start(Some(HOUR), None).await;
+    tokio::time::timeout(Duration::from_secs(2 * HOUR), ep).await.expect("left by itself").expect("join").expect("ok");
+    assert_left_at(started.elapsed(), HOUR);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_either_an_ep_stays_until_told() {
+    let (ep, shutdown, _work) = start(None, None).await;
+    tokio::time::sleep(Duration::from_secs(24 * HOUR)).await;
+    assert!(!ep.is_finished(), "an EP without lifetime or idle limit left on its own");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), ep).await.expect("stops when told").expect("join").expect("ok");
+}
+
 /// An EP whose scheduler never answers (a closed loopback port): it keeps re-dialling, idle.
 async fn start(
     lifetime_s: Option<u64>,
@@ -30,29 +57,13 @@ async fn start(
     (tokio::spawn(htfaas_ep::run(settings, shutdown.clone())), shutdown, work)
 }
 
-#[tokio::test]
-async fn an_idle_ep_leaves_after_its_idle_time() {
-    let started = Instant::now();
-    let (ep, _shutdown, _work) = start(None, Some(1)).await;
-    tokio::time::timeout(Duration::from_secs(10), ep).await.expect("left by itself").expect("join").expect("ok");
-    assert!(started.elapsed() >= Duration::from_secs(1), "left too early: {:?}", started.elapsed());
-}
+/// An hour, in seconds.
+const HOUR: u64 = 3600;
 
-#[tokio::test]
-async fn an_ep_leaves_at_the_end_of_its_lifetime() {
-    let started = Instant::now();
-    let (ep, _shutdown, _work) = start(Some(1), None).await;
-    tokio::time::timeout(Duration::from_secs(10), ep).await.expect("left by itself").expect("join").expect("ok");
-    assert!(started.elapsed() >= Duration::from_secs(1), "left too early: {:?}", started.elapsed());
-}
-
-#[tokio::test]
-async fn without_either_an_ep_stays_until_told() {
-    let (ep, shutdown, _work) = start(None, None).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!ep.is_finished(), "an EP without lifetime or idle limit left on its own");
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), ep).await.expect("stops when told").expect("join").expect("ok");
+/// The EP left at its limit: not before, and within the minute its checks take.
+fn assert_left_at(left: Duration, limit_s: u64) {
+    let limit = Duration::from_secs(limit_s);
+    assert!(left >= limit && left < limit + Duration::from_secs(60), "left after {left:?}, limit {limit:?}");
 }
 
 #[tokio::test]
@@ -63,10 +74,10 @@ async fn a_running_job_holds_off_idle_shutdown() {
     let mut c = h.conn().await;
     c.hello_welcome().await;
     c.send(&SchedulerMsg::Assign(h.job_of("long", "sleep-4s", "wiki.txt")));
-    tokio::time::sleep(Duration::from_millis(3000)).await;
-    assert!(!h.ep.is_finished(), "the EP left while a job ran");
+    // The report comes 4 s on, twice the idle time: the EP stayed while the job ran.
     let r = c.finished().await;
     let reported = Instant::now();
+    assert!(!h.ep.is_finished(), "the EP left while a job ran");
     assert_eq!(r.outcome, Outcome::Exited { exit_code: 0 }, "log: {}", r.log);
     assert!(r.usage.wall_ms >= 4000, "{:?}", r.usage);
     h.ended().await.expect("left cleanly");
@@ -81,7 +92,13 @@ async fn the_schedulers_lifetime_replaces_the_eps_own_longer_or_shorter() {
     let mut c = h.conn().await;
     c.hello_welcome().await;
     c.send(&SchedulerMsg::Lifetime { leave_in_ms: 3_600_000 });
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    // A job of 4 s, twice its own lifetime: had it kept its own, it would say Draining first.
+    c.send(&SchedulerMsg::Assign(h.job_of("long", "sleep-4s", "wiki.txt")));
+    let first = c.recv().await;
+    assert!(
+        matches!(&first, htfaas_functions::proto::EpMsg::Finished(r) if r.outcome == Outcome::Exited { exit_code: 0 }),
+        "the EP left at its own lifetime although the scheduler extended it: {first:?}"
+    );
     assert!(!h.ep.is_finished(), "the EP left at its own lifetime although the scheduler extended it");
     // Then the annex is deleted: leave now. The running job finishes and is reported first.
     c.send(&SchedulerMsg::Assign(h.job_of("last", "sleep-2s", "wiki.txt")));

@@ -2,7 +2,7 @@
 //! the data path, reconnects, the annex in `Hello`, and which refusals end the EP for good.
 
 use crate::common::digest;
-use crate::fake::{Harness, READ_MAC, WRITE_MAC};
+use crate::fake::{Harness, READ_MAC, WRITE_MAC, until};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::any;
@@ -123,17 +123,18 @@ async fn reconnects_and_delivers_reports_of_jobs_that_ended_while_disconnected()
 }
 
 /// A scheduler whose attach route always answers `status` with `body`; counts the dials.
-async fn refusing_scheduler(status: StatusCode, body: &'static str) -> (String, Arc<Mutex<usize>>) {
+/// A scheduler that answers every attach with `status`; the returned list is when each dial came.
+async fn refusing_scheduler(status: StatusCode, body: &'static str) -> (String, Arc<Mutex<Vec<Instant>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let hits = Arc::new(Mutex::new(0usize));
+    let hits = Arc::new(Mutex::new(Vec::new()));
     let h2 = hits.clone();
     let app = Router::new().route(
         "/v1/ep/attach",
         any(move || {
             let hits = h2.clone();
             async move {
-                *hits.lock().expect("lock") += 1;
+                hits.lock().expect("lock").push(Instant::now());
                 (status, body)
             }
         }),
@@ -162,10 +163,14 @@ async fn unavailable_scheduler_is_retried_and_shutdown_stops_the_loop() {
     let work = tempfile::tempdir().expect("tempdir");
     let (base, hits) = refusing_scheduler(StatusCode::SERVICE_UNAVAILABLE, "starting up").await;
     let (ep, shutdown) = start_ep(base, &work).await;
-    // Backoff 100, 200, 400 ms…: at least 3 dials within 1.5 s, and not a busy loop.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let n = *hits.lock().expect("lock");
-    assert!((3..=6).contains(&n), "{n} dials in 1.5 s");
+    // Backoff 100, 200, 400 ms: four dials, each waiting at least twice as long as the one
+    // before (a sleep never ends early), so not a busy loop.
+    until("four dials", || hits.lock().expect("lock").len() >= 4).await;
+    let dials = hits.lock().expect("lock").clone();
+    let gaps: Vec<Duration> = dials.windows(2).map(|w| w[1] - w[0]).collect();
+    for (gap, least) in gaps.iter().zip([100, 200, 400]) {
+        assert!(*gap >= Duration::from_millis(least), "backoff {gaps:?}");
+    }
     assert!(!ep.is_finished(), "a 503 ended the EP");
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), ep).await.expect("stops").expect("task").expect("ok");
@@ -183,7 +188,7 @@ async fn http_401_or_403_on_attach_ends_the_ep_with_the_reason() {
         let result = tokio::time::timeout(Duration::from_secs(5), ep).await.expect("ends by itself").expect("task");
         let err = format!("{:#}", result.expect_err("a refused token is an error"));
         assert!(err.contains(&status.as_u16().to_string()) && err.contains(body), "{err}");
-        assert_eq!(*hits.lock().expect("lock"), 1, "{status}: the EP dialled again");
+        assert_eq!(hits.lock().expect("lock").len(), 1, "{status}: the EP dialled again");
         assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
     }
 }

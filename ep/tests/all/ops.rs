@@ -272,7 +272,6 @@ async fn drain_says_draining_first_refuses_late_work_and_exits_after_the_last_re
     c.send(&SchedulerMsg::Assign(h.job_of("long", "sleep-4s", "wiki.txt")));
     let jobs = h.work.path().join("jobs").join("long");
     until("the job to start", || jobs.exists()).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
     h.shutdown.cancel();
     assert_eq!(c.recv().await, EpMsg::Draining, "draining comes first");
@@ -324,7 +323,9 @@ async fn a_stop_during_a_drain_cancels_the_running_job_without_reporting_it() {
     until("the spinning guest to write its output", || partial.exists()).await;
     h.shutdown.cancel();
     assert_eq!(c.recv().await, EpMsg::Draining);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A round trip after the drain began: the EP still serves its link, so it has not left.
+    c.send(&SchedulerMsg::Assign(h.job("late", "wiki.txt")));
+    assert_eq!(c.finished().await.outcome, Outcome::Cancelled { reason: "EP draining".into() });
     assert!(!h.ep.is_finished(), "a drain waits for the spinning job");
 
     let stopped = Instant::now();

@@ -185,8 +185,15 @@ async fn one_owners_backlog_does_not_delay_anothers_event_and_each_fires_once() 
         (all.len() >= expected && gateway.shared.stats.events_malformed.load(Ordering::Relaxed) >= 1).then_some(all)
     })
     .await;
-    // Settle: nothing more arrives (a second firing of anything would show here).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until both lanes have nothing left to deliver or to ack: every event is decided, so a
+    // second firing of anything would show here.
+    for lane in &lanes {
+        until("the lane drained", async || {
+            let info = stream.consumer_info(lane).await.ok()?;
+            (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
+        })
+        .await;
+    }
     let firings = {
         let again = gateway.shared.firings.list(0, 10_000).expect("list");
         assert_eq!(again.len(), firings.len(), "no firing after the last expected one");

@@ -28,13 +28,18 @@ async fn assert_accounts_match_records(q: &Queue) -> Vec<Account> {
 
 /// `htfaas_scheduler_ignored_reports_total` from `GET /metrics`.
 pub(super) async fn ignored_reports(server: &Server) -> u64 {
+    counter(server, "htfaas_scheduler_ignored_reports_total").await
+}
+
+/// The counter `name` from `GET /metrics`.
+async fn counter(server: &Server, name: &str) -> u64 {
     let (status, v) = server.get("/metrics", Some(ADMIN)).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let text = v.as_str().expect("metrics text");
     text.lines()
-        .find_map(|l| l.strip_prefix("htfaas_scheduler_ignored_reports_total "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no ignored reports counter in {text}"))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 fn unavailable(reason: &str) -> Outcome {
@@ -171,7 +176,12 @@ async fn a_full_disk_refuses_submissions_with_507_keeps_every_job_and_report_and
         log: "x".repeat(60 * 1024),
     };
     send(&mut ws, &EpMsg::Finished(big)).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Until the store refused it and the scheduler kept it to try again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while counter(&server, "htfaas_scheduler_store_retries_total").await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the report was never tried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(server.job(&first).await.state, JobState::Running, "nothing could be recorded yet");
     // Room again: the report is recorded, the EP gets the next job, submissions pass.
     queue.set_max_page_count(None).await.expect("uncap");
