@@ -21,11 +21,23 @@
 //!
 //! The reply's `macaroon` is a bearer credential: it is passed on, never logged.
 //!
+//! **Read macaroons are derived, not requested, per file** ([`StorageClient::read_macaroon`]).
+//! The client asks the storage once for a read macaroon on the file's directory (a *base*,
+//! kept for the first quarter of its lifetime) and narrows it offline to exactly the file by
+//! adding a first-party `path:` caveat, which needs no key: in dCache's grammar relative to the
+//! base's path (`path:/x.dat` after `path:/data/raw/`), in XRootD's absolute (every `path:`
+//! caveat must hold). A caveat only ever narrows, so nothing added later widens it back; a base
+//! never leaves this client. Write macaroons are still requested per job: the storage names the
+//! write macaroon that authorized an upload in its billing record (its identifier), and the
+//! gateway's loop guard and each chained firing's cause are keyed by that name, one per job.
+//!
 //! It also lists a directory with WebDAV `PROPFIND` under a `LIST` macaroon ([`StorageClient::propfind`]),
 //! as both dCache's WebDAV door and XrdHttp answer it.
 
 use base64::Engine as _;
 use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The header a macaroon request names its writer in (the built-in storage's
 /// `X-Htfaas-Writer`).
@@ -197,6 +209,36 @@ pub fn is_xrootd_validity(validity: &str) -> bool {
     digits == 0
 }
 
+/// Most read bases kept, one per directory; past it, the stale ones are dropped, then all.
+const MAX_BASES: usize = 4096;
+
+/// A read macaroon on one directory, kept to derive its files' read macaroons from.
+#[derive(Clone)]
+struct Base {
+    token: String,
+    /// When it was obtained and when it expires (its earliest `before:`), Unix seconds.
+    obtained_s: u64,
+    before_s: u64,
+}
+
+impl Base {
+    /// Whether to derive from it at `now_s`: more than three quarters of its lifetime are left,
+    /// so that a macaroon derived from it lives nearly as long as one asked for.
+    fn fresh(&self, now_s: u64) -> bool {
+        let life = self.before_s.saturating_sub(self.obtained_s);
+        now_s >= self.obtained_s && self.before_s.saturating_sub(now_s) > life - life / 4
+    }
+}
+
+/// How many macaroons a [`StorageClient`] asked the storage for, and how many it derived.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MacaroonCounts {
+    /// Requests to the storage (bases, write and list macaroons, and reads it could not derive).
+    pub requested: u64,
+    /// Read macaroons derived offline from a base.
+    pub derived: u64,
+}
+
 /// Client of one storage door.
 pub struct StorageClient {
     http: reqwest::Client,
@@ -207,6 +249,10 @@ pub struct StorageClient {
     write_validity: String,
     /// Bound on each request ([`MACAROON_TIMEOUT`]).
     timeout: std::time::Duration,
+    /// Read bases by directory (ending in `/`).
+    bases: std::sync::Mutex<HashMap<String, Base>>,
+    requested: AtomicU64,
+    derived: AtomicU64,
 }
 
 impl StorageClient {
@@ -234,6 +280,9 @@ impl StorageClient {
             read_validity: read_validity.to_owned(),
             write_validity: write_validity.to_owned(),
             timeout: MACAROON_TIMEOUT,
+            bases: std::sync::Mutex::default(),
+            requested: AtomicU64::new(0),
+            derived: AtomicU64::new(0),
         }
     }
 
@@ -253,9 +302,56 @@ impl StorageClient {
         format!("{}{}", self.base, htfaas_functions::percent::path(path))
     }
 
-    /// A macaroon that may only download exactly `path`.
+    /// A macaroon that may only download exactly `path`: derived offline from a base on its
+    /// directory (asked for when none is fresh), or asked for itself where no base serves (a
+    /// path without a directory or with a line break, a base without a `before:` to keep it by,
+    /// a base the codec cannot read).
     pub async fn read_macaroon(&self, path: &str) -> Result<String, StorageError> {
-        self.request(Access::Read, path, None).await
+        let Some(dir) = directory_of(path) else { return self.request(Access::Read, path, None).await };
+        let now = htfaas_functions::time::now_s();
+        let kept = self.bases.lock().unwrap_or_else(|p| p.into_inner()).get(dir).filter(|b| b.fresh(now)).cloned();
+        let base = match kept {
+            Some(base) => base,
+            None => {
+                let token = self.request(Access::Read, dir, None).await?;
+                let Some(before_s) = earliest_before(&token) else {
+                    return self.request(Access::Read, path, None).await;
+                };
+                let base = Base { token, obtained_s: now, before_s };
+                self.keep(dir, base.clone(), now);
+                base
+            }
+        };
+        match derive_read(self.kind, &base.token, dir, path) {
+            Ok(token) => {
+                self.derived.fetch_add(1, Ordering::Relaxed);
+                Ok(token)
+            }
+            Err(e) => {
+                tracing::warn!(%dir, "cannot narrow the storage's read macaroon ({e}); asking for the file's");
+                self.request(Access::Read, path, None).await
+            }
+        }
+    }
+
+    /// Keeps `base` for `dir`, dropping stale bases (then all) when [`MAX_BASES`] are kept.
+    fn keep(&self, dir: &str, base: Base, now_s: u64) {
+        let mut bases = self.bases.lock().unwrap_or_else(|p| p.into_inner());
+        if bases.len() >= MAX_BASES {
+            bases.retain(|_, b| b.fresh(now_s));
+            if bases.len() >= MAX_BASES {
+                bases.clear();
+            }
+        }
+        bases.insert(dir.to_owned(), base);
+    }
+
+    /// Macaroons asked for and derived so far.
+    pub fn counts(&self) -> MacaroonCounts {
+        MacaroonCounts {
+            requested: self.requested.load(Ordering::Relaxed),
+            derived: self.derived.load(Ordering::Relaxed),
+        }
     }
 
     /// A macaroon that may only create files within directory `dir`, and with `replace` also
@@ -321,6 +417,7 @@ impl StorageClient {
             Access::Write | Access::Replace => &self.write_validity,
         };
         let req = macaroon_request(self.kind, &self.base, access, path, validity);
+        self.requested.fetch_add(1, Ordering::Relaxed);
         let mut post = self
             .http
             .post(&req.url)
@@ -434,6 +531,42 @@ fn check_activities(token: &str, wanted: &str) -> Result<(), String> {
     if seen { Ok(()) } else { Err("it carries no activity caveat".into()) }
 }
 
+/// The directory of the file `path`, ending in `/` (`/data/raw/` of `/data/raw/x.dat`); `None`
+/// for a path that is not absolute, names a directory, or holds a line break or NUL (a caveat
+/// is one line: such a path is left to the storage to refuse).
+fn directory_of(path: &str) -> Option<&str> {
+    if !path.starts_with('/') || path.contains(['\n', '\r', '\0']) {
+        return None;
+    }
+    let slash = path.rfind('/')?;
+    (slash + 1 < path.len()).then(|| &path[..=slash])
+}
+
+/// The earliest `before:` of a V1 macaroon, Unix seconds; `None` if it has none (or is not V1).
+fn earliest_before(token: &str) -> Option<u64> {
+    let caveats = v1_caveats(token).ok()?;
+    caveats
+        .iter()
+        .filter_map(|c| c.strip_prefix("before:"))
+        .filter_map(htfaas_functions::time::parse_utc_timestamp)
+        .min()
+}
+
+/// `base` (read on directory `dir`, ending in `/`) narrowed to exactly the file `path` in it:
+/// dCache chains a `path:` relative to the one before, XRootD wants every `path:` to hold.
+fn derive_read(
+    kind: StorageKind,
+    base: &str,
+    dir: &str,
+    path: &str,
+) -> Result<String, htfaas_functions::macaroon::CodecError> {
+    let caveat = match kind {
+        StorageKind::Dcache => format!("path:{}", &path[dir.len() - 1..]),
+        StorageKind::Xrootd => format!("path:{path}"),
+    };
+    htfaas_functions::macaroon::attenuate(base, &[&caveat])
+}
+
 /// At most 200 characters of a body, for messages.
 pub fn snippet(text: &str) -> String {
     text.chars().take(200).collect()
@@ -488,6 +621,87 @@ mod tests {
             assert!(elapsed >= timeout && elapsed < timeout * 10, "{access}: {elapsed:?}");
         }
         server.abort();
+    }
+
+    /// A stand-in storage on 127.0.0.1 that mints real V1 macaroons with the caveats asked for
+    /// and a `before:` two hours on, counting requests; its key, to authenticate what it minted.
+    async fn minting_storage() -> (String, htfaas_functions::macaroon::RootKey, std::sync::Arc<AtomicU64>) {
+        use axum::routing::post;
+        let key = htfaas_functions::macaroon::RootKey::raw([7; 32]);
+        let asked = std::sync::Arc::new(AtomicU64::new(0));
+        let (k, n) = (key.clone(), asked.clone());
+        // XRootD puts the URL's path in the macaroon; dCache takes it from the body.
+        let app = axum::Router::new().fallback(post(move |uri: axum::http::Uri, body: String| {
+            let (k, n) = (k.clone(), n.clone());
+            async move {
+                n.fetch_add(1, Ordering::Relaxed);
+                let req: serde_json::Value = serde_json::from_str(&body).expect("json");
+                let mut caveats: Vec<String> = req["caveats"]
+                    .as_array()
+                    .expect("caveats")
+                    .iter()
+                    .map(|c| c.as_str().expect("str").to_owned())
+                    .collect();
+                if !caveats.iter().any(|c| c.starts_with("path:")) {
+                    caveats.push(format!("path:{}", uri.path()));
+                }
+                caveats.push(format!(
+                    "before:{}",
+                    htfaas_functions::time::utc_timestamp(htfaas_functions::time::now_s() + 7200)
+                ));
+                let token = htfaas_functions::macaroon::mint(&k, "here", "id-1", &caveats).expect("mint");
+                axum::Json(json!({ "macaroon": token }))
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+        (base, key, asked)
+    }
+
+    /// One request per directory: each file's read macaroon is the directory's base with one
+    /// more `path:` caveat (relative for dCache, absolute for XRootD), under the storage's own
+    /// HMAC chain; the base itself is never returned.
+    #[tokio::test]
+    async fn read_macaroons_are_derived_from_one_base_per_directory() {
+        let (base, key, asked) = minting_storage().await;
+        for (kind, suffix) in [(StorageKind::Dcache, "/x.dat"), (StorageKind::Xrootd, "/data/raw/x.dat")] {
+            asked.store(0, Ordering::Relaxed);
+            let http = crate::clients::storage_http_client(None, None, None).expect("client");
+            let auth = StorageAuth::Basic { user: "gateway".into(), secret: "s".into() };
+            let client = StorageClient::new(http, kind, &base, auth, "PT2H", "PT4H");
+            let x = client.read_macaroon("/data/raw/x.dat").await.expect("x");
+            let y = client.read_macaroon("/data/raw/y.dat").await.expect("y");
+            let other = client.read_macaroon("/data/cal/z.dat").await.expect("z");
+            assert_eq!(asked.load(Ordering::Relaxed), 2, "{kind:?}: one base per directory");
+            assert_eq!(client.counts(), MacaroonCounts { requested: 2, derived: 3 });
+            let caveats =
+                |t: &str| htfaas_functions::macaroon::authenticate(t, &key).expect("the storage's chain").caveats;
+            let (cx, cy) = (caveats(&x), caveats(&y));
+            assert_eq!(cx.last().map(String::as_str), Some(format!("path:{suffix}").as_str()), "{kind:?}: {cx:?}");
+            assert!(cy.last().is_some_and(|c| c.ends_with("/y.dat")), "{cy:?}");
+            assert_eq!(cx[..cx.len() - 1], cy[..cy.len() - 1], "{kind:?}: the same base");
+            assert!(cx.iter().any(|c| c == "path:/data/raw/"), "{kind:?}: the base is on the directory: {cx:?}");
+            assert!(caveats(&other).iter().any(|c| c == "path:/data/cal/"), "{kind:?}");
+        }
+        // No base where a path names no file or holds a line break: asked for as it is.
+        let http = crate::clients::storage_http_client(None, None, None).expect("client");
+        let auth = StorageAuth::Basic { user: "gateway".into(), secret: "s".into() };
+        let client = StorageClient::new(http, StorageKind::Dcache, &base, auth, "PT2H", "PT4H");
+        for odd in ["/data/raw/", "/data/raw/a\nb", "relative.dat"] {
+            client.read_macaroon(odd).await.expect("asked for");
+        }
+        assert_eq!(client.counts(), MacaroonCounts { requested: 3, derived: 0 });
+    }
+
+    #[test]
+    fn a_base_serves_for_the_first_quarter_of_its_life() {
+        let base = Base { token: String::new(), obtained_s: 1000, before_s: 1000 + 7200 };
+        assert!(base.fresh(1000) && base.fresh(1000 + 1799));
+        assert!(!base.fresh(1000 + 1800) && !base.fresh(1000 + 7200) && !base.fresh(999));
+        assert_eq!(directory_of("/x.dat"), Some("/"));
+        assert_eq!(directory_of("/data/raw/x.dat"), Some("/data/raw/"));
+        assert_eq!((directory_of("/data/"), directory_of("x"), directory_of("/a\0b")), (None, None, None));
     }
 
     #[test]

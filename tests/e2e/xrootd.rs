@@ -164,7 +164,11 @@ async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_
         storage.read_macaroon("/store/in/hello.txt").await.expect("read macaroon");
         more.push(t.elapsed());
     }
-    eprintln!("macaroon request latency: first {first:?} (new TLS connection), second {second:?}, then {more:?}");
+    eprintln!(
+        "macaroon latency: first read {first:?} (a new TLS connection and the directory's base), write {second:?}, then derived reads {more:?}"
+    );
+    let counts = storage.counts();
+    assert_eq!((counts.requested, counts.derived), (2, 6), "one base for the directory, one write: {counts:?}");
 
     // Read: the file, with the right bytes, over plain http and over https (CA only, no cert).
     let (status, body) = get(&x.http("/store/in/hello.txt"), Some(&read)).await;
@@ -187,6 +191,11 @@ async fn xrootd_issues_macaroons_to_the_gateway_that_grant_exactly_the_file_and_
     assert_eq!(get(&x.http("/store/in/hello.txt"), None).await.0, 403, "no token");
     assert_eq!(get(&x.http("/store/in/hello.txt"), Some(&tampered(&read))).await.0, 403, "tampered token");
     assert_eq!(put(&x.http("/store/in/new.txt"), &read, b"x").await, 403, "PUT with the read macaroon");
+    // The read macaroon is the directory's base narrowed offline: XRootD honours the added
+    // `path:` caveat (above), and another one naming the directory again widens nothing.
+    let widened = htfaas_functions::macaroon::attenuate(&read, &["path:/store/in/"]).expect("anyone may add one");
+    assert_eq!(get(&x.http("/store/in/secret.txt"), Some(&widened)).await.0, 403, "widened back to the directory");
+    assert_eq!(get(&x.http("/store/in/hello.txt"), Some(&widened)).await.0, 200, "still its own file");
 
     // Write: a new file in the output directory (XrdHttp answers 200, not 201), and nowhere else.
     let status = put(&x.http("/store/out/result.txt"), &write, b"result: 42\n").await;
