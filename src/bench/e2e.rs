@@ -518,6 +518,8 @@ pub async fn throughput(
             completed = states.get("completed").copied().unwrap_or(0).saturating_sub(completed0);
             let at = Instant::now();
             if at >= measure_from && at_window_start.is_none() {
+                // A profiler (bench/profile.sh) attaches on this line.
+                eprintln!("bench: throughput_{function}{label}: window of {window:?} starts");
                 at_window_start = Some((completed, at));
                 cpu_start = bench.cpu();
                 writes_start = scheduler_writes(&http, bench).await?;

@@ -317,8 +317,9 @@ impl Browser {
         for t in &self.tasks {
             t.abort();
         }
-        // The whole group: chromium's helpers outlive a kill of chromium alone.
-        let _ = Command::new("kill").arg("-KILL").arg(format!("-{}", self.child.id())).status();
+        // The whole group: chromium's helpers outlive a kill of chromium alone. The `--` is
+        // needed: procps-ng 4.0's `kill -KILL -PGID` signals every process (`kill(-1)`).
+        let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{}", self.child.id())]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(dir) = self.profile.take() {

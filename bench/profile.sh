@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Profiles the stack's processes during the no-op throughput window of `htfaas bench`: runs
+# the bench (no peer, no fsync run, no component benches, no scaling, no native guests, no
+# flood; a 12 s window), attaches `perf record` (call graphs) to the gateway, scheduler, EP
+# and storage once the window is under way, and writes, under OUT (default bench/results/):
+#   profile-<label>-<component>.txt   perf report --no-children, top symbols
+#   profile-<label>-<component>.svg   a flamegraph (when inferno is installed: .tools/inferno)
+#   profile-<label>.jsonl             the bench's own figures of that run
+# Usage: bench/profile.sh LABEL [OUT]   (needs a release build: cargo build --release)
+set -euo pipefail
+label=${1:?usage: bench/profile.sh LABEL [OUT]}
+out=${2:-bench/results}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/target/release/htfaas"
+inferno="$root/.tools/inferno/bin"
+mkdir -p "$out"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$bin" bench --quick --no-peer --no-fsync --no-components --no-scaling --no-native --flood 0 \
+  --window-s 12 >"$out/profile-$label.jsonl" 2>"$tmp/bench.err" &
+bench=$!
+
+# The components are children of the bench: `htfaas <component> …`.
+pid_of() { pgrep -P "$bench" -f "htfaas $1" | head -1; }
+for _ in $(seq 1 600); do
+  if grep -q "throughput_noop: window of" "$tmp/bench.err" 2>/dev/null; then
+    break
+  fi
+  sleep 0.1
+done
+sleep 1
+pids=()
+for c in gateway scheduler ep storage; do
+  p=$(pid_of "$c" || true)
+  [ -n "$p" ] && pids+=("$c:$p")
+done
+for cp in "${pids[@]}"; do
+  c=${cp%%:*} p=${cp##*:}
+  perf record -q -F 499 --call-graph dwarf,16384 -p "$p" -o "$tmp/$c.data" -- sleep 6 2>/dev/null &
+done
+wait "$bench" || { cat "$tmp/bench.err" >&2; exit 1; }
+wait
+for cp in "${pids[@]}"; do
+  c=${cp%%:*}
+  perf report -i "$tmp/$c.data" --stdio --no-children --percent-limit 1.5 2>/dev/null \
+    | grep -v '^$' | head -120 >"$out/profile-$label-$c.txt" || true
+  if [ -x "$inferno/inferno-flamegraph" ]; then
+    perf script -i "$tmp/$c.data" 2>/dev/null | "$inferno/inferno-collapse-perf" \
+      | "$inferno/inferno-flamegraph" --title "htfaas $c ($label)" >"$out/profile-$label-$c.svg" || true
+  fi
+done
+grep -E '"metric":"throughput_noop(\.cpu_ms_per_event\.[a-z_]+)?"' "$out/profile-$label.jsonl" || true
