@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Profiles the stack's processes during the no-op throughput window of `htfaas bench`: runs
-# the bench (no peer, no fsync run, no component benches, no scaling, no native guests, no
-# flood; a 12 s window), attaches `perf record` (call graphs) to the gateway, scheduler, EP
-# and storage once the window is under way, and writes, under OUT (default bench/results/):
-#   profile-<label>-<component>.txt   perf report --no-children, top symbols
-#   profile-<label>-<component>.svg   a flamegraph (when inferno is installed: .tools/inferno)
+# Profiles the stack's processes during the no-op throughput window of `htfaas bench --quick`
+# (with its peer; no fsync run, no component benches, no scaling, no native guests, no flood;
+# a 12 s window): attaches `perf record` to the gateway, scheduler, EP and storage once the
+# window is under way, and writes, under OUT (default bench/results/):
+#   profile-<label>-<component>.txt   perf report --no-children: where each process's CPU goes
+#   profile-<label>-<component>.svg   a flamegraph (with inferno in .tools/inferno; stacks need
+#                                     a build with frame pointers or debug info)
 #   profile-<label>.jsonl             the bench's own figures of that run
 # Usage: bench/profile.sh LABEL [OUT]   (needs a release build: cargo build --release)
+# CALL_GRAPH=dwarf records stacks too (a build with CARGO_PROFILE_RELEASE_DEBUG=line-tables-only).
 set -euo pipefail
 label=${1:?usage: bench/profile.sh LABEL [OUT]}
 out=${2:-bench/results}
@@ -17,7 +19,7 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$bin" bench --quick --no-peer --no-fsync --no-components --no-scaling --no-native --flood 0 \
+"$bin" bench --quick --no-fsync --no-components --no-scaling --no-native --flood 0 \
   --window-s 12 >"$out/profile-$label.jsonl" 2>"$tmp/bench.err" &
 bench=$!
 
@@ -37,7 +39,9 @@ for c in gateway scheduler ep storage; do
 done
 for cp in "${pids[@]}"; do
   c=${cp%%:*} p=${cp##*:}
-  perf record -q -F 499 --call-graph dwarf,16384 -p "$p" -o "$tmp/$c.data" -- sleep 6 2>/dev/null &
+  graph=()
+  [ -n "${CALL_GRAPH:-}" ] && graph=(--call-graph "$CALL_GRAPH")
+  perf record -q -F 999 "${graph[@]}" -p "$p" -o "$tmp/$c.data" -- sleep 6 2>/dev/null &
 done
 wait "$bench" || { cat "$tmp/bench.err" >&2; exit 1; }
 wait
@@ -50,4 +54,4 @@ for cp in "${pids[@]}"; do
       | "$inferno/inferno-flamegraph" --title "htfaas $c ($label)" >"$out/profile-$label-$c.svg" || true
   fi
 done
-grep -E '"metric":"throughput_noop(\.cpu_ms_per_event\.[a-z_]+)?"' "$out/profile-$label.jsonl" || true
+grep -E '"metric":"throughput_noop(\.cpu_ms_per_event\.[a-z_]+)?"|"system":"ratio"' "$out/profile-$label.jsonl" || true
