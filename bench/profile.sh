@@ -47,8 +47,12 @@ wait "$bench" || { cat "$tmp/bench.err" >&2; exit 1; }
 wait
 for cp in "${pids[@]}"; do
   c=${cp%%:*}
-  perf report -i "$tmp/$c.data" --stdio --no-children --percent-limit 1.5 2>/dev/null \
-    | grep -v '^$' | head -120 >"$out/profile-$label-$c.txt" || true
+  {
+    echo "## by thread and object (kernel, htfaas, libc)"
+    perf report -i "$tmp/$c.data" --stdio --no-children --sort comm,dso --percent-limit 1 2>/dev/null | grep -v '^$' | grep -v '^#'
+    echo "## by symbol"
+    perf report -i "$tmp/$c.data" --stdio --no-children --percent-limit 0.7 2>/dev/null | grep -v '^$' | grep -v '^#' | head -100
+  } >"$out/profile-$label-$c.txt" || true
   if [ -x "$inferno/inferno-flamegraph" ]; then
     perf script -i "$tmp/$c.data" 2>/dev/null | "$inferno/inferno-collapse-perf" \
       | "$inferno/inferno-flamegraph" --title "htfaas $c ($label)" >"$out/profile-$label-$c.svg" || true
