@@ -136,7 +136,9 @@ pub(crate) async fn watch_scratch(
     cancel: &CancelSignal,
     stop: &CancelSignal,
 ) -> Option<String> {
-    let mut tick = tokio::time::interval(WATCH_EVERY);
+    // The first walk one period in: a guest that just started has written nothing yet, and
+    // the job walks `/output` once more when the guest ends.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + WATCH_EVERY, WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -182,28 +184,12 @@ impl SpareDirs {
         SpareDirs { jobs_dir, spare: std::sync::Mutex::default(), next: std::sync::atomic::AtomicU64::new(0) }
     }
 
-    /// Makes `dir` with an empty `input/` and `output/`: a spare renamed into place, else new.
+    /// Makes `dir` with an empty `input/` and `output/`: a spare renamed into place, else new;
+    /// in one call off the async threads (each `tokio::fs` call is a hand-off of its own).
     pub(crate) async fn take(&self, dir: &Path) -> std::io::Result<()> {
-        if let Err(e) = tokio::fs::remove_dir_all(dir).await
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(e);
-        }
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        if let Some(spare) = spare {
-            if tokio::fs::rename(&spare, dir).await.is_ok() {
-                return Ok(());
-            }
-            let _ = tokio::fs::remove_dir_all(&spare).await;
-        }
-        // 0700: a job's scratch holds its input, another owner's file, from the next user of
-        // the host as much as from the next job.
-        let mut private = tokio::fs::DirBuilder::new();
-        private.recursive(true).mode(0o700);
-        for d in [dir.join("input"), dir.join("output")] {
-            private.create(d).await?;
-        }
-        Ok(())
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || make_job_dir(&dir, spare)).await.map_err(std::io::Error::other)?
     }
 
     /// Empties `dir` and keeps it as a spare, or removes it whole (see the type's docs); never
@@ -231,6 +217,30 @@ impl SpareDirs {
             self.spare.lock().unwrap_or_else(|p| p.into_inner()).push(spare);
         }
     }
+}
+
+/// Makes `dir` (removing what a crashed EP left there) from `spare` or anew. Blocking.
+fn make_job_dir(dir: &Path, spare: Option<PathBuf>) -> std::io::Result<()> {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(e);
+    }
+    if let Some(spare) = spare {
+        if std::fs::rename(&spare, dir).is_ok() {
+            return Ok(());
+        }
+        let _ = std::fs::remove_dir_all(&spare);
+    }
+    // 0700: a job's scratch holds its input, another owner's file, from the next user of the
+    // host as much as from the next job.
+    use std::os::unix::fs::DirBuilderExt as _;
+    let mut private = std::fs::DirBuilder::new();
+    private.recursive(true).mode(0o700);
+    for d in [dir.join("input"), dir.join("output")] {
+        private.create(d)?;
+    }
+    Ok(())
 }
 
 /// Removes everything under `dir/input` and `dir/output` (links as links, never followed), then

@@ -30,6 +30,9 @@ pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(5);
 pub(crate) const RETRY_AFTER_CAP: Duration = Duration::from_secs(10);
 /// Buffer between the network and the scratch files, each way.
 const IO_BUFFER: usize = 1 << 20;
+/// Inputs of at most this many bytes (by their `Content-Length`) are read into memory and
+/// written to the scratch in one call.
+const SMALL_INPUT: u64 = 64 * 1024;
 
 /// One storage endpoint as a job uses it: client, URL and macaroon.
 pub(crate) struct Transfer<'a> {
@@ -262,6 +265,20 @@ async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: 
         return Err(too_big(len.to_string(), limit));
     }
     let local = |e: std::io::Error| Failed::permanent(format!("write {}: {e}", dest.display()));
+    // A small input of known length is read whole, then written in one call off the async
+    // threads: creating, writing and closing through `tokio::fs` is a hand-off each.
+    if let Some(len) = resp.content_length().filter(|l| *l <= SMALL_INPUT) {
+        let body = resp.bytes().await.map_err(|e| Failed::request(&what, e))?;
+        if body.len() as u64 != len {
+            return Err(Failed::transient(format!("{what}: {} bytes of a body of {len}", body.len())));
+        }
+        let sha256 = hex::encode(Sha256::digest(&body));
+        let to = dest.to_owned();
+        let written = tokio::task::spawn_blocking(move || std::fs::write(&to, &body)).await;
+        written.map_err(std::io::Error::other).and_then(|w| w).map_err(local)?;
+        *n += len;
+        return Ok(sha256);
+    }
     let file = tokio::fs::File::create(dest).await.map_err(local)?;
     let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
     let mut body = resp.bytes_stream();
@@ -338,28 +355,43 @@ pub(crate) async fn upload_outputs(
 /// Regular top-level files of `dir`, sorted by name: (name, path, size). Everything else is
 /// skipped with a note in the log.
 async fn list_outputs(dir: &Path, log: &mut LogText) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
-    let mut out = Vec::new();
-    let mut rd = tokio::fs::read_dir(dir).await?;
-    while let Some(entry) = rd.next_entry().await? {
+    // One call off the async threads for the whole listing (a `tokio::fs` call per entry is a
+    // hand-off each); what is skipped is noted after.
+    let at = dir.to_owned();
+    let (mut out, skipped) =
+        tokio::task::spawn_blocking(move || list_top_files(&at)).await.map_err(std::io::Error::other)??;
+    for note in skipped {
+        log.note(&note);
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// The regular top-level files of `dir` (name, path, size) and a note for each entry skipped.
+/// Blocking.
+#[allow(clippy::type_complexity)]
+fn list_top_files(dir: &Path) -> std::io::Result<(Vec<(String, PathBuf, u64)>, Vec<String>)> {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
         let raw = entry.file_name();
         let Some(name) = raw.to_str().map(str::to_owned) else {
-            log.note(&format!("skipped output {raw:?}: name is not UTF-8"));
+            skipped.push(format!("skipped output {raw:?}: name is not UTF-8"));
             continue;
         };
         // symlink_metadata: a symlink is reported as such, never followed.
-        let meta = tokio::fs::symlink_metadata(entry.path()).await?;
+        let meta = std::fs::symlink_metadata(entry.path())?;
         if meta.file_type().is_symlink() {
-            log.note(&format!("skipped output {name:?}: symlink"));
+            skipped.push(format!("skipped output {name:?}: symlink"));
         } else if meta.is_dir() {
-            log.note(&format!("skipped output {name:?}: directory (only top-level files are stored)"));
+            skipped.push(format!("skipped output {name:?}: directory (only top-level files are stored)"));
         } else if !meta.is_file() {
-            log.note(&format!("skipped output {name:?}: not a regular file"));
+            skipped.push(format!("skipped output {name:?}: not a regular file"));
         } else {
             out.push((name, entry.path(), meta.len()));
         }
     }
-    out.sort();
-    Ok(out)
+    Ok((out, skipped))
 }
 
 /// PUTs `size` bytes of `path`, streamed and hashed, with retries (each sends the file again
