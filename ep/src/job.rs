@@ -77,6 +77,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
+mod threads;
+
 /// What a job runs: a compiled wasm module, or a native command in an unpacked image.
 enum Code<'a> {
     Wasm(Guest),
@@ -107,6 +109,8 @@ pub(crate) struct Jobs {
     abandoned: Abandoned,
     /// Emptied job directories, reused.
     spares: SpareDirs,
+    /// The threads guests run on, kept between jobs.
+    guest_threads: threads::GuestThreads,
     /// Asks the scheduler for fresh macaroons of a job ([`crate::renew`]).
     renewer: Renewer,
 }
@@ -114,7 +118,14 @@ pub(crate) struct Jobs {
 impl Jobs {
     pub(crate) fn new(settings: Arc<Settings>, renewer: Renewer) -> Jobs {
         let spares = SpareDirs::new(settings.jobs_dir.clone());
-        Jobs { settings, loading: Mutex::new(HashMap::new()), abandoned: Abandoned::default(), spares, renewer }
+        Jobs {
+            settings,
+            loading: Mutex::new(HashMap::new()),
+            abandoned: Abandoned::default(),
+            spares,
+            guest_threads: threads::GuestThreads::default(),
+            renewer,
+        }
     }
 
     /// Runs one assignment to its report; `cancel` stops it early ([`Outcome::Cancelled`]).
@@ -277,10 +288,10 @@ impl Jobs {
             let run =
                 match &code {
                     Code::Wasm(guest) => futures_util::future::Either::Left(run_on_thread(
+                        &self.guest_threads,
                         s.runtime.clone(),
                         guest.clone(),
                         gj.clone(),
-                        &job.job_id,
                         stop.clone(),
                         run_limits,
                         mark,
@@ -591,10 +602,10 @@ async fn unless_cancelled<T>(cancel: &CancelSignal, fut: impl Future<Output = T>
 /// pool slot), ends by itself when its call returns (the epoch callback then stops the guest at
 /// once); its job directory is gone by then and its result is dropped.
 async fn run_on_thread(
+    threads: &threads::GuestThreads,
     rt: Arc<Runtime>,
     guest: Guest,
     job: GuestJob,
-    job_id: &str,
     cancel: CancelSignal,
     limits: RunLimits,
     mark: ThreadMark,
@@ -602,14 +613,16 @@ async fn run_on_thread(
     let limit_s = job.resources.runtime_s;
     let started = Instant::now();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let name: String = format!("ep-job-{}", job_id.chars().take(16).collect::<String>());
     let stop = cancel.clone();
     let on_thread = mark.clone();
-    let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let ran = rt.run_job_limited(&guest, &job, &stop, limits);
-        on_thread.done();
-        let _ = tx.send(ran);
-    });
+    let spawned = threads.run(
+        "ep-guest",
+        Box::new(move || {
+            let ran = rt.run_job_limited(&guest, &job, &stop, limits);
+            on_thread.done();
+            let _ = tx.send(ran);
+        }),
+    );
     let failed = |outcome: Outcome, note: Option<String>| GuestRun {
         notes: note.into_iter().collect(),
         ..GuestRun::unrun(outcome, millis(started.elapsed()))

@@ -23,7 +23,8 @@
 //!   its records;
 //! - [`macaroon`], [`metrics`]: the macaroon codec, the metrics encoding;
 //! - `nats` (feature `nats`): NATS nkey credentials and the connect options every NATS client
-//!   of htfaas is built from;
+//!   of htfaas is built from; `sources` (feature `nats`): storage events as their sources send
+//!   them (dCache billing, CloudEvents with their NATS headers), one decision per message;
 //! - `nats_server` (feature `nats-server`): a real nats-server as a child process, the one
 //!   harness of the local stack, the benches and the tests;
 //! - `serve` (feature `serve`): the HTTP listener loop of every server, with its header and
@@ -57,6 +58,7 @@ mod resources;
 pub mod seal;
 #[cfg(feature = "serve")]
 pub mod serve;
+#[cfg(feature = "nats")]
 pub mod sources;
 pub mod spans;
 pub mod store;
