@@ -98,6 +98,12 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder, WasiCtxView, WasiView};
 
+thread_local! {
+    /// The runtime a thread's guest runs are driven by, kept between runs on the same thread
+    /// (the EP keeps its guest threads), unless a run left a task in it.
+    static GUEST_RUNTIME: std::cell::RefCell<Option<tokio::runtime::Runtime>> = const { std::cell::RefCell::new(None) };
+}
+
 /// A request to stop one job, shared by whoever may cancel it (the link, on the scheduler's
 /// `Cancel`) and whoever runs it (the job's transfers, the guest's epoch callback and host
 /// timer). Cheap to clone; cancelling twice keeps the first reason.
@@ -584,10 +590,23 @@ impl Runtime {
         let cpu_before = thread_cpu_time();
         let log = LogBuffer::new(job.log_limit_bytes);
         let mut notes = Vec::new();
-        let ended = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(self.call(guest, job, cancel, limits, &log, &mut notes)),
-            Err(e) => Ended::failed(format!("start the guest's runtime: {e}")),
-        };
+        let ended = GUEST_RUNTIME.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if kept.is_none() {
+                match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => *kept = Some(rt),
+                    Err(e) => return Ended::failed(format!("start the guest's runtime: {e}")),
+                }
+            }
+            let Some(rt) = kept.as_ref() else { return Ended::failed("start the guest's runtime".into()) };
+            let ended = rt.block_on(self.call(guest, job, cancel, limits, &log, &mut notes));
+            // A task the run spawned and left would run in the next run's `block_on`: such a
+            // runtime is dropped (its tasks with it), and the next run gets a fresh one.
+            if rt.metrics().num_alive_tasks() > 0 {
+                *kept = None;
+            }
+            ended
+        });
         let cpu = thread_cpu_time().saturating_sub(cpu_before);
         let (stdout, stderr, log_dropped) = log.take();
         GuestRun {
