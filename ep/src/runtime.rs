@@ -590,23 +590,23 @@ impl Runtime {
         let cpu_before = thread_cpu_time();
         let log = LogBuffer::new(job.log_limit_bytes);
         let mut notes = Vec::new();
-        let ended = GUEST_RUNTIME.with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.is_none() {
-                match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(rt) => *kept = Some(rt),
-                    Err(e) => return Ended::failed(format!("start the guest's runtime: {e}")),
+        // Taken out for the run and put back after it, unless the run left a task in it: that
+        // task would run in the next run's `block_on`, so the runtime is dropped with it and
+        // the next run gets a fresh one.
+        let rt = match GUEST_RUNTIME.with(|kept| kept.borrow_mut().take()) {
+            Some(rt) => Ok(rt),
+            None => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        };
+        let ended = match rt {
+            Ok(rt) => {
+                let ended = rt.block_on(self.call(guest, job, cancel, limits, &log, &mut notes));
+                if rt.metrics().num_alive_tasks() == 0 {
+                    GUEST_RUNTIME.with(|kept| *kept.borrow_mut() = Some(rt));
                 }
+                ended
             }
-            let Some(rt) = kept.as_ref() else { return Ended::failed("start the guest's runtime".into()) };
-            let ended = rt.block_on(self.call(guest, job, cancel, limits, &log, &mut notes));
-            // A task the run spawned and left would run in the next run's `block_on`: such a
-            // runtime is dropped (its tasks with it), and the next run gets a fresh one.
-            if rt.metrics().num_alive_tasks() > 0 {
-                *kept = None;
-            }
-            ended
-        });
+            Err(e) => Ended::failed(format!("start the guest's runtime: {e}")),
+        };
         let cpu = thread_cpu_time().saturating_sub(cpu_before);
         let (stdout, stderr, log_dropped) = log.take();
         GuestRun {

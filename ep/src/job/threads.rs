@@ -58,13 +58,7 @@ impl GuestThreads {
 
 /// A guest thread's life: `first`, then each task it is sent, until no task comes within
 /// [`IDLE_FOR`] or [`KEEP_IDLE`] threads already wait.
-fn serve(
-    id: u64,
-    first: Task,
-    sender: &Sender<Task>,
-    receiver: &Receiver<Task>,
-    idle: &Mutex<Vec<(u64, Sender<Task>)>>,
-) {
+fn serve(id: u64, first: Task, sender: &Sender<Task>, receiver: &Receiver<Task>, idle: &Idle) {
     let mut task = first;
     loop {
         task();
