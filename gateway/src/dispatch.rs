@@ -15,7 +15,7 @@ use crate::firing::{Claimed, FiringWriter, Firings, Outcome, Write, now_ms};
 use crate::jobs::{JobContext, JobError, event_ref, prepare, scheduler_dedupe_key};
 use crate::state::Shared;
 use crate::stats::Stats;
-use crate::submit::{SubmitError, Submitter};
+use crate::submit::{Batcher, SubmitError, Submitter};
 use htfaas_functions::audit::{AuditDraft, MacaroonFacts, Subject};
 use htfaas_functions::proto::{Cause, SubmitRequest};
 use htfaas_functions::token::SubmitClaims;
@@ -86,14 +86,17 @@ pub(crate) fn credentials(
 }
 
 /// What submitting one claimed firing uses of the gateway (`fire_one`), borrowed by its task
-/// ([`Dispatcher::of`]): what building its job reads, the submitter, the firing table and the
-/// group commit its provenance and outcome are recorded through, the counters.
+/// ([`Dispatcher::of`]): what building its job reads, the submitter (its tokens) and the
+/// batcher (its posts), the firing table and the group commit its provenance and outcome are
+/// recorded through, the counters.
 #[derive(Clone, Copy)]
 pub struct Dispatcher<'a> {
     /// What building a job reads ([`prepare`]).
     pub jobs: JobContext<'a>,
-    /// Mints submit tokens and submits to the scheduler.
+    /// Mints submit tokens.
     pub submitter: &'a Submitter,
+    /// Posts jobs to the scheduler in batches (one per dispatcher).
+    pub batcher: &'a Batcher,
     /// The durable firing table.
     pub firings: &'a Firings,
     /// The group commit of the firings' writes (one per dispatcher).
@@ -103,11 +106,13 @@ pub struct Dispatcher<'a> {
 }
 
 impl<'a> Dispatcher<'a> {
-    /// The parts of `shared` the dispatcher's steps use, writing through `writer`.
-    pub fn of(shared: &'a Shared, writer: &'a FiringWriter) -> Dispatcher<'a> {
+    /// The parts of `shared` the dispatcher's steps use, writing through `writer`, posting
+    /// through `batcher`.
+    pub fn of(shared: &'a Shared, writer: &'a FiringWriter, batcher: &'a Batcher) -> Dispatcher<'a> {
         Dispatcher {
             jobs: shared.jobs(),
             submitter: &shared.submitter,
+            batcher,
             firings: &shared.firings,
             writer,
             stats: &shared.stats,
@@ -123,6 +128,8 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
     let firings = shared.firings.clone();
     // Dropped when this returns; its thread commits what is queued, then ends.
     let writer = FiringWriter::start(firings.clone())?;
+    // Its task ends once the firings' tasks, holding its clones, have ended.
+    let batcher = shared.submitter.batcher();
     let max = firings.max_in_flight();
     let mut tasks = tokio::task::JoinSet::new();
     let mut last_prune: Option<Instant> = None;
@@ -136,8 +143,8 @@ pub async fn dispatch(shared: Arc<Shared>, shutdown: CancellationToken) -> anyho
                     shared.stats.firings_rate_delayed.fetch_add(claim.rate_delayed, Ordering::Relaxed);
                     shared.stats.jobs_refused.fetch_add(claim.unreadable, Ordering::Relaxed);
                     for c in claim.ready {
-                        let (shared, writer) = (shared.clone(), writer.clone());
-                        tasks.spawn(async move { fire_one(Dispatcher::of(&shared, &writer), c).await });
+                        let (shared, writer, batcher) = (shared.clone(), writer.clone(), batcher.clone());
+                        tasks.spawn(async move { fire_one(Dispatcher::of(&shared, &writer, &batcher), c).await });
                     }
                 }
                 Err(e) => {
@@ -264,7 +271,7 @@ async fn fire_one_traced(d: Dispatcher<'_>, c: Claimed) {
                     let (records, write_id) = credentials(&c, &claims, &request);
                     match record_provenance(d.writer, &c, &request.output.macaroon, write_id, records.to_vec()).await {
                         Err(e) => Err(e),
-                        Ok(()) => match d.submitter.submit_with_token(&token, &request).await {
+                        Ok(()) => match d.batcher.submit(&token, &request).await {
                             Ok(reply) => {
                                 tracing::info!(job = %reply.job_id, jti = %claims.jti, created = reply.created, "job accepted");
                                 Ok(reply)
@@ -388,7 +395,8 @@ mod tests {
             let claimed = claim.ready.pop().expect("one ready");
             let before = now_ms();
             let writer = FiringWriter::start(shared.firings.clone()).expect("writer");
-            fire_one(Dispatcher::of(&shared, &writer), claimed).await;
+            let batcher = shared.submitter.batcher();
+            fire_one(Dispatcher::of(&shared, &writer, &batcher), claimed).await;
 
             let rows = shared.firings.list(0, 10).expect("list");
             let row = &rows[0];

@@ -1,10 +1,14 @@
 //! Turns a fired (event, function) pair into a job at the scheduler: mints the single-use
-//! submit token that allows exactly this job and posts the [`SubmitRequest`]; mints (and
-//! verifies) the job's renewal grant ([`Submitter::grant`]).
+//! submit token that allows exactly this job and posts the [`SubmitRequest`], alone or, from
+//! the dispatcher, in batches ([`Batcher`]); mints (and verifies) the job's renewal grant
+//! ([`Submitter::grant`]).
 
 use crate::storage_client::snippet;
 use htfaas_functions::proto::RenewalGrant;
-use htfaas_functions::proto::{ApiError, SubmitRequest, SubmitResponse, WarmRequest, WarmResponse};
+use htfaas_functions::proto::{
+    ApiError, BatchAnswer, MAX_SUBMIT_BATCH, MAX_SUBMIT_BATCH_BYTES, SubmitBatchResponse, SubmitRequest,
+    SubmitResponse, WarmRequest, WarmResponse,
+};
 use htfaas_functions::token::{
     RENEW_AUDIENCE, RenewClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s,
 };
@@ -243,10 +247,158 @@ impl Submitter {
             .map_err(|e| SubmitError::Unavailable(e.to_string()))?;
         answer(resp).await
     }
+
+    /// A [`Batcher`] posting to this submitter's scheduler, its task spawned on the current
+    /// runtime.
+    pub fn batcher(&self) -> Batcher {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let url = format!("{}/v1/jobs/batch", self.scheduler_url);
+        tokio::spawn(batch_loop(self.http.clone(), url, rx));
+        Batcher { tx }
+    }
 }
 
-/// A scheduler answer: the JSON body on success; 5xx is [`SubmitError::Unavailable`], other
-/// statuses [`SubmitError::Refused`] with the scheduler's reason.
+/// Most batches posted at once by a [`Batcher`].
+const BATCHES_IN_FLIGHT: usize = 2;
+
+/// Jobs posted to the scheduler in batches (`POST /v1/jobs/batch`), each with its own
+/// single-use token, each answered on its own as if posted alone. Group commit's rule: a job
+/// that finds a batch free to go goes at once (alone, when nothing else waits); jobs that
+/// arrive while [`BATCHES_IN_FLIGHT`] batches are out go together in the next one, up to
+/// [`MAX_SUBMIT_BATCH`] jobs and [`MAX_SUBMIT_BATCH_BYTES`]. So batches grow with the load and
+/// add no wait without it. Clones share one task, which ends when the last clone is dropped
+/// and its batches are answered.
+#[derive(Clone)]
+pub struct Batcher {
+    tx: tokio::sync::mpsc::UnboundedSender<Waiting>,
+}
+
+/// A job waiting for its batch: its batch entry as JSON, and where its answer goes.
+struct Waiting {
+    json: Vec<u8>,
+    reply: tokio::sync::oneshot::Sender<Result<SubmitResponse, SubmitError>>,
+}
+
+/// One job of a batch as it is sent: the same JSON as [`htfaas_functions::proto::BatchJob`],
+/// borrowed.
+#[derive(serde::Serialize)]
+struct Entry<'a> {
+    token: &'a str,
+    request: &'a SubmitRequest,
+}
+
+impl Batcher {
+    /// Posts `req` with `token` in the next batch; answers as [`Submitter::submit_with_token`]
+    /// does. `Ok` means the scheduler has the job durably.
+    #[tracing::instrument(name = "gateway.submit", skip_all, fields(function = %req.function.name, event = %req.event.id))]
+    pub async fn submit(&self, token: &str, req: &SubmitRequest) -> Result<SubmitResponse, SubmitError> {
+        let json = serde_json::to_vec(&Entry { token, request: req })
+            .map_err(|e| SubmitError::Unavailable(format!("encode the job: {e}")))?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let gone = || SubmitError::Unavailable("the gateway's batcher stopped".into());
+        self.tx.send(Waiting { json, reply }).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// The [`Batcher`]'s task: takes what waits into batches and posts each in a task of its own,
+/// at most [`BATCHES_IN_FLIGHT`] at once.
+async fn batch_loop(http: reqwest::Client, url: String, mut rx: tokio::sync::mpsc::UnboundedReceiver<Waiting>) {
+    // `{"jobs":[` and `]}`.
+    const FRAME: usize = 11;
+    let mut flights = tokio::task::JoinSet::new();
+    let mut carried: Option<Waiting> = None;
+    loop {
+        while flights.try_join_next().is_some() {}
+        if flights.len() >= BATCHES_IN_FLIGHT {
+            flights.join_next().await;
+            continue;
+        }
+        let first = match carried.take() {
+            Some(w) => w,
+            None => match rx.recv().await {
+                Some(w) => w,
+                None => break,
+            },
+        };
+        let mut bytes = FRAME + first.json.len();
+        let mut batch = vec![first];
+        while batch.len() < MAX_SUBMIT_BATCH {
+            match rx.try_recv() {
+                Ok(w) if bytes + 1 + w.json.len() > MAX_SUBMIT_BATCH_BYTES => {
+                    carried = Some(w);
+                    break;
+                }
+                Ok(w) => {
+                    bytes += 1 + w.json.len();
+                    batch.push(w);
+                }
+                Err(_) => break,
+            }
+        }
+        flights.spawn(post_batch(http.clone(), url.clone(), batch, bytes));
+    }
+    while flights.join_next().await.is_some() {}
+}
+
+/// Posts one batch and answers each of its jobs: with its own answer, or, when the batch as a
+/// whole failed (no answer, a refused body, a reply that does not fit it), all with that.
+async fn post_batch(http: reqwest::Client, url: String, batch: Vec<Waiting>, bytes: usize) {
+    let mut body = Vec::with_capacity(bytes);
+    body.extend_from_slice(b"{\"jobs\":[");
+    for (i, w) in batch.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&w.json);
+    }
+    body.extend_from_slice(b"]}");
+    let sent = http.post(&url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body).send().await;
+    let answered = match sent {
+        Err(e) => Err(SubmitError::Unavailable(e.to_string())),
+        Ok(resp) => answer::<SubmitBatchResponse>(resp).await.and_then(|r| {
+            if r.results.len() == batch.len() {
+                Ok(r.results)
+            } else {
+                Err(SubmitError::Unavailable(format!(
+                    "bad reply: {} answers to a batch of {}",
+                    r.results.len(),
+                    batch.len()
+                )))
+            }
+        }),
+    };
+    match answered {
+        Ok(results) => {
+            for (w, a) in batch.into_iter().zip(results) {
+                let _ = w.reply.send(job_answer(a));
+            }
+        }
+        Err(e) => {
+            for w in batch {
+                let _ = w.reply.send(Err(match &e {
+                    SubmitError::Unavailable(r) => SubmitError::Unavailable(r.clone()),
+                    SubmitError::Busy(r) => SubmitError::Busy(r.clone()),
+                    SubmitError::Refused { status, reason } => {
+                        SubmitError::Refused { status: *status, reason: reason.clone() }
+                    }
+                    other => SubmitError::Unavailable(other.to_string()),
+                }));
+            }
+        }
+    }
+}
+
+/// One job's answer in a batch, as the same status would be for a job posted alone.
+fn job_answer(a: BatchAnswer) -> Result<SubmitResponse, SubmitError> {
+    match (a.status, a.job) {
+        (200..=299, Some(job)) => Ok(job),
+        (200..=299, None) => Err(SubmitError::Unavailable("bad reply: a job accepted without its id".into())),
+        (status, _) => Err(failure(status, a.error.unwrap_or_default())),
+    }
+}
+
+/// A scheduler answer: the JSON body on success, else [`failure`].
 async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T, SubmitError> {
     let status = resp.status();
     let text = resp.text().await.map_err(|e| SubmitError::Unavailable(e.to_string()))?;
@@ -254,12 +406,18 @@ async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Resu
         return serde_json::from_str(&text).map_err(|e| SubmitError::Unavailable(format!("bad reply: {e}")));
     }
     let reason = serde_json::from_str::<ApiError>(&text).map(|e| e.error).unwrap_or_else(|_| snippet(&text));
-    if status.is_server_error() {
-        Err(SubmitError::Unavailable(format!("{status}: {reason}")))
-    } else if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-        Err(SubmitError::Busy(reason))
-    } else {
-        Err(SubmitError::Refused { status: status.as_u16(), reason })
+    Err(failure(status.as_u16(), reason))
+}
+
+/// A refusal or failure with the HTTP `status`: 5xx (or no valid status) is
+/// [`SubmitError::Unavailable`], 429 [`SubmitError::Busy`], other statuses
+/// [`SubmitError::Refused`] with the scheduler's reason.
+fn failure(status: u16, reason: String) -> SubmitError {
+    match reqwest::StatusCode::from_u16(status) {
+        Ok(s) if s.is_server_error() => SubmitError::Unavailable(format!("{s}: {reason}")),
+        Ok(reqwest::StatusCode::TOO_MANY_REQUESTS) => SubmitError::Busy(reason),
+        Ok(s) if s.is_client_error() => SubmitError::Refused { status, reason },
+        _ => SubmitError::Unavailable(format!("{status}: {reason}")),
     }
 }
 
@@ -307,14 +465,9 @@ mod tests {
             server.abort();
         }
     }
-    /// A minted token allows exactly the job, except that a request for the class's default
-    /// run time (0) is allowed up to the longest run time: the scheduler fills in and bounds it.
-    #[test]
-    fn minted_claims_allow_exactly_the_job() {
-        let (key, _) = SigningKey::generate("k").expect("keygen");
-        let s = Submitter::new(crate::clients::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60)
-            .expect("new");
-        let req = |runtime_s| SubmitRequest {
+    /// A job of 2 cpus and 512 MB running `runtime_s`.
+    fn request(runtime_s: u64) -> SubmitRequest {
+        SubmitRequest {
             retry: None,
             function: htfaas_functions::proto::FunctionRef {
                 name: "f".into(),
@@ -340,7 +493,73 @@ mod tests {
             limits: Default::default(),
             secrets: Default::default(),
             renewal: None,
-        };
+        }
+    }
+
+    /// Jobs submitted together through a [`Batcher`] go in fewer requests than jobs, each
+    /// answered with its own answer (its id, or its own refusal), in whatever order they were
+    /// batched.
+    #[tokio::test]
+    async fn a_batcher_sends_jobs_together_and_answers_each_on_its_own() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let requests = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = axum::Router::new().route(
+            "/v1/jobs/batch",
+            axum::routing::post(move |axum::Json(batch): axum::Json<htfaas_functions::proto::SubmitBatch>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let results = batch
+                    .jobs
+                    .iter()
+                    .map(|j| match j.token.as_str() {
+                        "good" => BatchAnswer {
+                            status: 201,
+                            job: Some(SubmitResponse {
+                                job_id: format!("job-{}", j.request.dedupe_key),
+                                created: true,
+                            }),
+                            error: None,
+                        },
+                        _ => BatchAnswer { status: 401, job: None, error: Some("token refused".into()) },
+                    })
+                    .collect();
+                async move { axum::Json(SubmitBatchResponse { results }) }
+            }),
+        );
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+        let (key, _) = SigningKey::generate("k").expect("keygen");
+        let s = Submitter::new(crate::clients::http_client().expect("client"), &url, key, "gw", 60).expect("new");
+        let batcher = s.batcher();
+        let jobs: Vec<(String, SubmitRequest)> = (0..20)
+            .map(|i| {
+                let mut r = request(60);
+                r.dedupe_key = format!("k{i}");
+                (if i % 3 == 0 { "forged" } else { "good" }.to_owned(), r)
+            })
+            .collect();
+        let answers = futures_util::future::join_all(jobs.iter().map(|(t, r)| batcher.submit(t, r))).await;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(reply) if i % 3 != 0 => assert_eq!(reply.job_id, format!("job-k{i}")),
+                Err(SubmitError::Refused { status: 401, reason }) if i % 3 == 0 => assert_eq!(reason, "token refused"),
+                other => panic!("job {i}: {other:?}"),
+            }
+        }
+        let n = requests.load(Ordering::SeqCst);
+        assert!((1..20).contains(&n), "{n} requests for 20 jobs");
+        server.abort();
+    }
+
+    /// A minted token allows exactly the job, except that a request for the class's default
+    /// run time (0) is allowed up to the longest run time: the scheduler fills in and bounds it.
+    #[test]
+    fn minted_claims_allow_exactly_the_job() {
+        let (key, _) = SigningKey::generate("k").expect("keygen");
+        let s = Submitter::new(crate::clients::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60)
+            .expect("new");
+        let req = request;
         let c = s.claims_for("alice", None, &req(60));
         assert_eq!((c.sub.as_str(), c.jobs, c.cpus, c.memory_mb, c.runtime_s), ("alice", 1, 2, 512, 60));
         assert_eq!((c.function, c.group), (Some(htfaas_functions::Digest::of(b"m")), None));

@@ -3,6 +3,7 @@
 //! | route | credential | answer |
 //! |---|---|---|
 //! | `POST /v1/jobs` | submit token | `SubmitRequest` → 201 `SubmitResponse` (200 when the dedupe key already had a job; 429 when the owner is at the idle limit) |
+//! | `POST /v1/jobs/batch` | a submit token per job | `SubmitBatch` → 200 `SubmitBatchResponse`: each job answered with the status `POST /v1/jobs` would give it, those accepted stored in one write (400 for a body that is no batch, empty, or over `MAX_SUBMIT_BATCH` jobs) |
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
 //! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
@@ -57,7 +58,7 @@
 //! Revocations: 400 when the value is empty or longer than 256 characters or the reason longer
 //! than 1024.
 //!
-//! Every refused submission (any 4xx of `POST /v1/jobs`) is recorded in the audit trail as
+//! Every refused submission (any 4xx of `POST /v1/jobs`, or of a job in a batch) is recorded in the audit trail as
 //! `job.refused` with its status and reason, the verified token's `jti` and owner (or, for a
 //! token that parsed but did not verify, its claimed `jti` as `unverified_jti`), and the
 //! request's function and event when the body parsed. The token itself is never recorded.
@@ -68,9 +69,10 @@ use crate::actions::Action;
 use crate::error::QueueError;
 use crate::failure::ApiFailure;
 use crate::metrics::{Reason, Token};
-use crate::queue::NewJob;
+use crate::queue::{Refusal, Submitted};
 use crate::revocation::Credential;
 use crate::state::Shared;
+use crate::submission::{self, Known};
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
@@ -81,15 +83,18 @@ use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use base64::Engine as _;
-use htfaas_functions::audit::{self, AuditFilter, AuditRecord, Subject, VerifyReport};
+use htfaas_functions::audit::{self, AuditFilter, AuditRecord, VerifyReport};
 use htfaas_functions::proto::{
     Account, AccountingQuery, AccountingReport, Attempt, EpAction, EpInfo, FactorRequest, JobAction, JobAnalysis,
     JobLog, JobRecord, OwnerPriority, PriorityReport, Revocation, RevokeRequest, SubmitRequest, SubmitResponse,
 };
+use htfaas_functions::proto::{
+    BatchAnswer, BatchJob, MAX_SUBMIT_BATCH, MAX_SUBMIT_BATCH_BYTES, SubmitBatch, SubmitBatchResponse,
+};
 use htfaas_functions::proto::{FiredPaths, FiredQuery, MAX_FIRED_QUERY};
 use htfaas_functions::token::constant_time_eq;
 use htfaas_functions::token::{AttachClaims, SubmitClaims};
+
 use jsonwebtoken::jwk::JwkSet;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -108,12 +113,11 @@ pub const DEFAULT_AUDIT_LIMIT: u64 = 1000;
 /// Largest `?limit=` of `GET /v1/audit`.
 pub const MAX_AUDIT_LIMIT: u64 = 100_000;
 
-pub use crate::validate::{bounded, validate};
-
 /// The router, with `shared` as state.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/batch", post(submit_batch).layer(DefaultBodyLimit::max(MAX_SUBMIT_BATCH_BYTES)))
         .route("/v1/preflight", post(preflight))
         .route("/v1/modules/warm", post(warm))
         .route("/v1/revocations", post(revoke).get(list_revocations))
@@ -161,75 +165,9 @@ fn require_admin(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure>
     }
 }
 
-/// The `iss` claim read without verifying, only to pick the verifier that will verify it.
-fn unverified_issuer(token: &str) -> Option<String> {
-    unverified_claim(token, "iss")
-}
-
-/// A string claim read without verifying.
-fn unverified_claim(token: &str, name: &str) -> Option<String> {
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
-    let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes).ok()?;
-    claims.get(name)?.as_str().map(str::to_owned)
-}
-
-fn verify_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
-    let refused = |reason| shared.metrics.refused(Token::Submit, reason);
-    let token = bearer(headers)
-        .ok_or_else(|| ApiFailure::unauthorized("missing bearer submit token"))
-        .inspect_err(|_| refused(Reason::Missing))?;
-    let iss = unverified_issuer(token)
-        .ok_or_else(|| ApiFailure::unauthorized("malformed token: no issuer"))
-        .inspect_err(|_| refused(Reason::Malformed))?;
-    let verifier = shared
-        .submit_verifiers
-        .get(&iss)
-        .ok_or_else(|| ApiFailure::unauthorized(format!("untrusted issuer {iss:?}")))
-        .inspect_err(|_| refused(Reason::UntrustedIssuer))?;
-    verifier.verify::<SubmitClaims>(token).map_err(|e| {
-        refused(Reason::of(&e));
-        ApiFailure::unauthorized(format!("submit token refused: {e}"))
-    })
-}
-
-/// A verified submit token that is not revoked: what submit and preflight check first.
+/// The bearer's submit token, verified and not revoked: what preflight and warm check first.
 fn authorize_submit(shared: &Shared, headers: &HeaderMap) -> Result<SubmitClaims, ApiFailure> {
-    let claims = verify_submit(shared, headers)?;
-    match shared.queue.revoked_reason(&Credential::of_submit(&claims)) {
-        Some(reason) => {
-            shared.metrics.refused(Token::Submit, Reason::Revoked);
-            Err(QueueError::Revoked { reason }.into())
-        }
-        None => Ok(claims),
-    }
-}
-
-/// The request against the token's limits (403).
-fn check_limits(req: &SubmitRequest, c: &SubmitClaims) -> Result<(), ApiFailure> {
-    let r = &req.resources;
-    if r.cpus > c.cpus {
-        return Err(ApiFailure::forbidden(format!("cpus {} exceeds the token's limit of {}", r.cpus, c.cpus)));
-    }
-    if r.memory_mb > c.memory_mb {
-        return Err(ApiFailure::forbidden(format!(
-            "memory_mb {} exceeds the token's limit of {}",
-            r.memory_mb, c.memory_mb
-        )));
-    }
-    if r.runtime_s > c.runtime_s {
-        return Err(ApiFailure::forbidden(format!(
-            "runtime_s {} exceeds the token's limit of {}",
-            r.runtime_s, c.runtime_s
-        )));
-    }
-    if let Some(d) = &c.function
-        && *d != req.function.bound_digest()
-    {
-        let what = if req.function.native.is_some() { "function image and command" } else { "function digest" };
-        return Err(ApiFailure::forbidden(format!("{what} {} is not the token's {}", req.function.bound_digest(), d)));
-    }
-    Ok(())
+    submission::authorize(shared, bearer(headers))
 }
 
 #[tracing::instrument(name = "scheduler.submit", skip_all,
@@ -240,106 +178,35 @@ async fn submit(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiFailure> {
-    let mut known = Subject::default();
-    let mut detail = serde_json::Map::new();
-    let answer = accept(&shared, &headers, body, &mut known, &mut detail).await;
+    let mut known = Known::default();
+    let answer = accept(&shared, &headers, body, &mut known).await;
     if let Err(refusal) = &answer
         && refusal.status.is_client_error()
     {
         // The answer stands whether or not its record could be written: a refusal changes
         // nothing, so failing closed is the safe side.
-        let (status, reason) = (refusal.status.as_u16(), refusal.message.clone());
-        if let Err(e) = shared.queue.record_refusal(known, status, reason, detail).await {
+        let refusal = refusal_of(known, refusal);
+        if let Err(e) = shared.queue.record_refusals(vec![refusal]).await {
             tracing::error!("failed to record a refused submission in the audit trail: {e}");
         }
     }
     answer
 }
 
-/// Longest claimed `jti` of an unverified token kept in a refusal's record, characters.
-const MAX_UNVERIFIED_JTI_CHARS: usize = 128;
-
-/// The submission proper; fills `known` and `detail` with what a refusal's record says.
+/// The submission proper; fills `known` with what a refusal's record says.
 async fn accept(
     shared: &Shared,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    known: &mut Subject,
-    detail: &mut serde_json::Map<String, serde_json::Value>,
+    known: &mut Known,
 ) -> Result<Response, ApiFailure> {
-    let claims = match verify_submit(shared, headers) {
-        Ok(c) => c,
-        Err(e) => {
-            let jti = bearer(headers).and_then(|t| unverified_claim(t, "jti"));
-            if let Some(jti) = jti.filter(|j| !j.chars().any(char::is_control)) {
-                let jti: String = jti.chars().take(MAX_UNVERIFIED_JTI_CHARS).collect();
-                detail.insert("unverified_jti".into(), jti.into());
-            }
-            tracing::info!("refused: {}", e.message);
-            return Err(e);
-        }
+    let parse = || {
+        let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+        serde_json::from_slice::<SubmitRequest>(&body)
+            .map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))
     };
-    (known.token_jti, known.owner) = (Some(claims.jti.clone()), Some(claims.sub.clone()));
-    detail.insert("token_issuer".into(), claims.iss.clone().into());
-    if let Some(reason) = shared.queue.revoked_reason(&Credential::of_submit(&claims)) {
-        shared.metrics.refused(Token::Submit, Reason::Revoked);
-        let e = ApiFailure::from(QueueError::Revoked { reason });
-        tracing::info!("refused: {}", e.message);
-        return Err(e);
-    }
-    let span = tracing::Span::current();
-    span.record("owner", claims.sub.as_str());
-    span.record("token.jti", claims.jti.as_str());
-    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
-    let mut req: SubmitRequest =
-        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid request body: {e}")))?;
-    if bounded(&req.function.name) && bounded(&req.event.id) && bounded(&req.event.path) {
-        known.function = Some(req.function.name.clone());
-        known.digest = Some(req.function.digest.as_str().to_owned());
-        known.event_id = Some(req.event.id.clone());
-        known.paths = vec![req.event.path.clone()];
-    }
-    if let Some(t) = req.event.trace_parent() {
-        span.record("trace_id", tracing::field::display(t.trace_id_hex()));
-    }
-    validate(&req).map_err(|e| ApiFailure::bad_request(e.to_string()))?;
-    // No URL is trusted for being handed over: the module, input and output must be the site's.
-    shared.trust.check(&req).map_err(|e| ApiFailure::forbidden(e.to_string())).inspect_err(|e| {
-        tracing::warn!("refused: {}", e.message);
-    })?;
-    // Policy first: it fills in a class's default run time, which the token must then allow.
-    let admission = shared
-        .policy
-        .admit(&claims.sub, claims.group.as_deref(), &mut req)
-        .map_err(|e| ApiFailure::forbidden(e.to_string()))
-        .inspect_err(|e| tracing::info!("refused: {}", e.message))?;
-    check_limits(&req, &claims).inspect_err(|e| {
-        shared.metrics.refused(Token::Submit, Reason::OverLimits);
-        tracing::info!("refused: {}", e.message)
-    })?;
-    let done = shared
-        .queue
-        .submit(NewJob {
-            request: req,
-            owner: claims.sub,
-            jti: claims.jti,
-            issuer: claims.iss,
-            group: claims.group,
-            jobs: claims.jobs,
-            exp: claims.exp,
-            max_idle: shared.limits.max_idle,
-            class: admission.class,
-            hold: admission.hold,
-        })
-        .await
-        .inspect_err(|e| {
-            match e {
-                QueueError::TokenUsed { .. } => shared.metrics.refused(Token::Submit, Reason::UsedUp),
-                QueueError::Revoked { .. } => shared.metrics.refused(Token::Submit, Reason::Revoked),
-                _ => {}
-            }
-            tracing::info!("refused: {e}")
-        })?;
+    let job = submission::check(shared, bearer(headers), parse, known)?;
+    let done = shared.queue.submit(job).await.inspect_err(|e| submission::count_refusal(shared, e))?;
     let span = tracing::Span::current();
     span.record("job.id", done.job_id.as_str());
     span.record("created", done.created);
@@ -351,7 +218,96 @@ async fn accept(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(SubmitResponse { job_id: done.job_id, created: done.created })).into_response())
+    Ok((status, Json(response(done))).into_response())
+}
+
+/// `POST /v1/jobs/batch`: each job checked as `POST /v1/jobs` checks one, with its own token;
+/// those that pass are stored in one write ([`crate::queue::Queue::submit_many`]), and the
+/// refusals recorded in one more. Always 200 with one answer per job, unless the body is not
+/// a batch (400) or the store failed (its status for the whole batch: nothing was stored).
+#[tracing::instrument(name = "scheduler.submit_batch", skip_all, fields(jobs = tracing::field::Empty))]
+async fn submit_batch(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<SubmitBatchResponse>, ApiFailure> {
+    let body = body.map_err(|e| ApiFailure { status: e.status(), message: format!("request body: {e}") })?;
+    let batch: SubmitBatch =
+        serde_json::from_slice(&body).map_err(|e| ApiFailure::bad_request(format!("invalid batch: {e}")))?;
+    if batch.jobs.is_empty() || batch.jobs.len() > MAX_SUBMIT_BATCH {
+        return Err(ApiFailure::bad_request(format!(
+            "a batch holds 1 to {MAX_SUBMIT_BATCH} jobs, not {}",
+            batch.jobs.len()
+        )));
+    }
+    tracing::Span::current().record("jobs", batch.jobs.len());
+    let mut answers: Vec<Option<BatchAnswer>> = Vec::with_capacity(batch.jobs.len());
+    let mut accepted = Vec::new();
+    let mut refusals = Vec::new();
+    for (i, item) in batch.jobs.into_iter().enumerate() {
+        let mut known = Known::default();
+        let BatchJob { token, request } = item;
+        match submission::check(&shared, Some(&token), || Ok(request), &mut known) {
+            Ok(job) => {
+                accepted.push((i, job));
+                answers.push(None);
+            }
+            Err(refusal) => {
+                answers.push(Some(refused(&refusal)));
+                refusals.push(refusal_of(known, &refusal));
+            }
+        }
+    }
+    if !accepted.is_empty() {
+        let (places, jobs): (Vec<usize>, Vec<_>) = accepted.into_iter().unzip();
+        let known: Vec<Known> = jobs.iter().map(Known::of_job).collect();
+        let stored = shared.queue.submit_many(jobs).await?;
+        let mut created = false;
+        for ((place, done), known) in places.into_iter().zip(stored).zip(known) {
+            answers[place] = Some(match done {
+                Ok(done) => {
+                    if done.created {
+                        created = true;
+                        shared.metrics.submitted(&done.job_id);
+                    }
+                    let status = if done.created { StatusCode::CREATED } else { StatusCode::OK };
+                    BatchAnswer { status: status.as_u16(), job: Some(response(done)), error: None }
+                }
+                Err(e) => {
+                    submission::count_refusal(&shared, &e);
+                    let refusal = ApiFailure::from(e);
+                    refusals.push(refusal_of(known, &refusal));
+                    refused(&refusal)
+                }
+            });
+        }
+        if created {
+            shared.wake.notify_one();
+        }
+    }
+    if !refusals.is_empty()
+        && let Err(e) = shared.queue.record_refusals(refusals).await
+    {
+        tracing::error!("failed to record refused submissions in the audit trail: {e}");
+    }
+    // Every place is answered above; an empty one would be a bug, answered as a failure.
+    let unanswered = || refused(&ApiFailure::internal("answer a job of the batch", &"it was not answered"));
+    let results = answers.into_iter().map(|a| a.unwrap_or_else(unanswered)).collect();
+    Ok(Json(SubmitBatchResponse { results }))
+}
+
+/// A batch's answer for a job refused with `f`.
+fn refused(f: &ApiFailure) -> BatchAnswer {
+    BatchAnswer { status: f.status.as_u16(), job: None, error: Some(f.message.clone()) }
+}
+
+/// A stored job as the API answers it.
+fn response(done: Submitted) -> SubmitResponse {
+    SubmitResponse { job_id: done.job_id, created: done.created }
+}
+
+/// The record of a submission refused with `f`.
+fn refusal_of(known: Known, f: &ApiFailure) -> Refusal {
+    Refusal { subject: known.subject, status: f.status.as_u16(), reason: f.message.clone(), detail: known.detail }
 }
 
 /// `POST /v1/preflight`: the submit checks up to the use count, counting nothing.
@@ -677,7 +633,7 @@ async fn attach(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::SubmitInvalid;
+    use crate::validate::{SubmitInvalid, validate};
 
     #[test]
     fn input_names_must_be_one_clean_segment() {

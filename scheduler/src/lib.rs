@@ -101,6 +101,7 @@ mod revocation;
 mod revoke;
 pub mod seal;
 mod state;
+mod submission;
 #[cfg(test)]
 mod testing;
 pub mod trust;

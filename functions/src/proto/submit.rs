@@ -1,5 +1,6 @@
 //! The submit conversation, gateway to scheduler: `POST /v1/jobs` with a submit token
-//! ([`SubmitRequest`] → [`SubmitResponse`]), and what a job runs, reads and writes
+//! ([`SubmitRequest`] → [`SubmitResponse`]), or several jobs in one `POST /v1/jobs/batch`,
+//! each with its own token ([`SubmitBatch`] → [`SubmitBatchResponse`]), and what a job runs, reads and writes
 //! ([`FunctionRef`], [`InputSpec`], [`OutputSpec`]).
 //!
 //! Must not know: the attach link, admin routes, the audit trail.
@@ -195,6 +196,62 @@ pub struct SubmitResponse {
     pub job_id: String,
     /// False when the dedupe key already named a job.
     pub created: bool,
+}
+
+/// Most jobs in one [`SubmitBatch`].
+pub const MAX_SUBMIT_BATCH: usize = 64;
+
+/// Largest body of a [`SubmitBatch`], bytes (a sender puts a job that would pass it into the
+/// next batch).
+pub const MAX_SUBMIT_BATCH_BYTES: usize = 1024 * 1024;
+
+/// `POST /v1/jobs/batch` on the scheduler: up to [`MAX_SUBMIT_BATCH`] jobs, each with the
+/// submit token that allows exactly it. Each is checked as `POST /v1/jobs` checks one (its
+/// token, revocation, request, trust, policy, limits) and answered on its own; those accepted
+/// are stored in one transaction. The request itself carries no credential of its own: what
+/// a job may do is its token's alone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitBatch {
+    /// The jobs, in order.
+    pub jobs: Vec<BatchJob>,
+}
+
+/// One job of a [`SubmitBatch`].
+#[derive(Clone, Serialize, Deserialize)]
+pub struct BatchJob {
+    /// The submit token allowing exactly this job (what `Authorization: Bearer` carries for
+    /// a single submit).
+    pub token: String,
+    /// The job.
+    pub request: SubmitRequest,
+}
+
+// The token is a credential: a batch logged with `?` does not show it.
+impl std::fmt::Debug for BatchJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchJob").field("token", &"<redacted>").field("request", &self.request).finish()
+    }
+}
+
+/// Answer to [`SubmitBatch`]: one [`BatchAnswer`] per job, in the batch's order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitBatchResponse {
+    /// Each job's answer.
+    pub results: Vec<BatchAnswer>,
+}
+
+/// What became of one job of a batch: the HTTP status `POST /v1/jobs` would have answered
+/// (201 created, 200 a dedupe hit, else a refusal or a failure), with the job or the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchAnswer {
+    /// The status a single submit would have had.
+    pub status: u16,
+    /// The job, when it was stored (or already was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<SubmitResponse>,
+    /// Why not, otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `POST /v1/modules/warm` on the scheduler, with `Authorization: Bearer <submit

@@ -112,8 +112,8 @@ fn charge_decayed(
     now: u64,
     half_life_s: f64,
 ) -> rusqlite::Result<()> {
-    let row: Option<(f64, i64)> = tx
-        .query_row(&format!("SELECT usage_decayed, usage_at_ms FROM {table} WHERE {key} = ?1"), params![name], |r| {
+    let row: Option<(f64, i64)> =
+        row(tx, &format!("SELECT usage_decayed, usage_at_ms FROM {table} WHERE {key} = ?1"), params![name], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .optional()?;

@@ -70,6 +70,23 @@ pub struct NewJob {
     pub hold: Option<(u32, String)>,
 }
 
+impl NewJob {
+    /// What its audit records name before it has an id: its token's `jti`, owner, function,
+    /// digest, event and input path.
+    pub fn subject(&self) -> Subject {
+        let req = &self.request;
+        Subject {
+            token_jti: Some(self.jti.clone()),
+            owner: Some(self.owner.clone()),
+            function: Some(req.function.name.clone()),
+            digest: Some(req.function.digest.as_str().to_owned()),
+            event_id: Some(req.event.id.clone()),
+            paths: vec![req.event.path.clone()],
+            ..Subject::default()
+        }
+    }
+}
+
 /// Answer to [`Queue::submit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
@@ -209,6 +226,113 @@ impl RawRecord {
     }
 }
 
+/// Decides one submitted job on the writer's transaction `tx` (see [`Queue::submit`]); `stored`
+/// is its request sealed for `job_id`. Every refusal comes before the job's first write.
+fn insert_job(
+    tx: &rusqlite::Transaction<'_>,
+    revoked: &std::sync::RwLock<crate::revocation::Revoked>,
+    job: NewJob,
+    job_id: String,
+    stored: String,
+) -> Result<Submitted, QueueError> {
+    // Checked on the writer, which runs every write in turn: a revocation made meanwhile
+    // either is seen here or is written after this job, and removes it.
+    let credential = Credential { jti: job.jti.clone(), owner: Some(job.owner.clone()), issuer: job.issuer.clone() };
+    let reason = revoked.read().unwrap_or_else(|p| p.into_inner()).reason_for(&credential).map(str::to_owned);
+    if let Some(reason) = reason {
+        return Err(QueueError::Revoked { reason });
+    }
+    let existing: Option<String> = row(
+        tx,
+        "SELECT id FROM jobs WHERE owner = ?1 AND dedupe_key = ?2",
+        params![job.owner, job.request.dedupe_key],
+        |r| r.get(0),
+    )
+    .optional()?;
+    if let Some(job_id) = existing {
+        return Ok(Submitted { job_id, created: false });
+    }
+    let uses = token_uses(tx, &job.jti)?;
+    if uses >= u64::from(job.jobs) {
+        return Err(QueueError::TokenUsed { uses, jobs: job.jobs });
+    }
+    if let Some(max) = job.max_idle {
+        // Under the connection lock, like the use count: concurrent submits see each
+        // other's inserts, so the owner never exceeds the limit.
+        let idle: i64 = row(
+            tx,
+            "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND state IN ('idle', 'held')",
+            params![job.owner],
+            |r| r.get(0),
+        )?;
+        let idle = from_db(idle);
+        if idle >= max {
+            return Err(QueueError::TooManyIdle { owner: job.owner, idle, max });
+        }
+    }
+    exec(
+        tx,
+        "INSERT INTO token_uses (jti, uses, exp) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (jti) DO UPDATE SET uses = excluded.uses",
+        params![job.jti, db_int(uses + 1), db_int(job.exp)],
+    )?;
+    let r = job.request.resources;
+    let (state, hold_code, reason) = match &job.hold {
+        Some((code, reason)) => ("held", Some(*code), reason.as_str()),
+        None => ("idle", None, ""),
+    };
+    exec(
+        tx,
+        "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
+         runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason, \
+         sealed_for_job, image) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 1, ?19)",
+        params![
+            job_id,
+            job.owner,
+            job.request.dedupe_key,
+            state,
+            job.jti,
+            stored,
+            r.cpus,
+            db_int(r.memory_mb),
+            db_int(r.runtime_s),
+            db_int(now_ms()),
+            job.issuer,
+            job.group,
+            job.request.annex,
+            job.class,
+            r.gpus,
+            db_int(r.disk_mb),
+            hold_code,
+            reason,
+            job.request.function.native.as_ref().map(|_| job.request.function.digest.as_str()),
+        ],
+    )?;
+    let req = &job.request;
+    let subject = Subject { job: Some(job_id.clone()), ..job.subject() };
+    let accepted = AuditDraft::job_accepted(subject.clone(), &r, job.group.as_deref())
+        .with_detail("token_issuer", job.issuer.clone().into())
+        .with_detail("function_version", req.function.version.into())
+        .with_detail(
+            "event",
+            serde_json::json!({
+                "source": req.event.source, "id": req.event.id, "path": req.event.path,
+                "caused_by": req.event.caused_by,
+            }),
+        )
+        .with_detail("input", serde_json::json!({ "path": req.event.path, "url": req.input.url }))
+        .with_detail("output", serde_json::json!({ "dir": url_path(&req.output.url), "url": req.output.url }))
+        .with_detail("class", serde_json::json!(job.class))
+        .with_detail("annex", serde_json::json!(req.annex))
+        .with_detail("dedupe_key", req.dedupe_key.clone().into());
+    audit::append_in(tx, accepted)?;
+    if let Some((code, reason)) = &job.hold {
+        audit::append_in(tx, AuditDraft::job_held(subject, reason, Some(i64::from(*code))))?;
+    }
+    Ok(Submitted { job_id, created: true })
+}
+
 impl Queue {
     /// In one transaction: refuses a revoked token, returns the job that already has
     /// `(owner, dedupe_key)`, or refuses a used-up token, or refuses when the owner already has
@@ -220,112 +344,45 @@ impl Queue {
         // chosen here, so the sealing stays off the writer; a dedupe hit discards both).
         let job_id = uuid::Uuid::new_v4().to_string();
         let stored = serde_json::to_string(&self.sealer.seal_request(&job_id, &job.request)?)?;
+        self.write(move |tx| insert_job(tx, &revoked, job, job_id, stored)).await
+    }
+
+    /// Several jobs in one write, each decided as [`Queue::submit`] decides one, in order (a
+    /// job sees the ones before it: two with one dedupe key make one job, a token allowing one
+    /// job submits only the first). Each job's refusal (revoked, token used up, the idle limit,
+    /// a request that cannot be sealed) is its own answer and changes nothing, since every
+    /// check comes before the job's first write; any other failure (the store's) fails the
+    /// whole batch, and nothing of it is stored.
+    pub async fn submit_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Result<Submitted, QueueError>>, QueueError> {
+        let revoked = self.revoked.clone();
+        let mut sealed = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let job_id = uuid::Uuid::new_v4().to_string();
+            let stored = self
+                .sealer
+                .seal_request(&job_id, &job.request)
+                .map_err(QueueError::from)
+                .and_then(|r| serde_json::to_string(&r).map_err(QueueError::from));
+            sealed.push(stored.map(|stored| (job, job_id, stored)));
+        }
         self.write(move |tx| {
-            // Checked on the writer, which runs every write in turn: a revocation made meanwhile
-            // either is seen here or is written after this job, and removes it.
-            let credential =
-                Credential { jti: job.jti.clone(), owner: Some(job.owner.clone()), issuer: job.issuer.clone() };
-            let reason = revoked.read().unwrap_or_else(|p| p.into_inner()).reason_for(&credential).map(str::to_owned);
-            if let Some(reason) = reason {
-                return Err(QueueError::Revoked { reason });
+            let mut answers = Vec::with_capacity(sealed.len());
+            for item in sealed {
+                let answer = match item {
+                    Err(e) => Err(e),
+                    Ok((job, job_id, stored)) => match insert_job(tx, &revoked, job, job_id, stored) {
+                        Err(
+                            e @ (QueueError::Revoked { .. }
+                            | QueueError::TokenUsed { .. }
+                            | QueueError::TooManyIdle { .. }),
+                        ) => Err(e),
+                        Err(e) => return Err(e),
+                        Ok(done) => Ok(done),
+                    },
+                };
+                answers.push(answer);
             }
-            let existing: Option<String> = tx
-                .query_row(
-                    "SELECT id FROM jobs WHERE owner = ?1 AND dedupe_key = ?2",
-                    params![job.owner, job.request.dedupe_key],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if let Some(job_id) = existing {
-                return Ok(Submitted { job_id, created: false });
-            }
-            let uses = token_uses(tx, &job.jti)?;
-            if uses >= u64::from(job.jobs) {
-                return Err(QueueError::TokenUsed { uses, jobs: job.jobs });
-            }
-            if let Some(max) = job.max_idle {
-                // Under the connection lock, like the use count: concurrent submits see each
-                // other's inserts, so the owner never exceeds the limit.
-                let idle: i64 = row(
-                    tx,
-                    "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND state IN ('idle', 'held')",
-                    params![job.owner],
-                    |r| r.get(0),
-                )?;
-                let idle = from_db(idle);
-                if idle >= max {
-                    return Err(QueueError::TooManyIdle { owner: job.owner, idle, max });
-                }
-            }
-            exec(
-                tx,
-                "INSERT INTO token_uses (jti, uses, exp) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (jti) DO UPDATE SET uses = excluded.uses",
-                params![job.jti, db_int(uses + 1), db_int(job.exp)],
-            )?;
-            let r = job.request.resources;
-            let (state, hold_code, reason) = match &job.hold {
-                Some((code, reason)) => ("held", Some(*code), reason.as_str()),
-                None => ("idle", None, ""),
-            };
-            exec(
-                tx,
-                "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
-                 runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason, \
-                 sealed_for_job, image) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 1, ?19)",
-                params![
-                    job_id,
-                    job.owner,
-                    job.request.dedupe_key,
-                    state,
-                    job.jti,
-                    stored,
-                    r.cpus,
-                    db_int(r.memory_mb),
-                    db_int(r.runtime_s),
-                    db_int(now_ms()),
-                    job.issuer,
-                    job.group,
-                    job.request.annex,
-                    job.class,
-                    r.gpus,
-                    db_int(r.disk_mb),
-                    hold_code,
-                    reason,
-                    job.request.function.native.as_ref().map(|_| job.request.function.digest.as_str()),
-                ],
-            )?;
-            let req = &job.request;
-            let subject = Subject {
-                job: Some(job_id.clone()),
-                token_jti: Some(job.jti.clone()),
-                owner: Some(job.owner.clone()),
-                function: Some(req.function.name.clone()),
-                digest: Some(req.function.digest.as_str().to_owned()),
-                event_id: Some(req.event.id.clone()),
-                paths: vec![req.event.path.clone()],
-            };
-            let accepted = AuditDraft::job_accepted(subject.clone(), &r, job.group.as_deref())
-                .with_detail("token_issuer", job.issuer.clone().into())
-                .with_detail("function_version", req.function.version.into())
-                .with_detail(
-                    "event",
-                    serde_json::json!({
-                        "source": req.event.source, "id": req.event.id, "path": req.event.path,
-                        "caused_by": req.event.caused_by,
-                    }),
-                )
-                .with_detail("input", serde_json::json!({ "path": req.event.path, "url": req.input.url }))
-                .with_detail("output", serde_json::json!({ "dir": url_path(&req.output.url), "url": req.output.url }))
-                .with_detail("class", serde_json::json!(job.class))
-                .with_detail("annex", serde_json::json!(req.annex))
-                .with_detail("dedupe_key", req.dedupe_key.clone().into());
-            audit::append_in(tx, accepted)?;
-            if let Some((code, reason)) = &job.hold {
-                audit::append_in(tx, AuditDraft::job_held(subject, reason, Some(i64::from(*code))))?;
-            }
-            Ok(Submitted { job_id, created: true })
+            Ok(answers)
         })
         .await
     }
@@ -347,8 +404,8 @@ impl Queue {
     /// [`Queue::act`] by `actor` (recorded in the audit trail).
     pub async fn act_by(&self, id: String, action: Action, reason: String, actor: String) -> Result<Acted, QueueError> {
         self.write(move |tx| {
-            let row: Option<(String, Option<String>)> = tx
-                .query_row("SELECT state, ep_session FROM jobs WHERE id = ?1", params![id], |r| {
+            let row: Option<(String, Option<String>)> =
+                row(tx, "SELECT state, ep_session FROM jobs WHERE id = ?1", params![id], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()?;
@@ -610,8 +667,8 @@ impl Queue {
     /// when it waits before running again (Unix ms; 0 when it does not wait).
     pub async fn retry_state(&self, id: String) -> Result<(u32, u64), QueueError> {
         self.call(move |conn| {
-            let row: Option<(u32, i64)> = conn
-                .query_row("SELECT lost, not_before_ms FROM jobs WHERE id = ?1", params![id], |r| {
+            let row: Option<(u32, i64)> =
+                row(conn, "SELECT lost, not_before_ms FROM jobs WHERE id = ?1", params![id], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()?;

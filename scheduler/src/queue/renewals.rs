@@ -12,6 +12,7 @@ use crate::seal::SealRequest as _;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::SubmitRequest;
 use htfaas_functions::store::from_db;
+use htfaas_functions::store::row;
 use rusqlite::{OptionalExtension as _, params};
 
 /// A job running on the session that asks to renew its macaroons.
@@ -40,14 +41,14 @@ impl Queue {
         let sealer = self.sealer.clone();
         self.call(move |conn| {
             type Row = (String, Option<String>, Option<i64>, i64, String, String, String, String);
-            let row: Option<Row> = conn
-                .query_row(
-                    "SELECT state, ep_session, started_at_ms, runtime_s, owner, token_jti, token_issuer, request \
+            let row: Option<Row> = row(
+                conn,
+                "SELECT state, ep_session, started_at_ms, runtime_s, owner, token_jti, token_issuer, request \
                      FROM jobs WHERE id = ?1",
-                    params![job_id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)),
-                )
-                .optional()?;
+                params![job_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)),
+            )
+            .optional()?;
             let not_here = || Ok(Err(format!("job {job_id} is not running on this EP")));
             let Some((state, session, started, runtime_s, owner, jti, issuer, request)) = row else {
                 return not_here();

@@ -17,7 +17,7 @@ use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::manifest::RetryOn;
 use htfaas_functions::proto::{JobReport, JobState, Outcome, SubmitRequest};
-use htfaas_functions::store::{db_int, exec, now_ms};
+use htfaas_functions::store::{db_int, exec, now_ms, row};
 use rusqlite::{Transaction, params};
 
 /// What the site allows at most, whatever a function asks for: retries after guest failures.
@@ -81,7 +81,8 @@ pub(super) fn guest_retry(
         return Ok(Retry::Final { note: None });
     }
     let allowed = policy.retries.min(max_guest_retries);
-    let used: u32 = tx.query_row(
+    let used: u32 = row(
+        tx,
         "SELECT COUNT(*) FROM attempts WHERE job_id = ?1 AND outcome = 'failed'",
         params![report.job_id],
         |r| r.get(0),

@@ -16,7 +16,7 @@ use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::{
     HOLD_CODE_RETRIES, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, SubmitRequest, Usage,
 };
-use htfaas_functions::store::{db_int, exec, from_db, now_ms};
+use htfaas_functions::store::{db_int, exec, from_db, now_ms, row};
 use rusqlite::{OptionalExtension as _, Transaction, params};
 use std::collections::HashMap;
 
@@ -513,28 +513,28 @@ impl Queue {
         self.write(move |tx| {
             // owner, cpus, state, group, EP name, losses so far, attempts, started, memory, request.
             type Row = (String, u32, String, Option<String>, Option<String>, u32, u32, Option<i64>, i64, String);
-            let row: Option<Row> = tx
-                .query_row(
-                    "SELECT owner, cpus, state, grp, ep, lost, attempts, started_at_ms, memory_mb, request \
+            let row: Option<Row> = row(
+                tx,
+                "SELECT owner, cpus, state, grp, ep, lost, attempts, started_at_ms, memory_mb, request \
                      FROM jobs WHERE id = ?1 AND ep_session = ?2 \
                      AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
-                    params![report.job_id, ep_session],
-                    |r| {
-                        Ok((
-                            r.get(0)?,
-                            r.get(1)?,
-                            r.get(2)?,
-                            r.get(3)?,
-                            r.get(4)?,
-                            r.get(5)?,
-                            r.get(6)?,
-                            r.get(7)?,
-                            r.get(8)?,
-                            r.get(9)?,
-                        ))
-                    },
-                )
-                .optional()?;
+                params![report.job_id, ep_session],
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                        r.get(8)?,
+                        r.get(9)?,
+                    ))
+                },
+            )
+            .optional()?;
             let Some((owner, cpus, stored, group, ep, lost, attempt, started, memory_mb, request)) = row else {
                 return Ok(None);
             };
@@ -656,7 +656,8 @@ pub(super) fn running_attempt(
     job_id: &str,
     ep_session: &str,
 ) -> Result<Option<(u32, String)>, rusqlite::Error> {
-    tx.query_row(
+    row(
+        tx,
         "SELECT attempts, COALESCE(ep, '') FROM jobs WHERE id = ?1 AND state = 'running' AND ep_session = ?2",
         params![job_id, ep_session],
         |r| Ok((r.get(0)?, r.get(1)?)),

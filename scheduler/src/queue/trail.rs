@@ -124,41 +124,58 @@ pub fn url_path(url: &str) -> String {
     String::from_utf8(out).unwrap_or_else(|_| url.to_owned())
 }
 
+/// A refused submission, for its `job.refused` record ([`Queue::record_refusals`]).
+#[derive(Debug)]
+pub struct Refusal {
+    /// What is known of it: the verified token's `jti` and owner, the request's function and event.
+    pub subject: Subject,
+    /// The HTTP status answered.
+    pub status: u16,
+    /// The reason answered.
+    pub reason: String,
+    /// Facts beside (the token's issuer, an unverified token's claimed `jti`).
+    pub detail: serde_json::Map<String, serde_json::Value>,
+}
+
 impl Queue {
-    /// Records a refused submission (`job.refused`, with the HTTP `status` answered and the
-    /// `reason`) in a transaction of its own: a refusal changes nothing else in the store.
-    /// `subject` holds what is known (the verified token's `jti` and owner, the request's
-    /// function and event); `detail` adds facts (an object). A refusal whose token did not
-    /// verify (`subject.owner` unset) is recorded within a budget of
+    /// Records refused submissions (`job.refused` each, with the HTTP status answered and the
+    /// reason) in one transaction of their own: a refusal changes nothing else in the store.
+    /// Each [`Refusal`]'s subject holds what is known (the verified token's `jti` and owner,
+    /// the request's function and event); its detail adds facts (an object). A refusal whose
+    /// token did not verify (`subject.owner` unset) is recorded within a budget of
     /// [`UNVERIFIED_REFUSALS_PER_S`] (burst [`UNVERIFIED_REFUSALS_BURST`]); beyond it, it is
     /// counted instead, and the next such record carries `"unrecorded_before": n`. Returns
-    /// whether a record was written.
-    pub async fn record_refusal(
-        &self,
-        subject: Subject,
-        status: u16,
-        reason: String,
-        detail: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<bool, QueueError> {
-        let unrecorded_before = if subject.owner.is_none() {
-            let mut budget = self.unverified_refusals.lock().map_err(|_| QueueError::Poisoned)?;
-            match budget.take(std::time::Instant::now()) {
-                Some(n) => n,
-                None => return Ok(false),
-            }
-        } else {
-            0
-        };
-        self.write(move |tx| {
-            let mut draft = AuditDraft::job_refused(subject, status, &reason);
-            for (k, v) in detail {
+    /// how many records were written.
+    pub async fn record_refusals(&self, refusals: Vec<Refusal>) -> Result<usize, QueueError> {
+        let mut drafts = Vec::with_capacity(refusals.len());
+        for r in refusals {
+            let unrecorded_before = if r.subject.owner.is_none() {
+                let mut budget = self.unverified_refusals.lock().map_err(|_| QueueError::Poisoned)?;
+                match budget.take(std::time::Instant::now()) {
+                    Some(n) => n,
+                    None => continue,
+                }
+            } else {
+                0
+            };
+            let mut draft = AuditDraft::job_refused(r.subject, r.status, &r.reason);
+            for (k, v) in r.detail {
                 draft = draft.with_detail(&k, v);
             }
             if unrecorded_before > 0 {
                 draft = draft.with_detail("unrecorded_before", unrecorded_before.into());
             }
-            audit::append_in(tx, draft)?;
-            Ok(true)
+            drafts.push(draft);
+        }
+        if drafts.is_empty() {
+            return Ok(0);
+        }
+        self.write(move |tx| {
+            let n = drafts.len();
+            for draft in drafts {
+                audit::append_in(tx, draft)?;
+            }
+            Ok(n)
         })
         .await
     }

@@ -195,3 +195,97 @@ async fn the_idle_limit_refuses_new_jobs_with_429_and_keeps_the_token_unused() {
     ep.close(None).await.expect("close");
     server.stop().await;
 }
+
+/// `POST /v1/jobs/batch` answers each job as `POST /v1/jobs` would have, in order: a job's
+/// rights are its own token's (a used-up token, a forged one, one over its limits or naming
+/// another digest refuse only that job); jobs of one batch see each other (a token allowing
+/// one job submits only the first that uses it; a dedupe key repeated makes one job); the
+/// refusals are recorded, and no token is. A body that is no batch, or an empty or too large
+/// one, is refused whole.
+#[tokio::test]
+async fn a_batch_answers_each_job_as_if_posted_alone() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let (a, b, c) = (fx.token("alice"), fx.token("bob"), fx.token("alice"));
+    let (forger, _) = SigningKey::generate(GW_KID).expect("keygen");
+    let forged = forger.sign(&fx.claims("mallory")).expect("sign");
+    let over = {
+        let mut claims = fx.claims("alice");
+        claims.cpus = 1;
+        fx.gw.sign(&claims).expect("sign")
+    };
+    let other_digest = {
+        let mut claims = fx.claims("alice");
+        claims.function = Some(Digest::of(b"another module"));
+        fx.gw.sign(&claims).expect("sign")
+    };
+    let jobs = [
+        (a.as_str(), "e1"),
+        (a.as_str(), "e2"),
+        (forged.as_str(), "e3"),
+        (over.as_str(), "e4"),
+        (other_digest.as_str(), "e5"),
+        (b.as_str(), "b1"),
+        (c.as_str(), "e1"),
+    ];
+    let body = serde_json::json!({
+        "jobs": jobs.iter().map(|(t, k)| serde_json::json!({"token": t, "request": fx.request(k)})).collect::<Vec<_>>()
+    });
+    let (status, v) = server.post("/v1/jobs/batch", None, Some(&body)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let results = v["results"].as_array().expect("results").clone();
+    let answer = |i: usize| (results[i]["status"].as_u64().unwrap_or(0), results[i]["error"].as_str().unwrap_or(""));
+    assert_eq!(results.len(), jobs.len(), "{v}");
+    assert_eq!(answer(0).0, 201, "{v}");
+    assert_eq!(answer(1), (401, "token already used (1 of 1 jobs)"));
+    assert_eq!(answer(2).0, 401);
+    assert!(answer(2).1.contains("signature"), "{v}");
+    assert_eq!(answer(3), (403, "cpus 2 exceeds the token's limit of 1"));
+    assert_eq!(answer(4).0, 403);
+    assert!(answer(4).1.contains("is not the token's"), "{v}");
+    assert_eq!(answer(5).0, 201, "{v}");
+    // The dedupe key of the first job, with a fresh token: that job, and the token unspent.
+    let first = results[0]["job"]["job_id"].as_str().expect("job id");
+    assert_eq!((answer(6).0, results[6]["job"]["job_id"].as_str()), (200, Some(first)), "{v}");
+    assert_eq!(results[6]["job"]["created"].as_bool(), Some(false));
+    assert_eq!(server.preflight(&c).await, (StatusCode::OK, serde_json::json!({"remaining": 1})));
+
+    let (_, list) = server.get("/v1/jobs", Some(ADMIN)).await;
+    let list: Vec<JobRecord> = serde_json::from_value(list).expect("records");
+    let mut owners: Vec<&str> = list.iter().map(|j| j.owner.as_str()).collect();
+    owners.sort_unstable();
+    assert_eq!(owners, ["alice", "bob"]);
+
+    // Each refusal is recorded (the forged token's within the unverified budget), no token is.
+    let (status, trail) = server.get("/v1/audit?limit=1000", Some(ADMIN)).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut refused: Vec<u64> = trail
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter(|r| r["kind"] == "job.refused")
+        .filter_map(|r| r["detail"]["status"].as_u64())
+        .collect();
+    refused.sort_unstable();
+    assert_eq!(refused, [401, 401, 403, 403], "{trail}");
+    let text = trail.to_string();
+    for t in [&a, &b, &c, &forged, &over, &other_digest] {
+        assert!(!text.contains(t.as_str()), "a token is in the audit trail");
+    }
+
+    // Refused whole: no batch, an empty one, one too large.
+    let too_many = serde_json::json!({
+        "jobs": (0..=htfaas_functions::proto::MAX_SUBMIT_BATCH)
+            .map(|i| serde_json::json!({"token": a, "request": fx.request(&format!("n{i}"))}))
+            .collect::<Vec<_>>()
+    });
+    for (case, body) in [
+        ("not a batch", serde_json::json!({"job": []})),
+        ("empty", serde_json::json!({"jobs": []})),
+        ("too many", too_many),
+    ] {
+        let (status, v) = server.post("/v1/jobs/batch", None, Some(&body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{case}: {v}");
+    }
+    server.stop().await;
+}
