@@ -26,9 +26,10 @@
 //! ([`crate::queue::Queue::lose_session`]); jobs removed or held meanwhile keep their state. At
 //! scheduler shutdown they just go back to idle.
 //!
-//! Each `Finished` is recorded in a task of its own (at most [`MAX_REPORTS_IN_FLIGHT`] per
-//! session), so that a burst of reports shares the store's commits instead of waiting for one
-//! fsync each; when the session ends, every report it read is recorded before its jobs lose it.
+//! The `Finished` reports of one frame are recorded in one write, in a task of their own (at
+//! most [`MAX_REPORTS_IN_FLIGHT`] tasks per session), so that a burst of reports shares the
+//! store's commits instead of waiting for one fsync each; when the session ends, every report
+//! it read is recorded before its jobs lose it.
 //! A report the store cannot take (a full disk) is kept and tried again until it can, or the
 //! scheduler stops; so is the requeue of a departed session's jobs (else they would stay
 //! `running` on a session that is gone, until their run time removed them). A report of [`htfaas_functions::proto::Outcome::StorageUnavailable`] counts
@@ -57,17 +58,16 @@
 //! are all cancel-safe, so the session loop can `select!` on them and on shutdown without
 //! losing a message.
 
-use crate::error::QueueError;
 use crate::matching::{EpSlot, Pool, ToEp};
-use crate::metrics::{Metrics, Reason, Token};
-use crate::queue::{HandedBack, Loss, now_ms};
+use crate::metrics::{Reason, Token};
+use crate::queue::{Loss, now_ms};
+use crate::reports::{finished_many, not_started, until_stored};
 use crate::revocation::Credential;
 use crate::state::Shared;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use htfaas_functions::manifest::MAX_RUNTIME_S;
 use htfaas_functions::proto::{
-    EpMsg, Hello, JobReport, LabelError, MAX_FRAME_MESSAGES, Outcome, SchedulerMsg, Usage, check_labels, decode_frame,
-    encode_frame,
+    EpMsg, Hello, JobReport, LabelError, MAX_FRAME_MESSAGES, SchedulerMsg, check_labels, decode_frame, encode_frame,
 };
 use htfaas_functions::token::AttachClaims;
 use std::net::IpAddr;
@@ -82,11 +82,6 @@ pub use crate::attach::{CLOSE_EXPIRED, CLOSE_FORBIDDEN, MAX_CLOSE_REASON_BYTES, 
 /// that the reports of many jobs share one commit of the store (group commit); past this many,
 /// the session reads no further frame until one is done.
 pub const MAX_REPORTS_IN_FLIGHT: usize = 256;
-
-/// First wait before a write the store could not take for now (a full disk) is tried again.
-pub const STORE_RETRY_FIRST: Duration = Duration::from_millis(200);
-/// Longest wait between two tries of such a write.
-pub const STORE_RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// Longest job id a `Renew` may name (ids are UUIDs); a longer one is a bad frame.
 pub const MAX_JOB_ID_BYTES: usize = 128;
@@ -441,8 +436,12 @@ async fn session(
                 };
                 match decode_frame::<EpMsg>(text.as_str(), ext.on) {
                     Ok(msgs) => {
+                        let mut ended = Vec::new();
                         for msg in msgs {
-                            on_message(shared, ep_id, msg, &mut ext, &mut bad_frames, reports);
+                            on_message(shared, ep_id, msg, &mut ext, &mut bad_frames, reports, &mut ended);
+                        }
+                        if !ended.is_empty() {
+                            reports.spawn(finished_many(shared.clone(), ep_id.to_owned(), ended));
                         }
                     }
                     Err(e) => bad_frame(shared, &mut bad_frames, &e.to_string()),
@@ -456,7 +455,8 @@ async fn session(
     }
 }
 
-/// Acts on one message from the EP, in the order the EP sent them.
+/// Acts on one message from the EP, in the order the EP sent them; a frame's reports are
+/// gathered in `ended`, to be recorded together.
 fn on_message(
     shared: &Arc<Shared>,
     ep_id: &str,
@@ -464,11 +464,10 @@ fn on_message(
     ext: &mut Extension,
     bad_frames: &mut u32,
     reports: &mut tokio::task::JoinSet<()>,
+    ended: &mut Vec<JobReport>,
 ) {
     match msg {
-        EpMsg::Finished(report) => {
-            reports.spawn(finished(shared.clone(), ep_id.to_owned(), report));
-        }
+        EpMsg::Finished(report) => ended.push(report),
         EpMsg::NotStarted { job_id, reason } if ext.on => {
             let free = {
                 let mut eps = shared.eps();
@@ -507,123 +506,6 @@ fn on_message(
         EpMsg::Draining => {
             tracing::info!("the EP is draining: no new jobs for it");
             shared.eps().set_draining(ep_id);
-        }
-    }
-}
-
-/// Takes a job the EP handed back unstarted: with `free`, back to idle at once
-/// ([`crate::queue::Queue::hand_back`]); otherwise, or when it is no longer running (held or
-/// removed meanwhile), as a `Cancelled` report the scheduler did not ask for ([`finished`]).
-#[tracing::instrument(name = "scheduler.not_started", skip_all, fields(job.id = %job_id, free))]
-async fn not_started(shared: Arc<Shared>, ep_id: String, job_id: String, reason: String, free: bool) {
-    if !shared.eps().is_running(&ep_id, &job_id) {
-        shared.metrics.ignored_report();
-        tracing::warn!("ignoring a hand-back of a job not assigned to this EP");
-        return;
-    }
-    let reason: String = reason.chars().take(1024).collect();
-    if free {
-        let handed = until_stored(&shared.shutdown, &shared.metrics, "requeue a job handed back", || {
-            shared.queue.hand_back(ep_id.clone(), job_id.clone(), reason.clone())
-        });
-        match handed.await {
-            Ok(HandedBack::Requeued) => {
-                tracing::info!(%reason, "handed back unstarted; idle again");
-                shared.eps().release(&ep_id, &job_id);
-                shared.wake.notify_one();
-                return;
-            }
-            Ok(HandedBack::NotRunning) => {}
-            Err(e) => {
-                tracing::error!("failed to requeue a job handed back: {e}");
-                return;
-            }
-        }
-    }
-    let report = JobReport {
-        input_sha256: None,
-        job_id,
-        outcome: Outcome::Cancelled { reason },
-        usage: Usage::default(),
-        outputs: Vec::new(),
-        log: String::new(),
-    };
-    finished(shared, ep_id, report).await;
-}
-
-/// Records a finished job, frees its resources and wakes the dispatcher.
-///
-/// A report the store cannot take for now (its disk is full, or its batch was not committed)
-/// is kept and tried again ([`until_stored`]) until it is recorded or the scheduler shuts down:
-/// a report counts only on the session its job was assigned to, so the EP could not usefully
-/// send it again later. Meanwhile its job stays running here and keeps its resources.
-#[tracing::instrument(name = "scheduler.finish", skip_all,
-    fields(job.id = %report.job_id, outcome = ?report.outcome, state = tracing::field::Empty))]
-async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
-    let job_id = report.job_id.clone();
-    if !shared.eps().is_running(&ep_id, &job_id) {
-        shared.metrics.ignored_report();
-        tracing::warn!("ignoring a report for a job not running on this EP");
-        return;
-    }
-    let recorded = until_stored(&shared.shutdown, &shared.metrics, "record a finished job", || {
-        shared.queue.finish(ep_id.clone(), report.clone(), shared.policy.loss())
-    });
-    match recorded.await {
-        Ok(Some(f)) => {
-            tracing::Span::current().record("state", f.state.as_str());
-            tracing::info!(owner = %f.owner, "job finished");
-            if let Some(otlp) = &shared.otlp
-                && matches!(
-                    f.state,
-                    htfaas_functions::proto::JobState::Completed | htfaas_functions::proto::JobState::Failed
-                )
-            {
-                otlp.job_ended(shared.queue.clone(), job_id.clone());
-            }
-        }
-        Ok(None) => {
-            // Not this session's run (a stale report re-sent after a scheduler restart, or one
-            // already recorded): its reservation, if the table holds one now, is the
-            // dispatcher's new assignment of the job to this EP, which stays (releasing it
-            // left that attempt's own report ignored and the job running until its run time).
-            shared.metrics.ignored_report();
-            tracing::warn!("ignoring a report for a job the store does not have running on this EP");
-            return;
-        }
-        Err(e) => tracing::error!("failed to record a finished job: {e}"),
-    }
-    shared.eps().release(&ep_id, &job_id);
-    shared.wake.notify_one();
-}
-
-/// Runs the store write `write` to its answer, trying it again while the store cannot take it
-/// for now ([`QueueError::DiskFull`], or [`QueueError::Batch`]: its batch was not committed),
-/// after [`STORE_RETRY_FIRST`] doubling to [`STORE_RETRY_CAP`], until the scheduler shuts down
-/// (then the last error is returned: a restart puts the jobs left running back to idle).
-async fn until_stored<T, F, Fut>(
-    shutdown: &CancellationToken,
-    metrics: &Metrics,
-    what: &str,
-    mut write: F,
-) -> Result<T, QueueError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, QueueError>>,
-{
-    let mut wait = STORE_RETRY_FIRST;
-    loop {
-        match write().await {
-            Err(e @ (QueueError::DiskFull(_) | QueueError::Batch(_))) if !shutdown.is_cancelled() => {
-                tracing::error!(retry_in_ms = wait.as_millis(), "failed to {what}, trying again: {e}");
-                metrics.store_retry();
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Err(e),
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                wait = (wait * 2).min(STORE_RETRY_CAP);
-            }
-            answer => return answer,
         }
     }
 }
@@ -692,7 +574,6 @@ mod tests {
     use super::*;
     use htfaas_functions::Resources;
     use htfaas_functions::proto::{MAX_LABEL_BYTES, MAX_LABELS};
-    use std::sync::atomic::Ordering;
 
     #[test]
     fn the_hello_may_only_repeat_the_tokens_annex() {
@@ -749,31 +630,6 @@ mod tests {
                     .is_err_and(|e| matches!(e, HelloError::Labels(_)) && e.to_string().starts_with("labels:"))
             );
         }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_write_the_full_store_refused_is_tried_again_until_it_passes_or_the_scheduler_stops() {
-        // On tokio's paused clock: the backoff's sleeps pass at once, and are measured on it.
-        let (shutdown, metrics) = (CancellationToken::new(), Metrics::new());
-        let tries = std::sync::atomic::AtomicU32::new(0);
-        let started = tokio::time::Instant::now();
-        let answer = until_stored(&shutdown, &metrics, "test", || async {
-            match tries.fetch_add(1, Ordering::Relaxed) {
-                0 => Err(QueueError::DiskFull("full".into())),
-                1 => Err(QueueError::Batch("a neighbour filled the disk".into())),
-                n => Ok(n),
-            }
-        });
-        assert_eq!(answer.await.expect("stored at last"), 2);
-        assert_eq!(started.elapsed(), STORE_RETRY_FIRST * 3, "two waits, 200 + 400 ms");
-        assert_eq!(metrics.store_retries(), 2, "each kept write counted");
-        // Other errors are answered at once, and a shutdown stops the tries.
-        let other = until_stored(&shutdown, &metrics, "test", || async { Err::<(), _>(QueueError::Poisoned) });
-        assert!(matches!(other.await, Err(QueueError::Poisoned)));
-        shutdown.cancel();
-        let full =
-            until_stored(&shutdown, &metrics, "test", || async { Err::<(), _>(QueueError::DiskFull("full".into())) });
-        assert!(matches!(full.await, Err(QueueError::DiskFull(_))));
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub mod policy;
 pub mod queue;
 mod renew;
 mod report;
+mod reports;
 pub mod requirements;
 mod revocation;
 mod revoke;

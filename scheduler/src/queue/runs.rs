@@ -505,148 +505,174 @@ impl Queue {
     pub async fn finish(
         &self,
         ep_session: String,
-        mut report: JobReport,
+        report: JobReport,
         loss: Loss,
     ) -> Result<Option<Finished>, QueueError> {
-        let self_half_life = self.half_life_s;
-        let max_guest_retries = self.max_guest_retries;
+        let (half_life_s, max_guest_retries) = (self.half_life_s, self.max_guest_retries);
+        self.write(move |tx| finish_in(tx, &ep_session, report, loss, half_life_s, max_guest_retries)).await
+    }
+
+    /// [`Queue::finish`] for several reports of one EP session in one write, in order: each
+    /// answered as `finish` would answer it alone. A failure of the store fails them all, and
+    /// nothing of them is recorded (the caller tries them again).
+    pub async fn finish_many(
+        &self,
+        ep_session: String,
+        reports: Vec<JobReport>,
+        loss: Loss,
+    ) -> Result<Vec<Option<Finished>>, QueueError> {
+        let (half_life_s, max_guest_retries) = (self.half_life_s, self.max_guest_retries);
         self.write(move |tx| {
-            // owner, cpus, state, group, EP name, losses so far, attempts, started, memory, request.
-            type Row = (String, u32, String, Option<String>, Option<String>, u32, u32, Option<i64>, i64, String);
-            let row: Option<Row> = row(
-                tx,
-                "SELECT owner, cpus, state, grp, ep, lost, attempts, started_at_ms, memory_mb, request \
-                     FROM jobs WHERE id = ?1 AND ep_session = ?2 \
-                     AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
-                params![report.job_id, ep_session],
-                |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                        r.get(6)?,
-                        r.get(7)?,
-                        r.get(8)?,
-                        r.get(9)?,
-                    ))
-                },
-            )
-            .optional()?;
-            let Some((owner, cpus, stored, group, ep, lost, attempt, started, memory_mb, request)) = row else {
-                return Ok(None);
-            };
-            let ep = ep.unwrap_or_else(|| ep_session.clone());
-            let subject = job_subject(tx, &report.job_id)?.unwrap_or_default();
-            let job = Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session: &ep_session };
-            // The EP's word is doubted before anything of it is recorded (crate::doubt).
-            let request = serde_json::from_str::<SubmitRequest>(&request).ok();
-            let output_dir = request.as_ref().map_or_else(|| "/nonexistent/".into(), |r| url_path(&r.output.url));
-            let seen = Observed {
-                started_at_ms: started.map(from_db),
-                now_ms: now_ms(),
-                cpus,
-                memory_mb: from_db(memory_mb),
-                output_dir,
-                on_failure: request.as_ref().map(|r| r.output.on_failure).unwrap_or_default(),
-            };
-            let clamped = match doubt(&mut report, &seen) {
-                Ok(clamped) => clamped,
-                Err(violation) => {
-                    let state = refuse_report(tx, &job, &stored, attempt, &report, subject, &violation, loss)?;
-                    return Ok(Some(Finished { owner, state }));
-                }
-            };
-            if let (true, Outcome::Cancelled { .. }) = (stored == "running", &report.outcome) {
-                let state = returned(tx, &job, attempt, &report, subject, loss)?;
-                return Ok(Some(Finished { owner, state }));
-            }
-            if stored == "running" && report.outcome.is_transient() && retries_storage_outages(request.as_ref()) {
-                let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
-                return Ok(Some(Finished { owner, state }));
-            }
-            // A guest failure its retry policy lists runs again while retries are left.
-            let mut final_note = None;
-            if stored == "running" && !report.outcome.is_success() {
-                let failing =
-                    Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session: &ep_session, attempt };
-                match guest_retry(tx, &failing, request.as_ref(), &report, &subject, max_guest_retries, self_half_life)?
-                {
-                    Retry::Again => return Ok(Some(Finished { owner, state: JobState::Idle })),
-                    Retry::Final { note } => final_note = note,
-                }
-            }
-            let state = match (stored.as_str(), report.outcome.is_success()) {
-                ("removed", _) => JobState::Removed,
-                ("held", _) => JobState::Held,
-                (_, true) => JobState::Completed,
-                (_, false) => JobState::Failed,
-            };
-            let exit_code = match report.outcome {
-                Outcome::Exited { exit_code } => Some(exit_code),
-                _ => None,
-            };
-            // A removed or held job keeps the reason and end time its removal or hold gave it.
-            let (reason, finished_at) = match state {
-                JobState::Removed | JobState::Held => (None, None),
-                _ => (Some(report.outcome.reason() + final_note.as_deref().unwrap_or("")), Some(db_int(now_ms()))),
-            };
-            let u = report.usage;
-            exec(
-                tx,
-                "UPDATE jobs SET state = ?2, reason = COALESCE(?3, reason), exit_code = ?4, usage = ?5, \
-                 outputs = ?6, log = ?7, finished_at_ms = COALESCE(?8, finished_at_ms) WHERE id = ?1",
-                params![
-                    report.job_id,
-                    state.as_str(),
-                    reason,
-                    exit_code,
-                    serde_json::to_string(&u)?,
-                    serde_json::to_string(&report.outputs)?,
-                    bounded_log(report.log),
-                    finished_at,
-                ],
-            )?;
-            let now = now_ms();
-            let outcome = match state {
-                JobState::Completed => "completed",
-                JobState::Failed => "failed",
-                _ => "stopped",
-            };
-            let attempt_reason = if state == JobState::Completed { String::new() } else { report.outcome.reason() };
-            exec(
-                tx,
-                "UPDATE attempts SET outcome = ?3, reason = ?4, usage = ?5, ended_at_ms = ?6 \
-                 WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
-                params![report.job_id, ep_session, outcome, attempt_reason, serde_json::to_string(&u)?, db_int(now)],
-            )?;
-            let core_s = charge_owner(tx, &owner, group.as_deref(), cpus, state, &u, now, self_half_life)?;
-            // What the EP did, in one record: the input it read, the outputs it stored, how it ended.
-            let ran = matches!(
-                report.outcome,
-                Outcome::Exited { .. }
-                    | Outcome::Trapped { .. }
-                    | Outcome::MemoryExceeded { .. }
-                    | Outcome::TimeExceeded { .. }
-                    | Outcome::OutputFailed { .. }
-            );
-            let input = subject.paths.first().filter(|_| ran || u.bytes_in > 0).cloned();
-            let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
-            let mut finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
-                .with_detail("state", state.as_str().into())
-                .with_detail("exit_code", serde_json::json!(exit_code))
-                .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
-            if !clamped.is_empty() {
-                // What the EP claimed, beside what was charged.
-                finished = finished.with_detail("clamped", clamped.to_json());
-            }
-            audit::append_in(tx, finished)?;
-            Ok(Some(Finished { owner, state }))
+            reports
+                .into_iter()
+                .map(|report| finish_in(tx, &ep_session, report, loss, half_life_s, max_guest_retries))
+                .collect()
         })
         .await
     }
+}
+
+/// Records one report of a job run on `ep_session`, on the writer's transaction `tx` (see
+/// [`Queue::finish`]).
+fn finish_in(
+    tx: &Transaction<'_>,
+    ep_session: &str,
+    mut report: JobReport,
+    loss: Loss,
+    self_half_life: f64,
+    max_guest_retries: u32,
+) -> Result<Option<Finished>, QueueError> {
+    // owner, cpus, state, group, EP name, losses so far, attempts, started, memory, request.
+    type Row = (String, u32, String, Option<String>, Option<String>, u32, u32, Option<i64>, i64, String);
+    let row: Option<Row> = row(
+        tx,
+        "SELECT owner, cpus, state, grp, ep, lost, attempts, started_at_ms, memory_mb, request \
+             FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+             AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
+        params![report.job_id, ep_session],
+        |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                r.get(8)?,
+                r.get(9)?,
+            ))
+        },
+    )
+    .optional()?;
+    let Some((owner, cpus, stored, group, ep, lost, attempt, started, memory_mb, request)) = row else {
+        return Ok(None);
+    };
+    let ep = ep.unwrap_or_else(|| ep_session.to_owned());
+    let subject = job_subject(tx, &report.job_id)?.unwrap_or_default();
+    let job = Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session };
+    // The EP's word is doubted before anything of it is recorded (crate::doubt).
+    let request = serde_json::from_str::<SubmitRequest>(&request).ok();
+    let output_dir = request.as_ref().map_or_else(|| "/nonexistent/".into(), |r| url_path(&r.output.url));
+    let seen = Observed {
+        started_at_ms: started.map(from_db),
+        now_ms: now_ms(),
+        cpus,
+        memory_mb: from_db(memory_mb),
+        output_dir,
+        on_failure: request.as_ref().map(|r| r.output.on_failure).unwrap_or_default(),
+    };
+    let clamped = match doubt(&mut report, &seen) {
+        Ok(clamped) => clamped,
+        Err(violation) => {
+            let state = refuse_report(tx, &job, &stored, attempt, &report, subject, &violation, loss)?;
+            return Ok(Some(Finished { owner, state }));
+        }
+    };
+    if let (true, Outcome::Cancelled { .. }) = (stored == "running", &report.outcome) {
+        let state = returned(tx, &job, attempt, &report, subject, loss)?;
+        return Ok(Some(Finished { owner, state }));
+    }
+    if stored == "running" && report.outcome.is_transient() && retries_storage_outages(request.as_ref()) {
+        let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
+        return Ok(Some(Finished { owner, state }));
+    }
+    // A guest failure its retry policy lists runs again while retries are left.
+    let mut final_note = None;
+    if stored == "running" && !report.outcome.is_success() {
+        let failing = Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session, attempt };
+        match guest_retry(tx, &failing, request.as_ref(), &report, &subject, max_guest_retries, self_half_life)? {
+            Retry::Again => return Ok(Some(Finished { owner, state: JobState::Idle })),
+            Retry::Final { note } => final_note = note,
+        }
+    }
+    let state = match (stored.as_str(), report.outcome.is_success()) {
+        ("removed", _) => JobState::Removed,
+        ("held", _) => JobState::Held,
+        (_, true) => JobState::Completed,
+        (_, false) => JobState::Failed,
+    };
+    let exit_code = match report.outcome {
+        Outcome::Exited { exit_code } => Some(exit_code),
+        _ => None,
+    };
+    // A removed or held job keeps the reason and end time its removal or hold gave it.
+    let (reason, finished_at) = match state {
+        JobState::Removed | JobState::Held => (None, None),
+        _ => (Some(report.outcome.reason() + final_note.as_deref().unwrap_or("")), Some(db_int(now_ms()))),
+    };
+    let u = report.usage;
+    exec(
+        tx,
+        "UPDATE jobs SET state = ?2, reason = COALESCE(?3, reason), exit_code = ?4, usage = ?5, \
+         outputs = ?6, log = ?7, finished_at_ms = COALESCE(?8, finished_at_ms) WHERE id = ?1",
+        params![
+            report.job_id,
+            state.as_str(),
+            reason,
+            exit_code,
+            serde_json::to_string(&u)?,
+            serde_json::to_string(&report.outputs)?,
+            bounded_log(report.log),
+            finished_at,
+        ],
+    )?;
+    let now = now_ms();
+    let outcome = match state {
+        JobState::Completed => "completed",
+        JobState::Failed => "failed",
+        _ => "stopped",
+    };
+    let attempt_reason = if state == JobState::Completed { String::new() } else { report.outcome.reason() };
+    exec(
+        tx,
+        "UPDATE attempts SET outcome = ?3, reason = ?4, usage = ?5, ended_at_ms = ?6 \
+         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+        params![report.job_id, ep_session, outcome, attempt_reason, serde_json::to_string(&u)?, db_int(now)],
+    )?;
+    let core_s = charge_owner(tx, &owner, group.as_deref(), cpus, state, &u, now, self_half_life)?;
+    // What the EP did, in one record: the input it read, the outputs it stored, how it ended.
+    let ran = matches!(
+        report.outcome,
+        Outcome::Exited { .. }
+            | Outcome::Trapped { .. }
+            | Outcome::MemoryExceeded { .. }
+            | Outcome::TimeExceeded { .. }
+            | Outcome::OutputFailed { .. }
+    );
+    let input = subject.paths.first().filter(|_| ran || u.bytes_in > 0).cloned();
+    let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
+    let mut finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
+        .with_detail("state", state.as_str().into())
+        .with_detail("exit_code", serde_json::json!(exit_code))
+        .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    if !clamped.is_empty() {
+        // What the EP claimed, beside what was charged.
+        finished = finished.with_detail("clamped", clamped.to_json());
+    }
+    audit::append_in(tx, finished)?;
+    Ok(Some(Finished { owner, state }))
 }
 
 /// The attempt number and EP name of `job_id` while it runs on `ep_session`; `None` when it

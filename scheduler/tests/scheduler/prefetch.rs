@@ -2,7 +2,8 @@
 //! (queued on it, `running` in the store), and everything that holds for running jobs holds
 //! for those: a departed EP's queued jobs run elsewhere, once; a cancelled one is told to its
 //! EP; a drain hands them back and they run elsewhere at once, no loss counted; an EP can hand
-//! back only jobs of its own session, and only its granted number for free.
+//! back only jobs of its own session, and only its granted number for free; the reports of one
+//! array frame are recorded in one write.
 
 use super::*;
 use htfaas_functions::proto::{Attempt, Prefetch, decode_frame, encode_frame};
@@ -202,5 +203,34 @@ async fn a_draining_ep_hands_back_its_prefetched_jobs_and_they_run_elsewhere() {
     assert_eq!(outcomes, ["not-started", "completed"]);
     first.close(None).await.expect("close");
     second.close(None).await.expect("close");
+    server.stop().await;
+}
+
+/// The reports of one array frame are recorded together, each as if sent alone: both jobs
+/// the EP holds complete and are charged, a report in the same frame for a job that runs
+/// elsewhere is ignored (that job stays running on its own EP), and the freed room is filled.
+#[tokio::test]
+async fn the_reports_of_one_frame_are_recorded_together_each_on_its_own() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx.path()).await;
+    let jobs = submit_n(&server, &fx, 4).await;
+    let mut first = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello_prefetch(&mut first, "ep-1", 1, 1).await;
+    assert_eq!(assigns(&mut first, 2).await, jobs[..2].to_vec());
+    let mut second = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
+    hello(&mut second, "ep-2", 1).await;
+    assert_eq!(expect_assign(&mut second, "alice").await, jobs[2]);
+
+    let frame = encode_frame(&[done(&jobs[0]), done(&jobs[2]), done(&jobs[1])]).expect("encode");
+    first.send(Message::text(frame)).await.expect("send");
+    for id in &jobs[..2] {
+        assert_eq!(server.wait_for_state(id, JobState::Completed).await.ep.as_deref(), Some("ep-1"));
+    }
+    assert_eq!(assigns(&mut first, 1).await, [jobs[3].clone()], "the freed room is filled");
+    assert_eq!(server.job(&jobs[2]).await.state, JobState::Running, "another EP's job is not ended by this one");
+    let (_, accounts) = server.get("/v1/accounting", Some(ADMIN)).await;
+    assert_eq!(accounts[0]["jobs_completed"], 2, "{accounts}");
+    send(&mut second, &done(&jobs[2])).await;
+    server.wait_for_state(&jobs[2], JobState::Completed).await;
     server.stop().await;
 }
