@@ -8,12 +8,13 @@
 #                                     a build with frame pointers or debug info)
 #   profile-<label>.jsonl             the bench's own figures of that run
 # Usage: bench/profile.sh LABEL [OUT]   (needs a release build: cargo build --release)
-# CALL_GRAPH=dwarf records stacks too (a build with CARGO_PROFILE_RELEASE_DEBUG=line-tables-only).
+# CALL_GRAPH=dwarf records stacks too (a build with CARGO_PROFILE_RELEASE_DEBUG=line-tables-only;
+# HTFAAS_BIN names that binary when it is not target/release/htfaas).
 set -euo pipefail
 label=${1:?usage: bench/profile.sh LABEL [OUT]}
 out=${2:-bench/results}
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="$root/target/release/htfaas"
+bin="${HTFAAS_BIN:-$root/target/release/htfaas}"
 inferno="$root/.tools/inferno/bin"
 mkdir -p "$out"
 tmp=$(mktemp -d)

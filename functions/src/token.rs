@@ -277,9 +277,16 @@ pub fn new_jti() -> String {
 }
 
 /// An Ed25519 signing key with its id.
+///
+/// Signs with the key held expanded ([`ed25519_dalek::SigningKey`]) and the token's header
+/// encoded once: `jsonwebtoken::encode` derived the public key from the private one again on
+/// every call (a second scalar multiplication per token), which was half of the gateway's
+/// signing time, and signing two tokens per job was a seventh of its CPU.
 pub struct SigningKey {
     kid: String,
-    encoding: EncodingKey,
+    key: ed25519_dalek::SigningKey,
+    /// The base64url JOSE header, `{"typ":"JWT","alg":"EdDSA","kid":…}`, and its `.`.
+    header: String,
     public: Jwk,
 }
 
@@ -306,11 +313,18 @@ impl SigningKey {
 
     /// Reads a PKCS#8 PEM Ed25519 private key.
     pub fn from_pem(kid: &str, pem: &[u8]) -> Result<SigningKey, TokenError> {
+        use ed25519_dalek::pkcs8::DecodePrivateKey as _;
         let encoding = EncodingKey::from_ed_pem(pem).map_err(|e| TokenError::Key(e.to_string()))?;
         let mut public =
             Jwk::from_encoding_key(&encoding, Algorithm::EdDSA).map_err(|e| TokenError::Key(e.to_string()))?;
         public.common.key_id = Some(kid.to_owned());
-        Ok(SigningKey { kid: kid.to_owned(), encoding, public })
+        let text = std::str::from_utf8(pem).map_err(|e| TokenError::Key(format!("the key's PEM: {e}")))?;
+        let key = ed25519_dalek::SigningKey::from_pkcs8_pem(text).map_err(|e| TokenError::Key(e.to_string()))?;
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(kid.to_owned());
+        let header = serde_json::to_vec(&header).map_err(|e| TokenError::Key(format!("encode the header: {e}")))?;
+        let header = format!("{}.", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header));
+        Ok(SigningKey { kid: kid.to_owned(), key, header, public })
     }
 
     /// Loads the key at `path`, or creates it there (mode 0600) if absent.
@@ -342,11 +356,19 @@ impl SigningKey {
         JwkSet { keys: vec![self.public.clone()] }
     }
 
-    /// Signs `claims` with `alg: EdDSA` and this key's `kid`.
+    /// Signs `claims` with `alg: EdDSA` and this key's `kid`: a JWS compact token (RFC 7515,
+    /// RFC 8037), exactly what `jsonwebtoken::encode` makes of them (Ed25519 is deterministic).
     pub fn sign<C: Serialize>(&self, claims: &C) -> Result<String, TokenError> {
-        let mut header = Header::new(Algorithm::EdDSA);
-        header.kid = Some(self.kid.clone());
-        Ok(jsonwebtoken::encode(&header, claims, &self.encoding)?)
+        use ed25519_dalek::Signer as _;
+        let b64 = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let claims = serde_json::to_vec(claims).map_err(|e| TokenError::Key(format!("encode the claims: {e}")))?;
+        let mut token = String::with_capacity(self.header.len() + claims.len() * 4 / 3 + 90);
+        token.push_str(&self.header);
+        b64.encode_string(&claims, &mut token);
+        let signature = self.key.sign(token.as_bytes());
+        token.push('.');
+        b64.encode_string(signature.to_bytes(), &mut token);
+        Ok(token)
     }
 }
 
@@ -516,6 +538,21 @@ mod tests {
         let c = claims(now_s() + 60);
         let token = key.sign(&c).expect("sign");
         assert_eq!(verifier.verify::<SubmitClaims>(&token).expect("verifies"), c);
+    }
+
+    /// The signer with the key held expanded makes byte for byte the token `jsonwebtoken`
+    /// makes (Ed25519 signatures are deterministic), for a key read from its PEM.
+    #[test]
+    fn tokens_are_exactly_what_jsonwebtoken_signs() {
+        let (_, pem) = SigningKey::generate("k1").expect("keygen");
+        let key = SigningKey::from_pem("k1", pem.as_bytes()).expect("from pem");
+        let encoding = EncodingKey::from_ed_pem(pem.as_bytes()).expect("encoding key");
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some("k1".into());
+        for c in [claims(now_s() + 60), SubmitClaims { group: Some("physics".into()), ..claims(1) }] {
+            let expected = jsonwebtoken::encode(&header, &c, &encoding).expect("encode");
+            assert_eq!(key.sign(&c).expect("sign"), expected);
+        }
     }
 
     #[test]
