@@ -6,6 +6,7 @@
 #   profile-<label>-<component>.txt   perf report --no-children: where each process's CPU goes
 #   profile-<label>-<component>.svg   a flamegraph (with inferno in .tools/inferno; stacks need
 #                                     a build with frame pointers or debug info)
+#   profile-<label>-<component>.folded.gz  with CALL_GRAPH: the collapsed stacks it is drawn from
 #   profile-<label>.jsonl             the bench's own figures of that run
 # Usage: bench/profile.sh LABEL [OUT]   (needs a release build: cargo build --release)
 # CALL_GRAPH=dwarf records stacks too (a build with CARGO_PROFILE_RELEASE_DEBUG=line-tables-only;
@@ -50,13 +51,18 @@ for cp in "${pids[@]}"; do
   c=${cp%%:*}
   {
     echo "## by thread and object (kernel, htfaas, libc)"
-    perf report -i "$tmp/$c.data" --stdio --no-children --sort comm,dso --percent-limit 1 2>/dev/null | grep -v '^$' | grep -v '^#'
+    perf report -i "$tmp/$c.data" --stdio --no-children -g none --sort comm,dso --percent-limit 1 2>/dev/null | grep -v '^$' | grep -v '^#'
     echo "## by symbol"
-    perf report -i "$tmp/$c.data" --stdio --no-children --percent-limit 0.7 2>/dev/null | grep -v '^$' | grep -v '^#' | head -100
+    perf report -i "$tmp/$c.data" --stdio --no-children -g none --percent-limit 0.7 2>/dev/null | grep -v '^$' | grep -v '^#' | head -100
   } >"$out/profile-$label-$c.txt" || true
   if [ -x "$inferno/inferno-flamegraph" ]; then
-    perf script -i "$tmp/$c.data" 2>/dev/null | "$inferno/inferno-collapse-perf" \
-      | "$inferno/inferno-flamegraph" --title "htfaas $c ($label)" >"$out/profile-$label-$c.svg" || true
+    # Stacks are unwound once (with dwarf stacks that is the slow part): kept collapsed, one
+    # line per stack, for scripts to sum a function's share; the flamegraph is drawn from them.
+    perf script -i "$tmp/$c.data" 2>/dev/null | "$inferno/inferno-collapse-perf" >"$tmp/$c.folded" || true
+    "$inferno/inferno-flamegraph" --title "htfaas $c ($label)" <"$tmp/$c.folded" >"$out/profile-$label-$c.svg" || true
+    if [ -n "${CALL_GRAPH:-}" ]; then
+      gzip -c "$tmp/$c.folded" >"$out/profile-$label-$c.folded.gz"
+    fi
   fi
 done
 grep -E '"metric":"throughput_noop(\.cpu_ms_per_event\.[a-z_]+)?"|"system":"ratio"' "$out/profile-$label.jsonl" || true
