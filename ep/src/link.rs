@@ -72,7 +72,7 @@ use htfaas_functions::Resources;
 use htfaas_functions::manifest::RuntimeKind;
 use htfaas_functions::proto::{
     EpMsg, FINAL_CLOSE_CODES, Hello, JobAssignment, JobReport, MAX_FRAME_MESSAGES, MAX_HELLO_IMAGES, Outcome, PROTOCOL,
-    Prefetch, SchedulerMsg, Usage, decode_frame,
+    Prefetch, SchedulerMsg, decode_frame,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -266,14 +266,7 @@ impl Link {
         let msg = if self.ext.is_some() {
             EpMsg::NotStarted { job_id, reason: reason.to_owned() }
         } else {
-            EpMsg::Finished(JobReport {
-                input_sha256: None,
-                job_id,
-                outcome: Outcome::Cancelled { reason: reason.to_owned() },
-                usage: Usage::default(),
-                outputs: Vec::new(),
-                log: String::new(),
-            })
+            EpMsg::Finished(JobReport::unstarted(job_id, reason.to_owned()))
         };
         self.pending.push_back(msg);
     }
@@ -632,14 +625,7 @@ impl Link {
                 } else if let Some(at) = self.queued.iter().position(|(q, _)| q.job_id == job_id) {
                     tracing::info!(job.id = %job_id, %reason, "cancelling a queued job: it never starts");
                     self.queued.remove(at);
-                    self.pending.push_back(EpMsg::Finished(JobReport {
-                        input_sha256: None,
-                        job_id,
-                        outcome: Outcome::Cancelled { reason },
-                        usage: Usage::default(),
-                        outputs: Vec::new(),
-                        log: String::new(),
-                    }));
+                    self.pending.push_back(EpMsg::Finished(JobReport::unstarted(job_id, reason)));
                     self.set_activity();
                 } else {
                     tracing::debug!(job.id = %job_id, "cancel for a job not running here ignored");

@@ -248,7 +248,7 @@ async fn submit_batch(
         let BatchJob { token, request } = item;
         match submission::check(&shared, Some(&token), || Ok(request), &mut known) {
             Ok(job) => {
-                accepted.push((i, job));
+                accepted.push((i, job, known));
                 answers.push(None);
             }
             Err(refusal) => {
@@ -258,11 +258,10 @@ async fn submit_batch(
         }
     }
     if !accepted.is_empty() {
-        let (places, jobs): (Vec<usize>, Vec<_>) = accepted.into_iter().unzip();
-        let known: Vec<Known> = jobs.iter().map(Known::of_job).collect();
+        let (jobs, places): (Vec<_>, Vec<_>) = accepted.into_iter().map(|(i, job, known)| (job, (i, known))).unzip();
         let stored = shared.queue.submit_many(jobs).await?;
         let mut created = false;
-        for ((place, done), known) in places.into_iter().zip(stored).zip(known) {
+        for ((place, known), done) in places.into_iter().zip(stored) {
             answers[place] = Some(match done {
                 Ok(done) => {
                     if done.created {

@@ -12,7 +12,7 @@ use crate::error::QueueError;
 use crate::metrics::Metrics;
 use crate::queue::{Finished, HandedBack};
 use crate::state::Shared;
-use htfaas_functions::proto::{JobReport, Outcome, Usage};
+use htfaas_functions::proto::JobReport;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -51,15 +51,7 @@ pub(crate) async fn not_started(shared: Arc<Shared>, ep_id: String, job_id: Stri
             }
         }
     }
-    let report = JobReport {
-        input_sha256: None,
-        job_id,
-        outcome: Outcome::Cancelled { reason },
-        usage: Usage::default(),
-        outputs: Vec::new(),
-        log: String::new(),
-    };
-    finished(shared, ep_id, report).await;
+    finished(shared, ep_id, JobReport::unstarted(job_id, reason)).await;
 }
 
 /// Records a finished job, frees its resources and wakes the dispatcher.
@@ -80,7 +72,7 @@ async fn finished(shared: Arc<Shared>, ep_id: String, report: JobReport) {
     let recorded = until_stored(&shared.shutdown, &shared.metrics, "record a finished job", || {
         shared.queue.finish(ep_id.clone(), report.clone(), shared.policy.loss())
     });
-    if settle(&shared, &ep_id, &job_id, recorded.await) {
+    if settle(&shared, &ep_id, &job_id, recorded.await.as_ref().map(Option::as_ref)) {
         shared.wake.notify_one();
     }
 }
@@ -111,14 +103,13 @@ pub(crate) async fn finished_many(shared: Arc<Shared>, ep_id: String, mut report
     let mut released = false;
     match recorded.await {
         Ok(results) => {
-            for (report, result) in reports.iter().zip(results) {
-                released |= settle(&shared, &ep_id, &report.job_id, Ok(result));
+            for (report, result) in reports.iter().zip(&results) {
+                released |= settle(&shared, &ep_id, &report.job_id, Ok(result.as_ref()));
             }
         }
         Err(e) => {
-            let why = e.to_string();
             for report in &reports {
-                released |= settle(&shared, &ep_id, &report.job_id, Err(QueueError::Task(why.clone())));
+                released |= settle(&shared, &ep_id, &report.job_id, Err(&e));
             }
         }
     }
@@ -133,7 +124,7 @@ pub(crate) async fn finished_many(shared: Arc<Shared>, ep_id: String, mut report
 /// whose reservation, if the table holds one now, is the dispatcher's new assignment of the
 /// job to this EP, which stays (releasing it left that attempt's own report ignored and the
 /// job running until its run time).
-fn settle(shared: &Shared, ep_id: &str, job_id: &str, recorded: Result<Option<Finished>, QueueError>) -> bool {
+fn settle(shared: &Shared, ep_id: &str, job_id: &str, recorded: Result<Option<&Finished>, &QueueError>) -> bool {
     match recorded {
         Ok(Some(f)) => {
             tracing::Span::current().record("state", f.state.as_str());

@@ -33,16 +33,6 @@ pub(crate) struct Known {
     pub(crate) detail: serde_json::Map<String, serde_json::Value>,
 }
 
-impl Known {
-    /// What the record of a job that passed [`check`] and was then refused by the store says.
-    pub(crate) fn of_job(job: &NewJob) -> Known {
-        let subject = job.subject();
-        let mut detail = serde_json::Map::new();
-        detail.insert("token_issuer".into(), job.issuer.clone().into());
-        Known { subject, detail }
-    }
-}
-
 /// A string claim read without verifying (only to pick the verifier, or to name a refused
 /// token in its record).
 pub(crate) fn unverified_claim(token: &str, name: &str) -> Option<String> {

@@ -594,6 +594,21 @@ pub struct JobReport {
     pub input_sha256: Option<String>,
 }
 
+impl JobReport {
+    /// The report of a job that never started: [`Outcome::Cancelled`] with `reason`, nothing
+    /// used, read or written.
+    pub fn unstarted(job_id: String, reason: String) -> JobReport {
+        JobReport {
+            job_id,
+            outcome: Outcome::Cancelled { reason },
+            usage: Usage::default(),
+            outputs: Vec::new(),
+            log: String::new(),
+            input_sha256: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,23 +70,6 @@ pub struct NewJob {
     pub hold: Option<(u32, String)>,
 }
 
-impl NewJob {
-    /// What its audit records name before it has an id: its token's `jti`, owner, function,
-    /// digest, event and input path.
-    pub fn subject(&self) -> Subject {
-        let req = &self.request;
-        Subject {
-            token_jti: Some(self.jti.clone()),
-            owner: Some(self.owner.clone()),
-            function: Some(req.function.name.clone()),
-            digest: Some(req.function.digest.as_str().to_owned()),
-            event_id: Some(req.event.id.clone()),
-            paths: vec![req.event.path.clone()],
-            ..Subject::default()
-        }
-    }
-}
-
 /// Answer to [`Queue::submit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
@@ -310,7 +293,15 @@ fn insert_job(
         ],
     )?;
     let req = &job.request;
-    let subject = Subject { job: Some(job_id.clone()), ..job.subject() };
+    let subject = Subject {
+        job: Some(job_id.clone()),
+        token_jti: Some(job.jti.clone()),
+        owner: Some(job.owner.clone()),
+        function: Some(req.function.name.clone()),
+        digest: Some(req.function.digest.as_str().to_owned()),
+        event_id: Some(req.event.id.clone()),
+        paths: vec![req.event.path.clone()],
+    };
     let accepted = AuditDraft::job_accepted(subject.clone(), &r, job.group.as_deref())
         .with_detail("token_issuer", job.issuer.clone().into())
         .with_detail("function_version", req.function.version.into())
@@ -337,14 +328,10 @@ impl Queue {
     /// In one transaction: refuses a revoked token, returns the job that already has
     /// `(owner, dedupe_key)`, or refuses a used-up token, or refuses when the owner already has
     /// `max_idle` idle or held jobs (counting no use), or counts a use of the token and inserts
-    /// the job as idle. Every refusal rolls the whole transaction back.
+    /// the job as idle. A refusal changes nothing: every check comes before the first write.
     pub async fn submit(&self, job: NewJob) -> Result<Submitted, QueueError> {
-        let revoked = self.revoked.clone();
-        // What the file keeps: the request with its macaroons sealed for this job (its id is
-        // chosen here, so the sealing stays off the writer; a dedupe hit discards both).
-        let job_id = uuid::Uuid::new_v4().to_string();
-        let stored = serde_json::to_string(&self.sealer.seal_request(&job_id, &job.request)?)?;
-        self.write(move |tx| insert_job(tx, &revoked, job, job_id, stored)).await
+        let mut answers = self.submit_many(vec![job]).await?;
+        answers.pop().unwrap_or_else(|| Err(QueueError::Task("a submission was not answered".into())))
     }
 
     /// Several jobs in one write, each decided as [`Queue::submit`] decides one, in order (a
@@ -355,6 +342,8 @@ impl Queue {
     /// whole batch, and nothing of it is stored.
     pub async fn submit_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Result<Submitted, QueueError>>, QueueError> {
         let revoked = self.revoked.clone();
+        // What the file keeps: each request with its macaroons sealed for its job (the id is
+        // chosen here, so the sealing stays off the writer; a dedupe hit discards both).
         let mut sealed = Vec::with_capacity(jobs.len());
         for job in jobs {
             let job_id = uuid::Uuid::new_v4().to_string();

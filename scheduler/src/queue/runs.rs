@@ -508,8 +508,8 @@ impl Queue {
         report: JobReport,
         loss: Loss,
     ) -> Result<Option<Finished>, QueueError> {
-        let (half_life_s, max_guest_retries) = (self.half_life_s, self.max_guest_retries);
-        self.write(move |tx| finish_in(tx, &ep_session, report, loss, half_life_s, max_guest_retries)).await
+        let mut answers = self.finish_many(ep_session, vec![report], loss).await?;
+        Ok(answers.pop().flatten())
     }
 
     /// [`Queue::finish`] for several reports of one EP session in one write, in order: each
