@@ -7,6 +7,9 @@
 #   profile-<label>-<component>.svg   a flamegraph (with inferno in .tools/inferno; stacks need
 #                                     a build with frame pointers or debug info)
 #   profile-<label>-<component>.folded.gz  with CALL_GRAPH: the collapsed stacks it is drawn from
+#   profile-<label>-io.txt            bytes written (wchar) and context switches per second of
+#                                     each process over the same 6 s (divide by the bench's
+#                                     rate for per-event figures)
 #   profile-<label>.jsonl             the bench's own figures of that run
 # Usage: bench/profile.sh LABEL [OUT]   (needs a release build: cargo build --release)
 # CALL_GRAPH=dwarf records stacks too (a build with CARGO_PROFILE_RELEASE_DEBUG=line-tables-only;
@@ -45,6 +48,26 @@ for cp in "${pids[@]}"; do
   [ -n "${CALL_GRAPH:-}" ] && graph=(--call-graph "$CALL_GRAPH")
   perf record -q -F 999 "${graph[@]}" -p "$p" -o "$tmp/$c.data" -- sleep 6 2>/dev/null &
 done
+# What each process writes (every write(2)/pwrite(2), to any file or socket) and how often its
+# threads are switched out, over the profiled seconds.
+io_of() {
+  local p=$1 w cs=0 t
+  w=$(awk '/^wchar:/ {print $2}' "/proc/$p/io" 2>/dev/null || echo 0)
+  for t in /proc/"$p"/task/*/status; do
+    cs=$((cs + $(awk '/_ctxt_switches:/ {n += $2} END {print n + 0}' "$t" 2>/dev/null || echo 0)))
+  done
+  echo "$w $cs"
+}
+(
+  declare -A before
+  for cp in "${pids[@]}"; do before[$cp]=$(io_of "${cp##*:}"); done
+  sleep 6
+  for cp in "${pids[@]}"; do
+    read -r w0 c0 <<<"${before[$cp]}"
+    read -r w1 c1 <<<"$(io_of "${cp##*:}")"
+    printf '%-10s wchar/s %10d   ctx switches/s %7d\n' "${cp%%:*}" $(((w1 - w0) / 6)) $(((c1 - c0) / 6))
+  done >"$out/profile-$label-io.txt"
+) &
 wait "$bench" || { cat "$tmp/bench.err" >&2; exit 1; }
 wait
 for cp in "${pids[@]}"; do

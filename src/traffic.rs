@@ -91,6 +91,13 @@ pub fn cpu_time(pid: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(ticks as f64 / USER_HZ))
 }
 
+/// Bytes process `pid` has written so far through `write(2)` and its kin, to files and sockets
+/// alike (`wchar` of `/proc/<pid>/io`), or `None` where it cannot be read.
+pub fn bytes_written(pid: &str) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines().find_map(|l| l.strip_prefix("wchar:")?.trim().parse().ok())
+}
+
 /// The unit of `/proc/<pid>/stat` times: `USER_HZ`, 100 per second in Linux's user ABI.
 const USER_HZ: f64 = 100.0;
 

@@ -2,7 +2,8 @@
 //! component ([`crate::procs::ProcStack`]: nats-server, storage, scheduler, gateway, one EP or
 //! several), driven through its front door, a dCache `transfer` message published to
 //! JetStream, exactly as a dCache pool would publish it. Each component being its own process,
-//! the CPU each spends per event is read from its own `/proc/<pid>/stat` ([`StackCpu`]).
+//! the CPU each spends per event is read from its own `/proc/<pid>/stat`, and what it writes
+//! (to its stores, its sockets) from `/proc/<pid>/io` ([`StackCpu`]).
 //!
 //! - **Latency** ([`latency`]): one event at a time; each names a fresh input file (written
 //!   into the storage's data directory beforehand, so the upload itself fires nothing) under
@@ -25,7 +26,9 @@ use super::Figure;
 use crate::client::Client;
 use crate::procs::{Component, ProcOptions, ProcStack};
 use crate::stack::USER;
-use crate::traffic::{cpu_time, parse_counter, parse_job_states, percentile, transfer_write, unix_ns, write_input};
+use crate::traffic::{
+    bytes_written, cpu_time, parse_counter, parse_job_states, percentile, transfer_write, unix_ns, write_input,
+};
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
@@ -249,19 +252,29 @@ impl Bench {
         Ok(())
     }
 
-    /// The CPU time so far of each process of the stack, and of this one (the publisher).
+    /// The CPU time and bytes written so far of each process of the stack, and of this one
+    /// (the publisher).
     fn cpu(&self) -> StackCpu {
-        let of = |pid: Option<u32>| pid.and_then(|p| cpu_time(&p.to_string()));
+        let of = |pid: Option<u32>| {
+            pid.map_or(Used::default(), |p| {
+                let p = p.to_string();
+                Used { cpu: cpu_time(&p), written: bytes_written(&p) }
+            })
+        };
         let eps =
             std::iter::once(self.stack.pid(Component::Ep)).chain(self.stack.extra_ep_pids().into_iter().map(Some));
+        let eps = eps.map(of).fold(Used { cpu: Some(Duration::ZERO), written: Some(0) }, |sum, u| Used {
+            cpu: sum.cpu.zip(u.cpu).map(|(a, b)| a + b),
+            written: sum.written.zip(u.written).map(|(a, b)| a + b),
+        });
         StackCpu {
             parts: vec![
                 ("gateway", of(self.stack.pid(Component::Gateway))),
                 ("scheduler", of(self.stack.pid(Component::Scheduler))),
-                ("ep", eps.map(of).sum()),
+                ("ep", eps),
                 ("storage", of(self.stack.pid(Component::Storage))),
                 ("nats_server", of(self.stack.pid(Component::Nats))),
-                ("publisher", cpu_time("self")),
+                ("publisher", Used { cpu: cpu_time("self"), written: bytes_written("self") }),
             ],
         }
     }
@@ -403,28 +416,50 @@ pub async fn latency(
 /// sums (nats-server and the bench's own publisher are shown apart).
 pub const HTFAAS_PROCESSES: [&str; 4] = ["gateway", "scheduler", "ep", "storage"];
 
-/// CPU time (user + system) so far, per process of the stack (every EP summed as `ep`), and of
-/// the bench's own process (`publisher`: it writes each input file and publishes its event).
+/// What one process has used so far: CPU time (user + system) and bytes written.
+#[derive(Debug, Clone, Copy, Default)]
+struct Used {
+    cpu: Option<Duration>,
+    written: Option<u64>,
+}
+
+/// What each process of the stack has used so far (every EP summed as `ep`), and the bench's
+/// own process (`publisher`: it writes each input file and publishes its event).
 #[derive(Debug, Clone, Default)]
 pub struct StackCpu {
-    parts: Vec<(&'static str, Option<Duration>)>,
+    parts: Vec<(&'static str, Used)>,
 }
 
 impl StackCpu {
     /// Milliseconds of CPU per event between `self` (the window's start) and `end`, per
     /// process, then `htfaas`: the sum over [`HTFAAS_PROCESSES`] (only when each was read).
     pub fn per_event_ms(&self, end: &StackCpu, events: u64) -> Vec<(&'static str, f64)> {
+        self.per_event(end, events, |a, b| Some(b.cpu?.saturating_sub(a.cpu?).as_secs_f64() * 1e3))
+    }
+
+    /// KiB written per event between `self` and `end` (store pages, WAL, sockets: everything
+    /// through `write(2)`), per process, then `htfaas` as [`StackCpu::per_event_ms`] sums it.
+    /// Steadier than CPU on a shared machine: what a change does to a store's write
+    /// amplification shows here first.
+    pub fn per_event_kib_written(&self, end: &StackCpu, events: u64) -> Vec<(&'static str, f64)> {
+        self.per_event(end, events, |a, b| Some(b.written?.saturating_sub(a.written?) as f64 / 1024.0))
+    }
+
+    /// `delta(start, end)` over `events`, per process, then summed over [`HTFAAS_PROCESSES`].
+    fn per_event(
+        &self,
+        end: &StackCpu,
+        events: u64,
+        delta: impl Fn(&Used, &Used) -> Option<f64>,
+    ) -> Vec<(&'static str, f64)> {
         if events == 0 {
             return Vec::new();
         }
         let mut out = Vec::new();
         let mut htfaas = Some(0.0);
         for (name, a) in &self.parts {
-            let b = end.parts.iter().find(|(n, _)| n == name).and_then(|(_, b)| *b);
-            let per = match (a, b) {
-                (Some(a), Some(b)) => Some(b.saturating_sub(*a).as_secs_f64() * 1e3 / events as f64),
-                _ => None,
-            };
+            let per =
+                end.parts.iter().find(|(n, _)| n == name).and_then(|(_, b)| delta(a, b)).map(|d| d / events as f64);
             if HTFAAS_PROCESSES.contains(name) {
                 htfaas = htfaas.zip(per).map(|(sum, p)| sum + p);
             }
@@ -614,6 +649,12 @@ pub async fn throughput(
             Figure::new("htfaas", format!("{metric}.cpu_ms_per_event.{who}"), per, "ms", c1 - c0).with("durability", d),
         );
     }
+    for (who, per) in cpu_start.per_event_kib_written(&cpu_end, c1 - c0) {
+        emit(
+            Figure::new("htfaas", format!("{metric}.kib_written_per_event.{who}"), per, "KiB", c1 - c0)
+                .with("durability", d),
+        );
+    }
     // The scheduler's store: writes per event, and per transaction (how much its group commit
     // groups).
     let (writes, batches) = (writes_end.0 - writes_start.0, writes_end.1 - writes_start.1);
@@ -665,14 +706,15 @@ mod tests {
     #[test]
     fn cpu_per_event_is_per_process_and_sums_the_htfaas_ones() {
         let ms = Duration::from_millis;
+        let used = |cpu: Option<Duration>| Used { cpu, written: cpu.map(|c| c.as_millis() as u64 * 1024) };
         let at = |g, e| StackCpu {
             parts: vec![
-                ("gateway", Some(ms(g))),
-                ("scheduler", Some(ms(100))),
-                ("ep", e),
-                ("storage", Some(ms(100))),
-                ("nats_server", Some(ms(g))),
-                ("publisher", Some(ms(0))),
+                ("gateway", used(Some(ms(g)))),
+                ("scheduler", used(Some(ms(100)))),
+                ("ep", used(e)),
+                ("storage", used(Some(ms(100)))),
+                ("nats_server", used(Some(ms(g)))),
+                ("publisher", used(Some(ms(0)))),
             ],
         };
         let per = at(100, Some(ms(100))).per_event_ms(&at(300, Some(ms(500))), 100);
@@ -684,5 +726,9 @@ mod tests {
         let unread = at(100, None).per_event_ms(&at(300, Some(ms(500))), 100);
         assert_eq!(get(&unread, "htfaas"), None, "no sum when a process was not read");
         assert!(at(0, None).per_event_ms(&at(1, None), 0).is_empty());
+        // Bytes written follow the same rule: per process, summed over the htfaas ones.
+        let kib = at(100, Some(ms(100))).per_event_kib_written(&at(300, Some(ms(500))), 100);
+        assert_eq!(get(&kib, "ep"), Some(4.0));
+        assert_eq!(get(&kib, "htfaas"), Some(6.0));
     }
 }

@@ -70,8 +70,8 @@
 //! (`schema_version`; `PRAGMA user_version` belongs to the host database and is never
 //! touched), and stepwise [`MIGRATIONS`]. Tables: `audit_meta` (the writer's name and the
 //! schema version), `audit_records` (`seq` primary key, the stored JSON text, and copies of
-//! `time_ms`, `kind`, the subject fields and `hash` as indexed columns for queries and
-//! appends), `audit_record_paths` (`path`, `seq`) and `audit_checkpoints` (`seq`, `time_ms`,
+//! `time_ms`, `kind`, the subject fields and `hash` as columns, the subject's indexed for
+//! queries; a time range is found as a range of `seq` by bisection, times never decreasing), `audit_record_paths` (`path`, `seq`) and `audit_checkpoints` (`seq`, `time_ms`,
 //! JSON text). Triggers refuse `UPDATE` and `DELETE` on the last three, so a bug cannot
 //! rewrite history; they do not stop someone with the file, which is what the chain and the
 //! signatures are for. [`verify`] and [`query`] work on any file that holds the tables (a

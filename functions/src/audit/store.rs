@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Version of the audit tables written by this build (`audit_meta`'s `schema_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 /// `MIGRATIONS[i]` brings the audit tables from version i to i + 1 (`audit_meta` itself is
 /// made by [`install`] before they run).
 pub const MIGRATIONS: &[&str] = &[
@@ -50,6 +50,10 @@ pub const MIGRATIONS: &[&str] = &[
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
      CREATE TRIGGER audit_checkpoints_append_only_d BEFORE DELETE ON audit_checkpoints
          BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;",
+    // 1 → 2: no index by time. Times never decrease along the chain, so a time range is a
+    // range of `seq` ([`super::query`] finds its ends by bisection); the index cost every
+    // append one more page written.
+    "DROP INDEX IF EXISTS audit_records_by_time;",
 ];
 
 /// How long a call waits for another connection's write lock.
@@ -219,6 +223,15 @@ fn append_to(
     let (hashed, json) = encode_record(&mut record)?;
     debug_assert_eq!(hashed.len() + record.hash.len() + ",\"hash\":\"\"".len(), json.len());
     let s = &record.subject;
+    // What the job's first record indexes is not indexed again for its later records (queries
+    // select every record of a job that a selected record is about: `super::query`).
+    let first = match &s.job {
+        Some(job) => first_of_job(tx, job)?,
+        None => None,
+    };
+    let new = |mine: &'_ Option<String>, field: fn(&FirstOfJob) -> &Option<String>| -> Option<String> {
+        if first.as_ref().is_some_and(|f| field(f) == mine) { None } else { mine.clone() }
+    };
     tx.prepare_cached(
         "INSERT INTO audit_records (seq, time_ms, kind, job, token_jti, owner, function, digest, event_id, hash, json)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -228,19 +241,27 @@ fn append_to(
         to_db(time_ms),
         record.kind.as_str(),
         s.job,
-        s.token_jti,
-        s.owner,
-        s.function,
+        new(&s.token_jti, |f| &f.token_jti),
+        new(&s.owner, |f| &f.owner),
+        new(&s.function, |f| &f.function),
         s.digest,
-        s.event_id,
+        new(&s.event_id, |f| &f.event_id),
         record.hash,
         json
     ])?;
     if !s.paths.is_empty() {
         let mut insert_path =
             tx.prepare_cached("INSERT OR IGNORE INTO audit_record_paths (path, seq) VALUES (?1, ?2)")?;
+        let mut named_first =
+            tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM audit_record_paths WHERE path = ?1 AND seq = ?2)")?;
         for p in &s.paths {
-            insert_path.execute(params![p, to_db(seq)])?;
+            let known = match &first {
+                Some(f) => named_first.query_row(params![p, f.seq], |r| r.get::<_, bool>(0))?,
+                None => false,
+            };
+            if !known {
+                insert_path.execute(params![p, to_db(seq)])?;
+            }
         }
     }
     if let Some((signer, policy)) = signer
@@ -249,6 +270,34 @@ fn append_to(
         insert_checkpoint(tx, signer, writer, seq, &record.hash, time_ms)?;
     }
     Ok(record)
+}
+
+/// What the first record of a job indexed: its `seq` (its paths are found by it) and its
+/// subject's token, owner, function and event.
+struct FirstOfJob {
+    seq: i64,
+    token_jti: Option<String>,
+    owner: Option<String>,
+    function: Option<String>,
+    event_id: Option<String>,
+}
+
+/// The indexed subject of `job`'s first record in the trail, if it has one.
+fn first_of_job(tx: &Connection, job: &str) -> Result<Option<FirstOfJob>, AuditError> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT seq, token_jti, owner, function, event_id FROM audit_records WHERE job = ?1 ORDER BY seq LIMIT 1",
+        )?
+        .query_row([job], |r| {
+            Ok(FirstOfJob {
+                seq: r.get(0)?,
+                token_jti: r.get(1)?,
+                owner: r.get(2)?,
+                function: r.get(3)?,
+                event_id: r.get(4)?,
+            })
+        })
+        .optional()?)
 }
 
 /// Whether record `seq` (at `time_ms`) should be checkpointed: by count, by time, or

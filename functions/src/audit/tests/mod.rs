@@ -27,7 +27,7 @@ fn wire<T: serde::de::DeserializeOwned>(v: Value) -> T {
 }
 
 fn draft(i: u64) -> AuditDraft {
-    let owner = if i.is_multiple_of(2) { "alice" } else { "bob" };
+    let owner = if (i / 3).is_multiple_of(2) { "alice" } else { "bob" };
     let subject = Subject {
         job: Some(format!("job-{}", i / 3)),
         token_jti: Some(format!("jti-{}", i / 3)),
@@ -277,6 +277,67 @@ fn concurrent_appends_stay_one_chain() {
     assert_eq!(report.checkpoints, 320 / 7);
 }
 
+/// A job's later records index only what its first does not: their copied columns are empty
+/// where the first names the same, no path row repeats the first's, and every query still
+/// selects them; a record that names something else is indexed as usual.
+#[test]
+fn a_jobs_later_records_index_only_what_is_new_and_are_still_found() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, _) = sample(dir.path(), 6, 100);
+    let log = AuditLog::open(&path, "gateway", None, CheckpointPolicy::default()).expect("reopen");
+    // A seventh record for job-0 that names another token (a renewal's, say) and a new path.
+    let mut other = draft(1);
+    other.subject.token_jti = Some("jti-renewed".into());
+    other.subject.paths.push("/data/out/0.extra".into());
+    log.append(other).expect("append");
+    // An eighth that names another owner (none of htfaas's writers does): indexed, and never
+    // among alice's records, nor alice's among its owner's.
+    let mut foreign = draft(2);
+    foreign.subject.owner = Some("mallory".into());
+    log.append(foreign).expect("append");
+    drop(log);
+    let conn = Connection::open(&path).expect("open");
+    let columns = |seq: i64| -> [Option<String>; 5] {
+        conn.query_row(
+            "SELECT job, token_jti, owner, function, event_id FROM audit_records WHERE seq = ?1",
+            [seq],
+            |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?]),
+        )
+        .expect("row")
+    };
+    let paths = |seq: i64| -> Vec<String> {
+        let mut stmt =
+            conn.prepare("SELECT path FROM audit_record_paths WHERE seq = ?1 ORDER BY path").expect("prepare");
+        stmt.query_map([seq], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("paths")
+    };
+    let some = |s: &str| Some(s.to_owned());
+    assert_eq!(columns(1), [some("job-0"), some("jti-0"), some("alice"), some("checksum"), some("ev-0")]);
+    assert_eq!(columns(2), [some("job-0"), None, None, None, None], "all said by the job's first record");
+    assert_eq!(paths(1), ["/data/raw/0.dat"]);
+    assert!(paths(2).is_empty());
+    assert_eq!(paths(3), ["/data/out/0.sum"], "the output is new; the input is the first record's");
+    assert_eq!(columns(7), [some("job-0"), some("jti-renewed"), None, None, None], "a new token is indexed");
+    assert_eq!(paths(7), ["/data/out/0.extra"]);
+    // The JSON the verifier reads is whole.
+    assert_eq!(stored(&conn, 2)["subject"]["owner"], "alice");
+    let seqs = |f: AuditFilter| -> Vec<u64> { query(&path, &f).expect("query").iter().map(|r| r.seq).collect() };
+    for f in [
+        AuditFilter { owner: Some("alice".into()), ..AuditFilter::default() },
+        AuditFilter { token: Some("jti-0".into()), ..AuditFilter::default() },
+        AuditFilter { token: Some("jti-renewed".into()), ..AuditFilter::default() },
+        AuditFilter { event_id: Some("ev-0".into()), ..AuditFilter::default() },
+        AuditFilter { function: Some("checksum".into()), job: Some("job-0".into()), ..AuditFilter::default() },
+        AuditFilter { file: Some("/data/raw/0.dat".into()), ..AuditFilter::default() },
+        AuditFilter { file: Some("/data/out/0.extra".into()), ..AuditFilter::default() },
+    ] {
+        let want: &[u64] = if f.owner.is_some() { &[1, 2, 3, 7] } else { &[1, 2, 3, 7, 8] };
+        assert_eq!(seqs(f.clone()), want, "{f:?}");
+    }
+    assert_eq!(seqs(AuditFilter { owner: Some("bob".into()), ..AuditFilter::default() }), [4, 5, 6]);
+    assert_eq!(seqs(AuditFilter { owner: Some("mallory".into()), ..AuditFilter::default() }), [8]);
+    assert_eq!(columns(8)[2], some("mallory"));
+}
+
 #[test]
 fn queries_select_by_subject_and_time() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -284,13 +345,18 @@ fn queries_select_by_subject_and_time() {
     let seqs = |f: AuditFilter| -> Vec<u64> { query(&path, &f).expect("query").iter().map(|r| r.seq).collect() };
     assert_eq!(seqs(AuditFilter { job: Some("job-1".into()), ..AuditFilter::default() }), [4, 5, 6]);
     assert_eq!(seqs(AuditFilter { token: Some("jti-2".into()), ..AuditFilter::default() }), [7, 8, 9]);
-    assert_eq!(seqs(AuditFilter { owner: Some("alice".into()), ..AuditFilter::default() }), [1, 3, 5, 7, 9, 11]);
+    assert_eq!(seqs(AuditFilter { owner: Some("alice".into()), ..AuditFilter::default() }), [1, 2, 3, 7, 8, 9]);
     assert_eq!(
-        seqs(AuditFilter { owner: Some("alice".into()), job: Some("job-1".into()), ..AuditFilter::default() }),
-        [5]
+        seqs(AuditFilter { owner: Some("alice".into()), job: Some("job-2".into()), ..AuditFilter::default() }),
+        [7, 8, 9]
+    );
+    assert!(
+        seqs(AuditFilter { owner: Some("alice".into()), job: Some("job-1".into()), ..AuditFilter::default() })
+            .is_empty()
     );
     assert_eq!(seqs(AuditFilter { file: Some("/data/raw/3.dat".into()), ..AuditFilter::default() }), [10, 11, 12]);
-    assert_eq!(seqs(AuditFilter { file: Some("/data/out/3.sum".into()), ..AuditFilter::default() }), [12]);
+    // An output names the job that wrote it, and with it the job's every record.
+    assert_eq!(seqs(AuditFilter { file: Some("/data/out/3.sum".into()), ..AuditFilter::default() }), [10, 11, 12]);
     assert_eq!(
         seqs(AuditFilter { function: Some("checksum".into()), limit: Some(2), ..AuditFilter::default() }),
         [1, 2]
@@ -622,4 +688,44 @@ fn append_cost() {
     println!(
         "{{\"clone_us\":{clone_us:.2},\"scrub_us\":{scrub_us:.2},\"parse_4_subject_fields_us\":{parse_always_us:.2},\"encode_us\":{encode_us:.2},\"encode_twice_us\":{encode_twice_us:.2},\"append_in_us\":{append_us:.2},\"tx_full_0_us\":{c0:.0},\"tx_full_1_us\":{c1:.0},\"tx_full_3_us\":{c3:.0}}}"
     );
+}
+
+/// A trail of the first schema (with its index by time) is brought to the current one at open:
+/// the index is gone, the records and their chain are as they were, and time ranges still
+/// select by time.
+#[test]
+fn a_first_schema_trail_loses_its_time_index_and_keeps_its_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("old.sqlite");
+    let conn = Connection::open(&path).expect("open");
+    conn.execute_batch(
+        "CREATE TABLE audit_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+         INSERT INTO audit_meta VALUES ('schema_version', '1'), ('writer', 'gateway');",
+    )
+    .expect("meta");
+    conn.execute_batch(MIGRATIONS[0]).expect("first schema");
+    for i in 0..6 {
+        append_in(&conn, draft(i)).expect("append");
+    }
+    let index = |c: &Connection| -> bool {
+        c.query_row("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'audit_records_by_time')", [], |r| {
+            r.get(0)
+        })
+        .expect("master")
+    };
+    assert!(index(&conn));
+    drop(conn);
+    let log = AuditLog::open(&path, "gateway", None, CheckpointPolicy::default()).expect("migrate");
+    drop(log);
+    let conn = Connection::open(&path).expect("reopen");
+    assert!(!index(&conn), "the index by time is dropped");
+    let version: String =
+        conn.query_row("SELECT value FROM audit_meta WHERE key = 'schema_version'", [], |r| r.get(0)).expect("v");
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+    let all = query(&path, &AuditFilter::default()).expect("query");
+    assert_eq!(all.len(), 6);
+    let t = all[3].time_ms;
+    let since = query(&path, &AuditFilter { since_ms: Some(t), ..AuditFilter::default() }).expect("since");
+    assert!(since.iter().all(|r| r.time_ms >= t) && since.iter().any(|r| r.seq == 4), "{since:?}");
+    assert!(verify(&path, &AuditKeys::new()).expect("verify").ok());
 }
