@@ -278,6 +278,12 @@ pub fn new_jti() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
+/// Eight random hex digits, to make an id unique beside a name it carries (a rerun's scratch
+/// directory, a replay). Not a token id's head: that is its time.
+pub fn random_tag() -> String {
+    format!("{:08x}", uuid::Uuid::new_v4().as_u128() as u32)
+}
+
 /// An Ed25519 signing key with its id.
 ///
 /// Signs with the key held expanded ([`ed25519_dalek::SigningKey`]) and the token's header

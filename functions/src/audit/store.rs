@@ -229,9 +229,6 @@ fn append_to(
         Some(job) => first_of_job(tx, job)?,
         None => None,
     };
-    let new = |mine: &'_ Option<String>, field: fn(&FirstOfJob) -> &Option<String>| -> Option<String> {
-        if first.as_ref().is_some_and(|f| field(f) == mine) { None } else { mine.clone() }
-    };
     tx.prepare_cached(
         "INSERT INTO audit_records (seq, time_ms, kind, job, token_jti, owner, function, digest, event_id, hash, json)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -241,11 +238,11 @@ fn append_to(
         to_db(time_ms),
         record.kind.as_str(),
         s.job,
-        new(&s.token_jti, |f| &f.token_jti),
-        new(&s.owner, |f| &f.owner),
-        new(&s.function, |f| &f.function),
+        unless_first(first.as_ref(), |f| &f.token_jti, &s.token_jti),
+        unless_first(first.as_ref(), |f| &f.owner, &s.owner),
+        unless_first(first.as_ref(), |f| &f.function, &s.function),
         s.digest,
-        new(&s.event_id, |f| &f.event_id),
+        unless_first(first.as_ref(), |f| &f.event_id, &s.event_id),
         record.hash,
         json
     ])?;
@@ -280,6 +277,15 @@ struct FirstOfJob {
     owner: Option<String>,
     function: Option<String>,
     event_id: Option<String>,
+}
+
+/// `mine`, unless the job's first record names the same (then nothing, for the column).
+fn unless_first<'a>(
+    first: Option<&FirstOfJob>,
+    field: fn(&FirstOfJob) -> &Option<String>,
+    mine: &'a Option<String>,
+) -> Option<&'a str> {
+    if first.is_some_and(|f| field(f) == mine) { None } else { mine.as_deref() }
 }
 
 /// The indexed subject of `job`'s first record in the trail, if it has one.

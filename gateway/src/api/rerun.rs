@@ -107,9 +107,7 @@ pub(super) async fn rerun(
         return Err(conflict(format!("{file} is not in the output directory {} of {}", m.outputs.dir, m.name)));
     };
     // The scratch directory: the function's own output directory, so its write namespace holds it.
-    // Eight random hex digits: a token id's tail (its head is the time).
-    let jti = htfaas_functions::token::new_jti();
-    let id = format!("{}.{}", job.id, &jti[jti.len() - 8..]);
+    let id = format!("{}.{}", job.id, htfaas_functions::token::random_tag());
     let scratch = scratch_dir(&m.outputs.dir, &id);
     let mut again = function.clone();
     again.manifest.outputs.dir = scratch.clone();

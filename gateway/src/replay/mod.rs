@@ -148,9 +148,7 @@ pub use htfaas_functions::time::{now_ms, utc_timestamp_ms as fmt_time};
 
 /// A fresh replay id: `r<unix ms>-<8 hex>`.
 pub fn new_replay_id() -> String {
-    // Eight random hex digits: a token id's tail (its head is the time).
-    let jti = htfaas_functions::token::new_jti().replace('-', "");
-    format!("r{}-{}", now_ms(), &jti[jti.len().saturating_sub(8)..])
+    format!("r{}-{}", now_ms(), htfaas_functions::token::random_tag())
 }
 
 /// Checks a replay id given by a caller: 1–64 of `[A-Za-z0-9_-]`.
