@@ -98,6 +98,31 @@ pub fn bytes_written(pid: &str) -> Option<u64> {
     io.lines().find_map(|l| l.strip_prefix("wchar:")?.trim().parse().ok())
 }
 
+/// Context switches of process `pid`'s live threads so far, voluntary and not (the sum over
+/// `/proc/<pid>/task/*/status`), or `None` where it cannot be read. A thread that has ended
+/// takes its count with it, so this is a lower bound; the runtimes' threads live for the run.
+/// Each switch is a hand-off between threads (a wake-up, a wait), the cost a hop adds beyond
+/// its work; steadier than CPU time on a shared machine.
+pub fn context_switches(pid: &str) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else { continue };
+        total += switches_of(&status);
+    }
+    Some(total)
+}
+
+/// The voluntary and non-voluntary context switches of one `/proc/…/status` text.
+fn switches_of(status: &str) -> u64 {
+    status
+        .lines()
+        .filter_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            key.ends_with("ctxt_switches").then(|| value.trim().parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
 /// The unit of `/proc/<pid>/stat` times: `USER_HZ`, 100 per second in Linux's user ABI.
 const USER_HZ: f64 = 100.0;
 
@@ -105,6 +130,17 @@ const USER_HZ: f64 = 100.0;
 mod tests {
     use super::*;
     use htfaas_functions::proto::TransferMessage;
+
+    #[test]
+    fn context_switches_add_both_kinds_and_read_this_process() {
+        let status = "Name:\tx\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\nVmRSS:\t9 kB\n";
+        assert_eq!(switches_of(status), 15);
+        assert_eq!(switches_of("Name:\tx\nvoluntary_ctxt_switches:\tmany\n"), 0, "a field that is no number counts 0");
+        let before = context_switches("self").expect("this process's threads");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(context_switches("self").expect("again") > before, "a sleep switches out at least once");
+        assert_eq!(context_switches("0"), None, "no process 0 in /proc");
+    }
 
     #[test]
     fn a_counter_is_read_from_its_total_line_only() {

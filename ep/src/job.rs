@@ -10,8 +10,11 @@
 //! read, CPU, memory, and the outputs fully stored before the cancel, if it came mid-upload).
 //!
 //! Transfers: the module fetch, the input download (read macaroon) and each output upload
-//! (write macaroon) stream between the network and the job's scratch directory, never holding
-//! a file in memory. Each is tried up to [`ATTEMPTS`](crate::transfer::ATTEMPTS) times: a transient failure (connect error,
+//! (write macaroon) stream between the network and the job's scratch directory; only small
+//! files are held in memory whole (an input of at most 64 KiB, read and then written with the
+//! job directory's making in one call; outputs of at most 64 KiB each and 1 MiB in all, read by
+//! the one walk that also lists and measures `/output`), so a small job's file work is three
+//! calls off the async threads, not one per step. Each is tried up to [`ATTEMPTS`](crate::transfer::ATTEMPTS) times: a transient failure (connect error,
 //! timeout, connection reset mid-body, HTTP 5xx or 429) is retried after a backoff of
 //! [`BACKOFF_FIRST`](crate::transfer::BACKOFF_FIRST) × 2^n with jitter, capped at [`BACKOFF_CAP`](crate::transfer::BACKOFF_CAP) (or the server's
 //! `Retry-After` seconds, capped at [`RETRY_AFTER_CAP`](crate::transfer::RETRY_AFTER_CAP)); any other 4xx fails the job at once
@@ -64,9 +67,9 @@ use crate::renew::{Credentials, Renewer};
 use crate::report_log::LogText;
 use crate::runtime::millis;
 use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, Prepared, RunLimits, Runtime};
-use crate::scratch::{ScratchLimits, SpareDirs, watch_scratch};
+use crate::scratch::{JobDir, ScratchLimits, SpareDirs, watch_scratch};
 use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
-use crate::transfer::{Stored, Transfer, download, fetch_module, upload_outputs};
+use crate::transfer::{Stored, Transfer, collect_outputs, download, fetch_module, upload_outputs};
 use htfaas_functions::Digest;
 use htfaas_functions::on_failure::{FailedOutputs, quarantine_dir};
 use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, NativeCode, Outcome, Usage};
@@ -83,15 +86,6 @@ mod threads;
 enum Code<'a> {
     Wasm(Guest),
     Native(Arc<NativeHost>, &'a NativeCode, ImageRoot),
-}
-
-/// Aborts a spawned task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// How long past its wall-time cap, or after a cancel, a job waits for its guest's thread before
@@ -186,11 +180,26 @@ impl Jobs {
         let mut tally = Tally::default();
         let s = &self.settings;
         let dir = s.jobs_dir.join(job_dir_name(&job.job_id));
-        let result = self.steps(job, &dir, &mut report, &mut tally, cancel).await;
+        // Made with the input's first write ([`download`]).
+        let job_dir = self.spares.claim(&dir);
+        let busy = job_dir.lock();
+        // The job's macaroons, renewed while it needs them by a keeper polled in this task
+        // beside the steps (no task of its own to spawn, wake and abort per job); it stops
+        // when the steps end.
+        let credentials = Credentials::new(job, &self.renewer);
+        let keeper = async {
+            credentials.clone().keep().await;
+            std::future::pending::<std::convert::Infallible>().await
+        };
+        let steps = self.steps(job, job_dir, &credentials, &mut report, &mut tally, cancel);
+        let result = tokio::select! {
+            result = steps => result,
+            never = keeper => match never {},
+        };
         if let Err(outcome) = result {
             report.outcome = outcome;
         }
-        self.spares.give_back(dir, !tally.guest_left).await;
+        self.spares.give_back(dir, !tally.guest_left, Some(busy)).await;
         (report, tally)
     }
 
@@ -198,7 +207,8 @@ impl Jobs {
     async fn steps(
         &self,
         job: &JobAssignment,
-        dir: &Path,
+        job_dir: JobDir,
+        credentials: &Credentials,
         report: &mut JobReport,
         tally: &mut Tally,
         cancel: &CancelSignal,
@@ -219,10 +229,6 @@ impl Jobs {
         s.origins.check("input url", &job.input.url).map_err(|e| Outcome::InputFailed { reason: e.to_string() })?;
         s.origins.check("output url", &job.output.url).map_err(|e| Outcome::OutputFailed { reason: e.to_string() })?;
         let mut limits = ScratchLimits::for_job(s, job);
-        // The job's macaroons, renewed while it needs them; the keeper stops when the
-        // job is done with them (dropped with this function's frame).
-        let credentials = Credentials::new(job, &self.renewer);
-        let _keeper = AbortOnDrop(tokio::spawn(credentials.clone().keep()));
         let code = match &job.function.native {
             None => Code::Wasm(unless_cancelled(cancel, self.module(&job.function, tally)).await??),
             Some(native) => {
@@ -236,16 +242,21 @@ impl Jobs {
             }
         };
 
-        let input_dir = dir.join("input");
-        let output_dir = dir.join("output");
-        self.spares.take(dir).await.map_err(|e| Outcome::InputFailed { reason: format!("create job dir: {e}") })?;
+        let input_dir = job_dir.path().join("input");
+        let output_dir = job_dir.path().join("output");
         let input_path = input_dir.join(&job.input.name);
         let started = Instant::now();
         let read = unless_cancelled(cancel, credentials.input()).await?;
         let input =
             Transfer { http: &s.http, url: &job.input.url, macaroon: &read, traceparent: job.traceparent.as_deref() };
-        let fetched =
-            download(&input, &input_path, limits.max_scratch_bytes, &mut report.usage.bytes_in, &mut tally.retries);
+        let fetched = download(
+            &input,
+            &input_path,
+            limits.max_scratch_bytes,
+            &mut report.usage.bytes_in,
+            &mut tally.retries,
+            Some(job_dir),
+        );
         let fetched = unless_cancelled(cancel, fetched).await;
         tally.input_ms = millis(started.elapsed());
         let sha256 = fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
@@ -387,8 +398,10 @@ impl Jobs {
         };
         let quarantine = keep == Keep::Quarantine;
         if let Some(url) = store_to {
-            // The guest may have passed a limit after the watcher's last look.
-            if let Some(reason) = limits.check_now(&output_dir).await {
+            // The guest may have passed a limit after the watcher's last look. One walk
+            // measures, lists and reads the small outputs.
+            let outputs = collect_outputs(&output_dir, limits.max_files).await;
+            if let Some(reason) = outputs.exceeded(&limits) {
                 log.note(&format!("{reason}; outputs not stored"));
                 report.log = log.finish(s.log_limit_bytes);
                 if quarantine {
@@ -410,7 +423,7 @@ impl Jobs {
             };
             let output =
                 Transfer { http: &s.http, url: &url, macaroon: &write, traceparent: job.traceparent.as_deref() };
-            let upload = upload_outputs(&limits, &output, &output_dir, &mut stored, &mut log, &mut tally.retries);
+            let upload = upload_outputs(&limits, &output, outputs, &mut stored, &mut log, &mut tally.retries);
             let finished = unless_cancelled(cancel, upload).await;
             tally.output_ms = millis(started.elapsed());
             report.usage.bytes_out = stored.bytes_out;

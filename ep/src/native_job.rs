@@ -49,7 +49,7 @@ pub(crate) async fn fetch_image(
     // Content-addressed and public like modules: no credential goes with the request.
     let from = Transfer { http, url: &f.module_url, macaroon: "", traceparent: None };
     let mut n = 0;
-    let fetched = download(&from, &path, None, &mut n, retries).await;
+    let fetched = download(&from, &path, None, &mut n, retries, None).await;
     let sha256 = match fetched {
         Ok(sha256) => sha256,
         Err(e) => {

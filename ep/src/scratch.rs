@@ -39,7 +39,7 @@ fn lower<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
 
 /// What a walk of `/output` found; it stops counting once past the file limit.
 #[derive(Debug, Clone, Copy, Default)]
-struct Measured {
+pub(crate) struct Measured {
     entries: usize,
     bytes: u64,
 }
@@ -59,7 +59,7 @@ impl ScratchLimits {
     }
 
     /// Why `m` is past a limit, if it is.
-    fn exceeded(&self, m: Measured) -> Option<String> {
+    pub(crate) fn exceeded(&self, m: Measured) -> Option<String> {
         if m.entries > self.max_files {
             return Some(format!(
                 "more than {} files and directories in /output, past the output file limit of {}",
@@ -101,7 +101,7 @@ impl ScratchLimits {
 /// Entries (any kind, any depth; symlinks not followed) and regular-file bytes under `dir`,
 /// stopping once past `max_entries`, so a guest's flood of files keeps the walk short.
 /// Blocking.
-fn measure(dir: &Path, max_entries: usize) -> std::io::Result<Measured> {
+pub(crate) fn measure(dir: &Path, max_entries: usize) -> std::io::Result<Measured> {
     let mut m = Measured::default();
     let mut pending = vec![dir.to_owned()];
     while let Some(d) = pending.pop() {
@@ -175,30 +175,37 @@ const MAX_SPARE_DIRS: usize = 16;
 /// EP starts.
 pub(crate) struct SpareDirs {
     jobs_dir: PathBuf,
-    spare: std::sync::Mutex<Vec<PathBuf>>,
+    spare: Spares,
     next: std::sync::atomic::AtomicU64,
 }
 
+/// The emptied directories waiting for a job, shared with each [`JobDir`] not made yet.
+type Spares = std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>;
+
 impl SpareDirs {
     pub(crate) fn new(jobs_dir: PathBuf) -> SpareDirs {
-        SpareDirs { jobs_dir, spare: std::sync::Mutex::default(), next: std::sync::atomic::AtomicU64::new(0) }
+        SpareDirs { jobs_dir, spare: Spares::default(), next: std::sync::atomic::AtomicU64::new(0) }
     }
 
-    /// Makes `dir` with an empty `input/` and `output/`: a spare renamed into place, else new;
-    /// in one call off the async threads (each `tokio::fs` call is a hand-off of its own).
-    pub(crate) async fn take(&self, dir: &Path) -> std::io::Result<()> {
+    /// `dir`, to be made by [`JobDir::make_then`] from a spare taken now (or anew): a blocking
+    /// step its caller runs in the same call off the async threads as what it writes there
+    /// first, saving that call a hand-off of its own.
+    pub(crate) fn claim(&self, dir: &Path) -> JobDir {
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let dir = dir.to_owned();
-        tokio::task::spawn_blocking(move || make_job_dir(&dir, spare)).await.map_err(std::io::Error::other)?
+        JobDir { spares: self.spare.clone(), dir: dir.to_owned(), spare, busy: DirLock::default() }
     }
 
     /// Empties `dir` and keeps it as a spare, or removes it whole (see the type's docs); never
     /// keeps it unless `reusable` (no guest thread of its job is left behind, still holding it).
-    pub(crate) async fn give_back(&self, dir: PathBuf, reusable: bool) {
+    /// `busy` is the directory's [`JobDir::lock`]: a making and first write that a cancel left
+    /// running off the async threads end before the directory is emptied, so nothing they write
+    /// lands in a spare.
+    pub(crate) async fn give_back(&self, dir: PathBuf, reusable: bool, busy: Option<DirLock>) {
         let room = reusable && self.spare.lock().unwrap_or_else(|p| p.into_inner()).len() < MAX_SPARE_DIRS;
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let spare = self.jobs_dir.join(format!(".spare-{n}"));
         let kept = tokio::task::spawn_blocking(move || {
+            let _done = busy.as_ref().map(|b| b.lock().unwrap_or_else(|p| p.into_inner()));
             if room && empty_job_dir(&dir).is_ok() && std::fs::rename(&dir, &spare).is_ok() {
                 return Some(spare);
             }
@@ -215,6 +222,53 @@ impl SpareDirs {
         .flatten();
         if let Some(spare) = kept {
             self.spare.lock().unwrap_or_else(|p| p.into_inner()).push(spare);
+        }
+    }
+}
+
+/// Held while a job directory is made and first written ([`JobDir::make_then`]), and taken by
+/// [`SpareDirs::give_back`] before it empties the directory.
+pub(crate) type DirLock = std::sync::Arc<std::sync::Mutex<()>>;
+
+/// A job directory claimed and not made yet ([`SpareDirs::claim`]); one dropped unmade puts
+/// its spare back in the list, so a job that never got to its first write leaves no directory
+/// behind outside the list.
+pub(crate) struct JobDir {
+    spares: Spares,
+    dir: PathBuf,
+    spare: Option<PathBuf>,
+    busy: DirLock,
+}
+
+impl JobDir {
+    /// Where the directory is (or is to be).
+    pub(crate) fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The lock [`SpareDirs::give_back`] takes before emptying the directory.
+    pub(crate) fn lock(&self) -> DirLock {
+        self.busy.clone()
+    }
+
+    /// Makes the directory with an empty `input/` and `output/` (removing what a crashed EP
+    /// left there), from the spare or anew, then runs `first`, its first write; both under the
+    /// directory's lock. The outer error is the making's, the inner one `first`'s. Blocking.
+    pub(crate) fn make_then<T>(
+        mut self,
+        first: impl FnOnce() -> std::io::Result<T>,
+    ) -> std::io::Result<std::io::Result<T>> {
+        let busy = self.busy.clone();
+        let _held = busy.lock().unwrap_or_else(|p| p.into_inner());
+        make_job_dir(&self.dir, self.spare.take())?;
+        Ok(first())
+    }
+}
+
+impl Drop for JobDir {
+    fn drop(&mut self) {
+        if let Some(spare) = self.spare.take() {
+            self.spares.lock().unwrap_or_else(|p| p.into_inner()).push(spare);
         }
     }
 }
@@ -276,25 +330,33 @@ fn empty_job_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// Makes `dir` with an empty `input/` and `output/` off the async threads, as a job's first
+    /// write does.
+    async fn take(spares: &SpareDirs, dir: &Path) {
+        let job_dir = spares.claim(dir);
+        let made = tokio::task::spawn_blocking(move || job_dir.make_then(|| Ok(()))).await.expect("join");
+        made.expect("make").expect("nothing written");
+    }
+
     #[tokio::test]
     async fn spare_job_dirs_are_emptied_reused_and_never_kept_when_unfit() {
         let jobs = tempfile::tempdir().expect("tempdir");
         let spares = SpareDirs::new(jobs.path().to_owned());
         // A job leaves an input, outputs in a subdirectory, and a link out of its scratch.
         let a = jobs.path().join("a");
-        spares.take(&a).await.expect("take");
+        take(&spares, &a).await;
         std::fs::write(a.join("input/in.dat"), b"in").expect("write");
         std::fs::create_dir_all(a.join("output/sub")).expect("mkdir");
         std::fs::write(a.join("output/sub/o"), b"out").expect("write");
         let outside = tempfile::tempdir().expect("tempdir");
         std::fs::write(outside.path().join("keep"), b"k").expect("write");
         std::os::unix::fs::symlink(outside.path(), a.join("output/link")).expect("symlink");
-        spares.give_back(a.clone(), true).await;
+        spares.give_back(a.clone(), true, None).await;
         assert!(!a.exists(), "the job's own directory is gone");
         assert!(outside.path().join("keep").exists(), "a link is removed, not followed");
         // The next job gets the emptied directory under its own name.
         let b = jobs.path().join("b");
-        spares.take(&b).await.expect("take");
+        take(&spares, &b).await;
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 1, "the spare was renamed, not copied");
         for sub in ["", "input", "output"] {
             use std::os::unix::fs::PermissionsExt as _;
@@ -305,14 +367,67 @@ mod tests {
             assert_eq!(std::fs::read_dir(b.join(sub)).expect("list").count(), 0, "{sub} is empty");
         }
         // A directory a guest thread may still hold is removed whole, not kept.
-        spares.give_back(b.clone(), false).await;
+        spares.give_back(b.clone(), false, None).await;
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "not kept");
         // Nor one holding anything else.
-        spares.take(&b).await.expect("take");
+        take(&spares, &b).await;
         std::fs::write(b.join("stray"), b"x").expect("write");
-        spares.give_back(b.clone(), true).await;
+        spares.give_back(b.clone(), true, None).await;
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "nothing kept");
         assert!(spares.spare.lock().expect("lock").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_claimed_dir_is_made_from_its_spare_and_one_never_made_gives_the_spare_back() {
+        let jobs = tempfile::tempdir().expect("tempdir");
+        let spares = SpareDirs::new(jobs.path().to_owned());
+        let a = jobs.path().join("a");
+        take(&spares, &a).await;
+        spares.give_back(a, true, None).await;
+        assert_eq!(spares.spare.lock().expect("lock").len(), 1, "one spare kept");
+        // Claimed and dropped unmade (the job failed before its first write): the spare is
+        // listed again, still on disk, and no job directory was made.
+        let b = jobs.path().join("b");
+        drop(spares.claim(&b));
+        assert!(!b.exists());
+        let listed = spares.spare.lock().expect("lock").clone();
+        assert_eq!(listed.len(), 1, "the spare is back in the list");
+        assert!(listed[0].join("input").is_dir(), "and still on disk");
+        // Claimed and made off the async threads: the spare is renamed into place.
+        let made = spares.claim(&b);
+        let busy = made.lock();
+        let wrote = tokio::task::spawn_blocking(move || made.make_then(|| Ok(7))).await.expect("join");
+        assert_eq!(wrote.expect("made").expect("first write"), 7);
+        assert!(b.join("input").is_dir() && b.join("output").is_dir());
+        assert!(spares.spare.lock().expect("lock").is_empty(), "the spare was used");
+        assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 1, "renamed, not copied");
+        // Given back while its lock is held (a first write a cancel left running): the
+        // emptying waits for the write, so what it wrote is not kept in a spare.
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let (busy, b) = (busy.clone(), b.clone());
+            std::thread::spawn(move || {
+                let _held = busy.lock().expect("lock");
+                locked_tx.send(()).expect("locked");
+                release_rx.recv().expect("released");
+                std::fs::write(b.join("input/late"), b"x").expect("the late write");
+            })
+        };
+        locked_rx.recv().expect("the writer holds the lock");
+        let back = tokio::spawn({
+            let jobs_dir = jobs.path().to_owned();
+            let (b, busy) = (b.clone(), busy.clone());
+            async move { SpareDirs::new(jobs_dir).give_back(b, true, Some(busy)).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(b.exists(), "not emptied while the write holds the lock");
+        release_tx.send(()).expect("release");
+        writer.join().expect("the writer");
+        back.await.expect("given back");
+        assert!(!b.exists());
+        let kept: Vec<_> = std::fs::read_dir(jobs.path()).expect("list").flatten().map(|e| e.path()).collect();
+        assert!(kept.iter().all(|d| std::fs::read_dir(d.join("input")).expect("input").next().is_none()), "{kept:?}");
     }
 
     #[test]

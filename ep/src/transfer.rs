@@ -6,7 +6,7 @@
 
 use crate::report_log::LogText;
 use crate::runtime::millis;
-use crate::scratch::ScratchLimits;
+use crate::scratch::{JobDir, Measured, ScratchLimits};
 use futures_util::StreamExt;
 use htfaas_functions::proto::{Outcome, OutputFile};
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH};
@@ -227,25 +227,35 @@ async fn fetch_module_once(http: &reqwest::Client, url: &str) -> Result<Vec<u8>,
 /// one starts again from an empty file). `n` counts the bytes written by the current try as
 /// they arrive, so a cancelled download still reports what it read. With `limit`, an input
 /// larger than it fails at once, checked against `Content-Length` first, then as it arrives.
-/// Returns the sha256 hex of the bytes written.
+/// `dir`, the job directory `dest` is in, is made before the first byte is written, in the
+/// same call off the async threads as a small input's write. Returns the sha256 hex of the
+/// bytes written.
 pub(crate) async fn download(
     from: &Transfer<'_>,
     dest: &Path,
     limit: Option<u64>,
     n: &mut u64,
     retries: &mut u32,
+    dir: Option<JobDir>,
 ) -> Result<String, GaveUp> {
     let mut retry = Retry::new(retries);
+    let mut dir = dir;
     loop {
         *n = 0;
-        match download_once(from, dest, limit, n).await {
+        match download_once(from, dest, limit, n, &mut dir).await {
             Ok(sha256) => return Ok(sha256),
             Err(failed) => retry.after(failed).await?,
         }
     }
 }
 
-async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: &mut u64) -> Result<String, Failed> {
+async fn download_once(
+    from: &Transfer<'_>,
+    dest: &Path,
+    limit: Option<u64>,
+    n: &mut u64,
+    dir: &mut Option<JobDir>,
+) -> Result<String, Failed> {
     let what = format!("GET {}", shown(from.url));
     let too_big = |size: String, limit: u64| {
         Failed::permanent(format!("input of {size} bytes exceeds the scratch limit of {limit} bytes"))
@@ -265,21 +275,44 @@ async fn download_once(from: &Transfer<'_>, dest: &Path, limit: Option<u64>, n: 
         return Err(too_big(len.to_string(), limit));
     }
     let local = |e: std::io::Error| Failed::permanent(format!("write {}: {e}", dest.display()));
+    let unmade = |e: std::io::Error| Failed::permanent(format!("create job dir: {e}"));
     // A small input of known length is read whole, then written in one call off the async
-    // threads: creating, writing and closing through `tokio::fs` is a hand-off each.
+    // threads, its job directory made in the same call: creating, writing and closing through
+    // `tokio::fs` is a hand-off each.
     if let Some(len) = resp.content_length().filter(|l| *l <= SMALL_INPUT) {
         let body = resp.bytes().await.map_err(|e| Failed::request(&what, e))?;
         if body.len() as u64 != len {
             return Err(Failed::transient(format!("{what}: {} bytes of a body of {len}", body.len())));
         }
         let sha256 = hex::encode(Sha256::digest(&body));
-        let to = dest.to_owned();
-        let written = tokio::task::spawn_blocking(move || std::fs::write(&to, &body)).await;
-        written.map_err(std::io::Error::other).and_then(|w| w).map_err(local)?;
+        let (to, job_dir) = (dest.to_owned(), dir.take());
+        let written = tokio::task::spawn_blocking(move || {
+            let write = || std::fs::write(&to, &body);
+            let wrote = match job_dir {
+                Some(job_dir) => job_dir.make_then(write).map_err(|e| format!("create job dir: {e}"))?,
+                None => write(),
+            };
+            wrote.map_err(|e| format!("write {}: {e}", to.display()))
+        })
+        .await;
+        written.map_err(|e| format!("write {}: {e}", dest.display())).and_then(|w| w).map_err(Failed::permanent)?;
         *n += len;
         return Ok(sha256);
     }
-    let file = tokio::fs::File::create(dest).await.map_err(local)?;
+    // A larger one streams into a file created with its directory, in one call.
+    let to = dest.to_owned();
+    let file = match dir.take() {
+        Some(job_dir) => {
+            let made = tokio::task::spawn_blocking(move || job_dir.make_then(|| std::fs::File::create(&to))).await;
+            made.map_err(std::io::Error::other).and_then(|m| m).map_err(unmade)?.map_err(local)?
+        }
+        None => tokio::task::spawn_blocking(move || std::fs::File::create(&to))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|f| f)
+            .map_err(local)?,
+    };
+    let file = tokio::fs::File::from_std(file);
     let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
     let mut body = resp.bytes_stream();
     let mut hash = Sha256::new();
@@ -307,39 +340,139 @@ pub(crate) struct Stored {
     pub(crate) failure: Option<Outcome>,
 }
 
-/// PUTs every regular top-level file of `dir` to `{base}{name}`, streamed and hashed, recording
-/// each file into `stored` once the storage accepted it (so an upload dropped midway, by a
-/// cancel, leaves in `stored` exactly the files that are in the storage).
+/// The outputs of a job whose guest ended, as one walk of its `/output` found them
+/// ([`collect_outputs`]): what its limits measure, its regular top-level files (the small ones
+/// read), and a note for each entry skipped.
+pub(crate) struct Outputs {
+    measured: std::io::Result<Measured>,
+    listed: std::io::Result<(Vec<OutputEntry>, Vec<String>)>,
+}
+
+/// One regular top-level file of `/output`; `body`: its bytes, read when it was listed, for a
+/// file of at most [`SMALL_OUTPUT`] bytes (within [`SMALL_OUTPUTS_TOTAL`] for the job).
+struct OutputEntry {
+    name: String,
+    path: PathBuf,
+    size: u64,
+    body: Option<bytes::Bytes>,
+}
+
+/// Output files of at most this many bytes are read when listed and sent from memory.
+const SMALL_OUTPUT: u64 = 64 * 1024;
+/// Most bytes of a job's small outputs held in memory; the rest are streamed from their files.
+const SMALL_OUTPUTS_TOTAL: u64 = 1 << 20;
+
+/// Walks `dir` (a job's `/output`, its guest ended) in one call off the async threads: measures
+/// it for its limits (at most `max_entries` entries), lists its regular top-level files and
+/// reads the small ones, which are then sent without opening their files again. A measuring,
+/// listing and reading each as their own call would be a hand-off each, and one more per
+/// read of a `tokio::fs` file.
+pub(crate) async fn collect_outputs(dir: &Path, max_entries: usize) -> Outputs {
+    let at = dir.to_owned();
+    let walked = tokio::task::spawn_blocking(move || Outputs {
+        measured: crate::scratch::measure(&at, max_entries),
+        listed: list_top_files(&at).map(|(files, skipped)| (read_small(files), skipped)),
+    })
+    .await;
+    walked.unwrap_or_else(|e| Outputs {
+        measured: Err(std::io::Error::other(e.to_string())),
+        listed: Err(std::io::Error::other(format!("output listing task failed: {e}"))),
+    })
+}
+
+/// `files` with the bytes of each small one read (opened without following a link; one that
+/// cannot be read so is left to be streamed, which says why it fails). Blocking.
+fn read_small(files: Vec<(String, PathBuf, u64)>) -> Vec<OutputEntry> {
+    use std::io::Read as _;
+    let mut budget = SMALL_OUTPUTS_TOTAL;
+    let mut out = Vec::with_capacity(files.len());
+    for (name, path, size) in files {
+        let mut body = None;
+        if size <= SMALL_OUTPUT && size <= budget {
+            let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+            let read = open_output(&path).and_then(|f| f.take(SMALL_OUTPUT + 1).read_to_end(&mut bytes));
+            // A file that grew past the bound since it was listed (a guest thread left behind
+            // still writing) is streamed instead.
+            if read.is_ok() && bytes.len() as u64 <= SMALL_OUTPUT {
+                budget -= bytes.len() as u64;
+                body = Some(bytes::Bytes::from(bytes));
+            }
+        }
+        let size = body.as_ref().map_or(size, |b| b.len() as u64);
+        out.push(OutputEntry { name, path, size, body });
+    }
+    out
+}
+
+/// Opens an output for reading: never through a link (one swapped in after the listing fails
+/// to open), and only a regular file. Blocking.
+fn open_output(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(file)
+}
+
+impl Outputs {
+    /// Why they are past `limits`, if they are. A walk that failed is logged and passes here,
+    /// as in [`ScratchLimits::check_now`]; the upload checks the listing again.
+    pub(crate) fn exceeded(&self, limits: &ScratchLimits) -> Option<String> {
+        match &self.measured {
+            Ok(m) => limits.exceeded(*m),
+            Err(e) => {
+                tracing::warn!("failed to measure the job's outputs: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// PUTs every regular top-level file of `outputs` to `{base}{name}` (a small one from memory,
+/// the others streamed from their files), hashed, recording each file into `stored` once the
+/// storage accepted it (so an upload dropped midway, by a cancel, leaves in `stored` exactly
+/// the files that are in the storage).
 pub(crate) async fn upload_outputs(
     limits: &ScratchLimits,
     to: &Transfer<'_>,
-    dir: &Path,
+    outputs: Outputs,
     stored: &mut Stored,
     log: &mut LogText,
     retries: &mut u32,
 ) {
-    let files = match list_outputs(dir, log).await {
-        Ok(f) => f,
+    let mut files = match outputs.listed {
+        Ok((files, skipped)) => {
+            for note in skipped {
+                log.note(&note);
+            }
+            files
+        }
         Err(e) => {
             stored.failure = Some(Outcome::OutputFailed { reason: format!("list outputs: {e}") });
             return;
         }
     };
+    files.sort_by(|a, b| a.name.cmp(&b.name));
     if files.len() > limits.max_files {
         let reason = format!("{} output files, more than the output file limit of {}", files.len(), limits.max_files);
         stored.failure = Some(Outcome::OutputExceeded { reason });
         return;
     }
-    let total: u64 = files.iter().map(|(_, _, size)| size).sum();
+    let total: u64 = files.iter().map(|f| f.size).sum();
     if total > limits.max_output_bytes {
         let reason = format!("{total} output bytes, more than the output byte limit of {}", limits.max_output_bytes);
         stored.failure = Some(Outcome::OutputExceeded { reason });
         return;
     }
-    for (name, path, size) in files {
+    for OutputEntry { name, path, size, body } in files {
         let url = format!("{}{}", to.url, htfaas_functions::percent::segment(&name));
         let one = Transfer { http: to.http, url: &url, macaroon: to.macaroon, traceparent: to.traceparent };
-        match put_file(&one, &path, size, retries).await {
+        let put = match body {
+            Some(body) => put_bytes(&one, body, retries).await,
+            None => put_file(&one, &path, size, retries).await,
+        };
+        match put {
             Ok(sha256) => {
                 stored.bytes_out += size;
                 stored.files.push(OutputFile { path: storage_path(&url), size, sha256 });
@@ -350,21 +483,6 @@ pub(crate) async fn upload_outputs(
             }
         }
     }
-}
-
-/// Regular top-level files of `dir`, sorted by name: (name, path, size). Everything else is
-/// skipped with a note in the log.
-async fn list_outputs(dir: &Path, log: &mut LogText) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
-    // One call off the async threads for the whole listing (a `tokio::fs` call per entry is a
-    // hand-off each); what is skipped is noted after.
-    let at = dir.to_owned();
-    let (mut out, skipped) =
-        tokio::task::spawn_blocking(move || list_top_files(&at)).await.map_err(std::io::Error::other)??;
-    for note in skipped {
-        log.note(&note);
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
 }
 
 /// The regular top-level files of `dir` (name, path, size) and a note for each entry skipped.
@@ -394,6 +512,29 @@ fn list_top_files(dir: &Path) -> std::io::Result<(Vec<(String, PathBuf, u64)>, V
     Ok((out, skipped))
 }
 
+/// PUTs `body`, hashed once, with retries (each sends it again). Returns the sha256 hex of what
+/// the storage accepted.
+async fn put_bytes(to: &Transfer<'_>, body: bytes::Bytes, retries: &mut u32) -> Result<String, GaveUp> {
+    let sha256 = hex::encode(Sha256::digest(&body));
+    let what = format!("PUT {}", shown(to.url));
+    let mut retry = Retry::new(retries);
+    loop {
+        let sent = traced(to.http.put(to.url), to.traceparent)
+            .header(AUTHORIZATION, format!("Bearer {}", to.macaroon))
+            .header(CONTENT_LENGTH, body.len())
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| Failed::request(&what, e));
+        let failed = match sent {
+            Ok(resp) if resp.status().is_success() => return Ok(sha256.clone()),
+            Ok(resp) => Failed::status(&what, resp).await,
+            Err(failed) => failed,
+        };
+        retry.after(failed).await?;
+    }
+}
+
 /// PUTs `size` bytes of `path`, streamed and hashed, with retries (each sends the file again
 /// from its start). Returns the sha256 hex of what the storage accepted.
 async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) -> Result<String, GaveUp> {
@@ -409,8 +550,13 @@ async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) 
 async fn put_file_once(to: &Transfer<'_>, path: &Path, size: u64) -> Result<String, Failed> {
     use tokio::io::AsyncReadExt;
     let what = format!("PUT {}", shown(to.url));
-    let file =
-        tokio::fs::File::open(path).await.map_err(|e| Failed::permanent(format!("open {}: {e}", path.display())))?;
+    let at = path.to_owned();
+    let file = tokio::task::spawn_blocking(move || open_output(&at))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|f| f)
+        .map_err(|e| Failed::permanent(format!("open {}: {e}", path.display())))?;
+    let file = tokio::fs::File::from_std(file);
     let hasher = Arc::new(Mutex::new(Sha256::new()));
     let h = hasher.clone();
     let stream = tokio_util::io::ReaderStream::with_capacity(file.take(size), IO_BUFFER).map(move |chunk| {
@@ -459,6 +605,56 @@ fn storage_path(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn one_walk_lists_the_outputs_reads_the_small_ones_and_follows_no_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path();
+        std::fs::write(out.join("small"), b"abc").expect("write");
+        let big = usize::try_from(SMALL_OUTPUT).expect("fits") + 1;
+        std::fs::write(out.join("big"), vec![7u8; big]).expect("write");
+        std::fs::create_dir(out.join("sub")).expect("mkdir");
+        std::fs::write(out.join("sub/inner"), b"xy").expect("write");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("secret"), b"not the job's").expect("write");
+        std::os::unix::fs::symlink(outside.path().join("secret"), out.join("link")).expect("symlink");
+
+        let outputs = collect_outputs(out, 100).await;
+        let m = outputs.measured.as_ref().expect("measured");
+        let limits = ScratchLimits { max_files: 4, max_output_bytes: 1 << 30, max_scratch_bytes: None, input_bytes: 0 };
+        assert!(limits.exceeded(*m).expect("5 entries").contains("more than 4 files"), "measured as the watcher does");
+        let (files, skipped) = outputs.listed.as_ref().expect("listed");
+        let mut seen: Vec<_> = files.iter().map(|f| (f.name.as_str(), f.size, f.body.as_deref())).collect();
+        seen.sort_by_key(|f| f.0);
+        assert_eq!(seen, [("big", big as u64, None), ("small", 3, Some(&b"abc"[..]))], "top-level regular files only");
+        assert_eq!(skipped.len(), 2, "the link and the directory: {skipped:?}");
+        assert!(skipped.iter().any(|n| n.contains("\"link\": symlink")));
+        // A link swapped in for a listed file after the listing is never opened through.
+        std::fs::remove_file(out.join("small")).expect("rm");
+        std::os::unix::fs::symlink(outside.path().join("secret"), out.join("small")).expect("swap");
+        assert!(open_output(&out.join("small")).is_err(), "O_NOFOLLOW refuses the link");
+        let reread = read_small(vec![("small".into(), out.join("small"), 3)]);
+        assert_eq!(reread[0].body, None, "left to the streamed upload, whose open fails the same way");
+        assert!(open_output(&out.join("sub")).is_err(), "a directory is no output file");
+    }
+
+    #[test]
+    fn small_outputs_held_in_memory_stay_within_the_jobs_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let each = usize::try_from(SMALL_OUTPUT).expect("fits");
+        let n = usize::try_from(SMALL_OUTPUTS_TOTAL / SMALL_OUTPUT).expect("fits") + 2;
+        let files: Vec<_> = (0..n)
+            .map(|i| {
+                let path = dir.path().join(format!("f{i}"));
+                std::fs::write(&path, vec![1u8; each]).expect("write");
+                (format!("f{i}"), path, each as u64)
+            })
+            .collect();
+        let read = read_small(files);
+        let held: u64 = read.iter().filter_map(|f| f.body.as_ref()).map(|b| b.len() as u64).sum();
+        assert_eq!(held, SMALL_OUTPUTS_TOTAL, "read up to the budget");
+        assert_eq!(read.iter().filter(|f| f.body.is_none()).count(), 2, "the rest streamed");
+    }
 
     #[test]
     fn output_names_are_encoded_and_paths_decoded() {

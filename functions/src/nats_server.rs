@@ -117,9 +117,38 @@ fn json_string(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
 
-/// A free TCP port on 127.0.0.1 (bound, read, released).
+/// A free TCP port on 127.0.0.1 (bound, read, released) for a process this one starts, which
+/// binds it a moment later. Taken below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), where no outgoing connection's local port can land in
+/// that moment, and in turn from a random start, so this process does not hand out a port
+/// twice before it has gone round. A port from `bind(…:0)` comes from the ephemeral range:
+/// there a stack of busy processes started one after another lost a port to a connection (a
+/// component exited at start-up) or got one twice (a request for the gateway answered by
+/// another component). Falls back to `bind(…:0)` when there is no room below that range.
 pub fn free_port() -> Result<u16, NatsServerError> {
+    /// The lowest port handed out.
+    const LOWEST: u16 = 10_000;
+    /// The next port to try (0: none yet).
+    static NEXT: std::sync::Mutex<u16> = std::sync::Mutex::new(0);
     let io = |source| NatsServerError::Io { what: "find a free port".into(), source };
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_start > LOWEST + 1_000 {
+        let span = ephemeral_start - LOWEST;
+        let mut next = NEXT.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..span {
+            if !(LOWEST..ephemeral_start).contains(&*next) {
+                *next = LOWEST + rand::random::<u16>() % span;
+            }
+            let port = *next;
+            *next += 1;
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return Ok(l.local_addr().map_err(io)?.port());
+            }
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
     Ok(l.local_addr().map_err(io)?.port())
 }
@@ -266,5 +295,27 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_not_handed_out_twice() {
+        let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32_768);
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("a port")).collect();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        if start > 11_000 {
+            assert!(ports.iter().all(|p| (10_000..start).contains(p)), "{ports:?} below {start}");
+        }
+        for p in ports.iter().take(5) {
+            std::net::TcpListener::bind(("127.0.0.1", *p)).expect("free when handed out");
+        }
     }
 }

@@ -27,7 +27,8 @@ use crate::client::Client;
 use crate::procs::{Component, ProcOptions, ProcStack};
 use crate::stack::USER;
 use crate::traffic::{
-    bytes_written, cpu_time, parse_counter, parse_job_states, percentile, transfer_write, unix_ns, write_input,
+    bytes_written, context_switches, cpu_time, parse_counter, parse_job_states, percentile, transfer_write, unix_ns,
+    write_input,
 };
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
@@ -258,14 +259,16 @@ impl Bench {
         let of = |pid: Option<u32>| {
             pid.map_or(Used::default(), |p| {
                 let p = p.to_string();
-                Used { cpu: cpu_time(&p), written: bytes_written(&p) }
+                Used { cpu: cpu_time(&p), written: bytes_written(&p), switches: context_switches(&p) }
             })
         };
         let eps =
             std::iter::once(self.stack.pid(Component::Ep)).chain(self.stack.extra_ep_pids().into_iter().map(Some));
-        let eps = eps.map(of).fold(Used { cpu: Some(Duration::ZERO), written: Some(0) }, |sum, u| Used {
+        let zero = Used { cpu: Some(Duration::ZERO), written: Some(0), switches: Some(0) };
+        let eps = eps.map(of).fold(zero, |sum, u| Used {
             cpu: sum.cpu.zip(u.cpu).map(|(a, b)| a + b),
             written: sum.written.zip(u.written).map(|(a, b)| a + b),
+            switches: sum.switches.zip(u.switches).map(|(a, b)| a + b),
         });
         StackCpu {
             parts: vec![
@@ -274,7 +277,10 @@ impl Bench {
                 ("ep", eps),
                 ("storage", of(self.stack.pid(Component::Storage))),
                 ("nats_server", of(self.stack.pid(Component::Nats))),
-                ("publisher", Used { cpu: cpu_time("self"), written: bytes_written("self") }),
+                (
+                    "publisher",
+                    Used { cpu: cpu_time("self"), written: bytes_written("self"), switches: context_switches("self") },
+                ),
             ],
         }
     }
@@ -416,11 +422,13 @@ pub async fn latency(
 /// sums (nats-server and the bench's own publisher are shown apart).
 pub const HTFAAS_PROCESSES: [&str; 4] = ["gateway", "scheduler", "ep", "storage"];
 
-/// What one process has used so far: CPU time (user + system) and bytes written.
+/// What one process has used so far: CPU time (user + system), bytes written, context
+/// switches of its threads.
 #[derive(Debug, Clone, Copy, Default)]
 struct Used {
     cpu: Option<Duration>,
     written: Option<u64>,
+    switches: Option<u64>,
 }
 
 /// What each process of the stack has used so far (every EP summed as `ep`), and the bench's
@@ -443,6 +451,12 @@ impl StackCpu {
     /// amplification shows here first.
     pub fn per_event_kib_written(&self, end: &StackCpu, events: u64) -> Vec<(&'static str, f64)> {
         self.per_event(end, events, |a, b| Some(b.written?.saturating_sub(a.written?) as f64 / 1024.0))
+    }
+
+    /// Context switches per event between `self` and `end` (hand-offs between threads), per
+    /// process, then `htfaas` as [`StackCpu::per_event_ms`] sums it.
+    pub fn per_event_switches(&self, end: &StackCpu, events: u64) -> Vec<(&'static str, f64)> {
+        self.per_event(end, events, |a, b| Some(b.switches?.saturating_sub(a.switches?) as f64))
     }
 
     /// `delta(start, end)` over `events`, per process, then summed over [`HTFAAS_PROCESSES`].
@@ -655,6 +669,12 @@ pub async fn throughput(
                 .with("durability", d),
         );
     }
+    for (who, per) in cpu_start.per_event_switches(&cpu_end, c1 - c0) {
+        emit(
+            Figure::new("htfaas", format!("{metric}.switches_per_event.{who}"), per, "switches", c1 - c0)
+                .with("durability", d),
+        );
+    }
     // The scheduler's store: writes per event, and per transaction (how much its group commit
     // groups).
     let (writes, batches) = (writes_end.0 - writes_start.0, writes_end.1 - writes_start.1);
@@ -706,7 +726,11 @@ mod tests {
     #[test]
     fn cpu_per_event_is_per_process_and_sums_the_htfaas_ones() {
         let ms = Duration::from_millis;
-        let used = |cpu: Option<Duration>| Used { cpu, written: cpu.map(|c| c.as_millis() as u64 * 1024) };
+        let used = |cpu: Option<Duration>| Used {
+            cpu,
+            written: cpu.map(|c| c.as_millis() as u64 * 1024),
+            switches: cpu.map(|c| c.as_millis() as u64 * 10),
+        };
         let at = |g, e| StackCpu {
             parts: vec![
                 ("gateway", used(Some(ms(g)))),
@@ -730,5 +754,9 @@ mod tests {
         let kib = at(100, Some(ms(100))).per_event_kib_written(&at(300, Some(ms(500))), 100);
         assert_eq!(get(&kib, "ep"), Some(4.0));
         assert_eq!(get(&kib, "htfaas"), Some(6.0));
+        // And so do context switches.
+        let switches = at(100, Some(ms(100))).per_event_switches(&at(300, Some(ms(500))), 100);
+        assert_eq!(get(&switches, "ep"), Some(40.0));
+        assert_eq!(get(&switches, "htfaas"), Some(60.0));
     }
 }
