@@ -32,10 +32,44 @@ fn lexical(root: &Path, p: &NsPath) -> PathBuf {
     out
 }
 
-/// Opens an existing regular file for reading.
-pub async fn open_read(root: &Path, p: &NsPath) -> Result<(tokio::fs::File, u64), HttpError> {
+/// What a GET serves: a small file read whole, or an open file and its length.
+pub enum Opened {
+    /// The whole file, of at most the asked-for bytes.
+    Whole(bytes::Bytes),
+    /// The open file (to stream) and its length.
+    File(tokio::fs::File, u64),
+}
+
+/// Opens an existing regular file for reading, and reads it whole when it holds at most
+/// `small` bytes: resolving, opening, checking and reading in one call off the async threads
+/// (each `tokio::fs` call is a hand-off of its own).
+pub async fn read(root: &Path, p: &NsPath, small: u64) -> Result<Opened, HttpError> {
+    let (root, p) = (root.to_owned(), p.clone());
+    blocking(move || {
+        use std::io::Read as _;
+        let (file, len) = open_read_blocking(&root, &p)?;
+        if len > small {
+            return Ok(Opened::File(tokio::fs::File::from_std(file), len));
+        }
+        let mut whole = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        file.take(small).read_to_end(&mut whole).map_err(|e| internal("read a file", e))?;
+        Ok(Opened::Whole(bytes::Bytes::from(whole)))
+    })
+    .await
+}
+
+/// Runs `f` (file system calls) off the async threads, in one hand-off.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
+) -> Result<T, HttpError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| HttpError::Internal(format!("file system task: {e}")))?
+}
+
+/// Opens an existing regular file for reading. Blocking.
+fn open_read_blocking(root: &Path, p: &NsPath) -> Result<(std::fs::File, u64), HttpError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let not_found = || HttpError::NotFound(format!("{} does not exist", p.as_str()));
-    let real = match tokio::fs::canonicalize(lexical(root, p)).await {
+    let real = match std::fs::canonicalize(lexical(root, p)) {
         Ok(r) => r,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Err(not_found()),
         Err(e) => return Err(internal("resolve a path", e)),
@@ -43,16 +77,12 @@ pub async fn open_read(root: &Path, p: &NsPath) -> Result<(tokio::fs::File, u64)
     if !real.starts_with(root) {
         return Err(outside(p));
     }
-    let mut opts = tokio::fs::OpenOptions::new();
-    opts.read(true);
-    #[cfg(unix)]
-    opts.custom_flags(libc::O_NOFOLLOW);
-    let file = match opts.open(&real).await {
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&real) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Err(not_found()),
         Err(e) => return Err(internal("open a file", e)),
     };
-    let meta = file.metadata().await.map_err(|e| internal("stat a file", e))?;
+    let meta = file.metadata().map_err(|e| internal("stat a file", e))?;
     if !meta.is_file() {
         return Err(HttpError::NotFound(format!("{} is not a regular file", p.as_str())));
     }
@@ -73,8 +103,14 @@ pub struct Target {
 }
 
 /// Resolves the parent directory of `p` inside `root`; with `create`, missing directories are
-/// made. Without `create`, a missing parent gives `Ok(None)`.
+/// made. Without `create`, a missing parent gives `Ok(None)`. In one call off the async threads.
 pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Target>, HttpError> {
+    let (root, p) = (root.to_owned(), p.clone());
+    blocking(move || target_blocking(&root, &p, create)).await
+}
+
+/// [`target`], blocking.
+fn target_blocking(root: &Path, p: &NsPath, create: bool) -> Result<Option<Target>, HttpError> {
     let segs: Vec<&str> = p.segments().collect();
     let Some((name, dirs)) = segs.split_last() else {
         return Err(HttpError::BadRequest("PUT needs a file path, not /".into()));
@@ -82,10 +118,10 @@ pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targ
     let mut dir = root.to_path_buf();
     for seg in dirs {
         let next = dir.join(seg);
-        match tokio::fs::symlink_metadata(&next).await {
+        match std::fs::symlink_metadata(&next) {
             Ok(m) if m.is_dir() => dir = next,
             Ok(m) if m.file_type().is_symlink() => {
-                let real = tokio::fs::canonicalize(&next).await.map_err(|_| outside(p))?;
+                let real = std::fs::canonicalize(&next).map_err(|_| outside(p))?;
                 if !real.starts_with(root) || !real.is_dir() {
                     return Err(outside(p));
                 }
@@ -96,7 +132,7 @@ pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targ
                 if !create {
                     return Ok(None);
                 }
-                match tokio::fs::create_dir(&next).await {
+                match std::fs::create_dir(&next) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::AlreadyExists && next.is_dir() => {}
                     Err(e) => return Err(crate::error::io_error("create a directory", p.as_str(), &e)),
@@ -107,7 +143,7 @@ pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targ
         }
     }
     let path = dir.join(name);
-    let exists = match tokio::fs::symlink_metadata(&path).await {
+    let exists = match std::fs::symlink_metadata(&path) {
         Ok(m) if m.is_dir() => return Err(HttpError::Conflict(format!("{} is a directory", p.as_str()))),
         Ok(_) => true,
         Err(e) if e.kind() == ErrorKind::NotFound => false,
@@ -207,9 +243,16 @@ pub async fn list_dir(root: &Path, p: &NsPath, max: usize) -> Result<Option<(Ent
     Ok(Some((this, entries)))
 }
 
-/// Whether a file (or symlink) exists at `p`, without creating anything.
-pub async fn exists(root: &Path, p: &NsPath) -> Result<bool, HttpError> {
-    Ok(target(root, p, false).await?.is_some_and(|t| t.exists))
+/// Whether a file (or symlink) exists at `p`, without creating anything, and the writer scope
+/// recorded on it ([`WRITER_SCOPE_XATTR`]) when it is a file that has one: in one walk, in one
+/// call off the async threads.
+pub async fn existing(root: &Path, p: &NsPath) -> Result<(bool, Option<String>), HttpError> {
+    let (root, p) = (root.to_owned(), p.clone());
+    blocking(move || {
+        let Some(t) = target_blocking(&root, &p, false)? else { return Ok((false, None)) };
+        Ok((t.exists, if t.exists { scope_of(&t.path) } else { None }))
+    })
+    .await
 }
 
 /// The extended attribute that records the writer of a file: the issuer's writer of the
@@ -221,19 +264,69 @@ pub async fn exists(root: &Path, p: &NsPath) -> Result<bool, HttpError> {
 /// attribute) and needs `DELETE`.
 pub const WRITER_SCOPE_XATTR: &str = "user.htfaas.writer";
 
-/// The writer scope recorded on the file at `p`, if the file exists, is a regular file and has
-/// one.
-pub async fn writer_scope(root: &Path, p: &NsPath) -> Result<Option<String>, HttpError> {
-    let Some(t) = target(root, p, false).await? else { return Ok(None) };
-    if !t.exists {
-        return Ok(None);
-    }
+/// The writer scope recorded on the file at `path`, if it has one. Blocking.
+fn scope_of(path: &Path) -> Option<String> {
     let mut buf = [0u8; 8192];
     // Not following a symlink: a link has no scope of its own, so replacing it needs DELETE.
-    match rustix::fs::lgetxattr(&t.path, WRITER_SCOPE_XATTR, &mut buf[..]) {
-        Ok(n) => Ok(std::str::from_utf8(buf.get(..n).unwrap_or_default()).ok().map(str::to_owned)),
-        Err(_) => Ok(None),
+    match rustix::fs::lgetxattr(path, WRITER_SCOPE_XATTR, &mut buf[..]) {
+        Ok(n) => std::str::from_utf8(buf.get(..n).unwrap_or_default()).ok().map(str::to_owned),
+        Err(_) => None,
     }
+}
+
+/// Stores `body` at `p` in one call off the async threads: the parent directories made, a new
+/// temporary file written (and fsynced when `fsync`), `writer` recorded on it, renamed into
+/// place (the directory fsynced when `fsync`), as a streamed upload does in several. The
+/// temporary file is removed on failure. Returns the target.
+pub async fn store_whole(
+    root: &Path,
+    p: &NsPath,
+    body: bytes::Bytes,
+    writer: Option<String>,
+    fsync: bool,
+) -> Result<Target, HttpError> {
+    use std::io::Write as _;
+    let (root, p) = (root.to_owned(), p.clone());
+    blocking(move || {
+        let target =
+            target_blocking(&root, &p, true)?.ok_or_else(|| HttpError::Internal("parent directory vanished".into()))?;
+        let tmp = target.dir.join(upload_name(&target.name));
+        let io = |what: &str, e: &std::io::Error| crate::error::io_error(what, p.as_str(), e);
+        let written = (|| {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(|e| io("create the upload file", &e))?;
+            file.write_all(&body).map_err(|e| io("write the upload file", &e))?;
+            if fsync {
+                file.sync_all().map_err(|e| io("sync the upload file", &e))?;
+            }
+            if let Some(writer) = &writer {
+                set_writer_scope(&tmp, writer);
+            }
+            std::fs::rename(&tmp, &target.path).map_err(|e| io("rename the upload into place", &e))
+        })();
+        if let Err(e) = written {
+            if let Err(rm) = std::fs::remove_file(&tmp)
+                && rm.kind() != ErrorKind::NotFound
+            {
+                tracing::warn!("failed to remove {}: {rm}", tmp.display());
+            }
+            return Err(e);
+        }
+        if fsync {
+            sync_dir_blocking(&target.dir)?;
+        }
+        Ok(target)
+    })
+    .await
+}
+
+/// The temporary name an upload of `name` is written under in its directory
+/// (`.<name>.upload-<uuid>`, which [`remove_stale_uploads`] knows).
+pub fn upload_name(name: &str) -> String {
+    format!(".{name}.upload-{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Records `scope` (a writer identity) as the writer of the (not yet renamed) upload at `tmp`. A file system
@@ -247,8 +340,14 @@ pub fn set_writer_scope(tmp: &Path, scope: &str) {
 
 /// fsyncs a directory so a rename into it is durable.
 pub async fn sync_dir(dir: &Path) -> Result<(), HttpError> {
-    let d = tokio::fs::File::open(dir).await.map_err(|e| internal("open a directory", e))?;
-    d.sync_all().await.map_err(|e| internal("sync a directory", e))
+    let dir = dir.to_owned();
+    blocking(move || sync_dir_blocking(&dir)).await
+}
+
+/// [`sync_dir`], blocking.
+fn sync_dir_blocking(dir: &Path) -> Result<(), HttpError> {
+    let d = std::fs::File::open(dir).map_err(|e| internal("open a directory", e))?;
+    d.sync_all().map_err(|e| internal("sync a directory", e))
 }
 
 #[cfg(test)]

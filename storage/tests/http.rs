@@ -213,6 +213,33 @@ async fn large_upload_streams_through() {
     s.stop().await;
 }
 
+/// Files at the size where uploads and downloads stop being read whole (64 KiB) and just past
+/// it round-trip byte for byte, each way; an overwrite at that size leaves no temporary file.
+#[tokio::test]
+async fn files_either_side_of_the_whole_read_bound_round_trip() {
+    let s = start().await;
+    for (name, len) in [("at.bin", 64 * 1024), ("past.bin", 64 * 1024 + 1), ("empty.bin", 0)] {
+        let body: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        let url = s.url(&format!("/data/bound/{name}"));
+        for (round, status) in [(0u8, StatusCode::CREATED), (1, StatusCode::OK)] {
+            let mut sent = body.clone();
+            if let Some(first) = sent.first_mut() {
+                *first = round;
+            }
+            let r = s.http.put(&url).basic_auth(ALICE.0, Some(ALICE.1)).body(sent.clone()).send().await.expect("sent");
+            assert_eq!(r.status(), status, "{name}, round {round}");
+            let r = s.http.get(&url).basic_auth(ALICE.0, Some(ALICE.1)).send().await.expect("sent");
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(r.content_length(), Some(len as u64), "{name}");
+            assert_eq!(r.bytes().await.expect("body").as_ref(), sent.as_slice(), "{name}, round {round}");
+        }
+    }
+    let names: Vec<_> =
+        std::fs::read_dir(s.data().join("bound")).expect("dir").map(|e| e.expect("entry").file_name()).collect();
+    assert_eq!(names.len(), 3, "no temporary file left: {names:?}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn macaroon_request_needs_the_exact_content_type() {
     let s = start().await;

@@ -9,8 +9,9 @@
 //! allowed).
 //! `max-upload:` caveats cap the size (413).
 //!
-//! The body streams into `.<name>.upload-<uuid>` in the target directory, is fsynced and
-//! renamed into place (then the directory is fsynced; with `durability: log` neither is fsynced,
+//! The body streams into `.<name>.upload-<uuid>` in the target directory (a body of at most
+//! 64 KiB by its `Content-Length` is read whole first, then written, the directories made and
+//! the file renamed in one call off the async threads), is fsynced and renamed into place (then the directory is fsynced; with `durability: log` neither is fsynced,
 //! so the file survives a crash of this process but not of the machine); parent directories are created. Answer:
 //! **201** for a new file, **200** for an overwrite. If NATS is configured, the `transfer`
 //! message is published and its PubAck awaited *before* answering; if that fails the file is
@@ -57,9 +58,9 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     let cred = auth::credential(req.headers(), req.uri().query())?;
     // Authorize UPLOAD before touching the disk; then DELETE too if this overwrites.
     let mut who = auth::authorize(&state.users, &state.key, cred.as_ref(), &path, &[Activity::Upload], client.ip())?;
-    let existed = crate::fs::exists(&state.data_dir, &path).await?;
+    let (existed, scope) = crate::fs::existing(&state.data_dir, &path).await?;
     let own = match &who.writer {
-        Some(writer) if existed => crate::fs::writer_scope(&state.data_dir, &path).await?.is_some_and(|s| s == *writer),
+        Some(writer) if existed => scope.is_some_and(|s| s == *writer),
         _ => false,
     };
     if existed && !own {
@@ -89,34 +90,23 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
         return Err(too_large(limit));
     }
 
-    let target = crate::fs::target(&state.data_dir, &path, true)
-        .await?
-        .ok_or_else(|| HttpError::Internal("parent directory vanished".into()))?;
-    let tmp = target.dir.join(format!(".{}.upload-{}", target.name, uuid::Uuid::new_v4().simple()));
     let t0 = Instant::now();
     let fsync = state.durability.fsync_files();
-    let size = match write_body(&tmp, path.as_str(), req.into_body(), who.max_upload, fsync).await {
-        Ok(n) => n,
-        Err(e) => {
-            if let Err(rm) = tokio::fs::remove_file(&tmp).await
-                && rm.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!("failed to remove {}: {rm}", tmp.display());
-            }
-            return Err(e);
+    let size = match declared.filter(|len| *len <= SMALL_UPLOAD) {
+        // A small body of known length is read whole, then stored in one call off the async
+        // threads (each file system step of a streamed upload is a hand-off of its own).
+        Some(len) => {
+            let limit = usize::try_from(len).unwrap_or(usize::MAX);
+            let body = axum::body::to_bytes(req.into_body(), limit)
+                .await
+                .map_err(|e| HttpError::BadRequest(format!("upload interrupted: {e}")))?;
+            let size = body.len() as u64;
+            crate::fs::store_whole(&state.data_dir, &path, body, who.writer.clone(), fsync).await?;
+            size
         }
+        None => stream_upload(state, &path, req.into_body(), who.max_upload, who.writer.as_deref(), fsync).await?,
     };
     let elapsed = t0.elapsed();
-    if let Some(writer) = &who.writer {
-        crate::fs::set_writer_scope(&tmp, writer);
-    }
-    if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(crate::error::io_error("rename the upload into place", path.as_str(), &e));
-    }
-    if fsync {
-        crate::fs::sync_dir(&target.dir).await?;
-    }
     tracing::Span::current().record("size", size);
     tracing::info!(size, overwrite = existed, "stored");
 
@@ -135,6 +125,48 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
     }
     let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
     Ok(status.into_response())
+}
+
+/// Uploads of at most this many bytes (by their `Content-Length`) are read whole and stored in
+/// one call ([`crate::fs::store_whole`]).
+const SMALL_UPLOAD: u64 = 64 * 1024;
+
+/// Streams `body` into a temporary file beside `path`'s target, records `writer` on it and
+/// renames it into place (fsyncing file and directory when `fsync`). Returns the bytes stored.
+async fn stream_upload(
+    state: &AppState,
+    path: &NsPath,
+    body: Body,
+    limit: Option<u64>,
+    writer: Option<&str>,
+    fsync: bool,
+) -> Result<u64, HttpError> {
+    let target = crate::fs::target(&state.data_dir, path, true)
+        .await?
+        .ok_or_else(|| HttpError::Internal("parent directory vanished".into()))?;
+    let tmp = target.dir.join(crate::fs::upload_name(&target.name));
+    let size = match write_body(&tmp, path.as_str(), body, limit, fsync).await {
+        Ok(n) => n,
+        Err(e) => {
+            if let Err(rm) = tokio::fs::remove_file(&tmp).await
+                && rm.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!("failed to remove {}: {rm}", tmp.display());
+            }
+            return Err(e);
+        }
+    };
+    if let Some(writer) = writer {
+        crate::fs::set_writer_scope(&tmp, writer);
+    }
+    if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(crate::error::io_error("rename the upload into place", path.as_str(), &e));
+    }
+    if fsync {
+        crate::fs::sync_dir(&target.dir).await?;
+    }
+    Ok(size)
 }
 
 fn too_large(limit: u64) -> HttpError {
