@@ -117,8 +117,9 @@ pub struct Config {
     pub compile_timeout_s: u64,
     /// Prefetch: how many assigned jobs beyond its free resources the EP asks the
     /// scheduler for, held in a local queue and started the moment resources free (so a slot
-    /// does not idle for a dispatch round trip after each job); the scheduler may grant fewer.
-    /// 0 asks for none. Default: the EP's cpus.
+    /// does not idle for a dispatch round trip after each job); the scheduler may grant fewer,
+    /// and refills the queue once half of it is free (several jobs per dispatch round and
+    /// frame). 0 asks for none. Default: the EP's cpus.
     #[serde(default)]
     pub prefetch: Option<u32>,
     /// Native guests (functions of `runtime: native`): whether and how this EP runs them.

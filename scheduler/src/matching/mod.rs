@@ -107,7 +107,7 @@ impl Policy {
 pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
     let mut free: BTreeMap<&str, Free> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.startable())).collect();
     // Prefetch room left per EP, used by the last pass only.
-    let mut queue_room: BTreeMap<&str, u32> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.prefetch_room())).collect();
+    let mut queue_room: BTreeMap<&str, u32> = eps.eps.values().map(|e| (e.ep_id.as_str(), e.refill_room())).collect();
     let mut running = eps.running_per_owner();
     let mut cores: HashMap<&str, u64> = eps.cores_per_owner();
     let mut group_cores: HashMap<&str, u64> = eps.cores_per_group();
@@ -314,6 +314,44 @@ mod tests {
         assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((0, 1)), "big started, small waits");
         assert!(t.release("e", "big"));
         assert_eq!(t.get("e").map(|e| (e.free_cpus, e.queued.len())), Some((1, 0)));
+    }
+
+    /// A deep queue is refilled once half of it is free, several jobs at once; until then the
+    /// EP takes nothing (and is no pool with room), though its queue has a free place.
+    #[test]
+    fn a_deep_prefetch_queue_is_refilled_in_batches_once_half_is_free() {
+        let mut t = EpTable::default();
+        let mut e = ep("e", None, res(1, 1000, 100));
+        e.prefetch = 4;
+        t.insert(e);
+        let idle: Vec<IdleJob> = (0..12).map(|i| job(&format!("j{i}"), "alice", res(1, 100, 10))).collect();
+        let take = |t: &mut EpTable, from: usize| {
+            let m = select(&idle[from..], t, &Policy::default());
+            for x in &m {
+                assert!(t.reserve(x), "{x:?}");
+            }
+            m.len()
+        };
+        assert_eq!(take(&mut t, 0), 5, "1 free + 4 queued");
+        // One finishes: the head starts, one place of four is free: not refilled yet.
+        assert!(t.release("e", "j0"));
+        assert_eq!(t.get("e").map(|e| (e.queued.len(), e.prefetch_room(), e.refill_room())), Some((3, 1, 0)));
+        assert!(t.pools_with_room().is_empty(), "no round for a single free place");
+        assert_eq!(take(&mut t, 5), 0);
+        // A second finishes: half the queue is free, and both places are filled in one round.
+        assert!(t.release("e", "j1"));
+        assert_eq!(t.get("e").map(EpSlot::refill_room), Some(2));
+        assert_eq!(t.pools_with_room().len(), 1);
+        assert_eq!(take(&mut t, 5), 2, "two jobs in one round");
+        assert_eq!(t.get("e").map(|e| e.queued.len()), Some(4));
+        // A queue of two is refilled at each free place, as before.
+        let mut t = EpTable::default();
+        let mut e = ep("e", None, res(1, 1000, 100));
+        e.prefetch = 2;
+        t.insert(e);
+        assert_eq!(take(&mut t, 0), 3);
+        assert!(t.release("e", "j0"));
+        assert_eq!(take(&mut t, 3), 1, "one free place of two is half");
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! when nothing is queued before it and the free resources hold it, and on each release the
 //! queue's head moves into the free resources while they hold it (the EP does the same, a
 //! report earlier, so the EP is never overcommitted and the table never thinks it has more room
-//! than the EP).
+//! than the EP). A queue is refilled once at least half of it is free
+//! ([`EpSlot::refill_room`]), so a deep one takes several jobs per dispatch round.
 //!
 //! Must not know: the store, fair share or group quotas (that is [`super::select`]), the
 //! WebSocket (a session is an mpsc sender here).
@@ -187,6 +188,16 @@ impl EpSlot {
         self.prefetch.saturating_sub(u32::try_from(self.queued.len()).unwrap_or(u32::MAX))
     }
 
+    /// How many jobs its queue is refilled by now: all its [`EpSlot::prefetch_room`] once at
+    /// least half the queue is free (or nothing is queued), else none. A deep queue is so
+    /// refilled in batches — one dispatch round, one store write and one frame for several jobs
+    /// — instead of a job per finish, while half of it still waits on the EP. A queue of one or
+    /// two is refilled at each free place, as before.
+    pub(super) fn refill_room(&self) -> u32 {
+        let room = self.prefetch_room();
+        if self.queued.is_empty() || room.saturating_mul(2) >= self.prefetch { room } else { 0 }
+    }
+
     /// Its total resources, as room for a queued job.
     pub(super) fn whole(&self) -> Free {
         Free {
@@ -229,7 +240,7 @@ impl EpSlot {
         !(self.closing || self.self_draining)
             && self.admin.state != EpAdminState::Disabled
             && !(self.admin.state == EpAdminState::Draining && self.admin.deadline_ms.is_none())
-            && ((self.free_cpus > 0 && self.free_memory_mb > 0 && self.queued.is_empty()) || self.prefetch_room() > 0)
+            && ((self.free_cpus > 0 && self.free_memory_mb > 0 && self.queued.is_empty()) || self.refill_room() > 0)
     }
 
     /// Why `job` may not or cannot run here with `free` left at `now_ms`; `None` if it can.
@@ -455,8 +466,8 @@ impl EpTable {
             ));
             *native |= e.native;
             // With queue room, any job that fits the EP at all may be assigned there.
-            let (room, slots) = if e.prefetch_room() > 0 {
-                (e.whole(), e.startable().cpus.saturating_add(e.prefetch_room()))
+            let (room, slots) = if e.refill_room() > 0 {
+                (e.whole(), e.startable().cpus.saturating_add(e.refill_room()))
             } else {
                 (e.startable(), e.startable().cpus)
             };
