@@ -173,7 +173,15 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     opts.window = window_s.map(std::time::Duration::from_secs);
     opts.nats_binary = nats_server;
     let started = std::time::Instant::now();
-    let figures = htfaas::bench::run(&opts, &mut |f| output::bench_figure(f)).await?;
+    // A SIGINT or SIGTERM drops the run, and with it each stack it started: its components
+    // are killed, nats-server stopped, its directory removed (the peer's Python, read
+    // synchronously, is waited for first).
+    let stop = super::signals::on_signals();
+    let mut emit = |f: &htfaas::bench::Figure| output::bench_figure(f);
+    let figures = tokio::select! {
+        figures = htfaas::bench::run(&opts, &mut emit) => figures?,
+        () = stop.cancelled() => anyhow::bail!("interrupted; the stacks the bench started are stopped"),
+    };
     output::bench_done(figures.len(), started.elapsed());
     Ok(())
 }
@@ -192,7 +200,12 @@ pub async fn crash_test(args: CrashTestArgs) -> anyhow::Result<()> {
     opts.workers = workers;
     opts.dir = keep;
     opts.nats_binary = nats_server;
-    let report = htfaas::crash::run(opts).await?;
+    // As in `bench`: a signal drops the run and the stack it started.
+    let stop = super::signals::on_signals();
+    let report = tokio::select! {
+        report = htfaas::crash::run(opts) => report?,
+        () = stop.cancelled() => anyhow::bail!("interrupted; the stack the harness started is stopped"),
+    };
     output::report(&report);
     anyhow::ensure!(report.passed(), "the crash harness found a problem (above)");
     Ok(())

@@ -65,6 +65,11 @@ async fn the_bench_measures_latency_and_throughput_on_a_real_stack() {
     assert!(cpu("scheduler") > 0.0 && cpu("gateway") > 0.0 && cpu("ep") > 0.0, "{figures:#?}");
     get(&figures, "throughput_noop.cpu_ms_per_event.nats_server");
     get(&figures, "throughput_noop.cpu_ms_per_event.publisher");
+    // Context switches per event, per process, summed the same way.
+    let switches = |who: &str| get(&figures, &format!("throughput_noop.switches_per_event.{who}")).value;
+    let parts: f64 = e2e::HTFAAS_PROCESSES.iter().map(|p| switches(p)).sum();
+    assert!((switches("htfaas") - parts).abs() < 1e-9, "{figures:#?}");
+    assert!(switches("ep") > 0.0 && switches("scheduler") > 0.0, "every job is handed between threads: {figures:#?}");
     let depth = get(&figures, "throughput_noop.queue.scheduler_idle_max");
     assert!(depth.n >= 2, "sampled through the window: {depth:?}");
 }
@@ -79,4 +84,50 @@ async fn an_fsync_stack_starts_and_a_bench_of_an_unknown_function_is_refused() {
     assert!(e.to_string().contains("no bench function nope"), "{e:#}");
     assert_eq!(bench.durability(), Durability::Fsync);
     bench.stop().await.expect("stop");
+}
+
+/// `htfaas bench` stopped by SIGTERM while its stack runs stops that stack: no component it
+/// started outlives it, and it says it was interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signalled_bench_stops_the_stack_it_started() {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(htfaas())
+        .args(["bench", "--quick", "--no-peer", "--no-fsync", "--no-components", "--no-scaling", "--no-native"])
+        .args(["--no-end-costs", "--flood", "0", "--window-s", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the bench");
+    let pid = child.id().expect("pid");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    // The stack is up and measuring once the no-op window starts.
+    while let Some(line) = lines.next_line().await.expect("read stderr") {
+        if line.contains("throughput_noop: window of") {
+            break;
+        }
+    }
+    let children = |pid: u32| -> Vec<u32> {
+        let out = std::process::Command::new("pgrep").args(["-P", &pid.to_string()]).output().expect("pgrep");
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
+    };
+    let started = children(pid);
+    assert!(started.len() >= 5, "nats-server, storage, scheduler, gateway, ep: {started:?}");
+    let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");
+    assert!(status.success());
+    let mut said = String::new();
+    while let Some(line) = lines.next_line().await.expect("read stderr") {
+        said.push_str(&line);
+        said.push('\n');
+    }
+    let exit = child.wait().await.expect("wait");
+    assert!(!exit.success(), "an interrupted bench fails: {said}");
+    assert!(said.contains("interrupted"), "{said}");
+    for p in started {
+        // Reaped by the bench before it exited, or at least dead (not a zombie we would see as
+        // alive: a killed child of an exited parent is reaped by init).
+        let alive = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')));
+        assert!(!alive, "component {p} outlived the bench: {said}");
+    }
 }
