@@ -84,14 +84,19 @@ impl ScratchLimits {
     /// Walks `dir` once (off the async threads) and says why it is past a limit, if it is.
     pub(crate) async fn check_now(&self, dir: &Path) -> Option<String> {
         let (dir, max_files) = (dir.to_owned(), self.max_files);
-        match tokio::task::spawn_blocking(move || measure(&dir, max_files)).await {
-            Ok(Ok(m)) => self.exceeded(m),
-            Ok(Err(e)) => {
-                tracing::warn!("failed to measure the job's outputs: {e}");
-                None
-            }
+        let measured = tokio::task::spawn_blocking(move || measure(&dir, max_files))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(format!("output measuring task failed: {e}"))));
+        self.judge(&measured)
+    }
+
+    /// Why `measured` is past a limit, if it is; a walk that failed is logged and passes (the
+    /// upload lists the outputs again and fails on its own).
+    pub(crate) fn judge(&self, measured: &std::io::Result<Measured>) -> Option<String> {
+        match measured {
+            Ok(m) => self.exceeded(*m),
             Err(e) => {
-                tracing::warn!("output measuring task failed: {e}");
+                tracing::warn!("failed to measure the job's outputs: {e}");
                 None
             }
         }

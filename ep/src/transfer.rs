@@ -236,10 +236,9 @@ pub(crate) async fn download(
     limit: Option<u64>,
     n: &mut u64,
     retries: &mut u32,
-    dir: Option<JobDir>,
+    mut dir: Option<JobDir>,
 ) -> Result<String, GaveUp> {
     let mut retry = Retry::new(retries);
-    let mut dir = dir;
     loop {
         *n = 0;
         match download_once(from, dest, limit, n, &mut dir).await {
@@ -275,7 +274,6 @@ async fn download_once(
         return Err(too_big(len.to_string(), limit));
     }
     let local = |e: std::io::Error| Failed::permanent(format!("write {}: {e}", dest.display()));
-    let unmade = |e: std::io::Error| Failed::permanent(format!("create job dir: {e}"));
     // A small input of known length is read whole, then written in one call off the async
     // threads, its job directory made in the same call: creating, writing and closing through
     // `tokio::fs` is a hand-off each.
@@ -285,33 +283,14 @@ async fn download_once(
             return Err(Failed::transient(format!("{what}: {} bytes of a body of {len}", body.len())));
         }
         let sha256 = hex::encode(Sha256::digest(&body));
-        let (to, job_dir) = (dest.to_owned(), dir.take());
-        let written = tokio::task::spawn_blocking(move || {
-            let write = || std::fs::write(&to, &body);
-            let wrote = match job_dir {
-                Some(job_dir) => job_dir.make_then(write).map_err(|e| format!("create job dir: {e}"))?,
-                None => write(),
-            };
-            wrote.map_err(|e| format!("write {}: {e}", to.display()))
-        })
-        .await;
-        written.map_err(|e| format!("write {}: {e}", dest.display())).and_then(|w| w).map_err(Failed::permanent)?;
+        let to = dest.to_owned();
+        in_job_dir(dir.take(), move || std::fs::write(&to, &body)).await?.map_err(local)?;
         *n += len;
         return Ok(sha256);
     }
     // A larger one streams into a file created with its directory, in one call.
     let to = dest.to_owned();
-    let file = match dir.take() {
-        Some(job_dir) => {
-            let made = tokio::task::spawn_blocking(move || job_dir.make_then(|| std::fs::File::create(&to))).await;
-            made.map_err(std::io::Error::other).and_then(|m| m).map_err(unmade)?.map_err(local)?
-        }
-        None => tokio::task::spawn_blocking(move || std::fs::File::create(&to))
-            .await
-            .map_err(std::io::Error::other)
-            .and_then(|f| f)
-            .map_err(local)?,
-    };
+    let file = in_job_dir(dir.take(), move || std::fs::File::create(&to)).await?.map_err(local)?;
     let file = tokio::fs::File::from_std(file);
     let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
     let mut body = resp.bytes_stream();
@@ -330,6 +309,25 @@ async fn download_once(
     }
     file.flush().await.map_err(local)?;
     Ok(hex::encode(hash.finalize()))
+}
+
+/// Runs `first` (a job's first write into its directory) off the async threads, making `dir`
+/// first in the same call when it is given ([`JobDir::make_then`]). The outer error is the
+/// making's (or the call's), the inner one `first`'s.
+async fn in_job_dir<T: Send + 'static>(
+    dir: Option<JobDir>,
+    first: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<std::io::Result<T>, Failed> {
+    let made = off_thread(move || match dir {
+        Some(dir) => dir.make_then(first),
+        None => Ok(first()),
+    });
+    made.await.map_err(|e| Failed::permanent(format!("create job dir: {e}")))
+}
+
+/// Runs `f` (file system calls) off the async threads, in one hand-off.
+async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(std::io::Error::other)?
 }
 
 /// What `upload_outputs` did.
@@ -416,16 +414,9 @@ fn open_output(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 impl Outputs {
-    /// Why they are past `limits`, if they are. A walk that failed is logged and passes here,
-    /// as in [`ScratchLimits::check_now`]; the upload checks the listing again.
+    /// Why they are past `limits`, if they are ([`ScratchLimits::judge`]).
     pub(crate) fn exceeded(&self, limits: &ScratchLimits) -> Option<String> {
-        match &self.measured {
-            Ok(m) => limits.exceeded(*m),
-            Err(e) => {
-                tracing::warn!("failed to measure the job's outputs: {e}");
-                None
-            }
-        }
+        limits.judge(&self.measured)
     }
 }
 
@@ -551,10 +542,8 @@ async fn put_file_once(to: &Transfer<'_>, path: &Path, size: u64) -> Result<Stri
     use tokio::io::AsyncReadExt;
     let what = format!("PUT {}", shown(to.url));
     let at = path.to_owned();
-    let file = tokio::task::spawn_blocking(move || open_output(&at))
+    let file = off_thread(move || open_output(&at))
         .await
-        .map_err(std::io::Error::other)
-        .and_then(|f| f)
         .map_err(|e| Failed::permanent(format!("open {}: {e}", path.display())))?;
     let file = tokio::fs::File::from_std(file);
     let hasher = Arc::new(Mutex::new(Sha256::new()));

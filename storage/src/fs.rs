@@ -302,25 +302,55 @@ pub async fn store_whole(
             if fsync {
                 file.sync_all().map_err(|e| io("sync the upload file", &e))?;
             }
-            if let Some(writer) = &writer {
-                set_writer_scope(&tmp, writer);
-            }
-            std::fs::rename(&tmp, &target.path).map_err(|e| io("rename the upload into place", &e))
+            Ok(())
         })();
         if let Err(e) = written {
-            if let Err(rm) = std::fs::remove_file(&tmp)
-                && rm.kind() != ErrorKind::NotFound
-            {
-                tracing::warn!("failed to remove {}: {rm}", tmp.display());
-            }
+            discard_upload(&tmp);
             return Err(e);
         }
-        if fsync {
-            sync_dir_blocking(&target.dir)?;
-        }
+        place_upload(&tmp, &target, p.as_str(), writer.as_deref(), fsync)?;
         Ok(target)
     })
     .await
+}
+
+/// Puts the upload written at `tmp` (of the namespace path `p`) in place at `target`: records
+/// `writer` on it, renames it into place and, with `fsync`, syncs the directory; a rename that
+/// fails removes `tmp`. In one call off the async threads.
+pub async fn place(
+    tmp: PathBuf,
+    target: Target,
+    p: &NsPath,
+    writer: Option<String>,
+    fsync: bool,
+) -> Result<(), HttpError> {
+    let p = p.clone();
+    blocking(move || place_upload(&tmp, &target, p.as_str(), writer.as_deref(), fsync)).await
+}
+
+/// [`place`], blocking.
+fn place_upload(tmp: &Path, target: &Target, p: &str, writer: Option<&str>, fsync: bool) -> Result<(), HttpError> {
+    if let Some(writer) = writer {
+        set_writer_scope(tmp, writer);
+    }
+    if let Err(e) = std::fs::rename(tmp, &target.path) {
+        discard_upload(tmp);
+        return Err(crate::error::io_error("rename the upload into place", p, &e));
+    }
+    if fsync {
+        sync_dir_blocking(&target.dir)?;
+    }
+    Ok(())
+}
+
+/// Removes an upload's temporary file that is not going into place (a failure to is logged).
+/// Blocking.
+pub fn discard_upload(tmp: &Path) {
+    if let Err(rm) = std::fs::remove_file(tmp)
+        && rm.kind() != ErrorKind::NotFound
+    {
+        tracing::warn!("failed to remove {}: {rm}", tmp.display());
+    }
 }
 
 /// The temporary name an upload of `name` is written under in its directory
@@ -332,19 +362,13 @@ pub fn upload_name(name: &str) -> String {
 /// Records `scope` (a writer identity) as the writer of the (not yet renamed) upload at `tmp`. A file system
 /// without user extended attributes records nothing (the file then needs `DELETE` to be
 /// replaced, as in dCache).
-pub fn set_writer_scope(tmp: &Path, scope: &str) {
+fn set_writer_scope(tmp: &Path, scope: &str) {
     if let Err(e) = rustix::fs::setxattr(tmp, WRITER_SCOPE_XATTR, scope.as_bytes(), rustix::fs::XattrFlags::empty()) {
         tracing::warn!("cannot record the writer scope of {}: {e}", tmp.display());
     }
 }
 
-/// fsyncs a directory so a rename into it is durable.
-pub async fn sync_dir(dir: &Path) -> Result<(), HttpError> {
-    let dir = dir.to_owned();
-    blocking(move || sync_dir_blocking(&dir)).await
-}
-
-/// [`sync_dir`], blocking.
+/// fsyncs a directory so a rename into it is durable. Blocking.
 fn sync_dir_blocking(dir: &Path) -> Result<(), HttpError> {
     let d = std::fs::File::open(dir).map_err(|e| internal("open a directory", e))?;
     d.sync_all().map_err(|e| internal("sync a directory", e))

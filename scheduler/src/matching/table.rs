@@ -466,8 +466,9 @@ impl EpTable {
             ));
             *native |= e.native;
             // With queue room, any job that fits the EP at all may be assigned there.
-            let (room, slots) = if e.refill_room() > 0 {
-                (e.whole(), e.startable().cpus.saturating_add(e.refill_room()))
+            let refill = e.refill_room();
+            let (room, slots) = if refill > 0 {
+                (e.whole(), e.startable().cpus.saturating_add(refill))
             } else {
                 (e.startable(), e.startable().cpus)
             };

@@ -104,7 +104,7 @@ pub(super) async fn handle(state: &AppState, client: SocketAddr, req: Request<Bo
             crate::fs::store_whole(&state.data_dir, &path, body, who.writer.clone(), fsync).await?;
             size
         }
-        None => stream_upload(state, &path, req.into_body(), who.max_upload, who.writer.as_deref(), fsync).await?,
+        None => stream_upload(state, &path, req.into_body(), who.max_upload, who.writer.clone(), fsync).await?,
     };
     let elapsed = t0.elapsed();
     tracing::Span::current().record("size", size);
@@ -138,7 +138,7 @@ async fn stream_upload(
     path: &NsPath,
     body: Body,
     limit: Option<u64>,
-    writer: Option<&str>,
+    writer: Option<String>,
     fsync: bool,
 ) -> Result<u64, HttpError> {
     let target = crate::fs::target(&state.data_dir, path, true)
@@ -148,24 +148,12 @@ async fn stream_upload(
     let size = match write_body(&tmp, path.as_str(), body, limit, fsync).await {
         Ok(n) => n,
         Err(e) => {
-            if let Err(rm) = tokio::fs::remove_file(&tmp).await
-                && rm.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!("failed to remove {}: {rm}", tmp.display());
-            }
+            let discarded = tmp.clone();
+            let _ = tokio::task::spawn_blocking(move || crate::fs::discard_upload(&discarded)).await;
             return Err(e);
         }
     };
-    if let Some(writer) = writer {
-        crate::fs::set_writer_scope(&tmp, writer);
-    }
-    if let Err(e) = tokio::fs::rename(&tmp, &target.path).await {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(crate::error::io_error("rename the upload into place", path.as_str(), &e));
-    }
-    if fsync {
-        crate::fs::sync_dir(&target.dir).await?;
-    }
+    crate::fs::place(tmp, target, path, writer, fsync).await?;
     Ok(size)
 }
 
