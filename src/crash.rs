@@ -625,7 +625,7 @@ fn read_jobs(db: &Path) -> anyhow::Result<Vec<JobRow>> {
     let mut stmt = conn.prepare(
         "SELECT json_extract(request, '$.function.name'), json_extract(request, '$.input.name'), state, \
          finished_at_ms, outputs, (SELECT COUNT(*) FROM attempts a WHERE a.job_id = jobs.id AND a.outcome = 'completed') \
-         FROM jobs",
+         FROM jobs JOIN job_requests USING (seq)",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok((

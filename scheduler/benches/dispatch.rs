@@ -360,10 +360,11 @@ fn seed(db: &Path, rows: u64) -> anyhow::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut insert = tx.prepare(
-            "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
-             runtime_s, submitted_at_ms, token_issuer, grp, annex) \
-             VALUES (?1, ?2, ?3, 'idle', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, cpus, memory_mb, runtime_s, \
+             submitted_at_ms, token_issuer, grp, annex, function_name, function_digest, event_id, input_path, \
+             trace_id) VALUES (?1, ?2, ?3, 'idle', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         )?;
+        let mut insert_request = tx.prepare("INSERT INTO job_requests (seq, request) VALUES (?1, ?2)")?;
         for i in 0..rows {
             template.dedupe_key = format!("0000{i:032X}/s1#checksum@{}", template.function.digest);
             insert.execute(params![
@@ -371,7 +372,6 @@ fn seed(db: &Path, rows: u64) -> anyhow::Result<()> {
                 format!("owner-{}", i % OWNERS),
                 template.dedupe_key,
                 new_jti(),
-                serde_json::to_string(&template)?,
                 r.cpus,
                 i64::try_from(r.memory_mb)?,
                 i64::try_from(r.runtime_s)?,
@@ -379,7 +379,13 @@ fn seed(db: &Path, rows: u64) -> anyhow::Result<()> {
                 GW,
                 None::<String>,
                 template.annex,
+                template.function.name,
+                template.function.digest.as_str(),
+                template.event.id,
+                template.event.path,
+                template.event.trace.as_deref().map(|t| t.chars().skip(3).take(32).collect::<String>()),
             ])?;
+            insert_request.execute(params![tx.last_insert_rowid(), serde_json::to_string(&template)?])?;
         }
     }
     tx.commit()?;

@@ -18,10 +18,10 @@
 //! | `htfaas_scheduler_warm_refused_total` | counter | | warm requests refused after their token verified: a digest the token does not name, a module URL no module store has |
 //!
 //! Cost: counters and the latency histogram are atomics (no lock on the submit or dispatch
-//! path). Jobs by state are counted at scrape time with one query on a read-only connection of
-//! its own (`GROUP BY state` over the covering index `jobs_by_state`, never the table), so a
-//! scrape does not hold up the queue; EP figures are read under the EP table's lock once per
-//! scrape.
+//! path). Jobs by state are read at scrape time on a read-only connection of its own, from
+//! the store's `job_counts` (a row per state, kept by triggers in each write that changes a
+//! job's state): a scrape reads a handful of rows however many jobs the store holds, and does
+//! not hold up the queue. EP figures are read under the EP table's lock once per scrape.
 //!
 //! Dispatch latency: the submit handler sends each new job's id and instant to the dispatcher
 //! over a channel (no lock); the dispatcher keeps them ([`Waiting`], at most
@@ -306,8 +306,8 @@ struct Stored {
     audit_records: u64,
 }
 
-/// Counts jobs by state (one `GROUP BY` over the covering index `jobs_by_state`) and reads the
-/// audit trail's last sequence number, on a read-only connection of its own.
+/// Reads the jobs by state (`job_counts`) and the audit trail's last sequence number, on a
+/// read-only connection of its own.
 fn read_store(path: &Path) -> rusqlite::Result<Stored> {
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
     conn.busy_timeout(Duration::from_secs(5))?;
@@ -321,7 +321,7 @@ fn read_store(path: &Path) -> rusqlite::Result<Stored> {
 }
 
 /// The scrape's count of jobs by state.
-const JOBS_BY_STATE: &str = "SELECT state, COUNT(*) FROM jobs INDEXED BY jobs_by_state GROUP BY state";
+const JOBS_BY_STATE: &str = "SELECT state, n FROM job_counts";
 
 /// The answer of `GET /metrics`, once the caller's admin token is checked: the store at `path`
 /// counted, then the EP table read (`eps`, under its lock) and `metrics`' counters.
@@ -544,7 +544,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn jobs_are_counted_by_state_from_the_index_never_the_table() {
+    async fn jobs_are_counted_by_state_from_the_counts_never_the_jobs() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("jobs.sqlite");
         let _queue = crate::queue::Queue::open(&path).expect("open");
@@ -556,7 +556,7 @@ mod tests {
             .expect("plan")
             .collect::<rusqlite::Result<_>>()
             .expect("rows");
-        assert_eq!(plan, ["SCAN jobs USING COVERING INDEX jobs_by_state"]);
+        assert_eq!(plan, ["SCAN job_counts"]);
         let stored = read_store(&path).expect("reads");
         assert!(stored.jobs.is_empty());
         assert_eq!(stored.audit_records, 0);

@@ -8,7 +8,7 @@
 //! report add up to the unsplit one. Times and counts are summed as integers (milliseconds,
 //! bytes) and turned into hours once, at the end.
 //!
-//! One streaming pass over the schema-5 index `jobs_final_by_time` ([`crate::queue`]), which
+//! One streaming pass over the index `jobs_final_by_time` (schema 10) ([`crate::queue`]), which
 //! holds everything read here, on a read-only connection of its own: a report over 100k jobs
 //! does not hold up the queue, and never reads the jobs' requests or logs.
 
@@ -26,9 +26,9 @@ pub const MAX_ROWS: usize = 100_000;
 /// The group key of jobs without an accounting group.
 pub const NO_GROUP: &str = "(none)";
 
-/// A job's function name, read from its stored request (`NULL` if that does not parse): the
-/// very expression `jobs_final_by_time` indexes, so that the index alone answers.
-const FUNCTION_NAME: &str = "(CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END)";
+/// A job's function name (`NULL` for a job whose stored request did not parse when schema 10
+/// took it from there): a column of `jobs_final_by_time`, so that the index alone answers.
+const FUNCTION_NAME: &str = "function_name";
 
 /// How long a report waits for a writer holding the file (WAL readers rarely wait).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -164,7 +164,7 @@ pub fn report_in(conn: &Connection, query: &AccountingQuery, now_ms: u64) -> Res
 
 /// The one query of a report, over key column `key`: every column it reads is in the index
 /// (the rowid `seq` too), and the `state IN` term is the index's own condition. Without
-/// `INDEXED BY` the planner, lacking statistics, would take `jobs_by_state` and read the rows.
+/// `INDEXED BY` the planner, lacking statistics, might take another index and read the rows.
 fn select_sql(key: &str) -> String {
     format!(
         "SELECT {key}, state, finished_at_ms, cpus, usage, seq FROM jobs INDEXED BY jobs_final_by_time \
@@ -532,16 +532,16 @@ mod tests {
         let mut conn = Connection::open(q.path()).expect("open");
         let tx = conn.transaction().expect("tx");
         {
-            let (request, owner, grp, usage): (String, String, Option<String>, String) = tx
-                .query_row("SELECT request, owner, grp, usage FROM jobs", [], |r| {
+            let (owner, grp, usage, function): (String, Option<String>, String, String) = tx
+                .query_row("SELECT owner, grp, usage, function_name FROM jobs", [], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
                 })
                 .expect("template");
             let mut insert = tx
                 .prepare(
-                    "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, runtime_s, \
-                     submitted_at_ms, finished_at_ms, usage, grp, log) \
-                     VALUES (?1, ?2, ?1, ?3, ?1, ?4, 1, 64, 60, 0, ?5, ?6, ?7, ?8)",
+                    "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, cpus, memory_mb, runtime_s, \
+                     submitted_at_ms, finished_at_ms, usage, grp, log, function_name) \
+                     VALUES (?1, ?2, ?1, ?3, ?1, 1, 64, 60, 0, ?4, ?5, ?6, ?7, ?8)",
                 )
                 .expect("prepare");
             let log = "x".repeat(2000);
@@ -549,7 +549,7 @@ mod tests {
                 let state = ["completed", "failed", "removed"][(i % 3) as usize];
                 let owner = format!("{owner}{}", i % 100);
                 let at = db_int(T0 + i * 1000);
-                insert.execute(params![format!("j{i}"), owner, state, request, at, usage, grp, log]).expect("insert");
+                insert.execute(params![format!("j{i}"), owner, state, at, usage, grp, log, function]).expect("insert");
             }
         }
         tx.commit().expect("commit");

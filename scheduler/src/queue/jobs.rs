@@ -5,6 +5,7 @@
 //! Must not know: HTTP, EP sessions or matching (a job's run on an EP is [`super::runs`]).
 
 use super::Queue;
+use super::schema::{JOB_WITH_REQUEST, LIVE, trace_id_of};
 use super::trail::{job_subject, url_path};
 use crate::error::QueueError;
 use crate::revocation::Credential;
@@ -209,6 +210,35 @@ impl RawRecord {
     }
 }
 
+/// How many jobs of an owner wait (idle or held): counted in the small index of live jobs by
+/// owner, which the [`LIVE`] term lets SQLite use.
+pub(super) fn waiting_of_owner_sql() -> String {
+    format!("SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND {LIVE} AND state IN ('idle', 'held')")
+}
+
+/// The unfinished jobs, optionally of one owner, group and function, oldest first. Without
+/// `INDEXED BY` the planner, lacking statistics, walks the whole table in `seq` order.
+pub(super) fn unfinished_sql() -> String {
+    format!(
+        "SELECT {RECORD_COLUMNS} FROM jobs INDEXED BY jobs_live_by_owner JOIN job_requests USING (seq) WHERE {LIVE} \
+         AND (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR grp = ?2) \
+         AND (?3 IS NULL OR function_name = ?3) ORDER BY seq LIMIT ?4"
+    )
+}
+
+/// Whether an owner's function has a job on an input path.
+pub(super) const FIRED_PATH: &str =
+    "SELECT 1 FROM jobs WHERE owner = ?1 AND function_name = ?2 AND input_path = ?3 LIMIT 1";
+
+/// The jobs of one trace, oldest first.
+pub(super) fn of_trace_sql() -> String {
+    format!("SELECT {RECORD_COLUMNS} FROM {JOB_WITH_REQUEST} WHERE trace_id = ?1 ORDER BY seq LIMIT ?2")
+}
+
+/// The running jobs past their run time plus a grace (`?2`) at `?1`.
+pub(super) const OVERDUE: &str = "SELECT id, ep_session, runtime_s, class FROM jobs WHERE state = 'running' \
+     AND ep_session IS NOT NULL AND started_at_ms + runtime_s * 1000 + ?2 < ?1";
+
 /// Decides one submitted job on the writer's transaction `tx` (see [`Queue::submit`]); `stored`
 /// is its request sealed for `job_id`. Every refusal comes before the job's first write.
 fn insert_job(
@@ -242,12 +272,7 @@ fn insert_job(
     if let Some(max) = job.max_idle {
         // Under the connection lock, like the use count: concurrent submits see each
         // other's inserts, so the owner never exceeds the limit.
-        let idle: i64 = row(
-            tx,
-            "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND state IN ('idle', 'held')",
-            params![job.owner],
-            |r| r.get(0),
-        )?;
+        let idle: i64 = row(tx, &waiting_of_owner_sql(), params![job.owner], |r| r.get(0))?;
         let idle = from_db(idle);
         if idle >= max {
             return Err(QueueError::TooManyIdle { owner: job.owner, idle, max });
@@ -266,17 +291,17 @@ fn insert_job(
     };
     exec(
         tx,
-        "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, \
+        "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, cpus, memory_mb, \
          runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason, \
-         sealed_for_job, image) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 1, ?19)",
+         sealed_for_job, image, function_name, function_digest, event_id, input_path, trace_id) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, 1, ?18, ?19, ?20, ?21, \
+         ?22, ?23)",
         params![
             job_id,
             job.owner,
             job.request.dedupe_key,
             state,
             job.jti,
-            stored,
             r.cpus,
             db_int(r.memory_mb),
             db_int(r.runtime_s),
@@ -290,8 +315,14 @@ fn insert_job(
             hold_code,
             reason,
             job.request.function.native.as_ref().map(|_| job.request.function.digest.as_str()),
+            job.request.function.name,
+            job.request.function.digest.as_str(),
+            job.request.event.id,
+            job.request.event.path,
+            job.request.event.trace.as_deref().map(trace_id_of),
         ],
     )?;
+    exec(tx, "INSERT INTO job_requests (seq, request) VALUES (?1, ?2)", params![tx.last_insert_rowid(), stored])?;
     let req = &job.request;
     let subject = Subject {
         job: Some(job_id.clone()),
@@ -447,7 +478,11 @@ impl Queue {
                 (Action::Remove, _) => return Err(conflict("idle, running or held")),
             }
             let record = tx
-                .query_row(&format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"), params![id], raw_record)?
+                .query_row(
+                    &format!("SELECT {RECORD_COLUMNS} FROM {JOB_WITH_REQUEST} WHERE id = ?1"),
+                    params![id],
+                    raw_record,
+                )?
                 .decode()?;
             let subject = job_subject(tx, &id)?.unwrap_or_default();
             let draft = match action {
@@ -467,8 +502,9 @@ impl Queue {
     pub async fn list(&self, limit: usize) -> Result<Vec<JobRecord>, QueueError> {
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut stmt =
-                conn.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM jobs ORDER BY seq DESC LIMIT ?1"))?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM {JOB_WITH_REQUEST} ORDER BY seq DESC LIMIT ?1"
+            ))?;
             let rows = stmt.query_map(params![limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
@@ -490,14 +526,9 @@ impl Queue {
         function: Option<String>,
         limit: usize,
     ) -> Result<Vec<JobRecord>, QueueError> {
-        use super::schema::FUNCTION_OF_JOB;
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {RECORD_COLUMNS} FROM jobs WHERE state IN ('idle', 'held', 'running') \
-                 AND (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR grp = ?2) \
-                 AND (?3 IS NULL OR {FUNCTION_OF_JOB} = ?3) ORDER BY seq LIMIT ?4"
-            ))?;
+            let mut stmt = conn.prepare_cached(&unfinished_sql())?;
             let rows = stmt.query_map(params![owner, group, function, limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
@@ -516,11 +547,8 @@ impl Queue {
         function: String,
         paths: Vec<String>,
     ) -> Result<Vec<String>, QueueError> {
-        use super::schema::{FUNCTION_OF_JOB, PATH_OF_JOB};
         self.call(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT 1 FROM jobs WHERE owner = ?1 AND {FUNCTION_OF_JOB} = ?2 AND {PATH_OF_JOB} = ?3 LIMIT 1"
-            ))?;
+            let mut stmt = conn.prepare_cached(FIRED_PATH)?;
             let mut out = Vec::new();
             for p in paths {
                 if stmt.exists(params![owner, function, p])? {
@@ -535,14 +563,9 @@ impl Queue {
     /// The jobs of the event trace `trace_id` (32 lower-case hex digits), oldest first, at
     /// most `limit` (`htfaas trace`).
     pub async fn list_by_trace(&self, trace_id: String, limit: usize) -> Result<Vec<JobRecord>, QueueError> {
-        use super::schema::TRACE_ID_OF_JOB;
         self.call(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {RECORD_COLUMNS} FROM jobs WHERE {TRACE_ID_OF_JOB} = ?1 \
-                 AND json_valid(request) AND json_extract(request, '$.event.trace') IS NOT NULL \
-                 ORDER BY seq LIMIT ?2"
-            ))?;
+            let mut stmt = conn.prepare_cached(&of_trace_sql())?;
             let rows = stmt.query_map(params![trace_id, limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
@@ -557,7 +580,11 @@ impl Queue {
     pub async fn get(&self, id: String) -> Result<Option<JobRecord>, QueueError> {
         self.call(move |conn| {
             let raw = conn
-                .query_row(&format!("SELECT {RECORD_COLUMNS} FROM jobs WHERE id = ?1"), params![id], raw_record)
+                .query_row(
+                    &format!("SELECT {RECORD_COLUMNS} FROM {JOB_WITH_REQUEST} WHERE id = ?1"),
+                    params![id],
+                    raw_record,
+                )
                 .optional()?;
             raw.map(RawRecord::decode).transpose()
         })
@@ -616,10 +643,7 @@ impl Queue {
     pub async fn remove_overdue(&self, now_ms: u64, grace_ms: u64) -> Result<Vec<(String, String)>, QueueError> {
         self.write(move |tx| {
             let overdue: Vec<(String, String, u64, Option<String>)> = {
-                let mut stmt = tx.prepare_cached(
-                    "SELECT id, ep_session, runtime_s, class FROM jobs WHERE state = 'running' \
-                     AND ep_session IS NOT NULL AND started_at_ms + runtime_s * 1000 + ?2 < ?1",
-                )?;
+                let mut stmt = tx.prepare_cached(OVERDUE)?;
                 stmt.query_map(params![db_int(now_ms), db_int(grace_ms)], |r| {
                     Ok((r.get(0)?, r.get(1)?, from_db(r.get(2)?), r.get(3)?))
                 })?

@@ -16,8 +16,12 @@
 //! Stored format: `PRAGMA user_version` = [`SCHEMA_VERSION`]; [`MIGRATIONS`] bring an older
 //! file (or an empty one) up to it in one transaction (version 3 added the nullable
 //! `hold_code` column; older rows read it as `NULL`). A job keeps the full [`SubmitRequest`]
-//! as JSON (it holds the original macaroons, which never leave through the API; EPs get
-//! attenuated copies) and its submit token's `jti`, issuer and accounting group.
+//! as JSON, in `job_requests` beside its row (written once; it holds the original macaroons,
+//! sealed, which never leave through the API; EPs get attenuated copies), and in its row its
+//! submit token's `jti`, issuer and accounting group, and what its records and indexes name of
+//! the request (function, digest, event id, input path, trace id). Version 10 shaped the
+//! table for a job's writes: a narrow row each step rewrites, state indexes over the jobs
+//! that may still change only, and counts by state kept by triggers.
 //!
 //! Job states (`state` column): `idle` → `running` (dispatch) → `completed` | `failed` (the EP's
 //! report); `running` → `idle` (a guest failure its retry policy lists, with retries left: the
@@ -73,6 +77,8 @@ mod schema;
 mod trail;
 mod writer;
 
+#[cfg(test)]
+mod schema_tests;
 #[cfg(test)]
 mod seal_tests;
 #[cfg(test)]

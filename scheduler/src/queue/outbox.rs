@@ -2,14 +2,18 @@
 //! `removed` — written in the very transaction that ended it, kept until the notification
 //! publisher ([`crate::notify`]) has its JetStream PubAck, then deleted.
 //!
-//! The row is written by a trigger on the `jobs` table (`job_outbox_on_end`), not by each
+//! The row is written by a trigger on the `jobs` table (`job_outbox_on_end_v2`), not by each
 //! writer of a job's state: every path that ends a job (an EP's report, a failed dispatch, a
 //! hold past the retry limit, an admin's hold or remove, a revocation) is covered, and a path
-//! added later cannot forget it. The trigger copies what the notification says (function,
-//! event, outputs with their checksums, usage, attempts) from the job as it ended, so a later
-//! change of the job (a release) does not change what is told. The table and trigger are
-//! installed at open beside the migrated schema (`CREATE … IF NOT EXISTS`, their version in
-//! their names: `job_outbox` v1).
+//! added later cannot forget it. The trigger copies what may still change from the job as it
+//! ended (state, reason, outputs with their checksums, usage, attempts), so a later change of
+//! the job (a release) does not change what is told. What never changes (the function, its
+//! version and digest, the event) is read from the job's stored request when the entry is
+//! read, and parsed there, outside the store's lock: the trigger runs in the writer's
+//! transaction, where parsing each ended job's request was SQL JSON work on the one thread
+//! every write waits for. (Entries the first trigger wrote carry those fields themselves.) The
+//! table and trigger are installed at open beside the migrated schema (`CREATE … IF NOT
+//! EXISTS`, their version in their names).
 //!
 //! Must not know: NATS, subjects, the publisher's retry policy.
 
@@ -19,6 +23,7 @@ use htfaas_functions::Digest;
 use htfaas_functions::proto::{EventRef, JobNotification, JobState, OutputFile, Usage};
 use htfaas_functions::store::{db_int, exec, from_db};
 use rusqlite::{Connection, params};
+use serde::Deserialize;
 
 /// The outbox's table and the trigger that fills it.
 const INSTALL: &str = "
@@ -39,18 +44,14 @@ CREATE TABLE IF NOT EXISTS job_outbox (
     exit_code      INTEGER,
     finished_at_ms INTEGER NOT NULL
 );
-CREATE TRIGGER IF NOT EXISTS job_outbox_on_end AFTER UPDATE OF state ON jobs
+DROP TRIGGER IF EXISTS job_outbox_on_end;
+CREATE TRIGGER IF NOT EXISTS job_outbox_on_end_v2 AFTER UPDATE OF state ON jobs
 WHEN NEW.state IN ('completed', 'failed', 'held', 'removed') AND OLD.state IS NOT NEW.state
 BEGIN
-    INSERT INTO job_outbox (job_id, owner, state, reason, hold_code, function, version, digest, event,
-                            outputs, usage, attempts, exit_code, finished_at_ms)
-    VALUES (NEW.id, NEW.owner, NEW.state, NEW.reason, NEW.hold_code,
-            CASE WHEN json_valid(NEW.request) THEN json_extract(NEW.request, '$.function.name') END,
-            CASE WHEN json_valid(NEW.request) THEN json_extract(NEW.request, '$.function.version') END,
-            CASE WHEN json_valid(NEW.request) THEN json_extract(NEW.request, '$.function.digest') END,
-            CASE WHEN json_valid(NEW.request) THEN json_extract(NEW.request, '$.event') END,
-            NEW.outputs, NEW.usage, NEW.attempts, NEW.exit_code,
-            COALESCE(NEW.finished_at_ms, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)));
+    INSERT INTO job_outbox (job_id, owner, state, reason, hold_code, outputs, usage, attempts, exit_code,
+                            finished_at_ms)
+    VALUES (NEW.id, NEW.owner, NEW.state, NEW.reason, NEW.hold_code, NEW.outputs, NEW.usage, NEW.attempts,
+            NEW.exit_code, COALESCE(NEW.finished_at_ms, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)));
 END;
 ";
 
@@ -60,51 +61,115 @@ pub(super) fn install(conn: &Connection) -> Result<(), QueueError> {
     Ok(())
 }
 
-/// An outbox row as its notification. A stored field that does not parse (a request an older
-/// build wrote) is told as empty rather than keeping the row, and all behind it, for ever.
-fn notification(row: &rusqlite::Row<'_>) -> rusqlite::Result<JobNotification> {
-    let seq: i64 = row.get(0)?;
-    let state: String = row.get(3)?;
-    let function: Option<String> = row.get(5)?;
-    let version: Option<i64> = row.get(6)?;
-    let digest: Option<String> = row.get(7)?;
-    let event: Option<String> = row.get(8)?;
-    let outputs: Option<String> = row.get(9)?;
-    let usage: Option<String> = row.get(10)?;
-    let finished: i64 = row.get(13)?;
-    Ok(JobNotification {
-        seq: from_db(seq),
+/// An outbox entry as read, before its JSON is parsed (outside the store's lock).
+struct Entry {
+    seq: i64,
+    job_id: String,
+    owner: String,
+    state: String,
+    reason: String,
+    function: Option<String>,
+    version: Option<i64>,
+    digest: Option<String>,
+    event: Option<String>,
+    outputs: Option<String>,
+    usage: Option<String>,
+    attempts: u32,
+    exit_code: Option<i32>,
+    finished_at_ms: i64,
+    hold_code: Option<u32>,
+    /// The job's stored request, read when the entry does not carry its event.
+    request: Option<String>,
+}
+
+fn entry(row: &rusqlite::Row<'_>) -> rusqlite::Result<Entry> {
+    Ok(Entry {
+        seq: row.get(0)?,
         job_id: row.get(1)?,
         owner: row.get(2)?,
-        state: JobState::parse(&state).unwrap_or(JobState::Failed),
+        state: row.get(3)?,
         reason: row.get(4)?,
-        hold_code: row.get(14)?,
-        function: function.unwrap_or_default(),
-        version: version.and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
-        digest: digest.and_then(|d| d.parse::<Digest>().ok()),
-        event: event
-            .and_then(|e| serde_json::from_str::<EventRef>(&e).ok())
-            .unwrap_or_else(|| EventRef::new("", "", "")),
-        outputs: outputs.and_then(|o| serde_json::from_str::<Vec<OutputFile>>(&o).ok()).unwrap_or_default(),
-        usage: usage.and_then(|u| serde_json::from_str::<Usage>(&u).ok()),
+        function: row.get(5)?,
+        version: row.get(6)?,
+        digest: row.get(7)?,
+        event: row.get(8)?,
+        outputs: row.get(9)?,
+        usage: row.get(10)?,
         attempts: row.get(11)?,
         exit_code: row.get(12)?,
-        finished_at_ms: from_db(finished),
+        finished_at_ms: row.get(13)?,
+        hold_code: row.get(14)?,
+        request: row.get(15)?,
     })
+}
+
+/// What a notification tells of a job's stored request (its other fields are skipped).
+#[derive(Deserialize)]
+struct Told {
+    function: ToldFunction,
+    event: EventRef,
+}
+
+#[derive(Deserialize)]
+struct ToldFunction {
+    name: String,
+    version: u32,
+    digest: Digest,
+}
+
+impl Entry {
+    /// The entry as its notification. A stored field that does not parse (a request an older
+    /// build wrote) is told as empty rather than keeping the entry, and all behind it, for ever.
+    fn notification(self) -> JobNotification {
+        let told = self.request.as_deref().and_then(|r| serde_json::from_str::<Told>(r).ok());
+        let (function, version, digest, event) = match told {
+            Some(t) => (t.function.name, t.function.version, Some(t.function.digest), t.event),
+            None => (
+                self.function.unwrap_or_default(),
+                self.version.and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
+                self.digest.and_then(|d| d.parse::<Digest>().ok()),
+                self.event
+                    .and_then(|e| serde_json::from_str::<EventRef>(&e).ok())
+                    .unwrap_or_else(|| EventRef::new("", "", "")),
+            ),
+        };
+        JobNotification {
+            seq: from_db(self.seq),
+            job_id: self.job_id,
+            owner: self.owner,
+            function,
+            version,
+            digest,
+            state: JobState::parse(&self.state).unwrap_or(JobState::Failed),
+            reason: self.reason,
+            hold_code: self.hold_code,
+            event,
+            outputs: self.outputs.and_then(|o| serde_json::from_str::<Vec<OutputFile>>(&o).ok()).unwrap_or_default(),
+            usage: self.usage.and_then(|u| serde_json::from_str::<Usage>(&u).ok()),
+            attempts: self.attempts,
+            exit_code: self.exit_code,
+            finished_at_ms: from_db(self.finished_at_ms),
+        }
+    }
 }
 
 impl Queue {
     /// The oldest `limit` notifications not yet published, oldest first.
     pub async fn outbox(&self, limit: usize) -> Result<Vec<JobNotification>, QueueError> {
-        self.call(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT seq, job_id, owner, state, reason, function, version, digest, event, outputs, usage, \
-                 attempts, exit_code, finished_at_ms, hold_code FROM job_outbox ORDER BY seq LIMIT ?1",
-            )?;
-            let rows = stmt.query_map(params![db_int(limit as u64)], notification)?.collect::<Result<_, _>>()?;
-            Ok(rows)
-        })
-        .await
+        let entries: Vec<Entry> = self
+            .call(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT o.seq, o.job_id, o.owner, o.state, o.reason, o.function, o.version, o.digest, o.event, \
+                     o.outputs, o.usage, o.attempts, o.exit_code, o.finished_at_ms, o.hold_code, \
+                     CASE WHEN o.event IS NULL THEN r.request END \
+                     FROM job_outbox o LEFT JOIN jobs j ON j.id = o.job_id LEFT JOIN job_requests r ON r.seq = j.seq \
+                     ORDER BY o.seq LIMIT ?1",
+                )?;
+                let rows = stmt.query_map(params![db_int(limit as u64)], entry)?.collect::<Result<_, _>>()?;
+                Ok(rows)
+            })
+            .await?;
+        Ok(entries.into_iter().map(Entry::notification).collect())
     }
 
     /// Deletes the outbox's entries `seqs` (published: their PubAcks came). Returns how many.
@@ -198,6 +263,44 @@ mod tests {
         let left: Vec<u64> = q.outbox(10).await.expect("outbox").iter().map(|n| n.seq).collect();
         assert_eq!(left, vec![entries[1].seq, entries[2].seq]);
         assert_eq!(q.outbox_len().await.expect("len"), 2);
+    }
+
+    /// An entry the first trigger wrote carries its function and event itself, and is told
+    /// with them; one whose job's request does not parse is told with them empty.
+    #[tokio::test]
+    async fn entries_of_the_first_trigger_and_unparsable_requests_are_still_told() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = Queue::open(&dir.path().join("q.db")).expect("open");
+        let broken = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+        q.act(broken.clone(), Action::Remove, "gone".into()).await.expect("remove");
+        let digest = htfaas_functions::Digest::of(b"m").to_string();
+        let event =
+            serde_json::to_string(&htfaas_functions::proto::EventRef::new("dcache", "e1", "/data/x")).expect("json");
+        let id = broken.clone();
+        // The first trigger's entry (ended before the removal: read first), and the removed
+        // job's request spoilt after its entry was written.
+        q.call_writing(move |c| {
+            c.execute(
+                "INSERT INTO job_outbox (seq, job_id, owner, state, reason, function, version, digest, event, \
+                 attempts, finished_at_ms) VALUES (0, 'old-job', 'bob', 'completed', '', 'calibrate', 7, ?1, ?2, 1, 5)",
+                rusqlite::params![digest, event],
+            )?;
+            c.execute(
+                "UPDATE job_requests SET request = '{not json' WHERE seq = (SELECT seq FROM jobs WHERE id = ?1)",
+                rusqlite::params![id],
+            )?;
+            Ok(())
+        })
+        .await
+        .expect("write");
+        let entries = q.outbox(10).await.expect("outbox");
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        let (old, new) = (&entries[0], &entries[1]);
+        assert_eq!((old.job_id.as_str(), old.function.as_str(), old.version), ("old-job", "calibrate", 7));
+        assert_eq!((old.event.id.as_str(), old.event.path.as_str()), ("e1", "/data/x"));
+        assert!(old.digest.is_some());
+        assert_eq!((new.job_id.as_str(), new.state, new.function.as_str()), (broken.as_str(), JobState::Removed, ""));
+        assert!(new.event.id.is_empty() && new.digest.is_none(), "{new:?}");
     }
 
     /// A job held past the retry limit is told as held; its attempts before are not told.

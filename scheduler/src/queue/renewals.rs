@@ -44,7 +44,7 @@ impl Queue {
             let row: Option<Row> = row(
                 conn,
                 "SELECT state, ep_session, started_at_ms, runtime_s, owner, token_jti, token_issuer, request \
-                     FROM jobs WHERE id = ?1",
+                     FROM jobs JOIN job_requests USING (seq) WHERE id = ?1",
                 params![job_id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)),
             )

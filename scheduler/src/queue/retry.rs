@@ -15,8 +15,8 @@ use super::accounts::charge_owner;
 use super::jobs::bounded_log;
 use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
-use htfaas_functions::manifest::RetryOn;
-use htfaas_functions::proto::{JobReport, JobState, Outcome, SubmitRequest};
+use htfaas_functions::manifest::{RetryOn, RetryPolicy};
+use htfaas_functions::proto::{JobReport, JobState, Outcome};
 use htfaas_functions::store::{db_int, exec, now_ms, row};
 use rusqlite::{Transaction, params};
 
@@ -54,28 +54,28 @@ pub(super) enum Retry {
     },
 }
 
-/// Whether a storage outage ([`Outcome::StorageUnavailable`]) of a job submitted with
-/// `request` is retried by the site's rule for lost attempts: yes without a policy, and with
-/// one that lists `storage_unavailable`; otherwise the outage fails the job at once.
-pub(super) fn retries_storage_outages(request: Option<&SubmitRequest>) -> bool {
-    request.and_then(|r| r.retry.as_ref()).is_none_or(|p| p.retries_on(RetryOn::StorageUnavailable))
+/// Whether a storage outage ([`Outcome::StorageUnavailable`]) of a job submitted with retry
+/// policy `policy` is retried by the site's rule for lost attempts: yes without a policy, and
+/// with one that lists `storage_unavailable`; otherwise the outage fails the job at once.
+pub(super) fn retries_storage_outages(policy: Option<&RetryPolicy>) -> bool {
+    policy.is_none_or(|p| p.retries_on(RetryOn::StorageUnavailable))
 }
 
 /// For a running job whose EP reported `report` (neither a success nor a storage outage):
-/// when the job's policy (in `request`) lists the outcome and retries are left (at most
+/// when the job's `policy` lists the outcome and retries are left (at most
 /// `max_guest_retries`), ends the attempt `failed` with its reason and usage, charges the
 /// usage (no job counted), records the report (`job.finished`, with the outputs the attempt
 /// stored, `then: "retry"`), and puts the job back to idle after the policy's backoff.
 pub(super) fn guest_retry(
     tx: &Transaction<'_>,
     job: &Failing<'_>,
-    request: Option<&SubmitRequest>,
+    policy: Option<&RetryPolicy>,
     report: &JobReport,
     subject: &Subject,
     max_guest_retries: u32,
     half_life_s: f64,
 ) -> Result<Retry, QueueError> {
-    let Some(policy) = request.and_then(|r| r.retry.as_ref()) else { return Ok(Retry::Final { note: None }) };
+    let Some(policy) = policy else { return Ok(Retry::Final { note: None }) };
     let listed = report.outcome.retry_kind().is_some_and(|k| k != RetryOn::StorageUnavailable && policy.retries_on(k));
     if !listed {
         return Ok(Retry::Final { note: None });

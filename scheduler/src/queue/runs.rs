@@ -13,6 +13,7 @@ use crate::doubt::{Observed, Violation, doubt};
 use crate::error::QueueError;
 use crate::seal::SealRequest as _;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
+use htfaas_functions::manifest::{FailedOutputs, RetryPolicy};
 use htfaas_functions::proto::{
     HOLD_CODE_RETRIES, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, SubmitRequest, Usage,
 };
@@ -308,6 +309,27 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest, attempt: u32) -> JobA
     }
 }
 
+/// What a job's end reads of its stored request: where its outputs go, what becomes of them
+/// after a failure, and its retry policy. The other members (the macaroons above all) are
+/// skipped, not decoded: this runs on the writer's thread, for every report.
+#[derive(serde::Deserialize)]
+struct Ending {
+    output: EndingOutput,
+    #[serde(default)]
+    retry: Option<RetryPolicy>,
+}
+
+/// See [`Ending`].
+#[derive(serde::Deserialize)]
+struct EndingOutput {
+    url: String,
+    #[serde(default)]
+    on_failure: FailedOutputs,
+}
+
+/// The jobs running in an EP session (in the small index of running jobs by session).
+pub(super) const RUNNING_IN_SESSION: &str = "SELECT id, lost, ep FROM jobs WHERE state = 'running' AND ep_session = ?1";
+
 impl Queue {
     /// In one transaction: marks each job that is still idle as running on EP session
     /// `ep_session` (named `ep_name`), and returns what to send for it, as `prepare` made it
@@ -331,7 +353,8 @@ impl Queue {
             for id in job_ids {
                 let row: Option<(String, String, String, u32)> = tx
                     .prepare_cached(
-                        "SELECT request, owner, token_jti, attempts FROM jobs WHERE id = ?1 AND state = 'idle'",
+                        "SELECT request, owner, token_jti, attempts FROM jobs JOIN job_requests USING (seq) \
+                         WHERE id = ?1 AND state = 'idle'",
                     )?
                     .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                     .optional()?;
@@ -444,8 +467,7 @@ impl Queue {
                 params![ep_session, outcome, why, db_int(now)],
             )?;
             let running: Vec<(String, u32, Option<String>)> = {
-                let mut stmt =
-                    tx.prepare_cached("SELECT id, lost, ep FROM jobs WHERE state = 'running' AND ep_session = ?1")?;
+                let mut stmt = tx.prepare_cached(RUNNING_IN_SESSION)?;
                 stmt.query_map(params![ep_session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                     .collect::<Result<_, _>>()?
             };
@@ -547,7 +569,7 @@ fn finish_in(
     let row: Option<Row> = row(
         tx,
         "SELECT owner, cpus, state, grp, ep, lost, attempts, started_at_ms, memory_mb, request \
-             FROM jobs WHERE id = ?1 AND ep_session = ?2 \
+             FROM jobs JOIN job_requests USING (seq) WHERE id = ?1 AND ep_session = ?2 \
              AND (state = 'running' OR (state IN ('removed', 'held') AND usage IS NULL))",
         params![report.job_id, ep_session],
         |r| {
@@ -573,8 +595,9 @@ fn finish_in(
     let subject = job_subject(tx, &report.job_id)?.unwrap_or_default();
     let job = Reported { owner: &owner, group: group.as_deref(), cpus, lost, ep: &ep, ep_session };
     // The EP's word is doubted before anything of it is recorded (crate::doubt).
-    let request = serde_json::from_str::<SubmitRequest>(&request).ok();
+    let request = serde_json::from_str::<Ending>(&request).ok();
     let output_dir = request.as_ref().map_or_else(|| "/nonexistent/".into(), |r| url_path(&r.output.url));
+    let policy = request.as_ref().and_then(|r| r.retry.as_ref());
     let seen = Observed {
         started_at_ms: started.map(from_db),
         now_ms: now_ms(),
@@ -594,7 +617,7 @@ fn finish_in(
         let state = returned(tx, &job, attempt, &report, subject, loss)?;
         return Ok(Some(Finished { owner, state }));
     }
-    if stored == "running" && report.outcome.is_transient() && retries_storage_outages(request.as_ref()) {
+    if stored == "running" && report.outcome.is_transient() && retries_storage_outages(policy) {
         let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
         return Ok(Some(Finished { owner, state }));
     }
@@ -602,7 +625,7 @@ fn finish_in(
     let mut final_note = None;
     if stored == "running" && !report.outcome.is_success() {
         let failing = Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session, attempt };
-        match guest_retry(tx, &failing, request.as_ref(), &report, &subject, max_guest_retries, self_half_life)? {
+        match guest_retry(tx, &failing, policy, &report, &subject, max_guest_retries, self_half_life)? {
             Retry::Again => return Ok(Some(Finished { owner, state: JobState::Idle })),
             Retry::Final { note } => final_note = note,
         }

@@ -10,10 +10,10 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 9] = [
+pub const MIGRATIONS: [&str; 10] = [
     SCHEMA_1,
     MIGRATE_1_TO_2,
     MIGRATE_2_TO_3,
@@ -23,6 +23,7 @@ pub const MIGRATIONS: [&str; 9] = [
     MIGRATE_6_TO_7,
     MIGRATE_7_TO_8,
     MIGRATE_8_TO_9,
+    MIGRATE_9_TO_10,
 ];
 
 /// Version 1: jobs, token uses, accounts.
@@ -145,14 +146,14 @@ CREATE INDEX IF NOT EXISTS jobs_final_by_time ON jobs (finished_at_ms, owner, gr
 
 /// Version 6: jobs by the trace id of their event (`htfaas trace`): the 32 hex
 /// digits of `event.trace` (`00-<trace id>-<span id>-<flags>`) in the stored request.
-/// [`TRACE_ID_OF_JOB`] is the same expression, for queries the index serves.
+/// Replaced in version 10 by the `trace_id` column.
 pub(super) const MIGRATE_5_TO_6: &str = "
 CREATE INDEX IF NOT EXISTS jobs_by_trace ON jobs ((CASE WHEN json_valid(request) THEN substr(json_extract(request, '$.event.trace'), 4, 32) END))
     WHERE json_valid(request) AND json_extract(request, '$.event.trace') IS NOT NULL;
 ";
 
 /// Version 7: jobs by owner, function and input path (`events backfill`: which files
-/// a function has fired on). [`FUNCTION_OF_JOB`] and [`PATH_OF_JOB`] are the same expressions.
+/// a function has fired on). Replaced in version 10 by the `function_name` and `input_path` columns.
 pub(super) const MIGRATE_6_TO_7: &str = "
 CREATE INDEX IF NOT EXISTS jobs_by_function_path ON jobs (owner,
     (CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END),
@@ -174,14 +175,82 @@ UPDATE jobs SET image = json_extract(request, '$.function.digest')
     WHERE json_valid(request) AND json_extract(request, '$.function.native') IS NOT NULL;
 ";
 
-/// A job's function name, as [`MIGRATE_6_TO_7`] indexes it.
-pub const FUNCTION_OF_JOB: &str = "(CASE WHEN json_valid(request) THEN json_extract(request, '$.function.name') END)";
-/// A job's input path (its event's), as [`MIGRATE_6_TO_7`] indexes it.
-pub const PATH_OF_JOB: &str = "(CASE WHEN json_valid(request) THEN json_extract(request, '$.event.path') END)";
+/// Version 10: a job's writes cost as little as they can.
+/// - A job's stored request (JSON, about 3 KiB with its sealed macaroons) moves to a table of
+///   its own, `job_requests`, keyed by the job's `seq`: written once at submit, never updated.
+///   The job's row, which each step of a job rewrites whole (dispatch, end), shrinks from
+///   about a page to a tenth of one.
+/// - What the job's records and indexes name of its request — the function's name and digest,
+///   the event's id, the input path and the trace id (the 32 hex digits of `event.trace`,
+///   `00-<trace id>-<span id>-<flags>`) — are columns, written once at submit from the request
+///   the scheduler has parsed anyway. Before, each index over them parsed the stored request
+///   in SQL at every insert and every job's end, and each audit record of a job parsed it again.
+/// - Jobs by state are indexed only while they may still change ([`LIVE`]): a job's end takes
+///   it out of those small indexes instead of moving it within two large ones that grew with
+///   every job ever run (`jobs_by_state`, `jobs_by_owner_state`); jobs by EP session likewise,
+///   only while running.
+/// - `job_counts` holds the number of jobs in each state, kept by triggers in the transaction
+///   that changes it, so counting them (the metrics, on every scrape) reads a row per state,
+///   not an index entry per job.
+///
+/// The first job-end trigger of the outbox read the request; it is dropped here (the outbox
+/// installs its successor at open), as a column a trigger names cannot be dropped.
+pub(super) const MIGRATE_9_TO_10: &str = "
+ALTER TABLE jobs ADD COLUMN function_name TEXT;
+ALTER TABLE jobs ADD COLUMN function_digest TEXT;
+ALTER TABLE jobs ADD COLUMN event_id TEXT;
+ALTER TABLE jobs ADD COLUMN input_path TEXT;
+ALTER TABLE jobs ADD COLUMN trace_id TEXT;
+UPDATE jobs SET function_name = json_extract(request, '$.function.name'),
+                function_digest = json_extract(request, '$.function.digest'),
+                event_id = json_extract(request, '$.event.id'),
+                input_path = json_extract(request, '$.event.path'),
+                trace_id = substr(json_extract(request, '$.event.trace'), 4, 32)
+    WHERE json_valid(request);
+DROP INDEX IF EXISTS jobs_by_state;
+DROP INDEX IF EXISTS jobs_by_owner_state;
+DROP INDEX IF EXISTS jobs_by_session;
+DROP INDEX IF EXISTS jobs_final_by_time;
+DROP INDEX IF EXISTS jobs_by_trace;
+DROP INDEX IF EXISTS jobs_by_function_path;
+DROP TRIGGER IF EXISTS job_outbox_on_end;
+CREATE TABLE job_requests (seq INTEGER PRIMARY KEY, request TEXT NOT NULL);
+INSERT INTO job_requests (seq, request) SELECT seq, request FROM jobs;
+ALTER TABLE jobs DROP COLUMN request;
+CREATE INDEX jobs_live_by_owner ON jobs (owner, state, seq) WHERE state IN ('idle', 'held', 'running');
+CREATE INDEX jobs_running_by_session ON jobs (ep_session) WHERE state = 'running';
+CREATE INDEX jobs_final_by_time ON jobs (finished_at_ms, owner, grp, function_name, state, cpus, usage)
+    WHERE state IN ('completed', 'failed', 'removed');
+CREATE INDEX jobs_by_trace ON jobs (trace_id) WHERE trace_id IS NOT NULL;
+CREATE INDEX jobs_by_function_path ON jobs (owner, function_name, input_path);
+CREATE TABLE job_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO job_counts (state, n) SELECT state, COUNT(*) FROM jobs GROUP BY state;
+CREATE TRIGGER job_counts_on_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO job_counts (state, n) VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER job_counts_on_state AFTER UPDATE OF state ON jobs WHEN OLD.state IS NOT NEW.state BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE state = OLD.state;
+    INSERT INTO job_counts (state, n) VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER job_counts_on_delete AFTER DELETE ON jobs BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE state = OLD.state;
+    DELETE FROM job_requests WHERE seq = OLD.seq;
+END;
+";
 
-/// A job's trace id, as [`MIGRATE_5_TO_6`] indexes it.
-pub const TRACE_ID_OF_JOB: &str =
-    "(CASE WHEN json_valid(request) THEN substr(json_extract(request, '$.event.trace'), 4, 32) END)";
+/// A job's columns and its stored request together: `FROM {JOB_WITH_REQUEST}`.
+pub(crate) const JOB_WITH_REQUEST: &str = "jobs JOIN job_requests USING (seq)";
+
+/// The states a job may still leave, as the partial indexes of [`MIGRATE_9_TO_10`] name them:
+/// a query that reads only such jobs repeats this very term, which is how SQLite knows such an
+/// index holds every row it needs.
+pub(crate) const LIVE: &str = "state IN ('idle', 'held', 'running')";
+
+/// A job's trace id as [`MIGRATE_9_TO_10`] stores it: the 32 characters after `00-` of the
+/// event's `traceparent` (SQL's `substr(trace, 4, 32)`, on characters).
+pub(crate) fn trace_id_of(trace: &str) -> String {
+    trace.chars().skip(3).take(32).collect()
+}
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
@@ -196,10 +265,10 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), QueueError> {
 /// macaroons expire within hours.
 pub(super) fn seal_stored(tx: &Transaction<'_>, sealer: &crate::seal::Sealer) -> Result<usize, QueueError> {
     let unbound: Vec<(String, String)> = {
-        let mut stmt = tx.prepare(
-            "SELECT id, request FROM jobs WHERE state IN ('idle', 'held', 'running') AND sealed_for_job = 0 \
-             AND json_valid(request)",
-        )?;
+        let mut stmt = tx.prepare(&format!(
+            "SELECT id, request FROM {JOB_WITH_REQUEST} WHERE state IN ('idle', 'held', 'running') \
+             AND sealed_for_job = 0 AND json_valid(request)"
+        ))?;
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
     };
     let mut sealed = 0;
@@ -214,7 +283,12 @@ pub(super) fn seal_stored(tx: &Transaction<'_>, sealer: &crate::seal::Sealer) ->
             }
         };
         let bound = serde_json::to_string(&sealer.seal_request(id, &r)?)?;
-        exec(tx, "UPDATE jobs SET request = ?2, sealed_for_job = 1 WHERE id = ?1", params![id, bound])?;
+        exec(
+            tx,
+            "UPDATE job_requests SET request = ?2 WHERE seq = (SELECT seq FROM jobs WHERE id = ?1)",
+            params![id, bound],
+        )?;
+        exec(tx, "UPDATE jobs SET sealed_for_job = 1 WHERE id = ?1", params![id])?;
         sealed += 1;
     }
     Ok(sealed)

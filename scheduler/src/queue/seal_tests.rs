@@ -8,6 +8,18 @@ use crate::testing::{new_job, request};
 use htfaas_functions::store::Durability;
 use rusqlite::{Connection, params};
 
+/// Writes `request` as job `id`'s stored request, marked as an older build left it (not
+/// sealed for its job), as a writer of the file could.
+fn store_unsealed(path: &std::path::Path, id: &str, request: &str) {
+    let conn = Connection::open(path).expect("open");
+    conn.execute(
+        "UPDATE job_requests SET request = ?2 WHERE seq = (SELECT seq FROM jobs WHERE id = ?1)",
+        params![id, request],
+    )
+    .expect("write the request");
+    conn.execute("UPDATE jobs SET sealed_for_job = 0 WHERE id = ?1", params![id]).expect("mark it unsealed");
+}
+
 /// A reader of the job store's file finds no usable macaroon (each is sealed
 /// under the key beside it); dispatch still hands out the originals; a plain one written by
 /// an older build is read as it is and sealed when the store next opens.
@@ -22,7 +34,7 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     let raw = || -> String {
         Connection::open(&path)
             .expect("a reader of the file")
-            .query_row("SELECT group_concat(request, ' ') FROM jobs", [], |r| r.get(0))
+            .query_row("SELECT group_concat(request, ' ') FROM job_requests", [], |r| r.get(0))
             .expect("requests")
     };
     let stored = raw();
@@ -34,10 +46,7 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     // An older build's row: the same request in plain.
     let second = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
     let plain = serde_json::to_string(&request("k2")).expect("json");
-    Connection::open(&path)
-        .expect("open")
-        .execute("UPDATE jobs SET request = ?2, sealed_for_job = 0 WHERE id = ?1", params![second, plain])
-        .expect("write a plain row");
+    store_unsealed(&path, &second, &plain);
     assert!(raw().contains(&read), "the plain row is there");
     let reopened = Queue::open(&path).expect("reopen");
     assert!(!raw().contains(&read), "sealed at open: {}", raw());
@@ -50,13 +59,7 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     let mut unbound = request("k4");
     unbound.input.macaroon = sealer.seal("input", &unbound.input.macaroon).expect("seal");
     unbound.output.macaroon = sealer.seal("output", &unbound.output.macaroon).expect("seal");
-    Connection::open(&path)
-        .expect("open")
-        .execute(
-            "UPDATE jobs SET request = ?2, sealed_for_job = 0 WHERE id = ?1",
-            params![unbound_id, serde_json::to_string(&unbound).expect("json")],
-        )
-        .expect("write an unbound row");
+    store_unsealed(&path, &unbound_id, &serde_json::to_string(&unbound).expect("json"));
     let reopened = Queue::open(&path).expect("reopen");
     let marked = reopened.mark_running(vec![unbound_id], "ep".into(), "s4".into(), |a, _| Ok(a)).await.expect("mark");
     assert_eq!(marked.assigned[0].input.macaroon, read, "rebound and opened");
@@ -67,7 +70,8 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     let thief = q.submit(new_job("k6", "t6", 1)).await.expect("submit").job_id;
     let conn = Connection::open(&path).expect("open");
     conn.execute(
-        "UPDATE jobs SET request = (SELECT request FROM jobs WHERE id = ?1) WHERE id = ?2",
+        "UPDATE job_requests SET request = (SELECT request FROM jobs JOIN job_requests USING (seq) WHERE id = ?1) \
+         WHERE seq = (SELECT seq FROM jobs WHERE id = ?2)",
         params![victim, thief],
     )
     .expect("move");

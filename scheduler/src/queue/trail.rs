@@ -51,47 +51,26 @@ impl RefusalBudget {
 }
 
 /// What the audit trail names for job `id`: the job, its token's `jti`, owner, function,
-/// digest and event, and its input path (read from the stored request); `None` for an unknown
-/// job.
+/// digest and event, and its input path (the columns written from its request at submit);
+/// `None` for an unknown job. A job whose request did not parse when schema 10 took these
+/// from it names none of the request's members, and its records say so by their absence.
 pub(super) fn job_subject(conn: &Connection, id: &str) -> rusqlite::Result<Option<Subject>> {
-    let row: Option<(String, String, String)> = conn
-        .prepare_cached("SELECT owner, token_jti, request FROM jobs WHERE id = ?1")?
-        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    type Row = (String, String, Option<String>, Option<String>, Option<String>, Option<String>);
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT owner, token_jti, function_name, function_digest, event_id, input_path FROM jobs WHERE id = ?1",
+        )?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
         .optional()?;
-    Ok(row.map(|(owner, jti, request)| {
-        let mut subject =
-            Subject { job: Some(id.to_owned()), owner: Some(owner), token_jti: Some(jti), ..Subject::default() };
-        // One parse of the stored request, of only the members a record names (a corrupt one
-        // names none of them, and the record says so by their absence).
-        if let Ok(r) = serde_json::from_str::<RequestNames>(&request) {
-            subject.function = Some(r.function.name);
-            subject.digest = Some(r.function.digest);
-            subject.event_id = Some(r.event.id);
-            subject.paths = vec![r.event.path];
-        }
-        subject
+    Ok(row.map(|(owner, jti, function, digest, event_id, path)| Subject {
+        job: Some(id.to_owned()),
+        owner: Some(owner),
+        token_jti: Some(jti),
+        function,
+        digest,
+        event_id,
+        paths: path.into_iter().collect(),
     }))
-}
-
-/// The members of a stored [`SubmitRequest`] an audit record's subject names.
-#[derive(serde::Deserialize)]
-struct RequestNames {
-    function: FunctionNames,
-    event: EventNames,
-}
-
-/// See [`RequestNames`].
-#[derive(serde::Deserialize)]
-struct FunctionNames {
-    name: String,
-    digest: String,
-}
-
-/// See [`RequestNames`].
-#[derive(serde::Deserialize)]
-struct EventNames {
-    id: String,
-    path: String,
 }
 
 /// The stored state of job `id`.

@@ -84,7 +84,7 @@ async fn a_fresh_state_directory_is_the_stack_users_alone_and_stored_macaroons_a
     let (jobs, sealed): (i64, i64) = db
         .query_row(
             "SELECT COUNT(*), SUM(json_extract(request, '$.input.macaroon') LIKE 'sealed-v1:%' \
-             AND json_extract(request, '$.output.macaroon') LIKE 'sealed-v1:%') FROM jobs",
+             AND json_extract(request, '$.output.macaroon') LIKE 'sealed-v1:%') FROM job_requests",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )

@@ -1,0 +1,198 @@
+//! Tests of the job table's shape (schema 10): the counts by state the triggers keep, the
+//! migration that takes a version-9 file there, and the query plans of the reads that must
+//! not grow with the number of jobs ever run.
+
+use super::jobs::{FIRED_PATH, OVERDUE, of_trace_sql, unfinished_sql, waiting_of_owner_sql};
+use super::revocations::live_credentials_sql;
+use super::runs::RUNNING_IN_SESSION;
+use super::schema::{LIVE, MIGRATIONS, trace_id_of};
+use super::*;
+use crate::testing::{LOSS, new_job, ok, request};
+use htfaas_functions::proto::{JobReport, Outcome, RevocationTarget, Usage};
+use rusqlite::{Connection, params};
+use std::collections::BTreeMap;
+
+/// The counts `job_counts` holds, against the jobs counted one by one (states at 0 left out).
+async fn assert_counts_match_jobs(q: &Queue) -> BTreeMap<String, i64> {
+    let (kept, counted) = q
+        .call(|c| {
+            let read = |sql: &str| -> rusqlite::Result<BTreeMap<String, i64>> {
+                c.prepare(sql)?.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect()
+            };
+            Ok((
+                read("SELECT state, n FROM job_counts WHERE n != 0")?,
+                read("SELECT state, COUNT(*) FROM jobs GROUP BY state")?,
+            ))
+        })
+        .await
+        .expect("counts");
+    assert_eq!(kept, counted);
+    kept
+}
+
+fn report(id: &str, outcome: Outcome) -> JobReport {
+    JobReport {
+        input_sha256: None,
+        job_id: id.into(),
+        outcome,
+        usage: Usage { wall_ms: 10, ..Usage::default() },
+        outputs: vec![],
+        log: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn the_counts_by_state_follow_every_change_of_a_jobs_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("q.db");
+    let q = Queue::open(&path).expect("open");
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(q.submit(new_job(&format!("k{i}"), &format!("t{i}"), 1)).await.expect("submit").job_id);
+    }
+    // A dedupe hit writes no job and counts none.
+    q.submit(new_job("k0", "t9", 1)).await.expect("dedupe");
+    assert_eq!(assert_counts_match_jobs(&q).await, BTreeMap::from([("idle".into(), 6)]));
+
+    q.mark_running(ids[..4].to_vec(), "ep1".into(), "s1".into(), ok).await.expect("mark");
+    q.finish("s1".into(), report(&ids[0], Outcome::Exited { exit_code: 0 }), LOSS).await.expect("finish");
+    q.finish("s1".into(), report(&ids[1], Outcome::Exited { exit_code: 3 }), LOSS).await.expect("fail");
+    q.act(ids[4].clone(), Action::Hold, "wait".into()).await.expect("hold");
+    q.act(ids[5].clone(), Action::Remove, "no".into()).await.expect("remove");
+    let counts = assert_counts_match_jobs(&q).await;
+    let expected =
+        [("completed", 1), ("failed", 1), ("held", 1), ("removed", 1), ("running", 2)].map(|(s, n)| (s.into(), n));
+    assert_eq!(counts, BTreeMap::from(expected));
+
+    // A lost session sends its running jobs back; a release and a revocation move others.
+    q.lose_session("s1".into(), LOSS, "gone".into()).await.expect("lose");
+    q.act(ids[4].clone(), Action::Release, "go".into()).await.expect("release");
+    q.record_revocation(RevocationTarget::Jti("t2".into()), "leak".into(), "admin".into(), vec![])
+        .await
+        .expect("revoke");
+    let counts = assert_counts_match_jobs(&q).await;
+    let expected = [("completed", 1), ("failed", 1), ("idle", 2), ("removed", 2)].map(|(s, n)| (s.into(), n));
+    assert_eq!(counts, BTreeMap::from(expected));
+    drop(q);
+    // Reopening (which requeues what was running) keeps them right.
+    let q = Queue::open(&path).expect("reopen");
+    assert_eq!(assert_counts_match_jobs(&q).await.values().sum::<i64>(), 6);
+}
+
+#[tokio::test]
+async fn a_version_9_store_gains_its_plain_columns_and_counts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v9.db");
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    {
+        let conn = Connection::open(&path).expect("create v9");
+        for step in &MIGRATIONS[..9] {
+            conn.execute_batch(step).expect("step");
+        }
+        conn.pragma_update(None, "user_version", 9).expect("version");
+        let mut traced = request("k1");
+        traced.event.trace = Some(traceparent.into());
+        let rows = [
+            ("a", "k1", "completed", serde_json::to_string(&traced).expect("json")),
+            ("b", "k2", "idle", serde_json::to_string(&request("k2")).expect("json")),
+            ("c", "k3", "idle", "{not json".to_owned()),
+        ];
+        for (id, key, state, request) in rows {
+            conn.execute(
+                "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, request, cpus, memory_mb, runtime_s, \
+                 submitted_at_ms, finished_at_ms) VALUES (?1, 'alice', ?2, ?3, ?1, ?4, 1, 64, 60, 5, 6)",
+                params![id, key, state, request],
+            )
+            .expect("v9 row");
+        }
+    }
+    let q = Queue::open(&path).expect("open and migrate");
+    type Columns = (String, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, String);
+    let columns: Vec<Columns> = q
+        .call(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, function_name, function_digest, event_id, input_path, trace_id, request \
+                 FROM jobs JOIN job_requests USING (seq) ORDER BY id",
+            )?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+        .expect("columns");
+    let some = |s: &str| Some(s.to_owned());
+    let digest = request("k1").function.digest.to_string();
+    let named = |key: &str, trace: Option<String>| {
+        (some("checksum"), Some(digest.clone()), some(key), some("/data/raw/a"), trace)
+    };
+    let got: Vec<_> =
+        columns.iter().map(|c| (c.1.clone(), c.2.clone(), c.3.clone(), c.4.clone(), c.5.clone())).collect();
+    assert_eq!(
+        got,
+        [named("k1", some("0af7651916cd43dd8448eb211c80319c")), named("k2", None), (None, None, None, None, None)]
+    );
+    // Each request moved whole to `job_requests`, the unparsable one too.
+    assert_eq!(columns[2].6, "{not json");
+    assert!(columns[0].6.contains(traceparent) && columns[1].6.contains("\"k2\""), "{columns:?}");
+    // The job's records name what the columns hold (the unparsable one only the job).
+    let subjects = q
+        .call(|c| Ok((super::trail::job_subject(c, "a")?, super::trail::job_subject(c, "c")?)))
+        .await
+        .expect("subjects");
+    let (a, c) = (subjects.0.expect("a"), subjects.1.expect("c"));
+    assert_eq!(
+        (a.function.as_deref(), a.event_id.as_deref(), a.paths.as_slice()),
+        (Some("checksum"), Some("k1"), &["/data/raw/a".to_owned()][..])
+    );
+    assert_eq!(a.digest, Some(digest.clone()));
+    assert_eq!((c.function, c.digest, c.event_id, c.paths), (None, None, None, vec![]));
+    let counts = assert_counts_match_jobs(&q).await;
+    assert_eq!(counts, BTreeMap::from([("completed".into(), 1), ("idle".into(), 2)]));
+    let traced = q.list_by_trace("0af7651916cd43dd8448eb211c80319c".into(), 10).await.expect("trace");
+    assert_eq!(traced.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["a"]);
+    let fired = q.fired_paths("alice".into(), "checksum".into(), vec!["/data/raw/a".into(), "/x".into()]).await;
+    assert_eq!(fired.expect("fired"), ["/data/raw/a"]);
+    // A job submitted now writes the same columns the migration derived.
+    let mut j = new_job("k4", "t4", 1);
+    j.request.event.trace = Some(traceparent.into());
+    let id = q.submit(j).await.expect("submit").job_id;
+    let traced = q.list_by_trace(trace_id_of(traceparent), 10).await.expect("trace");
+    assert_eq!(traced.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["a", id.as_str()]);
+}
+
+#[tokio::test]
+async fn the_reads_that_must_scale_seek_in_small_indexes_not_the_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    let plans = q
+        .call(|c| {
+            let queries = [
+                (waiting_of_owner_sql(), "jobs_live_by_owner"),
+                (unfinished_sql(), "jobs_live_by_owner"),
+                (live_credentials_sql(), "jobs_live_by_owner"),
+                (RUNNING_IN_SESSION.to_owned(), "jobs_running_by_session"),
+                (OVERDUE.to_owned(), "jobs_running_by_"),
+                (of_trace_sql(), "jobs_by_trace"),
+                (FIRED_PATH.to_owned(), "jobs_by_function_path"),
+            ];
+            let mut out = Vec::new();
+            for (sql, index) in queries {
+                let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                let n = stmt.parameter_count();
+                let nulls = vec![rusqlite::types::Null; n];
+                let plan: Vec<String> =
+                    stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))?.collect::<Result<_, _>>()?;
+                out.push((sql, index, plan));
+            }
+            Ok(out)
+        })
+        .await
+        .expect("plans");
+    for (sql, index, plan) in plans {
+        let shown = plan.join("; ");
+        assert!(shown.contains(index), "{sql}\n  plan: {shown}\n  expected index {index}");
+        // A scan of the whole table reads every job ever run.
+        assert!(plan.iter().all(|step| !step.starts_with("SCAN jobs") || step.contains(" USING ")), "{sql}: {shown}");
+    }
+    assert!(waiting_of_owner_sql().contains(LIVE) && unfinished_sql().contains(LIVE));
+}
