@@ -303,12 +303,17 @@ fn make_job_dir(dir: &Path, spare: Option<PathBuf>) -> std::io::Result<()> {
 }
 
 /// Removes everything under `dir/input` and `dir/output` (links as links, never followed), then
-/// checks that `dir` holds exactly those two, empty, real directories.
+/// checks that `dir` holds exactly those two, empty, real directories, as the EP made them:
+/// mode 0700 and no extended attributes. A guest that owns its `/output` (a native one, in its
+/// user namespace) may change its mode or set a `user.*` attribute on it; kept, that directory
+/// would carry either to the next job, another owner's maybe: a channel between owners.
 fn empty_job_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     let unfit = || std::io::Error::other("not a job directory");
     for sub in ["input", "output"] {
         let sub = dir.join(sub);
-        if !std::fs::symlink_metadata(&sub)?.is_dir() {
+        let meta = std::fs::symlink_metadata(&sub)?;
+        if !meta.is_dir() || meta.permissions().mode() & 0o7777 != 0o700 || has_xattrs(&sub)? {
             return Err(unfit());
         }
         for entry in std::fs::read_dir(&sub)? {
@@ -329,6 +334,19 @@ fn empty_job_dir(dir: &Path) -> std::io::Result<()> {
         return Err(unfit());
     }
     Ok(())
+}
+
+/// Whether `path` (not followed if a link) carries any extended attribute.
+fn has_xattrs(path: &Path) -> std::io::Result<bool> {
+    let mut names = [0u8; 256];
+    match rustix::fs::llistxattr(path, &mut names[..]) {
+        Ok(n) => Ok(n > 0),
+        // More names than the buffer holds: some, then.
+        Err(rustix::io::Errno::RANGE) => Ok(true),
+        // A file system without extended attributes has none to carry.
+        Err(rustix::io::Errno::NOTSUP) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
@@ -380,6 +398,36 @@ mod tests {
         spares.give_back(b.clone(), true, None).await;
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "nothing kept");
         assert!(spares.spare.lock().expect("lock").is_empty());
+    }
+
+    /// A guest that owns its `/output` may change its mode or give it an attribute; either
+    /// would reach the next job through a kept directory, so such a directory is not kept.
+    #[tokio::test]
+    async fn a_dir_whose_mode_or_attributes_a_guest_changed_is_not_kept() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let jobs = tempfile::tempdir().expect("tempdir");
+        let spares = SpareDirs::new(jobs.path().to_owned());
+        let a = jobs.path().join("a");
+        take(&spares, &a).await;
+        std::fs::set_permissions(a.join("output"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        spares.give_back(a.clone(), true, None).await;
+        assert!(spares.spare.lock().expect("lock").is_empty(), "a changed mode is not kept");
+
+        take(&spares, &a).await;
+        let set =
+            rustix::fs::setxattr(a.join("output"), "user.note", b"for the next owner", rustix::fs::XattrFlags::empty());
+        if let Err(e) = set {
+            eprintln!("this file system takes no user attributes ({e}); the mode case stands alone");
+            return;
+        }
+        assert!(has_xattrs(&a.join("output")).expect("list"));
+        spares.give_back(a.clone(), true, None).await;
+        assert!(spares.spare.lock().expect("lock").is_empty(), "an attribute is not kept");
+        assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "removed whole");
+        // An untouched one still is.
+        take(&spares, &a).await;
+        spares.give_back(a, true, None).await;
+        assert_eq!(spares.spare.lock().expect("lock").len(), 1);
     }
 
     #[tokio::test]
