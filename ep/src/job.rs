@@ -199,7 +199,10 @@ impl Jobs {
         if let Err(outcome) = result {
             report.outcome = outcome;
         }
-        self.spares.give_back(dir, !tally.guest_left, Some(busy)).await;
+        // A native job's input may still be open in a process of its sandbox: its inode is
+        // not kept for the next job.
+        let keep_input = job.function.native.is_none();
+        self.spares.give_back(dir, !tally.guest_left, keep_input, Some(busy)).await;
         (report, tally)
     }
 

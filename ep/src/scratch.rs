@@ -202,16 +202,18 @@ impl SpareDirs {
 
     /// Empties `dir` and keeps it as a spare, or removes it whole (see the type's docs); never
     /// keeps it unless `reusable` (no guest thread of its job is left behind, still holding it).
+    /// With `keep_input` (a wasm job's: no process of its own that could hold the file open),
+    /// its input file's inode is kept too, emptied, for the next job's input ([`KEPT_INPUT`]).
     /// `busy` is the directory's [`JobDir::lock`]: a making and first write that a cancel left
     /// running off the async threads end before the directory is emptied, so nothing they write
     /// lands in a spare.
-    pub(crate) async fn give_back(&self, dir: PathBuf, reusable: bool, busy: Option<DirLock>) {
+    pub(crate) async fn give_back(&self, dir: PathBuf, reusable: bool, keep_input: bool, busy: Option<DirLock>) {
         let room = reusable && self.spare.lock().unwrap_or_else(|p| p.into_inner()).len() < MAX_SPARE_DIRS;
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let spare = self.jobs_dir.join(format!(".spare-{n}"));
         let kept = tokio::task::spawn_blocking(move || {
             let _done = busy.as_ref().map(|b| b.lock().unwrap_or_else(|p| p.into_inner()));
-            if room && empty_job_dir(&dir).is_ok() && std::fs::rename(&dir, &spare).is_ok() {
+            if room && empty_job_dir(&dir, keep_input).is_ok() && std::fs::rename(&dir, &spare).is_ok() {
                 return Some(spare);
             }
             match std::fs::remove_dir_all(&dir) {
@@ -258,14 +260,26 @@ impl JobDir {
 
     /// Makes the directory with an empty `input/` and `output/` (removing what a crashed EP
     /// left there), from the spare or anew, then runs `first`, its first write; both under the
-    /// directory's lock. The outer error is the making's, the inner one `first`'s. Blocking.
+    /// directory's lock. `input`: the file `first` creates in `input/` (opened with `O_TRUNC`),
+    /// which takes the spare's kept input inode, if it has one; any other is removed, so the
+    /// guest finds only its own input. The outer error is the making's, the inner one
+    /// `first`'s. Blocking.
     pub(crate) fn make_then<T>(
         mut self,
+        input: Option<&Path>,
         first: impl FnOnce() -> std::io::Result<T>,
     ) -> std::io::Result<std::io::Result<T>> {
         let busy = self.busy.clone();
         let _held = busy.lock().unwrap_or_else(|p| p.into_inner());
         make_job_dir(&self.dir, self.spare.take())?;
+        let kept = self.dir.join("input").join(KEPT_INPUT);
+        if std::fs::symlink_metadata(&kept).is_ok() {
+            let reused =
+                input.filter(|i| i.parent() == kept.parent()).is_some_and(|i| std::fs::rename(&kept, i).is_ok());
+            if !reused {
+                std::fs::remove_file(&kept)?;
+            }
+        }
         Ok(first())
     }
 }
@@ -302,29 +316,47 @@ fn make_job_dir(dir: &Path, spare: Option<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The name under which a spare keeps its last input file's inode, emptied, for the next
+/// job's input ([`JobDir::make_then`] renames it into place before the first write).
+const KEPT_INPUT: &str = ".kept-input";
+
 /// Removes everything under `dir/input` and `dir/output` (links as links, never followed), then
 /// checks that `dir` holds exactly those two, empty, real directories, as the EP made them:
 /// mode 0700 and no extended attributes. A guest that owns its `/output` (a native one, in its
 /// user namespace) may change its mode or set a `user.*` attribute on it; kept, that directory
 /// would carry either to the next job, another owner's maybe: a channel between owners.
-fn empty_job_dir(dir: &Path) -> std::io::Result<()> {
+///
+/// With `keep_input`, one input file is emptied and kept as [`KEPT_INPUT`] instead of removed:
+/// each job's input taking a new inode and freeing it had ext4 search past every inode freed in
+/// the last seconds, a fifth of the EP's CPU at hundreds of jobs a second (BENCHMARKS.md). It is
+/// kept only as nothing of the job before can reach the next through it
+/// ([`empty_for_the_next_job`]).
+fn empty_job_dir(dir: &Path, keep_input: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     let unfit = || std::io::Error::other("not a job directory");
     for sub in ["input", "output"] {
-        let sub = dir.join(sub);
-        let meta = std::fs::symlink_metadata(&sub)?;
-        if !meta.is_dir() || meta.permissions().mode() & 0o7777 != 0o700 || has_xattrs(&sub)? {
+        let sub_dir = dir.join(sub);
+        let meta = std::fs::symlink_metadata(&sub_dir)?;
+        if !meta.is_dir() || meta.permissions().mode() & 0o7777 != 0o700 || has_xattrs(&sub_dir)? {
             return Err(unfit());
         }
-        for entry in std::fs::read_dir(&sub)? {
+        let mut kept = !(keep_input && sub == "input");
+        for entry in std::fs::read_dir(&sub_dir)? {
             let entry = entry?;
+            let path = entry.path();
             if entry.file_type()?.is_dir() {
-                std::fs::remove_dir_all(entry.path())?;
+                std::fs::remove_dir_all(&path)?;
+            } else if !kept && empty_for_the_next_job(&path)? {
+                kept = true;
+                if entry.file_name() != KEPT_INPUT {
+                    std::fs::rename(&path, sub_dir.join(KEPT_INPUT))?;
+                }
             } else {
-                std::fs::remove_file(entry.path())?;
+                std::fs::remove_file(&path)?;
             }
         }
-        if std::fs::read_dir(&sub)?.next().is_some() {
+        let left: Vec<_> = std::fs::read_dir(&sub_dir)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
+        if !(left.is_empty() || (sub == "input" && left == [KEPT_INPUT])) {
             return Err(unfit());
         }
     }
@@ -334,6 +366,24 @@ fn empty_job_dir(dir: &Path) -> std::io::Result<()> {
         return Err(unfit());
     }
     Ok(())
+}
+
+/// Empties the input file at `path` for the next job, if it may be kept: a regular file (not
+/// followed if a link) with one link (no name elsewhere that would see the next input), no
+/// extended attributes, no execute, set-id or sticky bit and nothing writable but by its
+/// owner (as the EP writes inputs); then truncated to nothing and its times set to now, so
+/// neither its bytes nor when it was read reach the next job. `false`: remove it.
+fn empty_for_the_next_job(path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.file_type().is_file() || meta.nlink() != 1 || meta.mode() & 0o7133 != 0 || has_xattrs(path)? {
+        return Ok(false);
+    }
+    let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    file.set_len(0)?;
+    let now = std::time::SystemTime::now();
+    file.set_times(std::fs::FileTimes::new().set_accessed(now).set_modified(now))?;
+    Ok(true)
 }
 
 /// Whether `path` (not followed if a link) carries any extended attribute.
@@ -357,7 +407,7 @@ mod tests {
     /// write does.
     async fn take(spares: &SpareDirs, dir: &Path) {
         let job_dir = spares.claim(dir);
-        let made = tokio::task::spawn_blocking(move || job_dir.make_then(|| Ok(()))).await.expect("join");
+        let made = tokio::task::spawn_blocking(move || job_dir.make_then(None, || Ok(()))).await.expect("join");
         made.expect("make").expect("nothing written");
     }
 
@@ -374,7 +424,7 @@ mod tests {
         let outside = tempfile::tempdir().expect("tempdir");
         std::fs::write(outside.path().join("keep"), b"k").expect("write");
         std::os::unix::fs::symlink(outside.path(), a.join("output/link")).expect("symlink");
-        spares.give_back(a.clone(), true, None).await;
+        spares.give_back(a.clone(), true, false, None).await;
         assert!(!a.exists(), "the job's own directory is gone");
         assert!(outside.path().join("keep").exists(), "a link is removed, not followed");
         // The next job gets the emptied directory under its own name.
@@ -390,14 +440,89 @@ mod tests {
             assert_eq!(std::fs::read_dir(b.join(sub)).expect("list").count(), 0, "{sub} is empty");
         }
         // A directory a guest thread may still hold is removed whole, not kept.
-        spares.give_back(b.clone(), false, None).await;
+        spares.give_back(b.clone(), false, false, None).await;
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "not kept");
         // Nor one holding anything else.
         take(&spares, &b).await;
         std::fs::write(b.join("stray"), b"x").expect("write");
-        spares.give_back(b.clone(), true, None).await;
+        spares.give_back(b.clone(), true, false, None).await;
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "nothing kept");
         assert!(spares.spare.lock().expect("lock").is_empty());
+    }
+
+    /// A wasm job's input file keeps its inode for the next job's input, emptied: the next
+    /// job reads only its own bytes, sees no other file, and a file that a link, an
+    /// attribute or its mode makes unfit, or a native job's, is removed instead.
+    #[tokio::test]
+    async fn a_spare_keeps_its_input_inode_emptied_for_the_next_input_and_only_when_fit() {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let jobs = tempfile::tempdir().expect("tempdir");
+        let spares = SpareDirs::new(jobs.path().to_owned());
+        let write_input = |dir: PathBuf, name: &'static str, body: &'static [u8]| {
+            let job_dir = spares.claim(&dir);
+            let at = dir.join("input").join(name);
+            let first = at.clone();
+            job_dir.make_then(Some(&at), move || std::fs::write(&first, body)).expect("make").expect("write");
+            std::fs::metadata(&at).expect("stat").ino()
+        };
+        let a = jobs.path().join("a");
+        let first = write_input(a.clone(), "raw.dat", b"owner one's secret input");
+        spares.give_back(a, true, true, None).await;
+        let b = jobs.path().join("b");
+        let second = write_input(b.clone(), "other.dat", b"two");
+        assert_eq!(first, second, "the inode is reused");
+        let names: Vec<_> =
+            std::fs::read_dir(b.join("input")).expect("list").map(|e| e.expect("entry").file_name()).collect();
+        assert_eq!(names, ["other.dat"], "the guest sees its own input alone");
+        assert_eq!(std::fs::read(b.join("input/other.dat")).expect("read"), b"two", "nothing of the input before");
+
+        // Unfit: a second link to it, group-writable, an attribute, or a native job's.
+        /// What a case does to the input file before its directory is given back.
+        type Spoil = Box<dyn Fn(&Path)>;
+        let spoilers: [(&str, Spoil, bool); 4] = [
+            (
+                "a second name in /output",
+                Box::new(|f: &Path| {
+                    let alias = f.parent().and_then(Path::parent).expect("job dir").join("output/alias");
+                    std::fs::hard_link(f, alias).expect("link");
+                }),
+                true,
+            ),
+            (
+                "its mode",
+                Box::new(|f: &Path| {
+                    std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o664)).expect("chmod")
+                }),
+                true,
+            ),
+            (
+                "an attribute",
+                Box::new(|f: &Path| {
+                    let _ = rustix::fs::setxattr(f, "user.note", b"hi", rustix::fs::XattrFlags::empty());
+                }),
+                true,
+            ),
+            ("a native job", Box::new(|_: &Path| {}), false),
+        ];
+        for (what, spoil, keep_input) in spoilers {
+            let c = jobs.path().join("c");
+            write_input(c.clone(), "in", b"x");
+            spoil(&c.join("input/in"));
+            if what == "an attribute" && !has_xattrs(&c.join("input/in")).expect("list") {
+                eprintln!("this file system takes no user attributes; skipping that case");
+                std::fs::remove_file(c.join("input/in")).expect("rm");
+            }
+            spares.give_back(c, true, keep_input, None).await;
+            // The directory is kept (nothing else is wrong with it), its input file is not.
+            let spare = spares.spare.lock().expect("lock").last().cloned().expect("a spare");
+            assert_eq!(std::fs::read_dir(spare.join("input")).expect("list").count(), 0, "{what}: not kept");
+            let d = jobs.path().join("d");
+            write_input(d.clone(), "in", b"y");
+            let names: Vec<_> =
+                std::fs::read_dir(d.join("input")).expect("list").map(|e| e.expect("entry").file_name()).collect();
+            assert_eq!(names, ["in"], "{what}");
+            spares.give_back(d, true, false, None).await;
+        }
     }
 
     /// A guest that owns its `/output` may change its mode or give it an attribute; either
@@ -410,7 +535,7 @@ mod tests {
         let a = jobs.path().join("a");
         take(&spares, &a).await;
         std::fs::set_permissions(a.join("output"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        spares.give_back(a.clone(), true, None).await;
+        spares.give_back(a.clone(), true, false, None).await;
         assert!(spares.spare.lock().expect("lock").is_empty(), "a changed mode is not kept");
 
         take(&spares, &a).await;
@@ -421,12 +546,12 @@ mod tests {
             return;
         }
         assert!(has_xattrs(&a.join("output")).expect("list"));
-        spares.give_back(a.clone(), true, None).await;
+        spares.give_back(a.clone(), true, false, None).await;
         assert!(spares.spare.lock().expect("lock").is_empty(), "an attribute is not kept");
         assert_eq!(std::fs::read_dir(jobs.path()).expect("list").count(), 0, "removed whole");
         // An untouched one still is.
         take(&spares, &a).await;
-        spares.give_back(a, true, None).await;
+        spares.give_back(a, true, false, None).await;
         assert_eq!(spares.spare.lock().expect("lock").len(), 1);
     }
 
@@ -436,7 +561,7 @@ mod tests {
         let spares = SpareDirs::new(jobs.path().to_owned());
         let a = jobs.path().join("a");
         take(&spares, &a).await;
-        spares.give_back(a, true, None).await;
+        spares.give_back(a, true, false, None).await;
         assert_eq!(spares.spare.lock().expect("lock").len(), 1, "one spare kept");
         // Claimed and dropped unmade (the job failed before its first write): the spare is
         // listed again, still on disk, and no job directory was made.
@@ -449,7 +574,7 @@ mod tests {
         // Claimed and made off the async threads: the spare is renamed into place.
         let made = spares.claim(&b);
         let busy = made.lock();
-        let wrote = tokio::task::spawn_blocking(move || made.make_then(|| Ok(7))).await.expect("join");
+        let wrote = tokio::task::spawn_blocking(move || made.make_then(None, || Ok(7))).await.expect("join");
         assert_eq!(wrote.expect("made").expect("first write"), 7);
         assert!(b.join("input").is_dir() && b.join("output").is_dir());
         assert!(spares.spare.lock().expect("lock").is_empty(), "the spare was used");
@@ -471,7 +596,7 @@ mod tests {
         let back = tokio::spawn({
             let jobs_dir = jobs.path().to_owned();
             let (b, busy) = (b.clone(), busy.clone());
-            async move { SpareDirs::new(jobs_dir).give_back(b, true, Some(busy)).await }
+            async move { SpareDirs::new(jobs_dir).give_back(b, true, false, Some(busy)).await }
         });
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(b.exists(), "not emptied while the write holds the lock");

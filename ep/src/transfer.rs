@@ -284,13 +284,13 @@ async fn download_once(
         }
         let sha256 = hex::encode(Sha256::digest(&body));
         let to = dest.to_owned();
-        in_job_dir(dir.take(), move || std::fs::write(&to, &body)).await?.map_err(local)?;
+        in_job_dir(dir.take(), dest, move || std::fs::write(&to, &body)).await?.map_err(local)?;
         *n += len;
         return Ok(sha256);
     }
     // A larger one streams into a file created with its directory, in one call.
     let to = dest.to_owned();
-    let file = in_job_dir(dir.take(), move || std::fs::File::create(&to)).await?.map_err(local)?;
+    let file = in_job_dir(dir.take(), dest, move || std::fs::File::create(&to)).await?.map_err(local)?;
     let file = tokio::fs::File::from_std(file);
     let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
     let mut body = resp.bytes_stream();
@@ -311,15 +311,18 @@ async fn download_once(
     Ok(hex::encode(hash.finalize()))
 }
 
-/// Runs `first` (a job's first write into its directory) off the async threads, making `dir`
-/// first in the same call when it is given ([`JobDir::make_then`]). The outer error is the
-/// making's (or the call's), the inner one `first`'s.
+/// Runs `first` (a job's first write into its directory: it creates the input file `input`)
+/// off the async threads, making `dir` first in the same call when it is given
+/// ([`JobDir::make_then`]). The outer error is the making's (or the call's), the inner one
+/// `first`'s.
 async fn in_job_dir<T: Send + 'static>(
     dir: Option<JobDir>,
+    input: &Path,
     first: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> Result<std::io::Result<T>, Failed> {
+    let input = input.to_owned();
     let made = off_thread(move || match dir {
-        Some(dir) => dir.make_then(first),
+        Some(dir) => dir.make_then(Some(&input), first),
         None => Ok(first()),
     });
     made.await.map_err(|e| Failed::permanent(format!("create job dir: {e}")))
