@@ -272,12 +272,14 @@ impl JobDir {
         let busy = self.busy.clone();
         let _held = busy.lock().unwrap_or_else(|p| p.into_inner());
         make_job_dir(&self.dir, self.spare.take())?;
+        // The spare's kept input, if any, becomes `input`; else it goes (one call either way
+        // when there is none: the rename or the removal finds nothing).
         let kept = self.dir.join("input").join(KEPT_INPUT);
-        if std::fs::symlink_metadata(&kept).is_ok() {
-            let reused =
-                input.filter(|i| i.parent() == kept.parent()).is_some_and(|i| std::fs::rename(&kept, i).is_ok());
-            if !reused {
-                std::fs::remove_file(&kept)?;
+        let reused = input.filter(|i| i.parent() == kept.parent()).is_some_and(|i| std::fs::rename(&kept, i).is_ok());
+        if !reused {
+            match std::fs::remove_file(&kept) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
             }
         }
         Ok(first())
@@ -355,17 +357,22 @@ fn empty_job_dir(dir: &Path, keep_input: bool) -> std::io::Result<()> {
                 std::fs::remove_file(&path)?;
             }
         }
-        let left: Vec<_> = std::fs::read_dir(&sub_dir)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
+        let left = names_in(&sub_dir)?;
         if !(left.is_empty() || (sub == "input" && left == [KEPT_INPUT])) {
             return Err(unfit());
         }
     }
-    let mut names: Vec<_> = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
-    names.sort();
-    if names != ["input", "output"] {
+    if names_in(dir)? != ["input", "output"] {
         return Err(unfit());
     }
     Ok(())
+}
+
+/// The names in directory `dir`, sorted.
+fn names_in(dir: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+    let mut names = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>()?;
+    names.sort();
+    Ok(names)
 }
 
 /// Empties the input file at `path` for the next job, if it may be kept: a regular file (not
@@ -471,9 +478,7 @@ mod tests {
         let b = jobs.path().join("b");
         let second = write_input(b.clone(), "other.dat", b"two");
         assert_eq!(first, second, "the inode is reused");
-        let names: Vec<_> =
-            std::fs::read_dir(b.join("input")).expect("list").map(|e| e.expect("entry").file_name()).collect();
-        assert_eq!(names, ["other.dat"], "the guest sees its own input alone");
+        assert_eq!(names_in(&b.join("input")).expect("list"), ["other.dat"], "the guest sees its own input alone");
         assert_eq!(std::fs::read(b.join("input/other.dat")).expect("read"), b"two", "nothing of the input before");
 
         // Unfit: a second link to it, group-writable, an attribute, or a native job's.
@@ -518,9 +523,7 @@ mod tests {
             assert_eq!(std::fs::read_dir(spare.join("input")).expect("list").count(), 0, "{what}: not kept");
             let d = jobs.path().join("d");
             write_input(d.clone(), "in", b"y");
-            let names: Vec<_> =
-                std::fs::read_dir(d.join("input")).expect("list").map(|e| e.expect("entry").file_name()).collect();
-            assert_eq!(names, ["in"], "{what}");
+            assert_eq!(names_in(&d.join("input")).expect("list"), ["in"], "{what}");
             spares.give_back(d, true, false, None).await;
         }
     }
