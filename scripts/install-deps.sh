@@ -8,6 +8,7 @@
 #     components (`htfaas fn build`, examples/python), in the same venv
 #   - componentize-js 0.23.0 (npm), which builds JavaScript functions into components, in
 #     .tools/node (Debian's nodejs and npm first, when node is missing)
+#   - oidc-provider 9.13.3 (npm), the identity tests' real OpenID provider, in .tools/oidc
 #   - a real XRootD with the macaroon plugin (apt: xrootd-server xrootd-server-plugins, plus
 #     openssl curl util-linux for scripts/xrootd/start.sh), when `xrootd` is missing
 #   - clang for wasm32-wasi with Debian's wasi-libc, for the C example guests (apt: clang lld
@@ -244,6 +245,14 @@ if command -v npm >/dev/null 2>&1 && [[ ! -f $TOOLS/node/.ok-componentize-js-0.2
 fi
 if [[ -x $TOOLS/node/node_modules/.bin/componentize-js ]]; then
   echo "install-deps: componentize-js at $TOOLS/node/node_modules/.bin/componentize-js" >&2
+fi
+# The identity tests' OpenID provider (tests/e2e/identity.rs runs tests/oidc/idp.mjs on it):
+# oidc-provider 9, the OpenID-certified Node.js library; 34 npm packages, ~2 s.
+if command -v npm >/dev/null 2>&1 && [[ ! -f $TOOLS/oidc/.ok-oidc-provider-9.13.3 ]]; then
+  echo "install-deps: installing oidc-provider 9.13.3 into $TOOLS/oidc" >&2
+  mkdir -p "$TOOLS/oidc"
+  npm install --prefix "$TOOLS/oidc" --no-audit --no-fund --silent "oidc-provider@9.13.3" >&2
+  touch "$TOOLS/oidc/.ok-oidc-provider-9.13.3"
 fi
 "$TOOLS/venv/bin/nats-server" --version >&2
 echo "$TOOLS/venv/bin/nats-server"

@@ -18,7 +18,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 use cli::{
-    accounting, annex, args, audit, bridge, dlq, ep, events, files, fn_cmd, harness, image, jobs, login, logs, ns,
+    accounting, annex, args, audit, bridge, dlq, ep, events, files, fn_cmd, harness, image, jobs, login, logs, map, ns,
     serve, submit, token, trace, up,
 };
 use std::path::PathBuf;
@@ -109,6 +109,12 @@ enum Command {
         #[command(subcommand)]
         command: ns::NsCommand,
     },
+    /// The site's identity map (the gateway's `identity_map`): `map test` shows which rule an
+    /// identity (token claims, or a token's) matches and the owner, groups and grants it gives.
+    Map {
+        #[command(subcommand)]
+        command: map::MapCommand,
+    },
     /// List jobs, newest first; or show one's history or analysis; or hold, release or remove one.
     Jobs(jobs::JobsArgs),
     /// The dead-letter list: firings that could not become jobs and jobs that failed; list,
@@ -196,6 +202,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Fn { command } => fn_cmd::run(command).await,
         Command::Image { command } => image::run(command).await,
         Command::Ns { command } => ns::run(command).await,
+        Command::Map { command } => map::run(command),
         Command::Jobs(args) => jobs::run(args).await,
         Command::Dlq(args) => dlq::run(args).await,
         Command::Trace(args) => trace::run(args).await,

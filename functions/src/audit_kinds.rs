@@ -6,6 +6,7 @@
 //! audit records): must not know SQLite, the chain or the verifier.
 
 use crate::audit::{AuditDraft, AuditKind, MacaroonFacts, Subject};
+use crate::identity_map::{Identity, Mapped};
 use crate::proto::{Outcome, OutputFile, Revocation, RevocationTarget, Usage};
 use crate::resources::Resources;
 use crate::token::{AttachClaims, SubmitClaims};
@@ -150,6 +151,32 @@ impl AuditDraft {
     ) -> AuditDraft {
         let detail = serde_json::json!({ "ep": ep, "refused": refused, "macaroons": macaroons });
         AuditDraft::new(AuditKind::MacaroonsRenewal, subject, detail).with_actor(actor)
+    }
+
+    /// `identity.mapped`: `identity` became owner `mapped.owner` (or its rule, groups or grants
+    /// changed). Subject: the owner, the token's `jti` if it has one. Detail: `{issuer, sub,
+    /// rule, groups, grants, first}` (`first`: the identity claimed the owner name now).
+    pub fn identity_mapped(identity: &Identity, mapped: &Mapped, jti: Option<&str>, first: bool) -> AuditDraft {
+        let subject =
+            Subject { owner: Some(mapped.owner.clone()), token_jti: jti.map(str::to_owned), ..Subject::default() };
+        let grants: Vec<String> = mapped.grants.iter().map(|g| format!("{} {}", g.right, g.value)).collect();
+        let detail = serde_json::json!({
+            "issuer": identity.issuer, "sub": identity.sub, "rule": mapped.rule,
+            "groups": mapped.groups, "grants": grants, "first": first,
+        });
+        AuditDraft::new(AuditKind::IdentityMapped, subject, detail).with_actor(format!("oidc:{}", identity.sub))
+    }
+
+    /// `identity.refused`: a verified `identity` was not let in. Subject: the owner it would
+    /// have become, if a rule got that far; the token's `jti`. Detail: `{issuer, sub, groups,
+    /// reason}`.
+    pub fn identity_refused(identity: &Identity, owner: Option<&str>, jti: Option<&str>, reason: &str) -> AuditDraft {
+        let subject =
+            Subject { owner: owner.map(str::to_owned), token_jti: jti.map(str::to_owned), ..Subject::default() };
+        let detail = serde_json::json!({
+            "issuer": identity.issuer, "sub": identity.sub, "groups": identity.groups, "reason": reason,
+        });
+        AuditDraft::new(AuditKind::IdentityRefused, subject, detail).with_actor(format!("oidc:{}", identity.sub))
     }
 
     /// `token.revoked`: actor `by`. Subject: the `jti` or owner named. Detail: the

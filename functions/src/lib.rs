@@ -13,6 +13,8 @@
 //!   functions as content-addressed wasm modules with versioned manifests, stored in SQLite
 //!   plus a blob directory; [`on_failure`]: what a function asks for when a run fails (its
 //!   retry policy, what becomes of its outputs, the quarantine directory);
+//!   [`identity_map`]: the site's identity map (a verified OIDC identity → owner, accounting
+//!   groups, grants);
 //! - [`audit`]: the audit trail: record format, drafts and signed checkpoints; with feature
 //!   `db`, one hash-chained, append-only log per writer (SQLite), lineage queries and the
 //!   verifier that names the first tampered record; [`audit_kinds`]: the constructor of every
@@ -41,6 +43,7 @@ mod audit_kinds;
 pub mod digest;
 pub mod event;
 pub mod glob;
+pub mod identity_map;
 pub mod macaroon;
 pub mod manifest;
 pub mod metrics;

@@ -87,6 +87,9 @@ pub enum GrantSource {
     Config,
     /// An admin, through the API (`htfaas ns grant`), kept in the registry.
     Admin,
+    /// The site's identity map: a rule's grants for an identity it mapped, in force while
+    /// the map keeps the rule ([`crate::identity_map`]).
+    Map,
 }
 
 /// A grant in force, as `GET /v1/namespaces` lists it.

@@ -174,6 +174,17 @@ pub struct Config {
     /// the registry), but only this list takes its own grants back. Default: none.
     #[serde(default)]
     pub namespaces: Vec<htfaas_functions::namespace::Grant>,
+    /// The site's OIDC issuers whose bearer tokens the API accepts beside its own API tokens
+    /// (see [`crate::oidc`]), e.g. `[{"issuer": "https://login.example.org/realms/site",
+    /// "audience": "htfaas"}]`. Their identities become owners through `identity_map`.
+    /// Default: none.
+    #[serde(default)]
+    pub oidc_issuers: Vec<crate::oidc::IssuerConfig>,
+    /// The identity map file (JSON; [`htfaas_functions::identity_map`]): which owner, accounting
+    /// groups and grants each identity of `oidc_issuers` becomes; watched and reloaded when it
+    /// changes. Required with `oidc_issuers`. Default: none.
+    #[serde(default)]
+    pub identity_map: Option<PathBuf>,
     /// Whether the firing table fsyncs each commit (`fsync`, the default: WAL with
     /// `synchronous=FULL`) or only writes it to its log (`log`: `synchronous=NORMAL`, survives a
     /// crash of the process, not of the machine). Either way a batch of events is one commit.

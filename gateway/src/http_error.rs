@@ -37,7 +37,9 @@ impl From<RegistryError> for HttpError {
             RegistryError::InUse(_) => StatusCode::CONFLICT,
             RegistryError::Grant(_) => StatusCode::BAD_REQUEST,
             RegistryError::NotFound(_) | RegistryError::NoSuchVersion(..) => StatusCode::NOT_FOUND,
-            RegistryError::QuotaExceeded(_) | RegistryError::NotOwner(..) => StatusCode::FORBIDDEN,
+            RegistryError::QuotaExceeded(_) | RegistryError::NotOwner(..) | RegistryError::IdentityTaken(_) => {
+                StatusCode::FORBIDDEN
+            }
             RegistryError::Db(_) | RegistryError::Io(_) | RegistryError::Corrupt(_) => {
                 tracing::error!("registry failure: {e}");
                 StatusCode::INTERNAL_SERVER_ERROR

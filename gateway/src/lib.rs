@@ -21,11 +21,14 @@
 //! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
 //!   share ([`Shared`]), with the HTTP clients of [`clients`].
 //!
+//! - [`oidc`] verifies the site's OIDC tokens; [`identities`] maps them to owners with the
+//!   site's identity map and binds each owner to its identity.
+//!
 //! Layers, bottom up (a module imports only from its own layer or below): the leaves (`stats`,
-//! `triggers`, `storage_client`, `clients`, `http_error`, ...; events are decoded by
+//! `triggers`, `storage_client`, `clients`, `http_error`, `oidc`, ...; events are decoded by
 //! [`htfaas_functions::sources`], and the bridges are the crate `htfaas-bridges`),
 //! records and grants (`audit`, `namespaces`, `submit`, `auth`, `config`, `secrets`), the firing table
-//! (`firing`) and job building (`jobs`), `state`, then the steps that take it (`ingest`,
+//! (`firing`) and job building (`jobs`), `state` and `identities`, then the steps that take it (`ingest`,
 //! `dispatch`, `replay`), and `api` on top; nothing imports `api`.
 //!
 //! Invariants: the gateway never runs wasm and never talks to an EP; it never logs a macaroon, a
@@ -42,12 +45,14 @@ mod dead_letters;
 mod dispatch;
 pub mod firing;
 mod http_error;
+pub mod identities;
 pub mod ingest;
 pub mod jobs;
 pub mod lanes;
 pub mod listing;
 mod metrics;
 pub mod namespaces;
+pub mod oidc;
 pub mod openapi;
 pub mod replay;
 mod secrets;
@@ -116,6 +121,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
     // EPs compile registered functions' modules ahead of their first event.
     let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
+    // The identity map, reloaded when its file changes (with OIDC issuers only).
+    let map_watch = {
+        let shared = shared.clone();
+        let stop = shutdown.child_token();
+        tokio::spawn(async move {
+            if let Some(ids) = &shared.identities {
+                identities::watch(ids, &shared.registry, &shared.namespaces, stop).await;
+            }
+        })
+    };
     // The counters' history, for the console's event-flow chart.
     let sampler = tokio::spawn(sample_stats(shared.clone(), shutdown.child_token()));
     // Failed jobs into the dead-letter list, from the scheduler's notifications, on a
@@ -154,6 +169,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
     let _ = warm.await;
     let _ = sampler.await;
+    let _ = map_watch.await;
     let _ = dead_letters.await;
     let _ = webhooks.await;
     tracing::info!("gateway stopped");

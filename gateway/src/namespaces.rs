@@ -1,5 +1,7 @@
-//! Namespace grants at the gateway: the site's configured grants (`Config::namespaces`) plus
-//! those an admin made (kept in the registry), held in memory for the checks of every
+//! Namespace grants at the gateway: the site's configured grants (`Config::namespaces`), those
+//! an admin made (kept in the registry) and those the identity map gives the identities it
+//! bound (kept with each binding, in force while the map still holds the rule that gave them:
+//! [`Namespaces::set_live_rules`]), held in memory for the checks of every
 //! registration, firing, manual run, dry run and test ([`Namespaces::of`]). The API an admin
 //! grants, lists and revokes them with (`/v1/namespaces`, each change audited) is
 //! [`crate::api::namespaces`].
@@ -10,7 +12,7 @@
 use htfaas_functions::Registry;
 use htfaas_functions::namespace::{Grant, GrantEntry, GrantSource, Namespace, NamespaceError};
 use htfaas_functions::registry::RegistryError;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 /// Every grant in force: the configured ones and the stored ones, also by principal (a firing
@@ -19,12 +21,17 @@ use std::sync::{Arc, RwLock};
 pub struct Namespaces {
     pub(crate) configured: Vec<Grant>,
     all: RwLock<Arc<Index>>,
+    /// The (issuer, rule) pairs of the identity map in force; `None` without a map (then no
+    /// binding's grants are in force).
+    live_rules: RwLock<Option<HashSet<(String, String)>>>,
 }
 
 #[derive(Debug, Default)]
 struct Index {
     list: Vec<Grant>,
     by_principal: HashMap<String, Vec<Grant>>,
+    /// The grants in `list` that come from the identity map only.
+    mapped: HashSet<Grant>,
 }
 
 impl Namespaces {
@@ -33,22 +40,41 @@ impl Namespaces {
         for g in &configured {
             g.validate().map_err(|e| RegistryError::Grant(format!("{g}: {e}")))?;
         }
-        let ns = Namespaces { configured, all: RwLock::new(Arc::default()) };
+        let ns = Namespaces { configured, all: RwLock::new(Arc::default()), live_rules: RwLock::new(None) };
         ns.reload(registry)?;
         Ok(ns)
     }
 
-    /// Reads the stored grants again (after a grant or a revocation).
+    /// Which identity map rules are in force (their bindings' grants count); `None`: no map.
+    /// Takes effect at the next [`Namespaces::reload`].
+    pub fn set_live_rules(&self, rules: Option<Vec<(String, String)>>) {
+        *self.live_rules.write().unwrap_or_else(|p| p.into_inner()) = rules.map(|r| r.into_iter().collect());
+    }
+
+    /// Reads the stored grants and the bound identities' grants again (after a grant, a
+    /// revocation, a sign-in that bound or changed an identity, a new identity map).
     pub fn reload(&self, registry: &Registry) -> Result<(), RegistryError> {
         let mut all = self.configured.clone();
         all.extend(registry.grants()?);
+        let mut mapped = HashSet::new();
+        let live = self.live_rules.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(live) = live {
+            for b in registry.identities()? {
+                if !live.contains(&(b.issuer.clone(), b.rule.clone())) {
+                    continue;
+                }
+                // A binding's grants are its owner's only, whatever the stored row says.
+                mapped.extend(b.grants.into_iter().filter(|g| g.principal == b.owner && !all.contains(g)));
+            }
+        }
+        all.extend(mapped.iter().cloned());
         all.sort();
         all.dedup();
         let mut by_principal: HashMap<String, Vec<Grant>> = HashMap::new();
         for g in &all {
             by_principal.entry(g.principal.clone()).or_default().push(g.clone());
         }
-        *self.all.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Index { list: all, by_principal });
+        *self.all.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Index { list: all, by_principal, mapped });
         Ok(())
     }
 
@@ -92,13 +118,20 @@ impl Namespaces {
 
     /// Every grant with where it comes from; only `principal`'s when given.
     pub fn list(&self, principal: Option<&str>) -> Vec<GrantEntry> {
-        self.index()
+        let index = self.index();
+        index
             .list
             .iter()
             .filter(|g| principal.is_none_or(|p| g.principal == p))
             .map(|g| GrantEntry {
                 grant: g.clone(),
-                source: if self.configured.contains(g) { GrantSource::Config } else { GrantSource::Admin },
+                source: if self.configured.contains(g) {
+                    GrantSource::Config
+                } else if index.mapped.contains(g) {
+                    GrantSource::Map
+                } else {
+                    GrantSource::Admin
+                },
             })
             .collect()
     }

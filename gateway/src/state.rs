@@ -84,6 +84,8 @@ pub struct Shared {
     pub source_paths: Arc<sources::binding::Bindings>,
     /// Failure webhooks: the hosts allowed and their client.
     pub webhooks: crate::webhooks::Webhooks,
+    /// The site's OIDC callers ([`crate::identities`]); `None` without `oidc_issuers`.
+    pub identities: Option<crate::identities::Identities>,
 }
 
 impl Shared {
@@ -106,13 +108,32 @@ impl Shared {
 
     /// The caller of a route open to either scope ([`auth::require_caller`]): 401 without a
     /// credential that verifies.
+    /// An OIDC bearer counts once the API's `authenticate` layer resolved it.
     pub fn require_caller(&self, headers: &axum::http::HeaderMap) -> Result<auth::Caller, HttpError> {
+        if let Some(who) = self.oidc_caller(headers) {
+            return Ok(who.caller);
+        }
         auth::require_caller(&self.admin_token, &self.api_verifier, headers)
     }
 
+    /// The OIDC caller of `headers`, when its bearer was resolved to one
+    /// ([`crate::identities`]).
+    pub fn oidc_caller(&self, headers: &axum::http::HeaderMap) -> Option<crate::identities::OidcCaller> {
+        self.identities.as_ref()?.cached(auth::bearer(headers)?)
+    }
+
     /// Checks that the caller has the admin scope ([`auth::require_admin`]): 401 without a
-    /// valid credential, 403 with a developer's.
+    /// valid credential, 403 with a developer's (an OIDC caller is one).
     pub fn require_admin(&self, headers: &axum::http::HeaderMap) -> Result<(), HttpError> {
+        if let Some(who) = self.oidc_caller(headers) {
+            return Err(HttpError(
+                axum::http::StatusCode::FORBIDDEN,
+                format!(
+                    "this route needs scope admin; {:?} signed in through OIDC has scope developer",
+                    who.caller.name
+                ),
+            ));
+        }
         auth::require_admin(&self.admin_token, &self.api_verifier, headers)
     }
 
@@ -230,6 +251,20 @@ impl Config {
                  (`htfaas ns grant`, or `namespaces` in the gateway's configuration)"
             );
         }
+        let identities = match (self.oidc_issuers.is_empty(), &self.identity_map) {
+            (true, None) => None,
+            (true, Some(_)) => anyhow::bail!("identity_map is set and oidc_issuers is empty: no token would be mapped"),
+            (false, None) => anyhow::bail!(
+                "oidc_issuers needs an identity_map: without one, no identity of those issuers could act as anyone"
+            ),
+            (false, Some(path)) => {
+                let oidc = crate::oidc::Oidc::new(self.oidc_issuers, crate::clients::http_client()?)?;
+                let ids = crate::identities::Identities::load(oidc, path)?;
+                namespaces.set_live_rules(Some(ids.live_rules()));
+                namespaces.reload(&registry).context("load the identity map's grants")?;
+                Some(ids)
+            }
+        };
         let source_paths = sources::binding::Bindings::new(self.source_paths)?;
         if source_paths.is_open() {
             tracing::warn!(
@@ -242,6 +277,7 @@ impl Config {
             htfaas_functions::seal::Sealer::load_or_create(&secrets_key_file).context("the secrets key")?,
         );
         let shared = Shared {
+            identities,
             source_paths: Arc::new(source_paths),
             secrets,
             triggers: triggers::TriggerCache::default(),
@@ -361,6 +397,8 @@ mod tests {
             audit_checkpoint_records: default_audit_checkpoint_records(),
             audit_checkpoint_s: default_audit_checkpoint_s(),
             namespaces: vec![],
+            oidc_issuers: vec![],
+            identity_map: None,
             durability: Default::default(),
             http: Default::default(),
             module_quota: Default::default(),

@@ -19,6 +19,7 @@ pub mod image;
 pub mod jobs;
 pub mod login;
 pub mod logs;
+pub mod map;
 pub mod ns;
 pub mod output;
 pub mod serve;

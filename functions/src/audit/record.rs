@@ -47,13 +47,19 @@ pub enum AuditKind {
     /// `macaroons.renewal`: a running job's macaroons were renewed, or a renewal was refused;
     /// the scheduler records the EP's request, the gateway the storage's answer.
     MacaroonsRenewal,
+    /// `identity.mapped`: an identity of the site's OIDC provider became an owner (first
+    /// sign-in), or its rule, groups or grants changed.
+    IdentityMapped,
+    /// `identity.refused`: a verified identity of the site's OIDC provider was refused (no
+    /// rule, a refused mapping, an owner bound to another identity).
+    IdentityRefused,
     /// A kind this build does not know (written by a newer one).
     Other(String),
 }
 
 impl AuditKind {
     /// Every kind this build knows.
-    pub const KNOWN: [AuditKind; 14] = [
+    pub const KNOWN: [AuditKind; 16] = [
         AuditKind::EventMatched,
         AuditKind::TokenMinted,
         AuditKind::MacaroonsObtained,
@@ -68,6 +74,8 @@ impl AuditKind {
         AuditKind::TokenRevoked,
         AuditKind::AdminAction,
         AuditKind::MacaroonsRenewal,
+        AuditKind::IdentityMapped,
+        AuditKind::IdentityRefused,
     ];
 
     /// The stored name.
@@ -87,6 +95,8 @@ impl AuditKind {
             AuditKind::TokenRevoked => "token.revoked",
             AuditKind::AdminAction => "admin.action",
             AuditKind::MacaroonsRenewal => "macaroons.renewal",
+            AuditKind::IdentityMapped => "identity.mapped",
+            AuditKind::IdentityRefused => "identity.refused",
             AuditKind::Other(s) => s,
         }
     }

@@ -101,6 +101,25 @@ pub struct WhoAmI {
     pub name: String,
     /// `developer` or `admin`.
     pub scope: String,
+    /// For a token of the site's OIDC provider: who it is and what the identity map made of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<MappedIdentity>,
+}
+
+/// A signed-in identity of the site's OIDC provider, as [`WhoAmI`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MappedIdentity {
+    /// The token's issuer.
+    pub issuer: String,
+    /// Its `sub`.
+    pub sub: String,
+    /// The identity map's rule that matched.
+    pub rule: String,
+    /// The accounting groups the owner may charge.
+    pub groups: Vec<String>,
+    /// The token's WLCG scopes, when it has a `scope` claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<Vec<String>>,
 }
 
 /// What a file credential is for.

@@ -14,10 +14,11 @@
 //!
 //! What an owner does with a function besides registering versions (pin one, disable, delete)
 //! is [`lifecycle`]: a row per function beside its immutable versions; its sealed secrets are
-//! [`secrets`].
+//! [`secrets`]. The identities of the site's OIDC provider bound to owners are [`identities`].
 //!
 //! Calls block on disk; async callers use `spawn_blocking`.
 
+pub mod identities;
 pub mod images;
 pub mod lifecycle;
 pub mod secrets;
@@ -79,6 +80,9 @@ pub enum RegistryError {
     /// The owner's module uploads would pass its [`ModuleQuota`]; the message names both.
     #[error("{0}")]
     QuotaExceeded(String),
+    /// The owner name a mapped identity would take is bound to another identity.
+    #[error("{0}")]
+    IdentityTaken(String),
 }
 
 // Shown in the message, so not also returned as its source (`{e:#}` would print it twice).
@@ -146,6 +150,7 @@ impl Registry {
         images::create_tables(&conn)?;
         lifecycle::create_table(&conn)?;
         secrets::create_table(&conn)?;
+        identities::create_table(&conn)?;
         // Namespace grants ([`crate::namespace`]): who may trigger on, read and write where.
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS grants (

@@ -22,7 +22,6 @@ use htfaas_functions::audit::{
     self, AuditError, AuditFilter, AuditKind, AuditRecord, AuditSigner, Subject, VerifyReport,
 };
 use htfaas_functions::proto::{AuditTrail, Cause, Lineage, LineageRelation, LineageStep};
-use htfaas_functions::token::Verifier;
 use serde_json::{Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -199,10 +198,11 @@ pub const MAX_LINEAGE_STEPS: usize = 256;
 /// Most records read per query of a lineage.
 const LINEAGE_QUERY_LIMIT: u64 = 10_000;
 
-/// The name of the credential of a request (its API token's `sub`, or `admin` for the admin
-/// token), as the audit trail names actors; never the credential itself.
-pub fn actor(admin_token: &str, verifier: &Verifier, headers: &axum::http::HeaderMap) -> String {
-    crate::auth::require_caller(admin_token, verifier, headers).map(|c| c.name).unwrap_or_else(|_| "unknown".into())
+/// The name of the credential of a request (its API token's `sub`, the owner an OIDC token
+/// maps to, or `admin` for the admin token), as the audit trail names actors; never the
+/// credential itself.
+pub fn actor(shared: &Shared, headers: &axum::http::HeaderMap) -> String {
+    shared.require_caller(headers).map(|c| c.name).unwrap_or_else(|_| "unknown".into())
 }
 
 /// Records the action `action` on `subject` (with `args`) by the caller of `headers`, after it
@@ -214,7 +214,7 @@ pub async fn record_admin(
     subject: Subject,
     args: Value,
 ) {
-    let actor = actor(&shared.admin_token, &shared.api_verifier, headers);
+    let actor = actor(shared, headers);
     let draft = crate::audit::admin_action(&actor, action, subject, args);
     if let Err(e) = shared.firings.append_async(draft).await {
         tracing::error!(action, actor, "failed to record an admin action in the audit trail: {e}");

@@ -20,7 +20,14 @@ use std::sync::Arc;
 /// `GET /v1/whoami`.
 pub(super) async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Json<WhoAmI>, HttpError> {
     let caller = shared.require_caller(&headers)?;
-    Ok(Json(WhoAmI { name: caller.name, scope: caller.scope.as_str().to_owned() }))
+    let identity = shared.oidc_caller(&headers).map(|who| htfaas_functions::proto::MappedIdentity {
+        issuer: who.issuer,
+        sub: who.sub,
+        rule: who.rule,
+        groups: who.groups,
+        scopes: who.scopes,
+    });
+    Ok(Json(WhoAmI { name: caller.name, scope: caller.scope.as_str().to_owned(), identity }))
 }
 
 /// `POST /v1/files/credential`.

@@ -17,6 +17,10 @@
 //!   it acts as) and `scope`. A revocation naming its `jti`, its `sub` or its issuer refuses it
 //!   (401) within [`crate::auth::REVOCATIONS_FRESH_S`] seconds: the [`authenticate`] layer reads the
 //!   scheduler's revocations through [`crate::auth::RevocationCache`];
+//! - a **token of the site's OIDC provider** (an issuer in `oidc_issuers`): verified against
+//!   the issuer's keys, mapped by the identity map to an owner with scope `developer`, and
+//!   checked by the [`authenticate`] layer before any handler runs (its WLCG scopes against the
+//!   method, revocations naming its `jti`, its owner or its issuer): [`crate::identities`];
 //! - a **submit token**, only on `POST /v1/functions/{name}/runs` (and no API token there);
 //! - a job's **renewal grant**, only on `POST /v1/renewals` (the scheduler presents it; no
 //!   API or submit token passes there).
@@ -346,6 +350,14 @@ pub async fn authenticate(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if let (Some(ids), Some(token)) = (&shared.identities, bearer(request.headers()))
+        && ids.oidc().claims_issuer(token).is_some()
+    {
+        if let Err(refused) = oidc_caller(&shared, ids, token, request.method()).await {
+            return refused.into_response();
+        }
+        return next.run(request).await;
+    }
     let claims = bearer(request.headers()).and_then(|t| shared.api_verifier.verify_api(t).ok());
     if let Some(claims) = claims
         && let Err(refused) = shared.api_revocations.check(&shared.scheduler(), &claims).await
@@ -354,6 +366,42 @@ pub async fn authenticate(
         return refused.into_response();
     }
     next.run(request).await
+}
+
+/// Resolves a bearer of a configured OIDC issuer ([`crate::identities::resolve`]) and checks
+/// it as an API token is checked: its WLCG scopes against the method, then the scheduler's
+/// revocations (its `jti`, its owner, its issuer).
+async fn oidc_caller(
+    shared: &Arc<Shared>,
+    ids: &crate::identities::Identities,
+    token: &str,
+    method: &axum::http::Method,
+) -> Result<(), HttpError> {
+    let s = shared.clone();
+    let bind = move |identity: htfaas_functions::identity_map::Identity, mapped| async move {
+        tokio::task::spawn_blocking(move || {
+            s.registry.bind_identity(&identity, &mapped, htfaas_functions::time::now_s()).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| format!("registry task: {e}"))?
+    };
+    let at = crate::identities::Resolve {
+        bind,
+        registry: &shared.registry,
+        firings: &shared.firings,
+        namespaces: &shared.namespaces,
+    };
+    let who = crate::identities::resolve(ids, at, token).await?;
+    crate::identities::check_scopes(who.scopes.as_deref(), method)?;
+    // A token without a `jti` is named by its owner or issuer only.
+    let jti = who.jti.as_deref().unwrap_or("\0");
+    match shared.api_revocations.reason_for(&shared.scheduler(), jti, &who.caller.name, &who.issuer).await? {
+        Some(reason) => {
+            tracing::info!(owner = %who.caller.name, sub = %who.sub, "OIDC token refused: revoked: {reason}");
+            Err(HttpError(StatusCode::UNAUTHORIZED, format!("token revoked: {reason}")))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Runs a registry call on the blocking pool; its error as the API's answer.

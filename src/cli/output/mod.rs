@@ -292,6 +292,7 @@ pub fn grants(grants: &[GrantEntry], json: bool) -> anyhow::Result<()> {
             let source = match e.source {
                 htfaas_functions::namespace::GrantSource::Config => "config",
                 htfaas_functions::namespace::GrantSource::Admin => "admin",
+                htfaas_functions::namespace::GrantSource::Map => "map",
             };
             println!("{:<20} {:<8} {:<7} {}", e.grant.principal, e.grant.right, source, e.grant.value);
         }

@@ -1,0 +1,197 @@
+//! The site's own identities, against a real OpenID provider (`oidc-provider`): its RS256
+//! access tokens sign users in at the gateway; the identity map makes owners, accounting
+//! groups and grants of them with no admin step; a mapped owner registers a function in its
+//! granted namespace and it fires on an upload, accounted to the owner and its group. And what
+//! must be refused: an unmapped identity, a second identity mapped to a bound owner, a forged
+//! token, a token whose WLCG scopes allow no compute, an admin route; a broken map keeps the
+//! previous one, and a rule taken out of the map takes its grants with it.
+
+use crate::attacks::post;
+use crate::oidc_support::{AUDIENCE, Provider};
+use htfaas_functions::FunctionManifest;
+use htfaas_functions::audit::{AuditFilter, AuditKind};
+use htfaas_functions::manifest::{Outputs, Trigger};
+use htfaas_functions::namespace::{GrantSource, Right};
+use htfaas_functions::proto::{AuditTrail, JobState};
+use htfaas_tests::{start_stack_with, upload_checksum, wait_for};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+fn map_file(issuer: &str) -> Value {
+    json!({"rules": [
+        // carol-cli → carol, charging the group of its /desy/<group> membership.
+        {"name": "staff", "issuer": issuer, "sub": "^(?P<u>[a-z]+)-cli$", "group": "^/desy/(?P<g>[a-z]+)$",
+         "owner": "{u}", "groups": ["{g}"],
+         "grants": [{"right": "read", "value": "/data/{owner}/"}, {"right": "write", "value": "/out/{owner}/"}]},
+        // carol-bot would be carol too: the owner is bound to carol-cli, so it is refused.
+        {"name": "bots", "issuer": issuer, "sub": "^(?P<u>[a-z]+)-bot$", "owner": "{u}"}
+    ]})
+}
+
+fn write_map(path: &Path, map: &Value) {
+    // Written whole and renamed, as an admin's deploy would, so the watcher never reads half.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, map.to_string()).expect("write the map");
+    std::fs::rename(&tmp, path).expect("rename the map");
+}
+
+async fn get(base: &str, path: &str, token: &str) -> (u16, Value) {
+    let resp = htfaas_gateway::http_client()
+        .expect("client")
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn manifest(owner: &str, module: &htfaas_functions::Digest, group: Option<&str>) -> FunctionManifest {
+    FunctionManifest {
+        runtime: Default::default(),
+        command: Vec::new(),
+        handler: false,
+        retry: None,
+        name: format!("{owner}-checksum"),
+        owner: owner.into(),
+        module: module.clone(),
+        trigger: Trigger::on_path(format!("/data/{owner}/**")),
+        resources: htfaas_functions::Resources::new(1, 256, 60),
+        outputs: Outputs::into_dir(format!("/out/{owner}/")),
+        args: vec![],
+        env: vec![],
+        annex: None,
+        class: None,
+        limits: Default::default(),
+        group: group.map(str::to_owned),
+        secrets: Default::default(),
+        webhook: None,
+    }
+}
+
+async fn gateway_records(
+    client: &htfaas::client::Client,
+    kind: AuditKind,
+) -> Vec<htfaas_functions::audit::AuditRecord> {
+    let all = client.audit_trail(AuditTrail::Gateway, &AuditFilter::default()).await.expect("the gateway's trail");
+    all.into_iter().filter(|r| r.kind == kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_owner() {
+    let idp = Provider::start();
+    let map_dir = tempfile::tempdir().expect("tempdir");
+    let map_path = map_dir.path().join("identity-map.json");
+    write_map(&map_path, &map_file(&idp.issuer));
+    let (issuer, path) = (idp.issuer.clone(), map_path.clone());
+    let (_dir, stack) = start_stack_with(move |o| {
+        o.gateway_settings.insert("oidc_issuers".into(), json!([{"issuer": issuer, "audience": AUDIENCE}]));
+        o.gateway_settings.insert("identity_map".into(), json!(path));
+    })
+    .await;
+    let admin = stack.client().expect("client");
+    let gw = stack.info().gateway_url.clone();
+
+    // carol signs in: the provider's token alone, no htfaas admin step.
+    let carol = idp.token("carol-cli", "compute.create").await;
+    let (status, who) = get(&gw, "/v1/whoami", &carol).await;
+    assert_eq!(status, 200, "{who}");
+    assert_eq!((who["name"].as_str(), who["scope"].as_str()), (Some("carol"), Some("developer")));
+    assert_eq!(who["identity"]["rule"], "staff");
+    assert_eq!(who["identity"]["sub"], "carol-cli");
+    assert_eq!(who["identity"]["groups"], json!(["cms"]));
+    assert_eq!(who["identity"]["scopes"], json!(["compute.create"]));
+    let mapped = gateway_records(&admin, AuditKind::IdentityMapped).await;
+    assert_eq!(mapped.len(), 1, "one record of the first sign-in: {mapped:?}");
+    assert_eq!(mapped[0].subject.owner.as_deref(), Some("carol"));
+    assert_eq!(mapped[0].detail["first"], true);
+    // The rule's grants are in force, shown as the map's.
+    let grants = admin.namespaces().await.expect("grants");
+    let carols: Vec<_> = grants.iter().filter(|g| g.grant.principal == "carol").collect();
+    assert!(carols.iter().all(|g| g.source == GrantSource::Map), "{carols:?}");
+    let rights: Vec<_> = carols.iter().map(|g| (g.grant.right, g.grant.value.as_str())).collect();
+    for want in [(Right::Read, "/data/carol/"), (Right::Write, "/out/carol/"), (Right::Group, "cms")] {
+        assert!(rights.contains(&want), "{want:?} in {rights:?}");
+    }
+
+    // carol registers a function in her namespace, charged to her group, with her token.
+    let module = upload_checksum(&admin).await;
+    let (status, body) = post(&gw, "/v1/functions", &carol, &json!(manifest("carol", &module, Some("cms")))).await;
+    assert_eq!(status, 201, "{body}");
+    // Another owner's function, or another group, is refused as for any developer.
+    let (status, body) = post(&gw, "/v1/functions", &carol, &json!(manifest("dave", &module, None))).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = post(&gw, "/v1/functions", &carol, &json!(manifest("carol", &module, Some("atlas")))).await;
+    assert_eq!(status, 403, "{body}");
+
+    // An upload under /data/carol/ fires it: a job of carol, charged to cms.
+    let file = map_dir.path().join("run-1.dat");
+    std::fs::write(&file, b"calibrate me").expect("write");
+    admin.put_file(&file, "/data/carol/run-1.dat").await.expect("upload");
+    let job = wait_for("carol's job", Duration::from_secs(60), || async {
+        let jobs = admin.jobs().await.ok()?;
+        jobs.into_iter().find(|j| {
+            j.owner == "carol" && j.input.ends_with("/data/carol/run-1.dat") && j.state == JobState::Completed
+        })
+    })
+    .await;
+    assert_eq!(job.group.as_deref(), Some("cms"));
+    // carol sees her job with her token.
+    let (status, jobs) = get(&gw, "/v1/jobs", &carol).await;
+    assert_eq!(status, 200, "{jobs}");
+    assert!(jobs.as_array().expect("jobs").iter().any(|j| j["id"] == job.id.as_str()), "{jobs}");
+
+    // Refused, each with its reason:
+    // an identity no rule maps, recorded;
+    let mallory = idp.token("mallory-cli", "compute.create").await;
+    let (status, body) = get(&gw, "/v1/whoami", &mallory).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body["error"].as_str().unwrap_or_default().contains("no rule"), "{body}");
+    let refused = gateway_records(&admin, AuditKind::IdentityRefused).await;
+    assert!(refused.iter().any(|r| r.detail["sub"] == "mallory-cli"), "{refused:?}");
+    // a second identity mapped to the owner carol-cli holds;
+    let bot = idp.token("carol-bot", "compute.create").await;
+    let (status, body) = get(&gw, "/v1/whoami", &bot).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body["error"].as_str().unwrap_or_default().contains("bound to another identity"), "{body}");
+    // a token whose payload was changed after signing;
+    let parts: Vec<&str> = carol.split('.').collect();
+    let forged_claims = {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut claims: Value = serde_json::from_slice(&engine.decode(parts[1]).expect("b64")).expect("claims");
+        claims["sub"] = json!("dave-cli");
+        engine.encode(claims.to_string())
+    };
+    let forged = format!("{}.{}.{}", parts[0], forged_claims, parts[2]);
+    let (status, body) = get(&gw, "/v1/whoami", &forged).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body["error"].as_str().unwrap_or_default().contains("bad signature"), "{body}");
+    // a token whose WLCG scopes allow no compute (a storage-only token);
+    let storage_only = idp.token("carol-cli", "storage.read:/data").await;
+    let (status, body) = get(&gw, "/v1/whoami", &storage_only).await;
+    assert_eq!(status, 403, "{body}");
+    // an admin route.
+    let (status, body) = get(&gw, "/v1/eps", &carol).await;
+    assert_eq!(status, 403, "{body}");
+
+    // A broken map is not taken: the previous one stays, and a fresh token still maps.
+    std::fs::write(&map_path, b"{\"rules\": [").expect("break the map");
+    tokio::time::sleep(htfaas_gateway::identities::MAP_POLL * 2).await;
+    let again = idp.token("carol-cli", "compute.create").await;
+    let (status, body) = get(&gw, "/v1/whoami", &again).await;
+    assert_eq!(status, 200, "the previous map stays: {body}");
+    // A map without the staff rule: carol's grants leave with it, and she is refused.
+    let mut without = map_file(&idp.issuer);
+    without["rules"].as_array_mut().expect("rules").remove(0);
+    write_map(&map_path, &without);
+    wait_for("carol's grants gone", Duration::from_secs(30), || async {
+        let grants = admin.namespaces().await.ok()?;
+        (!grants.iter().any(|g| g.grant.principal == "carol")).then_some(())
+    })
+    .await;
+    let (status, body) = get(&gw, "/v1/whoami", &carol).await;
+    assert_eq!(status, 401, "the map changed: her token is looked at again and no rule maps it: {body}");
+}
