@@ -7,7 +7,7 @@
 //! | `POST /v1/preflight` | submit token | 200 `{"remaining": n}`: would a submission pass now? Uses nothing |
 //! | `POST /v1/modules/warm` | submit token naming the digest | `WarmRequest` → 200 `WarmResponse`: EPs compile the module ahead of its first job ([`crate::warm`]; 403 for another digest or a URL no module store has). Uses nothing |
 //! | `GET /v1/ep/attach` | attach token | WebSocket upgrade to an EP session ([`crate::ep_link`]) |
-//! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first (`?unfinished=true&owner=o`, `&group=g` or `&function=f`: the idle, held and running jobs of an owner, a group or a function, oldest first) |
+//! | `GET /v1/jobs[?limit=n]`, `GET /v1/jobs/{id}` | admin | `JobRecord`s, newest first (`?unfinished=true&owner=o`, `&group=g` or `&function=f`: the idle, held and running jobs of an owner, a group or a function, oldest first; `?ended_since_ms=t[&ended_until_ms=u][&after=id]`: the jobs that ended in the window, in the order they ended, a page of `limit` after the job `after`: the accounting export) |
 //! | `POST /v1/fired` | admin | `FiredQuery` → `FiredPaths`: which paths have a job of a function (`events backfill`) |
 //! | `POST /v1/jobs/{id}/hold` | admin | `JobAction` → 200 `JobRecord`: idle or running → `held` (a running job is stopped) |
 //! | `POST /v1/jobs/{id}/release` | admin | `JobAction` → 200 `JobRecord`: held → `idle`, dispatched again |
@@ -365,6 +365,13 @@ struct ListParams {
     function: Option<String>,
     /// Only the jobs of this event trace (32 lower-case hex digits), oldest first.
     trace: Option<String>,
+    /// Only the jobs that ended (completed, failed, removed) from this time on, Unix ms, in
+    /// the order they ended (the accounting export); with `ended_until_ms` and `after`.
+    ended_since_ms: Option<u64>,
+    /// With `ended_since_ms`: before this time, Unix ms. Default: no end.
+    ended_until_ms: Option<u64>,
+    /// With `ended_since_ms`: after this job, of the same end time (the next page).
+    after: Option<String>,
 }
 
 async fn list_jobs(
@@ -380,6 +387,16 @@ async fn list_jobs(
             return Err(ApiFailure::bad_request("trace must be 32 lower-case hex digits, not all zero"));
         }
         return Ok(Json(shared.queue.list_by_trace(trace, limit).await?));
+    }
+    if let Some(since) = params.ended_since_ms {
+        if params.unfinished || params.owner.is_some() || params.group.is_some() || params.function.is_some() {
+            return Err(ApiFailure::bad_request("ended_since_ms goes with ended_until_ms, after and limit only"));
+        }
+        let until = params.ended_until_ms.unwrap_or(u64::MAX);
+        return Ok(Json(shared.queue.list_ended(since, until, params.after, limit).await?));
+    }
+    if params.ended_until_ms.is_some() || params.after.is_some() {
+        return Err(ApiFailure::bad_request("ended_until_ms and after go with ended_since_ms"));
     }
     if params.unfinished {
         if params.owner.is_none() && params.group.is_none() && params.function.is_none() {

@@ -42,6 +42,21 @@ pub struct AccountingArgs {
 
 #[derive(Subcommand)]
 pub enum AccountingCommand {
+    /// One record per job that ended in a window, in the terms a site's accounting reads:
+    /// HTCondor's job ClassAd attributes (Owner, AcctGroup, QDate, RemoteWallClockTime, …), as
+    /// `condor_history -l` text, CSV or JSON (admin).
+    Export {
+        /// `condor-history`, `csv` or `json`.
+        #[arg(long, default_value = "condor-history", value_parser = parse_export_format)]
+        format: output::export::ExportFormat,
+        /// Jobs that ended from this time on: RFC 3339, Unix seconds, or before now (-24h).
+        /// Default: every job.
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        since: Option<String>,
+        /// Before this time (default: now).
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_time_arg)]
+        until: Option<String>,
+    },
     /// Set an owner's priority factor (≥ 1; higher gets less), as `condor_userprio -setfactor`.
     SetFactor {
         /// The owner.
@@ -63,6 +78,11 @@ pub fn parse_accounting_by(s: &str) -> Result<htfaas_functions::proto::Accountin
     }
 }
 
+/// `condor-history`, `csv` or `json`.
+pub fn parse_export_format(s: &str) -> Result<output::export::ExportFormat, String> {
+    output::export::ExportFormat::parse(s).ok_or_else(|| format!("{s:?}: want condor-history, csv or json"))
+}
+
 /// A finite number: JSON has no NaN or infinity. Its range is the scheduler's rule.
 pub fn parse_factor(s: &str) -> Result<f64, String> {
     s.parse::<f64>().ok().filter(|f| f.is_finite()).ok_or_else(|| format!("{s:?}: want a number"))
@@ -74,6 +94,16 @@ pub async fn run(args: AccountingArgs) -> anyhow::Result<()> {
         AccountingArgs { dir, json, action: Some(AccountingCommand::SetFactor { owner, factor }), .. } => {
             let standing = client(&dir)?.set_factor(&owner, factor).await?;
             output::owner_standing(&standing, json)
+        }
+        AccountingArgs { dir, action: Some(AccountingCommand::Export { format, since, until }), .. } => {
+            let now = htfaas_gateway::replay::now_ms();
+            let time = |t: Option<String>| {
+                t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
+            };
+            let (since, until) = (time(since)?.unwrap_or(0), time(until)?.unwrap_or(now));
+            let jobs = client(&dir)?.jobs_ended(since, until).await?;
+            print!("{}", output::export::render(&jobs, format));
+            Ok(())
         }
         AccountingArgs { dir, json, csv, by: Some(by), since, until, period, action: None, .. } => {
             let now = htfaas_gateway::replay::now_ms();

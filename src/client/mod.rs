@@ -5,6 +5,7 @@
 //! command reads it through [`StackInfo::load`], or a profile `htfaas login` saved for a remote
 //! site ([`StackInfo::load_profile`]); where and how: [`info`].
 
+mod accounting;
 mod dlq;
 mod images;
 mod info;
@@ -21,7 +22,7 @@ use htfaas_functions::proto::{
     Account, ApiError, Attempt, EpAction, EpInfo, FactorRequest, JobAnalysis, JobRecord, ModuleUploaded, OwnerPriority,
     PriorityReport, RegisterQuery, ReplayRequest, Report, RunRequest, StatsSnapshot, TestReport, TestRequest,
 };
-use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, AuditTrail, Lineage};
+use htfaas_functions::proto::{AccountingBy, AccountingReport, AuditTrail, Lineage};
 use htfaas_functions::proto::{AnnexCreated, AnnexDeleted, AnnexRecord, AnnexView};
 use htfaas_functions::proto::{FileAccess, FileCredential, FileCredentialRequest, WhoAmI};
 use htfaas_functions::registry::FunctionStatus;
@@ -303,30 +304,6 @@ impl Client {
     /// Accounts per owner.
     pub async fn accounting(&self) -> anyhow::Result<Vec<Account>> {
         self.admin_get("/v1/accounting").await
-    }
-
-    /// Jobs by final state, hours, peak memory and bytes per owner, group or function (and per
-    /// period), summed from the job records (admin): [`report_table`], [`report_csv`] print it.
-    pub async fn accounting_report(&self, query: &AccountingQuery) -> anyhow::Result<AccountingReport> {
-        let by = match query.by {
-            AccountingBy::Owner => "owner",
-            AccountingBy::Group => "group",
-            AccountingBy::Function => "function",
-        };
-        let mut url = reqwest::Url::parse(&self.gateway("/v1/accounting/report")).context("gateway URL")?;
-        {
-            let mut q = url.query_pairs_mut();
-            q.append_pair("by", by);
-            for (key, value) in
-                [("since_ms", query.since_ms), ("until_ms", query.until_ms), ("period_s", query.period_s)]
-            {
-                if let Some(value) = value {
-                    q.append_pair(key, &value.to_string());
-                }
-            }
-        }
-        let resp = self.http.get(url).bearer_auth(&self.info.admin_token).send().await?;
-        Ok(check(resp, "accounting report").await?.json().await?)
     }
 
     /// Revokes tokens (admin): the scheduler refuses them from now on, removes their queued

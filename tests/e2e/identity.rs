@@ -86,7 +86,7 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     let map_path = map_dir.path().join("identity-map.json");
     write_map(&map_path, &map_file(&idp.issuer));
     let (issuer, path) = (idp.issuer.clone(), map_path.clone());
-    let (_dir, stack) = start_stack_with(move |o| {
+    let (dir, stack) = start_stack_with(move |o| {
         o.gateway_settings.insert("oidc_issuers".into(), json!([{"issuer": issuer, "audience": AUDIENCE}]));
         o.gateway_settings.insert("identity_map".into(), json!(path));
     })
@@ -138,6 +138,40 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     })
     .await;
     assert_eq!(job.group.as_deref(), Some("cms"));
+    // The run, in the site's accounting terms: `htfaas accounting export --format condor-history`.
+    let out = tokio::process::Command::new(htfaas_tests::htfaas_binary())
+        .args(["accounting", "export", "--format", "condor-history", "--since", "-1h", "--dir"])
+        .arg(dir.path())
+        .output()
+        .await
+        .expect("run htfaas accounting export");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ad = text.split("\n\n").find(|ad| ad.contains(&format!("GlobalJobId = \"{}\"", job.id))).expect("carol's ad");
+    let started = job.started_at_ms.expect("started") / 1000;
+    for line in [
+        "Owner = \"carol\"".to_owned(),
+        "AcctGroup = \"cms\"".to_owned(),
+        "AcctGroupUser = \"carol\"".to_owned(),
+        "Cmd = \"carol-checksum\"".to_owned(),
+        format!("HtfaasDigest = \"{}\"", module.as_str()),
+        format!("QDate = {}", job.submitted_at_ms / 1000),
+        format!("JobStartDate = {started}"),
+        format!("CompletionDate = {}", job.finished_at_ms.expect("ended") / 1000),
+        "RequestCpus = 1".to_owned(),
+        "RequestMemory = 256".to_owned(),
+        "ExitCode = 0".to_owned(),
+        format!("LastRemoteHost = \"{}\"", job.ep.clone().expect("its EP")),
+    ] {
+        assert!(ad.lines().any(|l| l == line), "{line:?} in\n{ad}");
+    }
+    for attribute in ["RemoteWallClockTime = ", "RemoteUserCpu = ", "RemoteSysCpu = ", "MemoryUsage = "] {
+        assert!(ad.lines().any(|l| l.starts_with(attribute)), "{attribute} in\n{ad}");
+    }
+    // carol's token may not export every owner's runs.
+    let (status, body) = get(&gw, "/v1/jobs?ended_since_ms=0", &carol).await;
+    assert_eq!(status, 403, "{body}");
+
     // carol sees her job with her token.
     let (status, jobs) = get(&gw, "/v1/jobs", &carol).await;
     assert_eq!(status, 200, "{jobs}");

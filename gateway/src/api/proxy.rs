@@ -40,9 +40,16 @@ pub(super) async fn proxy_jobs(
     struct ListQuery {
         limit: Option<usize>,
         trace: Option<String>,
+        ended_since_ms: Option<u64>,
     }
     let Query(list) = Query::<ListQuery>::try_from_uri(&uri)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid query: {}", e.body_text())))?;
+    if list.ended_since_ms.is_some() {
+        return Err(HttpError(
+            StatusCode::FORBIDDEN,
+            "the accounting export (ended_since_ms) is an admin's: it lists every owner's runs".into(),
+        ));
+    }
     // A trace's jobs are asked of the scheduler by the trace id alone, checked here
     // to be one: nothing else of the caller's query reaches it.
     let trace = match list.trace {

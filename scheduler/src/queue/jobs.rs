@@ -210,6 +210,16 @@ impl RawRecord {
     }
 }
 
+/// The ended jobs of a window, in the order they ended (then by id), after a cursor: a seek in
+/// the index of ended jobs by time, never a scan of the table.
+pub(super) fn ended_sql() -> String {
+    format!(
+        "SELECT {RECORD_COLUMNS} FROM jobs INDEXED BY jobs_final_by_time JOIN job_requests USING (seq) \
+         WHERE state IN ('completed', 'failed', 'removed') AND finished_at_ms >= ?1 AND finished_at_ms < ?2 \
+         AND (?3 IS NULL OR finished_at_ms > ?1 OR id > ?3) ORDER BY finished_at_ms, id LIMIT ?4"
+    )
+}
+
 /// How many jobs of an owner wait (idle or held): counted in the small index of live jobs by
 /// owner, which the [`LIVE`] term lets SQLite use.
 pub(super) fn waiting_of_owner_sql() -> String {
@@ -506,6 +516,29 @@ impl Queue {
                 "SELECT {RECORD_COLUMNS} FROM {JOB_WITH_REQUEST} ORDER BY seq DESC LIMIT ?1"
             ))?;
             let rows = stmt.query_map(params![limit], raw_record)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row?.decode()?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The jobs that ended (completed, failed, removed) at `since_ms` ≤ end < `until_ms`, in
+    /// the order they ended, then by id; with `after`, only those after that job of the
+    /// same end time (the next page). At most `limit`: the accounting export's pages.
+    pub async fn list_ended(
+        &self,
+        since_ms: u64,
+        until_ms: u64,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>, QueueError> {
+        self.call(move |conn| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let mut stmt = conn.prepare_cached(&ended_sql())?;
+            let rows = stmt.query_map(params![db_int(since_ms), db_int(until_ms), after, limit], raw_record)?;
             let mut out = Vec::new();
             for row in rows {
                 out.push(row?.decode()?);

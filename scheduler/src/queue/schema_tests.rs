@@ -2,7 +2,7 @@
 //! migration that takes a version-9 file there, and the query plans of the reads that must
 //! not grow with the number of jobs ever run.
 
-use super::jobs::{FIRED_PATH, OVERDUE, of_trace_sql, unfinished_sql, waiting_of_owner_sql};
+use super::jobs::{FIRED_PATH, OVERDUE, ended_sql, of_trace_sql, unfinished_sql, waiting_of_owner_sql};
 use super::revocations::live_credentials_sql;
 use super::runs::RUNNING_IN_SESSION;
 use super::schema::{LIVE, MIGRATIONS, trace_id_of};
@@ -174,6 +174,7 @@ async fn the_reads_that_must_scale_seek_in_small_indexes_not_the_table() {
                 (OVERDUE.to_owned(), "jobs_running_by_"),
                 (of_trace_sql(), "jobs_by_trace"),
                 (FIRED_PATH.to_owned(), "jobs_by_function_path"),
+                (ended_sql(), "jobs_final_by_time"),
             ];
             let mut out = Vec::new();
             for (sql, index) in queries {
@@ -195,4 +196,63 @@ async fn the_reads_that_must_scale_seek_in_small_indexes_not_the_table() {
         assert!(plan.iter().all(|step| !step.starts_with("SCAN jobs") || step.contains(" USING ")), "{sql}: {shown}");
     }
     assert!(waiting_of_owner_sql().contains(LIVE) && unfinished_sql().contains(LIVE));
+}
+
+#[tokio::test]
+async fn ended_jobs_come_by_end_time_in_pages_that_never_skip_or_repeat_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(q.submit(new_job(&format!("k{i}"), &format!("t{i}"), 1)).await.expect("submit").job_id);
+    }
+    // The last one stays idle: never listed.
+    let ran: Vec<String> = ids[..5].to_vec();
+    let marked = q.mark_running(ran.clone(), "ep1".into(), "s1".into(), ok).await.expect("mark");
+    assert_eq!(marked.assigned.len(), 5);
+    for id in &ran {
+        let report = JobReport {
+            input_sha256: None,
+            job_id: id.clone(),
+            outcome: Outcome::Exited { exit_code: 0 },
+            usage: Usage {
+                wall_ms: 10,
+                cpu_ms: 5,
+                peak_memory_bytes: 1,
+                bytes_in: 1,
+                bytes_out: 1,
+                instructions: None,
+                phases: Default::default(),
+            },
+            outputs: vec![],
+            log: String::new(),
+        };
+        q.finish("s1".into(), report, LOSS).await.expect("finish").expect("was running");
+    }
+    // End times: three jobs share one millisecond (pages of 2 split them), one ends past the window.
+    let ends = [1_000i64, 2_000, 2_000, 2_000, 9_000];
+    // Set beside the queue's own connections, as another writer of the file would.
+    let c = rusqlite::Connection::open(dir.path().join("q.db")).expect("open the file");
+    for (id, end) in ran.iter().zip(ends) {
+        c.execute("UPDATE jobs SET finished_at_ms = ?2 WHERE id = ?1", rusqlite::params![id, end]).expect("end time");
+    }
+    let (mut since, mut after, mut got) = (1_000u64, None::<String>, Vec::new());
+    loop {
+        let page = q.list_ended(since, 5_000, after.clone(), 2).await.expect("page");
+        let full = page.len() == 2;
+        if let Some(last) = page.last() {
+            since = last.finished_at_ms.expect("ended");
+            after = Some(last.id.clone());
+        }
+        got.extend(page);
+        if !full {
+            break;
+        }
+    }
+    let mut want: Vec<(u64, String)> =
+        ran[..4].iter().cloned().zip([1_000u64, 2_000, 2_000, 2_000]).map(|(id, t)| (t, id)).collect();
+    want.sort();
+    let seen: Vec<(u64, String)> = got.iter().map(|j| (j.finished_at_ms.expect("ended"), j.id.clone())).collect();
+    assert_eq!(seen, want, "each job of the window once, by end time then id");
+    assert!(q.list_ended(9_001, 10_000, None, 10).await.expect("empty").is_empty());
 }

@@ -6,6 +6,7 @@
 mod annex;
 mod audit;
 mod dlq;
+pub mod export;
 mod trace;
 
 pub use annex::{annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended};
