@@ -85,6 +85,8 @@ pub struct Identities {
     oidc: Oidc,
     map: MapFile,
     resolved: Mutex<HashMap<[u8; 32], Resolved>>,
+    /// Changes of the map file taken, and refused (the previous map kept): `/metrics`.
+    pub reloads: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl Identities {
@@ -97,6 +99,7 @@ impl Identities {
             oidc,
             map: MapFile { path: map_path.to_owned(), current: RwLock::new(loaded) },
             resolved: Mutex::new(HashMap::new()),
+            reloads: Default::default(),
         })
     }
 
@@ -135,6 +138,7 @@ impl Identities {
         }
         match read_map(&self.map.path) {
             Ok((map, stamp)) => {
+                self.reloads[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut current = self.map.current.write().unwrap_or_else(|p| p.into_inner());
                 *current = Loaded { map: Arc::new(map), generation: current.generation + 1, stamp, error: None };
                 drop(current);
@@ -142,6 +146,7 @@ impl Identities {
                 Ok(true)
             }
             Err(e) => {
+                self.reloads[1].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut current = self.map.current.write().unwrap_or_else(|p| p.into_inner());
                 // Remember the broken file's stamp: it is reported once, not at every poll.
                 current.stamp = stamp;
@@ -231,7 +236,12 @@ where
         let draft = AuditDraft::identity_refused(&verified.identity, owner, verified.jti.as_deref(), &why);
         (why, draft)
     };
-    let outcome = match ids.map().map(&verified.identity) {
+    // A rule may run the site's mapping program (bounded, seconds at most): off the async workers.
+    let (map, identity) = (ids.map(), verified.identity.clone());
+    let decided = tokio::task::spawn_blocking(move || map.map(&identity))
+        .await
+        .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("identity map task: {e}")))?;
+    let outcome = match decided {
         Err(e) => Err(refuse(e.to_string(), None)),
         Ok(mapped) => match (at.bind)(verified.identity.clone(), mapped.clone()).await {
             Ok(bound) => Ok((mapped, bound)),

@@ -22,6 +22,7 @@
 //! | `htfaas_gateway_nats_connection_total` | counter | `event` (`disconnected`, `reconnected`) | the ingest's NATS connection lost and back (the durable consumer resumes) |
 //! | `htfaas_gateway_firing_store_full_total` | counter | | batches of events not written for a full disk or database size limit (`SQLITE_FULL`): not acked, redelivered |
 //! | `htfaas_gateway_webhook_deliveries_total` | counter | `outcome` (`delivered`: a 2xx, `given_up`: refused, no key, host no longer allowed, or tries exhausted) | failed jobs' notifications POSTed to their functions' webhooks |
+//! | `htfaas_gateway_identity_map_reloads_total` | counter | `outcome` (`loaded`, `refused`: the file did not load and the previous map stays) | changes of the identity map file (`identity_map`) |
 //! | `htfaas_gateway_token_refusals_total` | counter | `token` (`api`: the bearer of an API route, `submit`: of a run), `reason` | bearer tokens this API refused (401): `missing`, the failed check of the token (`malformed`, `unknown_key`, `bad_signature`, `expired`, `not_yet_valid`, `wrong_audience`, `wrong_issuer`, `invalid`), or `revoked` (an API token that verifies); a submit token the scheduler refuses is counted by the scheduler |
 //!
 //! Replays (`POST /v1/events/replay`) count their events like ingested ones, as `/v1/stats` does.

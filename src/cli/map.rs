@@ -1,7 +1,8 @@
 //! `htfaas map test`: what the site's identity map makes of an identity, offline, before the
 //! map goes live: the rule that matched and the owner, groups and grants, or why none.
 //!
-//! `--token FILE` reads the token's claims **without verifying it** (this command has no keys;
+//! A rule's mapping program runs as the gateway would run it. `--token FILE` reads the token's
+//! claims **without verifying it** (this command has no keys;
 //! the gateway verifies every token before mapping it) and says so. Must not know: the
 //! gateway, HTTP.
 

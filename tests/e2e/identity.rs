@@ -213,7 +213,18 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
 
     // A broken map is not taken: the previous one stays, and a fresh token still maps.
     std::fs::write(&map_path, b"{\"rules\": [").expect("break the map");
-    tokio::time::sleep(htfaas_gateway::identities::MAP_POLL * 2).await;
+    let info = stack.info().clone();
+    let reloads = |outcome: &'static str| {
+        let info = info.clone();
+        async move {
+            let page = htfaas_tests::gateway_metrics(&info).await?;
+            htfaas_tests::metric(&page, "htfaas_gateway_identity_map_reloads_total", &format!("outcome=\"{outcome}\""))
+        }
+    };
+    wait_for("the broken map seen and refused", Duration::from_secs(30), || async {
+        reloads("refused").await.filter(|n| *n >= 1.0)
+    })
+    .await;
     let again = idp.token("carol-cli", "compute.create").await;
     let (status, body) = get(&gw, "/v1/whoami", &again).await;
     assert_eq!(status, 200, "the previous map stays: {body}");
@@ -221,6 +232,8 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     let mut without = map_file(&idp.issuer);
     without["rules"].as_array_mut().expect("rules").remove(0);
     write_map(&map_path, &without);
+    wait_for("the new map loaded", Duration::from_secs(30), || async { reloads("loaded").await.filter(|n| *n >= 1.0) })
+        .await;
     wait_for("carol's grants gone", Duration::from_secs(30), || async {
         let grants = admin.namespaces().await.ok()?;
         (!grants.iter().any(|g| g.grant.principal == "carol")).then_some(())

@@ -185,6 +185,18 @@ impl Collector for GatewayCollector {
             "outcome",
             &webhooks,
         )?;
+        let zero = std::sync::atomic::AtomicU64::new(0);
+        let (loaded, refused) = match &self.0.identities {
+            Some(ids) => (&ids.reloads[0], &ids.reloads[1]),
+            None => (&zero, &zero),
+        };
+        family(
+            &mut e,
+            "htfaas_gateway_identity_map_reloads",
+            "Changes of the identity map file: loaded, or refused (the previous map kept).",
+            "outcome",
+            &[("loaded", r(loaded)), ("refused", r(refused))],
+        )?;
         let mut m = e.encode_descriptor(
             "htfaas_gateway_token_refusals",
             "Bearer tokens this API refused, by kind and reason.",

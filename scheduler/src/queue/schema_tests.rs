@@ -1,6 +1,6 @@
 //! Tests of the job table's shape (schema 10): the counts by state the triggers keep, the
 //! migration that takes a version-9 file there, and the query plans of the reads that must
-//! not grow with the number of jobs ever run.
+//! not grow with the number of jobs ever run (and the pages of ended jobs they serve).
 
 use super::jobs::{FIRED_PATH, OVERDUE, ended_sql, of_trace_sql, unfinished_sql, waiting_of_owner_sql};
 use super::revocations::live_credentials_sql;

@@ -30,8 +30,15 @@
 //! that is not a valid name (`[a-z0-9][a-z0-9_-]{0,62}`, so a capture cannot smuggle a `/`,
 //! a `group:` prefix or a space), and the owner `admin`.
 //!
+//! A rule may name a `program` instead of an `owner` ([`program`]): a site's own lookup, run
+//! with the identity on its standard input, whose answer is checked as a template's result.
+//!
 //! Must not know: tokens and their signatures (the gateway verifies them first), HTTP, the
 //! registry. This module decides from claims already verified.
+
+mod program;
+
+pub use program::{DEFAULT_TIMEOUT as PROGRAM_DEFAULT_TIMEOUT, MAX_TIMEOUT as PROGRAM_MAX_TIMEOUT};
 
 use crate::manifest::check_name;
 use crate::namespace::{Grant, Right};
@@ -110,8 +117,17 @@ pub struct RuleSpec {
     /// An anchored expression one of the identity's groups must match.
     #[serde(default)]
     pub group: Option<String>,
-    /// The owner: a template over the named captures and `{sub}`.
-    pub owner: String,
+    /// The owner: a template over the named captures and `{sub}`. Exactly one of `owner` and
+    /// `program`.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// A program that maps the identities this rule matches (see [`program`]): its command and
+    /// arguments (the identity goes only to its standard input).
+    #[serde(default)]
+    pub program: Option<Vec<String>>,
+    /// How long the program may take, ms. Default 2000, at most 10000.
+    #[serde(default)]
+    pub program_timeout_ms: Option<u64>,
     /// Accounting groups the owner may charge runs to (templates, as `owner`).
     #[serde(default)]
     pub groups: Vec<String>,
@@ -219,9 +235,23 @@ impl IdentityMap {
             for re in sub.iter().chain(group.iter()) {
                 captures.extend(re.capture_names().flatten().map(str::to_owned));
             }
-            check_template(&r.name, "owner", &r.owner, &captures)?;
-            if r.owner == RESERVED_OWNER {
-                return Err(invalid(&r.name, "maps to `admin`: no identity is mapped to the admin"));
+            match (&r.owner, &r.program) {
+                (Some(owner), None) => {
+                    check_template(&r.name, "owner", owner, &captures)?;
+                    if owner == RESERVED_OWNER {
+                        return Err(invalid(&r.name, "maps to `admin`: no identity is mapped to the admin"));
+                    }
+                }
+                (None, Some(command)) => {
+                    if command.first().is_none_or(|p| !p.starts_with('/')) {
+                        return Err(invalid(&r.name, "program must name its executable by absolute path"));
+                    }
+                    let limit = program::MAX_TIMEOUT.as_millis() as u64;
+                    if r.program_timeout_ms.is_some_and(|t| t == 0 || t > limit) {
+                        return Err(invalid(&r.name, format!("program_timeout_ms must be 1-{limit}")));
+                    }
+                }
+                _ => return Err(invalid(&r.name, "needs exactly one of `owner` and `program`")),
             }
             for g in &r.groups {
                 check_template(&r.name, "groups", g, &captures)?;
@@ -252,7 +282,8 @@ impl IdentityMap {
         self.rules.iter().find(|r| r.spec.name == name).map(|r| r.spec.issuer.as_str())
     }
 
-    /// Maps `identity` by the first rule that matches it.
+    /// Maps `identity` by the first rule that matches it. Blocks while a rule's mapping
+    /// program runs (at most its timeout).
     pub fn map(&self, identity: &Identity) -> Result<Mapped, MapError> {
         for rule in &self.rules {
             if rule.spec.issuer != identity.issuer {
@@ -269,7 +300,7 @@ impl IdentityMap {
                 };
                 push_captures(re, &c, &mut values);
             }
-            return rule.apply(&values);
+            return rule.apply(identity, &values);
         }
         Err(MapError::Unmapped {
             issuer: identity.issuer.clone(),
@@ -280,17 +311,35 @@ impl IdentityMap {
 }
 
 impl Rule {
-    fn apply(&self, values: &[(String, String)]) -> Result<Mapped, MapError> {
+    fn apply(&self, identity: &Identity, values: &[(String, String)]) -> Result<Mapped, MapError> {
         let name = &self.spec.name;
         let refused = |reason: String| MapError::Refused { rule: name.clone(), reason };
-        let owner = fill(&self.spec.owner, values);
+        let (owner, asked_groups) = match (&self.spec.owner, &self.spec.program) {
+            (Some(template), _) => (fill(template, values), Vec::new()),
+            (None, Some(command)) => {
+                let timeout =
+                    self.spec.program_timeout_ms.map_or(program::DEFAULT_TIMEOUT, std::time::Duration::from_millis);
+                let captures: serde_json::Map<String, serde_json::Value> =
+                    values.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+                let input = serde_json::json!({
+                    "issuer": identity.issuer, "sub": identity.sub, "groups": identity.groups,
+                    "rule": name, "captures": captures,
+                });
+                let answer = program::ask(command, timeout, input.to_string().as_bytes()).map_err(refused)?;
+                if let Some(why) = answer.refuse {
+                    return Err(refused(format!("the mapping program refused: {why}")));
+                }
+                (answer.owner.ok_or_else(|| refused("the mapping program named no owner".into()))?, answer.groups)
+            }
+            (None, None) => return Err(refused("the rule names no owner".into())),
+        };
         check_name(&owner).map_err(|e| refused(format!("owner {e}")))?;
         if owner == RESERVED_OWNER {
             return Err(refused("the owner would be `admin`".into()));
         }
         let mut groups = Vec::new();
-        for g in &self.spec.groups {
-            let g = fill(g, values);
+        let templated = self.spec.groups.iter().map(|g| fill(g, values));
+        for g in templated.chain(asked_groups) {
             check_name(&g).map_err(|e| refused(format!("group {e}")))?;
             if !groups.contains(&g) {
                 groups.push(g);
@@ -488,9 +537,77 @@ mod tests {
         assert!(IdentityMap::parse(b"{\"rules\": [").is_err());
     }
 
+    /// A map whose one rule asks `script` (a shell script written to `dir`), within `timeout_ms`.
+    fn asking(dir: &std::path::Path, script: &str, timeout_ms: u64) -> IdentityMap {
+        let path = dir.join(format!("mapper-{}.sh", script.len()));
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).expect("write the mapper");
+        let mut perms = std::fs::metadata(&path).expect("meta").permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).expect("chmod");
+        map(serde_json::json!([
+            {"name": "ldap", "issuer": ISS, "sub": "^(?P<uid>[a-z]+)@example\\.org$",
+             "program": [path.to_str().expect("utf-8 path")], "program_timeout_ms": timeout_ms,
+             "groups": ["users"], "grants": [{"right": "read", "value": "/data/{owner}/"}]}
+        ]))
+        .expect("the map")
+    }
+
+    #[test]
+    fn a_mapping_program_answers_from_the_identity_on_its_input() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The site's lookup: reads the identity, answers the owner from the capture, and a group.
+        let m = asking(
+            dir.path(),
+            r#"input=$(cat); case "$input" in *'"uid":"carol"'*) echo '{"owner": "carol", "groups": ["cms"]}';; *) echo '{"refuse": "not in the directory"}';; esac"#,
+            2000,
+        );
+        let carol = m.map(&who("carol@example.org", &[])).expect("carol");
+        assert_eq!((carol.rule.as_str(), carol.owner.as_str()), ("ldap", "carol"));
+        assert_eq!(carol.groups, ["users", "cms"]);
+        assert_eq!(carol.grants[0].value, "/data/carol/");
+        let err = m.map(&who("dave@example.org", &[])).expect_err("dave");
+        assert!(err.to_string().contains("refused: not in the directory"), "{err}");
+    }
+
+    #[test]
+    fn a_mapping_program_that_hangs_fails_or_prints_garbage_maps_nobody() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let alice = who("alice@example.org", &[]);
+        let cases = [
+            ("exec sleep 30", "did not answer within 300 ms"),
+            ("echo 'owner: alice'", "not {"),
+            ("echo '{\"owner\": \"alice\"}'; exit 3", "failed"),
+            ("echo '{\"owner\": \"admin\"}'", "`admin`"),
+            ("echo '{\"owner\": \"../../etc\"}'", "owner"),
+            ("echo '{\"owner\": \"alice\", \"groups\": [\"group:x\"]}'", "group"),
+            ("echo '{\"owner\": \"alice\", \"admin\": true}'", "unknown field"),
+            ("echo '{}'", "named no owner"),
+            ("head -c 70000 /dev/zero | tr '\\0' a", "more than"),
+        ];
+        for (script, says) in cases {
+            let err = asking(dir.path(), script, 300).map(&alice).expect_err(script);
+            assert!(matches!(err, MapError::Refused { .. }), "{script}: {err}");
+            assert!(err.to_string().contains(says), "{script}: {err}");
+        }
+        // A program named by a relative path, or given too long, does not load.
+        for (program, timeout, says) in
+            [("mapper.sh", 1000, "absolute path"), ("/bin/true", 60_000, "program_timeout_ms")]
+        {
+            let err = map(serde_json::json!([
+                {"name": "x", "issuer": ISS, "sub": "^.*$", "program": [program], "program_timeout_ms": timeout}
+            ]))
+            .expect_err(program);
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        let both = map(
+            serde_json::json!([{"name": "x", "issuer": ISS, "sub": "^.*$", "owner": "a", "program": ["/bin/true"]}]),
+        );
+        assert!(both.expect_err("both").to_string().contains("exactly one"));
+    }
+
     #[test]
     fn the_readmes_example_map_loads_and_maps_as_it_says() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../../README.md");
         let start = readme.find("{\"rules\": [\n  {\"name\": \"staff\"").expect("the example map in README.md");
         let end = start + readme[start..].find("```").expect("its end");
         let m = IdentityMap::parse(&readme.as_bytes()[start..end]).expect("the README's map loads");
