@@ -282,6 +282,7 @@ impl Layout {
             user_secret: self.secrets.user_secret.clone(),
             nats_nkey_seed: self.nats_seed("operator").map(str::to_owned),
             ca_file: None,
+            oidc_token: None,
         }
     }
 

@@ -1,10 +1,11 @@
 //! `htfaas login` and `htfaas whoami`: a remote site as a profile (its gateway's URL, an API
-//! token, the CA that signed the gateway's certificate), checked against the gateway before it
-//! is saved, and who a credential acts as. Must not know: the local stack's layout.
+//! token, or with `--oidc` where the site's OIDC token is read at each command; the CA that
+//! signed the gateway's certificate), checked against the gateway before it is saved, and who a
+//! credential acts as. Must not know: the local stack's layout.
 
 use super::args::{DEFAULT_PROFILE, DirArg, client};
 use anyhow::Context as _;
-use htfaas::client::{Client, StackInfo};
+use htfaas::client::{Client, StackInfo, TokenSource};
 use std::path::PathBuf;
 
 /// The arguments of `htfaas login`.
@@ -27,11 +28,20 @@ pub struct LoginArgs {
     /// gateway on this machine, or a network that is trusted end to end).
     #[arg(long)]
     pub insecure_http: bool,
+    /// Sign in with the site's OIDC tokens instead of an API token: each command reads the
+    /// current token from `--token-file` (a file a token agent keeps fresh), or else by the
+    /// WLCG Bearer Token Discovery rules (BEARER_TOKEN, BEARER_TOKEN_FILE,
+    /// $XDG_RUNTIME_DIR/bt_u<uid>, /tmp/bt_u<uid>). The profile keeps where, never the token.
+    #[arg(long)]
+    pub oidc: bool,
 }
 
 /// `htfaas login --gateway URL [--token-file F] [--ca-file F] [--profile NAME]`.
 pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
     check_gateway_url(&args.gateway, args.insecure_http)?;
+    if args.oidc {
+        return login_oidc(args).await;
+    }
     let token = match &args.token_file {
         Some(file) => std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?,
         None => std::env::var(super::args::API_TOKEN_ENV)
@@ -46,6 +56,34 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
     let path = info.save_profile(&args.profile)?;
     println!(
         "logged in to {} as {} ({}); profile {} in {}",
+        info.gateway_url,
+        me.name,
+        me.scope,
+        args.profile,
+        path.display()
+    );
+    Ok(())
+}
+
+/// `htfaas login --oidc`: a profile that reads the site's OIDC token at every command.
+async fn login_oidc(args: LoginArgs) -> anyhow::Result<()> {
+    let source = match &args.token_file {
+        Some(f) => TokenSource::File(std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+        None => TokenSource::Discovery,
+    };
+    let token = htfaas::client::current_token(&source)?;
+    let ca_file = args.ca_file.map(|f| std::path::absolute(&f).unwrap_or(f));
+    let mut info = StackInfo::remote(&args.gateway, &token, ca_file);
+    // Checked before it is saved: the gateway must know the issuer and map the identity now.
+    let me = Client::new(info.clone())?.whoami().await.with_context(|| format!("log in to {}", args.gateway))?;
+    info.oidc_token = Some(source);
+    // The profile keeps where the token is read, not the token.
+    info.admin_token = String::new();
+    let path = info.save_profile(&args.profile)?;
+    let how =
+        me.identity.as_ref().map(|i| format!(" as {} of {} (rule {})", i.sub, i.issuer, i.rule)).unwrap_or_default();
+    println!(
+        "logged in to {} as {} ({}){how}; profile {} in {}",
         info.gateway_url,
         me.name,
         me.scope,
@@ -74,7 +112,12 @@ fn check_gateway_url(url: &str, insecure_http: bool) -> anyhow::Result<()> {
 pub async fn whoami(dir: DirArg) -> anyhow::Result<()> {
     let client = client(&dir)?;
     let me = client.whoami().await?;
-    println!("{} ({}) at {}", me.name, me.scope, client.info().gateway_url);
+    let how = me
+        .identity
+        .as_ref()
+        .map(|i| format!(", OIDC {} of {} by rule {}", i.sub, i.issuer, i.rule))
+        .unwrap_or_default();
+    println!("{} ({}) at {}{how}", me.name, me.scope, client.info().gateway_url);
     Ok(())
 }
 

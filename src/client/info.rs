@@ -40,6 +40,44 @@ pub struct StackInfo {
     /// besides the system's: a site's own CA. `None`: the system's roots only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// A profile of the site's OIDC tokens (`htfaas login --oidc`): where each command reads
+    /// the current token (they expire in minutes; a token agent keeps the file fresh), instead
+    /// of a token kept in the profile. Unset: the token is `admin_token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oidc_token: Option<TokenSource>,
+}
+
+/// Where a profile's OIDC token is read, at every command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSource {
+    /// This file.
+    File(PathBuf),
+    /// The WLCG Bearer Token Discovery rules ([`discover_bearer_token`]).
+    Discovery,
+}
+
+/// The WLCG Bearer Token Discovery rules, in order: `BEARER_TOKEN`, the file
+/// `BEARER_TOKEN_FILE`, `$XDG_RUNTIME_DIR/bt_u<uid>`, `/tmp/bt_u<uid>`; the token and where
+/// it was found. `env` looks a variable up; `read` reads a file.
+pub fn discover_bearer_token(
+    env: impl Fn(&str) -> Option<String>,
+    read: impl Fn(&Path) -> Option<String>,
+    uid: u32,
+) -> Option<(String, String)> {
+    let clean = |t: String| Some(t.trim().to_owned()).filter(|t| !t.is_empty());
+    if let Some(t) = env("BEARER_TOKEN").and_then(clean) {
+        return Some((t, "BEARER_TOKEN".into()));
+    }
+    let mut files = Vec::new();
+    if let Some(f) = env("BEARER_TOKEN_FILE").filter(|f| !f.is_empty()) {
+        files.push(PathBuf::from(f));
+    }
+    if let Some(d) = env("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        files.push(Path::new(&d).join(format!("bt_u{uid}")));
+    }
+    files.push(PathBuf::from(format!("/tmp/bt_u{uid}")));
+    files.into_iter().find_map(|f| read(&f).and_then(clean).map(|t| (t, f.display().to_string())))
 }
 
 impl StackInfo {
@@ -56,6 +94,7 @@ impl StackInfo {
             user: String::new(),
             user_secret: String::new(),
             ca_file,
+            oidc_token: None,
         }
     }
 
@@ -92,7 +131,12 @@ impl StackInfo {
         let path = Self::profile_path(name)?;
         let text = std::fs::read(&path)
             .with_context(|| format!("read {} (log in first: htfaas login --gateway URL)", path.display()))?;
-        serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))
+        let mut info: StackInfo = serde_json::from_slice(&text).with_context(|| format!("parse {}", path.display()))?;
+        info.admin_token = match &info.oidc_token {
+            None => info.admin_token,
+            Some(source) => current_token(source)?,
+        };
+        Ok(info)
     }
 
     /// Whether it is a remote profile (no storage password: files go through the gateway).
@@ -118,5 +162,55 @@ impl StackInfo {
         let path = Self::path(dir);
         htfaas_functions::store::write_private(&path, &serde_json::to_vec_pretty(self)?)
             .with_context(|| format!("write {}", path.display()))
+    }
+}
+
+/// The OIDC token `source` holds now.
+pub fn current_token(source: &TokenSource) -> anyhow::Result<String> {
+    let read = |p: &Path| std::fs::read_to_string(p).ok();
+    match source {
+        TokenSource::File(f) => {
+            let t = std::fs::read_to_string(f).with_context(|| format!("read the OIDC token in {}", f.display()))?;
+            let t = t.trim().to_owned();
+            anyhow::ensure!(!t.is_empty(), "{} holds no token", f.display());
+            Ok(t)
+        }
+        TokenSource::Discovery => {
+            use std::os::unix::fs::MetadataExt as _;
+            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).context("this process's uid")?;
+            let found = discover_bearer_token(|k| std::env::var(k).ok(), read, uid);
+            found.map(|(t, _)| t).context(
+                "no OIDC token found (BEARER_TOKEN, BEARER_TOKEN_FILE, $XDG_RUNTIME_DIR/bt_u<uid>, /tmp/bt_u<uid>): get one \
+                 from the site's token agent (oidc-agent, htgettoken)",
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_discovered_in_the_wlcg_order() {
+        let files = |present: &'static [&'static str]| {
+            move |p: &Path| present.iter().find(|f| Path::new(f) == p).map(|f| format!("token-of-{f}\n"))
+        };
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        };
+        let all: &[(&str, &str)] =
+            &[("BEARER_TOKEN", " tok "), ("BEARER_TOKEN_FILE", "/f"), ("XDG_RUNTIME_DIR", "/run/user/7")];
+        let got = discover_bearer_token(env(all), files(&["/f", "/run/user/7/bt_u7", "/tmp/bt_u7"]), 7);
+        assert_eq!(got, Some(("tok".into(), "BEARER_TOKEN".into())));
+        let no_var: &[(&str, &str)] =
+            &[("BEARER_TOKEN", "  "), ("BEARER_TOKEN_FILE", "/f"), ("XDG_RUNTIME_DIR", "/run/user/7")];
+        let got = discover_bearer_token(env(no_var), files(&["/f", "/run/user/7/bt_u7"]), 7);
+        assert_eq!(got, Some(("token-of-/f".into(), "/f".into())));
+        let got = discover_bearer_token(env(no_var), files(&["/run/user/7/bt_u7", "/tmp/bt_u7"]), 7);
+        assert_eq!(got.map(|(_, w)| w), Some("/run/user/7/bt_u7".into()));
+        let got = discover_bearer_token(env(&[]), files(&["/tmp/bt_u7", "/tmp/bt_u8"]), 8);
+        assert_eq!(got.map(|(_, w)| w), Some("/tmp/bt_u8".into()));
+        assert_eq!(discover_bearer_token(env(&[]), files(&[]), 7), None);
     }
 }

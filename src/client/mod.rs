@@ -12,7 +12,7 @@ mod info;
 mod rerun;
 mod trace;
 
-pub use info::StackInfo;
+pub use info::{StackInfo, TokenSource, current_token, discover_bearer_token};
 pub use trace::{Span, TraceView, job_spans};
 
 use anyhow::{Context as _, bail};

@@ -211,6 +211,33 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     let (status, body) = get(&gw, "/v1/eps", &carol).await;
     assert_eq!(status, 403, "{body}");
 
+    // The CLI signs in with the provider's token: the profile keeps where the token is read,
+    // never the token, and each command reads the file afresh (a token agent renews it).
+    let config = tempfile::tempdir().expect("config dir");
+    let token_file = map_dir.path().join("token.jwt");
+    std::fs::write(&token_file, &carol).expect("write the token");
+    let cli = |args: &[&str]| {
+        let mut c = std::process::Command::new(htfaas_tests::htfaas_binary());
+        c.args(args).env("HTFAAS_CONFIG_DIR", config.path()).env_remove("HTFAAS_DIR");
+        let out = c.output().expect("run htfaas");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let token_path = token_file.to_str().expect("utf-8 path");
+    let (ok, said) =
+        cli(&["login", "--gateway", &gw, "--oidc", "--token-file", token_path, "--insecure-http", "--profile", "site"]);
+    assert!(ok, "{said}");
+    assert!(said.contains("as carol (developer) as carol-cli"), "{said}");
+    let profile = std::fs::read_to_string(config.path().join("profiles/site.json")).expect("the profile");
+    assert!(!profile.contains(&carol) && profile.contains("token.jwt"), "{profile}");
+    let (ok, said) = cli(&["whoami", "--profile", "site"]);
+    assert!(ok && said.starts_with("carol (developer)"), "{said}");
+    std::fs::write(&token_file, idp.token("dave-cli", "compute.create").await).expect("a renewed file");
+    let (ok, said) = cli(&["whoami", "--profile", "site"]);
+    assert!(ok && said.starts_with("dave (developer)"), "the file is read at each command: {said}");
+
     // A broken map is not taken: the previous one stays, and a fresh token still maps.
     std::fs::write(&map_path, b"{\"rules\": [").expect("break the map");
     let info = stack.info().clone();
