@@ -110,7 +110,8 @@ enum Command {
         command: ns::NsCommand,
     },
     /// The site's identity map (the gateway's `identity_map`): `map test` shows which rule an
-    /// identity (token claims, or a token's) matches and the owner, groups and grants it gives.
+    /// identity (token claims, or a token's) matches and the owner, groups and grants it gives;
+    /// `map identities` and `map unbind` (admin) list and free the owners bound to identities.
     Map {
         #[command(subcommand)]
         command: map::MapCommand,
@@ -202,7 +203,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Fn { command } => fn_cmd::run(command).await,
         Command::Image { command } => image::run(command).await,
         Command::Ns { command } => ns::run(command).await,
-        Command::Map { command } => map::run(command),
+        Command::Map { command } => map::run(command).await,
         Command::Jobs(args) => jobs::run(args).await,
         Command::Dlq(args) => dlq::run(args).await,
         Command::Trace(args) => trace::run(args).await,

@@ -168,6 +168,12 @@ impl Identities {
         }
     }
 
+    /// Forgets every token resolved (and refused): the next request of each is looked at
+    /// again (after an admin unbound an owner).
+    pub fn forget_resolved(&self) {
+        self.resolved.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// An earlier refusal of `token`, still standing.
     fn refused_before(&self, token: &str) -> Option<String> {
         let generation = self.loaded().generation;

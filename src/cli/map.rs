@@ -1,11 +1,13 @@
 //! `htfaas map test`: what the site's identity map makes of an identity, offline, before the
-//! map goes live: the rule that matched and the owner, groups and grants, or why none.
+//! map goes live: the rule that matched and the owner, groups and grants, or why none; and
+//! `htfaas map identities|unbind` (admin): the identities bound to owners, and freeing one.
 //!
 //! A rule's mapping program runs as the gateway would run it. `--token FILE` reads the token's
 //! claims **without verifying it** (this command has no keys;
-//! the gateway verifies every token before mapping it) and says so. Must not know: the
-//! gateway, HTTP.
+//! the gateway verifies every token before mapping it) and says so. Must not know: how the
+//! client talks to the gateway.
 
+use super::args::{DirArg, client};
 use anyhow::Context as _;
 use htfaas_functions::identity_map::{Identity, IdentityMap};
 use std::path::PathBuf;
@@ -16,6 +18,21 @@ pub enum MapCommand {
     /// Which rule of a map file matches an identity, and the owner, groups and grants it
     /// gives (exits non-zero when the map does not load or the identity would be refused).
     Test(TestArgs),
+    /// The identities bound to owners (admin): owner, issuer, sub, rule, groups, last seen.
+    Identities {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Free an owner name for another identity (admin, audited); its map grants leave with it.
+    Unbind {
+        #[command(flatten)]
+        dir: DirArg,
+        /// The owner.
+        owner: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -38,8 +55,30 @@ pub struct TestArgs {
 }
 
 /// Runs `htfaas map …`.
-pub fn run(command: MapCommand) -> anyhow::Result<()> {
-    let MapCommand::Test(args) = command;
+pub async fn run(command: MapCommand) -> anyhow::Result<()> {
+    match command {
+        MapCommand::Test(args) => test(args),
+        MapCommand::Identities { dir, json } => {
+            let all = client(&dir)?.identities().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                println!("{:<20} {:<24} {:<12} {:<16} ISSUER", "OWNER", "SUB", "RULE", "GROUPS");
+                for b in &all {
+                    println!("{:<20} {:<24} {:<12} {:<16} {}", b.owner, b.sub, b.rule, b.groups.join(","), b.issuer);
+                }
+            }
+            Ok(())
+        }
+        MapCommand::Unbind { dir, owner } => {
+            let b = client(&dir)?.unbind_identity(&owner).await?;
+            println!("unbound {} from {} of {} (rule {})", b.owner, b.sub, b.issuer, b.rule);
+            Ok(())
+        }
+    }
+}
+
+fn test(args: TestArgs) -> anyhow::Result<()> {
     let text = std::fs::read(&args.mapfile).with_context(|| format!("read {}", args.mapfile.display()))?;
     let map = IdentityMap::parse(&text).with_context(|| format!("{} does not load", args.mapfile.display()))?;
     let claims: serde_json::Value = match (&args.claims, &args.token) {

@@ -1,11 +1,13 @@
-//! What `htfaas accounting` asks of the stack: reports summed from the job records, and the
-//! ended jobs of a window, every page, for the accounting export.
+//! What `htfaas accounting` and `htfaas map` ask of the stack: reports summed from the job
+//! records, the ended jobs of a window, every page, for the accounting export; the OIDC
+//! identities bound to owners, and unbinding one.
 //!
 //! Must not know: how they are printed (the CLI's output).
 
 use super::{Client, check};
 use anyhow::Context as _;
 use htfaas_functions::proto::{AccountingBy, AccountingQuery, AccountingReport, JobRecord};
+use htfaas_functions::registry::identities::Binding;
 
 impl Client {
     /// Jobs by final state, hours, peak memory and bytes per owner, group or function (and per
@@ -60,5 +62,17 @@ impl Client {
                 return Ok(out);
             }
         }
+    }
+
+    /// The OIDC identities bound to owners (admin).
+    pub async fn identities(&self) -> anyhow::Result<Vec<Binding>> {
+        self.admin_get("/v1/identities").await
+    }
+
+    /// Frees `owner` for another identity (admin); the binding removed.
+    pub async fn unbind_identity(&self, owner: &str) -> anyhow::Result<Binding> {
+        let url = self.gateway(&format!("/v1/identities/{}", super::segment(owner)?));
+        let resp = self.http.delete(url).bearer_auth(&self.info.admin_token).send().await?;
+        Ok(check(resp, "unbind the identity").await?.json().await?)
     }
 }

@@ -268,4 +268,22 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     .await;
     let (status, body) = get(&gw, "/v1/whoami", &carol).await;
     assert_eq!(status, 401, "the map changed: her token is looked at again and no rule maps it: {body}");
+
+    // An admin frees the name carol: the identity the bots rule maps to it may take it now.
+    let bound = admin.identities().await.expect("bindings");
+    assert!(bound.iter().any(|b| b.owner == "carol" && b.sub == "carol-cli"), "{bound:?}");
+    let freed = admin.unbind_identity("carol").await.expect("unbind");
+    assert_eq!((freed.owner.as_str(), freed.sub.as_str()), ("carol", "carol-cli"));
+    assert!(admin.unbind_identity("carol").await.is_err(), "a second unbind finds nothing");
+    let (status, who) = get(&gw, "/v1/whoami", &bot).await;
+    assert_eq!(status, 200, "{who}");
+    assert_eq!((who["name"].as_str(), who["identity"]["rule"].as_str()), (Some("carol"), Some("bots")));
+    let (status, body) = get(&gw, "/v1/identities", &bot).await;
+    assert_eq!(status, 403, "a developer does not list identities: {body}");
+    let unbinds: Vec<_> = gateway_records(&admin, AuditKind::AdminAction)
+        .await
+        .into_iter()
+        .filter(|r| r.detail["action"] == "identity.unbind")
+        .collect();
+    assert_eq!(unbinds.len(), 1, "{unbinds:?}");
 }

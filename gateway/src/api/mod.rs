@@ -87,6 +87,8 @@
 //! | `POST /v1/dlq/{id}/redrive` | developer (own) | body `RedriveRequest` (`{"n"?: N}`) → 201 (or 200: re-drive `n` was there) `RedriveResponse` |
 //! | `POST /v1/dlq/{id}/drop` | developer (own) | body `DropRequest` (`{"reason": …}`) → `DeadLetter` |
 //! | `POST /v1/audit/rerun` | developer (own) | body `RerunRequest` (`{"file": …}`) → 201 `Rerun`: the function version that wrote the file runs again on the same input bytes into a scratch directory ([`rerun`]) |
+//! | `GET /v1/identities` | admin | `Vec<Binding>`: the OIDC identities bound to owners ([`identities`]) |
+//! | `DELETE /v1/identities/{owner}` | admin | the `Binding` removed (404 without one): the owner name is free for another identity |
 //! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`audit::lineage`]) |
 //!
 //! Every audit route takes `?trail=gateway` for the gateway's own trail ([`crate::audit`]:
@@ -123,7 +125,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use htfaas_functions::RegistryError;
 use htfaas_functions::registry::MAX_MODULE_BYTES;
 use std::sync::Arc;
@@ -134,6 +136,7 @@ mod dlq;
 mod events;
 mod files;
 mod forward;
+mod identities;
 mod images;
 mod lifecycle;
 pub mod metrics;
@@ -263,6 +266,8 @@ pub const ROUTES: &[Route] = &[
     op("GET", "/v1/namespaces", "/v1/namespaces", Access::Developer),
     op("POST", "/v1/namespaces", "/v1/namespaces", Access::Admin),
     op("POST", "/v1/namespaces/revoke", "/v1/namespaces/revoke", Access::Admin),
+    op("GET", "/v1/identities", "/v1/identities", Access::Admin),
+    op("DELETE", "/v1/identities/{owner}", "/v1/identities/{owner}", Access::Admin),
     op("POST", "/v1/annexes", "/v1/annexes", Access::Admin),
     op("GET", "/v1/annexes", "/v1/annexes", Access::Admin),
     op("GET", "/v1/annexes/{name}", "/v1/annexes/{name}", Access::Admin),
@@ -327,6 +332,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audit/rerun", post(rerun::rerun))
         .route("/v1/namespaces", get(namespaces::list).post(namespaces::grant))
         .route("/v1/namespaces/revoke", post(namespaces::revoke))
+        .route("/v1/identities", get(identities::list))
+        .route("/v1/identities/{owner}", delete(identities::unbind))
         .route("/v1/annexes", post(annexes::create).get(annexes::list))
         .route("/v1/annexes/{name}", get(annexes::show))
         .route("/v1/annexes/{name}/{action}", post(annexes::act))
