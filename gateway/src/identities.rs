@@ -13,8 +13,9 @@
 //!   every resolved token and re-derives the grants in force; one that does not parse keeps
 //!   the previous map, says why in the log and in [`Identities::map_error`].
 //! - An OIDC identity is never an admin: admins keep the admin token or an admin API token.
-//! - WLCG scopes ([`check_scopes`]): a token with a `scope` claim may use the API only as far
-//!   as its `compute.*` scopes say; without the claim, as its mapping says.
+//! - WLCG scopes ([`check_scopes`], [`check_storage_scopes`]): a token with a `scope` claim
+//!   may use the API only as far as its `compute.*` scopes say, and get a file credential only
+//!   within its `storage.*` scopes; without the claim, as its mapping says.
 //!
 //! Must not know: routes and handlers, the firing table's SQL.
 
@@ -327,6 +328,34 @@ pub fn check_scopes(scopes: Option<&[String]>, method: &Method) -> Result<(), Ht
     ))
 }
 
+/// Whether a token's WLCG scopes allow a file credential for `path`: a read needs
+/// `storage.read:<dir>`, a write (new files) `storage.create:<dir>` or `storage.modify:<dir>`,
+/// with `path` at or beneath `<dir>` (whole segments: `storage.read:/data` covers `/data/x`,
+/// not `/database`). A token without a `scope` claim passes (its namespace alone limits it);
+/// one with the claim and no such scope is refused (403).
+pub fn check_storage_scopes(scopes: Option<&[String]>, write: bool, path: &str) -> Result<(), HttpError> {
+    let Some(scopes) = scopes else { return Ok(()) };
+    let kinds: &[&str] = if write { &["storage.create:", "storage.modify:"] } else { &["storage.read:"] };
+    let covered = scopes.iter().any(|s| kinds.iter().any(|k| s.strip_prefix(k).is_some_and(|dir| beneath(dir, path))));
+    if covered {
+        return Ok(());
+    }
+    let wanted = if write { "storage.create or storage.modify" } else { "storage.read" };
+    Err(HttpError(
+        StatusCode::FORBIDDEN,
+        format!(
+            "the token's scopes ({}) do not allow {path}: it needs {wanted} on it or a directory above",
+            scopes.join(" ")
+        ),
+    ))
+}
+
+/// Whether `path` is `dir` or inside it, by whole segments.
+fn beneath(dir: &str, path: &str) -> bool {
+    let dir = dir.trim_end_matches('/');
+    dir.is_empty() || path == dir || path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// Watches the map file until `shutdown`: a change that loads replaces the map and re-derives
 /// the grants in force; one that does not is logged and leaves the map as it was.
 pub async fn watch(
@@ -406,5 +435,20 @@ mod tests {
         }
         // No `scope` claim: the mapping alone limits the token.
         assert!(check_scopes(None, &Method::DELETE).is_ok());
+    }
+
+    #[test]
+    fn storage_scopes_cover_whole_segments_and_the_right_kind() {
+        let s = scopes("compute.create storage.read:/data storage.create:/out/carol");
+        let ok = |write: bool, path: &str| check_storage_scopes(Some(&s), write, path).is_ok();
+        assert!(ok(false, "/data/carol/run-1.dat") && ok(false, "/data"));
+        assert!(!ok(false, "/database/x"), "a prefix is a directory, not a string prefix");
+        assert!(!ok(false, "/out/carol/x"), "create does not read");
+        assert!(ok(true, "/out/carol/new.dat"));
+        assert!(!ok(true, "/data/carol/new.dat"), "read does not write");
+        assert!(!ok(true, "/out/carolx/new.dat"));
+        assert!(check_storage_scopes(Some(&scopes("storage.modify:/")), true, "/any/where").is_ok());
+        assert!(check_storage_scopes(Some(&scopes("compute.create")), false, "/data/x").is_err());
+        assert!(check_storage_scopes(None, true, "/data/x").is_ok());
     }
 }

@@ -24,6 +24,17 @@ fn every_sample_config_parses() {
     assert_eq!(ep.slots.cpus, 2);
     // The EP reaches exactly the sample gateway (modules) and its storage.
     assert_eq!(ep.allowed_origins, Some(vec![format!("http://{}", gateway.listen), gateway.storage_url.clone()]));
+    // The gateway's identity map loads, and its first rule maps the sample issuer's users.
+    assert_eq!(gateway.oidc_issuers.len(), 1);
+    assert_eq!(gateway.identity_map.as_deref(), Some(std::path::Path::new("examples/config/identity-map.json")));
+    let map =
+        htfaas_functions::identity_map::IdentityMap::parse(&sample("identity-map.json")).expect("identity-map.json");
+    let who = htfaas_functions::identity_map::Identity {
+        issuer: gateway.oidc_issuers[0].issuer.clone(),
+        sub: "carol@example.org".into(),
+        groups: vec!["/site/cms".into()],
+    };
+    assert_eq!(map.map(&who).expect("carol").owner, "carol");
     let users: serde_json::Value = serde_json::from_slice(&sample("storage-users.json")).expect("users");
     assert_eq!(users["users"][0]["name"], "gateway");
 }

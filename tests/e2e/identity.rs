@@ -177,6 +177,19 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     assert_eq!(status, 200, "{jobs}");
     assert!(jobs.as_array().expect("jobs").iter().any(|j| j["id"] == job.id.as_str()), "{jobs}");
 
+    // File credentials follow the token's WLCG storage scopes: a read within storage.read:/data
+    // is given, a write without storage.create is not, and a token with no storage scope gets none.
+    let reader = idp.token("carol-cli", "compute.create storage.read:/data").await;
+    let read = json!({"path": "/data/carol/run-1.dat", "access": "read"});
+    let (status, body) = post(&gw, "/v1/files/credential", &reader, &read).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) =
+        post(&gw, "/v1/files/credential", &reader, &json!({"path": "/out/carol/new.dat", "access": "write"})).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"].as_str().unwrap_or_default().contains("storage.create"), "{body}");
+    let (status, body) = post(&gw, "/v1/files/credential", &carol, &read).await;
+    assert_eq!(status, 403, "compute.create alone reads no file: {body}");
+
     // Refused, each with its reason:
     // an identity no rule maps, recorded;
     let mallory = idp.token("mallory-cli", "compute.create").await;

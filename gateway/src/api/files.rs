@@ -44,6 +44,10 @@ pub(super) async fn credential(
         return Err(HttpError(StatusCode::BAD_REQUEST, format!("{path:?} is not a clean absolute file path")));
     }
     let dir = &path[..path.rfind('/').map_or(1, |i| i + 1)];
+    // A token of the site's provider with WLCG scopes: within its storage scopes too.
+    if let Some(who) = shared.oidc_caller(&headers) {
+        crate::identities::check_storage_scopes(who.scopes.as_deref(), request.access == FileAccess::Write, &path)?;
+    }
     // An admin acts for the site: its namespace is every path.
     if !caller.is_admin() {
         let ns = shared.namespaces.of(&caller.name, None);
