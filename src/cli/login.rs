@@ -34,6 +34,23 @@ pub struct LoginArgs {
     /// $XDG_RUNTIME_DIR/bt_u<uid>, /tmp/bt_u<uid>). The profile keeps where, never the token.
     #[arg(long)]
     pub oidc: bool,
+    /// With --oidc: get the token by the provider's device login (RFC 8628) instead: the CLI
+    /// prints a URL and a code to confirm in any browser, then keeps the access token in a
+    /// private file beside the profile (log in again when it expires).
+    #[arg(long, requires_all = ["oidc", "issuer", "client_id"], conflicts_with = "token_file")]
+    pub device: bool,
+    /// With --device: the provider's issuer URL.
+    #[arg(long)]
+    pub issuer: Option<String>,
+    /// With --device: this CLI's public client id at the provider.
+    #[arg(long)]
+    pub client_id: Option<String>,
+    /// With --device: the scopes asked for.
+    #[arg(long, default_value = "openid compute.create compute.read")]
+    pub scope: String,
+    /// With --device: the gateway's audience, sent as `resource` (RFC 8707).
+    #[arg(long)]
+    pub audience: Option<String>,
 }
 
 /// `htfaas login --gateway URL [--token-file F] [--ca-file F] [--profile NAME]`.
@@ -67,9 +84,10 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
 
 /// `htfaas login --oidc`: a profile that reads the site's OIDC token at every command.
 async fn login_oidc(args: LoginArgs) -> anyhow::Result<()> {
-    let source = match &args.token_file {
-        Some(f) => TokenSource::File(std::path::absolute(f).unwrap_or_else(|_| f.clone())),
-        None => TokenSource::Discovery,
+    let source = match (&args.token_file, args.device) {
+        (_, true) => TokenSource::File(device_token(&args).await?),
+        (Some(f), false) => TokenSource::File(std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+        (None, false) => TokenSource::Discovery,
     };
     let token = htfaas::client::current_token(&source)?;
     let ca_file = args.ca_file.map(|f| std::path::absolute(&f).unwrap_or(f));
@@ -91,6 +109,36 @@ async fn login_oidc(args: LoginArgs) -> anyhow::Result<()> {
         path.display()
     );
     Ok(())
+}
+
+/// `--device`: the provider's device login; the access token kept in a private file beside
+/// the profile (`profiles/<name>.token`), which the profile then reads at every command.
+async fn device_token(args: &LoginArgs) -> anyhow::Result<PathBuf> {
+    let (Some(issuer), Some(client_id)) = (&args.issuer, &args.client_id) else {
+        anyhow::bail!("--device needs --issuer and --client-id");
+    };
+    let login = htfaas::client::device::DeviceLogin {
+        issuer,
+        client_id,
+        scope: &args.scope,
+        audience: args.audience.as_deref(),
+    };
+    let http = htfaas_gateway::http_client_trusting(args.ca_file.as_deref(), "ca_file")?;
+    let token = htfaas::client::device::device_login(&http, &login, |code| {
+        match &code.verification_uri_complete {
+            Some(uri) => eprintln!("to sign in, open {uri} (code {})", code.user_code),
+            None => eprintln!("to sign in, open {} and enter the code {}", code.verification_uri, code.user_code),
+        }
+        eprintln!("waiting for the confirmation (up to {} s) …", code.expires_in);
+    })
+    .await?;
+    let path = StackInfo::profile_path(&args.profile)?.with_extension("token");
+    if let Some(dir) = path.parent() {
+        htfaas_functions::store::create_private_dir(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    htfaas_functions::store::write_private(&path, token.as_bytes())
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
 }
 
 /// A gateway URL `login` sends a token to: `https://`, or `http://` only when asked for with

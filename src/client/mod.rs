@@ -6,6 +6,7 @@
 //! site ([`StackInfo::load_profile`]); where and how: [`info`].
 
 mod accounting;
+pub mod device;
 mod dlq;
 mod images;
 mod info;

@@ -251,6 +251,15 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     let (ok, said) = cli(&["whoami", "--profile", "site"]);
     assert!(ok && said.starts_with("dave (developer)"), "the file is read at each command: {said}");
 
+    // The device login (RFC 8628): the CLI prints where to confirm, a person confirms in a
+    // browser (here headless chromium on the provider's own pages), the CLI gets the token.
+    device_login(&gw, &idp.issuer, config.path()).await;
+    let (ok, said) = cli(&["whoami", "--profile", "dev"]);
+    assert!(ok && said.starts_with("erin (developer)"), "{said}");
+    let token_kept = config.path().join("profiles/dev.token");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&token_kept).expect("token").permissions());
+    assert_eq!(mode & 0o077, 0, "the device login's token is its owner's alone");
+
     // A broken map is not taken: the previous one stays, and a fresh token still maps.
     std::fs::write(&map_path, b"{\"rules\": [").expect("break the map");
     let info = stack.info().clone();
@@ -299,4 +308,73 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
         .filter(|r| r.detail["action"] == "identity.unbind")
         .collect();
     assert_eq!(unbinds.len(), 1, "{unbinds:?}");
+}
+
+/// `htfaas login --oidc --device` as profile `dev`, confirmed as `erin-cli` in headless chromium.
+async fn device_login(gateway: &str, issuer: &str, config: &Path) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(htfaas_tests::htfaas_binary())
+        .args(["login", "--gateway", gateway, "--insecure-http", "--profile", "dev", "--oidc", "--device"])
+        .args([
+            "--issuer",
+            issuer,
+            "--client-id",
+            "htfaas-cli",
+            "--audience",
+            AUDIENCE,
+            "--scope",
+            "openid compute.create",
+        ])
+        .env("HTFAAS_CONFIG_DIR", config)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the device login");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let uri = loop {
+        let line = lines.next_line().await.expect("the CLI's output").expect("the CLI names where to confirm");
+        if let Some(rest) = line.strip_prefix("to sign in, open ") {
+            break rest.split_whitespace().next().expect("a URL").to_owned();
+        }
+    };
+    let browser = htfaas_tests::cdp::Browser::launch().await.expect("start headless chromium");
+    browser.navigate(&uri).await.expect("open the confirmation page");
+    // Each page of the provider: confirm the code, sign in, consent; until its success page.
+    let step = r#"(() => {
+        if (document.readyState !== 'complete' || window.__htfaas_acted) return 'loading';
+        if (document.title === 'Sign-in Success') return 'done';
+        const f = document.forms[0];
+        if (!f) return 'no form';
+        const login = f.querySelector('input[name=login]');
+        if (login) { login.value = 'erin-cli'; f.querySelector('input[name=password]').value = 'any'; }
+        window.__htfaas_acted = true;
+        const button = f.querySelector('button[autofocus]') || f.querySelector('button[type=submit]');
+        if (button) { button.click(); } else { f.submit(); }
+        return document.title;
+    })()"#;
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let got = browser
+            .wait_for(
+                "a page of the provider",
+                &format!("(r => r === 'loading' ? null : r)({step})"),
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("the provider's pages");
+        seen.push(got.clone());
+        if got == "done" {
+            break;
+        }
+    }
+    assert_eq!(seen.last().and_then(Value::as_str), Some("done"), "the pages seen: {seen:?}");
+    browser.close();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the CLI ends after the confirmation")
+        .expect("the CLI's exit");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("as erin (developer) as erin-cli"), "{said}");
 }

@@ -40,8 +40,9 @@ impl Provider {
             .spawn()
             .expect("start node (scripts/install-deps.sh installs it)");
         let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
         let mut issuer = None;
-        for line in BufReader::new(stdout).lines() {
+        for line in lines.by_ref() {
             let line = line.expect("the provider's output");
             if let Some(rest) = line.strip_prefix("listening ") {
                 issuer = Some(rest.trim().to_owned());
@@ -49,6 +50,8 @@ impl Provider {
             }
         }
         let issuer = issuer.expect("the provider printed its issuer");
+        // The rest of its output is read and dropped: a closed pipe would end it at its next line.
+        std::thread::spawn(move || lines.for_each(drop));
         Provider { child, issuer }
     }
 

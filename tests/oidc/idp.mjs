@@ -4,6 +4,9 @@
 // each client's `sub` is its id; its groups come from CLIENT_GROUPS below. Access tokens are
 // RS256 JWTs for the audience AUDIENCE (env, default https://htfaas.example), with the scopes
 // asked for among `compute.create compute.read storage.read:/data`.
+// A public client `htfaas-cli` may use the device login (RFC 8628): its confirmation pages are
+// the provider's development interactions (any login and password), which a test drives in a
+// headless browser; the login typed is the token's `sub`.
 // Usage: OIDC_PROVIDER_MODULE=<path to node_modules/oidc-provider> node idp.mjs
 import http from 'node:http';
 import { pathToFileURL } from 'node:url';
@@ -20,6 +23,7 @@ const CLIENT_GROUPS = {
   'carol-bot': ['/desy/cms'],
   'dave-cli': ['/desy/atlas'],
   'mallory-cli': ['/elsewhere'],
+  'erin-cli': ['/desy/cms'],
 };
 
 const server = http.createServer();
@@ -29,9 +33,13 @@ server.listen(0, '127.0.0.1', () => {
     clients: Object.keys(CLIENT_GROUPS).map((id) => ({
       client_id: id, client_secret: `${id}-secret`, grant_types: ['client_credentials'],
       redirect_uris: [], response_types: [],
-    })),
+    })).concat([{
+      client_id: 'htfaas-cli', token_endpoint_auth_method: 'none',
+      grant_types: ['urn:ietf:params:oauth:grant-type:device_code'], redirect_uris: [], response_types: [],
+    }]),
     features: {
-      devInteractions: { enabled: false },
+      devInteractions: { enabled: true },
+      deviceFlow: { enabled: true },
       clientCredentials: { enabled: true },
       resourceIndicators: {
         enabled: true,
@@ -44,7 +52,9 @@ server.listen(0, '127.0.0.1', () => {
         }),
       },
     },
-    extraTokenClaims: async (ctx, token) => ({ groups: CLIENT_GROUPS[token.clientId] || [], wlcg_ver: '1.0' }),
+    extraTokenClaims: async (ctx, token) => ({
+      groups: CLIENT_GROUPS[token.accountId || token.clientId] || [], wlcg_ver: '1.0',
+    }),
   });
   server.on('request', oidc.callback());
   console.log(`listening ${issuer}`);
