@@ -189,6 +189,9 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     assert!(body["error"].as_str().unwrap_or_default().contains("storage.create"), "{body}");
     let (status, body) = post(&gw, "/v1/files/credential", &carol, &read).await;
     assert_eq!(status, 403, "compute.create alone reads no file: {body}");
+    let storage_only = idp.token("carol-cli", "storage.read:/data").await;
+    let (status, body) = post(&gw, "/v1/files/credential", &storage_only, &read).await;
+    assert_eq!(status, 200, "a storage scope alone suffices for a file: {body}");
 
     // Refused, each with its reason:
     // an identity no rule maps, recorded;
@@ -217,7 +220,6 @@ async fn a_site_user_signs_in_with_the_providers_token_and_runs_as_its_mapped_ow
     assert_eq!(status, 401, "{body}");
     assert!(body["error"].as_str().unwrap_or_default().contains("bad signature"), "{body}");
     // a token whose WLCG scopes allow no compute (a storage-only token);
-    let storage_only = idp.token("carol-cli", "storage.read:/data").await;
     let (status, body) = get(&gw, "/v1/whoami", &storage_only).await;
     assert_eq!(status, 403, "{body}");
     // an admin route.

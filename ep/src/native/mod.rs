@@ -421,16 +421,20 @@ fn stage_and_drop_privileges(
             {
                 return fail();
             }
+            // Into the cgroups first, while every descriptor is still the one opened for it: a
+            // `cgroup.procs` file the parent happened to open as descriptor 3 would otherwise be
+            // replaced by the answer pipe below, the "0" meant for the cgroup would reach the
+            // handler's answers and the guest would run outside its limits.
+            for fd in &fds {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return fail();
+                }
+            }
             // dup2 leaves the copy without close-on-exec: the handler's answer pipe survives.
             if let Some(reply) = reply
                 && libc::dup2(reply, REPLY_FD) != REPLY_FD
             {
                 return fail();
-            }
-            for fd in &fds {
-                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return fail();
-                }
             }
             if libc::setgroups(0, std::ptr::null()) != 0
                 || libc::setgid(uid) != 0

@@ -360,7 +360,7 @@ pub async fn authenticate(
     if let (Some(ids), Some(token)) = (&shared.identities, bearer(request.headers()))
         && ids.oidc().claims_issuer(token).is_some()
     {
-        if let Err(refused) = oidc_caller(&shared, ids, token, request.method()).await {
+        if let Err(refused) = oidc_caller(&shared, ids, token, request.method(), request.uri().path()).await {
             return refused.into_response();
         }
         return next.run(request).await;
@@ -376,13 +376,15 @@ pub async fn authenticate(
 }
 
 /// Resolves a bearer of a configured OIDC issuer ([`crate::identities::resolve`]) and checks
-/// it as an API token is checked: its WLCG scopes against the method, then the scheduler's
-/// revocations (its `jti`, its owner, its issuer).
+/// it as an API token is checked: its WLCG `compute.*` scopes against the method (a file
+/// credential's `storage.*` scopes are its handler's), then the scheduler's revocations (its
+/// `jti`, its owner, its issuer).
 async fn oidc_caller(
     shared: &Arc<Shared>,
     ids: &crate::identities::Identities,
     token: &str,
     method: &axum::http::Method,
+    path: &str,
 ) -> Result<(), HttpError> {
     let s = shared.clone();
     let bind = move |identity: htfaas_functions::identity_map::Identity, mapped| async move {
@@ -399,7 +401,10 @@ async fn oidc_caller(
         namespaces: &shared.namespaces,
     };
     let who = crate::identities::resolve(ids, at, token).await?;
-    crate::identities::check_scopes(who.scopes.as_deref(), method)?;
+    // A file credential is a storage operation: its handler checks the `storage.*` scopes.
+    if path != "/v1/files/credential" {
+        crate::identities::check_scopes(who.scopes.as_deref(), method)?;
+    }
     // A token without a `jti` is named by its owner or issuer only.
     let jti = who.jti.as_deref().unwrap_or("\0");
     match shared.api_revocations.reason_for(&shared.scheduler(), jti, &who.caller.name, &who.issuer).await? {
