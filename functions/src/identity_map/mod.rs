@@ -30,7 +30,7 @@
 //! that is not a valid name (`[a-z0-9][a-z0-9_-]{0,62}`, so a capture cannot smuggle a `/`,
 //! a `group:` prefix or a space), and the owner `admin`.
 //!
-//! A rule may name a `program` instead of an `owner` ([`program`]): a site's own lookup, run
+//! A rule may name a `program` instead of an `owner` (the `program` module): a site's own lookup, run
 //! with the identity on its standard input, whose answer is checked as a template's result.
 //!
 //! Must not know: tokens and their signatures (the gateway verifies them first), HTTP, the
@@ -121,7 +121,7 @@ pub struct RuleSpec {
     /// `program`.
     #[serde(default)]
     pub owner: Option<String>,
-    /// A program that maps the identities this rule matches (see [`program`]): its command and
+    /// A program that maps the identities this rule matches (see the `program` module): its command and
     /// arguments (the identity goes only to its standard input).
     #[serde(default)]
     pub program: Option<Vec<String>>,
