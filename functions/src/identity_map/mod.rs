@@ -30,8 +30,9 @@
 //! that is not a valid name (`[a-z0-9][a-z0-9_-]{0,62}`, so a capture cannot smuggle a `/`,
 //! a `group:` prefix or a space), and the owner `admin`.
 //!
-//! A rule may name a `program` instead of an `owner` (the `program` module): a site's own lookup, run
-//! with the identity on its standard input, whose answer is checked as a template's result.
+//! A rule may name a `program` instead of an `owner` (the `program` module): a site's own
+//! lookup, run with the identity on its standard input, whose answer is checked as a
+//! template's result.
 //!
 //! Must not know: tokens and their signatures (the gateway verifies them first), HTTP, the
 //! registry. This module decides from claims already verified.
@@ -121,8 +122,8 @@ pub struct RuleSpec {
     /// `program`.
     #[serde(default)]
     pub owner: Option<String>,
-    /// A program that maps the identities this rule matches (see the `program` module): its command and
-    /// arguments (the identity goes only to its standard input).
+    /// A program that maps the identities this rule matches (see the `program` module): its
+    /// command and arguments (the identity goes only to its standard input).
     #[serde(default)]
     pub program: Option<Vec<String>>,
     /// How long the program may take, ms. Default 2000, at most 10000.
