@@ -118,6 +118,11 @@ impl Identities {
         self.map.current.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Which map is in force (each one that loads counts up): resolved tokens carry it.
+    fn generation(&self) -> u64 {
+        self.map.current.read().unwrap_or_else(|p| p.into_inner()).generation
+    }
+
     /// Why the map file's latest change was not taken (the previous map is in force), if so.
     pub fn map_error(&self) -> Option<String> {
         self.loaded().error
@@ -159,13 +164,9 @@ impl Identities {
 
     /// The caller a token resolved to earlier (and still may act as), if any.
     pub fn cached(&self, token: &str) -> Option<OidcCaller> {
-        let generation = self.loaded().generation;
-        let now = htfaas_functions::time::now_s();
-        match self.resolved.lock().unwrap_or_else(|p| p.into_inner()).get(&key(token)) {
-            Some(Resolved::Caller { who, until_s, generation: g }) if *g == generation && *until_s > now => {
-                Some(who.clone())
-            }
-            _ => None,
+        match self.standing(token)? {
+            Resolved::Caller { who, .. } => Some(who),
+            Resolved::Refused { .. } => None,
         }
     }
 
@@ -175,16 +176,19 @@ impl Identities {
         self.resolved.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    /// An earlier refusal of `token`, still standing.
-    fn refused_before(&self, token: &str) -> Option<String> {
-        let generation = self.loaded().generation;
+    /// What `token` resolved to earlier, while it stands: under the map in force and before
+    /// its time is up.
+    fn standing(&self, token: &str) -> Option<Resolved> {
+        let generation = self.generation();
         let now = htfaas_functions::time::now_s();
-        match self.resolved.lock().unwrap_or_else(|p| p.into_inner()).get(&key(token)) {
-            Some(Resolved::Refused { why, until_s, generation: g }) if *g == generation && *until_s > now => {
-                Some(why.clone())
-            }
-            _ => None,
-        }
+        let all = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        all.get(&key(token))
+            .filter(|r| match r {
+                Resolved::Caller { until_s, generation: g, .. } | Resolved::Refused { until_s, generation: g, .. } => {
+                    *g == generation && *until_s > now
+                }
+            })
+            .cloned()
     }
 
     fn keep(&self, token: &str, entry: Resolved) {
@@ -205,15 +209,12 @@ impl Identities {
 /// What resolving a token needs besides [`Identities`]: where bindings are kept, where
 /// records go, the grants to refresh.
 pub struct Resolve<'a, B> {
-    /// Binds an owner to an identity in the registry, off the async workers
-    /// ([`htfaas_functions::Registry::bind_identity`]).
+    /// Binds an owner to an identity in the registry and, when the binding is new or changed,
+    /// reads the grants in force again; off the async workers
+    /// ([`htfaas_functions::Registry::bind_identity`], [`crate::namespaces::Namespaces::reload`]).
     pub bind: B,
-    /// The registry (to read the grants again after a binding changed).
-    pub registry: &'a htfaas_functions::Registry,
     /// The gateway's trail.
     pub firings: &'a crate::firing::Firings,
-    /// The grants in force.
-    pub namespaces: &'a crate::namespaces::Namespaces,
 }
 
 /// Resolves an OIDC bearer `token`: the caller it maps to, or a 401 saying why (recorded as
@@ -223,13 +224,12 @@ where
     B: FnOnce(htfaas_functions::identity_map::Identity, Mapped) -> F,
     F: std::future::Future<Output = Result<Bound, String>>,
 {
-    if let Some(who) = ids.cached(token) {
-        return Ok(who);
+    match ids.standing(token) {
+        Some(Resolved::Caller { who, .. }) => return Ok(who),
+        Some(Resolved::Refused { why, .. }) => return Err(unauthorized(why)),
+        None => {}
     }
-    if let Some(why) = ids.refused_before(token) {
-        return Err(unauthorized(why));
-    }
-    let generation = ids.loaded().generation;
+    let generation = ids.generation();
     let verified = match ids.oidc.verify(token).await {
         Ok(v) => v,
         // A token that does not verify says nothing of anyone: not recorded, not kept (a
@@ -265,9 +265,6 @@ where
                     bound == Bound::New,
                 );
                 append(at.firings, draft).await;
-                if let Err(e) = at.namespaces.reload(at.registry) {
-                    tracing::error!(owner = %mapped.owner, "cannot read the grants again after a sign-in: {e}");
-                }
                 tracing::info!(owner = %mapped.owner, rule = %mapped.rule, sub = %verified.identity.sub, first = bound == Bound::New, "OIDC identity mapped");
             }
             let who = OidcCaller {

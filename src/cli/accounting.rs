@@ -88,6 +88,11 @@ pub fn parse_factor(s: &str) -> Result<f64, String> {
     s.parse::<f64>().ok().filter(|f| f.is_finite()).ok_or_else(|| format!("{s:?}: want a number"))
 }
 
+/// A `--since`/`--until` argument as Unix ms (`now` for relative ones), if given.
+fn time_ms(t: Option<String>, now: u64) -> anyhow::Result<Option<u64>> {
+    t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
+}
+
 /// `htfaas accounting …`.
 pub async fn run(args: AccountingArgs) -> anyhow::Result<()> {
     match args {
@@ -97,22 +102,16 @@ pub async fn run(args: AccountingArgs) -> anyhow::Result<()> {
         }
         AccountingArgs { dir, action: Some(AccountingCommand::Export { format, since, until }), .. } => {
             let now = htfaas_gateway::replay::now_ms();
-            let time = |t: Option<String>| {
-                t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
-            };
-            let (since, until) = (time(since)?.unwrap_or(0), time(until)?.unwrap_or(now));
+            let (since, until) = (time_ms(since, now)?.unwrap_or(0), time_ms(until, now)?.unwrap_or(now));
             let jobs = client(&dir)?.jobs_ended(since, until).await?;
             print!("{}", output::export::render(&jobs, format));
             Ok(())
         }
         AccountingArgs { dir, json, csv, by: Some(by), since, until, period, action: None, .. } => {
             let now = htfaas_gateway::replay::now_ms();
-            let time = |t: Option<String>| {
-                t.map(|t| htfaas_gateway::replay::parse_time(&t, now).map_err(anyhow::Error::msg)).transpose()
-            };
             let query = htfaas_functions::proto::AccountingQuery {
-                since_ms: time(since)?,
-                until_ms: time(until)?,
+                since_ms: time_ms(since, now)?,
+                until_ms: time_ms(until, now)?,
                 by,
                 period_s: period,
             };

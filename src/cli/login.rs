@@ -71,15 +71,21 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
     // Checked before it is saved: a wrong URL, CA or token is an error now, not at the next command.
     let me = Client::new(info.clone())?.whoami().await.with_context(|| format!("log in to {}", args.gateway))?;
     let path = info.save_profile(&args.profile)?;
+    logged_in(&info, &me, &args.profile, &path);
+    Ok(())
+}
+
+/// What `login` says once the profile is saved (the OIDC identity too, for a token of the site's provider).
+fn logged_in(info: &StackInfo, me: &htfaas_functions::proto::WhoAmI, profile: &str, path: &std::path::Path) {
+    let how =
+        me.identity.as_ref().map(|i| format!(" as {} of {} (rule {})", i.sub, i.issuer, i.rule)).unwrap_or_default();
     println!(
-        "logged in to {} as {} ({}); profile {} in {}",
+        "logged in to {} as {} ({}){how}; profile {profile} in {}",
         info.gateway_url,
         me.name,
         me.scope,
-        args.profile,
         path.display()
     );
-    Ok(())
 }
 
 /// `htfaas login --oidc`: a profile that reads the site's OIDC token at every command.
@@ -98,16 +104,7 @@ async fn login_oidc(args: LoginArgs) -> anyhow::Result<()> {
     // The profile keeps where the token is read, not the token.
     info.admin_token = String::new();
     let path = info.save_profile(&args.profile)?;
-    let how =
-        me.identity.as_ref().map(|i| format!(" as {} of {} (rule {})", i.sub, i.issuer, i.rule)).unwrap_or_default();
-    println!(
-        "logged in to {} as {} ({}){how}; profile {} in {}",
-        info.gateway_url,
-        me.name,
-        me.scope,
-        args.profile,
-        path.display()
-    );
+    logged_in(&info, &me, &args.profile, &path);
     Ok(())
 }
 

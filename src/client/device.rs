@@ -17,12 +17,10 @@ const DEFAULT_INTERVAL_S: u64 = 5;
 /// The device code grant's type.
 const GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
 
-/// The form bodies' media type.
-const FORM: &str = "application/x-www-form-urlencoded";
-
-/// `pairs` as a form body.
-fn form_body(pairs: &[(&str, &str)]) -> String {
-    url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+/// A POST of `pairs` as a form to `url`.
+fn post_form(http: &reqwest::Client, url: &str, pairs: &[(&str, &str)]) -> reqwest::RequestBuilder {
+    let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+    http.post(url).header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded").body(body)
 }
 
 /// What the user is asked to do.
@@ -97,10 +95,7 @@ pub async fn device_login(
     if let Some(aud) = login.audience {
         form.push(("resource", aud));
     }
-    let code: DeviceCode = http
-        .post(&endpoint)
-        .header(reqwest::header::CONTENT_TYPE, FORM)
-        .body(form_body(&form))
+    let code: DeviceCode = post_form(http, &endpoint, &form)
         .send()
         .await
         .and_then(reqwest::Response::error_for_status)
@@ -121,10 +116,7 @@ pub async fn device_login(
         if Instant::now() >= deadline {
             bail!("the device login was not confirmed within {} s", code.expires_in);
         }
-        let answer: TokenAnswer = http
-            .post(&discovery.token_endpoint)
-            .header(reqwest::header::CONTENT_TYPE, FORM)
-            .body(form_body(&poll))
+        let answer: TokenAnswer = post_form(http, &discovery.token_endpoint, &poll)
             .send()
             .await
             .with_context(|| format!("{}: polling for the token", discovery.token_endpoint))?

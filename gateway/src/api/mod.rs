@@ -387,19 +387,22 @@ async fn oidc_caller(
     path: &str,
 ) -> Result<(), HttpError> {
     let s = shared.clone();
-    let bind = move |identity: htfaas_functions::identity_map::Identity, mapped| async move {
+    let bind = move |identity: htfaas_functions::identity_map::Identity,
+                     mapped: htfaas_functions::identity_map::Mapped| async move {
         tokio::task::spawn_blocking(move || {
-            s.registry.bind_identity(&identity, &mapped, htfaas_functions::time::now_s()).map_err(|e| e.to_string())
+            let bound = s.registry.bind_identity(&identity, &mapped, htfaas_functions::time::now_s());
+            let bound = bound.map_err(|e| e.to_string())?;
+            if bound != htfaas_functions::registry::identities::Bound::Same
+                && let Err(e) = s.namespaces.reload(&s.registry)
+            {
+                tracing::error!(owner = %mapped.owner, "cannot read the grants again after a sign-in: {e}");
+            }
+            Ok(bound)
         })
         .await
         .map_err(|e| format!("registry task: {e}"))?
     };
-    let at = crate::identities::Resolve {
-        bind,
-        registry: &shared.registry,
-        firings: &shared.firings,
-        namespaces: &shared.namespaces,
-    };
+    let at = crate::identities::Resolve { bind, firings: &shared.firings };
     let who = crate::identities::resolve(ids, at, token).await?;
     // A file credential is a storage operation: its handler checks the `storage.*` scopes.
     if path != "/v1/files/credential" {

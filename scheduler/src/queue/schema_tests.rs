@@ -211,23 +211,8 @@ async fn ended_jobs_come_by_end_time_in_pages_that_never_skip_or_repeat_one() {
     let marked = q.mark_running(ran.clone(), "ep1".into(), "s1".into(), ok).await.expect("mark");
     assert_eq!(marked.assigned.len(), 5);
     for id in &ran {
-        let report = JobReport {
-            input_sha256: None,
-            job_id: id.clone(),
-            outcome: Outcome::Exited { exit_code: 0 },
-            usage: Usage {
-                wall_ms: 10,
-                cpu_ms: 5,
-                peak_memory_bytes: 1,
-                bytes_in: 1,
-                bytes_out: 1,
-                instructions: None,
-                phases: Default::default(),
-            },
-            outputs: vec![],
-            log: String::new(),
-        };
-        q.finish("s1".into(), report, LOSS).await.expect("finish").expect("was running");
+        let done = report(id, Outcome::Exited { exit_code: 0 });
+        q.finish("s1".into(), done, LOSS).await.expect("finish").expect("was running");
     }
     // End times: three jobs share one millisecond (pages of 2 split them), one ends past the window.
     let ends = [1_000i64, 2_000, 2_000, 2_000, 9_000];
