@@ -250,6 +250,8 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
         group: None,
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

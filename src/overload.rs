@@ -176,6 +176,8 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         group: None,
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

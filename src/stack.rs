@@ -698,6 +698,8 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         group: None,
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

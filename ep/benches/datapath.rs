@@ -349,6 +349,7 @@ async fn main() {
             secrets: Default::default(),
             renew_until: None,
             traceparent: None,
+            refs: Vec::new(),
         };
         let reset = reset_peak();
         let (rss_before, _) = memory();

@@ -50,6 +50,7 @@ pub mod native;
 mod native_job;
 mod options;
 mod origins;
+mod refs;
 mod renew;
 mod report_log;
 pub mod runtime;

@@ -252,6 +252,7 @@ mod tests {
                 limits: Default::default(),
                 renew_until: until,
                 traceparent: None,
+                refs: Vec::new(),
             };
             a.output.macaroon = macaroon(&[&format!("before:{late}")]);
             a

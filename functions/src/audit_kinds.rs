@@ -7,7 +7,7 @@
 
 use crate::audit::{AuditDraft, AuditKind, MacaroonFacts, Subject};
 use crate::identity_map::{Identity, Mapped};
-use crate::proto::{Outcome, OutputFile, Revocation, RevocationTarget, Usage};
+use crate::proto::{Outcome, OutputFile, ReferenceRead, Revocation, RevocationTarget, Usage};
 use crate::resources::Resources;
 use crate::token::{AttachClaims, SubmitClaims};
 use serde_json::{Map, Value};
@@ -112,28 +112,39 @@ impl AuditDraft {
     }
 
     /// `job.finished`, as the EP `ep` reported it: one record for what the run did. Subject: the
-    /// job (whose paths hold its input) and every output path, so a query by either file finds it.
-    /// Detail: `{outcome, reason, usage, input: {path, bytes, sha256} | null, outputs: [{path,
-    /// size, sha256}]}` (the input's `sha256` as the EP read it, null when it did not read it
-    /// whole). The guest's log is not recorded.
+    /// job (whose paths hold its input), every output path and every reference file read, so a
+    /// query by any of these files finds it. Detail: `{outcome, reason, usage, input: {path,
+    /// bytes, sha256} | null, outputs: [{path, size, sha256}], refs?: [{path, bytes, sha256}]}`
+    /// (the input's `sha256` as the EP read it, null when it did not read it whole; `refs` only
+    /// when the job read reference files). The guest's log is not recorded.
     pub fn job_finished(
         mut subject: Subject,
         ep: &str,
         input: Option<(&str, u64, Option<&str>)>,
         outputs: &[OutputFile],
+        refs: &[ReferenceRead],
         outcome: &Outcome,
         usage: &Usage,
     ) -> AuditDraft {
-        for o in outputs {
-            if !subject.paths.contains(&o.path) {
-                subject.paths.push(o.path.clone());
+        // Each reference file by its storage path: the trail finds the runs that read it.
+        let refs: Vec<Value> = refs
+            .iter()
+            .map(|r| serde_json::json!({ "path": format!("/{}", r.path), "bytes": r.size, "sha256": r.sha256 }))
+            .collect();
+        let read = refs.iter().filter_map(|r| r["path"].as_str());
+        for path in outputs.iter().map(|o| o.path.as_str()).chain(read) {
+            if !subject.paths.iter().any(|p| p == path) {
+                subject.paths.push(path.to_owned());
             }
         }
         let input =
             input.map(|(path, bytes, sha256)| serde_json::json!({ "path": path, "bytes": bytes, "sha256": sha256 }));
-        let detail = serde_json::json!({
+        let mut detail = serde_json::json!({
             "outcome": outcome, "reason": outcome.reason(), "usage": usage, "input": input, "outputs": outputs,
         });
+        if !refs.is_empty() {
+            detail["refs"] = Value::Array(refs);
+        }
         AuditDraft::new(AuditKind::JobFinished, subject, detail).with_actor(ep)
     }
 

@@ -90,6 +90,38 @@ pub struct FunctionManifest {
     /// none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<Webhook>,
+    /// Most runs of this function at once, over every version and runner (the scheduler counts
+    /// what it has assigned to EPs); further jobs wait idle, they do not fail. At least 1, at
+    /// most [`MAX_CONCURRENT`]. Default: none (the site's per-owner limit alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// Read-only inputs every run gets besides the file that fired it ([`Inputs`]): reference
+    /// data such as calibration constants. Default: none.
+    #[serde(default, skip_serializing_if = "Inputs::is_empty")]
+    pub inputs: Inputs,
+}
+
+/// Most runs at once a manifest may allow ([`FunctionManifest::max_concurrent`]).
+pub const MAX_CONCURRENT: u32 = 1_000_000;
+/// Most reference inputs one manifest may name.
+pub const MAX_REFERENCE_INPUTS: usize = 16;
+
+/// The extra read-only inputs of a function's runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inputs {
+    /// Reference files (`/data/calib/pedestals-v3.h5`) or directories, ending in `/`
+    /// (`/data/calib/run-conditions/`: every file below it), in the owner's read namespace.
+    /// Each run reads them under `/input/ref/`, by their path below the storage root.
+    #[serde(default, rename = "ref", skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<String>,
+}
+
+impl Inputs {
+    /// Whether it names nothing (the manifest then carries no `inputs`).
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
 }
 
 /// Which runtime runs a function's code.
@@ -435,6 +467,23 @@ impl FunctionManifest {
         if let Some(webhook) = &self.webhook {
             webhook.validate(self)?;
         }
+        if self.max_concurrent.is_some_and(|n| n == 0 || n > MAX_CONCURRENT) {
+            return Err(bad(
+                "max_concurrent",
+                format!("must be 1..={MAX_CONCURRENT} (leave it out for no limit): 0 would never run a job"),
+            ));
+        }
+        let refs = &self.inputs.refs;
+        if refs.len() > MAX_REFERENCE_INPUTS
+            || refs.iter().enumerate().any(|(i, r)| !is_clean_abs_path(r) || r == "/" || refs[..i].contains(r))
+        {
+            return Err(bad(
+                "inputs.ref",
+                format!(
+                    "at most {MAX_REFERENCE_INPUTS} distinct clean absolute paths below / (a directory ends in '/')"
+                ),
+            ));
+        }
         match self.runtime {
             RuntimeKind::Wasm if !self.command.is_empty() => {
                 return Err(bad("command", "only a native function has a command (runtime: native)"));
@@ -492,6 +541,8 @@ mod tests {
             group: None,
             secrets: Default::default(),
             webhook: None,
+            max_concurrent: None,
+            inputs: Inputs::default(),
         }
     }
 
@@ -518,6 +569,12 @@ mod tests {
             ("trigger.rule", Box::new(|m| m.trigger.rule = Some("size >".into()))),
             ("trigger.rule", Box::new(|m| m.trigger = Trigger::on_rule(""))),
             ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 0.0, burst: 1 }))),
+            ("max_concurrent", Box::new(|m| m.max_concurrent = Some(0))),
+            ("max_concurrent", Box::new(|m| m.max_concurrent = Some(MAX_CONCURRENT + 1))),
+            ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["calib/p.h5".into()])),
+            ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["/data/../etc/passwd".into()])),
+            ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["/".into()])),
+            ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["/a".into(), "/a".into()])),
             ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: f64::NAN, burst: 1 }))),
             ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 1e6, burst: 1 }))),
             ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 1.0, burst: 0 }))),

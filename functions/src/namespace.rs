@@ -265,6 +265,13 @@ impl Namespace {
                 )));
             }
         }
+        if let Some(r) = m.inputs.refs.iter().find(|r| !self.may_read(r)) {
+            return Err(refuse(format!(
+                "the reference input {r} is outside {}'s read namespace ({})",
+                m.owner,
+                self.readable()
+            )));
+        }
         let dir = &m.outputs.dir;
         if !self.may_write(dir) {
             return Err(refuse(format!(
@@ -334,6 +341,8 @@ mod tests {
             group: None,
             secrets: Default::default(),
             webhook: None,
+            max_concurrent: None,
+            inputs: Default::default(),
         }
     }
 

@@ -61,6 +61,8 @@ fn function(i: usize) -> FunctionRecord {
             group: None,
             secrets: Default::default(),
             webhook: None,
+            max_concurrent: None,
+            inputs: Default::default(),
         },
     }
 }

@@ -90,6 +90,8 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             group: None,
             secrets: Default::default(),
             webhook: None,
+            max_concurrent: None,
+            inputs: Default::default(),
         })?;
     }
     Ok(registry)

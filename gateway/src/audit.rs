@@ -227,6 +227,7 @@ mod tests {
             digest: a.manifest.module.clone(),
             event_id: "e0".into(),
             chain: vec!["a".into()],
+            trace: None,
         };
         f.record_provenance("M1", &cause, 0).expect("provenance");
         let written = StorageEvent { macaroon: Some("M1".into()), ..event("e1", "/data/a/x") };
@@ -284,6 +285,7 @@ mod tests {
             digest: a.manifest.module.clone(),
             event_id: "e1".into(),
             chain: vec!["a".into()],
+            trace: None,
         };
         f.record_provenance_with("write-id-1", &cause, 0, drafts.to_vec()).expect("record");
         f.append(admin_action("admin", "register", Subject::default(), json!({"note": format!("Bearer {token}")})))

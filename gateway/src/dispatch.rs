@@ -230,7 +230,10 @@ async fn record_provenance(
     let m = &c.function.manifest;
     let mut chain = c.cause.as_ref().map(|cause| cause.chain.clone()).unwrap_or_default();
     chain.push(m.name.clone());
-    let cause = Cause { function: m.name.clone(), digest: m.module.clone(), event_id: c.event.id.clone(), chain };
+    // What the job's outputs fire continues this firing's trace.
+    let trace = Some(crate::jobs::gateway_span(&c.event, c.cause.as_ref(), &m.name).to_string());
+    let cause =
+        Cause { function: m.name.clone(), digest: m.module.clone(), event_id: c.event.id.clone(), chain, trace };
     writer
         .write(Write::Provenance { macaroon, cause, records })
         .await
@@ -242,7 +245,7 @@ async fn record_provenance(
 /// span of the event's trace (its trace id on every log line).
 async fn fire_one(d: Dispatcher<'_>, c: Claimed) {
     use tracing::Instrument as _;
-    let span = crate::jobs::gateway_span(&c.event, &c.function.manifest.name);
+    let span = crate::jobs::gateway_span(&c.event, c.cause.as_ref(), &c.function.manifest.name);
     let span = tracing::info_span!(
         "gateway.fire",
         trace_id = %span.trace_id_hex(),

@@ -643,6 +643,8 @@ mod tests {
                     group: None,
                     secrets: Default::default(),
                     webhook: None,
+                    max_concurrent: None,
+                    inputs: Default::default(),
                 })
                 .expect("register");
         }

@@ -14,7 +14,9 @@ use htfaas_functions::FunctionRecord;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::manifest::RuntimeKind;
 use htfaas_functions::namespace::Namespace;
-use htfaas_functions::proto::{Cause, EventRef, FunctionRef, InputSpec, NativeCode, OutputSpec, SubmitRequest};
+use htfaas_functions::proto::{
+    Cause, EventRef, FunctionRef, InputSpec, MAX_REFERENCE_FILES, NativeCode, OutputSpec, ReferenceInput, SubmitRequest,
+};
 
 /// What building a job reads: the namespaces, the storage, where EPs fetch modules, whether
 /// macaroons are bound to the EP.
@@ -69,8 +71,8 @@ pub fn scheduler_dedupe_key(event: &StorageEvent, function: &FunctionRecord, rep
 /// and the `traceparent` of the gateway's span for `function` on it.
 pub fn event_ref(event: &StorageEvent, cause: Option<Cause>, function: &str, seen_at_ms: u64) -> EventRef {
     EventRef {
+        trace: Some(gateway_span(event, cause.as_ref(), function).to_string()),
         caused_by: cause,
-        trace: Some(gateway_span(event, function).to_string()),
         seen_at_ms: Some(seen_at_ms),
         producer_span: event
             .traceparent
@@ -81,9 +83,17 @@ pub fn event_ref(event: &StorageEvent, cause: Option<Cause>, function: &str, see
     }
 }
 
-/// The gateway's span for firing `function` on `event`: a child of the event's trace.
-pub fn gateway_span(event: &StorageEvent, function: &str) -> htfaas_functions::trace::TraceParent {
-    event.trace().child(&format!("{}{function}", htfaas_functions::trace::GATEWAY_SPAN))
+/// The gateway's span for firing `function` on `event`: a child of the event's trace, or, for
+/// an event about a job's output (`cause`), of that job's own gateway span, so that a chain of
+/// functions is one trace from the first upload on.
+pub fn gateway_span(
+    event: &StorageEvent,
+    cause: Option<&Cause>,
+    function: &str,
+) -> htfaas_functions::trace::TraceParent {
+    let chained =
+        cause.and_then(|c| c.trace.as_deref()).and_then(|t| htfaas_functions::trace::TraceParent::parse(t).ok());
+    chained.unwrap_or_else(|| event.trace()).child(&format!("{}{function}", htfaas_functions::trace::GATEWAY_SPAN))
 }
 
 /// Who a job acts as: the function's owner (a firing, a replay, a back-fill, the owner's own
@@ -120,7 +130,8 @@ impl<'a> RunsAs<'a> {
     }
 }
 
-/// Checks, when a run becomes a job, that `who` may still read `path`, write the function's
+/// Checks, when a run becomes a job, that `who` may still read `path` and the function's
+/// reference inputs, write the function's
 /// output directory and use its annex in the namespace `ns` (a grant may have been revoked since
 /// the registration, and a replay or manual run names paths of its own); returns whether its
 /// write macaroon may replace files (the manifest asks and the namespace allows). A refusal is
@@ -129,6 +140,9 @@ pub fn confine(ns: &Namespace, who: &str, function: &FunctionRecord, path: &str)
     let m = &function.manifest;
     if !ns.may_read(path) {
         return Err(JobError::Permanent(format!("{path} is outside the read namespace of {who}")));
+    }
+    if let Some(r) = m.inputs.refs.iter().find(|r| !ns.may_read(r)) {
+        return Err(JobError::Permanent(format!("reference input {r} is outside the read namespace of {who}")));
     }
     if !ns.may_write(&m.outputs.dir) {
         return Err(JobError::Permanent(format!(
@@ -262,6 +276,7 @@ pub async fn prepare(
         cx.storage.write_macaroon(&m.outputs.dir, replace, &writer)
     );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
+    let refs = references(cx.storage, &m.inputs.refs).await?;
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(SubmitRequest {
         function: function_ref(cx.public_url, function),
@@ -284,7 +299,48 @@ pub async fn prepare(
         // Set once the submit token is minted ([`crate::submit::Submitter::grant`]).
         renewal: None,
         retry: m.retry.clone(),
+        max_concurrent: m.max_concurrent,
+        refs,
     })
+}
+
+/// The reference files of a job: each file of `refs` (a directory's files, listed now), with a
+/// read macaroon for exactly that file, at most [`MAX_REFERENCE_FILES`] in all. The namespace
+/// check is the caller's ([`confine`]); a directory with more files is refused, as a job that
+/// would silently read only some of its constants would be wrong.
+async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<ReferenceInput>, JobError> {
+    let transient = |e: String, t: bool| if t { JobError::Transient(e) } else { JobError::Permanent(e) };
+    let mut files = Vec::new();
+    for r in refs {
+        if !r.ends_with('/') {
+            files.push(r.clone());
+            continue;
+        }
+        let room = MAX_REFERENCE_FILES.saturating_sub(files.len());
+        let listing = crate::listing::list_tree(storage, r, room).await.map_err(|e| match e {
+            crate::listing::ListError::Storage(e) => transient(format!("list reference {r}: {e}"), e.is_transient()),
+            e => JobError::Permanent(e.to_string()),
+        })?;
+        if listing.truncated {
+            return Err(JobError::Permanent(format!(
+                "the reference inputs hold more than {MAX_REFERENCE_FILES} files (at {r})"
+            )));
+        }
+        files.extend(listing.files.into_iter().map(|f| f.path));
+    }
+    // A file named alone and under a directory reference is read once.
+    let mut seen = std::collections::HashSet::new();
+    files.retain(|f| seen.insert(f.clone()));
+    let mut out = Vec::with_capacity(files.len());
+    for path in files {
+        let macaroon = storage
+            .read_macaroon(&path)
+            .await
+            .map_err(|e| transient(format!("reference {path}: {e}"), e.is_transient()))?;
+        let rel = path.trim_start_matches('/').to_owned();
+        out.push(ReferenceInput { url: storage.url_of(&path), path: rel, macaroon });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -493,6 +493,8 @@ mod tests {
             limits: Default::default(),
             secrets: Default::default(),
             renewal: None,
+            max_concurrent: None,
+            refs: Vec::new(),
         }
     }
 

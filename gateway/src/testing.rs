@@ -30,6 +30,8 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
             group: None,
             secrets: Default::default(),
             webhook: None,
+            max_concurrent: None,
+            inputs: Default::default(),
         },
     }
 }

@@ -56,6 +56,8 @@ fn request() -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     }
 }
 
@@ -73,6 +75,7 @@ fn report() -> JobReport {
             })
             .collect(),
         log: String::new(),
+        refs: Vec::new(),
     }
 }
 
@@ -108,6 +111,7 @@ fn main() -> anyhow::Result<()> {
         memory_mb: 256,
         output_dir: "/data/experiment/derived/2025/06/run-004211/".into(),
         on_failure: Default::default(),
+        refs: Vec::new(),
     };
     let original = report();
     time("doubt", n, timed, || {

@@ -344,6 +344,8 @@ fn request(dedupe_key: String) -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     }
 }
 
@@ -606,6 +608,7 @@ fn report(job_id: String) -> EpMsg {
             sha256: "ab".repeat(32),
         }],
         log: "ok\n".into(),
+        refs: Vec::new(),
     })
 }
 

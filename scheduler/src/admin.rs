@@ -164,6 +164,7 @@ pub(crate) async fn analyze(shared: &Shared, id: String) -> Result<JobAnalysis, 
                 ));
             }
             let usage = shared.queue.owner_usage().await?;
+            let max_concurrent = shared.queue.max_concurrent(id.clone()).await?;
             let max_running = shared.limits.max_running;
             let idle = IdleJob {
                 id: job.id.clone(),
@@ -172,6 +173,7 @@ pub(crate) async fn analyze(shared: &Shared, id: String) -> Result<JobAnalysis, 
                 annex: job.annex.clone(),
                 resources: job.resources,
                 image: job.native.as_ref().map(|_| job.digest.as_str().to_owned()),
+                limit: None,
             };
             let eps = shared.eps();
             let policy = shared.policy.round(&eps, &usage, max_running, now);
@@ -179,6 +181,15 @@ pub(crate) async fn analyze(shared: &Shared, id: String) -> Result<JobAnalysis, 
                 let n = eps.running_per_owner().get(job.owner.as_str()).copied().unwrap_or(0);
                 if n >= max {
                     reasons.push(format!("owner {} has {n} jobs running, the limit is {max}", job.owner));
+                }
+            }
+            if let Some(max) = max_concurrent {
+                let n = eps.running_per_function().get(job.function.as_str()).copied().unwrap_or(0);
+                if n >= u64::from(max) {
+                    reasons.push(format!(
+                        "function {} has {n} runs assigned, its max_concurrent is {max}: the job waits for one to end",
+                        job.function
+                    ));
                 }
             }
             if let Some((g, q)) = job.group.as_ref().and_then(|g| policy.quotas.get(g).map(|q| (g, q))) {

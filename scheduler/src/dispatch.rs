@@ -130,7 +130,7 @@ async fn round(shared: &Shared, waiting: &mut Waiting) -> anyhow::Result<usize> 
     let max_running = shared.limits.max_running;
     let usage = shared.queue.owner_usage().await?;
     let now = now_ms();
-    let (at_limit, policy, priority) = {
+    let (at_limit, functions_at_limit, policy, priority) = {
         let eps = shared.eps();
         let policy = shared.policy.round(&eps, &usage, max_running, now);
         let cores = eps.cores_per_owner();
@@ -139,9 +139,9 @@ async fn round(shared: &Shared, waiting: &mut Waiting) -> anyhow::Result<usize> 
             .keys()
             .map(|o| (o.clone(), policy.effective(o, cores.get(o.as_str()).copied().unwrap_or(0))))
             .collect();
-        (eps.owners_at_limit(max_running), policy, priority)
+        (eps.owners_at_limit(max_running), eps.functions_at_limit(), policy, priority)
     };
-    let idle = shared.queue.idle_candidates(pools, at_limit, priority, now).await?;
+    let idle = shared.queue.idle_candidates(pools, at_limit, functions_at_limit, priority, now).await?;
     if idle.is_empty() {
         return Ok(0);
     }
@@ -249,7 +249,9 @@ pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Re
         caveats.push(format!("ip:{}", ip.to_canonical()));
     }
     let caveats: Vec<&str> = caveats.iter().map(String::as_str).collect();
-    for m in [&mut a.input.macaroon, &mut a.output.macaroon] {
+    for m in
+        [&mut a.input.macaroon, &mut a.output.macaroon].into_iter().chain(a.refs.iter_mut().map(|r| &mut r.macaroon))
+    {
         *m = attenuate(m, &caveats).map_err(RestrictError::Attenuate)?;
     }
     Ok(a)

@@ -12,6 +12,7 @@
 //!   quarantine directory only as `<output dir>.quarantine/<its job id>/<name>`, for a job that
 //!   asked for quarantine (`outputs.on_failure`) and a run that failed; a path in a re-run's
 //!   scratch directory only for a re-run; an input sha256, when named, of 64 hex
+//!   digits; reference files only those the job was given, each once, with a sha256 of 64 hex
 //!   digits: a report that
 //!   breaks this is a protocol violation ([`Violation`]). It is not believed at all — neither its
 //!   outcome, its outputs (nothing enters the lineage) nor its usage (nothing is charged) — and
@@ -50,6 +51,8 @@ pub struct Observed {
     pub output_dir: String,
     /// What the job asked for its outputs after a failed run (`output.on_failure`).
     pub on_failure: FailedOutputs,
+    /// The guest paths of its reference inputs (`refs`), in order.
+    pub refs: Vec<String>,
 }
 
 /// The usage figures an EP claimed above what could be, each with its claim (the report now
@@ -116,6 +119,13 @@ pub enum Violation {
     /// The input's sha256 is not 64 hex digits.
     #[error("the report's input sha256 is not 64 hex digits")]
     BadInputDigest,
+    /// A reference file the job was not given, named twice, or with a sha256 that is not 64
+    /// hex digits.
+    #[error("the report names reference {path:?}, which is not one of the job's, is named twice, or has a bad sha256")]
+    ForeignReference {
+        /// The path (cut to 200 characters).
+        path: String,
+    },
 }
 
 fn is_sha256_hex(s: &str) -> bool {
@@ -147,6 +157,14 @@ pub fn doubt(report: &mut JobReport, seen: &Observed) -> Result<Clamped, Violati
     }
     if report.input_sha256.as_deref().is_some_and(|h| !is_sha256_hex(h)) {
         return Err(Violation::BadInputDigest);
+    }
+    for (i, r) in report.refs.iter().enumerate() {
+        if !seen.refs.contains(&r.path)
+            || report.refs[..i].iter().any(|o| o.path == r.path)
+            || !is_sha256_hex(&r.sha256)
+        {
+            return Err(Violation::ForeignReference { path: shown(&r.path) });
+        }
     }
     for o in &report.outputs {
         if o.path.len() > MAX_OUTPUT_PATH_BYTES {
@@ -204,6 +222,27 @@ mod tests {
             memory_mb: 256,
             output_dir: "/data/out/".into(),
             on_failure: FailedOutputs::Discard,
+            refs: vec!["data/calib/p.h5".into()],
+        }
+    }
+
+    /// A report names only the reference files its job was given, each once, each with a
+    /// sha256: anything else is not believed.
+    #[test]
+    fn references_are_only_the_jobs_own_each_once_with_a_digest() {
+        use htfaas_functions::proto::ReferenceRead;
+        let read = |path: &str, sha256: String| ReferenceRead { path: path.into(), size: 1, sha256 };
+        let mut r = report(&[], Usage::default());
+        r.refs = vec![read("data/calib/p.h5", "cd".repeat(32))];
+        assert_eq!(doubt(&mut r, &seen()), Ok(Clamped::default()));
+        for refs in [
+            vec![read("data/other/secret.h5", "cd".repeat(32))],
+            vec![read("data/calib/p.h5", "cd".repeat(32)), read("data/calib/p.h5", "cd".repeat(32))],
+            vec![read("data/calib/p.h5", "not hex".into())],
+        ] {
+            let mut r = report(&[], Usage::default());
+            r.refs = refs;
+            assert!(matches!(doubt(&mut r, &seen()), Err(Violation::ForeignReference { .. })), "{:?}", r.refs);
         }
     }
 
@@ -218,6 +257,7 @@ mod tests {
                 .map(|p| OutputFile { path: (*p).into(), size: 1, sha256: "ab".repeat(32) })
                 .collect(),
             log: String::new(),
+            refs: Vec::new(),
         }
     }
 

@@ -363,6 +363,8 @@ pub struct EpFigures {
     busy_memory_mb: u64,
     gpus: u64,
     busy_gpus: u64,
+    /// Each function that limits its runs at once and has some assigned: its runs, its limit.
+    limited: std::collections::BTreeMap<String, (u64, u32)>,
 }
 
 impl EpFigures {
@@ -377,6 +379,11 @@ impl EpFigures {
             eps.busy_memory_mb += ep.total.memory_mb.saturating_sub(ep.free_memory_mb);
             eps.gpus += u64::from(ep.total.gpus);
             eps.busy_gpus += u64::from(ep.total.gpus.saturating_sub(ep.free_gpus));
+            for l in ep.running.values().filter_map(|r| r.limit.as_ref()) {
+                let e = eps.limited.entry(l.function.clone()).or_insert((0, l.max_concurrent));
+                e.0 += 1;
+                e.1 = e.1.min(l.max_concurrent);
+            }
         }
         eps
     }
@@ -430,6 +437,23 @@ impl Collector for Snapshot {
             ("htfaas_scheduler_ep_busy_gpus", "GPUs reserved by running jobs.", None, ep.busy_gpus),
         ] {
             e.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?.encode_gauge(&v)?;
+        }
+        for (name, help, pick) in [
+            (
+                "htfaas_scheduler_function_runs",
+                "Runs assigned to EPs of each function with a max_concurrent that has any.",
+                (|(n, _)| *n) as fn(&(u64, u32)) -> u64,
+            ),
+            (
+                "htfaas_scheduler_function_max_concurrent",
+                "The max_concurrent of each function with runs assigned; more of its jobs wait idle.",
+                |(_, max)| u64::from(*max),
+            ),
+        ] {
+            let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (function, v) in &self.eps.limited {
+                m.encode_family(&[("function", function.as_str())])?.encode_gauge(&pick(v))?;
+            }
         }
         let mut m = e.encode_descriptor(
             "htfaas_scheduler_token_refusals",

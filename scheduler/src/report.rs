@@ -335,6 +335,7 @@ mod tests {
                         usage: s.usage,
                         outputs: vec![],
                         log: String::new(),
+                        refs: Vec::new(),
                     };
                     q.finish("s1".into(), report, crate::queue::Loss::Shutdown)
                         .await

@@ -1,7 +1,7 @@
 //! The job store's sealed fields: a request's two macaroons, its renewal grant and
 //! its secret environment are sealed ([`htfaas_functions::seal`]) before the store keeps them,
 //! and opened only to hand the job to its EP or to renew its macaroons. The slots name the job
-//! and the field: `job:<id>/input`, `job:<id>/output`, `job:<id>/renewal`,
+//! and the field: `job:<id>/input`, `job:<id>/output`, `job:<id>/ref:<path>`, `job:<id>/renewal`,
 //! `job:<id>/secret:<NAME>`, so no sealed value can be moved into another slot, nor into another
 //! job (a writer of the store moving one job's secrets or macaroons to a job of its own gets a
 //! job that does not open). A store of an older build sealed without the job
@@ -32,6 +32,9 @@ fn each_field(
 ) -> Result<(), SealError> {
     r.input.macaroon = f(&slot("input"), &r.input.macaroon)?;
     r.output.macaroon = f(&slot("output"), &r.output.macaroon)?;
+    for reference in &mut r.refs {
+        reference.macaroon = f(&slot(&format!("ref:{}", reference.path)), &reference.macaroon)?;
+    }
     if let Some(grant) = &mut r.renewal {
         grant.0 = f(&slot("renewal"), &grant.0)?;
     }

@@ -40,6 +40,8 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     }
 }
 

@@ -113,6 +113,15 @@ pub enum UrlRefusal {
         /// The input URL.
         url: String,
     },
+    /// A reference input whose guest path is not the storage path its URL names (without the
+    /// leading `/`): the lineage records the path, so a reference may not pose as another file.
+    #[error("refs: path {path:?} is not the file {url:?} names")]
+    RefPath {
+        /// The claimed path.
+        path: String,
+        /// The reference's URL.
+        url: String,
+    },
     /// A module URL that is not the module store's URL for the job's digest.
     #[error("function.module_url {url:?} is not the module store's URL for the job's digest: expected {expected}")]
     UntrustedModule {
@@ -279,6 +288,13 @@ impl UrlTrust {
         self.check_storage("output.url", &req.output.url)?;
         if !names_file(&req.input.url, &req.event.path) {
             return Err(UrlRefusal::EventPath { path: shown(&req.event.path), url: shown(&req.input.url) });
+        }
+        for r in &req.refs {
+            self.check_storage("refs.url", &r.url)?;
+            // The guest path is the file's own storage path: a reference cannot pose as another.
+            if !names_file(&r.url, &format!("/{}", r.path)) {
+                return Err(UrlRefusal::RefPath { path: shown(&r.path), url: shown(&r.url) });
+            }
         }
         Ok(())
     }

@@ -100,6 +100,15 @@ pub enum SubmitInvalid {
     /// outcome.
     #[error("{0}")]
     Retry(htfaas_functions::on_failure::RetryPolicyError),
+    /// `max_concurrent` is 0 or above the most a manifest may ask.
+    #[error("max_concurrent must be 1..={}", htfaas_functions::manifest::MAX_CONCURRENT)]
+    MaxConcurrent,
+    /// A reference input has a bad URL, macaroon or guest path, or there are too many.
+    #[error(
+        "refs: at most {} files, each with an http(s) URL, a macaroon, and a distinct clean relative path",
+        htfaas_functions::proto::MAX_REFERENCE_FILES
+    )]
+    References,
 }
 
 /// The request on its own (400).
@@ -193,6 +202,20 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     }
     if let Some(retry) = &req.retry {
         retry.check().map_err(Retry)?;
+    }
+    if req.max_concurrent.is_some_and(|n| n == 0 || n > htfaas_functions::manifest::MAX_CONCURRENT) {
+        return Err(MaxConcurrent);
+    }
+    let refs = &req.refs;
+    if refs.len() > htfaas_functions::proto::MAX_REFERENCE_FILES
+        || refs.iter().enumerate().any(|(i, r)| {
+            !http_url(&r.url)
+                || !bounded(&r.macaroon)
+                || !htfaas_functions::proto::ReferenceInput::is_clean_path(&r.path)
+                || refs[..i].iter().any(|o| o.path == r.path)
+        })
+    {
+        return Err(References);
     }
     Ok(())
 }

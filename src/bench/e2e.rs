@@ -126,6 +126,8 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         group: None,
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

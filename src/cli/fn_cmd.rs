@@ -135,6 +135,14 @@ pub enum FnCommand {
         /// (default WEBHOOK_KEY; never given to the runs).
         #[arg(long, value_name = "NAME", requires = "webhook")]
         webhook_key_secret: Option<String>,
+        /// Most runs of the function at once; further jobs wait idle (never fail).
+        #[arg(long, value_name = "N")]
+        max_concurrent: Option<u32>,
+        /// A reference input every run reads besides its input, in the owner's read namespace:
+        /// a file, or a directory ending in '/' (every file below it); the run sees it under
+        /// /input/ref/<path without the leading '/'> (repeatable).
+        #[arg(long = "ref", value_name = "PATH")]
+        refs: Vec<String>,
         /// Check the manifest and list the recorded events its trigger would fire on; register
         /// nothing (the module is uploaded: it is content-addressed).
         #[arg(long)]
@@ -246,6 +254,26 @@ pub enum FnCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Run a function on a file of your namespace now, with your own credential (the profile's
+    /// token, or the stack's), and with --wait print how it ended and its outputs' paths.
+    Invoke {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Function name.
+        name: String,
+        /// The input file's storage path; the function's trigger must be true for it.
+        path: String,
+        /// Wait for the job to end, at most this many seconds (at most 300; 60 when no value is
+        /// given), and print its outcome and outputs; without it, print the job id.
+        #[arg(long, value_name = "S", num_args = 0..=1, default_missing_value = "60")]
+        wait: Option<u64>,
+        /// Run on this annex (only when the function names none or the same).
+        #[arg(long)]
+        annex: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     // `fn new|build|run`: a developer's commands without a stack (`super::fn_dev`).
     #[command(flatten)]
     Dev(super::fn_dev::DevCommand),
@@ -340,6 +368,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             on_failure,
             webhook,
             webhook_key_secret,
+            max_concurrent,
+            refs,
             dry_run,
             since,
             until,
@@ -392,6 +422,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                     backoff_s: retry_backoff.unwrap_or(htfaas_functions::on_failure::DEFAULT_RETRY_BACKOFF_S),
                 }),
                 webhook,
+                max_concurrent,
+                inputs: htfaas_functions::manifest::Inputs { refs },
             };
             // Read before anything is registered: a missing file changes nothing.
             let mut values = std::collections::BTreeMap::new();
@@ -478,6 +510,11 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             let record = client(&dir)?.delete_function(&name).await?;
             println!("deleted {} (v{} was live; its versions stay)", record.manifest.name, record.version);
             Ok(())
+        }
+        FnCommand::Invoke { dir, name, path, wait, annex, json } => {
+            let request = htfaas_functions::proto::InvokeRequest { path, annex, wait_s: wait.unwrap_or(0) };
+            let answer = client(&dir)?.invoke_function(&name, &request).await?;
+            output::invoked(&answer, wait.is_some(), json)
         }
         FnCommand::Dev(command) => super::fn_dev::run(command).await,
     }

@@ -26,6 +26,7 @@ use htfaas_functions::proto::{
 use htfaas_functions::proto::{AccountingBy, AccountingReport, AuditTrail, Lineage};
 use htfaas_functions::proto::{AnnexCreated, AnnexDeleted, AnnexRecord, AnnexView};
 use htfaas_functions::proto::{FileAccess, FileCredential, FileCredentialRequest, WhoAmI};
+use htfaas_functions::proto::{InvokeRequest, InvokeResponse};
 use htfaas_functions::registry::FunctionStatus;
 use htfaas_functions::{Digest, FunctionManifest, FunctionRecord};
 use serde::Serialize;
@@ -205,6 +206,11 @@ impl Client {
     /// How one message parses and what `function`'s trigger says about it.
     pub async fn test_function(&self, function: &str, request: &TestRequest) -> anyhow::Result<TestReport> {
         self.admin_post(&format!("/v1/functions/{}/test", segment(function)?), "test function", request).await
+    }
+
+    /// Runs `function` on a file with this client's own credential, waiting as `request` asks.
+    pub async fn invoke_function(&self, function: &str, request: &InvokeRequest) -> anyhow::Result<InvokeResponse> {
+        self.admin_post(&format!("/v1/functions/{}/invoke", segment(function)?), "invoke", request).await
     }
 
     /// Lists (dry run) or fires again the (event, function) pairs of the recorded events.

@@ -11,7 +11,7 @@
 
 #[path = "../../examples/calibrate/src/kernel.rs"]
 #[allow(dead_code)]
-mod kernel;
+pub(crate) mod kernel;
 
 use htfaas::client::Client;
 use htfaas::stack::demo_manifest;

@@ -68,6 +68,8 @@ fn manifest(owner: &str, module: &htfaas_functions::Digest, group: Option<&str>)
         group: group.map(str::to_owned),
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

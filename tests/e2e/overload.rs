@@ -76,6 +76,8 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     };
     let requests: Vec<SubmitRequest> = (0..FLOOD).map(request).collect();
     let http = htfaas_gateway::http_client().expect("client");

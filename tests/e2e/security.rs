@@ -109,6 +109,8 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     }
 }
 

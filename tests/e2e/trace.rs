@@ -188,3 +188,31 @@ async fn the_scheduler_exports_each_ended_jobs_spans_over_otlp_with_the_hops_ids
     assert!(spans.iter().all(|(_, id, _)| ids.contains(id)), "{spans:?} vs {ids:?}");
     stack.stop().await.expect("stop");
 }
+
+/// A chain is one trace: the checksum of an upload writes a file, which fires a second
+/// function; that job's event names the first job's as its cause, and its trace id is the first
+/// event's, its gateway span a child of the first job's gateway span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_fired_by_anothers_output_joins_the_first_events_trace() {
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
+    let checksum = htfaas_tests::upload_checksum(&client).await;
+    client.register(&htfaas::stack::demo_manifest(checksum.clone())).await.expect("register");
+    let mut second = htfaas::stack::demo_manifest(checksum);
+    second.name = "second".into();
+    second.trigger.path = "/data/checksums/**".into();
+    second.outputs.dir = "/out/second/".into();
+    client.register(&second).await.expect("register the second");
+
+    client.put_bytes(b"chained".to_vec(), "/data/raw/chain.dat").await.expect("upload");
+    let first = finished_job(&client, "/data/raw/chain.dat").await;
+    let written = first.outputs.first().expect("the checksum's output").path.clone();
+    let chained = finished_job(&client, &written).await;
+    let cause = chained.event.caused_by.as_ref().expect("the chained event's cause");
+    assert_eq!((cause.function.as_str(), cause.event_id.as_str()), ("checksum", first.event.id.as_str()));
+    let (a, b) = (first.event.trace_parent().expect("trace"), chained.event.trace_parent().expect("trace"));
+    assert_eq!(a.trace_id, b.trace_id, "one trace for the chain");
+    assert_ne!(a.span_id_hex(), b.span_id_hex());
+    assert_eq!(cause.trace.as_deref(), first.event.trace.as_deref(), "under the first job's gateway span");
+}

@@ -314,6 +314,8 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     };
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/jobs", stack.info().scheduler_url))

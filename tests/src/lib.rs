@@ -360,3 +360,26 @@ pub const BUSYBOX_APPLETS: &[&str] = &[
     "sh", "cat", "echo", "sleep", "id", "ls", "dd", "wc", "head", "basename", "seq", "yes", "grep", "nproc", "env",
     "ifconfig", "nc", "wget", "touch", "mkdir", "rm", "kill", "ps", "setsid", "chmod", "stat", "true", "false",
 ];
+
+/// An API token for `sub` with `scope`, signed with the gateway key of the stack in `dir` (as
+/// `htfaas token api` makes one).
+pub fn api_token(dir: &std::path::Path, sub: &str, scope: htfaas_functions::token::Scope) -> String {
+    use htfaas_functions::token::{ApiClaims, SigningKey};
+    let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1").expect("the gateway's key");
+    key.sign(&ApiClaims::new("htfaas-gateway", sub, scope, 600)).expect("sign")
+}
+
+/// Runs the real `htfaas args…` with `home` as its config directory (its profiles) and working
+/// directory, and no local stack or token from the environment to fall back on.
+pub async fn htfaas_cli(home: &std::path::Path, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(htfaas_binary())
+        .args(args)
+        .current_dir(home)
+        .env("HTFAAS_CONFIG_DIR", home.join("config"))
+        .env_remove("HTFAAS_DIR")
+        .env_remove("HTFAAS_API_TOKEN")
+        .env_remove("HTFAAS_PROFILE")
+        .output()
+        .await
+        .expect("run htfaas")
+}

@@ -168,6 +168,7 @@ impl Flaky {
             secrets: Default::default(),
             renew_until: None,
             traceparent: None,
+            refs: Vec::new(),
         }
     }
 }

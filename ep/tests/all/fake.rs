@@ -365,6 +365,7 @@ impl Harness {
             secrets: Default::default(),
             renew_until: None,
             traceparent: None,
+            refs: Vec::new(),
         }
     }
 

@@ -183,6 +183,8 @@ impl Scheduler {
             limits: Default::default(),
             secrets: Default::default(),
             renewal: None,
+            max_concurrent: None,
+            refs: Vec::new(),
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit over https");

@@ -75,8 +75,9 @@ pub struct Summary {
     pub overflow: u64,
 }
 
-/// The cubic gain correction of `channel`: `(g1, g2, g3)`. A real site reads these from its
-/// calibration database; here they are a fixed function of the channel number.
+/// The cubic gain correction of `channel`: `(g1, g2, g3)`, when no constants are given. A real
+/// site reads these from its calibration database (the example's `--gains FILE`, a reference
+/// input); here they are a fixed function of the channel number.
 pub fn gains(channel: usize) -> (f32, f32, f32) {
     let c = channel as f32;
     (1.0 + 0.01 * (c % 7.0), 2.0e-5 * (1.0 + c % 3.0), -1.0e-9 * (1.0 + c % 5.0))
@@ -108,9 +109,17 @@ pub fn pulse_shape(t: f32) -> f32 {
     x * x * (2.0 - x).exp() / 4.0
 }
 
-/// Runs the whole kernel over `samples` (see the module docs). Errors name what is wrong
-/// with the input.
+/// Runs the whole kernel over `samples` (see the module docs) with the built-in gains
+/// ([`gains`]). Errors name what is wrong with the input.
 pub fn calibrate(samples: &[f32], channels: usize, passes: u32) -> Result<Summary, String> {
+    let gain: Vec<(f32, f32, f32)> = (0..channels).map(gains).collect();
+    calibrate_with(samples, &gain, passes)
+}
+
+/// [`calibrate`] with each channel's cubic gain correction given (`gain[c]` for channel `c`:
+/// as many channels as gains), as a site's calibration constants give them.
+pub fn calibrate_with(samples: &[f32], gain: &[(f32, f32, f32)], passes: u32) -> Result<Summary, String> {
+    let channels = gain.len();
     if channels == 0 {
         return Err("channels must be at least 1".into());
     }
@@ -130,7 +139,7 @@ pub fn calibrate(samples: &[f32], channels: usize, passes: u32) -> Result<Summar
     let (pedestal, noise) = pedestals(samples, channels, passes);
     let mut acc = vec![Acc::default(); channels];
     let mut histogram = vec![0u64; BINS];
-    let (underflow, overflow) = amplitudes(samples, &pedestal, &mut acc, &mut histogram);
+    let (underflow, overflow) = amplitudes(samples, &pedestal, gain, &mut acc, &mut histogram);
     let channels = acc
         .iter()
         .enumerate()
@@ -155,9 +164,14 @@ pub fn calibrate(samples: &[f32], channels: usize, passes: u32) -> Result<Summar
 /// Steps 2 to 4 for every waveform: calibrated samples, matched-filter amplitude and time, the
 /// running sums in `acc` and the `histogram`. Returns (underflow, overflow).
 #[cfg_attr(target_arch = "wasm32", target_feature(enable = "simd128"))]
-fn amplitudes(samples: &[f32], pedestal: &[f64], acc: &mut [Acc], histogram: &mut [u64]) -> (u64, u64) {
+fn amplitudes(
+    samples: &[f32],
+    pedestal: &[f64],
+    gain: &[(f32, f32, f32)],
+    acc: &mut [Acc],
+    histogram: &mut [u64],
+) -> (u64, u64) {
     let channels = acc.len();
-    let gain: Vec<(f32, f32, f32)> = (0..channels).map(gains).collect();
     let templates = templates();
     let (mut underflow, mut overflow) = (0u64, 0u64);
     let mut wave = [0.0f32; WINDOW];

@@ -1,7 +1,9 @@
 //! htfaas example function: calibrates detector waveforms (compute-bound).
 //!
-//! `calibrate /input/<name> [--channels N] [--passes P]` reads little-endian f32 waveforms of
-//! 64 samples (channel = waveform index mod N, default 16), runs [`kernel::calibrate`]
+//! `calibrate /input/<name> [--channels N] [--passes P] [--gains FILE]` reads little-endian f32
+//! waveforms of 64 samples (channel = waveform index mod N, default 16; with `--gains`, as many
+//! channels as the file has lines, each `g1 g2 g3`: the site's calibration constants, given to
+//! a run as a reference input under `/input/ref/`), runs [`kernel::calibrate`]
 //! (pedestal with P clipping passes, default 4; cubic gain; matched-filter amplitude and time;
 //! statistics and a histogram) and writes `/output/<name>.calib.json`.
 //!
@@ -26,24 +28,47 @@ struct Args {
     input: String,
     channels: usize,
     passes: u32,
+    gains: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let input = args.next().ok_or("usage: calibrate /input/<file> [--channels N] [--passes P]")?;
-    let (mut channels, mut passes) = (16usize, 4u32);
+    let (mut channels, mut passes, mut gains) = (16usize, 4u32, None);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--channels" => channels = value.parse().map_err(|e| format!("--channels {value}: {e}"))?,
             "--passes" => passes = value.parse().map_err(|e| format!("--passes {value}: {e}"))?,
+            "--gains" => gains = Some(value),
             _ => return Err(format!("unknown argument {flag}")),
         }
     }
     if !(1..=4096).contains(&channels) || !(1..=64).contains(&passes) {
         return Err(format!("--channels must be 1..=4096 and --passes 1..=64 (got {channels}, {passes})"));
     }
-    Ok(Args { input, channels, passes })
+    Ok(Args { input, channels, passes, gains })
+}
+
+/// A constants file: one line per channel, `g1 g2 g3` (blank lines and `#` comments skipped).
+fn read_gains(path: &str) -> Result<Vec<(f32, f32, f32)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("read {path}: {e}"))?;
+    let mut gains = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#')) {
+        let g: Vec<f32> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{path}:{}: {e}", n + 1))?;
+        match g[..] {
+            [g1, g2, g3] if g.iter().all(|x| x.is_finite()) => gains.push((g1, g2, g3)),
+            _ => return Err(format!("{path}:{}: want three finite numbers, g1 g2 g3", n + 1)),
+        }
+    }
+    if !(1..=4096).contains(&gains.len()) {
+        return Err(format!("{path}: want 1 to 4096 channels, found {}", gains.len()));
+    }
+    Ok(gains)
 }
 
 /// Reads the whole input as f32 samples, in [`CHUNK`]-sized reads (no second copy of the file).
@@ -77,8 +102,12 @@ fn run() -> Result<(), String> {
     let args = parse_args()?;
     let name = args.input.rsplit('/').next().filter(|n| !n.is_empty()).ok_or("input path has no file name")?;
     let samples = read_samples(&args.input)?;
+    let gains = match &args.gains {
+        Some(path) => read_gains(path)?,
+        None => (0..args.channels).map(kernel::gains).collect(),
+    };
     let started = Instant::now();
-    let summary = kernel::calibrate(&samples, args.channels, args.passes)?;
+    let summary = kernel::calibrate_with(&samples, &gains, args.passes)?;
     let compute = started.elapsed();
     let out = format!("/output/{name}.calib.json");
     let mut f = std::fs::File::create(&out).map_err(|e| format!("create {out}: {e}"))?;

@@ -4,6 +4,7 @@
 //!
 //! Must not know: the scheduler's routes, the attach link, the audit trail.
 
+use super::jobs::JobRecord;
 use crate::digest::Digest;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,37 @@ pub struct RunRequest {
     /// Run on this annex. Allowed only when the function names none or the same one.
     #[serde(default)]
     pub annex: Option<String>,
+}
+
+/// Longest a direct invocation waits for its job to end ([`InvokeRequest::wait_s`]).
+pub const MAX_INVOKE_WAIT_S: u64 = 300;
+
+/// `POST /v1/functions/{name}/invoke`: the caller (an API or OIDC token) runs a registered
+/// function on a file of its own namespace, as a manual run does, and may wait for the answer.
+/// Answer: [`InvokeResponse`] (200 when the job ended within the wait, 202 otherwise).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvokeRequest {
+    /// Storage path of the input file; it must match the function's trigger.
+    pub path: String,
+    /// Run on this annex. Allowed only when the function names none or the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annex: Option<String>,
+    /// Seconds to wait for the job to end, at most [`MAX_INVOKE_WAIT_S`]; 0 (the default):
+    /// answer as soon as the scheduler holds the job.
+    #[serde(default)]
+    pub wait_s: u64,
+}
+
+/// Answer to [`InvokeRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvokeResponse {
+    /// The job's id.
+    pub job_id: String,
+    /// The job as it ended (outcome, exit code, outputs' paths), when it ended within the
+    /// wait; absent otherwise (`GET /v1/jobs/{id}` follows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobRecord>,
 }
 
 /// A point in time as a request gives it: Unix seconds, or text for the gateway's

@@ -358,6 +358,10 @@ pub struct JobAssignment {
     /// schedulers before it; an EP ignores one that does not parse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// Reference files read besides the input, each under `/input/ref/<path>`
+    /// ([`super::ReferenceInput`]); absent on the wire when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<super::ReferenceInput>,
 }
 
 /// How a job ended.
@@ -592,6 +596,23 @@ pub struct JobReport {
     /// ([`super::rerun`]). Absent before the input was read (and from older EPs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_sha256: Option<String>,
+    /// The reference files as the EP read them, in the assignment's order (once each was read
+    /// whole): recorded with the run, so that its lineage names every file it read. Absent on
+    /// the wire when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<ReferenceRead>,
+}
+
+/// One reference file as a job read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceRead {
+    /// Its path below `/input/ref/` (the assignment's [`super::ReferenceInput::path`]).
+    pub path: String,
+    /// Bytes read.
+    pub size: u64,
+    /// sha256 of the bytes read, hex.
+    pub sha256: String,
 }
 
 impl JobReport {
@@ -605,6 +626,7 @@ impl JobReport {
             outputs: Vec::new(),
             log: String::new(),
             input_sha256: None,
+            refs: Vec::new(),
         }
     }
 }

@@ -301,6 +301,10 @@ pub struct Cause {
     /// Every function up the chain, the first cause first and `function` last. None of them
     /// fires on the event again (no loop, however long); any other function may.
     pub chain: Vec<String>,
+    /// The W3C `traceparent` of the gateway's span of that job: what its output fires joins
+    /// the first event's trace under it. Absent from older records (a new trace then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 #[cfg(test)]

@@ -41,6 +41,11 @@ impl JobState {
         }
     }
 
+    /// Whether a job in this state has ended for good: completed, failed or removed.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Failed | JobState::Removed)
+    }
+
     /// Parses [`JobState::as_str`].
     pub fn parse(s: &str) -> Option<JobState> {
         Some(match s {

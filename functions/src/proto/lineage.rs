@@ -38,11 +38,21 @@ pub struct Lineage {
     /// The file asked about.
     pub file: String,
     /// Every job found, the file's own first (depth 0: the jobs that wrote it, then those that
-    /// read it), then, one depth further each, the job that wrote the input of a job before.
+    /// read it), then, one depth further each, the job that wrote the input (or a reference
+    /// file) of a job before.
     pub steps: Vec<LineageStep>,
     /// The walk stopped at the depth or step limit with more to follow.
     #[serde(default)]
     pub truncated: bool,
+}
+
+/// A reference file a job of a [`Lineage`] read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineageRef {
+    /// Its storage path.
+    pub path: String,
+    /// The sha256 of the bytes the job read, hex.
+    pub sha256: String,
 }
 
 /// How a job of a lineage relates to its step's file.
@@ -51,7 +61,7 @@ pub struct Lineage {
 pub enum LineageRelation {
     /// The job wrote the file (one of its outputs).
     Wrote,
-    /// The job read the file (its input).
+    /// The job read the file (its input, or one of its reference files).
     Read,
 }
 
@@ -88,6 +98,9 @@ pub struct LineageStep {
     pub input: Option<String>,
     /// The files the job wrote.
     pub outputs: Vec<String>,
+    /// The reference files the job read besides its input, each with the sha256 it read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<LineageRef>,
     /// The identifiers of the job's macaroons (read, write), never the macaroons.
     pub macaroons: Vec<String>,
     /// The job's records of both trails, in time order (`writer` says which trail).

@@ -187,6 +187,42 @@ pub struct SubmitRequest {
     /// final, storage outages are retried by the site's rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Most runs of its function at once (the manifest's `max_concurrent`): the scheduler
+    /// starts no more of the function's jobs while that many are assigned. Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// The reference files it reads besides its input (the manifest's `inputs.ref`), each with a
+    /// read macaroon for exactly that file. Absent on the wire when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<ReferenceInput>,
+}
+
+/// Most reference files one job may read (a directory reference counts each file below it).
+pub const MAX_REFERENCE_FILES: usize = 256;
+
+/// One reference file of a job: read-only, seen by the guest as `/input/ref/<path>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceInput {
+    /// Full storage URL of the file.
+    pub url: String,
+    /// Its path below `/input/ref/` in the guest: its storage path without the leading `/`
+    /// (`data/calib/pedestals-v3.h5`), clean relative segments only.
+    pub path: String,
+    /// Read macaroon for exactly this file (bearer; never logged).
+    pub macaroon: String,
+}
+
+impl ReferenceInput {
+    /// Whether `path` may name a file below `/input/ref/`: relative, 1-4096 bytes, no empty,
+    /// `.` or `..` segment, no NUL or backslash.
+    pub fn is_clean_path(path: &str) -> bool {
+        !path.is_empty()
+            && path.len() <= 4096
+            && !path.starts_with('/')
+            && !path.contains(['\0', '\\'])
+            && path.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+    }
 }
 
 /// Answer to [`SubmitRequest`].

@@ -24,6 +24,7 @@ fn ep_messages_round_trip() {
         usage: Usage { wall_ms: 1, ..Usage::default() },
         outputs: vec![],
         log: "x".into(),
+        refs: Vec::new(),
     });
     let text = serde_json::to_string(&msg).expect("serializes");
     assert_eq!(serde_json::from_str::<EpMsg>(&text).expect("parses"), msg);
@@ -64,6 +65,8 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     };
     // Absent when false: a request (or a stored one) without the field means false, and a
     // scheduler that predates it still accepts requests that do not ask for it.

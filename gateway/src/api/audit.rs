@@ -21,7 +21,7 @@ use htfaas_functions::Digest;
 use htfaas_functions::audit::{
     self, AuditError, AuditFilter, AuditKind, AuditRecord, AuditSigner, Subject, VerifyReport,
 };
-use htfaas_functions::proto::{AuditTrail, Cause, Lineage, LineageRelation, LineageStep};
+use htfaas_functions::proto::{AuditTrail, Cause, Lineage, LineageRef, LineageRelation, LineageStep};
 use serde_json::{Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -337,6 +337,24 @@ fn outputs_of(records: &[AuditRecord]) -> Vec<String> {
     out
 }
 
+/// The reference files a job's records name (`detail.refs[]` of its `job.finished` records).
+fn refs_of(records: &[AuditRecord]) -> Vec<LineageRef> {
+    let mut out: Vec<LineageRef> = Vec::new();
+    for r in records.iter().filter(|r| r.kind == AuditKind::JobFinished) {
+        for f in r.detail.get("refs").and_then(Value::as_array).into_iter().flatten() {
+            let (Some(path), Some(sha256)) =
+                (f.get("path").and_then(Value::as_str), f.get("sha256").and_then(Value::as_str))
+            else {
+                continue;
+            };
+            if !out.iter().any(|x| x.path == path && x.sha256 == sha256) {
+                out.push(LineageRef { path: path.to_owned(), sha256: sha256.to_owned() });
+            }
+        }
+    }
+    out
+}
+
 /// The lineage of `file`, at most `max_depth` (≤ [`MAX_LINEAGE_DEPTH`]) steps back: the
 /// scheduler's trail read over its admin API (`scheduler`), the gateway's in `firings`' file.
 pub async fn lineage(
@@ -381,13 +399,14 @@ pub async fn lineage(
             }
             jobs_seen.insert(job.clone());
             let step = step(firings, &path, depth, relation, job, records, outputs).await?;
-            if relation == LineageRelation::Wrote
-                && let Some(input) = &step.input
-            {
-                if depth < max_depth {
-                    queue.push_back((input.clone(), depth + 1));
-                } else if !files_seen.contains(input) {
-                    lineage.truncated = true;
+            if relation == LineageRelation::Wrote {
+                let read = step.input.iter().chain(step.refs.iter().map(|r| &r.path));
+                for input in read {
+                    if depth < max_depth {
+                        queue.push_back((input.clone(), depth + 1));
+                    } else if !files_seen.contains(input) {
+                        lineage.truncated = true;
+                    }
                 }
             }
             lineage.steps.push(step);
@@ -456,6 +475,7 @@ async fn step(
         .flat_map(|r| r.detail.get("macaroons").and_then(Value::as_array).cloned().unwrap_or_default())
         .filter_map(|m| m.get("identifier").and_then(Value::as_str).map(str::to_owned))
         .collect();
+    let refs = refs_of(&records);
     let mut all: Vec<AuditRecord> = gateway.into_iter().chain(records).collect();
     all.sort_by_key(|a| (a.time_ms, a.writer != AUDIT_WRITER, a.seq));
     Ok(LineageStep {
@@ -473,6 +493,7 @@ async fn step(
         caused_by,
         input,
         outputs,
+        refs,
         macaroons,
         records: all,
     })

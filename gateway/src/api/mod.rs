@@ -60,6 +60,7 @@
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
 //! | `POST /v1/events/backfill` | developer (own function) | body `BackfillRequest` → `BackfillReport`: the function fired once on each file under a directory that never fired it ([`crate::backfill`]) |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
+//! | `POST /v1/functions/{name}/invoke` | developer (a file of its own namespace) | `InvokeRequest` → `InvokeResponse` (200 with the ended job within `wait_s`, else 202): a manual run with a submit token minted for exactly the job ([`invoke`]) |
 //! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job ([`renewals`]) |
 //! | `GET /v1/jobs[/{id}]` | developer (own) | the scheduler's `JobRecord`s |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | developer (own) | body `JobAction` → the job (the scheduler acts) |
@@ -138,6 +139,7 @@ mod files;
 mod forward;
 mod identities;
 mod images;
+mod invoke;
 mod lifecycle;
 pub mod metrics;
 pub mod namespaces;
@@ -232,6 +234,7 @@ pub const ROUTES: &[Route] = &[
     op("PUT", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
     op("GET", "/v1/functions/{name}/secrets", "/v1/functions/{name}/secrets", Access::Developer),
     op("POST", "/v1/functions/{name}/runs", "/v1/functions/{name}/runs", Access::SubmitToken),
+    op("POST", "/v1/functions/{name}/invoke", "/v1/functions/{name}/invoke", Access::Developer),
     op("POST", "/v1/functions/{name}/test", "/v1/functions/{name}/test", Access::Developer),
     op("POST", "/v1/renewals", "/v1/renewals", Access::RenewalGrant),
     op("POST", "/v1/events/backfill", "/v1/events/backfill", Access::Developer),
@@ -309,6 +312,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/files/credential", post(files::credential))
         .route("/v1/functions/{name}/secrets", put(lifecycle::set_secrets).get(lifecycle::secret_names))
         .route("/v1/functions/{name}/runs", post(runs::run_function))
+        .route("/v1/functions/{name}/invoke", post(invoke::invoke))
         .route("/v1/functions/{name}/test", post(events::test_function))
         .route("/v1/renewals", post(renewals::renew))
         .route("/v1/events/replay", post(events::replay_events))

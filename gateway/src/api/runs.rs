@@ -45,8 +45,58 @@ pub(super) async fn run_function(
         .map_err(|e| HttpError(StatusCode::UNAUTHORIZED, format!("submit token: {e}")))?;
     let run: RunRequest = serde_json::from_slice(&body)
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))?;
-    if !htfaas_functions::manifest::is_clean_abs_path(&run.path) || run.path.ends_with('/') {
-        return Err(HttpError(StatusCode::BAD_REQUEST, format!("{:?} is not a clean absolute file path", run.path)));
+    let who = Principal {
+        name: &claims.sub,
+        group: claims.group.as_deref(),
+        digest: claims.function.as_ref(),
+        token: RunToken::Bearer { token: &token, jti: &claims.jti },
+    };
+    let reply = start(&shared, who, name, &run.path, run.annex).await?;
+    Ok((StatusCode::CREATED, Json(reply)))
+}
+
+/// Who starts a run, and with which submit token.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Principal<'a> {
+    /// The principal the run acts as when it is not the function's owner: the bearer.
+    pub name: &'a str,
+    /// The accounting group its token names, if any.
+    pub group: Option<&'a str>,
+    /// The one function digest its token allows, if it is bound to one.
+    pub digest: Option<&'a htfaas_functions::digest::Digest>,
+    /// The submit token the job is submitted with.
+    pub token: RunToken<'a>,
+}
+
+/// The submit token of a run.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RunToken<'a> {
+    /// The bearer's own: the scheduler checks its limits and counts its uses; the renewal
+    /// grant names its `jti`, so revoking it reaches the job.
+    Bearer {
+        /// The token.
+        token: &'a str,
+        /// Its `jti`.
+        jti: &'a str,
+    },
+    /// One minted for exactly this job, for a caller of the API (an API or OIDC token).
+    Minted,
+    /// One minted for exactly this job, for the function's owner: an admin's run, which acts as
+    /// the owner whoever the admin is (as a replay does).
+    AsOwner,
+}
+
+/// Starts `name`'s run on `path` for `who` ([`Principal`]): every check of a manual run, then
+/// the job built ([`crate::jobs::prepare`]) and submitted; the scheduler's answer.
+pub(super) async fn start(
+    shared: &Arc<Shared>,
+    who: Principal<'_>,
+    name: String,
+    path: &str,
+    annex: Option<String>,
+) -> Result<htfaas_functions::proto::SubmitResponse, HttpError> {
+    if !htfaas_functions::manifest::is_clean_abs_path(path) || path.ends_with('/') {
+        return Err(HttpError(StatusCode::BAD_REQUEST, format!("{path:?} is not a clean absolute file path")));
     }
     let s = shared.clone();
     let status = blocking(move || s.registry.status(&name)).await?;
@@ -58,44 +108,49 @@ pub(super) async fn run_function(
     }
     let function = status.record;
     let m = &function.manifest;
-    if !manual_run_allowed(&m.trigger, &run.path) {
+    if !manual_run_allowed(&m.trigger, path) {
         return Err(HttpError(
             StatusCode::FORBIDDEN,
             format!(
-                "{} does not match the trigger {} of function {} (a manual run needs the trigger true for \
+                "{path} does not match the trigger {} of function {} (a manual run needs the trigger true for \
                  the path alone: a test on size, class or owner is unknown for it)",
-                run.path, m.trigger, m.name
+                m.trigger, m.name
             ),
         ));
     }
-    let runs_as = crate::jobs::RunsAs::of(m, &claims.sub, claims.group.as_deref());
+    // A caller of the API who owns the function runs it as its owner, in its group; so does
+    // an admin.
+    let (name, group) = match who.token {
+        RunToken::AsOwner => (m.owner.as_str(), m.group.as_deref()),
+        RunToken::Minted if who.name == m.owner => (who.name, m.group.as_deref()),
+        _ => (who.name, who.group),
+    };
+    let who = Principal { name, group, ..who };
+    let runs_as = crate::jobs::RunsAs::of(m, who.name, group);
     // `prepare` refuses it too (for a re-run); here it is a 403 before the scheduler's
     // preflight or the storage is asked anything.
     if matches!(runs_as, crate::jobs::RunsAs::Bearer { .. }) && !m.secrets.is_empty() {
-        return Err(HttpError(StatusCode::FORBIDDEN, crate::jobs::bearer_secrets_refusal(m, &claims.sub)));
+        return Err(HttpError(StatusCode::FORBIDDEN, crate::jobs::bearer_secrets_refusal(m, who.name)));
     }
-    // The bearer's own namespace: it reads the file and has the outputs written where it may. A
-    // token's group widens it only with the bearer's group grant.
+    // The principal's own namespace: it reads the file and has the outputs written where it
+    // may. A token's group widens it only with the principal's group grant.
     let bearer_ns = shared
         .namespaces
-        .for_principal(&claims.sub, claims.group.as_deref())
+        .for_principal(who.name, group)
         .map_err(|e| HttpError(StatusCode::FORBIDDEN, e.to_string()))?;
-    if !bearer_ns.may_read(&run.path) {
-        return Err(HttpError(
-            StatusCode::FORBIDDEN,
-            format!("{} is outside the read namespace of {}", run.path, claims.sub),
-        ));
+    if !bearer_ns.may_read(path) {
+        return Err(HttpError(StatusCode::FORBIDDEN, format!("{path} is outside the read namespace of {}", who.name)));
     }
     if !bearer_ns.may_write(&m.outputs.dir) {
         return Err(HttpError(
             StatusCode::FORBIDDEN,
-            format!("function {} writes to {}, outside the write namespace of {}", m.name, m.outputs.dir, claims.sub),
+            format!("function {} writes to {}, outside the write namespace of {}", m.name, m.outputs.dir, who.name),
         ));
     }
-    if claims.function.as_ref().is_some_and(|d| *d != m.module) {
+    if who.digest.is_some_and(|d| *d != m.module) {
         return Err(HttpError(StatusCode::FORBIDDEN, format!("the token does not allow function {}", m.module)));
     }
-    let annex = match (&m.annex, run.annex) {
+    let annex = match (&m.annex, annex) {
         (Some(fixed), Some(asked)) if *fixed != asked => {
             return Err(HttpError(
                 StatusCode::BAD_REQUEST,
@@ -108,29 +163,47 @@ pub(super) async fn run_function(
         htfaas_functions::manifest::check_name(a)
             .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("annex name {e}")))?;
         if !bearer_ns.may_use_annex(a) {
-            return Err(HttpError(StatusCode::FORBIDDEN, format!("{} may not use annex {a:?}", claims.sub)));
+            return Err(HttpError(StatusCode::FORBIDDEN, format!("{} may not use annex {a:?}", who.name)));
         }
     }
-    shared.submitter.preflight(&token).await.map_err(scheduler_failure)?;
+    if let RunToken::Bearer { token, .. } = who.token {
+        shared.submitter.preflight(token).await.map_err(scheduler_failure)?;
+    }
     let run_id = htfaas_functions::token::new_jti();
-    let event = htfaas_functions::proto::EventRef::new("submit", format!("{}/{run_id}", claims.jti), run.path.clone());
-    let mut request = crate::jobs::prepare(shared.jobs(), &function, runs_as, event, format!("submit:{run_id}"))
+    let (source, id) = match who.token {
+        RunToken::Bearer { jti, .. } => ("submit", format!("{jti}/{run_id}")),
+        RunToken::Minted | RunToken::AsOwner => ("invoke", format!("{}/{run_id}", who.name)),
+    };
+    let event = htfaas_functions::proto::EventRef::new(source, id, path.to_owned());
+    let mut request = crate::jobs::prepare(shared.jobs(), &function, runs_as, event, format!("{source}:{run_id}"))
         .await
         .map_err(|e| match e {
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::BAD_GATEWAY, e),
         })?;
     request.annex = annex;
-    // The job's renewal grant names the bearer's token.
+    let minted;
+    let (token, jti) = match who.token {
+        RunToken::Bearer { token, jti } => (token, jti),
+        RunToken::Minted | RunToken::AsOwner => {
+            let group = match runs_as {
+                crate::jobs::RunsAs::Owner => m.group.as_deref(),
+                crate::jobs::RunsAs::Bearer { group, .. } => group,
+            };
+            minted = shared.submitter.mint(runs_as.name(m), group, &request).map_err(scheduler_failure)?;
+            (minted.1.as_str(), minted.0.jti.as_str())
+        }
+    };
+    // The job's renewal grant names the token it was submitted with.
     request.renewal = Some(
         shared
             .submitter
-            .grant(&claims.sub, &claims.jti, &m.outputs.dir, &request)
+            .grant(runs_as.name(m), jti, &m.outputs.dir, &request)
             .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("mint the renewal grant: {e}")))?,
     );
-    let reply = shared.submitter.submit_with_token(&token, &request).await.map_err(scheduler_failure)?;
-    tracing::info!(job = %reply.job_id, jti = %claims.jti, function = %m.name, "job submitted by token bearer");
-    Ok((StatusCode::CREATED, Json(reply)))
+    let reply = shared.submitter.submit_with_token(token, &request).await.map_err(scheduler_failure)?;
+    tracing::info!(job = %reply.job_id, jti, principal = who.name, function = %m.name, source, "job submitted by a caller");
+    Ok(reply)
 }
 
 /// Whether a token bearer may run a function with `trigger` on `path`. The trigger is

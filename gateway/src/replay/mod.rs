@@ -529,6 +529,8 @@ mod tests {
                 group: None,
                 secrets: Default::default(),
                 webhook: None,
+                max_concurrent: None,
+                inputs: Default::default(),
             },
         }
     }

@@ -72,6 +72,8 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
         group: None,
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

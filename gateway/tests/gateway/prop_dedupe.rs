@@ -69,6 +69,8 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             group: None,
             secrets: Default::default(),
             webhook: None,
+            max_concurrent: None,
+            inputs: Default::default(),
         },
     }
 }

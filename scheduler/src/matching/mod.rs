@@ -21,7 +21,9 @@
 //! the owner with the lowest `factor × (real priority + cores they have in use now)`, counting
 //! the cores given out in this very round, so that owners with equal standing take turns and
 //! one owner's flood cannot starve the others. Within an owner, oldest first. An owner at the
-//! per-owner running limit ([`crate::Config::max_running_jobs_per_owner`]) gets nothing more.
+//! per-owner running limit ([`crate::Config::max_running_jobs_per_owner`]) gets nothing more,
+//! and a function with as many jobs assigned as its `max_concurrent` starts no other: its
+//! further jobs wait idle, behind no other job.
 //!
 //! Accounting groups with quotas ([`GroupQuota`]): a group's running jobs hold at most its
 //! quota in cores, except that when every job that could start within its group's quota has
@@ -44,7 +46,7 @@ use table::Free;
 
 mod table;
 
-pub use crate::queue::{IdleJob, Pool};
+pub use crate::queue::{FunctionLimit, IdleJob, Pool};
 pub use table::{Delivery, EpAdmin, EpSlot, EpTable, ToEp};
 
 /// A decision of [`select`]: run `job_id` on `ep_id`.
@@ -62,6 +64,8 @@ pub struct Match {
     pub group: Option<String>,
     /// A native job's image (the EP fetches it for the job, and holds it after).
     pub image: Option<String>,
+    /// Its function's limit of runs at once, if it has one.
+    pub limit: Option<FunctionLimit>,
 }
 
 /// A group's quota for one round, in cores.
@@ -111,6 +115,7 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
     let mut running = eps.running_per_owner();
     let mut cores: HashMap<&str, u64> = eps.cores_per_owner();
     let mut group_cores: HashMap<&str, u64> = eps.cores_per_group();
+    let mut per_function = eps.running_per_function();
     // Each owner's jobs, oldest first, with whether each is still waiting.
     let mut queues: BTreeMap<&str, Vec<&IdleJob>> = BTreeMap::new();
     for job in idle.iter().filter(|j| j.resources.cpus > 0) {
@@ -152,6 +157,11 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
             let Some(owner) = next else { break };
             let mut chosen = None;
             for job in queues.get(owner).into_iter().flatten().filter(|j| !placed.contains(j.id.as_str())) {
+                if let Some(l) = &job.limit
+                    && per_function.get(l.function.as_str()).copied().unwrap_or(0) >= u64::from(l.max_concurrent)
+                {
+                    continue;
+                }
                 if let Some(q) = job.group.as_ref().and_then(|g| policy.quotas.get(g)) {
                     let used = group_cores.get(job.group.as_deref().unwrap_or_default()).copied().unwrap_or(0);
                     let limit = if surplus { q.cap } else { q.quota };
@@ -196,6 +206,9 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
             if let Some(g) = &job.group {
                 *group_cores.entry(g.as_str()).or_default() += u64::from(job.resources.cpus);
             }
+            if let Some(l) = &job.limit {
+                *per_function.entry(l.function.as_str()).or_default() += 1;
+            }
             out.push(Match {
                 job_id: job.id.clone(),
                 ep_id: ep.ep_id.clone(),
@@ -203,6 +216,7 @@ pub fn select(idle: &[IdleJob], eps: &EpTable, policy: &Policy) -> Vec<Match> {
                 owner: job.owner.clone(),
                 group: job.group.clone(),
                 image: job.image.clone(),
+                limit: job.limit.clone(),
             });
         }
     }
@@ -235,7 +249,7 @@ mod tests {
     }
 
     fn job(id: &str, owner: &str, r: Resources) -> IdleJob {
-        IdleJob { id: id.into(), owner: owner.into(), group: None, annex: None, resources: r, image: None }
+        IdleJob { id: id.into(), owner: owner.into(), group: None, annex: None, resources: r, image: None, limit: None }
     }
 
     fn annex_job(id: &str, annex: &str) -> IdleJob {
@@ -399,6 +413,7 @@ mod tests {
             secrets: Default::default(),
             renew_until: None,
             traceparent: None,
+            refs: Vec::new(),
         };
         assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
         assert!(!t.is_running("a", "j1"));
@@ -436,6 +451,32 @@ mod tests {
         ];
         let m = select(&idle, &t, &Policy::default());
         assert_eq!(m.iter().map(|m| m.job_id.as_str()).collect::<Vec<_>>(), vec!["al"]);
+    }
+
+    /// A function's `max_concurrent` counts its assigned jobs across EPs and versions: at the
+    /// limit, none of its jobs starts, another function's of the same owner does; one ending
+    /// lets the next start.
+    #[test]
+    fn max_concurrent_holds_back_one_function_and_not_the_owners_others() {
+        let mut t = EpTable::default();
+        t.insert(ep("a", None, res(2, 4000, 100)));
+        t.insert(ep("b", None, res(2, 4000, 100)));
+        let limited = |id: &str| IdleJob {
+            limit: Some(FunctionLimit { function: "slow".into(), max_concurrent: 2 }),
+            ..job(id, "alice", res(1, 1, 1))
+        };
+        let idle = [limited("s1"), limited("s2"), limited("s3"), job("other", "alice", res(1, 1, 1))];
+        let m = select(&idle, &t, &Policy::default());
+        let ids: Vec<&str> = m.iter().map(|m| m.job_id.as_str()).collect();
+        assert_eq!(ids, ["s1", "s2", "other"], "two of slow, though four cores are free");
+        assert!(m.iter().all(|m| t.reserve(m)));
+        assert_eq!(t.running_per_function().get("slow"), Some(&2));
+        assert_eq!(t.functions_at_limit(), vec!["slow".to_owned()]);
+        assert_eq!(select(&idle[2..3], &t, &Policy::default()), vec![], "at the limit");
+        let s1 = m.iter().find(|m| m.job_id == "s1").expect("s1");
+        assert!(t.release(&s1.ep_id, "s1"));
+        assert!(t.functions_at_limit().is_empty());
+        assert_eq!(select(&idle[2..3], &t, &Policy::default()).len(), 1, "s3 starts once s1 ended");
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! WebSocket (a session is an mpsc sender here).
 
 use super::Match;
-use crate::queue::{IdleJob, Pool, PoolRoom};
+use crate::queue::{FunctionLimit, IdleJob, Pool, PoolRoom};
 use crate::revocation::Credential;
 use htfaas_functions::Resources;
 use htfaas_functions::proto::{EpAdminState, EpInfo, JobAssignment, SchedulerMsg};
@@ -348,6 +348,8 @@ pub struct Reservation {
     pub owner: String,
     /// Its accounting group, for quotas.
     pub group: Option<String>,
+    /// Its function's limit of runs at once, if it has one.
+    pub limit: Option<FunctionLimit>,
 }
 
 /// The attached EPs, by session id, and what admins set on EPs, by name.
@@ -506,7 +508,12 @@ impl EpTable {
         if let Some(image) = &m.image {
             ep.images.insert(image.clone());
         }
-        let reservation = Reservation { resources: m.resources, owner: m.owner.clone(), group: m.group.clone() };
+        let reservation = Reservation {
+            resources: m.resources,
+            owner: m.owner.clone(),
+            group: m.group.clone(),
+            limit: m.limit.clone(),
+        };
         ep.running.insert(m.job_id.clone(), reservation);
         true
     }
@@ -555,6 +562,28 @@ impl EpTable {
             *n.entry(r.owner.as_str()).or_default() += 1;
         }
         n
+    }
+
+    /// Jobs assigned (running or queued) across all EPs of each function that limits its runs
+    /// at once.
+    pub fn running_per_function(&self) -> HashMap<&str, u64> {
+        let mut n: HashMap<&str, u64> = HashMap::new();
+        for l in self.eps.values().flat_map(|e| e.running.values()).filter_map(|r| r.limit.as_ref()) {
+            *n.entry(l.function.as_str()).or_default() += 1;
+        }
+        n
+    }
+
+    /// Functions with at least as many jobs assigned as their limit (the lowest their assigned
+    /// jobs carry): [`select`](super::select) starts none of theirs, so the store need not read them.
+    pub fn functions_at_limit(&self) -> Vec<String> {
+        let mut limits: HashMap<&str, (u64, u32)> = HashMap::new();
+        for l in self.eps.values().flat_map(|e| e.running.values()).filter_map(|r| r.limit.as_ref()) {
+            let e = limits.entry(l.function.as_str()).or_insert((0, l.max_concurrent));
+            e.0 += 1;
+            e.1 = e.1.min(l.max_concurrent);
+        }
+        limits.into_iter().filter(|(_, (n, max))| *n >= u64::from(*max)).map(|(f, _)| f.to_owned()).collect()
     }
 
     /// Cores each owner has reserved across all EPs.

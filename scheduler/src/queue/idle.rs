@@ -29,6 +29,18 @@ pub struct IdleJob {
     pub resources: Resources,
     /// A native job's image digest (`None`: a wasm job).
     pub image: Option<String>,
+    /// Its function's name and most runs at once ([`htfaas_functions::FunctionManifest::max_concurrent`]),
+    /// when it has a limit.
+    pub limit: Option<FunctionLimit>,
+}
+
+/// A function's limit of runs at once, as its jobs carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionLimit {
+    /// The function's name (a name is one owner's: the registry claims it for its owner).
+    pub function: String,
+    /// Most of its jobs assigned to EPs at once.
+    pub max_concurrent: u32,
 }
 
 /// EPs that may take the same jobs: same annex, same owner restriction.
@@ -69,17 +81,21 @@ impl Queue {
     /// skip-scanning the `(annex, owner, seq)` index (one seek per owner, whatever the queue's
     /// length); at most [`MAX_OWNERS_PER_POOL`] of them per pool, best `priority` first (lower
     /// is better; an owner without an entry counts as 0). Jobs of `skip_owners` (at their running
-    /// limit) and jobs in retry backoff (until `not_before_ms`) are not read.
+    /// limit), jobs of `skip_functions` (at their `max_concurrent`) and jobs in retry backoff
+    /// (until `not_before_ms`) are not read, so that they hold no other job back.
     /// [`crate::matching::select`] makes the final decision.
     pub async fn idle_candidates(
         &self,
         pools: Vec<PoolRoom>,
         skip_owners: Vec<String>,
+        skip_functions: Vec<String>,
         priority: HashMap<String, f64>,
         now_ms: u64,
     ) -> Result<Vec<IdleJob>, QueueError> {
         self.call(move |conn| {
             let skip: HashSet<String> = skip_owners.into_iter().collect();
+            // As a JSON array for `json_each`: one statement, whatever the number.
+            let skip_functions = serde_json::to_string(&skip_functions)?;
             let mut seen = std::collections::BTreeMap::new();
             let mut owners_stmt = conn.prepare_cached(
                 "WITH RECURSIVE o(owner) AS ( \
@@ -90,10 +106,13 @@ impl Queue {
                  SELECT owner FROM o WHERE owner IS NOT NULL LIMIT ?2",
             )?;
             let mut jobs_stmt = conn.prepare_cached(
-                "SELECT seq, id, owner, annex, cpus, memory_mb, runtime_s, grp, gpus, disk_mb, image FROM jobs \
+                "SELECT seq, id, owner, annex, cpus, memory_mb, runtime_s, grp, gpus, disk_mb, image, function_name, \
+                 max_concurrent FROM jobs \
                  WHERE state = 'idle' AND annex IS ?1 AND owner = ?2 \
                  AND cpus <= ?3 AND memory_mb <= ?4 AND runtime_s <= ?5 AND gpus <= ?6 AND disk_mb <= ?7 \
-                 AND not_before_ms <= ?8 AND (image IS NULL OR ?10) ORDER BY seq LIMIT ?9",
+                 AND not_before_ms <= ?8 AND (image IS NULL OR ?10) \
+                 AND (max_concurrent IS NULL OR function_name NOT IN (SELECT value FROM json_each(?11))) \
+                 ORDER BY seq LIMIT ?9",
             )?;
             for PoolRoom { pool, room, free_cpus, native } in &pools {
                 let mut owners: Vec<String> = match &pool.owner {
@@ -119,7 +138,8 @@ impl Queue {
                             db_int(room.disk_mb),
                             db_int(now_ms),
                             per_owner,
-                            native
+                            native,
+                            skip_functions
                         ],
                         |r| {
                             Ok((
@@ -130,6 +150,12 @@ impl Queue {
                                     annex: r.get(3)?,
                                     group: r.get(7)?,
                                     image: r.get(10)?,
+                                    limit: match (r.get::<_, Option<String>>(11)?, r.get::<_, Option<u32>>(12)?) {
+                                        (Some(function), Some(max_concurrent)) => {
+                                            Some(FunctionLimit { function, max_concurrent })
+                                        }
+                                        _ => None,
+                                    },
                                     resources: Resources {
                                         cpus: r.get(4)?,
                                         memory_mb: from_db(r.get(5)?),

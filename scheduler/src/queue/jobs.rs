@@ -303,9 +303,9 @@ fn insert_job(
         tx,
         "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, cpus, memory_mb, \
          runtime_s, submitted_at_ms, token_issuer, grp, annex, class, gpus, disk_mb, hold_code, reason, \
-         sealed_for_job, image, function_name, function_digest, event_id, input_path, trace_id) \
+         sealed_for_job, image, function_name, function_digest, event_id, input_path, trace_id, max_concurrent) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, 1, ?18, ?19, ?20, ?21, \
-         ?22, ?23)",
+         ?22, ?23, ?24)",
         params![
             job_id,
             job.owner,
@@ -330,6 +330,7 @@ fn insert_job(
             job.request.event.id,
             job.request.event.path,
             job.request.event.trace.as_deref().map(trace_id_of),
+            job.request.max_concurrent,
         ],
     )?;
     exec(tx, "INSERT INTO job_requests (seq, request) VALUES (?1, ?2)", params![tx.last_insert_rowid(), stored])?;
@@ -722,6 +723,16 @@ impl Queue {
                 .optional()?;
             let (lost, at) = row.ok_or(QueueError::JobNotFound { id })?;
             Ok((lost, from_db(at)))
+        })
+        .await
+    }
+
+    /// Job `id`'s function's limit of runs at once, as it was submitted (none: no limit).
+    pub async fn max_concurrent(&self, id: String) -> Result<Option<u32>, QueueError> {
+        self.call(move |conn| {
+            let max =
+                row(conn, "SELECT max_concurrent FROM jobs WHERE id = ?1", params![id], |r| r.get(0)).optional()?;
+            max.ok_or(QueueError::JobNotFound { id })
         })
         .await
     }

@@ -88,7 +88,7 @@ pub use accounts::{UsageRow, decay};
 pub use ep_admin::EpAdminRow;
 pub use handback::HandedBack;
 pub use htfaas_functions::store::now_ms;
-pub use idle::{BATCH, IdleJob, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Pool, PoolRoom};
+pub use idle::{BATCH, FunctionLimit, IdleJob, MAX_OWNERS_PER_POOL, MAX_OWNERS_SCANNED, Pool, PoolRoom};
 pub use jobs::{Acted, Action, MAX_LOG_BYTES, NewJob, Submitted};
 pub use renewals::RenewalFacts;
 pub use retry::DEFAULT_MAX_GUEST_RETRIES;

@@ -208,6 +208,7 @@ mod tests {
             usage: Usage { wall_ms: 10, cpu_ms: 5, ..Usage::default() },
             outputs: vec![],
             log: String::new(),
+            refs: Vec::new(),
         }
     }
 

@@ -123,15 +123,16 @@ pub(super) fn guest_retry(
     let core_s = charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?;
     let input = subject.paths.first().cloned();
     let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
-    let record = AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.outcome, &u)
-        .with_detail("state", JobState::Idle.as_str().into())
-        .with_detail("then", "retry".into())
-        .with_detail("attempt", job.attempt.into())
-        .with_detail("retry", n.into())
-        .with_detail("retries", allowed.into())
-        .with_detail("backoff_ms", delay.into())
-        .with_detail("exit_code", serde_json::json!(exit_code))
-        .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    let record =
+        AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.refs, &report.outcome, &u)
+            .with_detail("state", JobState::Idle.as_str().into())
+            .with_detail("then", "retry".into())
+            .with_detail("attempt", job.attempt.into())
+            .with_detail("retry", n.into())
+            .with_detail("retries", allowed.into())
+            .with_detail("backoff_ms", delay.into())
+            .with_detail("exit_code", serde_json::json!(exit_code))
+            .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
     audit::append_in(tx, record)?;
     tracing::info!(job.id = %report.job_id, retry = n, of = allowed, backoff_ms = delay, "{reason}: runs again");
     Ok(Retry::Again)

@@ -114,10 +114,11 @@ fn storage_unavailable(
     };
     let input = subject.paths.first().filter(|_| u.bytes_in > 0).cloned();
     let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
-    let finished = AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.outcome, &u)
-        .with_detail("state", state.as_str().into())
-        .with_detail("then", then.into())
-        .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    let finished =
+        AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.refs, &report.outcome, &u)
+            .with_detail("state", state.as_str().into())
+            .with_detail("then", then.into())
+            .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
     audit::append_in(tx, finished)?;
     if let AfterLoss::Held { code, reason } = after {
         audit::append_in(tx, AuditDraft::job_held(subject, &reason, Some(i64::from(code))))?;
@@ -163,7 +164,7 @@ fn returned(
         AfterLoss::Requeued => (JobState::Idle, "requeued"),
         AfterLoss::Held { .. } => (JobState::Held, "held"),
     };
-    let record = AuditDraft::job_finished(subject.clone(), job.ep, None, &[], &report.outcome, &report.usage)
+    let record = AuditDraft::job_finished(subject.clone(), job.ep, None, &[], &[], &report.outcome, &report.usage)
         .with_detail("state", state.as_str().into())
         .with_detail("returned", true.into())
         .with_detail("then", then.into())
@@ -306,6 +307,7 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest, attempt: u32) -> JobA
         // Renewable when the gateway granted it; [`crate::dispatch::restrict`] cuts this to the
         // job's deadline.
         renew_until: r.renewal.is_some().then_some(u64::MAX),
+        refs: r.refs,
     }
 }
 
@@ -317,6 +319,14 @@ struct Ending {
     output: EndingOutput,
     #[serde(default)]
     retry: Option<RetryPolicy>,
+    #[serde(default)]
+    refs: Vec<EndingRef>,
+}
+
+/// See [`Ending`]: a reference input's guest path alone.
+#[derive(serde::Deserialize)]
+struct EndingRef {
+    path: String,
 }
 
 /// See [`Ending`].
@@ -605,6 +615,7 @@ fn finish_in(
         memory_mb: from_db(memory_mb),
         output_dir,
         on_failure: request.as_ref().map(|r| r.output.on_failure).unwrap_or_default(),
+        refs: request.as_ref().map(|r| r.refs.iter().map(|f| f.path.clone()).collect()).unwrap_or_default(),
     };
     let clamped = match doubt(&mut report, &seen) {
         Ok(clamped) => clamped,
@@ -686,10 +697,11 @@ fn finish_in(
     );
     let input = subject.paths.first().filter(|_| ran || u.bytes_in > 0).cloned();
     let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
-    let mut finished = AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.outcome, &u)
-        .with_detail("state", state.as_str().into())
-        .with_detail("exit_code", serde_json::json!(exit_code))
-        .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    let mut finished =
+        AuditDraft::job_finished(subject, &ep, input, &report.outputs, &report.refs, &report.outcome, &u)
+            .with_detail("state", state.as_str().into())
+            .with_detail("exit_code", serde_json::json!(exit_code))
+            .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
     if !clamped.is_empty() {
         // What the EP claimed, beside what was charged.
         finished = finished.with_detail("clamped", clamped.to_json());

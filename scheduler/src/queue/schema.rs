@@ -10,10 +10,10 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 10] = [
+pub const MIGRATIONS: [&str; 11] = [
     SCHEMA_1,
     MIGRATE_1_TO_2,
     MIGRATE_2_TO_3,
@@ -24,6 +24,7 @@ pub const MIGRATIONS: [&str; 10] = [
     MIGRATE_7_TO_8,
     MIGRATE_8_TO_9,
     MIGRATE_9_TO_10,
+    MIGRATE_10_TO_11,
 ];
 
 /// Version 1: jobs, token uses, accounts.
@@ -236,6 +237,12 @@ CREATE TRIGGER job_counts_on_delete AFTER DELETE ON jobs BEGIN
     UPDATE job_counts SET n = n - 1 WHERE state = OLD.state;
     DELETE FROM job_requests WHERE seq = OLD.seq;
 END;
+";
+
+/// Version 11: a job's function's limit of runs at once (its manifest's `max_concurrent`), which
+/// matching reads with the idle jobs; older jobs have none.
+pub(super) const MIGRATE_10_TO_11: &str = "
+ALTER TABLE jobs ADD COLUMN max_concurrent INTEGER;
 ";
 
 /// A job's columns and its stored request together: `FROM {JOB_WITH_REQUEST}`.

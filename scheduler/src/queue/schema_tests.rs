@@ -38,6 +38,7 @@ fn report(id: &str, outcome: Outcome) -> JobReport {
         usage: Usage { wall_ms: 10, ..Usage::default() },
         outputs: vec![],
         log: String::new(),
+        refs: Vec::new(),
     }
 }
 

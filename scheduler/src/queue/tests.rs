@@ -92,6 +92,7 @@ async fn finish_charges_the_owner_once_and_only_for_its_session() {
         },
         outputs: vec![],
         log: "x".repeat(MAX_LOG_BYTES + 10),
+        refs: Vec::new(),
     };
     assert_eq!(q.finish("s2".into(), report.clone(), LOSS).await.expect("other session"), None);
     let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("was running");
@@ -120,26 +121,42 @@ async fn jobs_that_fit_nowhere_do_not_fill_the_batch() {
     let small = q.submit(new_job("small", "t2", 1)).await.expect("small").job_id;
     let room = Resources::new(4, 1024, 3600);
     let site = Pool { annex: None, owner: None };
-    let got =
-        q.idle_candidates(vec![pr(site.clone(), room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got = q
+        .idle_candidates(vec![pr(site.clone(), room, 1)], vec![], vec![], HashMap::new(), now_ms())
+        .await
+        .expect("candidates");
     assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
     let alices = Pool { annex: None, owner: Some("alice".into()) };
-    let by_owner =
-        q.idle_candidates(vec![pr(alices, room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let by_owner = q
+        .idle_candidates(vec![pr(alices, room, 1)], vec![], vec![], HashMap::new(), now_ms())
+        .await
+        .expect("candidates");
     assert_eq!(by_owner.len(), 1);
     let bobs = Pool { annex: None, owner: Some("bob".into()) };
     assert!(
-        q.idle_candidates(vec![pr(bobs, room, 1)], vec![], HashMap::new(), now_ms())
+        q.idle_candidates(vec![pr(bobs, room, 1)], vec![], vec![], HashMap::new(), now_ms())
             .await
             .expect("candidates")
             .is_empty()
     );
     // Owners at their running limit are not read at all.
     let skipped = q
-        .idle_candidates(vec![pr(site, room, 10)], vec!["alice".into()], HashMap::new(), now_ms())
+        .idle_candidates(vec![pr(site.clone(), room, 10)], vec!["alice".into()], vec![], HashMap::new(), now_ms())
         .await
         .expect("candidates");
     assert!(skipped.is_empty());
+    // Nor the jobs of a function at its max_concurrent: its limit is read with each job.
+    let mut limited = new_job("limited", "t3", 1);
+    limited.request.function.name = "slow".into();
+    limited.request.max_concurrent = Some(2);
+    let limited = q.submit(limited).await.expect("limited").job_id;
+    let read =
+        |skip: Vec<String>| q.idle_candidates(vec![pr(site.clone(), room, 10)], vec![], skip, HashMap::new(), now_ms());
+    let all = read(vec![]).await.expect("candidates");
+    let job = all.iter().find(|j| j.id == limited).expect("the limited job");
+    assert_eq!(job.limit, Some(crate::queue::FunctionLimit { function: "slow".into(), max_concurrent: 2 }));
+    let without = read(vec!["slow".into()]).await.expect("candidates");
+    assert_eq!(without.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![small.as_str()]);
 }
 
 #[tokio::test]
@@ -155,10 +172,12 @@ async fn annex_jobs_are_read_only_for_their_annexs_pool() {
     let plain = q.submit(new_job("plain", "tp", 1)).await.expect("plain").job_id;
     let room = Resources::new(4, 1024, 3600);
     let site = Pool { annex: None, owner: None };
-    let got = q.idle_candidates(vec![pr(site, room, 1)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got =
+        q.idle_candidates(vec![pr(site, room, 1)], vec![], vec![], HashMap::new(), now_ms()).await.expect("candidates");
     assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![plain.as_str()]);
     let gpu = Pool { annex: Some("gpu".into()), owner: None };
-    let got = q.idle_candidates(vec![pr(gpu, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got =
+        q.idle_candidates(vec![pr(gpu, room, 10)], vec![], vec![], HashMap::new(), now_ms()).await.expect("candidates");
     assert_eq!(got.len(), 3);
     assert!(got.iter().all(|j| j.annex.as_deref() == Some("gpu")));
 }
@@ -251,6 +270,7 @@ async fn a_revocation_removes_idle_and_running_jobs_and_refuses_the_token_durabl
         usage: Usage { wall_ms: 1000, ..Usage::default() },
         outputs: vec![],
         log: String::new(),
+        refs: Vec::new(),
     };
     let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("charged");
     assert_eq!(f.state, JobState::Removed);
@@ -317,7 +337,7 @@ async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
     let room = Resources::new(4, 1024, 3600);
     let site = Pool { annex: None, owner: None };
     assert!(
-        q.idle_candidates(vec![pr(site.clone(), room, 10)], vec![], HashMap::new(), now_ms())
+        q.idle_candidates(vec![pr(site.clone(), room, 10)], vec![], vec![], HashMap::new(), now_ms())
             .await
             .expect("candidates")
             .is_empty()
@@ -335,6 +355,7 @@ async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
         usage: Usage { wall_ms: 1000, ..Usage::default() },
         outputs: vec![],
         log: String::new(),
+        refs: Vec::new(),
     };
     let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("charged");
     assert_eq!(f.state, JobState::Held);
@@ -347,7 +368,10 @@ async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
     let rec = q.act(running.clone(), Action::Release, "go".into()).await.expect("release").record;
     assert_eq!((rec.state, rec.reason.as_str(), rec.hold_code), (JobState::Idle, "", None));
     assert_eq!((rec.ep, rec.usage, rec.started_at_ms), (None, None, None));
-    let got = q.idle_candidates(vec![pr(site, room, 10)], vec![], HashMap::new(), now_ms()).await.expect("candidates");
+    let got = q
+        .idle_candidates(vec![pr(site, room, 10)], vec![], vec![], HashMap::new(), now_ms())
+        .await
+        .expect("candidates");
     assert_eq!(got.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec![running.as_str()]);
     let err = q.act(running.clone(), Action::Release, "go".into()).await.expect_err("not held");
     assert_eq!(err.to_string(), format!("job {running} is idle; only held jobs can be released"));
@@ -419,6 +443,7 @@ fn unavailable(id: &str, wall_ms: u64) -> JobReport {
         usage: Usage { wall_ms, bytes_in: 0, ..Usage::default() },
         outputs: vec![],
         log: "[htfaas-ep] storage down\n".into(),
+        refs: Vec::new(),
     }
 }
 
@@ -446,11 +471,21 @@ async fn a_storage_outage_requeues_the_job_with_backoff_then_holds_it_and_a_rele
     assert_eq!(lost, 1);
     assert!(not_before >= before + 60_000 && not_before <= now_ms() + 60_000, "{not_before}");
     let room = Resources::new(8, 4096, 3600);
-    let idle =
-        q.idle_candidates(vec![pr(Pool { annex: None, owner: None }, room, 8)], vec![], HashMap::new(), now_ms());
+    let idle = q.idle_candidates(
+        vec![pr(Pool { annex: None, owner: None }, room, 8)],
+        vec![],
+        vec![],
+        HashMap::new(),
+        now_ms(),
+    );
     assert!(idle.await.expect("candidates").is_empty(), "in backoff, not matched");
-    let later =
-        q.idle_candidates(vec![pr(Pool { annex: None, owner: None }, room, 8)], vec![], HashMap::new(), not_before);
+    let later = q.idle_candidates(
+        vec![pr(Pool { annex: None, owner: None }, room, 8)],
+        vec![],
+        vec![],
+        HashMap::new(),
+        not_before,
+    );
     assert_eq!(later.await.expect("candidates").len(), 1, "matched once the backoff is over");
     // The slot it held is charged; the job counts neither completed nor failed.
     let acc = assert_accounts_match_records(&q).await;
@@ -616,7 +651,10 @@ async fn a_listed_guest_failure_runs_again_until_its_retries_are_used_then_fails
     assert!(not_before >= before + 10_000 && not_before <= now_ms() + 10_000, "first backoff: {not_before}");
     let room = Resources::new(8, 4096, 3600);
     let pools = || vec![pr(Pool { annex: None, owner: None }, room, 8)];
-    assert!(q.idle_candidates(pools(), vec![], HashMap::new(), now_ms()).await.expect("idle").is_empty(), "backoff");
+    assert!(
+        q.idle_candidates(pools(), vec![], vec![], HashMap::new(), now_ms()).await.expect("idle").is_empty(),
+        "backoff"
+    );
     let job = q.get(id.clone()).await.expect("get").expect("kept");
     assert_eq!((job.state, job.exit_code, job.attempts), (JobState::Idle, Some(3), 1));
 

@@ -449,6 +449,7 @@ mod tests {
                 usage: Usage { wall_ms: 1000, ..Usage::default() },
                 outputs: vec![],
                 log: String::new(),
+                refs: Vec::new(),
             };
             finishes.spawn(async move { q.finish("s1".into(), report, LOSS).await });
         }

@@ -290,6 +290,8 @@ impl Fixture {
             limits: Default::default(),
             secrets: Default::default(),
             renewal: None,
+            max_concurrent: None,
+            refs: Vec::new(),
         }
     }
 
@@ -421,6 +423,7 @@ fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
         usage,
         outputs: vec![OutputFile { path: "/data/out/a.sum".into(), size: 64, sha256: "ab".repeat(32) }],
         log: "done\n".into(),
+        refs: Vec::new(),
     })
 }
 

@@ -177,6 +177,8 @@ impl Server {
             limits: Default::default(),
             secrets: Default::default(),
             renewal: None,
+            max_concurrent: None,
+            refs: Vec::new(),
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit answered");
@@ -253,6 +255,7 @@ async fn https_submit_and_wss_attach_run_a_job() {
         usage: Usage::default(),
         outputs: vec![],
         log: String::new(),
+        refs: Vec::new(),
     };
     send(&mut ep, &EpMsg::Finished(report)).await;
     let start = Instant::now();

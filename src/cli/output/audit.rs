@@ -282,6 +282,9 @@ fn lineage_text(l: &htfaas_functions::proto::Lineage) -> String {
             let line = format!("{indent}  finished  {state} {}", f.detail["reason"].as_str().unwrap_or_default());
             let _ = writeln!(out, "{}", line.trim_end());
         }
+        for r in &s.refs {
+            let _ = writeln!(out, "{indent}  reference {} sha256 {}", r.path, r.sha256);
+        }
         if !s.outputs.is_empty() {
             let _ = writeln!(out, "{indent}  outputs   {}", s.outputs.join(", "));
         }
@@ -338,6 +341,7 @@ mod tests {
                     record(3, "scheduler", "job.dispatched", serde_json::json!({"ep": "ep-1", "attempt": 1})),
                     record(4, "scheduler", "job.finished", serde_json::json!({"state": "completed", "reason": ""})),
                 ],
+                refs: Vec::new(),
             }
         };
         let cause = htfaas_functions::proto::Cause {
@@ -345,6 +349,7 @@ mod tests {
             digest: htfaas_functions::Digest::of(b"a"),
             event_id: "ev-j1".into(),
             chain: vec!["a".into()],
+            trace: None,
         };
         let lineage = htfaas_functions::proto::Lineage {
             file: "/out/b/x.sum".into(),

@@ -318,6 +318,41 @@ pub fn jobs(jobs: &[JobRecord], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `htfaas fn invoke`: the job id, or with a wait how the job ended and its outputs; an error
+/// when it did not complete (or not within the wait), so that a script sees it.
+pub fn invoked(answer: &htfaas_functions::proto::InvokeResponse, waited: bool, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+    }
+    let Some(job) = &answer.job else {
+        if !json {
+            println!("job {}", answer.job_id);
+        }
+        anyhow::ensure!(
+            !waited,
+            "job {} has not ended within the wait; follow it with `htfaas jobs history {}`",
+            answer.job_id,
+            answer.job_id
+        );
+        return Ok(());
+    };
+    if !json {
+        let exit = job.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
+        println!("job {} {}{exit}", job.id, job.state.as_str());
+        for o in &job.outputs {
+            println!("{}\t{} bytes\tsha256 {}", o.path, o.size, o.sha256);
+        }
+    }
+    anyhow::ensure!(
+        job.state == htfaas_functions::proto::JobState::Completed,
+        "job {} {}: {}",
+        job.id,
+        job.state.as_str(),
+        job.reason
+    );
+    Ok(())
+}
+
 /// One job after an admin action.
 pub fn job(job: &JobRecord, json: bool) -> anyhow::Result<()> {
     if json {

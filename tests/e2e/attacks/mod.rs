@@ -23,9 +23,7 @@ mod webhooks;
 /// An API token for `sub` with `scope`, signed with the stack's gateway key under `dir` (as
 /// `htfaas token api` makes one).
 pub fn api_token(dir: &std::path::Path, sub: &str, scope: htfaas_functions::token::Scope) -> String {
-    use htfaas_functions::token::{ApiClaims, SigningKey};
-    let key = SigningKey::load_or_create(&dir.join("gateway/submit.pem"), "gateway-1").expect("the gateway's key");
-    key.sign(&ApiClaims::new("htfaas-gateway", sub, scope, 600)).expect("sign")
+    htfaas_tests::api_token(dir, sub, scope)
 }
 
 /// POSTs `body` to the gateway at `base`, route `path`, with the bearer `token`; (status, JSON

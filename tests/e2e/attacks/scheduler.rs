@@ -70,6 +70,8 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         limits: Default::default(),
         secrets: Default::default(),
         renewal: None,
+        max_concurrent: None,
+        refs: Vec::new(),
     }
 }
 

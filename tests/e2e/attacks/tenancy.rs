@@ -38,6 +38,8 @@ fn manifest(
         group: None,
         secrets: Default::default(),
         webhook: None,
+        max_concurrent: None,
+        inputs: Default::default(),
     }
 }
 

@@ -47,6 +47,7 @@ fn draft(i: u64) -> AuditDraft {
             &[wire(
                 serde_json::json!({"path": format!("/data/out/{}.sum", i / 3), "size": i, "sha256": "ab".repeat(32)}),
             )],
+            &[],
             &wire(serde_json::json!({"kind": "exited", "exit_code": 0})),
             &Default::default(),
         ),
@@ -593,6 +594,7 @@ fn append_cost() {
                 &[wire(
                     serde_json::json!({"path": format!("/data/out/{i}.sum"), "size": 32, "sha256": "ab".repeat(32)}),
                 )],
+                &[],
                 &wire(serde_json::json!({"kind": "exited", "exit_code": 0})),
                 &usage,
             ),
