@@ -50,6 +50,12 @@ pub(crate) async fn fetch(
         let sha256 = download(&from, &dest, left, &mut n, retries, None).await;
         *bytes_in = bytes_in.saturating_add(n);
         let sha256 = sha256.map_err(|e| e.outcome(|reason| failed(format!("reference {}: {reason}", r.path))))?;
+        // A re-run reads the constants of the run it re-derives, or runs nothing.
+        if let Some(expected) = &r.sha256
+            && !expected.eq_ignore_ascii_case(&sha256)
+        {
+            return Err(htfaas_functions::proto::rerun::reference_changed(&r.path, &sha256, expected));
+        }
         read.push(ReferenceRead { path: r.path.clone(), size: n, sha256 });
     }
     Ok(read)

@@ -338,7 +338,7 @@ async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<Refe
             .await
             .map_err(|e| transient(format!("reference {path}: {e}"), e.is_transient()))?;
         let rel = path.trim_start_matches('/').to_owned();
-        out.push(ReferenceInput { url: storage.url_of(&path), path: rel, macaroon });
+        out.push(ReferenceInput { url: storage.url_of(&path), path: rel, macaroon, sha256: None });
     }
     Ok(out)
 }

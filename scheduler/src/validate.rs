@@ -105,7 +105,8 @@ pub enum SubmitInvalid {
     MaxConcurrent,
     /// A reference input has a bad URL, macaroon or guest path, or there are too many.
     #[error(
-        "refs: at most {} files, each with an http(s) URL, a macaroon, and a distinct clean relative path",
+        "refs: at most {} files, each with an http(s) URL, a macaroon, a distinct clean relative path and, if \
+         any, a sha256 of 64 hex digits",
         htfaas_functions::proto::MAX_REFERENCE_FILES
     )]
     References,
@@ -213,6 +214,7 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
                 || !bounded(&r.macaroon)
                 || !htfaas_functions::proto::ReferenceInput::is_clean_path(&r.path)
                 || refs[..i].iter().any(|o| o.path == r.path)
+                || r.sha256.as_deref().is_some_and(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()))
         })
     {
         return Err(References);

@@ -7,7 +7,7 @@
 use crate::examples::kernel;
 use htfaas::stack::demo_manifest;
 use htfaas_functions::namespace::Right;
-use htfaas_functions::proto::{DeadLetterKind, LineageRelation};
+use htfaas_functions::proto::{DeadLetterKind, LineageRelation, RerunVerdict};
 use htfaas_functions::{FunctionManifest, Resources};
 use htfaas_tests::{guest_wasm, start_stack, wait_for};
 use sha2::Digest as _;
@@ -55,6 +55,21 @@ async fn a_calibration_reads_its_constants_file_and_its_lineage_names_both_files
     // The constants file's own lineage finds the run that read it.
     let read = client.lineage(GAINS).await.expect("lineage of the constants");
     assert!(read.steps.iter().any(|s| s.job == step.job && s.relation == LineageRelation::Read), "{read:#?}");
+
+    // `audit rerun` re-derives the output with the very constants the run read ...
+    let rerun = client.rerun(out).await.expect("re-run");
+    let (verdict, job) = client.rerun_verdict(&rerun, LIMIT).await.expect("verdict");
+    assert_eq!(verdict, RerunVerdict::Identical, "{job:#?}");
+    // ... and, once they changed, runs nothing and says so.
+    client.put_bytes(b"9 0 0\n9 0 0\n9 0 0\n9 0 0\n".to_vec(), GAINS).await.expect("new constants");
+    let rerun = client.rerun(out).await.expect("re-run on new constants");
+    let (verdict, job) = client.rerun_verdict(&rerun, LIMIT).await.expect("verdict");
+    match verdict {
+        RerunVerdict::InputChanged { reason } => {
+            assert!(reason.contains(&sha256) && reason.contains(GAINS), "{reason}")
+        }
+        v => panic!("expected the changed constants to be caught, got {v:?}: {job:#?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,6 +126,13 @@ pub fn verdict(rerun: &Rerun, job: &JobRecord) -> RerunVerdict {
     }
 }
 
+/// The EP's account of a reference file whose bytes are not those expected.
+pub fn reference_changed(path: &str, got: &str, expected: &str) -> Outcome {
+    Outcome::InputFailed {
+        reason: format!("{INPUT_CHANGED}: reference /{path}'s sha256 is {got}, the run re-derived read {expected}"),
+    }
+}
+
 /// The EP's account of an input whose bytes are not those expected.
 pub fn input_changed(got: &str, expected: &str) -> Outcome {
     Outcome::InputFailed { reason: format!("{INPUT_CHANGED}: its sha256 is {got}, the run re-derived read {expected}") }

@@ -211,6 +211,10 @@ pub struct ReferenceInput {
     pub path: String,
     /// Read macaroon for exactly this file (bearer; never logged).
     pub macaroon: String,
+    /// The sha256 (hex) the file's bytes must have: the EP runs nothing on other bytes. Set by a
+    /// re-run (the constants the run it re-derives read); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 impl ReferenceInput {

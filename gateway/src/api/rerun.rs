@@ -36,6 +36,8 @@ struct Wrote {
     sha256: String,
     input: String,
     input_sha256: Option<String>,
+    /// The reference files it read: storage path and sha256.
+    refs: Vec<(String, String)>,
 }
 
 fn not_written(file: &str) -> HttpError {
@@ -60,8 +62,43 @@ fn last_writer(records: &[AuditRecord], file: &str) -> Option<Wrote> {
             sha256: out.get("sha256")?.as_str()?.to_owned(),
             input: input.get("path")?.as_str()?.to_owned(),
             input_sha256: input.get("sha256").and_then(Value::as_str).map(str::to_owned),
+            refs: d
+                .get("refs")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|f| Some((f.get("path")?.as_str()?.to_owned(), f.get("sha256")?.as_str()?.to_owned())))
+                .collect(),
         })
     })
+}
+
+/// Pins each reference file of a re-run to the bytes the run it re-derives read (`read`: storage
+/// path and sha256). The same version names the same references, but a directory reference is
+/// listed again: a file read then and gone now, or new since, changes the constants, and the
+/// re-run is refused (409) rather than run on others.
+fn pin_references(
+    refs: &mut [htfaas_functions::proto::ReferenceInput],
+    read: &[(String, String)],
+) -> Result<(), HttpError> {
+    if refs.len() != read.len() {
+        return Err(conflict(format!(
+            "the function's reference inputs now hold {} files, the run re-derived read {}: it cannot be re-derived \
+             with the same constants",
+            refs.len(),
+            read.len()
+        )));
+    }
+    for r in refs.iter_mut() {
+        let path = format!("/{}", r.path);
+        let Some((_, sha256)) = read.iter().find(|(p, _)| *p == path) else {
+            return Err(conflict(format!(
+                "reference {path} was not read by the run re-derived: the constants changed"
+            )));
+        };
+        r.sha256 = Some(sha256.clone());
+    }
+    Ok(())
 }
 
 /// `POST /v1/audit/rerun`.
@@ -123,6 +160,7 @@ pub(super) async fn rerun(
         },
     )?;
     submit.input.sha256 = Some(input_sha256.clone());
+    pin_references(&mut submit.refs, &wrote.refs)?;
     let (claims, token) = shared
         .submitter
         .mint(&job.owner, job.group.as_deref(), &submit)

@@ -7,7 +7,9 @@
 
 use htfaas::stack::{SubmitGrant, demo_manifest, mint_submit_token};
 use htfaas_functions::audit::AuditFilter;
-use htfaas_functions::proto::{EventRef, FunctionRef, InputSpec, JobState, OutputSpec, SubmitRequest, WarmRequest};
+use htfaas_functions::proto::{
+    EventRef, FunctionRef, InputSpec, JobState, OutputSpec, ReferenceInput, SubmitRequest, WarmRequest,
+};
 use htfaas_functions::{Digest, Resources};
 use htfaas_tests::{start_stack, upload_checksum, wait_for};
 use std::sync::Arc;
@@ -152,6 +154,46 @@ async fn a_job_posted_to_the_scheduler_with_foreign_urls_is_refused_and_no_ep_ev
             format!(
                 "event.path \"/data/alice/secret.txt\" is not the file input.url \"{storage}/data/raw/a.dat\" names"
             ),
+        ),
+        (
+            // A reference input is fetched by the EP as the input is: the same origins only.
+            {
+                let mut r = request(
+                    &digest,
+                    module.clone(),
+                    format!("{storage}/data/raw/a.dat"),
+                    format!("{storage}/data/out/"),
+                    "ssrf-ref",
+                );
+                let url = format!("{}/admin/secrets", internal.url);
+                r.refs = vec![ReferenceInput { url, path: "admin/secrets".into(), macaroon: "m".into(), sha256: None }];
+                r
+            },
+            format!(
+                "refs.url \"{}/admin/secrets\" is not on a storage this scheduler trusts ({trusted})",
+                internal.url
+            ),
+        ),
+        (
+            // A reference posing as another file: its lineage would name alice's secret.
+            {
+                let mut r = request(
+                    &digest,
+                    module.clone(),
+                    format!("{storage}/data/raw/a.dat"),
+                    format!("{storage}/data/out/"),
+                    "lying-ref",
+                );
+                let url = format!("{storage}/data/raw/a.dat");
+                r.refs = vec![ReferenceInput {
+                    url,
+                    path: "data/alice/secret.txt".into(),
+                    macaroon: "m".into(),
+                    sha256: None,
+                }];
+                r
+            },
+            format!("refs: path \"data/alice/secret.txt\" is not the file \"{storage}/data/raw/a.dat\" names"),
         ),
     ];
     let http = reqwest::Client::new();
