@@ -3,7 +3,8 @@
 //! outputs' paths; without `--wait` it prints the job id. A developer who is not the owner runs
 //! it as a bearer: a file outside its own namespace is refused, and nothing is submitted.
 
-use htfaas_functions::proto::{InvokeRequest, JobState};
+use htfaas_functions::audit::AuditFilter;
+use htfaas_functions::proto::{AuditTrail, InvokeRequest, JobState};
 use htfaas_functions::token::Scope;
 use htfaas_tests::{htfaas_cli, start_stack, upload_checksum, wait_for};
 use std::path::Path;
@@ -62,6 +63,12 @@ async fn fn_invoke_waits_and_prints_the_outputs_and_refuses_a_file_outside_the_c
     let job = client.job(&job_id).await.expect("the invoked job");
     assert_eq!((job.owner.as_str(), job.event.source.as_str()), (htfaas::stack::USER, "invoke"));
     assert_eq!(job.outputs, fired.outputs, "the same bytes, the same output");
+    // The gateway's trail names who invoked it, and the run's token.
+    let filter = AuditFilter { job: Some(job_id.clone()), ..AuditFilter::default() };
+    let records = client.audit_trail(AuditTrail::Gateway, &filter).await.expect("the gateway's trail");
+    let invoked = records.iter().find(|r| r.detail["action"] == "function.invoke").expect("the invocation's record");
+    assert_eq!(invoked.actor.as_deref(), Some(htfaas::stack::USER));
+    assert_eq!(invoked.subject.token_jti.as_deref(), Some(job.token_jti.as_str()));
 
     // Without --wait: the id, at once; the job runs all the same.
     let out = htfaas_cli(h, &["fn", "invoke", "--profile", "alice", "checksum", "/data/raw/a.dat"]).await;

@@ -38,7 +38,8 @@ pub(super) async fn invoke(
     if req.wait_s > MAX_INVOKE_WAIT_S {
         return Err(HttpError(StatusCode::BAD_REQUEST, format!("wait_s must be 0..={MAX_INVOKE_WAIT_S}")));
     }
-    let token = if caller.is_admin() { RunToken::AsOwner } else { RunToken::Minted };
+    let actor = &caller.name;
+    let token = if caller.is_admin() { RunToken::AsOwner { actor } } else { RunToken::Minted { actor } };
     let who = Principal { name: &caller.name, group: None, digest: None, token };
     let reply = start(&shared, who, name, &req.path, req.annex).await?;
     let job = match req.wait_s {

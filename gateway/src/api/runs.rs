@@ -79,11 +79,18 @@ pub(super) enum RunToken<'a> {
         /// Its `jti`.
         jti: &'a str,
     },
-    /// One minted for exactly this job, for a caller of the API (an API or OIDC token).
-    Minted,
-    /// One minted for exactly this job, for the function's owner: an admin's run, which acts as
-    /// the owner whoever the admin is (as a replay does).
-    AsOwner,
+    /// One minted for exactly this job, for `actor`, a caller of the API (an API or OIDC
+    /// token); the invocation is recorded in the gateway's trail with its actor.
+    Minted {
+        /// Who called.
+        actor: &'a str,
+    },
+    /// One minted for exactly this job, for the function's owner: `actor`, an admin, runs it as
+    /// the owner whoever the admin is (as a replay does); the trail names the admin.
+    AsOwner {
+        /// Who called.
+        actor: &'a str,
+    },
 }
 
 /// Starts `name`'s run on `path` for `who` ([`Principal`]): every check of a manual run, then
@@ -121,8 +128,8 @@ pub(super) async fn start(
     // A caller of the API who owns the function runs it as its owner, in its group; so does
     // an admin.
     let (name, group) = match who.token {
-        RunToken::AsOwner => (m.owner.as_str(), m.group.as_deref()),
-        RunToken::Minted if who.name == m.owner => (who.name, m.group.as_deref()),
+        RunToken::AsOwner { .. } => (m.owner.as_str(), m.group.as_deref()),
+        RunToken::Minted { .. } if who.name == m.owner => (who.name, m.group.as_deref()),
         _ => (who.name, who.group),
     };
     let who = Principal { name, group, ..who };
@@ -172,7 +179,7 @@ pub(super) async fn start(
     let run_id = htfaas_functions::token::new_jti();
     let (source, id) = match who.token {
         RunToken::Bearer { jti, .. } => ("submit", format!("{jti}/{run_id}")),
-        RunToken::Minted | RunToken::AsOwner => ("invoke", format!("{}/{run_id}", who.name)),
+        RunToken::Minted { .. } | RunToken::AsOwner { .. } => ("invoke", format!("{}/{run_id}", who.name)),
     };
     let event = htfaas_functions::proto::EventRef::new(source, id, path.to_owned());
     let mut request = crate::jobs::prepare(shared.jobs(), &function, runs_as, event, format!("{source}:{run_id}"))
@@ -185,7 +192,7 @@ pub(super) async fn start(
     let minted;
     let (token, jti) = match who.token {
         RunToken::Bearer { token, jti } => (token, jti),
-        RunToken::Minted | RunToken::AsOwner => {
+        RunToken::Minted { .. } | RunToken::AsOwner { .. } => {
             let group = match runs_as {
                 crate::jobs::RunsAs::Owner => m.group.as_deref(),
                 crate::jobs::RunsAs::Bearer { group, .. } => group,
@@ -203,6 +210,20 @@ pub(super) async fn start(
     );
     let reply = shared.submitter.submit_with_token(token, &request).await.map_err(scheduler_failure)?;
     tracing::info!(job = %reply.job_id, jti, principal = who.name, function = %m.name, source, "job submitted by a caller");
+    // Who invoked, beside whom the run acts as (the scheduler's trail has the latter alone).
+    if let RunToken::Minted { actor } | RunToken::AsOwner { actor } = who.token {
+        let subject = htfaas_functions::audit::Subject {
+            job: Some(reply.job_id.clone()),
+            token_jti: Some(jti.to_owned()),
+            paths: vec![path.to_owned()],
+            ..super::audit::audit_function(&function)
+        };
+        let args = serde_json::json!({ "job": reply.job_id, "path": path, "runs_as": who.name });
+        let draft = crate::audit::admin_action(actor, "function.invoke", subject, args);
+        if let Err(e) = shared.firings.append_async(draft).await {
+            tracing::error!(actor, "failed to record an invocation in the audit trail: {e}");
+        }
+    }
     Ok(reply)
 }
 
