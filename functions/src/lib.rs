@@ -58,6 +58,7 @@ pub mod proto;
 #[cfg(feature = "db")]
 pub mod registry;
 mod resources;
+pub mod schedule;
 pub mod seal;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -259,6 +259,13 @@ pub struct Trigger {
     /// that arrives meanwhile replaces it, so a burst starts one job, on its last event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce_s: Option<u64>,
+    /// A crontab schedule (`0 3 * * *`, [`crate::schedule`]) in the site's time zone (the
+    /// gateway's `time_zone`): the function then fires on its ticks, not on events. Each tick
+    /// fires it once on every file below its path glob's or rule's directories that the trigger
+    /// is true for (as a back-fill lists them); ticks missed while the gateway was down fire
+    /// once, the latest. Default: none (events fire it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
 }
 
 /// A token bucket over the jobs one trigger starts.
@@ -282,12 +289,12 @@ impl Eq for RateLimit {}
 impl Trigger {
     /// A trigger on a path glob alone.
     pub fn on_path(glob: impl Into<String>) -> Trigger {
-        Trigger { path: glob.into(), rule: None, rate: None, debounce_s: None }
+        Trigger { path: glob.into(), rule: None, rate: None, debounce_s: None, schedule: None }
     }
 
     /// A trigger on a rule alone.
     pub fn on_rule(rule: impl Into<String>) -> Trigger {
-        Trigger { path: String::new(), rule: Some(rule.into()), rate: None, debounce_s: None }
+        Trigger { path: String::new(), rule: Some(rule.into()), rate: None, debounce_s: None, schedule: None }
     }
 
     /// The one rule this trigger means: its path glob and its rule, and-ed when both are given.
@@ -321,18 +328,32 @@ impl Trigger {
         if self.debounce_s.is_some_and(|d| d > MAX_DEBOUNCE_S) {
             return Err(bad("trigger.debounce_s", format!("must be 0..={MAX_DEBOUNCE_S}")));
         }
+        if let Some(schedule) = &self.schedule {
+            crate::schedule::Cron::parse(schedule).map_err(|e| bad("trigger.schedule", e.to_string()))?;
+            if self.debounce_s.is_some() {
+                return Err(bad(
+                    "trigger.schedule",
+                    "a scheduled function fires on ticks: debounce_s has no events to join",
+                ));
+            }
+        }
         Ok(())
     }
 }
 
 impl std::fmt::Display for Trigger {
-    /// The path glob as it is, the rule as it is, or both as one rule; padded as asked.
+    /// The path glob as it is, the rule as it is, or both as one rule, and its schedule;
+    /// padded as asked.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.path.is_empty(), &self.rule) {
-            (false, None) => f.pad(&self.path),
-            (true, Some(rule)) => f.pad(rule),
-            (false, Some(rule)) => f.pad(&format!("path glob {} and ({rule})", crate::trigger::quote(&self.path))),
-            (true, None) => f.pad("(none)"),
+        let what = match (self.path.is_empty(), &self.rule) {
+            (false, None) => self.path.clone(),
+            (true, Some(rule)) => rule.clone(),
+            (false, Some(rule)) => format!("path glob {} and ({rule})", crate::trigger::quote(&self.path)),
+            (true, None) => "(none)".into(),
+        };
+        match &self.schedule {
+            Some(s) => f.pad(&format!("{what} at each tick of {}", crate::trigger::quote(s))),
+            None => f.pad(&what),
         }
     }
 }
@@ -570,6 +591,8 @@ mod tests {
             ("trigger.rule", Box::new(|m| m.trigger = Trigger::on_rule(""))),
             ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 0.0, burst: 1 }))),
             ("max_concurrent", Box::new(|m| m.max_concurrent = Some(0))),
+            ("trigger.schedule", Box::new(|m| m.trigger.schedule = Some("0 3 * *".into()))),
+            ("trigger.schedule", Box::new(|m| m.trigger.schedule = Some("0 25 * * *".into()))),
             ("max_concurrent", Box::new(|m| m.max_concurrent = Some(MAX_CONCURRENT + 1))),
             ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["calib/p.h5".into()])),
             ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["/data/../etc/passwd".into()])),

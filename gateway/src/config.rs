@@ -88,6 +88,10 @@ pub struct Config {
     /// listed is not sent. Default: none (no webhooks).
     #[serde(default)]
     pub webhook_hosts: Vec<String>,
+    /// The site's time zone (an IANA name, e.g. `Europe/Berlin`, from the system's tzdb): the
+    /// functions' schedules (`trigger.schedule`) are read in it. Default: `UTC`.
+    #[serde(default = "default_time_zone")]
+    pub time_zone: String,
     /// Internal networks (CIDRs, e.g. `10.20.0.0/16`) a webhook receiver may lie in. A listed
     /// host that resolves to a loopback, link-local, private or shared address outside them is
     /// not called (an address listed as a host in `webhook_hosts` is allowed as such).
@@ -213,6 +217,10 @@ pub fn default_audit_checkpoint_records() -> u64 {
 /// Default of [`Config::audit_checkpoint_s`].
 pub fn default_audit_checkpoint_s() -> u64 {
     htfaas_functions::audit::CheckpointPolicy::default().every_ms / 1000
+}
+
+fn default_time_zone() -> String {
+    "UTC".into()
 }
 
 pub(crate) fn default_consumer() -> String {

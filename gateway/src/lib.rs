@@ -55,6 +55,7 @@ pub mod namespaces;
 pub mod oidc;
 pub mod openapi;
 pub mod replay;
+mod schedules;
 mod secrets;
 mod state;
 mod stats;
@@ -119,6 +120,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), nats = %nats_url, pending = shared.firings.pending(), "gateway ready");
     let ingest = tokio::spawn(ingest::run(default_lane, shared.clone(), shutdown.child_token()));
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
+    // Scheduled functions fire on their ticks.
+    let schedules = tokio::spawn(schedules::run(shared.clone(), shutdown.child_token()));
     // EPs compile registered functions' modules ahead of their first event.
     let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
     // The identity map, reloaded when its file changes (with OIDC issuers only).
@@ -168,6 +171,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     lanes.stop().await;
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
     let _ = warm.await;
+    let _ = schedules.await;
     let _ = sampler.await;
     let _ = map_watch.await;
     let _ = dead_letters.await;

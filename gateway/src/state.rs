@@ -86,6 +86,8 @@ pub struct Shared {
     pub webhooks: crate::webhooks::Webhooks,
     /// The site's OIDC callers ([`crate::identities`]); `None` without `oidc_issuers`.
     pub identities: Option<crate::identities::Identities>,
+    /// The site's time zone, which schedules are read in ([`Config::time_zone`]), and its name.
+    pub time_zone: (jiff::tz::TimeZone, String),
 }
 
 impl Shared {
@@ -276,7 +278,9 @@ impl Config {
         let secrets = crate::secrets::Secrets::new(
             htfaas_functions::seal::Sealer::load_or_create(&secrets_key_file).context("the secrets key")?,
         );
+        let time_zone = htfaas_functions::schedule::time_zone(&self.time_zone).map_err(anyhow::Error::msg)?;
         let shared = Shared {
+            time_zone: (time_zone, self.time_zone.clone()),
             identities,
             source_paths: Arc::new(source_paths),
             secrets,
@@ -376,6 +380,7 @@ mod tests {
             scheduler_url: "http://127.0.0.1:1".into(),
             scheduler_ca_file: None,
             webhook_hosts: Vec::new(),
+            time_zone: "UTC".into(),
             webhook_private_networks: Vec::new(),
             webhook_ca_file: None,
             scheduler_admin_token: "a".into(),

@@ -65,17 +65,32 @@ impl TriggerCache {
     }
 
     /// Every enabled function whose trigger is true for `event`, in name order: all of them,
-    /// however their rules overlap.
+    /// however their rules overlap. A scheduled function fires on its ticks, never on an event.
     pub fn matching(&self, event: &StorageEvent) -> Vec<FunctionRecord> {
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
-        all.iter().filter(|c| c.enabled && c.rule.matches(event)).map(|c| c.record.clone()).collect()
+        all.iter()
+            .filter(|c| c.enabled && c.record.manifest.trigger.schedule.is_none() && c.rule.matches(event))
+            .map(|c| c.record.clone())
+            .collect()
+    }
+
+    /// The enabled functions with a schedule, in name order ([`crate::schedules`]).
+    pub fn scheduled(&self) -> Vec<FunctionRecord> {
+        let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
+        all.iter()
+            .filter(|c| c.enabled && c.record.manifest.trigger.schedule.is_some())
+            .map(|c| c.record.clone())
+            .collect()
     }
 
     /// The disabled functions whose trigger is true for `event` (and which `keep` keeps): what
     /// would have fired. Only disabled functions' rules are evaluated.
     pub fn disabled_matching(&self, event: &StorageEvent, keep: impl Fn(&FunctionRecord) -> bool) -> usize {
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
-        all.iter().filter(|c| !c.enabled && keep(&c.record) && c.rule.matches(event)).count()
+        all.iter()
+            .filter(|c| !c.enabled && c.record.manifest.trigger.schedule.is_none() && keep(&c.record))
+            .filter(|c| c.rule.matches(event))
+            .count()
     }
 }
 

@@ -135,6 +135,12 @@ pub enum FnCommand {
         /// (default WEBHOOK_KEY; never given to the runs).
         #[arg(long, value_name = "NAME", requires = "webhook")]
         webhook_key_secret: Option<String>,
+        /// Fire on a crontab schedule instead of on events, e.g. '0 3 * * *', in the site's time
+        /// zone (the gateway's time_zone): each tick fires the function on every file below its
+        /// --trigger or --rule directories that the trigger is true for; ticks missed while the
+        /// gateway was down fire once.
+        #[arg(long, value_name = "CRON")]
+        schedule: Option<String>,
         /// Most runs of the function at once; further jobs wait idle (never fail).
         #[arg(long, value_name = "N")]
         max_concurrent: Option<u32>,
@@ -370,6 +376,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             webhook_key_secret,
             max_concurrent,
             refs,
+            schedule,
             dry_run,
             since,
             until,
@@ -406,7 +413,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 name,
                 owner,
                 module,
-                trigger: Trigger { rule, rate, debounce_s, ..Trigger::on_path(trigger.unwrap_or_default()) },
+                trigger: Trigger { rule, rate, debounce_s, schedule, ..Trigger::on_path(trigger.unwrap_or_default()) },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
                 outputs: Outputs { dir: outputs, replace, on_failure: on_failure.unwrap_or_default() },
                 args,

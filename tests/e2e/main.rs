@@ -41,6 +41,7 @@ mod renew;
 mod replay;
 mod rerun;
 mod revoke;
+mod schedules;
 mod scopes;
 mod secrets;
 mod security;

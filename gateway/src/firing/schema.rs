@@ -6,10 +6,10 @@ use super::FiringError;
 use rusqlite::Connection;
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub(super) const MIGRATIONS: [&str; 5] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5];
+pub(super) const MIGRATIONS: [&str; 6] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6];
 
 pub(super) const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS firings (
@@ -73,6 +73,13 @@ CREATE INDEX IF NOT EXISTS firings_ready_by_owner ON firings (owner, function, n
 /// which files a function has fired on while their rows are kept).
 pub(super) const SCHEMA_5: &str = "
 CREATE INDEX IF NOT EXISTS firings_by_function_path ON firings (function, path);
+";
+
+/// Version 6: each scheduled function's last fired tick (Unix ms), written once its firings
+/// are, so that a tick fires once however often the gateway restarts, and ticks missed while
+/// it was down collapse into the latest.
+pub(super) const SCHEMA_6: &str = "
+CREATE TABLE IF NOT EXISTS schedule_ticks (function TEXT PRIMARY KEY, tick_ms INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.

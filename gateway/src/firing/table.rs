@@ -460,6 +460,29 @@ impl Firings {
         self.with(|conn| Ok(audit::checkpoint_in(conn, signer, policy, force)?))
     }
 
+    /// The last tick of `function`'s schedule whose firings were written, Unix ms.
+    pub fn last_tick(&self, function: &str) -> Result<Option<u64>, FiringError> {
+        self.with(|conn| {
+            let at: Option<i64> =
+                row(conn, "SELECT tick_ms FROM schedule_ticks WHERE function = ?1", params![function], |r| r.get(0))
+                    .optional()?;
+            Ok(at.map(from_db))
+        })
+    }
+
+    /// Records `tick_ms` as `function`'s last fired tick (never moving it back).
+    pub fn set_last_tick(&self, function: &str, tick_ms: u64) -> Result<(), FiringError> {
+        self.with(|conn| {
+            exec(
+                conn,
+                "INSERT INTO schedule_ticks (function, tick_ms) VALUES (?1, ?2) \
+                 ON CONFLICT (function) DO UPDATE SET tick_ms = MAX(tick_ms, excluded.tick_ms)",
+                params![function, db_int(tick_ms)],
+            )?;
+            Ok(())
+        })
+    }
+
     /// The job a write macaroon was obtained for, if this gateway obtained it.
     pub fn cause_of(&self, macaroon: &str) -> Result<Option<Cause>, FiringError> {
         self.with(|conn| lookup_cause(conn, macaroon))

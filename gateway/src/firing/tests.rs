@@ -379,6 +379,21 @@ fn a_storm_of_10000_events_on_a_rate_limited_trigger_all_fire_at_the_rate_none_l
     assert_eq!(f.pending(), EVENTS as u64, "all submitting, none dropped");
 }
 
+/// A schedule's last fired tick is kept across a reopen and never moves back.
+#[test]
+fn a_schedules_last_tick_survives_a_restart_and_never_moves_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let f = open(dir.path());
+        assert_eq!(f.last_tick("nightly").expect("read"), None);
+        f.set_last_tick("nightly", 2_000).expect("write");
+        f.set_last_tick("nightly", 1_000).expect("an older tick");
+    }
+    let f = open(dir.path());
+    assert_eq!(f.last_tick("nightly").expect("read"), Some(2_000));
+    assert_eq!(f.last_tick("other").expect("read"), None);
+}
+
 #[test]
 fn pending_and_submitting_firings_survive_a_restart_and_failures_back_off() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,0 +1,140 @@
+//! Schedules: each enabled function with a `trigger.schedule` fires on its ticks, read in the
+//! site's time zone ([`htfaas_functions::schedule`]), not on events.
+//!
+//! A tick fires the function on every file below the directories its trigger is bounded to
+//! (its path glob's or rule's, inside the owner's read namespace since registration) that the
+//! trigger is true for, listed through the storage as a back-fill lists them
+//! ([`crate::backfill::event_for`]; quarantine and re-run directories never fire). Each firing
+//! goes through the firing table like any event's (recorded as `event.matched`, checked again
+//! against the namespace when it becomes a job), under a replay id of the tick's own
+//! (`schedule:<function>:<tick ms>`), so each (tick, file) fires once, and a file fires again at
+//! the next tick.
+//!
+//! The last fired tick is kept in the firing table's file once the tick's firings are written:
+//! a crash between the two fires the same tick again, which the firing keys drop. Ticks missed
+//! while the gateway was down collapse into the latest one, which fires once on start; a
+//! version fires no tick from before its registration.
+//!
+//! Must not know: HTTP routes (`axum`), the consumer loop.
+
+use crate::firing::NewFirings;
+use crate::ingest::{Verdict, fire_batch};
+use crate::replay::Target;
+use crate::state::Shared;
+use htfaas_functions::FunctionRecord;
+use htfaas_functions::schedule::{Cron, due};
+use jiff::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often the schedules are looked at: a tick fires within this of its time.
+const EVERY: Duration = Duration::from_secs(1);
+/// Most firings written in one batch.
+const CHUNK: usize = 512;
+
+/// Why a tick did not fire (it is tried again at the next look).
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// The stored schedule or trigger does not parse (a bug: manifests are checked).
+    #[error("{0}")]
+    Stored(String),
+    /// The storage could not list a directory.
+    #[error("list {dir}: {why}")]
+    List {
+        /// The directory.
+        dir: String,
+        /// Why.
+        why: String,
+    },
+    /// The firing table could not be read or written.
+    #[error("the firing table: {0}")]
+    Firings(String),
+}
+
+/// Fires each scheduled function's due tick, every [`EVERY`], until `shutdown`.
+pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+        for function in shared.triggers.scheduled() {
+            if let Err(e) = tick(&shared, &function, Timestamp::now()).await {
+                tracing::warn!(function = %function.manifest.name, "schedule: {e}");
+            }
+        }
+    }
+}
+
+/// Fires `function`'s tick due at `now`, if one is, and returns it.
+pub async fn tick(
+    shared: &Shared,
+    function: &FunctionRecord,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, ScheduleError> {
+    let m = &function.manifest;
+    let Some(schedule) = &m.trigger.schedule else { return Ok(None) };
+    let cron = Cron::parse(schedule).map_err(|e| ScheduleError::Stored(e.to_string()))?;
+    let name = m.name.clone();
+    let last = shared
+        .firings
+        .call(move |f| f.last_tick(&name))
+        .await
+        .map_err(|e| ScheduleError::Firings(e.to_string()))?
+        .and_then(|ms| Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok());
+    let since =
+        Timestamp::from_second(i64::try_from(function.registered_at).unwrap_or(i64::MAX)).unwrap_or(Timestamp::MAX);
+    let Some(at) = due(&cron, &shared.time_zone.0, last, since, now) else { return Ok(None) };
+    let tick_ms = u64::try_from(at.as_millisecond()).unwrap_or(0);
+    let target = Target::new(function.clone()).map_err(|e| ScheduleError::Stored(format!("trigger: {e}")))?;
+    let rule = m.trigger.compile().map_err(|e| ScheduleError::Stored(format!("trigger: {e}")))?;
+    let mut dirs: Vec<String> = rule
+        .path_bound()
+        .unwrap_or_default()
+        .iter()
+        .map(|prefix| prefix[..prefix.rfind('/').map_or(0, |i| i + 1)].to_owned())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    let replay = format!("schedule:{}:{tick_ms}", m.name);
+    let mut fired = 0usize;
+    for dir in dirs {
+        let listing = crate::listing::list_tree(&shared.storage, &dir, crate::backfill::MAX_FILES)
+            .await
+            .map_err(|e| ScheduleError::List { dir: dir.clone(), why: e.to_string() })?;
+        if listing.truncated {
+            tracing::warn!(function = %m.name, dir, "schedule: the listing stopped at its bound; the rest is not fired");
+        }
+        let batch: Vec<NewFirings> = listing
+            .files
+            .iter()
+            .filter(|f| {
+                !htfaas_functions::on_failure::is_quarantined(&f.path)
+                    && !htfaas_functions::proto::rerun::in_scratch(&f.path)
+            })
+            .map(|f| {
+                let mut event = crate::backfill::event_for(f);
+                event.msg_type = "schedule".into();
+                event.source.producer = format!("schedule:{tick_ms}");
+                event
+            })
+            .filter(|e| target.fires_on(e))
+            .map(|event| NewFirings { event, functions: vec![function.clone()], replay: Some(replay.clone()) })
+            .collect();
+        for chunk in batch.chunks(CHUNK) {
+            if fire_batch(&shared.firings, &shared.stats, chunk.to_vec()).await != Verdict::Ack {
+                return Err(ScheduleError::Firings("the tick's firings could not be written".into()));
+            }
+            fired += chunk.len();
+        }
+    }
+    let name = m.name.clone();
+    shared
+        .firings
+        .call(move |f| f.set_last_tick(&name, tick_ms))
+        .await
+        .map_err(|e| ScheduleError::Firings(e.to_string()))?;
+    tracing::info!(function = %m.name, tick = %at, fired, "schedule: tick fired");
+    Ok(Some(at))
+}
