@@ -59,6 +59,12 @@ pub enum BackfillError {
     Firings(String),
 }
 
+/// Whether a listed file may fire at all: not in a quarantine or re-run directory, whose files
+/// never fire a function.
+pub fn may_fire(file: &Listed) -> bool {
+    !htfaas_functions::on_failure::is_quarantined(&file.path) && !htfaas_functions::proto::rerun::in_scratch(&file.path)
+}
+
 /// The event a back-fill fires for `file`: its id derived from the path, size and modification
 /// time, so the same unchanged file is the same event.
 pub fn event_for(file: &Listed) -> StorageEvent {
@@ -106,10 +112,7 @@ pub async fn run(
     let matched: Vec<(Listed, StorageEvent)> = listing
         .files
         .into_iter()
-        .filter(|f| {
-            !htfaas_functions::on_failure::is_quarantined(&f.path)
-                && !htfaas_functions::proto::rerun::in_scratch(&f.path)
-        })
+        .filter(may_fire)
         .map(|f| {
             let e = event_for(&f);
             (f, e)

@@ -109,10 +109,7 @@ pub async fn tick(
         let batch: Vec<NewFirings> = listing
             .files
             .iter()
-            .filter(|f| {
-                !htfaas_functions::on_failure::is_quarantined(&f.path)
-                    && !htfaas_functions::proto::rerun::in_scratch(&f.path)
-            })
+            .filter(|f| crate::backfill::may_fire(f))
             .map(|f| {
                 let mut event = crate::backfill::event_for(f);
                 event.msg_type = "schedule".into();
