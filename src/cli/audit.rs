@@ -25,7 +25,8 @@ pub struct AuditArgs {
     /// Records about this owner.
     #[arg(long)]
     pub owner: Option<String>,
-    /// Records naming this storage path (a job's input or output); alone: the file's lineage.
+    /// Records naming this storage path (a job's input, reference file or output); alone: the
+    /// file's lineage.
     #[arg(long, value_name = "PATH")]
     pub file: Option<String>,
     /// Records about this function (name).
