@@ -4,9 +4,9 @@
 //! The fields mean what they mean in crontab(5): numbers, `*`, ranges `a-b`, steps `*/n` and
 //! `a-b/n`, lists `a,b`, month and day names (`jan`, `mon`); day of week 0 or 7 is Sunday; when
 //! both day of month and day of week are restricted, a day matching either fires (crontab's
-//! rule). Written by hand rather than taken from a cron crate: the maintained ones read a
-//! six- or seven-field dialect with seconds and count Sunday as 1, and a site's crontab lines
-//! must mean here what they mean in cron. Time zones and daylight saving come from `jiff`: a
+//! rule). Written by hand rather than taken from a cron crate: the ones looked at (`cron`,
+//! `jiff-cron`) read a six- or seven-field dialect with seconds and count days of the week in
+//! their own way, and a site's crontab lines must mean here what they mean in cron. Time zones and daylight saving come from `jiff`: a
 //! tick at a civil time that does not exist (the spring gap) fires at the first instant after
 //! it, and one that exists twice (the autumn fold) fires once, at the first.
 //!
@@ -150,56 +150,52 @@ impl Cron {
     }
 
     /// The civil minutes of `date` it fires at, in order.
-    fn minutes_of(&self, date: Date) -> impl DoubleEndedIterator<Item = DateTime> + '_ {
-        (0..24i8).filter(move |h| self.hours & (1 << h) != 0).flat_map(move |h| {
-            (0..60i8).filter(move |m| self.minutes & (1 << m) != 0).map(move |m| date.at(h, m, 0, 0))
-        })
+    fn minutes_of(&self, date: Date) -> Vec<DateTime> {
+        let hours = (0..24i8).filter(|h| self.hours & (1 << h) != 0);
+        hours
+            .flat_map(|h| (0..60i8).filter(|m| self.minutes & (1 << m) != 0).map(move |m| date.at(h, m, 0, 0)))
+            .collect()
     }
 
-    /// The instant of civil `time` in `tz`: in a gap, the first instant after it; in a fold,
-    /// the first of the two.
-    fn instant(time: DateTime, tz: &TimeZone) -> Option<Timestamp> {
-        tz.to_ambiguous_timestamp(time).compatible().ok()
+    /// The first tick met walking from the day of `from` in `tz`, forwards or backwards (the
+    /// days, and each day's minutes, in that direction), for which `keep` holds; `None` within
+    /// eight years. A civil time in a gap is its first instant after it, in a fold the first of
+    /// the two.
+    fn walk(
+        &self,
+        from: Timestamp,
+        tz: &TimeZone,
+        forwards: bool,
+        keep: impl Fn(Timestamp) -> bool,
+    ) -> Option<Timestamp> {
+        let start = tz.to_datetime(from).date();
+        for d in 0..MAX_DAYS {
+            let date = if forwards { start.checked_add(d.days()) } else { start.checked_sub(d.days()) }.ok()?;
+            if !self.on(date) {
+                continue;
+            }
+            let mut times = self.minutes_of(date);
+            if !forwards {
+                times.reverse();
+            }
+            let mut instants = times.into_iter().filter_map(|time| tz.to_ambiguous_timestamp(time).compatible().ok());
+            if let Some(t) = instants.find(|t| keep(*t)) {
+                return Some(t);
+            }
+        }
+        None
     }
 
     /// The first tick strictly after `after`, in `tz`; `None` if it never fires (within eight
     /// years).
     pub fn next_after(&self, after: Timestamp, tz: &TimeZone) -> Option<Timestamp> {
-        let start = tz.to_datetime(after).date();
-        for d in 0..MAX_DAYS {
-            let date = start.checked_add(d.days()).ok()?;
-            if !self.on(date) {
-                continue;
-            }
-            for time in self.minutes_of(date) {
-                if let Some(t) = Self::instant(time, tz)
-                    && t > after
-                {
-                    return Some(t);
-                }
-            }
-        }
-        None
+        self.walk(after, tz, true, |t| t > after)
     }
 
     /// The last tick at or before `at`, in `tz`; `None` if there is none within eight years
     /// before it. Ticks missed while nothing ran collapse into this one.
     pub fn latest_at_or_before(&self, at: Timestamp, tz: &TimeZone) -> Option<Timestamp> {
-        let start = tz.to_datetime(at).date();
-        for d in 0..MAX_DAYS {
-            let date = start.checked_sub(d.days()).ok()?;
-            if !self.on(date) {
-                continue;
-            }
-            for time in self.minutes_of(date).rev() {
-                if let Some(t) = Self::instant(time, tz)
-                    && t <= at
-                {
-                    return Some(t);
-                }
-            }
-        }
-        None
+        self.walk(at, tz, false, |t| t <= at)
     }
 }
 

@@ -267,9 +267,7 @@ pub async fn prepare(
         RunsAs::Bearer { .. } => Default::default(),
     };
     let writer = crate::storage_client::writer_of_run(runs_as.name(m), &m.name);
-    let storage_err = |e: StorageError| {
-        if e.is_transient() { JobError::Transient(e.to_string()) } else { JobError::Permanent(e.to_string()) }
-    };
+    let storage_err = |e: StorageError| storage_failure(e.to_string(), &e);
     // Both requests at once: they are independent, and each is a round trip to the storage.
     let (read, write) = tokio::join!(
         cx.storage.read_macaroon(&event.path),
@@ -304,12 +302,17 @@ pub async fn prepare(
     })
 }
 
+/// `reason`, a failure of the storage `e`, as a job's error: transient when the storage may
+/// answer later, permanent when it refused.
+fn storage_failure(reason: String, e: &StorageError) -> JobError {
+    if e.is_transient() { JobError::Transient(reason) } else { JobError::Permanent(reason) }
+}
+
 /// The reference files of a job: each file of `refs` (a directory's files, listed now), with a
 /// read macaroon for exactly that file, at most [`MAX_REFERENCE_FILES`] in all. The namespace
 /// check is the caller's ([`confine`]); a directory with more files is refused, as a job that
 /// would silently read only some of its constants would be wrong.
 async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<ReferenceInput>, JobError> {
-    let transient = |e: String, t: bool| if t { JobError::Transient(e) } else { JobError::Permanent(e) };
     let mut files = Vec::new();
     for r in refs {
         if !r.ends_with('/') {
@@ -318,7 +321,7 @@ async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<Refe
         }
         let room = MAX_REFERENCE_FILES.saturating_sub(files.len());
         let listing = crate::listing::list_tree(storage, r, room).await.map_err(|e| match e {
-            crate::listing::ListError::Storage(e) => transient(format!("list reference {r}: {e}"), e.is_transient()),
+            crate::listing::ListError::Storage(e) => storage_failure(format!("list reference {r}: {e}"), &e),
             e => JobError::Permanent(e.to_string()),
         })?;
         if listing.truncated {
@@ -333,10 +336,8 @@ async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<Refe
     files.retain(|f| seen.insert(f.clone()));
     let mut out = Vec::with_capacity(files.len());
     for path in files {
-        let macaroon = storage
-            .read_macaroon(&path)
-            .await
-            .map_err(|e| transient(format!("reference {path}: {e}"), e.is_transient()))?;
+        let macaroon =
+            storage.read_macaroon(&path).await.map_err(|e| storage_failure(format!("reference {path}: {e}"), &e))?;
         let rel = path.trim_start_matches('/').to_owned();
         out.push(ReferenceInput { url: storage.url_of(&path), path: rel, macaroon, sha256: None });
     }

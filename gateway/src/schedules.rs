@@ -24,6 +24,7 @@ use crate::state::Shared;
 use htfaas_functions::FunctionRecord;
 use htfaas_functions::schedule::{Cron, due};
 use jiff::Timestamp;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -52,51 +53,64 @@ pub enum ScheduleError {
     Firings(String),
 }
 
-/// Fires each scheduled function's due tick, every [`EVERY`], until `shutdown`.
+/// Fires each scheduled function's due tick, every [`EVERY`], until `shutdown`. Each function's
+/// last fired tick is read from the firing table once, then kept here: this loop is its only
+/// writer.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut last: HashMap<String, Option<Timestamp>> = HashMap::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
         for function in shared.triggers.scheduled() {
-            if let Err(e) = tick(&shared, &function, Timestamp::now()).await {
-                tracing::warn!(function = %function.manifest.name, "schedule: {e}");
+            let name = &function.manifest.name;
+            let known = match last.get(name) {
+                Some(known) => *known,
+                None => match last_tick(&shared, name).await {
+                    Ok(read) => *last.entry(name.clone()).or_insert(read),
+                    Err(e) => {
+                        tracing::warn!(function = %name, "schedule: {e}");
+                        continue;
+                    }
+                },
+            };
+            match tick(&shared, &function, known, Timestamp::now()).await {
+                Ok(Some(fired)) => {
+                    last.insert(name.clone(), Some(fired));
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(function = %name, "schedule: {e}"),
             }
         }
     }
 }
 
-/// Fires `function`'s tick due at `now`, if one is, and returns it.
+/// `function`'s last fired tick as the firing table keeps it.
+async fn last_tick(shared: &Shared, function: &str) -> Result<Option<Timestamp>, ScheduleError> {
+    let name = function.to_owned();
+    let ms = shared.firings.call(move |f| f.last_tick(&name)).await;
+    let ms = ms.map_err(|e| ScheduleError::Firings(e.to_string()))?;
+    Ok(ms.and_then(|ms| Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok()))
+}
+
+/// Fires `function`'s tick due at `now` after its `last` fired one, if one is, and returns it.
 pub async fn tick(
     shared: &Shared,
     function: &FunctionRecord,
+    last: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<Option<Timestamp>, ScheduleError> {
     let m = &function.manifest;
     let Some(schedule) = &m.trigger.schedule else { return Ok(None) };
     let cron = Cron::parse(schedule).map_err(|e| ScheduleError::Stored(e.to_string()))?;
-    let name = m.name.clone();
-    let last = shared
-        .firings
-        .call(move |f| f.last_tick(&name))
-        .await
-        .map_err(|e| ScheduleError::Firings(e.to_string()))?
-        .and_then(|ms| Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok());
     let since =
         Timestamp::from_second(i64::try_from(function.registered_at).unwrap_or(i64::MAX)).unwrap_or(Timestamp::MAX);
     let Some(at) = due(&cron, &shared.time_zone.0, last, since, now) else { return Ok(None) };
     let tick_ms = u64::try_from(at.as_millisecond()).unwrap_or(0);
     let target = Target::new(function.clone()).map_err(|e| ScheduleError::Stored(format!("trigger: {e}")))?;
     let rule = m.trigger.compile().map_err(|e| ScheduleError::Stored(format!("trigger: {e}")))?;
-    let mut dirs: Vec<String> = rule
-        .path_bound()
-        .unwrap_or_default()
-        .iter()
-        .map(|prefix| prefix[..prefix.rfind('/').map_or(0, |i| i + 1)].to_owned())
-        .collect();
-    dirs.sort();
-    dirs.dedup();
+    let dirs = rule.bound_dirs().unwrap_or_default();
     let replay = format!("schedule:{}:{tick_ms}", m.name);
     let mut fired = 0usize;
     for dir in dirs {

@@ -46,18 +46,16 @@ impl TriggerCache {
     }
 
     /// The owners of the registered functions, each with the directories its functions'
-    /// triggers are bounded to (the directory part of each [`Rule::path_bound`] prefix: every
-    /// path a trigger can fire on lies under one), or `None` when one of its triggers bounds
+    /// triggers are bounded to ([`Rule::bound_dirs`]: every path a trigger can fire on lies
+    /// under one), or `None` when one of its triggers bounds
     /// no path. What each owner's ingest lane reads (`crate::lanes`).
     pub fn owner_dirs(&self) -> std::collections::BTreeMap<String, Option<Vec<String>>> {
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut owners: std::collections::BTreeMap<String, Option<Vec<String>>> = Default::default();
         for c in all.iter() {
             let dirs = owners.entry(c.record.manifest.owner.clone()).or_insert_with(|| Some(Vec::new()));
-            match (c.rule.path_bound(), dirs.as_mut()) {
-                (Some(bound), Some(dirs)) => {
-                    dirs.extend(bound.iter().map(|prefix| prefix[..prefix.rfind('/').map_or(0, |i| i + 1)].to_owned()))
-                }
+            match (c.rule.bound_dirs(), dirs.as_mut()) {
+                (Some(bound), Some(dirs)) => dirs.extend(bound),
                 _ => *dirs = None,
             }
         }

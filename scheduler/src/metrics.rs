@@ -379,12 +379,8 @@ impl EpFigures {
             eps.busy_memory_mb += ep.total.memory_mb.saturating_sub(ep.free_memory_mb);
             eps.gpus += u64::from(ep.total.gpus);
             eps.busy_gpus += u64::from(ep.total.gpus.saturating_sub(ep.free_gpus));
-            for l in ep.running.values().filter_map(|r| r.limit.as_ref()) {
-                let e = eps.limited.entry(l.function.clone()).or_insert((0, l.max_concurrent));
-                e.0 += 1;
-                e.1 = e.1.min(l.max_concurrent);
-            }
         }
+        eps.limited = table.limited_functions().into_iter().map(|(f, v)| (f.to_owned(), v)).collect();
         eps
     }
 }

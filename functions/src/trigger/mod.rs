@@ -220,6 +220,16 @@ impl Rule {
     pub fn path_bound(&self) -> Option<Vec<String>> {
         self.expr.path_bound()
     }
+
+    /// The directories of [`Rule::path_bound`]: each prefix up to its last `/`, sorted, without
+    /// repeats; every path the rule fires on lies below one. `None` as for the prefixes.
+    pub fn bound_dirs(&self) -> Option<Vec<String>> {
+        let mut dirs: Vec<String> =
+            self.path_bound()?.iter().map(|p| p[..p.rfind('/').map_or(0, |i| i + 1)].to_owned()).collect();
+        dirs.sort();
+        dirs.dedup();
+        Some(dirs)
+    }
 }
 
 impl fmt::Display for Rule {

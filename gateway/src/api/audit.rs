@@ -214,8 +214,12 @@ pub async fn record_admin(
     subject: Subject,
     args: Value,
 ) {
-    let actor = actor(shared, headers);
-    let draft = crate::audit::admin_action(&actor, action, subject, args);
+    record_action(shared, &actor(shared, headers), action, subject, args).await;
+}
+
+/// [`record_admin`] for an `actor` already known.
+pub async fn record_action(shared: &Shared, actor: &str, action: &str, subject: Subject, args: Value) {
+    let draft = crate::audit::admin_action(actor, action, subject, args);
     if let Err(e) = shared.firings.append_async(draft).await {
         tracing::error!(action, actor, "failed to record an admin action in the audit trail: {e}");
     }

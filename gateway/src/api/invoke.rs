@@ -4,9 +4,10 @@
 //! The run is a manual run ([`super::runs::start`]: the same checks, the same job) whose submit
 //! token the gateway mints for exactly this job, for the caller: the function's owner runs it as
 //! its owner (its group, its secrets), anyone else as a bearer (inside its own namespace and
-//! the owner's, without the owner's secrets); an admin runs it as its owner, as a replay does. With `wait_s`, the answer holds the job as it
-//! ended: its outcome, exit code and outputs' paths; a job that does not end within the wait is
-//! answered 202 with its id alone, and goes on.
+//! the owner's, without the owner's secrets); an admin runs it as its owner, as a replay does.
+//! With `wait_s`, the answer holds the job as it ended: its outcome, exit code and outputs'
+//! paths; a job that does not end within the wait is answered 202 with its id alone, and goes
+//! on.
 //!
 //! Must not know: the JetStream consumer, the firing table.
 

@@ -193,11 +193,7 @@ pub(super) async fn start(
     let (token, jti) = match who.token {
         RunToken::Bearer { token, jti } => (token, jti),
         RunToken::Minted { .. } | RunToken::AsOwner { .. } => {
-            let group = match runs_as {
-                crate::jobs::RunsAs::Owner => m.group.as_deref(),
-                crate::jobs::RunsAs::Bearer { group, .. } => group,
-            };
-            minted = shared.submitter.mint(runs_as.name(m), group, &request).map_err(scheduler_failure)?;
+            minted = shared.submitter.mint(who.name, group, &request).map_err(scheduler_failure)?;
             (minted.1.as_str(), minted.0.jti.as_str())
         }
     };
@@ -219,10 +215,7 @@ pub(super) async fn start(
             ..super::audit::audit_function(&function)
         };
         let args = serde_json::json!({ "job": reply.job_id, "path": path, "runs_as": who.name });
-        let draft = crate::audit::admin_action(actor, "function.invoke", subject, args);
-        if let Err(e) = shared.firings.append_async(draft).await {
-            tracing::error!(actor, "failed to record an invocation in the audit trail: {e}");
-        }
+        super::audit::record_action(shared, actor, "function.invoke", subject, args).await;
     }
     Ok(reply)
 }

@@ -564,26 +564,28 @@ impl EpTable {
         n
     }
 
-    /// Jobs assigned (running or queued) across all EPs of each function that limits its runs
-    /// at once.
-    pub fn running_per_function(&self) -> HashMap<&str, u64> {
-        let mut n: HashMap<&str, u64> = HashMap::new();
-        for l in self.eps.values().flat_map(|e| e.running.values()).filter_map(|r| r.limit.as_ref()) {
-            *n.entry(l.function.as_str()).or_default() += 1;
-        }
-        n
-    }
-
-    /// Functions with at least as many jobs assigned as their limit (the lowest their assigned
-    /// jobs carry): [`select`](super::select) starts none of theirs, so the store need not read them.
-    pub fn functions_at_limit(&self) -> Vec<String> {
-        let mut limits: HashMap<&str, (u64, u32)> = HashMap::new();
+    /// Each function that limits its runs at once and has jobs assigned (running or queued)
+    /// across all EPs: how many, and its limit (the lowest its assigned jobs carry).
+    pub fn limited_functions(&self) -> BTreeMap<&str, (u64, u32)> {
+        let mut limits: BTreeMap<&str, (u64, u32)> = BTreeMap::new();
         for l in self.eps.values().flat_map(|e| e.running.values()).filter_map(|r| r.limit.as_ref()) {
             let e = limits.entry(l.function.as_str()).or_insert((0, l.max_concurrent));
             e.0 += 1;
             e.1 = e.1.min(l.max_concurrent);
         }
-        limits.into_iter().filter(|(_, (n, max))| *n >= u64::from(*max)).map(|(f, _)| f.to_owned()).collect()
+        limits
+    }
+
+    /// Jobs assigned across all EPs of each function that limits its runs at once.
+    pub fn running_per_function(&self) -> HashMap<&str, u64> {
+        self.limited_functions().into_iter().map(|(f, (n, _))| (f, n)).collect()
+    }
+
+    /// Functions with at least as many jobs assigned as their limit: [`select`](super::select)
+    /// starts none of theirs, so the store need not read them.
+    pub fn functions_at_limit(&self) -> Vec<String> {
+        let limited = self.limited_functions();
+        limited.into_iter().filter(|(_, (n, max))| *n >= u64::from(*max)).map(|(f, _)| f.to_owned()).collect()
     }
 
     /// Cores each owner has reserved across all EPs.
