@@ -266,6 +266,11 @@ pub struct Trigger {
     /// once, the latest. Default: none (events fire it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
+    /// Collect the trigger's files into groups and fire once per complete group
+    /// ([`crate::collect::Collect`]): the run's input is the file that completed it, the
+    /// group's other files its reference inputs. Default: none (each event fires).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collect: Option<crate::collect::Collect>,
 }
 
 /// A token bucket over the jobs one trigger starts.
@@ -289,12 +294,19 @@ impl Eq for RateLimit {}
 impl Trigger {
     /// A trigger on a path glob alone.
     pub fn on_path(glob: impl Into<String>) -> Trigger {
-        Trigger { path: glob.into(), rule: None, rate: None, debounce_s: None, schedule: None }
+        Trigger { path: glob.into(), rule: None, rate: None, debounce_s: None, schedule: None, collect: None }
     }
 
     /// A trigger on a rule alone.
     pub fn on_rule(rule: impl Into<String>) -> Trigger {
-        Trigger { path: String::new(), rule: Some(rule.into()), rate: None, debounce_s: None, schedule: None }
+        Trigger {
+            path: String::new(),
+            rule: Some(rule.into()),
+            rate: None,
+            debounce_s: None,
+            schedule: None,
+            collect: None,
+        }
     }
 
     /// The one rule this trigger means: its path glob and its rule, and-ed when both are given.
@@ -337,6 +349,15 @@ impl Trigger {
                 ));
             }
         }
+        if let Some(collect) = &self.collect {
+            collect.validate().map_err(|e| bad("trigger.collect", e.to_string()))?;
+            if self.schedule.is_some() || self.debounce_s.is_some() {
+                return Err(bad(
+                    "trigger.collect",
+                    "a collecting trigger fires once per group: it takes no schedule and no debounce_s",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -351,8 +372,12 @@ impl std::fmt::Display for Trigger {
             (false, Some(rule)) => format!("path glob {} and ({rule})", crate::trigger::quote(&self.path)),
             (true, None) => "(none)".into(),
         };
-        match &self.schedule {
-            Some(s) => f.pad(&format!("{what} at each tick of {}", crate::trigger::quote(s))),
+        let what = match &self.schedule {
+            Some(s) => format!("{what} at each tick of {}", crate::trigger::quote(s)),
+            None => what,
+        };
+        match &self.collect {
+            Some(c) => f.pad(&format!("{what}, collected ({c})")),
             None => f.pad(&what),
         }
     }
@@ -541,6 +566,7 @@ impl FunctionManifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::Collect;
 
     fn manifest() -> FunctionManifest {
         FunctionManifest {
@@ -565,6 +591,10 @@ mod tests {
             max_concurrent: None,
             inputs: Inputs::default(),
         }
+    }
+
+    fn collect_count(n: u32) -> Collect {
+        Collect { key: None, count: Some(n), marker: None, quiet_s: None, timeout_s: None }
     }
 
     #[test]
@@ -593,6 +623,18 @@ mod tests {
             ("max_concurrent", Box::new(|m| m.max_concurrent = Some(0))),
             ("trigger.schedule", Box::new(|m| m.trigger.schedule = Some("0 3 * *".into()))),
             ("trigger.schedule", Box::new(|m| m.trigger.schedule = Some("0 25 * * *".into()))),
+            ("trigger.collect", Box::new(|m| m.trigger.collect = Some(collect_count(0)))),
+            (
+                "trigger.collect",
+                Box::new(|m| m.trigger.collect = Some(Collect { marker: Some("_C".into()), ..collect_count(2) })),
+            ),
+            (
+                "trigger.collect",
+                Box::new(|m| {
+                    m.trigger.collect = Some(collect_count(2));
+                    m.trigger.debounce_s = Some(5);
+                }),
+            ),
             ("max_concurrent", Box::new(|m| m.max_concurrent = Some(MAX_CONCURRENT + 1))),
             ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["calib/p.h5".into()])),
             ("inputs.ref", Box::new(|m| m.inputs.refs = vec!["/data/../etc/passwd".into()])),

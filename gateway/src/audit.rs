@@ -6,7 +6,8 @@
 //!
 //! | kind | written | subject | detail |
 //! |---|---|---|---|
-//! | `event.matched` ([`EVENT_MATCHED`]) | with the event's firings, in the ingest's batch transaction | event id, owner, the event's path; function and digest when one function fired | `event {source, producer, id, kind, msg_type, path, size, owner, macaroon}`, `caused_by` (the job that wrote the file, if one did), `replay`, `functions [{name, version, digest, owner, glob, rule, firing}]`, `firing` = `queued` \| `duplicate` \| `loop_guarded` |
+//! | `event.matched` ([`EVENT_MATCHED`]) | with the event's firings, in the ingest's batch transaction | event id, owner, the event's path; function and digest when one function fired | `event {source, producer, id, kind, msg_type, path, size, owner, macaroon}`, `caused_by` (the job that wrote the file, if one did), `replay`, `functions [{name, version, digest, owner, glob, rule, firing}]`, `firing` = `queued` \| `duplicate` \| `loop_guarded` \| `collected` \| `completed` \| `ungrouped` \| `other_writer`, and `group` for a collecting function |
+//! | `group.closed` | when a collecting function's group fires or expires, in that transaction | owner, function, digest, every member's path | `group`, `outcome` = `fired` \| `expired`, `how`, `members`, `firing`, `version` |
 //! | `token.minted` | with the write macaroon's provenance, before the submit | jti, owner, digest, function, event id, input path | the claims' limits: `jobs, cpus, memory_mb, runtime_s, exp, iat, iss, aud, group`; plus `firing`, `function_version`, `replay` |
 //! | `macaroons.obtained` | same transaction | jti, owner, function, digest, event id, input path and every `path:` caveat | `macaroons [{role: read \| write, identifier, caveats}]` |
 //! | `job.refused` | with the firing's refusal | event id, function, digest, input path | `reason`, `firing` (the storage or the scheduler refused for good) |
@@ -73,7 +74,7 @@ impl std::fmt::Debug for Auditing {
 }
 
 /// What became of one matched function on an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fired {
     /// A new firing was queued.
     Queued,
@@ -81,14 +82,42 @@ pub enum Fired {
     Duplicate,
     /// Not fired: the file was written by its chain.
     LoopGuarded,
+    /// A collecting function's file joined the group named (its key), which waits for more.
+    Collected(String),
+    /// A collecting function's file joined the group named and completed it: its one firing
+    /// was queued.
+    Completed(String),
+    /// A collecting function fired on the file alone: a replay's firing, or a file below no
+    /// directory of its group key.
+    Ungrouped,
+    /// A collecting function's file written by another writer than the group's first file's:
+    /// left out of the group named, never fired (a group merges one writer's files).
+    OtherWriter(String),
 }
 
 impl Fired {
-    fn as_str(self) -> &'static str {
+    fn as_str(&self) -> &'static str {
         match self {
             Fired::Queued => "queued",
             Fired::Duplicate => "duplicate",
             Fired::LoopGuarded => "loop_guarded",
+            Fired::Collected(_) => "collected",
+            Fired::Completed(_) => "completed",
+            Fired::Ungrouped => "ungrouped",
+            Fired::OtherWriter(_) => "other_writer",
+        }
+    }
+
+    /// Whether a firing was queued.
+    pub fn queued(&self) -> bool {
+        matches!(self, Fired::Queued | Fired::Completed(_) | Fired::Ungrouped)
+    }
+
+    /// The group the file joined or was kept out of, if any.
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Fired::Collected(g) | Fired::Completed(g) | Fired::OtherWriter(g) => Some(g),
+            _ => None,
         }
     }
 }
@@ -104,7 +133,10 @@ pub fn event_matched(
     if fired.iter().all(|(_, f)| *f == Fired::Duplicate) {
         return None;
     }
-    let queued: Vec<&FunctionRecord> = fired.iter().filter(|(_, f)| *f == Fired::Queued).map(|(r, _)| *r).collect();
+    // The function named by the subject: the one that fired, or whose group the file joined
+    // or was kept out of.
+    let queued: Vec<&FunctionRecord> =
+        fired.iter().filter(|(_, f)| f.queued() || f.group().is_some()).map(|(r, _)| *r).collect();
     let mut owners = fired.iter().map(|(r, _)| r.manifest.owner.as_str());
     let first_owner = owners.next();
     let owner = match first_owner {
@@ -124,11 +156,15 @@ pub fn event_matched(
         .iter()
         .map(|(r, f)| {
             let m = &r.manifest;
-            json!({
+            let mut v = json!({
                 "name": m.name, "version": r.version, "digest": m.module.as_str(), "owner": m.owner,
                 "glob": (!m.trigger.path.is_empty()).then_some(&m.trigger.path), "rule": m.trigger.rule,
                 "firing": f.as_str(),
-            })
+            });
+            if let Some(g) = f.group() {
+                v["group"] = json!(g);
+            }
+            v
         })
         .collect();
     let detail = json!({
@@ -142,6 +178,31 @@ pub fn event_matched(
         "functions": functions,
     });
     Some(AuditDraft::new(AuditKind::EventMatched, subject, detail))
+}
+
+/// The `group.closed` record of a collecting function's group: fired (with its firing) or
+/// expired, how (`count`, `marker`, `quiet`, `full`, `timeout`), and every member's path.
+pub fn group_closed(
+    function: &FunctionRecord,
+    group: &str,
+    how: htfaas_functions::collect::Closing,
+    members: &[String],
+    firing: Option<i64>,
+) -> AuditDraft {
+    let m = &function.manifest;
+    let subject = Subject {
+        owner: Some(m.owner.clone()),
+        function: Some(m.name.clone()),
+        digest: Some(m.module.as_str().to_owned()),
+        paths: members.to_vec(),
+        ..Subject::default()
+    };
+    let outcome = if firing.is_some() { "fired" } else { "expired" };
+    let detail = json!({
+        "group": group, "outcome": outcome, "how": how.as_str(), "members": members,
+        "firing": firing, "version": function.version,
+    });
+    AuditDraft::new(AuditKind::GroupClosed, subject, detail)
 }
 
 /// An admin's action `action` on `subject`, by the credential named `actor`.

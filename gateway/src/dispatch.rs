@@ -259,7 +259,7 @@ async fn fire_one_traced(d: Dispatcher<'_>, c: Claimed) {
     let name = c.function.manifest.name.clone();
     let key = scheduler_dedupe_key(&c.event, &c.function, c.replay.as_deref());
     let event = event_ref(&c.event, c.cause.clone(), &name, c.created_ms);
-    let outcome = match prepare(d.jobs, &c.function, crate::jobs::RunsAs::Owner, event, key).await {
+    let outcome = match prepare(d.jobs, &c.function, crate::jobs::RunsAs::Owner, event, key, &c.members).await {
         // The token is minted, and recorded with the macaroons, before the submit.
         Ok(mut request) => {
             let m = &c.function.manifest;

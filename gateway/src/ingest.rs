@@ -572,8 +572,12 @@ pub async fn fire_batch(firings: &Firings, stats: &Stats, batch: Vec<NewFirings>
                 stats.jobs_deduplicated.fetch_add(d.deduplicated, Ordering::Relaxed);
                 stats.firings_superseded.fetch_add(d.superseded, Ordering::Relaxed);
                 stats.firings_loop_guarded.fetch_add(d.loop_guarded, Ordering::Relaxed);
+                stats.firings_collected.fetch_add(d.collected, Ordering::Relaxed);
+                stats.firings_not_collected.fetch_add(d.not_collected, Ordering::Relaxed);
                 if d.queued > 0 {
                     Stats::bump(&stats.events_fired);
+                } else if d.collected > 0 {
+                    Stats::bump(&stats.events_collected);
                 } else if d.deduplicated > 0 {
                     Stats::bump(&stats.events_duplicate);
                 } else if d.loop_guarded > 0 {

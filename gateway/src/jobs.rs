@@ -240,6 +240,8 @@ pub fn function_ref(public_url: &str, function: &FunctionRecord) -> FunctionRef 
 /// Builds the job for `function` on the file `event.path` acting as `runs_as`
 /// ([`confine_run`], [`RunsAs`]): a read macaroon for exactly that file and a write macaroon for
 /// exactly the function's output directory, issued for the run's writer, from the storage.
+/// A collecting function's group `members` (its other files) are read as reference inputs,
+/// each checked against the namespaces as the input is.
 /// The job asks the scheduler to bind both to its EP's address when the gateway is configured
 /// to ([`JobContext::bind_macaroons_to_ep`], only ever true for the dCache dialect).
 pub async fn prepare(
@@ -248,9 +250,13 @@ pub async fn prepare(
     runs_as: RunsAs<'_>,
     event: EventRef,
     dedupe_key: String,
+    members: &[String],
 ) -> Result<SubmitRequest, JobError> {
     let m = &function.manifest;
     let replace = confine_run(cx.namespaces, function, runs_as, &event.path)?;
+    for member in members {
+        confine_run(cx.namespaces, function, runs_as, member)?;
+    }
     // A secret not set yet holds the firing back (it is tried again); one that does not open
     // (another key, an altered row) is refused for good. Values are never in the error. A
     // bearer's job gets none: the owner's secrets are the owner's runs'.
@@ -274,7 +280,7 @@ pub async fn prepare(
         cx.storage.write_macaroon(&m.outputs.dir, replace, &writer)
     );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
-    let refs = references(cx.storage, &m.inputs.refs).await?;
+    let refs = references(cx.storage, &m.inputs.refs, members).await?;
     let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(SubmitRequest {
         function: function_ref(cx.public_url, function),
@@ -308,11 +314,16 @@ fn storage_failure(reason: String, e: &StorageError) -> JobError {
     if e.is_transient() { JobError::Transient(reason) } else { JobError::Permanent(reason) }
 }
 
-/// The reference files of a job: each file of `refs` (a directory's files, listed now), with a
-/// read macaroon for exactly that file, at most [`MAX_REFERENCE_FILES`] in all. The namespace
-/// check is the caller's ([`confine`]); a directory with more files is refused, as a job that
-/// would silently read only some of its constants would be wrong.
-async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<ReferenceInput>, JobError> {
+/// The reference files of a job: each file of `refs` (a directory's files, listed now) and
+/// each of `members`, with a read macaroon for exactly that file, at most
+/// [`MAX_REFERENCE_FILES`] in all. The namespace check is the caller's ([`confine`]); a
+/// directory with more files is refused, as a job that would silently read only some of its
+/// constants would be wrong.
+async fn references(
+    storage: &StorageClient,
+    refs: &[String],
+    members: &[String],
+) -> Result<Vec<ReferenceInput>, JobError> {
     let mut files = Vec::new();
     for r in refs {
         if !r.ends_with('/') {
@@ -331,17 +342,37 @@ async fn references(storage: &StorageClient, refs: &[String]) -> Result<Vec<Refe
         }
         files.extend(listing.files.into_iter().map(|f| f.path));
     }
-    // A file named alone and under a directory reference is read once.
+    files.extend(members.iter().cloned());
+    // A file named alone and under a directory reference (or a member too) is read once.
     let mut seen = std::collections::HashSet::new();
     files.retain(|f| seen.insert(f.clone()));
-    let mut out = Vec::with_capacity(files.len());
-    for path in files {
-        let macaroon =
-            storage.read_macaroon(&path).await.map_err(|e| storage_failure(format!("reference {path}: {e}"), &e))?;
-        let rel = path.trim_start_matches('/').to_owned();
-        out.push(ReferenceInput { url: storage.url_of(&path), path: rel, macaroon, sha256: None });
+    if files.len() > MAX_REFERENCE_FILES {
+        return Err(JobError::Permanent(format!(
+            "the reference inputs and group members hold {} files, more than {MAX_REFERENCE_FILES}",
+            files.len()
+        )));
     }
-    Ok(out)
+    read_each(storage, files).await
+}
+
+/// How many read macaroons one job asks for at once.
+const READS_AT_ONCE: usize = 8;
+
+/// A read macaroon for exactly each of `files`, a few asked at once, in their order.
+async fn read_each(storage: &StorageClient, files: Vec<String>) -> Result<Vec<ReferenceInput>, JobError> {
+    use futures_util::{StreamExt as _, TryStreamExt as _};
+    futures_util::stream::iter(files)
+        .map(|path| async move {
+            let macaroon = storage
+                .read_macaroon(&path)
+                .await
+                .map_err(|e| storage_failure(format!("reference {path}: {e}"), &e))?;
+            let rel = path.trim_start_matches('/').to_owned();
+            Ok::<_, JobError>(ReferenceInput { url: storage.url_of(&path), path: rel, macaroon, sha256: None })
+        })
+        .buffered(READS_AT_ONCE)
+        .try_collect()
+        .await
 }
 
 #[cfg(test)]

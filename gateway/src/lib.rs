@@ -39,6 +39,7 @@ pub mod audit;
 mod auth;
 mod backfill;
 mod clients;
+mod collecting;
 mod config;
 mod console;
 mod dead_letters;
@@ -122,6 +123,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatch = tokio::spawn(dispatch::dispatch(shared.clone(), shutdown.child_token()));
     // Scheduled functions fire on their ticks.
     let schedules = tokio::spawn(schedules::run(shared.clone(), shutdown.child_token()));
+    // Collecting triggers' groups fire after their quiet period, or expire.
+    let collecting = tokio::spawn(collecting::run(shared.clone(), shutdown.child_token()));
     // EPs compile registered functions' modules ahead of their first event.
     let warm = tokio::spawn(warm::run(shared.clone(), shutdown.child_token()));
     // The identity map, reloaded when its file changes (with OIDC issuers only).
@@ -172,6 +175,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let dispatched = dispatch.await.context("join the firing dispatcher")?;
     let _ = warm.await;
     let _ = schedules.await;
+    let _ = collecting.await;
     let _ = sampler.await;
     let _ = map_watch.await;
     let _ = dead_letters.await;

@@ -95,6 +95,16 @@ pub struct Stats {
     /// Events none of whose matching functions fired, each stopped by the loop guard
     /// (`/metrics` only).
     pub events_loop_guarded: AtomicU64,
+    /// Events that fired nothing yet but joined a collecting function's group (`/metrics` only).
+    pub events_collected: AtomicU64,
+    /// Collecting functions' files that joined their group (`/metrics` only).
+    pub firings_collected: AtomicU64,
+    /// Collecting functions' files kept out of their group: another writer's (`/metrics` only).
+    pub firings_not_collected: AtomicU64,
+    /// Collecting groups fired by their quiet period (`/metrics` only).
+    pub groups_quiet: AtomicU64,
+    /// Collecting groups expired by their timeout, not fired (`/metrics` only).
+    pub groups_expired: AtomicU64,
     /// Times the ingest's NATS connection was lost (`/metrics` only).
     pub nats_disconnects: AtomicU64,
     /// Times the ingest's NATS connection came back after a loss; the durable consumer then

@@ -141,6 +141,12 @@ pub enum FnCommand {
         /// gateway was down fire once.
         #[arg(long, value_name = "CRON")]
         schedule: Option<String>,
+        /// Collect the trigger's files into groups (by directory, or the level `key=` names) and
+        /// fire once per complete group: `count=N`, `marker=NAME` or `quiet=SECONDS`, with
+        /// optional `,key=/data/runs/*/` and `,timeout=SECONDS` (default a day). The run's input
+        /// is the file that completed the group; its other files are under /input/ref/.
+        #[arg(long, value_name = "RULE")]
+        collect: Option<htfaas_functions::collect::Collect>,
         /// Most runs of the function at once; further jobs wait idle (never fail).
         #[arg(long, value_name = "N")]
         max_concurrent: Option<u32>,
@@ -377,6 +383,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             max_concurrent,
             refs,
             schedule,
+            collect,
             dry_run,
             since,
             until,
@@ -413,7 +420,14 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 name,
                 owner,
                 module,
-                trigger: Trigger { rule, rate, debounce_s, schedule, ..Trigger::on_path(trigger.unwrap_or_default()) },
+                trigger: Trigger {
+                    rule,
+                    rate,
+                    debounce_s,
+                    schedule,
+                    collect,
+                    ..Trigger::on_path(trigger.unwrap_or_default())
+                },
                 resources: Resources { cpus, memory_mb, runtime_s, gpus, disk_mb },
                 outputs: Outputs { dir: outputs, replace, on_failure: on_failure.unwrap_or_default() },
                 args,

@@ -8,6 +8,7 @@ mod attacks;
 mod audit;
 mod backfill;
 mod bridges;
+mod collect;
 mod concurrency;
 mod configs;
 mod console;

@@ -4,6 +4,11 @@
 //! (as dCache records it) and sha256, and writes `/output/<name>.checksums.json`:
 //! `{"file":"<name>","size":N,"adler32":"<8 hex>","sha256":"<64 hex>"}`.
 //!
+//! With `--set` after the input (a collecting function's run: its group's other files under
+//! `/input/ref/`) it writes one list instead, `/output/<group directory's name>.sha256sums`:
+//! a `sha256sum` line for the input (`<name>`) and for each file below `/input/ref/` (its
+//! storage path without the leading `/`), sorted by name.
+//!
 //! With `HTFAAS_STAMP=1` in its environment (as `htfaas bench` registers it) it first prints
 //! `start_unix_ns=<the wall clock in ns>` on stderr, so the bench can time an event to the
 //! moment its function starts.
@@ -47,16 +52,15 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn run() -> Result<(), String> {
-    let input = std::env::args().nth(1).ok_or("usage: checksum /input/<file>")?;
-    let name = input.rsplit('/').next().filter(|n| !n.is_empty()).ok_or("input path has no file name")?;
-    let mut file = std::fs::File::open(&input).map_err(|e| format!("open {input}: {e}"))?;
+/// Size, adler32 and sha256 of the file at `path`, read in 64 KiB chunks.
+fn sums(path: &str) -> Result<(u64, u32, String), String> {
+    let mut file = std::fs::File::open(path).map_err(|e| format!("open {path}: {e}"))?;
     let mut adler = Adler32::new();
     let mut sha = Sha256::new();
     let mut size: u64 = 0;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = file.read(&mut buf).map_err(|e| format!("read {input}: {e}"))?;
+        let n = file.read(&mut buf).map_err(|e| format!("read {path}: {e}"))?;
         if n == 0 {
             break;
         }
@@ -64,11 +68,59 @@ fn run() -> Result<(), String> {
         sha.update(&buf[..n]);
         size += n as u64;
     }
+    Ok((size, adler.finish(), hex(&sha.finalize())))
+}
+
+/// Every file below `dir`, as paths relative to `root`.
+fn files_below(root: &str, dir: &str, out: &mut Vec<String>) -> Result<(), String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("list {dir}: {e}")),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("list {dir}: {e}"))?;
+        let path = format!("{dir}/{}", entry.file_name().to_string_lossy());
+        if entry.file_type().map_err(|e| format!("{path}: {e}"))?.is_dir() {
+            files_below(root, &path, out)?;
+        } else {
+            out.push(path[root.len() + 1..].to_owned());
+        }
+    }
+    Ok(())
+}
+
+/// `--set`: one `sha256sum` list of the input and the group's other files.
+fn run_set(input: &str, name: &str) -> Result<(), String> {
+    const REF: &str = "/input/ref";
+    let mut members = Vec::new();
+    files_below(REF, REF, &mut members)?;
+    members.sort();
+    let group = members.first().and_then(|m| m.rsplit('/').nth(1)).filter(|g| !g.is_empty()).unwrap_or(name).to_owned();
+    let mut lines = vec![(name.to_owned(), sums(input)?.2)];
+    for m in &members {
+        lines.push((m.clone(), sums(&format!("{REF}/{m}"))?.2));
+    }
+    lines.sort();
+    let text: String = lines.iter().map(|(path, sha)| format!("{sha}  {path}\n")).collect();
+    let out = format!("/output/{group}.sha256sums");
+    std::fs::write(&out, text).map_err(|e| format!("write {out}: {e}"))?;
+    println!("checksum: {} file(s) of {group}", lines.len());
+    Ok(())
+}
+
+fn run() -> Result<(), String> {
+    let input = std::env::args().nth(1).ok_or("usage: checksum /input/<file> [--set]")?;
+    let name = input.rsplit('/').next().filter(|n| !n.is_empty()).ok_or("input path has no file name")?;
+    if std::env::args().nth(2).as_deref() == Some("--set") {
+        return run_set(&input, name);
+    }
+    let (size, adler, sha) = sums(&input)?;
     let json = format!(
         "{{\"file\":\"{}\",\"size\":{size},\"adler32\":\"{:08x}\",\"sha256\":\"{}\"}}\n",
         name.replace('\\', "\\\\").replace('"', "\\\""),
-        adler.finish(),
-        hex(&sha.finalize())
+        adler,
+        sha
     );
     let out = format!("/output/{name}.checksums.json");
     let mut f = std::fs::File::create(&out).map_err(|e| format!("create {out}: {e}"))?;

@@ -65,10 +65,7 @@ fn main() {
     report("create /output/../escape", create("/output/../escape"));
     report("list /", std::fs::read_dir("/").map(|d| format!("{} entries", d.count())).map_err(|e| e.to_string()));
     for var in ["HOME", "PATH"] {
-        report(
-            &format!("env {var}"),
-            std::env::var(var).map(|v| format!("{var}={v}")).map_err(|e| e.to_string()),
-        );
+        report(&format!("env {var}"), std::env::var(var).map(|v| format!("{var}={v}")).map_err(|e| e.to_string()));
     }
     let all: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
     report(
@@ -89,7 +86,9 @@ fn main() {
         let value = std::env::var(&name).unwrap_or_else(|_| "<unset>".to_owned());
         report(
             &format!("write env {name}"),
-            std::fs::write(format!("/output/env-{name}.txt"), value).map(|()| "written".to_owned()).map_err(|e| e.to_string()),
+            std::fs::write(format!("/output/env-{name}.txt"), value)
+                .map(|()| "written".to_owned())
+                .map_err(|e| e.to_string()),
         );
     }
     // Last, so the escapes above cannot have been helped by it.

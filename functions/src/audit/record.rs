@@ -53,13 +53,16 @@ pub enum AuditKind {
     /// `identity.refused`: a verified identity of the site's OIDC provider was refused (no
     /// rule, a refused mapping, an owner bound to another identity).
     IdentityRefused,
+    /// `group.closed`: a collecting function's group fired (complete) or expired (its timeout
+    /// passed first), with its members.
+    GroupClosed,
     /// A kind this build does not know (written by a newer one).
     Other(String),
 }
 
 impl AuditKind {
     /// Every kind this build knows.
-    pub const KNOWN: [AuditKind; 16] = [
+    pub const KNOWN: [AuditKind; 17] = [
         AuditKind::EventMatched,
         AuditKind::TokenMinted,
         AuditKind::MacaroonsObtained,
@@ -76,6 +79,7 @@ impl AuditKind {
         AuditKind::MacaroonsRenewal,
         AuditKind::IdentityMapped,
         AuditKind::IdentityRefused,
+        AuditKind::GroupClosed,
     ];
 
     /// The stored name.
@@ -97,6 +101,7 @@ impl AuditKind {
             AuditKind::MacaroonsRenewal => "macaroons.renewal",
             AuditKind::IdentityMapped => "identity.mapped",
             AuditKind::IdentityRefused => "identity.refused",
+            AuditKind::GroupClosed => "group.closed",
             AuditKind::Other(s) => s,
         }
     }

@@ -256,6 +256,9 @@ pub struct Pair {
     /// same replay again to retry it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fired: Option<bool>,
+    /// A collecting function's group the file joins (its key); a replay fires the file alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// What a replay or dry run read and did: the answer to [`ReplayRequest`] and to a dry-run
@@ -365,7 +368,29 @@ pub struct TestReport {
     #[serde(default)]
     pub own_output: bool,
     /// Whether the function would fire: the trigger is true and the file is not its own output.
+    /// A collecting function's file then joins its group ([`TestReport::group`]).
     pub fires: bool,
+    /// A collecting function's group the file would join, as it stands now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupReport>,
+}
+
+/// The group a file would join ([`TestReport::group`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupReport {
+    /// The group's key: its directory.
+    pub key: String,
+    /// Its files so far (none: the file would open it).
+    pub members: Vec<String>,
+    /// Whether this file completes it (its count or marker); a quiet period completes by the
+    /// clock only.
+    pub completes: bool,
+    /// What it still waits for after this file, in words (none when it completes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
+    /// Why the file would be kept out of it, if it would (another writer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// `GET /v1/stats/history` (admin): the gateway's ingest counters as it sampled them every

@@ -4,6 +4,7 @@
 //! Must not know: the JetStream consumer's loop, the firing table's SQL.
 
 use super::blocking;
+use crate::firing::OpenGroup;
 use crate::http_error::HttpError;
 use crate::replay;
 use crate::state::Shared;
@@ -12,7 +13,9 @@ use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use htfaas_functions::proto::{ReplayRequest, TestRequest};
+use htfaas_functions::collect::Collect;
+use htfaas_functions::event::StorageEvent;
+use htfaas_functions::proto::{GroupReport, ReplayRequest, TestRequest};
 use std::sync::Arc;
 
 /// The recorded events, or 503 when the router was built without them.
@@ -46,7 +49,7 @@ pub(super) async fn test_function(
         ));
     }
     let events = events.map(|Extension(e)| e);
-    let report =
+    let mut report =
         replay::test_request(events.as_ref(), &record, &request, &shared.sources(), &shared.source_paths).await?;
     // A recorded message is another's unless it is an event inside the caller's read namespace:
     // a developer learns nothing of it, not even that it exists.
@@ -59,7 +62,40 @@ pub(super) async fn test_function(
             format!("no recorded event with sequence {seq} in the read namespace of {}", caller.name),
         ));
     }
+    if report.fires
+        && let (Some(collect), Some(event)) = (&record.manifest.trigger.collect, &report.event)
+        && let Some(key) = collect.group_of(&event.path)
+    {
+        let (name, k) = (record.manifest.name.clone(), key.clone());
+        let open = shared
+            .firings
+            .call(move |f| f.open_group(&name, &k))
+            .await
+            .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("read the group: {e}")))?;
+        report.group = Some(group_report(collect, key, open, event));
+    }
     Ok(Json(report))
+}
+
+/// What joining `event` to the group `key` (open as `open`, if it is) would do.
+fn group_report(collect: &Collect, key: String, open: Option<OpenGroup>, event: &StorageEvent) -> GroupReport {
+    let members = open.as_ref().map(|g| g.members.clone()).unwrap_or_default();
+    if let Some(g) = &open
+        && g.writer != event.owner
+    {
+        let refused = format!(
+            "the group holds files of writer {}, this file is of {}: a group merges one writer's files",
+            g.writer.as_deref().unwrap_or("(unnamed)"),
+            event.owner.as_deref().unwrap_or("(unnamed)")
+        );
+        return GroupReport { key, members, completes: false, missing: None, refused: Some(refused) };
+    }
+    let after = members.len() + usize::from(!members.contains(&event.path));
+    let after = u32::try_from(after).unwrap_or(u32::MAX);
+    let name = event.path.rsplit('/').next().unwrap_or_default();
+    let completes = collect.complete_on_arrival(after, name).is_some();
+    let missing = (!completes).then(|| collect.missing(after));
+    GroupReport { key, members, completes, missing, refused: None }
 }
 
 /// `POST /v1/events/replay`: a dry run lists the (event, function) pairs of the recorded events

@@ -110,6 +110,7 @@ impl Collector for GatewayCollector {
             ("fired", r(&s.events_fired)),
             ("duplicate", r(&s.events_duplicate)),
             ("loop_guarded", r(&s.events_loop_guarded)),
+            ("collected", r(&s.events_collected)),
             ("unmatched", r(&s.events_unmatched)),
             ("disabled", r(&s.events_disabled)),
             ("ignored", r(&s.events_ignored)),
@@ -125,8 +126,18 @@ impl Collector for GatewayCollector {
             ("loop_guarded", r(&s.firings_loop_guarded)),
             ("disabled", r(&s.firings_disabled)),
             ("rate_delayed", r(&s.firings_rate_delayed)),
+            ("collected", r(&s.firings_collected)),
+            ("not_collected", r(&s.firings_not_collected)),
         ];
         family(&mut e, "htfaas_gateway_firings", "Firings (event x function) by outcome.", "outcome", &firings)?;
+        let groups = [("quiet", r(&s.groups_quiet)), ("expired", r(&s.groups_expired))];
+        family(
+            &mut e,
+            "htfaas_gateway_groups_closed",
+            "Collecting groups closed by the clock: fired after their quiet period, or expired.",
+            "outcome",
+            &groups,
+        )?;
         e.encode_descriptor(
             "htfaas_gateway_firings_pending",
             "Firings waiting to be submitted.",

@@ -153,12 +153,18 @@ pub(super) async fn rerun(
     again.manifest.retry = None;
     let event = EventRef::new("rerun", format!("rerun:{id}"), wrote.input.clone());
     let runs_as = crate::jobs::RunsAs::of(m, &job.owner, job.group.as_deref());
-    let mut submit = crate::jobs::prepare(shared.jobs(), &again, runs_as, event, format!("rerun:{id}")).await.map_err(
-        |e| match e {
+    // A collecting function's run read its group's other files beside its input: the same
+    // files again, each pinned below as its constants are.
+    let members: Vec<String> = match &m.trigger.collect {
+        Some(_) => wrote.refs.iter().map(|(p, _)| p.clone()).collect(),
+        None => Vec::new(),
+    };
+    let mut submit = crate::jobs::prepare(shared.jobs(), &again, runs_as, event, format!("rerun:{id}"), &members)
+        .await
+        .map_err(|e| match e {
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::FORBIDDEN, e),
-        },
-    )?;
+        })?;
     submit.input.sha256 = Some(input_sha256.clone());
     pin_references(&mut submit.refs, &wrote.refs)?;
     let (claims, token) = shared

@@ -182,7 +182,7 @@ pub(super) async fn start(
         RunToken::Minted { .. } | RunToken::AsOwner { .. } => ("invoke", format!("{}/{run_id}", who.name)),
     };
     let event = htfaas_functions::proto::EventRef::new(source, id, path.to_owned());
-    let mut request = crate::jobs::prepare(shared.jobs(), &function, runs_as, event, format!("{source}:{run_id}"))
+    let mut request = crate::jobs::prepare(shared.jobs(), &function, runs_as, event, format!("{source}:{run_id}"), &[])
         .await
         .map_err(|e| match e {
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),

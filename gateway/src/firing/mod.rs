@@ -98,15 +98,20 @@
 
 mod bucket;
 mod dlq;
+mod groups;
+mod insert;
 mod rows;
 mod schema;
 mod table;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_groups;
 mod writer;
 
 pub use bucket::TokenBucket;
 pub use dlq::{DeadLetterFilter, DlqError, MAX_LIST};
+pub use groups::{OpenGroup, Swept};
 pub use schema::SCHEMA_VERSION;
 pub use table::Firings;
 pub use writer::{FiringWriter, OUTCOME_LINGER, Outcome, WRITE_BATCH, Write, Written};
@@ -277,6 +282,9 @@ pub struct Claimed {
     /// When the gateway stored the firing (Unix ms): the event's arrival, for the job's wait
     /// in the gateway.
     pub created_ms: u64,
+    /// A collecting function's firing: the paths of its group's other files, which the job
+    /// reads beside its input (sorted). Empty otherwise.
+    pub members: Vec<String>,
 }
 
 /// What inserting one event's firings did.
@@ -291,6 +299,24 @@ pub struct Inserted {
     /// Functions not fired because the event is about a file written by a job of theirs, or of
     /// a function up the same chain (the loop guard).
     pub loop_guarded: u64,
+    /// Collecting functions whose group the file joined, waiting for more.
+    pub collected: u64,
+    /// Collecting functions whose group kept the file out (another writer's).
+    pub not_collected: u64,
+}
+
+impl Inserted {
+    /// Counts what became of one function on the event.
+    pub fn count(&mut self, fired: &crate::audit::Fired) {
+        use crate::audit::Fired;
+        match fired {
+            Fired::Queued | Fired::Completed(_) | Fired::Ungrouped => self.queued += 1,
+            Fired::Duplicate => self.deduplicated += 1,
+            Fired::LoopGuarded => self.loop_guarded += 1,
+            Fired::Collected(_) => self.collected += 1,
+            Fired::OtherWriter(_) => self.not_collected += 1,
+        }
+    }
 }
 
 /// One event's firings to insert, as one element of a [`Firings::insert_batch`].

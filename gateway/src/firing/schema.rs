@@ -6,10 +6,10 @@ use super::FiringError;
 use rusqlite::Connection;
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub(super) const MIGRATIONS: [&str; 6] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6];
+pub(super) const MIGRATIONS: [&str; 7] = [SCHEMA_1, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7];
 
 pub(super) const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS firings (
@@ -80,6 +80,43 @@ CREATE INDEX IF NOT EXISTS firings_by_function_path ON firings (function, path);
 /// it was down collapse into the latest.
 pub(super) const SCHEMA_6: &str = "
 CREATE TABLE IF NOT EXISTS schedule_ticks (function TEXT PRIMARY KEY, tick_ms INTEGER NOT NULL) WITHOUT ROWID;
+";
+
+/// Version 7: collecting triggers' groups (`super::groups`). A group is open until complete
+/// (`fired`, with the firing it made) or past its timeout (`expired`); at most one group per
+/// function and key is open. Its members are the distinct files that joined it, each with the
+/// event that brought it; a copy of a member's event finds its key taken (function, event
+/// key). A firing made by a group names it (`firings.collect`).
+pub(super) const SCHEMA_7: &str = "
+CREATE TABLE IF NOT EXISTS collect_groups (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    function    TEXT NOT NULL,
+    group_key   TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    writer      TEXT,
+    record      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    members     INTEGER NOT NULL DEFAULT 0,
+    opened_ms   INTEGER NOT NULL,
+    last_ms     INTEGER NOT NULL,
+    closes_ms   INTEGER NOT NULL,
+    quiet_ms    INTEGER,
+    closed_ms   INTEGER,
+    firing      INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS collect_groups_open ON collect_groups (function, group_key) WHERE state = 'open';
+CREATE INDEX IF NOT EXISTS collect_groups_open_by_time ON collect_groups (closes_ms) WHERE state = 'open';
+CREATE TABLE IF NOT EXISTS collect_members (
+    group_id   INTEGER NOT NULL,
+    function   TEXT NOT NULL,
+    event_key  TEXT NOT NULL,
+    path       TEXT NOT NULL,
+    event      TEXT NOT NULL,
+    arrived_ms INTEGER NOT NULL,
+    PRIMARY KEY (group_id, path),
+    UNIQUE (function, event_key)
+);
+ALTER TABLE firings ADD COLUMN collect INTEGER;
 ";
 
 /// Brings the file up to [`SCHEMA_VERSION`] in one transaction; refuses a newer one.

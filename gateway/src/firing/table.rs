@@ -4,7 +4,8 @@
 //! Must not know: NATS, HTTP, the storage or the scheduler.
 
 use super::bucket::TokenBucket;
-use super::rows::{insert_event, lookup_cause};
+use super::insert::lookup_cause;
+use super::rows::insert_event;
 use super::schema::migrate;
 use super::{CLAIM_SCAN, Claim, Claimed, Firing, FiringError, FiringState, Inserted, NewFirings, now_ms};
 use htfaas_functions::FunctionRecord;
@@ -46,7 +47,7 @@ impl std::fmt::Debug for Firings {
 }
 
 /// A ready row as read by a claim: seq, record, event, rate_reserved, replay, cause.
-type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>, i64);
+type ClaimRow = (i64, String, String, i64, Option<String>, Option<String>, i64, Option<i64>);
 
 /// Up to `limit` ready firings (`pending`, `not_before_ms` ≤ `now_ms`), taken in turn from each
 /// owner that has some, and within an owner in turn from each of its functions, each
@@ -97,13 +98,14 @@ fn ready_rows(tx: &Connection, now_ms: u64, limit: usize, turn: u64) -> rusqlite
         let mut queues = Vec::with_capacity(functions.len());
         for function in &functions {
             let mut stmt = tx.prepare_cached(
-                "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause, created_ms FROM firings \
+                "SELECT not_before_ms, seq, record, event, rate_reserved, replay, cause, created_ms, collect FROM firings \
                  WHERE state = 'pending' AND owner = ?1 AND function = ?2 AND not_before_ms <= ?3 \
                  ORDER BY not_before_ms, seq LIMIT ?4",
             )?;
             let rows: Vec<(i64, ClaimRow)> = stmt
                 .query_map(params![owner, function, db_int(now_ms), db_int(per_function as u64)], |r| {
-                    Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)))
+                    let row = (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?);
+                    Ok((r.get(0)?, row))
                 })?
                 .collect::<Result<_, _>>()?;
             queues.push(rows.into_iter());
@@ -329,7 +331,7 @@ impl Firings {
                     break;
                 }
                 scanned += rows.len();
-                for (seq, record, event, rate_reserved, replay, cause, created_ms) in rows {
+                for (seq, record, event, rate_reserved, replay, cause, created_ms, collect) in rows {
                     let parsed = serde_json::from_str::<FunctionRecord>(&record).and_then(|f| {
                         let cause = cause.as_deref().map(serde_json::from_str::<Cause>).transpose()?;
                         Ok((f, serde_json::from_str::<StorageEvent>(&event)?, cause))
@@ -380,7 +382,11 @@ impl Firings {
                         params![seq, db_int(now_ms)],
                     )?;
                     let created_ms = u64::try_from(created_ms).unwrap_or(0);
-                    claim.ready.push(Claimed { seq, function, event, replay, cause, created_ms });
+                    let members = match collect {
+                        Some(group) => super::groups::other_members(&tx, group, &event.path)?,
+                        None => Vec::new(),
+                    };
+                    claim.ready.push(Claimed { seq, function, event, replay, cause, created_ms, members });
                 }
             }
             tx.commit()?;
@@ -403,6 +409,7 @@ impl Firings {
     /// expired provenance entries; returns how many firings.
     pub fn prune(&self, now_ms: u64, batch: usize) -> Result<usize, FiringError> {
         self.with(|conn| {
+            Firings::prune_groups(conn, now_ms, self.window_ms, batch)?;
             exec(
                 conn,
                 "DELETE FROM provenance WHERE macaroon IN (SELECT macaroon FROM provenance WHERE expires_ms <= ?1 \

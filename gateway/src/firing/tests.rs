@@ -41,10 +41,10 @@ fn an_output_never_fires_its_own_chain_and_a_claim_carries_its_cause() {
         |id: &str, path: &str, macaroon: &str| StorageEvent { macaroon: Some(macaroon.into()), ..event(id, path) };
     // a's output: a is guarded, b fires and carries the cause.
     let done = f.insert(&written("e1", "/data/a/x", "M1"), &[a.clone(), b.clone()], None, 2_000).expect("insert");
-    assert_eq!(done, Inserted { queued: 1, deduplicated: 0, superseded: 0, loop_guarded: 1 });
+    assert_eq!(done, Inserted { queued: 1, deduplicated: 0, superseded: 0, loop_guarded: 1, ..Inserted::default() });
     // b's output: both a and b are up its chain.
     let done = f.insert(&written("e2", "/data/b/x", "M2"), &[a.clone(), b.clone()], None, 2_000).expect("insert");
-    assert_eq!(done, Inserted { queued: 0, deduplicated: 0, superseded: 0, loop_guarded: 2 });
+    assert_eq!(done, Inserted { queued: 0, deduplicated: 0, superseded: 0, loop_guarded: 2, ..Inserted::default() });
     // A file written with a macaroon this gateway never handed out fires as usual.
     let done = f.insert(&written("e3", "/data/c/x", "M9"), std::slice::from_ref(&a), None, 2_000).expect("insert");
     assert_eq!(done.queued, 1);
@@ -63,9 +63,9 @@ fn a_second_copy_of_an_event_is_dropped_on_its_key_and_a_replay_gets_its_own() {
     let (a, b) = (function("a", None, None), function("b", None, None));
     let e = event("dcache-billing:write:0001/s1", "/data/x");
     let first = f.insert(&e, &[a.clone(), b.clone()], None, 1_000).expect("insert");
-    assert_eq!(first, Inserted { queued: 2, deduplicated: 0, superseded: 0, loop_guarded: 0 });
+    assert_eq!(first, Inserted { queued: 2, deduplicated: 0, superseded: 0, loop_guarded: 0, ..Inserted::default() });
     let again = f.insert(&e, &[b.clone(), a.clone()], None, 2_000).expect("insert");
-    assert_eq!(again, Inserted { queued: 0, deduplicated: 2, superseded: 0, loop_guarded: 0 });
+    assert_eq!(again, Inserted { queued: 0, deduplicated: 2, superseded: 0, loop_guarded: 0, ..Inserted::default() });
     // Another session of the same file is another occurrence.
     let other = f.insert(&event("dcache-billing:write:0001/s2", "/data/x"), std::slice::from_ref(&a), None, 2_000);
     assert_eq!(other.expect("insert").queued, 1);
@@ -182,7 +182,8 @@ fn two_copies_of_an_event_in_one_batch_make_one_firing_per_function() {
         NewFirings { replay: Some("r1".into()), ..new(e.clone(), std::slice::from_ref(&a)) },
     ];
     let done = f.insert_batch(&batch, 1_000).expect("batch");
-    let q = |queued, deduplicated| Inserted { queued, deduplicated, superseded: 0, loop_guarded: 0 };
+    let q =
+        |queued, deduplicated| Inserted { queued, deduplicated, superseded: 0, loop_guarded: 0, ..Inserted::default() };
     assert_eq!(done, [q(2, 0), q(1, 0), q(0, 2), q(1, 0)]);
     assert_eq!(f.pending(), 4);
     let keys: Vec<_> = states(&f).into_iter().map(|(k, func, _)| format!("{k}/{func}")).collect();
@@ -254,7 +255,8 @@ fn the_loop_guard_looks_up_each_event_of_a_batch() {
             1_000,
         )
         .expect("batch");
-    let g = |queued, loop_guarded| Inserted { queued, deduplicated: 0, superseded: 0, loop_guarded };
+    let g =
+        |queued, loop_guarded| Inserted { queued, deduplicated: 0, superseded: 0, loop_guarded, ..Inserted::default() };
     assert_eq!(done, [g(1, 1), g(2, 0), g(0, 2), g(2, 0)]);
     let claim = f.claim(1_000, 10).expect("claim");
     let fired: Vec<_> = claim

@@ -383,6 +383,7 @@ fn pair(seq: u64, recorded: &str, event: &StorageEvent, target: &Target, fired: 
         function: target.record.manifest.name.clone(),
         version: target.record.version,
         fired,
+        group: target.record.manifest.trigger.collect.as_ref().and_then(|c| c.group_of(&event.path)),
     }
 }
 

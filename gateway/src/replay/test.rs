@@ -98,6 +98,7 @@ pub fn test_event(
         parts: Vec::new(),
         own_output: false,
         fires: false,
+        group: None,
     };
     let event = match sources::decide_bound(subject, headers, payload, message_id, policy, bindings) {
         Ok(Decision::Fire(e)) => e,

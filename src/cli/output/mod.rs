@@ -199,6 +199,18 @@ pub fn fn_test(report: &TestReport, json: bool) -> anyhow::Result<()> {
     }
     let verdict = report.verdict.as_deref().unwrap_or("no event");
     println!("verdict: {verdict} ({})", if report.fires { "fires" } else { "does not fire" });
+    if let Some(g) = &report.group {
+        println!("group {}: {} file(s) so far", g.key, g.members.len());
+        for m in &g.members {
+            println!("  {m}");
+        }
+        match (&g.refused, g.completes, &g.missing) {
+            (Some(why), _, _) => println!("  the file joins no group: {why}"),
+            (None, true, _) => println!("  this file completes the group: it fires once, on this file"),
+            (None, false, Some(missing)) => println!("  the group then waits for {missing}"),
+            (None, false, None) => {}
+        }
+    }
     Ok(())
 }
 
@@ -615,8 +627,9 @@ fn pair_line(p: &htfaas_functions::proto::Pair) -> String {
         Some(true) => " fired",
         Some(false) => " FAILED",
     };
+    let group = p.group.as_deref().map(|g| format!(" (group {g})")).unwrap_or_default();
     format!(
-        "{:>8} {} {}@{} {} {} {} {}{fired}",
+        "{:>8} {} {}@{} {} {} {} {}{fired}{group}",
         p.seq, p.recorded, p.function, p.version, p.kind, p.msg_type, p.path, p.event_id
     )
 }
@@ -703,11 +716,14 @@ mod tests {
             function: "a".into(),
             version: 2,
             fired: None,
+            group: None,
         };
         assert_eq!(
             pair_line(&pair),
             "      12 2026-11-22T10:00:00.000Z a@2 write transfer /data/raw/a.h5 dcache-billing:write:0000BEEF/s"
         );
+        let grouped = Pair { group: Some("/data/raw/".into()), ..pair.clone() };
+        assert!(pair_line(&grouped).ends_with("0000BEEF/s (group /data/raw/)"), "{}", pair_line(&grouped));
         let report = Report {
             dry_run: false,
             replay_id: Some("r1".into()),

@@ -43,6 +43,8 @@ fn manifest(
     }
 }
 
+const LIMIT: Duration = Duration::from_secs(60);
+
 fn seq_request(seq: u64) -> TestRequest {
     TestRequest { subject: None, headers: Default::default(), event: None, seq: Some(seq) }
 }
@@ -309,4 +311,85 @@ async fn a_developer_cannot_read_or_set_anothers_function_secrets() {
     }
     assert_eq!(admin.function_secret_names("checksum").await.expect("names"), ["K"]);
     stack.stop().await.expect("stop");
+}
+
+/// A dCache `transfer` write of `path` whose billing names `writer` as the uploader.
+fn written_by(path: &str, writer: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "version": "1.0", "msgType": "transfer", "isWrite": "write", "isP2p": false,
+        "status": {"code": 0, "msg": ""}, "cellName": "pool-a", "cellDomain": "poolDomain",
+        "transferPath": path, "pnfsid": "0000EE11", "session": format!("session-{path}"), "fileSize": 4,
+        "subject": [format!("UserNamePrincipal[{writer}]")],
+    }))
+    .unwrap_or_default()
+}
+
+/// A collecting trigger (fan-in) reads many files in one job, so it must merge no file the
+/// group's writer did not write, and read no member its owner may no longer read: mallory's
+/// file landing in alice's run directory joins nothing (counted, recorded `other_writer`) and
+/// alice's merge lists her three files only; a member whose grant was taken back before its
+/// group completed refuses the job, naming the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collecting_trigger_merges_no_other_writers_file_and_reads_no_member_outside_its_namespace() {
+    use htfaas_functions::collect::Collect;
+    let (_dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    htfaas_tests::grant_out(&client).await;
+    let module = upload_checksum(&client).await;
+    let count = |n| Collect { key: None, count: Some(n), marker: None, quiet_s: None, timeout_s: None };
+    let mut merge = manifest("merge", htfaas::stack::USER, &module, Trigger::on_path("/data/runs/**"), "/data/merged/");
+    merge.args = vec!["--set".into()];
+    merge.trigger.collect = Some(count(3));
+    client.register(&merge).await.expect("register");
+    for name in ["a.dat", "b.dat"] {
+        client.put_bytes(name.as_bytes().to_vec(), &format!("/data/runs/7/{name}")).await.expect("upload");
+    }
+    htfaas_tests::events_settled(&client).await;
+    let subject = htfaas_functions::proto::EVENTS_SUBJECT;
+    client.publish_event(subject, written_by("/data/runs/7/evil.dat", "mallory")).await.expect("publish");
+    htfaas_tests::events_settled(&client).await;
+    let filter = htfaas_functions::audit::AuditFilter {
+        file: Some("/data/runs/7/evil.dat".into()),
+        function: Some("merge".into()),
+        ..Default::default()
+    };
+    let kept_out = wait_for("mallory's file recorded as kept out", LIMIT, || async {
+        let records = client.audit_trail(htfaas_functions::proto::AuditTrail::Gateway, &filter).await.ok()?;
+        records.into_iter().find(|r| r.subject.paths.iter().any(|p| p == "/data/runs/7/evil.dat"))
+    })
+    .await;
+    assert_eq!(kept_out.detail["functions"][0]["firing"], "other_writer", "{kept_out:#?}");
+    assert!(client.jobs().await.expect("jobs").iter().all(|j| j.function != "merge"), "mallory completed nothing");
+    let page = htfaas_tests::gateway_metrics(stack.info()).await.expect("metrics");
+    assert_eq!(htfaas_tests::metric(&page, "htfaas_gateway_firings_total", "outcome=\"not_collected\""), Some(1.0));
+    client.put_bytes(b"c.dat".to_vec(), "/data/runs/7/c.dat").await.expect("upload");
+    let out = "/data/merged/7.sha256sums";
+    let list = wait_for(out, LIMIT, || async { client.get_bytes(out).await.ok().flatten() }).await;
+    let list = String::from_utf8(list).expect("UTF-8");
+    let names: Vec<&str> = list.lines().filter_map(|l| l.split("  ").nth(1)).collect();
+    assert_eq!(names, ["c.dat", "data/runs/7/a.dat", "data/runs/7/b.dat"], "alice's files only: {list}");
+
+    // carol's group: her read grant of its first file goes before the group completes.
+    for (right, value) in [(Right::Read, "/data/carol/"), (Right::Write, "/out/carol/")] {
+        client.grant("carol", right, value).await.expect("grant");
+    }
+    let mut carols = manifest("carol-merge", "carol", &module, Trigger::on_path("/data/carol/**"), "/out/carol/");
+    carols.trigger.collect = Some(Collect { key: Some("/data/carol/*/".into()), ..count(2) });
+    client.register(&carols).await.expect("register carol's");
+    client.put_bytes(b"1".to_vec(), "/data/carol/run/x/first.dat").await.expect("upload");
+    htfaas_tests::events_settled(&client).await;
+    client.revoke_grant("carol", Right::Read, "/data/carol/").await.expect("revoke");
+    client.grant("carol", Right::Read, "/data/carol/run/y/").await.expect("grant the second file's directory alone");
+    client.put_bytes(b"2".to_vec(), "/data/carol/run/y/second.dat").await.expect("upload");
+    let entry = wait_for("the refused group firing's dead letter", LIMIT, || async {
+        let letters = client.dead_letters(None, None, false).await.ok()?;
+        letters.into_iter().find(|e| e.event.path == "/data/carol/run/y/second.dat")
+    })
+    .await;
+    assert!(
+        entry.reason.contains("/data/carol/run/x/first.dat is outside the read namespace of carol"),
+        "names the member: {entry:?}"
+    );
+    let jobs = client.jobs().await.expect("jobs");
+    assert!(jobs.iter().all(|j| j.function != "carol-merge"), "no job: {jobs:#?}");
 }
