@@ -42,8 +42,9 @@ pub struct Config {
     /// start. Default: all detected.
     #[serde(default = "detected_slots", deserialize_with = "slots_or_detect")]
     pub slots: Resources,
-    /// Scratch directory: `modules/` (module cache) and `jobs/<job id>/` (per-job input and
-    /// output; emptied at start). Required.
+    /// Scratch directory: `modules/` (module cache), `refs/` (reference files by content, see
+    /// [`Config::ref_cache_mb`]) and `jobs/<job id>/` (per-job input and output; emptied at
+    /// start). Required.
     pub work_dir: PathBuf,
     /// Bytes of guest stdout + stderr kept per job. Default: 65536 (64 KiB).
     #[serde(default = "default_log_limit_bytes")]
@@ -122,6 +123,13 @@ pub struct Config {
     /// frame). 0 asks for none. Default: the EP's cpus.
     #[serde(default)]
     pub prefetch: Option<u32>,
+    /// Most MiB of reference files (a manifest's `inputs.ref`) kept in `work_dir/refs` by
+    /// their sha256, so a later job reading the same bytes gets them linked from there
+    /// instead of downloaded (the storage asked first, with the job's own macaroon, which
+    /// sha256 the file has now: `Want-Digest`); least recently used go first. 0 turns the
+    /// cache off. Default: 1024.
+    #[serde(default = "default_ref_cache_mb")]
+    pub ref_cache_mb: u64,
     /// Native guests (functions of `runtime: native`): whether and how this EP runs them.
     #[serde(default)]
     pub native: NativeConfig,
@@ -234,6 +242,9 @@ fn default_max_output_bytes() -> u64 {
 fn default_max_open_files() -> usize {
     crate::runtime::DEFAULT_MAX_OPEN_RESOURCES
 }
+fn default_ref_cache_mb() -> u64 {
+    1024
+}
 fn default_compile_timeout_s() -> u64 {
     crate::runtime::DEFAULT_COMPILE_TIMEOUT.as_secs()
 }
@@ -265,6 +276,8 @@ pub struct Settings {
     pub modules_dir: PathBuf,
     /// `work_dir/jobs`: one directory per running job.
     pub jobs_dir: PathBuf,
+    /// `work_dir/refs`: reference files by content ([`Config::ref_cache_mb`]); `None`: off.
+    pub(crate) ref_cache: Option<Arc<crate::refcache::RefCache>>,
     /// Bytes of guest stdout + stderr kept per job.
     pub log_limit_bytes: usize,
     /// Most output files stored per job.
@@ -374,6 +387,7 @@ impl Config {
             max_open_files: default_max_open_files(),
             compile_timeout_s: default_compile_timeout_s(),
             prefetch: None,
+            ref_cache_mb: default_ref_cache_mb(),
             native: NativeConfig::default(),
         }
     }
@@ -448,6 +462,13 @@ impl Config {
         for d in [&modules_dir, &jobs_dir] {
             htfaas_functions::store::create_private_dir(d).with_context(|| format!("create {}", d.display()))?;
         }
+        let refs_dir = self.work_dir.join("refs");
+        let ref_cache_bytes = self.ref_cache_mb.saturating_mul(1 << 20);
+        let ref_cache = tokio::task::spawn_blocking(move || crate::refcache::RefCache::open(refs_dir, ref_cache_bytes))
+            .await
+            .context("open the reference cache")?
+            .context("ref_cache_mb: open work_dir/refs")?
+            .map(Arc::new);
         let extra_roots = match &self.tls_ca_file {
             Some(path) => crate::tls::read_ca_file(path).context("tls_ca_file")?,
             None => Vec::new(),
@@ -502,6 +523,7 @@ impl Config {
             work_dir: self.work_dir,
             modules_dir,
             jobs_dir,
+            ref_cache,
             log_limit_bytes: self.log_limit_bytes,
             max_output_files: self.max_output_files,
             max_output_bytes: self.max_output_bytes,

@@ -1,5 +1,6 @@
 //! The EP's counters ([`Metrics`]): jobs ended by outcome, their durations, guest
-//! instantiations, and modules compiled ahead or refused for it. Every counter is an atomic: a job's end costs a few relaxed additions.
+//! instantiations, modules compiled ahead or refused for it, and reference files by where they
+//! came from. Every counter is an atomic: a job's end costs a few relaxed additions.
 //!
 //! Bottom of the EP: the job tasks count here and [`crate::metrics`] serves them; must not
 //! know about HTTP or the config.
@@ -63,6 +64,10 @@ pub struct Metrics {
     pub(crate) warm_refused_digest: AtomicU64,
     /// Warm messages that failed otherwise (fetch, compile) or were dropped (queue full).
     pub(crate) warm_failed: AtomicU64,
+    /// Reference files linked from the EP's cache instead of downloaded.
+    pub(crate) refs_from_cache: AtomicU64,
+    /// Reference files downloaded from the storage.
+    pub(crate) refs_from_storage: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -75,6 +80,8 @@ impl Default for Metrics {
             warm_refused_origin: AtomicU64::new(0),
             warm_refused_digest: AtomicU64::new(0),
             warm_failed: AtomicU64::new(0),
+            refs_from_cache: AtomicU64::new(0),
+            refs_from_storage: AtomicU64::new(0),
         }
     }
 }
@@ -99,6 +106,17 @@ impl Metrics {
     /// Warm messages refused: (module URL outside the allowed origins, digest mismatch).
     pub fn warm_refused(&self) -> (u64, u64) {
         (self.warm_refused_origin.load(Ordering::Relaxed), self.warm_refused_digest.load(Ordering::Relaxed))
+    }
+
+    /// A job's reference file was read: linked from the cache, or downloaded.
+    pub(crate) fn reference_read(&self, from_cache: bool) {
+        let counter = if from_cache { &self.refs_from_cache } else { &self.refs_from_storage };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reference files read: (linked from the cache, downloaded from the storage).
+    pub fn reference_files(&self) -> (u64, u64) {
+        (self.refs_from_cache.load(Ordering::Relaxed), self.refs_from_storage.load(Ordering::Relaxed))
     }
 
     /// Jobs ended with an outcome labelled `label`.

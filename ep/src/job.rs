@@ -273,16 +273,14 @@ impl Jobs {
         }
         report.input_sha256 = Some(sha256);
         let (bytes_in, retries) = (&mut report.usage.bytes_in, &mut tally.retries);
-        let refs = crate::refs::fetch(
-            &s.http,
-            &s.origins,
-            &job.refs,
-            &input_dir,
-            limits.max_scratch_bytes,
-            bytes_in,
-            retries,
-            job.traceparent.as_deref(),
-        );
+        let sources = crate::refs::Sources {
+            http: &s.http,
+            origins: &s.origins,
+            cache: s.ref_cache.as_ref(),
+            metrics: &s.metrics,
+            traceparent: job.traceparent.as_deref(),
+        };
+        let refs = crate::refs::fetch(&sources, &job.refs, &input_dir, limits.max_scratch_bytes, bytes_in, retries);
         report.refs = unless_cancelled(cancel, refs).await??;
         if cancel.is_cancelled() {
             return Err(cancel.outcome());

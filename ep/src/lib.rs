@@ -21,6 +21,8 @@
 //! - `warm`: modules compiled ahead of their first job, as the scheduler names them;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
+//! - `refs`, `refcache`: a job's reference files under `/input/ref/`, linked from the EP's
+//!   cache by content ([`Config::ref_cache_mb`]) when the storage names bytes it holds;
 //! - `renew`: a job's macaroons kept valid while it needs them: renewed through the
 //!   scheduler before a use and while the job runs, when they expire first;
 //! - [`local`]: one run on a local file with no stack (`htfaas fn run`), in the same runtime
@@ -50,6 +52,7 @@ pub mod native;
 mod native_job;
 mod options;
 mod origins;
+mod refcache;
 mod refs;
 mod renew;
 mod report_log;

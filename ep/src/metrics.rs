@@ -23,6 +23,7 @@
 //! | `htfaas_ep_modules_warmed_total` | counter | | modules compiled ahead of their first job |
 //! | `htfaas_ep_warm_refused_total` | counter | `reason` (`origin`, `digest`) | warm messages refused: a module URL outside the allowed origins, bytes that do not hash to the digest |
 //! | `htfaas_ep_warm_failed_total` | counter | | warm messages that failed otherwise (fetch, compile) or were dropped (queue full) |
+//! | `htfaas_ep_reference_files_total` | counter | `from` (`cache`, `storage`) | jobs' reference files linked from the EP's cache, or downloaded |
 //!
 //! Every counter is an atomic: a job's end costs a few relaxed additions, no lock.
 
@@ -134,6 +135,16 @@ impl Collector for EpCollector {
         )?;
         for (reason, n) in [("origin", origin), ("digest", digest)] {
             refused.encode_family(&[("reason", reason)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+        let (cache, storage) = m.reference_files();
+        let mut refs = e.encode_descriptor(
+            "htfaas_ep_reference_files",
+            "Jobs' reference files, by where they came from.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (from, n) in [("cache", cache), ("storage", storage)] {
+            refs.encode_family(&[("from", from)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
         Ok(())
     }

@@ -273,9 +273,13 @@ impl JobDir {
         let _held = busy.lock().unwrap_or_else(|p| p.into_inner());
         make_job_dir(&self.dir, self.spare.take())?;
         // The spare's kept input, if any, becomes `input`; else it goes (one call either way
-        // when there is none: the rename or the removal finds nothing).
+        // when there is none: the rename or the removal finds nothing). `first` truncates it,
+        // so it is taken only while it is still a regular file of one link: no other name
+        // (a cached reference file's, say) sees that truncation.
         let kept = self.dir.join("input").join(KEPT_INPUT);
-        let reused = input.filter(|i| i.parent() == kept.parent()).is_some_and(|i| std::fs::rename(&kept, i).is_ok());
+        let reused = input
+            .filter(|i| i.parent() == kept.parent())
+            .is_some_and(|i| one_link(&kept) && std::fs::rename(&kept, i).is_ok());
         if !reused {
             match std::fs::remove_file(&kept) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -292,6 +296,12 @@ impl Drop for JobDir {
             self.spares.lock().unwrap_or_else(|p| p.into_inner()).push(spare);
         }
     }
+}
+
+/// Whether `path` is a regular file (not followed if a link) with no other name. Blocking.
+fn one_link(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.nlink() == 1)
 }
 
 /// Makes `dir` (removing what a crashed EP left there) from `spare` or anew. Blocking.
@@ -322,7 +332,8 @@ fn make_job_dir(dir: &Path, spare: Option<PathBuf>) -> std::io::Result<()> {
 /// job's input ([`JobDir::make_then`] renames it into place before the first write).
 const KEPT_INPUT: &str = ".kept-input";
 
-/// Removes everything under `dir/input` and `dir/output` (links as links, never followed), then
+/// Removes everything under `dir/input` and `dir/output` by unlinking it (links as links, never
+/// followed; a reference file hard-linked from the EP's cache loses this name only), then
 /// checks that `dir` holds exactly those two, empty, real directories, as the EP made them:
 /// mode 0700 and no extended attributes. A guest that owns its `/output` (a native one, in its
 /// user namespace) may change its mode or set a `user.*` attribute on it; kept, that directory
@@ -376,7 +387,8 @@ fn names_in(dir: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
 }
 
 /// Empties the input file at `path` for the next job, if it may be kept: a regular file (not
-/// followed if a link) with one link (no name elsewhere that would see the next input), no
+/// followed if a link) with one link (no name elsewhere, such as the EP's cache of reference
+/// files, that would see it truncated or see the next input), no
 /// extended attributes, no execute, set-id or sticky bit and nothing writable but by its
 /// owner (as the EP writes inputs); then truncated to nothing and its times set to now, so
 /// neither its bytes nor when it was read reach the next job. `false`: remove it.
@@ -526,6 +538,44 @@ mod tests {
             assert_eq!(names_in(&d.join("input")).expect("list"), ["in"], "{what}");
             spares.give_back(d, true, false, None).await;
         }
+    }
+
+    /// A job directory holding other names of cached files (reference files linked from the
+    /// EP's cache) is emptied by unlinking: the cached bytes stay whole; and a kept input that
+    /// got a second name after it was kept is not taken (its truncation would reach that name).
+    #[tokio::test]
+    async fn emptying_and_reusing_a_job_dir_never_truncates_a_file_with_another_name() {
+        use std::os::unix::fs::MetadataExt as _;
+        let jobs = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let cached = cache.path().join("constants");
+        std::fs::write(&cached, b"cached constants").expect("write");
+        let spares = SpareDirs::new(jobs.path().to_owned());
+        let a = jobs.path().join("a");
+        let job_dir = spares.claim(&a);
+        let input = a.join("input/in.dat");
+        let first = input.clone();
+        job_dir.make_then(Some(&input), move || std::fs::write(&first, b"input")).expect("make").expect("write");
+        std::fs::create_dir_all(a.join("input/ref/calib")).expect("mkdir");
+        std::fs::hard_link(&cached, a.join("input/ref/calib/gains.txt")).expect("link");
+        std::fs::hard_link(&cached, a.join("input/constants")).expect("link at the top, where an input is kept");
+        spares.give_back(a, true, true, None).await;
+        assert_eq!(std::fs::read(&cached).expect("read"), b"cached constants", "not truncated");
+        assert_eq!(std::fs::metadata(&cached).expect("stat").nlink(), 1, "the job's names are gone");
+
+        // The spare's kept input, given a second name meanwhile, is not the next input.
+        let spare = spares.spare.lock().expect("lock").last().cloned().expect("a spare");
+        let alias = cache.path().join("alias");
+        std::fs::write(spare.join("input").join(KEPT_INPUT), b"still here").expect("write");
+        std::fs::hard_link(spare.join("input").join(KEPT_INPUT), &alias).expect("link");
+        let b = jobs.path().join("b");
+        let job_dir = spares.claim(&b);
+        let input = b.join("input/next.dat");
+        let first = input.clone();
+        job_dir.make_then(Some(&input), move || std::fs::write(&first, b"next")).expect("make").expect("write");
+        assert_eq!(std::fs::read(&alias).expect("read"), b"still here", "the other name keeps its bytes");
+        assert_eq!(names_in(&b.join("input")).expect("list"), ["next.dat"]);
+        assert_eq!(std::fs::read(&input).expect("read"), b"next");
     }
 
     /// A guest that owns its `/output` may change its mode or give it an attribute; either

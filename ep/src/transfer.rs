@@ -223,6 +223,48 @@ async fn fetch_module_once(http: &reqwest::Client, url: &str) -> Result<Vec<u8>,
     Ok(bytes)
 }
 
+/// Longest wait for the storage's answer to a digest lookup ([`storage_sha256`]); a storage
+/// slower than that is downloaded from instead.
+const DIGEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The storage's sha256 of the file at `from`, as hex: a `HEAD` with the macaroon and
+/// `Want-Digest: sha-256` (RFC 3230), answered with `Digest: sha-256=<base64>` (the built-in
+/// storage and dCache's WebDAV door do). `None` when the storage names no sha-256 (XRootD
+/// answers `adler32` only) or the `HEAD` fails: the caller downloads instead, so a failure here
+/// is never the job's. One try, no retries.
+pub(crate) async fn storage_sha256(from: &Transfer<'_>) -> Option<String> {
+    let what = format!("HEAD {}", shown(from.url));
+    let mut req = traced(from.http.head(from.url), from.traceparent).header("Want-Digest", "sha-256");
+    if !from.macaroon.is_empty() {
+        req = req.header(AUTHORIZATION, format!("Bearer {}", from.macaroon));
+    }
+    match req.timeout(DIGEST_TIMEOUT).send().await {
+        Ok(resp) if resp.status().is_success() => sha256_of(resp.headers()),
+        Ok(resp) => {
+            tracing::debug!("{what}: HTTP {}; downloading instead", resp.status());
+            None
+        }
+        Err(e) => {
+            tracing::debug!("{what}: {}; downloading instead", describe(e));
+            None
+        }
+    }
+}
+
+/// The sha256, as hex, that `Digest` headers name (RFC 3230: a list of `algorithm=value`,
+/// names without case, `sha-256`'s value the base64 of its 32 bytes); `None` if none does.
+fn sha256_of(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    use base64::Engine as _;
+    headers.get_all("digest").iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).find_map(|item| {
+        let (algorithm, value) = item.trim().split_once('=')?;
+        if !algorithm.trim().eq_ignore_ascii_case("sha-256") {
+            return None;
+        }
+        let bytes = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+        (bytes.len() == 32).then(|| hex::encode(bytes))
+    })
+}
+
 /// `GET` the input with the bearer macaroon, streamed to `dest` and hashed, with retries (each
 /// one starts again from an empty file). `n` counts the bytes written by the current try as
 /// they arrive, so a cancelled download still reports what it read. With `limit`, an input
@@ -673,6 +715,29 @@ mod tests {
     fn shown_urls_carry_no_query_or_user() {
         assert_eq!(shown("http://u:p@h:1/a/b?authz=SECRET#f"), "http://h:1/a/b");
         assert_eq!(shown("not a url?authz=SECRET"), "not a url");
+    }
+
+    #[test]
+    fn a_digest_header_names_the_sha256_as_hex_or_nothing() {
+        let header = |values: &[&str]| {
+            let mut h = reqwest::header::HeaderMap::new();
+            for v in values {
+                h.append("digest", v.parse().expect("header"));
+            }
+            sha256_of(&h)
+        };
+        let sha = Sha256::digest(b"constants");
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(sha);
+        let hex = hex::encode(sha);
+        assert_eq!(header(&[&format!("sha-256={b64}")]).as_deref(), Some(hex.as_str()));
+        assert_eq!(header(&[&format!("adler32=0a1b2c3d, SHA-256={b64}")]).as_deref(), Some(hex.as_str()));
+        assert_eq!(header(&["adler32=0a1b2c3d", &format!("sha-256={b64}")]).as_deref(), Some(hex.as_str()));
+        assert_eq!(header(&[]), None);
+        assert_eq!(header(&["adler32=0a1b2c3d"]), None, "XRootD's: downloaded");
+        assert_eq!(header(&["sha-256=not base64!"]), None);
+        assert_eq!(header(&["sha-256=AAAA"]), None, "not 32 bytes");
+        assert_eq!(header(&[&format!("sha-512={b64}")]), None);
     }
 
     #[test]

@@ -13,6 +13,8 @@
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
+use sha2::Digest as _;
+
 use crate::error::HttpError;
 use crate::paths::NsPath;
 
@@ -42,20 +44,43 @@ pub enum Opened {
 
 /// Opens an existing regular file for reading, and reads it whole when it holds at most
 /// `small` bytes: resolving, opening, checking and reading in one call off the async threads
-/// (each `tokio::fs` call is a hand-off of its own).
-pub async fn read(root: &Path, p: &NsPath, small: u64) -> Result<Opened, HttpError> {
+/// (each `tokio::fs` call is a hand-off of its own). With `sha256`, also the sha256 of what it
+/// holds, streamed through once from the very descriptor then served (so a file replaced by a
+/// `PUT` meanwhile cannot give one file's digest with another's bytes).
+pub async fn read(root: &Path, p: &NsPath, small: u64, sha256: bool) -> Result<(Opened, Option<[u8; 32]>), HttpError> {
     let (root, p) = (root.to_owned(), p.clone());
     blocking(move || {
-        use std::io::Read as _;
-        let (file, len) = open_read_blocking(&root, &p)?;
+        use std::io::{Read as _, Seek as _};
+        let (mut file, len) = open_read_blocking(&root, &p)?;
         if len > small {
-            return Ok(Opened::File(tokio::fs::File::from_std(file), len));
+            let mut digest = None;
+            if sha256 {
+                digest = Some(hash(&mut file, len).map_err(|e| internal("read a file", e))?);
+                file.rewind().map_err(|e| internal("rewind a file", e))?;
+            }
+            return Ok((Opened::File(tokio::fs::File::from_std(file), len), digest));
         }
         let mut whole = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
         file.take(small).read_to_end(&mut whole).map_err(|e| internal("read a file", e))?;
-        Ok(Opened::Whole(bytes::Bytes::from(whole)))
+        let digest: Option<[u8; 32]> = sha256.then(|| sha2::Sha256::digest(&whole).into());
+        Ok((Opened::Whole(bytes::Bytes::from(whole)), digest))
     })
     .await
+}
+
+/// The sha256 of the first `len` bytes of `file`, read from where it is. Blocking.
+fn hash(file: &mut std::fs::File, len: u64) -> std::io::Result<[u8; 32]> {
+    use std::io::Read as _;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut left = file.take(len);
+    loop {
+        let n = left.read(&mut buf)?;
+        if n == 0 {
+            return Ok(hasher.finalize().into());
+        }
+        hasher.update(&buf[..n]);
+    }
 }
 
 /// Runs `f` (file system calls) off the async threads, in one hand-off.

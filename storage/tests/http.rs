@@ -240,6 +240,58 @@ async fn files_either_side_of_the_whole_read_bound_round_trip() {
     s.stop().await;
 }
 
+/// RFC 3230, as dCache's door answers it (and the EP's cache of reference files asks): a `GET`
+/// or `HEAD` whose `Want-Digest` names `sha-256` gets `Digest: sha-256=<base64>` of the file,
+/// small (read whole) or large (streamed) alike; one that does not ask, or asks only for an
+/// algorithm not offered, gets no `Digest`.
+#[tokio::test]
+async fn want_digest_sha256_is_answered_on_get_and_head() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let s = start().await;
+    std::fs::create_dir_all(s.data().join("refs")).expect("mkdir");
+    for (name, len) in [("small.txt", 100usize), ("large.bin", 3 * 64 * 1024 + 7), ("empty", 0)] {
+        let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        std::fs::write(s.data().join("refs").join(name), &body).expect("write");
+        let path = format!("/data/refs/{name}");
+        let m = s.macaroon(&path, &["activity:DOWNLOAD"], "PT1H").await;
+        let expected =
+            format!("sha-256={}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&body)));
+        for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
+            let asked = |want: Option<&str>| {
+                let mut req = s.http.request(method.clone(), s.url(&path)).bearer_auth(&m);
+                if let Some(w) = want {
+                    req = req.header("Want-Digest", w);
+                }
+                req.send()
+            };
+            let r = asked(Some("sha-256")).await.expect("sent");
+            assert_eq!(r.status(), StatusCode::OK, "{method} {name}");
+            let digest = r.headers().get("digest").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            assert_eq!(digest.as_deref(), Some(expected.as_str()), "{method} {name}");
+            let length = r.headers().get("content-length").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            assert_eq!(length, Some(len.to_string()), "{method} {name}: the file's length, HEAD too");
+            let got = r.bytes().await.expect("body");
+            let served: &[u8] = if method == reqwest::Method::GET { &body } else { &[] };
+            assert_eq!(got.as_ref(), served, "{method} {name}: the body as without the digest");
+            let r = asked(Some("ADLER32;q=1, SHA-256;q=0.5")).await.expect("sent");
+            assert_eq!(r.headers().get("digest").and_then(|v| v.to_str().ok()), Some(expected.as_str()));
+            for not_asked in [None, Some("adler32"), Some("sha-256;q=0")] {
+                let r = asked(not_asked).await.expect("sent");
+                assert_eq!(r.status(), StatusCode::OK);
+                assert!(r.headers().get("digest").is_none(), "{method} {name} {not_asked:?}");
+            }
+        }
+    }
+    // Asking changes nothing of who may read: another file with this macaroon is still 403.
+    let m = s.macaroon("/data/refs/small.txt", &["activity:DOWNLOAD"], "PT1H").await;
+    let r = s.http.head(s.url("/data/refs/large.bin")).bearer_auth(&m).header("Want-Digest", "sha-256").send().await;
+    let r = r.expect("sent");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.headers().get("digest").is_none());
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn macaroon_request_needs_the_exact_content_type() {
     let s = start().await;

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 /// One scrape: every sample by its name and labels (sorted), e.g. `a_total{x="1",y="2"}`.
 #[derive(Debug)]
-struct Scrape(BTreeMap<String, f64>);
+pub(crate) struct Scrape(BTreeMap<String, f64>);
 
 impl Scrape {
     /// The sample `name` with exactly `labels`; panics when it is absent.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let key = key(name, labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
         *self.0.get(&key).unwrap_or_else(|| panic!("no sample {key} in the scrape:\n{:#?}", self.0.keys()))
     }
@@ -129,7 +129,8 @@ async fn get(http: &reqwest::Client, url: &str, token: Option<&str>) -> (u16, St
     (status, response.text().await.expect("body"))
 }
 
-async fn scrape(http: &reqwest::Client, url: &str, token: Option<&str>) -> Scrape {
+/// The metrics at `url`, asked with `token` (if any).
+pub(crate) async fn scrape(http: &reqwest::Client, url: &str, token: Option<&str>) -> Scrape {
     let (status, body) = get(http, url, token).await;
     assert_eq!(status, 200, "{url}: {body}");
     parse(&body)

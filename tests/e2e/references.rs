@@ -1,10 +1,13 @@
 //! Reference inputs on the real stack: a calibration function whose manifest names a constants
 //! file (`inputs.ref`) runs on an upload with the constants under `/input/ref/…` (its output is
 //! the native kernel's with the same constants, byte for byte), and the output's lineage names
-//! both files it read, each with the sha256 it read. A reference outside the owner's read
-//! namespace is refused at registration, and again at a firing once its grant is revoked.
+//! both files it read, each with the sha256 it read. The next run on the same EP takes the
+//! constants from the EP's cache (the storage names their sha256), and a run after they
+//! changed reads the new ones. A reference outside the owner's read namespace is refused at
+//! registration, and again at a firing once its grant is revoked.
 
 use crate::examples::kernel;
+use crate::metrics::{Scrape, scrape};
 use htfaas::stack::demo_manifest;
 use htfaas_functions::namespace::Right;
 use htfaas_functions::proto::{DeadLetterKind, LineageRelation, RerunVerdict};
@@ -56,12 +59,35 @@ async fn a_calibration_reads_its_constants_file_and_its_lineage_names_both_files
     let read = client.lineage(GAINS).await.expect("lineage of the constants");
     assert!(read.steps.iter().any(|s| s.job == step.job && s.relation == LineageRelation::Read), "{read:#?}");
 
+    // The next run on this EP links the constants from its cache: the storage named their
+    // sha256 to the job's own macaroon, and the EP kept those bytes from the first run.
+    let http = htfaas_gateway::http_client().expect("http");
+    let ep = stack.ep_metrics_url().expect("the stack's EP serves metrics");
+    let files = |s: &Scrape, from: &str| s.get("htfaas_ep_reference_files_total", &[("from", from)]);
+    let before = scrape(&http, &ep, None).await;
+    assert_eq!((files(&before, "cache"), files(&before, "storage")), (0.0, 1.0), "the first run downloaded them");
+    let again = kernel::synthesize(1024, gains.len(), 43);
+    client.put_bytes(kernel::to_le_bytes(&again), "/data/runs/run43.f32").await.expect("upload");
+    let out43 = "/data/calibrated/run43.f32.calib.json";
+    let got = wait_for(out43, LIMIT, || async { client.get_bytes(out43).await.ok().flatten() }).await;
+    let expected = kernel::calibrate_with(&again, &gains, 4).expect("valid input");
+    assert_eq!(String::from_utf8(got).expect("UTF-8"), kernel::to_json("run43.f32", &expected), "the same constants");
+    let after = scrape(&http, &ep, None).await;
+    assert_eq!((files(&after, "cache"), files(&after, "storage")), (1.0, 1.0), "from the cache, not downloaded");
+
     // `audit rerun` re-derives the output with the very constants the run read ...
     let rerun = client.rerun(out).await.expect("re-run");
     let (verdict, job) = client.rerun_verdict(&rerun, LIMIT).await.expect("verdict");
     assert_eq!(verdict, RerunVerdict::Identical, "{job:#?}");
-    // ... and, once they changed, runs nothing and says so.
+    // Once they changed, a run reads the new ones (the storage names other bytes) ...
     client.put_bytes(b"9 0 0\n9 0 0\n9 0 0\n9 0 0\n".to_vec(), GAINS).await.expect("new constants");
+    let changed = [(9.0f32, 0.0f32, 0.0f32); 4];
+    client.put_bytes(kernel::to_le_bytes(&again), "/data/runs/run44.f32").await.expect("upload");
+    let out44 = "/data/calibrated/run44.f32.calib.json";
+    let got = wait_for(out44, LIMIT, || async { client.get_bytes(out44).await.ok().flatten() }).await;
+    let expected = kernel::calibrate_with(&again, &changed, 4).expect("valid input");
+    assert_eq!(String::from_utf8(got).expect("UTF-8"), kernel::to_json("run44.f32", &expected), "the new constants");
+    // ... and a re-run of the first output runs nothing and says so.
     let rerun = client.rerun(out).await.expect("re-run on new constants");
     let (verdict, job) = client.rerun_verdict(&rerun, LIMIT).await.expect("verdict");
     match verdict {
