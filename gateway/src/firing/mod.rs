@@ -103,6 +103,7 @@ mod schema;
 mod table;
 #[cfg(test)]
 mod tests;
+mod waiting;
 mod writer;
 
 pub use bucket::TokenBucket;
