@@ -337,7 +337,7 @@ async fn main() {
                 native: None,
             },
             resources: Resources::new(1, 64, 3600),
-            input: InputSpec::new(url.clone(), "in.dat", macaroon.clone()),
+            input: Some(InputSpec::new(url.clone(), "in.dat", macaroon.clone())),
             output: OutputSpec {
                 url: format!("{storage}/bench/ep-{mib}-"),
                 macaroon: macaroon.clone(),

@@ -44,6 +44,10 @@
 //! uploads nothing. A guest outruns the watcher by at most one period of writes. A job's
 //! instruction budget (`limits.instructions`) lowers the EP's fuel for its run.
 //!
+//! No input: a job without one (a run on no file: a schedule's tick) fetches nothing but its
+//! reference files; its `/input` holds only `ref/`, and its argv has no input path (the
+//! function's name, then `args`). A handler, which serves one file per run, is not run on none.
+//!
 //! Credentials: the input fetch and the upload take the job's macaroons from its
 //! [`Credentials`], which renews them first when they are about to expire, and a keeper task
 //! renews them while the job runs ([`crate::renew`]).
@@ -221,16 +225,23 @@ impl Jobs {
         if job.resources.memory_mb > s.slots.memory_mb || job.resources.runtime_s > s.slots.runtime_s {
             tracing::warn!("assignment exceeds the advertised slots; enforcing the job's own limits");
         }
-        if !is_clean_segment(&job.input.name) {
+        if let Some(input) = &job.input
+            && !is_clean_segment(&input.name)
+        {
             return Err(Outcome::InputFailed {
-                reason: format!("input name {:?} is not one clean path segment", job.input.name),
+                reason: format!("input name {:?} is not one clean path segment", input.name),
             });
+        }
+        if job.input.is_none() && job.function.native.as_ref().is_some_and(|n| n.handler) {
+            return Err(Outcome::InputFailed { reason: "a handler serves one file per run: this job has none".into() });
         }
         // Nothing is fetched from, or stored to, an origin the EP was not told to trust.
         s.origins
             .check("module_url", &job.function.module_url)
             .map_err(|e| Outcome::ModuleFailed { reason: e.to_string() })?;
-        s.origins.check("input url", &job.input.url).map_err(|e| Outcome::InputFailed { reason: e.to_string() })?;
+        if let Some(input) = &job.input {
+            s.origins.check("input url", &input.url).map_err(|e| Outcome::InputFailed { reason: e.to_string() })?;
+        }
         s.origins.check("output url", &job.output.url).map_err(|e| Outcome::OutputFailed { reason: e.to_string() })?;
         let mut limits = ScratchLimits::for_job(s, job);
         let code = match &job.function.native {
@@ -248,30 +259,44 @@ impl Jobs {
 
         let input_dir = job_dir.path().join("input");
         let output_dir = job_dir.path().join("output");
-        let input_path = input_dir.join(&job.input.name);
         let started = Instant::now();
-        let read = unless_cancelled(cancel, credentials.input()).await?;
-        let input =
-            Transfer { http: &s.http, url: &job.input.url, macaroon: &read, traceparent: job.traceparent.as_deref() };
-        let fetched = download(
-            &input,
-            &input_path,
-            limits.max_scratch_bytes,
-            &mut report.usage.bytes_in,
-            &mut tally.retries,
-            Some(job_dir),
-        );
-        let fetched = unless_cancelled(cancel, fetched).await;
-        tally.input_ms = millis(started.elapsed());
-        let sha256 = fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
-        // A re-run reads the bytes of the run it re-derives, or runs nothing.
-        if let Some(expected) = &job.input.sha256
-            && !expected.eq_ignore_ascii_case(&sha256)
-        {
-            report.input_sha256 = Some(sha256.clone());
-            return Err(htfaas_functions::proto::rerun::input_changed(&sha256, expected));
+        match &job.input {
+            Some(spec) => {
+                let read = unless_cancelled(cancel, credentials.input()).await?;
+                let input = Transfer {
+                    http: &s.http,
+                    url: &spec.url,
+                    macaroon: &read,
+                    traceparent: job.traceparent.as_deref(),
+                };
+                let input_path = input_dir.join(&spec.name);
+                let fetched = download(
+                    &input,
+                    &input_path,
+                    limits.max_scratch_bytes,
+                    &mut report.usage.bytes_in,
+                    &mut tally.retries,
+                    Some(job_dir),
+                );
+                let fetched = unless_cancelled(cancel, fetched).await;
+                tally.input_ms = millis(started.elapsed());
+                let sha256 = fetched?.map_err(|e| e.outcome(|reason| Outcome::InputFailed { reason }))?;
+                // A re-run reads the bytes of the run it re-derives, or runs nothing.
+                if let Some(expected) = &spec.sha256
+                    && !expected.eq_ignore_ascii_case(&sha256)
+                {
+                    report.input_sha256 = Some(sha256.clone());
+                    return Err(htfaas_functions::proto::rerun::input_changed(&sha256, expected));
+                }
+                report.input_sha256 = Some(sha256);
+            }
+            // No input: the job directory is made empty, for the reference files alone.
+            None => {
+                let made = tokio::task::spawn_blocking(move || job_dir.make_then(None, || Ok(()))).await;
+                let made = made.map_err(std::io::Error::other).and_then(|made| made.and_then(|first| first));
+                made.map_err(|e| Outcome::InputFailed { reason: format!("create the job directory: {e}") })?;
+            }
         }
-        report.input_sha256 = Some(sha256);
         let (bytes_in, retries) = (&mut report.usage.bytes_in, &mut tally.retries);
         let sources = crate::refs::Sources {
             http: &s.http,
@@ -288,7 +313,7 @@ impl Jobs {
 
         let mut argv = Vec::with_capacity(2 + job.args.len());
         argv.push(job.function.name.clone());
-        argv.push(format!("/input/{}", job.input.name));
+        argv.extend(job.input.as_ref().map(|i| format!("/input/{}", i.name)));
         argv.extend(job.args.iter().cloned());
         let gj = GuestJob {
             argv,

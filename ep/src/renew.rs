@@ -19,6 +19,10 @@
 //! keeper tries again, backing off, until they expire. A job without `renew_until` (a scheduler
 //! that does not renew, a job without a renewal grant) never asks.
 //!
+//! A job without an input (a run on no file) holds a write macaroon alone: an answer carrying a
+//! read macaroon for it is not believed (refused, the current one kept), nor is an answer
+//! without one for a job that has an input.
+//!
 //! Macaroons go from here into `Authorization` headers only, never into logs.
 //!
 //! Must not know: the WebSocket, the scheduler's checks, what a job does with the macaroons.
@@ -36,8 +40,8 @@ pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// First wait before the keeper asks again after a refusal; doubled each time.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 
-/// Fresh macaroons (read, write), or why none came.
-pub(crate) type Answer = Result<(String, String), String>;
+/// Fresh macaroons (read, none for a job without an input; write), or why none came.
+pub(crate) type Answer = Result<(Option<String>, String), String>;
 
 /// One request for fresh macaroons, for the link to send.
 #[derive(Debug)]
@@ -87,7 +91,8 @@ pub(crate) fn margin_s(validity_s: u64) -> u64 {
 /// A job's current macaroons.
 #[derive(Debug)]
 struct Current {
-    input: String,
+    /// None for a job without an input.
+    input: Option<String>,
     output: String,
     /// The earlier expiry of the two.
     expires_s: Option<u64>,
@@ -96,8 +101,8 @@ struct Current {
 }
 
 impl Current {
-    fn new(input: String, output: String, now_s: u64) -> Current {
-        let expires_s = [expiry(&input), expiry(&output)].into_iter().flatten().min();
+    fn new(input: Option<String>, output: String, now_s: u64) -> Current {
+        let expires_s = [input.as_deref().and_then(expiry), expiry(&output)].into_iter().flatten().min();
         let margin_s = margin_s(expires_s.map_or(0, |e| e.saturating_sub(now_s)));
         Current { input, output, expires_s, margin_s }
     }
@@ -122,7 +127,11 @@ impl Credentials {
             job_id: job.job_id.clone(),
             renewer: renewer.clone(),
             renew_until: job.renew_until,
-            current: Mutex::new(Current::new(job.input.macaroon.clone(), job.output.macaroon.clone(), now_s())),
+            current: Mutex::new(Current::new(
+                job.input.as_ref().map(|i| i.macaroon.clone()),
+                job.output.macaroon.clone(),
+                now_s(),
+            )),
             renewing: tokio::sync::Mutex::new(()),
         })
     }
@@ -140,11 +149,12 @@ impl Credentials {
         (expires < until).then(|| expires.saturating_sub(c.margin_s))
     }
 
-    /// The read macaroon, renewed first when due.
+    /// The read macaroon, renewed first when due (empty for a job without an input, which
+    /// reads none).
     pub(crate) async fn input(&self) -> String {
         // A refusal is logged; the current ones are used, and the storage decides.
         let _ = self.renew_if_due().await;
-        self.current().input.clone()
+        self.current().input.clone().unwrap_or_default()
     }
 
     /// The write macaroon, renewed first when due.
@@ -163,7 +173,8 @@ impl Credentials {
         if self.due_s().is_none_or(|due| due > now_s()) {
             return Ok(());
         }
-        match self.renewer.ask(&self.job_id).await {
+        let answer = self.renewer.ask(&self.job_id).await.and_then(|fresh| self.fits(fresh));
+        match answer {
             Ok((input, output)) => {
                 let fresh = Current::new(input, output, now_s());
                 tracing::info!(expires_s = ?fresh.expires_s, "macaroons renewed");
@@ -174,6 +185,16 @@ impl Credentials {
                 tracing::warn!("macaroons not renewed: {why}");
                 Err(why)
             }
+        }
+    }
+
+    /// `fresh` when it has a read macaroon exactly when the job has an input: a read macaroon
+    /// for a job without one is not believed (nor is an answer without one for a job with one).
+    fn fits(&self, fresh: (Option<String>, String)) -> Answer {
+        match (self.current().input.is_some(), fresh.0.is_some()) {
+            (false, true) => Err("the answer carries a read macaroon for a job without an input: not believed".into()),
+            (true, false) => Err("the answer carries no read macaroon for the job's input".into()),
+            _ => Ok(fresh),
         }
     }
 
@@ -244,7 +265,7 @@ mod tests {
                     native: None,
                 },
                 resources: htfaas_functions::Resources::new(1, 1, 1),
-                input: htfaas_functions::proto::InputSpec::new("http://s/i", "i", input),
+                input: Some(htfaas_functions::proto::InputSpec::new("http://s/i", "i", input)),
                 output: htfaas_functions::proto::OutputSpec::new("http://s/o/", macaroon(&[])),
                 args: vec![],
                 env: vec![],
@@ -270,7 +291,7 @@ mod tests {
         let answering = tokio::spawn(async move {
             let ask = asks.recv().await.expect("an ask");
             assert_eq!(ask.job_id, "j");
-            let _ = ask.reply.send(Ok(("fresh-in".into(), "fresh-out".into())));
+            let _ = ask.reply.send(Ok((Some("fresh-in".into()), "fresh-out".into())));
             asks
         });
         assert_eq!(c.input().await, "fresh-in");
@@ -281,8 +302,58 @@ mod tests {
         let refusing = tokio::spawn(async move {
             let ask = asks.recv().await.expect("an ask");
             let _ = ask.reply.send(Err("revoked".into()));
+            asks
         });
         assert_eq!(c.input().await, expiring);
-        refusing.await.expect("refused");
+        let mut asks = refusing.await.expect("refused");
+        // An answer without a read macaroon for the job's input is not taken either.
+        let c = Credentials::new(&job(&expiring, Some(now + 7200)), &renewer);
+        let short = tokio::spawn(async move {
+            let ask = asks.recv().await.expect("an ask");
+            let _ = ask.reply.send(Ok((None, "fresh-out".into())));
+        });
+        assert_eq!(c.input().await, expiring);
+        short.await.expect("answered");
+    }
+
+    /// A job without an input holds a write macaroon alone: an answer carrying a read macaroon
+    /// for it is not believed, and the current write macaroon stays; one without is taken.
+    #[tokio::test]
+    async fn a_job_without_an_input_believes_no_read_macaroon() {
+        let (renewer, mut asks) = Renewer::channel();
+        let now = now_s();
+        let expiring = macaroon(&[&format!("before:{}", htfaas_functions::time::utc_timestamp(now + 1))]);
+        let job = htfaas_functions::proto::JobAssignment {
+            job_id: "j".into(),
+            function: htfaas_functions::proto::FunctionRef {
+                name: "f".into(),
+                version: 1,
+                digest: htfaas_functions::Digest::of(b"m"),
+                module_url: "http://m".into(),
+                native: None,
+            },
+            resources: htfaas_functions::Resources::new(1, 1, 1),
+            input: None,
+            output: htfaas_functions::proto::OutputSpec::new("http://s/o/", expiring.clone()),
+            args: vec![],
+            env: vec![],
+            secrets: Default::default(),
+            limits: Default::default(),
+            renew_until: Some(now + 7200),
+            traceparent: None,
+            refs: Vec::new(),
+        };
+        let c = Credentials::new(&job, &renewer);
+        let answering = tokio::spawn(async move {
+            let ask = asks.recv().await.expect("an ask");
+            let _ = ask.reply.send(Ok((Some("a-read-macaroon".into()), "fresh-out".into())));
+            let ask = asks.recv().await.expect("a second ask");
+            let _ = ask.reply.send(Ok((None, "fresh-out".into())));
+        });
+        assert_eq!(c.output().await, expiring, "the answer with a read macaroon is refused");
+        assert_eq!(c.current().input, None);
+        assert_eq!(c.output().await, "fresh-out", "the write macaroon alone is taken");
+        assert_eq!(c.current().input, None);
+        answering.await.expect("answered");
     }
 }

@@ -233,7 +233,8 @@ pub const MAX_RATE_PER_S: f64 = 100_000.0;
 pub const MAX_DEBOUNCE_S: u64 = 86_400;
 
 /// When a function fires: a path glob, a rule ([`crate::trigger`]), or both (then both must
-/// hold). With neither, the manifest is refused.
+/// hold). With neither, the manifest is refused, unless it has a schedule: it then runs once per
+/// tick on no file ([`Trigger::on_no_file`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Trigger {
@@ -263,7 +264,8 @@ pub struct Trigger {
     /// gateway's `time_zone`): the function then fires on its ticks, not on events. Each tick
     /// fires it once on every file below its path glob's or rule's directories that the trigger
     /// is true for (as a back-fill lists them); ticks missed while the gateway was down fire
-    /// once, the latest. Default: none (events fire it).
+    /// once, the latest. With neither a path glob nor a rule, each tick runs it once on no file
+    /// (a nightly summary reading only its `inputs.ref`). Default: none (events fire it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
     /// Collect the trigger's files into groups and fire once per complete group
@@ -309,8 +311,15 @@ impl Trigger {
         }
     }
 
+    /// Whether it runs on no file: a schedule with neither a path glob nor a rule. Each tick
+    /// then runs the function once, without an input; no storage event ever fires it.
+    pub fn on_no_file(&self) -> bool {
+        self.schedule.is_some() && self.path.is_empty() && self.rule.is_none()
+    }
+
     /// The one rule this trigger means: its path glob and its rule, and-ed when both are given.
-    /// An error names what is wrong (a bad glob at column 1, or the rule's own column).
+    /// An error names what is wrong (a bad glob at column 1, or the rule's own column); a
+    /// trigger on no file ([`Trigger::on_no_file`]) has no rule.
     pub fn compile(&self) -> Result<Rule, RuleError> {
         let path = (!self.path.is_empty()).then(|| Rule::path_glob(&self.path)).transpose()?;
         let rule = self.rule.as_deref().map(Rule::parse).transpose()?;
@@ -323,8 +332,8 @@ impl Trigger {
 
     /// Checks the trigger; the error names the field.
     fn validate(&self) -> Result<(), ManifestError> {
-        if self.path.is_empty() && self.rule.is_none() {
-            return Err(bad("trigger", "needs a path glob, a rule, or both"));
+        if self.path.is_empty() && self.rule.is_none() && self.schedule.is_none() {
+            return Err(bad("trigger", "needs a path glob, a rule, or both (or a schedule, to run on no file)"));
         }
         if !self.path.is_empty() {
             crate::glob::compile_glob(&self.path).map_err(|e| bad("trigger.path", e.to_string()))?;
@@ -370,6 +379,7 @@ impl std::fmt::Display for Trigger {
             (false, None) => self.path.clone(),
             (true, Some(rule)) => rule.clone(),
             (false, Some(rule)) => format!("path glob {} and ({rule})", crate::trigger::quote(&self.path)),
+            (true, None) if self.schedule.is_some() => "no file".into(),
             (true, None) => "(none)".into(),
         };
         let what = match &self.schedule {
@@ -540,6 +550,13 @@ impl FunctionManifest {
             RuntimeKind::Wasm if self.handler => {
                 return Err(bad("handler", "only a native function has the handler form (runtime: native)"));
             }
+            RuntimeKind::Native if self.handler && self.trigger.on_no_file() => {
+                return Err(bad(
+                    "handler",
+                    "a handler serves one file per run: it cannot be scheduled on no file (give trigger.schedule \
+                     a path glob or a rule, or drop handler)",
+                ));
+            }
             _ => {}
         }
         if self.command.len() > MAX_COMMAND_WORDS
@@ -617,6 +634,13 @@ mod tests {
             ("outputs.dir", Box::new(|m| m.outputs.dir = "/data/out".into())),
             ("env", Box::new(|m| m.env = vec![("A=B".into(), "c".into())])),
             ("trigger", Box::new(|m| m.trigger = Trigger::on_path(""))),
+            (
+                "handler",
+                Box::new(|m| {
+                    (m.runtime, m.command, m.handler) = (RuntimeKind::Native, vec!["/bin/h".into()], true);
+                    m.trigger = Trigger { schedule: Some("0 3 * * *".into()), ..Trigger::on_path("") };
+                }),
+            ),
             ("trigger.rule", Box::new(|m| m.trigger.rule = Some("size >".into()))),
             ("trigger.rule", Box::new(|m| m.trigger = Trigger::on_rule(""))),
             ("trigger.rate", Box::new(|m| m.trigger.rate = Some(RateLimit { per_s: 0.0, burst: 1 }))),
@@ -650,6 +674,34 @@ mod tests {
             mutate(&mut m);
             assert_eq!(m.validate().map_err(|e| e.field), Err(field));
         }
+    }
+
+    /// A schedule with neither a path glob nor a rule runs on no file: it validates, means no
+    /// rule, and says so; without the schedule the same trigger is refused.
+    #[test]
+    fn a_schedule_without_a_path_or_rule_runs_on_no_file() {
+        let mut m = manifest();
+        m.trigger = Trigger { schedule: Some("0 3 * * *".into()), ..Trigger::on_path("") };
+        m.inputs.refs = vec!["/data/daily/".into()];
+        assert_eq!(m.validate(), Ok(()));
+        assert!(m.trigger.on_no_file());
+        assert!(m.trigger.compile().is_err(), "no rule: no event fires it");
+        assert_eq!(m.trigger.to_string(), r#"no file at each tick of "0 3 * * *""#);
+        for not in
+            [Trigger::on_path("/data/**"), Trigger { schedule: Some("* * * * *".into()), ..Trigger::on_path("/a/**") }]
+        {
+            assert!(!not.on_no_file(), "{not}");
+        }
+        m.trigger.schedule = None;
+        assert_eq!(m.validate().map_err(|e| e.field), Err("trigger"));
+        // A native command started per run may run on no file; a handler may not.
+        m.trigger.schedule = Some("0 3 * * *".into());
+        (m.runtime, m.command) = (RuntimeKind::Native, vec!["/bin/summary".into()]);
+        assert_eq!(m.validate(), Ok(()));
+        m.handler = true;
+        let e = m.validate().expect_err("a handler on no file");
+        assert_eq!(e.field, "handler");
+        assert!(e.to_string().contains("cannot be scheduled on no file"), "{e}");
     }
 
     #[test]

@@ -241,29 +241,12 @@ impl Namespace {
     }
 
     /// Checks a manifest against this namespace (its owner's): the trigger may fire only inside
-    /// the read namespace, the output directory lies in the write namespace (and in the
-    /// replace namespace when it asks to replace files), the annex is granted. The error says
-    /// which part is outside and what the namespace holds.
+    /// the read namespace (a trigger on no file fires on no path), the output directory lies in
+    /// the write namespace (and in the replace namespace when it asks to replace files), the
+    /// annex is granted. The error says which part is outside and what the namespace holds.
     pub fn confine(&self, m: &FunctionManifest) -> Result<(), NamespaceError> {
-        let rule = m.trigger.compile().map_err(|e| refuse(format!("trigger: {e}")))?;
-        let Some(bound) = rule.path_bound() else {
-            return Err(refuse(format!(
-                "the trigger {} could fire on any path: bound it with a path glob or a `path prefix` test inside \
-                 {}'s read namespace ({})",
-                m.trigger,
-                m.owner,
-                self.readable()
-            )));
-        };
-        for prefix in &bound {
-            if !self.bound_inside(prefix) {
-                return Err(refuse(format!(
-                    "the trigger {} could fire on paths under {prefix:?}, outside {}'s read namespace ({})",
-                    m.trigger,
-                    m.owner,
-                    self.readable()
-                )));
-            }
+        if !m.trigger.on_no_file() {
+            self.confine_trigger(m)?;
         }
         if let Some(r) = m.inputs.refs.iter().find(|r| !self.may_read(r)) {
             return Err(refuse(format!(
@@ -287,6 +270,31 @@ impl Namespace {
             && !self.may_use_annex(annex)
         {
             return Err(refuse(format!("{} may not use annex {annex:?} (no annex grant)", m.owner)));
+        }
+        Ok(())
+    }
+
+    /// The trigger of `m` fires only inside the read namespace.
+    fn confine_trigger(&self, m: &FunctionManifest) -> Result<(), NamespaceError> {
+        let rule = m.trigger.compile().map_err(|e| refuse(format!("trigger: {e}")))?;
+        let Some(bound) = rule.path_bound() else {
+            return Err(refuse(format!(
+                "the trigger {} could fire on any path: bound it with a path glob or a `path prefix` test inside \
+                 {}'s read namespace ({})",
+                m.trigger,
+                m.owner,
+                self.readable()
+            )));
+        };
+        for prefix in &bound {
+            if !self.bound_inside(prefix) {
+                return Err(refuse(format!(
+                    "the trigger {} could fire on paths under {prefix:?}, outside {}'s read namespace ({})",
+                    m.trigger,
+                    m.owner,
+                    self.readable()
+                )));
+            }
         }
         Ok(())
     }

@@ -97,8 +97,10 @@ pub struct RenewClaims {
     pub version: u32,
     /// Its module's digest.
     pub digest: Digest,
-    /// The storage path of the input file.
-    pub input: String,
+    /// The storage path of the input file; none for a job without an input (a run on no
+    /// file), which is renewed its write macaroon alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
     /// The storage path of the output directory.
     pub output: String,
 }

@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
         let i = k % OWNERS;
         let f = &functions[i];
         let ns = namespaces.of(&f.manifest.owner, None);
-        let replace = htfaas_gateway::jobs::confine(&ns, &f.manifest.owner, f, &paths[i])
+        let replace = htfaas_gateway::jobs::confine(&ns, &f.manifest.owner, f, Some(paths[i].as_str()))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         black_box(replace);
     }

@@ -64,7 +64,9 @@ pub(crate) fn credentials(
     let mut facts = Vec::new();
     let mut unreadable = Vec::new();
     let mut write_id = None;
-    for (role, bearer) in [("read", &request.input.macaroon), ("write", &request.output.macaroon)] {
+    // A run on no file has no read macaroon.
+    let read = request.input.as_ref().map(|i| ("read", &i.macaroon));
+    for (role, bearer) in read.into_iter().chain([("write", &request.output.macaroon)]) {
         match MacaroonFacts::from_bearer(role, bearer) {
             Ok(f) => {
                 if role == "write" {

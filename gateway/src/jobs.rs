@@ -3,7 +3,9 @@
 //! macaroon for the output directory from the storage, the scheduler's dedupe key, the event
 //! the job keeps, the function's retry policy and what becomes of a failed run's outputs
 //! ([`prepare`]). Shared by the dispatcher ([`crate::dispatch`]) and the API's
-//! runs.
+//! runs. A run on no file (an event with an empty path: a schedule's tick) is built only for a
+//! function scheduled on no file ([`htfaas_functions::Trigger::on_no_file`]), without an input
+//! and its read macaroon; any other function's is refused.
 //!
 //! Must not know: NATS, HTTP routes, the firing table or [`crate::state::Shared`] (it takes the
 //! parts it uses, [`JobContext`]).
@@ -130,15 +132,17 @@ impl<'a> RunsAs<'a> {
     }
 }
 
-/// Checks, when a run becomes a job, that `who` may still read `path` and the function's
-/// reference inputs, write the function's
+/// Checks, when a run becomes a job, that `who` may still read `path` (none for a run on no
+/// file) and the function's reference inputs, write the function's
 /// output directory and use its annex in the namespace `ns` (a grant may have been revoked since
 /// the registration, and a replay or manual run names paths of its own); returns whether its
 /// write macaroon may replace files (the manifest asks and the namespace allows). A refusal is
 /// permanent and names the principal.
-pub fn confine(ns: &Namespace, who: &str, function: &FunctionRecord, path: &str) -> Result<bool, JobError> {
+pub fn confine(ns: &Namespace, who: &str, function: &FunctionRecord, path: Option<&str>) -> Result<bool, JobError> {
     let m = &function.manifest;
-    if !ns.may_read(path) {
+    if let Some(path) = path
+        && !ns.may_read(path)
+    {
         return Err(JobError::Permanent(format!("{path} is outside the read namespace of {who}")));
     }
     if let Some(r) = m.inputs.refs.iter().find(|r| !ns.may_read(r)) {
@@ -158,14 +162,14 @@ pub fn confine(ns: &Namespace, who: &str, function: &FunctionRecord, path: &str)
     Ok(m.outputs.replace && ns.may_replace(&m.outputs.dir))
 }
 
-/// The namespace checks of a job of `function` on `path` acting as `runs_as`: the owner's
+/// The namespace checks of a job of `function` on `path` (none: on no file) acting as `runs_as`: the owner's
 /// namespace always (the function is confined to it), and a bearer's own too; the write
 /// macaroon replaces only where both allow it.
 pub fn confine_run(
     namespaces: &Namespaces,
     function: &FunctionRecord,
     runs_as: RunsAs<'_>,
-    path: &str,
+    path: Option<&str>,
 ) -> Result<bool, JobError> {
     let m = &function.manifest;
     // A group revoked since the registration refuses the run, as a revoked path does.
@@ -203,10 +207,15 @@ fn allowed_for(
 ) -> Result<(), String> {
     let Some(function) = function else { return Ok(()) };
     let runs_as = RunsAs::of(&function.manifest, &job.owner, job.group.as_deref());
-    match confine_run(namespaces, function, runs_as, &job.event.path) {
+    match confine_run(namespaces, function, runs_as, input_path(&job.event.path)) {
         Ok(_) => Ok(()),
         Err(JobError::Permanent(why) | JobError::Transient(why)) => Err(why),
     }
+}
+
+/// The input file of an event's `path`: none when it names no file (a run on no file).
+pub(crate) fn input_path(path: &str) -> Option<&str> {
+    (!path.is_empty()).then_some(path)
 }
 
 /// Why a bearer other than the owner may not run `m`: it runs with its owner's secrets.
@@ -239,9 +248,11 @@ pub fn function_ref(public_url: &str, function: &FunctionRecord) -> FunctionRef 
 
 /// Builds the job for `function` on the file `event.path` acting as `runs_as`
 /// ([`confine_run`], [`RunsAs`]): a read macaroon for exactly that file and a write macaroon for
-/// exactly the function's output directory, issued for the run's writer, from the storage.
-/// A collecting function's group `members` (its other files) are read as reference inputs,
-/// each checked against the namespaces as the input is.
+/// exactly the function's output directory, issued for the run's writer, from the storage. An
+/// empty `event.path` is a run on no file: no input, no read macaroon, and only a function
+/// scheduled on no file may have one (refused for good otherwise). A collecting function's
+/// group `members` (its other files) are read as reference inputs, each checked against the
+/// namespaces as the input is.
 /// The job asks the scheduler to bind both to its EP's address when the gateway is configured
 /// to ([`JobContext::bind_macaroons_to_ep`], only ever true for the dCache dialect).
 pub async fn prepare(
@@ -253,9 +264,17 @@ pub async fn prepare(
     members: &[String],
 ) -> Result<SubmitRequest, JobError> {
     let m = &function.manifest;
-    let replace = confine_run(cx.namespaces, function, runs_as, &event.path)?;
+    let path = input_path(&event.path);
+    if path.is_none() && !m.trigger.on_no_file() {
+        return Err(JobError::Permanent(format!(
+            "a run on no file: function {} runs only on a file (only a schedule with neither a path nor a rule \
+             runs on none)",
+            m.name
+        )));
+    }
+    let replace = confine_run(cx.namespaces, function, runs_as, path)?;
     for member in members {
-        confine_run(cx.namespaces, function, runs_as, member)?;
+        confine_run(cx.namespaces, function, runs_as, Some(member))?;
     }
     // A secret not set yet holds the firing back (it is tried again); one that does not open
     // (another key, an altered row) is refused for good. Values are never in the error. A
@@ -275,17 +294,25 @@ pub async fn prepare(
     let writer = crate::storage_client::writer_of_run(runs_as.name(m), &m.name);
     let storage_err = |e: StorageError| storage_failure(e.to_string(), &e);
     // Both requests at once: they are independent, and each is a round trip to the storage.
-    let (read, write) = tokio::join!(
-        cx.storage.read_macaroon(&event.path),
-        cx.storage.write_macaroon(&m.outputs.dir, replace, &writer)
-    );
+    let read = async {
+        match path {
+            Some(path) => cx.storage.read_macaroon(path).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    let (read, write) = tokio::join!(read, cx.storage.write_macaroon(&m.outputs.dir, replace, &writer));
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let refs = references(cx.storage, &m.inputs.refs, members).await?;
-    let name = event.path.rsplit('/').next().unwrap_or_default().to_owned();
+    let input = path.zip(read).map(|(path, macaroon)| InputSpec {
+        sha256: None,
+        url: cx.storage.url_of(path),
+        name: path.rsplit('/').next().unwrap_or_default().to_owned(),
+        macaroon,
+    });
     Ok(SubmitRequest {
         function: function_ref(cx.public_url, function),
         resources: m.resources,
-        input: InputSpec { sha256: None, url: cx.storage.url_of(&event.path), name, macaroon: read },
+        input,
         output: OutputSpec {
             url: cx.storage.url_of(&m.outputs.dir),
             macaroon: write,
@@ -401,18 +428,22 @@ mod tests {
         let f = crate::testing::function("f", None, None);
         let m = &f.manifest;
         assert_eq!(RunsAs::of(m, "alice", None), RunsAs::Owner);
-        assert!(confine_run(&namespaces, &f, RunsAs::Owner, "/data/x").is_ok());
+        assert!(confine_run(&namespaces, &f, RunsAs::Owner, Some("/data/x")).is_ok());
         let bob = RunsAs::of(m, "bob", None);
         assert_eq!(bob, RunsAs::Bearer { name: "bob", group: None });
-        let Err(JobError::Permanent(why)) = confine_run(&namespaces, &f, bob, "/data/x") else { panic!("bob read") };
+        let Err(JobError::Permanent(why)) = confine_run(&namespaces, &f, bob, Some("/data/x")) else {
+            panic!("bob read")
+        };
         assert_eq!(why, "/data/x is outside the read namespace of bob");
         // The group's read grant counts for bob only with his group grant.
         let grouped = RunsAs::Bearer { name: "bob", group: Some("atlas") };
-        let Err(JobError::Permanent(why)) = confine_run(&namespaces, &f, grouped, "/data/x") else { panic!("claim") };
+        let Err(JobError::Permanent(why)) = confine_run(&namespaces, &f, grouped, Some("/data/x")) else {
+            panic!("claim")
+        };
         assert!(why.contains("bob may not charge runs to the accounting group \"atlas\""), "{why}");
         registry.grant(&grant("bob", Right::Group, "atlas")).expect("grant");
         namespaces.reload(&registry).expect("reload");
-        assert!(confine_run(&namespaces, &f, grouped, "/data/x").is_ok());
+        assert!(confine_run(&namespaces, &f, grouped, Some("/data/x")).is_ok());
 
         // A job of bob's, made while allowed, is no longer once the group grant goes.
         let job: htfaas_functions::proto::JobRecord = serde_json::from_value(serde_json::json!({
@@ -429,5 +460,38 @@ mod tests {
         let why = allowed_for(&namespaces, Some(&f), &job).expect_err("revoked");
         assert!(why.contains("no group grant"), "{why}");
         assert_eq!(allowed_for(&namespaces, None, &job), Ok(()), "no version: nothing to check against");
+    }
+
+    /// A run on no file (an event naming no path) is refused for good for a function that runs
+    /// on files, before the storage is asked for anything; a function scheduled on no file goes
+    /// on to the storage (here away: a transient failure, tried again later).
+    #[tokio::test]
+    async fn a_run_on_no_file_is_only_a_schedule_on_no_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let registry = htfaas_functions::Registry::open(dir.path()).expect("registry");
+        let grants = vec![grant("alice", Right::Read, "/data/"), grant("alice", Right::Write, "/out/")];
+        let namespaces = Namespaces::load(grants, &registry).expect("namespaces");
+        let secrets = crate::secrets::Secrets::new(htfaas_functions::seal::Sealer::from_key(&[9u8; 32]));
+        let auth = crate::storage_client::StorageAuth::Basic { user: "u".into(), secret: "s".into() };
+        let kind = crate::storage_client::StorageKind::Dcache;
+        let storage = StorageClient::new(reqwest::Client::new(), kind, "http://127.0.0.1:9", auth, "PT2H", "PT4H");
+        let cx = JobContext {
+            namespaces: &namespaces,
+            registry: &registry,
+            secrets: &secrets,
+            storage: &storage,
+            public_url: "http://gw",
+            bind_macaroons_to_ep: false,
+        };
+        let no_file = EventRef::new("backfill:schedule:1", "backfill:schedule:f:1", "");
+        let on_files = crate::testing::function("f", None, None);
+        let refused = prepare(cx, &on_files, RunsAs::Owner, no_file.clone(), "k".into(), &[]).await;
+        let Err(JobError::Permanent(why)) = refused else { panic!("a run on no file of a function on files") };
+        assert!(why.contains("a run on no file: function f runs only on a file"), "{why}");
+        let mut nightly = crate::testing::function("nightly", None, None);
+        nightly.manifest.trigger =
+            htfaas_functions::Trigger { schedule: Some("0 3 * * *".into()), ..htfaas_functions::Trigger::on_path("") };
+        let storage_away = prepare(cx, &nightly, RunsAs::Owner, no_file, "k".into(), &[]).await;
+        assert!(matches!(storage_away, Err(JobError::Transient(_))), "{storage_away:?}");
     }
 }

@@ -6,7 +6,8 @@
 //! must not know: HTTP routes, the gateway's shared state.
 //!
 //! Nothing here is counted twice: the ingest and dispatch counters are the atomics of
-//! [`crate::stats::Stats`] (also served as JSON at `GET /v1/stats`), read at scrape time; the
+//! [`crate::stats::Stats`] (also served as JSON at `GET /v1/stats`), read at scrape time (the
+//! firings the rate limits hold are the table's own count, `Firings::rate_waiting`); the
 //! only counters kept here are the refusals of bearer tokens, which the API middleware
 //! `api::metrics::count_refusals` counts off the hot path (only when an answer is 401).
 //!
@@ -16,6 +17,7 @@
 //! | `htfaas_gateway_events_total` | counter | `outcome` | events by what became of them: `fired` (one firing or more queued), `duplicate`, `loop_guarded` (every matching function guarded), `unmatched` (no trigger true), `ignored`, `not_enabled` (a type the site did not enable), `malformed`, `out_of_bounds` (its subject may not speak for its path: `source_paths`) |
 //! | `htfaas_gateway_firings_total` | counter | `outcome` | firings (event × function): `queued`, `deduplicated`, `superseded` (debounce), `loop_guarded`, `rate_delayed` (waited for a rate token) |
 //! | `htfaas_gateway_firings_pending` | gauge | | firings waiting in the table to be submitted |
+//! | `htfaas_gateway_firings_rate_waiting` | gauge | `function` | a rate-limited trigger's firings held waiting for their token (pending, given their token's time, never tried), counted from the firing table at scrape time off the async threads; a function holding none is not listed |
 //! | `htfaas_gateway_submissions_total` | counter | `outcome` | submissions to the scheduler: `created`, `deduplicated`, `refused`, `transient_failure` (retried later) |
 //! | `htfaas_gateway_ingest_batches_total` | counter | | batches the ingest loop committed |
 //! | `htfaas_gateway_ingest_lanes` | gauge | | owners' ingest lanes running (one durable consumer each) |

@@ -93,8 +93,8 @@ impl Submitter {
 
     /// The renewal grant of `req`, a job of `owner` submitted with the token `jti`,
     /// writing to `output` (its function's output directory): exactly its function version,
-    /// input file (`req.event.path`) and output directory, until [`GRANT_QUEUE_S`] plus its run
-    /// time from now.
+    /// input file (`req.event.path`; none for a job without an input) and output directory,
+    /// until [`GRANT_QUEUE_S`] plus its run time from now.
     pub fn grant(
         &self,
         owner: &str,
@@ -117,7 +117,7 @@ impl Submitter {
             function: req.function.name.clone(),
             version: req.function.version,
             digest: req.function.digest.clone(),
-            input: req.event.path.clone(),
+            input: req.input.is_some().then(|| req.event.path.clone()),
             output: output.to_owned(),
         };
         Ok(RenewalGrant(self.key.sign(&claims)?))
@@ -477,7 +477,7 @@ mod tests {
                 native: None,
             },
             resources: htfaas_functions::Resources::new(2, 512, runtime_s),
-            input: htfaas_functions::proto::InputSpec::new("http://s/a", "a", "m"),
+            input: Some(htfaas_functions::proto::InputSpec::new("http://s/a", "a", "m")),
             output: htfaas_functions::proto::OutputSpec {
                 url: "http://s/o/".into(),
                 macaroon: "m".into(),

@@ -40,7 +40,7 @@ fn request() -> SubmitRequest {
             native: None,
         },
         resources: Resources::new(1, 256, 60),
-        input: InputSpec::new(format!("{STORAGE}{input}"), "frame-000123.dat", macaroon(340)),
+        input: Some(InputSpec::new(format!("{STORAGE}{input}"), "frame-000123.dat", macaroon(340))),
         output: OutputSpec {
             url: format!("{STORAGE}/data/experiment/derived/2025/06/run-004211/"),
             macaroon: macaroon(360),

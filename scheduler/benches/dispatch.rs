@@ -320,11 +320,11 @@ fn request(dedupe_key: String) -> SubmitRequest {
             native: None,
         },
         resources: Resources::new(1, 256, 60),
-        input: InputSpec::new(
+        input: Some(InputSpec::new(
             format!("https://dcache.example.org:2880{input}"),
             "frame-000123.dat",
             macaroon(&["activity:DOWNLOAD", &format!("path:{input}"), "before:2030-01-01T00:00:00Z"]),
-        ),
+        )),
         output: OutputSpec {
             url: "https://dcache.example.org:2880/data/experiment/derived/2025/06/run-004211/".into(),
             macaroon: macaroon(&[

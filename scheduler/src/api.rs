@@ -655,10 +655,10 @@ mod tests {
     fn input_names_must_be_one_clean_segment() {
         let mut req = crate::testing::request("k");
         for bad in ["../x", "..", ".", "", "a/b", "a\\b", "a\0"] {
-            req.input.name = bad.into();
+            req.input.as_mut().expect("an input").name = bad.into();
             assert_eq!(validate(&req), Err(SubmitInvalid::InputName(bad.into())), "{bad:?} accepted");
         }
-        req.input.name = "a.dat".into();
+        req.input.as_mut().expect("an input").name = "a.dat".into();
         assert_eq!(validate(&req), Ok(()));
         req.output.url = "http://s/out".into();
         assert_eq!(validate(&req), Err(SubmitInvalid::OutputUrl));

@@ -249,9 +249,8 @@ pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Re
         caveats.push(format!("ip:{}", ip.to_canonical()));
     }
     let caveats: Vec<&str> = caveats.iter().map(String::as_str).collect();
-    for m in
-        [&mut a.input.macaroon, &mut a.output.macaroon].into_iter().chain(a.refs.iter_mut().map(|r| &mut r.macaroon))
-    {
+    let input = a.input.as_mut().map(|i| &mut i.macaroon);
+    for m in input.into_iter().chain([&mut a.output.macaroon]).chain(a.refs.iter_mut().map(|r| &mut r.macaroon)) {
         *m = attenuate(m, &caveats).map_err(RestrictError::Attenuate)?;
     }
     Ok(a)
@@ -288,7 +287,7 @@ mod tests {
         let before = format!("before:{}", utc_timestamp(1000 + a.resources.runtime_s + MACAROON_GRACE_S));
         let caveats_of = |bind_to: Option<IpAddr>| {
             let out = restrict(a.clone(), 1000, bind_to).expect("attenuates");
-            [out.input.macaroon, out.output.macaroon].map(|m| inspect(&m).expect("parses"))
+            [out.input.expect("an input").macaroon, out.output.macaroon].map(|m| inspect(&m).expect("parses"))
         };
         for (bind_to, ip) in [
             (None, None),
@@ -298,7 +297,7 @@ mod tests {
         ] {
             for (caveats, original) in caveats_of(bind_to.map(|b| b.parse().expect("address")))
                 .iter()
-                .zip([&a.input.macaroon, &a.output.macaroon])
+                .zip([&a.input.as_ref().expect("an input").macaroon, &a.output.macaroon])
             {
                 let original = inspect(original).expect("parses");
                 let mut expected = original.clone();

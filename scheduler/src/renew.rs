@@ -26,7 +26,10 @@
 //!    the revocation is checked again, so one made during the round trip refuses the answer.
 //!
 //! The new macaroons get the same `before:` (the job's dispatch + run time + grace) and, when
-//! the job asked for it, the same `ip:` binding to the EP's address as the assignment's.
+//! the job asked for it, the same `ip:` binding to the EP's address as the assignment's. A job
+//! without an input (a run on no file) asks for no input and gets the write macaroon alone: a
+//! gateway answer with a read macaroon for it (or without one for a job with an input) is
+//! refused ([`answer_fits`]).
 //!
 //! Must not know: SQL, the WebSocket, the EP's reasons for asking.
 
@@ -34,7 +37,7 @@ use crate::dispatch::{MACAROON_GRACE_S, restrict};
 use crate::queue::RenewalFacts;
 use crate::state::Shared;
 use htfaas_functions::audit::{AuditDraft, Subject};
-use htfaas_functions::proto::{RenewRequest, SchedulerMsg};
+use htfaas_functions::proto::{RenewRequest, RenewResponse, SchedulerMsg};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -95,7 +98,17 @@ async fn record(shared: &Shared, subject: Subject, ep: &str, refused: Option<&st
     }
 }
 
-type Renewed = Result<(Subject, String, String), (Subject, String)>;
+type Renewed = Result<(Subject, Option<String>, String), (Subject, String)>;
+
+/// Whether the gateway's answer fits the job: a read macaroon exactly when the job has an
+/// input. `Err` is the refusal.
+pub(crate) fn answer_fits(has_input: bool, fresh: &RenewResponse) -> Result<(), String> {
+    match (has_input, fresh.input_macaroon.is_some()) {
+        (false, true) => Err("the gateway answered a read macaroon for a job without an input".into()),
+        (true, false) => Err("the gateway answered no read macaroon for the job's input".into()),
+        _ => Ok(()),
+    }
+}
 
 /// Checks 2 to 6; the new macaroons, or the refusal, each with the job's audit subject.
 async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &str) -> Renewed {
@@ -120,24 +133,29 @@ async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &
         owner: facts.credential.owner.clone().unwrap_or_default(),
         token_jti: facts.credential.jti.clone(),
         digest: r.function.digest.clone(),
-        input_url: r.input.url.clone(),
+        input_url: r.input.as_ref().map(|i| i.url.clone()),
         output_url: r.output.url.clone(),
     };
     let fresh = match gateway.renew(&grant, &req).await {
         Ok(fresh) => fresh,
         Err(why) => return Err((subject, why)),
     };
+    if let Err(why) = answer_fits(r.input.is_some(), &fresh) {
+        return Err((subject, why));
+    }
     // A revocation made while the gateway was asked refuses its answer.
     if let Some(reason) = shared.queue.revoked_reason(&facts.credential) {
         return Err((subject, format!("the job's token is revoked: {reason}")));
     }
     // Only its macaroons are read: the attempt (its trace span) does not matter here.
     let mut a = crate::queue::assignment(job_id.to_owned(), facts.request.clone(), 0);
-    a.input.macaroon = fresh.input_macaroon;
+    if let (Some(input), Some(read)) = (a.input.as_mut(), fresh.input_macaroon) {
+        input.macaroon = read;
+    }
     a.output.macaroon = fresh.output_macaroon;
     let bind = facts.request.bind_ep_address.then_some(ip);
     match restrict(a, facts.started_at_ms / 1000, bind) {
-        Ok(a) => Ok((subject, a.input.macaroon, a.output.macaroon)),
+        Ok(a) => Ok((subject, a.input.map(|i| i.macaroon), a.output.macaroon)),
         Err(e) => Err((subject, e.to_string())),
     }
 }
@@ -177,5 +195,18 @@ mod tests {
         assert_eq!(e, "the job has no renewal grant");
         let e = decide(&f, within, None, false).expect_err("no gateway");
         assert!(e.contains("no gateway_url"), "{e}");
+    }
+
+    /// The gateway's answer is taken only when it fits the job: a job without an input gets no
+    /// read macaroon (one answered for it is refused), a job with an input needs one.
+    #[test]
+    fn a_renewal_answer_with_a_read_macaroon_for_a_job_without_an_input_is_refused() {
+        let answer =
+            |read: Option<&str>| RenewResponse { input_macaroon: read.map(str::to_owned), output_macaroon: "w".into() };
+        assert_eq!(answer_fits(false, &answer(None)), Ok(()));
+        assert_eq!(answer_fits(true, &answer(Some("r"))), Ok(()));
+        let e = answer_fits(false, &answer(Some("r"))).expect_err("a read macaroon for no input");
+        assert!(e.contains("read macaroon for a job without an input"), "{e}");
+        assert!(answer_fits(true, &answer(None)).is_err(), "no read macaroon for an input");
     }
 }

@@ -30,7 +30,9 @@ fn each_field(
     slot: impl Fn(&str) -> String,
     f: impl Fn(&str, &str) -> Result<String, SealError>,
 ) -> Result<(), SealError> {
-    r.input.macaroon = f(&slot("input"), &r.input.macaroon)?;
+    if let Some(input) = &mut r.input {
+        input.macaroon = f(&slot("input"), &input.macaroon)?;
+    }
     r.output.macaroon = f(&slot("output"), &r.output.macaroon)?;
     for reference in &mut r.refs {
         reference.macaroon = f(&slot(&format!("ref:{}", reference.path)), &reference.macaroon)?;

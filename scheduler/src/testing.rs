@@ -24,7 +24,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
             native: None,
         },
         resources: Resources::new(1, 64, 60),
-        input: InputSpec::new("http://storage/data/raw/a", "a", macaroon("DOWNLOAD", "/data/raw/a")),
+        input: Some(InputSpec::new("http://storage/data/raw/a", "a", macaroon("DOWNLOAD", "/data/raw/a"))),
         output: OutputSpec {
             url: "http://storage/data/out/".into(),
             macaroon: macaroon("UPLOAD", "/data/out"),

@@ -113,6 +113,13 @@ pub enum UrlRefusal {
         /// The input URL.
         url: String,
     },
+    /// A job without an input whose event names a path: the lineage and audit trails would
+    /// show a run on no file as a run on that file (a job lying about having no input).
+    #[error("event.path {path:?} names a file, but the job has no input: a run on no file names no path")]
+    NoInputPath {
+        /// The claimed path.
+        path: String,
+    },
     /// A reference input whose guest path is not the storage path its URL names (without the
     /// leading `/`): the lineage records the path, so a reference may not pose as another file.
     #[error("refs: path {path:?} is not the file {url:?} names")]
@@ -284,10 +291,19 @@ impl UrlTrust {
     pub fn check(&self, req: &SubmitRequest) -> Result<(), UrlRefusal> {
         let store = if req.function.native.is_some() { "images" } else { "modules" };
         self.check_code(store, &req.function.digest, &req.function.module_url)?;
-        self.check_storage("input.url", &req.input.url)?;
+        match &req.input {
+            Some(input) => self.check_storage("input.url", &input.url)?,
+            // A run on no file names no file: its event may not claim one.
+            None if !req.event.path.is_empty() => {
+                return Err(UrlRefusal::NoInputPath { path: shown(&req.event.path) });
+            }
+            None => {}
+        }
         self.check_storage("output.url", &req.output.url)?;
-        if !names_file(&req.input.url, &req.event.path) {
-            return Err(UrlRefusal::EventPath { path: shown(&req.event.path), url: shown(&req.input.url) });
+        if let Some(input) = &req.input
+            && !names_file(&input.url, &req.event.path)
+        {
+            return Err(UrlRefusal::EventPath { path: shown(&req.event.path), url: shown(&input.url) });
         }
         for r in &req.refs {
             self.check_storage("refs.url", &r.url)?;
@@ -376,7 +392,7 @@ mod tests {
     #[test]
     fn the_module_url_must_be_the_stores_url_for_the_digest() {
         let mut req = crate::testing::request("k");
-        req.input.url = "http://storage.example:2880/data/raw/a".into();
+        req.input.as_mut().expect("an input").url = "http://storage.example:2880/data/raw/a".into();
         req.output.url = "http://storage.example:2880/data/out/".into();
         let good = format!("https://gw.example/htfaas/v1/modules/{}", req.function.digest);
         req.function.module_url = good.clone();
@@ -405,6 +421,24 @@ mod tests {
         req.function.module_url = good;
         req.output.url = "http://internal:9000/upload/".into();
         assert!(matches!(trust().check(&req), Err(UrlRefusal::UntrustedStorage { field: "output.url", .. })));
+    }
+
+    /// A job without an input (a run on no file) names no path: one whose event claims a file
+    /// is refused, as its trails would show it reading that file.
+    #[test]
+    fn a_job_without_an_input_names_no_path() {
+        let mut req = crate::testing::request("k");
+        req.output.url = "http://storage.example:2880/data/out/".into();
+        req.function.module_url = format!("https://gw.example/htfaas/v1/modules/{}", req.function.digest);
+        req.input = None;
+        req.event.path = String::new();
+        assert_eq!(trust().check(&req), Ok(()));
+        for lie in ["/data/alice/secret.txt", "/data/raw/a", "/"] {
+            req.event.path = lie.into();
+            let e = trust().check(&req).expect_err(lie);
+            assert_eq!(e, UrlRefusal::NoInputPath { path: lie.into() });
+            assert!(e.to_string().contains("names a file, but the job has no input"), "{e}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! A submit request checked on its own, before its URLs, its token's limits and the site
 //! policy ([`validate`], 400 [`SubmitInvalid`]): names, URLs and field sizes, arguments, the
-//! environment and the secrets, the retry policy's bounds.
+//! environment and the secrets, the retry policy's bounds; a job without an input (a run on no
+//! file) runs no handler, which serves one file per run.
 //!
 //! Must not know: tokens, the store, HTTP beyond the rule each refusal names.
 
@@ -61,6 +62,9 @@ pub enum SubmitInvalid {
     /// `input.url` is not an http(s) URL.
     #[error("input.url must be an http or https URL")]
     InputUrl,
+    /// A job without an input for a native handler, which serves one file per run.
+    #[error("a job without an input cannot run a handler (function.native.handler): a handler serves one file per run")]
+    HandlerWithoutInput,
     /// The input's expected sha256 is not 64 hex digits.
     #[error("input.sha256 must be 64 hex digits")]
     InputSha256,
@@ -141,20 +145,15 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     if let Some(class) = &req.class {
         check_name(class).map_err(Class)?;
     }
-    let name = &req.input.name;
-    if name.is_empty() || name.len() > 255 || name.contains('/') || !is_clean_abs_path(&format!("/{name}")) {
-        return Err(InputName(name.clone()));
-    }
-    if !http_url(&req.input.url) {
-        return Err(InputUrl);
-    }
-    if req.input.sha256.as_deref().is_some_and(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
-        return Err(InputSha256);
+    match &req.input {
+        Some(input) => check_input(input)?,
+        None if req.function.native.as_ref().is_some_and(|n| n.handler) => return Err(HandlerWithoutInput),
+        None => {}
     }
     if !http_url(&req.output.url) || !req.output.url.ends_with('/') {
         return Err(OutputUrl);
     }
-    if !bounded(&req.input.macaroon) || !bounded(&req.output.macaroon) {
+    if !bounded(&req.output.macaroon) {
         return Err(Macaroons);
     }
     if req.args.len() > 64 || req.args.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
@@ -222,6 +221,24 @@ pub fn validate(req: &SubmitRequest) -> Result<(), SubmitInvalid> {
     Ok(())
 }
 
+/// A job's input: one clean name, an http(s) URL, a bounded macaroon, a sha256 if any.
+fn check_input(input: &htfaas_functions::proto::InputSpec) -> Result<(), SubmitInvalid> {
+    let name = &input.name;
+    if name.is_empty() || name.len() > 255 || name.contains('/') || !is_clean_abs_path(&format!("/{name}")) {
+        return Err(SubmitInvalid::InputName(name.clone()));
+    }
+    if !http_url(&input.url) {
+        return Err(SubmitInvalid::InputUrl);
+    }
+    if input.sha256.as_deref().is_some_and(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(SubmitInvalid::InputSha256);
+    }
+    if !bounded(&input.macaroon) {
+        return Err(SubmitInvalid::Macaroons);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,8 +266,25 @@ mod tests {
     fn an_expected_input_sha256_must_be_64_hex_digits() {
         let mut r = crate::testing::request("k");
         for (h, ok) in [("ab".repeat(32), true), ("ab".repeat(33), false), ("g".repeat(64), false)] {
-            r.input.sha256 = Some(h.clone());
+            r.input.as_mut().expect("an input").sha256 = Some(h.clone());
             assert_eq!(validate(&r).is_ok(), ok, "{h}");
         }
+    }
+
+    /// A job without an input validates, but not for a handler: a handler serves one file per
+    /// run, and one without a file is refused (400) rather than handed a run it cannot serve.
+    #[test]
+    fn a_job_without_an_input_runs_no_handler() {
+        let mut r = crate::testing::request("k");
+        r.input = None;
+        r.event.path = String::new();
+        assert_eq!(validate(&r), Ok(()));
+        r.function.native =
+            Some(htfaas_functions::proto::NativeCode { command: vec!["/bin/run".into()], handler: false });
+        assert_eq!(validate(&r), Ok(()), "a command started per run may run on no file");
+        r.function.native = Some(htfaas_functions::proto::NativeCode { command: vec!["/bin/h".into()], handler: true });
+        let e = validate(&r).expect_err("a handler on no file");
+        assert_eq!(e, SubmitInvalid::HandlerWithoutInput);
+        assert!(e.to_string().contains("cannot run a handler"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 #[allow(clippy::large_enum_variant)]
 pub enum FnCommand {
     /// Register a function: upload its module (or name its image) and its manifest.
-    #[command(group(clap::ArgGroup::new("fires").required(true).multiple(true).args(["trigger", "rule"])))]
+    #[command(group(clap::ArgGroup::new("fires").required(true).multiple(true).args(["trigger", "rule", "schedule"])))]
     #[command(group(clap::ArgGroup::new("code").required(true).args(["wasm", "image"])))]
     Register {
         #[command(flatten)]
@@ -43,7 +43,8 @@ pub enum FnCommand {
         #[arg(long)]
         trigger: Option<String>,
         /// Trigger rule, e.g. 'path prefix "/data/raw/" and size > 1MB and not name suffix ".tmp"'
-        /// (fires only on writes unless it names a kind or type). At least one of --trigger, --rule.
+        /// (fires only on writes unless it names a kind or type). At least one of --trigger, --rule
+        /// (or --schedule alone, to run on no file).
         #[arg(long)]
         rule: Option<String>,
         /// Most runs started per second, as RATE or RATE/BURST (e.g. 2 or 0.5/4); the excess
@@ -137,8 +138,9 @@ pub enum FnCommand {
         webhook_key_secret: Option<String>,
         /// Fire on a crontab schedule instead of on events, e.g. '0 3 * * *', in the site's time
         /// zone (the gateway's time_zone): each tick fires the function on every file below its
-        /// --trigger or --rule directories that the trigger is true for; ticks missed while the
-        /// gateway was down fire once.
+        /// --trigger or --rule directories that the trigger is true for (without either, once per
+        /// tick on no file: it reads only its --ref inputs); ticks missed while the gateway was
+        /// down fire once.
         #[arg(long, value_name = "CRON")]
         schedule: Option<String>,
         /// Collect the trigger's files into groups (by directory, or the level `key=` names) and

@@ -60,7 +60,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
             native: None,
         },
         resources: spin.manifest.resources,
-        input: InputSpec::new(format!("{storage}/data/spin/in.dat"), "in.dat", read.clone()),
+        input: Some(InputSpec::new(format!("{storage}/data/spin/in.dat"), "in.dat", read.clone())),
         output: OutputSpec {
             url: format!("{storage}/data/spin-out/"),
             macaroon: write.clone(),

@@ -90,7 +90,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
         SchedulerMsg::Assign(a) => a,
         other => panic!("expected an assign, got {other:?}"),
     };
-    for m in [&a.input.macaroon, &a.output.macaroon] {
+    for m in [&a.input.as_ref().expect("an input").macaroon, &a.output.macaroon] {
         let caveats = inspect(m).expect("parses");
         let n = caveats.len();
         assert!(n >= 2 && caveats[n - 2].starts_with("before:"), "{caveats:?}");
@@ -98,18 +98,18 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
     }
 
     let http = htfaas_gateway::http_client().expect("client");
-    let get = |macaroon: String| http.get(&a.input.url).bearer_auth(macaroon).send();
+    let get = |macaroon: String| http.get(&a.input.as_ref().expect("an input").url).bearer_auth(macaroon).send();
     let put = |macaroon: String, name: &str| {
         http.put(format!("{}{name}", a.output.url)).bearer_auth(macaroon).body(b"out".to_vec()).send()
     };
     // From here (127.0.0.1), as handed out.
-    let r = get(a.input.macaroon.clone()).await.expect("GET");
+    let r = get(a.input.as_ref().expect("an input").macaroon.clone()).await.expect("GET");
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.bytes().await.expect("body").as_ref(), b"bound input");
     assert!(put(a.output.macaroon.clone(), "from-the-ep").await.expect("PUT").status().is_success());
     // Narrowed to another address (TEST-NET-1), as if used from elsewhere: refused, both ways.
     let elsewhere = |m: &str| attenuate(m, &["ip:192.0.2.1"]).expect("attenuates");
-    let r = get(elsewhere(&a.input.macaroon)).await.expect("GET");
+    let r = get(elsewhere(&a.input.as_ref().expect("an input").macaroon)).await.expect("GET");
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert!(r.text().await.expect("body").contains("ip:"), "refused for its address");
     let r = put(elsewhere(&a.output.macaroon), "from-elsewhere").await.expect("PUT");

@@ -93,7 +93,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
             native: None,
         },
         resources: Resources::new(1, 64, 10),
-        input: InputSpec::new(format!("{storage}/data/raw/a"), "a", "m"),
+        input: Some(InputSpec::new(format!("{storage}/data/raw/a"), "a", "m")),
         output: OutputSpec {
             url: format!("{storage}/data/out/"),
             macaroon: "m".into(),

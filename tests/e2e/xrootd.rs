@@ -297,7 +297,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
             native: None,
         },
         resources: record.manifest.resources,
-        input: InputSpec::new(issuer.storage.url_of("/store/in/run17.dat"), "run17.dat", read),
+        input: Some(InputSpec::new(issuer.storage.url_of("/store/in/run17.dat"), "run17.dat", read)),
         output: OutputSpec {
             url: issuer.storage.url_of("/store/out/"),
             macaroon: write,

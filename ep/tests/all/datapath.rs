@@ -156,7 +156,7 @@ impl Flaky {
                 native: None,
             },
             resources: Resources::new(1, 64, 30),
-            input: InputSpec::new(format!("{}{input_path}", self.base), "in.dat", READ_MAC),
+            input: Some(InputSpec::new(format!("{}{input_path}", self.base), "in.dat", READ_MAC)),
             output: OutputSpec {
                 url: format!("{}/out/{id}/", self.base),
                 macaroon: WRITE_MAC.into(),

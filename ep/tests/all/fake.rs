@@ -353,7 +353,7 @@ impl Harness {
                 native: None,
             },
             resources: Resources::new(1, 64, 30),
-            input: InputSpec::new(format!("{}/storage/{dir}/{name}", self.base), name, READ_MAC),
+            input: Some(InputSpec::new(format!("{}/storage/{dir}/{name}", self.base), name, READ_MAC)),
             output: OutputSpec {
                 url: format!("{}/storage/out/", self.base),
                 macaroon: WRITE_MAC.into(),

@@ -271,7 +271,7 @@ async fn urls_outside_the_allowed_origins_are_refused_before_any_fetch() {
     let mut module = h.job("module", "wiki.txt");
     module.function.module_url = "http://169.254.169.254/latest/meta-data/?authz=SECRET".into();
     let mut input = h.job("input", "wiki.txt");
-    input.input.url = "http://10.0.0.1:8080/internal/admin".into();
+    input.input.as_mut().expect("an input").url = "http://10.0.0.1:8080/internal/admin".into();
     let mut output = h.job("output", "wiki.txt");
     output.output.url = "https://attacker.example/drop/".into();
     let redirect = h.job_of("redirect", "checksum", "redirect/wiki.txt");

@@ -52,6 +52,32 @@ async fn assign_runs_checksum_end_to_end() {
     h.stop().await;
 }
 
+/// A run on no file: no input is fetched, the reference file is read under `/input/ref/`, and
+/// the argv holds no input path (the checksum guest's first argument is the reference's).
+#[tokio::test]
+async fn a_job_without_an_input_reads_only_its_references() {
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    let mut j = h.job("no-input", "wiki.txt");
+    j.input = None;
+    j.refs = vec![htfaas_functions::proto::ReferenceInput {
+        url: format!("{}/storage/in/wiki.txt", h.base),
+        path: "storage/in/wiki.txt".into(),
+        macaroon: READ_MAC.into(),
+        sha256: None,
+    }];
+    j.args = vec!["/input/ref/storage/in/wiki.txt".into()];
+    c.send(&SchedulerMsg::Assign(j));
+    let r = c.finished().await;
+    assert_eq!(r.outcome, Outcome::Exited { exit_code: 0 }, "log: {}", r.log);
+    assert_eq!(r.input_sha256, None, "no input read");
+    assert_eq!((r.refs.len(), r.usage.bytes_in), (1, 9), "the reference alone: {:?}", r.refs);
+    assert_eq!(r.outputs.iter().map(|o| o.path.as_str()).collect::<Vec<_>>(), ["/storage/out/wiki.txt.checksums.json"]);
+    assert_eq!(h.seen.lock().expect("lock").input_auth.len(), 1, "one GET: the reference's");
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn failures_become_outcomes() {
     let mut h = Harness::start().await;
@@ -70,7 +96,7 @@ async fn failures_become_outcomes() {
 
     // Wrong read macaroon: 403 with the body in the reason, never the macaroon.
     let mut j = h.job("bad-mac", "wiki.txt");
-    j.input.macaroon = "wrong".into();
+    j.input.as_mut().expect("an input").macaroon = "wrong".into();
     c.send(&SchedulerMsg::Assign(j));
     let r = c.finished().await;
     match &r.outcome {
@@ -83,7 +109,7 @@ async fn failures_become_outcomes() {
 
     // An input name that is not one path segment.
     let mut j = h.job("bad-name", "wiki.txt");
-    j.input.name = "../wiki.txt".into();
+    j.input.as_mut().expect("an input").name = "../wiki.txt".into();
     c.send(&SchedulerMsg::Assign(j));
     assert!(matches!(c.finished().await.outcome, Outcome::InputFailed { .. }));
 

@@ -167,7 +167,7 @@ impl Scheduler {
                 native: None,
             },
             resources: Resources::new(1, 256, 60),
-            input: InputSpec::new(format!("{storage}/in/wiki.txt"), "wiki.txt", mac("activity:DOWNLOAD")),
+            input: Some(InputSpec::new(format!("{storage}/in/wiki.txt"), "wiki.txt", mac("activity:DOWNLOAD"))),
             output: OutputSpec {
                 url: format!("{storage}/out/"),
                 macaroon: mac("activity:UPLOAD"),

@@ -58,8 +58,10 @@ impl MacaroonFacts {
 
 impl AuditDraft {
     /// Any kind, with free-form `detail`. Prefer the typed constructors; bearer credentials
-    /// anywhere in the draft are redacted when it is appended.
-    pub fn new(kind: AuditKind, subject: Subject, detail: Value) -> AuditDraft {
+    /// anywhere in the draft are redacted when it is appended. An empty path (the event of a
+    /// run on no file names none) is dropped from the subject: a query by file never finds it.
+    pub fn new(kind: AuditKind, mut subject: Subject, detail: Value) -> AuditDraft {
+        subject.paths.retain(|p| !p.is_empty());
         AuditDraft { kind, actor: None, subject, detail }
     }
 

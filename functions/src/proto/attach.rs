@@ -302,12 +302,16 @@ pub enum SchedulerMsg {
     },
     /// Answers [`EpMsg::Renew`]: macaroons for the same input file and output directory, newly
     /// issued by the storage and attenuated as the assignment's were (the job's deadline, and
-    /// the EP's address when the job asked for it). They replace the job's current ones.
+    /// the EP's address when the job asked for it). They replace the job's current ones. A job
+    /// without an input gets the write macaroon alone: the EP refuses an answer with a read
+    /// macaroon for it (and one without for a job that has an input).
     Renewed {
         /// The job.
         job_id: String,
-        /// Read macaroon for the input file (bearer; never logged).
-        input_macaroon: String,
+        /// Read macaroon for the input file (bearer; never logged); none for a job without
+        /// an input.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input_macaroon: Option<String>,
         /// Write macaroon for the output directory (bearer; never logged).
         output_macaroon: String,
     },
@@ -331,11 +335,13 @@ pub struct JobAssignment {
     pub function: FunctionRef,
     /// Limits to enforce.
     pub resources: Resources,
-    /// Input file and its read macaroon.
-    pub input: InputSpec,
+    /// Input file and its read macaroon; none for a run on no file (`/input` then holds only
+    /// `ref/`). Absent on the wire when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputSpec>,
     /// Output directory and its write macaroon.
     pub output: OutputSpec,
-    /// Arguments after the input's guest path.
+    /// Arguments after the input's guest path (or after the function's name, with no input).
     pub args: Vec<String>,
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,

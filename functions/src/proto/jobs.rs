@@ -81,7 +81,7 @@ pub struct JobRecord {
     pub state: JobState,
     /// Why it failed; empty otherwise.
     pub reason: String,
-    /// The input's storage URL.
+    /// The input's storage URL; empty for a job without an input (a run on no file).
     pub input: String,
     /// The event that fired it.
     pub event: EventRef,

@@ -49,18 +49,22 @@ pub struct RenewRequest {
     pub token_jti: String,
     /// Its function's digest.
     pub digest: Digest,
-    /// Its input's storage URL.
-    pub input_url: String,
+    /// Its input's storage URL; none for a job without an input (the gateway refuses a
+    /// request that claims one when the grant names none, and the other way round).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_url: Option<String>,
     /// Its output directory's storage URL.
     pub output_url: String,
 }
 
 /// Answer to [`RenewRequest`]: fresh macaroons for exactly the same input file and output
-/// directory (bearer; never logged), before the scheduler attenuates them for the EP.
+/// directory (bearer; never logged), before the scheduler attenuates them for the EP; the write
+/// macaroon alone for a job without an input.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenewResponse {
-    /// Read macaroon for the input file.
-    pub input_macaroon: String,
+    /// Read macaroon for the input file; none for a job without an input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_macaroon: Option<String>,
     /// Write macaroon for the output directory.
     pub output_macaroon: String,
 }

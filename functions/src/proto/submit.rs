@@ -141,11 +141,14 @@ pub struct SubmitRequest {
     pub function: FunctionRef,
     /// What it needs; must fit within the token's limits.
     pub resources: Resources,
-    /// Its input.
-    pub input: InputSpec,
+    /// Its input file; none for a run on no file (a schedule's tick with neither a path glob
+    /// nor a rule: the job reads only its reference files, `event.path` is empty, and it gets
+    /// no read macaroon). Absent on the wire when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputSpec>,
     /// Its outputs.
     pub output: OutputSpec,
-    /// Arguments after the input's guest path.
+    /// Arguments after the input's guest path (or after the function's name, with no input).
     #[serde(default)]
     pub args: Vec<String>,
     /// The guest's whole environment.

@@ -53,7 +53,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
             native: None,
         },
         resources: Resources::new(1, 1, 1),
-        input: InputSpec::new("http://s/data/a", "a", "r"),
+        input: Some(InputSpec::new("http://s/data/a", "a", "r")),
         output: OutputSpec { on_failure: Default::default(), url: "http://s/data/out/".into(), macaroon: "w".into() },
         args: vec![],
         env: vec![],
@@ -77,6 +77,26 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
     let text = serde_json::to_string(&req).expect("serializes");
     assert!(text.contains(r#""bind_ep_address":true"#), "{text}");
     assert_eq!(serde_json::from_str::<SubmitRequest>(&text).expect("parses"), req);
+    // A run on no file: no input on the wire, and none read back.
+    req.input = None;
+    let text = serde_json::to_string(&req).expect("serializes");
+    assert!(!text.contains("\"input\""), "{text}");
+    assert_eq!(serde_json::from_str::<SubmitRequest>(&text).expect("parses"), req);
+}
+
+/// A renewal of a job without an input carries no read macaroon nor input URL on the wire; one
+/// of a job with an input reads as before.
+#[test]
+fn a_renewal_without_an_input_names_none() {
+    let answer = SchedulerMsg::Renewed { job_id: "j".into(), input_macaroon: None, output_macaroon: "w".into() };
+    let text = serde_json::to_string(&answer).expect("serializes");
+    assert!(!text.contains("input_macaroon"), "{text}");
+    assert_eq!(serde_json::from_str::<SchedulerMsg>(&text).expect("parses"), answer);
+    let old: RenewResponse =
+        serde_json::from_str(r#"{"input_macaroon":"r","output_macaroon":"w"}"#).expect("an answer with both");
+    assert_eq!(old.input_macaroon.as_deref(), Some("r"));
+    let none: RenewResponse = serde_json::from_str(r#"{"output_macaroon":"w"}"#).expect("the write one alone");
+    assert_eq!(none.input_macaroon, None);
 }
 
 #[test]

@@ -433,9 +433,13 @@ async fn step(
     let accepted = records.iter().find(|r| r.kind == AuditKind::JobAccepted);
     let any = accepted.or(records.first());
     let subject = any.map(|r| r.subject.clone()).unwrap_or_default();
-    let input = accepted
-        .and_then(|r| r.detail.pointer("/input/path").and_then(Value::as_str).map(str::to_owned))
-        .or_else(|| subject.paths.first().cloned());
+    // A run on no file records its input as null; a record from before inputs were recorded
+    // has the input as its subject's first path.
+    let input = match accepted.and_then(|r| r.detail.get("input")) {
+        Some(Value::Null) => None,
+        Some(i) => i.get("path").and_then(Value::as_str).map(str::to_owned),
+        None => subject.paths.first().cloned(),
+    };
     let function_version = accepted.and_then(|r| r.detail.get("function_version").and_then(Value::as_u64));
     let mut gateway = Vec::new();
     if let Some(jti) = &subject.token_jti {

@@ -74,15 +74,23 @@ pub async fn count_refusals(State(shared): State<Arc<Shared>>, request: Request,
     response
 }
 
-/// `GET /metrics`: the admin scope only.
+/// `GET /metrics`: the admin scope only. The firings the rate limits hold are counted from
+/// the firing table first, off the async threads.
 pub async fn serve(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, HttpError> {
     shared.require_admin(&headers)?;
-    Ok(render(&shared))
+    let rate_waiting = shared.firings.call(|f| f.rate_waiting()).await.unwrap_or_else(|e| {
+        tracing::warn!("the metrics go without the firings held by rate limits: {e}");
+        Vec::new()
+    });
+    Ok(render(&shared, rate_waiting))
 }
 
-/// The answer of `GET /metrics`, once the caller's admin token is checked.
-pub fn render(shared: &Arc<Shared>) -> Response {
-    match htfaas_functions::metrics::encode(GatewayCollector(shared.clone())) {
+/// The answer of `GET /metrics`, once the caller's admin token is checked, with each
+/// rate-limited function's firings held for a token (`rate_waiting`, [`Firings::rate_waiting`]).
+///
+/// [`Firings::rate_waiting`]: crate::firing::Firings::rate_waiting
+pub fn render(shared: &Arc<Shared>, rate_waiting: Vec<(String, u64)>) -> Response {
+    match htfaas_functions::metrics::encode(GatewayCollector(shared.clone(), rate_waiting)) {
         Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
         Err(e) => {
             tracing::error!("failed to encode the metrics: {e}");
@@ -91,8 +99,9 @@ pub fn render(shared: &Arc<Shared>) -> Response {
     }
 }
 
-/// Reads the gateway's counters at scrape time.
-struct GatewayCollector(Arc<Shared>);
+/// Reads the gateway's counters at scrape time, with the firings the rate limits hold per
+/// function (counted from the table before).
+struct GatewayCollector(Arc<Shared>, Vec<(String, u64)>);
 
 impl std::fmt::Debug for GatewayCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,6 +154,15 @@ impl Collector for GatewayCollector {
             MetricType::Gauge,
         )?
         .encode_gauge(&self.0.firings.pending())?;
+        let mut held = e.encode_descriptor(
+            "htfaas_gateway_firings_rate_waiting",
+            "Firings a rate-limited trigger holds waiting for their token, per function.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (function, n) in &self.1 {
+            held.encode_family(&[("function", function.as_str())])?.encode_gauge(n)?;
+        }
         let submissions = [
             ("created", r(&s.jobs_submitted)),
             ("deduplicated", r(&s.jobs_deduplicated)),

@@ -10,7 +10,8 @@
 //!    the scheduler's list ([`crate::auth::RevocationCache`], as for API tokens): else 403
 //!    (503 when the list is stale and the scheduler does not answer);
 //! 4. the request's job is the grant's: owner, token `jti`, digest, input URL and output URL all
-//!    equal the grant's: else 403 (a grant moved to another job gets nothing);
+//!    equal the grant's: else 403 (a grant moved to another job gets nothing; a request claiming
+//!    an input for a job whose grant names none, a run on no file, gets nothing either);
 //! 5. the grant's function version is in the registry with the grant's digest and output
 //!    directory: else 403;
 //! 6. the namespace still allows it ([`crate::jobs::confine`]: the function owner may read the
@@ -21,9 +22,9 @@
 //! Disabling or deleting the function does not stop renewals: those decide what new events
 //! fire, not what runs; jobs are stopped by removing them or revoking their token.
 //!
-//! Then the storage is asked, as at firing, for a read macaroon of exactly the input file and a
-//! write macaroon of exactly the output directory (replace only as the manifest and namespace
-//! allow now), with the configured validities (`read_validity`, `write_validity`; the storage
+//! Then the storage is asked, as at firing, for a read macaroon of exactly the input file (none
+//! for a job without an input) and a write macaroon of exactly the output directory (replace
+//! only as the manifest and namespace allow now), with the configured validities (`read_validity`, `write_validity`; the storage
 //! caps them at its own maximum); unavailable: 503, refused: 502. Each renewal, and each
 //! refusal after step 2, is recorded in the gateway's trail (`macaroons.renewal`, actor
 //! `scheduler`, with the EP that asked and the new macaroons' caveats, never the macaroons).
@@ -107,31 +108,38 @@ async fn issue(
     } else {
         crate::jobs::RunsAs::Bearer { name: &claims.sub, group: None }
     };
-    let replace =
-        crate::jobs::confine_run(&shared.namespaces, &function, runs_as, &claims.input).map_err(|e| match e {
-            crate::jobs::JobError::Permanent(why) | crate::jobs::JobError::Transient(why) => forbidden(why),
-        })?;
+    let input = claims.input.as_deref();
+    let replace = crate::jobs::confine_run(&shared.namespaces, &function, runs_as, input).map_err(|e| match e {
+        crate::jobs::JobError::Permanent(why) | crate::jobs::JobError::Transient(why) => forbidden(why),
+    })?;
     let writer = crate::storage_client::writer_of_run(&claims.sub, &m.name);
     let storage_err = |e: crate::storage_client::StorageError| {
         let status = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
         HttpError(status, e.to_string())
     };
-    let (read, write) = tokio::join!(
-        shared.storage.read_macaroon(&claims.input),
-        shared.storage.write_macaroon(&claims.output, replace, &writer)
-    );
+    // A job without an input is renewed its write macaroon alone.
+    let read = async {
+        match input {
+            Some(path) => shared.storage.read_macaroon(path).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    let (read, write) = tokio::join!(read, shared.storage.write_macaroon(&claims.output, replace, &writer));
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     // What the trail keeps: identifiers and caveats; a macaroon that does not parse is kept
     // out of the record, not out of the answer (the storage issued it).
-    let facts = [("read", &read), ("write", &write)]
-        .into_iter()
+    let facts = read
+        .iter()
+        .map(|m| ("read", m))
+        .chain([("write", &write)])
         .filter_map(|(role, m)| MacaroonFacts::from_bearer(role, m).ok())
         .collect();
     Ok((RenewResponse { input_macaroon: read, output_macaroon: write }, facts))
 }
 
 /// Check 4: the request names the grant's job (owner, token, digest, input and output URLs,
-/// the URLs as `url_of` writes a storage path). `Err` says which fact differs.
+/// the URLs as `url_of` writes a storage path; no input URL when the grant names no input, and
+/// the other way round). `Err` says which fact differs.
 pub(crate) fn check_facts(
     claims: &RenewClaims,
     req: &RenewRequest,
@@ -147,7 +155,7 @@ pub(crate) fn check_facts(
     if req.digest != claims.digest {
         return differs("function digest");
     }
-    if req.input_url != url_of(&claims.input) {
+    if req.input_url != claims.input.as_deref().map(&url_of) {
         return differs("input");
     }
     if req.output_url != url_of(&claims.output) {
@@ -165,7 +173,7 @@ fn subject(claims: &RenewClaims, req: &RenewRequest) -> Subject {
         function: Some(claims.function.clone()),
         digest: Some(claims.digest.as_str().to_owned()),
         event_id: None,
-        paths: vec![claims.input.clone(), claims.output.clone()],
+        paths: claims.input.iter().chain([&claims.output]).cloned().collect(),
     }
 }
 
@@ -191,7 +199,7 @@ mod tests {
             function: "f".into(),
             version: 1,
             digest: htfaas_functions::Digest::of(b"m"),
-            input: "/data/in/a".into(),
+            input: Some("/data/in/a".into()),
             output: "/data/out/".into(),
         }
     }
@@ -203,7 +211,7 @@ mod tests {
             owner: "alice".into(),
             token_jti: "j1".into(),
             digest: htfaas_functions::Digest::of(b"m"),
-            input_url: "http://s/data/in/a".into(),
+            input_url: Some("http://s/data/in/a".into()),
             output_url: "http://s/data/out/".into(),
         }
     }
@@ -214,11 +222,12 @@ mod tests {
         let url_of = |p: &str| format!("http://s{p}");
         assert_eq!(check_facts(&claims(), &request(), url_of), Ok(()));
         type Change = fn(&mut RenewRequest);
-        let cases: [(&str, Change); 5] = [
+        let cases: [(&str, Change); 6] = [
             ("owner", |r| r.owner = "bob".into()),
             ("token", |r| r.token_jti = "j2".into()),
             ("function digest", |r| r.digest = htfaas_functions::Digest::of(b"other")),
-            ("input", |r| r.input_url = "http://s/data/in/b".into()),
+            ("input", |r| r.input_url = Some("http://s/data/in/b".into())),
+            ("input", |r| r.input_url = None),
             ("output directory", |r| r.output_url = "http://s/data/".into()),
         ];
         for (what, change) in cases {
@@ -227,5 +236,21 @@ mod tests {
             let e = check_facts(&claims(), &r, url_of).expect_err(what);
             assert_eq!(e, format!("the request's {what} is not the grant's"));
         }
+    }
+
+    /// The grant of a job without an input (a run on no file) names none: a request that
+    /// claims an input for it, to be handed a read macaroon, gets nothing.
+    #[test]
+    fn a_request_claiming_an_input_for_a_job_without_one_is_refused() {
+        let url_of = |p: &str| format!("http://s{p}");
+        let none = RenewClaims { input: None, ..claims() };
+        let request = RenewRequest { input_url: None, ..request() };
+        assert_eq!(check_facts(&none, &request, url_of), Ok(()));
+        for claimed in ["http://s/data/in/a", "http://s/data/alice/secret.txt", "http://s"] {
+            let r = RenewRequest { input_url: Some(claimed.into()), ..request.clone() };
+            let e = check_facts(&none, &r, url_of).expect_err(claimed);
+            assert_eq!(e, "the request's input is not the grant's");
+        }
+        assert_eq!(subject(&none, &request).paths, ["/data/out/"], "no input path in the record");
     }
 }

@@ -34,7 +34,8 @@ use std::sync::Arc;
 struct Wrote {
     job: String,
     sha256: String,
-    input: String,
+    /// Its input; none for a run on no file.
+    input: Option<String>,
     input_sha256: Option<String>,
     /// The reference files it read: storage path and sha256.
     refs: Vec<(String, String)>,
@@ -56,12 +57,15 @@ fn last_writer(records: &[AuditRecord], file: &str) -> Option<Wrote> {
             return None;
         }
         let out = d.get("outputs")?.as_array()?.iter().find(|o| o.get("path").and_then(Value::as_str) == Some(file))?;
-        let input = d.get("input")?;
+        let input = d.get("input").filter(|i| !i.is_null());
         Some(Wrote {
             job: r.subject.job.clone()?,
             sha256: out.get("sha256")?.as_str()?.to_owned(),
-            input: input.get("path")?.as_str()?.to_owned(),
-            input_sha256: input.get("sha256").and_then(Value::as_str).map(str::to_owned),
+            input: match input {
+                Some(i) => Some(i.get("path")?.as_str()?.to_owned()),
+                None => None,
+            },
+            input_sha256: input.and_then(|i| i.get("sha256")).and_then(Value::as_str).map(str::to_owned),
             refs: d
                 .get("refs")
                 .and_then(Value::as_array)
@@ -124,10 +128,16 @@ pub(super) async fn rerun(
     if !caller.owns(&job.owner) || job.state != JobState::Completed {
         return Err(not_written(&file));
     }
+    let Some(input) = wrote.input.clone() else {
+        return Err(conflict(format!(
+            "job {} ran on no file: a re-run re-derives a file from the input it read, and {file} has none",
+            job.id
+        )));
+    };
     let Some(input_sha256) = wrote.input_sha256.clone() else {
         return Err(conflict(format!(
-            "job {} recorded no checksum of its input {} (its EP predates re-runs): {file} cannot be re-derived",
-            job.id, wrote.input
+            "job {} recorded no checksum of its input {input} (its EP predates re-runs): {file} cannot be re-derived",
+            job.id
         )));
     };
     let function = {
@@ -151,7 +161,7 @@ pub(super) async fn rerun(
     again.manifest.outputs.replace = false;
     again.manifest.outputs.on_failure = htfaas_functions::manifest::FailedOutputs::Discard;
     again.manifest.retry = None;
-    let event = EventRef::new("rerun", format!("rerun:{id}"), wrote.input.clone());
+    let event = EventRef::new("rerun", format!("rerun:{id}"), input.clone());
     let runs_as = crate::jobs::RunsAs::of(m, &job.owner, job.group.as_deref());
     // A collecting function's run read its group's other files beside its input: the same
     // files again, each pinned below as its constants are.
@@ -165,7 +175,9 @@ pub(super) async fn rerun(
             crate::jobs::JobError::Transient(e) => HttpError(StatusCode::SERVICE_UNAVAILABLE, e),
             crate::jobs::JobError::Permanent(e) => HttpError(StatusCode::FORBIDDEN, e),
         })?;
-    submit.input.sha256 = Some(input_sha256.clone());
+    if let Some(read) = submit.input.as_mut() {
+        read.sha256 = Some(input_sha256.clone());
+    }
     pin_references(&mut submit.refs, &wrote.refs)?;
     let (claims, token) = shared
         .submitter
@@ -178,8 +190,10 @@ pub(super) async fn rerun(
             .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, format!("mint the renewal grant: {e}")))?,
     );
     let reply = shared.submitter.submit_with_token(&token, &submit).await.map_err(runs::scheduler_failure)?;
-    let macaroons: Vec<MacaroonFacts> = [("read", &submit.input.macaroon), ("write", &submit.output.macaroon)]
+    let read = submit.input.as_ref().map(|i| ("read", &i.macaroon));
+    let macaroons: Vec<MacaroonFacts> = read
         .into_iter()
+        .chain([("write", &submit.output.macaroon)])
         .filter_map(|(role, bearer)| MacaroonFacts::from_bearer(role, bearer).ok())
         .collect();
     let subject = Subject {
@@ -188,7 +202,7 @@ pub(super) async fn rerun(
         function: Some(job.function.clone()),
         digest: Some(job.digest.as_str().to_owned()),
         token_jti: Some(claims.jti.clone()),
-        paths: vec![file.clone(), wrote.input.clone()],
+        paths: vec![file.clone(), input.clone()],
         ..Subject::default()
     };
     let args = json!({ "rerun_job": reply.job_id, "scratch": scratch, "sha256": wrote.sha256,
@@ -206,7 +220,7 @@ pub(super) async fn rerun(
         function: job.function,
         version: job.version,
         digest: job.digest,
-        input: wrote.input,
+        input,
         input_sha256,
         scratch,
         rerun_job: reply.job_id,

@@ -107,6 +107,7 @@ mod table;
 mod tests;
 #[cfg(test)]
 mod tests_groups;
+mod waiting;
 mod writer;
 
 pub use bucket::TokenBucket;

@@ -347,7 +347,10 @@ fn rate_limited_firings_wait_for_their_token_and_none_is_dropped() {
 /// A storm on a rate-limited trigger: 10,000 events in one commit, claimed as a dispatcher
 /// claims them on a clock that moves 50 ms at a time. Every firing is claimed exactly once
 /// (none lost, none twice), never faster than the bucket allows at any point, and the whole
-/// storm takes the time its rate says.
+/// storm takes the time its rate says. As it drains, the function's held count (the metrics'
+/// `htfaas_gateway_firings_rate_waiting`) is the firings the rate delayed and that are not
+/// claimed yet: never more than it delayed or than are left, exactly the pending firings given
+/// a later time as the table lists them, and none once the storm is through.
 #[test]
 fn a_storm_of_10000_events_on_a_rate_limited_trigger_all_fire_at_the_rate_none_lost() {
     const EVENTS: usize = 10_000;
@@ -364,18 +367,35 @@ fn a_storm_of_10000_events_on_a_rate_limited_trigger_all_fire_at_the_rate_none_l
         .collect();
     let inserted = f.insert_batch(&batch, 0).expect("insert the storm");
     assert_eq!(inserted.iter().map(|i| i.queued).sum::<u64>(), EVENTS as u64);
+    let held = |f: &Firings| match f.rate_waiting().expect("the held firings").as_slice() {
+        [] => 0,
+        [(function, n)] if function == "r" => *n,
+        other => panic!("only r is rate-limited: {other:?}"),
+    };
     let mut fired = std::collections::HashSet::new();
-    let mut now = 0;
+    let (mut now, mut delayed, mut most_held) = (0, 0, 0);
     while fired.len() < EVENTS && now <= 60_000 {
         let claim = f.claim(now, 1_000).expect("claim");
+        delayed += claim.rate_delayed;
         for c in claim.ready {
             assert!(fired.insert(c.event.id.clone()), "{} claimed twice", c.event.id);
         }
         let allowed = burst as f64 + per_s * now as f64 / 1000.0;
         assert!(fired.len() as f64 <= allowed + 1.0, "{} fired by {now} ms: faster than the rate", fired.len());
+        let waiting = held(&f);
+        assert!(waiting <= delayed, "{waiting} held at {now} ms, {delayed} delayed");
+        assert!(waiting as usize <= EVENTS - fired.len(), "{waiting} held at {now} ms, {} fired", fired.len());
+        if now % 1_000 == 0 {
+            let listed = f.list(0, EVENTS).expect("list");
+            let later = listed.iter().filter(|x| x.state == FiringState::Pending && x.not_before_ms > 0);
+            assert_eq!(waiting, later.count() as u64, "at {now} ms");
+        }
+        most_held = most_held.max(waiting);
         now += 50;
     }
     assert_eq!(fired.len(), EVENTS, "every event fired");
+    assert!(most_held >= 1_000, "the storm was held by its rate: at most {most_held} at once");
+    assert_eq!(f.rate_waiting().expect("the held firings"), [], "drained: nothing held, no function listed");
     let needed = ((EVENTS - burst as usize) as f64 / per_s * 1000.0) as u64;
     assert!(now >= needed, "the storm took {now} ms of the clock, its rate needs {needed} ms");
     assert_eq!(f.pending(), EVENTS as u64, "all submitting, none dropped");

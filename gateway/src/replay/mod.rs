@@ -213,10 +213,12 @@ impl Target {
         Ok(Target { record, rule })
     }
 
-    /// Every function of `records` whose trigger compiles (a stored one always should).
+    /// Every function of `records` whose trigger compiles (a stored one always should), but
+    /// those scheduled on no file: no event fires them.
     pub fn all(records: Vec<FunctionRecord>) -> Vec<Target> {
         records
             .into_iter()
+            .filter(|record| !record.manifest.trigger.on_no_file())
             .filter_map(|record| {
                 let name = record.manifest.name.clone();
                 Target::new(record)

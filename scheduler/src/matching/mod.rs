@@ -401,7 +401,7 @@ mod tests {
                 native: None,
             },
             resources: res(1, 1, 1),
-            input: htfaas_functions::proto::InputSpec::new("http://s/a", "a", "m"),
+            input: Some(htfaas_functions::proto::InputSpec::new("http://s/a", "a", "m")),
             output: htfaas_functions::proto::OutputSpec {
                 url: "http://s/o/".into(),
                 macaroon: "m".into(),

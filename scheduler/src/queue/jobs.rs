@@ -189,7 +189,8 @@ impl RawRecord {
             native: request.function.native,
             state,
             reason: self.reason,
-            input: request.input.url,
+            // Empty for a job without an input (a run on no file).
+            input: request.input.map(|i| i.url).unwrap_or_default(),
             event: request.event,
             token_jti: self.token_jti,
             token_issuer: self.token_issuer,
@@ -354,7 +355,14 @@ fn insert_job(
                 "caused_by": req.event.caused_by,
             }),
         )
-        .with_detail("input", serde_json::json!({ "path": req.event.path, "url": req.input.url }))
+        // Null for a job without an input: its lineage shows none.
+        .with_detail(
+            "input",
+            match &req.input {
+                Some(input) => serde_json::json!({ "path": req.event.path, "url": input.url }),
+                None => serde_json::Value::Null,
+            },
+        )
         .with_detail("output", serde_json::json!({ "dir": url_path(&req.output.url), "url": req.output.url }))
         .with_detail("class", serde_json::json!(job.class))
         .with_detail("annex", serde_json::json!(req.annex))

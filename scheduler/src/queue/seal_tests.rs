@@ -29,7 +29,8 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     let path = dir.path().join("q.db");
     let q = Queue::open(&path).expect("open");
     let job = new_job("k1", "t1", 2);
-    let (read, write) = (job.request.input.macaroon.clone(), job.request.output.macaroon.clone());
+    let (read, write) =
+        (job.request.input.as_ref().expect("an input").macaroon.clone(), job.request.output.macaroon.clone());
     let first = q.submit(job).await.expect("submit").job_id;
     let raw = || -> String {
         Connection::open(&path)
@@ -41,7 +42,10 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     assert!(!stored.contains(&read) && !stored.contains(&write), "{stored}");
     assert!(stored.contains(crate::seal::PREFIX), "{stored}");
     let marked = q.mark_running(vec![first], "ep".into(), "s1".into(), |a, _| Ok(a)).await.expect("mark");
-    assert_eq!((&marked.assigned[0].input.macaroon, &marked.assigned[0].output.macaroon), (&read, &write));
+    assert_eq!(
+        (&marked.assigned[0].input.as_ref().expect("an input").macaroon, &marked.assigned[0].output.macaroon),
+        (&read, &write)
+    );
 
     // An older build's row: the same request in plain.
     let second = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
@@ -51,18 +55,19 @@ async fn stored_macaroons_are_sealed_and_an_older_builds_plain_ones_are_sealed_a
     let reopened = Queue::open(&path).expect("reopen");
     assert!(!raw().contains(&read), "sealed at open: {}", raw());
     let marked = reopened.mark_running(vec![second], "ep".into(), "s2".into(), |a, _| Ok(a)).await.expect("mark");
-    assert_eq!(marked.assigned[0].input.macaroon, read);
+    assert_eq!(marked.assigned[0].input.as_ref().expect("an input").macaroon, read);
 
     // An older build's row sealed without its job is sealed again for it at open.
     let unbound_id = q.submit(new_job("k4", "t4", 1)).await.expect("submit").job_id;
     let sealer = crate::seal::Sealer::load_or_create(&crate::seal::default_key_file(&path)).expect("key");
     let mut unbound = request("k4");
-    unbound.input.macaroon = sealer.seal("input", &unbound.input.macaroon).expect("seal");
+    unbound.input.as_mut().expect("an input").macaroon =
+        sealer.seal("input", &unbound.input.as_ref().expect("an input").macaroon).expect("seal");
     unbound.output.macaroon = sealer.seal("output", &unbound.output.macaroon).expect("seal");
     store_unsealed(&path, &unbound_id, &serde_json::to_string(&unbound).expect("json"));
     let reopened = Queue::open(&path).expect("reopen");
     let marked = reopened.mark_running(vec![unbound_id], "ep".into(), "s4".into(), |a, _| Ok(a)).await.expect("mark");
-    assert_eq!(marked.assigned[0].input.macaroon, read, "rebound and opened");
+    assert_eq!(marked.assigned[0].input.as_ref().expect("an input").macaroon, read, "rebound and opened");
 
     // A job's sealed request moved to another job (a writer of the file giving its own job
     // someone else's macaroons and secrets) does not open: the job fails at dispatch.

@@ -51,7 +51,7 @@ impl RefusalBudget {
 }
 
 /// What the audit trail names for job `id`: the job, its token's `jti`, owner, function,
-/// digest and event, and its input path (the columns written from its request at submit);
+/// digest and event, and its input path, if any (the columns written from its request at submit);
 /// `None` for an unknown job. A job whose request did not parse when schema 10 took these
 /// from it names none of the request's members, and its records say so by their absence.
 pub(super) fn job_subject(conn: &Connection, id: &str) -> rusqlite::Result<Option<Subject>> {
@@ -69,7 +69,8 @@ pub(super) fn job_subject(conn: &Connection, id: &str) -> rusqlite::Result<Optio
         function,
         digest,
         event_id,
-        paths: path.into_iter().collect(),
+        // A job without an input (a run on no file) has an empty input path: no path.
+        paths: path.filter(|p| !p.is_empty()).into_iter().collect(),
     }))
 }
 

@@ -47,7 +47,7 @@ async fn a_submitted_job_may_name_only_the_sites_storage_and_its_modules_store_u
     type Change = Box<dyn Fn(&mut SubmitRequest)>;
     let cases: Vec<(Change, String)> = vec![
         (
-            Box::new(|r| r.input.url = "http://10.0.0.5:8080/admin".into()),
+            Box::new(|r| r.input.as_mut().expect("an input").url = "http://10.0.0.5:8080/admin".into()),
             "input.url \"http://10.0.0.5:8080/admin\" is not on a storage this scheduler trusts \
              (http://storage.invalid:80)"
                 .into(),
@@ -73,7 +73,9 @@ async fn a_submitted_job_may_name_only_the_sites_storage_and_its_modules_store_u
             ),
         ),
         (
-            Box::new(|r| r.input.url = "http://storage.invalid/data/raw/../../etc/passwd".into()),
+            Box::new(|r| {
+                r.input.as_mut().expect("an input").url = "http://storage.invalid/data/raw/../../etc/passwd".into()
+            }),
             "input.url \"http://storage.invalid/data/raw/../../etc/passwd\" is refused: its path \
              \"/data/raw/../../etc/passwd\" is not in canonical form (it reads as \"/etc/passwd\"): no '.' or \
              '..' segment, no backslash, no character that needs escaping"
@@ -87,15 +89,24 @@ async fn a_submitted_job_may_name_only_the_sites_storage_and_its_modules_store_u
                 .into(),
         ),
         (
-            Box::new(|r| r.input.url = "http://storage.invalid/data%2Fraw/a.dat".into()),
+            Box::new(|r| r.input.as_mut().expect("an input").url = "http://storage.invalid/data%2Fraw/a.dat".into()),
             "input.url \"http://storage.invalid/data%2Fraw/a.dat\" is refused: its path holds an encoded '/', \
              '\\', '.' or NUL"
                 .into(),
         ),
         (
-            Box::new(|r| r.input.url = "http://gateway:secret@storage.invalid/data/raw/a.dat".into()),
+            Box::new(|r| {
+                r.input.as_mut().expect("an input").url = "http://gateway:secret@storage.invalid/data/raw/a.dat".into()
+            }),
             "input.url \"http://storage.invalid/data/raw/a.dat\" is refused: user info (user:password@) is not \
              allowed"
+                .into(),
+        ),
+        (
+            // Lying about having no input: a run on no file whose event claims a file would sit
+            // in that file's lineage without the file's read macaroon ever being asked for.
+            Box::new(|r| r.input = None),
+            "event.path \"/data/raw/a.dat\" names a file, but the job has no input: a run on no file names no path"
                 .into(),
         ),
     ];

@@ -273,7 +273,10 @@ async fn assignments_carry_macaroons_attenuated_to_the_jobs_lifetime() {
     assert_eq!(a.job_id, job);
     let earliest = format!("before:{}", utc_timestamp(t0 + runtime + MACAROON_GRACE_S));
     let latest = format!("before:{}", utc_timestamp(t1 + runtime + MACAROON_GRACE_S));
-    for (sent, stored) in [(&a.input.macaroon, &req.input.macaroon), (&a.output.macaroon, &req.output.macaroon)] {
+    for (sent, stored) in [
+        (&a.input.as_ref().expect("an input").macaroon, &req.input.as_ref().expect("an input").macaroon),
+        (&a.output.macaroon, &req.output.macaroon),
+    ] {
         let original = inspect(stored).expect("stored macaroon parses");
         let caveats = inspect(sent).expect("sent macaroon parses");
         assert_eq!(caveats.len(), original.len() + 1, "{caveats:?}");
@@ -294,7 +297,7 @@ async fn assignments_carry_macaroons_attenuated_to_the_jobs_lifetime() {
     let mut ep = server.attach(Some(&fx.attach_token(None))).await.expect("attach");
     hello(&mut ep, "ep-2", 2).await;
     let again = expect_assignment(&mut ep).await;
-    let caveats = inspect(&again.input.macaroon).expect("parses");
+    let caveats = inspect(&again.input.as_ref().expect("an input").macaroon).expect("parses");
     assert_eq!(caveats.iter().filter(|c| c.starts_with("before:")).count(), 1, "{caveats:?}");
     send(&mut ep, &report(&job, Outcome::Exited { exit_code: 0 }, Usage::default())).await;
     server.wait_for_state(&job, JobState::Completed).await;
@@ -324,7 +327,10 @@ async fn assignments_bind_macaroons_to_the_eps_address_when_the_job_asks() {
     hello(&mut ep, "ep-1", 2).await;
     let a = expect_assignment(&mut ep).await;
     assert_eq!(a.job_id, job);
-    for (sent, stored) in [(&a.input.macaroon, &req.input.macaroon), (&a.output.macaroon, &req.output.macaroon)] {
+    for (sent, stored) in [
+        (&a.input.as_ref().expect("an input").macaroon, &req.input.as_ref().expect("an input").macaroon),
+        (&a.output.macaroon, &req.output.macaroon),
+    ] {
         let original = inspect(stored).expect("stored macaroon parses");
         let caveats = inspect(sent).expect("sent macaroon parses");
         // The stored caveats, then the deadline, then the address this EP attached from.
@@ -341,7 +347,7 @@ async fn assignments_bind_macaroons_to_the_eps_address_when_the_job_asks() {
     let unbound = server.submit(&fx.token("alice"), &fx.request("unbound")).await.job_id;
     let a = expect_assignment(&mut ep).await;
     assert_eq!(a.job_id, unbound);
-    for m in [&a.input.macaroon, &a.output.macaroon] {
+    for m in [&a.input.as_ref().expect("an input").macaroon, &a.output.macaroon] {
         let caveats = inspect(m).expect("parses");
         assert!(!caveats.iter().any(|c| c.starts_with("ip:")), "{caveats:?}");
         assert!(caveats.last().is_some_and(|c| c.starts_with("before:")), "{caveats:?}");

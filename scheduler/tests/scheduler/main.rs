@@ -270,11 +270,11 @@ impl Fixture {
                 native: None,
             },
             resources: Resources::new(2, 256, 60),
-            input: InputSpec::new(
+            input: Some(InputSpec::new(
                 "http://storage.invalid/data/raw/a.dat",
                 "a.dat",
                 storage_macaroon(&["activity:DOWNLOAD", "path:/data/raw/a.dat"]),
-            ),
+            )),
             output: OutputSpec {
                 url: "http://storage.invalid/data/out/".into(),
                 macaroon: storage_macaroon(&["activity:UPLOAD,DELETE", "path:/data/out"]),

@@ -89,7 +89,7 @@ async fn submit_checks_tokens_limits_and_requests() {
 
     // Bad requests: 400.
     let mut bad_name = fx.request("bad-name");
-    bad_name.input.name = "../x".into();
+    bad_name.input.as_mut().expect("an input").name = "../x".into();
     let mut bad_out = fx.request("bad-out");
     bad_out.output.url = "http://storage.invalid/data/out".into();
     let mut bad_key = fx.request("");

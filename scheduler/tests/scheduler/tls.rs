@@ -161,7 +161,7 @@ impl Server {
                 native: None,
             },
             resources: Resources::new(1, 256, 60),
-            input: InputSpec::new("https://storage.invalid/in/a.dat", "a.dat", mac("activity:DOWNLOAD")),
+            input: Some(InputSpec::new("https://storage.invalid/in/a.dat", "a.dat", mac("activity:DOWNLOAD"))),
             output: OutputSpec {
                 url: "https://storage.invalid/out/".into(),
                 macaroon: mac("activity:UPLOAD"),
@@ -241,7 +241,7 @@ async fn https_submit_and_wss_attach_run_a_job() {
         SchedulerMsg::Assign(a) => {
             assert_eq!(a.job_id, job);
             // The TLS listener hands the attach route the EP's address too.
-            for m in [&a.input.macaroon, &a.output.macaroon] {
+            for m in [&a.input.as_ref().expect("an input").macaroon, &a.output.macaroon] {
                 let caveats = inspect(m).expect("parses");
                 assert_eq!(caveats.last().map(String::as_str), Some("ip:127.0.0.1"), "{caveats:?}");
             }

@@ -67,10 +67,14 @@ async fn an_ep_gets_no_macaroons_for_a_job_it_does_not_run_nor_for_a_revoked_one
         other => panic!("expected an assign, got {other:?}"),
     };
     assert!(a.renew_until.is_some(), "the job is renewable: {:?}", a.renew_until);
-    let deadline = inspect(&a.input.macaroon).expect("parses").into_iter().rfind(|c| c.starts_with("before:"));
+    let deadline = inspect(&a.input.as_ref().expect("an input").macaroon)
+        .expect("parses")
+        .into_iter()
+        .rfind(|c| c.starts_with("before:"));
     match renew(&mut ws, &a.job_id).await {
         SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon } => {
             assert_eq!(job_id, a.job_id);
+            let input_macaroon = input_macaroon.expect("a read macaroon for the job's input");
             for m in [&input_macaroon, &output_macaroon] {
                 let caveats = inspect(m).expect("parses");
                 let n = caveats.len();

@@ -1,7 +1,8 @@
 //! A submit-token holder against the scheduler: a job posted straight to the
 //! scheduler's `POST /v1/jobs`, skipping the gateway, whose input is an internal HTTP service
 //! and whose output (or module) is a server of the attacker's, is refused with 403 naming the
-//! field, the URL and the storage the scheduler trusts; and neither server ever hears from an
+//! field, the URL and the storage the scheduler trusts, and so is a job that claims a file's event
+//! without an input (lying-no-input); and neither server ever hears from an
 //! EP. "Never" is checked after a normal job has run end to end on the same stack (had a
 //! refused job been queued, the EP would have taken it by then), not by waiting long enough.
 
@@ -60,7 +61,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         retry: None,
         function: FunctionRef { name: "checksum".into(), version: 1, digest: digest.clone(), module_url, native: None },
         resources: Resources::new(1, 256, 60),
-        input: InputSpec::new(input, "a.dat", "m"),
+        input: Some(InputSpec::new(input, "a.dat", "m")),
         output: OutputSpec { on_failure: Default::default(), url: output, macaroon: "m".into() },
         args: vec![],
         env: vec![],
@@ -194,6 +195,25 @@ async fn a_job_posted_to_the_scheduler_with_foreign_urls_is_refused_and_no_ep_ev
                 r
             },
             format!("refs: path \"data/alice/secret.txt\" is not the file \"{storage}/data/raw/a.dat\" names"),
+        ),
+        (
+            // Lying about having no input (lying-no-input): a run on no file whose event claims
+            // alice's file would sit in that file's lineage, no read macaroon for it ever asked.
+            {
+                let mut r = request(
+                    &digest,
+                    module.clone(),
+                    format!("{storage}/data/raw/a.dat"),
+                    format!("{storage}/data/out/"),
+                    "lying-no-input",
+                );
+                r.input = None;
+                r.event.path = "/data/alice/secret.txt".into();
+                r
+            },
+            "event.path \"/data/alice/secret.txt\" names a file, but the job has no input: a run on no file names \
+             no path"
+                .to_owned(),
         ),
     ];
     let http = reqwest::Client::new();

@@ -495,6 +495,14 @@ fn drafts_take_extra_detail() {
     assert_eq!(d.detail, serde_json::json!({"n": 1}));
 }
 
+/// The event of a run on no file names no path: its records' subjects keep none.
+#[test]
+fn a_subjects_empty_path_is_dropped() {
+    let subject = Subject { job: Some("j".into()), paths: vec![String::new(), "/out/a".into()], ..Subject::default() };
+    let d = AuditDraft::job_accepted(subject, &crate::resources::Resources::new(1, 1, 1), None);
+    assert_eq!(d.subject.paths, ["/out/a"]);
+}
+
 /// By hand: `cargo test -p htfaas-functions --release audit::tests::append_rate -- --ignored --nocapture`.
 #[test]
 #[ignore = "a measurement, not a test"]
