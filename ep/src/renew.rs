@@ -246,6 +246,34 @@ mod tests {
         assert_eq!(margin_s(7200), 600);
     }
 
+    /// Job `j` reading `input` (if any), writing with `output`, renewable until `renew_until`.
+    fn assignment(
+        input: Option<htfaas_functions::proto::InputSpec>,
+        output: &str,
+        renew_until: Option<u64>,
+    ) -> htfaas_functions::proto::JobAssignment {
+        htfaas_functions::proto::JobAssignment {
+            job_id: "j".into(),
+            function: htfaas_functions::proto::FunctionRef {
+                name: "f".into(),
+                version: 1,
+                digest: htfaas_functions::Digest::of(b"m"),
+                module_url: "http://m".into(),
+                native: None,
+            },
+            resources: htfaas_functions::Resources::new(1, 1, 1),
+            input,
+            output: htfaas_functions::proto::OutputSpec::new("http://s/o/", output),
+            args: vec![],
+            env: vec![],
+            secrets: Default::default(),
+            limits: Default::default(),
+            renew_until,
+            traceparent: None,
+            refs: Vec::new(),
+        }
+    }
+
     /// A job renews only when the macaroons expire before what the scheduler renews to, and
     /// then asks over the link before the use; its answer replaces both.
     #[tokio::test]
@@ -255,28 +283,8 @@ mod tests {
         let soon = htfaas_functions::time::utc_timestamp(now + 1);
         let late = htfaas_functions::time::utc_timestamp(now + 3600);
         let job = |input: &str, until: Option<u64>| {
-            let mut a = htfaas_functions::proto::JobAssignment {
-                job_id: "j".into(),
-                function: htfaas_functions::proto::FunctionRef {
-                    name: "f".into(),
-                    version: 1,
-                    digest: htfaas_functions::Digest::of(b"m"),
-                    module_url: "http://m".into(),
-                    native: None,
-                },
-                resources: htfaas_functions::Resources::new(1, 1, 1),
-                input: Some(htfaas_functions::proto::InputSpec::new("http://s/i", "i", input)),
-                output: htfaas_functions::proto::OutputSpec::new("http://s/o/", macaroon(&[])),
-                args: vec![],
-                env: vec![],
-                secrets: Default::default(),
-                limits: Default::default(),
-                renew_until: until,
-                traceparent: None,
-                refs: Vec::new(),
-            };
-            a.output.macaroon = macaroon(&[&format!("before:{late}")]);
-            a
+            let read = htfaas_functions::proto::InputSpec::new("http://s/i", "i", input);
+            assignment(Some(read), &macaroon(&[&format!("before:{late}")]), until)
         };
         let expiring = macaroon(&[&format!("before:{soon}")]);
         // Not renewable (an old scheduler): never asks.
@@ -323,26 +331,7 @@ mod tests {
         let (renewer, mut asks) = Renewer::channel();
         let now = now_s();
         let expiring = macaroon(&[&format!("before:{}", htfaas_functions::time::utc_timestamp(now + 1))]);
-        let job = htfaas_functions::proto::JobAssignment {
-            job_id: "j".into(),
-            function: htfaas_functions::proto::FunctionRef {
-                name: "f".into(),
-                version: 1,
-                digest: htfaas_functions::Digest::of(b"m"),
-                module_url: "http://m".into(),
-                native: None,
-            },
-            resources: htfaas_functions::Resources::new(1, 1, 1),
-            input: None,
-            output: htfaas_functions::proto::OutputSpec::new("http://s/o/", expiring.clone()),
-            args: vec![],
-            env: vec![],
-            secrets: Default::default(),
-            limits: Default::default(),
-            renew_until: Some(now + 7200),
-            traceparent: None,
-            refs: Vec::new(),
-        };
+        let job = assignment(None, &expiring, Some(now + 7200));
         let c = Credentials::new(&job, &renewer);
         let answering = tokio::spawn(async move {
             let ask = asks.recv().await.expect("an ask");
