@@ -89,7 +89,9 @@ pub struct CreateArgs {
     /// Extra CA certificates (PEM) on the nodes, for a scheduler or storage on TLS.
     #[arg(long)]
     tls_ca_file: Option<PathBuf>,
-    /// Where each job writes its output (htfaas-annex-NAME-JOBID.out). Default: here.
+    /// Where each job writes its output (htfaas-annex-NAME-JOBID.out), made (0700) when it is
+    /// missing: the batch system fails every launch into a directory that is not there.
+    /// Default: here.
     #[arg(long)]
     log_dir: Option<PathBuf>,
     /// Where on the nodes each EP makes its scratch directory (0700, removed when it
@@ -224,7 +226,7 @@ pub async fn run(command: AnnexCommand) -> anyhow::Result<()> {
                 None => std::env::current_exe().context("find this htfaas binary (give --htfaas)")?,
             };
             let log_dir = match log_dir {
-                Some(d) => d,
+                Some(d) => log_directory(&d)?,
                 None => std::env::current_dir().context("the current directory (give --log-dir)")?,
             };
             let placement = htfaas::annex::Placement {
@@ -270,6 +272,26 @@ pub async fn run(command: AnnexCommand) -> anyhow::Result<()> {
     }
 }
 
+/// `dir` made ready for the annex's job logs: made (0700, with its parents) when missing;
+/// refused when something else than a directory is there. A missing directory would not fail
+/// `sbatch`, only every launch after it, on the nodes, where nobody reads why.
+fn log_directory(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--log-dir {} is not a directory", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("make --log-dir {}", dir.display()))?;
+        }
+        Err(e) => return Err(e).with_context(|| format!("--log-dir {}", dir.display())),
+    }
+    Ok(dir.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,5 +304,21 @@ mod tests {
         for bad in ["", "0", "4T", "-1", "1.5G"] {
             assert!(parse_memory_mb(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// A missing log directory is made (private), an existing one is kept, a file is refused.
+    #[test]
+    fn a_missing_log_directory_is_made_and_a_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("logs/annex");
+        assert_eq!(log_directory(&dir).expect("made"), dir);
+        let mode = std::fs::metadata(&dir).expect("there").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(log_directory(&dir).expect("kept"), dir);
+        let file = tmp.path().join("a-file");
+        std::fs::write(&file, b"x").expect("write");
+        let refused = log_directory(&file).expect_err("a file");
+        assert!(refused.to_string().contains("is not a directory"), "{refused:#}");
     }
 }
