@@ -67,6 +67,39 @@ pub fn advertised_memory_mb(memory_mb: u64) -> u64 {
     memory_mb.saturating_sub(own).max(1)
 }
 
+/// What each of `functions` bound to the annex `request` asks for that the annex's EPs will not
+/// offer (cores, memory as the EP advertises it, run time within the lifetime), one sentence
+/// per function: such a function's jobs would wait while the annex's EPs go idle and leave.
+pub fn shortfalls(request: &AnnexRequest, functions: &[htfaas_functions::FunctionRecord]) -> Vec<String> {
+    let memory = advertised_memory_mb(request.memory_mb);
+    let runtime = request.lifetime_s.min(htfaas_functions::manifest::MAX_RUNTIME_S);
+    functions
+        .iter()
+        .map(|f| &f.manifest)
+        .filter(|m| m.annex.as_deref() == Some(request.name.as_str()) && m.owner == request.owner)
+        .filter_map(|m| {
+            let r = &m.resources;
+            let mut short = Vec::new();
+            if r.cpus > request.cpus {
+                short.push(format!("{} cores (the EPs offer {})", r.cpus, request.cpus));
+            }
+            if r.memory_mb > memory {
+                short.push(format!("{} MiB (the EPs offer {memory} of their {})", r.memory_mb, request.memory_mb));
+            }
+            if r.runtime_s > runtime {
+                short.push(format!("{} s of run time (the annex lives {runtime} s)", r.runtime_s));
+            }
+            (!short.is_empty()).then(|| {
+                format!(
+                    "function {} asks {}: its jobs would wait on this annex while its EPs go idle and leave",
+                    m.name,
+                    short.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
 /// Creates annex `request.name` (see the module docs); the record with its jobs, and the token.
 pub async fn create(
     client: &Client,
@@ -299,5 +332,42 @@ mod tests {
         assert_eq!(advertised_memory_mb(1024), 1024 - 256);
         assert_eq!(advertised_memory_mb(400), 200);
         assert_eq!(advertised_memory_mb(1), 1);
+    }
+
+    /// A function bound to the annex that asks more cores, memory or run time than its EPs
+    /// offer is named with each shortfall; one that fits, another owner's and one bound to
+    /// another annex are not.
+    #[test]
+    fn a_bound_function_asking_more_than_the_annex_offers_is_named() {
+        let request = AnnexRequest {
+            name: "night".into(),
+            owner: "alice".into(),
+            provider: "slurm".into(),
+            count: 2,
+            cpus: 4,
+            memory_mb: 8192,
+            lifetime_s: 3600,
+            idle_shutdown_s: None,
+            partition: None,
+            token_ttl_s: None,
+        };
+        let function = |name: &str, owner: &str, annex: &str, cpus: u32, memory_mb: u64, runtime_s: u64| {
+            let mut m = crate::stack::demo_manifest(htfaas_functions::Digest::of(name.as_bytes()));
+            m.name = name.into();
+            m.owner = owner.into();
+            m.annex = Some(annex.into());
+            m.resources = htfaas_functions::Resources::new(cpus, memory_mb, runtime_s);
+            htfaas_functions::FunctionRecord { schema: 1, version: 1, registered_at: 0, manifest: m }
+        };
+        let functions = [
+            function("fits", "alice", "night", 4, 7000, 3000),
+            function("big", "alice", "night", 8, 8192, 7200),
+            function("bobs", "bob", "night", 64, 1, 1),
+            function("elsewhere", "alice", "day", 64, 1, 1),
+        ];
+        let short = shortfalls(&request, &functions);
+        assert_eq!(short.len(), 1, "{short:?}");
+        assert!(short[0].starts_with("function big asks 8 cores (the EPs offer 4), 8192 MiB"), "{short:?}");
+        assert!(short[0].contains("7200 s of run time (the annex lives 3600 s)"), "{short:?}");
     }
 }

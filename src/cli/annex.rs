@@ -238,6 +238,9 @@ pub async fn run(command: AnnexCommand) -> anyhow::Result<()> {
                 work_dir: None,
                 scratch_dir,
             };
+            // A bound function the annex cannot run is said before the EPs are asked for.
+            let functions = client.functions().await.context("the registered functions")?;
+            output::annex_shortfalls(&htfaas::annex::shortfalls(&request, &functions));
             let started = Instant::now();
             let created = htfaas::annex::create(&client, provider, &request, &placement).await?;
             output::annex_created(&created.annex, started.elapsed().as_millis() as u64, json)

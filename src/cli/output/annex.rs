@@ -134,6 +134,14 @@ pub fn annex(s: &AnnexStatus, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `htfaas annex create`: each bound function the annex's EPs cannot run, as a warning on
+/// stderr (so `--json` stays one document).
+pub fn shortfalls(short: &[String]) {
+    for s in short {
+        eprintln!("warning: {s}");
+    }
+}
+
 /// `htfaas annex create`: the record and its jobs (never the token).
 pub fn created(r: &AnnexRecord, elapsed_ms: u64, json: bool) -> anyhow::Result<()> {
     if json {

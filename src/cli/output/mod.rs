@@ -9,7 +9,10 @@ mod dlq;
 pub mod export;
 mod trace;
 
-pub use annex::{annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended};
+pub use annex::{
+    annex, annexes, created as annex_created, deleted as annex_deleted, extended as annex_extended,
+    shortfalls as annex_shortfalls,
+};
 pub use audit::{audit_records, head, lineage, reruns, verify, verify_reports};
 pub use dlq::{dead_letter, dead_letters, redriven};
 use htfaas::client::StackInfo;
