@@ -292,8 +292,8 @@ impl Jobs {
             }
             // No input: the job directory is made empty, for the reference files alone.
             None => {
-                let made = tokio::task::spawn_blocking(move || job_dir.make_then(None, || Ok(()))).await;
-                let made = made.map_err(std::io::Error::other).and_then(|made| made.and_then(|first| first));
+                let made = crate::transfer::off_thread(move || job_dir.make_then(None, || Ok(()))).await;
+                let made = made.and_then(|first| first);
                 made.map_err(|e| Outcome::InputFailed { reason: format!("create the job directory: {e}") })?;
             }
         }

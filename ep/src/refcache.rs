@@ -218,8 +218,8 @@ impl RefCache {
     }
 }
 
-/// Removes the name `path` (not followed if a link); nothing there is fine.
-fn unlink(path: &Path) -> io::Result<()> {
+/// Removes the name `path` (not followed if a link); nothing there is fine. Blocking.
+pub(crate) fn unlink(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

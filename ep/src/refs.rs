@@ -21,8 +21,8 @@
 
 use crate::counters::Metrics;
 use crate::origins::Origins;
-use crate::refcache::RefCache;
-use crate::transfer::{Transfer, download, storage_sha256};
+use crate::refcache::{RefCache, unlink};
+use crate::transfer::{Transfer, download, off_thread, storage_sha256};
 use htfaas_functions::proto::{Outcome, ReferenceInput, ReferenceRead};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -130,17 +130,4 @@ async fn keep(cache: &Arc<RefCache>, sha256: &str, file: &Path) {
     if let Err(e) = off_thread(move || cache.keep(&key, &at)).await {
         tracing::warn!("failed to keep a reference file in the cache: {e}");
     }
-}
-
-/// Removes the name `path` (not followed if a link); nothing there is fine. Blocking.
-fn unlink(path: &Path) -> std::io::Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
-
-/// Runs `f` (file system calls) off the async threads, in one hand-off.
-async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(std::io::Error::other)?
 }

@@ -371,7 +371,9 @@ async fn in_job_dir<T: Send + 'static>(
 }
 
 /// Runs `f` (file system calls) off the async threads, in one hand-off.
-async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+pub(crate) async fn off_thread<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(std::io::Error::other)?
 }
 

@@ -294,13 +294,8 @@ pub async fn prepare(
     let writer = crate::storage_client::writer_of_run(runs_as.name(m), &m.name);
     let storage_err = |e: StorageError| storage_failure(e.to_string(), &e);
     // Both requests at once: they are independent, and each is a round trip to the storage.
-    let read = async {
-        match path {
-            Some(path) => cx.storage.read_macaroon(path).await.map(Some),
-            None => Ok(None),
-        }
-    };
-    let (read, write) = tokio::join!(read, cx.storage.write_macaroon(&m.outputs.dir, replace, &writer));
+    let (read, write) =
+        tokio::join!(cx.storage.read_macaroon_of(path), cx.storage.write_macaroon(&m.outputs.dir, replace, &writer));
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let refs = references(cx.storage, &m.inputs.refs, members).await?;
     let input = path.zip(read).map(|(path, macaroon)| InputSpec {

@@ -302,6 +302,15 @@ impl StorageClient {
         format!("{}{}", self.base, htfaas_functions::percent::path(path))
     }
 
+    /// [`StorageClient::read_macaroon`] of `path` when there is one: a run on no file reads
+    /// nothing.
+    pub async fn read_macaroon_of(&self, path: Option<&str>) -> Result<Option<String>, StorageError> {
+        match path {
+            Some(path) => self.read_macaroon(path).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// A macaroon that may only download exactly `path`: derived offline from a base on its
     /// directory (asked for when none is fresh), or asked for itself where no base serves (a
     /// path without a directory or with a line break, a base without a `before:` to keep it by,

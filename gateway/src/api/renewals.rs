@@ -118,13 +118,10 @@ async fn issue(
         HttpError(status, e.to_string())
     };
     // A job without an input is renewed its write macaroon alone.
-    let read = async {
-        match input {
-            Some(path) => shared.storage.read_macaroon(path).await.map(Some),
-            None => Ok(None),
-        }
-    };
-    let (read, write) = tokio::join!(read, shared.storage.write_macaroon(&claims.output, replace, &writer));
+    let (read, write) = tokio::join!(
+        shared.storage.read_macaroon_of(input),
+        shared.storage.write_macaroon(&claims.output, replace, &writer)
+    );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     // What the trail keeps: identifiers and caveats; a macaroon that does not parse is kept
     // out of the record, not out of the answer (the storage issued it).
