@@ -103,8 +103,10 @@ async function api(path) {
   } catch (e) {
     throw new ApiError(0, "the gateway did not answer (" + e.message + ")", false);
   }
+  // Reading the body awaits too: check the session after it, so that a late answer to an
+  // earlier token (a 401 still in flight at sign-in) neither shows nor stops the new session.
+  const text = await resp.text().catch(() => "");
   if (generation !== state.generation) throw new ApiError(0, "signed out", false);
-  const text = await resp.text();
   let body = null;
   try {
     body = text ? JSON.parse(text) : null;
