@@ -138,7 +138,7 @@ async fn serve_ep(mut socket: WebSocket, link: Link) {
                 let Some(Ok(Message::Text(text))) = msg else { return };
                 match serde_json::from_str::<EpMsg>(text.as_str()) {
                     Ok(EpMsg::Hello(_)) => {
-                        let welcome = SchedulerMsg::Welcome { ep_id: "bench-ep".into(), prefetch: None };
+                        let welcome = SchedulerMsg::Welcome { ep_id: "bench-ep".into(), prefetch: None, attach: None };
                         let text = serde_json::to_string(&welcome).expect("json");
                         if socket.send(Message::Text(text.into())).await.is_err() {
                             return;

@@ -18,6 +18,13 @@
 //! the job that asked, and a session that ends drops the waiting requests (their jobs go on
 //! with the macaroons they have).
 //!
+//! Attach renewal: the `Hello` says the EP renews its attach token; when a `Welcome` (or a
+//! renewal) says when to ask, `RenewAttach` goes out then, once, and `AttachRenewed`'s token
+//! replaces the one the EP dials with, for this session and every reconnect, so a job longer
+//! than the token's first life is not lost when it expires. A refusal is logged; the session
+//! then ends at the token's expiry (a final close, as today). The renewed token lives in
+//! memory only: an EP process started again dials with the token it was given.
+//!
 //! Prefetch (the extension of [`htfaas_functions::proto`]'s attach conversation):
 //! `Hello` asks for [`Settings::prefetch`] jobs beyond the free resources; when the `Welcome`
 //! grants the extension, every `Assign` goes into a local queue, and the queue's head starts as
@@ -71,8 +78,8 @@ use futures_util::{SinkExt, StreamExt};
 use htfaas_functions::Resources;
 use htfaas_functions::manifest::RuntimeKind;
 use htfaas_functions::proto::{
-    EpMsg, FINAL_CLOSE_CODES, Hello, JobAssignment, JobReport, MAX_FRAME_MESSAGES, MAX_HELLO_IMAGES, Outcome, PROTOCOL,
-    Prefetch, SchedulerMsg, decode_frame,
+    AttachLease, EpMsg, FINAL_CLOSE_CODES, Hello, JobAssignment, JobReport, MAX_FRAME_MESSAGES, MAX_HELLO_IMAGES,
+    Outcome, PROTOCOL, Prefetch, SchedulerMsg, decode_frame,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -95,6 +102,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long to wait for the TCP + WebSocket handshake, and then for `Welcome`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for a renewal the scheduler asks for (a bound on its word, so a huge number
+/// cannot overflow the clock): a year.
+const MAX_RENEW_WAIT_MS: u64 = 365 * 24 * 3600 * 1000;
 /// Keep-alive ping period.
 const PING_EVERY: Duration = Duration::from_secs(15);
 /// Most bytes of a refusal's body quoted in the error.
@@ -139,6 +149,10 @@ struct Link {
     renewals: HashMap<String, tokio::sync::oneshot::Sender<Answer>>,
     /// Jobs cancelled by the stop, whose `Cancelled` report is dropped rather than sent.
     stopped: HashSet<String>,
+    /// The attach token the EP dials with: the settings' one, then each renewal's.
+    attach_token: String,
+    /// When to ask this session's scheduler for a new attach token; `None`: not (again).
+    renew_attach_at: Option<Instant>,
 }
 
 /// How a session ended without an error.
@@ -167,6 +181,7 @@ pub(crate) async fn run(
     let (report_tx, report_rx) = mpsc::unbounded_channel();
     let (renewer, renew_rx) = Renewer::channel();
     let jobs = Arc::new(Jobs::new(settings.clone(), renewer));
+    let settings_token = settings.attach_token.clone();
     let mut link = Link {
         warmer: Warmer::start(settings.clone(), jobs.clone()),
         jobs,
@@ -185,6 +200,8 @@ pub(crate) async fn run(
         stopped: HashSet::new(),
         renew_rx,
         renewals: HashMap::new(),
+        attach_token: settings_token,
+        renew_attach_at: None,
     };
     tracing::info!(name = %link.settings.name, url = %link.settings.attach_url, "ep starting");
     let mut backoff = MIN_BACKOFF;
@@ -431,10 +448,12 @@ impl Link {
                 None => vec![RuntimeKind::Wasm],
             },
             images: self.settings.native.as_ref().map(|n| n.images.held(MAX_HELLO_IMAGES)).unwrap_or_default(),
+            renews_attach: true,
         });
         ws.send(Message::text(serde_json::to_string(&hello)?)).await.context("send hello")?;
-        let (ep_id, ext) =
+        let (ep_id, ext, lease) =
             tokio::time::timeout(HANDSHAKE_TIMEOUT, self.welcome(&mut ws)).await.context("no welcome")??;
+        self.set_attach_lease(lease);
         *welcomed = true;
         // Hand-backs of an earlier session's queue mean nothing to this one's scheduler.
         if ext.is_none() {
@@ -496,6 +515,11 @@ impl Link {
                         self.finished(report);
                     }
                 }
+                _ = tokio::time::sleep_until(self.renew_attach_at.unwrap_or(drain_wake)), if self.renew_attach_at.is_some() => {
+                    self.renew_attach_at = None;
+                    ws.send(Message::text(serde_json::to_string(&EpMsg::RenewAttach)?)).await.context("send renew_attach")?;
+                    tracing::info!("asked the scheduler for a new attach token");
+                }
                 Some(ask) = self.renew_rx.recv() => {
                     let text = serde_json::to_string(&EpMsg::Renew { job_id: ask.job_id.clone() })?;
                     self.renewals.insert(ask.job_id, ask.reply);
@@ -512,7 +536,7 @@ impl Link {
 
     async fn dial(&self) -> anyhow::Result<Ws> {
         let mut request = self.settings.attach_url.as_str().into_client_request().context("attach URL")?;
-        let mut auth = HeaderValue::from_str(&format!("Bearer {}", self.settings.attach_token))
+        let mut auth = HeaderValue::from_str(&format!("Bearer {}", self.attach_token))
             .map_err(|_| anyhow!("attach token is not a valid header value"))?;
         auth.set_sensitive(true);
         request.headers_mut().insert(AUTHORIZATION, auth);
@@ -543,14 +567,25 @@ impl Link {
         Ok(ws)
     }
 
-    /// The session id and the prefetch extension granted, from `Welcome`.
-    async fn welcome(&mut self, ws: &mut Ws) -> anyhow::Result<(String, Option<Prefetch>)> {
+    /// When to ask for a new attach token, from what the scheduler said of the current one.
+    fn set_attach_lease(&mut self, lease: Option<AttachLease>) {
+        self.renew_attach_at = lease
+            .and_then(|l| l.renew_in_ms)
+            .map(|ms| Instant::now() + Duration::from_millis(ms.min(MAX_RENEW_WAIT_MS)));
+        if let Some(l) = lease {
+            tracing::debug!(expires_in_ms = l.expires_in_ms, renew_in_ms = ?l.renew_in_ms, "attach token lease");
+        }
+    }
+
+    /// The session id, the prefetch extension granted and the attach token's lease, from
+    /// `Welcome`.
+    async fn welcome(&mut self, ws: &mut Ws) -> anyhow::Result<(String, Option<Prefetch>, Option<AttachLease>)> {
         loop {
             match ws.next().await {
                 None => bail!("scheduler closed the connection before welcome"),
                 Some(Err(e)) => return Err(anyhow!(e).context("read welcome")),
                 Some(Ok(Message::Text(text))) => match serde_json::from_str::<SchedulerMsg>(text.as_str()) {
-                    Ok(SchedulerMsg::Welcome { ep_id, prefetch }) => return Ok((ep_id, prefetch)),
+                    Ok(SchedulerMsg::Welcome { ep_id, prefetch, attach }) => return Ok((ep_id, prefetch, attach)),
                     Ok(SchedulerMsg::Assign(job)) => {
                         bail!("scheduler assigned job {} before welcome", job.job_id)
                     }
@@ -562,6 +597,9 @@ impl Link {
                     Ok(SchedulerMsg::Retire { .. }) => bail!("scheduler retired handlers before welcome"),
                     Ok(SchedulerMsg::Renewed { job_id, .. } | SchedulerMsg::RenewRefused { job_id, .. }) => {
                         bail!("scheduler answered a renewal of job {job_id} before welcome")
+                    }
+                    Ok(SchedulerMsg::AttachRenewed { .. } | SchedulerMsg::AttachRenewRefused { .. }) => {
+                        bail!("scheduler answered an attach renewal before welcome")
                     }
                     Err(e) => {
                         self.bad_frames += 1;
@@ -607,6 +645,15 @@ impl Link {
                 self.answer_renewal(&job_id, Ok((input_macaroon, output_macaroon)));
             }
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),
+            SchedulerMsg::AttachRenewed { token, lease } => {
+                tracing::info!(expires_in_s = lease.expires_in_ms / 1000, "attach token renewed");
+                self.attach_token = token;
+                self.set_attach_lease(Some(lease));
+            }
+            SchedulerMsg::AttachRenewRefused { reason } => {
+                tracing::warn!(%reason, "the scheduler did not renew the attach token; the session ends when it expires");
+                self.renew_attach_at = None;
+            }
             SchedulerMsg::Retire { reason } => {
                 if let Some(host) = &self.settings.native {
                     let retired = host.handlers.retire_all();
@@ -677,7 +724,7 @@ fn report_job(msg: &EpMsg) -> &str {
     match msg {
         EpMsg::Finished(r) => &r.job_id,
         EpMsg::NotStarted { job_id, .. } => job_id,
-        EpMsg::Hello(_) | EpMsg::Draining | EpMsg::Renew { .. } => "",
+        EpMsg::Hello(_) | EpMsg::Draining | EpMsg::Renew { .. } | EpMsg::RenewAttach => "",
     }
 }
 

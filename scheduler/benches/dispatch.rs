@@ -546,6 +546,7 @@ async fn fake_ep(
         prefetch: None,
         runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
         images: Vec::new(),
+        renews_attach: false,
     });
     ws.send(Message::text(serde_json::to_string(&hello)?)).await?;
 

@@ -24,7 +24,6 @@
 
 use crate::annex_store::AnnexStoreError;
 use crate::failure::ApiFailure;
-use crate::matching::ToEp;
 use crate::queue::now_ms;
 use crate::state::Shared;
 use htfaas_functions::manifest::check_name;
@@ -213,19 +212,39 @@ fn eps_of(eps: &[EpInfo], annex: &str) -> Vec<EpInfo> {
     eps.iter().filter(|e| e.session.is_some() && e.annex.as_deref() == Some(annex)).cloned().collect()
 }
 
-/// What a new session of `annex` is told after its `Welcome`: the annex's end, when the
-/// scheduler keeps a record of it.
-pub(crate) fn on_attach(shared: &Shared, annex: Option<&str>) -> Option<SchedulerMsg> {
-    let record = shared.annexes.get(annex?)?;
-    Some(SchedulerMsg::Lifetime { leave_in_ms: record.leave_in_ms(now_ms()) })
+/// What a new session of `annex` learns of it, when the scheduler keeps a record of it.
+pub(crate) struct OnAttach {
+    /// What it is told after its `Welcome`: when to leave.
+    pub(crate) lifetime: SchedulerMsg,
+    /// When its EPs leave, Unix ms: no job that would still run then is placed on them.
+    pub(crate) leaves_ms: u64,
+    /// The annex's end, Unix ms: no attach token of it is renewed past it.
+    pub(crate) ends_ms: u64,
 }
 
-/// Sends the annex's end to every attached EP of it; how many were told.
+/// What a new session of `annex` learns of it: `None` when the scheduler keeps no record of it.
+pub(crate) fn on_attach(shared: &Shared, annex: Option<&str>) -> Option<OnAttach> {
+    let record = shared.annexes.get(annex?)?;
+    let now = now_ms();
+    let leave_in_ms = record.leave_in_ms(now);
+    Some(OnAttach {
+        lifetime: SchedulerMsg::Lifetime { leave_in_ms },
+        leaves_ms: now.saturating_add(leave_in_ms),
+        ends_ms: record.ends_ms,
+    })
+}
+
+/// The end of `annex`, Unix ms, when the scheduler keeps a record of it (read anew at each
+/// attach-token renewal: an annex extended since lets its tokens live longer).
+pub(crate) fn ends_ms(shared: &Shared, annex: Option<&str>) -> Option<u64> {
+    Some(shared.annexes.get(annex?)?.ends_ms)
+}
+
+/// Sends the annex's end to every attached EP of it, and places by it from now on; how many
+/// were told.
 fn tell(shared: &Shared, record: &AnnexRecord) -> usize {
-    let msg = SchedulerMsg::Lifetime { leave_in_ms: record.leave_in_ms(now_ms()) };
-    let eps = shared.eps();
-    eps.iter()
-        .filter(|e| e.pool.annex.as_deref() == Some(record.name.as_str()))
-        .filter(|e| e.tx.send(ToEp::Send(msg.clone())).is_ok())
-        .count()
+    let now = now_ms();
+    let leave_in_ms = record.leave_in_ms(now);
+    let msg = SchedulerMsg::Lifetime { leave_in_ms };
+    shared.eps().set_annex_end(&record.name, now.saturating_add(leave_in_ms), &msg)
 }

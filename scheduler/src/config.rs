@@ -127,6 +127,13 @@ pub struct Config {
     /// turns prefetch off. Default: 16.
     #[serde(default = "default_max_prefetch")]
     pub max_prefetch: u32,
+    /// Whether an attached EP that asks renews its attach token over its session (the same
+    /// credential, a later expiry; never past its annex's end, never once revoked), so that a
+    /// job longer than the token's lifetime is not lost when the token expires under it. Off:
+    /// a session ends at its token's expiry and no job is placed on an EP that would outlast
+    /// it. Default: true.
+    #[serde(default = "default_renew_attach")]
+    pub renew_attach: bool,
     /// Ed25519 PKCS#8 PEM key that signs the audit trail's checkpoints (kid
     /// `scheduler-audit-1`); created (mode 0600) if absent. The trail itself lives in the store
     /// (`db_path`), written in the same transactions as the decisions it records. Default:
@@ -223,6 +230,9 @@ fn default_retry_backoff_s() -> u64 {
 }
 fn default_max_guest_retries() -> u32 {
     crate::queue::DEFAULT_MAX_GUEST_RETRIES
+}
+fn default_renew_attach() -> bool {
+    true
 }
 fn default_max_prefetch() -> u32 {
     crate::policy::DEFAULT_MAX_PREFETCH
@@ -381,6 +391,7 @@ impl Config {
             max_guest_retries: default_max_guest_retries(),
             runtime_grace_s: default_runtime_grace_s(),
             max_prefetch: default_max_prefetch(),
+            renew_attach: default_renew_attach(),
             audit_key_file: None,
             audit_checkpoint_records: default_audit_checkpoint_records(),
             audit_checkpoint_s: default_audit_checkpoint_s(),
@@ -439,6 +450,7 @@ impl Config {
             max_guest_retries: self.max_guest_retries,
             runtime_grace_s: self.runtime_grace_s,
             max_prefetch: self.max_prefetch,
+            renew_attach: self.renew_attach,
         }
         .resolve()?;
         let trust = UrlTrust::new(&self.storage_origins, &self.module_stores)?;

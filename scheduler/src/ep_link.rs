@@ -49,6 +49,16 @@
 //! with it: they are `running` on it in the store, and run again elsewhere like its running
 //! ones (the EP drops its queue when the connection goes).
 //!
+//! Attach renewal: an EP that says it renews ([`Hello::renews_attach`]) is told its token's
+//! time left in its `Welcome` and, when the site renews (`renew_attach`) and its annex outlasts
+//! the token, when to ask. A `RenewAttach` is answered by the session itself
+//! ([`crate::attach::renewed_claims`]): the same credential with a later expiry, unless it was
+//! revoked (checked here, against the store's revocations) or its annex ended; the session's
+//! expiry moves with it. A refusal is counted as a bad frame. Placement follows: an EP whose
+//! token will not be renewed takes no job that would outlast the token, nor (any EP of an
+//! annex on record) one that would outlast its annex ([`EpSlot::token_ends_ms`],
+//! [`EpSlot::annex_leaves_ms`]).
+//!
 //! Renewal: a `Renew` for a job this session holds starts a renewal of its
 //! macaroons ([`crate::renew`]) in a task beside the reports (the session awaits it before
 //! its jobs lose it); one for a job it does not hold, or one already being renewed, is answered
@@ -215,9 +225,13 @@ pub async fn serve(
     let (tx, rx) = mpsc::unbounded_channel();
     // An annex's EP learns the annex's end right after its Welcome (the session sends what
     // waits in `rx` once welcomed).
-    if let Some(lifetime) = crate::annex::on_attach(&shared, claims.annex.as_deref()) {
-        let _ = tx.send(ToEp::Send(lifetime));
-    }
+    let annex = crate::annex::on_attach(&shared, claims.annex.as_deref());
+    let renews = hello.renews_attach && shared.policy.renew_attach;
+    let attach_lease = crate::attach::lease(&claims, now_ms(), renews, annex.as_ref().map(|a| a.ends_ms));
+    let annex_leaves_ms = annex.map(|a| {
+        let _ = tx.send(ToEp::Send(a.lifetime));
+        a.leaves_ms
+    });
     let warm_tx = tx.clone();
     let pool = Pool { annex: claims.annex.clone(), owner: claims.owner.clone() };
     let credential = Credential::of_attach(&claims);
@@ -229,6 +243,8 @@ pub async fn serve(
     let prefetch = hello.prefetch.map(|asked| shared.policy.prefetch(asked));
     slot.prefetch = prefetch.map_or(0, |p| p.jobs);
     slot.extension = prefetch.is_some();
+    slot.annex_leaves_ms = annex_leaves_ms;
+    slot.token_ends_ms = attach_lease.renew_in_ms.is_none().then(|| claims.exp.saturating_mul(1000));
     if let Err(reason) = register(&shared, slot) {
         shared.metrics.refused(Token::Attach, Reason::Revoked);
         tracing::info!("attach token revoked meanwhile: {reason}");
@@ -248,12 +264,14 @@ pub async fn serve(
         prefetch = prefetch.map(|p| p.jobs),
         "EP attached"
     );
-    let welcome = SchedulerMsg::Welcome { ep_id: ep_id.clone(), prefetch };
+    let welcome =
+        SchedulerMsg::Welcome { ep_id: ep_id.clone(), prefetch, attach: hello.renews_attach.then_some(attach_lease) };
     let why = if send(&mut ws, &welcome).await.is_ok() {
         shared.wake.notify_one();
         let mut reports = tokio::task::JoinSet::new();
         let ext = Extension { on: prefetch.is_some(), free_handbacks: prefetch.map_or(0, |p| p.jobs) };
-        let why = session(&mut ws, rx, &shared, &ep_id, claims.exp, &shutdown, &mut reports, ext).await;
+        let token = SessionToken { claims, renews };
+        let why = session(&mut ws, rx, &shared, &ep_id, token, &shutdown, &mut reports, ext).await;
         // Every report read is recorded (or refused) before the session's jobs lose it.
         while let Some(done) = reports.join_next().await {
             report_ended(done);
@@ -335,6 +353,46 @@ fn register(shared: &Shared, slot: EpSlot) -> Result<(), String> {
     Ok(())
 }
 
+/// A session's attach token: what it was last renewed to, and whether it is renewed.
+struct SessionToken {
+    claims: AttachClaims,
+    renews: bool,
+}
+
+/// Answers an EP's [`EpMsg::RenewAttach`]: a new token for the same credential unless it was
+/// revoked, its annex ended, renewal is off, or it is too early; `token` then holds the renewed
+/// claims. The slot's placement follows: a refusal means the token ends as it is.
+fn renew_attach(shared: &Shared, ep_id: &str, token: &mut SessionToken) -> SchedulerMsg {
+    let now = now_ms();
+    let answer = (|| {
+        if !token.renews {
+            return Err("this scheduler does not renew attach tokens".to_owned());
+        }
+        if let Some(reason) = shared.queue.revoked_reason(&Credential::of_attach(&token.claims)) {
+            return Err(format!("attach token revoked: {reason}"));
+        }
+        let ends = crate::annex::ends_ms(shared, token.claims.annex.as_deref());
+        let claims = crate::attach::renewed_claims(&token.claims, now, ends).map_err(|e| e.to_string())?;
+        let signed = shared.attach_key.sign(&claims).map_err(|e| format!("could not sign a new token: {e}"))?;
+        Ok((signed, claims, ends))
+    })();
+    match answer {
+        Ok((signed, claims, ends)) => {
+            token.claims = claims;
+            let lease = crate::attach::lease(&token.claims, now, true, ends);
+            let token_end = lease.renew_in_ms.is_none().then(|| token.claims.exp.saturating_mul(1000));
+            shared.eps().set_token_end(ep_id, token_end);
+            tracing::info!(expires_in_s = lease.expires_in_ms / 1000, "attach token renewed");
+            SchedulerMsg::AttachRenewed { token: signed, lease }
+        }
+        Err(reason) => {
+            shared.eps().set_token_end(ep_id, Some(token.claims.exp.saturating_mul(1000)));
+            tracing::warn!(%reason, "attach token not renewed");
+            SchedulerMsg::AttachRenewRefused { reason }
+        }
+    }
+}
+
 /// A session's prefetch extension.
 #[derive(Debug, Clone, Copy)]
 struct Extension {
@@ -353,12 +411,12 @@ async fn session(
     mut rx: mpsc::UnboundedReceiver<ToEp>,
     shared: &Arc<Shared>,
     ep_id: &str,
-    exp: u64,
+    mut token: SessionToken,
     shutdown: &CancellationToken,
     reports: &mut tokio::task::JoinSet<()>,
     mut ext: Extension,
 ) -> String {
-    let expiry = tokio::time::sleep(until(exp));
+    let expiry = tokio::time::sleep(until(token.claims.exp));
     tokio::pin!(expiry);
     // The lease: renewed by every frame from the EP (it pings every 15 s).
     let lease_len = Duration::from_secs(shared.policy.lease_s);
@@ -438,6 +496,19 @@ async fn session(
                     Ok(msgs) => {
                         let mut ended = Vec::new();
                         for msg in msgs {
+                            if matches!(msg, EpMsg::RenewAttach) {
+                                let answer = renew_attach(shared, ep_id, &mut token);
+                                expiry.as_mut().reset(tokio::time::Instant::now() + until(token.claims.exp));
+                                if let SchedulerMsg::AttachRenewRefused { reason } = &answer {
+                                    // An EP asks when told to: a refusal is counted, so
+                                    // asking again and again ends the session.
+                                    bad_frame(shared, &mut bad_frames, &format!("renew_attach: {reason}"));
+                                }
+                                if send(ws, &answer).await.is_err() {
+                                    return "the connection to the EP broke".into();
+                                }
+                                continue;
+                            }
                             on_message(shared, ep_id, msg, &mut ext, &mut bad_frames, reports, &mut ended);
                         }
                         if !ended.is_empty() {
@@ -484,6 +555,8 @@ fn on_message(
             reports.spawn(not_started(shared.clone(), ep_id.to_owned(), job_id, reason, free));
         }
         EpMsg::NotStarted { .. } => bad_frame(shared, bad_frames, "not_started outside the prefetch extension"),
+        // Answered by the session loop, which holds the token.
+        EpMsg::RenewAttach => {}
         EpMsg::Renew { job_id } if job_id.len() > MAX_JOB_ID_BYTES => {
             bad_frame(shared, bad_frames, "renew: job id too long");
         }
@@ -530,6 +603,7 @@ fn kind(m: &EpMsg) -> &'static str {
         EpMsg::Draining => "draining",
         EpMsg::NotStarted { .. } => "not_started",
         EpMsg::Renew { .. } => "renew",
+        EpMsg::RenewAttach => "renew_attach",
     }
 }
 
@@ -596,6 +670,7 @@ mod tests {
             prefetch: None,
             runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
             images: Vec::new(),
+            renews_attach: false,
         };
         assert_eq!(check_annex(&hello(None), &claims(Some("a"))), Ok(()));
         assert_eq!(check_annex(&hello(Some("a")), &claims(Some("a"))), Ok(()));
@@ -620,6 +695,7 @@ mod tests {
             prefetch: None,
             runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
             images: Vec::new(),
+            renews_attach: false,
         };
         assert_eq!(check_hello(&hello(vec![("site".into(), "desy".into())])), Ok(()));
         let many = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".into())).collect();

@@ -128,6 +128,8 @@ pub struct SitePolicy {
     /// Most jobs assigned to one EP beyond its free resources (its asked prefetch is capped to
     /// this); 0 turns prefetch off.
     pub max_prefetch: u32,
+    /// Attached EPs that ask renew their attach tokens over their sessions.
+    pub renew_attach: bool,
 }
 
 impl Default for SitePolicy {
@@ -145,6 +147,7 @@ impl Default for SitePolicy {
             max_guest_retries: crate::queue::DEFAULT_MAX_GUEST_RETRIES,
             runtime_grace_s: DEFAULT_RUNTIME_GRACE_S,
             max_prefetch: DEFAULT_MAX_PREFETCH,
+            renew_attach: true,
         }
     }
 }
@@ -185,6 +188,8 @@ pub struct PolicyConfig {
     pub runtime_grace_s: u64,
     /// See [`crate::Config::max_prefetch`].
     pub max_prefetch: u32,
+    /// See [`crate::Config::renew_attach`].
+    pub renew_attach: bool,
 }
 
 /// Why a [`PolicyConfig`] does not resolve; the message names the bad key.
@@ -321,6 +326,7 @@ impl PolicyConfig {
             max_guest_retries: self.max_guest_retries,
             runtime_grace_s: self.runtime_grace_s,
             max_prefetch: self.max_prefetch,
+            renew_attach: self.renew_attach,
         })
     }
 }
@@ -488,6 +494,7 @@ mod tests {
             retry_backoff_s: DEFAULT_RETRY_BACKOFF_S,
             runtime_grace_s: DEFAULT_RUNTIME_GRACE_S,
             max_prefetch: DEFAULT_MAX_PREFETCH,
+            renew_attach: true,
             ..PolicyConfig::default()
         }
     }

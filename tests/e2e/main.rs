@@ -26,6 +26,7 @@ mod kafka;
 mod kafka_support;
 mod lifecycle;
 mod lineage;
+mod long_jobs;
 mod loop_guard;
 mod metrics;
 mod native;

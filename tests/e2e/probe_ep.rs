@@ -62,6 +62,7 @@ pub async fn attach_probe(stack: &Stack, dir: &std::path::Path, name: &str) -> W
         prefetch: None,
         runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
         images: Vec::new(),
+        renews_attach: false,
     });
     ws.send(Message::text(serde_json::to_string(&hello).expect("encode"))).await.expect("hello");
     assert!(matches!(next_msg(&mut ws).await, SchedulerMsg::Welcome { .. }));

@@ -29,6 +29,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub const ATTACH: &str = "attach-token-xyz";
+/// The attach token the fake scheduler hands out on a renewal; it attaches too.
+pub const RENEWED_ATTACH: &str = "attach-token-renewed";
 pub const READ_MAC: &str = "read-macaroon-abc";
 pub const WRITE_MAC: &str = "write-macaroon-def";
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -106,7 +108,7 @@ impl Conn {
         assert_eq!(hello.name, "ep-test");
         assert_eq!(hello.protocol, 1);
         assert_eq!(hello.slots.cpus, 2);
-        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: None });
+        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: None, attach: None });
         hello
     }
     /// Receives `Hello` (which must ask for prefetch), answers `Welcome` granting `grant`;
@@ -117,7 +119,7 @@ impl Conn {
             other => panic!("want hello, got {other:?}"),
         };
         assert!(hello.prefetch.is_some(), "the EP speaks the prefetch extension");
-        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: Some(grant) });
+        self.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: Some(grant), attach: None });
         hello
     }
     /// The next message, or `None` once the EP closed the connection (bounded by [`WAIT`]).
@@ -135,6 +137,8 @@ impl Conn {
 #[derive(Default)]
 pub struct Seen {
     pub input_auth: Vec<String>,
+    /// The `Authorization` of every attach accepted, in order.
+    pub attach_auth: Vec<String>,
     pub puts: HashMap<String, (String, Option<String>, Bytes)>, // name -> (auth, content-length, body)
     pub module_gets: usize,
     /// GETs of the slow input, and PUTs of the output that never answers.
@@ -156,9 +160,11 @@ fn auth(h: &HeaderMap) -> String {
 }
 
 async fn attach(State(f): State<Fake>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
-    if auth(&headers) != format!("Bearer {ATTACH}") {
+    let bearer = auth(&headers);
+    if bearer != format!("Bearer {ATTACH}") && bearer != format!("Bearer {RENEWED_ATTACH}") {
         return StatusCode::UNAUTHORIZED.into_response();
     }
+    f.seen.lock().expect("lock").attach_auth.push(bearer);
     ws.on_upgrade(move |socket| serve_ws(socket, f)).into_response()
 }
 

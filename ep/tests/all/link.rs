@@ -2,12 +2,12 @@
 //! the data path, reconnects, the annex in `Hello`, and which refusals end the EP for good.
 
 use crate::common::digest;
-use crate::fake::{Harness, READ_MAC, WRITE_MAC, until};
+use crate::fake::{Harness, READ_MAC, RENEWED_ATTACH, WRITE_MAC, until};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::any;
 use htfaas_ep::Config;
-use htfaas_functions::proto::{Outcome, SchedulerMsg};
+use htfaas_functions::proto::{AttachLease, EpMsg, Outcome, SchedulerMsg};
 use sha2::Digest as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,6 +76,29 @@ async fn a_job_without_an_input_reads_only_its_references() {
     assert_eq!(r.outputs.iter().map(|o| o.path.as_str()).collect::<Vec<_>>(), ["/storage/out/wiki.txt.checksums.json"]);
     // The reference's alone: a HEAD for its sha256 (the EP's cache by content), then its GET.
     assert_eq!(h.seen.lock().expect("lock").input_auth, [READ_MAC, READ_MAC].map(|m| format!("Bearer {m}")));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_ep_asks_for_a_new_attach_token_when_told_and_dials_with_it_from_then_on() {
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    let hello = match c.recv().await {
+        EpMsg::Hello(hello) => hello,
+        other => panic!("want hello, got {other:?}"),
+    };
+    assert!(hello.renews_attach, "the EP says it renews");
+    let lease = AttachLease { expires_in_ms: 60_000, renew_in_ms: Some(50) };
+    c.send(&SchedulerMsg::Welcome { ep_id: "ep-1".into(), prefetch: None, attach: Some(lease) });
+    assert_eq!(c.recv().await, EpMsg::RenewAttach, "asked when told");
+    let renewed = AttachLease { expires_in_ms: 60_000, renew_in_ms: None };
+    c.send(&SchedulerMsg::AttachRenewed { token: RENEWED_ATTACH.into(), lease: renewed });
+    // The connection breaks: the EP dials again, with the renewed token.
+    c.drop_socket();
+    let mut again = h.conn().await;
+    again.hello_welcome().await;
+    let auths = h.seen.lock().expect("lock").attach_auth.clone();
+    assert_eq!(auths, [format!("Bearer {}", crate::fake::ATTACH), format!("Bearer {RENEWED_ATTACH}")]);
     h.stop().await;
 }
 

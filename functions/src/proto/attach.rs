@@ -16,6 +16,13 @@
 //! answers [`SchedulerMsg::Renewed`] or [`SchedulerMsg::RenewRefused`], which an EP that never
 //! asks never receives.
 //!
+//! Attach renewal: an EP whose Hello says [`Hello::renews_attach`] is told its token's time
+//! left in its `Welcome` ([`AttachLease`]) and, when the scheduler will renew it, when to ask;
+//! it then asks with [`EpMsg::RenewAttach`] and gets [`SchedulerMsg::AttachRenewed`] (a new
+//! token, the same credential with a later expiry, which replaces the old one for this session
+//! and for reconnects) or [`SchedulerMsg::AttachRenewRefused`]. A scheduler that predates it
+//! sends no lease, so the EP never asks.
+//!
 //! Must not know: users and owners (an assignment carries no identity), admin routes, the
 //! audit trail.
 
@@ -73,6 +80,25 @@ pub struct Hello {
     /// their jobs. Self-asserted: a preference only, never a permission.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<Digest>,
+    /// The EP renews its attach token over the session when its `Welcome` says when
+    /// ([`AttachLease::renew_in_ms`]). Absent from older EPs: their token's expiry ends the
+    /// session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renews_attach: bool,
+}
+
+/// An attach token's time left, as the scheduler tells the EP (in its `Welcome` and with each
+/// renewal): durations from receipt, so that clocks need not agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachLease {
+    /// Milliseconds until the token expires and the scheduler closes the session
+    /// ([`CLOSE_EXPIRED`]).
+    pub expires_in_ms: u64,
+    /// Milliseconds until the EP should ask for a new token ([`EpMsg::RenewAttach`]); absent:
+    /// the scheduler will not renew it (renewal is off, or the token is already as long as its
+    /// annex lasts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_in_ms: Option<u64>,
 }
 
 /// Most images a [`Hello`] lists.
@@ -241,6 +267,10 @@ pub enum EpMsg {
         /// The job, running on this EP.
         job_id: String,
     },
+    /// A new attach token, please: sent once the `Welcome`'s (or the last renewal's)
+    /// [`AttachLease::renew_in_ms`] passed, at most one at a time. Answer:
+    /// [`SchedulerMsg::AttachRenewed`] or [`SchedulerMsg::AttachRenewRefused`].
+    RenewAttach,
 }
 
 /// Messages from the scheduler to an EP.
@@ -257,6 +287,24 @@ pub enum SchedulerMsg {
         /// otherwise (and from older schedulers).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prefetch: Option<Prefetch>,
+        /// The attach token's time left and when to renew it, for an EP that renews
+        /// ([`Hello::renews_attach`]); absent otherwise (and from older schedulers).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attach: Option<AttachLease>,
+    },
+    /// Answers [`EpMsg::RenewAttach`]: the attach token renewed (same credential: revoking it
+    /// revokes this one too), for this session and the EP's next dials.
+    AttachRenewed {
+        /// The new attach token.
+        token: String,
+        /// Its time left and when to ask again.
+        lease: AttachLease,
+    },
+    /// Answers [`EpMsg::RenewAttach`]: no new token (revoked, the annex ended, renewal off, or
+    /// asked too early); the session still ends when the current token expires.
+    AttachRenewRefused {
+        /// Why.
+        reason: String,
     },
     /// Run this job. Answer: [`EpMsg::Finished`] with the same `job_id`.
     Assign(JobAssignment),
@@ -675,7 +723,7 @@ mod tests {
 
     #[test]
     fn the_extension_is_absent_on_the_wire_for_old_peers() {
-        let w = SchedulerMsg::Welcome { ep_id: "e".into(), prefetch: None };
+        let w = SchedulerMsg::Welcome { ep_id: "e".into(), prefetch: None, attach: None };
         assert_eq!(serde_json::to_string(&w).expect("json"), r#"{"type":"welcome","ep_id":"e"}"#);
         let old: SchedulerMsg = serde_json::from_str(r#"{"type":"welcome","ep_id":"e"}"#).expect("old welcome");
         assert_eq!(old, w);

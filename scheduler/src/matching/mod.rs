@@ -289,6 +289,26 @@ mod tests {
         assert_eq!(pools, vec![Pool { annex: Some("gpu".into()), owner: Some("alice".into()) }]);
     }
 
+    #[test]
+    fn no_job_is_placed_on_an_ep_it_would_outlast_by_its_token_or_its_annex() {
+        let now = 1_000_000;
+        let mut e = ep("e", None, res(8, 8000, 3600));
+        let j = job("j", "alice", res(1, 1, 600));
+        assert_eq!(e.refusal(&j, now), None, "renewed as it goes, no annex on record");
+        e.token_ends_ms = Some(now + 599_000);
+        let why = e.refusal(&j, now).expect("the token ends first");
+        assert_eq!(
+            why,
+            "the job's run time of 600 s would end after the EP's attach token expires (599 s from now; it is not renewed)"
+        );
+        e.token_ends_ms = Some(now + 600_000);
+        assert_eq!(e.refusal(&j, now), None, "ends just in time");
+        e.annex_leaves_ms = Some(now + 300_000);
+        let why = e.refusal(&j, now).expect("the annex ends first");
+        assert_eq!(why, "the job's run time of 600 s would end after the EP's annex ends (300 s from now)");
+        assert_eq!(e.refusal(&job("short", "alice", res(1, 1, 300)), now), None);
+    }
+
     /// Free resources first, then the prefetch queue; a queued job holds no free
     /// resources, moves into them when they free (oldest first), and a later job never jumps
     /// the queue even where it would fit.

@@ -133,6 +133,13 @@ pub struct EpSlot {
     /// Images it holds, as far as the scheduler knows: those its Hello listed and those of the
     /// native jobs assigned to it since (it fetched them for those). A preference only.
     pub images: HashSet<String>,
+    /// When its attach token expires, Unix ms, if it will not be renewed (the EP does not
+    /// renew, the site does not, or a renewal was refused): the session ends then, so no job
+    /// that would still run is placed here. `None`: renewed as it goes.
+    pub token_ends_ms: Option<u64>,
+    /// When its annex's EPs leave, Unix ms (the annex's end less its drain time), for an annex
+    /// the scheduler keeps a record of; no job that would still run then is placed here.
+    pub annex_leaves_ms: Option<u64>,
 }
 
 impl EpSlot {
@@ -170,6 +177,8 @@ impl EpSlot {
             labels: BTreeMap::new(),
             native: false,
             images: HashSet::new(),
+            token_ends_ms: None,
+            annex_leaves_ms: None,
         }
     }
 
@@ -281,6 +290,21 @@ impl EpSlot {
                 Some(_) => {}
             },
         }
+        let ends_ms = now_ms.saturating_add(r.runtime_s.saturating_mul(1000));
+        if let Some(t) = self.token_ends_ms.filter(|t| ends_ms > *t) {
+            return Some(format!(
+                "the job's run time of {} s would end after the EP's attach token expires ({} s from now; it is not renewed)",
+                r.runtime_s,
+                t.saturating_sub(now_ms) / 1000
+            ));
+        }
+        if let Some(a) = self.annex_leaves_ms.filter(|a| ends_ms > *a) {
+            return Some(format!(
+                "the job's run time of {} s would end after the EP's annex ends ({} s from now)",
+                r.runtime_s,
+                a.saturating_sub(now_ms) / 1000
+            ));
+        }
         if let Some(g) = job.group.as_ref().filter(|g| self.admin.paused.contains(*g)) {
             return Some(format!("accounting group {g} is paused on the EP"));
         }
@@ -388,6 +412,26 @@ impl EpTable {
     /// The session, if attached.
     pub fn get(&self, ep_id: &str) -> Option<&EpSlot> {
         self.eps.get(ep_id)
+    }
+
+    /// Sets when session `ep_id`'s attach token ends, if it will not be renewed
+    /// ([`EpSlot::token_ends_ms`]); false if it is gone.
+    pub fn set_token_end(&mut self, ep_id: &str, ends_ms: Option<u64>) -> bool {
+        self.eps.get_mut(ep_id).map(|e| e.token_ends_ms = ends_ms).is_some()
+    }
+
+    /// Sets when the EPs of `annex` leave ([`EpSlot::annex_leaves_ms`]) and tells each
+    /// `msg`; how many were told.
+    pub fn set_annex_end(&mut self, annex: &str, leaves_ms: u64, msg: &SchedulerMsg) -> usize {
+        self.eps
+            .values_mut()
+            .filter(|e| e.pool.annex.as_deref() == Some(annex))
+            .map(|e| {
+                e.annex_leaves_ms = Some(leaves_ms);
+                e.tx.send(ToEp::Send(msg.clone())).is_ok()
+            })
+            .filter(|told| *told)
+            .count()
     }
 
     /// Marks session `ep_id` as draining at its own request; false if it is gone.

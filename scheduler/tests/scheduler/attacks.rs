@@ -293,6 +293,7 @@ async fn an_ep_can_hand_back_only_its_own_jobs_and_only_its_granted_number_for_f
             prefetch: Some(1),
             runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
             images: Vec::new(),
+            renews_attach: false,
         });
         send(ws, &hello).await;
         match serde_json::from_str::<SchedulerMsg>(&next_text(ws).await).expect("welcome") {

@@ -55,6 +55,7 @@ async fn an_attached_ep_runs_a_job_and_its_owner_is_charged() {
             prefetch: None,
             runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
             images: Vec::new(),
+            renews_attach: false,
         }),
     )
     .await;

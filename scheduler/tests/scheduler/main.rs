@@ -40,6 +40,8 @@ const MODULES: &str = "http://registry.invalid";
 
 /// Admin job actions: hold, release, remove.
 mod actions;
+/// Attach tokens renewed over a session, and the refusals.
+mod attach_renewal;
 /// Attacks: URLs a submitter chose, and a malicious EP's reports, refused.
 mod attacks;
 /// The audit trail: what each decision records, queries, verification.
@@ -367,6 +369,7 @@ fn hello_msg(name: &str, cpus: u32, annex: Option<&str>) -> EpMsg {
         prefetch: None,
         runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
         images: Vec::new(),
+        renews_attach: false,
     })
 }
 

@@ -46,6 +46,7 @@ pub(super) async fn attach_ep(server: &Server, fx: &Fixture, name: &str, slots: 
             prefetch: None,
             runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
             images: Vec::new(),
+            renews_attach: false,
         }),
     )
     .await;

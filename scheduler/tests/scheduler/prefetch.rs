@@ -25,6 +25,7 @@ async fn hello_prefetch(ws: &mut Ws, name: &str, cpus: u32, prefetch: u32) -> Pr
         prefetch: Some(prefetch),
         runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
         images: Vec::new(),
+        renews_attach: false,
     });
     send(ws, &hello).await;
     match serde_json::from_str::<SchedulerMsg>(&next_text(ws).await).expect("welcome") {

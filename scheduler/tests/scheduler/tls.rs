@@ -221,6 +221,7 @@ async fn hello(ws: &mut Ws, name: &str) {
             prefetch: None,
             runtimes: vec![htfaas_functions::manifest::RuntimeKind::Wasm],
             images: Vec::new(),
+            renews_attach: false,
         }),
     )
     .await;
