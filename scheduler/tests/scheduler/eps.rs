@@ -365,7 +365,11 @@ async fn a_session_is_closed_when_its_attach_token_expires() {
     let job = server.submit(&fx.token("alice"), &fx.request("e1")).await.job_id;
     let (token, claims) = fx.attach_token_with_claims(2);
     let mut ep = server.attach(Some(&token)).await.expect("attach");
-    hello(&mut ep, "short-lived", 2).await;
+    // It says it renews its token (so the job, longer than the token, is placed on it) and
+    // then never asks.
+    let EpMsg::Hello(h) = hello_msg("short-lived", 2, None) else { unreachable!("a hello") };
+    send(&mut ep, &EpMsg::Hello(Hello { renews_attach: true, ..h })).await;
+    assert_eq!(next_json(&mut ep).await["type"], "welcome");
     assert_eq!(expect_assign(&mut ep, "alice").await, job);
     assert_eq!(expect_close(&mut ep).await, (4401, "attach token expired".to_owned()));
     let now = htfaas_functions::token::now_s();
