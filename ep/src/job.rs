@@ -411,12 +411,8 @@ impl Jobs {
                 log.note(&format!("cancelled as the guest ended ({}); outputs not stored", outcome_kind(&outcome)));
             }
             report.log = log.finish(s.log_limit_bytes);
-            // A run's own `Cancelled` is the cancel's with what a native guest did with its
-            // SIGTERM added (crate::native_job).
-            return Err(match outcome {
-                Outcome::Cancelled { .. } => outcome,
-                _ => cancel.outcome(),
-            });
+            // A run's own `Cancelled` says what a native guest did with its SIGTERM.
+            return Err(if matches!(outcome, Outcome::Cancelled { .. }) { outcome } else { cancel.outcome() });
         }
         if let Some(reason) = exceeded {
             log.note(&format!("guest stopped: {reason}; outputs not stored"));
