@@ -252,6 +252,7 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 

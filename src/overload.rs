@@ -178,6 +178,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 

@@ -700,6 +700,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 

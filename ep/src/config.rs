@@ -256,8 +256,19 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// enough for site drains (a batch system's machine drain lasts hours, not seconds).
 pub const DEFAULT_SIGTERM_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 /// After a quick stop (or a drain deadline that passed), how long the EP waits for the jobs it
-/// cancelled to clean up, and for unsent reports to go out, before it leaves anyway.
+/// cancelled to clean up, and for unsent reports to go out, before it leaves anyway; longer
+/// while native jobs vacate ([`stop_grace`]).
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// What a stop waits beyond the longest vacate time of its native jobs: for their groups to be
+/// killed and their reports to go out.
+pub const VACATE_SLACK: Duration = Duration::from_secs(5);
+
+/// How long a stop waits for its cancelled jobs when the longest vacate time of the native
+/// jobs running is `longest_vacate` (zero: none runs): [`STOP_GRACE`], or that vacate time and
+/// [`VACATE_SLACK`] when longer, so a job sent SIGTERM has its whole vacate time to leave.
+pub fn stop_grace(longest_vacate: Duration) -> Duration {
+    STOP_GRACE.max(longest_vacate.saturating_add(VACATE_SLACK))
+}
 
 /// A resolved [`Config`]: ready-made engine, linker, HTTP client and directories.
 pub struct Settings {
@@ -604,6 +615,14 @@ fn attach_url(scheduler_url: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stop waits for the longest vacate time of its native jobs, never less than before.
+    #[test]
+    fn a_stop_leaves_room_for_the_longest_vacate_time() {
+        assert_eq!(stop_grace(Duration::ZERO), STOP_GRACE);
+        assert_eq!(stop_grace(Duration::from_secs(2)), STOP_GRACE);
+        assert_eq!(stop_grace(Duration::from_secs(300)), Duration::from_secs(300) + VACATE_SLACK);
+    }
 
     #[test]
     fn attach_urls() {

@@ -351,9 +351,11 @@ impl Jobs {
                             native_job::run_handler(host, &job.function, native, root, &gj, limits, cancel, &stop),
                         ))
                     }
-                    Code::Native(host, native, root) => futures_util::future::Either::Right(
-                        futures_util::future::Either::Right(native_job::run(host, &group, native, root, &gj, &stop)),
-                    ),
+                    Code::Native(host, native, root) => {
+                        futures_util::future::Either::Right(futures_util::future::Either::Right(native_job::run(
+                            host, &group, native, root, &gj, cancel, &stop,
+                        )))
+                    }
                 };
             // A handler watches its own `/output`, and forwards the cancel itself.
             let handler = matches!(&code, Code::Native(_, native, _) if native.handler);
@@ -409,7 +411,8 @@ impl Jobs {
                 log.note(&format!("cancelled as the guest ended ({}); outputs not stored", outcome_kind(&outcome)));
             }
             report.log = log.finish(s.log_limit_bytes);
-            return Err(cancel.outcome());
+            // A run's own `Cancelled` says what a native guest did with its SIGTERM.
+            return Err(if matches!(outcome, Outcome::Cancelled { .. }) { outcome } else { cancel.outcome() });
         }
         if let Some(reason) = exceeded {
             log.note(&format!("guest stopped: {reason}; outputs not stored"));
@@ -688,7 +691,7 @@ async fn run_on_thread(
     let cap = std::time::Duration::from_secs(limit_s).saturating_add(ABANDON_GRACE);
     let give_up = async {
         tokio::select! {
-            _ = tokio::time::sleep(cap) => Outcome::TimeExceeded { limit_s },
+            _ = tokio::time::sleep(cap) => Outcome::TimeExceeded { limit_s, vacate: None },
             _ = async { cancel.cancelled().await; tokio::time::sleep(ABANDON_GRACE).await } => cancel.outcome(),
         }
     };

@@ -90,6 +90,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
 /// - `stop` (SIGINT or a second SIGTERM in `htfaas ep`): the EP says `Draining` too, cancels
 ///   every running job and does not report them (the scheduler runs them again when the
 ///   session closes), sends the reports of jobs already finished, waits up to [`STOP_GRACE`]
+///   (or, while native jobs run, their longest vacate time and a few seconds: a native job gets
+///   SIGTERM and its vacate time before its group is killed; a wasm job is interrupted at once)
 ///   for the cancelled jobs to clean up, then closes and returns.
 ///
 /// Returns an error, without reconnecting, when the scheduler refuses the attach token for good

@@ -46,7 +46,9 @@
 //! - stop (asked for, or the drain deadline passed): running jobs are cancelled and their
 //!   `Cancelled` reports dropped (closing the session makes the scheduler run them again, which
 //!   a report would have turned into a failure); reports of jobs that ended before are still
-//!   sent; after [`STOP_GRACE`] the link leaves whatever remains.
+//!   sent; a native job gets SIGTERM and its vacate time first ([`crate::native_job`]), so the
+//!   link leaves whatever remains after [`stop_grace`] (at least [`crate::config::STOP_GRACE`], longer than
+//!   the longest vacate time of the native jobs running); a wasm job is interrupted at once.
 //!
 //! Failures and what follows:
 //! - connection refused, timeouts, HTTP 5xx or other refusals of the upgrade, a dropped socket,
@@ -68,7 +70,7 @@
 //! (`StreamExt::next`, `UnboundedReceiver::recv`, `Interval::tick`, `cancelled`); sends happen
 //! inside a branch body, never inside the `select!`.
 
-use crate::config::{STOP_GRACE, Settings};
+use crate::config::{Settings, stop_grace};
 use crate::job::Jobs;
 use crate::renew::{Answer, Ask, Renewer};
 use crate::runtime::CancelSignal;
@@ -128,6 +130,8 @@ struct Link {
     running: HashMap<String, CancelSignal>,
     /// What each started job's assignment reserves, for starting queued jobs.
     reserved: HashMap<String, Resources>,
+    /// The vacate time of each started native job, which a stop waits for.
+    vacating: HashMap<String, Duration>,
     /// Jobs assigned on this session and not started yet (prefetched), oldest first, with
     /// when each arrived.
     queued: VecDeque<(JobAssignment, Instant)>,
@@ -191,6 +195,7 @@ pub(crate) async fn run(
         report_rx,
         running: HashMap::new(),
         reserved: HashMap::new(),
+        vacating: HashMap::new(),
         queued: VecDeque::new(),
         ext: None,
         pending: VecDeque::new(),
@@ -349,6 +354,10 @@ impl Link {
         let cancel = CancelSignal::new();
         self.running.insert(job.job_id.clone(), cancel.clone());
         self.reserved.insert(job.job_id.clone(), job.resources);
+        if let Some(native) = &job.function.native {
+            let vacate = htfaas_functions::manifest::vacate_time(native.vacate_s, job.resources.runtime_s);
+            self.vacating.insert(job.job_id.clone(), Duration::from_secs(vacate));
+        }
         let jobs = self.jobs.clone();
         let tx = self.report_tx.clone();
         self.tracker.spawn(async move {
@@ -357,15 +366,16 @@ impl Link {
         });
     }
 
-    /// Cancels every running job (their reports will be dropped) and leaves [`STOP_GRACE`] for
-    /// them to clean up and for unsent reports to go out.
+    /// Cancels every running job (their reports will be dropped) and leaves [`stop_grace`] for
+    /// them to clean up (a native job: its vacate time) and for unsent reports to go out.
     fn begin_stop(&mut self, why: &str) {
         if self.stopping {
             return;
         }
         self.begin_drain();
         self.stopping = true;
-        self.drain_deadline = Some(Instant::now() + STOP_GRACE);
+        let longest = self.vacating.values().max().copied().unwrap_or_default();
+        self.drain_deadline = Some(Instant::now() + stop_grace(longest));
         self.absorb_finished();
         let mut ids: Vec<&str> = self.running.keys().map(String::as_str).collect();
         ids.sort_unstable();
@@ -418,6 +428,7 @@ impl Link {
     fn finished(&mut self, report: JobReport) {
         self.running.remove(&report.job_id);
         self.reserved.remove(&report.job_id);
+        self.vacating.remove(&report.job_id);
         let stopped = self.stopped.remove(&report.job_id) && matches!(report.outcome, Outcome::Cancelled { .. });
         if stopped {
             tracing::info!(job.id = %report.job_id, "job stopped with the EP; not reported, so it runs again elsewhere");

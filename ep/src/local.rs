@@ -276,7 +276,7 @@ pub async fn run_native_local(
         resources: Resources::new(opts.cpus, opts.memory_mb, opts.runtime_s),
         log_limit_bytes: 1 << 20,
     };
-    let code = htfaas_functions::proto::NativeCode { command: command.to_vec(), handler: opts.handler };
+    let code = htfaas_functions::proto::NativeCode { command: command.to_vec(), handler: opts.handler, vacate_s: None };
     let run = if opts.handler {
         let f = htfaas_functions::proto::FunctionRef {
             name: "local".into(),
@@ -296,7 +296,8 @@ pub async fn run_native_local(
         crate::native_job::run_handler(&host, &f, &code, &root, &job, limits, &cancel, &CancelSignal::new()).await
     } else {
         let group = format!("local-{}-{}", std::process::id(), rand::random::<u32>());
-        crate::native_job::run(&host, &group, &code, &root, &job, &CancelSignal::new()).await
+        let never = CancelSignal::new();
+        crate::native_job::run(&host, &group, &code, &root, &job, &never, &never).await
     };
     let (outputs, skipped) = collect_outputs(&output_dir, out_dir)?;
     Ok(NativeLocalRun { run, digest, image_ms, outputs, skipped })

@@ -162,7 +162,7 @@ mod tests {
         m.job_finished(&Outcome::Exited { exit_code: 3 }, Duration::from_millis(20));
         m.job_finished(&Outcome::Cancelled { reason: "x".into() }, Duration::from_secs(7200));
         assert_eq!((m.runs("exited"), m.runs("cancelled"), m.runs("trapped")), (1, 1, 0));
-        assert_eq!(outcome_label(&Outcome::TimeExceeded { limit_s: 1 }), "time_exceeded");
+        assert_eq!(outcome_label(&Outcome::TimeExceeded { limit_s: 1, vacate: None }), "time_exceeded");
         assert_eq!(m.duration.bucket(2), 1, "0.02 s is in le 0.025");
         assert_eq!(m.duration.bucket(DURATION_BUCKETS.len()), 1, "+Inf");
         assert!((m.duration.sum_s() - 7_200.02).abs() < 1e-9);

@@ -10,8 +10,17 @@
 //! cores (cpu quota = `resources.cpus`), `resources.memory_mb` of memory (its `/tmp` counts),
 //! and a `/tmp` of `resources.disk_mb` (1 GiB when the job names no disk).
 //!
+//! Stopped (the job's cancel: a revocation, hold or removal, the EP leaving) or near its run
+//! time, a native run gets SIGTERM and then its vacate time ([`vacate_time`] of the function's
+//! `vacate_s` and the run time) before its group is killed; an output past its bound kills at
+//! once. What it did is in the outcome (the `Cancelled` reason, `TimeExceeded::vacate`) and in
+//! the report's log.
+//!
 //! A **handler** function ([`run_handler`]) is served by a warm worker instead
-//! ([`crate::native::worker`] says its contract; [`crate::native::handlers`] keeps them).
+//! ([`crate::native::worker`] says its contract; [`crate::native::handlers`] keeps them). A
+//! stopped handler run is killed at once, worker and all: the SIGTERM would reach the worker,
+//! which outlives the run and serves others, not the one request, and its contract (one answer
+//! line per request) has no word for "left"; a cancelled run stores nothing anyway.
 //!
 //! Must not know: the attach protocol, slots.
 
@@ -19,10 +28,11 @@ use crate::native::host::{GpuLease, NativeHost};
 use crate::native::image::ImageRoot;
 use crate::native::uids::UidLease;
 use crate::native::worker::{Request, Worker, WorkerSpec};
-use crate::native::{End, NativeRun, cgroup};
+use crate::native::{End, NativeRun, Stop, Vacated, cgroup};
 use crate::runtime::{CancelSignal, GuestJob, GuestRun, millis};
 use crate::scratch::ScratchLimits;
 use crate::transfer::{Transfer, download};
+use htfaas_functions::manifest::vacate_time;
 use htfaas_functions::proto::{FunctionRef, NativeCode, Outcome};
 use std::path::Path;
 use std::sync::Arc;
@@ -72,15 +82,17 @@ pub(crate) async fn fetch_image(
 }
 
 /// Runs `job` natively in `root` as `code` says, in a control group named `group_name`,
-/// stopping it when `stop` fires (the job's cancel, or the scratch watcher). Never fails: a
-/// sandbox that cannot start is the outcome [`Outcome::ModuleFailed`], no free uid is a full
-/// pool ([`GuestRun::no_free_slot`]).
+/// stopping it when `stop` fires: with its vacate time when the job's `cancel` fired, at once
+/// when the scratch watcher did (an output past its bound). Never fails: a sandbox that cannot
+/// start is the outcome [`Outcome::ModuleFailed`], no free uid is a full pool
+/// ([`GuestRun::no_free_slot`]).
 pub(crate) async fn run(
     host: &NativeHost,
     group_name: &str,
     code: &NativeCode,
     root: &ImageRoot,
     job: &GuestJob,
+    cancel: &CancelSignal,
     stop: &CancelSignal,
 ) -> GuestRun {
     let started = Instant::now();
@@ -108,21 +120,29 @@ pub(crate) async fn run(
         tmp_bytes: if r.disk_mb > 0 { r.disk_mb.saturating_mul(1 << 20) } else { DEFAULT_TMP_BYTES },
         limits: cgroup::Limits { memory_bytes, pids: MAX_PIDS, cpus: r.cpus.max(1) },
         run_time: Duration::from_secs(r.runtime_s),
+        vacate: Duration::from_secs(vacate_time(code.vacate_s, r.runtime_s)),
         devices: &devices,
     };
-    let ran =
-        match crate::native::run(&host.bwrap, &host.backend, &host.stage, group_name, &run, stop.cancelled()).await {
-            Ok(ran) => ran,
-            Err(e) => return ended(Outcome::ModuleFailed { reason: e.to_string() }, false),
-        };
+    let how = async {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Stop::Vacate,
+            () = stop.cancelled() => if cancel.is_cancelled() { Stop::Vacate } else { Stop::Kill },
+        }
+    };
+    let ran = match crate::native::run(&host.bwrap, &host.backend, &host.stage, group_name, &run, how).await {
+        Ok(ran) => ran,
+        Err(e) => return ended(Outcome::ModuleFailed { reason: e.to_string() }, false),
+    };
     drop((uid, gpus));
-    let outcome = outcome_of(ran.end, memory_bytes, r.runtime_s, stop);
+    let outcome = vacated(outcome_of(ran.end, memory_bytes, r.runtime_s, stop), ran.vacate, run.vacate);
+    let notes = ran.vacate.map(|v| format!("SIGTERM sent ({} s vacate time): {v}", run.vacate.as_secs()));
     GuestRun {
         outcome,
         stdout: ran.stdout,
         stderr: ran.stderr,
         log_dropped: 0,
-        notes: Vec::new(),
+        notes: notes.into_iter().collect(),
         wall_ms: ran.wall_ms,
         cpu_ms: ran.usage.cpu_ms,
         peak_memory_bytes: ran.usage.peak_memory_bytes,
@@ -173,9 +193,24 @@ fn outcome_of(end: End, memory_bytes: u64, runtime_s: u64, stop: &CancelSignal) 
         End::Exited(code) => Outcome::Exited { exit_code: code },
         End::Signalled(sig) => Outcome::Trapped { message: format!("killed by signal {sig}") },
         End::MemoryExceeded => Outcome::MemoryExceeded { limit_bytes: memory_bytes },
-        End::TimeExceeded => Outcome::TimeExceeded { limit_s: runtime_s },
+        End::TimeExceeded => Outcome::TimeExceeded { limit_s: runtime_s, vacate: None },
         End::Stopped => stop.outcome(),
         End::Broken(message) => Outcome::Trapped { message },
+    }
+}
+
+/// `outcome` of a run sent SIGTERM (its vacate time `vacate`) that then did `what`: the words
+/// join a `Cancelled` reason and fill `TimeExceeded::vacate`, so whoever reads the job sees
+/// whether it left by itself or was killed.
+fn vacated(outcome: Outcome, what: Option<Vacated>, vacate: Duration) -> Outcome {
+    let Some(what) = what else { return outcome };
+    match outcome {
+        Outcome::Cancelled { reason } => Outcome::Cancelled { reason: format!("{reason}; {what}") },
+        Outcome::TimeExceeded { limit_s, .. } => {
+            let before = vacate.as_secs();
+            Outcome::TimeExceeded { limit_s, vacate: Some(format!("SIGTERM {before} s before the limit; {what}")) }
+        }
+        other => other,
     }
 }
 
@@ -300,5 +335,31 @@ pub(crate) async fn run_handler(
         peak_memory_bytes: served.usage.peak_memory_bytes,
         instructions: None,
         no_free_slot: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a native guest did with its SIGTERM joins the outcome an admin reads.
+    #[test]
+    fn the_outcome_says_what_the_guest_did_with_its_sigterm() {
+        let after = Duration::from_secs(2);
+        let cancelled = Outcome::Cancelled { reason: "job removed".into() };
+        let left = vacated(cancelled.clone(), Some(Vacated::Exited { code: 0, after }), after);
+        assert_eq!(left.reason(), "cancelled: job removed; exited with status 0 2.0 s after SIGTERM");
+        let killed = vacated(cancelled.clone(), Some(Vacated::Killed { after }), after);
+        assert_eq!(
+            killed.reason(),
+            "cancelled: job removed; ignored SIGTERM for the 2.0 s vacate time; killed with its whole cgroup"
+        );
+        let time = Outcome::TimeExceeded { limit_s: 60, vacate: None };
+        let timed = vacated(time.clone(), Some(Vacated::Exited { code: 3, after: Duration::from_millis(100) }), after);
+        assert_eq!(
+            timed.reason(),
+            "wall-time limit of 60 s exceeded (SIGTERM 2 s before the limit; exited with status 3 0.1 s after SIGTERM)"
+        );
+        assert_eq!(vacated(cancelled.clone(), None, after), cancelled, "no SIGTERM sent: unchanged");
     }
 }

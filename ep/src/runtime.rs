@@ -734,7 +734,7 @@ impl Runtime {
         let outcome = match result {
             Err(_) => {
                 notes.push("guest was still in a host call at the deadline".into());
-                Outcome::TimeExceeded { limit_s }
+                Outcome::TimeExceeded { limit_s, vacate: None }
             }
             Ok(Ok(())) => Outcome::Exited { exit_code: 0 },
             Ok(Err(Failure::Instantiate(e))) => Outcome::ModuleFailed { reason: format!("instantiate: {e:#}") },
@@ -743,7 +743,7 @@ impl Runtime {
                 if let Some(exit) = e.downcast_ref::<I32Exit>() {
                     Outcome::Exited { exit_code: exit.0 }
                 } else if trap == Some(Trap::Interrupt) {
-                    Outcome::TimeExceeded { limit_s }
+                    Outcome::TimeExceeded { limit_s, vacate: None }
                 } else if let (Some(Trap::OutOfFuel), Some(limit)) = (trap, fuel) {
                     Outcome::FuelExhausted { limit }
                 } else if let Some(message) = crate::slots::table_full(&e, self.max_open_resources) {

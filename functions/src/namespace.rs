@@ -351,6 +351,7 @@ mod tests {
             webhook: None,
             max_concurrent: None,
             inputs: Default::default(),
+            vacate_s: None,
         }
     }
 

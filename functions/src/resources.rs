@@ -1,6 +1,7 @@
 //! What one run may use: [`Resources`] (cores, memory, run time, GPUs, disk: what a manifest
-//! asks for, a submit token allows and an EP enforces) and [`JobLimits`] (per-job ceilings that
-//! narrow an EP's own settings).
+//! asks for, a submit token allows and an EP enforces), [`JobLimits`] (per-job ceilings that
+//! narrow an EP's own settings) and a native run's vacate time ([`vacate_time`]: how long it
+//! has between SIGTERM and SIGKILL).
 //!
 //! Must not know: manifests, tokens, the wire messages that carry these, any policy.
 
@@ -92,5 +93,44 @@ impl JobLimits {
     /// Whether no limit is set (the wire then carries no `limits`).
     pub fn is_unset(&self) -> bool {
         *self == JobLimits::default()
+    }
+}
+
+/// A native run's vacate time when its function names none, seconds: HTCondor's habit, and
+/// what sites such as DESY give a batch job to leave after SIGTERM.
+pub const DEFAULT_VACATE_S: u64 = 300;
+/// Longest vacate time a function may ask for, seconds. It bounds how long a stopping EP
+/// waits for its native jobs to leave, so it stays well below a site's drain.
+pub const MAX_VACATE_S: u64 = 1800;
+
+/// The vacate time, seconds, of a native run of `runtime_s` seconds whose function asks for
+/// `vacate_s`: the time between the SIGTERM a stop (or the run time's approach) sends and
+/// the SIGKILL of its whole group. It is counted inside the run time, so it is always shorter
+/// than it (0 for a run time of 1 s or less: killed at once, as a wasm guest is interrupted).
+/// Asked for: that, at most [`MAX_VACATE_S`]. Not asked for: [`DEFAULT_VACATE_S`], or a
+/// quarter of the run time when that is shorter, so a short run is not told to leave early in
+/// its life. An EP computes this itself, whatever the manifest's validation let through.
+pub fn vacate_time(vacate_s: Option<u64>, runtime_s: u64) -> u64 {
+    let asked = match vacate_s {
+        Some(v) => v.min(MAX_VACATE_S),
+        None => DEFAULT_VACATE_S.min(runtime_s / 4),
+    };
+    asked.min(runtime_s.saturating_sub(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vacate_time_stays_inside_the_run_time_and_defaults_to_five_minutes() {
+        assert_eq!(vacate_time(None, 3600), DEFAULT_VACATE_S);
+        assert_eq!(vacate_time(None, 60), 15, "a quarter of a short run time");
+        assert_eq!(vacate_time(Some(2), 60), 2);
+        assert_eq!(vacate_time(Some(0), 60), 0, "0: killed at once");
+        assert_eq!(vacate_time(Some(100), 60), 59, "always shorter than the run time");
+        assert_eq!(vacate_time(Some(u64::MAX), MAX_VACATE_S * 10), MAX_VACATE_S);
+        assert_eq!(vacate_time(Some(5), 1), 0);
+        assert_eq!(vacate_time(None, 0), 0);
     }
 }

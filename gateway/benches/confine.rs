@@ -63,6 +63,7 @@ fn function(i: usize) -> FunctionRecord {
             webhook: None,
             max_concurrent: None,
             inputs: Default::default(),
+            vacate_s: None,
         },
     }
 }

@@ -92,6 +92,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             webhook: None,
             max_concurrent: None,
             inputs: Default::default(),
+            vacate_s: None,
         })?;
     }
     Ok(registry)

@@ -649,6 +649,7 @@ mod tests {
                     webhook: None,
                     max_concurrent: None,
                     inputs: Default::default(),
+                    vacate_s: None,
                 })
                 .expect("register");
         }

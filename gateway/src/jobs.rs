@@ -235,7 +235,9 @@ pub fn function_ref(public_url: &str, function: &FunctionRecord) -> FunctionRef 
     let m = &function.manifest;
     let (store, native) = match m.runtime {
         RuntimeKind::Wasm => ("modules", None),
-        RuntimeKind::Native => ("images", Some(NativeCode { command: m.command.clone(), handler: m.handler })),
+        RuntimeKind::Native => {
+            ("images", Some(NativeCode { command: m.command.clone(), handler: m.handler, vacate_s: m.vacate_s }))
+        }
     };
     FunctionRef {
         name: m.name.clone(),

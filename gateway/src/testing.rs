@@ -32,6 +32,7 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
             webhook: None,
             max_concurrent: None,
             inputs: Default::default(),
+            vacate_s: None,
         },
     }
 }

@@ -279,10 +279,14 @@ mod tests {
         r.input = None;
         r.event.path = String::new();
         assert_eq!(validate(&r), Ok(()));
-        r.function.native =
-            Some(htfaas_functions::proto::NativeCode { command: vec!["/bin/run".into()], handler: false });
+        r.function.native = Some(htfaas_functions::proto::NativeCode {
+            command: vec!["/bin/run".into()],
+            handler: false,
+            vacate_s: None,
+        });
         assert_eq!(validate(&r), Ok(()), "a command started per run may run on no file");
-        r.function.native = Some(htfaas_functions::proto::NativeCode { command: vec!["/bin/h".into()], handler: true });
+        r.function.native =
+            Some(htfaas_functions::proto::NativeCode { command: vec!["/bin/h".into()], handler: true, vacate_s: None });
         let e = validate(&r).expect_err("a handler on no file");
         assert_eq!(e, SubmitInvalid::HandlerWithoutInput);
         assert!(e.to_string().contains("cannot run a handler"), "{e}");

@@ -128,6 +128,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 

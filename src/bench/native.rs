@@ -132,12 +132,19 @@ async fn native_run(
         tmp_bytes: 64 << 20,
         limits: cgroup::Limits { memory_bytes: 1 << 30, pids: 64, cpus },
         run_time: Duration::from_secs(300),
+        vacate: Duration::ZERO,
         devices: &[],
     };
     let name = format!("bench-{}-{}", std::process::id(), rand::random::<u32>());
-    let ran =
-        native::run(Path::new(native::BWRAP), backend, Path::new(native::STAGE), &name, &run, std::future::pending())
-            .await?;
+    let ran = native::run(
+        Path::new(native::BWRAP),
+        backend,
+        Path::new(native::STAGE),
+        &name,
+        &run,
+        std::future::pending::<native::Stop>(),
+    )
+    .await?;
     if ran.end != native::End::Exited(0) {
         bail!("{argv:?} ended {:?}: {}", ran.end, String::from_utf8_lossy(&ran.stderr));
     }

@@ -39,6 +39,10 @@ pub enum FnCommand {
         /// answer on descriptor 3; README, "The handler form"); no input path follows it.
         #[arg(long, requires = "image")]
         handler: bool,
+        /// With --image: seconds between SIGTERM and SIGKILL when a run is stopped or reaches
+        /// its run time (counted inside the run time); default 300, less for short run times.
+        #[arg(long, requires = "image", value_name = "SECONDS")]
+        vacate_s: Option<u64>,
         /// Trigger glob over the storage path, e.g. '/data/raw/**'. With --rule, both must hold.
         #[arg(long)]
         trigger: Option<String>,
@@ -355,6 +359,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             image,
             command,
             handler,
+            vacate_s,
             trigger,
             rule,
             rate,
@@ -447,6 +452,7 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 webhook,
                 max_concurrent,
                 inputs: htfaas_functions::manifest::Inputs { refs },
+                vacate_s,
             };
             // Read before anything is registered: a missing file changes nothing.
             let mut values = std::collections::BTreeMap::new();

@@ -70,6 +70,7 @@ fn manifest(owner: &str, module: &htfaas_functions::Digest, group: Option<&str>)
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 

@@ -19,7 +19,7 @@ fn outputs_are_stored_where_the_outcome_and_policy_say() {
     let ok = Outcome::Exited { exit_code: 0 };
     let exit = Outcome::Exited { exit_code: 3 };
     let trap = Outcome::Trapped { message: "unreachable".into() };
-    let time = Outcome::TimeExceeded { limit_s: 1 };
+    let time = Outcome::TimeExceeded { limit_s: 1, vacate: None };
     let input = Outcome::InputFailed { reason: "403".into() };
     for p in [Discard, Quarantine, Upload] {
         assert_eq!(stored_where(&ok, p), Keep::Outputs);

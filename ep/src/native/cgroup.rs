@@ -1,5 +1,6 @@
 //! One native job's control group: its limits (memory, pids, cpu quota), its usage (CPU time,
-//! peak memory, whether the kernel's OOM killer struck), and the end of every process in it.
+//! peak memory, whether the kernel's OOM killer struck), and the end of every process in it:
+//! asked (SIGTERM, [`Group::term_all`]) and then forced (SIGKILL, [`Group::kill_all`]).
 //!
 //! Two backends, chosen once at EP start ([`Backend::detect`]): cgroup v2 where the host is pure
 //! v2 (`cgroup.controllers` at `/sys/fs/cgroup`), the v1 controllers `memory`, `pids`, `cpu`,
@@ -171,10 +172,26 @@ impl Group {
                 return;
             }
             for pid in pids {
-                sigkill(pid);
+                signal(pid, libc::SIGKILL);
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    /// Sends SIGTERM to every process in the group but `spare`, and returns how many it
+    /// reached: the request to leave that starts a job's vacate time. `spare` is the sandbox's
+    /// outer bubblewrap, which would die of it and take the whole sandbox with it (it asks the
+    /// kernel to kill its child with it); the sandbox's own init, pid 1 of its namespace,
+    /// ignores a signal it has no handler for, so the command and what it started get it. One
+    /// round over `cgroup.procs` (cgroup v2 has no file that sends any signal but SIGKILL): a
+    /// process forked after the read misses it, and [`Group::kill_all`] at the end of the
+    /// vacate time ends it like any other.
+    pub fn term_all(&self, spare: Option<i32>) -> usize {
+        let pids: Vec<i32> = self.pids().into_iter().filter(|p| Some(*p) != spare && *p > 0).collect();
+        for pid in &pids {
+            signal(*pid, libc::SIGTERM);
+        }
+        pids.len()
     }
 
     fn wait_empty(&self) {
@@ -223,12 +240,16 @@ impl Group {
     }
 }
 
-/// SIGKILL to `pid`.
+/// `sig` to `pid` (a pid read from a group's own list, never 0 or negative: those would name
+/// process groups).
 #[allow(unsafe_code)]
-fn sigkill(pid: i32) {
-    // SAFETY: kill(2) with a pid read from a group's own list; no memory is involved.
+fn signal(pid: i32, sig: libc::c_int) {
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: kill(2) on one positive pid; no memory is involved.
     unsafe {
-        libc::kill(pid, libc::SIGKILL);
+        libc::kill(pid, sig);
     }
 }
 

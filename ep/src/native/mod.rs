@@ -19,6 +19,14 @@
 //! killed, double-forked daemons in new sessions included, and whatever is left when the
 //! command exits is killed too.
 //!
+//! **Vacate time** ([`NativeRun::vacate`], HTCondor's habit): a run asked to stop gets SIGTERM
+//! first, every process of its group but the outer bwrap ([`cgroup::Group::term_all`]), and
+//! SIGKILL of the whole group once the vacate time has passed without it exiting, or at its
+//! run time, whichever is first. A run reaching its run time gets the SIGTERM the vacate time
+//! before it: the vacate time is counted inside the run time, never added to it. [`Ran::vacate`]
+//! says what it did with the SIGTERM. A stop that must not wait ([`Stop::Kill`]: an output past
+//! its bound) kills at once.
+//!
 //! Must not know: jobs, the link, the network (but its absence inside).
 
 pub mod cgroup;
@@ -59,6 +67,8 @@ pub struct NativeRun<'a> {
     pub limits: cgroup::Limits,
     /// Wall time before the whole group is killed.
     pub run_time: Duration,
+    /// Time between SIGTERM and SIGKILL, counted inside `run_time` (zero: killed at once).
+    pub vacate: Duration,
     /// Device nodes bound into the sandbox at their own paths (a GPU assigned to the job), at
     /// most [`MAX_DEVICES`]; nothing else of the host's `/dev` is there.
     pub devices: &'a [PathBuf],
@@ -85,11 +95,62 @@ pub enum End {
     Broken(String),
 }
 
+/// How the caller asks a run to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM, then SIGKILL after the vacate time (a cancel, the EP leaving).
+    Vacate,
+    /// SIGKILL now: more time would let it do more of what it is stopped for (an output past
+    /// its bound).
+    Kill,
+}
+
+/// What a run sent SIGTERM did within its vacate time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vacated {
+    /// Its command exited by itself.
+    Exited {
+        /// Its exit status.
+        code: i32,
+        /// How long after the SIGTERM.
+        after: Duration,
+    },
+    /// Its command was ended by a signal (SIGTERM itself when it does not catch it).
+    Signalled {
+        /// The signal.
+        signal: i32,
+        /// How long after the SIGTERM.
+        after: Duration,
+    },
+    /// Still running when the vacate time (or the run time) ran out: its whole group was killed.
+    Killed {
+        /// How long after the SIGTERM.
+        after: Duration,
+    },
+}
+
+impl std::fmt::Display for Vacated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = |d: &Duration| d.as_secs_f64();
+        match self {
+            Vacated::Exited { code, after } => write!(f, "exited with status {code} {:.1} s after SIGTERM", s(after)),
+            Vacated::Signalled { signal, after } => {
+                write!(f, "ended by signal {signal} {:.1} s after SIGTERM", s(after))
+            }
+            Vacated::Killed { after } => {
+                write!(f, "ignored SIGTERM for the {:.1} s vacate time; killed with its whole cgroup", s(after))
+            }
+        }
+    }
+}
+
 /// What a native run did.
 #[derive(Debug, Clone)]
 pub struct Ran {
     /// How it ended.
     pub end: End,
+    /// When it was sent SIGTERM (a stop, or its run time's approach): what it did then.
+    pub vacate: Option<Vacated>,
     /// What its group used.
     pub usage: cgroup::Usage,
     /// Wall time, ms.
@@ -304,25 +365,50 @@ fn above_ten<F: std::os::fd::AsRawFd + From<std::os::fd::OwnedFd>>(fd: F) -> std
 
 /// Runs `run` as job `name` under `backend`, with `bwrap`, until it ends, its run time passes
 /// ([`End::TimeExceeded`]) or `stop` completes ([`End::Stopped`]); either way every process of
-/// its control group is killed before this returns.
+/// its control group is killed before this returns. Both ends by time and by a [`Stop::Vacate`]
+/// send SIGTERM first and wait up to the vacate time (see the module's doc).
 pub async fn run(
     bwrap: &Path,
     backend: &cgroup::Backend,
     stage: &Path,
     name: &str,
     run: &NativeRun<'_>,
-    stop: impl std::future::Future<Output = ()>,
+    stop: impl std::future::Future<Output = Stop>,
 ) -> Result<Ran, NativeError> {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let Spawned { mut child, group, .. } = spawn(bwrap, backend, stage, name, run, false)?;
     let stdout_task = tokio::spawn(read_bounded(child.stdout.take()));
     let stderr_task = tokio::spawn(read_bounded(child.stderr.take()));
-    let waited = tokio::select! {
-        status = tokio::time::timeout(run.run_time, child.wait()) => match status {
-            Ok(status) => Waited::Exited(status),
-            Err(_) => Waited::TimeExceeded,
-        },
-        _ = stop => Waited::Stopped,
+    let deadline = started.checked_add(run.run_time).unwrap_or_else(far_future);
+    // SIGTERM the vacate time before the run time, when that leaves any run time at all.
+    let vacate = if run.vacate < run.run_time { run.vacate } else { Duration::ZERO };
+    let term_at = deadline.checked_sub(vacate).unwrap_or(started);
+    let outer = child.id().and_then(|id| i32::try_from(id).ok());
+    let (waited, vacated) = {
+        let mut wait = std::pin::pin!(child.wait());
+        let asked = tokio::select! {
+            status = &mut wait => Err(Waited::Exited(status)),
+            () = tokio::time::sleep_until(term_at) => Ok((Waited::TimeExceeded, vacate)),
+            how = stop => Ok((Waited::Stopped, if how == Stop::Vacate { vacate } else { Duration::ZERO })),
+        };
+        match asked {
+            Err(exited) => (exited, None),
+            Ok((why, vacate)) if vacate.is_zero() => (why, None),
+            Ok((why, vacate)) => {
+                let termed = tokio::time::Instant::now();
+                let reached = group.term_all(outer);
+                tracing::info!(group = name, processes = reached, ?vacate, "SIGTERM sent; waiting for the vacate time");
+                let until = termed.checked_add(vacate).unwrap_or(deadline).min(deadline);
+                let vacated = tokio::select! {
+                    status = &mut wait => match status {
+                        Ok(status) => exit_after(status, termed.elapsed()),
+                        Err(_) => Vacated::Killed { after: termed.elapsed() },
+                    },
+                    () = tokio::time::sleep_until(until) => Vacated::Killed { after: termed.elapsed() },
+                };
+                (why, Some(vacated))
+            }
+        }
     };
     // Whatever is left (a daemon the command left behind, or all of it past the run time or
     // on a stop), off the async threads: killing waits until the group is empty.
@@ -355,7 +441,21 @@ pub async fn run(
     let stdout = stdout_task.await.unwrap_or_default();
     let stderr = stderr_task.await.unwrap_or_default();
     let _ = tokio::task::spawn_blocking(move || drop(group)).await;
-    Ok(Ran { end, usage, wall_ms, stdout, stderr })
+    Ok(Ran { end, vacate: vacated, usage, wall_ms, stdout, stderr })
+}
+
+/// What a command that ended `after` its SIGTERM with `status` did.
+fn exit_after(status: std::process::ExitStatus, after: Duration) -> Vacated {
+    use std::os::unix::process::ExitStatusExt as _;
+    match status.code() {
+        Some(code) => Vacated::Exited { code, after },
+        None => Vacated::Signalled { signal: status.signal().unwrap_or(0), after },
+    }
+}
+
+/// An instant no run reaches (a run time too long to add to now).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
 }
 
 /// How the wait for the command ended.

@@ -44,6 +44,19 @@ async fn sh_with(
     run_time: Duration,
     devices: &[PathBuf],
 ) -> Ran {
+    sh_stopped(f, name, script, limits, (run_time, Duration::ZERO), devices, std::future::pending()).await
+}
+
+/// `script` run under `limits` with (run time, vacate time), stopped when `stop` completes.
+async fn sh_stopped(
+    f: &Fixture,
+    name: &str,
+    script: &str,
+    limits: cgroup::Limits,
+    (run_time, vacate): (Duration, Duration),
+    devices: &[PathBuf],
+    stop: impl std::future::Future<Output = Stop>,
+) -> Ran {
     let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), script.to_owned()];
     let env = vec![("MODE".to_owned(), "fast".to_owned())];
     let native = NativeRun {
@@ -56,14 +69,13 @@ async fn sh_with(
         tmp_bytes: 1 << 20,
         limits,
         run_time,
+        vacate,
         devices,
     };
     // Unique on the host: another test process (or a crashed one's leftover) uses other names.
     let name = format!("{name}-{}-{}", std::process::id(), rand::random::<u32>());
     make_stage(Path::new(STAGE)).expect("the stage (the tests run as root)");
-    run(Path::new(BWRAP), &f.backend, Path::new(STAGE), &name, &native, std::future::pending())
-        .await
-        .expect("the run starts")
+    run(Path::new(BWRAP), &f.backend, Path::new(STAGE), &name, &native, stop).await.expect("the run starts")
 }
 
 /// Inside: the job's uid, no network but `lo`, only the manifest's environment, `/input`
@@ -186,4 +198,69 @@ async fn a_guest_sees_only_the_devices_it_was_given() {
     assert_eq!(dir.trim(), "fakegpu1", "only the given device, not its sibling: {dir}");
     let devs = std::fs::read_to_string(f.output.join("dev")).expect("dev");
     assert!(!devs.contains("sda") && !devs.contains("nvidia") && !devs.contains("kmsg"), "{devs}");
+}
+
+/// A stop once the guest wrote `/output/ready` (it then has its SIGTERM trap in place).
+async fn once_ready(f: &Fixture) -> Stop {
+    let ready = f.output.join("ready");
+    while !ready.exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Stop::Vacate
+}
+
+/// The processes on this host whose command line holds `marker`.
+fn alive(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(marker))
+        .collect()
+}
+
+/// A stopped guest that traps SIGTERM gets it, leaves by itself within its vacate time (its
+/// trap writes a marker and exits 0), and the run says so.
+#[tokio::test]
+async fn a_stopped_guest_gets_sigterm_and_may_leave_by_itself() {
+    let f = fixture();
+    let script = "trap 'echo left > /output/left; exit 0' TERM; touch /output/ready; sleep 3010; echo slept";
+    let times = (Duration::from_secs(120), Duration::from_secs(60));
+    let ran = sh_stopped(&f, "vacate-exit", script, limits(), times, &[], once_ready(&f)).await;
+    assert_eq!(ran.end, End::Stopped, "{}", String::from_utf8_lossy(&ran.stderr));
+    assert!(matches!(ran.vacate, Some(Vacated::Exited { code: 0, .. })), "{:?}", ran.vacate);
+    assert_eq!(std::fs::read_to_string(f.output.join("left")).expect("the trap's marker"), "left\n");
+    assert!(!String::from_utf8_lossy(&ran.stdout).contains("slept"));
+    assert!(ran.vacate.is_some_and(|v| v.to_string().starts_with("exited with status 0 ")), "{:?}", ran.vacate);
+}
+
+/// A stopped guest that ignores SIGTERM is killed with its whole group once its vacate time
+/// has passed: the run says so, and no process of it (a detached daemon included) survives.
+#[tokio::test]
+async fn a_guest_ignoring_sigterm_is_killed_after_its_vacate_time() {
+    let f = fixture();
+    let script = "trap '' TERM; (setsid sleep 3011 &); touch /output/ready; sleep 3012";
+    let vacate = Duration::from_secs(2);
+    let ran =
+        sh_stopped(&f, "vacate-kill", script, limits(), (Duration::from_secs(120), vacate), &[], once_ready(&f)).await;
+    assert_eq!(ran.end, End::Stopped, "{}", String::from_utf8_lossy(&ran.stderr));
+    let Some(Vacated::Killed { after }) = ran.vacate else { panic!("killed after its vacate time: {:?}", ran.vacate) };
+    assert!(after >= vacate, "not before its vacate time: {after:?}");
+    assert!(ran.vacate.is_some_and(|v| v.to_string().contains("killed with its whole cgroup")));
+    let left: Vec<String> = ["sleep 3011", "sleep 3012"].iter().flat_map(|m| alive(m)).collect();
+    assert_eq!(left, Vec::<String>::new());
+}
+
+/// Near its run time a guest gets SIGTERM the vacate time before it (counted inside the run
+/// time): it leaves by itself, and the run still ended by its time.
+#[tokio::test]
+async fn a_guest_gets_sigterm_its_vacate_time_before_its_run_time() {
+    let f = fixture();
+    let script = "trap 'echo term > /output/left; exit 3' TERM; sleep 3013";
+    let times = (Duration::from_secs(60), Duration::from_secs(50));
+    let ran = sh_stopped(&f, "vacate-time", script, limits(), times, &[], std::future::pending()).await;
+    assert_eq!(ran.end, End::TimeExceeded, "{}", String::from_utf8_lossy(&ran.stderr));
+    assert!(matches!(ran.vacate, Some(Vacated::Exited { code: 3, .. })), "{:?}", ran.vacate);
+    assert_eq!(std::fs::read_to_string(f.output.join("left")).expect("the trap's marker"), "term\n");
 }

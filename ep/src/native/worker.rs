@@ -145,6 +145,8 @@ impl Worker {
             tmp_bytes: spec.tmp_bytes,
             limits: spec.limits,
             run_time: Duration::MAX,
+            // A worker is killed, never vacated (crate::native_job::run_handler says why).
+            vacate: Duration::ZERO,
             devices: spec.devices,
         };
         let started =

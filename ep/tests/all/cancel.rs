@@ -148,7 +148,7 @@ async fn a_guest_in_a_long_sleep_is_stopped_by_its_cancel_or_at_its_cap() {
     assert!(!r.log.contains("did not stop"), "its thread was left behind: {}", r.log);
     assert!(*took < Duration::from_secs(5), "reported {took:?} after the cancel");
     let (r, took) = &reports["capped"];
-    assert_eq!(r.outcome, Outcome::TimeExceeded { limit_s: 1 }, "log: {}", r.log);
+    assert_eq!(r.outcome, Outcome::TimeExceeded { limit_s: 1, vacate: None }, "log: {}", r.log);
     assert!(!r.log.contains("did not stop"), "its thread was left behind: {}", r.log);
     assert!(*took < Duration::from_secs(6), "reported {took:?} after the assignment (cap 1 s)");
 

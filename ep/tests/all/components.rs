@@ -116,7 +116,7 @@ fn an_endless_loop_in_a_component_is_time_exceeded_and_the_runtime_serves_on() {
     let rt = runtime();
     let started = std::time::Instant::now();
     let (run, _dir) = hostile(rt, &["spin"], 64, 1);
-    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1 });
+    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1, vacate: None });
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(3), "stopped after {took:?}");
     assert_serves_on(rt);

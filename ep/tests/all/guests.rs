@@ -49,7 +49,7 @@ async fn guests_sleeping_far_past_their_deadline_give_their_slots_back() {
             c.send(&SchedulerMsg::Assign(job));
         }
         for (id, r) in reports(&mut c, &ids).await {
-            assert_eq!(r.outcome, Outcome::TimeExceeded { limit_s: 1 }, "{id}: {}", r.log);
+            assert_eq!(r.outcome, Outcome::TimeExceeded { limit_s: 1, vacate: None }, "{id}: {}", r.log);
             assert!(!r.log.contains("did not stop"), "{id}: its thread was left behind: {}", r.log);
         }
         sent += wave;

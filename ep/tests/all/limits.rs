@@ -73,7 +73,7 @@ fn an_endless_loop_is_time_exceeded_and_the_runtime_serves_on() {
     let started = Instant::now();
     let run = run(&rt, &load(&rt, SPIN), 16, 1);
     let took = started.elapsed();
-    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1 });
+    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1, vacate: None });
     assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "took {took:?}");
     assert_eq!(run.instructions, None, "no fuel configured: no metering");
     assert_serves_on(&rt);

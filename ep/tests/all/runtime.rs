@@ -42,7 +42,7 @@ fn infinite_loop_hits_the_wall_time_cap_and_the_runtime_goes_on() {
     let started = Instant::now();
     let run = run_wat(&rt, SPIN, 16, 1);
     let took = started.elapsed();
-    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1 });
+    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1, vacate: None });
     assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "took {took:?}");
     // CPU is measured, not wall time: some of the second (the machine is shared with other
     // tests), never more than the second itself (one thread).
@@ -114,7 +114,7 @@ fn a_guest_parked_in_an_async_host_call_hits_the_wall_time_cap() {
     let started = Instant::now();
     let run = run_wat(&rt, TWO_CLOCKS_30S, 16, 1);
     let took = started.elapsed();
-    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1 });
+    assert_eq!(run.outcome, Outcome::TimeExceeded { limit_s: 1, vacate: None });
     assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "took {took:?}");
 }
 

@@ -379,7 +379,7 @@ pub enum SchedulerMsg {
 pub struct JobAssignment {
     /// Job id.
     pub job_id: String,
-    /// What to run.
+    /// What to run; for a native function also its vacate time ([`super::NativeCode::vacate_s`]).
     pub function: FunctionRef,
     /// Limits to enforce.
     pub resources: Resources,
@@ -441,6 +441,11 @@ pub enum Outcome {
     TimeExceeded {
         /// The cap, in seconds.
         limit_s: u64,
+        /// For a native job sent SIGTERM inside its run time (its vacate time): what it did,
+        /// e.g. `SIGTERM 2 s before the limit; exited with status 0 1 s later`. Absent for wasm
+        /// and from EPs before it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vacate: Option<String>,
     },
     /// The input could not be fetched.
     InputFailed {
@@ -529,7 +534,10 @@ impl Outcome {
             Outcome::Exited { exit_code } => format!("exited with status {exit_code}"),
             Outcome::Trapped { message } => format!("trapped: {message}"),
             Outcome::MemoryExceeded { limit_bytes } => format!("memory limit of {limit_bytes} bytes exceeded"),
-            Outcome::TimeExceeded { limit_s } => format!("wall-time limit of {limit_s} s exceeded"),
+            Outcome::TimeExceeded { limit_s, vacate: None } => format!("wall-time limit of {limit_s} s exceeded"),
+            Outcome::TimeExceeded { limit_s, vacate: Some(v) } => {
+                format!("wall-time limit of {limit_s} s exceeded ({v})")
+            }
             Outcome::InputFailed { reason } => format!("input failed: {reason}"),
             Outcome::OutputFailed { reason } => format!("output failed: {reason}"),
             Outcome::ModuleFailed { reason } => format!("module failed: {reason}"),

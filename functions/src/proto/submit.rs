@@ -64,6 +64,13 @@ pub struct NativeCode {
     /// descriptor 3 (the manifest's `handler`); its argv then holds no input path.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub handler: bool,
+    /// The manifest's `vacate_s`: seconds between a stop's SIGTERM and the SIGKILL of the
+    /// run's control group (the EP bounds it, [`crate::manifest::vacate_time`]). Absent when the
+    /// manifest names none (the EP's default then applies) and from gateways before it; an EP
+    /// before it ignores it and kills at once. Not part of [`FunctionRef::bound_digest`]: it is
+    /// no code, and the token still binds the command that runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vacate_s: Option<u64>,
 }
 
 impl FunctionRef {

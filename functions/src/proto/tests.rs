@@ -20,7 +20,7 @@ fn ep_messages_round_trip() {
     let msg = EpMsg::Finished(JobReport {
         input_sha256: None,
         job_id: "j1".into(),
-        outcome: Outcome::TimeExceeded { limit_s: 3 },
+        outcome: Outcome::TimeExceeded { limit_s: 3, vacate: None },
         usage: Usage { wall_ms: 1, ..Usage::default() },
         outputs: vec![],
         log: "x".into(),

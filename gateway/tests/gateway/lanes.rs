@@ -74,6 +74,7 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 

@@ -71,6 +71,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             webhook: None,
             max_concurrent: None,
             inputs: Default::default(),
+            vacate_s: None,
         },
     }
 }

@@ -747,7 +747,7 @@ async fn the_site_caps_the_retries_a_policy_asks_for() {
     let mut q = Queue::open(&dir.path().join("q.db")).expect("open");
     q.set_max_guest_retries(1);
     let id = q.submit(with_policy("k1", Some(policy(5, &[RetryOn::TimeExceeded], 0)))).await.expect("s").job_id;
-    let slow = || Outcome::TimeExceeded { limit_s: 1 };
+    let slow = || Outcome::TimeExceeded { limit_s: 1, vacate: None };
     assert_eq!(run_once(&q, &id, 1, slow()).await, JobState::Idle);
     assert_eq!(run_once(&q, &id, 2, slow()).await, JobState::Failed);
     let job = q.get(id.clone()).await.expect("get").expect("kept");

@@ -40,6 +40,7 @@ fn manifest(
         webhook: None,
         max_concurrent: None,
         inputs: Default::default(),
+        vacate_s: None,
     }
 }
 
