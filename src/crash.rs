@@ -253,6 +253,7 @@ pub(crate) fn manifest(name: &str, module: htfaas_functions::Digest, out: &str) 
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

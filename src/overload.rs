@@ -179,6 +179,7 @@ fn noop(name: &str, owner: &str, module: htfaas_functions::Digest, dir: &str) ->
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

@@ -701,6 +701,7 @@ pub fn demo_manifest(module: htfaas_functions::Digest) -> FunctionManifest {
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

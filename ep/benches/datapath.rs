@@ -350,6 +350,7 @@ async fn main() {
             renew_until: None,
             traceparent: None,
             refs: Vec::new(),
+            checkpoint: None,
         };
         let reset = reset_peak();
         let (rss_before, _) = memory();

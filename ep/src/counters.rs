@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const DURATION_BUCKETS: [f64; 14] =
     [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0, 3600.0];
 /// Outcome labels, in the order of [`Metrics::runs`].
-pub(crate) const OUTCOMES: [&str; 11] = [
+pub(crate) const OUTCOMES: [&str; 12] = [
     "exited",
     "trapped",
     "memory_exceeded",
@@ -26,6 +26,7 @@ pub(crate) const OUTCOMES: [&str; 11] = [
     "fuel_exhausted",
     "output_exceeded",
     "storage_unavailable",
+    "checkpointed",
 ];
 
 /// The label of `o`'s kind.
@@ -47,6 +48,7 @@ pub(crate) fn outcome_index(o: &Outcome) -> usize {
         Outcome::FuelExhausted { .. } => 8,
         Outcome::OutputExceeded { .. } => 9,
         Outcome::StorageUnavailable { .. } => 10,
+        Outcome::Checkpointed { .. } => 11,
     }
 }
 

@@ -181,6 +181,7 @@ impl Jobs {
             outputs: Vec::new(),
             log: String::new(),
             refs: Vec::new(),
+            checkpoint: None,
         };
         let mut tally = Tally::default();
         let s = &self.settings;
@@ -722,6 +723,7 @@ fn outcome_kind(o: &Outcome) -> &'static str {
         Outcome::FuelExhausted { .. } => "fuel_exhausted",
         Outcome::OutputExceeded { .. } => "output_exceeded",
         Outcome::StorageUnavailable { .. } => "storage_unavailable",
+        Outcome::Checkpointed { .. } => "checkpointed",
     }
 }
 

@@ -652,7 +652,8 @@ impl Link {
             }
             SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
             SchedulerMsg::Warm { digest, module_url } => self.warmer.warm(digest, module_url),
-            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon } => {
+            // The checkpoint macaroon is not renewed yet: a job keeps the one it was given.
+            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon, .. } => {
                 self.answer_renewal(&job_id, Ok((input_macaroon, output_macaroon)));
             }
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),

@@ -271,6 +271,7 @@ mod tests {
             renew_until,
             traceparent: None,
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 

@@ -40,6 +40,7 @@
 
 pub mod audit;
 mod audit_kinds;
+pub mod checkpoint;
 pub mod collect;
 pub mod digest;
 pub mod event;

@@ -108,6 +108,11 @@ pub struct FunctionManifest {
     /// wasm guest has no signals to catch, it is interrupted at its deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vacate_s: Option<u64>,
+    /// Checkpoints ([`crate::checkpoint`]): the guest keeps its state in `/checkpoint`, which
+    /// is stored when it exits with `exit_code` or is stopped before its end, and restored for
+    /// its next attempt on any EP. Default: none (every attempt starts afresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::checkpoint::CheckpointPolicy>,
 }
 
 /// Most runs at once a manifest may allow ([`FunctionManifest::max_concurrent`]).
@@ -570,6 +575,12 @@ impl FunctionManifest {
                 ));
             }
             _ => {}
+        }
+        if let Some(c) = &self.checkpoint {
+            c.check().map_err(|(field, reason)| bad(field, reason))?;
+            if self.handler {
+                return Err(bad("checkpoint", "a handler's warm worker serves many runs: it keeps no checkpoint"));
+            }
         }
         if let Some(v) = self.vacate_s
             && (v > MAX_VACATE_S || (r.runtime_s > 0 && v >= r.runtime_s))

@@ -64,6 +64,7 @@ fn function(i: usize) -> FunctionRecord {
             max_concurrent: None,
             inputs: Default::default(),
             vacate_s: None,
+            checkpoint: None,
         },
     }
 }

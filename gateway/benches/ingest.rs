@@ -93,6 +93,7 @@ fn registry(dir: &Path) -> anyhow::Result<Registry> {
             max_concurrent: None,
             inputs: Default::default(),
             vacate_s: None,
+            checkpoint: None,
         })?;
     }
     Ok(registry)

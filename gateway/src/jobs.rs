@@ -329,6 +329,7 @@ pub async fn prepare(
         retry: m.retry.clone(),
         max_concurrent: m.max_concurrent,
         refs,
+        checkpoint: None,
     })
 }
 

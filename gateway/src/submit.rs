@@ -495,6 +495,7 @@ mod tests {
             renewal: None,
             max_concurrent: None,
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 

@@ -33,6 +33,7 @@ pub(crate) fn function(name: &str, rate: Option<RateLimit>, debounce_s: Option<u
             max_concurrent: None,
             inputs: Default::default(),
             vacate_s: None,
+            checkpoint: None,
         },
     }
 }

@@ -58,6 +58,7 @@ fn request() -> SubmitRequest {
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 
@@ -76,6 +77,7 @@ fn report() -> JobReport {
             .collect(),
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 

@@ -346,6 +346,7 @@ fn request(dedupe_key: String) -> SubmitRequest {
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 
@@ -610,6 +611,7 @@ fn report(job_id: String) -> EpMsg {
         }],
         log: "ok\n".into(),
         refs: Vec::new(),
+        checkpoint: None,
     })
 }
 

@@ -250,7 +250,9 @@ pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Re
     }
     let caveats: Vec<&str> = caveats.iter().map(String::as_str).collect();
     let input = a.input.as_mut().map(|i| &mut i.macaroon);
-    for m in input.into_iter().chain([&mut a.output.macaroon]).chain(a.refs.iter_mut().map(|r| &mut r.macaroon)) {
+    let checkpoint = a.checkpoint.as_mut().map(|c| &mut c.macaroon);
+    let all = input.into_iter().chain([&mut a.output.macaroon]).chain(checkpoint);
+    for m in all.chain(a.refs.iter_mut().map(|r| &mut r.macaroon)) {
         *m = attenuate(m, &caveats).map_err(RestrictError::Attenuate)?;
     }
     Ok(a)

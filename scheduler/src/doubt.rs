@@ -258,6 +258,7 @@ mod tests {
                 .collect(),
             log: String::new(),
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 

@@ -73,7 +73,13 @@ pub(crate) async fn renew(shared: Arc<Shared>, ep_id: String, name: String, ip: 
     let (reply, subject, refused) = match renewed(&shared, &ep_id, &name, ip, &job_id).await {
         Ok((subject, input_macaroon, output_macaroon)) => {
             tracing::info!(job.id = %job_id, "macaroons renewed");
-            (SchedulerMsg::Renewed { job_id: job_id.clone(), input_macaroon, output_macaroon }, subject, None)
+            let renewed = SchedulerMsg::Renewed {
+                job_id: job_id.clone(),
+                input_macaroon,
+                output_macaroon,
+                checkpoint_macaroon: None,
+            };
+            (renewed, subject, None)
         }
         Err((subject, reason)) => {
             tracing::warn!(job.id = %job_id, "renewal refused: {reason}");

@@ -336,6 +336,7 @@ mod tests {
                         outputs: vec![],
                         log: String::new(),
                         refs: Vec::new(),
+                        checkpoint: None,
                     };
                     q.finish("s1".into(), report, crate::queue::Loss::Shutdown)
                         .await

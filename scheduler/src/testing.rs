@@ -42,6 +42,7 @@ pub(crate) fn request(key: &str) -> SubmitRequest {
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 

@@ -129,6 +129,7 @@ fn manifest(name: &str, module: Digest, dir: &str, out: &str) -> FunctionManifes
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

@@ -43,6 +43,15 @@ pub enum FnCommand {
         /// its run time (counted inside the run time); default 300, less for short run times.
         #[arg(long, requires = "image", value_name = "SECONDS")]
         vacate_s: Option<u64>,
+        /// Keep checkpoints: the guest's `/checkpoint` is stored when it exits with this code
+        /// (1-255; HTCondor's checkpoint_exit_code) or is stopped before its end, and restored
+        /// for its next attempt on any EP.
+        #[arg(long, value_name = "CODE")]
+        checkpoint_exit_code: Option<i32>,
+        /// Keep checkpoints of at most this many MiB (default 1024); with no exit code, a
+        /// checkpoint is kept only when a run is stopped.
+        #[arg(long, value_name = "MIB")]
+        checkpoint_mb: Option<u64>,
         /// Trigger glob over the storage path, e.g. '/data/raw/**'. With --rule, both must hold.
         #[arg(long)]
         trigger: Option<String>,
@@ -360,6 +369,8 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
             command,
             handler,
             vacate_s,
+            checkpoint_exit_code,
+            checkpoint_mb,
             trigger,
             rule,
             rate,
@@ -453,6 +464,12 @@ pub async fn run(command: FnCommand) -> anyhow::Result<()> {
                 max_concurrent,
                 inputs: htfaas_functions::manifest::Inputs { refs },
                 vacate_s,
+                checkpoint: (checkpoint_exit_code.is_some() || checkpoint_mb.is_some()).then(|| {
+                    htfaas_functions::checkpoint::CheckpointPolicy {
+                        exit_code: checkpoint_exit_code,
+                        max_mb: checkpoint_mb.unwrap_or(htfaas_functions::checkpoint::DEFAULT_CHECKPOINT_MB),
+                    }
+                }),
             };
             // Read before anything is registered: a missing file changes nothing.
             let mut values = std::collections::BTreeMap::new();

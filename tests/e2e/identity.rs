@@ -71,6 +71,7 @@ fn manifest(owner: &str, module: &htfaas_functions::Digest, group: Option<&str>)
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

@@ -78,6 +78,7 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     };
     let requests: Vec<SubmitRequest> = (0..FLOOD).map(request).collect();
     let http = htfaas_gateway::http_client().expect("client");

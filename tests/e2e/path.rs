@@ -125,6 +125,7 @@ async fn an_eps_macaroons_are_bound_to_the_address_it_attached_from() {
         outputs: vec![],
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     });
     ws.send(Message::text(serde_json::to_string(&report).expect("encode"))).await.expect("report");
     wait_for("the bound job to complete", LIMIT, || async {

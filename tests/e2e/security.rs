@@ -111,6 +111,7 @@ fn request(digest: Digest, info: &htfaas::client::StackInfo) -> SubmitRequest {
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 

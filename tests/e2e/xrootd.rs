@@ -316,6 +316,7 @@ async fn an_ep_runs_a_job_whose_input_and_output_live_on_xrootd() {
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     };
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/jobs", stack.info().scheduler_url))

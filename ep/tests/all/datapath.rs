@@ -169,6 +169,7 @@ impl Flaky {
             renew_until: None,
             traceparent: None,
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 }

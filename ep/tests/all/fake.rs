@@ -372,6 +372,7 @@ impl Harness {
             renew_until: None,
             traceparent: None,
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 

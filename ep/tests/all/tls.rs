@@ -185,6 +185,7 @@ impl Scheduler {
             renewal: None,
             max_concurrent: None,
             refs: Vec::new(),
+            checkpoint: None,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit over https");

@@ -26,6 +26,7 @@ fn manifest() -> FunctionManifest {
         max_concurrent: None,
         inputs: Inputs::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

@@ -362,6 +362,10 @@ pub enum SchedulerMsg {
         input_macaroon: Option<String>,
         /// Write macaroon for the output directory (bearer; never logged).
         output_macaroon: String,
+        /// Macaroon for the job's checkpoint area, for a job that keeps checkpoints (bearer;
+        /// never logged); absent otherwise (and from older schedulers).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint_macaroon: Option<String>,
     },
     /// Answers [`EpMsg::Renew`]: no fresh macaroons (the job is not running on this EP, is past
     /// its run time, was revoked, or the gateway or storage refused). The EP keeps using the
@@ -416,6 +420,11 @@ pub struct JobAssignment {
     /// ([`super::ReferenceInput`]); absent on the wire when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refs: Vec<super::ReferenceInput>,
+    /// The job's own checkpoint area ([`crate::checkpoint`]): `/checkpoint` is restored from it
+    /// before the run and stored into it when the guest exits with its `exit_code` or is
+    /// stopped before its end; absent on the wire when the function keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::checkpoint::CheckpointSpec>,
 }
 
 /// How a job ended.
@@ -487,6 +496,13 @@ pub enum Outcome {
         /// The last failure: method, URL without its query, status or error, and the tries.
         reason: String,
     },
+    /// The guest asked to be resumed: it exited with its checkpoint exit code and its
+    /// `/checkpoint` was stored ([`JobReport::checkpoint`]). The scheduler runs it again, on any
+    /// EP, from that checkpoint; an attempt that stored nothing new counts as a failed exit.
+    Checkpointed {
+        /// The guest's exit status (the manifest's `checkpoint.exit_code`).
+        exit_code: i32,
+    },
 }
 
 impl Outcome {
@@ -517,6 +533,7 @@ impl Outcome {
             | Outcome::OutputFailed { .. }
             | Outcome::ModuleFailed { .. }
             | Outcome::Cancelled { .. }
+            | Outcome::Checkpointed { .. }
             | Outcome::OutputExceeded { .. } => return None,
         })
     }
@@ -545,6 +562,7 @@ impl Outcome {
             Outcome::FuelExhausted { limit } => format!("instruction budget of {limit} exceeded"),
             Outcome::OutputExceeded { reason } => format!("output limit exceeded: {reason}"),
             Outcome::StorageUnavailable { reason } => format!("storage unavailable: {reason}"),
+            Outcome::Checkpointed { exit_code } => format!("checkpointed (exit status {exit_code}): to be resumed"),
         }
     }
 }
@@ -663,6 +681,10 @@ pub struct JobReport {
     /// the wire when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refs: Vec<ReferenceRead>,
+    /// What the attempt did with its checkpoint (a job that keeps checkpoints): what it started
+    /// from and what it stored. Absent on the wire when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::checkpoint::CheckpointReport>,
 }
 
 /// One reference file as a job read it.
@@ -689,6 +711,7 @@ impl JobReport {
             log: String::new(),
             input_sha256: None,
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 }

@@ -205,6 +205,10 @@ pub struct SubmitRequest {
     /// read macaroon for exactly that file. Absent on the wire when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refs: Vec<ReferenceInput>,
+    /// The job's own checkpoint area (the manifest asks for checkpoints), the same for every
+    /// attempt; absent on the wire when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::checkpoint::CheckpointSpec>,
 }
 
 /// Most reference files one job may read (a directory reference counts each file below it).

@@ -25,6 +25,7 @@ fn ep_messages_round_trip() {
         outputs: vec![],
         log: "x".into(),
         refs: Vec::new(),
+        checkpoint: None,
     });
     let text = serde_json::to_string(&msg).expect("serializes");
     assert_eq!(serde_json::from_str::<EpMsg>(&text).expect("parses"), msg);
@@ -67,6 +68,7 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     };
     // Absent when false: a request (or a stored one) without the field means false, and a
     // scheduler that predates it still accepts requests that do not ask for it.
@@ -88,7 +90,12 @@ fn bind_ep_address_is_on_the_wire_only_when_true() {
 /// of a job with an input reads as before.
 #[test]
 fn a_renewal_without_an_input_names_none() {
-    let answer = SchedulerMsg::Renewed { job_id: "j".into(), input_macaroon: None, output_macaroon: "w".into() };
+    let answer = SchedulerMsg::Renewed {
+        job_id: "j".into(),
+        input_macaroon: None,
+        output_macaroon: "w".into(),
+        checkpoint_macaroon: None,
+    };
     let text = serde_json::to_string(&answer).expect("serializes");
     assert!(!text.contains("input_macaroon"), "{text}");
     assert_eq!(serde_json::from_str::<SchedulerMsg>(&text).expect("parses"), answer);

@@ -458,6 +458,7 @@ mod tests {
             max_concurrent: None,
             inputs: Default::default(),
             vacate_s: None,
+            checkpoint: None,
         }
     }
 

@@ -75,6 +75,7 @@ fn manifest(name: &str, owner: &str, module: &htfaas_functions::Digest, glob: &s
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 

@@ -72,6 +72,7 @@ fn function(name: &str, module: &[u8]) -> FunctionRecord {
             max_concurrent: None,
             inputs: Default::default(),
             vacate_s: None,
+            checkpoint: None,
         },
     }
 }

@@ -434,6 +434,7 @@ mod tests {
             renew_until: None,
             traceparent: None,
             refs: Vec::new(),
+            checkpoint: None,
         };
         assert_eq!(t.deliver("a", assignment("j1")), Delivery::Cancelled);
         assert!(!t.is_running("a", "j1"));

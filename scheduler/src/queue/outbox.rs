@@ -209,6 +209,7 @@ mod tests {
             outputs: vec![],
             log: String::new(),
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 

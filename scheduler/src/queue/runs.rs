@@ -308,6 +308,7 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest, attempt: u32) -> JobA
         // job's deadline.
         renew_until: r.renewal.is_some().then_some(u64::MAX),
         refs: r.refs,
+        checkpoint: r.checkpoint,
     }
 }
 

@@ -39,6 +39,7 @@ fn report(id: &str, outcome: Outcome) -> JobReport {
         outputs: vec![],
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 

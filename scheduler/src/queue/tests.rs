@@ -93,6 +93,7 @@ async fn finish_charges_the_owner_once_and_only_for_its_session() {
         outputs: vec![],
         log: "x".repeat(MAX_LOG_BYTES + 10),
         refs: Vec::new(),
+        checkpoint: None,
     };
     assert_eq!(q.finish("s2".into(), report.clone(), LOSS).await.expect("other session"), None);
     let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("was running");
@@ -271,6 +272,7 @@ async fn a_revocation_removes_idle_and_running_jobs_and_refuses_the_token_durabl
         outputs: vec![],
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     };
     let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("charged");
     assert_eq!(f.state, JobState::Removed);
@@ -356,6 +358,7 @@ async fn held_jobs_are_not_matched_and_their_stopped_run_is_charged_once() {
         outputs: vec![],
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     };
     let f = q.finish("s1".into(), report.clone(), LOSS).await.expect("finish").expect("charged");
     assert_eq!(f.state, JobState::Held);
@@ -444,6 +447,7 @@ fn unavailable(id: &str, wall_ms: u64) -> JobReport {
         outputs: vec![],
         log: "[htfaas-ep] storage down\n".into(),
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 

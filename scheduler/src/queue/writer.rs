@@ -450,6 +450,7 @@ mod tests {
                 outputs: vec![],
                 log: String::new(),
                 refs: Vec::new(),
+                checkpoint: None,
             };
             finishes.spawn(async move { q.finish("s1".into(), report, LOSS).await });
         }

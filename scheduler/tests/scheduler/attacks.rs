@@ -189,6 +189,7 @@ async fn a_report_with_foreign_or_too_many_outputs_is_refused_and_the_job_runs_a
         outputs: vec![output("/data/out/a.sum".into()), output("/data/other/planted.sum".into())],
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     };
     send(&mut ep, &EpMsg::Finished(forged)).await;
     // Refused, it runs again (the test scheduler has no backoff).
@@ -201,6 +202,7 @@ async fn a_report_with_foreign_or_too_many_outputs_is_refused_and_the_job_runs_a
         outputs: (0..=MAX_REPORTED_OUTPUTS).map(|i| output(format!("/data/out/{i}"))).collect(),
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     };
     send(&mut ep, &EpMsg::Finished(flood)).await;
     assert_eq!(expect_assign(&mut ep, "alice").await, id);

@@ -175,6 +175,7 @@ async fn a_full_disk_refuses_submissions_with_507_keeps_every_job_and_report_and
         outputs: vec![],
         log: "x".repeat(60 * 1024),
         refs: Vec::new(),
+        checkpoint: None,
     };
     send(&mut ws, &EpMsg::Finished(big)).await;
     // Until the store refused it and the scheduler kept it to try again.

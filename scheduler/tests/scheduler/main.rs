@@ -294,6 +294,7 @@ impl Fixture {
             renewal: None,
             max_concurrent: None,
             refs: Vec::new(),
+            checkpoint: None,
         }
     }
 
@@ -427,6 +428,7 @@ fn report(job_id: &str, outcome: Outcome, usage: Usage) -> EpMsg {
         outputs: vec![OutputFile { path: "/data/out/a.sum".into(), size: 64, sha256: "ab".repeat(32) }],
         log: "done\n".into(),
         refs: Vec::new(),
+        checkpoint: None,
     })
 }
 

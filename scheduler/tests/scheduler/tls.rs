@@ -179,6 +179,7 @@ impl Server {
             renewal: None,
             max_concurrent: None,
             refs: Vec::new(),
+            checkpoint: None,
         };
         let resp = self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(token).json(&req).send().await;
         let resp = resp.expect("submit answered");
@@ -257,6 +258,7 @@ async fn https_submit_and_wss_attach_run_a_job() {
         outputs: vec![],
         log: String::new(),
         refs: Vec::new(),
+        checkpoint: None,
     };
     send(&mut ep, &EpMsg::Finished(report)).await;
     let start = Instant::now();

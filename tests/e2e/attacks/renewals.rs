@@ -72,7 +72,7 @@ async fn an_ep_gets_no_macaroons_for_a_job_it_does_not_run_nor_for_a_revoked_one
         .into_iter()
         .rfind(|c| c.starts_with("before:"));
     match renew(&mut ws, &a.job_id).await {
-        SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon } => {
+        SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon, .. } => {
             assert_eq!(job_id, a.job_id);
             let input_macaroon = input_macaroon.expect("a read macaroon for the job's input");
             for m in [&input_macaroon, &output_macaroon] {

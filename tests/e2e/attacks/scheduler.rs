@@ -75,6 +75,7 @@ fn request(digest: &Digest, module_url: String, input: String, output: String, k
         renewal: None,
         max_concurrent: None,
         refs: Vec::new(),
+        checkpoint: None,
     }
 }
 

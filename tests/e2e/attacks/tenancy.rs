@@ -41,6 +41,7 @@ fn manifest(
         max_concurrent: None,
         inputs: Default::default(),
         vacate_s: None,
+        checkpoint: None,
     }
 }
 
