@@ -163,7 +163,8 @@ pub struct Attempt {
     /// EP's report broke the protocol, e.g. named outputs outside the job's output directory:
     /// not believed, nothing charged, counted like `lost`), `not-started` (a prefetched job its
     /// EP handed back without starting it, [`super::attach::EpMsg::NotStarted`]: idle again at once, not
-    /// counted) or `interrupted` (the scheduler restarted).
+    /// counted), `checkpointed` (the guest asked to be resumed and stored a new checkpoint: the
+    /// job runs again from it, no retry used) or `interrupted` (the scheduler restarted).
     pub outcome: String,
     /// Why it ended so, when it did not complete.
     pub reason: String,

@@ -70,6 +70,7 @@ mod idle;
 mod jobs;
 mod outbox;
 mod renewals;
+mod resume;
 mod retry;
 mod revocations;
 mod runs;
@@ -77,6 +78,8 @@ mod schema;
 mod trail;
 mod writer;
 
+#[cfg(test)]
+mod resume_tests;
 #[cfg(test)]
 mod schema_tests;
 #[cfg(test)]

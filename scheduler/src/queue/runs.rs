@@ -7,6 +7,7 @@
 use super::Queue;
 use super::accounts::charge_owner;
 use super::jobs::bounded_log;
+use super::resume::{Resume, checkpoint_resume};
 use super::retry::{Failing, Retry, guest_retry, retries_storage_outages};
 use super::trail::{job_subject, url_path};
 use crate::doubt::{Observed, Violation, doubt};
@@ -319,6 +320,8 @@ pub(crate) fn assignment(job_id: String, r: SubmitRequest, attempt: u32) -> JobA
 struct Ending {
     output: EndingOutput,
     #[serde(default)]
+    resources: EndingResources,
+    #[serde(default)]
     retry: Option<RetryPolicy>,
     #[serde(default)]
     refs: Vec<EndingRef>,
@@ -328,6 +331,13 @@ struct Ending {
 #[derive(serde::Deserialize)]
 struct EndingRef {
     path: String,
+}
+
+/// See [`Ending`]: the run time alone.
+#[derive(serde::Deserialize, Default)]
+struct EndingResources {
+    #[serde(default)]
+    runtime_s: u64,
 }
 
 /// See [`Ending`].
@@ -633,13 +643,22 @@ fn finish_in(
         let state = storage_unavailable(tx, &job, report, subject, loss, self_half_life)?;
         return Ok(Some(Finished { owner, state }));
     }
-    // A guest failure its retry policy lists runs again while retries are left.
+    // A guest that asked to be resumed runs again from its checkpoint; one that made no
+    // progress is a non-zero exit. A guest failure its retry policy lists runs again while
+    // retries are left.
     let mut final_note = None;
+    let failing = Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session, attempt };
+    if stored == "running" && matches!(report.outcome, Outcome::Checkpointed { .. }) {
+        let runtime_s = request.as_ref().map_or(0, |r| r.resources.runtime_s);
+        match checkpoint_resume(tx, &failing, &mut report, runtime_s, &subject, self_half_life)? {
+            Resume::Again => return Ok(Some(Finished { owner, state: JobState::Idle })),
+            Resume::AsExit { note } => final_note = Some(note),
+        }
+    }
     if stored == "running" && !report.outcome.is_success() {
-        let failing = Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session, attempt };
         match guest_retry(tx, &failing, policy, &report, &subject, max_guest_retries, self_half_life)? {
             Retry::Again => return Ok(Some(Finished { owner, state: JobState::Idle })),
-            Retry::Final { note } => final_note = note,
+            Retry::Final { note } => final_note = note.or(final_note),
         }
     }
     let state = match (stored.as_str(), report.outcome.is_success()) {
@@ -706,6 +725,9 @@ fn finish_in(
     if !clamped.is_empty() {
         // What the EP claimed, beside what was charged.
         finished = finished.with_detail("clamped", clamped.to_json());
+    }
+    if let Some(c) = &report.checkpoint {
+        finished = finished.with_detail("checkpoint", super::resume::checkpoint_detail(c));
     }
     audit::append_in(tx, finished)?;
     Ok(Some(Finished { owner, state }))
