@@ -373,6 +373,8 @@ impl Layout {
             // The built-in storage knows `ip:`, and the EP reaches it and the scheduler from
             // 127.0.0.1: every job's macaroons work only from its EP.
             "bind_macaroons_to_ep": true,
+            // Outside /data/: a job's checkpoint is reached only with its own macaroon.
+            "checkpoint_dir": "/checkpoints/",
             // The firing table and the audit key go beside the registry (`gateway/`).
             "dedupe_window_s": htfaas_functions::proto::EVENTS_MAX_AGE_S,
             "max_in_flight": 16,

@@ -138,6 +138,15 @@ pub struct Config {
     /// they reach the scheduler from (no NAT or proxy between them that differs). Default: false.
     #[serde(default)]
     pub bind_macaroons_to_ep: bool,
+    /// Where jobs keep their checkpoints in the storage: an absolute directory ending in `/`,
+    /// outside every user's namespace (its files are reached only with a job's checkpoint
+    /// macaroon), e.g. `/checkpoints/`. Each job of a function that asks for checkpoints gets
+    /// its own area below it, `<dir><owner>/<random id>/`, and a macaroon to read, write and
+    /// replace exactly that area. Events on paths below it fire nothing. Only with
+    /// `storage_kind: dcache` (XRootD's macaroons cannot replace a file). Default: none (a
+    /// function asking for checkpoints is refused).
+    #[serde(default)]
+    pub checkpoint_dir: Option<String>,
     /// Which event sources and types become events, e.g.
     /// `{"dcache_msg_types": ["transfer", "request", "remove"], "cloudevents": true}`; an
     /// unknown type name is refused at start. Default: dCache `transfer` messages and every

@@ -289,6 +289,8 @@ pub struct Matcher<'a> {
     pub source_paths: &'a Bindings,
     /// The registered functions' compiled triggers.
     pub triggers: &'a TriggerCache,
+    /// Where jobs keep their checkpoints: writes there fire nothing.
+    pub checkpoint_dir: Option<&'a str>,
 }
 
 /// What the ingest loop's steps use of the gateway, borrowed once when the loop starts
@@ -313,6 +315,7 @@ impl<'a> Intake<'a> {
                 sources: &shared.source_policy,
                 source_paths: &shared.source_paths,
                 triggers: &shared.triggers,
+                checkpoint_dir: shared.checkpoint_dir.as_deref(),
             },
             firings: &shared.firings,
             stats: &shared.stats,
@@ -468,6 +471,11 @@ pub fn plan(
             return Plan::Skip(Skip::Malformed);
         }
     };
+    // A job's checkpoint is its own state, not data: storing one fires nothing.
+    if matcher.checkpoint_dir.is_some_and(|d| event.path.starts_with(d)) {
+        tracing::debug!(path = %event.path, "a checkpoint: fires nothing");
+        return Plan::Skip(Skip::Ignored);
+    }
     // An owner's lane fires its owner's functions only (other lanes fire the others'); a
     // function never fires on its own outputs (the simplest loop guard).
     let keep = |f: &FunctionRecord| {

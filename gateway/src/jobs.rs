@@ -13,6 +13,7 @@
 use crate::namespaces::Namespaces;
 use crate::storage_client::{StorageClient, StorageError};
 use htfaas_functions::FunctionRecord;
+use htfaas_functions::checkpoint::CheckpointSpec;
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::manifest::RuntimeKind;
 use htfaas_functions::namespace::Namespace;
@@ -36,6 +37,8 @@ pub struct JobContext<'a> {
     pub public_url: &'a str,
     /// Whether jobs ask the scheduler to bind their macaroons to their EP's address.
     pub bind_macaroons_to_ep: bool,
+    /// Where jobs keep their checkpoints; none: no function may ask for them.
+    pub checkpoint_dir: Option<&'a str>,
 }
 
 /// Why a job could not be prepared or submitted.
@@ -296,9 +299,13 @@ pub async fn prepare(
     let writer = crate::storage_client::writer_of_run(runs_as.name(m), &m.name);
     let storage_err = |e: StorageError| storage_failure(e.to_string(), &e);
     // Both requests at once: they are independent, and each is a round trip to the storage.
-    let (read, write) =
-        tokio::join!(cx.storage.read_macaroon_of(path), cx.storage.write_macaroon(&m.outputs.dir, replace, &writer));
+    let (read, write, checkpoint) = tokio::join!(
+        cx.storage.read_macaroon_of(path),
+        cx.storage.write_macaroon(&m.outputs.dir, replace, &writer),
+        checkpoint_area(cx, m, &writer)
+    );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
+    let checkpoint = checkpoint?;
     let refs = references(cx.storage, &m.inputs.refs, members).await?;
     let input = path.zip(read).map(|(path, macaroon)| InputSpec {
         sha256: None,
@@ -329,7 +336,7 @@ pub async fn prepare(
         retry: m.retry.clone(),
         max_concurrent: m.max_concurrent,
         refs,
-        checkpoint: None,
+        checkpoint,
     })
 }
 
@@ -378,6 +385,33 @@ async fn references(
         )));
     }
     read_each(storage, files).await
+}
+
+/// The job's own checkpoint area, for a function that asks for checkpoints: a new directory
+/// `<checkpoint_dir><random id>/` and a macaroon issued for the run's `writer` to read, write
+/// and replace files in exactly it, so no other job's area is reachable with it. Refused for
+/// good when this gateway keeps no checkpoints.
+async fn checkpoint_area(
+    cx: JobContext<'_>,
+    m: &htfaas_functions::FunctionManifest,
+    writer: &str,
+) -> Result<Option<CheckpointSpec>, JobError> {
+    let Some(policy) = m.checkpoint else { return Ok(None) };
+    let Some(root) = cx.checkpoint_dir else {
+        return Err(JobError::Permanent(format!(
+            "function {} asks for checkpoints and this gateway keeps none (it has no checkpoint_dir)",
+            m.name
+        )));
+    };
+    let dir = format!("{root}{}/", uuid::Uuid::new_v4());
+    let macaroon =
+        cx.storage.checkpoint_macaroon(&dir, writer).await.map_err(|e| storage_failure(e.to_string(), &e))?;
+    Ok(Some(CheckpointSpec {
+        url: cx.storage.url_of(&dir),
+        macaroon,
+        max_bytes: policy.max_bytes(),
+        exit_code: policy.exit_code,
+    }))
 }
 
 /// How many read macaroons one job asks for at once.
@@ -480,6 +514,7 @@ mod tests {
             storage: &storage,
             public_url: "http://gw",
             bind_macaroons_to_ep: false,
+            checkpoint_dir: None,
         };
         let no_file = EventRef::new("backfill:schedule:1", "backfill:schedule:f:1", "");
         let on_files = crate::testing::function("f", None, None);

@@ -75,6 +75,8 @@ pub struct Shared {
     /// Whether jobs ask the scheduler to bind their macaroons to their EP's address (only ever
     /// true with a storage that speaks the dCache dialect).
     pub bind_macaroons_to_ep: bool,
+    /// Where jobs keep their checkpoints ([`crate::Config::checkpoint_dir`]).
+    pub checkpoint_dir: Option<String>,
     /// HTTP client.
     pub http: reqwest::Client,
     /// Which sources and types become events; read once per message, replaced whole
@@ -105,6 +107,7 @@ impl Shared {
             storage: &self.storage,
             public_url: &self.public_url,
             bind_macaroons_to_ep: self.bind_macaroons_to_ep,
+            checkpoint_dir: self.checkpoint_dir.as_deref(),
         }
     }
 
@@ -168,6 +171,16 @@ impl Config {
             "bind_macaroons_to_ep needs a storage that knows dCache's ip: caveat; \
              storage_kind xrootd refuses every macaroon carrying one"
         );
+        if let Some(dir) = &self.checkpoint_dir {
+            anyhow::ensure!(
+                htfaas_functions::manifest::is_clean_abs_path(dir) && dir.ends_with('/') && dir != "/",
+                "checkpoint_dir must be an absolute directory ending in '/', not '/': {dir:?}"
+            );
+            anyhow::ensure!(
+                self.storage_kind == storage_client::StorageKind::Dcache,
+                "checkpoint_dir needs a storage whose macaroons may replace a file (storage_kind dcache)"
+            );
+        }
         self.sources.validate()?;
         self.http.check()?;
         let tls = htfaas_functions::serve::tls::optional_server_config(
@@ -307,6 +320,7 @@ impl Config {
             scheduler_admin_token: self.scheduler_admin_token,
             public_url: public_url.trim_end_matches('/').to_owned(),
             bind_macaroons_to_ep: self.bind_macaroons_to_ep && self.storage_kind == storage_client::StorageKind::Dcache,
+            checkpoint_dir: self.checkpoint_dir,
             http,
             registry,
             module_quota: self.module_quota,
@@ -394,6 +408,7 @@ mod tests {
             max_deliver: default_max_deliver(),
             events_stream_replicas: crate::config::default_events_stream_replicas(),
             bind_macaroons_to_ep,
+            checkpoint_dir: None,
             sources: Default::default(),
             state_dir: None,
             dedupe_window_s: default_dedupe_window_s(),

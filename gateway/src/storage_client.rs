@@ -87,6 +87,9 @@ pub enum Access {
     Replace,
     /// List one directory tree (`LIST`): `events backfill`, never handed to a job.
     List,
+    /// Read, create and replace files within one directory (dCache: `DOWNLOAD,UPLOAD,DELETE`):
+    /// a job's own checkpoint area.
+    Checkpoint,
 }
 
 /// How the gateway authenticates to the storage when it asks for macaroons.
@@ -164,14 +167,17 @@ pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &st
                 Access::Write => "activity:UPLOAD",
                 Access::Replace => "activity:UPLOAD,DELETE",
                 Access::List => "activity:LIST",
+                Access::Checkpoint => "activity:DOWNLOAD,UPLOAD,DELETE",
             };
             (format!("{base}/"), vec![activity.into(), format!("path:{path}")])
         }
         StorageKind::Xrootd => {
             let target = match access {
                 Access::Read => path.to_owned(),
-                Access::Write | Access::Replace | Access::List if path.ends_with('/') => path.to_owned(),
-                Access::Write | Access::Replace | Access::List => format!("{path}/"),
+                Access::Write | Access::Replace | Access::List | Access::Checkpoint if path.ends_with('/') => {
+                    path.to_owned()
+                }
+                Access::Write | Access::Replace | Access::List | Access::Checkpoint => format!("{path}/"),
             };
             (format!("{base}{}", htfaas_functions::percent::path(&target)), vec![xrootd_activity(access).into()])
         }
@@ -186,7 +192,7 @@ pub fn macaroon_request(kind: StorageKind, base: &str, access: Access, path: &st
 fn xrootd_activity(access: Access) -> &'static str {
     match access {
         Access::Read => "activity:DOWNLOAD",
-        Access::Write | Access::Replace => "activity:UPLOAD",
+        Access::Write | Access::Replace | Access::Checkpoint => "activity:UPLOAD",
         Access::List => "activity:LIST",
     }
 }
@@ -372,6 +378,12 @@ impl StorageClient {
         self.request(if replace { Access::Replace } else { Access::Write }, dir, Some(writer)).await
     }
 
+    /// A macaroon that may read, create and replace files in directory `dir` only: a job's own
+    /// checkpoint area.
+    pub async fn checkpoint_macaroon(&self, dir: &str, writer: &str) -> Result<String, StorageError> {
+        self.request(Access::Checkpoint, dir, Some(writer)).await
+    }
+
     /// A macaroon that may only list the tree under directory `dir` (`events
     /// backfill`; the gateway keeps it).
     pub async fn list_macaroon(&self, dir: &str) -> Result<String, StorageError> {
@@ -423,7 +435,7 @@ impl StorageClient {
     async fn request(&self, access: Access, path: &str, writer: Option<&str>) -> Result<String, StorageError> {
         let validity = match access {
             Access::Read | Access::List => &self.read_validity,
-            Access::Write | Access::Replace => &self.write_validity,
+            Access::Write | Access::Replace | Access::Checkpoint => &self.write_validity,
         };
         let req = macaroon_request(self.kind, &self.base, access, path, validity);
         self.requested.fetch_add(1, Ordering::Relaxed);

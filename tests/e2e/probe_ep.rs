@@ -36,12 +36,23 @@ pub async fn next_msg(ws: &mut Ws) -> SchedulerMsg {
 /// `/data/<name>-out/`) for annex `probe`, then attaches this test as EP `probe-1` of that
 /// annex; returns the link once welcomed.
 pub async fn attach_probe(stack: &Stack, dir: &std::path::Path, name: &str) -> Ws {
+    attach_probe_with(stack, dir, name, |_| {}).await
+}
+
+/// [`attach_probe`], with the probe function's manifest changed by `tweak` first.
+pub async fn attach_probe_with(
+    stack: &Stack,
+    dir: &std::path::Path,
+    name: &str,
+    tweak: impl FnOnce(&mut htfaas_functions::FunctionManifest),
+) -> Ws {
     let client = stack.client().expect("client");
     let mut probe = demo_manifest(upload_checksum(&client).await);
     probe.name = name.into();
     probe.trigger.path = format!("/data/{name}/**");
     probe.outputs.dir = format!("/data/{name}-out/");
     probe.annex = Some("probe".into());
+    tweak(&mut probe);
     client.grant("alice", htfaas_functions::namespace::Right::Annex, "probe").await.expect("grant the annex");
     client.register(&probe).await.expect("register the probe");
 

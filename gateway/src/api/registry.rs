@@ -89,6 +89,12 @@ pub(super) async fn register(
         tracing::info!(function = %manifest.name, owner = %manifest.owner, "registration refused: {e}");
         return Err(HttpError(StatusCode::BAD_REQUEST, format!("function {}: {e}", manifest.name)));
     }
+    if manifest.checkpoint.is_some() && shared.checkpoint_dir.is_none() {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!("function {}: asks for checkpoints, and this site keeps none (no checkpoint_dir)", manifest.name),
+        ));
+    }
     if query.dry_run {
         return dry_run_registration(&shared, events, &query, manifest).await;
     }

@@ -3,6 +3,7 @@
 //! nothing lost. SECURITY.md names the test behind each refusal. One module per party.
 mod annexes;
 mod backfill;
+mod checkpoints;
 mod derived;
 mod dlq;
 mod failures;
