@@ -103,6 +103,9 @@ pub struct RenewClaims {
     pub input: Option<String>,
     /// The storage path of the output directory.
     pub output: String,
+    /// The storage URL of the job's checkpoint area, for a job that keeps checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 /// Claims of an attach token.

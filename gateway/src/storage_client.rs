@@ -308,6 +308,11 @@ impl StorageClient {
         format!("{}{}", self.base, htfaas_functions::percent::path(path))
     }
 
+    /// The storage path of `url`, a URL [`StorageClient::url_of`] wrote; `None` for any other.
+    pub fn path_of(&self, url: &str) -> Option<String> {
+        htfaas_functions::percent::decode_utf8(url.strip_prefix(&self.base)?).filter(|p| p.starts_with('/'))
+    }
+
     /// [`StorageClient::read_macaroon`] of `path` when there is one: a run on no file reads
     /// nothing.
     pub async fn read_macaroon_of(&self, path: Option<&str>) -> Result<Option<String>, StorageError> {

@@ -119,6 +119,7 @@ impl Submitter {
             digest: req.function.digest.clone(),
             input: req.input.is_some().then(|| req.event.path.clone()),
             output: output.to_owned(),
+            checkpoint: req.checkpoint.as_ref().map(|c| c.url.clone()),
         };
         Ok(RenewalGrant(self.key.sign(&claims)?))
     }

@@ -71,14 +71,10 @@ pub fn decide<'a>(
 /// renewal in the EP table with the reply.
 pub(crate) async fn renew(shared: Arc<Shared>, ep_id: String, name: String, ip: IpAddr, job_id: String) {
     let (reply, subject, refused) = match renewed(&shared, &ep_id, &name, ip, &job_id).await {
-        Ok((subject, input_macaroon, output_macaroon)) => {
+        Ok((subject, (input_macaroon, output_macaroon, checkpoint_macaroon))) => {
             tracing::info!(job.id = %job_id, "macaroons renewed");
-            let renewed = SchedulerMsg::Renewed {
-                job_id: job_id.clone(),
-                input_macaroon,
-                output_macaroon,
-                checkpoint_macaroon: None,
-            };
+            let renewed =
+                SchedulerMsg::Renewed { job_id: job_id.clone(), input_macaroon, output_macaroon, checkpoint_macaroon };
             (renewed, subject, None)
         }
         Err((subject, reason)) => {
@@ -104,14 +100,22 @@ async fn record(shared: &Shared, subject: Subject, ep: &str, refused: Option<&st
     }
 }
 
-type Renewed = Result<(Subject, Option<String>, String), (Subject, String)>;
+/// The renewed macaroons: read (none without an input), write, checkpoint (none without an
+/// area).
+type Fresh = (Option<String>, String, Option<String>);
+type Renewed = Result<(Subject, Fresh), (Subject, String)>;
 
 /// Whether the gateway's answer fits the job: a read macaroon exactly when the job has an
-/// input. `Err` is the refusal.
-pub(crate) fn answer_fits(has_input: bool, fresh: &RenewResponse) -> Result<(), String> {
+/// input, a checkpoint macaroon exactly when it has a checkpoint area. `Err` is the refusal.
+pub(crate) fn answer_fits(has_input: bool, has_area: bool, fresh: &RenewResponse) -> Result<(), String> {
     match (has_input, fresh.input_macaroon.is_some()) {
-        (false, true) => Err("the gateway answered a read macaroon for a job without an input".into()),
-        (true, false) => Err("the gateway answered no read macaroon for the job's input".into()),
+        (false, true) => return Err("the gateway answered a read macaroon for a job without an input".into()),
+        (true, false) => return Err("the gateway answered no read macaroon for the job's input".into()),
+        _ => {}
+    }
+    match (has_area, fresh.checkpoint_macaroon.is_some()) {
+        (false, true) => Err("the gateway answered a checkpoint macaroon for a job without a checkpoint area".into()),
+        (true, false) => Err("the gateway answered no checkpoint macaroon for the job's checkpoint area".into()),
         _ => Ok(()),
     }
 }
@@ -141,12 +145,13 @@ async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &
         digest: r.function.digest.clone(),
         input_url: r.input.as_ref().map(|i| i.url.clone()),
         output_url: r.output.url.clone(),
+        checkpoint_url: r.checkpoint.as_ref().map(|c| c.url.clone()),
     };
     let fresh = match gateway.renew(&grant, &req).await {
         Ok(fresh) => fresh,
         Err(why) => return Err((subject, why)),
     };
-    if let Err(why) = answer_fits(r.input.is_some(), &fresh) {
+    if let Err(why) = answer_fits(r.input.is_some(), r.checkpoint.is_some(), &fresh) {
         return Err((subject, why));
     }
     // A revocation made while the gateway was asked refuses its answer.
@@ -159,9 +164,12 @@ async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &
         input.macaroon = read;
     }
     a.output.macaroon = fresh.output_macaroon;
+    if let (Some(area), Some(m)) = (a.checkpoint.as_mut(), fresh.checkpoint_macaroon) {
+        area.macaroon = m;
+    }
     let bind = facts.request.bind_ep_address.then_some(ip);
     match restrict(a, facts.started_at_ms / 1000, bind) {
-        Ok(a) => Ok((subject, a.input.map(|i| i.macaroon), a.output.macaroon)),
+        Ok(a) => Ok((subject, (a.input.map(|i| i.macaroon), a.output.macaroon, a.checkpoint.map(|c| c.macaroon)))),
         Err(e) => Err((subject, e.to_string())),
     }
 }
@@ -207,12 +215,21 @@ mod tests {
     /// read macaroon (one answered for it is refused), a job with an input needs one.
     #[test]
     fn a_renewal_answer_with_a_read_macaroon_for_a_job_without_an_input_is_refused() {
-        let answer =
-            |read: Option<&str>| RenewResponse { input_macaroon: read.map(str::to_owned), output_macaroon: "w".into() };
-        assert_eq!(answer_fits(false, &answer(None)), Ok(()));
-        assert_eq!(answer_fits(true, &answer(Some("r"))), Ok(()));
-        let e = answer_fits(false, &answer(Some("r"))).expect_err("a read macaroon for no input");
+        let answer = |read: Option<&str>| RenewResponse {
+            input_macaroon: read.map(str::to_owned),
+            output_macaroon: "w".into(),
+            checkpoint_macaroon: None,
+        };
+        assert_eq!(answer_fits(false, false, &answer(None)), Ok(()));
+        assert_eq!(answer_fits(true, false, &answer(Some("r"))), Ok(()));
+        let e = answer_fits(false, false, &answer(Some("r"))).expect_err("a read macaroon for no input");
         assert!(e.contains("read macaroon for a job without an input"), "{e}");
-        assert!(answer_fits(true, &answer(None)).is_err(), "no read macaroon for an input");
+        assert!(answer_fits(true, false, &answer(None)).is_err(), "no read macaroon for an input");
+        // And a checkpoint macaroon exactly for a job with a checkpoint area.
+        let e = answer_fits(true, true, &answer(Some("r"))).expect_err("no checkpoint macaroon");
+        assert!(e.contains("no checkpoint macaroon"), "{e}");
+        let with_area = RenewResponse { checkpoint_macaroon: Some("c".into()), ..answer(Some("r")) };
+        assert_eq!(answer_fits(true, true, &with_area), Ok(()));
+        assert!(answer_fits(true, false, &with_area).is_err(), "a checkpoint macaroon for a job without an area");
     }
 }

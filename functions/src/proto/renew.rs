@@ -55,6 +55,10 @@ pub struct RenewRequest {
     pub input_url: Option<String>,
     /// Its output directory's storage URL.
     pub output_url: String,
+    /// Its checkpoint area's storage URL, for a job that keeps checkpoints (the gateway refuses
+    /// a request whose area is not the grant's, or names one the grant does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_url: Option<String>,
 }
 
 /// Answer to [`RenewRequest`]: fresh macaroons for exactly the same input file and output
@@ -67,6 +71,9 @@ pub struct RenewResponse {
     pub input_macaroon: Option<String>,
     /// Write macaroon for the output directory.
     pub output_macaroon: String,
+    /// Macaroon for the job's checkpoint area; none for a job without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_macaroon: Option<String>,
 }
 
 impl std::fmt::Debug for RenewResponse {

@@ -19,6 +19,9 @@
 //!    when another one ran it with its own token, may read and write there too): else 403, so a
 //!    grant taken back since the job started stops its renewals.
 //!
+//! A job that keeps checkpoints names its area too, which must be the grant's (check 4), and is
+//! renewed that area's macaroon beside the other two.
+//!
 //! Disabling or deleting the function does not stop renewals: those decide what new events
 //! fire, not what runs; jobs are stopped by removing them or revoking their token.
 //!
@@ -117,21 +120,40 @@ async fn issue(
         let status = if e.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
         HttpError(status, e.to_string())
     };
-    // A job without an input is renewed its write macaroon alone.
-    let (read, write) = tokio::join!(
+    // A job without an input is renewed its write macaroon alone; one that keeps checkpoints
+    // its area's macaroon too (the area the gateway chose and signed into the grant).
+    let area = match &claims.checkpoint {
+        Some(url) => Some(
+            shared
+                .storage
+                .path_of(url)
+                .ok_or_else(|| forbidden("the grant's checkpoint area is not on this storage".into()))?,
+        ),
+        None => None,
+    };
+    let checkpoint = async {
+        match &area {
+            Some(dir) => shared.storage.checkpoint_macaroon(dir, &writer).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    let (read, write, checkpoint) = tokio::join!(
         shared.storage.read_macaroon_of(input),
-        shared.storage.write_macaroon(&claims.output, replace, &writer)
+        shared.storage.write_macaroon(&claims.output, replace, &writer),
+        checkpoint
     );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
+    let checkpoint = checkpoint.map_err(storage_err)?;
     // What the trail keeps: identifiers and caveats; a macaroon that does not parse is kept
     // out of the record, not out of the answer (the storage issued it).
     let facts = read
         .iter()
         .map(|m| ("read", m))
         .chain([("write", &write)])
+        .chain(checkpoint.iter().map(|m| ("checkpoint", m)))
         .filter_map(|(role, m)| MacaroonFacts::from_bearer(role, m).ok())
         .collect();
-    Ok((RenewResponse { input_macaroon: read, output_macaroon: write }, facts))
+    Ok((RenewResponse { input_macaroon: read, output_macaroon: write, checkpoint_macaroon: checkpoint }, facts))
 }
 
 /// Check 4: the request names the grant's job (owner, token, digest, input and output URLs,
@@ -157,6 +179,9 @@ pub(crate) fn check_facts(
     }
     if req.output_url != url_of(&claims.output) {
         return differs("output directory");
+    }
+    if req.checkpoint_url != claims.checkpoint {
+        return differs("checkpoint area");
     }
     Ok(())
 }
@@ -198,6 +223,7 @@ mod tests {
             digest: htfaas_functions::Digest::of(b"m"),
             input: Some("/data/in/a".into()),
             output: "/data/out/".into(),
+            checkpoint: Some("http://s/checkpoints/c1/".into()),
         }
     }
 
@@ -210,6 +236,7 @@ mod tests {
             digest: htfaas_functions::Digest::of(b"m"),
             input_url: Some("http://s/data/in/a".into()),
             output_url: "http://s/data/out/".into(),
+            checkpoint_url: Some("http://s/checkpoints/c1/".into()),
         }
     }
 
@@ -219,13 +246,15 @@ mod tests {
         let url_of = |p: &str| format!("http://s{p}");
         assert_eq!(check_facts(&claims(), &request(), url_of), Ok(()));
         type Change = fn(&mut RenewRequest);
-        let cases: [(&str, Change); 6] = [
+        let cases: [(&str, Change); 8] = [
             ("owner", |r| r.owner = "bob".into()),
             ("token", |r| r.token_jti = "j2".into()),
             ("function digest", |r| r.digest = htfaas_functions::Digest::of(b"other")),
             ("input", |r| r.input_url = Some("http://s/data/in/b".into())),
             ("input", |r| r.input_url = None),
             ("output directory", |r| r.output_url = "http://s/data/".into()),
+            ("checkpoint area", |r| r.checkpoint_url = Some("http://s/checkpoints/c2/".into())),
+            ("checkpoint area", |r| r.checkpoint_url = None),
         ];
         for (what, change) in cases {
             let mut r = request();
