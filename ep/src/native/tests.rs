@@ -63,6 +63,7 @@ async fn sh_stopped(
         root: &f.root,
         input_dir: &f.input,
         output_dir: &f.output,
+        checkpoint_dir: None,
         argv: &argv,
         env: &env,
         uid: UID,
