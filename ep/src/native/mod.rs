@@ -584,11 +584,11 @@ pub(crate) fn busybox_image(dir: &Path) -> Option<PathBuf> {
         return None;
     }
     let root = dir.join("root");
-    for d in ["bin", "input", "output", "tmp", "proc", "dev"] {
+    for d in ["bin", "input", "output", "checkpoint", "tmp", "proc", "dev"] {
         std::fs::create_dir_all(root.join(d)).ok()?;
     }
     std::fs::copy(busybox, root.join("bin/busybox")).ok()?;
-    for applet in ["sh", "cat", "echo", "sleep", "id", "ls", "dd", "ifconfig", "yes", "head"] {
+    for applet in ["sh", "cat", "echo", "sleep", "id", "ls", "dd", "ifconfig", "yes", "head", "mv", "wc"] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).ok()?;
     }
     Some(root)
