@@ -194,6 +194,7 @@ fn run_guest(rt: &Runtime, wasm: &Path, dir: &Path, argv: Vec<String>) -> Result
         env: vec![],
         input_dir: dir.join("input"),
         output_dir: dir.join("output"),
+        checkpoint_dir: None,
         resources: Resources::new(1, 1024, 600),
         log_limit_bytes: 64 * 1024,
     };

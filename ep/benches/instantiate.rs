@@ -196,6 +196,7 @@ fn run_job(b: &Bench, pooling: bool) {
         env: Vec::new(),
         input_dir: input,
         output_dir: output,
+        checkpoint_dir: None,
         resources: Resources::new(1, 64, 10),
         log_limit_bytes: 64 * 1024,
     };
@@ -273,6 +274,7 @@ fn checksum_kinds(b: &Bench) {
             env: Vec::new(),
             input_dir: input,
             output_dir: output,
+            checkpoint_dir: None,
             resources: Resources::new(1, 64, 10),
             log_limit_bytes: 64 * 1024,
         };

@@ -1,6 +1,6 @@
 //! The EP's counters ([`Metrics`]): jobs ended by outcome, their durations, guest
-//! instantiations, modules compiled ahead or refused for it, and reference files by where they
-//! came from. Every counter is an atomic: a job's end costs a few relaxed additions.
+//! instantiations, modules compiled ahead or refused for it, reference files by where they
+//! came from, and checkpoints restored, saved or refused. Every counter is an atomic: a job's end costs a few relaxed additions.
 //!
 //! Bottom of the EP: the job tasks count here and [`crate::metrics`] serves them; must not
 //! know about HTTP or the config.
@@ -30,7 +30,6 @@ pub(crate) const OUTCOMES: [&str; 12] = [
 ];
 
 /// The label of `o`'s kind.
-#[cfg(test)]
 pub(crate) fn outcome_label(o: &Outcome) -> &'static str {
     OUTCOMES[outcome_index(o)]
 }
@@ -52,6 +51,22 @@ pub(crate) fn outcome_index(o: &Outcome) -> usize {
     }
 }
 
+/// What happened to a job's checkpoint, as [`Metrics::checkpoint`] counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckpointEvent {
+    /// One was found and unpacked into `/checkpoint` before the run.
+    Restored = 0,
+    /// `/checkpoint` was packed and stored.
+    Saved = 1,
+    /// One was refused for its bound (stored or found larger than it, or too many entries).
+    OverBound = 2,
+    /// Restoring or saving one failed otherwise (the storage, an unsafe entry, the disk).
+    Failed = 3,
+}
+
+/// Checkpoint event labels, in the order of [`CheckpointEvent`].
+pub(crate) const CHECKPOINT_EVENTS: [&str; 4] = ["restored", "saved", "over_bound", "failed"];
+
 /// The EP's counters, shared by the job tasks and the metrics listener.
 #[derive(Debug)]
 pub struct Metrics {
@@ -70,6 +85,8 @@ pub struct Metrics {
     pub(crate) refs_from_cache: AtomicU64,
     /// Reference files downloaded from the storage.
     pub(crate) refs_from_storage: AtomicU64,
+    /// Checkpoints, by [`CheckpointEvent`].
+    pub(crate) checkpoints: [AtomicU64; CHECKPOINT_EVENTS.len()],
 }
 
 impl Default for Metrics {
@@ -84,6 +101,7 @@ impl Default for Metrics {
             warm_failed: AtomicU64::new(0),
             refs_from_cache: AtomicU64::new(0),
             refs_from_storage: AtomicU64::new(0),
+            checkpoints: Default::default(),
         }
     }
 }
@@ -119,6 +137,16 @@ impl Metrics {
     /// Reference files read: (linked from the cache, downloaded from the storage).
     pub fn reference_files(&self) -> (u64, u64) {
         (self.refs_from_cache.load(Ordering::Relaxed), self.refs_from_storage.load(Ordering::Relaxed))
+    }
+
+    /// A job's checkpoint was restored, saved or refused.
+    pub(crate) fn checkpoint(&self, event: CheckpointEvent) {
+        self.checkpoints[event as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Checkpoint events labelled `label` ([`CHECKPOINT_EVENTS`]).
+    pub fn checkpoints(&self, label: &str) -> u64 {
+        CHECKPOINT_EVENTS.iter().position(|e| *e == label).map_or(0, |i| self.checkpoints[i].load(Ordering::Relaxed))
     }
 
     /// Jobs ended with an outcome labelled `label`.

@@ -59,11 +59,15 @@
 //! the log and the run's own failure stays its outcome), or in the output directory for a
 //! non-zero exit (`upload`, the behaviour before).
 //!
+//! Checkpoints: [`crate::checkpoint`] makes `/checkpoint` before the run, and stores, keeps or
+//! deletes the job's checkpoint once its steps ended.
+//!
 //! Pool slots: a guest that finds the instance pool full never started; the job tries again
 //! every [`SLOT_RETRY`] for [`SLOT_WAIT`], then is returned to the scheduler (see
 //! [`crate::slots`]), never failed.
 
 use crate::config::Settings;
+use crate::counters::outcome_label;
 use crate::native::host::NativeHost;
 use crate::native::image::ImageRoot;
 use crate::native_job;
@@ -151,7 +155,7 @@ impl Jobs {
                 output_ms: tally.output_ms,
             };
             self.settings.metrics.job_finished(&report.outcome, took);
-            tracing::Span::current().record("outcome", outcome_kind(&report.outcome));
+            tracing::Span::current().record("outcome", outcome_label(&report.outcome));
             tracing::info!(
                 wall_ms = report.usage.wall_ms,
                 cpu_ms = report.usage.cpu_ms,
@@ -205,6 +209,7 @@ impl Jobs {
         if let Err(outcome) = result {
             report.outcome = outcome;
         }
+        crate::checkpoint::settle(s, job, &dir, &mut report, &mut tally.retries).await;
         // A native job's input may still be open in a process of its sandbox: its inode is
         // not kept for the next job.
         let keep_input = job.function.native.is_none();
@@ -260,6 +265,7 @@ impl Jobs {
 
         let input_dir = job_dir.path().join("input");
         let output_dir = job_dir.path().join("output");
+        let scratch = job_dir.path().to_owned();
         let started = Instant::now();
         match &job.input {
             Some(spec) => {
@@ -311,6 +317,8 @@ impl Jobs {
         if cancel.is_cancelled() {
             return Err(cancel.outcome());
         }
+        limits.input_bytes = report.usage.bytes_in;
+        let checkpoint_dir = crate::checkpoint::restore(s, job, &scratch, report, &mut tally.retries, cancel).await?;
 
         let mut argv = Vec::with_capacity(2 + job.args.len());
         argv.push(job.function.name.clone());
@@ -322,10 +330,10 @@ impl Jobs {
             env: job.env.iter().chain(job.secrets.0.iter()).cloned().collect(),
             input_dir,
             output_dir: output_dir.clone(),
+            checkpoint_dir,
             resources: job.resources,
             log_limit_bytes: s.log_limit_bytes,
         };
-        limits.input_bytes = report.usage.bytes_in;
         let run_limits = RunLimits { instructions: job.limits.instructions };
         let waiting_since = Instant::now();
         s.metrics.instantiating();
@@ -364,7 +372,7 @@ impl Jobs {
                 if handler {
                     std::future::pending().await
                 } else {
-                    watch_scratch(limits, output_dir.clone(), cancel, &stop).await
+                    watch_scratch(limits, output_dir.clone(), gj.checkpoint_dir.clone(), cancel, &stop).await
                 }
             };
             let mut run = std::pin::pin!(run);
@@ -405,11 +413,11 @@ impl Jobs {
         report.usage.peak_memory_bytes = run.peak_memory_bytes;
         report.usage.instructions = run.instructions;
         let mut log = LogText::new(&run);
-        let outcome = run.outcome.clone();
+        let outcome = crate::checkpoint::exit_outcome(job.checkpoint.as_ref(), run.outcome.clone());
         if cancel.is_cancelled() {
             // Whatever the guest got to: nothing is uploaded after a cancel.
             if !matches!(outcome, Outcome::Cancelled { .. }) {
-                log.note(&format!("cancelled as the guest ended ({}); outputs not stored", outcome_kind(&outcome)));
+                log.note(&format!("cancelled as the guest ended ({}); outputs not stored", outcome_label(&outcome)));
             }
             report.log = log.finish(s.log_limit_bytes);
             // A run's own `Cancelled` says what a native guest did with its SIGTERM.
@@ -707,23 +715,6 @@ async fn run_on_thread(
             let note = "the guest was blocked in a host call and did not stop; its output and usage are lost";
             failed(outcome, Some(note.into()))
         }
-    }
-}
-
-fn outcome_kind(o: &Outcome) -> &'static str {
-    match o {
-        Outcome::Exited { .. } => "exited",
-        Outcome::Trapped { .. } => "trapped",
-        Outcome::MemoryExceeded { .. } => "memory_exceeded",
-        Outcome::TimeExceeded { .. } => "time_exceeded",
-        Outcome::InputFailed { .. } => "input_failed",
-        Outcome::OutputFailed { .. } => "output_failed",
-        Outcome::ModuleFailed { .. } => "module_failed",
-        Outcome::Cancelled { .. } => "cancelled",
-        Outcome::FuelExhausted { .. } => "fuel_exhausted",
-        Outcome::OutputExceeded { .. } => "output_exceeded",
-        Outcome::StorageUnavailable { .. } => "storage_unavailable",
-        Outcome::Checkpointed { .. } => "checkpointed",
     }
 }
 

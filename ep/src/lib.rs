@@ -21,6 +21,8 @@
 //! - `warm`: modules compiled ahead of their first job, as the scheduler names them;
 //! - `job`: one assignment end to end (module fetch and verify, input download, run, output
 //!   upload, clean-up), each step stopped by a cancel;
+//! - `checkpoint`: a job's `/checkpoint`, restored before its run, stored when its guest asks
+//!   (its checkpoint exit code) or is stopped, deleted once the job ends for good;
 //! - `refs`, `refcache`: a job's reference files under `/input/ref/`, linked from the EP's
 //!   cache by content ([`Config::ref_cache_mb`]) when the storage names bytes it holds;
 //! - `renew`: a job's macaroons kept valid while it needs them: renewed through the
@@ -37,6 +39,7 @@
 //! token appear only in `Authorization` headers, never in logs.
 
 mod artifacts;
+mod checkpoint;
 mod code;
 mod compile;
 mod config;

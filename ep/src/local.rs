@@ -131,6 +131,7 @@ pub fn run_local(
         env: opts.env.clone(),
         input_dir,
         output_dir: output_dir.clone(),
+        checkpoint_dir: None,
         resources: Resources::new(1, opts.memory_mb, opts.runtime_s),
         log_limit_bytes: opts.log_limit_bytes,
     };
@@ -273,6 +274,7 @@ pub async fn run_native_local(
         env: opts.env.clone(),
         input_dir,
         output_dir: output_dir.clone(),
+        checkpoint_dir: None,
         resources: Resources::new(opts.cpus, opts.memory_mb, opts.runtime_s),
         log_limit_bytes: 1 << 20,
     };

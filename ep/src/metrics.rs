@@ -13,7 +13,7 @@
 //! | `htfaas_ep_slot_memory_bytes`, `htfaas_ep_slot_disk_bytes` | gauge | | memory and scratch disk advertised |
 //! | `htfaas_ep_slot_runtime_seconds` | gauge | | longest job accepted |
 //! | `htfaas_ep_jobs_running` | gauge | | jobs assigned and not yet reported |
-//! | `htfaas_ep_runs_total` | counter | `outcome` (`exited`, `trapped`, `memory_exceeded`, `time_exceeded`, `input_failed`, `output_failed`, `module_failed`, `cancelled`, `fuel_exhausted`, `output_exceeded`, `storage_unavailable`) | jobs ended, by outcome |
+//! | `htfaas_ep_runs_total` | counter | `outcome` (`exited`, `trapped`, `memory_exceeded`, `time_exceeded`, `input_failed`, `output_failed`, `module_failed`, `cancelled`, `fuel_exhausted`, `output_exceeded`, `storage_unavailable`, `checkpointed`) | jobs ended, by outcome |
 //! | `htfaas_ep_job_duration_seconds` | histogram | | from Assign to report (module, input, run, outputs) |
 //! | `htfaas_ep_instantiations_total` | counter | | guest runs started (one instance each, in a fresh store) |
 //! | `htfaas_ep_modules_compiled_total` | counter | | modules compiled with cranelift |
@@ -24,11 +24,12 @@
 //! | `htfaas_ep_warm_refused_total` | counter | `reason` (`origin`, `digest`) | warm messages refused: a module URL outside the allowed origins, bytes that do not hash to the digest |
 //! | `htfaas_ep_warm_failed_total` | counter | | warm messages that failed otherwise (fetch, compile) or were dropped (queue full) |
 //! | `htfaas_ep_reference_files_total` | counter | `from` (`cache`, `storage`) | jobs' reference files linked from the EP's cache, or downloaded |
+//! | `htfaas_ep_checkpoints_total` | counter | `event` (`restored`, `saved`, `over_bound`, `failed`) | jobs' checkpoints restored before a run, stored after one, refused for their bound, or failed otherwise |
 //!
 //! Every counter is an atomic: a job's end costs a few relaxed additions, no lock.
 
 use crate::config::Settings;
-use crate::counters::OUTCOMES;
+use crate::counters::{CHECKPOINT_EVENTS, OUTCOMES};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use htfaas_functions::metrics::CONTENT_TYPE;
@@ -145,6 +146,16 @@ impl Collector for EpCollector {
         )?;
         for (from, n) in [("cache", cache), ("storage", storage)] {
             refs.encode_family(&[("from", from)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+        let mut checkpoints = e.encode_descriptor(
+            "htfaas_ep_checkpoints",
+            "Jobs' checkpoints restored, saved, refused for their bound, or failed.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, event) in CHECKPOINT_EVENTS.iter().enumerate() {
+            let n = m.checkpoints[i].load(Ordering::Relaxed);
+            checkpoints.encode_family(&[("event", *event)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
         Ok(())
     }

@@ -101,7 +101,11 @@ pub(crate) async fn run(
         Ok(leases) => leases,
         Err(why) => return ended(Outcome::ModuleFailed { reason: why }, true),
     };
-    if let Err(e) = prepare_dirs(&job.input_dir, &job.output_dir, uid.uid()).await {
+    if job.checkpoint_dir.is_some() && !root.path().join("checkpoint").is_dir() {
+        let reason = "the image has no /checkpoint mount point (unpacked before checkpoints: remove it from the cache)";
+        return ended(Outcome::ModuleFailed { reason: reason.into() }, false);
+    }
+    if let Err(e) = prepare_dirs(&job.input_dir, &job.output_dir, job.checkpoint_dir.as_deref(), uid.uid()).await {
         return ended(Outcome::ModuleFailed { reason: format!("prepare the sandbox's directories: {e}") }, false);
     }
     // The wasm argv's first word is the function's name; a native one's is its command.
@@ -114,6 +118,7 @@ pub(crate) async fn run(
         root: root.path(),
         input_dir: &job.input_dir,
         output_dir: &job.output_dir,
+        checkpoint_dir: job.checkpoint_dir.as_deref(),
         argv: &argv,
         env: &env,
         uid: uid.uid(),
@@ -168,8 +173,8 @@ fn leases(host: &NativeHost, gpus: u32) -> Result<(UidLease, GpuLease), String> 
 /// The sandbox reads `/input` and writes `/output` as `uid`: the input directory and its file
 /// readable by all (they are reached only through the job's private directory, which the
 /// sandbox gets by descriptor), the output directory the uid's alone.
-async fn prepare_dirs(input: &Path, output: &Path, uid: u32) -> std::io::Result<()> {
-    let (input, output) = (input.to_owned(), output.to_owned());
+async fn prepare_dirs(input: &Path, output: &Path, checkpoint: Option<&Path>, uid: u32) -> std::io::Result<()> {
+    let (input, output, checkpoint) = (input.to_owned(), output.to_owned(), checkpoint.map(Path::to_owned));
     tokio::task::spawn_blocking(move || {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o755))?;
@@ -180,10 +185,31 @@ async fn prepare_dirs(input: &Path, output: &Path, uid: u32) -> std::io::Result<
             }
         }
         std::os::unix::fs::chown(&output, Some(uid), Some(uid))?;
+        if let Some(dir) = checkpoint {
+            give_tree(&dir, uid)?;
+        }
         std::fs::set_permissions(&output, std::fs::Permissions::from_mode(0o700))
     })
     .await
     .map_err(std::io::Error::other)?
+}
+
+/// Hands the tree `dir` (a restored `/checkpoint`: directories and regular files the EP made,
+/// nothing else) to `uid`, never following a link. Blocking.
+fn give_tree(dir: &Path, uid: u32) -> std::io::Result<()> {
+    let mut pending = vec![dir.to_owned()];
+    while let Some(d) = pending.pop() {
+        std::os::unix::fs::lchown(&d, Some(uid), Some(uid))?;
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                pending.push(entry.path());
+            } else {
+                std::os::unix::fs::lchown(entry.path(), Some(uid), Some(uid))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The outcome of a native run that ended as `end` (`memory_bytes` and `runtime_s` its limits,
@@ -284,7 +310,7 @@ pub(crate) async fn run_handler(
     };
     let warm = worker.served() > 0;
     let req = Request { input: &job.input_dir.join(name), name, args, run_time: Duration::from_secs(r.runtime_s) };
-    let watch = crate::scratch::watch_scratch(limits, worker.output_dir(), cancel, stop);
+    let watch = crate::scratch::watch_scratch(limits, worker.output_dir(), None, cancel, stop);
     let served = {
         let serve = worker.serve(&req, stop.cancelled());
         let (mut serve, mut watch) = (std::pin::pin!(serve), std::pin::pin!(watch));

@@ -186,6 +186,9 @@ pub struct GuestJob {
     pub input_dir: PathBuf,
     /// Host directory preopened read-write at `/output`.
     pub output_dir: PathBuf,
+    /// Host directory preopened read-write at `/checkpoint` (after `/output`), for a job that
+    /// keeps checkpoints; none: the guest has no such directory.
+    pub checkpoint_dir: Option<PathBuf>,
     /// Limits: memory cap (`memory_mb`) and wall-time cap (`runtime_s`); `cpus` is not enforced here.
     pub resources: Resources,
     /// Bytes of stdout + stderr kept.
@@ -809,7 +812,7 @@ impl Failure {
     }
 }
 
-/// The guest's WASI context: argv, env exactly as given, two preopens, bounded stdio, no
+/// The guest's WASI context: argv, env exactly as given, two preopens (three with `/checkpoint`), bounded stdio, no
 /// network, no inherited anything.
 ///
 /// File operations block the run's own thread (measured: reading 256 MiB takes 1.3 s this way,
@@ -826,6 +829,9 @@ fn build_wasi(job: &GuestJob, log: &LogBuffer) -> anyhow::Result<WasiP1Ctx> {
         .stderr(log.pipe(Stream::Err));
     b.preopened_dir(&job.input_dir, "/input", FsPerms::ReadOnly).map_err(anyhow::Error::from)?;
     b.preopened_dir(&job.output_dir, "/output", FsPerms::ReadWrite).map_err(anyhow::Error::from)?;
+    if let Some(dir) = &job.checkpoint_dir {
+        b.preopened_dir(dir, "/checkpoint", FsPerms::ReadWrite).map_err(anyhow::Error::from)?;
+    }
     Ok(b.build_p1())
 }
 

@@ -23,7 +23,8 @@ pub(crate) struct ScratchLimits {
     /// [`Settings::max_output_bytes`] or the job's `max_output_bytes`, the lower: bytes of
     /// regular files under `/output`.
     pub(crate) max_output_bytes: u64,
-    /// [`Settings::max_scratch_bytes`] or the job's `disk_mb`, the lower: input plus outputs.
+    /// [`Settings::max_scratch_bytes`] or the job's `disk_mb`, the lower: input plus outputs
+    /// (plus `/checkpoint`, for a job that keeps checkpoints).
     pub(crate) max_scratch_bytes: Option<u64>,
     /// The input's size (it is read-only to the guest).
     pub(crate) input_bytes: u64,
@@ -42,7 +43,13 @@ fn lower<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
 pub(crate) struct Measured {
     entries: usize,
     bytes: u64,
+    /// Bytes of regular files under `/checkpoint`: they count against the scratch bound only.
+    checkpoint_bytes: u64,
 }
+
+/// Most entries of `/checkpoint` a watcher's walk counts (the checkpoint's own bound on
+/// entries refuses more when it is stored).
+const CHECKPOINT_WALK_ENTRIES: usize = 100_000;
 
 impl ScratchLimits {
     /// The bounds of `job` on this EP; `input_bytes` is set once the input is in.
@@ -72,19 +79,28 @@ impl ScratchLimits {
                 m.bytes, self.max_output_bytes
             ));
         }
-        let total = self.input_bytes.saturating_add(m.bytes);
+        let total = self.input_bytes.saturating_add(m.bytes).saturating_add(m.checkpoint_bytes);
+        let what = if m.checkpoint_bytes > 0 { "input, outputs and /checkpoint" } else { "input and outputs" };
         match self.max_scratch_bytes {
-            Some(max) if total > max => Some(format!(
-                "input and outputs hold at least {total} bytes, more than the scratch limit of {max} bytes"
-            )),
+            Some(max) if total > max => {
+                Some(format!("{what} hold at least {total} bytes, more than the scratch limit of {max} bytes"))
+            }
             _ => None,
         }
     }
 
-    /// Walks `dir` once (off the async threads) and says why it is past a limit, if it is.
-    pub(crate) async fn check_now(&self, dir: &Path) -> Option<String> {
-        let (dir, max_files) = (dir.to_owned(), self.max_files);
-        let measured = tokio::task::spawn_blocking(move || measure(&dir, max_files))
+    /// Walks `dir` (and `checkpoint`, the job's `/checkpoint` if it has one) once, off the async
+    /// threads, and says why it is past a limit, if it is.
+    pub(crate) async fn check_now(&self, dir: &Path, checkpoint: Option<&Path>) -> Option<String> {
+        let (dir, checkpoint, max_files) = (dir.to_owned(), checkpoint.map(Path::to_owned), self.max_files);
+        let walk = move || {
+            let mut m = measure(&dir, max_files)?;
+            if let Some(c) = checkpoint {
+                m.checkpoint_bytes = measure(&c, CHECKPOINT_WALK_ENTRIES)?.bytes;
+            }
+            Ok(m)
+        };
+        let measured = tokio::task::spawn_blocking(walk)
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(format!("output measuring task failed: {e}"))));
         self.judge(&measured)
@@ -133,11 +149,13 @@ pub(crate) fn measure(dir: &Path, max_entries: usize) -> std::io::Result<Measure
 }
 
 /// Watches a running guest: forwards the job's cancel to `stop` (returning `None`), and stops
-/// the guest through `stop` once its scratch passes a limit (returning why). Checks every
+/// the guest through `stop` once its scratch (`output_dir`, and `checkpoint_dir` when it has
+/// one) passes a limit (returning why). Checks every
 /// [`WATCH_EVERY`]; never returns otherwise. Cancel-safe.
 pub(crate) async fn watch_scratch(
     limits: ScratchLimits,
     output_dir: PathBuf,
+    checkpoint_dir: Option<PathBuf>,
     cancel: &CancelSignal,
     stop: &CancelSignal,
 ) -> Option<String> {
@@ -158,7 +176,7 @@ pub(crate) async fn watch_scratch(
             }
             _ = tick.tick() => {}
         }
-        if let Some(reason) = limits.check_now(&output_dir).await {
+        if let Some(reason) = limits.check_now(&output_dir, checkpoint_dir.as_deref()).await {
             tracing::info!("stopping the guest: {reason}");
             stop.cancel(&reason);
             return Some(reason);
@@ -673,10 +691,16 @@ mod tests {
         let limits = ScratchLimits { max_files: 2, max_output_bytes: 7, max_scratch_bytes: Some(9), input_bytes: 3 };
         let why = limits.exceeded(m).expect("past the file limit");
         assert_eq!(why, "more than 2 files and directories in /output, past the output file limit of 2");
-        let why = limits.exceeded(Measured { entries: 1, bytes: 8 }).expect("past the byte limit");
+        let m = |entries, bytes, checkpoint_bytes| Measured { entries, bytes, checkpoint_bytes };
+        let why = limits.exceeded(m(1, 8, 0)).expect("past the byte limit");
         assert_eq!(why, "at least 8 output bytes, more than the output byte limit of 7");
-        let why = limits.exceeded(Measured { entries: 1, bytes: 7 }).expect("past the scratch limit");
+        let why = limits.exceeded(m(1, 7, 0)).expect("past the scratch limit");
         assert_eq!(why, "input and outputs hold at least 10 bytes, more than the scratch limit of 9 bytes");
-        assert_eq!(limits.exceeded(Measured { entries: 2, bytes: 6 }), None);
+        assert_eq!(limits.exceeded(m(2, 6, 0)), None);
+        let why = limits.exceeded(m(2, 6, 1)).expect("a checkpoint counts against the scratch limit");
+        assert_eq!(
+            why,
+            "input, outputs and /checkpoint hold at least 10 bytes, more than the scratch limit of 9 bytes"
+        );
     }
 }

@@ -45,7 +45,7 @@ pub(crate) struct Transfer<'a> {
 }
 
 /// `req` with the job's `traceparent` header, when it has one.
-fn traced(req: reqwest::RequestBuilder, traceparent: Option<&str>) -> reqwest::RequestBuilder {
+pub(crate) fn traced(req: reqwest::RequestBuilder, traceparent: Option<&str>) -> reqwest::RequestBuilder {
     match traceparent {
         Some(t) => req.header(htfaas_functions::trace::HEADER, t),
         None => req,
@@ -54,7 +54,7 @@ fn traced(req: reqwest::RequestBuilder, traceparent: Option<&str>) -> reqwest::R
 
 /// Why one try of a transfer failed.
 #[derive(Debug)]
-struct Failed {
+pub(crate) struct Failed {
     /// For the job's failure reason: method, URL without its query, what went wrong.
     reason: String,
     /// Worth another try: connection trouble, a timeout, HTTP 5xx or 429.
@@ -64,23 +64,23 @@ struct Failed {
 }
 
 impl Failed {
-    fn permanent(reason: String) -> Failed {
+    pub(crate) fn permanent(reason: String) -> Failed {
         Failed { reason, transient: false, retry_after: None }
     }
 
-    fn transient(reason: String) -> Failed {
+    pub(crate) fn transient(reason: String) -> Failed {
         Failed { reason, transient: true, retry_after: None }
     }
 
     /// A request that got no usable answer: transient, unless the request itself is malformed.
-    fn request(what: &str, e: reqwest::Error) -> Failed {
+    pub(crate) fn request(what: &str, e: reqwest::Error) -> Failed {
         let permanent = e.is_builder() || e.is_redirect();
         let reason = format!("{what}: {}", describe(e));
         if permanent { Failed::permanent(reason) } else { Failed::transient(reason) }
     }
 
     /// An answer that is not a success: 5xx and 429 are transient, other statuses final.
-    async fn status(what: &str, resp: reqwest::Response) -> Failed {
+    pub(crate) async fn status(what: &str, resp: reqwest::Response) -> Failed {
         let status = resp.status();
         let transient = status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS;
         let retry_after = if transient { retry_after(resp.headers()) } else { None };
@@ -112,7 +112,7 @@ fn describe(e: reqwest::Error) -> String {
 }
 
 /// `url` as shown in reasons and logs: scheme, host, port and path; no user, query or fragment.
-fn shown(url: &str) -> String {
+pub(crate) fn shown(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut u) => {
             u.set_query(None);
@@ -143,19 +143,19 @@ impl GaveUp {
 }
 
 /// Counts the tries of one transfer and waits between them.
-struct Retry<'a> {
+pub(crate) struct Retry<'a> {
     tries: u32,
     retries: &'a mut u32,
 }
 
 impl<'a> Retry<'a> {
-    fn new(retries: &'a mut u32) -> Retry<'a> {
+    pub(crate) fn new(retries: &'a mut u32) -> Retry<'a> {
         Retry { tries: 0, retries }
     }
 
     /// After a failed try: waits and returns `Ok` when another try is due, or returns why the
     /// transfer failed for good. The wait is cancel-safe (a dropped future just stops waiting).
-    async fn after(&mut self, failed: Failed) -> Result<(), GaveUp> {
+    pub(crate) async fn after(&mut self, failed: Failed) -> Result<(), GaveUp> {
         self.tries += 1;
         if !failed.transient {
             return Err(GaveUp { reason: failed.reason, unavailable: false });
@@ -575,7 +575,7 @@ async fn put_bytes(to: &Transfer<'_>, body: bytes::Bytes, retries: &mut u32) -> 
 
 /// PUTs `size` bytes of `path`, streamed and hashed, with retries (each sends the file again
 /// from its start). Returns the sha256 hex of what the storage accepted.
-async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) -> Result<String, GaveUp> {
+pub(crate) async fn put_file(to: &Transfer<'_>, path: &Path, size: u64, retries: &mut u32) -> Result<String, GaveUp> {
     let mut retry = Retry::new(retries);
     loop {
         match put_file_once(to, path, size).await {

@@ -126,6 +126,7 @@ async fn native_run(
         root,
         input_dir: &input,
         output_dir: &output,
+        checkpoint_dir: None,
         argv: &argv,
         env: &env,
         uid: UID,

@@ -249,6 +249,7 @@ fn hold_runs(
                     env: vec![],
                     input_dir: input.clone(),
                     output_dir: out.clone(),
+                    checkpoint_dir: None,
                     resources: Resources::new(1, 256, 120),
                     log_limit_bytes: 4096,
                 };

@@ -247,6 +247,7 @@ pub fn run_guest_alone(
         env: vec![],
         input_dir,
         output_dir: output_dir.clone(),
+        checkpoint_dir: None,
         resources: htfaas_functions::Resources::new(1, 512, 60),
         log_limit_bytes: 64 * 1024,
     };

@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex};
 
 /// The directories made in every root after its entries: bubblewrap mounts over them, and
 /// cannot make them in a read-only root.
-pub const MOUNT_POINTS: [&str; 5] = ["input", "output", "tmp", "proc", "dev"];
+pub const MOUNT_POINTS: [&str; 6] = ["input", "output", "checkpoint", "tmp", "proc", "dev"];
 /// Most bytes of tar headers (long names, pax records, sparse maps) read between the data of
 /// two entries; the tar reader keeps them in memory.
 pub const HEADER_BUDGET: u64 = 1024 * 1024;

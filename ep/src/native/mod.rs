@@ -55,6 +55,9 @@ pub struct NativeRun<'a> {
     pub input_dir: &'a Path,
     /// The host directory bound writable at `/output`, owned by `uid`.
     pub output_dir: &'a Path,
+    /// The host directory bound writable at `/checkpoint`, owned by `uid`, for a job that keeps
+    /// checkpoints; none: no `/checkpoint` (the image's empty mount point stays).
+    pub checkpoint_dir: Option<&'a Path>,
     /// argv: the command, then its arguments.
     pub argv: &'a [String],
     /// The environment: only these (the manifest's `env` and secrets), and `PATH`.
@@ -224,6 +227,9 @@ pub fn bwrap_args(run: &NativeRun<'_>, stage: &Path, seccomp_fd: i32) -> Vec<Str
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    if run.checkpoint_dir.is_some() {
+        a.extend(["--bind".into(), p("checkpoint"), "/checkpoint".into()]);
+    }
     for (i, device) in run.devices.iter().enumerate() {
         a.extend(["--dev-bind".into(), p(&format!("dev-{i}")), device.display().to_string()]);
     }
@@ -235,11 +241,12 @@ pub fn bwrap_args(run: &NativeRun<'_>, stage: &Path, seccomp_fd: i32) -> Vec<Str
     a
 }
 
-/// Makes the empty stage under `stage` (root's, 0755), once per EP: the three directories and
+/// Makes the empty stage under `stage` (root's, 0755), once per EP: the four directories and
 /// [`MAX_DEVICES`] empty files that devices are bound onto (`dev-<i>`).
 pub fn make_stage(stage: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    for d in [stage.to_owned(), stage.join("root"), stage.join("input"), stage.join("output")] {
+    for d in [stage.to_owned(), stage.join("root"), stage.join("input"), stage.join("output"), stage.join("checkpoint")]
+    {
         std::fs::create_dir_all(&d)?;
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
     }
@@ -299,6 +306,9 @@ pub(crate) fn spawn(
         (c_path(run.input_dir)?, c_path(&stage.join("input"))?),
         (c_path(run.output_dir)?, c_path(&stage.join("output"))?),
     ];
+    if let Some(dir) = run.checkpoint_dir {
+        pairs.push((c_path(dir)?, c_path(&stage.join("checkpoint"))?));
+    }
     for (i, device) in run.devices.iter().enumerate() {
         pairs.push((c_path(device)?, c_path(&stage.join(format!("dev-{i}")))?));
     }
@@ -574,11 +584,11 @@ pub(crate) fn busybox_image(dir: &Path) -> Option<PathBuf> {
         return None;
     }
     let root = dir.join("root");
-    for d in ["bin", "input", "output", "tmp", "proc", "dev"] {
+    for d in ["bin", "input", "output", "checkpoint", "tmp", "proc", "dev"] {
         std::fs::create_dir_all(root.join(d)).ok()?;
     }
     std::fs::copy(busybox, root.join("bin/busybox")).ok()?;
-    for applet in ["sh", "cat", "echo", "sleep", "id", "ls", "dd", "ifconfig", "yes", "head"] {
+    for applet in ["sh", "cat", "echo", "sleep", "id", "ls", "dd", "ifconfig", "yes", "head", "mv", "wc"] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).ok()?;
     }
     Some(root)

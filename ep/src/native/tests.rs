@@ -63,6 +63,7 @@ async fn sh_stopped(
         root: &f.root,
         input_dir: &f.input,
         output_dir: &f.output,
+        checkpoint_dir: None,
         argv: &argv,
         env: &env,
         uid: UID,
@@ -98,6 +99,48 @@ async fn a_native_guest_is_confined() {
     use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::metadata(f.output.join("o.txt")).expect("the output");
     assert_eq!((meta.uid(), meta.gid()), (UID, UID));
+}
+
+/// A job's `/checkpoint` is its own directory, bound writable and read as it was left; a job
+/// without one sees only the image's mount point there, empty and read-only.
+#[tokio::test]
+async fn a_checkpoint_directory_is_bound_writable_and_only_for_a_job_that_has_one() {
+    let f = fixture();
+    let ckpt = f.output.with_file_name("ckpt");
+    std::fs::create_dir(&ckpt).expect("checkpoint dir");
+    std::fs::write(ckpt.join("n"), "2\n").expect("a restored count");
+    for p in [&ckpt, &ckpt.join("n")] {
+        std::os::unix::fs::chown(p, Some(UID), Some(UID)).expect("chown: the tests run as root");
+    }
+    let script = "cat /checkpoint/n; echo 3 > /checkpoint/n.tmp && mv /checkpoint/n.tmp /checkpoint/n && echo kept";
+    let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), script.to_owned()];
+    let native = NativeRun {
+        root: &f.root,
+        input_dir: &f.input,
+        output_dir: &f.output,
+        checkpoint_dir: Some(&ckpt),
+        argv: &argv,
+        env: &[],
+        uid: UID,
+        tmp_bytes: 1 << 20,
+        limits: limits(),
+        run_time: Duration::from_secs(20),
+        vacate: Duration::ZERO,
+        devices: &[],
+    };
+    let name = format!("ckpt-{}-{}", std::process::id(), rand::random::<u32>());
+    make_stage(Path::new(STAGE)).expect("the stage (the tests run as root)");
+    let ran = run(Path::new(BWRAP), &f.backend, Path::new(STAGE), &name, &native, std::future::pending())
+        .await
+        .expect("the run starts");
+    assert_eq!(ran.end, End::Exited(0), "{}", String::from_utf8_lossy(&ran.stderr));
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "2\nkept\n");
+    assert_eq!(std::fs::read_to_string(ckpt.join("n")).expect("the count kept"), "3\n");
+
+    let script = "ls -A /checkpoint | wc -l; (echo x > /checkpoint/y) 2>/dev/null || echo checkpoint-ro";
+    let ran = sh(&f, "no-ckpt", script, limits(), Duration::from_secs(20)).await;
+    let out = String::from_utf8_lossy(&ran.stdout);
+    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["0", "checkpoint-ro"], "{out}");
 }
 
 /// The guest and the sandbox's init run under the seccomp filter, with `no_new_privs`; what the

@@ -139,6 +139,7 @@ impl Worker {
             root: spec.root,
             input_dir: &input,
             output_dir: &output,
+            checkpoint_dir: None,
             argv: spec.argv,
             env: spec.env,
             uid: uid.uid(),

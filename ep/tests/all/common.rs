@@ -75,6 +75,7 @@ impl JobDir {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             input_dir: self.input.clone(),
             output_dir: self.output.clone(),
+            checkpoint_dir: None,
             resources,
             log_limit_bytes: 64 * 1024,
         }

@@ -6,13 +6,15 @@
 //! (one relative-clock `poll_oneoff`, then exit 0), and the example `hostile` guest as a preview
 //! 1 module (`hostile`) and a preview 2 component (`hostile-p2`). Storage routes: `/storage/in/wiki.txt`, a slow
 //! endless input `/storage/slow/{name}`, a redirect to another host `/storage/redirect/{name}`, outputs `/storage/out/{name}` and a PUT that never
-//! answers, `/storage/hang-out/{name}`.
+//! answers, `/storage/hang-out/{name}`, and jobs' checkpoint areas `/storage/ckpt/{job}/{file}`
+//! (GET, PUT, DELETE with [`CKPT_MAC`], each recorded in [`Seen::checkpoint_requests`]).
 
 use crate::common::{digest, guest_bytes};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, put};
@@ -33,6 +35,8 @@ pub const ATTACH: &str = "attach-token-xyz";
 pub const RENEWED_ATTACH: &str = "attach-token-renewed";
 pub const READ_MAC: &str = "read-macaroon-abc";
 pub const WRITE_MAC: &str = "write-macaroon-def";
+/// The macaroon of every job's checkpoint area.
+pub const CKPT_MAC: &str = "checkpoint-macaroon-ghi";
 pub const WAIT: Duration = Duration::from_secs(30);
 /// Bytes the slow input sends at once, before trickling.
 pub const SLOW_FIRST_CHUNK: usize = 4096;
@@ -144,6 +148,10 @@ pub struct Seen {
     /// GETs of the slow input, and PUTs of the output that never answers.
     pub slow_gets: usize,
     pub hang_puts: usize,
+    /// The checkpoint areas' files: `{job}/{file}` -> bytes.
+    pub checkpoints: HashMap<String, Bytes>,
+    /// Every request to a checkpoint area, in order: (method, `{job}/{file}`, answer status).
+    pub checkpoint_requests: Vec<(String, String, u16)>,
 }
 
 #[derive(Clone)]
@@ -255,6 +263,39 @@ async fn output(State(f): State<Fake>, Path(name): Path<String>, headers: Header
     if ok { StatusCode::CREATED.into_response() } else { StatusCode::FORBIDDEN.into_response() }
 }
 
+/// A job's checkpoint area: GET (404 when nothing is stored), PUT (replaces), DELETE (404 when
+/// nothing is stored); 403 without [`CKPT_MAC`].
+async fn checkpoint(
+    State(f): State<Fake>,
+    method: Method,
+    Path((job, file)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = format!("{job}/{file}");
+    let mut seen = f.seen.lock().expect("lock");
+    let (status, body) = if auth(&headers) != format!("Bearer {CKPT_MAC}") {
+        (StatusCode::FORBIDDEN, Bytes::from_static(b"macaroon refused"))
+    } else if method == Method::GET {
+        match seen.checkpoints.get(&key) {
+            Some(b) => (StatusCode::OK, b.clone()),
+            None => (StatusCode::NOT_FOUND, Bytes::new()),
+        }
+    } else if method == Method::PUT {
+        seen.checkpoints.insert(key.clone(), body);
+        (StatusCode::CREATED, Bytes::new())
+    } else if method == Method::DELETE {
+        match seen.checkpoints.remove(&key) {
+            Some(_) => (StatusCode::NO_CONTENT, Bytes::new()),
+            None => (StatusCode::NOT_FOUND, Bytes::new()),
+        }
+    } else {
+        (StatusCode::METHOD_NOT_ALLOWED, Bytes::new())
+    };
+    seen.checkpoint_requests.push((method.to_string(), key, status.as_u16()));
+    (status, body).into_response()
+}
+
 /// Redirects to another host (127.0.0.2, outside an EP's default origins).
 async fn redirect_away(Path(name): Path<String>) -> Response {
     (StatusCode::TEMPORARY_REDIRECT, [("location", format!("http://127.0.0.2:9/latest/{name}"))]).into_response()
@@ -317,6 +358,7 @@ impl Harness {
             .route("/storage/out/{name}", put(output))
             .route("/storage/hang-out/{name}", put(hang_output))
             .route("/storage/redirect/{name}", get(redirect_away))
+            .route("/storage/ckpt/{job}/{file}", any(checkpoint))
             .with_state(fake);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
@@ -374,6 +416,18 @@ impl Harness {
             refs: Vec::new(),
             checkpoint: None,
         }
+    }
+
+    /// `job` keeping checkpoints in its own area of the fake storage (`/storage/ckpt/{job id}/`),
+    /// bounded by `max_bytes`, resumed on `exit_code`.
+    pub fn with_checkpoint(&self, mut job: JobAssignment, exit_code: Option<i32>, max_bytes: u64) -> JobAssignment {
+        job.checkpoint = Some(htfaas_functions::checkpoint::CheckpointSpec {
+            url: format!("{}/storage/ckpt/{}/", self.base, job.job_id),
+            macaroon: CKPT_MAC.into(),
+            max_bytes,
+            exit_code,
+        });
+        job
     }
 
     /// The digest of a served module.

@@ -2,6 +2,7 @@
 //! lifecycle, TLS to the scheduler and storage, what an EP survives of its guests).
 
 mod cancel;
+mod checkpoint;
 mod common;
 mod components;
 mod datapath;

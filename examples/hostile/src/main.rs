@@ -8,7 +8,8 @@
 //! `/output/sleeping`, then one sleep of S seconds, then prints `slept`), `fds N` (opens its input N times and keeps every
 //! handle open), `write-then-exit N` (writes `/output/partial.txt`, then exits with N: a failed
 //! run that left an output), `stamp` (writes `/output/stamp.json` holding the wall clock and a
-//! random number: an output that differs on every run, for `htfaas audit rerun`), `ok`.
+//! random number: an output that differs on every run, for `htfaas audit rerun`), `count N [every K]`
+//! (counts to N, one a second, keeping its count in `/checkpoint/n`: see [`count`]), `ok`.
 
 use std::io::Write as _;
 
@@ -41,6 +42,13 @@ fn main() {
             println!("slept");
         }
         "fds" => open_many(n),
+        "count" => {
+            let every = match (args.get(2).map(String::as_str), args.get(3)) {
+                (Some("every"), Some(k)) => k.parse().ok(),
+                _ => None,
+            };
+            count(n, every);
+        }
         "write-then-exit" => {
             if let Err(e) = std::fs::write("/output/partial.txt", b"half of a result\n") {
                 eprintln!("partial: {e}");
@@ -141,4 +149,45 @@ fn open_many(n: u64) {
         }
     }
     println!("{} files open", open.len());
+}
+
+/// The exit code by which `count` asks to be resumed from its checkpoint.
+const CHECKPOINT_EXIT: i32 = 85;
+
+/// Counts from the number in `/checkpoint/n` (0 if there is none) up to `to`, one a second,
+/// keeping each count atomically (written to `/checkpoint/n.tmp`, then renamed over
+/// `/checkpoint/n`), so that a run stopped at any moment leaves a whole count behind. With
+/// `every` K, exits with [`CHECKPOINT_EXIT`] after each K-th count short of the end. At the end,
+/// writes `/output/counted` = "N\n" and prints `counted`.
+fn count(to: u64, every: Option<u64>) {
+    let start: u64 = match std::fs::read_to_string("/checkpoint/n") {
+        Ok(text) => text.trim().parse().unwrap_or_else(|e| {
+            eprintln!("/checkpoint/n holds {text:?}: {e}");
+            std::process::exit(2);
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => {
+            eprintln!("read /checkpoint/n: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("starting at {start}");
+    for i in start..to {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let kept = std::fs::write("/checkpoint/n.tmp", format!("{}\n", i + 1))
+            .and_then(|()| std::fs::rename("/checkpoint/n.tmp", "/checkpoint/n"));
+        if let Err(e) = kept {
+            eprintln!("keep the count {}: {e}", i + 1);
+            std::process::exit(2);
+        }
+        if every.is_some_and(|k| k > 0 && (i + 1) % k == 0 && i + 1 < to) {
+            println!("checkpointed at {}", i + 1);
+            std::process::exit(CHECKPOINT_EXIT);
+        }
+    }
+    if let Err(e) = std::fs::write("/output/counted", format!("{to}\n")) {
+        eprintln!("write /output/counted: {e}");
+        std::process::exit(2);
+    }
+    println!("counted");
 }
