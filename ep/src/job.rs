@@ -209,7 +209,8 @@ impl Jobs {
         if let Err(outcome) = result {
             report.outcome = outcome;
         }
-        crate::checkpoint::settle(s, job, &dir, &mut report, &mut tally.retries).await;
+        let macaroon = if job.checkpoint.is_some() { credentials.checkpoint().await } else { String::new() };
+        crate::checkpoint::settle(s, job, &macaroon, &dir, &mut report, &mut tally.retries).await;
         // A native job's input may still be open in a process of its sandbox: its inode is
         // not kept for the next job.
         let keep_input = job.function.native.is_none();
@@ -318,7 +319,9 @@ impl Jobs {
             return Err(cancel.outcome());
         }
         limits.input_bytes = report.usage.bytes_in;
-        let checkpoint_dir = crate::checkpoint::restore(s, job, &scratch, report, &mut tally.retries, cancel).await?;
+        let macaroon = if job.checkpoint.is_some() { credentials.checkpoint().await } else { String::new() };
+        let checkpoint_dir =
+            crate::checkpoint::restore(s, job, &macaroon, &scratch, report, &mut tally.retries, cancel).await?;
 
         let mut argv = Vec::with_capacity(2 + job.args.len());
         argv.push(job.function.name.clone());

@@ -72,7 +72,7 @@
 
 use crate::config::{Settings, stop_grace};
 use crate::job::Jobs;
-use crate::renew::{Answer, Ask, Renewer};
+use crate::renew::{Answer, Ask, Fresh, Renewer};
 use crate::runtime::CancelSignal;
 use crate::warm::Warmer;
 use anyhow::{Context as _, anyhow, bail};
@@ -652,9 +652,9 @@ impl Link {
             }
             SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
             SchedulerMsg::Warm { digest, module_url } => self.warmer.warm(digest, module_url),
-            // The checkpoint macaroon is not renewed yet: a job keeps the one it was given.
-            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon, .. } => {
-                self.answer_renewal(&job_id, Ok((input_macaroon, output_macaroon)));
+            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon, checkpoint_macaroon } => {
+                let fresh = Fresh { input: input_macaroon, output: output_macaroon, checkpoint: checkpoint_macaroon };
+                self.answer_renewal(&job_id, Ok(fresh));
             }
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),
             SchedulerMsg::AttachRenewed { token, lease } => {

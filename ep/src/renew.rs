@@ -40,8 +40,19 @@ pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// First wait before the keeper asks again after a refusal; doubled each time.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 
-/// Fresh macaroons (read, none for a job without an input; write), or why none came.
-pub(crate) type Answer = Result<(Option<String>, String), String>;
+/// Fresh macaroons of one job, as the scheduler answered a renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fresh {
+    /// Read macaroon; none for a job without an input.
+    pub(crate) input: Option<String>,
+    /// Write macaroon.
+    pub(crate) output: String,
+    /// The checkpoint area's macaroon; none for a job without one.
+    pub(crate) checkpoint: Option<String>,
+}
+
+/// Fresh macaroons, or why none came.
+pub(crate) type Answer = Result<Fresh, String>;
 
 /// One request for fresh macaroons, for the link to send.
 #[derive(Debug)]
@@ -91,20 +102,20 @@ pub(crate) fn margin_s(validity_s: u64) -> u64 {
 /// A job's current macaroons.
 #[derive(Debug)]
 struct Current {
-    /// None for a job without an input.
-    input: Option<String>,
-    output: String,
-    /// The earlier expiry of the two.
+    macaroons: Fresh,
+    /// The earliest expiry of them.
     expires_s: Option<u64>,
     /// The margin before it at which they are renewed.
     margin_s: u64,
 }
 
 impl Current {
-    fn new(input: Option<String>, output: String, now_s: u64) -> Current {
-        let expires_s = [input.as_deref().and_then(expiry), expiry(&output)].into_iter().flatten().min();
+    fn new(macaroons: Fresh, now_s: u64) -> Current {
+        let m = &macaroons;
+        let all = [m.input.as_deref(), Some(m.output.as_str()), m.checkpoint.as_deref()];
+        let expires_s = all.into_iter().flatten().filter_map(expiry).min();
         let margin_s = margin_s(expires_s.map_or(0, |e| e.saturating_sub(now_s)));
-        Current { input, output, expires_s, margin_s }
+        Current { macaroons, expires_s, margin_s }
     }
 }
 
@@ -128,8 +139,11 @@ impl Credentials {
             renewer: renewer.clone(),
             renew_until: job.renew_until,
             current: Mutex::new(Current::new(
-                job.input.as_ref().map(|i| i.macaroon.clone()),
-                job.output.macaroon.clone(),
+                Fresh {
+                    input: job.input.as_ref().map(|i| i.macaroon.clone()),
+                    output: job.output.macaroon.clone(),
+                    checkpoint: job.checkpoint.as_ref().map(|c| c.macaroon.clone()),
+                },
                 now_s(),
             )),
             renewing: tokio::sync::Mutex::new(()),
@@ -154,13 +168,19 @@ impl Credentials {
     pub(crate) async fn input(&self) -> String {
         // A refusal is logged; the current ones are used, and the storage decides.
         let _ = self.renew_if_due().await;
-        self.current().input.clone().unwrap_or_default()
+        self.current().macaroons.input.clone().unwrap_or_default()
     }
 
     /// The write macaroon, renewed first when due.
     pub(crate) async fn output(&self) -> String {
         let _ = self.renew_if_due().await;
-        self.current().output.clone()
+        self.current().macaroons.output.clone()
+    }
+
+    /// The checkpoint area's macaroon, renewed first when due (empty for a job without one).
+    pub(crate) async fn checkpoint(&self) -> String {
+        let _ = self.renew_if_due().await;
+        self.current().macaroons.checkpoint.clone().unwrap_or_default()
     }
 
     /// Renews when due now; `Err` is why it could not (the current ones stay).
@@ -175,8 +195,8 @@ impl Credentials {
         }
         let answer = self.renewer.ask(&self.job_id).await.and_then(|fresh| self.fits(fresh));
         match answer {
-            Ok((input, output)) => {
-                let fresh = Current::new(input, output, now_s());
+            Ok(fresh) => {
+                let fresh = Current::new(fresh, now_s());
                 tracing::info!(expires_s = ?fresh.expires_s, "macaroons renewed");
                 *self.current() = fresh;
                 Ok(())
@@ -189,11 +209,25 @@ impl Credentials {
     }
 
     /// `fresh` when it has a read macaroon exactly when the job has an input: a read macaroon
-    /// for a job without one is not believed (nor is an answer without one for a job with one).
-    fn fits(&self, fresh: (Option<String>, String)) -> Answer {
-        match (self.current().input.is_some(), fresh.0.is_some()) {
-            (false, true) => Err("the answer carries a read macaroon for a job without an input: not believed".into()),
-            (true, false) => Err("the answer carries no read macaroon for the job's input".into()),
+    /// for a job without one is not believed (nor is an answer without one for a job with one);
+    /// the same for a checkpoint macaroon and a checkpoint area.
+    fn fits(&self, fresh: Fresh) -> Answer {
+        let (has_input, has_area) = {
+            let c = self.current();
+            (c.macaroons.input.is_some(), c.macaroons.checkpoint.is_some())
+        };
+        match (has_input, fresh.input.is_some()) {
+            (false, true) => {
+                return Err("the answer carries a read macaroon for a job without an input: not believed".into());
+            }
+            (true, false) => return Err("the answer carries no read macaroon for the job's input".into()),
+            _ => {}
+        }
+        match (has_area, fresh.checkpoint.is_some()) {
+            (false, true) => {
+                Err("the answer carries a checkpoint macaroon for a job without an area: not believed".into())
+            }
+            (true, false) => Err("the answer carries no checkpoint macaroon for the job's checkpoint area".into()),
             _ => Ok(fresh),
         }
     }
@@ -228,6 +262,10 @@ impl Credentials {
 mod tests {
     use super::*;
     use htfaas_functions::macaroon::{RootKey, attenuate};
+
+    fn fresh(input: Option<&str>, output: &str) -> Fresh {
+        Fresh { input: input.map(str::to_owned), output: output.into(), checkpoint: None }
+    }
 
     fn macaroon(caveats: &[&str]) -> String {
         let key = RootKey::derive(b"k");
@@ -300,7 +338,7 @@ mod tests {
         let answering = tokio::spawn(async move {
             let ask = asks.recv().await.expect("an ask");
             assert_eq!(ask.job_id, "j");
-            let _ = ask.reply.send(Ok((Some("fresh-in".into()), "fresh-out".into())));
+            let _ = ask.reply.send(Ok(fresh(Some("fresh-in"), "fresh-out")));
             asks
         });
         assert_eq!(c.input().await, "fresh-in");
@@ -319,7 +357,7 @@ mod tests {
         let c = Credentials::new(&job(&expiring, Some(now + 7200)), &renewer);
         let short = tokio::spawn(async move {
             let ask = asks.recv().await.expect("an ask");
-            let _ = ask.reply.send(Ok((None, "fresh-out".into())));
+            let _ = ask.reply.send(Ok(fresh(None, "fresh-out")));
         });
         assert_eq!(c.input().await, expiring);
         short.await.expect("answered");
@@ -336,14 +374,41 @@ mod tests {
         let c = Credentials::new(&job, &renewer);
         let answering = tokio::spawn(async move {
             let ask = asks.recv().await.expect("an ask");
-            let _ = ask.reply.send(Ok((Some("a-read-macaroon".into()), "fresh-out".into())));
+            let _ = ask.reply.send(Ok(fresh(Some("a-read-macaroon"), "fresh-out")));
             let ask = asks.recv().await.expect("a second ask");
-            let _ = ask.reply.send(Ok((None, "fresh-out".into())));
+            let _ = ask.reply.send(Ok(fresh(None, "fresh-out")));
         });
         assert_eq!(c.output().await, expiring, "the answer with a read macaroon is refused");
-        assert_eq!(c.current().input, None);
+        assert_eq!(c.current().macaroons.input, None);
         assert_eq!(c.output().await, "fresh-out", "the write macaroon alone is taken");
-        assert_eq!(c.current().input, None);
+        assert_eq!(c.current().macaroons.input, None);
+        answering.await.expect("answered");
+    }
+
+    /// A job with a checkpoint area renews its area's macaroon with the others, and takes an
+    /// answer only when it carries one (and none for a job without an area).
+    #[tokio::test]
+    async fn a_checkpoint_macaroon_is_renewed_with_the_others_and_required_for_an_area() {
+        let (renewer, mut asks) = Renewer::channel();
+        let now = now_s();
+        let expiring = macaroon(&[&format!("before:{}", htfaas_functions::time::utc_timestamp(now + 1))]);
+        let mut job = assignment(None, "out", Some(now + 7200));
+        job.checkpoint = Some(htfaas_functions::checkpoint::CheckpointSpec {
+            url: "http://s/checkpoints/a/".into(),
+            macaroon: expiring.clone(),
+            max_bytes: 1,
+            exit_code: None,
+        });
+        let c = Credentials::new(&job, &renewer);
+        let answering = tokio::spawn(async move {
+            let ask = asks.recv().await.expect("an ask");
+            let _ = ask.reply.send(Ok(fresh(None, "fresh-out")));
+            let ask = asks.recv().await.expect("a second ask");
+            let _ = ask.reply.send(Ok(Fresh { checkpoint: Some("fresh-area".into()), ..fresh(None, "fresh-out") }));
+        });
+        assert_eq!(c.checkpoint().await, expiring, "an answer without the area's macaroon is refused");
+        assert_eq!(c.checkpoint().await, "fresh-area", "the expiring area's macaroon is renewed");
+        assert_eq!(c.current().macaroons.output, "fresh-out");
         answering.await.expect("answered");
     }
 }

@@ -8,6 +8,7 @@ mod attacks;
 mod audit;
 mod backfill;
 mod bridges;
+mod checkpoints;
 mod collect;
 mod concurrency;
 mod configs;

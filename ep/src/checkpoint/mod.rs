@@ -80,6 +80,7 @@ pub(crate) fn exit_outcome(spec: Option<&CheckpointSpec>, outcome: Outcome) -> O
 pub(crate) async fn restore(
     s: &Settings,
     job: &JobAssignment,
+    macaroon: &str,
     job_dir: &Path,
     report: &mut JobReport,
     retries: &mut u32,
@@ -90,7 +91,7 @@ pub(crate) async fn restore(
     s.origins.check("checkpoint url", &spec.url).map_err(|e| failed(e.to_string()))?;
     let (dir, tar) = (job_dir.join(DIR), job_dir.join(ARCHIVE));
     let url = spec.file_url();
-    let from = Transfer { http: &s.http, url: &url, macaroon: &spec.macaroon, traceparent: job.traceparent.as_deref() };
+    let from = Transfer { http: &s.http, url: &url, macaroon, traceparent: job.traceparent.as_deref() };
     let mut n = 0;
     let fetched = tokio::select! {
         biased;
@@ -171,13 +172,14 @@ fn then(outcome: &Outcome, restored: bool) -> Then {
 pub(crate) async fn settle(
     s: &Settings,
     job: &JobAssignment,
+    macaroon: &str,
     job_dir: &Path,
     report: &mut JobReport,
     retries: &mut u32,
 ) {
     let Some(spec) = &job.checkpoint else { return };
     let url = spec.file_url();
-    let at = Transfer { http: &s.http, url: &url, macaroon: &spec.macaroon, traceparent: job.traceparent.as_deref() };
+    let at = Transfer { http: &s.http, url: &url, macaroon, traceparent: job.traceparent.as_deref() };
     if s.origins.check("checkpoint url", &spec.url).is_err() {
         return; // refused before anything was fetched: nothing of the job's is there to touch
     }
