@@ -104,7 +104,7 @@ async fn a_job_stopped_on_one_ep_resumes_on_another_from_its_checkpoint_with_the
     // Its record names the checkpoint it started from.
     let filter = AuditFilter { job: Some(done.id.clone()), ..AuditFilter::default() };
     let trail = client.audit_trail(AuditTrail::Scheduler, &filter).await.expect("trail");
-    let finished = trail.iter().filter(|r| r.kind == AuditKind::JobFinished).next_back().expect("job.finished");
+    let finished = trail.iter().rfind(|r| r.kind == AuditKind::JobFinished).expect("job.finished");
     assert!(finished.detail["checkpoint"]["restored"].is_string(), "{:#}", finished.detail);
 
     stop_b.cancel();
