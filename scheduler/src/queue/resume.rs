@@ -13,14 +13,12 @@
 //!
 //! Must not know: the EP table, sessions beyond their id, HTTP, the storage.
 
-use super::accounts::charge_owner;
-use super::jobs::bounded_log;
-use super::retry::Failing;
+use super::retry::{Failing, back_to_idle};
 use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::checkpoint::{CheckpointReport, MAX_RESUMES};
 use htfaas_functions::proto::{JobReport, JobState, Outcome};
-use htfaas_functions::store::{db_int, exec, now_ms, row};
+use htfaas_functions::store::row;
 use rusqlite::{Transaction, params};
 
 /// A job's attempts together may run this many times its run time, resumes included.
@@ -81,22 +79,8 @@ pub(super) fn checkpoint_resume(
         report.outcome = Outcome::Exited { exit_code };
         return Ok(Resume::AsExit { note });
     }
-    let now = now_ms();
-    let reason = report.outcome.reason();
     let u = report.usage;
-    exec(
-        tx,
-        "UPDATE attempts SET outcome = 'checkpointed', reason = ?3, usage = ?4, ended_at_ms = ?5 \
-         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
-        params![report.job_id, job.ep_session, reason, serde_json::to_string(&u)?, db_int(now)],
-    )?;
-    exec(
-        tx,
-        "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, exit_code = ?2, \
-         log = ?3, not_before_ms = 0 WHERE id = ?1",
-        params![report.job_id, exit_code, bounded_log(report.log.clone())],
-    )?;
-    let core_s = charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?;
+    let core_s = back_to_idle(tx, job, report, "checkpointed", Some(exit_code), 0, half_life_s)?;
     let input = subject.paths.first().cloned();
     let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
     let record =

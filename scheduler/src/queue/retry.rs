@@ -54,6 +54,43 @@ pub(super) enum Retry {
     },
 }
 
+/// Ends `job`'s running attempt as `outcome` with `report`'s reason and usage, puts the job
+/// back to idle (runnable `delay_ms` from now), keeping its exit code and log, and charges the
+/// usage (no job counted); the core seconds charged. A job that runs again after its guest
+/// failed ([`guest_retry`]) or asked to be resumed ([`super::resume`]).
+pub(super) fn back_to_idle(
+    tx: &Transaction<'_>,
+    job: &Failing<'_>,
+    report: &JobReport,
+    outcome: &str,
+    exit_code: Option<i32>,
+    delay_ms: u64,
+    half_life_s: f64,
+) -> Result<f64, QueueError> {
+    let now = now_ms();
+    let u = report.usage;
+    exec(
+        tx,
+        "UPDATE attempts SET outcome = ?3, reason = ?4, usage = ?5, ended_at_ms = ?6 \
+         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
+        params![
+            report.job_id,
+            job.ep_session,
+            outcome,
+            report.outcome.reason(),
+            serde_json::to_string(&u)?,
+            db_int(now)
+        ],
+    )?;
+    exec(
+        tx,
+        "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, exit_code = ?2, \
+         log = ?3, not_before_ms = ?4 WHERE id = ?1",
+        params![report.job_id, exit_code, bounded_log(report.log.clone()), db_int(now.saturating_add(delay_ms))],
+    )?;
+    Ok(charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?)
+}
+
 /// Whether a storage outage ([`Outcome::StorageUnavailable`]) of a job submitted with retry
 /// policy `policy` is retried by the site's rule for lost attempts: yes without a policy, and
 /// with one that lists `storage_unavailable`; otherwise the outage fails the job at once.
@@ -99,28 +136,15 @@ pub(super) fn guest_retry(
         };
         return Ok(Retry::Final { note: Some(note) });
     }
-    let now = now_ms();
     let n = used + 1;
     let delay = policy.backoff_ms(n);
     let reason = report.outcome.reason();
     let u = report.usage;
-    exec(
-        tx,
-        "UPDATE attempts SET outcome = 'failed', reason = ?3, usage = ?4, ended_at_ms = ?5 \
-         WHERE job_id = ?1 AND ep_session = ?2 AND ended_at_ms IS NULL",
-        params![report.job_id, job.ep_session, reason, serde_json::to_string(&u)?, db_int(now)],
-    )?;
     let exit_code = match report.outcome {
         Outcome::Exited { exit_code } => Some(exit_code),
         _ => None,
     };
-    exec(
-        tx,
-        "UPDATE jobs SET state = 'idle', ep = NULL, ep_session = NULL, started_at_ms = NULL, exit_code = ?2, \
-         log = ?3, not_before_ms = ?4 WHERE id = ?1",
-        params![report.job_id, exit_code, bounded_log(report.log.clone()), db_int(now.saturating_add(delay))],
-    )?;
-    let core_s = charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?;
+    let core_s = back_to_idle(tx, job, report, "failed", exit_code, delay, half_life_s)?;
     let input = subject.paths.first().cloned();
     let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
     let record =
