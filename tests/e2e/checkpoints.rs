@@ -68,7 +68,8 @@ async fn disable_site_ep(client: &htfaas::client::Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_stopped_on_one_ep_resumes_on_another_from_its_checkpoint_with_the_same_output_sooner() {
-    const STEPS: u64 = 60;
+    // Two minutes from scratch.
+    const STEPS: u64 = 120;
     let (dir, stack) = start_stack().await;
     let client = stack.client().expect("client");
     disable_site_ep(&client).await;
