@@ -33,7 +33,8 @@
 //!   404 is fine, a failure is logged and changes nothing. A failure that a retry policy runs
 //!   again so starts afresh, as a checkpoint may be what made it fail. A scheduler's cancel may
 //!   be a hold (the job runs again) or a removal: the EP cannot tell, so it keeps the
-//!   checkpoint on every cancel; a removed job's area is the gateway's and scheduler's to clear.
+//!   checkpoint on every cancel; a removed job's area is not cleared by anyone yet (it stays,
+//!   reachable only with that job's macaroon).
 //! - **Stops**: a native guest gets SIGTERM and its vacate time before it is killed, time to
 //!   write its state; a wasm guest is interrupted at once, between two instructions. Either way
 //!   what `/checkpoint` holds at that moment is what is kept, so a guest writes its state
