@@ -55,8 +55,15 @@ pub async fn read(root: &Path, p: &NsPath, small: u64, sha256: bool) -> Result<(
         if len > small {
             let mut digest = None;
             if sha256 {
-                digest = Some(hash(&mut file, len).map_err(|e| internal("read a file", e))?);
-                file.rewind().map_err(|e| internal("rewind a file", e))?;
+                digest = Some(match kept_sha256(&file, len) {
+                    Some(kept) => kept,
+                    None => {
+                        let d = hash(&mut file, len).map_err(|e| internal("read a file", e))?;
+                        file.rewind().map_err(|e| internal("rewind a file", e))?;
+                        keep_sha256(&file, len, &d);
+                        d
+                    }
+                });
             }
             return Ok((Opened::File(tokio::fs::File::from_std(file), len), digest));
         }
@@ -66,6 +73,43 @@ pub async fn read(root: &Path, p: &NsPath, small: u64, sha256: bool) -> Result<(
         Ok((Opened::Whole(bytes::Bytes::from(whole)), digest))
     })
     .await
+}
+
+/// The extended attribute that keeps a large file's sha256 once a `Want-Digest` asked for it:
+/// its length, modification time and digest. Uploads replace a file by a rename (a new inode,
+/// without it), so it is never another file's; the length and time guard against a change
+/// made beside this server.
+pub const SHA256_XATTR: &str = "user.htfaas.sha256";
+
+/// What [`SHA256_XATTR`] holds for `file` of `len` bytes with `digest`: length (8 bytes),
+/// modification time (seconds, 8; nanoseconds, 4), digest (32), little-endian.
+fn sha256_record(file: &std::fs::File, len: u64, digest: &[u8; 32]) -> Option<Vec<u8>> {
+    let modified = file.metadata().ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+    let mut v = Vec::with_capacity(52);
+    v.extend_from_slice(&len.to_le_bytes());
+    v.extend_from_slice(&modified.as_secs().to_le_bytes());
+    v.extend_from_slice(&modified.subsec_nanos().to_le_bytes());
+    v.extend_from_slice(digest);
+    Some(v)
+}
+
+/// The sha256 kept on `file` ([`SHA256_XATTR`]) when it still describes the file as it is
+/// (`len` bytes, the same modification time). Blocking.
+fn kept_sha256(file: &std::fs::File, len: u64) -> Option<[u8; 32]> {
+    let mut buf = [0u8; 64];
+    let n = rustix::fs::fgetxattr(file, SHA256_XATTR, &mut buf[..]).ok()?;
+    let kept = buf.get(..n)?;
+    let digest: [u8; 32] = kept.get(20..52)?.try_into().ok()?;
+    (n == 52 && sha256_record(file, len, &digest).as_deref() == Some(kept)).then_some(digest)
+}
+
+/// Keeps `digest` on `file` for the next `Want-Digest` ([`SHA256_XATTR`]); a file system
+/// without user extended attributes keeps nothing (the digest is computed each time). Blocking.
+fn keep_sha256(file: &std::fs::File, len: u64, digest: &[u8; 32]) {
+    let Some(record) = sha256_record(file, len, digest) else { return };
+    if let Err(e) = rustix::fs::fsetxattr(file, SHA256_XATTR, &record, rustix::fs::XattrFlags::empty()) {
+        tracing::debug!("cannot keep a file's sha256: {e}");
+    }
 }
 
 /// The sha256 of the first `len` bytes of `file`, read from where it is. Blocking.
@@ -402,6 +446,33 @@ fn sync_dir_blocking(dir: &Path) -> Result<(), HttpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A large file's sha256 is computed once and kept beside it; what is kept is used while
+    /// the file is as it was, and computed again once it changed.
+    #[tokio::test]
+    async fn a_large_files_sha256_is_kept_and_used_while_the_file_is_unchanged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("data/big.dat");
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
+        let bytes = vec![7u8; 200_000];
+        std::fs::write(&path, &bytes).expect("write");
+        let p = NsPath::parse("/data/big.dat").expect("path");
+        let (_, first) = read(dir.path(), &p, 1024, true).await.expect("read");
+        let want: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+        assert_eq!(first, Some(want));
+        let file = std::fs::File::open(&path).expect("open");
+        if kept_sha256(&file, bytes.len() as u64).is_none() {
+            return; // no user extended attributes here: nothing is kept, nothing to test
+        }
+        // What is kept is what is served: a record altered to another digest is believed...
+        let other = [9u8; 32];
+        keep_sha256(&file, bytes.len() as u64, &other);
+        assert_eq!(read(dir.path(), &p, 1024, true).await.expect("read").1, Some(other), "the kept one");
+        // ...until the file changes: then it is computed again.
+        std::fs::write(&path, vec![8u8; 200_001]).expect("rewrite in place");
+        let want: [u8; 32] = sha2::Sha256::digest(vec![8u8; 200_001]).into();
+        assert_eq!(read(dir.path(), &p, 1024, true).await.expect("read").1, Some(want), "computed again");
+    }
 
     /// An upload a killed process left is removed at the next start; a file, an upload of the
     /// running process (newer than its start) and a name that only looks alike are kept.

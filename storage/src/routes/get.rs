@@ -3,8 +3,10 @@
 //!
 //! Digests (RFC 3230), as dCache's WebDAV door gives them: a request whose `Want-Digest` names
 //! `sha-256` is answered with `Digest: sha-256=<base64>`, the sha256 of the file served,
-//! computed by streaming it then (only when asked: it reads the whole file once more). Other
-//! algorithms are not offered, so a request asking only for them gets no `Digest`.
+//! computed by streaming it the first time it is asked for and then kept beside a large file
+//! ([`crate::fs::SHA256_XATTR`]), as dCache keeps a file's checksum: an EP that asks for a
+//! reference file's digest on every job no longer costs a read of the whole file each time.
+//! Other algorithms are not offered, so a request asking only for them gets no `Digest`.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
