@@ -13,11 +13,11 @@
 //!
 //! Must not know: the EP table, sessions beyond their id, HTTP, the storage.
 
-use super::retry::{Failing, back_to_idle};
+use super::retry::{Again, Failing, back_to_idle};
 use crate::error::QueueError;
-use htfaas_functions::audit::{self, AuditDraft, Subject};
+use htfaas_functions::audit::{self, Subject};
 use htfaas_functions::checkpoint::{CheckpointReport, MAX_RESUMES};
-use htfaas_functions::proto::{JobReport, JobState, Outcome};
+use htfaas_functions::proto::{JobReport, Outcome};
 use htfaas_functions::store::row;
 use rusqlite::{Transaction, params};
 
@@ -79,19 +79,10 @@ pub(super) fn checkpoint_resume(
         report.outcome = Outcome::Exited { exit_code };
         return Ok(Resume::AsExit { note });
     }
-    let u = report.usage;
-    let core_s = back_to_idle(tx, job, report, "checkpointed", Some(exit_code), 0, half_life_s)?;
-    let input = subject.paths.first().cloned();
-    let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
-    let record =
-        AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.refs, &report.outcome, &u)
-            .with_detail("state", JobState::Idle.as_str().into())
-            .with_detail("then", "resume".into())
-            .with_detail("attempt", job.attempt.into())
-            .with_detail("resumes", (resumed + 1).into())
-            .with_detail("checkpoint", checkpoint_detail(&checkpoint))
-            .with_detail("exit_code", exit_code.into())
-            .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    let again = Again { outcome: "checkpointed", then: "resume", exit_code: Some(exit_code), delay_ms: 0 };
+    let record = back_to_idle(tx, job, report, subject, again, half_life_s)?
+        .with_detail("resumes", (resumed + 1).into())
+        .with_detail("checkpoint", checkpoint_detail(&checkpoint));
     audit::append_in(tx, record)?;
     tracing::info!(job.id = %report.job_id, attempt = job.attempt, "checkpointed: runs again from its checkpoint");
     Ok(Resume::Again)

@@ -54,19 +54,34 @@ pub(super) enum Retry {
     },
 }
 
-/// Ends `job`'s running attempt as `outcome` with `report`'s reason and usage, puts the job
-/// back to idle (runnable `delay_ms` from now), keeping its exit code and log, and charges the
-/// usage (no job counted); the core seconds charged. A job that runs again after its guest
-/// failed ([`guest_retry`]) or asked to be resumed ([`super::resume`]).
+/// How a running job goes back to idle ([`back_to_idle`]).
+pub(super) struct Again<'a> {
+    /// The attempt's outcome (`failed`, `checkpointed`).
+    pub outcome: &'a str,
+    /// What follows, for the `job.finished` record (`retry`, `resume`).
+    pub then: &'a str,
+    /// The guest's exit status, kept on the job.
+    pub exit_code: Option<i32>,
+    /// How long from now before it may run again.
+    pub delay_ms: u64,
+}
+
+/// Ends `job`'s running attempt as `again.outcome` with `report`'s reason and usage, puts the
+/// job back to idle (runnable `again.delay_ms` from now), keeping its exit code and log, and
+/// charges the usage (no job counted). Returns the attempt's `job.finished` record with what
+/// every such record says (its input and outputs, state `idle`, `then`, the attempt, the exit
+/// status, the core time charged), for the caller to add its own details and append. A job
+/// that runs again after its guest failed ([`guest_retry`]) or asked to be resumed
+/// ([`super::resume`]).
 pub(super) fn back_to_idle(
     tx: &Transaction<'_>,
     job: &Failing<'_>,
     report: &JobReport,
-    outcome: &str,
-    exit_code: Option<i32>,
-    delay_ms: u64,
+    subject: &Subject,
+    again: Again<'_>,
     half_life_s: f64,
-) -> Result<f64, QueueError> {
+) -> Result<AuditDraft, QueueError> {
+    let Again { outcome, then, exit_code, delay_ms } = again;
     let now = now_ms();
     let u = report.usage;
     exec(
@@ -88,7 +103,17 @@ pub(super) fn back_to_idle(
          log = ?3, not_before_ms = ?4 WHERE id = ?1",
         params![report.job_id, exit_code, bounded_log(report.log.clone()), db_int(now.saturating_add(delay_ms))],
     )?;
-    Ok(charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?)
+    let core_s = charge_owner(tx, job.owner, job.group, job.cpus, JobState::Idle, &u, now, half_life_s)?;
+    let input = subject.paths.first().cloned();
+    let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
+    let record =
+        AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.refs, &report.outcome, &u)
+            .with_detail("state", JobState::Idle.as_str().into())
+            .with_detail("then", then.into())
+            .with_detail("attempt", job.attempt.into())
+            .with_detail("exit_code", serde_json::json!(exit_code))
+            .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    Ok(record)
 }
 
 /// Whether a storage outage ([`Outcome::StorageUnavailable`]) of a job submitted with retry
@@ -139,24 +164,15 @@ pub(super) fn guest_retry(
     let n = used + 1;
     let delay = policy.backoff_ms(n);
     let reason = report.outcome.reason();
-    let u = report.usage;
     let exit_code = match report.outcome {
         Outcome::Exited { exit_code } => Some(exit_code),
         _ => None,
     };
-    let core_s = back_to_idle(tx, job, report, "failed", exit_code, delay, half_life_s)?;
-    let input = subject.paths.first().cloned();
-    let input = input.as_deref().map(|path| (path, u.bytes_in, report.input_sha256.as_deref()));
-    let record =
-        AuditDraft::job_finished(subject.clone(), job.ep, input, &report.outputs, &report.refs, &report.outcome, &u)
-            .with_detail("state", JobState::Idle.as_str().into())
-            .with_detail("then", "retry".into())
-            .with_detail("attempt", job.attempt.into())
-            .with_detail("retry", n.into())
-            .with_detail("retries", allowed.into())
-            .with_detail("backoff_ms", delay.into())
-            .with_detail("exit_code", serde_json::json!(exit_code))
-            .with_detail("core_ms", serde_json::json!((core_s * 1000.0).round().max(0.0) as u64));
+    let again = Again { outcome: "failed", then: "retry", exit_code, delay_ms: delay };
+    let record = back_to_idle(tx, job, report, subject, again, half_life_s)?
+        .with_detail("retry", n.into())
+        .with_detail("retries", allowed.into())
+        .with_detail("backoff_ms", delay.into());
     audit::append_in(tx, record)?;
     tracing::info!(job.id = %report.job_id, retry = n, of = allowed, backoff_ms = delay, "{reason}: runs again");
     Ok(Retry::Again)
