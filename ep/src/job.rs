@@ -210,7 +210,8 @@ impl Jobs {
             report.outcome = outcome;
         }
         let macaroon = if job.checkpoint.is_some() { credentials.checkpoint().await } else { String::new() };
-        crate::checkpoint::settle(s, job, &macaroon, &dir, &mut report, &mut tally.retries).await;
+        let ends = cancel.ends();
+        crate::checkpoint::settle(s, job, &macaroon, &dir, ends, &mut report, &mut tally.retries).await;
         // A native job's input may still be open in a process of its sandbox: its inode is
         // not kept for the next job.
         let keep_input = job.function.native.is_none();

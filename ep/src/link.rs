@@ -677,10 +677,10 @@ impl Link {
                 tracing::info!(leave_in_ms, "the scheduler set this EP's lifetime");
                 self.settings.lease.end_in(Duration::from_millis(leave_in_ms));
             }
-            SchedulerMsg::Cancel { job_id, reason } => {
+            SchedulerMsg::Cancel { job_id, reason, ends } => {
                 if let Some(signal) = self.running.get(&job_id) {
-                    tracing::info!(job.id = %job_id, %reason, "cancelling job");
-                    signal.cancel(&reason);
+                    tracing::info!(job.id = %job_id, %reason, ends, "cancelling job");
+                    signal.cancel_for(&reason, ends);
                 } else if let Some(at) = self.queued.iter().position(|(q, _)| q.job_id == job_id) {
                     tracing::info!(job.id = %job_id, %reason, "cancelling a queued job: it never starts");
                     self.queued.remove(at);

@@ -111,6 +111,8 @@ thread_local! {
 pub struct CancelSignal {
     token: CancellationToken,
     reason: Arc<OnceLock<String>>,
+    /// The scheduler said the job ends for good (removed): its checkpoint goes.
+    ends: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CancelSignal {
@@ -123,6 +125,20 @@ impl CancelSignal {
     pub fn cancel(&self, reason: &str) {
         let _ = self.reason.set(truncate(reason.to_owned(), MAX_CANCEL_REASON));
         self.token.cancel();
+    }
+
+    /// [`cancel`](Self::cancel), telling too whether the job `ends` for good (the scheduler
+    /// removed it) or may run again (held).
+    pub fn cancel_for(&self, reason: &str, ends: bool) {
+        if ends {
+            self.ends.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.cancel(reason);
+    }
+
+    /// Whether the scheduler said the job ends for good ([`cancel_for`](Self::cancel_for)).
+    pub fn ends(&self) -> bool {
+        self.ends.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether [`cancel`](Self::cancel) was called.

@@ -16,6 +16,8 @@
 //! - [`dead_letters`] feeds failed jobs (the scheduler's job-end notifications) into the
 //!   dead-letter list kept beside the firing table ([`firing`]), where refused
 //!   firings enter in their refusal's transaction; [`api`] lists, shows, re-drives and drops.
+//!   `checkpoint_sweep` clears the checkpoint areas of jobs that failed or were removed away
+//!   from an EP, from the same notifications.
 //! - [`warm`] tells the scheduler which modules registered functions use, for EPs to compile
 //!   ahead of their first event.
 //! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
@@ -29,7 +31,7 @@
 //! [`htfaas_functions::sources`], and the bridges are the crate `htfaas-bridges`),
 //! records and grants (`audit`, `namespaces`, `submit`, `auth`, `config`, `secrets`), the firing table
 //! (`firing`) and job building (`jobs`), `state` and `identities`, then the steps that take it (`ingest`,
-//! `dispatch`, `replay`), and `api` on top; nothing imports `api`.
+//! `dispatch`, `replay`, `checkpoint_sweep`), and `api` on top; nothing imports `api`.
 //!
 //! Invariants: the gateway never runs wasm and never talks to an EP; it never logs a macaroon, a
 //! token or a function secret, only their ids or names.
@@ -38,6 +40,7 @@ pub mod api;
 pub mod audit;
 mod auth;
 mod backfill;
+mod checkpoint_sweep;
 mod clients;
 mod collecting;
 mod config;
@@ -154,6 +157,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     ));
     // Failed jobs to their functions' webhooks, on the same connection.
     let webhooks = tokio::spawn(webhook_feed::run(
+        async_nats::jetstream::new(dlq_client.clone()),
+        consumer.clone(),
+        shared.clone(),
+        shutdown.child_token(),
+    ));
+    // Failed and removed jobs' checkpoint areas cleared, on the same connection.
+    let checkpoints = tokio::spawn(checkpoint_sweep::run(
         async_nats::jetstream::new(dlq_client),
         consumer.clone(),
         shared.clone(),
@@ -180,6 +190,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let _ = map_watch.await;
     let _ = dead_letters.await;
     let _ = webhooks.await;
+    let _ = checkpoints.await;
     tracing::info!("gateway stopped");
     served?;
     ingested?;

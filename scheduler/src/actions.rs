@@ -58,7 +58,8 @@ pub(crate) async fn apply(
         .inspect_err(|e| tracing::info!("refused: {e}"))?;
     if let Some(session) = &acted.stop {
         let record = &acted.record;
-        if !shared.eps().cancel(session, &record.id, &record.reason) {
+        let ends = record.state == htfaas_functions::proto::JobState::Removed;
+        if !shared.eps().cancel(session, &record.id, &record.reason, ends) {
             tracing::info!("the job's EP session no longer holds it; nothing to stop");
         }
     }

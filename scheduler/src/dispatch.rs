@@ -112,7 +112,7 @@ async fn remove_overdue(shared: &Shared) {
             let mut eps = shared.eps();
             for (job_id, session) in removed {
                 tracing::warn!(job.id = %job_id, "removed: ran past its run time");
-                eps.cancel(&session, &job_id, "the job exceeded its run time");
+                eps.cancel(&session, &job_id, "the job exceeded its run time", true);
             }
         }
         Err(e) => tracing::warn!("failed to remove overdue jobs: {e}"),

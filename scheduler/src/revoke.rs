@@ -30,7 +30,8 @@ pub(crate) async fn revoke(shared: &Shared, req: RevokeRequest, by: &str) -> Res
         if let Ok(Recorded { stopped, .. }) = &recorded {
             let why = QueueError::Revoked { reason: reason.clone() }.to_string();
             for (job_id, session) in stopped {
-                eps.cancel(session, job_id, &why);
+                // A revoked token's jobs are removed: they end, checkpoints and all.
+                eps.cancel(session, job_id, &why, true);
             }
         }
         for ep_id in &closing {

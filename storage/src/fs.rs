@@ -180,9 +180,24 @@ pub async fn target(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targ
 
 /// [`target`], blocking.
 fn target_blocking(root: &Path, p: &NsPath, create: bool) -> Result<Option<Target>, HttpError> {
+    let Some((dir, name)) = parent_blocking(root, p, create)? else { return Ok(None) };
+    let path = dir.join(&name);
+    let exists = match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => return Err(HttpError::Conflict(format!("{} is a directory", p.as_str()))),
+        Ok(_) => true,
+        Err(e) if e.kind() == ErrorKind::NotFound => false,
+        Err(e) => return Err(internal("inspect a file", e)),
+    };
+    Ok(Some(Target { dir, path, name, exists }))
+}
+
+/// The canonical directory `p`'s last segment is in, and that segment: the parent directories
+/// walked one by one inside `root`, a symlink among them followed only when it stays inside;
+/// with `create`, missing ones are made, without, a missing one gives `Ok(None)`. Blocking.
+fn parent_blocking(root: &Path, p: &NsPath, create: bool) -> Result<Option<(PathBuf, String)>, HttpError> {
     let segs: Vec<&str> = p.segments().collect();
     let Some((name, dirs)) = segs.split_last() else {
-        return Err(HttpError::BadRequest("PUT needs a file path, not /".into()));
+        return Err(HttpError::BadRequest("a file path is needed, not /".into()));
     };
     let mut dir = root.to_path_buf();
     for seg in dirs {
@@ -211,14 +226,55 @@ fn target_blocking(root: &Path, p: &NsPath, create: bool) -> Result<Option<Targe
             Err(e) => return Err(internal("inspect a directory", e)),
         }
     }
-    let path = dir.join(name);
-    let exists = match std::fs::symlink_metadata(&path) {
-        Ok(m) if m.is_dir() => return Err(HttpError::Conflict(format!("{} is a directory", p.as_str()))),
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::NotFound => false,
-        Err(e) => return Err(internal("inspect a file", e)),
-    };
-    Ok(Some(Target { dir, path, name: (*name).to_owned(), exists }))
+    Ok(Some((dir, (*name).to_owned())))
+}
+
+/// What a removal found at its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// A file (or a symlink, removed itself, never followed).
+    File,
+    /// An empty directory.
+    Dir,
+}
+
+/// Removes what is at `p`: a file or a symlink (the link, never its target), or an empty
+/// directory; a directory with entries is refused (409), as dCache's WebDAV door does, so one
+/// request never removes a tree. The parent directories are walked as for a write (a symlink
+/// leading outside is refused), the root is never removed, and the parent is fsynced when
+/// `fsync`. In one call off the async threads.
+pub async fn remove(root: &Path, p: &NsPath, fsync: bool) -> Result<Removed, HttpError> {
+    if p.is_root() {
+        return Err(HttpError::Forbidden("the root directory is never removed".into()));
+    }
+    let (root, p) = (root.to_owned(), p.clone());
+    blocking(move || {
+        let missing = || HttpError::NotFound(format!("{} does not exist", p.as_str()));
+        let Some((dir, name)) = parent_blocking(&root, &p, false)? else { return Err(missing()) };
+        let path = dir.join(name);
+        let removed = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => match std::fs::remove_dir(&path) {
+                Ok(()) => Removed::Dir,
+                Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty => {
+                    return Err(HttpError::Conflict(format!("{} is a directory that is not empty", p.as_str())));
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => return Err(missing()),
+                Err(e) => return Err(internal("remove a directory", e)),
+            },
+            Ok(_) => match std::fs::remove_file(&path) {
+                Ok(()) => Removed::File,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Err(missing()),
+                Err(e) => return Err(internal("remove a file", e)),
+            },
+            Err(e) if e.kind() == ErrorKind::NotFound => return Err(missing()),
+            Err(e) => return Err(internal("inspect a file", e)),
+        };
+        if fsync {
+            sync_dir_blocking(&dir)?;
+        }
+        Ok(removed)
+    })
+    .await
 }
 
 /// One entry of a directory listing.

@@ -189,8 +189,56 @@ async fn basic_put_get_round_trip() {
     // Outside alice's paths, segment-aware.
     let r = s.http.put(s.url("/database/x")).basic_auth(ALICE.0, Some(ALICE.1)).body("x").send().await.expect("sent");
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    let r = s.http.delete(&url).basic_auth(ALICE.0, Some(ALICE.1)).send().await.expect("sent");
-    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let r = s.http.request(reqwest::Method::PATCH, &url).basic_auth(ALICE.0, Some(ALICE.1)).send().await;
+    assert_eq!(r.expect("sent").status(), StatusCode::METHOD_NOT_ALLOWED);
+    s.stop().await;
+}
+
+/// `DELETE` removes a file or an empty directory under a macaroon with `DELETE` for its
+/// scope (a job's checkpoint area), or for a Basic user within their paths; a macaroon without
+/// `DELETE`, one of another scope, a directory with entries, the root, and a path through a
+/// symlink leading outside are refused and remove nothing; a link is removed, not its target.
+#[tokio::test]
+async fn delete_removes_a_file_or_an_empty_directory_within_its_scope_only() {
+    let s = start().await;
+    let area = s.macaroon("/data/ckpt/a/", &["activity:DOWNLOAD,UPLOAD,DELETE"], "PT1H").await;
+    let other = s.macaroon("/data/ckpt/b/", &["activity:DOWNLOAD,UPLOAD,DELETE"], "PT1H").await;
+    let upload = s.macaroon("/data/ckpt/a/", &["activity:UPLOAD"], "PT1H").await;
+    assert_eq!(s.put_bearer("/data/ckpt/a/checkpoint.tar", &area, "A").await.status(), StatusCode::CREATED);
+    assert_eq!(s.put_bearer("/data/ckpt/b/checkpoint.tar", &other, "B").await.status(), StatusCode::CREATED);
+    let delete = |path: &str, m: &str| s.http.delete(s.url(path)).bearer_auth(m).send();
+    // Another area's macaroon, and one without DELETE, remove nothing.
+    assert_eq!(delete("/data/ckpt/a/checkpoint.tar", &other).await.expect("sent").status(), StatusCode::FORBIDDEN);
+    assert_eq!(delete("/data/ckpt/a/checkpoint.tar", &upload).await.expect("sent").status(), StatusCode::FORBIDDEN);
+    assert_eq!(delete("/data/ckpt/b/", &area).await.expect("sent").status(), StatusCode::FORBIDDEN);
+    assert!(s.data().join("ckpt/a/checkpoint.tar").exists());
+    // A directory with a file in it stays; then the file goes, then the empty directory.
+    let r = delete("/data/ckpt/a/", &area).await.expect("sent");
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert!(r.text().await.unwrap_or_default().contains("not empty"));
+    assert_eq!(delete("/data/ckpt/a/checkpoint.tar", &area).await.expect("sent").status(), StatusCode::NO_CONTENT);
+    assert!(!s.data().join("ckpt/a/checkpoint.tar").exists());
+    assert_eq!(delete("/data/ckpt/a/checkpoint.tar", &area).await.expect("sent").status(), StatusCode::NOT_FOUND);
+    assert_eq!(delete("/data/ckpt/a/", &area).await.expect("sent").status(), StatusCode::NO_CONTENT);
+    assert!(!s.data().join("ckpt/a").exists());
+    assert_eq!(std::fs::read_to_string(s.data().join("ckpt/b/checkpoint.tar")).expect("kept"), "B");
+    // A link is removed itself: its target stays. A link leading outside is not walked through.
+    let outside = s.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).expect("outside");
+    std::fs::write(outside.join("keep"), "K").expect("keep");
+    std::fs::create_dir_all(s.data().join("ln")).expect("ln");
+    std::os::unix::fs::symlink(&outside, s.data().join("ln/out")).expect("symlink");
+    std::os::unix::fs::symlink(s.data().join("ckpt/b/checkpoint.tar"), s.data().join("ln/b")).expect("symlink");
+    let basic = |path: &str| s.http.delete(s.url(path)).basic_auth(ALICE.0, Some(ALICE.1)).send();
+    assert_eq!(basic("/data/ln/out/keep").await.expect("sent").status(), StatusCode::FORBIDDEN);
+    assert!(outside.join("keep").exists());
+    assert_eq!(basic("/data/ln/b").await.expect("sent").status(), StatusCode::NO_CONTENT);
+    assert!(s.data().join("ckpt/b/checkpoint.tar").exists(), "the link's target stays");
+    // Outside alice's paths, and the root, are refused.
+    assert_eq!(basic("/database").await.expect("sent").status(), StatusCode::FORBIDDEN);
+    let root = s.http.delete(s.url("/")).basic_auth(GATEWAY.0, Some(GATEWAY.1)).send().await.expect("sent");
+    assert_eq!(root.status(), StatusCode::FORBIDDEN);
+    assert!(s.data().exists());
     s.stop().await;
 }
 

@@ -149,3 +149,46 @@ async fn a_guest_exiting_with_its_checkpoint_code_is_resumed_until_done_and_with
     assert!(stuck.reason.contains("without storing a new checkpoint"), "{}", stuck.reason);
     stack.stop().await.expect("clean stop");
 }
+
+/// The checkpoint areas under the stack's storage, with whether each holds a checkpoint.
+fn areas(dir: &Path) -> Vec<(String, bool)> {
+    let root = dir.join("storage/data/checkpoints");
+    let Ok(entries) = std::fs::read_dir(root) else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path().join("checkpoint.tar").exists()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ends_away_from_its_ep_leaves_no_checkpoint_area_behind() {
+    let (dir, stack) = start_stack().await;
+    let client = stack.client().expect("client");
+    client.register(&counter(&client, "stuck", &["exit", "85"]).await).await.expect("register");
+    client.register(&counter(&client, "parked", &["count", "600"]).await).await.expect("register");
+
+    // Failed by the scheduler (no progress between checkpoint exits) after its EP stored one:
+    // the gateway, told the job failed, clears its area.
+    client.put_bytes(b"go".to_vec(), "/data/stuck/in.dat").await.expect("put");
+    let stuck = ended(&client, "/data/stuck/in.dat").await;
+    assert_eq!(stuck.state, JobState::Failed, "{stuck:#?}");
+    wait_for("the failed job's area cleared", LIMIT, || async { areas(dir.path()).is_empty().then_some(()) }).await;
+
+    // Held while it runs: its EP stores the checkpoint (the job may be released). Removed while
+    // held, no EP has it: the gateway clears the area.
+    client.put_bytes(b"go".to_vec(), "/data/parked/in.dat").await.expect("put");
+    let running = wait_for("the job running", LIMIT, || async {
+        job_for(&client, "/data/parked/in.dat").await.filter(|j| j.state == JobState::Running)
+    })
+    .await;
+    client.job_action(&running.id, "hold", "for the test").await.expect("hold");
+    let kept = wait_for("the held job's checkpoint stored", LIMIT, || async {
+        let a = areas(dir.path());
+        (a.len() == 1 && a[0].1).then_some(a)
+    })
+    .await;
+    client.job_action(&running.id, "remove", "not wanted").await.expect("remove");
+    wait_for("the removed job's area cleared", LIMIT, || async { areas(dir.path()).is_empty().then_some(()) }).await;
+    println!("cleared {kept:?}");
+    stack.stop().await.expect("clean stop");
+}

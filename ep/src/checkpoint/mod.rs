@@ -29,12 +29,12 @@
 //!   [`Outcome::OutputFailed`] or [`Outcome::StorageUnavailable`] for a failed `PUT`. An empty
 //!   `/checkpoint` is stored as an empty archive.
 //! - **Delete**: a job ending for good on this EP (a success, or any outcome but a checkpoint
-//!   exit, a stop and [`Outcome::StorageUnavailable`]) deletes its checkpoint, best effort: a
-//!   404 is fine, a failure is logged and changes nothing. A failure that a retry policy runs
-//!   again so starts afresh, as a checkpoint may be what made it fail. A scheduler's cancel may
-//!   be a hold (the job runs again) or a removal: the EP cannot tell, so it keeps the
-//!   checkpoint on every cancel; a removed job's area is not cleared by anyone yet (it stays,
-//!   reachable only with that job's macaroon).
+//!   exit, a stop and [`Outcome::StorageUnavailable`]) deletes its checkpoint and then its
+//!   area's directory, best effort: a 404 is fine, a failure is logged and changes nothing. A failure that a retry policy runs
+//!   again so starts afresh, as a checkpoint may be what made it fail. A scheduler's cancel
+//!   says whether the job ends (a removal: the checkpoint and its area go) or may run again (a
+//!   hold, or a cancel from a scheduler that does not say: it is stored). The gateway clears
+//!   the area of a job removed or failed away from an EP once it is told the job ended.
 //! - **Stops**: a native guest gets SIGTERM and its vacate time before it is killed, time to
 //!   write its state; a wasm guest is interrupted at once, between two instructions. Either way
 //!   what `/checkpoint` holds at that moment is what is kept, so a guest writes its state
@@ -156,9 +156,11 @@ enum Then {
 }
 
 /// What to do with the checkpoint of a job that ended with `outcome`; `restored`: its
-/// `/checkpoint` was made (else there is nothing of this attempt to store).
-fn then(outcome: &Outcome, restored: bool) -> Then {
+/// `/checkpoint` was made (else there is nothing of this attempt to store); `ends`: the
+/// scheduler's cancel said the job ends for good (removed), so its checkpoint goes.
+fn then(outcome: &Outcome, restored: bool, ends: bool) -> Then {
     match outcome {
+        Outcome::Cancelled { .. } if ends => Then::Delete,
         Outcome::Checkpointed { .. } => Then::Save { exit: true },
         Outcome::Cancelled { .. } | Outcome::TimeExceeded { .. } if restored => Then::Save { exit: false },
         Outcome::Cancelled { .. } | Outcome::TimeExceeded { .. } | Outcome::StorageUnavailable { .. } => Then::Keep,
@@ -175,6 +177,7 @@ pub(crate) async fn settle(
     job: &JobAssignment,
     macaroon: &str,
     job_dir: &Path,
+    ends: bool,
     report: &mut JobReport,
     retries: &mut u32,
 ) {
@@ -184,14 +187,9 @@ pub(crate) async fn settle(
     if s.origins.check("checkpoint url", &spec.url).is_err() {
         return; // refused before anything was fetched: nothing of the job's is there to touch
     }
-    match then(&report.outcome, report.checkpoint.is_some()) {
+    match then(&report.outcome, report.checkpoint.is_some(), ends) {
         Then::Keep => {}
-        Then::Delete => {
-            if let Err(e) = store::delete(&at, retries).await {
-                let why = e.outcome(|reason| Outcome::OutputFailed { reason }).reason();
-                tracing::warn!("failed to delete the job's checkpoint: {why}");
-            }
-        }
+        Then::Delete => clear(&at, &spec.url, retries).await,
         Then::Save { exit } => {
             let saved = save(s, spec, &at, job_dir, &mut report.usage.bytes_out, retries).await;
             let ckpt = report.checkpoint.get_or_insert_with(CheckpointReport::default);
@@ -204,15 +202,26 @@ pub(crate) async fn settle(
                         report.outcome = failure;
                         // The job failed for good (unless the storage was away): the checkpoint
                         // it started from is of no more use.
-                        if then(&report.outcome, true) == Then::Delete
-                            && let Err(e) = store::delete(&at, retries).await
-                        {
-                            let why = e.outcome(|reason| Outcome::OutputFailed { reason }).reason();
-                            tracing::warn!("failed to delete the job's checkpoint: {why}");
+                        if then(&report.outcome, true, ends) == Then::Delete {
+                            clear(&at, &spec.url, retries).await;
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// Clears the job's checkpoint area, best effort: the checkpoint file `at`, then the area's
+/// directory `area` (with the same macaroon, whose scope it is), so a job that ended leaves
+/// nothing under the site's checkpoint directory. A failure is logged and changes nothing.
+async fn clear(at: &Transfer<'_>, area: &str, retries: &mut u32) {
+    let dir = Transfer { url: area, ..*at };
+    for (what, target) in [("checkpoint", at), ("checkpoint area", &dir)] {
+        if let Err(e) = store::delete(target, retries).await {
+            let why = e.outcome(|reason| Outcome::OutputFailed { reason }).reason();
+            tracing::warn!("failed to delete the job's {what}: {why}");
+            return;
         }
     }
 }
@@ -270,12 +279,14 @@ mod tests {
     fn a_checkpoint_is_stored_on_its_exit_and_on_a_stop_kept_while_needed_and_deleted_at_the_end() {
         let cancelled = Outcome::Cancelled { reason: "hold".into() };
         let timed_out = Outcome::TimeExceeded { limit_s: 1, vacate: None };
-        assert_eq!(then(&Outcome::Checkpointed { exit_code: 85 }, true), Then::Save { exit: true });
-        assert_eq!(then(&cancelled, true), Then::Save { exit: false });
-        assert_eq!(then(&timed_out, true), Then::Save { exit: false });
-        assert_eq!(then(&cancelled, false), Then::Keep, "stopped before /checkpoint was made");
-        assert_eq!(then(&timed_out, false), Then::Keep);
-        assert_eq!(then(&Outcome::StorageUnavailable { reason: "away".into() }, true), Then::Keep);
+        assert_eq!(then(&Outcome::Checkpointed { exit_code: 85 }, true, false), Then::Save { exit: true });
+        assert_eq!(then(&cancelled, true, false), Then::Save { exit: false });
+        assert_eq!(then(&timed_out, true, false), Then::Save { exit: false });
+        assert_eq!(then(&cancelled, false, false), Then::Keep, "stopped before /checkpoint was made");
+        assert_eq!(then(&cancelled, true, true), Then::Delete, "a removal: the checkpoint goes");
+        assert_eq!(then(&cancelled, false, true), Then::Delete);
+        assert_eq!(then(&timed_out, false, false), Then::Keep);
+        assert_eq!(then(&Outcome::StorageUnavailable { reason: "away".into() }, true, false), Then::Keep);
         for ended in [
             Outcome::Exited { exit_code: 0 },
             Outcome::Exited { exit_code: 3 },
@@ -283,7 +294,7 @@ mod tests {
             Outcome::OutputExceeded { reason: "x".into() },
             Outcome::InputFailed { reason: "x".into() },
         ] {
-            assert_eq!(then(&ended, true), Then::Delete, "{ended:?}");
+            assert_eq!(then(&ended, true, false), Then::Delete, "{ended:?}");
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn cancel(job_id: &str, reason: &str) -> SchedulerMsg {
-    SchedulerMsg::Cancel { job_id: job_id.into(), reason: reason.into() }
+    SchedulerMsg::Cancel { job_id: job_id.into(), reason: reason.into(), ends: true }
 }
 
 #[tokio::test]

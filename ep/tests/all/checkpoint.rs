@@ -26,6 +26,11 @@ fn stored(h: &Harness, id: &str) -> Option<axum::body::Bytes> {
 }
 
 /// The count kept in a checkpoint archive (its file `n`).
+/// An archive of an empty `/checkpoint`: two zero blocks.
+fn empty_archive() -> axum::body::Bytes {
+    axum::body::Bytes::from(vec![0u8; 1024])
+}
+
 fn count_in(tar: &[u8]) -> u64 {
     let mut archive = tar::Archive::new(tar);
     for entry in archive.entries().expect("a tar") {
@@ -78,7 +83,13 @@ async fn a_checkpoint_exit_is_stored_and_the_next_attempt_resumes_from_it_then_d
     assert_eq!(r.usage.bytes_in, 9 + saved.bytes, "the input's and the checkpoint's bytes count in");
     let counted = h.seen.lock().expect("lock").puts.get("counted").map(|p| p.2.clone()).expect("counted stored");
     assert_eq!(&counted[..], b"4\n");
-    assert_eq!(requests(&h)[2..], [req("GET", 200), req("DELETE", 204)], "deleted once done");
+    assert_eq!(
+        requests(&h)[2..],
+        [req("GET", 200), req("DELETE", 204), req("DELETE", 204)],
+        "deleted once done, the checkpoint, then its area"
+    );
+    let last = h.seen.lock().expect("lock").checkpoint_requests.last().map(|r| r.1.clone());
+    assert_eq!(last.as_deref(), Some("count-1/"), "the area's directory goes last");
     assert_eq!(stored(&h, "count-1"), None);
 
     let page = h.metrics_page().await;
@@ -100,7 +111,7 @@ async fn a_cancelled_run_keeps_its_checkpoint_and_a_new_attempt_resumes_from_it(
     c.send(&SchedulerMsg::Assign(counting(&h, "count-stop", &["60"], None, 1 << 20)));
     let n = h.work.path().join("jobs/count-stop/checkpoint/n");
     until("the guest to keep a count", || n.exists()).await;
-    c.send(&SchedulerMsg::Cancel { job_id: "count-stop".into(), reason: "held".into() });
+    c.send(&SchedulerMsg::Cancel { job_id: "count-stop".into(), reason: "held".into(), ends: false });
     let r = c.finished().await;
     assert_eq!(r.outcome, Outcome::Cancelled { reason: "held".into() }, "log: {}", r.log);
     let saved = r.checkpoint.and_then(|c| c.saved).expect("a stop stores the checkpoint");
@@ -118,6 +129,26 @@ async fn a_cancelled_run_keeps_its_checkpoint_and_a_new_attempt_resumes_from_it(
     assert!(r.log.contains(&format!("starting at {reached}")), "{}", r.log);
     assert_eq!(r.checkpoint.and_then(|c| c.restored), Some(saved.sha256));
     assert_eq!(stored(&h, "count-stop"), None, "deleted once done");
+    h.stop().await;
+}
+
+/// A cancel that says the job ends (the scheduler removed it) stores nothing and clears the
+/// job's area: the checkpoint a former attempt left, then the area's directory.
+#[tokio::test]
+async fn a_removed_job_clears_its_checkpoint_area_instead_of_storing_it() {
+    let mut h = Harness::start().await;
+    h.seen.lock().expect("lock").checkpoints.insert("count-gone/checkpoint.tar".into(), empty_archive());
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.send(&SchedulerMsg::Assign(counting(&h, "count-gone", &["60"], None, 1 << 20)));
+    let n = h.work.path().join("jobs/count-gone/checkpoint/n");
+    until("the guest to keep a count", || n.exists()).await;
+    c.send(&SchedulerMsg::Cancel { job_id: "count-gone".into(), reason: "removed by admin: x".into(), ends: true });
+    let r = c.finished().await;
+    assert_eq!(r.outcome, Outcome::Cancelled { reason: "removed by admin: x".into() }, "log: {}", r.log);
+    assert_eq!(r.checkpoint.and_then(|c| c.saved), None, "nothing stored");
+    assert_eq!(requests(&h), [req("GET", 200), req("DELETE", 204), req("DELETE", 204)]);
+    assert_eq!(stored(&h, "count-gone"), None);
     h.stop().await;
 }
 

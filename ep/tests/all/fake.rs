@@ -6,7 +6,7 @@
 //! (one relative-clock `poll_oneoff`, then exit 0), and the example `hostile` guest as a preview
 //! 1 module (`hostile`) and a preview 2 component (`hostile-p2`). Storage routes: `/storage/in/wiki.txt`, a slow
 //! endless input `/storage/slow/{name}`, a redirect to another host `/storage/redirect/{name}`, outputs `/storage/out/{name}` and a PUT that never
-//! answers, `/storage/hang-out/{name}`, and jobs' checkpoint areas `/storage/ckpt/{job}/{file}`
+//! answers, `/storage/hang-out/{name}`, and jobs' checkpoint areas `/storage/ckpt/{job}/{file}` (and `/storage/ckpt/{job}/`)
 //! (GET, PUT, DELETE with [`CKPT_MAC`], each recorded in [`Seen::checkpoint_requests`]).
 
 use crate::common::{digest, guest_bytes};
@@ -296,6 +296,29 @@ async fn checkpoint(
     (status, body).into_response()
 }
 
+/// A job's checkpoint area itself: DELETE removes it when it holds nothing (204), else 409;
+/// 403 without [`CKPT_MAC`]. Recorded as `{job}/`.
+async fn checkpoint_area(
+    State(f): State<Fake>,
+    method: Method,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let key = format!("{job}/");
+    let mut seen = f.seen.lock().expect("lock");
+    let status = if auth(&headers) != format!("Bearer {CKPT_MAC}") {
+        StatusCode::FORBIDDEN
+    } else if method != Method::DELETE {
+        StatusCode::METHOD_NOT_ALLOWED
+    } else if seen.checkpoints.keys().any(|k| k.starts_with(&key)) {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    seen.checkpoint_requests.push((method.to_string(), key, status.as_u16()));
+    status.into_response()
+}
+
 /// Redirects to another host (127.0.0.2, outside an EP's default origins).
 async fn redirect_away(Path(name): Path<String>) -> Response {
     (StatusCode::TEMPORARY_REDIRECT, [("location", format!("http://127.0.0.2:9/latest/{name}"))]).into_response()
@@ -359,6 +382,7 @@ impl Harness {
             .route("/storage/hang-out/{name}", put(hang_output))
             .route("/storage/redirect/{name}", get(redirect_away))
             .route("/storage/ckpt/{job}/{file}", any(checkpoint))
+            .route("/storage/ckpt/{job}/", any(checkpoint_area))
             .with_state(fake);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));

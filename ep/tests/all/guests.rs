@@ -143,7 +143,7 @@ async fn a_job_finding_the_pool_full_is_returned_not_failed() {
     assert!(reason.ends_with("; the scheduler runs it again"), "{reason}");
     assert_eq!(r.usage.cpu_ms, 0);
     for id in &ids {
-        c.send(&SchedulerMsg::Cancel { job_id: id.clone(), reason: "make room".into() });
+        c.send(&SchedulerMsg::Cancel { job_id: id.clone(), reason: "make room".into(), ends: false });
     }
     for (id, r) in reports(&mut c, &ids).await {
         assert_eq!(r.outcome, Outcome::Cancelled { reason: "make room".into() }, "{id}: {}", r.log);

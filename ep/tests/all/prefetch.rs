@@ -12,7 +12,7 @@ async fn one_core() -> Harness {
 }
 
 fn cancel(id: &str) -> SchedulerMsg {
-    SchedulerMsg::Cancel { job_id: id.into(), reason: "stop".into() }
+    SchedulerMsg::Cancel { job_id: id.into(), reason: "stop".into(), ends: false }
 }
 
 #[tokio::test]

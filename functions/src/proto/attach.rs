@@ -315,7 +315,7 @@ pub enum SchedulerMsg {
         /// Why, for the EP's log.
         reason: String,
     },
-    /// Stop this job now (its token was revoked, or an admin removed it). Answer:
+    /// Stop this job now (its token was revoked, or an admin held or removed it). Answer:
     /// [`EpMsg::Finished`] with [`Outcome::Cancelled`] (also for a job still queued, which is
     /// then never started); unknown ids are ignored.
     Cancel {
@@ -323,6 +323,10 @@ pub enum SchedulerMsg {
         job_id: String,
         /// Why, for the job's record.
         reason: String,
+        /// The job ends for good (removed, not held): its checkpoint is of no more use and is
+        /// deleted rather than stored. Absent (an older scheduler): kept, as for a hold.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ends: bool,
     },
     /// The EP's lifetime ends this many ms from now: it then leaves as at the end of its own
     /// lifetime (drains: running jobs finish, no new one starts), at once for 0. Replaces the

@@ -98,6 +98,10 @@ pub struct JobNotification {
     pub exit_code: Option<i32>,
     /// When it ended, ms since the epoch.
     pub finished_at_ms: u64,
+    /// Its checkpoint area's URL (a directory), for a job of a function that checkpoints: what
+    /// the gateway clears once the job has ended for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 impl JobNotification {
@@ -189,6 +193,7 @@ mod tests {
             attempts: 1,
             exit_code: Some(0),
             finished_at_ms: 1,
+            checkpoint: None,
         };
         let text = serde_json::to_string(&n).expect("serializes");
         assert_eq!(serde_json::from_str::<JobNotification>(&text).expect("parses"), n);

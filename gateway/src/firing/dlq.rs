@@ -578,6 +578,7 @@ mod tests {
             attempts: 1,
             exit_code: Some(0),
             finished_at_ms: 3_000,
+            checkpoint: None,
         };
         assert!(!f.dead_letter_job(&n, 3_000).expect("a completed job"));
         n.state = JobState::Failed;

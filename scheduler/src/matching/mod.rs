@@ -409,7 +409,7 @@ mod tests {
         let m = select(&idle, &t, &Policy::default());
         assert!(m.iter().all(|m| t.reserve(m)));
         // j1 is stopped before its Assign went out: it is not sent and its room comes back.
-        assert!(t.cancel("a", "j1", "revoked"));
+        assert!(t.cancel("a", "j1", "revoked", true));
         assert!(matches!(rx.try_recv(), Ok(ToEp::Send(SchedulerMsg::Cancel { .. }))));
         let assignment = |id: &str| JobAssignment {
             job_id: id.into(),

@@ -681,14 +681,15 @@ impl EpTable {
         }
     }
 
-    /// Tells `ep_id` to stop `job_id` (if it holds it); the reservation stays until the EP
-    /// reports or the session ends. False if the session does not hold the job.
-    pub fn cancel(&mut self, ep_id: &str, job_id: &str, reason: &str) -> bool {
+    /// Tells `ep_id` to stop `job_id` (if it holds it), which `ends` for good (removed: its
+    /// checkpoint goes) or not (held: kept); the reservation stays until the EP reports or the
+    /// session ends. False if the session does not hold the job.
+    pub fn cancel(&mut self, ep_id: &str, job_id: &str, reason: &str, ends: bool) -> bool {
         let Some(ep) = self.eps.get_mut(ep_id).filter(|e| e.running.contains_key(job_id)) else {
             return false;
         };
         ep.cancelled.insert(job_id.to_owned());
-        let msg = SchedulerMsg::Cancel { job_id: job_id.to_owned(), reason: reason.to_owned() };
+        let msg = SchedulerMsg::Cancel { job_id: job_id.to_owned(), reason: reason.to_owned(), ends };
         ep.tx.send(ToEp::Send(msg)).is_ok()
     }
 

@@ -108,6 +108,13 @@ fn entry(row: &rusqlite::Row<'_>) -> rusqlite::Result<Entry> {
 struct Told {
     function: ToldFunction,
     event: EventRef,
+    #[serde(default)]
+    checkpoint: Option<ToldCheckpoint>,
+}
+
+#[derive(Deserialize)]
+struct ToldCheckpoint {
+    url: String,
 }
 
 #[derive(Deserialize)]
@@ -122,8 +129,10 @@ impl Entry {
     /// build wrote) is told as empty rather than keeping the entry, and all behind it, for ever.
     fn notification(self) -> JobNotification {
         let told = self.request.as_deref().and_then(|r| serde_json::from_str::<Told>(r).ok());
-        let (function, version, digest, event) = match told {
-            Some(t) => (t.function.name, t.function.version, Some(t.function.digest), t.event),
+        let (function, version, digest, event, checkpoint) = match told {
+            Some(t) => {
+                (t.function.name, t.function.version, Some(t.function.digest), t.event, t.checkpoint.map(|c| c.url))
+            }
             None => (
                 self.function.unwrap_or_default(),
                 self.version.and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
@@ -131,6 +140,7 @@ impl Entry {
                 self.event
                     .and_then(|e| serde_json::from_str::<EventRef>(&e).ok())
                     .unwrap_or_else(|| EventRef::new("", "", "")),
+                None,
             ),
         };
         JobNotification {
@@ -149,6 +159,7 @@ impl Entry {
             attempts: self.attempts,
             exit_code: self.exit_code,
             finished_at_ms: from_db(self.finished_at_ms),
+            checkpoint,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The HTTP surface: `GET /healthz`, and `GET`/`HEAD`, `PUT`, `POST` (macaroon request) and
-//! `PROPFIND` (a directory's listing) on any other path. One file per operation.
+//! The HTTP surface: `GET /healthz`, and `GET`/`HEAD`, `PUT`, `DELETE`, `POST` (macaroon
+//! request) and `PROPFIND` (a directory's listing) on any other path. One file per operation.
 
+mod delete;
 mod get;
 mod macaroon_request;
 mod propfind;
@@ -84,6 +85,7 @@ async fn handle(state: Arc<AppState>, client: SocketAddr, req: Request<Body>) ->
     let result = match *req.method() {
         Method::GET | Method::HEAD => get::handle(&state, client, req).await,
         Method::PUT => put::handle(&state, client, req).await,
+        Method::DELETE => delete::handle(&state, client, req).await,
         Method::POST => macaroon_request::handle(&state, req).await,
         ref m if m.as_str() == "PROPFIND" => propfind::handle(&state, client, req).await,
         _ => Err(HttpError::MethodNotAllowed(format!("method {} is not supported", req.method()))),
@@ -92,7 +94,7 @@ async fn handle(state: Arc<AppState>, client: SocketAddr, req: Request<Body>) ->
         Ok(r) => r,
         Err(e @ HttpError::MethodNotAllowed(_)) => {
             let mut r = e.into_response();
-            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PUT, POST, PROPFIND"));
+            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PUT, DELETE, POST, PROPFIND"));
             r
         }
         Err(e) => e.into_response(),

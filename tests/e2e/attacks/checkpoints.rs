@@ -1,7 +1,7 @@
 //! Attacks on checkpoints, by an EP holding two jobs' checkpoint macaroons: each reaches
-//! exactly its own job's area (read, write and replace there), never the other job's, nor the
-//! job's input or output directory; and a job's write macaroon does not reach its checkpoint
-//! area. This test is the EP (an annex's), against the real built-in storage.
+//! exactly its own job's area (read, write, replace and delete there), never the other job's
+//! (nor deletes it), nor the job's input or output directory; and a job's write macaroon does
+//! not reach its checkpoint area. This test is the EP (an annex's), against the real built-in storage.
 
 use crate::probe_ep::{attach_probe_with, next_msg};
 use futures_util::SinkExt as _;
@@ -14,6 +14,10 @@ use tokio_tungstenite::tungstenite::Message;
 async fn put(url: &str, macaroon: &str, body: &'static [u8]) -> StatusCode {
     let resp = reqwest::Client::new().put(url).bearer_auth(macaroon).body(body).send().await.expect("PUT");
     resp.status()
+}
+
+async fn delete(url: &str, macaroon: &str) -> StatusCode {
+    reqwest::Client::new().delete(url).bearer_auth(macaroon).send().await.expect("DELETE").status()
 }
 
 async fn get(url: &str, macaroon: &str) -> (StatusCode, Vec<u8>) {
@@ -64,6 +68,8 @@ async fn a_checkpoint_macaroon_reaches_its_own_jobs_area_only() {
     assert!(put(&theirs, &cb.macaroon, b"theirs").await.is_success());
     assert_eq!(put(&theirs, &ca.macaroon, b"overwritten").await, StatusCode::FORBIDDEN);
     assert_eq!(get(&theirs, &ca.macaroon).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(delete(&theirs, &ca.macaroon).await, StatusCode::FORBIDDEN);
+    assert_eq!(delete(&cb.url, &ca.macaroon).await, StatusCode::FORBIDDEN);
     assert_eq!(get(&theirs, &cb.macaroon).await, (StatusCode::OK, b"theirs".to_vec()), "left as it was");
 
     // Nor the job's input or output directory, nor its area with its write macaroon.
@@ -71,5 +77,13 @@ async fn a_checkpoint_macaroon_reaches_its_own_jobs_area_only() {
     assert_eq!(get(input, &ca.macaroon).await.0, StatusCode::FORBIDDEN);
     assert_eq!(put(&format!("{}x", a.output.url), &ca.macaroon, b"x").await, StatusCode::FORBIDDEN);
     assert_eq!(put(&format!("{}other", ca.url), &a.output.macaroon, b"x").await, StatusCode::FORBIDDEN);
+    assert_eq!(delete(input, &ca.macaroon).await, StatusCode::FORBIDDEN);
+    assert_eq!(delete(&own, &a.output.macaroon).await, StatusCode::FORBIDDEN);
+
+    // Its own area it clears: the checkpoint, then the directory, once empty.
+    assert_eq!(delete(&ca.url, &ca.macaroon).await, StatusCode::CONFLICT, "not empty");
+    assert_eq!(delete(&own, &ca.macaroon).await, StatusCode::NO_CONTENT);
+    assert_eq!(delete(&ca.url, &ca.macaroon).await, StatusCode::NO_CONTENT);
+    assert_eq!(get(&own, &ca.macaroon).await.0, StatusCode::NOT_FOUND);
     stack.stop().await.expect("clean stop");
 }
