@@ -314,7 +314,14 @@ impl Jobs {
             metrics: &s.metrics,
             traceparent: job.traceparent.as_deref(),
         };
-        let refs = crate::refs::fetch(&sources, &job.refs, &input_dir, limits.max_scratch_bytes, bytes_in, retries);
+        // The reference files with their read macaroons as they stand now (renewed when due).
+        let mut current = job.refs.clone();
+        if !current.is_empty() {
+            for (r, m) in current.iter_mut().zip(credentials.refs().await) {
+                r.macaroon = m;
+            }
+        }
+        let refs = crate::refs::fetch(&sources, &current, &input_dir, limits.max_scratch_bytes, bytes_in, retries);
         report.refs = unless_cancelled(cancel, refs).await??;
         if cancel.is_cancelled() {
             return Err(cancel.outcome());

@@ -652,8 +652,13 @@ impl Link {
             }
             SchedulerMsg::Welcome { ep_id, .. } => tracing::warn!(%ep_id, "unexpected second welcome ignored"),
             SchedulerMsg::Warm { digest, module_url } => self.warmer.warm(digest, module_url),
-            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon, checkpoint_macaroon } => {
-                let fresh = Fresh { input: input_macaroon, output: output_macaroon, checkpoint: checkpoint_macaroon };
+            SchedulerMsg::Renewed { job_id, input_macaroon, output_macaroon, checkpoint_macaroon, ref_macaroons } => {
+                let fresh = Fresh {
+                    input: input_macaroon,
+                    output: output_macaroon,
+                    checkpoint: checkpoint_macaroon,
+                    refs: ref_macaroons,
+                };
                 self.answer_renewal(&job_id, Ok(fresh));
             }
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),

@@ -49,6 +49,8 @@ pub(crate) struct Fresh {
     pub(crate) output: String,
     /// The checkpoint area's macaroon; none for a job without one.
     pub(crate) checkpoint: Option<String>,
+    /// The reference files' read macaroons, in the assignment's order; empty for a job without.
+    pub(crate) refs: Vec<String>,
 }
 
 /// Fresh macaroons, or why none came.
@@ -113,7 +115,8 @@ impl Current {
     fn new(macaroons: Fresh, now_s: u64) -> Current {
         let m = &macaroons;
         let all = [m.input.as_deref(), Some(m.output.as_str()), m.checkpoint.as_deref()];
-        let expires_s = all.into_iter().flatten().filter_map(expiry).min();
+        let refs = m.refs.iter().map(String::as_str);
+        let expires_s = all.into_iter().flatten().chain(refs).filter_map(expiry).min();
         let margin_s = margin_s(expires_s.map_or(0, |e| e.saturating_sub(now_s)));
         Current { macaroons, expires_s, margin_s }
     }
@@ -143,6 +146,7 @@ impl Credentials {
                     input: job.input.as_ref().map(|i| i.macaroon.clone()),
                     output: job.output.macaroon.clone(),
                     checkpoint: job.checkpoint.as_ref().map(|c| c.macaroon.clone()),
+                    refs: job.refs.iter().map(|r| r.macaroon.clone()).collect(),
                 },
                 now_s(),
             )),
@@ -183,6 +187,12 @@ impl Credentials {
         self.current().macaroons.checkpoint.clone().unwrap_or_default()
     }
 
+    /// The reference files' read macaroons, renewed first when due, in the assignment's order.
+    pub(crate) async fn refs(&self) -> Vec<String> {
+        let _ = self.renew_if_due().await;
+        self.current().macaroons.refs.clone()
+    }
+
     /// Renews when due now; `Err` is why it could not (the current ones stay).
     async fn renew_if_due(&self) -> Result<(), String> {
         if self.due_s().is_none_or(|due| due > now_s()) {
@@ -210,12 +220,23 @@ impl Credentials {
 
     /// `fresh` when it has a read macaroon exactly when the job has an input: a read macaroon
     /// for a job without one is not believed (nor is an answer without one for a job with one);
-    /// the same for a checkpoint macaroon and a checkpoint area.
-    fn fits(&self, fresh: Fresh) -> Answer {
-        let (has_input, has_area) = {
+    /// the same for a checkpoint macaroon and a checkpoint area; and a read macaroon for each
+    /// reference file (an answer with none, from a scheduler that renews no reference files,
+    /// keeps the current ones; one with another count is not believed).
+    fn fits(&self, mut fresh: Fresh) -> Answer {
+        let (has_input, has_area, refs) = {
             let c = self.current();
-            (c.macaroons.input.is_some(), c.macaroons.checkpoint.is_some())
+            (c.macaroons.input.is_some(), c.macaroons.checkpoint.is_some(), c.macaroons.refs.clone())
         };
+        if fresh.refs.is_empty() {
+            fresh.refs = refs;
+        } else if fresh.refs.len() != refs.len() {
+            return Err(format!(
+                "the answer carries {} macaroons for the job's {} reference files: not believed",
+                fresh.refs.len(),
+                refs.len()
+            ));
+        }
         match (has_input, fresh.input.is_some()) {
             (false, true) => {
                 return Err("the answer carries a read macaroon for a job without an input: not believed".into());
@@ -264,7 +285,7 @@ mod tests {
     use htfaas_functions::macaroon::{RootKey, attenuate};
 
     fn fresh(input: Option<&str>, output: &str) -> Fresh {
-        Fresh { input: input.map(str::to_owned), output: output.into(), checkpoint: None }
+        Fresh { input: input.map(str::to_owned), output: output.into(), checkpoint: None, refs: Vec::new() }
     }
 
     fn macaroon(caveats: &[&str]) -> String {
@@ -311,6 +332,45 @@ mod tests {
             refs: Vec::new(),
             checkpoint: None,
         }
+    }
+
+    /// A job's reference files' read macaroons count in its expiry and are renewed with the
+    /// others: an answer with one for each replaces them; one with another count is not
+    /// believed; one with none (a scheduler that renews no reference files) keeps them.
+    #[tokio::test]
+    async fn reference_files_macaroons_are_renewed_with_the_others() {
+        let (renewer, mut asks) = Renewer::channel();
+        let now = now_s();
+        let soon = htfaas_functions::time::utc_timestamp(now + 1);
+        let late = htfaas_functions::time::utc_timestamp(now + 3600);
+        let lasting = macaroon(&[&format!("before:{late}")]);
+        let expiring = macaroon(&[&format!("before:{soon}")]);
+        let mut job = assignment(None, &lasting, Some(now + 7200));
+        job.refs = ["a", "b"]
+            .map(|p| htfaas_functions::proto::ReferenceInput {
+                url: format!("http://s/ref/{p}"),
+                path: format!("ref/{p}"),
+                macaroon: expiring.clone(),
+                sha256: None,
+            })
+            .to_vec();
+        let answers = [
+            Fresh { refs: vec!["r1".into()], ..fresh(None, "w1") },
+            Fresh { refs: Vec::new(), ..fresh(None, "w2") },
+            Fresh { refs: vec!["ra".into(), "rb".into()], ..fresh(None, "w3") },
+        ];
+        let answering = tokio::spawn(async move {
+            for answer in answers {
+                let ask = asks.recv().await.expect("an ask");
+                let _ = ask.reply.send(Ok(answer));
+            }
+        });
+        let c = Credentials::new(&job, &renewer);
+        assert_eq!(c.refs().await, [expiring.clone(), expiring.clone()], "one for two files: not believed");
+        assert_eq!(c.refs().await, [expiring.clone(), expiring.clone()], "none: the current ones kept");
+        let c = Credentials::new(&job, &renewer);
+        assert_eq!(c.refs().await, ["ra", "rb"], "one for each: taken");
+        answering.await.expect("answered");
     }
 
     /// A job renews only when the macaroons expire before what the scheduler renews to, and

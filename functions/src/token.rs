@@ -106,6 +106,10 @@ pub struct RenewClaims {
     /// The storage URL of the job's checkpoint area, for a job that keeps checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// The job's reference files, for a job that reads some: the digest of their storage URLs
+    /// in order ([`crate::proto::refs_digest`]), so that a renewal names exactly them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refs: Option<Digest>,
 }
 
 /// Claims of an attach token.

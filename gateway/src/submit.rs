@@ -120,6 +120,8 @@ impl Submitter {
             input: req.input.is_some().then(|| req.event.path.clone()),
             output: output.to_owned(),
             checkpoint: req.checkpoint.as_ref().map(|c| c.url.clone()),
+            refs: (!req.refs.is_empty())
+                .then(|| htfaas_functions::proto::refs_digest(req.refs.iter().map(|r| r.url.as_str()))),
         };
         Ok(RenewalGrant(self.key.sign(&claims)?))
     }

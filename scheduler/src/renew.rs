@@ -71,10 +71,15 @@ pub fn decide<'a>(
 /// renewal in the EP table with the reply.
 pub(crate) async fn renew(shared: Arc<Shared>, ep_id: String, name: String, ip: IpAddr, job_id: String) {
     let (reply, subject, refused) = match renewed(&shared, &ep_id, &name, ip, &job_id).await {
-        Ok((subject, (input_macaroon, output_macaroon, checkpoint_macaroon))) => {
+        Ok((subject, Fresh { input_macaroon, output_macaroon, checkpoint_macaroon, ref_macaroons })) => {
             tracing::info!(job.id = %job_id, "macaroons renewed");
-            let renewed =
-                SchedulerMsg::Renewed { job_id: job_id.clone(), input_macaroon, output_macaroon, checkpoint_macaroon };
+            let renewed = SchedulerMsg::Renewed {
+                job_id: job_id.clone(),
+                input_macaroon,
+                output_macaroon,
+                checkpoint_macaroon,
+                ref_macaroons,
+            };
             (renewed, subject, None)
         }
         Err((subject, reason)) => {
@@ -100,14 +105,20 @@ async fn record(shared: &Shared, subject: Subject, ep: &str, refused: Option<&st
     }
 }
 
-/// The renewed macaroons: read (none without an input), write, checkpoint (none without an
-/// area).
-type Fresh = (Option<String>, String, Option<String>);
+/// The renewed macaroons, attenuated for the EP: the gateway's answer's shape.
+type Fresh = RenewResponse;
 type Renewed = Result<(Subject, Fresh), (Subject, String)>;
 
 /// Whether the gateway's answer fits the job: a read macaroon exactly when the job has an
-/// input, a checkpoint macaroon exactly when it has a checkpoint area. `Err` is the refusal.
-pub(crate) fn answer_fits(has_input: bool, has_area: bool, fresh: &RenewResponse) -> Result<(), String> {
+/// input, a checkpoint macaroon exactly when it has a checkpoint area, a read macaroon for each
+/// of its `refs` reference files. `Err` is the refusal.
+pub(crate) fn answer_fits(has_input: bool, has_area: bool, refs: usize, fresh: &RenewResponse) -> Result<(), String> {
+    if fresh.ref_macaroons.len() != refs {
+        return Err(format!(
+            "the gateway answered {} macaroons for the job's {refs} reference files",
+            fresh.ref_macaroons.len()
+        ));
+    }
     match (has_input, fresh.input_macaroon.is_some()) {
         (false, true) => return Err("the gateway answered a read macaroon for a job without an input".into()),
         (true, false) => return Err("the gateway answered no read macaroon for the job's input".into()),
@@ -146,12 +157,13 @@ async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &
         input_url: r.input.as_ref().map(|i| i.url.clone()),
         output_url: r.output.url.clone(),
         checkpoint_url: r.checkpoint.as_ref().map(|c| c.url.clone()),
+        ref_urls: r.refs.iter().map(|f| f.url.clone()).collect(),
     };
     let fresh = match gateway.renew(&grant, &req).await {
         Ok(fresh) => fresh,
         Err(why) => return Err((subject, why)),
     };
-    if let Err(why) = answer_fits(r.input.is_some(), r.checkpoint.is_some(), &fresh) {
+    if let Err(why) = answer_fits(r.input.is_some(), r.checkpoint.is_some(), r.refs.len(), &fresh) {
         return Err((subject, why));
     }
     // A revocation made while the gateway was asked refuses its answer.
@@ -167,9 +179,20 @@ async fn renewed(shared: &Shared, ep_id: &str, name: &str, ip: IpAddr, job_id: &
     if let (Some(area), Some(m)) = (a.checkpoint.as_mut(), fresh.checkpoint_macaroon) {
         area.macaroon = m;
     }
+    for (reference, m) in a.refs.iter_mut().zip(fresh.ref_macaroons) {
+        reference.macaroon = m;
+    }
     let bind = facts.request.bind_ep_address.then_some(ip);
     match restrict(a, facts.started_at_ms / 1000, bind) {
-        Ok(a) => Ok((subject, (a.input.map(|i| i.macaroon), a.output.macaroon, a.checkpoint.map(|c| c.macaroon)))),
+        Ok(a) => Ok((
+            subject,
+            Fresh {
+                input_macaroon: a.input.map(|i| i.macaroon),
+                output_macaroon: a.output.macaroon,
+                checkpoint_macaroon: a.checkpoint.map(|c| c.macaroon),
+                ref_macaroons: a.refs.into_iter().map(|r| r.macaroon).collect(),
+            },
+        )),
         Err(e) => Err((subject, e.to_string())),
     }
 }
@@ -219,17 +242,24 @@ mod tests {
             input_macaroon: read.map(str::to_owned),
             output_macaroon: "w".into(),
             checkpoint_macaroon: None,
+            ref_macaroons: Vec::new(),
         };
-        assert_eq!(answer_fits(false, false, &answer(None)), Ok(()));
-        assert_eq!(answer_fits(true, false, &answer(Some("r"))), Ok(()));
-        let e = answer_fits(false, false, &answer(Some("r"))).expect_err("a read macaroon for no input");
+        assert_eq!(answer_fits(false, false, 0, &answer(None)), Ok(()));
+        assert_eq!(answer_fits(true, false, 0, &answer(Some("r"))), Ok(()));
+        let e = answer_fits(false, false, 0, &answer(Some("r"))).expect_err("a read macaroon for no input");
         assert!(e.contains("read macaroon for a job without an input"), "{e}");
-        assert!(answer_fits(true, false, &answer(None)).is_err(), "no read macaroon for an input");
+        assert!(answer_fits(true, false, 0, &answer(None)).is_err(), "no read macaroon for an input");
         // And a checkpoint macaroon exactly for a job with a checkpoint area.
-        let e = answer_fits(true, true, &answer(Some("r"))).expect_err("no checkpoint macaroon");
+        let e = answer_fits(true, true, 0, &answer(Some("r"))).expect_err("no checkpoint macaroon");
         assert!(e.contains("no checkpoint macaroon"), "{e}");
         let with_area = RenewResponse { checkpoint_macaroon: Some("c".into()), ..answer(Some("r")) };
-        assert_eq!(answer_fits(true, true, &with_area), Ok(()));
-        assert!(answer_fits(true, false, &with_area).is_err(), "a checkpoint macaroon for a job without an area");
+        assert_eq!(answer_fits(true, true, 0, &with_area), Ok(()));
+        assert!(answer_fits(true, false, 0, &with_area).is_err(), "a checkpoint macaroon for a job without an area");
+        // And a read macaroon for each reference file, no more, no fewer.
+        let with_refs = RenewResponse { ref_macaroons: vec!["a".into(), "b".into()], ..answer(Some("r")) };
+        assert_eq!(answer_fits(true, false, 2, &with_refs), Ok(()));
+        let e = answer_fits(true, false, 3, &with_refs).expect_err("one missing");
+        assert_eq!(e, "the gateway answered 2 macaroons for the job's 3 reference files");
+        assert!(answer_fits(true, false, 1, &with_refs).is_err(), "one too many");
     }
 }

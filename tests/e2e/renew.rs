@@ -1,6 +1,6 @@
 //! Credentials that last as long as the job. On the real stack with macaroons valid
 //! a few seconds: a job that waited in the queue past its first macaroons still runs (its EP
-//! renews them before its input fetch), and a job that runs across several validities still
+//! renews them, its reference file's with them, before its input fetch), and a job that runs across several validities still
 //! writes its output (its EP renews them while it runs). Each renewal is in both trails.
 //! The refusals (a job not running on the asking EP, a revoked job) are in the attack suite
 //! (`attacks::renewals`).
@@ -42,7 +42,11 @@ async fn final_job(client: &htfaas::client::Client, what: &str) -> JobRecord {
 async fn a_job_that_waited_in_the_queue_past_its_macaroons_runs() {
     let (_dir, stack) = start_stack_with(short_validity).await;
     let client = stack.client().expect("client");
-    client.register(&demo_manifest(upload_checksum(&client).await)).await.expect("register");
+    // It reads a reference file too, whose macaroon expires with the others.
+    client.put_bytes(b"constants".to_vec(), "/data/ref/constants.txt").await.expect("put the reference");
+    let mut m = demo_manifest(upload_checksum(&client).await);
+    m.inputs.refs = vec!["/data/ref/constants.txt".into()];
+    client.register(&m).await.expect("register");
     // No EP takes work: the job waits in the queue.
     let off = EpAction { reason: "hold the queue".into(), deadline_s: None, group: None };
     client.ep_action("ep-local-1", "disable", &off).await.expect("disable the EP");
@@ -71,6 +75,7 @@ async fn a_job_that_waited_in_the_queue_past_its_macaroons_runs() {
     // file (dCache chains the two `path:` caveats), the write one the directory's.
     let caveats = at_gateway[0].detail["macaroons"].to_string();
     assert!(caveats.contains(r#""path:/data/raw/","path:/waited.dat""#), "{caveats}");
+    assert!(caveats.contains(r#""path:/data/ref/","path:/constants.txt""#), "the reference file's: {caveats}");
     assert!(caveats.contains("path:/data/checksums/"), "{caveats}");
     stack.stop().await.expect("clean stop");
 }

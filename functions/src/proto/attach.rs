@@ -370,6 +370,10 @@ pub enum SchedulerMsg {
         /// never logged); absent otherwise (and from older schedulers).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         checkpoint_macaroon: Option<String>,
+        /// Read macaroons for the job's reference files, in the assignment's order (bearer;
+        /// never logged); empty for a job without (and from older schedulers).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ref_macaroons: Vec<String>,
     },
     /// Answers [`EpMsg::Renew`]: no fresh macaroons (the job is not running on this EP, is past
     /// its run time, was revoked, or the gateway or storage refused). The EP keeps using the

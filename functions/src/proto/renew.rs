@@ -59,6 +59,21 @@ pub struct RenewRequest {
     /// a request whose area is not the grant's, or names one the grant does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_url: Option<String>,
+    /// Its reference files' storage URLs, in the job's order (the gateway refuses a list whose
+    /// [`refs_digest`] is not the grant's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ref_urls: Vec<String>,
+}
+
+/// The digest a renewal grant names a job's reference files by: the sha256 of their storage
+/// URLs, each ended by a line feed (a URL holds none), in order.
+pub fn refs_digest<'a>(urls: impl IntoIterator<Item = &'a str>) -> Digest {
+    let mut joined = String::new();
+    for url in urls {
+        joined.push_str(url);
+        joined.push('\n');
+    }
+    Digest::of(joined.as_bytes())
 }
 
 /// Answer to [`RenewRequest`]: fresh macaroons for exactly the same input file and output
@@ -74,6 +89,9 @@ pub struct RenewResponse {
     /// Macaroon for the job's checkpoint area; none for a job without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_macaroon: Option<String>,
+    /// Read macaroons for the reference files, in the request's order; none for a job without.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ref_macaroons: Vec<String>,
 }
 
 impl std::fmt::Debug for RenewResponse {

@@ -95,6 +95,7 @@ fn a_renewal_without_an_input_names_none() {
         input_macaroon: None,
         output_macaroon: "w".into(),
         checkpoint_macaroon: None,
+        ref_macaroons: Vec::new(),
     };
     let text = serde_json::to_string(&answer).expect("serializes");
     assert!(!text.contains("input_macaroon"), "{text}");

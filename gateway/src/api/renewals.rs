@@ -20,7 +20,9 @@
 //!    grant taken back since the job started stops its renewals.
 //!
 //! A job that keeps checkpoints names its area too, which must be the grant's (check 4), and is
-//! renewed that area's macaroon beside the other two.
+//! renewed that area's macaroon beside the other two. A job that reads reference files names
+//! their URLs, whose digest must be the grant's (check 4), each still readable by the job's
+//! principal (check 6), and is renewed a read macaroon for exactly each.
 //!
 //! Disabling or deleting the function does not stop renewals: those decide what new events
 //! fire, not what runs; jobs are stopped by removing them or revoking their token.
@@ -144,6 +146,16 @@ async fn issue(
     );
     let (read, write) = (read.map_err(storage_err)?, write.map_err(storage_err)?);
     let checkpoint = checkpoint.map_err(storage_err)?;
+    // Each reference file: on this storage, still in the principal's read namespace, and a read
+    // macaroon for exactly it (derived from its directory's base, as at firing).
+    let mut refs = Vec::with_capacity(req.ref_urls.len());
+    for url in &req.ref_urls {
+        let path = shared.storage.path_of(url).ok_or_else(|| forbidden(format!("{url} is not on this storage")))?;
+        crate::jobs::confine_run(&shared.namespaces, &function, runs_as, Some(&path)).map_err(|e| match e {
+            crate::jobs::JobError::Permanent(why) | crate::jobs::JobError::Transient(why) => forbidden(why),
+        })?;
+        refs.push(shared.storage.read_macaroon(&path).await.map_err(storage_err)?);
+    }
     // What the trail keeps: identifiers and caveats; a macaroon that does not parse is kept
     // out of the record, not out of the answer (the storage issued it).
     let facts = read
@@ -151,9 +163,16 @@ async fn issue(
         .map(|m| ("read", m))
         .chain([("write", &write)])
         .chain(checkpoint.iter().map(|m| ("checkpoint", m)))
+        .chain(refs.iter().map(|m| ("reference", m)))
         .filter_map(|(role, m)| MacaroonFacts::from_bearer(role, m).ok())
         .collect();
-    Ok((RenewResponse { input_macaroon: read, output_macaroon: write, checkpoint_macaroon: checkpoint }, facts))
+    let reply = RenewResponse {
+        input_macaroon: read,
+        output_macaroon: write,
+        checkpoint_macaroon: checkpoint,
+        ref_macaroons: refs,
+    };
+    Ok((reply, facts))
 }
 
 /// Check 4: the request names the grant's job (owner, token, digest, input and output URLs,
@@ -182,6 +201,11 @@ pub(crate) fn check_facts(
     }
     if req.checkpoint_url != claims.checkpoint {
         return differs("checkpoint area");
+    }
+    let refs = (!req.ref_urls.is_empty())
+        .then(|| htfaas_functions::proto::refs_digest(req.ref_urls.iter().map(String::as_str)));
+    if refs != claims.refs {
+        return differs("reference files");
     }
     Ok(())
 }
@@ -224,6 +248,7 @@ mod tests {
             input: Some("/data/in/a".into()),
             output: "/data/out/".into(),
             checkpoint: Some("http://s/checkpoints/c1/".into()),
+            refs: Some(htfaas_functions::proto::refs_digest(["http://s/data/ref/a", "http://s/data/ref/b"])),
         }
     }
 
@@ -237,6 +262,7 @@ mod tests {
             input_url: Some("http://s/data/in/a".into()),
             output_url: "http://s/data/out/".into(),
             checkpoint_url: Some("http://s/checkpoints/c1/".into()),
+            ref_urls: vec!["http://s/data/ref/a".into(), "http://s/data/ref/b".into()],
         }
     }
 
@@ -246,7 +272,7 @@ mod tests {
         let url_of = |p: &str| format!("http://s{p}");
         assert_eq!(check_facts(&claims(), &request(), url_of), Ok(()));
         type Change = fn(&mut RenewRequest);
-        let cases: [(&str, Change); 8] = [
+        let cases: [(&str, Change); 12] = [
             ("owner", |r| r.owner = "bob".into()),
             ("token", |r| r.token_jti = "j2".into()),
             ("function digest", |r| r.digest = htfaas_functions::Digest::of(b"other")),
@@ -255,6 +281,10 @@ mod tests {
             ("output directory", |r| r.output_url = "http://s/data/".into()),
             ("checkpoint area", |r| r.checkpoint_url = Some("http://s/checkpoints/c2/".into())),
             ("checkpoint area", |r| r.checkpoint_url = None),
+            ("reference files", |r| r.ref_urls.push("http://s/data/alice/secret.txt".into())),
+            ("reference files", |r| r.ref_urls[1] = "http://s/data/alice/secret.txt".into()),
+            ("reference files", |r| r.ref_urls.reverse()),
+            ("reference files", |r| r.ref_urls.clear()),
         ];
         for (what, change) in cases {
             let mut r = request();
