@@ -47,6 +47,7 @@ mod counters;
 pub mod detect;
 mod guest_log;
 mod job;
+mod kept_token;
 mod lifecycle;
 mod link;
 pub mod local;

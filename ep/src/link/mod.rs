@@ -185,7 +185,8 @@ pub(crate) async fn run(
     let (report_tx, report_rx) = mpsc::unbounded_channel();
     let (renewer, renew_rx) = Renewer::channel();
     let jobs = Arc::new(Jobs::new(settings.clone(), renewer));
-    let settings_token = settings.attach_token.clone();
+    // The credential renewed before this start, when it is the configured one and lasts longer.
+    let settings_token = crate::kept_token::pick(&settings.work_dir, &settings.attach_token);
     let mut link = Link {
         warmer: Warmer::start(settings.clone(), jobs.clone()),
         jobs,
@@ -664,6 +665,8 @@ impl Link {
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),
             SchedulerMsg::AttachRenewed { token, lease } => {
                 tracing::info!(expires_in_s = lease.expires_in_ms / 1000, "attach token renewed");
+                let (dir, kept) = (self.settings.work_dir.clone(), token.clone());
+                drop(tokio::task::spawn_blocking(move || crate::kept_token::keep(&dir, &kept)));
                 self.attach_token = token;
                 self.set_attach_lease(Some(lease));
             }

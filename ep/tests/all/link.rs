@@ -99,6 +99,9 @@ async fn the_ep_asks_for_a_new_attach_token_when_told_and_dials_with_it_from_the
     again.hello_welcome().await;
     let auths = h.seen.lock().expect("lock").attach_auth.clone();
     assert_eq!(auths, [format!("Bearer {}", crate::fake::ATTACH), format!("Bearer {RENEWED_ATTACH}")]);
+    // And kept for a later start (which dials with it when it renews the configured one).
+    let kept = h.work.path().join("attach-token");
+    until("the renewed token kept", || std::fs::read_to_string(&kept).is_ok_and(|t| t == RENEWED_ATTACH)).await;
     h.stop().await;
 }
 
