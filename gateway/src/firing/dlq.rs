@@ -22,9 +22,14 @@
 //! entry makes one job, whoever asks and however often. Dropping ([`Firings::drop_dead_letter`])
 //! keeps the entry with who dropped it and why, out of the list.
 //!
-//! Stored format: the tables `dead_letters` and `dead_letter_redrives` (v1 in their names'
-//! sense: created at open if missing, beside the migrated schema), and an index of firings by
-//! job id.
+//! A collecting function's firing (fan-in) runs on its group's files: its entry keeps the
+//! group's member paths (`dead_letter_members`, by the entry's key), since the group itself is
+//! pruned with the firings, and each re-drive's firing gets them (`redrive_members`), so the
+//! re-driven job reads the same files as the first, not its one event's file alone.
+//!
+//! Stored format: the tables `dead_letters`, `dead_letter_redrives`, `dead_letter_members` and
+//! `redrive_members` (v1 in their names' sense: created at open if missing, beside the migrated
+//! schema), and an index of firings by job id.
 //!
 //! Must not know: NATS, HTTP, who may see an entry.
 
@@ -68,7 +73,18 @@ CREATE TABLE IF NOT EXISTS dead_letter_redrives (
     PRIMARY KEY (entry, n)
 );
 CREATE INDEX IF NOT EXISTS firings_by_job ON firings (job_id) WHERE job_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dead_letter_members (
+    key     TEXT PRIMARY KEY,
+    members TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS redrive_members (
+    firing  INTEGER PRIMARY KEY,
+    members TEXT NOT NULL
+);
 ";
+
+/// The start of a re-drive's replay id (`redrive-<entry>.<n>`).
+pub(super) const REDRIVE_PREFIX: &str = "redrive-";
 
 /// Most entries one list answers.
 pub const MAX_LIST: usize = 1000;
@@ -140,7 +156,30 @@ pub(super) fn record_refused(tx: &Connection, seq: i64, reason: &str, now_ms: u6
             db_int(now_ms)
         ],
     )?;
+    keep_members(tx, &format!("firing:{seq}"), seq)
+}
+
+/// Keeps the member paths of firing `seq`'s collecting group, if it has one, for the
+/// dead-letter entry `key`.
+fn keep_members(tx: &Connection, key: &str, seq: i64) -> Result<(), FiringError> {
+    let group: Option<i64> =
+        row(tx, "SELECT collect FROM firings WHERE seq = ?1", params![seq], |r| r.get(0)).optional()?.flatten();
+    let Some(group) = group else { return Ok(()) };
+    let members = super::groups::member_paths(tx, group)?;
+    exec(
+        tx,
+        "INSERT OR IGNORE INTO dead_letter_members (key, members) VALUES (?1, ?2)",
+        params![key, serde_json::to_string(&members)?],
+    )?;
     Ok(())
+}
+
+/// The other files a re-drive's firing `seq` runs on (its entry's group's, but its own), if
+/// any. Inside the caller's transaction.
+pub(super) fn redrive_members(tx: &Connection, seq: i64) -> Result<Vec<String>, FiringError> {
+    let stored: Option<String> =
+        row(tx, "SELECT members FROM redrive_members WHERE firing = ?1", params![seq], |r| r.get(0)).optional()?;
+    Ok(stored.and_then(|m| serde_json::from_str(&m).ok()).unwrap_or_default())
 }
 
 /// The columns an entry is read from, in [`entry`]'s order.
@@ -231,14 +270,15 @@ impl Firings {
         }
         self.with(|conn| {
             let tx = begin_immediate(conn)?;
-            let firing: Option<(String, String)> = row(
+            let firing: Option<(i64, String, String)> = row(
                 &tx,
-                "SELECT event, record FROM firings WHERE job_id = ?1 ORDER BY seq DESC LIMIT 1",
+                "SELECT seq, event, record FROM firings WHERE job_id = ?1 ORDER BY seq DESC LIMIT 1",
                 params![n.job_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
-            let (event, record) = firing.unzip();
+            let seq = firing.as_ref().map(|f| f.0);
+            let (event, record) = firing.map(|(_, e, r)| (e, r)).unzip();
             let added = exec(
                 &tx,
                 "INSERT OR IGNORE INTO dead_letters (key, kind, owner, function, version, digest, reason, event_ref, \
@@ -257,6 +297,9 @@ impl Firings {
                     db_int(now_ms)
                 ],
             )?;
+            if let (Some(seq), true) = (seq, added > 0) {
+                keep_members(&tx, &format!("job:{}", n.job_id), seq)?;
+            }
             tx.commit()?;
             Ok(added > 0)
         })
@@ -439,10 +482,13 @@ fn redrive_in(
     if n != done + 1 {
         return Err(DlqError::Conflict(format!("entry {id} has {done} re-drives: the next is {}, not {n}", done + 1)));
     }
-    let stored: (Option<String>, Option<String>) =
-        row(tx, "SELECT event, record FROM dead_letters WHERE id = ?1", params![db_int(id)], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
+    let (event, function, members): (Option<String>, Option<String>, Option<String>) = row(
+        tx,
+        "SELECT d.event, d.record, m.members FROM dead_letters d LEFT JOIN dead_letter_members m ON m.key = d.key          WHERE d.id = ?1",
+        params![db_int(id)],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let stored = (event, function);
     let (Some(event), Some(function)) = stored else {
         return Err(DlqError::Conflict(format!(
             "entry {id} cannot be re-driven: the gateway did not make its job, so it kept no function version and event"
@@ -457,7 +503,7 @@ fn redrive_in(
                 )));
             }
         };
-    let replay = format!("redrive-{id}.{n}");
+    let replay = format!("{REDRIVE_PREFIX}{id}.{n}");
     let inserted =
         super::rows::insert_event(tx, &event, std::slice::from_ref(&function), Some(&replay), now_ms, window_ms)?;
     let key = event_key(&event, Some(&replay));
@@ -479,6 +525,15 @@ fn redrive_in(
         "INSERT INTO dead_letter_redrives (entry, n, firing, by, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![db_int(id), n, seq, by, db_int(now_ms)],
     )?;
+    // A group's firing runs again on the group's files.
+    if let Some(mut paths) = members.and_then(|m| serde_json::from_str::<Vec<String>>(&m).ok()) {
+        paths.retain(|p| *p != event.path);
+        exec(
+            tx,
+            "INSERT OR REPLACE INTO redrive_members (firing, members) VALUES (?1, ?2)",
+            params![seq, serde_json::to_string(&paths).map_err(FiringError::from)?],
+        )?;
+    }
     audit::append_in(tx, record).map_err(FiringError::from)?;
     let redrive = redrives(tx, id)?.into_iter().find(|r| r.n == n).ok_or(DlqError::NotFound(id))?;
     Ok((RedriveResponse { id, redrive, created: true }, Some(inserted)))

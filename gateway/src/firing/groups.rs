@@ -128,7 +128,7 @@ fn close(
 }
 
 /// Every member path of group `id`, sorted.
-fn member_paths(conn: &Connection, id: i64) -> Result<Vec<String>, FiringError> {
+pub(super) fn member_paths(conn: &Connection, id: i64) -> Result<Vec<String>, FiringError> {
     let mut stmt = conn.prepare_cached("SELECT path FROM collect_members WHERE group_id = ?1 ORDER BY path")?;
     let paths = stmt.query_map(params![id], |r| r.get(0))?.collect::<Result<_, _>>()?;
     Ok(paths)

@@ -382,9 +382,12 @@ impl Firings {
                         params![seq, db_int(now_ms)],
                     )?;
                     let created_ms = u64::try_from(created_ms).unwrap_or(0);
-                    let members = match collect {
-                        Some(group) => super::groups::other_members(&tx, group, &event.path)?,
-                        None => Vec::new(),
+                    let members = match (collect, &replay) {
+                        (Some(group), _) => super::groups::other_members(&tx, group, &event.path)?,
+                        (None, Some(r)) if r.starts_with(super::dlq::REDRIVE_PREFIX) => {
+                            super::dlq::redrive_members(&tx, seq)?
+                        }
+                        (None, _) => Vec::new(),
                     };
                     claim.ready.push(Claimed { seq, function, event, replay, cause, created_ms, members });
                 }
@@ -415,6 +418,12 @@ impl Firings {
                 "DELETE FROM provenance WHERE macaroon IN (SELECT macaroon FROM provenance WHERE expires_ms <= ?1 \
                  LIMIT ?2)",
                 params![db_int(now_ms), db_int(batch as u64)],
+            )?;
+            // A re-drive's members go with its firing (every row below the oldest firing left).
+            exec(
+                conn,
+                "DELETE FROM redrive_members WHERE firing < (SELECT COALESCE(MIN(seq), 9223372036854775807) FROM firings)",
+                [],
             )?;
             Ok(exec(
                 conn,

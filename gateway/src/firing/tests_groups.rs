@@ -136,3 +136,72 @@ fn a_group_survives_a_restart() {
     assert_eq!(f.insert(&by("e3", "/data/run/d", "alice"), one, None, 2_000).expect("insert").queued, 1);
     assert_eq!(f.claim(3_000, 10).expect("claim").ready[0].members.len(), 3);
 }
+
+/// A group's job that failed is re-driven on the group's files, not on its event's file alone,
+/// even once the group and its firing were pruned; so is a group's firing refused for good.
+#[test]
+fn a_redriven_groups_firing_runs_on_the_groups_files() {
+    use htfaas_functions::proto::{EventRef, JobNotification, JobState};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = open(dir.path());
+    let merge = collecting("merge", count(2));
+    let one = std::slice::from_ref(&merge);
+    for (id, path) in [("e1", "/data/run/a"), ("e2", "/data/run/b"), ("e3", "/data/two/a"), ("e4", "/data/two/b")] {
+        f.insert(&by(id, path, "alice"), one, None, 1_000).expect("insert");
+    }
+    let claim = f.claim(2_000, 10).expect("claim");
+    assert_eq!(claim.ready.len(), 2);
+    let (failed, refused) = (&claim.ready[0], &claim.ready[1]);
+    assert_eq!(
+        (failed.event.path.as_str(), failed.members.as_slice()),
+        ("/data/run/b", ["/data/run/a".to_owned()].as_slice())
+    );
+    f.mark_submitted(failed.seq, "job-1", 2_000).expect("submitted");
+    f.mark_refused(refused.seq, "namespace refused", 2_000).expect("refused");
+    let n = JobNotification {
+        seq: 1,
+        job_id: "job-1".into(),
+        owner: "alice".into(),
+        function: "merge".into(),
+        version: merge.version,
+        digest: Some(merge.manifest.module.clone()),
+        state: JobState::Failed,
+        reason: "exited with 3".into(),
+        hold_code: None,
+        event: EventRef::new("dcache-billing:pool@d", "e2", "/data/run/b"),
+        outputs: vec![],
+        usage: None,
+        attempts: 1,
+        exit_code: Some(3),
+        finished_at_ms: 3_000,
+        checkpoint: None,
+    };
+    assert!(f.dead_letter_job(&n, 3_000).expect("a failed job"));
+    // Long after: the firings and the groups are pruned; the entries are not.
+    let later = 10_000_000;
+    f.prune(later, 100).expect("prune");
+    let entries = f.dead_letters(&DeadLetterFilter { limit: 10, ..Default::default() }).expect("list");
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let record = |action: &str| {
+        crate::audit::admin_action(
+            "alice",
+            action,
+            htfaas_functions::audit::Subject::default(),
+            serde_json::Value::Null,
+        )
+    };
+    for e in &entries {
+        f.redrive(e.id, None, "alice", record("dlq.redrive"), later).expect("re-drive");
+    }
+    let again = f.claim(later, 10).expect("claim");
+    let mut runs: Vec<(String, Vec<String>)> =
+        again.ready.iter().map(|c| (c.event.path.clone(), c.members.clone())).collect();
+    runs.sort();
+    assert_eq!(
+        runs,
+        [
+            ("/data/run/b".to_owned(), vec!["/data/run/a".to_owned()]),
+            ("/data/two/b".to_owned(), vec!["/data/two/a".to_owned()]),
+        ]
+    );
+}
