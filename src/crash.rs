@@ -292,6 +292,8 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
         durability: opts.durability,
         workers: opts.workers,
         scheduler_overrides,
+        ep_relay: false,
+        ep_attach_ttl_s: None,
     })
     .await?;
     let client = procs.client()?;
