@@ -19,6 +19,8 @@
 //!   provider interface.
 //! - [`pki`] makes a private CA and a server certificate (the local stack with TLS, the
 //!   multi-host harness).
+//! - [`relay`] is a loopback TCP relay whose forwarding can be cut and mended (the EP's link
+//!   to the scheduler in the long-job harness, [`crash::long`]);
 //! - [`traffic`] is what the harnesses share: input files, `transfer` messages, job gauges,
 //!   CPU time, percentiles.
 //!
@@ -36,5 +38,6 @@ pub mod netns;
 pub mod overload;
 pub mod pki;
 pub mod procs;
+pub mod relay;
 pub mod stack;
 pub mod traffic;

@@ -41,7 +41,8 @@ enum Command {
     /// killed (SIGKILL) at a random moment and started again; then checks that every event ran
     /// each function exactly once, every output is right, accounting equals the job records
     /// and both audit trails verify. Prints the counts and each kill's recovery time; fails
-    /// unless every check holds.
+    /// unless every check holds. `--long`: one job of minutes through a scheduler restart, an
+    /// EP link cut, attach-token renewals and a move to another EP from its checkpoint.
     CrashTest(harness::CrashTestArgs),
     /// The multi-host harness: a site of network namespaces (a 3-node NATS cluster with the
     /// events stream at 3 replicas, the storage, the scheduler and gateway, EPs attached over
@@ -273,6 +274,16 @@ mod tests {
         let e = parse(&["ep"]).err().expect("refused");
         assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
         assert!(parse(&["ep", "--config", "f", "drain", "n", "--reason", "r"]).is_err());
+    }
+
+    #[test]
+    fn crash_test_long_takes_its_steps_and_not_the_streams_flags() {
+        let cli = parse(&["crash-test", "--long", "--steps", "120"]).expect("parses");
+        let Command::CrashTest(args) = cli.command else { panic!("not crash-test") };
+        assert_eq!((args.long, args.steps), (true, Some(120)));
+        assert!(parse(&["crash-test", "--steps", "120"]).is_err(), "--steps is for --long");
+        assert!(parse(&["crash-test", "--long", "--events", "10"]).is_err(), "no stream with --long");
+        assert!(parse(&["crash-test", "--events", "10"]).is_ok());
     }
 
     #[test]

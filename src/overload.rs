@@ -227,6 +227,8 @@ pub async fn run(opts: OverloadOptions) -> anyhow::Result<OverloadReport> {
         durability: Durability::Log,
         workers: opts.workers,
         scheduler_overrides: serde_json::Map::new(),
+        ep_relay: false,
+        ep_attach_ttl_s: None,
     })
     .await?;
     let result = measure(&opts, &procs, &dir).await;

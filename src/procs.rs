@@ -5,9 +5,15 @@
 //! resident memory is its own).
 //!
 //! Each component's output is appended to `logs/<name>.log` under the stack directory.
+//!
+//! The first EP ([`Component::Ep`]) may dial the scheduler through a [`Relay`]
+//! ([`ProcOptions::ep_relay`]), so that a harness can cut that link alone, and may hold an
+//! attach token shorter than its jobs ([`ProcOptions::ep_attach_ttl_s`]), so that it renews it
+//! over its session. Must not know: what a harness does with them.
 
 use crate::client::Client;
 use crate::nats::{NatsServer, free_port};
+use crate::relay::Relay;
 use crate::stack::Layout;
 use anyhow::{Context as _, bail};
 use htfaas_functions::Resources;
@@ -68,6 +74,26 @@ pub struct ProcOptions {
     pub workers: u32,
     /// Keys set in the scheduler's config over [`Layout::scheduler`]'s.
     pub scheduler_overrides: serde_json::Map<String, serde_json::Value>,
+    /// The first EP dials the scheduler through a [`Relay`] ([`ProcStack::ep_link`]) instead
+    /// of directly. Default (`false`): directly.
+    pub ep_relay: bool,
+    /// The life of the first EP's attach token, seconds (minted at start; the EP renews it
+    /// over its session when the scheduler renews). Default (`None`): the site token's 30 days.
+    pub ep_attach_ttl_s: Option<u64>,
+}
+
+/// The name the first EP ([`Component::Ep`]) says in its Hello.
+pub const EP_NAME: &str = "ep-proc-1";
+
+/// An EP of [`ProcStack::start_extra_ep`].
+#[derive(Debug, Clone)]
+pub struct ExtraEp {
+    /// Its process id.
+    pub pid: u32,
+    /// The name it says in its Hello, `ep-proc-<n>`.
+    pub name: String,
+    /// Its work directory (its jobs' directories are under `jobs/`).
+    pub work_dir: PathBuf,
 }
 
 /// The running processes.
@@ -81,6 +107,8 @@ pub struct ProcStack {
     scheduler: SocketAddr,
     gateway: SocketAddr,
     ep_metrics: SocketAddr,
+    /// The first EP's link to the scheduler, when [`ProcOptions::ep_relay`].
+    ep_link: Option<Relay>,
     /// EPs started by [`ProcStack::start_extra_ep`]: not restarted or killed by the harnesses,
     /// stopped by [`ProcStack::stop_all`] first.
     extra_eps: Vec<Child>,
@@ -112,6 +140,7 @@ impl ProcStack {
             scheduler: addr(free_port()?),
             gateway: addr(free_port()?),
             ep_metrics: addr(free_port()?),
+            ep_link: None,
             extra_eps: Vec::new(),
             http: htfaas_gateway::http_client()?,
         };
@@ -122,12 +151,24 @@ impl ProcStack {
             map.extend(opts.scheduler_overrides.clone());
         }
         let slots = Resources::new(opts.workers, 4096, 3600);
+        let ep_link = if opts.ep_relay {
+            Some(Relay::start(procs.scheduler).await.context("start the EP's relay")?)
+        } else {
+            None
+        };
+        let ep_scheduler_url =
+            ep_link.as_ref().map_or_else(|| scheduler_url.clone(), |r| format!("http://{}", r.addr()));
+        let mut ep = layout.ep(EP_NAME, &ep_scheduler_url, slots, Some(procs.ep_metrics))?;
+        if let Some(ttl_s) = opts.ep_attach_ttl_s {
+            ep["attach_token"] = crate::stack::mint_ep_token(dir, None, None, ttl_s)?.into();
+        }
         let configs = [
             (Component::Storage, layout.storage(procs.storage, &nats_url)),
             (Component::Scheduler, scheduler),
             (Component::Gateway, layout.gateway(procs.gateway, &nats_url, &storage_url, &scheduler_url)),
-            (Component::Ep, layout.ep("ep-proc-1", &scheduler_url, slots, Some(procs.ep_metrics))?),
+            (Component::Ep, ep),
         ];
+        procs.ep_link = ep_link;
         for (c, json) in configs {
             std::fs::write(procs.config_path(c), serde_json::to_vec_pretty(&json)?)?;
         }
@@ -178,6 +219,16 @@ impl ProcStack {
         Client::new(self.layout.info(self.gateway_url(), self.scheduler_url(), self.storage_url(), self.nats_url()))
     }
 
+    /// The first EP's link to the scheduler, to cut and mend, when [`ProcOptions::ep_relay`].
+    pub fn ep_link(&self) -> Option<&Relay> {
+        self.ep_link.as_ref()
+    }
+
+    /// The first EP's work directory (its jobs' directories are under `jobs/`).
+    pub fn ep_work_dir(&self) -> PathBuf {
+        self.dir.join("ep")
+    }
+
     /// The process id of `c`, while it runs.
     pub fn pid(&self, c: Component) -> Option<u32> {
         match c {
@@ -187,15 +238,18 @@ impl ProcStack {
     }
 
     /// Starts one more EP with `cores` slots (its own work directory, config and log, named
-    /// `ep-proc-<n>`), waits until it answers, and returns its process id. For runs that compare
-    /// EP shapes (`htfaas bench`'s scaling); the harnesses' [`Component::Ep`] stays the first.
-    pub async fn start_extra_ep(&mut self, cores: u32) -> anyhow::Result<u32> {
+    /// `ep-proc-<n>`), attached directly with a site token, and waits until it answers. For
+    /// runs that compare EP shapes (`htfaas bench`'s scaling) and a job's move to another EP
+    /// (the long-job harness); the harnesses' [`Component::Ep`] stays the first.
+    pub async fn start_extra_ep(&mut self, cores: u32) -> anyhow::Result<ExtraEp> {
         let n = self.extra_eps.len() + 2;
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let slots = Resources::new(cores, 4096, 3600);
-        let mut json = self.layout.ep(&format!("ep-proc-{n}"), &self.scheduler_url(), slots, Some(metrics))?;
+        let name = format!("ep-proc-{n}");
+        let work_dir = self.dir.join(format!("ep-{n}"));
+        let mut json = self.layout.ep(&name, &self.scheduler_url(), slots, Some(metrics))?;
         if let Some(map) = json.as_object_mut() {
-            map.insert("work_dir".into(), self.dir.join(format!("ep-{n}")).to_string_lossy().into());
+            map.insert("work_dir".into(), work_dir.to_string_lossy().into());
         }
         let config = self.dir.join(format!("config/ep-{n}.json"));
         std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
@@ -234,7 +288,7 @@ impl ProcStack {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.extra_eps.push(child);
-        Ok(pid)
+        Ok(ExtraEp { pid, name, work_dir })
     }
 
     /// The process ids of the EPs of [`ProcStack::start_extra_ep`].
@@ -280,6 +334,18 @@ impl ProcStack {
         let mut child = self.children.remove(&c).with_context(|| format!("{} is not running", c.name()))?;
         child.start_kill().with_context(|| format!("kill {}", c.name()))?;
         child.wait().await?;
+        Ok(())
+    }
+
+    /// Stops `c` as its service manager would: SIGTERM (an EP drains: it takes no new job,
+    /// waits its drain timeout of 5 s for running ones, then stops them and leaves), and waits
+    /// until it exited (SIGKILL after 20 s). Not for NATS (see [`ProcStack::kill`]).
+    pub async fn stop_one(&mut self, c: Component) -> anyhow::Result<()> {
+        if c == Component::Nats {
+            bail!("nats-server is stopped only with the stack");
+        }
+        let mut child = self.children.remove(&c).with_context(|| format!("{} is not running", c.name()))?;
+        stop_child(&mut child, c.name()).await;
         Ok(())
     }
 

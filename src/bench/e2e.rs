@@ -166,6 +166,8 @@ impl Bench {
             durability,
             workers: first,
             scheduler_overrides,
+            ep_relay: false,
+            ep_attach_ttl_s: None,
         };
         let mut stack = ProcStack::start(&opts).await.context("start the stack")?;
         for &cores in more {

@@ -1,6 +1,6 @@
-//! `htfaas bench`, `htfaas crash-test` and `htfaas overload`: the measuring and checking
-//! harnesses of the library ([`htfaas::bench`], [`htfaas::crash`], [`htfaas::overload`]), each on a
-//! stack of its own. Must not know: how their figures and reports are printed ([`super::output`]).
+//! `htfaas bench`, `htfaas crash-test` (`--long`: [`htfaas::crash::long`]) and `htfaas overload`:
+//! the measuring and checking harnesses of the library ([`htfaas::bench`], [`htfaas::crash`],
+//! [`htfaas::overload`]), each on a stack of its own. Must not know: how their figures and reports are printed ([`super::output`]).
 
 use super::output;
 use anyhow::Context as _;
@@ -75,6 +75,14 @@ pub struct CrashTestArgs {
     /// Seed of the kill order, moments and down times (default: the clock).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Instead of the stream, one long job through a scheduler restart, an EP link cut,
+    /// attach-token renewals and a move to another EP from its checkpoint; its output is
+    /// checked against an uninterrupted run's. Prints each interruption and what it cost.
+    #[arg(long, conflicts_with_all = ["events", "rate", "rounds", "seed", "workers"])]
+    pub long: bool,
+    /// With --long: the job's steps, one a second (default 150).
+    #[arg(long, requires = "long")]
+    pub steps: Option<u64>,
     /// fsync behind every acknowledgement, instead of JetStream's own `log` durability.
     #[arg(long)]
     pub fsync: bool,
@@ -188,15 +196,31 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 
 /// `htfaas crash-test`.
 pub async fn crash_test(args: CrashTestArgs) -> anyhow::Result<()> {
-    let CrashTestArgs { events, rate, rounds, seed, fsync, workers, keep, nats_server } = args;
+    let CrashTestArgs { events, rate, rounds, seed, long, steps, fsync, workers, keep, nats_server } = args;
     let exe = std::env::current_exe().context("find this binary")?;
     let wasm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/target/wasm32-wasip1/release");
+    let durability = if fsync { Durability::Fsync } else { Durability::Log };
+    if long {
+        let mut opts = htfaas::crash::long::LongOptions::new(exe, wasm);
+        opts.steps = steps.unwrap_or(opts.steps);
+        opts.durability = durability;
+        opts.dir = keep;
+        opts.nats_binary = nats_server;
+        let stop = super::signals::on_signals();
+        let report = tokio::select! {
+            report = htfaas::crash::long::run(opts) => report?,
+            () = stop.cancelled() => anyhow::bail!("interrupted; the stack the harness started is stopped"),
+        };
+        output::report(&report);
+        anyhow::ensure!(report.passed(), "the long-job harness found a problem (above)");
+        return Ok(());
+    }
     let mut opts = htfaas::crash::CrashOptions::new(exe, wasm);
     opts.events = events;
     opts.rate = rate;
     opts.rounds = rounds;
     opts.seed = seed.unwrap_or(opts.seed);
-    opts.durability = if fsync { Durability::Fsync } else { Durability::Log };
+    opts.durability = durability;
     opts.workers = workers;
     opts.dir = keep;
     opts.nats_binary = nats_server;

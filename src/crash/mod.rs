@@ -22,6 +22,11 @@
 //! are written into the storage's data directory beforehand (1 KiB each), so writing them
 //! fires nothing. Kill moments and down times come from one seed, printed for a replay.
 //! Everything listens on 127.0.0.1 ports picked at start.
+//!
+//! [`long`] is the same for one long job (`htfaas crash-test --long`): a scheduler restart, an
+//! EP link cut, attach-token renewals and a move to another EP from its checkpoint, in one run.
+
+pub mod long;
 
 use crate::procs::{Component, ProcOptions, ProcStack};
 use crate::stack::USER;
@@ -292,6 +297,8 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
         durability: opts.durability,
         workers: opts.workers,
         scheduler_overrides,
+        ep_relay: false,
+        ep_attach_ttl_s: None,
     })
     .await?;
     let client = procs.client()?;
