@@ -20,8 +20,9 @@
 //!    its running jobs) and the token's last third; then the harness waits for one more
 //!    renewal over the same session;
 //! 4. the first EP is stopped as its host would be (SIGTERM: it drains for 5 s, then stops the
-//!    job, which stores its checkpoint, and leaves): the job resumes on the second EP from
-//!    the count it stored.
+//!    job, which stores its checkpoint, reports it and leaves): the scheduler resumes the job
+//!    at once (its attempt `vacated`, no retry used) on the second EP from the count it
+//!    stored.
 //!
 //! Then: both jobs completed, their outputs are the same bytes (`N\n`); the job resumed (its
 //! log's `starting at K`) from at least the last count the first EP reached and never ran on
@@ -209,8 +210,15 @@ impl LongReport {
         let want = format!("{}\n", self.steps).into_bytes();
         let on_first = |a: &Attempt| a.ep == EP_NAME;
         let interrupted = self.attempts.iter().filter(|a| a.outcome == "interrupted").count();
+        // The move is a vacate: the first EP reported the job with its checkpoint stored, so
+        // the scheduler resumed it at once, no retry used.
         let moved = match self.attempts.split_last() {
-            Some((last, before)) => last.outcome == "completed" && !on_first(last) && before.iter().all(on_first),
+            Some((last, before)) => {
+                last.outcome == "completed"
+                    && !on_first(last)
+                    && before.iter().all(on_first)
+                    && before.last().is_some_and(|a| a.outcome == "vacated")
+            }
             None => false,
         };
         self.states == (Some(JobState::Completed), Some(JobState::Completed))
@@ -683,7 +691,7 @@ mod tests {
             steps: 3,
             attempts: vec![
                 attempt(1, EP_NAME, "interrupted"),
-                attempt(2, EP_NAME, "lost"),
+                attempt(2, EP_NAME, "vacated"),
                 attempt(3, "ep-proc-2", "completed"),
             ],
             reference_attempts: vec![attempt(1, "ep-proc-2", "completed")],
@@ -706,5 +714,8 @@ mod tests {
         let mut again = good.clone();
         again.attempts.insert(2, attempt(3, "ep-proc-2", "lost"));
         assert!(!again.passed(), "ran on the second EP twice");
+        let mut lost = good.clone();
+        lost.attempts[1].outcome = "lost".into();
+        assert!(!lost.passed(), "the move cost a retry");
     }
 }

@@ -100,6 +100,7 @@ async fn a_job_stopped_on_one_ep_resumes_on_another_from_its_checkpoint_with_the
     let history = client.job_history(&done.id).await.expect("history");
     let last = history.last().expect("attempts");
     assert_eq!((history.len(), last.outcome.as_str()), (2, "completed"), "{history:#?}");
+    assert_eq!(history[0].outcome, "vacated", "stopped with its checkpoint stored: no retry used");
     let wall_ms = last.usage.expect("usage").wall_ms;
     println!(
         "resumed on ep-b in {wall_ms} ms; {STEPS} steps of a second take at least {} ms from scratch",

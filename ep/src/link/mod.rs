@@ -431,7 +431,11 @@ impl Link {
         self.reserved.remove(&report.job_id);
         self.vacating.remove(&report.job_id);
         let stopped = self.stopped.remove(&report.job_id) && matches!(report.outcome, Outcome::Cancelled { .. });
-        if stopped {
+        // A job that stored its checkpoint as it stopped is reported, so the scheduler resumes
+        // it from there at once (a vacate, no retry used); any other is left for the scheduler
+        // to run again once the session closes.
+        let vacated = report.checkpoint.as_ref().is_some_and(|c| c.saved.is_some());
+        if stopped && !vacated {
             tracing::info!(job.id = %report.job_id, "job stopped with the EP; not reported, so it runs again elsewhere");
         } else {
             self.pending.push_back(EpMsg::Finished(report));

@@ -7,7 +7,7 @@
 //! in `/checkpoint/n`); the storage is the fake's checkpoint area ([`Harness::with_checkpoint`]).
 
 use crate::fake::{Harness, until};
-use htfaas_functions::proto::{JobAssignment, Outcome, SchedulerMsg};
+use htfaas_functions::proto::{EpMsg, JobAssignment, Outcome, SchedulerMsg};
 use sha2::{Digest as _, Sha256};
 use std::io::Read as _;
 
@@ -150,6 +150,29 @@ async fn a_removed_job_clears_its_checkpoint_area_instead_of_storing_it() {
     assert_eq!(requests(&h), [req("GET", 200), req("DELETE", 204), req("DELETE", 204)]);
     assert_eq!(stored(&h, "count-gone"), None);
     h.stop().await;
+}
+
+/// An EP stopping on its own (its host's SIGTERM after a drain) stores a running job's
+/// checkpoint and reports the job, so the scheduler resumes it elsewhere at once; a job without
+/// a checkpoint is not reported (the scheduler runs it again once the session closes).
+#[tokio::test]
+async fn a_job_stopped_with_the_ep_is_reported_with_the_checkpoint_it_stored() {
+    let mut h = Harness::start().await;
+    let mut c = h.conn().await;
+    c.hello_welcome().await;
+    c.send(&SchedulerMsg::Assign(counting(&h, "count-leave", &["600"], None, 1 << 20)));
+    let n = h.work.path().join("jobs/count-leave/checkpoint/n");
+    until("the guest to keep a count", || n.exists()).await;
+    h.shutdown.cancel();
+    assert_eq!(c.recv().await, EpMsg::Draining);
+    h.stop_now.cancel();
+    let r = c.finished().await;
+    assert_eq!(r.outcome, Outcome::Cancelled { reason: "EP stopping".into() }, "log: {}", r.log);
+    let saved = r.checkpoint.and_then(|c| c.saved).expect("stored as it stopped");
+    let tar = stored(&h, "count-leave").expect("the storage holds it");
+    assert_eq!(saved.sha256, hex::encode(Sha256::digest(&tar)));
+    assert!(count_in(&tar) >= 1, "the count the guest kept");
+    h.ended().await.expect("stopped cleanly");
 }
 
 #[tokio::test]

@@ -1,15 +1,19 @@
 //! A guest that asked to be resumed ([`Outcome::Checkpointed`]: it exited with its checkpoint
-//! exit code, and its EP stored its `/checkpoint`): [`Queue::finish`](super::Queue::finish)
-//! asks [`checkpoint_resume`] whether the job runs again from that checkpoint, on any EP.
+//! exit code, and its EP stored its `/checkpoint`), or one its EP stopped on its own while
+//! leaving and vacated with its checkpoint stored (an [`Outcome::Cancelled`] the scheduler did
+//! not ask for, reported with the checkpoint): [`Queue::finish`](super::Queue::finish) asks
+//! [`checkpoint_resume`] whether the job runs again from that checkpoint, on any EP.
 //!
 //! The rule: an attempt that stored a checkpoint other than the one it started from
 //! ([`CheckpointReport::progressed`]) runs again at once, no retry used, while the job has
 //! been resumed fewer than [`MAX_RESUMES`] times and its attempts together ran less than
-//! [`MAX_RUNTIME_FACTOR`] times its run time. Otherwise the checkpoint exit is what it would
+//! [`MAX_RUNTIME_FACTOR`] times its run time. Otherwise a checkpoint exit is what it would
 //! be without checkpoints, a non-zero exit, and the job's retry policy decides (so a guest that
-//! keeps exiting without progress is bounded by its retries). Every attempt is charged; the
-//! attempt ends `checkpointed`, and its `job.finished` record names what it started from and
-//! stored.
+//! keeps exiting without progress is bounded by its retries), and a vacate is a return (a lost
+//! attempt, counted against the retry limit, as without checkpoints). Every attempt is
+//! charged; the attempt ends `checkpointed` or `vacated`, and its `job.finished` record names
+//! what it started from and stored. So a node drained for a kernel update costs a long job
+//! the steps since its last checkpoint, not one of its retries.
 //!
 //! Must not know: the EP table, sessions beyond their id, HTTP, the storage.
 
@@ -49,13 +53,15 @@ pub(super) fn checkpoint_resume(
     subject: &Subject,
     half_life_s: f64,
 ) -> Result<Resume, QueueError> {
-    let Outcome::Checkpointed { exit_code } = report.outcome else {
-        return Ok(Resume::AsExit { note: String::new() });
+    let (exit_code, outcome) = match report.outcome {
+        Outcome::Checkpointed { exit_code } => (Some(exit_code), "checkpointed"),
+        Outcome::Cancelled { .. } => (None, "vacated"),
+        _ => return Ok(Resume::AsExit { note: String::new() }),
     };
     let checkpoint = report.checkpoint.clone().unwrap_or_default();
     let (resumed, ran_ms): (u32, i64) = row(
         tx,
-        "SELECT COUNT(*) FILTER (WHERE outcome = 'checkpointed'), \
+        "SELECT COUNT(*) FILTER (WHERE outcome IN ('checkpointed', 'vacated')), \
                 COALESCE(SUM(json_extract(usage, '$.wall_ms')), 0) \
          FROM attempts WHERE job_id = ?1",
         params![report.job_id],
@@ -76,15 +82,17 @@ pub(super) fn checkpoint_resume(
         None
     };
     if let Some(note) = why_not {
-        report.outcome = Outcome::Exited { exit_code };
+        if let Some(exit_code) = exit_code {
+            report.outcome = Outcome::Exited { exit_code };
+        }
         return Ok(Resume::AsExit { note });
     }
-    let again = Again { outcome: "checkpointed", then: "resume", exit_code: Some(exit_code), delay_ms: 0 };
+    let again = Again { outcome, then: "resume", exit_code, delay_ms: 0 };
     let record = back_to_idle(tx, job, report, subject, again, half_life_s)?
         .with_detail("resumes", (resumed + 1).into())
         .with_detail("checkpoint", checkpoint_detail(&checkpoint));
     audit::append_in(tx, record)?;
-    tracing::info!(job.id = %report.job_id, attempt = job.attempt, "checkpointed: runs again from its checkpoint");
+    tracing::info!(job.id = %report.job_id, attempt = job.attempt, "{outcome}: runs again from its checkpoint");
     Ok(Resume::Again)
 }
 

@@ -76,3 +76,25 @@ async fn a_checkpoint_exit_without_progress_is_a_failed_exit_its_retries_bound()
     let outcomes: Vec<String> = q.history(id).await.expect("history").into_iter().map(|a| a.outcome).collect();
     assert_eq!(outcomes, ["checkpointed", "failed", "failed"]);
 }
+
+/// A job its EP stopped on its own while leaving (a drain past its deadline, the EP's end),
+/// vacated with a new checkpoint stored, runs again at once without a loss counted; stopped
+/// without a new checkpoint it is a return, a lost attempt after the backoff, as before.
+#[tokio::test]
+async fn a_vacate_that_stored_a_new_checkpoint_resumes_at_once_and_one_without_is_a_loss() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let q = Queue::open(&dir.path().join("q.db")).expect("open");
+    let id = q.submit(new_job("k1", "k1", 1)).await.expect("submit").job_id;
+    let vacated = |restored: Option<&str>, saved: &str| JobReport {
+        outcome: Outcome::Cancelled { reason: "EP stopping".into() },
+        ..checkpointed(&id, restored, saved)
+    };
+    assert_eq!(run(&q, &id, 1, vacated(None, "aa")).await, JobState::Idle);
+    assert_eq!(q.retry_state(id.clone()).await.expect("retry state").0, 0, "no loss");
+    assert_eq!(run(&q, &id, 2, vacated(Some("aa"), "aa")).await, JobState::Idle, "a return");
+    assert_eq!(q.retry_state(id.clone()).await.expect("retry state").0, 1, "a loss");
+    let history = q.history(id.clone()).await.expect("history");
+    let outcomes: Vec<&str> = history.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["vacated", "returned"]);
+    assert!(history[0].usage.is_some(), "the vacated attempt is charged: {history:?}");
+}

@@ -635,7 +635,16 @@ fn finish_in(
             return Ok(Some(Finished { owner, state }));
         }
     };
+    let failing = Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session, attempt };
     if let (true, Outcome::Cancelled { .. }) = (stored == "running", &report.outcome) {
+        // Stopped by its EP on its own (leaving): with a new checkpoint stored, a vacate that
+        // resumes at once; else a return.
+        if report.checkpoint.as_ref().is_some_and(htfaas_functions::checkpoint::CheckpointReport::progressed) {
+            let runtime_s = request.as_ref().map_or(0, |r| r.resources.runtime_s);
+            if checkpoint_resume(tx, &failing, &mut report, runtime_s, &subject, self_half_life)? == Resume::Again {
+                return Ok(Some(Finished { owner, state: JobState::Idle }));
+            }
+        }
         let state = returned(tx, &job, attempt, &report, subject, loss)?;
         return Ok(Some(Finished { owner, state }));
     }
@@ -647,7 +656,6 @@ fn finish_in(
     // progress is a non-zero exit. A guest failure its retry policy lists runs again while
     // retries are left.
     let mut final_note = None;
-    let failing = Failing { owner: &owner, group: group.as_deref(), cpus, ep: &ep, ep_session, attempt };
     if stored == "running" && matches!(report.outcome, Outcome::Checkpointed { .. }) {
         let runtime_s = request.as_ref().map_or(0, |r| r.resources.runtime_s);
         match checkpoint_resume(tx, &failing, &mut report, runtime_s, &subject, self_half_life)? {
