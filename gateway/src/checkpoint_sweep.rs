@@ -28,6 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use crate::dead_letters::Handled as Cleared;
+
 /// Tries of one clearing before it is given up.
 pub const MAX_DELIVER: i64 = 6;
 /// Waits between tries (the last repeats).
@@ -45,17 +47,6 @@ pub fn consumer_name(consumer: &str) -> String {
 pub async fn run(js: jetstream::Context, consumer: String, shared: Arc<Shared>, shutdown: CancellationToken) {
     let Some(root) = shared.checkpoint_dir.clone() else { return };
     crate::dead_letters::retrying(&shutdown, "the checkpoint sweep", || feed(&js, &consumer, &shared, &root)).await;
-}
-
-/// What became of one clearing.
-#[derive(Debug, PartialEq, Eq)]
-enum Cleared {
-    /// Done, already gone, or nothing to clear: ack.
-    Done,
-    /// Worth another try after the backoff.
-    Again(String),
-    /// Given up.
-    Refused(String),
 }
 
 async fn feed(js: &jetstream::Context, consumer: &str, shared: &Arc<Shared>, root: &str) -> anyhow::Result<()> {
@@ -85,25 +76,11 @@ async fn feed(js: &jetstream::Context, consumer: &str, shared: &Arc<Shared>, roo
 
 /// Clears one notification's area and tells JetStream what became of it.
 async fn settle(storage: &StorageClient, root: &str, message: jetstream::Message) {
-    let tries = message.info().map(|i| i.delivered).unwrap_or(1);
     let outcome = match serde_json::from_slice::<JobNotification>(&message.payload) {
         Ok(n) => clear(storage, root, &n).await,
         Err(e) => Cleared::Refused(format!("a notification that does not parse: {e}")),
     };
-    match outcome {
-        Cleared::Done => {
-            let _ = message.ack().await;
-        }
-        Cleared::Again(why) if tries < MAX_DELIVER => {
-            let wait = BACKOFF[usize::try_from(tries - 1).unwrap_or(0).min(BACKOFF.len() - 1)];
-            tracing::info!(subject = %message.subject, tries, "checkpoint area cleared again in {wait:?}: {why}");
-            let _ = message.ack_with(jetstream::AckKind::Nak(Some(wait))).await;
-        }
-        Cleared::Again(why) | Cleared::Refused(why) => {
-            tracing::warn!(subject = %message.subject, tries, "checkpoint area not cleared: {why}");
-            let _ = message.ack_with(jetstream::AckKind::Term).await;
-        }
-    }
+    crate::dead_letters::settle(&message, outcome, MAX_DELIVER, &BACKOFF, "checkpoint area clearing").await;
 }
 
 /// The storage path of the checkpoint area `url` when it is one this gateway makes: a

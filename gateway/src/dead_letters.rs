@@ -52,6 +52,49 @@ pub async fn run(js: jetstream::Context, consumer: String, shared: Arc<Shared>, 
     );
 }
 
+/// What became of one notification a feed handled (the webhook feed's deliveries, the
+/// checkpoint sweep's clearings).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Handled {
+    /// Done, or nothing to do: ack.
+    Done,
+    /// Worth another try after a backoff.
+    Again(String),
+    /// Given up.
+    Refused(String),
+}
+
+/// Tells JetStream what became of `message` (delivered `tries` times): ack when done; else
+/// another try after `backoff[tries - 1]` (the last repeats) while fewer than `max_deliver`
+/// tries were made; else end it. Returns whether it was given up (`what` names the feed in the
+/// log).
+pub(crate) async fn settle(
+    message: &jetstream::Message,
+    handled: Handled,
+    max_deliver: i64,
+    backoff: &[Duration],
+    what: &str,
+) -> bool {
+    let tries = message.info().map(|i| i.delivered).unwrap_or(1);
+    match handled {
+        Handled::Done => {
+            let _ = message.ack().await;
+            false
+        }
+        Handled::Again(why) if tries < max_deliver && !backoff.is_empty() => {
+            let wait = backoff[usize::try_from(tries - 1).unwrap_or(0).min(backoff.len() - 1)];
+            tracing::info!(subject = %message.subject, tries, "{what} tried again in {wait:?}: {why}");
+            let _ = message.ack_with(jetstream::AckKind::Nak(Some(wait))).await;
+            false
+        }
+        Handled::Again(why) | Handled::Refused(why) => {
+            tracing::warn!(subject = %message.subject, tries, "{what} given up: {why}");
+            let _ = message.ack_with(jetstream::AckKind::Term).await;
+            true
+        }
+    }
+}
+
 /// Runs `step` again after [`RETRY`] whenever it ends, until `shutdown`; `what` names it in the
 /// log (the dead-letter feeds, the webhook feed).
 pub(crate) async fn retrying<F, Fut>(shutdown: &CancellationToken, what: &str, mut step: F)

@@ -26,6 +26,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use crate::dead_letters::Handled as Delivery;
+
 /// Tries of one delivery before it is given up.
 pub const MAX_DELIVER: i64 = 6;
 /// Waits between tries (the last repeats).
@@ -43,16 +45,6 @@ pub fn consumer_name(consumer: &str) -> String {
 /// Delivers failed jobs' notifications to their functions' webhooks until `shutdown`.
 pub async fn run(js: jetstream::Context, consumer: String, shared: Arc<Shared>, shutdown: CancellationToken) {
     crate::dead_letters::retrying(&shutdown, "the webhook feed", || feed(&js, &consumer, &shared)).await;
-}
-
-/// What became of one delivery.
-enum Delivery {
-    /// Taken, or nothing to send (no webhook): ack.
-    Done,
-    /// Worth another try after the backoff.
-    Again(String),
-    /// Given up.
-    Refused(String),
 }
 
 async fn feed(js: &jetstream::Context, consumer: &str, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -83,25 +75,12 @@ async fn feed(js: &jetstream::Context, consumer: &str, shared: &Arc<Shared>) -> 
 
 /// Delivers one notification and tells JetStream what became of it.
 async fn settle(shared: &Shared, message: jetstream::Message) {
-    let tries = message.info().map(|i| i.delivered).unwrap_or(1);
     let outcome = match serde_json::from_slice::<JobNotification>(&message.payload) {
         Ok(n) => deliver(shared, &n, &message.payload).await,
         Err(e) => Delivery::Refused(format!("a notification that does not parse: {e}")),
     };
-    match outcome {
-        Delivery::Done => {
-            let _ = message.ack().await;
-        }
-        Delivery::Again(why) if tries < MAX_DELIVER => {
-            let wait = BACKOFF[usize::try_from(tries - 1).unwrap_or(0).min(BACKOFF.len() - 1)];
-            tracing::info!(subject = %message.subject, tries, "webhook delivery tried again in {wait:?}: {why}");
-            let _ = message.ack_with(jetstream::AckKind::Nak(Some(wait))).await;
-        }
-        Delivery::Again(why) | Delivery::Refused(why) => {
-            shared.webhooks.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(subject = %message.subject, tries, "webhook delivery given up: {why}");
-            let _ = message.ack_with(jetstream::AckKind::Term).await;
-        }
+    if crate::dead_letters::settle(&message, outcome, MAX_DELIVER, &BACKOFF, "webhook delivery").await {
+        shared.webhooks.failed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
