@@ -99,7 +99,7 @@ async fn removing_idle_running_and_held_jobs() {
     );
     let rec = server.act(&running, "remove", "runaway").await;
     assert_eq!((rec.state, rec.reason.as_str()), (JobState::Removed, "removed by admin: runaway"));
-    assert_eq!(next_json(&mut ep).await, cancel_msg(&running, "removed by admin: runaway"));
+    assert_eq!(next_json(&mut ep).await, ending_cancel_msg(&running, "removed by admin: runaway"));
     assert!(server.job(&running).await.finished_at_ms.is_some());
 
     // Nothing is left to do to a removed job.

@@ -454,6 +454,12 @@ fn one_cpu(fx: &Fixture, key: &str) -> SubmitRequest {
     r
 }
 
+/// The Cancel a hold sends (the job may run again: its checkpoint is kept).
 fn cancel_msg(id: &str, reason: &str) -> Value {
     serde_json::json!({"type": "cancel", "job_id": id, "reason": reason})
+}
+
+/// The Cancel a removal sends (the job ends: its checkpoint goes).
+fn ending_cancel_msg(id: &str, reason: &str) -> Value {
+    serde_json::json!({"type": "cancel", "job_id": id, "reason": reason, "ends": true})
 }

@@ -367,7 +367,7 @@ async fn a_job_still_running_past_its_run_time_is_removed_with_the_reason() {
     let (mut ws, ep_id) = attach_ep(&server, &fx, "ep-a", Resources::new(2, 4096, 3600)).await;
     assert_eq!(expect_assign(&mut ws, "alice").await, id);
     // The EP never reports: the scheduler removes the job and tells the EP to stop it.
-    assert_eq!(next_json(&mut ws).await, cancel_msg(&id, "the job exceeded its run time"));
+    assert_eq!(next_json(&mut ws).await, ending_cancel_msg(&id, "the job exceeded its run time"));
     let job = server.job(&id).await;
     assert_eq!(
         (job.state, job.reason.as_str()),

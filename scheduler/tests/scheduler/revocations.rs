@@ -94,8 +94,7 @@ async fn revoking_an_owner_stops_their_running_jobs_and_closes_their_eps() {
     let mut stopped = vec![on_site.clone(), on_alices.clone()];
     stopped.sort();
     assert_eq!((r.removed_jobs, r.stopped_jobs, r.closed_eps), (vec![queued.clone()], stopped, vec![alices_id]));
-    let cancel =
-        |id: &str| serde_json::json!({"type": "cancel", "job_id": id, "reason": "token revoked: account closed"});
+    let cancel = |id: &str| serde_json::json!({"type": "cancel", "job_id": id, "reason": "token revoked: account closed", "ends": true});
     assert_eq!(next_json(&mut site).await, cancel(&on_site));
     assert_eq!(next_json(&mut alices).await, cancel(&on_alices));
     assert_eq!(expect_close(&mut alices).await, (4403, "attach token revoked: account closed".to_owned()));
