@@ -1,6 +1,6 @@
 //! The EP's counters ([`Metrics`]): jobs ended by outcome, their durations, guest
 //! instantiations, modules compiled ahead or refused for it, reference files by where they
-//! came from, and checkpoints restored, saved or refused. Every counter is an atomic: a job's end costs a few relaxed additions.
+//! came from, checkpoints restored, saved or refused, and attach-token renewals. Every counter is an atomic: a job's end costs a few relaxed additions.
 //!
 //! Bottom of the EP: the job tasks count here and [`crate::metrics`] serves them; must not
 //! know about HTTP or the config.
@@ -87,6 +87,8 @@ pub struct Metrics {
     pub(crate) refs_from_storage: AtomicU64,
     /// Checkpoints, by [`CheckpointEvent`].
     pub(crate) checkpoints: [AtomicU64; CHECKPOINT_EVENTS.len()],
+    /// Attach tokens the scheduler renewed ([0]) and renewals it refused ([1]).
+    pub(crate) attach_renewals: [AtomicU64; 2],
 }
 
 impl Default for Metrics {
@@ -102,6 +104,7 @@ impl Default for Metrics {
             refs_from_cache: AtomicU64::new(0),
             refs_from_storage: AtomicU64::new(0),
             checkpoints: Default::default(),
+            attach_renewals: Default::default(),
         }
     }
 }
@@ -126,6 +129,11 @@ impl Metrics {
     /// Warm messages refused: (module URL outside the allowed origins, digest mismatch).
     pub fn warm_refused(&self) -> (u64, u64) {
         (self.warm_refused_origin.load(Ordering::Relaxed), self.warm_refused_digest.load(Ordering::Relaxed))
+    }
+
+    /// The scheduler answered a renewal of the attach token: `renewed`, or refused.
+    pub(crate) fn attach_renewal(&self, renewed: bool) {
+        self.attach_renewals[usize::from(!renewed)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A job's reference file was read: linked from the cache, or downloaded.

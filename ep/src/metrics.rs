@@ -25,6 +25,7 @@
 //! | `htfaas_ep_warm_failed_total` | counter | | warm messages that failed otherwise (fetch, compile) or were dropped (queue full) |
 //! | `htfaas_ep_reference_files_total` | counter | `from` (`cache`, `storage`) | jobs' reference files linked from the EP's cache, or downloaded |
 //! | `htfaas_ep_checkpoints_total` | counter | `event` (`restored`, `saved`, `over_bound`, `failed`) | jobs' checkpoints restored before a run, stored after one, refused for their bound, or failed otherwise |
+//! | `htfaas_ep_attach_renewals_total` | counter | `result` (`renewed`, `refused`) | renewals of the EP's attach token the scheduler answered |
 //!
 //! Every counter is an atomic: a job's end costs a few relaxed additions, no lock.
 
@@ -156,6 +157,16 @@ impl Collector for EpCollector {
         for (i, event) in CHECKPOINT_EVENTS.iter().enumerate() {
             let n = m.checkpoints[i].load(Ordering::Relaxed);
             checkpoints.encode_family(&[("event", *event)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+        let mut renewals = e.encode_descriptor(
+            "htfaas_ep_attach_renewals",
+            "Renewals of the EP's attach token the scheduler answered: renewed or refused.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, result) in ["renewed", "refused"].iter().enumerate() {
+            let n = m.attach_renewals[i].load(Ordering::Relaxed);
+            renewals.encode_family(&[("result", *result)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
         Ok(())
     }

@@ -669,6 +669,7 @@ impl Link {
             SchedulerMsg::RenewRefused { job_id, reason } => self.answer_renewal(&job_id, Err(reason)),
             SchedulerMsg::AttachRenewed { token, lease } => {
                 tracing::info!(expires_in_s = lease.expires_in_ms / 1000, "attach token renewed");
+                self.settings.metrics.attach_renewal(true);
                 let (dir, kept) = (self.settings.work_dir.clone(), token.clone());
                 drop(tokio::task::spawn_blocking(move || crate::kept_token::keep(&dir, &kept)));
                 self.attach_token = token;
@@ -676,6 +677,7 @@ impl Link {
             }
             SchedulerMsg::AttachRenewRefused { reason } => {
                 tracing::warn!(%reason, "the scheduler did not renew the attach token; the session ends when it expires");
+                self.settings.metrics.attach_renewal(false);
                 self.renew_attach_at = None;
             }
             SchedulerMsg::Retire { reason } => {

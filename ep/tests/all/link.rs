@@ -81,7 +81,7 @@ async fn a_job_without_an_input_reads_only_its_references() {
 
 #[tokio::test]
 async fn the_ep_asks_for_a_new_attach_token_when_told_and_dials_with_it_from_then_on() {
-    let mut h = Harness::start().await;
+    let mut h = Harness::start_with(|c| c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"))).await;
     let mut c = h.conn().await;
     let hello = match c.recv().await {
         EpMsg::Hello(hello) => hello,
@@ -102,6 +102,13 @@ async fn the_ep_asks_for_a_new_attach_token_when_told_and_dials_with_it_from_the
     // And kept for a later start (which dials with it when it renews the configured one).
     let kept = h.work.path().join("attach-token");
     until("the renewed token kept", || std::fs::read_to_string(&kept).is_ok_and(|t| t == RENEWED_ATTACH)).await;
+    let page = h.metrics_page().await;
+    for line in [
+        r#"htfaas_ep_attach_renewals_total{result="renewed"} 1"#,
+        r#"htfaas_ep_attach_renewals_total{result="refused"} 0"#,
+    ] {
+        assert!(page.contains(line), "{line} in:\n{page}");
+    }
     h.stop().await;
 }
 
