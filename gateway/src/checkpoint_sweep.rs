@@ -107,9 +107,8 @@ async fn clear(storage: &StorageClient, root: &str, n: &JobNotification) -> Clea
     };
     let file = format!("{area}{CHECKPOINT_FILE}");
     for (what, path) in [("delete the checkpoint of", file.as_str()), ("delete", area.as_str())] {
-        match storage.delete(path, &macaroon).await {
-            Ok(_) => {}
-            Err(e) => return failed(what, e),
+        if let Err(e) = storage.delete(path, &macaroon).await {
+            return failed(what, e);
         }
     }
     tracing::info!(job = %n.job_id, %area, state = %n.state.as_str(), "checkpoint area cleared");
