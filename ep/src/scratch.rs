@@ -278,10 +278,10 @@ impl JobDir {
 
     /// Makes the directory with an empty `input/` and `output/` (removing what a crashed EP
     /// left there), from the spare or anew, then runs `first`, its first write; both under the
-    /// directory's lock. `input`: the file `first` creates in `input/` (opened with `O_TRUNC`),
-    /// which takes the spare's kept input inode, if it has one; any other is removed, so the
-    /// guest finds only its own input. The outer error is the making's, the inner one
-    /// `first`'s. Blocking.
+    /// directory's lock. `input`: the file `first` writes in `input/` ([`open_input`]), which
+    /// takes the spare's kept input inode, if
+    /// it has one; any other is removed, so the guest finds only its own input. The outer
+    /// error is the making's, the inner one `first`'s. Blocking.
     pub(crate) fn make_then<T>(
         mut self,
         input: Option<&Path>,
@@ -291,9 +291,9 @@ impl JobDir {
         let _held = busy.lock().unwrap_or_else(|p| p.into_inner());
         make_job_dir(&self.dir, self.spare.take())?;
         // The spare's kept input, if any, becomes `input`; else it goes (one call either way
-        // when there is none: the rename or the removal finds nothing). `first` truncates it,
-        // so it is taken only while it is still a regular file of one link: no other name
-        // (a cached reference file's, say) sees that truncation.
+        // when there is none: the rename or the removal finds nothing). `first` overwrites it
+        // and cuts it to the new input's length, so it is taken only while it is still a
+        // regular file of one link: no other name (a cached reference file's, say) sees that.
         let kept = self.dir.join("input").join(KEPT_INPUT);
         let reused = input
             .filter(|i| i.parent() == kept.parent())
@@ -346,9 +346,38 @@ fn make_job_dir(dir: &Path, spare: Option<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The name under which a spare keeps its last input file's inode, emptied, for the next
-/// job's input ([`JobDir::make_then`] renames it into place before the first write).
+/// The name under which a spare keeps its last input file's inode for the next job's input
+/// ([`JobDir::make_then`] renames it into place before the first write, which overwrites it).
 const KEPT_INPUT: &str = ".kept-input";
+
+/// Opens the input file at `path` (in a directory [`JobDir::make_then`] made) for the job's
+/// first write: created if missing, or the spare's kept inode, which still holds the input
+/// before (another owner's, maybe), opened without truncating it and its times set to now.
+/// The caller writes the input from the file's start and then cuts the file to its length
+/// (`set_len`) before any guest sees it, as [`write_input`] does.
+///
+/// Why not `O_TRUNC`: ext4 flushes a file that was truncated to nothing and written again
+/// when it is closed (`auto_da_alloc`), so emptying the kept inode cost a disk write per job,
+/// and the truncation itself freed its blocks only for the next input to allocate them again
+/// (together a tenth of the EP's CPU, BENCHMARKS.md). Overwritten in place, the blocks stay
+/// allocated and the page cache writes them back in its own time. Not followed if a link.
+/// Blocking.
+pub(crate) fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    let now = std::time::SystemTime::now();
+    file.set_times(std::fs::FileTimes::new().set_accessed(now).set_modified(now))?;
+    Ok(file)
+}
+
+/// Writes `body` as the job's input file at `path` ([`open_input`]), cut to its length.
+/// Blocking.
+pub(crate) fn write_input(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut file = open_input(path)?;
+    file.write_all(body)?;
+    file.set_len(body.len() as u64)
+}
 
 /// Removes everything under `dir/input` and `dir/output` by unlinking it (links as links, never
 /// followed; a reference file hard-linked from the EP's cache loses this name only), then
@@ -357,11 +386,11 @@ const KEPT_INPUT: &str = ".kept-input";
 /// user namespace) may change its mode or set a `user.*` attribute on it; kept, that directory
 /// would carry either to the next job, another owner's maybe: a channel between owners.
 ///
-/// With `keep_input`, one input file is emptied and kept as [`KEPT_INPUT`] instead of removed:
-/// each job's input taking a new inode and freeing it had ext4 search past every inode freed in
-/// the last seconds, a fifth of the EP's CPU at hundreds of jobs a second (BENCHMARKS.md). It is
-/// kept only as nothing of the job before can reach the next through it
-/// ([`empty_for_the_next_job`]).
+/// With `keep_input`, one input file is kept as [`KEPT_INPUT`] instead of removed: each job's
+/// input taking a new inode and freeing it had ext4 search past every inode freed in the last
+/// seconds, a fifth of the EP's CPU at hundreds of jobs a second (BENCHMARKS.md). It is kept
+/// only as nothing of the job before can reach the next through it ([`fit_for_the_next_job`]);
+/// its bytes stay until the next input overwrites them ([`open_input`]).
 fn empty_job_dir(dir: &Path, keep_input: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     let unfit = || std::io::Error::other("not a job directory");
@@ -377,7 +406,7 @@ fn empty_job_dir(dir: &Path, keep_input: bool) -> std::io::Result<()> {
             let path = entry.path();
             if entry.file_type()?.is_dir() {
                 std::fs::remove_dir_all(&path)?;
-            } else if !kept && empty_for_the_next_job(&path)? {
+            } else if !kept && fit_for_the_next_job(&path)? {
                 kept = true;
                 if entry.file_name() != KEPT_INPUT {
                     std::fs::rename(&path, sub_dir.join(KEPT_INPUT))?;
@@ -404,23 +433,16 @@ fn names_in(dir: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
     Ok(names)
 }
 
-/// Empties the input file at `path` for the next job, if it may be kept: a regular file (not
+/// Whether the input file at `path` may be kept for the next job's input: a regular file (not
 /// followed if a link) with one link (no name elsewhere, such as the EP's cache of reference
-/// files, that would see it truncated or see the next input), no
-/// extended attributes, no execute, set-id or sticky bit and nothing writable but by its
-/// owner (as the EP writes inputs); then truncated to nothing and its times set to now, so
-/// neither its bytes nor when it was read reach the next job. `false`: remove it.
-fn empty_for_the_next_job(path: &Path) -> std::io::Result<bool> {
-    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+/// files, that would see the next input written over it), no extended attributes, no execute,
+/// set-id or sticky bit and nothing writable but by its owner (as the EP writes inputs).
+/// `false`: remove it. Its bytes and times are the next input's to replace ([`open_input`]:
+/// times set to now, then the bytes written and cut to their length).
+fn fit_for_the_next_job(path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::symlink_metadata(path)?;
-    if !meta.file_type().is_file() || meta.nlink() != 1 || meta.mode() & 0o7133 != 0 || has_xattrs(path)? {
-        return Ok(false);
-    }
-    let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
-    file.set_len(0)?;
-    let now = std::time::SystemTime::now();
-    file.set_times(std::fs::FileTimes::new().set_accessed(now).set_modified(now))?;
-    Ok(true)
+    Ok(meta.file_type().is_file() && meta.nlink() == 1 && meta.mode() & 0o7133 == 0 && !has_xattrs(path)?)
 }
 
 /// Whether `path` (not followed if a link) carries any extended attribute.
@@ -487,11 +509,12 @@ mod tests {
         assert!(spares.spare.lock().expect("lock").is_empty());
     }
 
-    /// A wasm job's input file keeps its inode for the next job's input, emptied: the next
-    /// job reads only its own bytes, sees no other file, and a file that a link, an
-    /// attribute or its mode makes unfit, or a native job's, is removed instead.
+    /// A wasm job's input file keeps its inode for the next job's input: the next job, with a
+    /// shorter input, reads only its own bytes (none of the longer input before), sees no
+    /// other file, and a file that a link, an attribute or its mode makes unfit, or a native
+    /// job's, is removed instead.
     #[tokio::test]
-    async fn a_spare_keeps_its_input_inode_emptied_for_the_next_input_and_only_when_fit() {
+    async fn a_spare_keeps_its_input_inode_for_the_next_input_cut_to_its_bytes_and_only_when_fit() {
         use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
         let jobs = tempfile::tempdir().expect("tempdir");
         let spares = SpareDirs::new(jobs.path().to_owned());
@@ -499,7 +522,7 @@ mod tests {
             let job_dir = spares.claim(&dir);
             let at = dir.join("input").join(name);
             let first = at.clone();
-            job_dir.make_then(Some(&at), move || std::fs::write(&first, body)).expect("make").expect("write");
+            job_dir.make_then(Some(&at), move || write_input(&first, body)).expect("make").expect("write");
             std::fs::metadata(&at).expect("stat").ino()
         };
         let a = jobs.path().join("a");
@@ -560,7 +583,8 @@ mod tests {
 
     /// A job directory holding other names of cached files (reference files linked from the
     /// EP's cache) is emptied by unlinking: the cached bytes stay whole; and a kept input that
-    /// got a second name after it was kept is not taken (its truncation would reach that name).
+    /// got a second name after it was kept is not taken (the next input written over it would
+    /// reach that name).
     #[tokio::test]
     async fn emptying_and_reusing_a_job_dir_never_truncates_a_file_with_another_name() {
         use std::os::unix::fs::MetadataExt as _;
@@ -573,7 +597,7 @@ mod tests {
         let job_dir = spares.claim(&a);
         let input = a.join("input/in.dat");
         let first = input.clone();
-        job_dir.make_then(Some(&input), move || std::fs::write(&first, b"input")).expect("make").expect("write");
+        job_dir.make_then(Some(&input), move || write_input(&first, b"input")).expect("make").expect("write");
         std::fs::create_dir_all(a.join("input/ref/calib")).expect("mkdir");
         std::fs::hard_link(&cached, a.join("input/ref/calib/gains.txt")).expect("link");
         std::fs::hard_link(&cached, a.join("input/constants")).expect("link at the top, where an input is kept");
@@ -590,7 +614,7 @@ mod tests {
         let job_dir = spares.claim(&b);
         let input = b.join("input/next.dat");
         let first = input.clone();
-        job_dir.make_then(Some(&input), move || std::fs::write(&first, b"next")).expect("make").expect("write");
+        job_dir.make_then(Some(&input), move || write_input(&first, b"next")).expect("make").expect("write");
         assert_eq!(std::fs::read(&alias).expect("read"), b"still here", "the other name keeps its bytes");
         assert_eq!(names_in(&b.join("input")).expect("list"), ["next.dat"]);
         assert_eq!(std::fs::read(&input).expect("read"), b"next");

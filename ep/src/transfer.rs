@@ -326,13 +326,14 @@ async fn download_once(
         }
         let sha256 = hex::encode(Sha256::digest(&body));
         let to = dest.to_owned();
-        in_job_dir(dir.take(), dest, move || std::fs::write(&to, &body)).await?.map_err(local)?;
+        in_job_dir(dir.take(), dest, move || crate::scratch::write_input(&to, &body)).await?.map_err(local)?;
         *n += len;
         return Ok(sha256);
     }
-    // A larger one streams into a file created with its directory, in one call.
+    // A larger one streams into a file opened with its directory, in one call, and is cut to
+    // its length once whole (a kept inode may hold a longer input before it).
     let to = dest.to_owned();
-    let file = in_job_dir(dir.take(), dest, move || std::fs::File::create(&to)).await?.map_err(local)?;
+    let file = in_job_dir(dir.take(), dest, move || crate::scratch::open_input(&to)).await?.map_err(local)?;
     let file = tokio::fs::File::from_std(file);
     let mut file = tokio::io::BufWriter::with_capacity(IO_BUFFER, file);
     let mut body = resp.bytes_stream();
@@ -350,6 +351,7 @@ async fn download_once(
         *n = after;
     }
     file.flush().await.map_err(local)?;
+    file.get_ref().set_len(*n).await.map_err(local)?;
     Ok(hex::encode(hash.finalize()))
 }
 

@@ -222,7 +222,8 @@ impl Queue {
 
     /// Every owner's usage row (decayed usage, factor, total), by owner.
     pub async fn owner_usage(&self) -> Result<Vec<UsageRow>, QueueError> {
-        self.call(|conn| {
+        // One row per owner: read at once ([`Queue::call_now`]), every dispatch round does.
+        self.call_now(|conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT owner, usage_decayed, usage_at_ms, factor, core_seconds FROM accounts ORDER BY owner",
             )?;

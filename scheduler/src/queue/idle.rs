@@ -66,6 +66,10 @@ pub struct PoolRoom {
     pub native: bool,
 }
 
+/// Most free cores, over all pools, for which [`Queue::idle_candidates`] reads on the
+/// dispatcher's own thread.
+const INLINE_FREE_CPUS: u64 = 64;
+
 /// Most owners whose idle jobs are read per pool and round (the best by priority).
 pub const MAX_OWNERS_PER_POOL: usize = 512;
 /// Most distinct owners the skip-scan reads per pool and round.
@@ -92,7 +96,10 @@ impl Queue {
         priority: HashMap<String, f64>,
         now_ms: u64,
     ) -> Result<Vec<IdleJob>, QueueError> {
-        self.call(move |conn| {
+        // A refill of a few free cores reads a few rows per owner: read on this thread when
+        // the reading connection is free ([`Queue::call_now`]); a wide read goes off it.
+        let small = pools.iter().map(|p| u64::from(p.free_cpus)).sum::<u64>() <= INLINE_FREE_CPUS;
+        let read = move |conn: &mut rusqlite::Connection| {
             let skip: HashSet<String> = skip_owners.into_iter().collect();
             // As a JSON array for `json_each`: one statement, whatever the number.
             let skip_functions = serde_json::to_string(&skip_functions)?;
@@ -174,7 +181,7 @@ impl Queue {
                 }
             }
             Ok(seen.into_values().collect())
-        })
-        .await
+        };
+        if small { self.call_now(read).await } else { self.call(read).await }
     }
 }

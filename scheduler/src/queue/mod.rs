@@ -321,7 +321,6 @@ impl Queue {
         self.writer.counts.writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Runs `f` on the connection in a blocking task.
     /// Runs `f` on the reading connection, off the async threads. Reads only: SQLite refuses a
     /// write there.
     async fn call<T, F>(&self, f: F) -> Result<T, QueueError>
@@ -330,6 +329,23 @@ impl Queue {
         F: FnOnce(&mut Connection) -> Result<T, QueueError> + Send + 'static,
     {
         Self::on(self.read.clone(), f).await
+    }
+
+    /// Runs `f` on the reading connection on this thread when no other read holds it, else as
+    /// [`Queue::call`] does. Only for short reads of a few rows by an index, as every dispatch
+    /// round makes: a WAL reader does not wait for the writer, and the hand-off to a blocking
+    /// thread and back cost the scheduler more than such a read (four context switches).
+    async fn call_now<T, F>(&self, f: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, QueueError> + Send + 'static,
+    {
+        let f = match self.read.try_lock() {
+            Ok(mut conn) => return f(&mut conn),
+            Err(std::sync::TryLockError::Poisoned(_)) => return Err(QueueError::Poisoned),
+            Err(std::sync::TryLockError::WouldBlock) => f,
+        };
+        self.call(f).await
     }
 
     /// Runs `f` on the writing connection, between the writer's batches.
