@@ -74,10 +74,11 @@ use crate::native_job;
 use crate::renew::{Credentials, Renewer};
 use crate::report_log::LogText;
 use crate::runtime::millis;
-use crate::runtime::{CancelSignal, Guest, GuestJob, GuestRun, ModuleError, Prepared, RunLimits, Runtime};
+use crate::runtime::{CancelSignal, Guest, GuestJob, ModuleError, Prepared, RunLimits};
 use crate::scratch::{JobDir, ScratchLimits, SpareDirs, watch_scratch};
-use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT, ThreadMark};
+use crate::slots::{Abandoned, SLOT_RETRY, SLOT_WAIT};
 use crate::transfer::{Stored, Transfer, collect_outputs, download, fetch_module, upload_outputs};
+use futures_util::FutureExt as _;
 use htfaas_functions::Digest;
 use htfaas_functions::on_failure::{FailedOutputs, quarantine_dir};
 use htfaas_functions::proto::{FunctionRef, JobAssignment, JobReport, NativeCode, Outcome, Usage};
@@ -85,9 +86,10 @@ use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::Instrument;
 
+mod guest_thread;
 mod threads;
 
 /// What a job runs: a compiled wasm module, or a native command in an unpacked image.
@@ -96,18 +98,13 @@ enum Code<'a> {
     Native(Arc<NativeHost>, &'a NativeCode, ImageRoot),
 }
 
-/// How long past its wall-time cap, or after a cancel, a job waits for its guest's thread before
-/// leaving it behind (only a guest stuck in a blocking host call takes that long; others stop
-/// within one epoch tick).
-const ABANDON_GRACE: Duration = Duration::from_secs(2);
-
 /// Shared state the job tasks use.
 pub(crate) struct Jobs {
     pub(crate) settings: Arc<Settings>,
     /// One lock per digest, so a module is fetched and compiled once even when several jobs
     /// need it at the same moment.
     loading: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
-    /// Guest threads left behind (see [`run_on_thread`]), each holding a pool slot.
+    /// Guest threads left behind (see [`guest_thread::run_on_thread`]), each holding a pool slot.
     abandoned: Abandoned,
     /// Emptied job directories, reused.
     spares: SpareDirs,
@@ -350,33 +347,33 @@ impl Jobs {
         s.metrics.instantiating();
         // The control group of a native run: one per job on this host.
         let group = format!("job-{}", job_dir_name(&job.job_id));
-        let (run, exceeded) = loop {
+        let (run, exceeded, walked) = loop {
             // The guest's own stop signal: the job's cancel feeds it, and so does the watcher.
             let stop = CancelSignal::new();
             let mark = self.abandoned.mark();
             let watched = mark.clone();
-            let run =
-                match &code {
-                    Code::Wasm(guest) => futures_util::future::Either::Left(run_on_thread(
-                        &self.guest_threads,
-                        s.runtime.clone(),
-                        guest.clone(),
-                        gj.clone(),
-                        stop.clone(),
-                        run_limits,
-                        mark,
-                    )),
-                    Code::Native(host, native, root) if native.handler => {
-                        futures_util::future::Either::Right(futures_util::future::Either::Left(
-                            native_job::run_handler(host, &job.function, native, root, &gj, limits, cancel, &stop),
-                        ))
-                    }
-                    Code::Native(host, native, root) => {
-                        futures_util::future::Either::Right(futures_util::future::Either::Right(native_job::run(
-                            host, &group, native, root, &gj, cancel, &stop,
-                        )))
-                    }
-                };
+            let run = match &code {
+                Code::Wasm(guest) => futures_util::future::Either::Left(guest_thread::run_on_thread(
+                    &self.guest_threads,
+                    s.runtime.clone(),
+                    guest.clone(),
+                    gj.clone(),
+                    stop.clone(),
+                    (run_limits, limits.max_files),
+                    mark,
+                )),
+                Code::Native(host, native, root) if native.handler => {
+                    futures_util::future::Either::Right(futures_util::future::Either::Left(
+                        native_job::run_handler(host, &job.function, native, root, &gj, limits, cancel, &stop)
+                            .map(|ran| (ran, None)),
+                    ))
+                }
+                Code::Native(host, native, root) => {
+                    futures_util::future::Either::Right(futures_util::future::Either::Right(
+                        native_job::run(host, &group, native, root, &gj, cancel, &stop).map(|ran| (ran, None)),
+                    ))
+                }
+            };
             // A handler watches its own `/output`, and forwards the cancel itself.
             let handler = matches!(&code, Code::Native(_, native, _) if native.handler);
             let watch = async {
@@ -390,7 +387,7 @@ impl Jobs {
             let mut watch = std::pin::pin!(watch);
             let mut exceeded = None;
             let mut watching = true;
-            let ran = loop {
+            let (ran, walked) = loop {
                 tokio::select! {
                     ran = &mut run => break ran,
                     fired = &mut watch, if watching => {
@@ -405,7 +402,7 @@ impl Jobs {
                 exceeded.get_or_insert_with(|| reason.clone());
             }
             if !ran.no_free_slot || cancel.is_cancelled() {
-                break (ran, exceeded);
+                break (ran, exceeded, walked);
             }
             // A full pool is the EP's state, not the job's: wait a little for a slot, then
             // hand the job back (see `slots`).
@@ -461,8 +458,12 @@ impl Jobs {
         let quarantine = keep == Keep::Quarantine;
         if let Some(url) = store_to {
             // The guest may have passed a limit after the watcher's last look. One walk
-            // measures, lists and reads the small outputs.
-            let outputs = collect_outputs(&output_dir, limits.max_files).await;
+            // measures, lists and reads the small outputs: a wasm guest's thread made it as
+            // its run ended, else it is made now.
+            let outputs = match walked {
+                Some(walked) => walked,
+                None => collect_outputs(&output_dir, limits.max_files).await,
+            };
             if let Some(reason) = outputs.exceeded(&limits) {
                 log.note(&format!("{reason}; outputs not stored"));
                 report.log = log.finish(s.log_limit_bytes);
@@ -573,7 +574,7 @@ impl Jobs {
 
     /// Compiles `digest` ahead of its first job: fetched and verified as a job's
     /// module ([`Jobs::module_bytes`]; the caller checked `module_url`'s origin), compiled and
-    /// written to the disk cache ([`Runtime::prepare`]), under the same per-module lock as a
+    /// written to the disk cache ([`crate::runtime::Runtime::prepare`]), under the same per-module lock as a
     /// job, so that a job needing it meanwhile waits for this compile.
     pub(crate) async fn warm(&self, digest: &Digest, module_url: &str) -> Result<Prepared, ModuleMiss> {
         let f = FunctionRef {
@@ -664,68 +665,6 @@ async fn unless_cancelled<T>(cancel: &CancelSignal, fut: impl Future<Output = T>
         biased;
         _ = cancel.cancelled() => Err(cancel.outcome()),
         v = fut => Ok(v),
-    }
-}
-
-/// Runs the guest on a thread of its own and waits for it without blocking the async runtime.
-/// The wait is not cut short by a cancel: `cancel` stops the guest itself, so its usage is kept.
-///
-/// A backstop for a guest stuck in a host call that ignores the deadline (no sleep does since
-/// `crate::sleep`; a file operation on a hung filesystem could): past the wall-time cap plus
-/// [`ABANDON_GRACE`], or [`ABANDON_GRACE`] after a cancel, the job stops waiting and reports
-/// without that thread's usage. The thread, counted by `mark` while left behind (it holds a
-/// pool slot), ends by itself when its call returns (the epoch callback then stops the guest at
-/// once); its job directory is gone by then and its result is dropped.
-async fn run_on_thread(
-    threads: &threads::GuestThreads,
-    rt: Arc<Runtime>,
-    guest: Guest,
-    job: GuestJob,
-    cancel: CancelSignal,
-    limits: RunLimits,
-    mark: ThreadMark,
-) -> GuestRun {
-    let limit_s = job.resources.runtime_s;
-    let started = Instant::now();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let stop = cancel.clone();
-    let on_thread = mark.clone();
-    let spawned = threads.run(
-        "ep-guest",
-        Box::new(move || {
-            let ran = rt.run_job_limited(&guest, &job, &stop, limits);
-            on_thread.done();
-            let _ = tx.send(ran);
-        }),
-    );
-    let failed = |outcome: Outcome, note: Option<String>| GuestRun {
-        notes: note.into_iter().collect(),
-        ..GuestRun::unrun(outcome, millis(started.elapsed()))
-    };
-    if let Err(e) = spawned {
-        return failed(
-            Outcome::ModuleFailed { reason: format!("EP could not start a thread for the guest: {e}") },
-            None,
-        );
-    }
-    let cap = std::time::Duration::from_secs(limit_s).saturating_add(ABANDON_GRACE);
-    let give_up = async {
-        tokio::select! {
-            _ = tokio::time::sleep(cap) => Outcome::TimeExceeded { limit_s, vacate: None },
-            _ = async { cancel.cancelled().await; tokio::time::sleep(ABANDON_GRACE).await } => cancel.outcome(),
-        }
-    };
-    tokio::select! {
-        biased;
-        ran = rx => ran.unwrap_or_else(|_| {
-            failed(Outcome::ModuleFailed { reason: "EP internal error: the guest's thread panicked".into() }, None)
-        }),
-        outcome = give_up => {
-            mark.leave();
-            tracing::warn!("guest blocked in a host call did not stop; leaving its thread behind");
-            let note = "the guest was blocked in a host call and did not stop; its output and usage are lost";
-            failed(outcome, Some(note.into()))
-        }
     }
 }
 

@@ -416,15 +416,20 @@ const SMALL_OUTPUTS_TOTAL: u64 = 1 << 20;
 /// read of a `tokio::fs` file.
 pub(crate) async fn collect_outputs(dir: &Path, max_entries: usize) -> Outputs {
     let at = dir.to_owned();
-    let walked = tokio::task::spawn_blocking(move || Outputs {
-        measured: crate::scratch::measure(&at, max_entries),
-        listed: list_top_files(&at).map(|(files, skipped)| (read_small(files), skipped)),
-    })
-    .await;
+    let walked = tokio::task::spawn_blocking(move || walk_outputs(&at, max_entries)).await;
     walked.unwrap_or_else(|e| Outputs {
         measured: Err(std::io::Error::other(e.to_string())),
         listed: Err(std::io::Error::other(format!("output listing task failed: {e}"))),
     })
+}
+
+/// [`collect_outputs`] on this thread: for a caller already off the async threads (a wasm
+/// guest's own thread, right after its run). Blocking.
+pub(crate) fn walk_outputs(dir: &Path, max_entries: usize) -> Outputs {
+    Outputs {
+        measured: crate::scratch::measure(dir, max_entries),
+        listed: list_top_files(dir).map(|(files, skipped)| (read_small(files), skipped)),
+    }
 }
 
 /// `files` with the bytes of each small one read (opened without following a link; one that
