@@ -279,9 +279,9 @@ impl JobDir {
     /// Makes the directory with an empty `input/` and `output/` (removing what a crashed EP
     /// left there), from the spare or anew, then runs `first`, its first write; both under the
     /// directory's lock. `input`: the file `first` writes in `input/` ([`open_input`]), which
-    /// takes the spare's kept input inode, if
-    /// it has one; any other is removed, so the guest finds only its own input. The outer
-    /// error is the making's, the inner one `first`'s. Blocking.
+    /// takes the spare's kept input inode, if it has one; any other is removed, so the guest
+    /// finds only its own input. The outer error is the making's, the inner one `first`'s.
+    /// Blocking.
     pub(crate) fn make_then<T>(
         mut self,
         input: Option<&Path>,
