@@ -67,8 +67,9 @@ pub struct PoolRoom {
 }
 
 /// Most free cores, over all pools, for which [`Queue::idle_candidates`] reads on the
-/// dispatcher's own thread.
-const INLINE_FREE_CPUS: u64 = 64;
+/// dispatcher's own thread: at most 16 rows per owner, so that a site with hundreds of owners
+/// waiting keeps the read short on an async thread.
+const INLINE_FREE_CPUS: u64 = 16;
 
 /// Most owners whose idle jobs are read per pool and round (the best by priority).
 pub const MAX_OWNERS_PER_POOL: usize = 512;
