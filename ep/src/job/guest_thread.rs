@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// How long past its wall-time cap, or after a cancel, a job waits for its guest's thread before
 /// leaving it behind (only a guest stuck in a blocking host call takes that long; others stop
 /// within one epoch tick).
-pub(super) const ABANDON_GRACE: Duration = Duration::from_secs(2);
+const ABANDON_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs the guest on a thread of its own and waits for it without blocking the async runtime.
 /// The wait is not cut short by a cancel: `cancel` stops the guest itself, so its usage is kept.
@@ -44,8 +44,9 @@ pub(super) async fn run_on_thread(
         Box::new(move || {
             let ran = rt.run_job_limited(&guest, &job, &stop, limits);
             // The walk of `/output` the job makes once the guest ended, on this thread while
-            // it is here: a hand-off to a blocking thread of its own saved. A run its job no
-            // longer waits for (stopped, left behind) is not walked.
+            // it is here: a hand-off to a blocking thread of its own saved. A stopped run is not
+            // walked (its job stores nothing); a thread left behind walks as its call returns,
+            // and the result is dropped with the rest.
             let walked = (!stop.is_cancelled()).then(|| walk_outputs(&job.output_dir, max_files));
             on_thread.done();
             let _ = tx.send((ran, walked));
@@ -59,7 +60,7 @@ pub(super) async fn run_on_thread(
         let reason = format!("EP could not start a thread for the guest: {e}");
         return (failed(Outcome::ModuleFailed { reason }, None), None);
     }
-    let cap = std::time::Duration::from_secs(limit_s).saturating_add(ABANDON_GRACE);
+    let cap = Duration::from_secs(limit_s).saturating_add(ABANDON_GRACE);
     let give_up = async {
         tokio::select! {
             _ = tokio::time::sleep(cap) => Outcome::TimeExceeded { limit_s, vacate: None },
