@@ -51,6 +51,13 @@ pub(crate) struct Measured {
 /// entries refuses more when it is stored).
 const CHECKPOINT_WALK_ENTRIES: usize = 100_000;
 
+impl Measured {
+    /// Whether the walk found no entry at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+}
+
 impl ScratchLimits {
     /// The bounds of `job` on this EP; `input_bytes` is set once the input is in.
     pub(crate) fn for_job(s: &Settings, job: &JobAssignment) -> ScratchLimits {

@@ -426,10 +426,13 @@ pub(crate) async fn collect_outputs(dir: &Path, max_entries: usize) -> Outputs {
 /// [`collect_outputs`] on this thread: for a caller already off the async threads (a wasm
 /// guest's own thread, right after its run). Blocking.
 pub(crate) fn walk_outputs(dir: &Path, max_entries: usize) -> Outputs {
-    Outputs {
-        measured: crate::scratch::measure(dir, max_entries),
-        listed: list_top_files(dir).map(|(files, skipped)| (read_small(files), skipped)),
-    }
+    let measured = crate::scratch::measure(dir, max_entries);
+    // An empty `/output` (a run that stored nothing) has nothing to list: one walk, not two.
+    let listed = match &measured {
+        Ok(m) if m.is_empty() => Ok((Vec::new(), Vec::new())),
+        _ => list_top_files(dir).map(|(files, skipped)| (read_small(files), skipped)),
+    };
+    Outputs { measured, listed }
 }
 
 /// `files` with the bytes of each small one read (opened without following a link; one that
