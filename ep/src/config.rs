@@ -120,7 +120,8 @@ pub struct Config {
     /// scheduler for, held in a local queue and started the moment resources free (so a slot
     /// does not idle for a dispatch round trip after each job); the scheduler may grant fewer,
     /// and refills the queue once half of it is free (several jobs per dispatch round and
-    /// frame). 0 asks for none. Default: the EP's cpus.
+    /// frame). 0 asks for none. Default: twice the EP's cpus, so that a report held for the
+    /// next one to share its frame (`link::report_hold`) never leaves a core without a job.
     #[serde(default)]
     pub prefetch: Option<u32>,
     /// Most MiB of reference files (a manifest's `inputs.ref`) kept in `work_dir/refs` by
@@ -279,7 +280,7 @@ pub struct Settings {
     pub(crate) attach_token: String,
     /// Resources advertised in `Hello`: [`Config::slots`] with its zeros detected.
     pub slots: Resources,
-    /// Jobs asked for beyond the free resources ([`Config::prefetch`], default the cpus).
+    /// Jobs asked for beyond the free resources ([`Config::prefetch`], default twice the cpus).
     pub prefetch: u32,
     /// Scratch directory.
     pub work_dir: PathBuf,
@@ -529,7 +530,7 @@ impl Config {
             name: self.name,
             attach_url,
             attach_token: self.attach_token,
-            prefetch: self.prefetch.unwrap_or(slots.cpus),
+            prefetch: self.prefetch.unwrap_or(slots.cpus.saturating_mul(2)),
             slots,
             work_dir: self.work_dir,
             modules_dir,

@@ -122,14 +122,14 @@ async fn one_owners_100000_jobs_do_not_keep_anothers_job_out_of_the_next_dispatc
     assert!(waited < Duration::from_secs(60), "took {waited:?}");
     assert_eq!(job.attempts, 1);
     // The EP's cores now run two of Alice's jobs (one from the first round, beside Bob's, and one
-    // that took Bob's core when his job ended), and it may hold up to two more of hers queued
+    // that took Bob's core when his job ended), and it may hold up to four more of hers queued
     // (prefetch: dispatched in the first round, started only as cores free). None of
     // hers was dispatched ahead of his: he had a core in the first round (and one attempt: a
     // job of his queued behind 120 s spinners would have been handed back and run again).
     let bob = &client.job_history(&bobs).await.expect("history")[0];
     let eps = client.eps().await.expect("eps");
     let ep = eps.iter().find(|e| e.name == "ep-local-1").expect("the site EP");
-    assert!((2..=4).contains(&ep.running.len()), "two cores plus at most two prefetched: {ep:?}");
+    assert!((2..=6).contains(&ep.running.len()), "two cores plus at most four prefetched: {ep:?}");
     let mut starts = Vec::new();
     for id in &ep.running {
         let h = client.job_history(id).await.expect("history");

@@ -29,11 +29,11 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     let client = stack.client().expect("client");
     register_spin(&client).await;
 
-    // Bob may run five jobs; the stack's EP has two cores and prefetches two more:
-    // two run, two wait on the EP (`running` in the store), one waits in the queue.
+    // Bob may run seven jobs; the stack's EP has two cores and prefetches four more:
+    // two run, four wait on the EP (`running` in the store), one waits in the queue.
     let grant = SubmitGrant {
         owner: "bob".into(),
-        jobs: 5,
+        jobs: 7,
         limits: Resources::new(1, 64, 120),
         function: None,
         group: None,
@@ -42,19 +42,19 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     htfaas_tests::share_data(&client, "bob").await;
     let token = mint_submit_token(dir.path(), &grant).expect("mint");
     let jti = jti_of(&token);
-    for _ in 0..5 {
+    for _ in 0..7 {
         client.run_function(&token, "spin", "/data/spin/in.dat").await.expect("submit");
     }
-    wait_for("four running (two of them prefetched), one idle", Duration::from_secs(20), || async {
+    wait_for("six running (four of them prefetched), one idle", Duration::from_secs(20), || async {
         let jobs = jobs_of(&client, &jti).await;
         let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
         let idle = jobs.iter().filter(|j| j.state == JobState::Idle).count();
-        (running == 4 && idle == 1).then_some(())
+        (running == 6 && idle == 1).then_some(())
     })
     .await;
 
     let r = client.revoke(RevocationTarget::Jti(jti.clone()), "leaked in a log").await.expect("revoke");
-    assert_eq!((r.stopped_jobs.len(), r.removed_jobs.len(), r.closed_eps.len()), (4, 1, 0), "{r:?}");
+    assert_eq!((r.stopped_jobs.len(), r.removed_jobs.len(), r.closed_eps.len()), (6, 1, 0), "{r:?}");
     for job in jobs_of(&client, &jti).await {
         assert_eq!(job.state, JobState::Removed, "{job:?}");
         assert!(job.reason.contains("token revoked: leaked in a log"), "{job:?}");

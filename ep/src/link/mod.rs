@@ -34,7 +34,9 @@
 //! queued job when a drain or stop begins. A `Cancel` of a queued job removes it unstarted and
 //! answers `Finished` with `Cancelled`. The queue belongs to its session: when the connection
 //! goes, the scheduler requeues what it assigned there, so the queue is dropped unstarted.
-//! Within the extension, reports waiting together go out in one array frame. Without it (an
+//! Within the extension, reports waiting together go out in one array frame, and a lone report
+//! waits up to [`REPORT_LINGER`] for the next while other jobs run and more wait in the queue
+//! ([`report_hold`]). Without it (an
 //! older scheduler), every assignment starts at once, one message per frame, as
 //! before.
 //!
@@ -69,6 +71,8 @@
 //! Cancel safety: in the session loop every `select!` branch is cancel-safe
 //! (`StreamExt::next`, `UnboundedReceiver::recv`, `Interval::tick`, `cancelled`); sends happen
 //! inside a branch body, never inside the `select!`.
+
+mod queue;
 
 use crate::config::{Settings, stop_grace};
 use crate::job::Jobs;
@@ -157,6 +161,8 @@ struct Link {
     attach_token: String,
     /// When to ask this session's scheduler for a new attach token; `None`: not (again).
     renew_attach_at: Option<Instant>,
+    /// Since when the reports in `pending` wait ([`report_hold`]); `None` when none does.
+    reports_since: Option<Instant>,
 }
 
 /// How a session ended without an error.
@@ -174,6 +180,8 @@ struct Refused(String);
 /// Reason of the hand-back answering an assignment that arrives while draining, and of the
 /// queued jobs a drain hands back.
 pub(crate) const DRAINING_REASON: &str = "EP draining";
+/// Longest a lone report is held for the next one to share its frame ([`report_hold`]).
+pub(crate) const REPORT_LINGER: Duration = Duration::from_millis(1);
 /// Reason of the hand-back of a queued job that could not start within the granted wait.
 pub(crate) const PREFETCH_WAIT_REASON: &str = "prefetched, and no room to start it within the prefetch wait";
 
@@ -198,6 +206,7 @@ pub(crate) async fn run(
         reserved: HashMap::new(),
         vacating: HashMap::new(),
         queued: VecDeque::new(),
+        reports_since: None,
         ext: None,
         pending: VecDeque::new(),
         bad_frames: 0,
@@ -280,75 +289,6 @@ impl Link {
             }
             self.set_activity();
         }
-    }
-
-    /// Answers an assignment that will not start here: `NotStarted` within the extension (the
-    /// scheduler requeues it at once), else a `Cancelled` report (a return).
-    fn hand_back(&mut self, job_id: String, reason: &str) {
-        tracing::info!(job.id = %job_id, %reason, "handing a job back unstarted");
-        let msg = if self.ext.is_some() {
-            EpMsg::NotStarted { job_id, reason: reason.to_owned() }
-        } else {
-            EpMsg::Finished(JobReport::unstarted(job_id, reason.to_owned()))
-        };
-        self.pending.push_back(msg);
-    }
-
-    /// The session ended: its queued jobs were requeued by the scheduler with it, so they are
-    /// dropped here unstarted.
-    fn drop_queue(&mut self) {
-        if !self.queued.is_empty() {
-            let ids: Vec<&str> = self.queued.iter().map(|(j, _)| j.job_id.as_str()).collect();
-            tracing::info!(jobs = ?ids, "session gone: queued jobs dropped unstarted (the scheduler runs them elsewhere)");
-            self.queued.clear();
-            self.set_activity();
-        }
-        self.ext = None;
-    }
-
-    fn set_activity(&self) {
-        self.settings.activity.set_running(self.running.len() + self.queued.len());
-    }
-
-    /// Whether `r` fits beside the jobs started.
-    fn fits(&self, r: &Resources) -> bool {
-        let (cpus, memory_mb) = self
-            .reserved
-            .values()
-            .fold((0u64, 0u64), |(c, m), x| (c + u64::from(x.cpus), m.saturating_add(x.memory_mb)));
-        cpus + u64::from(r.cpus) <= u64::from(self.settings.slots.cpus)
-            && memory_mb.saturating_add(r.memory_mb) <= self.settings.slots.memory_mb
-    }
-
-    /// Starts queued jobs, oldest first, while they fit (or nothing runs; without the
-    /// extension, all at once); then hands back the queued ones that waited past the granted
-    /// wait.
-    fn start_ready(&mut self) {
-        while let Some((head, _)) = self.queued.front() {
-            if self.ext.is_some() && !self.running.is_empty() && !self.fits(&head.resources) {
-                break;
-            }
-            if let Some((job, _)) = self.queued.pop_front() {
-                self.start(job);
-            }
-        }
-        if let Some(p) = self.ext {
-            let wait = Duration::from_millis(p.wait_ms);
-            let now = Instant::now();
-            let (late, keep): (VecDeque<_>, VecDeque<_>) =
-                std::mem::take(&mut self.queued).into_iter().partition(|(_, since)| now.duration_since(*since) >= wait);
-            self.queued = keep;
-            for (job, _) in late {
-                self.hand_back(job.job_id, PREFETCH_WAIT_REASON);
-            }
-        }
-        self.set_activity();
-    }
-
-    /// When the oldest queued job's wait ends.
-    fn next_handback(&self) -> Option<Instant> {
-        let p = self.ext?;
-        self.queued.iter().map(|(_, since)| *since + Duration::from_millis(p.wait_ms)).min()
     }
 
     fn start(&mut self, job: JobAssignment) {
@@ -495,7 +435,10 @@ impl Link {
                 told_draining = true;
                 tracing::info!(running = self.running.len(), "told the scheduler: draining");
             }
-            self.flush(&mut ws).await?;
+            let hold = self.report_hold();
+            if hold.is_none() {
+                self.flush(&mut ws).await?;
+            }
             if self.drain_deadline.is_some() {
                 if self.drained() {
                     tracing::info!("drained: every job reported");
@@ -546,6 +489,7 @@ impl Link {
                 _ = stop.cancelled(), if !self.stopping => self.begin_stop("stop asked for"),
                 _ = tokio::time::sleep_until(drain_wake), if self.drain_deadline.is_some() => {}
                 _ = tokio::time::sleep_until(handback.unwrap_or(drain_wake)), if handback.is_some() => self.start_ready(),
+                _ = tokio::time::sleep_until(hold.unwrap_or(drain_wake)), if hold.is_some() => {}
             }
         }
     }
@@ -721,6 +665,18 @@ impl Link {
     /// Sends every pending report, oldest first (within the extension, those waiting together
     /// in one array frame of at most [`MAX_FRAME_MESSAGES`] and about [`MAX_FRAME_BYTES`]); a
     /// report stays pending until the socket took it.
+    /// Until when the reports waiting in `pending` are held back ([`report_hold`]), if they are.
+    fn report_hold(&mut self) -> Option<Instant> {
+        if self.pending.is_empty() {
+            self.reports_since = None;
+            return None;
+        }
+        let since = *self.reports_since.get_or_insert_with(Instant::now);
+        let leaving = self.drain_deadline.is_some() || self.stopping;
+        report_hold(self.pending.len(), self.running.len(), self.queued.len(), leaving, since)
+            .filter(|until| Instant::now() < *until)
+    }
+
     async fn flush(&mut self, ws: &mut Ws) -> anyhow::Result<()> {
         while !self.pending.is_empty() {
             let most = if self.ext.is_some() { MAX_FRAME_MESSAGES } else { 1 };
@@ -746,6 +702,18 @@ impl Link {
 }
 
 /// The job a pending message is about.
+/// Until when a lone report is held back, waiting for the next one to share its frame: up to
+/// [`REPORT_LINGER`] from `since` (when it began to wait), and only while other jobs of this EP
+/// run and more wait in its queue. The room it freed has its next job already, so the slot
+/// does not idle for it; and reports that go together are one frame, one write of the
+/// scheduler's store and one dispatch round for the room they free (the scheduler's CPU per
+/// job fell by a fifth in the bench, BENCHMARKS.md). `None`: send now — two reports or more,
+/// nothing else running (a lone job's report is never delayed), nothing queued (the room would
+/// idle), or the EP leaving (`leaving`: a drain or a stop).
+fn report_hold(pending: usize, running: usize, queued: usize, leaving: bool, since: Instant) -> Option<Instant> {
+    (pending == 1 && running > 0 && queued > 0 && !leaving).then(|| since + REPORT_LINGER)
+}
+
 fn report_job(msg: &EpMsg) -> &str {
     match msg {
         EpMsg::Finished(r) => &r.job_id,

@@ -16,11 +16,12 @@ fn cancel(id: &str) -> SchedulerMsg {
 }
 
 #[tokio::test]
-async fn the_hello_asks_for_as_many_jobs_as_cores_by_default() {
+async fn the_hello_asks_for_twice_as_many_jobs_as_cores_by_default() {
     let mut h = Harness::start().await;
     let mut c = h.conn().await;
     let hello = c.hello_welcome().await;
-    assert_eq!(hello.prefetch, Some(2));
+    assert_eq!(hello.slots.cpus, 2);
+    assert_eq!(hello.prefetch, Some(4));
     h.stop().await;
 }
 
