@@ -29,8 +29,10 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     let client = stack.client().expect("client");
     register_spin(&client).await;
 
-    // Bob may run seven jobs; the stack's EP has two cores and prefetches four more:
-    // two run, four wait on the EP (`running` in the store), one waits in the queue.
+    // Bob may run seven jobs; the stack's EP has two cores and prefetches up to four more:
+    // two run, three or four wait on the EP (`running` in the store; the scheduler refills the
+    // EP's queue once half of it is free, so it stops at three when the jobs came one by one),
+    // the rest wait in the queue. That holds still: the spinners run for two minutes.
     let grant = SubmitGrant {
         owner: "bob".into(),
         jobs: 7,
@@ -45,16 +47,16 @@ async fn a_revoked_submit_token_is_refused_and_its_queued_and_running_jobs_end()
     for _ in 0..7 {
         client.run_function(&token, "spin", "/data/spin/in.dat").await.expect("submit");
     }
-    wait_for("six running (four of them prefetched), one idle", Duration::from_secs(20), || async {
+    let (running, idle) = wait_for("five or six running, the rest idle", Duration::from_secs(20), || async {
         let jobs = jobs_of(&client, &jti).await;
         let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
         let idle = jobs.iter().filter(|j| j.state == JobState::Idle).count();
-        (running == 6 && idle == 1).then_some(())
+        (running >= 5 && idle >= 1 && running + idle == 7).then_some((running, idle))
     })
     .await;
 
     let r = client.revoke(RevocationTarget::Jti(jti.clone()), "leaked in a log").await.expect("revoke");
-    assert_eq!((r.stopped_jobs.len(), r.removed_jobs.len(), r.closed_eps.len()), (6, 1, 0), "{r:?}");
+    assert_eq!((r.stopped_jobs.len(), r.removed_jobs.len(), r.closed_eps.len()), (running, idle, 0), "{r:?}");
     for job in jobs_of(&client, &jti).await {
         assert_eq!(job.state, JobState::Removed, "{job:?}");
         assert!(job.reason.contains("token revoked: leaked in a log"), "{job:?}");
