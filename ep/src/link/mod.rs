@@ -435,7 +435,7 @@ impl Link {
                 told_draining = true;
                 tracing::info!(running = self.running.len(), "told the scheduler: draining");
             }
-            let hold = self.report_hold();
+            let hold = self.reports_held_until();
             if hold.is_none() {
                 self.flush(&mut ws).await?;
             }
@@ -662,11 +662,8 @@ impl Link {
         }
     }
 
-    /// Sends every pending report, oldest first (within the extension, those waiting together
-    /// in one array frame of at most [`MAX_FRAME_MESSAGES`] and about [`MAX_FRAME_BYTES`]); a
-    /// report stays pending until the socket took it.
     /// Until when the reports waiting in `pending` are held back ([`report_hold`]), if they are.
-    fn report_hold(&mut self) -> Option<Instant> {
+    fn reports_held_until(&mut self) -> Option<Instant> {
         if self.pending.is_empty() {
             self.reports_since = None;
             return None;
@@ -677,6 +674,9 @@ impl Link {
             .filter(|until| Instant::now() < *until)
     }
 
+    /// Sends every pending report, oldest first (within the extension, those waiting together
+    /// in one array frame of at most [`MAX_FRAME_MESSAGES`] and about [`MAX_FRAME_BYTES`]); a
+    /// report stays pending until the socket took it.
     async fn flush(&mut self, ws: &mut Ws) -> anyhow::Result<()> {
         while !self.pending.is_empty() {
             let most = if self.ext.is_some() { MAX_FRAME_MESSAGES } else { 1 };
@@ -701,7 +701,6 @@ impl Link {
     }
 }
 
-/// The job a pending message is about.
 /// Until when a lone report is held back, waiting for the next one to share its frame: up to
 /// [`REPORT_LINGER`] from `since` (when it began to wait), and only while other jobs of this EP
 /// run and more wait in its queue. The room it freed has its next job already, so the slot
@@ -714,6 +713,7 @@ fn report_hold(pending: usize, running: usize, queued: usize, leaving: bool, sin
     (pending == 1 && running > 0 && queued > 0 && !leaving).then(|| since + REPORT_LINGER)
 }
 
+/// The job a pending message is about.
 fn report_job(msg: &EpMsg) -> &str {
     match msg {
         EpMsg::Finished(r) => &r.job_id,
