@@ -8,7 +8,7 @@ use crate::error::QueueError;
 use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::proto::{Account, JobState, Usage};
 use htfaas_functions::store::{db_int, exec, from_db, row};
-use rusqlite::{OptionalExtension as _, Transaction, params};
+use rusqlite::{Connection, OptionalExtension as _, params};
 
 /// An owner's (or group's) usage as fair share reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +55,7 @@ fn charge(acc: &mut Account, state: JobState, cpus: u32, u: &Usage) {
 /// core-seconds charged.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn charge_owner(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     owner: &str,
     group: Option<&str>,
     cpus: u32,
@@ -104,7 +104,7 @@ pub(super) fn charge_owner(
 /// Adds `core_s` to the decayed usage of row `name` of `table` (keyed by `key`), first decaying
 /// what it had to `now`. The row must exist. Table and key are our constants, never input.
 fn charge_decayed(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     table: &str,
     key: &str,
     name: &str,
@@ -150,7 +150,7 @@ fn account_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Account> {
     })
 }
 
-fn read_account(tx: &rusqlite::Transaction<'_>, owner: &str) -> rusqlite::Result<Option<Account>> {
+fn read_account(tx: &rusqlite::Connection, owner: &str) -> rusqlite::Result<Option<Account>> {
     row(
         tx,
         "SELECT owner, jobs_completed, jobs_failed, core_seconds, cpu_seconds, wall_seconds, bytes_in, bytes_out \

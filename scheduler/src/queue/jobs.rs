@@ -253,7 +253,7 @@ pub(super) const OVERDUE: &str = "SELECT id, ep_session, runtime_s, class FROM j
 /// Decides one submitted job on the writer's transaction `tx` (see [`Queue::submit`]); `stored`
 /// is its request sealed for `job_id`. Every refusal comes before the job's first write.
 fn insert_job(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     revoked: &std::sync::RwLock<crate::revocation::Revoked>,
     job: NewJob,
     job_id: String,

@@ -23,7 +23,7 @@ use htfaas_functions::audit::{self, Subject};
 use htfaas_functions::checkpoint::{CheckpointReport, MAX_RESUMES};
 use htfaas_functions::proto::{JobReport, Outcome};
 use htfaas_functions::store::row;
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, params};
 
 /// A job's attempts together may run this many times its run time, resumes included.
 pub const MAX_RUNTIME_FACTOR: u64 = 100;
@@ -46,7 +46,7 @@ pub(super) enum Resume {
 /// ([`Resume::Again`]) or turns the report into the plain exit ([`Resume::AsExit`]); see the
 /// module's rule. `runtime_s` is the job's run time.
 pub(super) fn checkpoint_resume(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job: &Failing<'_>,
     report: &mut JobReport,
     runtime_s: u64,

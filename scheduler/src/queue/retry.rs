@@ -18,7 +18,7 @@ use htfaas_functions::audit::{self, AuditDraft, Subject};
 use htfaas_functions::manifest::{RetryOn, RetryPolicy};
 use htfaas_functions::proto::{JobReport, JobState, Outcome};
 use htfaas_functions::store::{db_int, exec, now_ms, row};
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, params};
 
 /// What the site allows at most, whatever a function asks for: retries after guest failures.
 /// Default of the scheduler's `max_guest_retries`.
@@ -74,7 +74,7 @@ pub(super) struct Again<'a> {
 /// that runs again after its guest failed ([`guest_retry`]) or asked to be resumed
 /// ([`super::resume`]).
 pub(super) fn back_to_idle(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job: &Failing<'_>,
     report: &JobReport,
     subject: &Subject,
@@ -129,7 +129,7 @@ pub(super) fn retries_storage_outages(policy: Option<&RetryPolicy>) -> bool {
 /// usage (no job counted), records the report (`job.finished`, with the outputs the attempt
 /// stored, `then: "retry"`), and puts the job back to idle after the policy's backoff.
 pub(super) fn guest_retry(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job: &Failing<'_>,
     policy: Option<&RetryPolicy>,
     report: &JobReport,

@@ -19,7 +19,7 @@ use htfaas_functions::proto::{
     HOLD_CODE_RETRIES, HOLD_CODE_STORAGE, JobAssignment, JobReport, JobState, Outcome, SubmitRequest, Usage,
 };
 use htfaas_functions::store::{db_int, exec, from_db, now_ms, row};
-use rusqlite::{OptionalExtension as _, Transaction, params};
+use rusqlite::{Connection, OptionalExtension as _, params};
 use std::collections::HashMap;
 
 /// How the loss of an EP session treats its running jobs ([`Queue::lose_session`]).
@@ -86,7 +86,7 @@ struct Reported<'a> {
 /// [`requeue_or_hold`] decides what follows; the EP's report (`job.finished`, with the state
 /// that follows) and a hold (`job.held`) are recorded. Returns the job's new state.
 fn storage_unavailable(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job: &Reported<'_>,
     report: JobReport,
     subject: Subject,
@@ -136,7 +136,7 @@ const MAX_EP_REASON_CHARS: usize = 1024;
 /// `returned`, nothing is charged, and it counts as lost ([`requeue_or_hold`]: idle again after
 /// the backoff, held past the retry limit). Returns the job's new state.
 fn returned(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job: &Reported<'_>,
     attempt: u32,
     report: &JobReport,
@@ -185,7 +185,7 @@ fn returned(
 /// the job's state.
 #[allow(clippy::too_many_arguments)]
 fn refuse_report(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job: &Reported<'_>,
     stored: &str,
     attempt: u32,
@@ -253,7 +253,7 @@ enum AfterLoss {
 /// already had `max_retries` losses, is held with what `hold(losses, max_retries)` says (code,
 /// reason). Its session is cleared either way, so no later report of the attempt counts.
 fn requeue_or_hold(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     id: &str,
     lost: u32,
     loss: Loss,
@@ -578,7 +578,7 @@ impl Queue {
 /// Records one report of a job run on `ep_session`, on the writer's transaction `tx` (see
 /// [`Queue::finish`]).
 fn finish_in(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     ep_session: &str,
     mut report: JobReport,
     loss: Loss,
@@ -744,7 +744,7 @@ fn finish_in(
 /// The attempt number and EP name of `job_id` while it runs on `ep_session`; `None` when it
 /// does not (it ended, or runs on another session).
 pub(super) fn running_attempt(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     job_id: &str,
     ep_session: &str,
 ) -> Result<Option<(u32, String)>, rusqlite::Error> {

@@ -10,10 +10,10 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 11] = [
+pub const MIGRATIONS: [&str; 12] = [
     SCHEMA_1,
     MIGRATE_1_TO_2,
     MIGRATE_2_TO_3,
@@ -25,6 +25,7 @@ pub const MIGRATIONS: [&str; 11] = [
     MIGRATE_8_TO_9,
     MIGRATE_9_TO_10,
     MIGRATE_10_TO_11,
+    MIGRATE_11_TO_12,
 ];
 
 /// Version 1: jobs, token uses, accounts.
@@ -243,6 +244,37 @@ END;
 /// matching reads with the idle jobs; older jobs have none.
 pub(super) const MIGRATE_10_TO_11: &str = "
 ALTER TABLE jobs ADD COLUMN max_concurrent INTEGER;
+";
+
+/// Version 12: `attempts` and `token_uses` keyed by their primary key alone (`WITHOUT ROWID`).
+/// As rowid tables each was two B-trees, the rows and the index of their key, and every job
+/// wrote both: its token's use at submit, its attempt at dispatch and again at its end. Every
+/// read of them goes by that key (or reads them all), never by a rowid.
+pub(super) const MIGRATE_11_TO_12: &str = "
+CREATE TABLE attempts_by_key (
+    job_id        TEXT NOT NULL,
+    n             INTEGER NOT NULL,
+    ep            TEXT NOT NULL,
+    ep_session    TEXT NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    ended_at_ms   INTEGER,
+    outcome       TEXT NOT NULL,
+    reason        TEXT NOT NULL DEFAULT '',
+    usage         TEXT,
+    PRIMARY KEY (job_id, n)
+) WITHOUT ROWID;
+INSERT INTO attempts_by_key SELECT job_id, n, ep, ep_session, started_at_ms, ended_at_ms, outcome, reason, usage
+    FROM attempts;
+DROP TABLE attempts;
+ALTER TABLE attempts_by_key RENAME TO attempts;
+CREATE TABLE token_uses_by_key (
+    jti  TEXT PRIMARY KEY,
+    uses INTEGER NOT NULL,
+    exp  INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO token_uses_by_key SELECT jti, uses, exp FROM token_uses;
+DROP TABLE token_uses;
+ALTER TABLE token_uses_by_key RENAME TO token_uses;
 ";
 
 /// A job's columns and its stored request together: `FROM {JOB_WITH_REQUEST}`.

@@ -163,6 +163,58 @@ async fn a_version_9_store_gains_its_plain_columns_and_counts() {
 }
 
 #[tokio::test]
+async fn a_version_11_store_keeps_its_attempts_and_token_uses_keyed_without_rowids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v11.db");
+    {
+        let conn = Connection::open(&path).expect("create v11");
+        for step in &MIGRATIONS[..11] {
+            conn.execute_batch(step).expect("step");
+        }
+        conn.pragma_update(None, "user_version", 11).expect("version");
+        conn.execute(
+            "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, cpus, memory_mb, runtime_s, \
+             submitted_at_ms, finished_at_ms, attempts) VALUES ('a', 'alice', 'k1', 'completed', 't1', 1, 64, 60, 5, 9, 2)",
+            [],
+        )
+        .expect("v11 job");
+        conn.execute_batch(
+            "INSERT INTO job_requests (seq, request) VALUES (1, '{}');
+             INSERT INTO attempts (job_id, n, ep, ep_session, started_at_ms, ended_at_ms, outcome, reason)
+                 VALUES ('a', 1, 'ep1', 's1', 6, 7, 'lost', 'cut'), ('a', 2, 'ep2', 's2', 8, 9, 'completed', '');
+             INSERT INTO token_uses (jti, uses, exp) VALUES ('t1', 3, 100);",
+        )
+        .expect("v11 rows");
+    }
+    let q = Queue::open(&path).expect("open and migrate");
+    let without_rowid = q
+        .call(|c| {
+            let keyed = |table: &str| -> rusqlite::Result<bool> {
+                let sql: String =
+                    c.query_row("SELECT sql FROM sqlite_master WHERE name = ?1", params![table], |r| r.get(0))?;
+                Ok(sql.ends_with("WITHOUT ROWID"))
+            };
+            Ok((keyed("attempts")?, keyed("token_uses")?))
+        })
+        .await
+        .expect("schema");
+    assert_eq!(without_rowid, (true, true));
+    let history = q.history("a".into()).await.expect("history");
+    let kept: Vec<_> = history.iter().map(|a| (a.n, a.ep.as_str(), a.outcome.as_str())).collect();
+    assert_eq!(kept, [(1, "ep1", "lost"), (2, "ep2", "completed")]);
+    assert_eq!(q.uses("t1".into()).await.expect("uses"), 3);
+    // Both are written as before: a use counted, an attempt opened and ended.
+    let id = q.submit(new_job("k2", "t1", 5)).await.expect("submit").job_id;
+    assert_eq!(q.uses("t1".into()).await.expect("uses"), 4);
+    q.mark_running(vec![id.clone()], "ep3".into(), "s3".into(), ok).await.expect("mark");
+    q.finish("s3".into(), report(&id, Outcome::Exited { exit_code: 0 }), LOSS).await.expect("finish");
+    let history = q.history(id).await.expect("history");
+    let kept: Vec<_> =
+        history.iter().map(|a| (a.n, a.ep.as_str(), a.outcome.as_str(), a.ended_at_ms.is_some())).collect();
+    assert_eq!(kept, [(1, "ep3", "completed", true)]);
+}
+
+#[tokio::test]
 async fn the_reads_that_must_scale_seek_in_small_indexes_not_the_table() {
     let dir = tempfile::tempdir().expect("tempdir");
     let q = Queue::open(&dir.path().join("q.db")).expect("open");
