@@ -92,6 +92,13 @@ pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Default of [`RuntimeOptions::max_cached_modules`].
 pub const DEFAULT_MAX_CACHED_MODULES: usize = 256;
+/// Bytes of each pooled linear memory kept resident between runs (reset by `memset`).
+const KEEP_RESIDENT_MEMORY: usize = 1 << 20;
+/// Bytes of each pooled table kept resident between runs.
+const KEEP_RESIDENT_TABLE: usize = 1 << 16;
+/// Slots whose `madvise` reset waits for others, to be made in one go.
+const DECOMMIT_BATCH: usize = 8;
+
 /// Default of [`RuntimeOptions::max_disk_artifacts`].
 pub const DEFAULT_MAX_DISK_ARTIFACTS: usize = 1024;
 
@@ -133,6 +140,15 @@ pub(crate) fn build_engine(options: &RuntimeOptions, max_memory_bytes: u64) -> a
             .total_component_instances(slots)
             .max_memory_size(usize::try_from(max_memory_bytes).unwrap_or(usize::MAX))
             .table_elements(MAX_TABLE_ELEMENTS);
+        // A slot's memory and table are reset by `memset` of the pages the last guest touched
+        // (found with `PAGEMAP_SCAN` where the kernel has it, Linux 6.7 on) up to these bounds,
+        // instead of `madvise` and a page fault per page at the next run; what `madvise` still
+        // resets is batched. In the no-op throughput bench the faults, `madvise` calls and TLB
+        // flushes were about 5 % of the EP's CPU. The reset is as complete either way.
+        pool.linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
+            .table_keep_resident(KEEP_RESIDENT_TABLE)
+            .pagemap_scan(wasmtime::Enabled::Auto)
+            .decommit_batch_size(DECOMMIT_BATCH);
         let mut pooled = config.clone();
         pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         match Engine::new(&pooled) {

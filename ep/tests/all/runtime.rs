@@ -1,7 +1,7 @@
 //! The runtime alone, with WAT guests: every way a run ends.
 
 use crate::common::{JobDir, digest, resources, runtime};
-use htfaas_ep::runtime::{CancelSignal, GuestRun, ModuleError, Runtime};
+use htfaas_ep::runtime::{CancelSignal, GuestRun, ModuleError, Runtime, RuntimeOptions};
 use htfaas_functions::proto::Outcome;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,39 @@ fn infinite_loop_hits_the_wall_time_cap_and_the_runtime_goes_on() {
     assert!(u128::from(run.cpu_ms) <= took.as_millis() + 50, "cpu {} ms within wall {took:?}", run.cpu_ms);
     eprintln!("spin: wall {} ms, cpu {} ms (limit 1 s)", run.wall_ms, run.cpu_ms);
     assert_eq!(run_wat(&rt, EXIT3, 16, 10).outcome, Outcome::Exited { exit_code: 3 });
+}
+
+/// Writes a marker into its memory: inside the first MiB, which the pool resets by `memset`,
+/// and past it, which the pool resets by `madvise`.
+const LEAVE_MARKS: &str = r#"(module
+  (memory (export "memory") 40)
+  (func (export "_start")
+    (i32.store (i32.const 100) (i32.const 0x5ec2e7))
+    (i32.store (i32.const 1048572) (i32.const 0x5ec2e7))
+    (i32.store (i32.const 2097152) (i32.const 0x5ec2e7))))"#;
+
+/// Exits 7 when any byte where [`LEAVE_MARKS`] writes is not zero.
+const READ_MARKS: &str = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 40)
+  (func (export "_start")
+    (if (i32.or (i32.or (i32.load (i32.const 100)) (i32.load (i32.const 1048572))) (i32.load (i32.const 2097152)))
+      (then (call $exit (i32.const 7))))))"#;
+
+#[test]
+fn a_guest_never_reads_what_the_guest_before_it_left_in_a_reused_memory_slot() {
+    // One slot, so every run reuses the memory the run before it wrote.
+    let rt = Runtime::with_options(RuntimeOptions { max_instances: 1, ..RuntimeOptions::default() }).expect("runtime");
+    for round in 0..3 {
+        assert_eq!(run_wat(&rt, LEAVE_MARKS, 16, 10).outcome, Outcome::Exited { exit_code: 0 }, "round {round}");
+        assert_eq!(run_wat(&rt, READ_MARKS, 16, 10).outcome, Outcome::Exited { exit_code: 0 }, "round {round}");
+    }
+    // The reader is not blind: marks it left itself, it sees.
+    let own_marks = READ_MARKS.replace(
+        "(func (export \"_start\")",
+        "(func (export \"_start\")\n    (i32.store (i32.const 2097152) (i32.const 1))",
+    );
+    assert_eq!(run_wat(&rt, &own_marks, 16, 10).outcome, Outcome::Exited { exit_code: 7 });
 }
 
 /// Waits in `poll_oneoff` on two relative 30 s clocks: wasmtime-wasi serves that as an async
