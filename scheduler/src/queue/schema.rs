@@ -10,10 +10,10 @@ use htfaas_functions::store::exec;
 use rusqlite::{Connection, Transaction, params};
 
 /// Version of the stored format written by this build.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// `MIGRATIONS[v]` takes a file from version `v` to `v + 1`; a new file runs them all.
-pub const MIGRATIONS: [&str; 12] = [
+pub const MIGRATIONS: [&str; 13] = [
     SCHEMA_1,
     MIGRATE_1_TO_2,
     MIGRATE_2_TO_3,
@@ -26,6 +26,7 @@ pub const MIGRATIONS: [&str; 12] = [
     MIGRATE_9_TO_10,
     MIGRATE_10_TO_11,
     MIGRATE_11_TO_12,
+    MIGRATE_12_TO_13,
 ];
 
 /// Version 1: jobs, token uses, accounts.
@@ -275,6 +276,14 @@ CREATE TABLE token_uses_by_key (
 INSERT INTO token_uses_by_key SELECT jti, uses, exp FROM token_uses;
 DROP TABLE token_uses;
 ALTER TABLE token_uses_by_key RENAME TO token_uses;
+";
+
+/// Version 13: no index of running jobs by start time. Its one reader, the overdue check
+/// ([`super::jobs::OVERDUE`]), compares each running job's start plus its own run time with
+/// now, which no order of start times can narrow: it reads every running job either way, now
+/// through `jobs_running_by_session`. Each dispatch and each end wrote both indexes.
+pub(super) const MIGRATE_12_TO_13: &str = "
+DROP INDEX IF EXISTS jobs_running_by_start;
 ";
 
 /// A job's columns and its stored request together: `FROM {JOB_WITH_REQUEST}`.

@@ -215,6 +215,47 @@ async fn a_version_11_store_keeps_its_attempts_and_token_uses_keyed_without_rowi
 }
 
 #[tokio::test]
+async fn a_version_12_store_finds_overdue_jobs_without_an_index_by_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v12.db");
+    {
+        let conn = Connection::open(&path).expect("create v12");
+        for step in &MIGRATIONS[..12] {
+            conn.execute_batch(step).expect("step");
+        }
+        conn.pragma_update(None, "user_version", 12).expect("version");
+    }
+    let q = Queue::open(&path).expect("open and migrate");
+    let left: i64 = q
+        .call(|c| {
+            Ok(c.query_row("SELECT COUNT(*) FROM sqlite_master WHERE name = 'jobs_running_by_start'", [], |r| {
+                r.get(0)
+            })?)
+        })
+        .await
+        .expect("schema");
+    assert_eq!(left, 0);
+    let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
+    let other = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
+    q.mark_running(vec![id.clone(), other], "ep1".into(), "s1".into(), ok).await.expect("mark");
+    // Started 10 s before its run time and the grace ran out; the other job just started.
+    let runtime_ms = new_job("k1", "t1", 1).request.resources.runtime_s * 1000;
+    q.call_writing({
+        let id = id.clone();
+        move |c| {
+            Ok(c.execute(
+                "UPDATE jobs SET started_at_ms = started_at_ms - ?2 WHERE id = ?1",
+                params![id, runtime_ms as i64 + 20_000],
+            )?)
+        }
+    })
+    .await
+    .expect("backdate");
+    let overdue = q.remove_overdue(now_ms(), 10_000).await.expect("overdue");
+    assert_eq!(overdue, [(id, "s1".to_owned())]);
+}
+
+#[tokio::test]
 async fn the_reads_that_must_scale_seek_in_small_indexes_not_the_table() {
     let dir = tempfile::tempdir().expect("tempdir");
     let q = Queue::open(&dir.path().join("q.db")).expect("open");
