@@ -30,6 +30,17 @@ async fn assert_counts_match_jobs(q: &Queue) -> BTreeMap<String, i64> {
     kept
 }
 
+/// A store file at `path` brought to the older `version` by the migrations alone, as a build
+/// of that version left it.
+fn store_at_version(path: &std::path::Path, version: usize) -> Connection {
+    let conn = Connection::open(path).expect("create");
+    for step in &MIGRATIONS[..version] {
+        conn.execute_batch(step).expect("step");
+    }
+    conn.pragma_update(None, "user_version", version as i64).expect("version");
+    conn
+}
+
 fn report(id: &str, outcome: Outcome) -> JobReport {
     JobReport {
         input_sha256: None,
@@ -87,11 +98,7 @@ async fn a_version_9_store_gains_its_plain_columns_and_counts() {
     let path = dir.path().join("v9.db");
     let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     {
-        let conn = Connection::open(&path).expect("create v9");
-        for step in &MIGRATIONS[..9] {
-            conn.execute_batch(step).expect("step");
-        }
-        conn.pragma_update(None, "user_version", 9).expect("version");
+        let conn = store_at_version(&path, 9);
         let mut traced = request("k1");
         traced.event.trace = Some(traceparent.into());
         let rows = [
@@ -167,11 +174,7 @@ async fn a_version_11_store_keeps_its_attempts_and_token_uses_keyed_without_rowi
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("v11.db");
     {
-        let conn = Connection::open(&path).expect("create v11");
-        for step in &MIGRATIONS[..11] {
-            conn.execute_batch(step).expect("step");
-        }
-        conn.pragma_update(None, "user_version", 11).expect("version");
+        let conn = store_at_version(&path, 11);
         conn.execute(
             "INSERT INTO jobs (id, owner, dedupe_key, state, token_jti, cpus, memory_mb, runtime_s, \
              submitted_at_ms, finished_at_ms, attempts) VALUES ('a', 'alice', 'k1', 'completed', 't1', 1, 64, 60, 5, 9, 2)",
@@ -218,13 +221,7 @@ async fn a_version_11_store_keeps_its_attempts_and_token_uses_keyed_without_rowi
 async fn a_version_12_store_finds_overdue_jobs_without_an_index_by_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("v12.db");
-    {
-        let conn = Connection::open(&path).expect("create v12");
-        for step in &MIGRATIONS[..12] {
-            conn.execute_batch(step).expect("step");
-        }
-        conn.pragma_update(None, "user_version", 12).expect("version");
-    }
+    drop(store_at_version(&path, 12));
     let q = Queue::open(&path).expect("open and migrate");
     let left: i64 = q
         .call(|c| {
@@ -238,7 +235,7 @@ async fn a_version_12_store_finds_overdue_jobs_without_an_index_by_start() {
     let id = q.submit(new_job("k1", "t1", 1)).await.expect("submit").job_id;
     let other = q.submit(new_job("k2", "t2", 1)).await.expect("submit").job_id;
     q.mark_running(vec![id.clone(), other], "ep1".into(), "s1".into(), ok).await.expect("mark");
-    // Started 10 s before its run time and the grace ran out; the other job just started.
+    // Started its run time and 20 s ago, 10 s past the 10 s grace; the other job just started.
     let runtime_ms = new_job("k1", "t1", 1).request.resources.runtime_s * 1000;
     q.call_writing({
         let id = id.clone();
