@@ -48,17 +48,16 @@ impl AuditDraft {
         AuditDraft::new(AuditKind::TokenMinted, subject, detail)
     }
 
-    /// `macaroons.obtained`. Subject: as the caller knows it (event, function, owner, token),
-    /// plus each macaroon's `path:` caveats. Detail: `{macaroons: [{role, identifier,
-    /// caveats}]}`; see [`MacaroonFacts::from_bearer`].
-    pub fn macaroons_obtained(mut subject: Subject, macaroons: &[MacaroonFacts]) -> AuditDraft {
-        for m in macaroons {
-            for c in &m.caveats {
-                if let Some(path) = c.strip_prefix("path:")
-                    && !subject.paths.iter().any(|p| p == path)
-                {
-                    subject.paths.push(path.to_owned());
-                }
+    /// `macaroons.obtained`. Subject: as the caller knows it (event, function, owner, token,
+    /// input path), plus `reaches`: the paths the macaroons reach, as the storage that issued
+    /// them reads their caveats. A `path:` caveat alone does not say that: dCache reads a
+    /// later one relative to the one before (a directory's base, then `path:/a.dat`), XRootD
+    /// each one whole, so only the caller, which knows the storage, can resolve them. Detail:
+    /// `{macaroons: [{role, identifier, caveats}]}`; see [`MacaroonFacts::from_bearer`].
+    pub fn macaroons_obtained(mut subject: Subject, macaroons: &[MacaroonFacts], reaches: &[&str]) -> AuditDraft {
+        for path in reaches {
+            if !subject.paths.iter().any(|p| p == path) {
+                subject.paths.push((*path).to_owned());
             }
         }
         AuditDraft::new(AuditKind::MacaroonsObtained, subject, serde_json::json!({ "macaroons": macaroons }))

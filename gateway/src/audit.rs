@@ -9,7 +9,7 @@
 //! | `event.matched` ([`EVENT_MATCHED`]) | with the event's firings, in the ingest's batch transaction | event id, owner, the event's path; function and digest when one function fired | `event {source, producer, id, kind, msg_type, path, size, owner, macaroon}`, `caused_by` (the job that wrote the file, if one did), `replay`, `functions [{name, version, digest, owner, glob, rule, firing}]`, `firing` = `queued` \| `duplicate` \| `loop_guarded` \| `collected` \| `completed` \| `ungrouped` \| `other_writer`, and `group` for a collecting function |
 //! | `group.closed` | when a collecting function's group fires or expires, in that transaction | owner, function, digest, every member's path | `group`, `outcome` = `fired` \| `expired`, `how`, `members`, `firing`, `version` |
 //! | `token.minted` | with the write macaroon's provenance, before the submit | jti, owner, digest, function, event id, input path | the claims' limits: `jobs, cpus, memory_mb, runtime_s, exp, iat, iss, aud, group`; plus `firing`, `function_version`, `replay` |
-//! | `macaroons.obtained` | same transaction | jti, owner, function, digest, event id, input path and every `path:` caveat | `macaroons [{role: read \| write, identifier, caveats}]` |
+//! | `macaroons.obtained` | same transaction | jti, owner, function, digest, event id, the input path and the output directory (what the two macaroons reach); indexed only by the jti and the output directory, the rest through its `token.minted` | `macaroons [{role: read \| write, identifier, caveats}]` |
 //! | `job.refused` | with the firing's refusal | event id, function, digest, input path | `reason`, `firing` (the storage or the scheduler refused for good) |
 //! | `admin.action` | after the action succeeded | what it acted on | `action` and its arguments; actor = the credential's name |
 //!
@@ -329,7 +329,10 @@ mod tests {
         let mint = |path: &str, id: &str| {
             htfaas_functions::macaroon::mint(&root, "loc", id, &[format!("path:{path}")]).expect("macaroon")
         };
-        let (read, write) = (mint("/data/x", "read-id-1"), mint("/out/a/", "write-id-1"));
+        // The read macaroon as the gateway derives it from a dCache base on the directory: its
+        // second `path:` is relative to the first, so `/x` is no path it reaches.
+        let read = htfaas_functions::macaroon::attenuate(&mint("/data/", "read-id-1"), &["path:/x"]).expect("derive");
+        let write = mint("/out/a/", "write-id-1");
         let request: SubmitRequest = serde_json::from_value(json!({
             "function": {"name": "a", "version": 3, "digest": a.manifest.module, "module_url": "http://m"},
             "resources": Resources::default(),
@@ -362,7 +365,8 @@ mod tests {
         let got = &records[2];
         let ids: Vec<_> = got.detail["macaroons"].as_array().expect("list").iter().map(|m| &m["identifier"]).collect();
         assert_eq!(ids, ["read-id-1", "write-id-1"]);
-        assert!(got.subject.paths.contains(&"/out/a/".to_owned()), "{:?}", got.subject);
+        // Indexed by what the two macaroons reach, not by their raw `path:` caveats.
+        assert_eq!(got.subject.paths, ["/data/x", "/out/a/"], "{:?}", got.subject);
         // No bearer string anywhere in the stored trail.
         let conn = Connection::open(&path).expect("open");
         let texts: Vec<String> = conn

@@ -80,7 +80,10 @@ pub(crate) fn credentials(
             }
         }
     }
-    let mut obtained = AuditDraft::macaroons_obtained(subject, &facts).with_detail("firing", c.seq.into());
+    // The read macaroon reaches the input (already the subject's path), the write macaroon the
+    // output directory.
+    let reaches = [c.function.manifest.outputs.dir.as_str()];
+    let mut obtained = AuditDraft::macaroons_obtained(subject, &facts, &reaches).with_detail("firing", c.seq.into());
     if !unreadable.is_empty() {
         obtained = obtained.with_detail("unreadable", json!(unreadable));
     }

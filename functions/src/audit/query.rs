@@ -92,15 +92,18 @@ fn first_seq_at(conn: &Connection, time_ms: u64) -> Result<i64, AuditError> {
 pub fn query_in(conn: &Connection, filter: &AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
     let mut sql = String::from("SELECT json FROM audit_records WHERE 1 = 1");
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
-    // A record is about X when it names X, or when its job has a record that names X: a
-    // job's later records do not index again what its first one indexed (`super::append_in`).
+    // A record is about X when it names X, or when its job (or, for a record of no job, its
+    // token) has a record that names X: later records of a job or token do not index again
+    // what its first one indexed (`super::append_in`).
     let mut about = |sql: &mut String, column: &str, value: &Option<String>| {
         if let Some(v) = value {
             args.push(v.clone().into());
             let n = args.len();
             sql.push_str(&format!(
                 " AND ({column} = ?{n} OR job IN \
-                 (SELECT job FROM audit_records WHERE {column} = ?{n} AND job IS NOT NULL))"
+                 (SELECT job FROM audit_records WHERE {column} = ?{n} AND job IS NOT NULL) \
+                 OR (job IS NULL AND token_jti IN \
+                 (SELECT token_jti FROM audit_records WHERE {column} = ?{n} AND job IS NULL AND token_jti IS NOT NULL)))"
             ));
         }
     };
@@ -118,7 +121,10 @@ pub fn query_in(conn: &Connection, filter: &AuditFilter) -> Result<Vec<AuditReco
         sql.push_str(&format!(
             " AND (seq IN (SELECT seq FROM audit_record_paths WHERE path = ?{n}) OR job IN \
              (SELECT r.job FROM audit_record_paths p JOIN audit_records r ON r.seq = p.seq \
-              WHERE p.path = ?{n} AND r.job IS NOT NULL))"
+              WHERE p.path = ?{n} AND r.job IS NOT NULL) \
+             OR (job IS NULL AND token_jti IN \
+             (SELECT r.token_jti FROM audit_record_paths p JOIN audit_records r ON r.seq = p.seq \
+              WHERE p.path = ?{n} AND r.job IS NULL AND r.token_jti IS NOT NULL)))"
         ));
     }
     // A time range is a range of `seq` (times never decrease along the chain), which the

@@ -223,11 +223,21 @@ fn append_to(
     let (hashed, json) = encode_record(&mut record)?;
     debug_assert_eq!(hashed.len() + record.hash.len() + ",\"hash\":\"\"".len(), json.len());
     let s = &record.subject;
-    // What the job's first record indexes is not indexed again for its later records (queries
-    // select every record of a job that a selected record is about: `super::query`).
-    let first = match &s.job {
-        Some(job) => first_of_job(tx, job)?,
-        None => None,
+    // What the first record of a job indexes is not indexed again for its later records; nor,
+    // for records of no job, what the first record of their token indexes (queries select
+    // every record of a job or token that a selected record is about: `super::query`). The
+    // gateway's two records of a job's credentials are of one token, before the job has an id.
+    let first = match (&s.job, &s.token_jti) {
+        (Some(job), _) => first_of_job(tx, job)?,
+        (None, Some(token)) => first_of_token(tx, token)?,
+        (None, None) => None,
+    };
+    // A record of a job finds its job's records by the job; one of no job keeps its token,
+    // by which its token's records are found.
+    let token_jti = if s.job.is_some() {
+        unless_first(first.as_ref(), |f| &f.token_jti, &s.token_jti)
+    } else {
+        s.token_jti.as_deref()
     };
     tx.prepare_cached(
         "INSERT INTO audit_records (seq, time_ms, kind, job, token_jti, owner, function, digest, event_id, hash, json)
@@ -238,7 +248,7 @@ fn append_to(
         to_db(time_ms),
         record.kind.as_str(),
         s.job,
-        unless_first(first.as_ref(), |f| &f.token_jti, &s.token_jti),
+        token_jti,
         unless_first(first.as_ref(), |f| &f.owner, &s.owner),
         unless_first(first.as_ref(), |f| &f.function, &s.function),
         s.digest,
@@ -269,8 +279,8 @@ fn append_to(
     Ok(record)
 }
 
-/// What the first record of a job indexed: its `seq` (its paths are found by it) and its
-/// subject's token, owner, function and event.
+/// What the first record of a job (or of a token, for records of no job) indexed: its `seq`
+/// (its paths are found by it) and its subject's token, owner, function and event.
 struct FirstOfJob {
     seq: i64,
     token_jti: Option<String>,
@@ -279,7 +289,8 @@ struct FirstOfJob {
     event_id: Option<String>,
 }
 
-/// `mine`, unless the job's first record names the same (then nothing, for the column).
+/// `mine`, unless the first record of the job (or token) names the same (then nothing, for
+/// the column).
 fn unless_first<'a>(
     first: Option<&FirstOfJob>,
     field: fn(&FirstOfJob) -> &Option<String>,
@@ -295,6 +306,25 @@ fn first_of_job(tx: &Connection, job: &str) -> Result<Option<FirstOfJob>, AuditE
             "SELECT seq, token_jti, owner, function, event_id FROM audit_records WHERE job = ?1 ORDER BY seq LIMIT 1",
         )?
         .query_row([job], |r| {
+            Ok(FirstOfJob {
+                seq: r.get(0)?,
+                token_jti: r.get(1)?,
+                owner: r.get(2)?,
+                function: r.get(3)?,
+                event_id: r.get(4)?,
+            })
+        })
+        .optional()?)
+}
+
+/// The indexed subject of the first record of no job that names `token`, if there is one.
+fn first_of_token(tx: &Connection, token: &str) -> Result<Option<FirstOfJob>, AuditError> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT seq, token_jti, owner, function, event_id FROM audit_records \
+             WHERE token_jti = ?1 AND job IS NULL ORDER BY seq LIMIT 1",
+        )?
+        .query_row([token], |r| {
             Ok(FirstOfJob {
                 seq: r.get(0)?,
                 token_jti: r.get(1)?,

@@ -1,5 +1,7 @@
-//! The audit trail's tests: records, drafts, the log and queries; the verifier's in [`tamper`].
+//! The audit trail's tests: records, drafts, the log and queries; the index in [`index`], the
+//! verifier's in [`tamper`].
 
+mod index;
 mod tamper;
 
 use super::draft::*;
@@ -200,7 +202,11 @@ fn bearer_credentials_never_reach_the_trail() {
     let path = dir.path().join("trail.sqlite");
     let log = AuditLog::open(&path, "gateway", None, CheckpointPolicy::default()).expect("open");
     let obtained = log
-        .append(AuditDraft::macaroons_obtained(Subject { job: Some("j".into()), ..Subject::default() }, &[facts]))
+        .append(AuditDraft::macaroons_obtained(
+            Subject { job: Some("j".into()), ..Subject::default() },
+            &[facts],
+            &["/data/raw/a.dat"],
+        ))
         .expect("append");
     assert_eq!(obtained.subject.paths, ["/data/raw/a.dat"]);
     // A careless caller: bearers in the actor, a subject field, a detail value and a key.
@@ -276,67 +282,6 @@ fn concurrent_appends_stay_one_chain() {
     assert!(report.ok(), "{report:?}");
     assert_eq!((report.records, report.last_seq), (320, 320));
     assert_eq!(report.checkpoints, 320 / 7);
-}
-
-/// A job's later records index only what its first does not: their copied columns are empty
-/// where the first names the same, no path row repeats the first's, and every query still
-/// selects them; a record that names something else is indexed as usual.
-#[test]
-fn a_jobs_later_records_index_only_what_is_new_and_are_still_found() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (path, _) = sample(dir.path(), 6, 100);
-    let log = AuditLog::open(&path, "gateway", None, CheckpointPolicy::default()).expect("reopen");
-    // A seventh record for job-0 that names another token (a renewal's, say) and a new path.
-    let mut other = draft(1);
-    other.subject.token_jti = Some("jti-renewed".into());
-    other.subject.paths.push("/data/out/0.extra".into());
-    log.append(other).expect("append");
-    // An eighth that names another owner (none of htfaas's writers does): indexed, and never
-    // among alice's records, nor alice's among its owner's.
-    let mut foreign = draft(2);
-    foreign.subject.owner = Some("mallory".into());
-    log.append(foreign).expect("append");
-    drop(log);
-    let conn = Connection::open(&path).expect("open");
-    let columns = |seq: i64| -> [Option<String>; 5] {
-        conn.query_row(
-            "SELECT job, token_jti, owner, function, event_id FROM audit_records WHERE seq = ?1",
-            [seq],
-            |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?]),
-        )
-        .expect("row")
-    };
-    let paths = |seq: i64| -> Vec<String> {
-        let mut stmt =
-            conn.prepare("SELECT path FROM audit_record_paths WHERE seq = ?1 ORDER BY path").expect("prepare");
-        stmt.query_map([seq], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("paths")
-    };
-    let some = |s: &str| Some(s.to_owned());
-    assert_eq!(columns(1), [some("job-0"), some("jti-0"), some("alice"), some("checksum"), some("ev-0")]);
-    assert_eq!(columns(2), [some("job-0"), None, None, None, None], "all said by the job's first record");
-    assert_eq!(paths(1), ["/data/raw/0.dat"]);
-    assert!(paths(2).is_empty());
-    assert_eq!(paths(3), ["/data/out/0.sum"], "the output is new; the input is the first record's");
-    assert_eq!(columns(7), [some("job-0"), some("jti-renewed"), None, None, None], "a new token is indexed");
-    assert_eq!(paths(7), ["/data/out/0.extra"]);
-    // The JSON the verifier reads is whole.
-    assert_eq!(stored(&conn, 2)["subject"]["owner"], "alice");
-    let seqs = |f: AuditFilter| -> Vec<u64> { query(&path, &f).expect("query").iter().map(|r| r.seq).collect() };
-    for f in [
-        AuditFilter { owner: Some("alice".into()), ..AuditFilter::default() },
-        AuditFilter { token: Some("jti-0".into()), ..AuditFilter::default() },
-        AuditFilter { token: Some("jti-renewed".into()), ..AuditFilter::default() },
-        AuditFilter { event_id: Some("ev-0".into()), ..AuditFilter::default() },
-        AuditFilter { function: Some("checksum".into()), job: Some("job-0".into()), ..AuditFilter::default() },
-        AuditFilter { file: Some("/data/raw/0.dat".into()), ..AuditFilter::default() },
-        AuditFilter { file: Some("/data/out/0.extra".into()), ..AuditFilter::default() },
-    ] {
-        let want: &[u64] = if f.owner.is_some() { &[1, 2, 3, 7] } else { &[1, 2, 3, 7, 8] };
-        assert_eq!(seqs(f.clone()), want, "{f:?}");
-    }
-    assert_eq!(seqs(AuditFilter { owner: Some("bob".into()), ..AuditFilter::default() }), [4, 5, 6]);
-    assert_eq!(seqs(AuditFilter { owner: Some("mallory".into()), ..AuditFilter::default() }), [8]);
-    assert_eq!(columns(8)[2], some("mallory"));
 }
 
 #[test]
