@@ -11,9 +11,13 @@
 //!   ([`API_AUDIENCE`]) differs from the submit audience, so neither kind passes for the other.
 //!
 //! - A **renewal grant** ([`RenewClaims`]) lets the scheduler ask the gateway for
-//!   fresh macaroons of one job; the gateway mints and verifies it with its submit-token key.
+//!   fresh macaroons of one job; the gateway mints and verifies it alone, so it is MAC'd
+//!   (`HS256`) under a key derived from its submit-token key ([`MacKey`], in `mac`).
 //!
 //! The algorithm is taken from our key set, never from the token header.
+
+mod mac;
+pub use mac::MacKey;
 
 use crate::digest::Digest;
 use base64::Engine as _;

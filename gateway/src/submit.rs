@@ -10,8 +10,11 @@ use htfaas_functions::proto::{
     SubmitResponse, WarmRequest, WarmResponse,
 };
 use htfaas_functions::token::{
-    RENEW_AUDIENCE, RenewClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s,
+    MacKey, RENEW_AUDIENCE, RenewClaims, SUBMIT_AUDIENCE, SigningKey, SubmitClaims, Verifier, new_jti, now_s,
 };
+
+/// What the renewal grants' MAC key is derived for ([`SigningKey::mac_key`]).
+const GRANT_KEY_PURPOSE: &str = "renew";
 
 /// How long a job may wait (queued or held) and still have its macaroons renewed, seconds: a
 /// renewal grant expires this long after its job was submitted, plus the job's run time. A
@@ -55,7 +58,10 @@ pub struct Submitter {
     jobs_url: String,
     key: SigningKey,
     verifier: Verifier,
-    /// Verifies renewal grants (the same key, [`RENEW_AUDIENCE`]).
+    /// MACs renewal grants: only this gateway (or a replica with its key) verifies them.
+    grant_key: MacKey,
+    /// Verifies renewal grants ([`RENEW_AUDIENCE`]): MAC'd under `grant_key`, or signed with
+    /// `key` (by a build before grants were MAC'd, valid until they expire).
     renew_verifier: Verifier,
     issuer: String,
     token_ttl_s: u64,
@@ -71,8 +77,11 @@ impl Submitter {
         token_ttl_s: u64,
     ) -> Result<Submitter, htfaas_functions::token::TokenError> {
         let verifier = Verifier::new(issuer, SUBMIT_AUDIENCE, &key.jwks())?;
-        let renew_verifier = Verifier::new(issuer, RENEW_AUDIENCE, &key.jwks())?;
+        let grant_key = key.mac_key(GRANT_KEY_PURPOSE)?;
+        let mut renew_verifier = Verifier::new(issuer, RENEW_AUDIENCE, &key.jwks())?;
+        renew_verifier.trust_mac(&grant_key);
         Ok(Submitter {
+            grant_key,
             renew_verifier,
             http,
             scheduler_url: scheduler_url.trim_end_matches('/').to_owned(),
@@ -123,7 +132,7 @@ impl Submitter {
             refs: (!req.refs.is_empty())
                 .then(|| htfaas_functions::proto::refs_digest(req.refs.iter().map(|r| r.url.as_str()))),
         };
-        Ok(RenewalGrant(self.key.sign(&claims)?))
+        Ok(RenewalGrant(self.grant_key.sign(&claims)?))
     }
 
     /// Checks a renewal grant (signature, issuer, audience [`RENEW_AUDIENCE`], expiry).
@@ -572,5 +581,37 @@ mod tests {
         assert_eq!(s.claims_for("alice", None, &req(0)).runtime_s, htfaas_functions::manifest::MAX_RUNTIME_S);
         // A manifest's accounting group goes into its job's token: the scheduler charges it.
         assert_eq!(s.claims_for("alice", Some("physics"), &req(60)).group.as_deref(), Some("physics"));
+    }
+
+    /// A job's renewal grant is MAC'd (`HS256`, the gateway's derived key) and verifies here;
+    /// a grant an older build signed with the Ed25519 key still does; the scheduler's submit
+    /// check, which trusts the Ed25519 key alone, refuses the grant (another audience and a
+    /// `kid` it does not know), and so does another gateway's.
+    #[test]
+    fn a_renewal_grant_is_macd_and_verified_here_alone() {
+        use base64::Engine as _;
+        let (key, pem) = SigningKey::generate("k").expect("keygen");
+        let jwks = key.jwks();
+        let s = Submitter::new(crate::clients::http_client().expect("client"), "http://127.0.0.1:1", key, "gw", 60)
+            .expect("new");
+        let grant = s.grant("alice", "jti-1", "/out/", &request(60)).expect("grant");
+        let header = grant.0.split('.').next().expect("header");
+        let header: serde_json::Value =
+            serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(header).expect("b64"))
+                .expect("json");
+        assert_eq!((header["alg"].as_str(), header["kid"].as_str()), (Some("HS256"), Some("k#renew")));
+        let claims = s.verify_grant(&grant.0).expect("its own grant");
+        assert_eq!((claims.sub.as_str(), claims.jti.as_str(), claims.output.as_str()), ("alice", "jti-1", "/out/"));
+
+        let older = SigningKey::from_pem("k", pem.as_bytes()).expect("the same key").sign(&claims).expect("sign");
+        assert_eq!(s.verify_grant(&older).expect("an Ed25519 grant").jti, "jti-1");
+
+        let submit = Verifier::new("gw", SUBMIT_AUDIENCE, &jwks).expect("the scheduler's verifier");
+        assert!(submit.verify::<SubmitClaims>(&grant.0).is_err(), "a grant is no submit token");
+        let (other, _) = SigningKey::generate("k").expect("another gateway's key, the same kid");
+        let other =
+            Submitter::new(crate::clients::http_client().expect("client"), "http://127.0.0.1:1", other, "gw", 60)
+                .expect("new");
+        assert!(other.verify_grant(&grant.0).is_err(), "another gateway's grant");
     }
 }

@@ -3,8 +3,9 @@
 //! the job, kept sealed by the scheduler, never seen by an EP).
 //!
 //! Checks, in order, each refusal with its status:
-//! 1. the grant verifies (signature, `kid`, issuer, audience `htfaas-gateway/renew`, expiry):
-//!    else 401; an API or submit token is no grant (another audience);
+//! 1. the grant verifies (its MAC, or an older grant's signature; `kid`, issuer, audience
+//!    `htfaas-gateway/renew`, expiry): else 401; an API or submit token is no grant (another
+//!    audience);
 //! 2. the body is a [`RenewRequest`]: else 400;
 //! 3. no revocation names the grant's `jti` (the job's submit token), owner or issuer, read from
 //!    the scheduler's list ([`crate::auth::RevocationCache`], as for API tokens): else 403
@@ -123,7 +124,7 @@ async fn issue(
         HttpError(status, e.to_string())
     };
     // A job without an input is renewed its write macaroon alone; one that keeps checkpoints
-    // its area's macaroon too (the area the gateway chose and signed into the grant).
+    // its area's macaroon too (the area the gateway chose and put into the grant).
     let area = match &claims.checkpoint {
         Some(url) => Some(
             shared
