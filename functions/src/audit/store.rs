@@ -301,30 +301,28 @@ fn unless_first<'a>(
 
 /// The indexed subject of `job`'s first record in the trail, if it has one.
 fn first_of_job(tx: &Connection, job: &str) -> Result<Option<FirstOfJob>, AuditError> {
-    Ok(tx
-        .prepare_cached(
-            "SELECT seq, token_jti, owner, function, event_id FROM audit_records WHERE job = ?1 ORDER BY seq LIMIT 1",
-        )?
-        .query_row([job], |r| {
-            Ok(FirstOfJob {
-                seq: r.get(0)?,
-                token_jti: r.get(1)?,
-                owner: r.get(2)?,
-                function: r.get(3)?,
-                event_id: r.get(4)?,
-            })
-        })
-        .optional()?)
+    first_where(
+        tx,
+        "SELECT seq, token_jti, owner, function, event_id FROM audit_records WHERE job = ?1 ORDER BY seq LIMIT 1",
+        job,
+    )
 }
 
 /// The indexed subject of the first record of no job that names `token`, if there is one.
 fn first_of_token(tx: &Connection, token: &str) -> Result<Option<FirstOfJob>, AuditError> {
+    first_where(
+        tx,
+        "SELECT seq, token_jti, owner, function, event_id FROM audit_records \
+         WHERE token_jti = ?1 AND job IS NULL ORDER BY seq LIMIT 1",
+        token,
+    )
+}
+
+/// The first row `sql` selects by `key`, as a [`FirstOfJob`].
+fn first_where(tx: &Connection, sql: &str, key: &str) -> Result<Option<FirstOfJob>, AuditError> {
     Ok(tx
-        .prepare_cached(
-            "SELECT seq, token_jti, owner, function, event_id FROM audit_records \
-             WHERE token_jti = ?1 AND job IS NULL ORDER BY seq LIMIT 1",
-        )?
-        .query_row([token], |r| {
+        .prepare_cached(sql)?
+        .query_row([key], |r| {
             Ok(FirstOfJob {
                 seq: r.get(0)?,
                 token_jti: r.get(1)?,
