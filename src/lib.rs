@@ -6,7 +6,7 @@
 //! - [`nats`] runs a real `nats-server` child process;
 //! - [`overload`] is `htfaas overload`: one owner's flood against another owner's one event;
 //! - [`procs`] runs the stack as five processes (the crash harness kills them);
-//! - [`bench`] is `htfaas bench`: the whole path against the peer, side by side;
+//! - [`mod@bench`] is `htfaas bench`: the whole path against the peer, side by side;
 //! - [`crash`] is `htfaas crash-test`: every component killed at random under a stream of
 //!   events, then the checks that nothing was lost, run twice or charged twice;
 //! - [`cluster`] is `htfaas cluster-test`: the crash harness's stream and checks on a site of

@@ -37,7 +37,7 @@ const STALE_TMP: Duration = Duration::from_secs(3600);
 /// `<dir>/<digest hex>.<engine tag>.cwasm` files tagged with `<dir>/key`; see the module docs.
 pub(crate) struct ArtifactCache {
     dir: PathBuf,
-    /// [`RuntimeOptions::max_disk_artifacts`].
+    /// [`RuntimeOptions::max_disk_artifacts`](crate::RuntimeOptions::max_disk_artifacts).
     max_artifacts: usize,
     key: [u8; KEY_LEN],
     /// This engine's [`Engine::precompile_compatibility_hash`], as the bytes it hashes.
@@ -141,8 +141,9 @@ impl ArtifactCache {
         Ok(())
     }
 
-    /// Deletes the oldest artifacts past [`RuntimeOptions::max_disk_artifacts`]; failures are
-    /// logged (a full cache only costs disk).
+    /// Deletes the oldest artifacts past
+    /// [`RuntimeOptions::max_disk_artifacts`](crate::RuntimeOptions::max_disk_artifacts); failures
+    /// are logged (a full cache only costs disk).
     pub(crate) fn trim(&self) {
         let Ok(entries) = fs::read_dir(&self.dir) else { return };
         let mut artifacts: Vec<(std::time::SystemTime, PathBuf)> = entries

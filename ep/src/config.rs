@@ -34,7 +34,7 @@ pub struct Config {
     pub attach_token: String,
     /// Total resources advertised: `cpus`, `memory_mb`, `disk_mb` (scratch), `gpus`; and
     /// `runtime_s`, the longest job accepted (default 3600). A field left out is detected at
-    /// start (see [`detect`]): cores (cgroup quota included), memory (cgroup limit included)
+    /// start (see [`crate::detect`]): cores (cgroup quota included), memory (cgroup limit included)
     /// less max(512 MiB, 10 %), free disk of `work_dir` less max(1 GiB, 5 %), NVIDIA GPUs
     /// (`/dev/nvidia<N>`); `cpus` and `memory_mb` set to 0 are detected too, while `gpus: 0`
     /// and `disk_mb: 0` mean none (so detected GPUs can be kept from jobs). Leaving `slots` out
@@ -91,7 +91,7 @@ pub struct Config {
     #[serde(default)]
     pub fuel: Option<u64>,
     /// Address of the Prometheus metrics listener (`GET /metrics`, OpenMetrics text; see
-    /// [`metrics`]). It asks for no token, so bind it to loopback or a monitoring network; it
+    /// `metrics`). It asks for no token, so bind it to loopback or a monitoring network; it
     /// serves counts, durations and the advertised slots, never a secret, path, job id or
     /// function name. Port 0 picks a free port, read back from [`Settings::metrics_addr`].
     /// Default: none (no listener).
@@ -250,7 +250,7 @@ fn default_compile_timeout_s() -> u64 {
     crate::runtime::DEFAULT_COMPILE_TIMEOUT.as_secs()
 }
 
-/// How long [`run`] waits, after shutdown, for in-flight jobs and their reports
+/// How long [`crate::run`] waits, after shutdown, for in-flight jobs and their reports
 /// ([`Settings::drain_timeout`] as [`Config::resolve`] sets it).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The drain deadline `htfaas ep` uses on SIGTERM unless `--drain-timeout` says otherwise: long
@@ -258,7 +258,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_SIGTERM_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 /// After a quick stop (or a drain deadline that passed), how long the EP waits for the jobs it
 /// cancelled to clean up, and for unsent reports to go out, before it leaves anyway; longer
-/// while native jobs vacate ([`stop_grace`]).
+/// while native jobs vacate (`stop_grace`).
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// What a stop waits beyond the longest vacate time of its native jobs: for their groups to be
 /// killed and their reports to go out.
@@ -296,7 +296,7 @@ pub struct Settings {
     pub max_output_files: usize,
     /// Most output bytes stored per job.
     pub max_output_bytes: u64,
-    /// How long [`run`] waits after shutdown (a drain) for in-flight jobs and their reports;
+    /// How long [`crate::run`] waits after shutdown (a drain) for in-flight jobs and their reports;
     /// past it the jobs still running are cancelled as by a quick stop. Default:
     /// [`DEFAULT_DRAIN_TIMEOUT`]; `htfaas ep` sets `--drain-timeout` (default
     /// [`DEFAULT_SIGTERM_DRAIN_TIMEOUT`]).
@@ -321,7 +321,7 @@ pub struct Settings {
     pub(crate) lease: Arc<Lease>,
     /// Counters served on the metrics listener.
     pub(crate) metrics: crate::counters::Metrics,
-    /// The metrics listener ([`Config::metrics_listen`]), bound at resolve; [`run_with`]
+    /// The metrics listener ([`Config::metrics_listen`]), bound at resolve; [`crate::run_with`]
     /// serves it.
     pub(crate) metrics_listener: Option<tokio::net::TcpListener>,
     /// TLS of the attach link: `Some` exactly when `attach_url` is `wss://`.
@@ -360,7 +360,7 @@ impl Settings {
         self.metrics_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// The EP's counters ([`metrics`]).
+    /// The EP's counters (`metrics`).
     pub fn metrics(&self) -> &crate::counters::Metrics {
         &self.metrics
     }
@@ -404,7 +404,7 @@ impl Config {
         }
     }
 
-    /// Detects the host's resources ([`detect::detect`], blocking work off the async threads),
+    /// Detects the host's resources ([`crate::detect::detect`], blocking work off the async threads),
     /// then [`Config::resolve_with`] them.
     pub async fn resolve(self) -> anyhow::Result<Settings> {
         let work_dir = self.work_dir.clone();

@@ -87,7 +87,7 @@ pub struct Metrics {
     pub(crate) refs_from_storage: AtomicU64,
     /// Checkpoints, by [`CheckpointEvent`].
     pub(crate) checkpoints: [AtomicU64; CHECKPOINT_EVENTS.len()],
-    /// Attach tokens the scheduler renewed ([0]) and renewals it refused ([1]).
+    /// Attach tokens the scheduler renewed (`[0]`) and renewals it refused (`[1]`).
     pub(crate) attach_renewals: [AtomicU64; 2],
 }
 

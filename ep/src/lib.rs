@@ -14,7 +14,7 @@
 //!   cancels a job on the scheduler's `Cancel`, and ends with an error when the scheduler
 //!   refuses the attach token for good: HTTP 401/403, close code 4401/4403);
 //! - [`detect`]: cores, memory, free disk, GPUs of the host (cgroup limits included);
-//! - [`origins`]: the only places a job's module, input and outputs may be fetched from or
+//! - `origins`: the only places a job's module, input and outputs may be fetched from or
 //!   stored to ([`Config::allowed_origins`]), checked before any transfer and on every redirect;
 //! - [`runtime`]: the wasm host alone (engine, module cache, one run in a fresh store, stopped by
 //!   its wall-time cap or its [`CancelSignal`](runtime::CancelSignal)); no network;
@@ -29,7 +29,7 @@
 //!   scheduler before a use and while the job runs, when they expire first;
 //! - [`local`]: one run on a local file with no stack (`htfaas fn run`), in the same runtime
 //!   and limits as a job;
-//! - [`metrics`]: the optional Prometheus listener ([`Config::metrics_listen`]);
+//! - `metrics`: the optional Prometheus listener ([`Config::metrics_listen`]);
 //! - the lifecycle watcher: leaves at the end of [`Settings::lifetime`] (or of the lifetime the
 //!   scheduler set since: `SchedulerMsg::Lifetime`, an annex's end, longer or shorter), or
 //!   after [`Settings::idle_shutdown`] without a running job (a running job holds it off).

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-/// Running jobs and the moment the EP last had none, for [`Settings::idle_shutdown`].
+/// Running jobs and the moment the EP last had none, for [`Settings::idle_shutdown`](crate::Settings::idle_shutdown).
 pub(crate) struct Activity {
     running: std::sync::atomic::AtomicUsize,
     idle_since: std::sync::Mutex<tokio::time::Instant>,

@@ -16,7 +16,7 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// 1 MiB, twice wasmtime's default: tens of thousands of frames of ordinary compiled code (Rust
 /// guests keep their big locals on a shadow stack in linear memory, so this is only for frames).
 /// A guest going deeper traps with "call stack exhausted". The guest runs on a fiber stack of
-/// [`ASYNC_STACK`]; what the wasm frames do not use is left to the host functions it calls.
+/// `ASYNC_STACK`; what the wasm frames do not use is left to the host functions it calls.
 pub const MAX_WASM_STACK: usize = 1 << 20;
 /// Size of each fiber stack a guest runs on (wasmtime's `async_stack_size`): [`MAX_WASM_STACK`]
 /// plus 1 MiB for the WASI host calls made from it, which wasmtime does not bound.
@@ -25,21 +25,25 @@ pub(crate) const ASYNC_STACK: usize = MAX_WASM_STACK + (1 << 20);
 pub(crate) const HOST_CALL_GRACE: Duration = Duration::from_millis(500);
 /// Largest table a guest may grow (elements); tables are host memory too.
 pub(crate) const MAX_TABLE_ELEMENTS: usize = 1 << 20;
-/// Longest trap message kept in an [`Outcome::Trapped`].
+/// Longest trap message kept in an [`Outcome::Trapped`](htfaas_functions::proto::Outcome::Trapped).
 pub(crate) const MAX_TRAP_MESSAGE: usize = 1024;
-/// Longest cancel reason kept in an [`Outcome::Cancelled`] (the reason comes from the scheduler).
+/// Longest cancel reason kept in an
+/// [`Outcome::Cancelled`](htfaas_functions::proto::Outcome::Cancelled) (the reason comes from the
+/// scheduler).
 pub(crate) const MAX_CANCEL_REASON: usize = 1024;
 /// Linear memories are 32-bit: at most 4 GiB.
 pub const WASM32_MAX_MEMORY: u64 = 4 << 30;
 
-/// How to build a [`Runtime`]. `RuntimeOptions::default()` is what [`Runtime::new`] uses.
+/// How to build a [`Runtime`](crate::Runtime). `RuntimeOptions::default()` is what
+/// [`Runtime::new`](crate::Runtime::new) uses.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
     /// Directory for compiled artifacts (`<digest hex>.<engine tag>.cwasm`) and their key (`key`), created
     /// (mode 0700) if missing. Default: none (modules are compiled again after every restart).
     pub cache_dir: Option<PathBuf>,
     /// Fuel given to every run (about one unit per wasm instruction); a run that spends it ends
-    /// as [`Outcome::FuelExhausted`]. Default: none (no metering, which is faster).
+    /// as [`Outcome::FuelExhausted`](htfaas_functions::proto::Outcome::FuelExhausted). Default:
+    /// none (no metering, which is faster).
     pub fuel: Option<u64>,
     /// Whether to take instances from wasmtime's pooling allocator (falls back to on-demand with
     /// a warning when the pool cannot be reserved). Default: true.
@@ -69,11 +73,12 @@ pub struct RuntimeOptions {
     pub max_disk_artifacts: usize,
     /// Most WASI resources one run holds at once: open files and directories (each one a host
     /// descriptor), streams and pollables, the preopens and stdio included. A guest past it
-    /// traps ([`Outcome::Trapped`], "too many open files…"). Default:
+    /// traps ([`Outcome::Trapped`](htfaas_functions::proto::Outcome::Trapped), "too many open files…"). Default:
     /// [`DEFAULT_MAX_OPEN_RESOURCES`].
     pub max_open_resources: usize,
     /// Longest compilation of one module; a module taking longer is refused
-    /// ([`ModuleError::CompileTimeout`]) and remembered as refused. Default:
+    /// ([`ModuleError::CompileTimeout`](crate::runtime::ModuleError::CompileTimeout)) and
+    /// remembered as refused. Default:
     /// [`DEFAULT_COMPILE_TIMEOUT`]; `None`: unbounded.
     pub compile_timeout: Option<Duration>,
 }

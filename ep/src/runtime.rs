@@ -66,8 +66,8 @@
 //! Artifacts on disk: `<cache_dir>/<digest hex>.<engine tag>.cwasm` (the tag: 16 hex digits
 //! of a hash of the engine's compatibility hash, so EPs with different engine settings can share
 //! a directory) holds [`ARTIFACT_MAGIC`], a 32-byte
-//! HMAC-SHA256 tag, then the bytes of [`Module::serialize`]. The tag covers the digest, the
-//! engine's [`Engine::precompile_compatibility_hash`] and the artifact bytes, keyed by 32 random
+//! HMAC-SHA256 tag, then the bytes of [`Module::serialize`](wasmtime::Module::serialize). The tag
+//! covers the digest, the engine's [`Engine::precompile_compatibility_hash`] and the artifact bytes, keyed by 32 random
 //! bytes in `<cache_dir>/key` (mode 0600, made on first use). Deserializing is `unsafe` (the
 //! bytes become machine code), so an artifact is used only if its tag verifies: one this EP's
 //! key wrote for this very engine configuration. A tampered, truncated, foreign-keyed or
@@ -234,7 +234,7 @@ pub struct GuestRun {
     /// ([`RuntimeOptions::fuel`]); `None` otherwise.
     pub instructions: Option<u64>,
     /// The pool had no free instance slot, so the guest never started (the outcome is then
-    /// [`Outcome::ModuleFailed`] saying so). Not the job's fault: see [`crate::slots`].
+    /// [`Outcome::ModuleFailed`] saying so). Not the job's fault: see `crate::slots`.
     pub no_free_slot: bool,
 }
 

@@ -9,7 +9,7 @@
 //! - [`trigger`]: the trigger rule language (path globs, prefixes and suffixes, message type,
 //!   storage class, size, owner, with `and`, `or`, `not`), parsed once, evaluated per event;
 //!   [`glob`]: the one glob dialect of trigger paths;
-//! - [`digest`], [`resources`], [`manifest`], [`namespace`], `registry` (feature `db`):
+//! - [`digest`], `resources`, [`manifest`], [`namespace`], `registry` (feature `db`):
 //!   functions as content-addressed wasm modules with versioned manifests, stored in SQLite
 //!   plus a blob directory; [`on_failure`]: what a function asks for when a run fails (its
 //!   retry policy, what becomes of its outputs, the quarantine directory);
@@ -17,7 +17,7 @@
 //!   groups, grants);
 //! - [`audit`]: the audit trail: record format, drafts and signed checkpoints; with feature
 //!   `db`, one hash-chained, append-only log per writer (SQLite), lineage queries and the
-//!   verifier that names the first tampered record; [`audit_kinds`]: the constructor of every
+//!   verifier that names the first tampered record; `audit_kinds`: the constructor of every
 //!   record kind the gateway and the scheduler write;
 //! - [`store`]: what the stores of the other crates share (private state files, durability;
 //!   with feature `db`, SQLite's stepwise migration); [`time`]: wall-clock time and UTC dates;

@@ -6,7 +6,7 @@
 //!
 //! **Format.** We emit libmacaroons **V1** (`%04x`-length packets), url-safe base64 **without
 //! `=` padding**, byte-identical to dCache (jmacaroons), libmacaroons and pymacaroons; the crate
-//! pads, so [`serialize`] strips it. Input may be padded or not, url-safe or standard alphabet
+//! pads, so `serialize` strips it. Input may be padded or not, url-safe or standard alphabet
 //! (V2 binary is also parsed; dCache never sends it).
 //!
 //! **Authentication** ([`authenticate`]) recomputes the HMAC chain with the crate's primitives

@@ -3,7 +3,7 @@
 
 use crate::digest::Digest;
 pub use crate::on_failure::{FailedOutputs, RetryOn, RetryPolicy};
-/// What one run may use; defined in [`crate::resources`], named here as it always was.
+/// What one run may use; defined in `crate::resources`, named here as it always was.
 pub use crate::resources::Resources;
 pub use crate::resources::{DEFAULT_VACATE_S, MAX_VACATE_S, vacate_time};
 use crate::trigger::{Rule, RuleError};

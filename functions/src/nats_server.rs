@@ -78,7 +78,7 @@ pub struct NatsUser {
     pub inbox_prefix: String,
 }
 
-/// The `authorization` block for `users`, every string quoted by [`json_string`].
+/// The `authorization` block for `users`, every string quoted by `json_string`.
 pub fn authorization(users: &[NatsUser]) -> String {
     let list = |v: &[String]| v.iter().map(|x| json_string(x)).collect::<Vec<_>>().join(", ");
     let mut text = String::from("authorization {\n  users = [\n");

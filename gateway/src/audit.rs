@@ -19,7 +19,7 @@
 //! actions act on other databases (the registry, the scheduler), so their records follow the
 //! action (a crash between the two loses the record, never the other way round).
 //!
-//! Not recorded, only counted ([`crate::stats`]): events that match no function, events ignored
+//! Not recorded, only counted (`crate::stats`): events that match no function, events ignored
 //! or of a type the site did not enable, malformed messages, and copies of an event whose every
 //! firing was already there (a redelivery).
 //!
@@ -37,7 +37,7 @@
 //!
 //! This module holds the records and the trail's key; the API's side (admin actions' records,
 //! queries, verification, lineage) is [`crate::api::audit`]; a job's credentials' records are
-//! the dispatcher's ([`crate::dispatch::credentials`]).
+//! the dispatcher's (`crate::dispatch::credentials`).
 //!
 //! Must not know: the firing table's SQL or its types, HTTP, the gateway's shared state.
 

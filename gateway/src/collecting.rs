@@ -1,5 +1,6 @@
 //! The clock of collecting triggers' groups: every second, the groups whose quiet period is
-//! over fire and those past their timeout expire ([`Firings::sweep_groups`], one transaction
+//! over fire and those past their timeout expire
+//! ([`Firings::sweep_groups`](crate::firing::Firings::sweep_groups), one transaction
 //! per sweep). Groups completed by a count or a marker fire in the ingest's own transaction
 //! and need no clock.
 //!

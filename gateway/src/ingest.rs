@@ -71,7 +71,7 @@ pub async fn connect(nats_url: &str, consumer: &str, max_deliver: i64) -> anyhow
 
 /// [`connect`] as `credential` (see [`htfaas_functions::nats`]), counting the connection's
 /// losses and returns in `shared`'s
-/// [`Stats::nats_disconnects`] and [`Stats::nats_reconnects`] (and logging them). The client
+/// `Stats::nats_disconnects` and `Stats::nats_reconnects` (and logging them). The client
 /// reconnects on its own, for ever, with backoff; the consumer is durable, so a NATS restart
 /// loses nothing: what was not acked is delivered again. Returns the default lane's consumer
 /// and the events stream (on the same connection), on which the owners' lanes are made

@@ -2,7 +2,7 @@
 //! function's namespace checked ([`confine`]), a read macaroon for the input file and a write
 //! macaroon for the output directory from the storage, the scheduler's dedupe key, the event
 //! the job keeps, the function's retry policy and what becomes of a failed run's outputs
-//! ([`prepare`]). Shared by the dispatcher ([`crate::dispatch`]) and the API's
+//! ([`prepare`]). Shared by the dispatcher (`crate::dispatch`) and the API's
 //! runs. A run on no file (an event with an empty path: a schedule's tick) is built only for a
 //! function scheduled on no file ([`htfaas_functions::Trigger::on_no_file`]), without an input
 //! and its read macaroon; any other function's is refused.
@@ -29,7 +29,7 @@ pub struct JobContext<'a> {
     pub namespaces: &'a Namespaces,
     /// The registry, for the function's sealed secrets.
     pub registry: &'a htfaas_functions::Registry,
-    /// Opens them ([`crate::secrets`]).
+    /// Opens them (`crate::secrets`).
     pub secrets: &'a crate::secrets::Secrets,
     /// Talks to the storage.
     pub storage: &'a StorageClient,

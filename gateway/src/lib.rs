@@ -6,22 +6,22 @@
 //!   enabled ([`htfaas_functions::sources`], [`htfaas_functions::sources::SourcePolicy`]), finds the functions whose trigger matches
 //!   ([`triggers`]) and queues one durable firing per function ([`firing`]: exactly once per
 //!   (event, function, digest)); it acks the message once the firings are on disk.
-//! - [`dispatch`] turns firings into jobs, within each trigger's rate and debounce: builds each
+//! - `dispatch` turns firings into jobs, within each trigger's rate and debounce: builds each
 //!   job ([`jobs`]: namespace check, a read and a write macaroon from the storage,
 //!   [`storage_client`]), mints a single-use submit token and submits the job to the scheduler
-//!   ([`submit`]).
+//!   (`submit`).
 //! - [`api`] serves the registry (modules and functions) and proxies job and accounting queries
-//!   to the scheduler; its credentials are checked by [`auth`], its errors are
-//!   [`http_error::HttpError`].
-//! - [`dead_letters`] feeds failed jobs (the scheduler's job-end notifications) into the
+//!   to the scheduler; its credentials are checked by `auth`, its errors are
+//!   `http_error::HttpError`.
+//! - `dead_letters` feeds failed jobs (the scheduler's job-end notifications) into the
 //!   dead-letter list kept beside the firing table ([`firing`]), where refused
 //!   firings enter in their refusal's transaction; [`api`] lists, shows, re-drives and drops.
 //!   `checkpoint_sweep` clears the checkpoint areas of jobs that failed or were removed away
 //!   from an EP, from the same notifications.
-//! - [`warm`] tells the scheduler which modules registered functions use, for EPs to compile
+//! - `warm` tells the scheduler which modules registered functions use, for EPs to compile
 //!   ahead of their first event.
-//! - [`config`] is the configuration file; [`state`] resolves it into what all of the above
-//!   share ([`Shared`]), with the HTTP clients of [`clients`].
+//! - `config` is the configuration file; `state` resolves it into what all of the above
+//!   share ([`Shared`]), with the HTTP clients of `clients`.
 //!
 //! - [`oidc`] verifies the site's OIDC tokens; [`identities`] maps them to owners with the
 //!   site's identity map and binds each owner to its identity.
@@ -93,7 +93,7 @@ async fn sample_stats(shared: std::sync::Arc<Shared>, shutdown: CancellationToke
 }
 
 /// Runs the gateway until `shutdown` is cancelled: the ingest loop, the firing dispatcher
-/// ([`dispatch`]) and the API.
+/// (`dispatch`) and the API.
 ///
 /// Shutdown order: stop taking events (the in-flight batch finishes: its firings are committed
 /// and its messages acked, or they are left for redelivery), stop the API, let the submissions in flight

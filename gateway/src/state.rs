@@ -43,7 +43,7 @@ pub struct Shared {
     pub triggers: triggers::TriggerCache,
     /// Namespace grants: who may trigger on, read and write where ([`namespaces`]).
     pub namespaces: namespaces::Namespaces,
-    /// Seals and opens the functions' secrets ([`crate::secrets`]).
+    /// Seals and opens the functions' secrets (`crate::secrets`).
     pub secrets: crate::secrets::Secrets,
     /// Talks to the storage.
     pub storage: storage_client::StorageClient,
@@ -111,7 +111,7 @@ impl Shared {
         }
     }
 
-    /// The caller of a route open to either scope ([`auth::require_caller`]): 401 without a
+    /// The caller of a route open to either scope (`auth::require_caller`): 401 without a
     /// credential that verifies.
     /// An OIDC bearer counts once the API's `authenticate` layer resolved it.
     pub fn require_caller(&self, headers: &axum::http::HeaderMap) -> Result<auth::Caller, HttpError> {
@@ -127,7 +127,7 @@ impl Shared {
         self.identities.as_ref()?.cached(auth::bearer(headers)?)
     }
 
-    /// Checks that the caller has the admin scope ([`auth::require_admin`]): 401 without a
+    /// Checks that the caller has the admin scope (`auth::require_admin`): 401 without a
     /// valid credential, 403 with a developer's (an OIDC caller is one).
     pub fn require_admin(&self, headers: &axum::http::HeaderMap) -> Result<(), HttpError> {
         if let Some(who) = self.oidc_caller(headers) {

@@ -81,7 +81,7 @@ impl TriggerCache {
             .collect()
     }
 
-    /// The enabled functions with a schedule, in name order ([`crate::schedules`]).
+    /// The enabled functions with a schedule, in name order (`crate::schedules`).
     pub fn scheduled(&self) -> Vec<FunctionRecord> {
         let all = self.compiled.read().unwrap_or_else(|p| p.into_inner()).clone();
         all.iter()

@@ -9,7 +9,7 @@
 //!
 //! Any other state is a conflict (409). A running job that is held or removed is stopped the
 //! way a revocation stops one: the state changes in one transaction
-//! ([`crate::queue::Queue::act`]), then its EP session gets
+//! ([`crate::queue::Queue::act_by`]), then its EP session gets
 //! [`SchedulerMsg::Cancel`](htfaas_functions::proto::SchedulerMsg::Cancel) with the job's new
 //! reason. Its reservation on the EP stays until the EP's `Finished` (charged, state kept) or
 //! the end of the session; a released job is not put on that same session again before then.

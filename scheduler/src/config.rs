@@ -159,7 +159,7 @@ pub struct Config {
     #[serde(default)]
     pub module_stores: Vec<String>,
     /// The gateway's base URL, for renewing running jobs' macaroons
-    /// ([`crate::renew`]): `POST <gateway_url>/v1/renewals` with each job's renewal grant (only
+    /// (`crate::renew`): `POST <gateway_url>/v1/renewals` with each job's renewal grant (only
     /// ever sent there). Default: none, and then no job's macaroons are renewed (jobs run with
     /// what the gateway obtained when their event fired).
     #[serde(default)]
@@ -170,7 +170,7 @@ pub struct Config {
     pub gateway_ca_file: Option<PathBuf>,
     /// An OpenTelemetry collector's OTLP/HTTP traces URL (e.g.
     /// `http://127.0.0.1:4318/v1/traces`): each ended job's spans are exported there
-    /// ([`crate::otlp`]). Default: none (nothing exported).
+    /// (`crate::otlp`). Default: none (nothing exported).
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
     /// The listener's header and body idle timeouts and connection cap, TLS or not. Default:
@@ -183,14 +183,14 @@ pub struct Config {
     /// usable macaroon. Default: `<db_path>.seal.key`.
     #[serde(default)]
     pub seal_key_file: Option<PathBuf>,
-    /// The annexes' records ([`crate::annex_store`]): a JSON file, 0600, rewritten
+    /// The annexes' records (`crate::annex_store`): a JSON file, 0600, rewritten
     /// on every change. Default: `annexes.json` in the directory of `db_path`.
     #[serde(default)]
     pub annex_file: Option<PathBuf>,
     /// NATS server(s) with JetStream to publish job-end notifications on (one URL,
     /// or a cluster's separated by commas): each job that ends (completed, failed, held,
     /// removed) is told on `htfaas.jobs.<owner>.<function>.<state>` in the stream
-    /// `HTFAAS_JOBS` ([`crate::notify`]). Default: none (no notifications; the outbox still
+    /// `HTFAAS_JOBS` (`crate::notify`). Default: none (no notifications; the outbox still
     /// keeps them, and they are published once a URL is set).
     #[serde(default)]
     pub nats_url: Option<String>,

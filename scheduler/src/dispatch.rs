@@ -6,7 +6,7 @@
 //! EP), signs a checkpoint of the audit trail when its policy says one is due and, every
 //! [`TICK`], prunes expired token-use counts. Each round reads, per pool of EPs
 //! with room, each owner's oldest idle jobs (leaving out owners at their running limit; best
-//! fair-share priority first), asks [`crate::matching::select`] where they go (fair share,
+//! fair-share priority first), asks `crate::matching::select` where they go (fair share,
 //! group quotas, running limits, drains and pauses), reserves the EPs' resources, marks the
 //! jobs running in the store (one write per EP, which also opens each job's attempt record;
 //! committed, with whatever else is being written, before it returns), and only then sends the
@@ -24,7 +24,7 @@
 //! at once, unsent and not retried.
 //!
 //! Prefetch: an EP granted a prefetch window is assigned, once no job fits free
-//! resources anywhere, up to that many more jobs, which it queues ([`crate::matching`]). Such a
+//! resources anywhere, up to that many more jobs, which it queues (`crate::matching`). Such a
 //! job is marked running (its `started_at_ms`: the job record's dispatched stamp, where the
 //! bench's `hop.submitted_to_dispatched` ends and `hop.dispatched_to_finished` begins) when it
 //! is assigned, before its EP starts it: its wait in the EP's queue, at most the granted wait
@@ -238,7 +238,7 @@ pub enum RestrictError {
 /// `before:<now + runtime_s + grace>` and, with `bind_to`, then `ip:<bind_to>` (canonical, so
 /// an IPv4 EP seen over an IPv6 socket is named by its IPv4 address); a renewable job's
 /// `renew_until` cut to the same instant. Err is the reason the job fails. Renewed macaroons
-/// ([`crate::renew`]) go through this too, with the job's dispatch time as `now_s`,
+/// (`crate::renew`) go through this too, with the job's dispatch time as `now_s`,
 /// so they end at the same deadline and carry the same binding.
 pub fn restrict(mut a: JobAssignment, now_s: u64, bind_to: Option<IpAddr>) -> Result<JobAssignment, RestrictError> {
     let until = now_s.saturating_add(a.resources.runtime_s).saturating_add(MACAROON_GRACE_S);

@@ -4,7 +4,7 @@
 //! [`EpMsg::Finished`]; a [`SchedulerMsg::Cancel`] asks it to stop a job early. One JSON text
 //! frame per message.
 //!
-//! The token (checked before the upgrade, in [`crate::api`]) decides which jobs the EP may run
+//! The token (checked before the upgrade, in `crate::api`) decides which jobs the EP may run
 //! (its `owner` and `annex`); the EP's own messages never widen that. The Hello's `name` and
 //! `labels` are self-asserted (an attach token names no EP): they are shown to admins, recorded
 //! with attempts and select admin settings (drain, disable, pause by name), but decide nothing
@@ -14,8 +14,8 @@
 //! a job it turns away unrun counts as a lost attempt, with the backoff. A Hello naming another
 //! annex than the token's is refused (close [`CLOSE_FORBIDDEN`]) so that an operator's mistake
 //! shows at once. An EP of an annex the scheduler keeps a record of is told the annex's end
-//! ([`SchedulerMsg::Lifetime`], [`crate::annex`]) right after its Welcome, and every EP the
-//! modules on the warm list that it may run ([`SchedulerMsg::Warm`], [`crate::warm`]). The session is
+//! ([`SchedulerMsg::Lifetime`], `crate::annex`) right after its Welcome, and every EP the
+//! modules on the warm list that it may run ([`SchedulerMsg::Warm`], `crate::warm`). The session is
 //! closed when its token expires ([`CLOSE_EXPIRED`], at `exp`
 //! itself, without leeway) or is revoked ([`CLOSE_FORBIDDEN`]). A bad frame is logged and
 //! counted, and the session goes on (up to [`MAX_BAD_FRAMES`]). A `Finished` for a job that is
@@ -37,30 +37,31 @@
 //!
 //! Prefetch: an EP whose Hello asks for it ([`Hello::prefetch`]) is granted
 //! [`crate::policy::SitePolicy::prefetch`] in its Welcome: the dispatcher then assigns it up to
-//! that many jobs beyond its free resources (see [`crate::matching`]), the session sends the
+//! that many jobs beyond its free resources (see `crate::matching`), the session sends the
 //! Assigns waiting for it in one array frame, and takes array frames from it. Such an EP may hand
 //! a job back unstarted ([`EpMsg::NotStarted`]): a job assigned to this session goes back to
 //! idle at once with no loss counted ([`crate::queue::Queue::hand_back`]) while the EP is
 //! draining, and outside a drain for as many hand-backs as it was granted prefetched jobs; the
 //! first such hand-back also ends prefetching to the session (its jobs outlast the prefetch
-//! wait). Past that budget a hand-back is a return (a lost attempt, as [`Outcome::Cancelled`]
-//! unasked for), so an EP cannot bounce jobs for free. A hand-back for a job not assigned to
-//! this session is ignored like such a `Finished`. A session that ends takes its queued jobs
-//! with it: they are `running` on it in the store, and run again elsewhere like its running
-//! ones (the EP drops its queue when the connection goes).
+//! wait). Past that budget a hand-back is a return (a lost attempt, as
+//! [`Outcome::Cancelled`](htfaas_functions::proto::Outcome::Cancelled) unasked for), so an EP
+//! cannot bounce jobs for free. A hand-back for a job not assigned to this session is ignored like
+//! such a `Finished`. A session that ends takes its queued jobs with it: they are `running` on it
+//! in the store, and run again elsewhere like its running ones (the EP drops its queue when the
+//! connection goes).
 //!
 //! Attach renewal: an EP that says it renews ([`Hello::renews_attach`]) is told its token's
 //! time left in its `Welcome` and, when the site renews (`renew_attach`) and its annex outlasts
 //! the token, when to ask. A `RenewAttach` is answered by the session itself
-//! ([`crate::attach::renewed_claims`]): the same credential with a later expiry, unless it was
+//! (`crate::attach::renewed_claims`): the same credential with a later expiry, unless it was
 //! revoked (checked here, against the store's revocations) or its annex ended; the session's
 //! expiry moves with it. A refusal is counted as a bad frame. Placement follows: an EP whose
 //! token will not be renewed takes no job that would outlast the token, nor (any EP of an
-//! annex on record) one that would outlast its annex ([`EpSlot::token_ends_ms`],
-//! [`EpSlot::annex_leaves_ms`]).
+//! annex on record) one that would outlast its annex (`EpSlot::token_ends_ms`,
+//! `EpSlot::annex_leaves_ms`).
 //!
 //! Renewal: a `Renew` for a job this session holds starts a renewal of its
-//! macaroons ([`crate::renew`]) in a task beside the reports (the session awaits it before
+//! macaroons (`crate::renew`) in a task beside the reports (the session awaits it before
 //! its jobs lose it); one for a job it does not hold, or one already being renewed, is answered
 //! `RenewRefused`, recorded, and counted as a bad frame.
 //!

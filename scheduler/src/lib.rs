@@ -1,7 +1,7 @@
 //! The scheduler, htfaas's access point (HTCondor's schedd with direct attach, no central
 //! manager).
 //!
-//! - [`api`]: `POST /v1/jobs` verifies a submit token and queues the job durably;
+//! - `api`: `POST /v1/jobs` verifies a submit token and queues the job durably;
 //!   `POST /v1/preflight` runs the same checks without using the token; `GET /v1/ep/attach`
 //!   verifies an attach token and upgrades to a WebSocket; admin queries, job actions and
 //!   revocations.
@@ -10,43 +10,43 @@
 //!   (schema version 5, migrated stepwise from any earlier one on open).
 //! - [`ep_link`]: one attached EP session (Hello → Welcome, Assign → Finished, Cancel), closed
 //!   when its attach token expires or is revoked.
-//! - [`matching`]: the table of attached EPs and [`matching::select`], the matching policy
+//! - `matching`: the table of attached EPs and `matching::select`, the matching policy
 //!   (fair share, group quotas, partitionable resources, owner restriction, annex, per-owner
-//!   running limit, drains and group pauses); [`matching::EpSlot::refusal`] says why not.
+//!   running limit, drains and group pauses); `matching::EpSlot::refusal` says why not.
 //! - [`policy`]: the site policy as configured: fair share, accounting groups, job classes,
 //!   requirements, leases and retries.
 //! - [`requirements`]: ClassAd-like requirement expressions (submit and hold requirements).
-//! - [`admin`]: EP drain, disable, enable and group pause; `analyze`; priorities and factors.
-//! - [`annex`]: annexes: an annex's attach token minted, its record kept
-//!   ([`annex_store`], a file of its own), its batch jobs recorded, its end extended or brought
+//! - `admin`: EP drain, disable, enable and group pause; `analyze`; priorities and factors.
+//! - `annex`: annexes: an annex's attach token minted, its record kept
+//!   (`annex_store`, a file of its own), its batch jobs recorded, its end extended or brought
 //!   forward and told to its EPs (`SchedulerMsg::Lifetime`), its token revoked on delete.
 //! - [`dispatch`]: the task that matches idle jobs to EPs and sends them, with their macaroons
 //!   attenuated to the job's lifetime.
-//! - [`revocation`]: what a revocation names and the in-memory revoked set; [`revoke`] applies
+//! - `revocation`: what a revocation names and the in-memory revoked set; `revoke` applies
 //!   one everywhere at once.
-//! - [`actions`]: an admin's hold, release and remove of one job (`condor_hold`,
+//! - `actions`: an admin's hold, release and remove of one job (`condor_hold`,
 //!   `condor_release`, `condor_rm`); a held job is never matched until released.
 //! - [`config`]: [`Config`] → [`Settings`], including the per-owner limits ([`OwnerLimits`]).
-//! - [`state`]: [`state::Shared`], what the handlers, sessions and the dispatcher share.
-//! - [`attach`]: the attach protocol's version, close codes and bounds, and
+//! - `state`: `state::Shared`, what the handlers, sessions and the dispatcher share.
+//! - `attach`: the attach protocol's version, close codes and bounds, and
 //!   [`mint_attach_token`].
-//! - [`error`] and [`failure`]: the store's [`QueueError`], and [`ApiFailure`], the one HTTP
+//! - `error` and `failure`: the store's [`QueueError`], and [`ApiFailure`], the one HTTP
 //!   error answer.
 //! - [`doubt`]: an EP's report checked before it counts: usage clamped to what the scheduler
 //!   observed, outputs only under the job's output directory and bounded, else refused.
 //! - [`trust`]: which URLs a job may name: input and output on the site's storages, the module
 //!   at a module store's URL for the job's digest; no other URL reaches an EP.
-//! - [`warm`]: compile ahead: the modules of registered functions, which attached
+//! - `warm`: compile ahead: the modules of registered functions, which attached
 //!   EPs are told to compile before their first job (`SchedulerMsg::Warm`).
-//! - [`notify`]: job-end notifications: the outbox the store fills in the
+//! - `notify`: job-end notifications: the outbox the store fills in the
 //!   transaction that ends a job, published on JetStream (`htfaas.jobs.<owner>.<function>.<state>`)
 //!   and deleted after the PubAck.
-//! - [`metrics`]: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
+//! - `metrics`: `GET /metrics` (Prometheus): jobs by state, dispatch latency, EP slots,
 //!   refused credentials by reason, audit records.
-//! - [`report`]: accounting reports over the job records, on a connection of their own.
+//! - `report`: accounting reports over the job records, on a connection of their own.
 //! - [`seal`]: the macaroons a job keeps in the store, sealed so that a copy of the file cannot
 //!   use them.
-//! - [`renew`]: renewing a running job's macaroons: an EP's `Renew`, checked (its
+//! - `renew`: renewing a running job's macaroons: an EP's `Renew`, checked (its
 //!   session runs the job, within its run time, not revoked), sent to the gateway with the
 //!   job's renewal grant, its answer attenuated as at dispatch.
 //!
@@ -68,7 +68,7 @@
 //! in the decision's own transaction ([`queue`] lists what is recorded); its head is signed
 //! (a checkpoint, with the key of [`Config::audit_key_file`]) by the dispatcher's housekeeping
 //! tick when due and at shutdown. `GET /v1/audit`, `/v1/audit/verify` and `/v1/audit/keys`
-//! ([`api`]) serve it.
+//! (`api`) serve it.
 //!
 //! Shutdown (on the token given to [`run`]): stop accepting HTTP and close EP sessions (their
 //! running jobs return to idle), stop the dispatcher and the notification publisher, wait for all of it (at most

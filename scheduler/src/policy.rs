@@ -4,7 +4,7 @@
 //!
 //! - **Fair share** (HTCondor's user priorities): usage decays with a half-life
 //!   ([`SitePolicy::half_life_s`], default one day); [`SitePolicy::round`] turns the stored usage
-//!   into each owner's real priority for [`crate::matching::select`]; priority factors are set per
+//!   into each owner's real priority for `crate::matching::select`; priority factors are set per
 //!   owner by an admin (`condor_userprio -setfactor`).
 //! - **Accounting groups** ([`GroupConfig`]): a quota in cores or as a share of the attached
 //!   pool, and an oversubscription factor for when the pool is otherwise idle (DESY: 1.33).
@@ -411,7 +411,7 @@ impl SitePolicy {
             .collect()
     }
 
-    /// What [`crate::matching::select`] weighs this round.
+    /// What `crate::matching::select` weighs this round.
     pub fn round(&self, eps: &EpTable, owners: &[UsageRow], max_running: Option<u64>, now_ms: u64) -> Policy {
         let half = self.half_life_s as f64;
         Policy {

@@ -1,4 +1,5 @@
-//! Renewing a running job's macaroons: an EP's [`EpMsg::Renew`] becomes a request to
+//! Renewing a running job's macaroons: an EP's
+//! [`EpMsg::Renew`](htfaas_functions::proto::EpMsg::Renew) becomes a request to
 //! the gateway with the job's renewal grant, and its answer, attenuated as the assignment's
 //! macaroons were, goes back as [`SchedulerMsg::Renewed`] (or [`SchedulerMsg::RenewRefused`]).
 //!

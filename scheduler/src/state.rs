@@ -43,13 +43,13 @@ pub struct Shared {
     pub(crate) limits: OwnerLimits,
     /// Fair share, groups, classes, requirements, leases and retries.
     pub(crate) policy: SitePolicy,
-    /// The storages and module stores a job's URLs must name ([`trust`]).
+    /// The storages and module stores a job's URLs must name ([`crate::trust`]).
     pub(crate) trust: UrlTrust,
     /// Signs the audit trail's checkpoints (the trail is in the queue's store).
     pub(crate) audit_signer: Arc<AuditSigner>,
     /// When it signs.
     pub(crate) audit_policy: CheckpointPolicy,
-    /// Refusal counters and the dispatch latency of `GET /metrics` ([`metrics`]).
+    /// Refusal counters and the dispatch latency of `GET /metrics` ([`crate::metrics`]).
     pub(crate) metrics: Metrics,
     /// Signs attach tokens: an annex's ([`crate::annex`]).
     pub(crate) attach_key: SigningKey,

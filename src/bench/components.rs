@@ -215,7 +215,7 @@ const RESERVED: &[&str] = &["system", "metric", "value", "unit", "n"];
 /// field's name (`_us`, `_ms`, `_s`, `_per_s`, `mib_per_s`, `_bytes`, `ratio`, `vs_curl`, ...),
 /// else the line's `unit` (instantiate's `p50`, `median`); `n` is the line's `n`, else its
 /// `events`, `runs` or `rounds`, else 1. Every other field (strings, booleans and the identifying
-/// numbers in [`CONTEXT`]) is context on each of the line's figures.
+/// numbers in `CONTEXT`) is context on each of the line's figures.
 pub fn figures_from_line(line: &str) -> Vec<Figure> {
     let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(line.trim()) else {
         return Vec::new();

@@ -201,8 +201,8 @@ pub fn ratios(figures: &[Figure]) -> Vec<Figure> {
     out
 }
 
-/// The htfaas figures judged against their own targets (no peer needed): [`SELF_RATIOS`] and
-/// [`ABSOLUTE`].
+/// The htfaas figures judged against their own targets (no peer needed): `SELF_RATIOS` and
+/// `ABSOLUTE`.
 pub fn targets(figures: &[Figure]) -> Vec<Figure> {
     let mut out = Vec::new();
     for (metric, ours, base, target, upper) in SELF_RATIOS {

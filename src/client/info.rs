@@ -17,7 +17,7 @@ pub struct StackInfo {
     #[serde(default)]
     pub scheduler_url: String,
     /// Built-in storage. Empty in a remote profile: files then go through credentials the
-    /// gateway obtains ([`Client::put_file`]).
+    /// gateway obtains ([`super::Client::put_file`]).
     #[serde(default)]
     pub storage_url: String,
     /// NATS. Empty in a remote profile.

@@ -3,7 +3,7 @@
 //!
 //! `htfaas up` writes `<dir>/stack.json` (mode 0600) with the URLs and credentials; every
 //! command reads it through [`StackInfo::load`], or a profile `htfaas login` saved for a remote
-//! site ([`StackInfo::load_profile`]); where and how: [`info`].
+//! site ([`StackInfo::load_profile`]); where and how: `info`.
 
 mod accounting;
 pub mod device;

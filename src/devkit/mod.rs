@@ -1,6 +1,6 @@
 //! A function developer's kit, with no stack: `htfaas fn new` makes a ready project from the
 //! templates embedded in the binary ([`new_project`]), and `htfaas fn build` turns a project
-//! into the wasm an EP runs ([`build`]): Rust for `wasm32-wasip1` with cargo, C with clang and
+//! into the wasm an EP runs ([`fn@build`]): Rust for `wasm32-wasip1` with cargo, C with clang and
 //! wasi-libc, Python with componentize-py and JavaScript with componentize-js (both into WASI
 //! preview 2 components, against the WASI WIT vendored in `wit/` and embedded here). A project
 //! says its language in `htfaas.toml` ([`Project::detect`]; without one, by its files). A

@@ -27,7 +27,7 @@ pub struct Config {
     /// Macaroon root secret: hex of at least 32 bytes. Required; created (32 random bytes, hex,
     /// mode 0600) if absent. The signing key is derived from it as libmacaroons does.
     pub secret_file: PathBuf,
-    /// Users allowed to authenticate with HTTP Basic (JSON, see [`crate::auth::Users`]). Required.
+    /// Users allowed to authenticate with HTTP Basic (JSON, see `crate::auth::Users`). Required.
     pub users_file: PathBuf,
     /// NATS server URL. Default: none. When set, every completed upload is published as a
     /// dCache `transfer` message on JetStream before the PUT is answered.

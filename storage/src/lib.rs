@@ -3,15 +3,15 @@
 //! It serves a directory over HTTP the way a dCache WebDAV door does for the few operations
 //! htfaas needs, so the rest of htfaas cannot tell it from dCache:
 //!
-//! - `GET`/`PUT` of files, authorized by HTTP Basic users ([`auth`]) or by dCache macaroons
+//! - `GET`/`PUT` of files, authorized by HTTP Basic users (`auth`) or by dCache macaroons
 //!   ([`macaroons`]) presented as `Authorization: Bearer` or `?authz=`;
 //! - `POST` with `Content-Type: application/macaroon-request` issues macaroons (dCache protocol);
-//! - every completed upload is published as a dCache billing `transfer` message ([`billing`])
+//! - every completed upload is published as a dCache billing `transfer` message (`billing`)
 //!   on NATS JetStream before the `PUT` is answered.
 //!
-//! Entry points: [`Config::resolve`] → [`Settings`] → [`run`]. Code map: [`paths`] (request
-//! paths, prefix and chaining rules), [`fs`] (the namespace on disk; never leaves `data_dir`),
-//! `routes` (one file per operation), [`error`] (status mapping).
+//! Entry points: [`Config::resolve`] → [`Settings`] → [`run`]. Code map: `paths` (request
+//! paths, prefix and chaining rules), `fs` (the namespace on disk; never leaves `data_dir`),
+//! `routes` (one file per operation), `error` (status mapping).
 //!
 //! Invariants: `macaroons` is the only module that touches the `macaroon` crate; no request
 //! reads or writes outside `data_dir`; a `PUT` is answered only after its file is durable and,
@@ -39,7 +39,7 @@ pub use config::{Config, Settings};
 const EXIT_DEADLINE: Duration = Duration::from_secs(8);
 
 /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
-/// (at most [`EXIT_DEADLINE`]) and flushes NATS.
+/// (at most `EXIT_DEADLINE`) and flushes NATS.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Settings {
         listener,

@@ -9,7 +9,7 @@
 //! - on its file's **path subject** (`storage.dcache.billing.path.<dir>._`,
 //!   [`htfaas_functions::proto::path_subject`]) when it names a usable path, as the built-in
 //!   storage does, so the gateway's per-owner lanes read Kafka-fed events too; the path is the
-//!   one the gateway's own parser finds ([`route`]), so the gateway's check of subject against
+//!   one the gateway's own parser finds ([`fn@route`]), so the gateway's check of subject against
 //!   payload holds;
 //! - on the plain billing subject (`storage.dcache.billing`, the default lane) when it names
 //!   none (`"Unknown"`, NFS's `parent:[…]/name`) or is no event (a failed transfer, a warning);

@@ -72,6 +72,16 @@
 //! holds, logs its counts ([`Stats`]) and returns them; events still unpublished then are counted
 //! as `lost`.
 //!
+//! [`BridgedEvent`]: htfaas_functions::event::BridgedEvent
+//! [`BridgedEvent::owner`]: htfaas_functions::event::BridgedEvent::owner
+//! [`CloudEvent`]: htfaas_functions::event::CloudEvent
+//! [`EventKind::Write`]: htfaas_functions::event::EventKind::Write
+//! [`EventKind::Create`]: htfaas_functions::event::EventKind::Create
+//! [`EventKind::Remove`]: htfaas_functions::event::EventKind::Remove
+//! [`EventKind::Read`]: htfaas_functions::event::EventKind::Read
+//! [`EventKind::Other`]: htfaas_functions::event::EventKind::Other
+//! [`is_clean_abs_path`]: htfaas_functions::manifest::is_clean_abs_path
+//!
 //! Here: the settings and the read and publish loops; the notify line format is `parse`, the
 //! bounded line reader and the inputs (stdin, FIFO) `reader`, the counts `stats`. Must not
 //! know: the gateway (it only publishes on NATS).

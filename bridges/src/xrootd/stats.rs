@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What the bridge counted. Logged every [`Settings::stats_interval`] and at the end.
+/// What the bridge counted. Logged every [`Settings::stats_interval`](super::Settings::stats_interval) and at the end.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Lines read (every line, whatever became of it).

@@ -65,8 +65,9 @@
 //!   the link stops, cancels the jobs still running (their reports could not be delivered) and
 //!   [`run`] returns an error naming the refusal.
 //!
-//! TLS (`wss://`): [`attach_tls_config`] trusts the system's roots plus the EP's `tls_ca_file`,
-//! the same set as the EP's HTTP client (reqwest's platform verifier), with the ring provider.
+//! TLS (`wss://`): [`attach_tls_config`](crate::tls::attach_tls_config) trusts the system's roots
+//! plus the EP's `tls_ca_file`, the same set as the EP's HTTP client (reqwest's platform
+//! verifier), with the ring provider.
 //!
 //! Cancel safety: in the session loop every `select!` branch is cancel-safe
 //! (`StreamExt::next`, `UnboundedReceiver::recv`, `Interval::tick`, `cancelled`); sends happen

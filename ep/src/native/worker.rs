@@ -1,5 +1,5 @@
 //! A native **handler**: one sandbox, started once, that serves one run after another. It is
-//! the same sandbox as a run's ([`super::spawn`]: namespaces, seccomp, its own control group
+//! the same sandbox as a run's (`super::spawn`: namespaces, seccomp, its own control group
 //! and anonymous uid), bound to directories of its own (`<dir>/input`, `<dir>/output`) that
 //! each run is staged into and taken out of.
 //!

@@ -6,7 +6,7 @@
 //! trail that ends before the head, or whose record at the head's `seq` has another hash.
 //!
 //! This module knows nothing of where heads are kept or how they are shipped; it reads the
-//! trail read-only, as [`super::verify`] does.
+//! trail read-only, as [`fn@super::verify`] does.
 
 use super::{AuditError, AuditKeys, Problem, ProblemKind, VerifyReport, open_read_only, verify};
 use rusqlite::OptionalExtension as _;
@@ -60,9 +60,9 @@ pub fn head(path: &Path) -> Result<Option<Head>, AuditError> {
     .transpose()
 }
 
-/// [`verify`], then the anchor: the trail must reach `expected.seq`, and its record there must
+/// [`fn@verify`], then the anchor: the trail must reach `expected.seq`, and its record there must
 /// have `expected.hash`. A trail cut before the head is [`ProblemKind::Truncated`]; another
-/// record at the head's seq is [`ProblemKind::Altered`]. A problem [`verify`] finds comes first.
+/// record at the head's seq is [`ProblemKind::Altered`]. A problem [`fn@verify`] finds comes first.
 pub fn verify_with_head(path: &Path, keys: &AuditKeys, expected: &Head) -> Result<VerifyReport, AuditError> {
     let mut report = verify(path, keys)?;
     if report.first_problem.is_some() {

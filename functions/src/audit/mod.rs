@@ -74,8 +74,8 @@
 //! queries; a time range is found as a range of `seq` by bisection, times never decreasing), `audit_record_paths` (`path`, `seq`) and `audit_checkpoints` (`seq`, `time_ms`,
 //! JSON text). Triggers refuse `UPDATE` and `DELETE` on the last three, so a bug cannot
 //! rewrite history; they do not stop someone with the file, which is what the chain and the
-//! signatures are for. [`verify`] and [`query`] work on any file that holds the tables (a
-//! standalone log or, say, the scheduler's queue); [`verify`] reads only the JSON texts and
+//! signatures are for. [`fn@verify`] and [`fn@query`] work on any file that holds the tables (a
+//! standalone log or, say, the scheduler's queue); [`fn@verify`] reads only the JSON texts and
 //! never trusts the copied columns.
 //!
 //! One database holds one chain, of one writer (`audit_meta`'s `writer`).
@@ -121,7 +121,7 @@ pub const GENESIS_HASH: &str = "000000000000000000000000000000000000000000000000
 /// What a bearer credential found in a draft is replaced by.
 pub const REDACTED: &str = "[redacted: bearer credential]";
 
-/// Why an audit call failed. A damaged trail is not an error of [`verify`]: it is its answer.
+/// Why an audit call failed. A damaged trail is not an error of [`fn@verify`]: it is its answer.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
     /// SQLite failed, or the file is not a database (shown in the message, not returned as
@@ -151,7 +151,7 @@ pub enum AuditError {
     /// A writer name must be 1 to 64 of `A-Z a-z 0-9 . _ -`.
     #[error("invalid audit writer name {0:?}")]
     BadWriter(String),
-    /// A stored record did not parse (queries; [`verify`] reports it as a problem instead).
+    /// A stored record did not parse (queries; [`fn@verify`] reports it as a problem instead).
     #[error("corrupt audit record: {0}")]
     Corrupt(String),
     /// Key material could not be read, made or used.

@@ -49,7 +49,7 @@ pub struct AuditFilter {
 }
 
 impl AuditLog {
-    /// The records `filter` selects, in seq order (from the indexed columns; [`super::verify`] is what
+    /// The records `filter` selects, in seq order (from the indexed columns; [`fn@super::verify`] is what
     /// vouches for the records themselves).
     pub fn query(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>, AuditError> {
         query_in(&self.conn(), filter)

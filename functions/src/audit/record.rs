@@ -148,7 +148,7 @@ pub struct Subject {
 /// One record of the trail. See the module documentation for the format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditRecord {
-    /// [`RECORD_FORMAT`].
+    /// [`super::RECORD_FORMAT`].
     pub format: u32,
     /// 1-based, contiguous.
     pub seq: u64,
@@ -164,7 +164,7 @@ pub struct AuditRecord {
     pub subject: Subject,
     /// The kind's other facts; never a secret.
     pub detail: Value,
-    /// The previous record's `hash`, or [`GENESIS_HASH`].
+    /// The previous record's `hash`, or [`super::GENESIS_HASH`].
     pub prev_hash: String,
     /// SHA-256 of the canonical encoding without this field, hex.
     pub hash: String,

@@ -67,7 +67,7 @@ impl AuditSigner {
         self.jwks.clone()
     }
 
-    /// The public half, for [`verify`].
+    /// The public half, for [`fn@super::verify`].
     pub fn keys(&self) -> AuditKeys {
         HashMap::from([(self.kid.clone(), self.key.verifying_key())])
     }

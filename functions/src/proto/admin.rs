@@ -229,7 +229,7 @@ pub struct AccountingRow {
     /// Start of the period, Unix ms; the report's `since_ms` when it has no periods.
     pub period_start_ms: u64,
     /// Jobs that reached each final state (`completed`, `failed`, `removed`) in the period,
-    /// by [`JobState::as_str`]; states with no job are left out.
+    /// by [`JobState::as_str`](super::JobState::as_str); states with no job are left out.
     pub jobs: BTreeMap<String, u64>,
     /// Sum over the jobs of cpus × wall time, hours.
     pub core_hours: f64,

@@ -44,7 +44,7 @@ pub struct ImageQuery {
 }
 
 /// Body of `POST /v1/functions/{name}/runs`, with `Authorization: Bearer <submit token>`.
-/// Answer: [`SubmitResponse`] (201).
+/// Answer: [`SubmitResponse`](super::SubmitResponse) (201).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {

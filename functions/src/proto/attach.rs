@@ -498,7 +498,7 @@ pub enum Outcome {
     /// EP's tries (connection refused or reset, a timeout, HTTP 5xx or 429): the storage (or the
     /// module's server) was unavailable, not the job at fault. The scheduler treats the attempt
     /// like a lost one: the job runs again after the retry backoff, and past the retry limit is
-    /// held with [`HOLD_CODE_STORAGE`]. A refusal (any other 4xx) is the final
+    /// held with [`HOLD_CODE_STORAGE`](super::HOLD_CODE_STORAGE). A refusal (any other 4xx) is the final
     /// [`Outcome::InputFailed`], [`Outcome::OutputFailed`] or [`Outcome::ModuleFailed`] instead.
     StorageUnavailable {
         /// The last failure: method, URL without its query, status or error, and the tries.

@@ -139,7 +139,8 @@ pub const HOLD_CODE_RETRIES: u32 = 2;
 /// Hold code: the job violates one of the site's hold requirements (e.g. "Unauthorized GPU
 /// request"); the reason is the requirement's message (HTCondor's `SYSTEM_PERIODIC_HOLD`).
 pub const HOLD_CODE_POLICY: u32 = 3;
-/// Hold code: the storage was unavailable ([`Outcome::StorageUnavailable`]) on more attempts
+/// Hold code: the storage was unavailable
+/// ([`Outcome::StorageUnavailable`](super::Outcome::StorageUnavailable)) on more attempts
 /// than the retry limit allows; the reason names the last transfer that failed. HTCondor's
 /// `TransferInputError` (13), used here for the module, the input and the outputs alike.
 pub const HOLD_CODE_STORAGE: u32 = 13;
@@ -158,13 +159,14 @@ pub struct Attempt {
     /// `running`, `completed`, `failed` (the guest failed: the job's last attempt, or one its
     /// function's retry policy ran again), `stopped` (held, removed or revoked while running),
     /// `lost` (its EP went away or fell silent past its lease), `storage-unavailable` (the EP
-    /// reported [`Outcome::StorageUnavailable`]: counted like `lost`), `returned` (the EP turned
-    /// it away unrun, e.g. while draining: counted like `lost`, with its backoff), `refused` (the
-    /// EP's report broke the protocol, e.g. named outputs outside the job's output directory:
-    /// not believed, nothing charged, counted like `lost`), `not-started` (a prefetched job its
-    /// EP handed back without starting it, [`super::attach::EpMsg::NotStarted`]: idle again at once, not
-    /// counted), `checkpointed` (the guest asked to be resumed and stored a new checkpoint: the
-    /// job runs again from it, no retry used) or `interrupted` (the scheduler restarted).
+    /// reported [`Outcome::StorageUnavailable`](super::Outcome::StorageUnavailable): counted like
+    /// `lost`), `returned` (the EP turned it away unrun, e.g. while draining: counted like `lost`,
+    /// with its backoff), `refused` (the EP's report broke the protocol, e.g. named outputs outside
+    /// the job's output directory: not believed, nothing charged, counted like `lost`),
+    /// `not-started` (a prefetched job its EP handed back without starting it,
+    /// [`super::attach::EpMsg::NotStarted`]: idle again at once, not counted), `checkpointed` (the
+    /// guest asked to be resumed and stored a new checkpoint: the job runs again from it, no retry
+    /// used) or `interrupted` (the scheduler restarted).
     pub outcome: String,
     /// Why it ended so, when it did not complete.
     pub reason: String,

@@ -140,7 +140,7 @@ impl OutputSpec {
 
 /// `POST /v1/jobs` on the scheduler, with `Authorization: Bearer <submit token>`.
 /// Response: [`SubmitResponse`] (201 new, 200 when `dedupe_key` already had a job), or an
-/// [`ApiError`] with 401 (token), 403 (limits) or 400 (request).
+/// [`ApiError`](super::ApiError) with 401 (token), 403 (limits) or 400 (request).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {

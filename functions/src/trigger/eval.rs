@@ -8,7 +8,7 @@ use crate::event::{EventKind, StorageEvent};
 use globset::GlobMatcher;
 
 /// A parsed rule. `and` and `or` chains are flat lists, so the tree is only as deep as the
-/// nesting of parentheses and `not` (at most [`MAX_DEPTH`]).
+/// nesting of parentheses and `not` (at most [`MAX_DEPTH`](super::MAX_DEPTH)).
 #[derive(Debug, Clone)]
 pub(super) enum Expr {
     Test(Test),
@@ -29,7 +29,7 @@ impl Expr {
 }
 
 impl Expr {
-    /// See [`Rule::path_bound`].
+    /// See [`Rule::path_bound`](super::Rule::path_bound).
     pub(super) fn path_bound(&self) -> Option<Vec<String>> {
         match self {
             Expr::Test(Test::PathGlob(g)) => Some(vec![glob_literal_prefix(g.glob().glob()).to_owned()]),

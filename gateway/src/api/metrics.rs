@@ -1,5 +1,5 @@
 //! `GET /v1/stats` (JSON) and `GET /v1/stats/history`, `GET /metrics` (OpenMetrics,
-//! [`crate::metrics`]), and the middleware that counts refused bearer tokens
+//! `crate::metrics`), and the middleware that counts refused bearer tokens
 //! ([`count_refusals`]).
 //!
 //! Must not know: the JetStream consumer (the lanes' pending counts are [`crate::lanes`]'s),

@@ -8,15 +8,15 @@
 //! left), so a revoked or spent token never makes the storage issue credentials.
 //!
 //! Every route but `GET /healthz`, `GET /v1/openapi.json`, `GET /v1/modules/{digest}` and `GET /v1/images/{digest}` needs a
-//! credential, checked here before anything else ([`crate::auth::require_caller`], [`crate::auth::require_admin`]):
+//! credential, checked here before anything else (`crate::auth::require_caller`, `crate::auth::require_admin`):
 //!
 //! - the **admin token** of the config (the bootstrap credential, compared in constant time):
 //!   scope `admin`, name `admin`;
 //! - an **API token** ([`htfaas_functions::token::ApiClaims`], `htfaas token api`): a JWT the
 //!   gateway's key signed for [`htfaas_functions::token::API_AUDIENCE`], with `sub` (the owner
 //!   it acts as) and `scope`. A revocation naming its `jti`, its `sub` or its issuer refuses it
-//!   (401) within [`crate::auth::REVOCATIONS_FRESH_S`] seconds: the [`authenticate`] layer reads the
-//!   scheduler's revocations through [`crate::auth::RevocationCache`];
+//!   (401) within `crate::auth::REVOCATIONS_FRESH_S` seconds: the [`authenticate`] layer reads the
+//!   scheduler's revocations through `crate::auth::RevocationCache`;
 //! - a **token of the site's OIDC provider** (an issuer in `oidc_issuers`): verified against
 //!   the issuer's keys, mapped by the identity map to an owner with scope `developer`, and
 //!   checked by the [`authenticate`] layer before any handler runs (its WLCG scopes against the
@@ -39,7 +39,7 @@
 //! | `GET /v1/openapi.json` | none | the OpenAPI 3.1 document of this API ([`crate::openapi`]) |
 //! | `POST /v1/modules` | developer | body = wasm bytes → `ModuleUploaded` (`{"digest":…}`) |
 //! | `GET /v1/modules/{digest}` | none | module bytes (content-addressed; EPs verify the digest) |
-//! | `POST /v1/images[?tag=NAME]` | developer | body = an image tar (plain or gzip'd), streamed → `ModuleUploaded` ([`images`]) |
+//! | `POST /v1/images[?tag=NAME]` | developer | body = an image tar (plain or gzip'd), streamed → `ModuleUploaded` (`images`) |
 //! | `GET /v1/images` | developer (own) | `Vec<ImageInfo>` |
 //! | `GET /v1/images/{digest}` | none | image bytes (content-addressed; EPs verify the digest and every entry) |
 //! | `GET /v1/images/{digest}/info` | developer (own) | `ImageInfo` (with the versions that name it); a tag for `{digest}` too |
@@ -58,10 +58,10 @@
 //! | `GET /v1/functions/{name}/secrets` | developer (own) | `SecretNames` (never a value) |
 //! | `POST /v1/functions/{name}/test` | developer (own) | body `TestRequest` → `TestReport` |
 //! | `POST /v1/events/replay` | admin | body `ReplayRequest` → `Report` |
-//! | `POST /v1/events/backfill` | developer (own function) | body `BackfillRequest` → `BackfillReport`: the function fired once on each file under a directory that never fired it ([`crate::backfill`]) |
+//! | `POST /v1/events/backfill` | developer (own function) | body `BackfillRequest` → `BackfillReport`: the function fired once on each file under a directory that never fired it (`crate::backfill`) |
 //! | `POST /v1/functions/{name}/runs` | submit token | body `RunRequest` (`{"path":…, "annex"?:…}`) → `SubmitResponse` |
-//! | `POST /v1/functions/{name}/invoke` | developer (a file of its own namespace) | `InvokeRequest` → `InvokeResponse` (200 with the ended job within `wait_s`, else 202): a manual run with a submit token minted for exactly the job ([`invoke`]) |
-//! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job ([`renewals`]) |
+//! | `POST /v1/functions/{name}/invoke` | developer (a file of its own namespace) | `InvokeRequest` → `InvokeResponse` (200 with the ended job within `wait_s`, else 202): a manual run with a submit token minted for exactly the job (`invoke`) |
+//! | `POST /v1/renewals` | renewal grant (the scheduler's) | body `RenewRequest` → `RenewResponse`: fresh macaroons of a running job (`renewals`) |
 //! | `GET /v1/jobs[/{id}]` | developer (own) | the scheduler's `JobRecord`s |
 //! | `POST /v1/jobs/{id}/hold\|release\|remove` | developer (own) | body `JobAction` → the job (the scheduler acts) |
 //! | `GET /v1/jobs/{id}/history` | developer (own) | `Vec<Attempt>`, first attempt first |
@@ -80,15 +80,15 @@
 //! | `GET /v1/audit[?job&token&owner&file&function&event&since&until&limit]` | developer (own) | the scheduler's audit records (`functions::audit::AuditRecord`s) |
 //! | `GET /v1/audit/verify` | admin | the scheduler's `functions::audit::VerifyReport` of its trail |
 //! | `GET /v1/audit/keys[?trail=gateway\|scheduler]` | admin | the JWKS of both audit keys (or of one trail's) |
-//! | `POST /v1/annexes` | admin | body `AnnexRequest` → 201 `AnnexCreated` (403 unless the owner holds the annex right: [`annexes`]) |
+//! | `POST /v1/annexes` | admin | body `AnnexRequest` → 201 `AnnexCreated` (403 unless the owner holds the annex right: `annexes`) |
 //! | `GET /v1/annexes[/{name}]` | admin | `AnnexView`s: each annex's record and its attached EPs |
 //! | `POST /v1/annexes/{name}/jobs\|extend\|drain\|delete` | admin | `AnnexJobs` → `AnnexRecord`; `AnnexExtend` → `AnnexRecord`; → `AnnexView`; → `AnnexDeleted` |
-//! | `GET /v1/dlq[?function&since&dropped&limit]` | developer (own) | `Vec<DeadLetter>`: firings that could not become jobs and failed jobs, newest first ([`dlq`]) |
+//! | `GET /v1/dlq[?function&since&dropped&limit]` | developer (own) | `Vec<DeadLetter>`: firings that could not become jobs and failed jobs, newest first (`dlq`) |
 //! | `GET /v1/dlq/{id}` | developer (own) | `DeadLetter`, with its re-drives and drop |
 //! | `POST /v1/dlq/{id}/redrive` | developer (own) | body `RedriveRequest` (`{"n"?: N}`) → 201 (or 200: re-drive `n` was there) `RedriveResponse` |
 //! | `POST /v1/dlq/{id}/drop` | developer (own) | body `DropRequest` (`{"reason": …}`) → `DeadLetter` |
-//! | `POST /v1/audit/rerun` | developer (own) | body `RerunRequest` (`{"file": …}`) → 201 `Rerun`: the function version that wrote the file runs again on the same input bytes into a scratch directory ([`rerun`]) |
-//! | `GET /v1/identities` | admin | `Vec<Binding>`: the OIDC identities bound to owners ([`identities`]) |
+//! | `POST /v1/audit/rerun` | developer (own) | body `RerunRequest` (`{"file": …}`) → 201 `Rerun`: the function version that wrote the file runs again on the same input bytes into a scratch directory (`rerun`) |
+//! | `GET /v1/identities` | admin | `Vec<Binding>`: the OIDC identities bound to owners (`identities`) |
 //! | `DELETE /v1/identities/{owner}` | admin | the `Binding` removed (404 without one): the owner name is free for another identity |
 //! | `GET /v1/lineage?file=PATH[&depth=N]` | admin | `Lineage`: the jobs that wrote and read the file, and back to its first upload ([`audit::lineage`]) |
 //!

@@ -3,7 +3,7 @@
 //!
 //! A change brings the ingest's owner lanes in step before it is answered
 //! ([`crate::lanes::after_change`]); a revocation also removes the unfinished jobs that needed
-//! the grant ([`sweep`]), and a held job is released only while its namespace still allows it
+//! the grant (`sweep`), and a held job is released only while its namespace still allows it
 //! ([`crate::jobs::still_allowed`]). Must not know: events.
 
 use super::blocking;

@@ -1,11 +1,11 @@
 //! Durable firings: (event, function) pairs waiting to become jobs, and the dispatcher that
-//! turns them into jobs ([`crate::dispatch`]).
+//! turns them into jobs (`crate::dispatch`).
 //!
 //! # Exactly once
 //!
 //! The ingest loop does not submit jobs itself: for each event it inserts one *firing* per
 //! matching function into a SQLite table (WAL; `synchronous=FULL`, or `NORMAL` with
-//! [`Durability::Log`]), and acks the JetStream
+//! [`Durability::Log`](htfaas_functions::store::Durability::Log)), and acks the JetStream
 //! message only once the transaction holding them is committed. That transaction is a *group
 //! commit* ([`Firings::insert_batch`]): the firings of every event of one batch of messages
 //! (what the consumer had at hand, see [`crate::ingest`]), one fsync for all, each event
@@ -94,7 +94,7 @@
 //! rate buckets (`bucket`), the dispatcher's batched writes and their group commit (`writer`),
 //! the dead-letter list beside it (`dlq`: refusals entered in their own transaction,
 //! failed jobs and undeliverable events, re-drives and drops). Must not know: NATS, HTTP, the storage or the scheduler (the
-//! dispatcher, [`crate::dispatch`], turns claimed firings into jobs).
+//! dispatcher, `crate::dispatch`, turns claimed firings into jobs).
 
 mod bucket;
 mod dlq;

@@ -12,7 +12,7 @@ use htfaas_functions::event::StorageEvent;
 use htfaas_functions::store::db_int;
 use rusqlite::{Connection, params};
 
-/// One event's firings inside the caller's transaction (see [`Firings::insert`]); sees
+/// One event's firings inside the caller's transaction (see [`super::Firings::insert`]); sees
 /// what earlier events of the same transaction wrote. A collecting function's event joins
 /// its group instead ([`super::groups::join`]), unless it is a replay's.
 pub(super) fn insert_event(

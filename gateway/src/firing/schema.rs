@@ -40,7 +40,7 @@ CREATE INDEX IF NOT EXISTS firings_expiry ON firings (expires_ms);
 ";
 
 /// Version 2: the loop guard. `provenance` maps the identifier of each write macaroon obtained
-/// for a job to that job's [`Cause`] (JSON); a firing keeps the cause of its event.
+/// for a job to that job's [`Cause`](htfaas_functions::proto::Cause) (JSON); a firing keeps the cause of its event.
 pub(super) const SCHEMA_2: &str = "
 ALTER TABLE firings ADD COLUMN cause TEXT;
 CREATE TABLE IF NOT EXISTS provenance (
@@ -52,14 +52,14 @@ CREATE INDEX IF NOT EXISTS provenance_expiry ON provenance (expires_ms);
 ";
 
 /// Version 3: ready firings by function, for the claim's round robin over functions
-/// ([`ready_rows`]).
+/// (`ready_rows`).
 pub(super) const SCHEMA_3: &str = "
 CREATE INDEX IF NOT EXISTS firings_ready_by_function ON firings (function, not_before_ms, seq) WHERE state = 'pending';
 ";
 
 /// Version 4: a firing's owner (the function's, from its record), and ready firings by owner
 /// then function, for the claim's round robin over owners, then over each owner's functions
-/// ([`ready_rows`]); the index by function alone is no longer read. A firing
+/// (`ready_rows`); the index by function alone is no longer read. A firing
 /// whose record does not say has the owner `''` (it is refused when claimed anyway).
 pub(super) const SCHEMA_4: &str = "
 ALTER TABLE firings ADD COLUMN owner TEXT NOT NULL DEFAULT '';

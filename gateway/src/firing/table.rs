@@ -139,7 +139,7 @@ fn round_robin<T>(mut queues: Vec<impl Iterator<Item = T>>, limit: usize) -> Vec
 
 impl Firings {
     /// Opens (or creates) the table at `path`: WAL, `synchronous=FULL`, migrated to
-    /// [`SCHEMA_VERSION`], with the gateway's audit tables installed ([`crate::audit`]).
+    /// [`super::SCHEMA_VERSION`], with the gateway's audit tables installed ([`crate::audit`]).
     /// Firings left `submitting` by a previous process are `pending` again.
     /// Keys are kept `dedupe_window_s` after their firing was made; at most `max_in_flight`
     /// firings are dispatched at once.

@@ -11,7 +11,7 @@ impl Firings {
     /// Per function, in name order, its firings a rate limit holds: pending, given the time
     /// their token will be there (`rate_reserved`) and never tried (a retry's backoff is not
     /// the rate's). Functions holding none are left out. Blocks on the table: async callers
-    /// use [`Firings::call`].
+    /// use `Firings::call`.
     pub fn rate_waiting(&self) -> Result<Vec<(String, u64)>, FiringError> {
         self.with(|conn| {
             let mut held = conn.prepare_cached(

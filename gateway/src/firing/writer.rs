@@ -132,7 +132,7 @@ impl Firings {
     }
 
     /// [`Firings::record_provenance`] and the audit records of the job's credentials
-    /// (`token.minted`, `macaroons.obtained`: [`crate::dispatch::credentials`]), in one
+    /// (`token.minted`, `macaroons.obtained`: `crate::dispatch::credentials`), in one
     /// transaction.
     pub fn record_provenance_with(
         &self,

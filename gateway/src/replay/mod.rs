@@ -1,13 +1,14 @@
 //! Replay and dry-run over recorded events: `htfaas events replay`, `htfaas fn test` and
 //! `htfaas fn register --dry-run`.
 //!
-//! The events stream ([`EVENTS_STREAM`]) keeps every message the gateway consumes for
+//! The events stream ([`EVENTS_STREAM`](htfaas_functions::proto::EVENTS_STREAM)) keeps every
+//! message the gateway consumes for
 //! [`EVENTS_MAX_AGE_S`](htfaas_functions::proto::EVENTS_MAX_AGE_S). A [`Reader`] reads a
 //! window of it, from `since` to `until` or to the stream's last sequence when the request
 //! began (so it ends), through an ephemeral pull
 //! consumer that acks nothing: the gateway's durable consumer is not touched. Each message is
-//! parsed by the same [`sources::decide`] as the ingest loop (message id `nats-seq-<seq>`);
-//! ignored, not-enabled and malformed messages are counted, never fatal. [`run`] then
+//! parsed by the same [`sources::decide`](htfaas_functions::sources::decide) as the ingest loop
+//! (message id `nats-seq-<seq>`); ignored, not-enabled and malformed messages are counted, never fatal. [`run`] then
 //! evaluates the [`Target`]s' triggers on each event, with the ingest's loop guard (a function
 //! never fires on a file in its own output directory):
 //!
@@ -24,9 +25,11 @@
 //! Times: RFC 3339 (`2026-11-22T10:00:00Z`), Unix seconds, or relative to now (`-2h`, `-30m`,
 //! `-7d`); see [`parse_time`].
 //!
-//! The requests and answers ([`ReplayRequest`], [`RegisterQuery`], [`TestRequest`], [`Report`],
-//! [`TestReport`], [`TimeArg`]) are wire types and live in [`htfaas_functions::proto`]; what
-//! they mean is decided here: [`plan`], [`register_window`], [`to_unix_ms`].
+//! The requests and answers ([`ReplayRequest`], [`RegisterQuery`],
+//! [`TestRequest`](htfaas_functions::proto::TestRequest), [`Report`],
+//! [`TestReport`](htfaas_functions::proto::TestReport), [`TimeArg`]) are wire types and live in
+//! [`htfaas_functions::proto`]; what they mean is decided here: [`plan`], [`register_window`],
+//! [`to_unix_ms`].
 //!
 //! Here: the requests' windows and times, and the replay's run over the events; the reader of
 //! the recorded events is `reader`, a function's test on one message `test`. Must not know:

@@ -54,7 +54,7 @@ pub struct EpAdmin {
     pub reason: String,
 }
 
-/// Free resources of an EP during one [`select`].
+/// Free resources of an EP during one [`select`](super::select).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Free {
     pub(super) cpus: u32,

@@ -176,7 +176,7 @@ impl Queue {
     }
 
     /// Every owner's account as the job records say it should be: each run attempt's recorded
-    /// usage charged with [`charge`] (the function `finish` charges with), and each job in a
+    /// usage charged with `charge` (the function `finish` charges with), and each job in a
     /// final state counted once. Equal to [`Queue::accounts`] (up to float rounding) unless an
     /// account was charged twice or not at all; the crash harness checks exactly that.
     pub async fn accounts_from_records(&self) -> Result<Vec<Account>, QueueError> {

@@ -52,7 +52,7 @@ pub struct Pool {
     pub owner: Option<String>,
 }
 
-/// A pool with room, as [`EpTable::pools_with_room`](crate::matching::EpTable::pools_with_room) reports it.
+/// A pool with room, as `EpTable::pools_with_room` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolRoom {
     /// The pool.
@@ -88,7 +88,7 @@ impl Queue {
     /// is better; an owner without an entry counts as 0). Jobs of `skip_owners` (at their running
     /// limit), jobs of `skip_functions` (at their `max_concurrent`) and jobs in retry backoff
     /// (until `not_before_ms`) are not read, so that they hold no other job back.
-    /// [`crate::matching::select`] makes the final decision.
+    /// `crate::matching::select` makes the final decision.
     pub async fn idle_candidates(
         &self,
         pools: Vec<PoolRoom>,

@@ -80,7 +80,7 @@ pub struct Submitted {
     pub created: bool,
 }
 
-/// What [`Queue::act`] did.
+/// What [`Queue::act_by`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acted {
     /// The job as it is now.
@@ -433,16 +433,17 @@ impl Queue {
         self.call(move |conn| Ok(token_uses(conn, &jti)?)).await
     }
 
-    /// In one transaction: applies an admin's `action` to job `id` (see [`Action`] for what each
-    /// does to which state) and returns the updated record, with the EP session to stop it on
-    /// when it was running. [`QueueError::JobNotFound`] for an unknown id,
-    /// [`QueueError::Conflict`] when the job's state does not allow the action.
+    /// [`Queue::act_by`] by the actor `admin`, for the tests.
     #[cfg(test)]
     pub(crate) async fn act(&self, id: String, action: Action, reason: String) -> Result<Acted, QueueError> {
         self.act_by(id, action, reason, "admin".into()).await
     }
 
-    /// [`Queue::act`] by `actor` (recorded in the audit trail).
+    /// In one transaction: applies an admin's `action` to job `id` (see [`Action`] for what each
+    /// does to which state), by `actor` (recorded in the audit trail), and returns the updated
+    /// record, with the EP session to stop it on when it was running.
+    /// [`QueueError::JobNotFound`] for an unknown id, [`QueueError::Conflict`] when the job's
+    /// state does not allow the action.
     pub async fn act_by(&self, id: String, action: Action, reason: String, actor: String) -> Result<Acted, QueueError> {
         self.write(move |tx| {
             let row: Option<(String, Option<String>)> =

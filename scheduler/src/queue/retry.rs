@@ -1,4 +1,4 @@
-//! A function's retry policy at the end of a run: [`Queue::finish`] asks
+//! A function's retry policy at the end of a run: [`Queue::finish`](super::Queue::finish) asks
 //! [`guest_retry`] whether a failed run that its EP reported runs again, and if so records the
 //! attempt as failed, charges it, and puts the job back to idle after its backoff.
 //!

@@ -543,7 +543,7 @@ impl Queue {
     ///
     /// A running job whose guest failed with an outcome its retry policy lists, with retries
     /// left (the policy's, at most [`Queue::set_max_guest_retries`]), runs again after the
-    /// policy's backoff: its attempt ends `failed`, charged, no job counted ([`super::retry`]).
+    /// policy's backoff: its attempt ends `failed`, charged, no job counted (`super::retry`).
     /// Past its retries it fails, its reason saying how many attempts it had.
     pub async fn finish(
         &self,

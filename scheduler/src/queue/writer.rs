@@ -24,10 +24,10 @@ const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO htfaas_write";
 /// The one writer of the store: a thread that takes every write waiting in its channel (at
 /// most [`MAX_BATCH`]), runs them in one transaction, each in a savepoint of its own (but the
 /// first, whose savepoint would be the transaction itself: see [`commit_batch`]), commits
-/// once (one fsync with [`Durability::Fsync`]), and then answers each caller. A write that
-/// arrives alone is run at once: the thread waits only when nothing is waiting for it, never
-/// on a timer. Dropping the last handle closes the channel; the thread answers what it has
-/// and ends, and the drop waits for it.
+/// once (one fsync with [`Durability::Fsync`](htfaas_functions::store::Durability::Fsync)), and
+/// then answers each caller. A write that arrives alone is run at once: the thread waits only when
+/// nothing is waiting for it, never on a timer. Dropping the last handle closes the channel; the
+/// thread answers what it has and ends, and the drop waits for it.
 pub(super) struct Writer {
     /// Where writes wait; `None` only while dropping.
     sender: Option<std::sync::mpsc::Sender<Box<dyn PendingWrite>>>,
