@@ -3,6 +3,20 @@
 
 use super::*;
 
+/// Record `seq`'s indexed columns: job, token, owner, function, event.
+fn indexed_columns(conn: &Connection, seq: i64) -> [Option<String>; 5] {
+    conn.query_row("SELECT job, token_jti, owner, function, event_id FROM audit_records WHERE seq = ?1", [seq], |r| {
+        Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?])
+    })
+    .expect("row")
+}
+
+/// The paths record `seq` is indexed under, sorted.
+fn indexed_paths(conn: &Connection, seq: i64) -> Vec<String> {
+    let mut stmt = conn.prepare("SELECT path FROM audit_record_paths WHERE seq = ?1 ORDER BY path").expect("prepare");
+    stmt.query_map([seq], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("paths")
+}
+
 /// A job's later records index only what its first does not: their copied columns are empty
 /// where the first names the same, no path row repeats the first's, and every query still
 /// selects them; a record that names something else is indexed as usual.
@@ -23,19 +37,8 @@ fn a_jobs_later_records_index_only_what_is_new_and_are_still_found() {
     log.append(foreign).expect("append");
     drop(log);
     let conn = Connection::open(&path).expect("open");
-    let columns = |seq: i64| -> [Option<String>; 5] {
-        conn.query_row(
-            "SELECT job, token_jti, owner, function, event_id FROM audit_records WHERE seq = ?1",
-            [seq],
-            |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?]),
-        )
-        .expect("row")
-    };
-    let paths = |seq: i64| -> Vec<String> {
-        let mut stmt =
-            conn.prepare("SELECT path FROM audit_record_paths WHERE seq = ?1 ORDER BY path").expect("prepare");
-        stmt.query_map([seq], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("paths")
-    };
+    let columns = |seq| indexed_columns(&conn, seq);
+    let paths = |seq| indexed_paths(&conn, seq);
     let some = |s: &str| Some(s.to_owned());
     assert_eq!(columns(1), [some("job-0"), some("jti-0"), some("alice"), some("checksum"), some("ev-0")]);
     assert_eq!(columns(2), [some("job-0"), None, None, None, None], "all said by the job's first record");
@@ -89,19 +92,8 @@ fn a_tokens_later_records_of_no_job_index_only_what_is_new_and_are_still_found()
     log.append(record(subject(Some("jti-1"), "ev-1", &["/data/raw/1.dat"]))).expect("other token"); // 4
     drop(log);
     let conn = Connection::open(&path).expect("open");
-    let columns = |seq: i64| -> [Option<String>; 5] {
-        conn.query_row(
-            "SELECT job, token_jti, owner, function, event_id FROM audit_records WHERE seq = ?1",
-            [seq],
-            |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?]),
-        )
-        .expect("row")
-    };
-    let paths = |seq: i64| -> Vec<String> {
-        let mut stmt =
-            conn.prepare("SELECT path FROM audit_record_paths WHERE seq = ?1 ORDER BY path").expect("prepare");
-        stmt.query_map([seq], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("paths")
-    };
+    let columns = |seq| indexed_columns(&conn, seq);
+    let paths = |seq| indexed_paths(&conn, seq);
     let some = |s: &str| Some(s.to_owned());
     assert_eq!(columns(1), [None, None, some("alice"), some("checksum"), some("ev-0")], "no token: whole");
     assert_eq!(columns(2), [None, some("jti-0"), some("alice"), some("checksum"), some("ev-0")]);
