@@ -185,6 +185,18 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// Runs a component as a task on a runtime worker rather than in `block_on` on the main thread.
+/// There, every wake-up of its own future (an EP's link reading a frame, a job's end coming back
+/// to it) would be a hand-off from the worker that saw it to the main thread and back; on a
+/// worker, a task it wakes mostly runs where it was woken.
+async fn on_worker(run: impl Future<Output = anyhow::Result<()>> + Send + 'static) -> anyhow::Result<()> {
+    match tokio::spawn(run).await {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(anyhow::anyhow!("the component's task ended early: {e}")),
+    }
+}
+
 async fn execute(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Bench(args) => harness::bench(args).await,
@@ -192,10 +204,10 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::ClusterTest(args) => harness::cluster_test(args).await,
         Command::Overload(args) => harness::overload(args).await,
         Command::Up(args) => up::run(args).await,
-        Command::Storage { config } => serve::storage(&config).await,
-        Command::Scheduler { config } => serve::scheduler(&config).await,
-        Command::Gateway { config } => serve::gateway(&config).await,
-        Command::Ep(args) => ep::run(args).await,
+        Command::Storage { config } => on_worker(async move { serve::storage(&config).await }).await,
+        Command::Scheduler { config } => on_worker(async move { serve::scheduler(&config).await }).await,
+        Command::Gateway { config } => on_worker(async move { serve::gateway(&config).await }).await,
+        Command::Ep(args) => on_worker(ep::run(args)).await,
         Command::Login(args) => login::login(args).await,
         Command::Logs(args) => logs::run(args).await,
         Command::Whoami { dir } => login::whoami(dir).await,
