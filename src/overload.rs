@@ -229,6 +229,7 @@ pub async fn run(opts: OverloadOptions) -> anyhow::Result<OverloadReport> {
         scheduler_overrides: serde_json::Map::new(),
         ep_relay: false,
         ep_attach_ttl_s: None,
+        async_threads: None,
     })
     .await?;
     let result = measure(&opts, &procs, &dir).await;

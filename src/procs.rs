@@ -80,6 +80,10 @@ pub struct ProcOptions {
     /// The life of the first EP's attach token, seconds (minted at start; the EP renews it
     /// over its session when the scheduler renews). Default (`None`): the site token's 30 days.
     pub ep_attach_ttl_s: Option<u64>,
+    /// Each component process's tokio workers (tokio's `TOKIO_WORKER_THREADS` in its
+    /// environment). Default (`None`): whatever this process's environment says, else tokio's
+    /// one per core.
+    pub async_threads: Option<usize>,
 }
 
 /// The name the first EP ([`Component::Ep`]) says in its Hello.
@@ -112,6 +116,7 @@ pub struct ProcStack {
     /// EPs started by [`ProcStack::start_extra_ep`]: not restarted or killed by the harnesses,
     /// stopped by [`ProcStack::stop_all`] first.
     extra_eps: Vec<Child>,
+    async_threads: Option<usize>,
     http: reqwest::Client,
 }
 
@@ -133,6 +138,7 @@ impl ProcStack {
         let mut procs = ProcStack {
             layout,
             exe: opts.htfaas.clone(),
+            async_threads: opts.async_threads,
             dir: dir.clone(),
             nats,
             children: HashMap::new(),
@@ -259,7 +265,9 @@ impl ProcStack {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("open {}", log_path.display()))?;
-        let mut child = Command::new(&self.exe)
+        let mut cmd = Command::new(&self.exe);
+        self.set_threads(&mut cmd);
+        let mut child = cmd
             .arg("ep")
             .arg("--config")
             .arg(&config)
@@ -296,6 +304,13 @@ impl ProcStack {
         self.extra_eps.iter().filter_map(Child::id).collect()
     }
 
+    /// [`ProcOptions::async_threads`] into a component's environment.
+    fn set_threads(&self, cmd: &mut Command) {
+        if let Some(n) = self.async_threads {
+            cmd.env("TOKIO_WORKER_THREADS", n.to_string());
+        }
+    }
+
     fn config_path(&self, c: Component) -> PathBuf {
         self.dir.join(format!("config/{}.json", c.name()))
     }
@@ -309,6 +324,7 @@ impl ProcStack {
             .open(&log_path)
             .with_context(|| format!("open {}", log_path.display()))?;
         let mut cmd = Command::new(&self.exe);
+        self.set_threads(&mut cmd);
         cmd.arg(c.name()).arg("--config").arg(self.config_path(c));
         if c == Component::Ep {
             // The final stop: finish what runs within 5 s.

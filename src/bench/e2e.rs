@@ -58,6 +58,21 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The throughput run waits at most this long for the backlog to drain at its end.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Tokio workers in each component process of the bench's stack, unless `TOKIO_WORKER_THREADS`
+/// is set for the bench (then each component inherits that).
+///
+/// The bench runs the four components, nats-server and itself on one machine (two cores here),
+/// as a single small site would. A runtime per process with a worker per core puts eight
+/// workers on two cores, and every job's wake-ups then bounce between them: with one worker
+/// each, the stack switched 24 % fewer times per event and spent 15 % less CPU on it, in every
+/// process (BENCHMARKS.md). A host that runs one component keeps tokio's default.
+pub const COMPONENT_ASYNC_THREADS: usize = 1;
+
+/// [`COMPONENT_ASYNC_THREADS`], or `None` when the bench's own environment chooses.
+fn component_async_threads() -> Option<usize> {
+    std::env::var_os("TOKIO_WORKER_THREADS").is_none().then_some(COMPONENT_ASYNC_THREADS)
+}
+
 /// Where the functions read and write.
 const SUM_DIR: &str = "/data/bench/sum/";
 const SUM_OUT: &str = "/data/bench/sum-out/";
@@ -171,6 +186,7 @@ impl Bench {
             scheduler_overrides,
             ep_relay: false,
             ep_attach_ttl_s: None,
+            async_threads: component_async_threads(),
         };
         let mut stack = ProcStack::start(&opts).await.context("start the stack")?;
         for &cores in more {
@@ -699,7 +715,9 @@ pub async fn throughput(
             .with("durability", d)
             .with("window_s", (t1 - t0).as_secs_f64())
             .with("input_bytes", size)
-            .with("published", published),
+            .with("published", published)
+            // Each component's tokio workers; null: as the bench's environment said.
+            .with("component_async_threads", component_async_threads()),
     );
     // CPU per event, per process: steadier than a rate on a shared machine, and it shows
     // where a regression is. `htfaas` sums the htfaas processes.

@@ -467,6 +467,7 @@ pub async fn run(opts: LongOptions) -> anyhow::Result<LongReport> {
         scheduler_overrides: overrides,
         ep_relay: true,
         ep_attach_ttl_s: Some(opts.attach_ttl_s),
+        async_threads: None,
     })
     .await?;
     println!(

@@ -299,6 +299,7 @@ pub async fn run(opts: CrashOptions) -> anyhow::Result<CrashReport> {
         scheduler_overrides,
         ep_relay: false,
         ep_attach_ttl_s: None,
+        async_threads: None,
     })
     .await?;
     let client = procs.client()?;
