@@ -1,5 +1,5 @@
 //! What the measuring harnesses (`bench`, `crash`, `overload`) share to make and read traffic:
-//! input files written into the storage's data directory, dCache `transfer` messages as a pool
+//! input files written or linked into the storage's data directory, dCache `transfer` messages as a pool
 //! publishes them, the scheduler's job gauges read back, a process's CPU time, percentiles.
 //!
 //! Must not know: the stack, its processes, commands.
@@ -35,6 +35,29 @@ pub fn write_input(data_dir: &Path, path: &str, size: usize, seed: u64) -> anyho
         })
         .collect();
     std::fs::write(&file, bytes).with_context(|| format!("write {}", file.display()))
+}
+
+/// Puts an input of `size` bytes at `data_dir` + `path`: a new name hard-linked to the one file
+/// of that size under `templates` (written by the first call for that size).
+///
+/// A landing file is written by a dCache pool, not by the hosts htfaas runs on; a harness
+/// stands in for that pool on the same cores. A file created per event cost that stand-in more
+/// CPU than the storage's whole part of the path: on a file system that searches past recently
+/// freed inodes to allocate one (ext4 without a journal, as on the bench machine, after a run
+/// that deleted thousands of files), creating the file was 85 % of the publisher's samples. A
+/// link allocates no inode. Each event still names a file of its own, which the storage opens
+/// and serves as any other.
+pub fn link_input(data_dir: &Path, templates: &Path, path: &str, size: usize) -> anyhow::Result<()> {
+    let name = format!("{size}.dat");
+    let template = templates.join(&name);
+    if !template.exists() {
+        write_input(templates, &name, size, size as u64)?;
+    }
+    let file = data_dir.join(path.trim_start_matches('/'));
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+    }
+    std::fs::hard_link(&template, &file).with_context(|| format!("link {}", file.display()))
 }
 
 /// A pool's successful `transfer` write of `path`, as dCache publishes it.
@@ -206,6 +229,21 @@ mod tests {
         write_input(dir.path(), "/a/d.dat", 100, 1).expect("write");
         assert_eq!(b, std::fs::read(dir.path().join("a/d.dat")).expect("read"));
     }
+    #[test]
+    fn linked_inputs_are_new_names_of_one_file_per_size() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().expect("tmp");
+        let (data, templates) = (dir.path().join("data"), dir.path().join("inputs"));
+        link_input(&data, &templates, "/a/one.dat", 100).expect("link");
+        link_input(&data, &templates, "/b/two.dat", 100).expect("link");
+        link_input(&data, &templates, "/a/big.dat", 200).expect("link");
+        let meta = |p: &str| std::fs::metadata(data.join(p)).expect("stat");
+        assert_eq!(meta("a/one.dat").ino(), meta("b/two.dat").ino());
+        assert_ne!(meta("a/one.dat").ino(), meta("a/big.dat").ino());
+        assert_eq!((meta("a/one.dat").len(), meta("a/big.dat").len()), (100, 200));
+        assert!(link_input(&data, &templates, "/a/one.dat", 100).is_err(), "a name is never reused");
+    }
+
     #[test]
     fn percentiles_are_nearest_rank() {
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();

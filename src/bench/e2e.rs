@@ -22,13 +22,13 @@
 //! obtains two macaroons per job, the scheduler verifies the token, the storage verifies the
 //! macaroons on the EP's GET and PUT.
 
-use super::Figure;
+use super::{Figure, component_async_threads};
 use crate::client::Client;
 use crate::procs::{Component, ProcOptions, ProcStack};
 use crate::stack::USER;
 use crate::traffic::{
-    bytes_written, context_switches, cpu_time, parse_counter, parse_job_states, percentile, transfer_write, unix_ns,
-    write_input,
+    bytes_written, context_switches, cpu_time, link_input, parse_counter, parse_job_states, percentile, transfer_write,
+    unix_ns,
 };
 use anyhow::{Context as _, bail};
 use futures_util::StreamExt as _;
@@ -58,21 +58,6 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The throughput run waits at most this long for the backlog to drain at its end.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Tokio workers in each component process of the bench's stack, unless `TOKIO_WORKER_THREADS`
-/// is set for the bench (then each component inherits that).
-///
-/// The bench runs the four components, nats-server and itself on one machine (two cores here),
-/// as a single small site would. A runtime per process with a worker per core puts eight
-/// workers on two cores, and every job's wake-ups then bounce between them: with one worker
-/// each, the stack switched 24 % fewer times per event and spent 15 % less CPU on it, in every
-/// process (BENCHMARKS.md). A host that runs one component keeps tokio's default.
-pub const COMPONENT_ASYNC_THREADS: usize = 1;
-
-/// [`COMPONENT_ASYNC_THREADS`], or `None` when the bench's own environment chooses.
-fn component_async_threads() -> Option<usize> {
-    std::env::var_os("TOKIO_WORKER_THREADS").is_none().then_some(COMPONENT_ASYNC_THREADS)
-}
-
 /// Where the functions read and write.
 const SUM_DIR: &str = "/data/bench/sum/";
 const SUM_OUT: &str = "/data/bench/sum-out/";
@@ -85,9 +70,6 @@ pub struct Bench {
     client: Client,
     /// The storage's data directory (inputs are linked in here directly).
     data_dir: PathBuf,
-    /// One file per input size, outside the storage's tree, that every input of that size
-    /// is a hard link to ([`Bench::new_input`]).
-    templates: HashMap<usize, PathBuf>,
     js: async_nats::jetstream::Context,
     /// Every storage `transfer` message for an output: (path, when it arrived).
     outputs: mpsc::UnboundedReceiver<(String, Instant)>,
@@ -219,19 +201,7 @@ impl Bench {
         });
         let data_dir = dir.path().join("storage/data");
         let run_id = format!("{:08x}", rand::random::<u32>());
-        Ok(Bench {
-            stack,
-            client,
-            data_dir,
-            templates: HashMap::new(),
-            js,
-            outputs,
-            outputs_seen,
-            run_id,
-            next: 0,
-            durability,
-            _dir: dir,
-        })
+        Ok(Bench { stack, client, data_dir, js, outputs, outputs_seen, run_id, next: 0, durability, _dir: dir })
     }
 
     /// The durability the stack runs with.
@@ -239,35 +209,12 @@ impl Bench {
         self.durability
     }
 
-    /// Puts a fresh input of `size` bytes under `dir` and returns its storage path: a new name,
-    /// hard-linked to the one file of that size this bench wrote first.
-    ///
-    /// A landing file is written by a dCache pool, not by the hosts htfaas runs on; the bench
-    /// stands in for that pool on the same cores. A file created per event cost that stand-in
-    /// more CPU than the storage's whole part of the path: on a file system that searches past
-    /// recently freed inodes to allocate one (ext4 without a journal, as on the bench machine,
-    /// after a run that deleted thousands of files), creating the file was 85 % of the
-    /// publisher's samples. A link allocates no inode. Each event still names a file of its
-    /// own, which the storage opens and serves as any other.
+    /// Puts a fresh input of `size` bytes under `dir` and returns its storage path: a new name
+    /// linked to one file per size outside the storage's tree ([`link_input`]: why).
     fn new_input(&mut self, dir: &str, prefix: &str, size: usize) -> anyhow::Result<String> {
         self.next += 1;
         let path = format!("{dir}{prefix}-{}-{:07}.dat", self.run_id, self.next);
-        let template = match self.templates.get(&size) {
-            Some(template) => template.clone(),
-            None => {
-                let inputs = self._dir.path().join("inputs");
-                let name = format!("/{size}.dat");
-                write_input(&inputs, &name, size, size as u64)?;
-                let template = inputs.join(name.trim_start_matches('/'));
-                self.templates.insert(size, template.clone());
-                template
-            }
-        };
-        let file = self.data_dir.join(path.trim_start_matches('/'));
-        if let Some(parent) = file.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
-        }
-        std::fs::hard_link(&template, &file).with_context(|| format!("link {}", file.display()))?;
+        link_input(&self.data_dir, &self._dir.path().join("inputs"), &path, size)?;
         Ok(path)
     }
 

@@ -50,6 +50,21 @@ impl Figure {
     }
 }
 
+/// Tokio workers in each component process of the bench's stack, unless `TOKIO_WORKER_THREADS`
+/// is set for the bench (then each component inherits that).
+///
+/// The bench runs the four components, nats-server and itself on one machine (two cores here),
+/// as a single small site would. A runtime per process with a worker per core puts eight
+/// workers on two cores, and every job's wake-ups then bounce between them: with one worker
+/// each, the stack switched 24 % fewer times per event and spent 15 % less CPU on it, in every
+/// process (BENCHMARKS.md). A host that runs one component keeps tokio's default.
+pub const COMPONENT_ASYNC_THREADS: usize = 1;
+
+/// [`COMPONENT_ASYNC_THREADS`], or `None` when the bench's own environment chooses.
+pub(crate) fn component_async_threads() -> Option<usize> {
+    std::env::var_os("TOKIO_WORKER_THREADS").is_none().then_some(COMPONENT_ASYNC_THREADS)
+}
+
 /// What `htfaas bench` runs.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {

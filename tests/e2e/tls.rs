@@ -5,7 +5,7 @@
 //! CA. What an untrusted or plain-text peer gets is in `attacks::servers`.
 
 use htfaas_functions::proto::JobState;
-use htfaas_tests::{adler32_hex, guest_wasm, start_stack_with};
+use htfaas_tests::{adler32_hex, guest_wasm, start_stack_with, wait_for};
 use sha2::Digest as _;
 use std::time::Duration;
 
@@ -30,7 +30,12 @@ async fn with_tls_on_every_listener_an_upload_runs_its_function_over_https_and_w
     assert_eq!(out["sha256"], hex::encode(sha2::Sha256::digest(&input)));
     assert_eq!(out["adler32"], adler32_hex(&input));
 
-    let jobs = client.jobs().await.expect("jobs");
+    // The output is stored before the EP reports its job: wait for the report's commit.
+    let jobs = wait_for("the job's report", LIMIT, || async {
+        let jobs = client.jobs().await.ok()?;
+        jobs.iter().any(|j| j.state.is_final()).then_some(jobs)
+    })
+    .await;
     assert_eq!(jobs.len(), 1, "{jobs:#?}");
     assert_eq!(jobs[0].state, JobState::Completed, "{:#?}", jobs[0]);
     // The EP attached over WSS and is the one that ran it.
