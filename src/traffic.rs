@@ -1,6 +1,7 @@
 //! What the measuring harnesses (`bench`, `crash`, `overload`) share to make and read traffic:
-//! input files written or linked into the storage's data directory, dCache `transfer` messages as a pool
-//! publishes them, the scheduler's job gauges read back, a process's CPU time, percentiles.
+//! input files written or linked into the storage's data directory, dCache `transfer` messages
+//! as a pool publishes them, the scheduler's job gauges read back, a process's CPU time,
+//! percentiles.
 //!
 //! Must not know: the stack, its processes, commands.
 
@@ -21,10 +22,7 @@ pub fn percentile(v: &mut [f64], q: f64) -> f64 {
 
 /// Writes `size` bytes of a pattern seeded by `seed` at `data_dir` + `path`.
 pub fn write_input(data_dir: &Path, path: &str, size: usize, seed: u64) -> anyhow::Result<()> {
-    let file = data_dir.join(path.trim_start_matches('/'));
-    if let Some(parent) = file.parent() {
-        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
-    }
+    let file = place(data_dir, path)?;
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let bytes: Vec<u8> = (0..size)
         .map(|_| {
@@ -53,11 +51,17 @@ pub fn link_input(data_dir: &Path, templates: &Path, path: &str, size: usize) ->
     if !template.exists() {
         write_input(templates, &name, size, size as u64)?;
     }
+    let file = place(data_dir, path)?;
+    std::fs::hard_link(&template, &file).with_context(|| format!("link {}", file.display()))
+}
+
+/// `data_dir` + `path`, its parent directories made.
+fn place(data_dir: &Path, path: &str) -> anyhow::Result<std::path::PathBuf> {
     let file = data_dir.join(path.trim_start_matches('/'));
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
     }
-    std::fs::hard_link(&template, &file).with_context(|| format!("link {}", file.display()))
+    Ok(file)
 }
 
 /// A pool's successful `transfer` write of `path`, as dCache publishes it.

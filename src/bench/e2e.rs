@@ -70,6 +70,8 @@ pub struct Bench {
     client: Client,
     /// The storage's data directory (inputs are linked in here directly).
     data_dir: PathBuf,
+    /// Outside the storage's tree: the file per size every input links to ([`link_input`]).
+    templates: PathBuf,
     js: async_nats::jetstream::Context,
     /// Every storage `transfer` message for an output: (path, when it arrived).
     outputs: mpsc::UnboundedReceiver<(String, Instant)>,
@@ -200,8 +202,21 @@ impl Bench {
             }
         });
         let data_dir = dir.path().join("storage/data");
+        let templates = dir.path().join("inputs");
         let run_id = format!("{:08x}", rand::random::<u32>());
-        Ok(Bench { stack, client, data_dir, js, outputs, outputs_seen, run_id, next: 0, durability, _dir: dir })
+        Ok(Bench {
+            stack,
+            client,
+            data_dir,
+            templates,
+            js,
+            outputs,
+            outputs_seen,
+            run_id,
+            next: 0,
+            durability,
+            _dir: dir,
+        })
     }
 
     /// The durability the stack runs with.
@@ -210,11 +225,11 @@ impl Bench {
     }
 
     /// Puts a fresh input of `size` bytes under `dir` and returns its storage path: a new name
-    /// linked to one file per size outside the storage's tree ([`link_input`]: why).
+    /// linked to one file per size ([`link_input`]: why).
     fn new_input(&mut self, dir: &str, prefix: &str, size: usize) -> anyhow::Result<String> {
         self.next += 1;
         let path = format!("{dir}{prefix}-{}-{:07}.dat", self.run_id, self.next);
-        link_input(&self.data_dir, &self._dir.path().join("inputs"), &path, size)?;
+        link_input(&self.data_dir, &self.templates, &path, size)?;
         Ok(path)
     }
 
