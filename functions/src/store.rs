@@ -1,7 +1,9 @@
 //! What htfaas's SQLite stores share: the stepwise `PRAGMA user_version` migration each store
 //! (the scheduler's job queue, the gateway's firing table) runs when it opens its file, and the
 //! conversions of times and counts to SQLite integers, and the modes of state files: a
-//! directory 0700, a database (with its `-wal` and `-shm`) 0600 ([`prepare_private_db`]).
+//! directory 0700, a database (with its `-wal` and `-shm`) 0600 ([`prepare_private_db`]); with
+//! `db`, the statement-cached transaction every hot write runs in ([`CachedTx`]) and the thread
+//! that checkpoints a store's WAL off its writer ([`Checkpointer`]).
 
 #[cfg(feature = "db")]
 use rusqlite::{Connection, TransactionBehavior};
@@ -209,6 +211,101 @@ impl Drop for CachedTx<'_> {
     }
 }
 
+/// How often a [`Checkpointer`] copies a store's committed WAL pages into its database file.
+pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// WAL pages after which a store's writer checkpoints by itself, when its [`Checkpointer`] has
+/// not kept up (a reader held old pages, or the checkpointer got no CPU): SQLite's default is
+/// 1,000 pages; this bounds the WAL at about 32 MiB of 4 KiB pages.
+pub const WRITER_CHECKPOINT_PAGES: u32 = 8_000;
+
+#[cfg(feature = "db")]
+/// Copies a WAL store's committed pages into its database file on a thread of its own, so that
+/// the store's one writer does not: with SQLite's automatic checkpoint, the commit that crossed
+/// 1,000 WAL pages copied them all (and, with `synchronous=FULL`, fsynced the database file)
+/// while every write behind it waited. It runs `PRAGMA wal_checkpoint(PASSIVE)` every
+/// [`CHECKPOINT_EVERY`] on a connection of its own: a passive checkpoint waits for no reader
+/// or writer, and copies only pages no reader may still need, so it never blocks a write. The
+/// writer keeps its own checkpoint as a backstop ([`writer_checkpoints_as_backstop`]).
+/// Dropping it stops the thread and waits for it.
+pub struct Checkpointer {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(feature = "db")]
+impl std::fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpointer").finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "db")]
+impl Checkpointer {
+    /// Starts checkpointing the WAL store at `path` (already open in WAL mode) with the
+    /// `synchronous` setting its writer uses (which says what a checkpoint fsyncs), on a thread
+    /// named `name`.
+    pub fn start(path: &Path, synchronous: &str, name: &str) -> Result<Checkpointer, CheckpointerError> {
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .and_then(|conn| conn.pragma_update(None, "synchronous", synchronous).map(|()| conn))
+        .map_err(CheckpointerError::Open)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let store = name.to_owned();
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
+                    if let Err(e) = checkpoint_passive(&conn) {
+                        tracing::warn!(store, "could not checkpoint the WAL: {e}");
+                    }
+                }
+            })
+            .map_err(CheckpointerError::Thread)?;
+        Ok(Checkpointer { stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+#[cfg(feature = "db")]
+/// Why a [`Checkpointer`] could not start (the cause shown, not returned).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointerError {
+    /// Its connection to the store did not open.
+    #[error("open the store for checkpoints: {0}")]
+    Open(rusqlite::Error),
+    /// Its thread did not start.
+    #[error("start the checkpoint thread: {0}")]
+    Thread(std::io::Error),
+}
+
+#[cfg(feature = "db")]
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the checkpoint thread panicked");
+        }
+    }
+}
+
+#[cfg(feature = "db")]
+/// One passive checkpoint of `conn`'s database: returns the WAL's frames and how many of them
+/// are now in the database file.
+pub fn checkpoint_passive(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(1)?, r.get(2)?)))
+}
+
+#[cfg(feature = "db")]
+/// Sets the writer connection `conn` of a store with a [`Checkpointer`] to checkpoint by itself
+/// only past [`WRITER_CHECKPOINT_PAGES`].
+pub fn writer_checkpoints_as_backstop(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)
+}
+
 #[cfg(feature = "db")]
 /// Brings `conn` up to version `migrations.len()` in one IMMEDIATE transaction: `migrations[v]`
 /// takes a file from version `v` to `v + 1`, so a new file (version 0) runs them all. A file
@@ -248,6 +345,39 @@ mod tests {
     use super::*;
 
     const STEPS: [&str; 2] = ["CREATE TABLE a (x INTEGER);", "ALTER TABLE a ADD COLUMN y INTEGER;"];
+
+    /// The writer of a store with a [`Checkpointer`] leaves its commits in the WAL (its own
+    /// checkpoint is only a backstop), and the checkpointer's thread copies them into the
+    /// database file; a read still sees every row, and dropping the checkpointer stops it.
+    #[test]
+    fn the_checkpointer_copies_the_writers_commits_into_the_database_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.db");
+        let conn = Connection::open(&path).expect("open");
+        conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
+        writer_checkpoints_as_backstop(&conn).expect("backstop");
+        conn.execute_batch("CREATE TABLE t (b BLOB)").expect("table");
+        // About 1,100 pages over 50 commits: past SQLite's own 1,000-page checkpoint, below
+        // the backstop.
+        for _ in 0..50 {
+            let tx = begin_immediate(&conn).expect("begin");
+            for _ in 0..20 {
+                exec(&tx, "INSERT INTO t (b) VALUES (zeroblob(4000))", []).expect("insert");
+            }
+            tx.commit().expect("commit");
+        }
+        let db_bytes = || std::fs::metadata(&path).expect("stat").len();
+        assert!(db_bytes() < 100_000, "the writer checkpointed by itself: {} bytes", db_bytes());
+        let checkpointer = Checkpointer::start(&path, "FULL", "test-checkpoint").expect("start");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while db_bytes() < 4_000_000 {
+            assert!(std::time::Instant::now() < deadline, "no checkpoint: {} bytes", db_bytes());
+            std::thread::sleep(CHECKPOINT_EVERY);
+        }
+        drop(checkpointer);
+        let rows: i64 = conn.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0)).expect("count");
+        assert_eq!(rows, 1000);
+    }
 
     fn version(conn: &Connection) -> i64 {
         conn.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version")

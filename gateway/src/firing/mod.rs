@@ -78,7 +78,9 @@
 //!
 //! # Concurrency
 //!
-//! One connection behind a mutex, used from `spawn_blocking` and the writer thread. The
+//! One connection behind a mutex, used from `spawn_blocking` and the writer thread. A thread of
+//! its own copies committed WAL pages into the file
+//! ([`htfaas_functions::store::Checkpointer`]), so no commit holds the lock for a checkpoint. The
 //! dispatcher claims ready firings (`pending`, `not_before_ms` ≤ now; in turn by owner, then by
 //! function within an owner, each function's oldest first) up to `max_in_flight`, runs each as
 //! its own task (so one slow storage answer does not hold back the others) and is woken by

@@ -13,7 +13,7 @@ use htfaas_functions::audit::{self, AuditDraft, AuditSigner, Checkpoint, Checkpo
 use htfaas_functions::event::StorageEvent;
 use htfaas_functions::proto::Cause;
 use htfaas_functions::store::begin_immediate;
-use htfaas_functions::store::{Durability, db_int, exec, from_db, row};
+use htfaas_functions::store::{Checkpointer, Durability, db_int, exec, from_db, row};
 use rusqlite::{Connection, OptionalExtension as _, params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,8 @@ use tokio::sync::Notify;
 #[derive(Clone)]
 pub struct Firings {
     conn: Arc<Mutex<Connection>>,
+    /// Copies committed WAL pages into the database file, off the connection's lock.
+    _checkpointer: Arc<Checkpointer>,
     /// The file, for read-only audit queries and verification on connections of their own.
     path: Arc<PathBuf>,
     pub(super) window_ms: u64,
@@ -164,6 +166,7 @@ impl Firings {
             tracing::warn!(journal_mode = %mode, "SQLite refused WAL; continuing with {mode}");
         }
         conn.pragma_update(None, "synchronous", durability.sqlite_synchronous())?;
+        htfaas_functions::store::writer_checkpoints_as_backstop(&conn)?;
         // A savepoint's statement journal (each write of a group-committed batch but the first has
         // one) stays in memory, bounded by what one write changes, instead of spilling to a
         // temporary file: those spills were a twentieth of the writer's CPU in the dispatch bench.
@@ -186,7 +189,10 @@ impl Firings {
         }
         let pending: i64 =
             row(&conn, "SELECT COUNT(*) FROM firings WHERE state IN ('pending', 'submitting')", [], |r| r.get(0))?;
+        let checkpointer = Checkpointer::start(path, durability.sqlite_synchronous(), "firings-checkpoint")
+            .map_err(|e| FiringError::Task(e.to_string()))?;
         Ok(Firings {
+            _checkpointer: Arc::new(checkpointer),
             conn: Arc::new(Mutex::new(conn)),
             path: Arc::new(path.to_owned()),
             window_ms: dedupe_window_s.saturating_mul(1000),
