@@ -46,8 +46,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Events published but not yet completed, at most, during a throughput run: about one
-/// second of work at the rate measured so far, within these bounds. Enough to keep every stage
-/// busy (the queues show where work waits), little enough that the run drains in seconds.
+/// second of work at the rate measured so far, or over the last [`SAMPLE_EVERY`] when that is
+/// higher, within these bounds. Enough to keep every stage busy (the queues show where work
+/// waits), little enough that the run drains in seconds. The rate so far alone lags a stack
+/// that started slowly: completions are counted once per sample, so a backlog of B lets at
+/// most 2B events a second through, and a run whose first second was slow stayed at twice
+/// its average with every queue empty.
 pub const MIN_BACKLOG: u64 = 100;
 /// See [`MIN_BACKLOG`].
 pub const MAX_BACKLOG: u64 = 2_000;
@@ -578,6 +582,8 @@ pub async fn throughput(
     let mut acks = FuturesUnordered::new();
     let mut depths = Depths::default();
     let mut next_sample = Instant::now();
+    // Completions at the last sample, and the rate between the two samples before.
+    let (mut last_completed, mut last_sampled, mut recent_rate) = (0u64, start, 0.0f64);
     let mut at_window_start: Option<(u64, Instant)> = None;
     let mut at_window_end: Option<(u64, Instant)> = None;
     let (mut cpu_start, mut cpu_end) = (StackCpu::default(), StackCpu::default());
@@ -589,6 +595,9 @@ pub async fn throughput(
             let states = scheduler_states(&http, bench).await?;
             completed = states.get("completed").copied().unwrap_or(0).saturating_sub(completed0);
             let at = Instant::now();
+            recent_rate = completed.saturating_sub(last_completed) as f64
+                / at.duration_since(last_sampled).as_secs_f64().max(1e-3);
+            (last_completed, last_sampled) = (completed, at);
             if at >= measure_from && at_window_start.is_none() {
                 // A profiler (bench/profile.sh) attaches on this line.
                 eprintln!("bench: throughput_{function}{label}: window of {window:?} starts");
@@ -613,7 +622,7 @@ pub async fn throughput(
         }
         // Publish while the backlog allows, acks pipelined (at most 256 outstanding).
         let rate_so_far = completed as f64 / start.elapsed().as_secs_f64().max(1e-3);
-        let backlog = (rate_so_far as u64).clamp(MIN_BACKLOG, MAX_BACKLOG);
+        let backlog = (rate_so_far.max(recent_rate) as u64).clamp(MIN_BACKLOG, MAX_BACKLOG);
         let mut burst = 0;
         while published < completed + backlog && acks.len() < 256 && burst < 64 {
             let input = bench.new_input(dir, "tp", size)?;
