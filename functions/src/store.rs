@@ -295,7 +295,7 @@ impl Drop for Checkpointer {
 #[cfg(feature = "db")]
 /// One passive checkpoint of `conn`'s database: returns the WAL's frames and how many of them
 /// are now in the database file.
-pub fn checkpoint_passive(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+fn checkpoint_passive(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(1)?, r.get(2)?)))
 }
 
